@@ -1,0 +1,1 @@
+"""Biplane common package."""
