@@ -1,35 +1,46 @@
 """The `biplane` command: a thin dispatcher to the subcommands each plane owns.
 
-Each entry names the module that builds its argparse subparser, so `biplane --help`
-stays cheap (no pyspark or pysyncobj import until a command needs it).
+Only the chosen subcommand's module is imported, so `biplane --help` stays fast
+and a broken optional piece (say, Spark) never stops the others from running.
+Each target is a function `main(argv: list[str], prog: str) -> int`.
 """
 from __future__ import annotations
 
-import argparse
 import importlib
 import sys
 
-# command -> (module with `register(subparsers)` , one-line help)
-COMMANDS: dict[str, tuple[str, str]] = {}
+# command -> ("module:function", one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "controller": ("controller.main:main", "run one controller node of the quorum"),
+    "topic": ("controller.admin_cli:topic_main", "create, list, describe, alter or delete topics"),
+    "cluster": ("controller.admin_cli:cluster_main", "show the controller quorum and the brokers"),
+    "reassign": ("controller.admin_cli:reassign_main", "move partition replicas, or list reassignments"),
+    "elect": ("controller.admin_cli:elect_main", "run a preferred-leader election"),
+    "snapshot": ("controller.admin_cli:snapshot_main", "take or list controller snapshots"),
+    "report": ("controller.report.cli:main", "capacity reports over controller snapshots (Spark)"),
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="biplane", description="Biplane: a replicated log for event streams.")
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (module_name, help_text) in sorted(COMMANDS.items()):
-        module = importlib.import_module(module_name)
-        module.register(subparsers, name, help_text)
-    return parser
+def usage() -> str:
+    width = max(len(name) for name in COMMANDS)
+    lines = ["usage: biplane COMMAND [ARGS...]", "", "Biplane: a replicated log for event streams.", "", "commands:"]
+    lines += [f"  {name.ljust(width)}  {help_text}" for name, (_, help_text) in sorted(COMMANDS.items())]
+    lines += ["", "Run `biplane COMMAND --help` for a command's options."]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"biplane: unknown command {name!r}.\n\n{usage()}", file=sys.stderr)
         return 2
-    result = args.func(args)
-    return int(result or 0)
+    module_name, function_name = COMMANDS[name][0].split(":")
+    function = getattr(importlib.import_module(module_name), function_name)
+    return int(function(rest, f"biplane {name}") or 0)
 
 
 if __name__ == "__main__":
