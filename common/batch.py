@@ -1,0 +1,589 @@
+"""Record batches in Kafka's record-batch v2 layout (big-endian).
+
+A batch is a 61-byte header followed by its records. Brokers treat a batch as
+opaque bytes once `validate_batch` has accepted it: they read the header,
+check the CRC32C and patch the two fields that lie outside the CRC
+(`base_offset`, `leader_epoch`) in place. Only clients decode records.
+
+Header layout (byte offsets):
+
+     0 base_offset        int64
+     8 batch_length       int32   bytes after this field (= size - 12)
+    12 leader_epoch       int32   Kafka's partitionLeaderEpoch
+    16 magic              int8    always 2
+    17 crc                uint32  CRC32C of bytes 21..end
+    21 attributes         int16   bits 0-2 codec, bit 4 transactional, bit 5 control
+    23 last_offset_delta  int32
+    27 first_timestamp    int64
+    35 max_timestamp      int64
+    43 producer_id        int64
+    51 producer_epoch     int16
+    53 base_sequence      int32
+    57 record_count       int32
+
+Every batch Biplane writes has contiguous offsets: record i has offset delta
+i, so `last_offset_delta == record_count - 1` and a batch is never empty.
+Readers enforce that, which lets a log trust the header alone for offsets.
+
+Buffers: every reader accepts bytes, bytearray or memoryview and never copies
+the records region on the hot path (header reads, CRC checks, patching).
+Readers do not keep a view of the caller's buffer after they return.
+"""
+from __future__ import annotations
+
+import enum
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import Iterator, Sequence, Union
+
+from crc32c import crc32c
+
+from common.errors import BiplaneError, CorruptBatchError, ErrorCode, InvalidRequestError
+
+Buffer = Union[bytes, bytearray, memoryview]
+
+HEADER_SIZE = 61
+MAGIC = 2
+# batch_length counts the bytes after the length field itself.
+LENGTH_FIELD_END = 12
+MIN_BATCH_LENGTH = HEADER_SIZE - LENGTH_FIELD_END  # 49
+CRC_START = 21
+
+# Readers accept batches up to this size unless told otherwise; producers
+# build smaller ones (BatchBuilder's default).
+MAX_BATCH_BYTES = 16 * 1024 * 1024
+BUILDER_MAX_BATCH_BYTES = 1024 * 1024
+# A compressed records region may not inflate past this (decompression bomb guard).
+MAX_DECOMPRESSED_BYTES = 64 * 1024 * 1024
+GZIP_LEVEL = 6
+
+# Timestamps are milliseconds; -1 is "no timestamp". The bound keeps every
+# delta inside an int64 varlong.
+NO_TIMESTAMP = -1
+MAX_TIMESTAMP_MS = 1 << 62
+
+_INT16_MAX = (1 << 15) - 1
+_INT32_MAX = (1 << 31) - 1
+_INT64_MAX = (1 << 63) - 1
+
+ATTR_CODEC_MASK = 0x07
+ATTR_TRANSACTIONAL = 0x10
+ATTR_CONTROL = 0x20
+
+# Smallest encoded record: length, attributes, timestamp delta, offset delta,
+# key length, value length, header count — one byte each.
+MIN_RECORD_BYTES = 7
+
+
+class Compression(enum.IntEnum):
+    NONE = 0
+    GZIP = 1
+    # zstd (4) is left out until the standard library ships it.
+
+
+_KNOWN_CODECS = frozenset(int(c) for c in Compression)
+
+_HEADER = struct.Struct(">qiibIhiqqqhii")
+_HEAD = struct.Struct(">qiibI")  # base_offset .. crc: bytes 0-20
+_TAIL = struct.Struct(">hiqqqhii")  # attributes .. record_count: bytes 21-60
+_BASE_OFFSET = struct.Struct(">q")
+_INT32 = struct.Struct(">i")
+_UINT32 = struct.Struct(">I")
+_LENGTH_AND_EPOCH_MAGIC = struct.Struct(">iib")  # batch_length, leader_epoch, magic at 8
+assert _HEADER.size == HEADER_SIZE
+assert _HEAD.size + _TAIL.size == HEADER_SIZE
+
+
+class BatchFullError(BiplaneError):
+    """The record does not fit in the batch under its `max_batch_bytes`."""
+
+    code = ErrorCode.MESSAGE_TOO_LARGE
+
+
+@dataclass(frozen=True, slots=True)
+class BatchHeader:
+    base_offset: int
+    batch_length: int
+    leader_epoch: int
+    magic: int
+    crc: int
+    attributes: int
+    last_offset_delta: int
+    first_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    record_count: int
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta + 1
+
+    @property
+    def size_bytes(self) -> int:
+        return self.batch_length + LENGTH_FIELD_END
+
+    @property
+    def compression(self) -> Compression:
+        return Compression(self.attributes & ATTR_CODEC_MASK)
+
+    @property
+    def is_control(self) -> bool:
+        return bool(self.attributes & ATTR_CONTROL)
+
+    @property
+    def is_transactional(self) -> bool:
+        return bool(self.attributes & ATTR_TRANSACTIONAL)
+
+    @property
+    def has_producer_id(self) -> bool:
+        return self.producer_id >= 0
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    offset: int
+    timestamp_ms: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...] = ()
+
+
+def _corrupt(pos: int, message: str) -> CorruptBatchError:
+    return CorruptBatchError(f"record batch at byte {pos}: {message}")
+
+
+# ---------------------------------------------------------------- header reads
+
+
+def read_header(buf: Buffer, pos: int = 0, *, max_batch_bytes: int = MAX_BATCH_BYTES) -> BatchHeader:
+    """Parse and sanity-check the header at `pos`; the CRC is not checked.
+
+    Only the 61 header bytes need to be present, so a log can index a batch
+    from its header alone.
+    """
+    available = len(buf) - pos
+    if pos < 0 or available < HEADER_SIZE:
+        raise _corrupt(pos, f"truncated header: need {HEADER_SIZE} bytes, have {max(available, 0)}")
+    fields = _HEADER.unpack_from(buf, pos)
+    (base_offset, batch_length, _epoch, magic, _crc, attributes,
+     last_offset_delta, _first, _max, _pid, _pepoch, _seq, record_count) = fields
+    if magic != MAGIC:
+        raise _corrupt(pos, f"magic {magic} is not {MAGIC}; this is not a v2 record batch")
+    max_length = max_batch_bytes - LENGTH_FIELD_END
+    if not MIN_BATCH_LENGTH <= batch_length <= max_length:
+        raise _corrupt(pos, f"batch_length {batch_length} out of range [{MIN_BATCH_LENGTH}, {max_length}]"
+                            f" (max_batch_bytes={max_batch_bytes})")
+    if base_offset < 0:
+        raise _corrupt(pos, f"base_offset {base_offset} is negative")
+    if record_count < 1:
+        raise _corrupt(pos, f"record_count {record_count} must be at least 1")
+    if last_offset_delta != record_count - 1:
+        raise _corrupt(pos, f"record_count {record_count} and last_offset_delta {last_offset_delta} "
+                            "are inconsistent (offsets must be contiguous)")
+    if base_offset > _INT64_MAX - last_offset_delta:
+        raise _corrupt(pos, f"base_offset {base_offset} + last_offset_delta {last_offset_delta} overflows int64")
+    codec = attributes & ATTR_CODEC_MASK
+    if codec not in _KNOWN_CODECS:
+        raise _corrupt(pos, f"compression codec {codec} is not supported (known: none=0, gzip=1)")
+    if codec == 0 and record_count * MIN_RECORD_BYTES > batch_length - MIN_BATCH_LENGTH:
+        raise _corrupt(pos, f"record_count {record_count} cannot fit in "
+                            f"{batch_length - MIN_BATCH_LENGTH} bytes of records")
+    return BatchHeader(*fields)
+
+
+def validate_batch(buf: Buffer, pos: int = 0, *, max_batch_bytes: int = MAX_BATCH_BYTES) -> BatchHeader:
+    """Check the header, that the whole batch is present, and its CRC32C."""
+    header = read_header(buf, pos, max_batch_bytes=max_batch_bytes)
+    end = pos + header.batch_length + LENGTH_FIELD_END
+    if end > len(buf):
+        raise _corrupt(pos, f"truncated batch: need {end - pos} bytes, have {len(buf) - pos}")
+    actual = crc32c(memoryview(buf)[pos + CRC_START:end])
+    if actual != header.crc:
+        raise _corrupt(pos, f"CRC32C mismatch: header says {header.crc:#010x}, records give {actual:#010x}")
+    return header
+
+
+def iter_batches(buf: Buffer, *, validate: bool = True,
+                 max_batch_bytes: int = MAX_BATCH_BYTES) -> Iterator[tuple[int, BatchHeader]]:
+    """Yield (position, header) for each batch in a concatenation of batches.
+
+    With `validate=False` the CRC is skipped (for bytes this process already
+    validated) but headers and sizes are still checked. Raises
+    CorruptBatchError naming the byte position of the first bad batch.
+    """
+    pos = 0
+    total = len(buf)
+    check = validate_batch if validate else read_header
+    while pos < total:
+        header = check(buf, pos, max_batch_bytes=max_batch_bytes)
+        end = pos + header.batch_length + LENGTH_FIELD_END
+        if end > total:
+            raise _corrupt(pos, f"truncated batch: need {end - pos} bytes, have {total - pos}")
+        yield pos, header
+        pos = end
+
+
+def scan_valid_prefix(buf: Buffer, *, max_batch_bytes: int = MAX_BATCH_BYTES) -> tuple[int, list[BatchHeader]]:
+    """Return (bytes of whole valid batches at the front, their headers); never raises
+    CorruptBatchError. Log recovery truncates everything after the returned length."""
+    pos = 0
+    total = len(buf)
+    headers: list[BatchHeader] = []
+    while pos < total:
+        try:
+            header = validate_batch(buf, pos, max_batch_bytes=max_batch_bytes)
+        except CorruptBatchError:
+            break
+        headers.append(header)
+        pos += header.batch_length + LENGTH_FIELD_END
+    return pos, headers
+
+
+# ------------------------------------------------------------ in-place patches
+
+
+def _check_patchable(buf: bytearray | memoryview, pos: int) -> None:
+    if isinstance(buf, memoryview) and buf.readonly:
+        raise TypeError("cannot patch a read-only memoryview; pass a bytearray or writable view")
+    if not isinstance(buf, (bytearray, memoryview)):
+        raise TypeError(f"cannot patch {type(buf).__name__} in place; pass a bytearray or writable memoryview")
+    if pos < 0 or len(buf) - pos < HEADER_SIZE:
+        raise _corrupt(pos, f"truncated header: need {HEADER_SIZE} bytes, have {max(len(buf) - pos, 0)}")
+    magic = buf[pos + 16]
+    if magic != MAGIC:
+        raise _corrupt(pos, f"magic {magic} is not {MAGIC}; refusing to patch something that is not a batch")
+
+
+def set_base_offset(buf: bytearray | memoryview, base_offset: int, pos: int = 0) -> None:
+    """Stamp the batch's base offset; the CRC stays valid (the field is outside it)."""
+    _check_patchable(buf, pos)
+    if not 0 <= base_offset <= _INT64_MAX - _INT32.unpack_from(buf, pos + 23)[0]:
+        raise InvalidRequestError(f"base_offset {base_offset} out of range for this batch")
+    _BASE_OFFSET.pack_into(buf, pos, base_offset)
+
+
+def set_leader_epoch(buf: bytearray | memoryview, leader_epoch: int, pos: int = 0) -> None:
+    """Stamp the leader epoch the batch was appended in; the CRC stays valid."""
+    _check_patchable(buf, pos)
+    if not -1 <= leader_epoch <= _INT32_MAX:
+        raise InvalidRequestError(f"leader_epoch {leader_epoch} out of range [-1, {_INT32_MAX}]")
+    _INT32.pack_into(buf, pos + 12, leader_epoch)
+
+
+# ------------------------------------------------------------------- varints
+
+
+def _zigzag_varint(n: int) -> bytes:
+    z = (n << 1) ^ (n >> 63)
+    out = bytearray()
+    while z >= 0x80:
+        out.append((z & 0x7F) | 0x80)
+        z >>= 7
+    out.append(z)
+    return bytes(out)
+
+
+# Precomputed encodings for -1 .. _SMALL_LIMIT-1: lengths and deltas of
+# ordinary records hit this table instead of the loop above.
+_SMALL_LIMIT = 16384
+_SMALL = tuple(_zigzag_varint(n) for n in range(-1, _SMALL_LIMIT))
+
+
+def _varint(n: int) -> bytes:
+    if -1 <= n < _SMALL_LIMIT:
+        return _SMALL[n + 1]
+    return _zigzag_varint(n)
+
+
+_VARINT_BYTES_MAX = 10
+
+
+# ------------------------------------------------------------------- building
+
+
+def _check_int(name: str, value: object, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidRequestError(f"{name} must be an int, got {type(value).__name__}")
+    if not low <= value <= high:
+        raise InvalidRequestError(f"{name} {value} out of range [{low}, {high}]")
+    return value
+
+
+def _gzip_bound(n: int) -> int:
+    # zlib's deflateBound plus the gzip header and trailer: an upper bound on
+    # the compressed size, so a size check made before compressing holds after.
+    return n + (n >> 12) + (n >> 14) + (n >> 25) + 13 + 18
+
+
+def _as_bytes(name: str, data: object) -> bytes | None:
+    if data is None or type(data) is bytes:
+        return data  # type: ignore[return-value]
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return bytes(data)  # snapshot: the caller may reuse its buffer
+    raise InvalidRequestError(f"{name} must be bytes or None, got {type(data).__name__}")
+
+
+def _encode_headers(headers: Sequence[tuple[str, bytes | None]]) -> bytes:
+    parts = [_varint(len(headers))]
+    for item in headers:
+        try:
+            name, value = item
+        except (TypeError, ValueError):
+            raise InvalidRequestError(f"record header {item!r} must be a (str, bytes | None) pair") from None
+        if not isinstance(name, str):
+            raise InvalidRequestError(f"record header name must be str, got {type(name).__name__}")
+        raw_name = name.encode("utf-8")
+        value = _as_bytes(f"record header {name!r} value", value)
+        parts.append(_varint(len(raw_name)))
+        parts.append(raw_name)
+        if value is None:
+            parts.append(_SMALL[0])
+        else:
+            parts.append(_varint(len(value)))
+            parts.append(value)
+    return b"".join(parts)
+
+
+class BatchBuilder:
+    """Accumulates records and encodes one batch.
+
+    `append` raises BatchFullError when the record would take the batch past
+    `max_batch_bytes` (an upper bound that holds after compression too);
+    `has_room_for` asks first. The base offset is normally 0 here and stamped
+    by the leader's log with `set_base_offset`.
+    """
+
+    __slots__ = ("_base_offset", "_leader_epoch", "_producer_id", "_producer_epoch", "_base_sequence",
+                 "_compression", "_attributes", "_max_batch_bytes", "_parts", "_raw_bytes", "_count",
+                 "_first_timestamp", "_max_timestamp")
+
+    def __init__(self, *, base_offset: int = 0, leader_epoch: int = -1, producer_id: int = -1,
+                 producer_epoch: int = -1, base_sequence: int = -1,
+                 compression: Compression | int = Compression.NONE, is_control: bool = False,
+                 is_transactional: bool = False, max_batch_bytes: int = BUILDER_MAX_BATCH_BYTES) -> None:
+        self._base_offset = _check_int("base_offset", base_offset, 0, _INT64_MAX)
+        self._leader_epoch = _check_int("leader_epoch", leader_epoch, -1, _INT32_MAX)
+        self._producer_id = _check_int("producer_id", producer_id, -1, _INT64_MAX)
+        self._producer_epoch = _check_int("producer_epoch", producer_epoch, -1, _INT16_MAX)
+        self._base_sequence = _check_int("base_sequence", base_sequence, -1, _INT32_MAX)
+        if compression not in _KNOWN_CODECS:
+            raise InvalidRequestError(f"compression {compression!r} is not supported (use Compression.NONE or GZIP)")
+        self._compression = Compression(compression)
+        self._attributes = (int(compression) | (ATTR_CONTROL if is_control else 0)
+                            | (ATTR_TRANSACTIONAL if is_transactional else 0))
+        self._max_batch_bytes = _check_int("max_batch_bytes", max_batch_bytes,
+                                           HEADER_SIZE + MIN_RECORD_BYTES, _INT32_MAX)
+        self._parts: list[bytes] = []
+        self._raw_bytes = 0
+        self._count = 0
+        self._first_timestamp = NO_TIMESTAMP
+        self._max_timestamp = NO_TIMESTAMP
+
+    @property
+    def record_count(self) -> int:
+        return self._count
+
+    @property
+    def estimated_size_bytes(self) -> int:
+        """Upper bound on the size `build()` would return now."""
+        return HEADER_SIZE + self._bound(self._raw_bytes)
+
+    def _bound(self, raw_bytes: int) -> int:
+        if self._compression is Compression.GZIP:
+            return _gzip_bound(raw_bytes)
+        return raw_bytes
+
+    def _encode(self, value: bytes | None, key: bytes | None,
+                headers: Sequence[tuple[str, bytes | None]], timestamp_ms: int) -> tuple[bytes, bytes, bytes | None, bytes, bytes | None, bytes, int]:
+        small = _SMALL
+        first = self._first_timestamp if self._count else timestamp_ms
+        delta = timestamp_ms - first
+        prefix = b"\x00" + (small[delta + 1] if -1 <= delta < _SMALL_LIMIT else _zigzag_varint(delta))
+        index = self._count
+        prefix += small[index + 1] if index < _SMALL_LIMIT else _zigzag_varint(index)
+        if key is None:
+            key_len = small[0]
+            body = len(prefix) + 1
+        else:
+            n = len(key)
+            key_len = small[n + 1] if n < _SMALL_LIMIT else _zigzag_varint(n)
+            body = len(prefix) + len(key_len) + n
+        if value is None:
+            value_len = small[0]
+            body += 1
+        else:
+            n = len(value)
+            value_len = small[n + 1] if n < _SMALL_LIMIT else _zigzag_varint(n)
+            body += len(value_len) + n
+        header_bytes = _encode_headers(headers) if headers else b"\x00"
+        body += len(header_bytes)
+        length = small[body + 1] if body < _SMALL_LIMIT else _zigzag_varint(body)
+        return length + prefix + key_len, key, value_len, value, header_bytes, len(length) + body
+
+    def _checked(self, value: object, key: object, timestamp_ms: object) -> tuple[bytes | None, bytes | None, int]:
+        if type(timestamp_ms) is not int:
+            _check_int("timestamp_ms", timestamp_ms, NO_TIMESTAMP, MAX_TIMESTAMP_MS)
+        if not NO_TIMESTAMP <= timestamp_ms < MAX_TIMESTAMP_MS:  # type: ignore[operator]
+            raise InvalidRequestError(f"timestamp_ms {timestamp_ms} out of range [-1, {MAX_TIMESTAMP_MS})")
+        return _as_bytes("value", value), _as_bytes("key", key), timestamp_ms  # type: ignore[return-value]
+
+    def has_room_for(self, value: bytes | None, *, key: bytes | None = None,
+                     headers: Sequence[tuple[str, bytes | None]] = (), timestamp_ms: int = 0) -> bool:
+        value, key, timestamp_ms = self._checked(value, key, timestamp_ms)
+        size = self._encode(value, key, headers, timestamp_ms)[-1]
+        return HEADER_SIZE + self._bound(self._raw_bytes + size) <= self._max_batch_bytes
+
+    def append(self, value: bytes | None, *, key: bytes | None = None,
+               headers: Sequence[tuple[str, bytes | None]] = (), timestamp_ms: int) -> None:
+        value, key, timestamp_ms = self._checked(value, key, timestamp_ms)
+        lead, key, value_len, value, header_bytes, size = self._encode(value, key, headers, timestamp_ms)
+        if HEADER_SIZE + self._bound(self._raw_bytes + size) > self._max_batch_bytes:
+            raise BatchFullError(
+                f"record of {size} bytes does not fit: batch holds {self._count} records, "
+                f"{HEADER_SIZE + self._bound(self._raw_bytes)} bytes, max_batch_bytes={self._max_batch_bytes}; "
+                "build this batch and start another (or raise max_batch_bytes)")
+        parts = self._parts
+        parts.append(lead)
+        if key is not None:
+            parts.append(key)
+        parts.append(value_len)
+        if value is not None:
+            parts.append(value)
+        parts.append(header_bytes)
+        self._raw_bytes += size
+        if self._count == 0:
+            self._first_timestamp = self._max_timestamp = timestamp_ms
+        elif timestamp_ms > self._max_timestamp:
+            self._max_timestamp = timestamp_ms
+        self._count += 1
+
+    def build(self) -> bytes:
+        if self._count == 0:
+            raise InvalidRequestError("cannot build an empty record batch; append at least one record")
+        blob = b"".join(self._parts)
+        if self._compression is Compression.GZIP:
+            blob = zlib.compress(blob, GZIP_LEVEL, wbits=31)
+        tail = _TAIL.pack(self._attributes, self._count - 1, self._first_timestamp, self._max_timestamp,
+                          self._producer_id, self._producer_epoch, self._base_sequence, self._count)
+        crc = crc32c(blob, crc32c(tail))
+        head = _HEAD.pack(self._base_offset, MIN_BATCH_LENGTH + len(blob), self._leader_epoch, MAGIC, crc)
+        return b"".join((head, tail, blob))
+
+
+def build_batch(values: Sequence[bytes | None], *, keys: Sequence[bytes | None] | None = None,
+                timestamp_ms: int, **header_fields: object) -> bytes:
+    """One batch of `values` (and `keys`, same length) all stamped `timestamp_ms`."""
+    if keys is not None and len(keys) != len(values):
+        raise InvalidRequestError(f"keys has {len(keys)} items but values has {len(values)}")
+    header_fields.setdefault("max_batch_bytes", MAX_BATCH_BYTES)
+    builder = BatchBuilder(**header_fields)  # type: ignore[arg-type]
+    for i, value in enumerate(values):
+        builder.append(value, key=None if keys is None else keys[i], timestamp_ms=timestamp_ms)
+    return builder.build()
+
+
+# ------------------------------------------------------------------- decoding
+
+
+def _gunzip(data: bytes, limit: int, pos: int) -> bytes:
+    inflater = zlib.decompressobj(wbits=31)
+    try:
+        out = inflater.decompress(data, limit + 1)
+    except zlib.error as exc:
+        raise _corrupt(pos, f"gzip records region does not decompress: {exc}") from None
+    if len(out) > limit:
+        raise _corrupt(pos, f"records inflate past max_decompressed_bytes={limit}")
+    if not inflater.eof:
+        raise _corrupt(pos, "gzip records region is truncated")
+    if inflater.unused_data:
+        raise _corrupt(pos, f"{len(inflater.unused_data)} bytes of trailing garbage after the gzip stream")
+    return out
+
+
+def read_records(buf: Buffer, pos: int = 0, *, max_batch_bytes: int = MAX_BATCH_BYTES,
+                 max_decompressed_bytes: int = MAX_DECOMPRESSED_BYTES) -> list[Record]:
+    """Validate the batch at `pos`, decompress it and decode every record."""
+    header = validate_batch(buf, pos, max_batch_bytes=max_batch_bytes)
+    end = pos + header.batch_length + LENGTH_FIELD_END
+    data = bytes(memoryview(buf)[pos + HEADER_SIZE:end])
+    if header.attributes & ATTR_CODEC_MASK == Compression.GZIP:
+        data = _gunzip(data, max_decompressed_bytes, pos)
+    return _decode_records(data, header, pos)
+
+
+def _decode_records(data: bytes, header: BatchHeader, batch_pos: int) -> list[Record]:
+    size = len(data)
+    base_offset = header.base_offset
+    first_timestamp = header.first_timestamp
+    count = header.record_count
+    records: list[Record] = []
+    p = 0
+
+    def varint(p: int, limit: int, what: str) -> tuple[int, int]:
+        result = 0
+        shift = 0
+        while True:
+            if p >= limit:
+                raise _corrupt(batch_pos, f"record {i} of {count}: {what} runs past the end of the record")
+            b = data[p]
+            p += 1
+            result |= (b & 0x7F) << shift
+            if b < 0x80:
+                return (result >> 1) ^ -(result & 1), p
+            shift += 7
+            if shift >= 7 * _VARINT_BYTES_MAX:
+                raise _corrupt(batch_pos, f"record {i} of {count}: {what} varint longer than "
+                                          f"{_VARINT_BYTES_MAX} bytes")
+
+    def blob(p: int, limit: int, what: str) -> tuple[bytes | None, int]:
+        n, p = varint(p, limit, f"{what} length")
+        if n == -1:
+            return None, p
+        if n < 0 or n > limit - p:
+            raise _corrupt(batch_pos, f"record {i} of {count}: {what} length {n} invalid "
+                                      f"({limit - p} bytes left in the record)")
+        return data[p:p + n], p + n
+
+    for i in range(count):
+        length, p = varint(p, size, "length")
+        if length < MIN_RECORD_BYTES - 1 or length > size - p:
+            raise _corrupt(batch_pos, f"record {i} of {count}: length {length} invalid "
+                                      f"({size - p} bytes left in the batch)")
+        rec_end = p + length
+        p += 1  # record attributes: unused in v2
+        timestamp_delta, p = varint(p, rec_end, "timestamp delta")
+        offset_delta, p = varint(p, rec_end, "offset delta")
+        if offset_delta != i:
+            raise _corrupt(batch_pos, f"record {i} of {count}: offset delta {offset_delta}, expected {i}")
+        key, p = blob(p, rec_end, "key")
+        value, p = blob(p, rec_end, "value")
+        header_count, p = varint(p, rec_end, "header count")
+        # Each header takes at least two bytes, which bounds the count by the record.
+        if header_count < 0 or header_count * 2 > rec_end - p:
+            raise _corrupt(batch_pos, f"record {i} of {count}: header count {header_count} invalid "
+                                      f"({rec_end - p} bytes left in the record)")
+        headers = []
+        for _ in range(header_count):
+            name, p = blob(p, rec_end, "header name")
+            if name is None:
+                raise _corrupt(batch_pos, f"record {i} of {count}: header name is null")
+            try:
+                text = name.decode("utf-8")
+            except UnicodeDecodeError:
+                raise _corrupt(batch_pos, f"record {i} of {count}: header name is not UTF-8") from None
+            header_value, p = blob(p, rec_end, "header value")
+            headers.append((text, header_value))
+        if p != rec_end:
+            raise _corrupt(batch_pos, f"record {i} of {count}: {rec_end - p} unread bytes at the end of the record")
+        records.append(Record(base_offset + offset_delta, first_timestamp + timestamp_delta,
+                              key, value, tuple(headers)))
+    if p != size:
+        raise _corrupt(batch_pos, f"{size - p} bytes of trailing garbage after {count} records")
+    return records
