@@ -1,0 +1,183 @@
+"""Topic configuration: the model, its defaults, and checked changes to it.
+
+Defaults follow Kafka where Kafka has the setting. Keys are snake_case;
+Kafka's dotted spelling (`min.insync.replicas`) is accepted and normalised.
+
+`segment_bytes` may be as small as 1 KiB (Kafka's minimum is 14 bytes of header
+plus a batch) so tests can roll segments without writing megabytes.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Literal, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from common.metadata.errors import (
+    InvalidConfigError,
+    InvalidFieldError,
+    InvalidPartitionsError,
+    InvalidReplicationFactorError,
+    InvalidTopicError,
+)
+
+TOPIC_NAME_LENGTH_MAX = 249
+PARTITIONS_MAX = 10_000
+REPLICATION_FACTOR_MAX = 100
+SEGMENT_BYTES_MIN = 1024
+DAY_MS = 24 * 3600 * 1000
+
+_TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
+
+# Keys fixed at creation: changing them needs partitions or replicas to move,
+# which is what reassignment (and a future add-partitions call) is for.
+IMMUTABLE_KEYS = frozenset({"partitions", "replication_factor"})
+
+
+class TopicConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    partitions: int = Field(default=1, ge=1, le=PARTITIONS_MAX)
+    replication_factor: int = Field(default=1, ge=1, le=REPLICATION_FACTOR_MAX)
+    replication_mode: Literal["pull", "push"] = "pull"
+    commit_policy: Literal["isr", "quorum"] = "isr"
+    # None means "a majority of replication_factor"; resolved on construction.
+    quorum_required_acks: int | None = Field(default=None, ge=1, le=REPLICATION_FACTOR_MAX)
+    min_insync_replicas: int = Field(default=1, ge=1, le=REPLICATION_FACTOR_MAX)
+    durability: Literal["fsync", "write"] = "fsync"
+    unclean_leader_election: bool = False
+    retention_ms: int = Field(default=7 * DAY_MS, ge=-1)
+    retention_bytes: int = Field(default=-1, ge=-1)
+    segment_bytes: int = Field(default=128 * 1024 * 1024, ge=SEGMENT_BYTES_MIN, le=2**31 - 1)
+    segment_ms: int = Field(default=7 * DAY_MS, ge=1)
+    flush_debounce_ms: int = Field(default=5, ge=0, le=60_000)
+    max_message_bytes: int = Field(default=1024 * 1024 + 12, ge=1, le=2**31 - 1)
+    replica_lag_time_max_ms: int = Field(default=10_000, ge=1)
+
+    @model_validator(mode="after")
+    def _check_relations(self) -> "TopicConfig":
+        rf = self.replication_factor
+        if self.quorum_required_acks is None:
+            object.__setattr__(self, "quorum_required_acks", rf // 2 + 1)
+        q = self.quorum_required_acks
+        if self.commit_policy == "quorum" and not 1 < q <= rf:
+            raise ValueError(
+                f"quorum_required_acks={q} must satisfy 1 < quorum_required_acks <= "
+                f"replication_factor ({rf}) for commit_policy=quorum"
+                + ("; a quorum topic needs replication_factor >= 2" if rf < 2 else ""))
+        if self.commit_policy == "isr" and q > rf:
+            raise ValueError(f"quorum_required_acks={q} exceeds replication_factor ({rf})")
+        if self.min_insync_replicas > rf:
+            raise ValueError(f"min_insync_replicas={self.min_insync_replicas} exceeds "
+                             f"replication_factor ({rf})")
+        return self
+
+    @property
+    def quorum_acks(self) -> int:
+        """The resolved q (never None after construction)."""
+        assert self.quorum_required_acks is not None
+        return self.quorum_required_acks
+
+
+VALID_KEYS: tuple[str, ...] = tuple(TopicConfig.model_fields)
+
+_RELATION_FIELDS = ("quorum_required_acks", "min_insync_replicas", "commit_policy",
+                    "replication_factor")
+
+
+def normalize_key(key: str) -> str:
+    return key.strip().replace(".", "_").replace("-", "_")
+
+
+def validate_topic_name(name: str) -> str:
+    """Return `name` if it is a legal topic name, else raise InvalidTopicError."""
+    if not isinstance(name, str):
+        raise InvalidTopicError(f"topic name must be a string, got {name!r}",
+                                field="name", value=name)
+    if not 1 <= len(name) <= TOPIC_NAME_LENGTH_MAX:
+        raise InvalidTopicError(
+            f"topic name length {len(name)} is outside 1..{TOPIC_NAME_LENGTH_MAX}",
+            field="name", value=name)
+    if name in (".", ".."):
+        raise InvalidTopicError(f"topic name {name!r} is reserved", field="name", value=name)
+    if not _TOPIC_NAME.match(name):
+        bad = sorted({c for c in name if not _TOPIC_NAME.match(c)})
+        raise InvalidTopicError(
+            f"topic name {name!r} has illegal characters {''.join(bad)!r}; "
+            f"use letters, digits, '.', '_' and '-'", field="name", value=name)
+    return name
+
+
+def _error_class(key: str) -> type[InvalidFieldError]:
+    if key == "partitions":
+        return InvalidPartitionsError
+    if key == "replication_factor":
+        return InvalidReplicationFactorError
+    return InvalidConfigError
+
+
+def _raise_from(exc: ValidationError, values: Mapping[str, Any]) -> None:
+    err = exc.errors()[0]
+    loc = [str(part) for part in err.get("loc", ())]
+    key = loc[0] if loc else _guess_relation_key(str(err.get("msg", "")))
+    value = values.get(key)
+    msg = str(err.get("msg", "invalid value"))
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, "):]
+    if loc:
+        text = f"invalid value {value!r} for topic config '{key}': {msg}"
+    else:
+        text = f"invalid topic config: {msg}"
+    raise _error_class(key)(text, field=key, value=value) from None
+
+
+def _guess_relation_key(msg: str) -> str:
+    for key in _RELATION_FIELDS:
+        if msg.startswith(key) or f"{key}=" in msg:
+            return key
+    return "config"
+
+
+def _check_keys(keys: Any) -> None:
+    for key in keys:
+        if key not in TopicConfig.model_fields:
+            raise InvalidConfigError(
+                f"unknown topic config key {key!r}; valid keys: {', '.join(VALID_KEYS)}",
+                field=str(key), value=None)
+
+
+def make_topic_config(values: Mapping[str, Any]) -> TopicConfig:
+    """Build a config from user values (strings from a CLI are coerced), with clear errors."""
+    normalized = {normalize_key(str(k)): v for k, v in values.items()}
+    _check_keys(normalized)
+    try:
+        return TopicConfig.model_validate(normalized)
+    except ValidationError as exc:
+        _raise_from(exc, normalized)
+        raise  # unreachable: _raise_from always raises
+
+
+def apply_config_changes(config: TopicConfig, changes: Mapping[str, Any]) -> TopicConfig:
+    """Return `config` with `changes` applied; a value of None resets the key to its default.
+
+    Every key and value is checked; `partitions` and `replication_factor` cannot change here.
+    """
+    normalized = {normalize_key(str(k)): v for k, v in changes.items()}
+    _check_keys(normalized)
+    for key in normalized:
+        if key in IMMUTABLE_KEYS:
+            raise _error_class(key)(
+                f"topic config '{key}' cannot be altered; use reassignment to change "
+                f"replicas", field=key, value=normalized[key])
+    current = config.model_dump()
+    for key, value in normalized.items():
+        if value is None:
+            field = TopicConfig.model_fields[key]
+            current[key] = field.default
+        else:
+            current[key] = value
+    try:
+        return TopicConfig.model_validate(current)
+    except ValidationError as exc:
+        _raise_from(exc, current)
+        raise

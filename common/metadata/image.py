@@ -1,0 +1,465 @@
+"""The metadata image: the state that the metadata records build, applied in order.
+
+Pure and deterministic: no clock, no I/O, no randomness. Controllers hold it as
+their replicated state, brokers as learners of the log.
+
+Rules worth knowing:
+- `apply(record, offset)` needs `offset == image.offset + 1`: the caller's
+  counter is off otherwise, which is a bug (assert), not bad input.
+- A record that does not fit the image (unknown topic, stale partition epoch,
+  a leader that is fenced or outside the ISR, ...) raises `RecordRejected`
+  and leaves the image exactly as it was, offset included: a rejected record
+  takes no offset, so every replica of the state machine skips it the same way
+  and brokers only ever see accepted records.
+- `apply` is dumb on purpose: fencing a broker only marks it fenced. The
+  decisions (controller/decisions) emit the PartitionChange records that move
+  its leaderships and shrink the ISRs, in the same batch, so each effect is an
+  explicit, replayable record.
+- Invariants every accepted record keeps: ISR non-empty and within replicas;
+  a leader is in the replicas and in the ISR; a broker newly made leader or
+  newly added to an ISR is registered and unfenced; epochs only grow.
+- `copy()` is cheap: values are frozen and maps are copied shallowly, so the
+  copy shares them until one side replaces an entry.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from types import MappingProxyType
+from typing import Any, Iterator, Mapping
+
+from pydantic import ValidationError
+
+from common.metadata.config import TopicConfig, apply_config_changes, validate_topic_name
+from common.metadata.errors import InvalidFieldError, RecordRejected, UnknownTopicOrPartitionError
+from common.metadata.records import (
+    NO_CHANGE,
+    NO_LEADER,
+    ConfigChange,
+    CreateTopic,
+    DeleteTopic,
+    FenceBroker,
+    NoOp,
+    PartitionChange,
+    PartitionRecord,
+    ProducerIdBlock,
+    Record,
+    RegisterBroker,
+    UnfenceBroker,
+    UnregisterBroker,
+)
+
+IMAGE_FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BrokerInfo:
+    broker_id: int
+    incarnation_id: str
+    host: str
+    port: int
+    rack: str | None
+    priority: int
+    fenced: bool
+    clean_shutdown: bool  # as the broker said at its last registration
+    registered_offset: int  # metadata offset of that registration
+    registered_at_ms: int
+    fenced_at_ms: int | None = None
+    fence_reason: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TopicInfo:
+    name: str
+    topic_id: str
+    config: TopicConfig
+    partition_count: int  # partitions created so far (== config.partitions once complete)
+    created_at_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PartitionInfo:
+    topic: str
+    partition: int
+    replicas: tuple[int, ...]  # ordered; the first is the preferred leader
+    isr: tuple[int, ...]
+    leader: int | None
+    leader_epoch: int
+    partition_epoch: int
+    adding: tuple[int, ...] = ()
+    removing: tuple[int, ...] = ()
+    fenced_for_election: bool = False
+
+    @property
+    def target_replicas(self) -> tuple[int, ...]:
+        """Where the replicas are going: all replicas but those being removed."""
+        return tuple(b for b in self.replicas if b not in self.removing)
+
+    @property
+    def reassigning(self) -> bool:
+        return bool(self.adding or self.removing)
+
+    @property
+    def tp(self) -> tuple[str, int]:
+        return (self.topic, self.partition)
+
+
+def _reject(record: Record, reason: str) -> RecordRejected:
+    return RecordRejected(record.type, reason)
+
+
+class MetadataImage:
+    """Brokers, topics, partitions and producer-id blocks at one metadata offset."""
+
+    __slots__ = ("_offset", "_brokers", "_topics", "_partitions", "_producer_id_next")
+
+    def __init__(self) -> None:
+        self._offset = -1
+        self._brokers: dict[int, BrokerInfo] = {}
+        self._topics: dict[str, TopicInfo] = {}
+        self._partitions: dict[str, tuple[PartitionInfo, ...]] = {}
+        self._producer_id_next = 0
+
+    # ---- read-only views -------------------------------------------------
+
+    @property
+    def offset(self) -> int:
+        """Offset of the last applied record; -1 when nothing was applied."""
+        return self._offset
+
+    @property
+    def brokers(self) -> Mapping[int, BrokerInfo]:
+        return MappingProxyType(self._brokers)
+
+    @property
+    def topics(self) -> Mapping[str, TopicInfo]:
+        return MappingProxyType(self._topics)
+
+    @property
+    def producer_id_next(self) -> int:
+        return self._producer_id_next
+
+    def partition(self, topic: str, partition: int) -> PartitionInfo:
+        parts = self._partitions.get(topic)
+        if parts is None or not 0 <= partition < len(parts):
+            raise UnknownTopicOrPartitionError(topic, partition)
+        return parts[partition]
+
+    def get_partition(self, topic: str, partition: int) -> PartitionInfo | None:
+        parts = self._partitions.get(topic)
+        if parts is None or not 0 <= partition < len(parts):
+            return None
+        return parts[partition]
+
+    def topic_partitions(self, topic: str) -> tuple[PartitionInfo, ...]:
+        if topic not in self._partitions:
+            raise UnknownTopicOrPartitionError(topic)
+        return self._partitions[topic]
+
+    def partitions(self) -> Iterator[PartitionInfo]:
+        """Every partition, ordered by topic name then partition number."""
+        for topic in sorted(self._partitions):
+            yield from self._partitions[topic]
+
+    def is_unfenced(self, broker_id: int) -> bool:
+        info = self._brokers.get(broker_id)
+        return info is not None and not info.fenced
+
+    def unfenced_broker_ids(self) -> list[int]:
+        return sorted(b for b, info in self._brokers.items() if not info.fenced)
+
+    def priority(self, broker_id: int) -> int:
+        info = self._brokers.get(broker_id)
+        return info.priority if info is not None else 0
+
+    def copy(self) -> "MetadataImage":
+        other = MetadataImage.__new__(MetadataImage)
+        other._offset = self._offset
+        other._brokers = dict(self._brokers)
+        other._topics = dict(self._topics)
+        other._partitions = dict(self._partitions)
+        other._producer_id_next = self._producer_id_next
+        return other
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, MetadataImage):
+            return NotImplemented
+        return (self._offset == other._offset and self._brokers == other._brokers
+                and self._topics == other._topics and self._partitions == other._partitions
+                and self._producer_id_next == other._producer_id_next)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return (f"MetadataImage(offset={self._offset}, brokers={len(self._brokers)}, "
+                f"topics={len(self._topics)})")
+
+    # ---- applying records ------------------------------------------------
+
+    def apply(self, record: Record, offset: int) -> None:
+        """Apply one record at `offset`; raise RecordRejected (image unchanged) if it does not fit."""
+        assert offset == self._offset + 1, f"offset {offset} after {self._offset}"
+        handler = _HANDLERS.get(type(record))
+        assert handler is not None, f"no handler for {type(record).__name__}"
+        handler(self, record)  # validates fully before it mutates anything
+        self._offset = offset
+        assert self._offset == offset
+
+    def apply_all(self, records: list[Record], first_offset: int) -> list[RecordRejected]:
+        """Apply records in order from `first_offset`, skipping rejected ones (they take
+        no offset). Returns the rejections."""
+        rejected = []
+        next_offset = first_offset
+        for record in records:
+            try:
+                self.apply(record, next_offset)
+            except RecordRejected as exc:
+                rejected.append(exc)
+            else:
+                next_offset += 1
+        return rejected
+
+    def _register_broker(self, r: RegisterBroker) -> None:
+        self._brokers[r.broker_id] = BrokerInfo(
+            broker_id=r.broker_id, incarnation_id=r.incarnation_id, host=r.host, port=r.port,
+            rack=r.rack, priority=r.priority, fenced=True, clean_shutdown=r.clean_shutdown,
+            registered_offset=self._offset + 1, registered_at_ms=r.at_ms,
+            fenced_at_ms=r.at_ms, fence_reason="registered")
+
+    def _fence_broker(self, r: FenceBroker) -> None:
+        info = self._brokers.get(r.broker_id)
+        if info is None:
+            raise _reject(r, f"broker {r.broker_id} is not registered")
+        if info.fenced:
+            raise _reject(r, f"broker {r.broker_id} is already fenced")
+        self._brokers[r.broker_id] = replace(info, fenced=True, fenced_at_ms=r.at_ms,
+                                             fence_reason=r.reason)
+
+    def _unfence_broker(self, r: UnfenceBroker) -> None:
+        info = self._brokers.get(r.broker_id)
+        if info is None:
+            raise _reject(r, f"broker {r.broker_id} is not registered")
+        if not info.fenced:
+            raise _reject(r, f"broker {r.broker_id} is not fenced")
+        self._brokers[r.broker_id] = replace(info, fenced=False, fenced_at_ms=None,
+                                             fence_reason="")
+
+    def _unregister_broker(self, r: UnregisterBroker) -> None:
+        if r.broker_id not in self._brokers:
+            raise _reject(r, f"broker {r.broker_id} is not registered")
+        for p in self.partitions():
+            if r.broker_id in p.replicas:
+                raise _reject(r, f"broker {r.broker_id} still hosts {p.topic}-{p.partition}; "
+                                 f"reassign its replicas first")
+        del self._brokers[r.broker_id]
+
+    def _create_topic(self, r: CreateTopic) -> None:
+        try:
+            validate_topic_name(r.name)
+        except InvalidFieldError as exc:
+            raise _reject(r, str(exc)) from None
+        if r.name in self._topics:
+            raise _reject(r, f"topic {r.name!r} exists")
+        if any(t.topic_id == r.topic_id for t in self._topics.values()):
+            raise _reject(r, f"topic id {r.topic_id!r} is in use")
+        self._topics[r.name] = TopicInfo(name=r.name, topic_id=r.topic_id, config=r.config,
+                                         partition_count=0, created_at_ms=r.at_ms)
+        self._partitions[r.name] = ()
+
+    def _partition_record(self, r: PartitionRecord) -> None:
+        topic = self._topics.get(r.topic)
+        if topic is None:
+            raise _reject(r, f"unknown topic {r.topic!r}")
+        if r.partition != topic.partition_count:
+            raise _reject(r, f"partition {r.partition} of {r.topic!r} is out of order; "
+                             f"next is {topic.partition_count}")
+        if r.partition >= topic.config.partitions:
+            raise _reject(r, f"topic {r.topic!r} has {topic.config.partitions} partitions")
+        new = PartitionInfo(topic=r.topic, partition=r.partition, replicas=r.replicas,
+                            isr=r.isr, leader=r.leader, leader_epoch=r.leader_epoch,
+                            partition_epoch=r.partition_epoch)
+        self._check_partition(r, new, old=None)
+        self._partitions[r.topic] = self._partitions[r.topic] + (new,)
+        self._topics[r.topic] = replace(topic, partition_count=topic.partition_count + 1)
+
+    def _partition_change(self, r: PartitionChange) -> None:
+        old = self.get_partition(r.topic, r.partition)
+        if old is None:
+            raise _reject(r, f"unknown partition {r.topic}-{r.partition}")
+        if r.expected_partition_epoch is not None \
+                and r.expected_partition_epoch != old.partition_epoch:
+            raise _reject(r, f"{r.topic}-{r.partition} partition_epoch is "
+                             f"{old.partition_epoch}, change expected "
+                             f"{r.expected_partition_epoch}")
+        leader = old.leader
+        fenced_for_election = old.fenced_for_election
+        if r.fenced_for_election:
+            leader, fenced_for_election = None, True
+        elif r.leader == NO_LEADER:
+            leader = None
+        elif r.leader != NO_CHANGE:
+            leader, fenced_for_election = r.leader, False
+        leader_epoch = old.leader_epoch
+        if r.fenced_for_election or leader != old.leader:
+            leader_epoch += 1
+        new = replace(
+            old,
+            replicas=old.replicas if r.replicas is None else r.replicas,
+            isr=old.isr if r.isr is None else r.isr,
+            adding=old.adding if r.adding is None else r.adding,
+            removing=old.removing if r.removing is None else r.removing,
+            leader=leader, leader_epoch=leader_epoch,
+            partition_epoch=old.partition_epoch + 1,
+            fenced_for_election=fenced_for_election)
+        if replace(new, partition_epoch=old.partition_epoch) == old:
+            raise _reject(r, f"{r.topic}-{r.partition}: change changes nothing")
+        self._check_partition(r, new, old=old)
+        parts = self._partitions[r.topic]
+        self._partitions[r.topic] = parts[:r.partition] + (new,) + parts[r.partition + 1:]
+        assert self._partitions[r.topic][r.partition].partition_epoch > old.partition_epoch
+
+    def _check_partition(self, r: Record, p: PartitionInfo, old: PartitionInfo | None) -> None:
+        name = f"{p.topic}-{p.partition}"
+        if not p.replicas or len(set(p.replicas)) != len(p.replicas):
+            raise _reject(r, f"{name}: replicas {list(p.replicas)} must be distinct, non-empty")
+        if not p.isr or len(set(p.isr)) != len(p.isr) or not set(p.isr) <= set(p.replicas):
+            raise _reject(r, f"{name}: isr {list(p.isr)} must be a non-empty distinct subset "
+                             f"of replicas {list(p.replicas)}")
+        if not set(p.adding) <= set(p.replicas) or not set(p.removing) <= set(p.replicas) \
+                or set(p.adding) & set(p.removing):
+            raise _reject(r, f"{name}: adding {list(p.adding)} and removing "
+                             f"{list(p.removing)} must be disjoint subsets of replicas")
+        old_replicas = set(old.replicas) if old else set()
+        for b in p.replicas:
+            if b not in old_replicas and b not in self._brokers:
+                raise _reject(r, f"{name}: replica {b} is not a registered broker")
+        old_isr = set(old.isr) if old else set()
+        for b in p.isr:
+            if b not in old_isr and old is not None and not self.is_unfenced(b):
+                raise _reject(r, f"{name}: broker {b} is fenced or unknown; "
+                                 f"it cannot join the ISR")
+        if p.leader is not None:
+            if p.leader not in p.isr:
+                raise _reject(r, f"{name}: leader {p.leader} is not in isr {list(p.isr)}")
+            changed = old is None or old.leader != p.leader
+            if changed and not self.is_unfenced(p.leader):
+                raise _reject(r, f"{name}: leader {p.leader} is fenced or unknown")
+        if old is not None:
+            assert p.leader_epoch >= old.leader_epoch
+            assert p.partition_epoch > old.partition_epoch
+
+    def _delete_topic(self, r: DeleteTopic) -> None:
+        topic = self._topics.get(r.name)
+        if topic is None:
+            raise _reject(r, f"unknown topic {r.name!r}")
+        if topic.topic_id != r.topic_id:
+            raise _reject(r, f"topic {r.name!r} has id {topic.topic_id!r}, not {r.topic_id!r}")
+        del self._topics[r.name]
+        del self._partitions[r.name]
+
+    def _config_change(self, r: ConfigChange) -> None:
+        topic = self._topics.get(r.topic)
+        if topic is None:
+            raise _reject(r, f"unknown topic {r.topic!r}")
+        try:
+            config = apply_config_changes(topic.config, {r.key: r.value})
+        except InvalidFieldError as exc:
+            raise _reject(r, str(exc)) from None
+        self._topics[r.topic] = replace(topic, config=config)
+
+    def _producer_id_block(self, r: ProducerIdBlock) -> None:
+        if r.broker_id not in self._brokers:
+            raise _reject(r, f"broker {r.broker_id} is not registered")
+        if r.first_id != self._producer_id_next:
+            raise _reject(r, f"block starts at {r.first_id}; next free id is "
+                             f"{self._producer_id_next}")
+        self._producer_id_next = r.first_id + r.size
+
+    def _noop(self, r: NoOp) -> None:
+        pass
+
+    # ---- serialisation ---------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """The whole image as plain JSON types."""
+        return {
+            "version": IMAGE_FORMAT_VERSION,
+            "offset": self._offset,
+            "producer_id_next": self._producer_id_next,
+            "brokers": [asdict(self._brokers[b]) for b in sorted(self._brokers)],
+            "topics": [
+                {
+                    "name": t.name,
+                    "topic_id": t.topic_id,
+                    "created_at_ms": t.created_at_ms,
+                    "config": t.config.model_dump(mode="json"),
+                    "partitions": [_partition_to_dict(p) for p in self._partitions[t.name]],
+                }
+                for t in (self._topics[n] for n in sorted(self._topics))
+            ],
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "MetadataImage":
+        """Rebuild an image from `to_dict()` output; raises ValueError when malformed."""
+        if d.get("version") != IMAGE_FORMAT_VERSION:
+            raise ValueError(f"image format version {d.get('version')!r} is not "
+                             f"{IMAGE_FORMAT_VERSION}")
+        image = cls()
+        try:
+            image._offset = int(d["offset"])
+            image._producer_id_next = int(d["producer_id_next"])
+            for b in d["brokers"]:
+                info = BrokerInfo(**b)
+                image._brokers[info.broker_id] = info
+            for t in d["topics"]:
+                config = TopicConfig.model_validate(t["config"])
+                parts = tuple(_partition_from_dict(t["name"], p) for p in t["partitions"])
+                if [p.partition for p in parts] != list(range(len(parts))):
+                    raise ValueError(f"topic {t['name']!r} partitions are not 0..n-1")
+                image._topics[t["name"]] = TopicInfo(
+                    name=t["name"], topic_id=t["topic_id"], config=config,
+                    partition_count=len(parts), created_at_ms=int(t.get("created_at_ms", 0)))
+                image._partitions[t["name"]] = parts
+        except (KeyError, TypeError, ValidationError) as exc:
+            raise ValueError(f"malformed image: {exc}") from exc
+        return image
+
+
+def _partition_to_dict(p: PartitionInfo) -> dict[str, Any]:
+    return {
+        "partition": p.partition,
+        "replicas": list(p.replicas),
+        "isr": list(p.isr),
+        "leader": p.leader,
+        "leader_epoch": p.leader_epoch,
+        "partition_epoch": p.partition_epoch,
+        "adding": list(p.adding),
+        "removing": list(p.removing),
+        "fenced_for_election": p.fenced_for_election,
+    }
+
+
+def _partition_from_dict(topic: str, p: Mapping[str, Any]) -> PartitionInfo:
+    return PartitionInfo(
+        topic=topic, partition=int(p["partition"]),
+        replicas=tuple(int(b) for b in p["replicas"]), isr=tuple(int(b) for b in p["isr"]),
+        leader=None if p["leader"] is None else int(p["leader"]),
+        leader_epoch=int(p["leader_epoch"]), partition_epoch=int(p["partition_epoch"]),
+        adding=tuple(int(b) for b in p.get("adding", ())),
+        removing=tuple(int(b) for b in p.get("removing", ())),
+        fenced_for_election=bool(p.get("fenced_for_election", False)))
+
+
+_HANDLERS: dict[type, Any] = {
+    RegisterBroker: MetadataImage._register_broker,
+    FenceBroker: MetadataImage._fence_broker,
+    UnfenceBroker: MetadataImage._unfence_broker,
+    UnregisterBroker: MetadataImage._unregister_broker,
+    CreateTopic: MetadataImage._create_topic,
+    PartitionRecord: MetadataImage._partition_record,
+    PartitionChange: MetadataImage._partition_change,
+    DeleteTopic: MetadataImage._delete_topic,
+    ConfigChange: MetadataImage._config_change,
+    ProducerIdBlock: MetadataImage._producer_id_block,
+    NoOp: MetadataImage._noop,
+}

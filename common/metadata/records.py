@@ -1,0 +1,172 @@
+"""Metadata records: the entries of the controller's replicated log.
+
+Each record is a frozen pydantic model with a `type` discriminator and is
+stored as a plain JSON dict (`dump_record` / `parse_record`), never pickled.
+Records carry everything needed to apply them deterministically: time only
+as `at_ms`, and partition changes carry the partition epoch they were
+computed against, so a change decided on an older view is rejected, not
+misapplied.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
+
+from common.metadata.config import TopicConfig
+
+NO_LEADER = -1  # PartitionChange.leader: the partition has no leader afterwards
+NO_CHANGE = -2  # PartitionChange.leader: the leader stays as it is
+
+BrokerId = Annotated[int, Field(ge=0)]
+Epoch = Annotated[int, Field(ge=0)]
+Replicas = tuple[BrokerId, ...]
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class RegisterBroker(_Record):
+    """A broker (re)joins. It is fenced until it heartbeats caught up with metadata."""
+
+    type: Literal["register_broker"] = "register_broker"
+    broker_id: BrokerId
+    incarnation_id: str = Field(min_length=1, max_length=64)
+    host: str = Field(min_length=1, max_length=255)
+    port: int = Field(ge=1, le=65535)
+    rack: str | None = Field(default=None, max_length=255)
+    priority: int = Field(default=0, ge=0, le=1000)
+    clean_shutdown: bool = True
+    at_ms: int = Field(ge=0)
+
+
+class FenceBroker(_Record):
+    type: Literal["fence_broker"] = "fence_broker"
+    broker_id: BrokerId
+    at_ms: int = Field(ge=0)
+    reason: str = ""
+
+
+class UnfenceBroker(_Record):
+    type: Literal["unfence_broker"] = "unfence_broker"
+    broker_id: BrokerId
+    at_ms: int = Field(ge=0)
+    reason: str = ""
+
+
+class UnregisterBroker(_Record):
+    type: Literal["unregister_broker"] = "unregister_broker"
+    broker_id: BrokerId
+    at_ms: int = Field(ge=0)
+    reason: str = ""
+
+
+class CreateTopic(_Record):
+    """Creates the topic; its partitions follow as PartitionRecords in the same batch."""
+
+    type: Literal["create_topic"] = "create_topic"
+    name: str = Field(min_length=1, max_length=249)
+    topic_id: str = Field(min_length=1, max_length=64)
+    config: TopicConfig
+    at_ms: int = Field(default=0, ge=0)
+
+
+class PartitionRecord(_Record):
+    """The full state of a new partition."""
+
+    type: Literal["partition"] = "partition"
+    topic: str
+    partition: int = Field(ge=0)
+    replicas: Replicas = Field(min_length=1)
+    isr: Replicas = Field(min_length=1)
+    leader: BrokerId | None
+    leader_epoch: Epoch = 0
+    partition_epoch: Epoch = 0
+
+
+class PartitionChange(_Record):
+    """A change to one partition. Unset fields stay as they are.
+
+    Applying bumps `partition_epoch`; when the leader changes (to a broker or
+    to none) it also bumps `leader_epoch`. `fenced_for_election` is step one of
+    a quorum election: leader none, leader epoch + 1, until a leader is chosen.
+    `expected_partition_epoch`, when set, must equal the current partition
+    epoch, else the change is rejected (it was decided on a stale view).
+    """
+
+    type: Literal["partition_change"] = "partition_change"
+    topic: str
+    partition: int = Field(ge=0)
+    expected_partition_epoch: Epoch | None = None
+    leader: int = Field(default=NO_CHANGE, ge=NO_CHANGE)
+    isr: Replicas | None = None
+    replicas: Replicas | None = None
+    adding: Replicas | None = None
+    removing: Replicas | None = None
+    fenced_for_election: bool = False
+    reason: str = ""
+
+    @model_validator(mode="after")
+    def _check(self) -> "PartitionChange":
+        if self.fenced_for_election and self.leader not in (NO_CHANGE, NO_LEADER):
+            raise ValueError("fenced_for_election leaves the partition without a leader; "
+                             f"leader must be {NO_LEADER} or {NO_CHANGE}, not {self.leader}")
+        return self
+
+
+class DeleteTopic(_Record):
+    type: Literal["delete_topic"] = "delete_topic"
+    name: str
+    topic_id: str
+
+
+class ConfigChange(_Record):
+    """Set (or with value None, reset to default) one key of a topic's config."""
+
+    type: Literal["config_change"] = "config_change"
+    topic: str
+    key: str
+    value: str | int | bool | None = None
+
+
+class ProducerIdBlock(_Record):
+    """Producer ids [first_id, first_id + size) now belong to `broker_id`."""
+
+    type: Literal["producer_id_block"] = "producer_id_block"
+    broker_id: BrokerId
+    first_id: int = Field(ge=0)
+    size: int = Field(ge=1, le=1_000_000)
+
+
+class NoOp(_Record):
+    """Changes nothing but the offset; a new controller leader may append one
+    (a leader-change marker) to learn that its view is committed."""
+
+    type: Literal["noop"] = "noop"
+    controller_id: int | None = None
+    at_ms: int = Field(default=0, ge=0)
+    reason: str = ""
+
+
+Record = Annotated[
+    Union[RegisterBroker, FenceBroker, UnfenceBroker, UnregisterBroker, CreateTopic,
+          PartitionRecord, PartitionChange, DeleteTopic, ConfigChange, ProducerIdBlock, NoOp],
+    Field(discriminator="type"),
+]
+
+RECORD_TYPES: tuple[type[BaseModel], ...] = (
+    RegisterBroker, FenceBroker, UnfenceBroker, UnregisterBroker, CreateTopic,
+    PartitionRecord, PartitionChange, DeleteTopic, ConfigChange, ProducerIdBlock, NoOp)
+
+_adapter: TypeAdapter[Any] = TypeAdapter(Record)
+
+
+def parse_record(d: dict[str, Any]) -> Record:
+    """Build a record from its JSON dict; raises pydantic.ValidationError when malformed."""
+    return _adapter.validate_python(d)
+
+
+def dump_record(record: Record) -> dict[str, Any]:
+    """The record as a dict of plain JSON types (str, int, bool, None, list, dict)."""
+    return record.model_dump(mode="json")

@@ -1,0 +1,125 @@
+"""Request models shared by the admin API, the CLI, brokers and the controller's decisions.
+
+Every model is frozen and forbids unknown fields, so a typo in a request is an
+error that names the field rather than a silently ignored value.
+"""
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from common.usage import BrokerUsage
+
+BrokerId = Annotated[int, Field(ge=0)]
+ConfigValue = str | int | bool
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+def _distinct(values: tuple[int, ...], what: str) -> tuple[int, ...]:
+    if len(set(values)) != len(values):
+        raise ValueError(f"{what} {list(values)} has duplicate broker ids")
+    return values
+
+
+# ---- admin ------------------------------------------------------------------
+
+class CreateTopicRequest(_Request):
+    name: str = Field(min_length=1, max_length=249)
+    partitions: int = Field(default=1, ge=1, le=10_000)
+    replication_factor: int = Field(default=1, ge=1, le=100)
+    config: dict[str, ConfigValue] = Field(default_factory=dict)
+    # One replica list per partition; when given, partitions/replication_factor
+    # must agree with it. Overrides placement.
+    replica_assignment: tuple[tuple[BrokerId, ...], ...] | None = None
+
+    @field_validator("replica_assignment")
+    @classmethod
+    def _check_assignment(cls, v: tuple[tuple[int, ...], ...] | None):
+        if v is None:
+            return v
+        if not v:
+            raise ValueError("replica_assignment must list at least one partition")
+        for i, replicas in enumerate(v):
+            if not replicas:
+                raise ValueError(f"replica_assignment[{i}] is empty")
+            _distinct(replicas, f"replica_assignment[{i}]")
+        return v
+
+
+class AlterConfigRequest(_Request):
+    set: dict[str, ConfigValue] = Field(default_factory=dict)
+    reset: list[str] = Field(default_factory=list)
+
+
+class ReassignmentRequest(_Request):
+    topic: str = Field(min_length=1)
+    partition: int = Field(ge=0)
+    target_replicas: tuple[BrokerId, ...] = Field(min_length=1)
+
+    @field_validator("target_replicas")
+    @classmethod
+    def _check_targets(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        return _distinct(v, "target_replicas")
+
+
+class TopicPartitionRef(_Request):
+    topic: str = Field(min_length=1)
+    partition: int = Field(ge=0)
+
+
+class PreferredElectionRequest(_Request):
+    partitions: list[TopicPartitionRef] | None = None  # None: every partition
+
+
+# ---- control (broker -> controller) -------------------------------------------
+
+class RegisterBrokerRequest(_Request):
+    broker_id: BrokerId
+    incarnation_id: str = Field(min_length=1, max_length=64)
+    host: str = Field(min_length=1, max_length=255)
+    port: int = Field(ge=1, le=65535)
+    rack: str | None = Field(default=None, max_length=255)
+    priority: int = Field(default=0, ge=0, le=1000)
+    clean_shutdown: bool = True
+
+
+class HeartbeatRequest(_Request):
+    broker_id: BrokerId
+    incarnation_id: str = Field(min_length=1, max_length=64)
+    metadata_offset: int = Field(ge=-1)
+    usage: BrokerUsage | None = None
+
+
+class AlterIsrRequest(_Request):
+    broker_id: BrokerId
+    topic: str = Field(min_length=1)
+    partition: int = Field(ge=0)
+    leader_epoch: int = Field(ge=0)
+    partition_epoch: int = Field(ge=0)
+    new_isr: tuple[BrokerId, ...] = Field(min_length=1)
+
+    @field_validator("new_isr")
+    @classmethod
+    def _check_isr(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        return _distinct(v, "new_isr")
+
+
+class ElectionReport(_Request):
+    """A replica's answer to a quorum election: the (last batch epoch, end offset)
+    of its FLUSHED log, after it stopped accepting epochs below `fenced_epoch`."""
+
+    broker_id: BrokerId
+    topic: str = Field(min_length=1)
+    partition: int = Field(ge=0)
+    fenced_epoch: int = Field(ge=0)
+    last_epoch: int = Field(ge=-1)  # -1: empty log
+    end_offset: int = Field(ge=0)
+
+
+class AllocateProducerIdsRequest(_Request):
+    broker_id: BrokerId
+    count: int = Field(default=1000, ge=1, le=1_000_000)
