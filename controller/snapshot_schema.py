@@ -1,0 +1,124 @@
+"""The tables of a controller snapshot file, in one place.
+
+The writer creates exactly these tables with these column types, and the
+Spark reader derives its schemas from them, so the two cannot drift apart.
+Byte counts and offsets are SQLite INTEGER, which holds 64 bits; readers must
+map them to 64-bit types (Spark `LongType`), never to 32-bit ones.
+
+Plain data, no imports beyond the standard library: Spark's Python workers
+import this module.
+"""
+from __future__ import annotations
+
+import re
+
+SCHEMA_VERSION = 1
+
+# Every final snapshot file matches this; nothing else in a snapshot directory
+# is ever listed or read (temp files start with ".tmp-").
+FILE_NAME_RE = re.compile(r"^snapshot-(\d{8}T\d{6}Z)-(\d{12})\.sqlite$")
+TEMP_PREFIX = ".tmp-"
+
+# table -> (columns as (name, SQLite type), primary key columns)
+TABLES: dict[str, tuple[tuple[tuple[str, str], ...], tuple[str, ...]]] = {
+    "cluster": (
+        (
+            ("schema_version", "INTEGER"),
+            ("snapshot_time_ms", "INTEGER"),
+            ("snapshot_time", "TEXT"),  # ISO 8601 UTC, for people
+            ("metadata_offset", "INTEGER"),
+            ("controller_id", "INTEGER"),  # the leader that wrote the file
+            ("broker_count", "INTEGER"),
+            ("fenced_broker_count", "INTEGER"),
+            ("topic_count", "INTEGER"),
+            ("partition_count", "INTEGER"),
+            ("replica_count", "INTEGER"),
+            ("offline_partition_count", "INTEGER"),  # no leader
+        ),
+        ("snapshot_time_ms",),
+    ),
+    "brokers": (
+        (
+            ("broker_id", "INTEGER"),
+            ("host", "TEXT"),
+            ("port", "INTEGER"),
+            ("rack", "TEXT"),  # NULL when the broker has none
+            ("priority", "INTEGER"),
+            ("state", "TEXT"),  # "fenced" | "unfenced"
+            ("disk_capacity_bytes", "INTEGER"),  # from the latest usage report; NULL if none
+        ),
+        ("broker_id",),
+    ),
+    "topics": (
+        (
+            ("topic", "TEXT"),
+            ("partition_count", "INTEGER"),
+            ("replication_factor", "INTEGER"),
+        ),
+        ("topic",),
+    ),
+    "topic_configs": (
+        (
+            ("topic", "TEXT"),
+            ("name", "TEXT"),
+            ("value", "TEXT"),  # as text; numbers and booleans as JSON text
+        ),
+        ("topic", "name"),
+    ),
+    "partitions": (
+        (
+            ("topic", "TEXT"),
+            ("partition", "INTEGER"),
+            ("leader", "INTEGER"),  # NULL when offline
+            ("leader_epoch", "INTEGER"),
+            ("partition_epoch", "INTEGER"),
+            ("replica_count", "INTEGER"),
+            ("isr_count", "INTEGER"),
+            ("reassigning", "INTEGER"),  # 1 while adding or removing is non-empty
+        ),
+        ("topic", "partition"),
+    ),
+    "replicas": (
+        (
+            ("topic", "TEXT"),
+            ("partition", "INTEGER"),
+            ("broker_id", "INTEGER"),
+            ("position", "INTEGER"),  # order in `replicas`; 0 is the preferred leader
+            ("is_leader", "INTEGER"),
+            ("in_isr", "INTEGER"),
+            ("is_adding", "INTEGER"),
+            ("is_removing", "INTEGER"),
+        ),
+        ("topic", "partition", "broker_id"),
+    ),
+    "replica_usage": (
+        (
+            ("topic", "TEXT"),
+            ("partition", "INTEGER"),
+            ("broker_id", "INTEGER"),
+            ("at_ms", "INTEGER"),  # when the broker measured it
+            ("size_bytes", "INTEGER"),
+            ("log_start_offset", "INTEGER"),
+            ("log_end_offset", "INTEGER"),
+            ("high_watermark", "INTEGER"),
+            ("produce_bytes_per_s", "REAL"),
+            ("produce_records_per_s", "REAL"),
+            ("fetch_bytes_per_s", "REAL"),
+        ),
+        ("topic", "partition", "broker_id"),
+    ),
+    "broker_usage": (
+        (
+            ("broker_id", "INTEGER"),
+            ("at_ms", "INTEGER"),
+            ("disk_total_bytes", "INTEGER"),
+            ("disk_used_bytes", "INTEGER"),
+            ("disk_free_bytes", "INTEGER"),
+        ),
+        ("broker_id",),
+    ),
+}
+
+
+def column_names(table: str) -> tuple[str, ...]:
+    return tuple(name for name, _ in TABLES[table][0])
