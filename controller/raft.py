@@ -1,0 +1,420 @@
+"""The one module that talks to pysyncobj (>= 0.3.17, which persists term and vote).
+
+`RaftNode` replicates JSON command strings through pysyncobj and applies each
+committed one to a state machine (`apply_command(str) -> outcome`,
+`dump() -> dict`, `load(dict)`) on pysyncobj's thread; outcomes reach asyncio
+through `loop.call_soon_threadsafe`, in log order. Nothing pickled is ours:
+the full dump is JSON (our serializer); pysyncobj's journal frames each
+command (a JSON string) in its own pickle envelope.
+
+Durability — what is guaranteed when a proposal's future resolves:
+- with `journal_sync=True` (the default) a node flushes its journal (msync,
+  which is fdatasync for the mapped file) before it sends any Raft message and
+  before it applies a committed entry, and fsyncs the term/vote file after
+  each write. A follower therefore acknowledges only entries that are on its
+  disk, a leader counts itself only for entries it flushed before sending
+  them, and a single node flushes before it applies. A committed command
+  survives `kill -9` of any minority, and the loss of power or of the machine
+  of any minority of controllers. The full-dump file is fsynced before it
+  replaces the old one.
+- with `journal_sync=False` the journal lives in the page cache: a committed
+  command survives `kill -9` of every controller (the kernel still writes the
+  pages), but not the loss of a majority of machines at once.
+
+Leadership is not taken from pysyncobj's word ("there could be multiple
+leaders"): the service commits a marker command in the current term first;
+see `controller/service.py`.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import dataclasses
+import json
+import logging
+import os
+import threading
+import time
+from collections import deque
+from typing import Any, Callable, Protocol
+
+from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
+from pysyncobj.node import TCPNode
+from pysyncobj.transport import TCPTransport
+
+log = logging.getLogger("biplane.controller.raft")
+
+DUMP_FORMAT = 1
+
+
+class StateMachine(Protocol):
+    def apply_command(self, command_json: str) -> Any: ...
+    def dump(self) -> dict: ...
+    def load(self, data: dict) -> None: ...
+
+
+class ProposalFailed(Exception):
+    """A proposal did not commit in this leader's term. `reason` is pysyncobj's, as text."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"proposal not committed: {reason}")
+        self.reason = reason
+
+
+_FAIL_NAMES = {getattr(FAIL_REASON, n): n.lower() for n in dir(FAIL_REASON) if n.isupper()}
+
+
+# ---------------------------------------------------------------- pure parts
+
+def election_timeouts_s(*, priority: int, priorities: list[int], base_min_s: float,
+                        base_max_s: float) -> tuple[float, float]:
+    """Raft election timeout range of a node: the highest priority gets half the base range.
+
+    Ranks are over the distinct priorities of the quorum (0 = highest), scaled
+    linearly from 0.5 (highest) to 1.0 (lowest), so a healthy higher-priority
+    node nearly always times out and wins first.
+    """
+    if base_min_s <= 0 or base_max_s < base_min_s:
+        raise ValueError(f"election timeout range [{base_min_s}, {base_max_s}] s is not a valid range")
+    levels = sorted(set(priorities) | {priority}, reverse=True)
+    rank = levels.index(priority)
+    factor = 0.5 + 0.5 * (rank / (len(levels) - 1) if len(levels) > 1 else 1.0)
+    return base_min_s * factor, base_max_s * factor
+
+
+def transfer_target(*, self_priority: int, peers: list[tuple[str, int, bool]]) -> str | None:
+    """The peer leadership should move to: the highest priority above ours among connected peers.
+
+    `peers` holds (address, priority, connected). Ties go to the lowest address
+    so every leader picks the same one. pysyncobj itself refuses a target that
+    is not caught up, and the leader retries later.
+    """
+    better = [(-prio, addr) for addr, prio, connected in peers if connected and prio > self_priority]
+    return min(better)[1] if better else None
+
+
+def encode_dump(*, state: dict, last_entry: tuple, prev_entry: tuple, cluster: list[str]) -> bytes:
+    """The JSON dump file: our state plus the two log entries pysyncobj needs to resume."""
+    def entry(e: tuple) -> list:
+        command, idx, term = e
+        return [base64.b64encode(bytes(command)).decode("ascii"), int(idx), int(term)]
+    return json.dumps({"format": DUMP_FORMAT, "state": state, "last_entry": entry(last_entry),
+                       "prev_entry": entry(prev_entry), "cluster": sorted(cluster)},
+                      separators=(",", ":")).encode()
+
+
+def decode_dump(data: bytes) -> tuple[dict, tuple, tuple, list[str]]:
+    doc = json.loads(data)
+    if doc.get("format") != DUMP_FORMAT:
+        raise ValueError(f"dump format {doc.get('format')!r} is not {DUMP_FORMAT}")
+
+    def entry(e: list) -> tuple:
+        return (base64.b64decode(e[0]), int(e[1]), int(e[2]))
+    return doc["state"], entry(doc["last_entry"]), entry(doc["prev_entry"]), list(doc["cluster"])
+
+
+# ------------------------------------------------------------ pysyncobj glue
+
+def _fsync_path(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class _SyncedJournal:
+    """Wraps pysyncobj's FileJournal: remembers unflushed writes; `sync()` makes them durable."""
+
+    def __init__(self, inner: Any, *, enabled: bool, directory: str | None) -> None:
+        self._inner = inner
+        self._enabled = enabled and hasattr(inner, "flush")
+        self._directory = directory
+        self._dirty = False
+        self.dir_dirty = False
+        self.syncs = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def __len__(self) -> int:
+        return len(self._inner)
+
+    def __getitem__(self, item: Any) -> Any:
+        return self._inner[item]
+
+    def add(self, command: bytes, idx: int, term: int) -> None:
+        self._inner.add(command, idx, term)
+        self._dirty = True
+
+    def clear(self) -> None:
+        self._inner.clear()
+        self._dirty = True
+
+    def deleteEntriesFrom(self, entryFrom: int) -> None:  # noqa: N802 (pysyncobj's name)
+        self._inner.deleteEntriesFrom(entryFrom)
+        self._dirty = True
+
+    def deleteEntriesTo(self, entryTo: int) -> None:  # noqa: N802
+        self._inner.deleteEntriesTo(entryTo)
+        self._dirty = True
+
+    def setCurrentTerm(self, term: int, votedForNodeId: Any) -> None:  # noqa: N802
+        self._inner.setCurrentTerm(term, votedForNodeId)
+        if self._enabled:
+            meta = self._inner._FileJournal__metaStorer.getPath()
+            _fsync_path(meta)
+            if self._directory:
+                _fsync_path(self._directory)
+
+    def sync(self) -> None:
+        if not self._enabled:
+            return
+        if self.dir_dirty and self._directory:
+            # A new dump was renamed into place: make the rename durable before the
+            # journal entries it replaced can be truncated on disk.
+            _fsync_path(self._directory)
+            self.dir_dirty = False
+        if self._dirty:
+            self._inner.flush()
+            self._dirty = False
+            self.syncs += 1
+
+
+class _SyncingTransport(TCPTransport):
+    """Flushes the journal before any Raft message leaves: no ack for an unflushed entry."""
+
+    def send(self, node: Any, message: Any) -> bool:
+        journal = getattr(self._syncObj, "_biplane_journal", None)
+        if journal is not None:
+            journal.sync()
+        return super().send(node, message)
+
+
+class _ReplicatedObject(SyncObj):
+    def __init__(self, self_address: str, peers: list[str], conf: SyncObjConf,
+                 on_apply: Callable[[str], Any]) -> None:
+        self._biplane_journal = None
+        self._biplane_on_apply = on_apply
+        super().__init__(self_address, peers, conf, transportClass=_SyncingTransport)
+
+    @replicated
+    def apply_json(self, command_json: str) -> Any:
+        return self._biplane_on_apply(command_json)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RaftSettings:
+    self_address: str                   # host:port this node binds for Raft
+    peer_addresses: tuple[str, ...]     # the other nodes
+    data_dir: str
+    password: str | None = None
+    priority: int = 1
+    peer_priorities: tuple[tuple[str, int], ...] = ()
+    election_timeout_ms_min: int = 1000
+    election_timeout_ms_max: int = 1600
+    heartbeat_ms: int = 100
+    journal_sync: bool = True
+    compaction_entries_min: int = 2000
+    compaction_interval_s: int = 300
+    transfer_check_ms: int = 500
+    transfer_holddown_ms: int = 2000
+
+    def validate(self) -> None:
+        if self.peer_addresses and not self.password:
+            raise ValueError("a quorum of more than one controller needs a cluster secret "
+                             "(--cluster-secret or BIPLANE_CLUSTER_SECRET): pysyncobj's transport "
+                             "unpickles what it receives, so it must be authenticated")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RaftStatus:
+    self_address: str
+    is_leader: bool
+    leader_address: str | None
+    term: int
+    commit_index: int
+    last_applied: int
+    connected_peers: tuple[str, ...]
+
+
+class RaftNode:
+    """One pysyncobj node driven by its own tick thread.
+
+    `on_applied(outcome)` and `on_reset(state_dict)` run on the asyncio loop,
+    in log order. `propose(json)` is called on the loop and returns a future
+    with the outcome of applying that command (on this node, in this term).
+    """
+
+    def __init__(self, *, settings: RaftSettings, state: StateMachine,
+                 loop: asyncio.AbstractEventLoop,
+                 on_applied: Callable[[Any], None],
+                 on_reset: Callable[[dict], None]) -> None:
+        settings.validate()
+        self.settings = settings
+        self.state = state
+        self._loop = loop
+        self._on_applied = on_applied
+        self._on_reset = on_reset
+        self._calls: deque[Callable[[], None]] = deque()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._obj: _ReplicatedObject | None = None
+        self._priorities = dict(settings.peer_priorities)
+        self._leader_since = 0.0
+        self._last_transfer_check = 0.0
+        os.makedirs(settings.data_dir, exist_ok=True)
+        self.journal_path = os.path.join(settings.data_dir, "raft.journal")
+        self.dump_path = os.path.join(settings.data_dir, "raft.dump.json")
+
+    # -- lifecycle
+
+    def start(self) -> None:
+        s = self.settings
+        lo, hi = election_timeouts_s(priority=s.priority,
+                                     priorities=list(self._priorities.values()) + [s.priority],
+                                     base_min_s=s.election_timeout_ms_min / 1000,
+                                     base_max_s=s.election_timeout_ms_max / 1000)
+        conf = SyncObjConf(
+            password=s.password,
+            autoTick=False,
+            journalFile=self.journal_path,
+            fullDumpFile=self.dump_path,
+            serializer=self._serialize,
+            deserializer=self._deserialize,
+            # A synchronous caller must not wait for the next heartbeat to be sent.
+            appendEntriesUseBatch=False,
+            appendEntriesPeriod=s.heartbeat_ms / 1000,
+            raftMinTimeout=lo,
+            raftMaxTimeout=hi,
+            connectionRetryTime=0.5,
+            connectionTimeout=max(1.0, hi),
+            leaderFallbackTimeout=max(2.0, 2 * hi),
+            logCompactionMinEntries=s.compaction_entries_min,
+            logCompactionMinTime=s.compaction_interval_s,
+            bindRetryTime=0.25,
+            maxBindRetries=40,
+            dynamicMembershipChange=False,
+            commandsWaitLeader=True,
+        )
+        obj = _ReplicatedObject(s.self_address, list(s.peer_addresses), conf, self._apply)
+        journal = _SyncedJournal(obj._SyncObj__raftLog, enabled=s.journal_sync,
+                                 directory=s.data_dir)
+        obj._SyncObj__raftLog = journal
+        obj._biplane_journal = journal
+        self._obj = obj
+        self._thread = threading.Thread(target=self._run, name="raft-tick", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Idempotent. Stops the tick thread and closes the journal (flushed)."""
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def _run(self) -> None:
+        obj = self._obj
+        assert obj is not None
+        while not self._stopping.is_set():
+            try:
+                while self._calls:
+                    self._calls.popleft()()
+                obj.doTick(0.02)
+                self._maybe_transfer()
+            except Exception:
+                log.exception("raft tick failed; retrying")
+                time.sleep(0.05)
+        try:
+            obj._biplane_journal.sync()
+            obj.destroy()
+        except Exception:
+            log.exception("raft shutdown failed")
+
+    # -- state machine hooks (Raft thread)
+
+    def _apply(self, command_json: str) -> Any:
+        journal = self._obj._biplane_journal if self._obj is not None else None
+        if journal is not None:
+            journal.sync()      # a single node acknowledges only what it flushed
+        outcome = self.state.apply_command(command_json)
+        self._loop.call_soon_threadsafe(self._on_applied, outcome)
+        return outcome
+
+    def _serialize(self, path: str, data: tuple) -> None:
+        last_entry, prev_entry, cluster = data
+        blob = encode_dump(state=self.state.dump(), last_entry=last_entry, prev_entry=prev_entry,
+                           cluster=[getattr(n, "address", str(n)) for n in cluster])
+        with open(path, "wb") as f:
+            f.write(blob)
+            f.flush()
+            if self.settings.journal_sync:
+                os.fsync(f.fileno())
+        if self._obj is not None and self._obj._biplane_journal is not None:
+            self._obj._biplane_journal.dir_dirty = True
+
+    def _deserialize(self, path: str) -> tuple:
+        with open(path, "rb") as f:
+            state, last_entry, prev_entry, cluster = decode_dump(f.read())
+        self.state.load(state)
+        self._loop.call_soon_threadsafe(self._on_reset, state)
+        return last_entry, prev_entry, cluster
+
+    # -- leadership transfer (Raft thread)
+
+    def _maybe_transfer(self) -> None:
+        obj = self._obj
+        now = time.monotonic()
+        if not obj._isLeader():
+            self._leader_since = 0.0
+            return
+        if self._leader_since == 0.0:
+            self._leader_since = now
+        s = self.settings
+        if (now - self._leader_since < s.transfer_holddown_ms / 1000
+                or now - self._last_transfer_check < s.transfer_check_ms / 1000):
+            return
+        self._last_transfer_check = now
+        peers = [(addr, prio, obj.isNodeConnected(TCPNode(addr))) for addr, prio in self._priorities.items()]
+        target = transfer_target(self_priority=s.priority, peers=peers)
+        if target is not None:
+            log.info("handing leadership to higher-priority controller %s", target)
+            obj.transferLeadership(target)
+
+    # -- asyncio side
+
+    def propose(self, command_json: str) -> asyncio.Future:
+        fut = self._loop.create_future()
+        loop = self._loop
+
+        def done(result: Any, error: int) -> None:
+            loop.call_soon_threadsafe(_resolve, fut, result, error)
+
+        self._obj.apply_json(command_json, callback=done)
+        return fut
+
+    def status(self) -> RaftStatus:
+        obj = self._obj
+        leader = obj._getLeader()
+        return RaftStatus(
+            self_address=self.settings.self_address,
+            is_leader=obj._isLeader(),
+            leader_address=getattr(leader, "address", None),
+            term=obj.raftCurrentTerm,
+            commit_index=obj.raftCommitIndex,
+            last_applied=obj.raftLastApplied,
+            connected_peers=tuple(a for a in self.settings.peer_addresses
+                                  if obj.isNodeConnected(TCPNode(a))),
+        )
+
+    def journal_syncs(self) -> int:
+        return self._obj._biplane_journal.syncs if self._obj else 0
+
+
+def _resolve(fut: asyncio.Future, result: Any, error: int) -> None:
+    if fut.done():
+        return
+    if error == FAIL_REASON.SUCCESS:
+        fut.set_result(result)
+    else:
+        fut.set_exception(ProposalFailed(_FAIL_NAMES.get(error, str(error))))
