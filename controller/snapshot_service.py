@@ -1,8 +1,9 @@
 """Snapshots for the controller leader: a periodic writer and the HTTP routes.
 
 `Snapshotter` owns the when (every `snapshot_interval_ms`, and on demand) and
-hands the what to `SnapshotStore`. File writing is blocking I/O, so it runs in
-a worker thread; the image is an immutable value, so reading it there is safe.
+hands the what to `SnapshotStore`. The image is flattened to rows on the
+event loop (where the controller changes it); the blocking file write runs in
+a worker thread.
 Only the leader writes: a follower's image may lag, and two writers would
 double the history.
 
@@ -24,7 +25,7 @@ from aiohttp import web
 
 from common.errors import BiplaneError, ErrorCode, InvalidRequestError
 from common.usage import BrokerUsage
-from controller.snapshots import SnapshotInfo, SnapshotStore
+from controller.snapshots import SnapshotInfo, SnapshotStore, rows_from_image
 
 log = logging.getLogger(__name__)
 
@@ -79,10 +80,11 @@ class Snapshotter:
         if not self._is_leader():
             raise NotSnapshotLeaderError("only the controller leader writes snapshots; ask the leader")
         async with self._lock:
-            image = self._image_getter()
-            usage = dict(self._usage_getter())
             now_ms = self._clock_ms()
-            info = await asyncio.to_thread(self.store.write, image, usage, now_ms, self._controller_id)
+            # Flatten here, on the loop that owns the image, so a record applied
+            # meanwhile cannot tear the snapshot; only plain rows cross to the thread.
+            rows = rows_from_image(self._image_getter(), dict(self._usage_getter()), now_ms, self._controller_id)
+            info = await asyncio.to_thread(self.store.write_rows, rows, now_ms=now_ms)
             self._last_taken_ms = now_ms
             return info
 

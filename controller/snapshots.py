@@ -19,15 +19,18 @@ import datetime as dt
 import json
 import os
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlite_utils
 
 from common.errors import InvalidRequestError
 from common.usage import BrokerUsage
 from controller.snapshot_schema import FILE_NAME_RE, SCHEMA_VERSION, TABLES, TEMP_PREFIX, column_names
+
+if TYPE_CHECKING:
+    from common.metadata.image import MetadataImage
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -109,50 +112,41 @@ def parse_snapshot_file_name(name: str) -> tuple[int, int] | None:
 
 
 def rows_from_image(
-    image: Any, usage_by_broker: Mapping[int, BrokerUsage], now_ms: int, controller_id: int | None
+    image: MetadataImage, usage_by_broker: Mapping[int, BrokerUsage], now_ms: int, controller_id: int | None
 ) -> SnapshotRows:
     """Flatten a metadata image and the latest usage reports into snapshot rows.
 
-    Expects `common.metadata.MetadataImage`: `offset`; `brokers` (id -> broker with host,
-    port, rack, priority, fenced); `topics` (name -> topic with `config` and `partitions`,
-    index -> partition with replicas, isr, leader, leader_epoch, partition_epoch, adding,
-    removing).
+    Call it where the image is not being changed (the controller's event loop);
+    the rows it returns are plain values that any thread may write.
     """
     brokers = []
-    for broker_id, broker in sorted(_items(image.brokers)):
+    for broker_id, broker in sorted(image.brokers.items()):
         usage = usage_by_broker.get(broker_id)
         brokers.append((
-            int(broker_id),
-            broker.host,
-            int(broker.port),
-            broker.rack,
-            int(broker.priority),
+            broker_id, broker.host, broker.port, broker.rack, broker.priority,
             "fenced" if broker.fenced else "unfenced",
             usage.disk_total_bytes if usage is not None else None,
         ))
     topics, topic_configs, partitions, replicas = [], [], [], []
-    for topic_name, topic in sorted(_items(image.topics)):
-        config = _as_dict(topic.config)
-        topic_partitions = sorted(_items(topic.partitions))
-        topics.append((topic_name, len(topic_partitions), int(config.get("replication_factor", 0))))
+    for topic_name, topic in sorted(image.topics.items()):
+        config = topic.config.model_dump(mode="json")
+        topics.append((topic_name, topic.partition_count, topic.config.replication_factor))
         for key, value in sorted(config.items()):
             topic_configs.append((topic_name, key, value if isinstance(value, str) else json.dumps(value)))
-        for index, part in topic_partitions:
-            isr = set(part.isr)
-            adding = set(part.adding or ())
-            removing = set(part.removing or ())
+        for part in image.topic_partitions(topic_name):
+            isr, adding, removing = set(part.isr), set(part.adding), set(part.removing)
             partitions.append((
-                topic_name, int(index), part.leader, int(part.leader_epoch), int(part.partition_epoch),
+                topic_name, part.partition, part.leader, part.leader_epoch, part.partition_epoch,
                 len(part.replicas), len(isr), int(bool(adding or removing)),
             ))
             for position, replica in enumerate(part.replicas):
                 replicas.append((
-                    topic_name, int(index), int(replica), position, int(replica == part.leader),
+                    topic_name, part.partition, replica, position, int(replica == part.leader),
                     int(replica in isr), int(replica in adding), int(replica in removing),
                 ))
     return SnapshotRows(
         snapshot_time_ms=now_ms,
-        metadata_offset=int(image.offset),
+        metadata_offset=image.offset,
         controller_id=controller_id,
         brokers=tuple(brokers),
         topics=tuple(topics),
@@ -161,18 +155,6 @@ def rows_from_image(
         replicas=tuple(replicas),
         **usage_rows(usage_by_broker),
     )
-
-
-def _items(mapping: Any) -> Iterable[tuple[Any, Any]]:
-    return mapping.items() if isinstance(mapping, Mapping) else enumerate(mapping)
-
-
-def _as_dict(config: Any) -> dict[str, Any]:
-    if isinstance(config, Mapping):
-        return dict(config)
-    if hasattr(config, "model_dump"):
-        return config.model_dump(mode="json")
-    return dict(vars(config))
 
 
 def usage_rows(usage_by_broker: Mapping[int, BrokerUsage]) -> dict[str, tuple[tuple, ...]]:
@@ -265,7 +247,7 @@ class SnapshotStore:
             if entry.name.startswith(TEMP_PREFIX):
                 entry.unlink(missing_ok=True)
 
-    def write(self, image: Any, usage_by_broker: Mapping[int, BrokerUsage], now_ms: int,
+    def write(self, image: MetadataImage, usage_by_broker: Mapping[int, BrokerUsage], now_ms: int,
               controller_id: int | None) -> SnapshotInfo:
         return self.write_rows(rows_from_image(image, usage_by_broker, now_ms, controller_id), now_ms=now_ms)
 

@@ -10,12 +10,15 @@ import sys
 import textwrap
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from common.metadata.config import TopicConfig
+from common.metadata.image import MetadataImage
+from common.metadata.records import (CreateTopic, NoOp, PartitionChange, PartitionRecord, RegisterBroker,
+                                     UnfenceBroker)
 from common.usage import BrokerUsage, ReplicaUsage
 from controller import snapshots as snapshots_module
 from controller.snapshot_schema import TABLES, TEMP_PREFIX
@@ -26,20 +29,23 @@ T0_MS = 1_700_000_000_000
 BIG_BYTES = 5 * 2**40  # 5 TiB: does not fit 32 bits
 
 
-def fake_image(offset: int = 42) -> SimpleNamespace:
-    """An image with the documented shape: 3 brokers, topic `orders` with 2 partitions, RF 3."""
-    broker = lambda i, rack, fenced: SimpleNamespace(host=f"b{i}.local", port=9000 + i, rack=rack,  # noqa: E731
-                                                     priority=10 * i, fenced=fenced)
-    part = lambda replicas, isr, leader, adding=(): SimpleNamespace(  # noqa: E731
-        replicas=replicas, isr=isr, leader=leader, leader_epoch=3, partition_epoch=7, adding=list(adding), removing=[])
-    return SimpleNamespace(
-        offset=offset,
-        brokers={1: broker(1, "r1", False), 2: broker(2, "r2", False), 3: broker(3, None, True)},
-        topics={"orders": SimpleNamespace(
-            config={"partitions": 2, "replication_factor": 3, "commit_policy": "quorum"},
-            partitions={0: part([1, 2, 3], [1, 2], 1), 1: part([2, 3, 1], [2, 1], None, adding=[1])},
-        )},
-    )
+def fake_image(offset: int = 42) -> MetadataImage:
+    """A real image: brokers 1, 2 (racks r1, r2, unfenced) and 3 (no rack, fenced); topic `orders`
+    with 2 partitions, RF 3: p0 led by 1 with ISR {1, 2}; p1 leaderless, ISR {2, 1}, adding 1."""
+    records = [RegisterBroker(broker_id=i, incarnation_id=f"inc{i}", host=f"b{i}.local", port=9000 + i,
+                              rack=rack, priority=10 * i, at_ms=1) for i, rack in ((1, "r1"), (2, "r2"), (3, None))]
+    records += [UnfenceBroker(broker_id=1, at_ms=2), UnfenceBroker(broker_id=2, at_ms=2)]
+    records += [CreateTopic(name="orders", topic_id="t-orders", config=TopicConfig(partitions=2, replication_factor=3)),
+                PartitionRecord(topic="orders", partition=0, replicas=[1, 2, 3], isr=[1, 2], leader=1,
+                                leader_epoch=3, partition_epoch=7),
+                PartitionRecord(topic="orders", partition=1, replicas=[2, 3, 1], isr=[2, 1], leader=None,
+                                leader_epoch=3, partition_epoch=6),
+                PartitionChange(topic="orders", partition=1, adding=[1])]
+    image = MetadataImage()
+    assert image.apply_all(records, 0) == []
+    while image.offset < offset:
+        image.apply(NoOp(), image.offset + 1)
+    return image
 
 
 def fake_usage(at_ms: int = T0_MS) -> dict[int, BrokerUsage]:
@@ -104,14 +110,14 @@ def test_retention_by_count_and_age_keeps_newest(tmp_path):
     """keep_count bounds how many files stay; keep_age_ms drops old ones; the newest always stays."""
     store = SnapshotStore(tmp_path, keep_count=3, keep_age_ms=10 * 60_000)
     for i in range(5):
-        store.write(fake_image(i), {}, T0_MS + i * 60_000, controller_id=1)
-    assert [info.metadata_offset for info in store.list()] == [2, 3, 4]
-    # Ten minutes later, offsets 2 and 3 are too old; 4 is exactly at the edge.
+        store.write(fake_image(10 + i), {}, T0_MS + i * 60_000, controller_id=1)
+    assert [info.metadata_offset for info in store.list()] == [12, 13, 14]
+    # Ten minutes later, offsets 12 and 13 are too old; 14 is exactly at the edge.
     old_names = [info.name for info in store.list()[:2]]
     assert store.prune(T0_MS + 14 * 60_000) == old_names
-    assert [info.metadata_offset for info in store.list()] == [4]
+    assert [info.metadata_offset for info in store.list()] == [14]
     assert store.prune(T0_MS + 10**9) == []  # the newest stays however old
-    assert [info.metadata_offset for info in store.list()] == [4]
+    assert [info.metadata_offset for info in store.list()] == [14]
 
 
 def test_failure_before_rename_leaves_no_file(tmp_path, monkeypatch):
@@ -193,7 +199,7 @@ def test_periodic_writer_follows_the_clock(tmp_path):
     """With a manual clock: no file before the interval passes, one per interval after, none on a follower."""
     clock = ManualClock(T0_MS)
     leader = {"yes": True}
-    offsets = iter(range(1, 100))
+    offsets = iter(range(20, 100))
     snapshotter = Snapshotter(store=SnapshotStore(tmp_path), image_getter=lambda: fake_image(next(offsets)),
                               usage_getter=fake_usage, controller_id=1, is_leader=lambda: leader["yes"],
                               snapshot_interval_ms=60_000, clock_ms=clock, wake_ms_max=2)
