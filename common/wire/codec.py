@@ -1,0 +1,377 @@
+"""A small declarative codec for message bodies (big-endian, Kafka-style types).
+
+A message is a frozen, keyword-only dataclass plus a field table:
+
+    @wire_struct(partition=INT32, error_code=ERROR_CODE, records=RECORDS)
+    class PartitionData:
+        partition: int
+        error_code: ErrorCode = ErrorCode.NONE
+        records: Records = b""
+
+The table lists the fields in wire order, which must also be the dataclass's
+field order. Types: INT8/16/32/64, BOOL, ERROR_CODE (int16), STRING and
+NULLABLE_STRING (int16 length), BYTES (int32 length, -1 null), RECORDS (like
+BYTES, but decoded as a zero-copy memoryview of the frame, because record
+batches cross the wire path opaque), Array(item) (int32 count) and any
+wire_struct class nested directly.
+
+Decoding never trusts a length or count: each is bounded by the bytes left,
+so a hostile count cannot allocate more than the frame holds. Errors are
+ProtocolError naming the message, the field path and the bad value.
+"""
+from __future__ import annotations
+
+import operator
+import struct
+from dataclasses import dataclass, fields as dataclass_fields
+from typing import Any, Callable, Iterable, TypeVar, Union, dataclass_transform
+
+from common.errors import ErrorCode, InvalidRequestError, ProtocolError
+
+Records = Union[bytes, bytearray, memoryview]
+T = TypeVar("T")
+
+
+class _FieldError(Exception):
+    """Internal: a decode failure on its way up, collecting the field path."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.path: list[str] = []
+
+
+def _path_text(path: list[str]) -> str:
+    return "".join(p if p.startswith("[") else "." + p for p in reversed(path)).lstrip(".")
+
+
+class FieldType:
+    """How one value is laid out. `fixed` types have a struct format code."""
+
+    name: str = "?"
+    min_size: int = 0
+    fmt: str | None = None  # set for fixed-size scalars
+
+    def encode(self, value: Any, out: list) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def decode(self, buf: memoryview, pos: int, end: int) -> tuple[Any, int]:  # pragma: no cover
+        raise NotImplementedError
+
+    def convert(self, raw: Any) -> Any:
+        """Turn the struct-unpacked value into the field's Python value (fixed types only)."""
+        return raw
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+class _Scalar(FieldType):
+    def __init__(self, name: str, fmt: str) -> None:
+        self.name = name
+        self.fmt = fmt
+        self._struct = struct.Struct(">" + fmt)
+        self.min_size = self._struct.size
+
+    def encode(self, value: Any, out: list) -> None:
+        out.append(self._struct.pack(value))
+
+    def decode(self, buf: memoryview, pos: int, end: int) -> tuple[Any, int]:
+        nxt = pos + self.min_size
+        if nxt > end:
+            raise _FieldError(f"{self.name} needs {self.min_size} bytes, {end - pos} left")
+        return self.convert(self._struct.unpack_from(buf, pos)[0]), nxt
+
+
+class _Bool(_Scalar):
+    def convert(self, raw: Any) -> bool:
+        if raw not in (0, 1):
+            raise _FieldError(f"bool byte {raw} is neither 0 nor 1")
+        return bool(raw)
+
+
+class _ErrorCode(_Scalar):
+    def convert(self, raw: Any) -> ErrorCode:
+        try:
+            return ErrorCode(raw)
+        except ValueError:
+            raise _FieldError(f"unknown error code {raw}") from None
+
+
+INT8 = _Scalar("int8", "b")
+INT16 = _Scalar("int16", "h")
+INT32 = _Scalar("int32", "i")
+INT64 = _Scalar("int64", "q")
+BOOL = _Bool("bool", "B")
+ERROR_CODE = _ErrorCode("error_code", "h")
+
+_INT16 = struct.Struct(">h")
+_INT32 = struct.Struct(">i")
+
+
+class _String(FieldType):
+    def __init__(self, nullable: bool) -> None:
+        self.nullable = nullable
+        self.name = "nullable_string" if nullable else "string"
+        self.min_size = 2
+
+    def encode(self, value: Any, out: list) -> None:
+        if value is None:
+            if not self.nullable:
+                raise TypeError("string field is not nullable")
+            out.append(b"\xff\xff")
+            return
+        raw = value.encode("utf-8")
+        out.append(_INT16.pack(len(raw)))
+        out.append(raw)
+
+    def decode(self, buf: memoryview, pos: int, end: int) -> tuple[Any, int]:
+        if pos + 2 > end:
+            raise _FieldError(f"string length needs 2 bytes, {end - pos} left")
+        n = _INT16.unpack_from(buf, pos)[0]
+        pos += 2
+        if n == -1 and self.nullable:
+            return None, pos
+        if n < 0 or n > end - pos:
+            raise _FieldError(f"string length {n} invalid ({end - pos} bytes left)")
+        try:
+            return str(buf[pos:pos + n], "utf-8"), pos + n
+        except UnicodeDecodeError:
+            raise _FieldError("string is not valid UTF-8") from None
+
+
+STRING = _String(nullable=False)
+NULLABLE_STRING = _String(nullable=True)
+
+
+class _Bytes(FieldType):
+    def __init__(self, name: str, zero_copy: bool) -> None:
+        self.name = name
+        self.zero_copy = zero_copy
+        self.min_size = 4
+
+    def encode(self, value: Any, out: list) -> None:
+        if value is None:
+            out.append(b"\xff\xff\xff\xff")
+            return
+        size = value.nbytes if isinstance(value, memoryview) else len(value)
+        out.append(_INT32.pack(size))
+        if size:
+            out.append(value)
+
+    def decode(self, buf: memoryview, pos: int, end: int) -> tuple[Any, int]:
+        if pos + 4 > end:
+            raise _FieldError(f"bytes length needs 4 bytes, {end - pos} left")
+        n = _INT32.unpack_from(buf, pos)[0]
+        pos += 4
+        if n == -1:
+            return None, pos
+        if n < 0 or n > end - pos:
+            raise _FieldError(f"bytes length {n} invalid ({end - pos} bytes left)")
+        view = buf[pos:pos + n]
+        return (view if self.zero_copy else bytes(view)), pos + n
+
+
+BYTES = _Bytes("bytes", zero_copy=False)
+RECORDS = _Bytes("records", zero_copy=True)
+
+
+class Array(FieldType):
+    """int32 count then the items; decoded as a tuple. `nullable` allows count -1 (None)."""
+
+    def __init__(self, item: FieldType | type, *, nullable: bool = False) -> None:
+        self.item = codec_of(item)
+        if self.item.min_size < 1:
+            raise TypeError(f"array items of {self.item!r} take no bytes; a count could not be bounded")
+        self.nullable = nullable
+        self.name = f"array[{self.item.name}]"
+        self.min_size = 4
+
+    def encode(self, value: Any, out: list) -> None:
+        if value is None:
+            if not self.nullable:
+                raise TypeError("array field is not nullable")
+            out.append(b"\xff\xff\xff\xff")
+            return
+        out.append(_INT32.pack(len(value)))
+        item = self.item
+        for element in value:
+            item.encode(element, out)
+
+    def decode(self, buf: memoryview, pos: int, end: int) -> tuple[Any, int]:
+        if pos + 4 > end:
+            raise _FieldError(f"array count needs 4 bytes, {end - pos} left")
+        count = _INT32.unpack_from(buf, pos)[0]
+        pos += 4
+        if count == -1 and self.nullable:
+            return None, pos
+        item = self.item
+        if count < 0 or count * item.min_size > end - pos:
+            raise _FieldError(f"array count {count} invalid ({end - pos} bytes left, "
+                              f"{item.min_size} bytes per item at least)")
+        values = []
+        for i in range(count):
+            try:
+                value, pos = item.decode(buf, pos, end)
+            except _FieldError as exc:
+                exc.path.append(f"[{i}]")
+                raise
+            values.append(value)
+        return tuple(values), pos
+
+
+class _Fixed:
+    """A run of consecutive fixed-size fields packed with one struct."""
+
+    def __init__(self, names: list[str], types: list[FieldType]) -> None:
+        self.names = names
+        self.types = types
+        self.struct = struct.Struct(">" + "".join(t.fmt for t in types))  # type: ignore[misc]
+        getter = operator.attrgetter(*names)
+        self.get: Callable[[Any], tuple] = getter if len(names) > 1 else (lambda v: (getter(v),))
+        ends, total = [], 0
+        for t in types:
+            total += struct.calcsize(">" + t.fmt)  # type: ignore[operator]
+            ends.append(total)
+        self.ends = ends
+        self.converting = [(i, t) for i, t in enumerate(types) if type(t).convert is not FieldType.convert]
+
+
+class StructCodec(FieldType):
+    def __init__(self, cls: type, table: dict[str, FieldType | type]) -> None:
+        self.cls = cls
+        self.name = cls.__name__
+        self.fields = [(n, codec_of(t)) for n, t in table.items()]
+        self.min_size = sum(t.min_size for _, t in self.fields)
+        # Group consecutive fixed-size fields so each run is one pack/unpack call.
+        steps: list[Any] = []
+        run_names: list[str] = []
+        run_types: list[FieldType] = []
+        for name, ftype in self.fields:
+            if ftype.fmt is not None:
+                run_names.append(name)
+                run_types.append(ftype)
+                continue
+            if run_names:
+                steps.append(_Fixed(run_names, run_types))
+                run_names, run_types = [], []
+            steps.append((name, ftype))
+        if run_names:
+            steps.append(_Fixed(run_names, run_types))
+        self.steps = steps
+
+    def encode(self, value: Any, out: list) -> None:
+        if type(value) is not self.cls:
+            raise InvalidRequestError(f"expected {self.name}, got {type(value).__name__}")
+        for step in self.steps:
+            if type(step) is _Fixed:
+                values = step.get(value)
+                try:
+                    out.append(step.struct.pack(*values))
+                except struct.error:
+                    self._explain_pack_failure(step, values)
+            else:
+                name, ftype = step
+                try:
+                    ftype.encode(getattr(value, name), out)
+                except (TypeError, AttributeError, struct.error, UnicodeEncodeError) as exc:
+                    raise InvalidRequestError(f"{self.name}.{name}: cannot encode "
+                                              f"{getattr(value, name)!r} as {ftype.name}: {exc}") from None
+
+    def _explain_pack_failure(self, step: _Fixed, values: tuple) -> None:
+        for name, ftype, v in zip(step.names, step.types, values):
+            try:
+                struct.pack(">" + ftype.fmt, v)  # type: ignore[operator]
+            except struct.error:
+                raise InvalidRequestError(f"{self.name}.{name}: value {v!r} does not fit {ftype.name}") from None
+        raise AssertionError(f"{self.name}: struct pack failed but no single field does")
+
+    def decode(self, buf: memoryview, pos: int, end: int) -> tuple[Any, int]:
+        kwargs: dict[str, Any] = {}
+        for step in self.steps:
+            if type(step) is _Fixed:
+                st = step.struct
+                if pos + st.size > end:
+                    i = next(i for i, e in enumerate(step.ends) if pos + e > end)
+                    ftype = step.types[i]
+                    exc = _FieldError(f"{ftype.name} needs {ftype.min_size} bytes, "
+                                      f"{max(end - pos - (step.ends[i] - ftype.min_size), 0)} left")
+                    exc.path.append(step.names[i])
+                    raise exc
+                values = st.unpack_from(buf, pos)
+                pos += st.size
+                kwargs.update(zip(step.names, values))
+                for i, ftype in step.converting:
+                    name = step.names[i]
+                    try:
+                        kwargs[name] = ftype.convert(kwargs[name])
+                    except _FieldError as exc:
+                        exc.path.append(name)
+                        raise
+            else:
+                name, ftype = step
+                try:
+                    kwargs[name], pos = ftype.decode(buf, pos, end)
+                except _FieldError as exc:
+                    exc.path.append(name)
+                    raise
+        return self.cls(**kwargs), pos
+
+
+def codec_of(t: FieldType | type) -> FieldType:
+    if isinstance(t, FieldType):
+        return t
+    codec = getattr(t, "__wire_codec__", None)
+    if codec is None:
+        raise TypeError(f"{t!r} is neither a field type nor a wire_struct class")
+    return codec
+
+
+@dataclass_transform(frozen_default=True, kw_only_default=True)
+def wire_struct(**table: FieldType | type) -> Callable[[type[T]], type[T]]:
+    """Make `cls` a frozen keyword-only slotted dataclass with a wire layout."""
+
+    def wrap(cls: type[T]) -> type[T]:
+        new_cls = dataclass(frozen=True, kw_only=True, slots=True)(cls)
+        names = [f.name for f in dataclass_fields(new_cls)]
+        if names != list(table):
+            raise TypeError(f"{cls.__name__}: wire table {list(table)} must list the dataclass fields "
+                            f"{names} in the same order")
+        new_cls.__wire_codec__ = StructCodec(new_cls, table)  # type: ignore[attr-defined]
+        return new_cls
+
+    return wrap
+
+
+def encode_parts(value: Any, out: list | None = None) -> list:
+    """Encode a wire_struct value into a list of bytes-like parts (record blobs are not copied)."""
+    parts: list = [] if out is None else out
+    codec_of(type(value)).encode(value, parts)
+    return parts
+
+
+def encode(value: Any) -> bytes:
+    return b"".join(encode_parts(value))
+
+
+def decode(cls: type[T], buf: bytes | bytearray | memoryview, pos: int = 0, *, context: str | None = None) -> T:
+    """Decode exactly one `cls` from buf[pos:]; trailing bytes are an error."""
+    codec = codec_of(cls)
+    view = buf if isinstance(buf, memoryview) else memoryview(buf)
+    end = len(view)
+    where = context or codec.name
+    try:
+        value, pos = codec.decode(view, pos, end)
+    except _FieldError as exc:
+        path = _path_text(exc.path)
+        raise ProtocolError(f"{where}: field {path or '?'}: {exc.message}") from None
+    except RecursionError:  # pragma: no cover - schemas are static and shallow
+        raise ProtocolError(f"{where}: nesting too deep") from None
+    if pos != end:
+        raise ProtocolError(f"{where}: {end - pos} trailing bytes after the body")
+    return value
+
+
+def struct_fields(cls: type) -> Iterable[tuple[str, FieldType]]:
+    """The (name, field type) table of a wire_struct class, for tools and tests."""
+    return tuple(codec_of(cls).fields)  # type: ignore[attr-defined]
