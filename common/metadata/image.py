@@ -34,6 +34,7 @@ from common.metadata.errors import InvalidFieldError, RecordRejected, UnknownTop
 from common.metadata.records import (
     NO_CHANGE,
     NO_LEADER,
+    AlterTopicConfig,
     ConfigChange,
     CreateTopic,
     DeleteTopic,
@@ -64,6 +65,9 @@ class BrokerInfo:
     registered_offset: int  # metadata offset of that registration
     registered_at_ms: int
     fenced_at_ms: int | None = None
+    # Offset of the record that fenced it (its registration, or a FenceBroker):
+    # it is unfenced only once it has applied metadata up to there.
+    fenced_offset: int | None = None
     fence_reason: str = ""
 
 
@@ -223,7 +227,7 @@ class MetadataImage:
             broker_id=r.broker_id, incarnation_id=r.incarnation_id, host=r.host, port=r.port,
             rack=r.rack, priority=r.priority, fenced=True, clean_shutdown=r.clean_shutdown,
             registered_offset=self._offset + 1, registered_at_ms=r.at_ms,
-            fenced_at_ms=r.at_ms, fence_reason="registered")
+            fenced_at_ms=r.at_ms, fenced_offset=self._offset + 1, fence_reason="registered")
 
     def _fence_broker(self, r: FenceBroker) -> None:
         info = self._brokers.get(r.broker_id)
@@ -232,6 +236,7 @@ class MetadataImage:
         if info.fenced:
             raise _reject(r, f"broker {r.broker_id} is already fenced")
         self._brokers[r.broker_id] = replace(info, fenced=True, fenced_at_ms=r.at_ms,
+                                             fenced_offset=self._offset + 1,
                                              fence_reason=r.reason)
 
     def _unfence_broker(self, r: UnfenceBroker) -> None:
@@ -241,7 +246,7 @@ class MetadataImage:
         if not info.fenced:
             raise _reject(r, f"broker {r.broker_id} is not fenced")
         self._brokers[r.broker_id] = replace(info, fenced=False, fenced_at_ms=None,
-                                             fence_reason="")
+                                             fenced_offset=None, fence_reason="")
 
     def _unregister_broker(self, r: UnregisterBroker) -> None:
         if r.broker_id not in self._brokers:
@@ -356,12 +361,13 @@ class MetadataImage:
         del self._topics[r.name]
         del self._partitions[r.name]
 
-    def _config_change(self, r: ConfigChange) -> None:
+    def _config_change(self, r: ConfigChange | AlterTopicConfig) -> None:
         topic = self._topics.get(r.topic)
         if topic is None:
             raise _reject(r, f"unknown topic {r.topic!r}")
+        changes = r.changes if isinstance(r, AlterTopicConfig) else {r.key: r.value}
         try:
-            config = apply_config_changes(topic.config, {r.key: r.value})
+            config = apply_config_changes(topic.config, changes)
         except InvalidFieldError as exc:
             raise _reject(r, str(exc)) from None
         self._topics[r.topic] = replace(topic, config=config)
@@ -460,6 +466,7 @@ _HANDLERS: dict[type, Any] = {
     PartitionChange: MetadataImage._partition_change,
     DeleteTopic: MetadataImage._delete_topic,
     ConfigChange: MetadataImage._config_change,
+    AlterTopicConfig: MetadataImage._config_change,
     ProducerIdBlock: MetadataImage._producer_id_block,
     NoOp: MetadataImage._noop,
 }

@@ -130,6 +130,18 @@ class ConfigChange(_Record):
     value: str | int | bool | None = None
 
 
+class AlterTopicConfig(_Record):
+    """Several config keys changed at once, checked as a whole (a None value resets).
+
+    One ConfigChange per key would not do: the keys relate (commit_policy and
+    quorum_required_acks), so a valid change can pass through an invalid middle.
+    """
+
+    type: Literal["alter_topic_config"] = "alter_topic_config"
+    topic: str
+    changes: dict[str, str | int | bool | None] = Field(min_length=1)
+
+
 class ProducerIdBlock(_Record):
     """Producer ids [first_id, first_id + size) now belong to `broker_id`."""
 
@@ -151,13 +163,15 @@ class NoOp(_Record):
 
 Record = Annotated[
     Union[RegisterBroker, FenceBroker, UnfenceBroker, UnregisterBroker, CreateTopic,
-          PartitionRecord, PartitionChange, DeleteTopic, ConfigChange, ProducerIdBlock, NoOp],
+          PartitionRecord, PartitionChange, DeleteTopic, ConfigChange, AlterTopicConfig,
+          ProducerIdBlock, NoOp],
     Field(discriminator="type"),
 ]
 
 RECORD_TYPES: tuple[type[BaseModel], ...] = (
     RegisterBroker, FenceBroker, UnfenceBroker, UnregisterBroker, CreateTopic,
-    PartitionRecord, PartitionChange, DeleteTopic, ConfigChange, ProducerIdBlock, NoOp)
+    PartitionRecord, PartitionChange, DeleteTopic, ConfigChange, AlterTopicConfig,
+    ProducerIdBlock, NoOp)
 
 _adapter: TypeAdapter[Any] = TypeAdapter(Record)
 

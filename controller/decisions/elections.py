@@ -1,0 +1,194 @@
+"""Leader elections.
+
+`isr` topics: the new leader comes from ISR ∩ unfenced, highest priority first,
+ties by replica order; one record. Outside the ISR (unclean) only when the
+topic allows it, and then the ISR restarts as just the new leader.
+
+`quorum` topics (KIP-250 with the two corrections DESIGN.md states):
+1. `fence_for_election` appends a change with no leader at leader epoch e+1;
+   replicas that learn it stop accepting epoch <= e, flush, and report the
+   (last batch epoch, end offset) of their flushed log.
+2. `QuorumElectionTracker` collects those reports (in memory, on the
+   controller leader). With reports from n − q + 1 unfenced replicas, at least
+   one of them holds every acknowledged record, and `elect_quorum` picks the
+   greatest (last_epoch, end_offset) as a pair, then priority, then replica
+   order. A longer log from an older epoch loses to a shorter one from a newer
+   epoch: the longer one holds records the newer leader overwrote.
+   The new leader's ISR is the set of unfenced replicas that reported: they are
+   known to be alive; the leader re-grows it as others catch up.
+   The leader takes epoch e+2 (any leader change bumps the epoch).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+from common.metadata.image import MetadataImage, PartitionInfo
+from common.metadata.records import PartitionChange, Record
+from common.requests import ElectionReport
+from controller.decisions.plan import (
+    change,
+    choice_key,
+    choose_leader,
+    fence_for_election,
+    is_quorum,
+)
+
+__all__ = [
+    "elect_isr_leader", "fence_for_election", "QuorumElectionTracker", "elect_quorum",
+    "quorum_reports_needed", "best_report", "best_report_oracle", "elect_leaders",
+]
+
+
+def elect_isr_leader(image: MetadataImage, p: PartitionInfo, *,
+                     reason: str = "election") -> PartitionChange | None:
+    """The record electing a leader for an `isr` partition, or None when nobody is eligible."""
+    leader = choose_leader(image, p, p.isr)
+    if leader is not None:
+        return None if leader == p.leader else change(p, leader=leader, reason=reason)
+    if not image.topics[p.topic].config.unclean_leader_election:
+        return None
+    leader = choose_leader(image, p, p.replicas)
+    if leader is None:
+        return None
+    return change(p, leader=leader, isr=(leader,), reason=f"unclean {reason}")
+
+
+def quorum_reports_needed(image: MetadataImage, p: PartitionInfo) -> int:
+    """n − q + 1: any q replicas holding a record intersect any n − q + 1 reporters."""
+    q = image.topics[p.topic].config.quorum_acks
+    return len(p.replicas) - min(q, len(p.replicas)) + 1
+
+
+@dataclass(frozen=True, slots=True)
+class _Round:
+    fenced_epoch: int
+    reports: Mapping[int, ElectionReport]
+
+
+class QuorumElectionTracker:
+    """Election reports per partition for its current fenced epoch (controller leader memory).
+
+    Bounded: one round per partition, at most one report per replica in it.
+    """
+
+    def __init__(self) -> None:
+        self._rounds: dict[tuple[str, int], _Round] = {}
+
+    def add(self, image: MetadataImage, report: ElectionReport) -> str | None:
+        """Record `report`; returns None when kept, else why it was ignored."""
+        p = image.get_partition(report.topic, report.partition)
+        if p is None:
+            return f"unknown partition {report.topic}-{report.partition}"
+        if not p.fenced_for_election:
+            return f"{report.topic}-{report.partition} is not waiting for an election"
+        if report.fenced_epoch != p.leader_epoch:
+            return (f"report for fenced epoch {report.fenced_epoch}, election is at "
+                    f"{p.leader_epoch}")
+        if report.broker_id not in p.replicas:
+            return f"broker {report.broker_id} is not a replica of {report.topic}-{report.partition}"
+        key = (report.topic, report.partition)
+        current = self._rounds.get(key)
+        if current is None or current.fenced_epoch != report.fenced_epoch:
+            current = _Round(report.fenced_epoch, {})
+        if report.broker_id in current.reports:
+            return f"duplicate report from broker {report.broker_id}"
+        self._rounds[key] = _Round(current.fenced_epoch,
+                                   {**current.reports, report.broker_id: report})
+        return None
+
+    def reports(self, p: PartitionInfo) -> list[ElectionReport]:
+        """Reports for p's current fenced epoch, in replica order."""
+        current = self._rounds.get(p.tp)
+        if current is None or current.fenced_epoch != p.leader_epoch:
+            return []
+        return [current.reports[b] for b in p.replicas if b in current.reports]
+
+    def forget_stale(self, image: MetadataImage) -> None:
+        """Drop rounds for partitions gone or no longer at that fenced epoch."""
+        for key in list(self._rounds):
+            p = image.get_partition(*key)
+            if p is None or not p.fenced_for_election \
+                    or p.leader_epoch != self._rounds[key].fenced_epoch:
+                del self._rounds[key]
+
+    def __len__(self) -> int:
+        return len(self._rounds)
+
+
+def _report_key(image: MetadataImage, p: PartitionInfo, r: ElectionReport):
+    return (r.last_epoch, r.end_offset) + choice_key(image, p, r.broker_id)
+
+
+def best_report(image: MetadataImage, p: PartitionInfo,
+                reports: Iterable[ElectionReport]) -> ElectionReport | None:
+    """The report with the greatest (last_epoch, end_offset), then priority, then replica order."""
+    reports = list(reports)
+    if not reports:
+        return None
+    return max(reports, key=lambda r: _report_key(image, p, r))
+
+
+def best_report_oracle(image: MetadataImage, p: PartitionInfo,
+                       reports: list[ElectionReport]) -> ElectionReport | None:
+    """Naive twin of `best_report` for tests: one pass, each rule spelled out."""
+    best = None
+    for r in reports:
+        if best is None:
+            best = r
+            continue
+        if r.last_epoch != best.last_epoch:
+            better = r.last_epoch > best.last_epoch
+        elif r.end_offset != best.end_offset:
+            better = r.end_offset > best.end_offset
+        elif image.priority(r.broker_id) != image.priority(best.broker_id):
+            better = image.priority(r.broker_id) > image.priority(best.broker_id)
+        else:
+            better = p.replicas.index(r.broker_id) < p.replicas.index(best.broker_id)
+        if better:
+            best = r
+    return best
+
+
+def elect_quorum(image: MetadataImage, p: PartitionInfo,
+                 reports: Iterable[ElectionReport]) -> PartitionChange | None:
+    """Step two: the record electing a leader once enough reports are in, else None."""
+    if not p.fenced_for_election:
+        return None
+    valid = [r for r in reports
+             if r.fenced_epoch == p.leader_epoch and r.broker_id in p.replicas
+             and image.is_unfenced(r.broker_id)]
+    by_broker = {r.broker_id: r for r in valid}  # one per replica
+    if len(by_broker) < quorum_reports_needed(image, p):
+        return None
+    winner = best_report(image, p, by_broker.values())
+    assert winner is not None
+    isr = tuple(b for b in p.replicas if b in by_broker)
+    assert winner.broker_id in isr
+    return change(p, leader=winner.broker_id, isr=isr,
+                  reason=f"quorum election: {len(by_broker)} reports, best "
+                         f"(epoch {winner.last_epoch}, offset {winner.end_offset})")
+
+
+def elect_leaders(image: MetadataImage, tracker: QuorumElectionTracker) -> list[Record]:
+    """Records electing a leader for every leaderless partition that can have one now.
+
+    Quorum partitions without a leader that are not yet fenced get step one;
+    fenced ones get step two when their reports are in.
+    """
+    records: list[Record] = []
+    for p in image.partitions():
+        if p.leader is not None:
+            continue
+        if is_quorum(image, p):
+            if not p.fenced_for_election:
+                records.append(fence_for_election(image, p, reason="leaderless"))
+            else:
+                elected = elect_quorum(image, p, tracker.reports(p))
+                if elected is not None:
+                    records.append(elected)
+        else:
+            elected = elect_isr_leader(image, p)
+            if elected is not None:
+                records.append(elected)
+    return records

@@ -1,0 +1,160 @@
+"""Broker sessions and the lifecycle decisions: register, fence, unfence.
+
+Sessions live in the controller leader's memory only (never replicated): a new
+leader starts every known broker's session at its first look (`started_at_ms`),
+which gives each broker one full session timeout to heartbeat it.
+
+A broker registers fenced. It is unfenced once it heartbeats with its current
+incarnation and has applied metadata up to the record that fenced it (its
+registration or the FenceBroker), so it knows what it lost.
+A broker that registers after an unclean shutdown leaves every ISR (KIP-966:
+its unflushed tail may be gone) and comes back through the leader's normal ISR
+expansion. As everywhere, an ISR never empties: if it was the last member it
+stays, and it is elected again when it returns (the only copy left).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from common.metadata.errors import StaleBrokerError, UnknownBrokerError
+from common.metadata.image import MetadataImage
+from common.metadata.records import FenceBroker, Record, RegisterBroker, UnfenceBroker
+from common.requests import HeartbeatRequest, RegisterBrokerRequest
+from controller.decisions.plan import Plan, without_broker
+
+SESSION_TIMEOUT_MS = 1500
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    incarnation_id: str
+    last_heartbeat_ms: int
+    metadata_offset: int
+
+
+class BrokerSessions:
+    """Last heartbeat per broker. Bounded by the number of brokers that heartbeat."""
+
+    def __init__(self, *, session_timeout_ms: int = SESSION_TIMEOUT_MS,
+                 started_at_ms: int | None = None) -> None:
+        if session_timeout_ms <= 0:
+            raise ValueError(f"session_timeout_ms must be > 0, got {session_timeout_ms}")
+        self.session_timeout_ms = session_timeout_ms
+        self.started_at_ms = started_at_ms
+        self._sessions: dict[int, Session] = {}
+
+    def _start(self, now_ms: int) -> None:
+        if self.started_at_ms is None:
+            self.started_at_ms = now_ms
+
+    def heartbeat(self, broker_id: int, incarnation_id: str, now_ms: int,
+                  metadata_offset: int) -> None:
+        self._start(now_ms)
+        self._sessions[broker_id] = Session(incarnation_id, now_ms, metadata_offset)
+
+    def forget(self, broker_id: int) -> None:
+        self._sessions.pop(broker_id, None)
+
+    def get(self, broker_id: int) -> Session | None:
+        return self._sessions.get(broker_id)
+
+    def last_seen_ms(self, broker_id: int, incarnation_id: str, now_ms: int) -> int:
+        """Last heartbeat of this incarnation; the sessions' start when none was seen."""
+        self._start(now_ms)
+        s = self._sessions.get(broker_id)
+        if s is not None and s.incarnation_id == incarnation_id:
+            return s.last_heartbeat_ms
+        assert self.started_at_ms is not None
+        return self.started_at_ms
+
+    def is_alive(self, broker_id: int, incarnation_id: str, now_ms: int) -> bool:
+        return now_ms - self.last_seen_ms(broker_id, incarnation_id, now_ms) \
+            <= self.session_timeout_ms
+
+    def expired(self, now_ms: int) -> list[int]:
+        """Brokers that heartbeated once and then not within the session timeout."""
+        self._start(now_ms)
+        return sorted(b for b, s in self._sessions.items()
+                      if now_ms - s.last_heartbeat_ms > self.session_timeout_ms)
+
+
+def check_heartbeat(image: MetadataImage, request: HeartbeatRequest) -> None:
+    """Raise unless the heartbeat comes from the registered incarnation."""
+    info = image.brokers.get(request.broker_id)
+    if info is None:
+        raise UnknownBrokerError(request.broker_id)
+    if info.incarnation_id != request.incarnation_id:
+        raise StaleBrokerError(request.broker_id, expected=info.incarnation_id,
+                               actual=request.incarnation_id)
+
+
+def register_broker(image: MetadataImage, request: RegisterBrokerRequest,
+                    now_ms: int) -> list[Record]:
+    """Records registering a broker: fenced, its leaderships moved; out of every ISR
+    after an unclean shutdown. A retry with the same incarnation changes nothing.
+
+    The caller should also `sessions.heartbeat(...)` the new incarnation.
+    """
+    old = image.brokers.get(request.broker_id)
+    if old is not None and old.incarnation_id == request.incarnation_id:
+        return []
+    plan = Plan(image)
+    plan.add(RegisterBroker(
+        broker_id=request.broker_id, incarnation_id=request.incarnation_id,
+        host=request.host, port=request.port, rack=request.rack, priority=request.priority,
+        clean_shutdown=request.clean_shutdown, at_ms=now_ms))
+    reason = ("registered after unclean shutdown" if not request.clean_shutdown
+              else "registered")
+    for p in list(plan.image.partitions()):
+        if request.broker_id in p.replicas:
+            c = without_broker(plan.image, p, request.broker_id,
+                               leave_isr=not request.clean_shutdown, reason=reason)
+            if c is not None:
+                plan.add(c)
+    return plan.records
+
+
+def fence_broker(image: MetadataImage, broker_id: int, now_ms: int, *,
+                 reason: str) -> list[Record]:
+    """Fence one unfenced broker: FenceBroker, then its leaderships moved and ISRs shrunk."""
+    info = image.brokers.get(broker_id)
+    if info is None or info.fenced:
+        return []
+    plan = Plan(image)
+    plan.add(FenceBroker(broker_id=broker_id, at_ms=now_ms, reason=reason))
+    for p in list(plan.image.partitions()):
+        if broker_id in p.replicas:
+            c = without_broker(plan.image, p, broker_id, leave_isr=True, reason=reason)
+            if c is not None:
+                plan.add(c)
+    return plan.records
+
+
+def fence_expired(image: MetadataImage, sessions: BrokerSessions, now_ms: int) -> list[Record]:
+    """Fence every unfenced broker whose current incarnation missed its session timeout."""
+    plan = Plan(image)
+    for broker_id in image.unfenced_broker_ids():
+        info = plan.image.brokers[broker_id]
+        if not sessions.is_alive(broker_id, info.incarnation_id, now_ms):
+            plan.extend(fence_broker(plan.image, broker_id, now_ms, reason="session expired"))
+    return plan.records
+
+
+def unfence_ready(image: MetadataImage, sessions: BrokerSessions, now_ms: int) -> list[Record]:
+    """Unfence fenced brokers that heartbeat with their current incarnation and have
+    applied metadata up to the record that fenced them."""
+    records: list[Record] = []
+    for broker_id in sorted(image.brokers):
+        info = image.brokers[broker_id]
+        if not info.fenced:
+            continue
+        s = sessions.get(broker_id)
+        if s is None or s.incarnation_id != info.incarnation_id:
+            continue
+        if not sessions.is_alive(broker_id, info.incarnation_id, now_ms):
+            continue
+        caught_up = info.fenced_offset if info.fenced_offset is not None else -1
+        if s.metadata_offset >= caught_up:
+            records.append(UnfenceBroker(broker_id=broker_id, at_ms=now_ms,
+                                         reason=f"caught up to offset {s.metadata_offset}"))
+    return records
