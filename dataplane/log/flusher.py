@@ -1,0 +1,108 @@
+"""FlushCoalescer: many asyncio waiters share one fsync run.
+
+`await coalescer.flush_to(offset)` returns once flushed_offset >= offset. The
+first waiter starts a run: it sleeps `debounce_ms` so that more appends and
+waiters can join, then calls the log's synchronous `flush()` in a thread
+executor (the event loop keeps serving appends and reads meanwhile). Waiters
+covered by the result are released together; waiters that arrived for later
+offsets start the next run. A flush error is raised in every waiter of that run.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+
+from common.errors import InvalidRequestError, StorageError
+
+from .interface import Log
+
+
+class LogTruncatedError(StorageError):
+    """The offset a waiter wanted flushed was truncated away before it became durable."""
+
+
+class FlushCoalescer:
+    def __init__(self, log: Log, *, debounce_ms: float = 2.0,
+                 executor: concurrent.futures.Executor | None = None) -> None:
+        if debounce_ms < 0:
+            raise InvalidRequestError(f"debounce_ms={debounce_ms} must be >= 0")
+        self._log = log
+        self._debounce_s = debounce_ms / 1000.0
+        self._executor = executor
+        self._waiters: list[tuple[int, asyncio.Future[int]]] = []
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        self.flush_count = 0  # fsync runs so far, for tests and benchmarks
+
+    async def flush_to(self, offset: int) -> int:
+        """Wait until every offset below `offset` is durable; returns flushed_offset.
+
+        `offset` is exclusive, like log_end_offset: flush_to(info.last_offset + 1)
+        waits for an append. Raises InvalidRequestError past log_end_offset (that
+        would wait for data nobody has written), StorageError if the flush fails,
+        LogTruncatedError if the offset is truncated away first.
+        """
+        if self._closed:
+            raise StorageError("flush coalescer is closed")
+        if offset <= self._log.flushed_offset:
+            return self._log.flushed_offset
+        if offset > self._log.log_end_offset:
+            raise InvalidRequestError(
+                f"flush_to({offset}) is past log_end_offset {self._log.log_end_offset}; append first")
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._waiters.append((offset, future))
+        self._ensure_running()
+        return await future
+
+    def flush_soon(self) -> None:
+        """Start a flush run without waiting for it (lazy flush on a timer)."""
+        if not self._closed and self._log.flushed_offset < self._log.log_end_offset:
+            self._ensure_running()
+
+    def _ensure_running(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if self._debounce_s:
+                await asyncio.sleep(self._debounce_s)
+            waiters, self._waiters = self._waiters, []
+            try:
+                flushed = await loop.run_in_executor(self._executor, self._log.flush)
+            except Exception as exc:  # every waiter of this run gets the same error
+                for _, future in waiters:
+                    if not future.done():
+                        future.set_exception(exc)
+                # Waiters that arrived during the failed run retry in a fresh run.
+                if not self._waiters:
+                    return
+                continue
+            self.flush_count += 1
+            log_end_offset = self._log.log_end_offset
+            for offset, future in waiters + self._waiters:
+                if future.done():
+                    continue
+                if offset <= flushed:
+                    future.set_result(flushed)
+                elif offset > log_end_offset:
+                    future.set_exception(LogTruncatedError(
+                        f"offset {offset} was truncated (log_end_offset is now {log_end_offset}) "
+                        f"before it was flushed"))
+            self._waiters = [(o, f) for o, f in waiters + self._waiters if not f.done()]
+            if not self._waiters:
+                return
+
+    async def close(self) -> None:
+        """Finish the run in progress, then fail waiters that are still pending. Idempotent."""
+        self._closed = True
+        if self._task is not None:
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        for _, future in self._waiters:
+            if not future.done():
+                future.set_exception(StorageError("flush coalescer closed before the flush"))
+        self._waiters = []

@@ -1,0 +1,180 @@
+"""The partition log's contract, shared by the on-disk log and its in-memory twin.
+
+Offsets: `log_start_offset` is the first offset still stored, `log_end_offset` the
+next offset an append will get (written, "dirty"), `flushed_offset` the end of the
+durable prefix: every offset below it survives a crash of the process or the
+machine. All three are exclusive-end offsets, so log_start <= flushed <= end.
+
+Durability when a call returns:
+- `append_as_leader` / `append_as_follower`: the batches are written to the
+  operating system and readable by `read`; they survive a crash of this process
+  but NOT a crash of the machine until a `flush()` covering them returns.
+- `flush()`: everything below the returned offset is on stable storage.
+- `truncate_to`, `truncate_fully_and_start_at`, `apply_retention`, and any change
+  of the leader-epoch cache: durable when the call returns (they are rare and a
+  truncation undone by a crash could resurrect records of an old epoch).
+
+Buffers: `append_as_leader` patches offsets and the leader epoch into the batch
+headers; a `bytearray` argument is patched in place (the caller may reuse the
+patched buffer, e.g. to send it to followers), a `bytes` argument is copied once.
+The log keeps no reference to any argument after the call. `ReadResult.records`
+is a new immutable `bytes` object owned by the caller.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Protocol, runtime_checkable
+
+from common.errors import BiplaneError, ErrorCode, InvalidRequestError, StorageError
+
+# Kafka's answer when no epoch is known (empty cache).
+UNDEFINED_EPOCH = -1
+UNDEFINED_OFFSET = -1
+
+
+class OffsetOutOfRangeError(BiplaneError):
+    """A read asked for an offset below log_start_offset or above log_end_offset."""
+
+    code = ErrorCode.OFFSET_OUT_OF_RANGE
+
+    def __init__(self, message: str, *, offset: int, log_start_offset: int, log_end_offset: int) -> None:
+        super().__init__(message)
+        self.offset = offset
+        self.log_start_offset = log_start_offset
+        self.log_end_offset = log_end_offset
+
+
+class OffsetMismatchError(InvalidRequestError):
+    """A follower append does not start at log_end_offset, or its batches are not contiguous."""
+
+    def __init__(self, message: str, *, expected_offset: int, actual_offset: int) -> None:
+        super().__init__(message)
+        self.expected_offset = expected_offset
+        self.actual_offset = actual_offset
+
+
+class StaleEpochError(InvalidRequestError):
+    """An append carries a leader epoch older than the latest epoch already in the log."""
+
+    code = ErrorCode.FENCED_LEADER_EPOCH
+
+    def __init__(self, message: str, *, epoch: int, latest_epoch: int) -> None:
+        super().__init__(message)
+        self.epoch = epoch
+        self.latest_epoch = latest_epoch
+
+
+__all__ = [
+    "AppendInfo", "DeletedSegment", "EpochEntry", "Log", "LogConfig", "OffsetMismatchError",
+    "OffsetOutOfRangeError", "ReadResult", "StaleEpochError", "StorageError",
+    "UNDEFINED_EPOCH", "UNDEFINED_OFFSET",
+]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LogConfig:
+    """Per-partition limits. Sizes in bytes, times in milliseconds; None means unlimited."""
+
+    segment_bytes: int = 128 * 1024 * 1024
+    segment_ms: int | None = 7 * 24 * 3600 * 1000
+    index_interval_bytes: int = 4096
+    retention_bytes: int | None = None
+    retention_ms: int | None = 7 * 24 * 3600 * 1000
+
+    def __post_init__(self) -> None:
+        # Positions in the offset index are 32-bit, so a segment must stay below 2 GiB.
+        if not 1024 <= self.segment_bytes <= 2**31 - 1:
+            raise InvalidRequestError(
+                f"segment_bytes={self.segment_bytes} is out of range; use 1024 .. {2**31 - 1}")
+        if self.index_interval_bytes < 1:
+            raise InvalidRequestError(
+                f"index_interval_bytes={self.index_interval_bytes} must be positive")
+        for name in ("segment_ms", "retention_bytes", "retention_ms"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise InvalidRequestError(f"{name}={value} must be >= 0 or None (unlimited)")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AppendInfo:
+    """What an append stored: offsets base_offset..last_offset inclusive."""
+
+    base_offset: int
+    last_offset: int
+    batch_count: int
+    size_bytes: int
+    max_timestamp: int
+    log_end_offset: int  # after the append, = last_offset + 1
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ReadResult:
+    """Whole batches copied out of the log; `records` belongs to the caller.
+
+    `first_offset` is the base offset of the first batch (it may be below the
+    requested offset, which can fall inside a batch); `next_offset` is the offset
+    after the last batch returned (= the requested offset when `records` is empty).
+    """
+
+    records: bytes
+    first_offset: int
+    next_offset: int
+    log_start_offset: int
+    log_end_offset: int
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EpochEntry:
+    epoch: int
+    start_offset: int
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DeletedSegment:
+    base_offset: int
+    next_offset: int
+    size_bytes: int
+    reason: str  # "retention_bytes" or "retention_ms"
+
+
+@runtime_checkable
+class Log(Protocol):
+    """One partition replica's log. Not reentrant across processes; usable from threads."""
+
+    @property
+    def log_start_offset(self) -> int: ...
+    @property
+    def log_end_offset(self) -> int: ...
+    @property
+    def flushed_offset(self) -> int: ...
+    @property
+    def latest_epoch(self) -> int: ...
+    def epoch_entries(self) -> list[EpochEntry]: ...
+
+    def append_as_leader(self, batches: bytes | bytearray, *, leader_epoch: int,
+                         now_ms: int | None = None) -> AppendInfo:
+        """Validate (CRC), assign offsets from log_end_offset and stamp leader_epoch."""
+    def append_as_follower(self, batches: bytes | bytearray | memoryview, *,
+                           now_ms: int | None = None) -> AppendInfo:
+        """Validate and store batches with the leader's offsets; the first must start at
+        log_end_offset and each next one where the previous ended (OffsetMismatchError)."""
+    def read(self, start_offset: int, *, max_bytes: int, max_offset: int | None = None) -> ReadResult:
+        """Whole batches from the one containing start_offset, at most max_bytes unless the
+        first batch alone is larger, only batches whose last offset is below max_offset."""
+    def offset_for_timestamp(self, timestamp_ms: int) -> int | None:
+        """Base offset of the first batch whose max timestamp is >= timestamp_ms, or None."""
+    def flush(self) -> int:
+        """Make everything written so far durable; returns the new flushed_offset."""
+    def truncate_to(self, offset: int) -> int:
+        """Remove every batch whose last offset is >= offset; returns the new log_end_offset
+        (below offset when offset falls inside a batch)."""
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        """Remove everything; the log becomes empty starting at offset (epoch cache cleared)."""
+    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
+        """(largest known epoch <= epoch, start offset of the next epoch or log_end_offset)."""
+    def roll(self, *, now_ms: int | None = None) -> None:
+        """Start a new segment unless the active one is empty."""
+    def apply_retention(self, now_ms: int) -> list[DeletedSegment]:
+        """Delete whole old segments past retention_bytes / retention_ms (never the active one)."""
+    def close(self) -> None:
+        """Flush and release the log; idempotent."""

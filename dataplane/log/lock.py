@@ -1,0 +1,46 @@
+"""An exclusive, non-blocking lock on a log directory, held while the log is open."""
+from __future__ import annotations
+
+import fcntl
+import os
+
+from common.errors import StorageError
+
+LOCK_FILE = ".lock"
+
+
+class DirectoryLock:
+    """flock(2) on `<directory>/.lock`; the holder writes its pid there for error messages.
+
+    The kernel drops the lock when the holder dies, so a crashed process never
+    leaves a stale lock behind.
+    """
+
+    def __init__(self, directory: str) -> None:
+        self.path = os.path.join(directory, LOCK_FILE)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_pid(self._fd)
+            os.close(self._fd)
+            self._fd = -1
+            who = f"process {holder}" if holder else "another process"
+            raise StorageError(
+                f"log directory {directory} is already open by {who} (lock {self.path}); "
+                f"stop that process or use another directory") from None
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, f"{os.getpid()}\n".encode(), 0)
+
+    def release(self) -> None:
+        if self._fd >= 0:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = -1
+
+
+def _read_pid(fd: int) -> int | None:
+    try:
+        return int(os.pread(fd, 32, 0).decode().strip())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None

@@ -1,0 +1,658 @@
+"""The on-disk partition log: segments, indexes, epoch cache, recovery.
+
+Layout of a log directory:
+  <base:020d>.log / .index / .timeindex   segments (see segment.py)
+  leader-epoch-checkpoint                 epoch -> start offset, replaced atomically
+  recovery-point                          an offset below which everything was fsynced
+  clean-shutdown                          present only while the log is closed cleanly
+  truncate-fully                          intent of an unfinished truncate_fully_and_start_at
+  .lock                                   flock held by the process that has it open
+
+The contract (durability, buffer ownership) is in interface.py. Threads: every
+method may be called from any thread. Appends, reads and truncations are
+serialised by one lock; `flush` runs its fsyncs outside that lock so appends
+continue while it waits for the disk.
+"""
+from __future__ import annotations
+
+import bisect
+import os
+import threading
+
+from common.batch import MAX_BATCH_BYTES, iter_batches, set_base_offset, set_leader_epoch
+from common.errors import InvalidRequestError, StorageError
+
+from . import files
+from .epoch_cache import EpochCache
+from .interface import (AppendInfo, DeletedSegment, EpochEntry, LogConfig, OffsetMismatchError,
+                        OffsetOutOfRangeError, ReadResult, StaleEpochError)
+from .lock import DirectoryLock
+from .segment import BatchSpan, Segment
+
+EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
+RECOVERY_POINT = "recovery-point"
+CLEAN_SHUTDOWN = "clean-shutdown"
+TRUNCATE_FULLY = "truncate-fully"
+
+# Relative offsets in the index are 32-bit.
+_RELATIVE_OFFSET_MAX = 2**32 - 1
+
+
+class PartitionLog:
+    """A partition replica's log in `directory` (created if missing).
+
+    Opening takes an exclusive lock on the directory (StorageError if another
+    process has it) and recovers: after a clean close the files are trusted;
+    otherwise every segment from the recovery point on is validated by CRC and
+    offset continuity, a torn or corrupt tail is cut off, the indexes of those
+    segments are rebuilt, and everything left is fsynced, so that
+    flushed_offset == log_end_offset once the constructor returns.
+    """
+
+    def __init__(self, directory: str, *, config: LogConfig | None = None) -> None:
+        self.directory = os.path.abspath(directory)
+        self.config = config or LogConfig()
+        os.makedirs(self.directory, exist_ok=True)
+        self._lock = threading.Lock()        # all state below
+        self._flush_lock = threading.Lock()  # one flush at a time; truncations wait for it
+        self._dir_lock = DirectoryLock(self.directory)
+        self._segments: list[Segment] = []
+        self._bases: list[int] = []
+        self._dirty: dict[int, Segment] = {}  # id -> segment with unflushed writes
+        self._dir_dirty = False
+        self._truncations = 0  # bumped by every truncation; a flush racing one must not count
+        self._failed: str | None = None
+        self._closed = False
+        self.recovered_bytes_cut = 0  # bytes of torn/corrupt tail removed on open
+        try:
+            self._open()
+        except BaseException:
+            for segment in self._segments:
+                segment.close()
+            self._dir_lock.release()
+            raise
+
+    # ------------------------------------------------------------------ open
+
+    def _path(self, name: str) -> str:
+        return os.path.join(self.directory, name)
+
+    def _open(self) -> None:
+        for name in os.listdir(self.directory):
+            if name.endswith(".tmp"):
+                os.unlink(self._path(name))
+        clean = os.path.exists(self._path(CLEAN_SHUTDOWN))
+        truncate_fully = _read_int(self._path(TRUNCATE_FULLY))
+        bases = sorted(int(n[:-4]) for n in os.listdir(self.directory)
+                       if n.endswith(".log") and n[:-4].isdigit())
+        for name in os.listdir(self.directory):
+            stem, ext = os.path.splitext(name)
+            if ext in (".index", ".timeindex") and stem.isdigit() and int(stem) not in bases:
+                os.unlink(self._path(name))
+        if truncate_fully is not None:
+            self._finish_truncate_fully(bases, truncate_fully)
+            bases = [truncate_fully]
+        if not bases:
+            bases = [0]
+            clean = True  # a new log has nothing to recover
+            self._dir_dirty = True
+        recovery_point = _read_int(self._path(RECOVERY_POINT))
+        first_to_recover = len(bases)
+        if not clean:
+            first_to_recover = 0
+            if recovery_point is not None:
+                first_to_recover = max(bisect.bisect_right(bases, recovery_point) - 1, 0)
+        recovered: list[BatchSpan] = []
+        for i, base in enumerate(bases):
+            if self._segments and base != self._segments[-1].next_offset:
+                # A gap or overlap between segments: keep the contiguous prefix.
+                self._delete_files_of(bases[i:])
+                break
+            segment = Segment(self.directory, base, index_interval_bytes=self.config.index_interval_bytes)
+            self._add_segment(segment)
+            if i < first_to_recover:
+                segment.load()
+                continue
+            cut, spans = segment.recover()
+            recovered += spans
+            if cut:
+                self.recovered_bytes_cut += cut
+                if not spans and len(self._segments) > 1:
+                    self._remove_last_segment()
+                self._delete_files_of(bases[i + 1:])
+                break
+        for segment in self._segments[:-1]:
+            segment.sealed = True
+        self._load_epoch_cache(recovered, clean)
+        if not clean:
+            for segment in self._segments[first_to_recover:]:
+                segment.fsync()
+            self._dir_dirty = True
+        if self._dir_dirty:
+            files.fsync_dir(self.directory)
+            self._dir_dirty = False
+        self._flushed_offset = self.log_end_offset
+        self._recovery_point = self._flushed_offset
+        files.write_atomically(self._path(RECOVERY_POINT), b"%d\n" % self._recovery_point)
+        if os.path.exists(self._path(CLEAN_SHUTDOWN)):
+            # From now on a crash must be detected as one.
+            os.unlink(self._path(CLEAN_SHUTDOWN))
+            files.fsync_dir(self.directory)
+
+    def _delete_files_of(self, bases: list[int]) -> None:
+        for base in sorted(bases, reverse=True):
+            self.recovered_bytes_cut += _file_size(self._path(f"{base:020d}.log"))
+            Segment(self.directory, base, index_interval_bytes=1).delete()
+        self._dir_dirty = True
+
+    def _add_segment(self, segment: Segment) -> None:
+        self._segments.append(segment)
+        self._bases.append(segment.base_offset)
+
+    def _remove_last_segment(self) -> None:
+        segment = self._segments.pop()
+        self._bases.pop()
+        self._dirty.pop(id(segment), None)
+        segment.delete()
+
+    def _delete_segments_from(self, index: int, *, reason: str) -> None:
+        # Highest first, so a crash half-way still leaves a contiguous log.
+        while len(self._segments) > index:
+            self._remove_last_segment()
+        self._dir_dirty = True
+
+    def _finish_truncate_fully(self, bases: list[int], offset: int) -> None:
+        for base in sorted(bases, reverse=True):
+            Segment(self.directory, base, index_interval_bytes=1).delete()
+        Segment(self.directory, offset, index_interval_bytes=1).close()
+        files.write_atomically(self._path(EPOCH_CHECKPOINT), EpochCache().encode())
+        files.write_atomically(self._path(RECOVERY_POINT), b"%d\n" % offset)
+        os.unlink(self._path(TRUNCATE_FULLY))
+        files.fsync_dir(self.directory)
+
+    def _load_epoch_cache(self, recovered: list[BatchSpan], clean: bool) -> None:
+        path = self._path(EPOCH_CHECKPOINT)
+        data = _read_bytes(path)
+        cache = None
+        if data is not None:
+            try:
+                cache = EpochCache.decode(data, path=path)
+            except Exception:
+                cache = None
+        changed = False
+        if cache is None:
+            # Missing or unreadable: rebuild it from every batch header.
+            cache = EpochCache()
+            for segment in self._segments:
+                for span in segment.walk(0):
+                    if span.leader_epoch > cache.latest_epoch:
+                        cache.assign(span.leader_epoch, span.base_offset)
+            changed = True
+        else:
+            changed |= cache.truncate_from_end(self.log_end_offset)
+            changed |= cache.truncate_from_start(self.log_start_offset)
+            for span in recovered:
+                if span.leader_epoch > cache.latest_epoch:
+                    changed |= cache.assign(span.leader_epoch, span.base_offset)
+        self._epochs = cache
+        if changed:
+            files.write_atomically(path, cache.encode())
+
+    # ------------------------------------------------------------------ offsets
+
+    @property
+    def log_start_offset(self) -> int:
+        return self._segments[0].base_offset
+
+    @property
+    def log_end_offset(self) -> int:
+        return self._segments[-1].next_offset
+
+    @property
+    def flushed_offset(self) -> int:
+        return self._flushed_offset
+
+    @property
+    def latest_epoch(self) -> int:
+        return self._epochs.latest_epoch
+
+    def epoch_entries(self) -> list[EpochEntry]:
+        with self._lock:
+            return self._epochs.entries()
+
+    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
+        with self._lock:
+            return self._epochs.end_offset_for_epoch(epoch, self.log_end_offset)
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(s.size_bytes for s in self._segments)
+
+    @property
+    def segment_base_offsets(self) -> list[int]:
+        return list(self._bases)
+
+    # ------------------------------------------------------------------ append
+
+    def append_as_leader(self, batches: bytes | bytearray, *, leader_epoch: int,
+                         now_ms: int | None = None) -> AppendInfo:
+        """Validate every batch (header and CRC32C), give them offsets from log_end_offset
+        and stamp `leader_epoch`, patching the headers without re-encoding. A bytearray
+        is patched in place; bytes are copied once. Written, not yet durable: see flush()."""
+        buf = batches if isinstance(batches, bytearray) else bytearray(batches)
+        spans = self._validate(buf)
+        with self._lock:
+            self._check_writable()
+            self._epochs.check_epoch(leader_epoch)
+            offset = self.log_end_offset
+            assigned = []
+            for span in spans:
+                set_base_offset(buf, offset, span.position)
+                set_leader_epoch(buf, leader_epoch, span.position)
+                count = span.next_offset - span.base_offset
+                assigned.append(BatchSpan(position=span.position, size_bytes=span.size_bytes,
+                                          base_offset=offset, next_offset=offset + count,
+                                          max_timestamp=span.max_timestamp, leader_epoch=leader_epoch))
+                offset += count
+            return self._write(buf, assigned, now_ms)
+
+    def append_as_follower(self, batches: bytes | bytearray | memoryview, *,
+                           now_ms: int | None = None) -> AppendInfo:
+        """Validate and store batches with the offsets and epochs the leader gave them.
+        They must start at log_end_offset and be contiguous (OffsetMismatchError names
+        the expected and actual base offset); epochs must not go backwards (StaleEpochError)."""
+        spans = self._validate(batches)
+        with self._lock:
+            self._check_writable()
+            expected = self.log_end_offset
+            latest_epoch = self._epochs.latest_epoch
+            for i, span in enumerate(spans):
+                if span.base_offset != expected:
+                    raise OffsetMismatchError(
+                        f"follower append: expected base offset {expected}, got {span.base_offset} "
+                        f"(batch {i} of {len(spans)}); "
+                        + ("a gap: fetch from the expected offset" if span.base_offset > expected else
+                           "an overlap: truncate or fetch from log_end_offset"),
+                        expected_offset=expected, actual_offset=span.base_offset)
+                if span.leader_epoch < latest_epoch:
+                    raise StaleEpochError(
+                        f"follower append: batch at offset {span.base_offset} has leader epoch "
+                        f"{span.leader_epoch}, older than epoch {latest_epoch} before it; "
+                        f"truncate to where the epochs diverge first",
+                        epoch=span.leader_epoch, latest_epoch=latest_epoch)
+                latest_epoch = max(latest_epoch, span.leader_epoch)
+                expected = span.next_offset
+            return self._write(batches, spans, now_ms)
+
+    def _validate(self, buf) -> list[BatchSpan]:
+        limit = min(self.config.segment_bytes, MAX_BATCH_BYTES)
+        spans = []
+        for position, header in iter_batches(buf, validate=True, max_batch_bytes=limit):
+            spans.append(BatchSpan(position=position, size_bytes=header.size_bytes,
+                                   base_offset=header.base_offset, next_offset=header.next_offset,
+                                   max_timestamp=header.max_timestamp, leader_epoch=header.leader_epoch))
+        if not spans:
+            raise InvalidRequestError("append with no record batches; send at least one batch")
+        return spans
+
+    def _check_writable(self) -> None:
+        if self._closed:
+            raise StorageError(f"log {self.directory} is closed")
+        if self._failed:
+            raise StorageError(f"log {self.directory} is offline after an I/O error ({self._failed}); "
+                               f"reopen it to recover")
+
+    def _write(self, buf, spans: list[BatchSpan], now_ms: int | None) -> AppendInfo:
+        """Write validated spans with final offsets; all or nothing."""
+        old_end = self.log_end_offset
+        old_count = len(self._segments)
+        old_active = self._segments[-1]
+        self._record_epochs(spans)
+        try:
+            for roll_first, run in self._runs_by_segment(spans, now_ms):
+                if roll_first:
+                    self._roll_locked(run[0].base_offset)
+                segment = self._segments[-1]
+                segment.append(buf, run)
+                self._dirty[id(segment)] = segment
+        except OSError as exc:
+            self._undo_append(old_end, old_count, old_active, exc)
+            raise files.storage_error(
+                f"append of offsets {old_end}..{spans[-1].next_offset - 1} to {self.directory} "
+                f"failed; nothing was appended, log_end_offset is still {old_end}", exc) from exc
+        return AppendInfo(base_offset=spans[0].base_offset, last_offset=spans[-1].next_offset - 1,
+                          batch_count=len(spans), size_bytes=sum(s.size_bytes for s in spans),
+                          max_timestamp=max(s.max_timestamp for s in spans),
+                          log_end_offset=self.log_end_offset)
+
+    def _record_epochs(self, spans: list[BatchSpan]) -> None:
+        """Make new epochs durable before the batches that carry them are written."""
+        if not any(self._epochs.would_change(s.leader_epoch) for s in spans):
+            return
+        cache = EpochCache(self._epochs.entries())
+        for span in spans:
+            if cache.would_change(span.leader_epoch):
+                cache.assign(span.leader_epoch, span.base_offset)
+        files.write_atomically(self._path(EPOCH_CHECKPOINT), cache.encode())
+        self._epochs = cache
+
+    def _undo_append(self, old_end: int, old_count: int, old_active: Segment, exc: OSError) -> None:
+        try:
+            self._delete_segments_from(old_count, reason="failed append")
+            old_active.unseal()
+            if old_active.next_offset != old_end:
+                old_active.truncate_to(old_end)
+            if self._epochs.truncate_from_end(old_end):
+                try:
+                    files.write_atomically(self._path(EPOCH_CHECKPOINT), self._epochs.encode())
+                except StorageError:
+                    pass  # the file may keep an epoch past the end; open() trims it
+        except OSError as undo_exc:
+            self._failed = f"append failed with {exc}, undoing it failed with {undo_exc}"
+
+    def _runs_by_segment(self, spans: list[BatchSpan],
+                         now_ms: int | None) -> list[tuple[bool, list[BatchSpan]]]:
+        """Split spans into (roll first?, spans) runs, one per segment they go to."""
+        active = self._segments[-1]
+        size, base, rolling_ts = active.size_bytes, active.base_offset, active.rolling_timestamp
+        runs: list[tuple[bool, list[BatchSpan]]] = []
+        current: list[BatchSpan] = []
+        roll_first = False
+        for span in spans:
+            if size and self._should_roll(size, base, rolling_ts, span, now_ms):
+                if current:
+                    runs.append((roll_first, current))
+                current, roll_first = [], True
+                size, base, rolling_ts = 0, span.base_offset, None
+            if rolling_ts is None:
+                rolling_ts = span.max_timestamp
+            current.append(span)
+            size += span.size_bytes
+        runs.append((roll_first, current))
+        return runs
+
+    def _should_roll(self, size: int, base: int, rolling_ts: int | None, span: BatchSpan,
+                     now_ms: int | None) -> bool:
+        if size + span.size_bytes > self.config.segment_bytes:
+            return True
+        if span.next_offset - 1 - base > _RELATIVE_OFFSET_MAX:
+            return True
+        segment_ms = self.config.segment_ms
+        if segment_ms is not None and rolling_ts is not None:
+            newest = span.max_timestamp if now_ms is None else max(now_ms, span.max_timestamp)
+            if newest - rolling_ts >= segment_ms:
+                return True
+        return False
+
+    def _roll_locked(self, base_offset: int) -> None:
+        assert base_offset == self.log_end_offset, (base_offset, self.log_end_offset)
+        active = self._segments[-1]
+        if not active.size_bytes:
+            return
+        active.seal()
+        self._add_segment(Segment(self.directory, base_offset,
+                                  index_interval_bytes=self.config.index_interval_bytes))
+        self._dir_dirty = True
+
+    def roll(self, *, now_ms: int | None = None) -> None:
+        """Start a new segment at log_end_offset unless the active one is empty, or (with
+        now_ms) only if the active segment is older than segment_ms."""
+        with self._lock:
+            self._check_writable()
+            active = self._segments[-1]
+            if now_ms is not None:
+                if (self.config.segment_ms is None or active.rolling_timestamp is None
+                        or now_ms - active.rolling_timestamp < self.config.segment_ms):
+                    return
+            try:
+                self._roll_locked(self.log_end_offset)
+            except OSError as exc:
+                raise files.storage_error(f"cannot roll a new segment in {self.directory}", exc) from exc
+
+    # ------------------------------------------------------------------ read
+
+    def read(self, start_offset: int, *, max_bytes: int, max_offset: int | None = None) -> ReadResult:
+        """Whole batches starting with the one that contains start_offset (see interface.py).
+
+        Reads one segment per call with a single pread of at most max_bytes (plus one
+        more for a first batch larger than max_bytes); records are never decoded.
+        """
+        if max_bytes < 0:
+            raise InvalidRequestError(f"max_bytes={max_bytes} must be >= 0")
+        with self._lock:
+            if self._closed:
+                raise StorageError(f"log {self.directory} is closed")
+            start, end = self.log_start_offset, self.log_end_offset
+            if not start <= start_offset <= end:
+                raise OffsetOutOfRangeError(
+                    f"offset {start_offset} is out of range: the log holds {start}..{end - 1} "
+                    f"(log_start_offset {start}, log_end_offset {end})",
+                    offset=start_offset, log_start_offset=start, log_end_offset=end)
+            empty = ReadResult(records=b"", first_offset=start_offset, next_offset=start_offset,
+                               log_start_offset=start, log_end_offset=end)
+            if start_offset == end or (max_offset is not None and start_offset >= max_offset):
+                return empty
+            segment = self._segments[bisect.bisect_right(self._bases, start_offset) - 1]
+            try:
+                position, first_offset = segment.position_of(start_offset)
+                data, next_offset = segment.read(position, max_bytes=max_bytes, max_offset=max_offset)
+            except OSError as exc:
+                raise files.storage_error(f"read at offset {start_offset} from {segment.log_path}",
+                                          exc) from exc
+            if not data:
+                return empty
+            return ReadResult(records=data, first_offset=first_offset, next_offset=next_offset,
+                              log_start_offset=start, log_end_offset=end)
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> int | None:
+        with self._lock:
+            for segment in self._segments:
+                if segment.max_timestamp is not None and segment.max_timestamp >= timestamp_ms:
+                    return segment.position_for_timestamp(timestamp_ms)
+            return None
+
+    # ------------------------------------------------------------------ flush
+
+    def flush(self) -> int:
+        """fsync everything written before the call; returns flushed_offset, below which
+        every offset is durable. Appends may run while it waits for the disk."""
+        with self._flush_lock:
+            with self._lock:
+                self._check_writable()
+                target = self.log_end_offset
+                segments = list(self._dirty.values())
+                self._dirty.clear()
+                dir_dirty, self._dir_dirty = self._dir_dirty, False
+                truncations = self._truncations
+            try:
+                for segment in segments:
+                    segment.fsync()
+                if dir_dirty:
+                    files.fsync_dir(self.directory)
+            except OSError as exc:
+                with self._lock:
+                    for segment in segments:
+                        if segment.fd >= 0:
+                            self._dirty[id(segment)] = segment
+                    self._dir_dirty |= dir_dirty
+                raise files.storage_error(f"flush of {self.directory} failed", exc) from exc
+            with self._lock:
+                if truncations == self._truncations and target > self._flushed_offset:
+                    self._flushed_offset = target
+                flushed = self._flushed_offset
+                checkpoint_due = self._segment_index(flushed) != self._segment_index(self._recovery_point)
+            if checkpoint_due:
+                self._write_recovery_point(flushed)
+            return flushed
+
+    def _segment_index(self, offset: int) -> int:
+        return bisect.bisect_right(self._bases, offset) - 1
+
+    def _write_recovery_point(self, offset: int) -> None:
+        files.write_atomically(self._path(RECOVERY_POINT), b"%d\n" % offset)
+        self._recovery_point = offset
+
+    # ------------------------------------------------------------------ truncation
+
+    def truncate_to(self, offset: int) -> int:
+        """Remove every batch whose last offset is >= offset, across segments; fix the
+        indexes and the epoch cache. Durable on return. Returns the new log_end_offset
+        (below offset when offset falls inside a batch). At or below log_start_offset
+        the log is emptied and starts at offset."""
+        with self._flush_lock:
+            with self._lock:
+                self._check_writable()
+                if offset >= self.log_end_offset:
+                    return self.log_end_offset
+                if offset <= self.log_start_offset:
+                    self._truncate_fully_locked(offset)
+                    return offset
+                try:
+                    i = self._segment_index(offset)
+                    if self._segments[i].base_offset == offset:
+                        i -= 1  # offset starts a segment: drop it whole, keep the one before
+                    self._delete_segments_from(i + 1, reason="truncation")
+                    active = self._segments[-1]
+                    active.unseal()
+                    active.truncate_to(offset)
+                    active.fsync()
+                    files.fsync_dir(self.directory)
+                    self._dir_dirty = False
+                except OSError as exc:
+                    self._failed = f"truncation to {offset} failed: {exc}"
+                    raise files.storage_error(f"truncation of {self.directory} to {offset}", exc) from exc
+                self._after_truncation()
+                return self.log_end_offset
+
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        """Remove every segment and start an empty log at offset; clears the epoch cache.
+        Durable on return; a crash half-way is completed on the next open."""
+        if offset < 0:
+            raise InvalidRequestError(f"offset {offset} must be >= 0")
+        with self._flush_lock:
+            with self._lock:
+                self._check_writable()
+                self._truncate_fully_locked(offset)
+
+    def _truncate_fully_locked(self, offset: int) -> None:
+        try:
+            files.write_atomically(self._path(TRUNCATE_FULLY), b"%d\n" % offset)
+            self._delete_segments_from(0, reason="truncate fully")
+            self._finish_truncate_fully([], offset)
+            self._add_segment(Segment(self.directory, offset,
+                                      index_interval_bytes=self.config.index_interval_bytes))
+        except OSError as exc:
+            self._failed = f"truncate_fully_and_start_at({offset}) failed: {exc}"
+            raise files.storage_error(f"truncate_fully_and_start_at({offset}) in {self.directory}",
+                                      exc) from exc
+        self._epochs.clear()
+        self._dir_dirty = False
+        self._recovery_point = offset
+        self._after_truncation()
+
+    def _after_truncation(self) -> None:
+        self._truncations += 1
+        end = self.log_end_offset
+        self._flushed_offset = max(min(self._flushed_offset, end), self.log_start_offset)
+        if self._epochs.truncate_from_end(end):
+            files.write_atomically(self._path(EPOCH_CHECKPOINT), self._epochs.encode())
+        if self._recovery_point > end:
+            self._write_recovery_point(end)
+
+    # ------------------------------------------------------------------ retention
+
+    def apply_retention(self, now_ms: int) -> list[DeletedSegment]:
+        """Delete the oldest whole segments that are past retention_ms (by their largest
+        batch timestamp) or that keep the log over retention_bytes; never the active
+        segment. Moves log_start_offset to the first remaining segment. Durable on return."""
+        retention_ms, retention_bytes = self.config.retention_ms, self.config.retention_bytes
+        deleted: list[DeletedSegment] = []
+        with self._flush_lock:
+            with self._lock:
+                self._check_writable()
+                total = self.size_bytes
+                while len(self._segments) > 1:
+                    oldest = self._segments[0]
+                    if (retention_ms is not None and oldest.max_timestamp is not None
+                            and now_ms - oldest.max_timestamp > retention_ms):
+                        reason = "retention_ms"
+                    elif retention_bytes is not None and total - oldest.size_bytes >= retention_bytes:
+                        reason = "retention_bytes"
+                    else:
+                        break
+                    deleted.append(DeletedSegment(base_offset=oldest.base_offset,
+                                                  next_offset=oldest.next_offset,
+                                                  size_bytes=oldest.size_bytes, reason=reason))
+                    total -= oldest.size_bytes
+                    self._segments.pop(0)
+                    self._bases.pop(0)
+                    self._dirty.pop(id(oldest), None)
+                    try:
+                        oldest.delete()
+                    except OSError as exc:
+                        self._failed = f"deleting {oldest.log_path} failed: {exc}"
+                        raise files.storage_error(f"retention in {self.directory}", exc) from exc
+                if deleted:
+                    start = self.log_start_offset
+                    self._flushed_offset = max(self._flushed_offset, start)
+                    if self._epochs.truncate_from_start(start):
+                        files.write_atomically(self._path(EPOCH_CHECKPOINT), self._epochs.encode())
+                    files.fsync_dir(self.directory)
+        return deleted
+
+    # ------------------------------------------------------------------ close
+
+    def close(self) -> None:
+        """Flush, save the indexes, write the clean-shutdown marker, release the lock.
+        Idempotent. A log that failed an I/O is closed without the marker, so the next
+        open recovers it."""
+        with self._flush_lock:
+            with self._lock:
+                if self._closed:
+                    return
+            clean = self._failed is None
+            try:
+                if clean:
+                    with self._lock:
+                        self._segments[-1].seal()
+                        segments = list(self._segments)
+                    for segment in segments:
+                        segment.fsync()
+                    files.fsync_dir(self.directory)
+                    files.write_atomically(self._path(RECOVERY_POINT), b"%d\n" % self.log_end_offset)
+                    files.write_atomically(self._path(CLEAN_SHUTDOWN), b"")
+            finally:
+                with self._lock:
+                    self._closed = True
+                    for segment in self._segments:
+                        segment.close()
+                self._dir_lock.release()
+
+    def __enter__(self) -> PartitionLog:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+
+def _file_size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except FileNotFoundError:
+        return 0
+
+
+def _read_bytes(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+
+
+def _read_int(path: str) -> int | None:
+    data = _read_bytes(path)
+    try:
+        return int(data.decode().strip()) if data is not None else None
+    except (ValueError, UnicodeDecodeError):
+        return None

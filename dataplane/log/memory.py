@@ -1,0 +1,287 @@
+"""MemoryLog: the partition log's in-memory twin, for deterministic simulations.
+
+Same interface and contract as PartitionLog (interface.py), with the disk
+replaced by lists: written batches are "dirty" until `flush()`, and `crash()`
+models a machine crash by dropping every batch at or above flushed_offset (and
+the epochs that started there). Truncations and retention are durable at once,
+as on disk. No files, threads, clocks or randomness; not thread-safe.
+"""
+from __future__ import annotations
+
+import bisect
+import dataclasses
+
+from common.batch import MAX_BATCH_BYTES, iter_batches, set_base_offset, set_leader_epoch
+from common.errors import InvalidRequestError, StorageError
+
+from .epoch_cache import EpochCache
+from .interface import (AppendInfo, DeletedSegment, EpochEntry, LogConfig, OffsetMismatchError,
+                        OffsetOutOfRangeError, ReadResult, StaleEpochError)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Batch:
+    base_offset: int
+    next_offset: int
+    leader_epoch: int
+    max_timestamp: int
+    data: bytes
+
+
+@dataclasses.dataclass(slots=True)
+class _Segment:
+    batches: list[_Batch]
+    base_offset: int
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(len(b.data) for b in self.batches)
+
+    @property
+    def next_offset(self) -> int:
+        return self.batches[-1].next_offset if self.batches else self.base_offset
+
+    @property
+    def max_timestamp(self) -> int | None:
+        return max((b.max_timestamp for b in self.batches), default=None)
+
+
+class MemoryLog:
+    def __init__(self, *, config: LogConfig | None = None, start_offset: int = 0) -> None:
+        self.config = config or LogConfig()
+        self._segments = [_Segment(batches=[], base_offset=start_offset)]
+        self._epochs = EpochCache()
+        self._flushed_offset = start_offset
+        self._closed = False
+
+    # ------------------------------------------------------------------ offsets
+
+    @property
+    def log_start_offset(self) -> int:
+        return self._segments[0].base_offset
+
+    @property
+    def log_end_offset(self) -> int:
+        return self._segments[-1].next_offset
+
+    @property
+    def flushed_offset(self) -> int:
+        return self._flushed_offset
+
+    @property
+    def latest_epoch(self) -> int:
+        return self._epochs.latest_epoch
+
+    def epoch_entries(self) -> list[EpochEntry]:
+        return self._epochs.entries()
+
+    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
+        return self._epochs.end_offset_for_epoch(epoch, self.log_end_offset)
+
+    @property
+    def segment_base_offsets(self) -> list[int]:
+        return [s.base_offset for s in self._segments]
+
+    def _batches(self):
+        for segment in self._segments:
+            yield from segment.batches
+
+    # ------------------------------------------------------------------ append
+
+    def append_as_leader(self, batches: bytes | bytearray, *, leader_epoch: int,
+                         now_ms: int | None = None) -> AppendInfo:
+        self._check_open()
+        buf = batches if isinstance(batches, bytearray) else bytearray(batches)
+        found = self._validate(buf)
+        self._epochs.check_epoch(leader_epoch)
+        offset = self.log_end_offset
+        new = []
+        for position, header in found:
+            set_base_offset(buf, offset, position)
+            set_leader_epoch(buf, leader_epoch, position)
+            end = position + header.size_bytes
+            new.append(_Batch(base_offset=offset, next_offset=offset + header.record_count,
+                              leader_epoch=leader_epoch, max_timestamp=header.max_timestamp,
+                              data=bytes(buf[position:end])))
+            offset += header.record_count
+        return self._store(new, now_ms)
+
+    def append_as_follower(self, batches: bytes | bytearray | memoryview, *,
+                           now_ms: int | None = None) -> AppendInfo:
+        self._check_open()
+        found = self._validate(batches)
+        expected = self.log_end_offset
+        latest = self._epochs.latest_epoch
+        new = []
+        for i, (position, header) in enumerate(found):
+            if header.base_offset != expected:
+                raise OffsetMismatchError(
+                    f"follower append: expected base offset {expected}, got {header.base_offset} "
+                    f"(batch {i} of {len(found)})",
+                    expected_offset=expected, actual_offset=header.base_offset)
+            if header.leader_epoch < latest:
+                raise StaleEpochError(
+                    f"follower append: batch at offset {header.base_offset} has leader epoch "
+                    f"{header.leader_epoch}, older than epoch {latest} before it",
+                    epoch=header.leader_epoch, latest_epoch=latest)
+            latest = header.leader_epoch
+            expected = header.next_offset
+            new.append(_Batch(base_offset=header.base_offset, next_offset=header.next_offset,
+                              leader_epoch=header.leader_epoch, max_timestamp=header.max_timestamp,
+                              data=bytes(batches[position:position + header.size_bytes])))
+        return self._store(new, now_ms)
+
+    def _validate(self, buf):
+        limit = min(self.config.segment_bytes, MAX_BATCH_BYTES)
+        found = list(iter_batches(buf, validate=True, max_batch_bytes=limit))
+        if not found:
+            raise InvalidRequestError("append with no record batches; send at least one batch")
+        return found
+
+    def _store(self, new: list[_Batch], now_ms: int | None) -> AppendInfo:
+        for batch in new:
+            if self._epochs.would_change(batch.leader_epoch):
+                self._epochs.assign(batch.leader_epoch, batch.base_offset)
+            active = self._segments[-1]
+            if active.batches and self._should_roll(active, batch, now_ms):
+                self._segments.append(_Segment(batches=[], base_offset=batch.base_offset))
+            self._segments[-1].batches.append(batch)
+        return AppendInfo(base_offset=new[0].base_offset, last_offset=new[-1].next_offset - 1,
+                          batch_count=len(new), size_bytes=sum(len(b.data) for b in new),
+                          max_timestamp=max(b.max_timestamp for b in new),
+                          log_end_offset=self.log_end_offset)
+
+    def _should_roll(self, active: _Segment, batch: _Batch, now_ms: int | None) -> bool:
+        if active.size_bytes + len(batch.data) > self.config.segment_bytes:
+            return True
+        if batch.next_offset - 1 - active.base_offset > 2**32 - 1:
+            return True
+        segment_ms = self.config.segment_ms
+        if segment_ms is None:
+            return False
+        rolling_ts = active.batches[0].max_timestamp
+        newest = batch.max_timestamp if now_ms is None else max(now_ms, batch.max_timestamp)
+        return newest - rolling_ts >= segment_ms
+
+    def roll(self, *, now_ms: int | None = None) -> None:
+        self._check_open()
+        active = self._segments[-1]
+        if not active.batches:
+            return
+        if now_ms is not None and (self.config.segment_ms is None
+                                   or now_ms - active.batches[0].max_timestamp < self.config.segment_ms):
+            return
+        self._segments.append(_Segment(batches=[], base_offset=self.log_end_offset))
+
+    # ------------------------------------------------------------------ read
+
+    def read(self, start_offset: int, *, max_bytes: int, max_offset: int | None = None) -> ReadResult:
+        self._check_open()
+        if max_bytes < 0:
+            raise InvalidRequestError(f"max_bytes={max_bytes} must be >= 0")
+        start, end = self.log_start_offset, self.log_end_offset
+        if not start <= start_offset <= end:
+            raise OffsetOutOfRangeError(
+                f"offset {start_offset} is out of range: log_start_offset {start}, log_end_offset {end}",
+                offset=start_offset, log_start_offset=start, log_end_offset=end)
+        empty = ReadResult(records=b"", first_offset=start_offset, next_offset=start_offset,
+                           log_start_offset=start, log_end_offset=end)
+        if start_offset == end or (max_offset is not None and start_offset >= max_offset):
+            return empty
+        bases = [s.base_offset for s in self._segments]
+        segment = self._segments[bisect.bisect_right(bases, start_offset) - 1]
+        i = bisect.bisect_right([b.base_offset for b in segment.batches], start_offset) - 1
+        taken: list[_Batch] = []
+        size = 0
+        for batch in segment.batches[i:]:
+            if max_offset is not None and batch.next_offset - 1 >= max_offset:
+                break
+            if taken and size + len(batch.data) > max_bytes:
+                break
+            taken.append(batch)
+            size += len(batch.data)
+            if size > max_bytes:
+                break
+        if not taken:
+            return empty
+        return ReadResult(records=b"".join(b.data for b in taken), first_offset=taken[0].base_offset,
+                          next_offset=taken[-1].next_offset, log_start_offset=start, log_end_offset=end)
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> int | None:
+        for batch in self._batches():
+            if batch.max_timestamp >= timestamp_ms:
+                return batch.base_offset
+        return None
+
+    # ------------------------------------------------------------------ flush, crash
+
+    def flush(self) -> int:
+        self._check_open()
+        self._flushed_offset = self.log_end_offset
+        return self._flushed_offset
+
+    def crash(self) -> None:
+        """Lose what was not flushed, as a machine crash would; the log stays usable."""
+        self._truncate(self._flushed_offset)
+
+    # ------------------------------------------------------------------ truncation
+
+    def truncate_to(self, offset: int) -> int:
+        self._check_open()
+        if offset >= self.log_end_offset:
+            return self.log_end_offset
+        if offset <= self.log_start_offset:
+            self.truncate_fully_and_start_at(offset)
+            return offset
+        self._truncate(offset)
+        return self.log_end_offset
+
+    def _truncate(self, offset: int) -> None:
+        while len(self._segments) > 1 and self._segments[-1].base_offset >= offset:
+            self._segments.pop()
+        active = self._segments[-1]
+        while active.batches and active.batches[-1].next_offset > offset:
+            active.batches.pop()
+        end = self.log_end_offset
+        self._flushed_offset = max(min(self._flushed_offset, end), self.log_start_offset)
+        self._epochs.truncate_from_end(end)
+
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        self._check_open()
+        if offset < 0:
+            raise InvalidRequestError(f"offset {offset} must be >= 0")
+        self._segments = [_Segment(batches=[], base_offset=offset)]
+        self._epochs.clear()
+        self._flushed_offset = offset
+
+    def apply_retention(self, now_ms: int) -> list[DeletedSegment]:
+        self._check_open()
+        retention_ms, retention_bytes = self.config.retention_ms, self.config.retention_bytes
+        deleted: list[DeletedSegment] = []
+        total = sum(s.size_bytes for s in self._segments)
+        while len(self._segments) > 1:
+            oldest = self._segments[0]
+            max_ts = oldest.max_timestamp
+            if retention_ms is not None and max_ts is not None and now_ms - max_ts > retention_ms:
+                reason = "retention_ms"
+            elif retention_bytes is not None and total - oldest.size_bytes >= retention_bytes:
+                reason = "retention_bytes"
+            else:
+                break
+            deleted.append(DeletedSegment(base_offset=oldest.base_offset, next_offset=oldest.next_offset,
+                                          size_bytes=oldest.size_bytes, reason=reason))
+            total -= oldest.size_bytes
+            self._segments.pop(0)
+        if deleted:
+            self._flushed_offset = max(self._flushed_offset, self.log_start_offset)
+            self._epochs.truncate_from_start(self.log_start_offset)
+        return deleted
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StorageError("memory log is closed")
+
+    def close(self) -> None:
+        if not self._closed:
+            self.flush()
+            self._closed = True

@@ -1,0 +1,329 @@
+"""One segment: `<base_offset:020d>.log` plus its `.index` and `.timeindex`.
+
+A segment only ever holds whole, validated batches with contiguous offsets
+starting at its base offset. Reads and index rebuilds look at batch headers
+only; records are never decoded. Not thread-safe: PartitionLog serialises calls.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import struct
+
+from common.batch import HEADER_SIZE, MAX_BATCH_BYTES, read_header, scan_valid_prefix
+from common.errors import CorruptBatchError
+
+from .files import write_all
+from .index import OffsetIndex, TimeIndex
+
+# Header fields read without building a BatchHeader (the bytes were validated on the way in).
+_BASE_AND_LENGTH = struct.Struct(">qi")        # base_offset, batch_length at byte 0
+_EPOCH = struct.Struct(">i")                   # leader_epoch at byte 12
+_DELTA_AND_TIMES = struct.Struct(">iqq")       # last_offset_delta, first/max timestamp at byte 23
+_LENGTH_FIELD_END = 12
+_WALK_CHUNK_BYTES = 64 * 1024
+_RECOVERY_CHUNK_BYTES = 8 * 1024 * 1024
+
+
+def segment_name(base_offset: int) -> str:
+    return f"{base_offset:020d}"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BatchSpan:
+    """Where a batch sits (in a buffer or a file) and what it covers."""
+
+    position: int
+    size_bytes: int
+    base_offset: int
+    next_offset: int
+    max_timestamp: int
+    leader_epoch: int
+
+
+class Segment:
+    def __init__(self, directory: str, base_offset: int, *, index_interval_bytes: int) -> None:
+        self.directory = directory
+        self.base_offset = base_offset
+        self.index_interval_bytes = index_interval_bytes
+        stem = os.path.join(directory, segment_name(base_offset))
+        self.log_path = stem + ".log"
+        self.index_path = stem + ".index"
+        self.time_index_path = stem + ".timeindex"
+        self.fd = os.open(self.log_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self.size_bytes = 0
+        self.next_offset = base_offset
+        self.index = OffsetIndex()
+        self.time_index = TimeIndex()
+        self.max_timestamp: int | None = None
+        self._offset_of_max_timestamp = base_offset
+        self.rolling_timestamp: int | None = None  # max timestamp of the first batch
+        self._bytes_since_index = 0
+        self.sealed = False  # indexes saved; no more appends
+
+    # ------------------------------------------------------------------ loading
+
+    def load(self) -> bool:
+        """Take the indexes from their files and find the end by scanning after the last
+        entry. Returns False (and rebuilds them from the log) when a file is missing or
+        not sane. The log file itself is trusted: use `recover` when it may be torn."""
+        file_size = os.fstat(self.fd).st_size
+        index_bytes = _read_file(self.index_path)
+        time_bytes = _read_file(self.time_index_path)
+        index = OffsetIndex.decode(index_bytes, log_size=file_size) if index_bytes is not None else None
+        times = TimeIndex.decode(time_bytes, next_relative_offset=2**32) if time_bytes is not None else None
+        if index is None or times is None:
+            self.rebuild_indexes()
+            return False
+        self._reset()
+        self.index, self.time_index = index, times
+        if len(times):
+            self.max_timestamp = times.timestamps[-1]
+            self._offset_of_max_timestamp = self.base_offset + times.relative_offsets[-1]
+        rel, position = index.lookup(2**32 - 1)
+        self.size_bytes, self.next_offset = position, self.base_offset + rel
+        for span in self.walk(position, file_size):
+            self._track(span, index_it=False)
+        if self.size_bytes != file_size or (len(times) and self.base_offset + times.relative_offsets[-1]
+                                            >= self.next_offset):
+            self.rebuild_indexes()
+            return False
+        self._read_rolling_timestamp()
+        return True
+
+    def rebuild_indexes(self) -> None:
+        """Rebuild both indexes and the in-memory summary from the batch headers."""
+        file_size = os.fstat(self.fd).st_size
+        self._reset()
+        for span in self.walk(0, file_size):
+            self._track(span, index_it=True)
+        assert self.size_bytes == file_size, (self.log_path, self.size_bytes, file_size)
+
+    def recover(self) -> tuple[int, list[BatchSpan]]:
+        """Validate every batch by CRC and offset continuity; cut the file at the first bad
+        byte. Returns (bytes cut, spans of the batches kept) and rebuilds the indexes."""
+        file_size = os.fstat(self.fd).st_size
+        self._reset()
+        kept: list[BatchSpan] = []
+        position = 0
+        expected = self.base_offset
+        while position < file_size:
+            chunk = os.pread(self.fd, min(_RECOVERY_CHUNK_BYTES, file_size - position), position)
+            valid_bytes, headers = scan_valid_prefix(chunk)
+            if not headers:
+                chunk = _whole_batch_larger_than(chunk, self.fd, position, file_size)
+                if chunk is None:
+                    break
+                valid_bytes, headers = scan_valid_prefix(chunk)
+                if not headers:
+                    break
+            broken = False
+            for header in headers:
+                if header.base_offset != expected:
+                    broken = True
+                    break
+                span = BatchSpan(position=position, size_bytes=header.size_bytes,
+                                 base_offset=header.base_offset, next_offset=header.next_offset,
+                                 max_timestamp=header.max_timestamp, leader_epoch=header.leader_epoch)
+                self.size_bytes = position  # _track indexes at the current end
+                self._track(span, index_it=True)
+                kept.append(span)
+                position += header.size_bytes
+                expected = header.next_offset
+            if broken:
+                break
+        self.size_bytes = position
+        cut = file_size - position
+        if cut:
+            os.ftruncate(self.fd, position)
+        return cut, kept
+
+    def _reset(self) -> None:
+        self.size_bytes = 0
+        self.next_offset = self.base_offset
+        self.index = OffsetIndex()
+        self.time_index = TimeIndex()
+        self.max_timestamp = None
+        self._offset_of_max_timestamp = self.base_offset
+        self.rolling_timestamp = None
+        self._bytes_since_index = 0
+
+    def _read_rolling_timestamp(self) -> None:
+        if self.size_bytes >= HEADER_SIZE:
+            head = os.pread(self.fd, HEADER_SIZE, 0)
+            self.rolling_timestamp = _DELTA_AND_TIMES.unpack_from(head, 23)[2]
+
+    # ------------------------------------------------------------------ writing
+
+    def append(self, buf, spans: list[BatchSpan]) -> None:
+        """Write spans (contiguous in buf) at the end. On OSError the file is cut back
+        to its old size (if that fails too, the OSError from ftruncate is raised) and
+        nothing in memory changes."""
+        assert not self.sealed, self.log_path
+        first, last = spans[0], spans[-1]
+        assert first.base_offset == self.next_offset, (first.base_offset, self.next_offset)
+        view = memoryview(buf)[first.position:last.position + last.size_bytes]
+        try:
+            write_all(self.fd, view, self.size_bytes)
+        except OSError:
+            os.ftruncate(self.fd, self.size_bytes)
+            raise
+        shift = self.size_bytes - first.position
+        for span in spans:
+            self.size_bytes = span.position + shift
+            self._track(span, index_it=True)
+
+    def _track(self, span: BatchSpan, *, index_it: bool) -> None:
+        """Account for the batch that starts at self.size_bytes (index it if due)."""
+        if self.rolling_timestamp is None:
+            self.rolling_timestamp = span.max_timestamp
+        if self.max_timestamp is None or span.max_timestamp > self.max_timestamp:
+            self.max_timestamp = span.max_timestamp
+            self._offset_of_max_timestamp = span.base_offset
+        if self._bytes_since_index > self.index_interval_bytes and index_it:
+            self.index.append(span.base_offset - self.base_offset, self.size_bytes)
+            self.time_index.maybe_append(self.max_timestamp,
+                                         self._offset_of_max_timestamp - self.base_offset)
+            self._bytes_since_index = 0
+        self._bytes_since_index += span.size_bytes
+        self.size_bytes += span.size_bytes
+        self.next_offset = span.next_offset
+
+    def seal(self) -> None:
+        """No more appends: add the final time entry and write both index files."""
+        if self.max_timestamp is not None:
+            self.time_index.maybe_append(self.max_timestamp,
+                                         self._offset_of_max_timestamp - self.base_offset)
+        self.save_indexes()
+        self.sealed = True
+
+    def unseal(self) -> None:
+        self.sealed = False
+
+    def save_indexes(self) -> None:
+        for path, data in ((self.index_path, self.index.encode()),
+                           (self.time_index_path, self.time_index.encode())):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+            try:
+                write_all(fd, data, 0)
+            finally:
+                os.close(fd)
+
+    def fsync(self) -> None:
+        os.fsync(self.fd)
+        if self.sealed:
+            for path in (self.index_path, self.time_index_path):
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+
+    def truncate_to(self, offset: int) -> None:
+        """Remove every batch whose last offset is >= offset."""
+        if offset >= self.next_offset:
+            return
+        position = self.position_of(offset)[0] if offset > self.base_offset else 0
+        os.ftruncate(self.fd, position)
+        self.rebuild_indexes()
+
+    # ------------------------------------------------------------------ reading
+
+    def walk(self, position: int, end: int | None = None):
+        """Yield a BatchSpan per batch header from `position` (a batch start) to `end`
+        (default: the size when the walk starts)."""
+        end = self.size_bytes if end is None else end
+        while position < end:
+            chunk = os.pread(self.fd, min(_WALK_CHUNK_BYTES, end - position), position)
+            if len(chunk) < HEADER_SIZE:
+                return
+            p = 0
+            while p + HEADER_SIZE <= len(chunk):
+                base, length = _BASE_AND_LENGTH.unpack_from(chunk, p)
+                delta, _first, max_ts = _DELTA_AND_TIMES.unpack_from(chunk, p + 23)
+                epoch = _EPOCH.unpack_from(chunk, p + 12)[0]
+                size = length + _LENGTH_FIELD_END
+                yield BatchSpan(position=position + p, size_bytes=size, base_offset=base,
+                                next_offset=base + delta + 1, max_timestamp=max_ts, leader_epoch=epoch)
+                p += size
+            position += p
+
+    def position_of(self, offset: int) -> tuple[int, int]:
+        """(file position, base offset) of the batch containing offset."""
+        assert self.base_offset <= offset < self.next_offset, (offset, self.base_offset, self.next_offset)
+        rel, position = self.index.lookup(offset - self.base_offset)
+        for span in self.walk(position):
+            if span.next_offset > offset:
+                return span.position, span.base_offset
+        raise AssertionError(f"offset {offset} not found in {self.log_path}")
+
+    def position_for_timestamp(self, timestamp_ms: int) -> int | None:
+        """Base offset of the first batch with max timestamp >= timestamp_ms, or None."""
+        rel = self.time_index.lookup_before(timestamp_ms)
+        start = self.index.lookup(rel)[1] if rel is not None else 0
+        for span in self.walk(start):
+            if span.max_timestamp >= timestamp_ms:
+                return span.base_offset
+        return None
+
+    def read(self, position: int, *, max_bytes: int, max_offset: int | None) -> tuple[bytes, int]:
+        """Whole batches from `position`: (bytes, next offset after them).
+
+        At most max_bytes unless the first batch alone is larger (then exactly that batch);
+        only batches whose last offset is below max_offset (exclusive) when given.
+        """
+        want = min(max(max_bytes, HEADER_SIZE), self.size_bytes - position)
+        data = os.pread(self.fd, want, position)
+        cut = 0
+        next_offset = None
+        while cut + HEADER_SIZE <= len(data):
+            base, length = _BASE_AND_LENGTH.unpack_from(data, cut)
+            delta = _DELTA_AND_TIMES.unpack_from(data, cut + 23)[0]
+            if max_offset is not None and base + delta >= max_offset:
+                break
+            size = length + _LENGTH_FIELD_END
+            if cut + size > len(data):
+                if cut == 0:  # the first batch alone is larger than max_bytes
+                    data = os.pread(self.fd, size, position)
+                    cut = size
+                    next_offset = base + delta + 1
+                break
+            cut += size
+            next_offset = base + delta + 1
+        if cut == 0:
+            return b"", -1
+        return (data if cut == len(data) else data[:cut]), next_offset
+
+    # ------------------------------------------------------------------ teardown
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def delete(self) -> None:
+        self.close()
+        for path in (self.log_path, self.index_path, self.time_index_path):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+
+def _read_file(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+
+
+def _whole_batch_larger_than(chunk: bytes, fd: int, position: int, file_size: int) -> bytes | None:
+    """When a valid batch is larger than the recovery chunk, read it whole; else None."""
+    try:
+        header = read_header(chunk, max_batch_bytes=MAX_BATCH_BYTES)
+    except CorruptBatchError:
+        return None
+    if header.size_bytes <= len(chunk) or position + header.size_bytes > file_size:
+        return None
+    return os.pread(fd, header.size_bytes, position)

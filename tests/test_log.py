@@ -1,0 +1,668 @@
+"""Partition log (dataplane/log): appends, reads, truncation, segments, retention,
+epoch cache, recovery, locking, full disk, and the in-memory twin."""
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from common.batch import HEADER_SIZE, build_batch, iter_batches, read_records
+from common.errors import CorruptBatchError, StorageError
+from dataplane.log import (FlushCoalescer, Log, LogConfig, LogTruncatedError, MemoryLog,
+                           OffsetMismatchError, OffsetOutOfRangeError, PartitionLog, StaleEpochError)
+from dataplane.log.log import CLEAN_SHUTDOWN, RECOVERY_POINT
+
+SMALL = LogConfig(segment_bytes=2048, index_interval_bytes=256, segment_ms=None, retention_ms=None)
+
+
+def batch(n: int = 3, *, ts: int = 1_000, tag: str = "v", size: int = 40) -> bytes:
+    return build_batch([f"{tag}-{i}".encode().ljust(size, b".") for i in range(n)], timestamp_ms=ts)
+
+
+def values(records: bytes) -> list[tuple[int, bytes]]:
+    out = []
+    for pos, _ in iter_batches(records):
+        out += [(r.offset, r.value) for r in read_records(records, pos)]
+    return out
+
+
+def read_all(log: Log, start: int | None = None) -> list[tuple[int, bytes]]:
+    offset = log.log_start_offset if start is None else start
+    out = []
+    while offset < log.log_end_offset:
+        result = log.read(offset, max_bytes=1 << 20)
+        assert result.records, offset
+        out += values(result.records)
+        offset = result.next_offset
+    return out
+
+
+def crash(log: PartitionLog) -> None:
+    """Drop the log as a killed process would: no flush, no marker; fds closed, lock gone."""
+    for segment in log._segments:
+        segment.close()
+    log._dir_lock.release()
+    log._closed = True
+
+
+@pytest.fixture
+def tmp_log(tmp_path):
+    opened = []
+
+    def open_log(config: LogConfig = SMALL, name: str = "p0") -> PartitionLog:
+        log = PartitionLog(str(tmp_path / name), config=config)
+        opened.append(log)
+        return log
+
+    yield open_log
+    for log in opened:
+        log.close()
+
+
+# ---------------------------------------------------------------- append / read
+
+
+def test_leader_append_assigns_offsets_and_epoch_and_reads_back(tmp_log):
+    log = tmp_log()
+    first = log.append_as_leader(batch(3, tag="a"), leader_epoch=4)
+    second = log.append_as_leader(batch(2, tag="b"), leader_epoch=4)
+    assert (first.base_offset, first.last_offset) == (0, 2)
+    assert (second.base_offset, second.last_offset, second.log_end_offset) == (3, 4, 5)
+    result = log.read(0, max_bytes=1 << 20)
+    headers = [h for _, h in iter_batches(result.records)]
+    assert [(h.base_offset, h.leader_epoch) for h in headers] == [(0, 4), (3, 4)]
+    assert values(result.records)[3] == (3, b"b-0".ljust(40, b"."))
+    assert (result.first_offset, result.next_offset, result.log_end_offset) == (0, 5, 5)
+
+
+def test_leader_append_of_concatenated_batches(tmp_log):
+    log = tmp_log()
+    info = log.append_as_leader(batch(2, tag="a") + batch(4, tag="b") + batch(1, tag="c"), leader_epoch=0)
+    assert (info.base_offset, info.last_offset, info.batch_count) == (0, 6, 3)
+    assert [o for o, _ in read_all(log)] == list(range(7))
+
+
+def test_leader_append_patches_bytearray_in_place_and_copies_bytes(tmp_log):
+    log = tmp_log()
+    log.append_as_leader(batch(5), leader_epoch=1)
+    original = batch(2)
+    log.append_as_leader(original, leader_epoch=1)
+    assert original == batch(2)  # bytes are not touched
+    mutable = bytearray(batch(2))
+    log.append_as_leader(mutable, leader_epoch=1)
+    header = next(iter_batches(mutable))[1]
+    assert (header.base_offset, header.leader_epoch) == (7, 1)
+    assert log.read(7, max_bytes=1 << 20).records == bytes(mutable)
+
+
+def test_corrupt_batch_is_rejected_and_log_unchanged(tmp_log):
+    log = tmp_log()
+    log.append_as_leader(batch(), leader_epoch=0)
+    bad = bytearray(batch())
+    bad[-1] ^= 0xFF
+    with pytest.raises(CorruptBatchError, match="CRC"):
+        log.append_as_leader(bad, leader_epoch=0)
+    with pytest.raises(CorruptBatchError):
+        log.append_as_follower(bytes(bad))
+    assert log.log_end_offset == 3
+    assert len(read_all(log)) == 3
+
+
+def test_follower_append_keeps_offsets_and_rejects_gap_and_overlap(tmp_log):
+    leader, follower = tmp_log(name="leader"), tmp_log(name="follower")
+    for epoch in (1, 1, 2):
+        leader.append_as_leader(batch(3), leader_epoch=epoch)
+    data = leader.read(0, max_bytes=1 << 20).records
+    info = follower.append_as_follower(data)
+    assert (info.base_offset, info.last_offset) == (0, 8)
+    assert follower.read(0, max_bytes=1 << 20).records == data
+    assert follower.epoch_entries() == leader.epoch_entries()
+
+    leader.append_as_leader(batch(2), leader_epoch=2)
+    leader.append_as_leader(batch(2), leader_epoch=2)
+    second = leader.read(11, max_bytes=1 << 20).records
+    with pytest.raises(OffsetMismatchError, match="expected base offset 9, got 11") as gap:
+        follower.append_as_follower(second)
+    assert (gap.value.expected_offset, gap.value.actual_offset) == (9, 11)
+    overlap = leader.read(6, max_bytes=1 << 20).records
+    with pytest.raises(OffsetMismatchError, match="expected base offset 9, got 6"):
+        follower.append_as_follower(overlap)
+    assert follower.log_end_offset == 9
+    follower.append_as_follower(leader.read(9, max_bytes=1 << 20).records)
+    assert read_all(follower) == read_all(leader)
+
+
+def test_follower_rejects_batches_within_one_request_that_skip_offsets(tmp_log):
+    leader, follower = tmp_log(name="leader"), tmp_log(name="follower")
+    for _ in range(3):
+        leader.append_as_leader(batch(2), leader_epoch=0)
+    first = leader.read(0, max_bytes=1).records
+    third = leader.read(4, max_bytes=1).records
+    with pytest.raises(OffsetMismatchError, match="expected base offset 2, got 4"):
+        follower.append_as_follower(first + third)
+    assert follower.log_end_offset == 0
+
+
+def test_stale_epochs_are_rejected(tmp_log):
+    log = tmp_log()
+    log.append_as_leader(batch(), leader_epoch=5)
+    with pytest.raises(StaleEpochError, match="leader epoch 4 is older than the log's latest epoch 5"):
+        log.append_as_leader(batch(), leader_epoch=4)
+    other = tmp_log(name="old")
+    other.append_as_leader(batch(), leader_epoch=3)
+    with pytest.raises(StaleEpochError):
+        log.append_as_follower(_rebased(other.read(0, max_bytes=1 << 20).records, 3))
+    assert log.log_end_offset == 3
+
+
+def _rebased(records: bytes, base_offset: int) -> bytearray:
+    from common.batch import set_base_offset
+    buf = bytearray(records)
+    set_base_offset(buf, base_offset)
+    return buf
+
+
+def test_read_limits_max_bytes_max_offset_and_containing_batch(tmp_log):
+    log = tmp_log(LogConfig(segment_bytes=1 << 20, index_interval_bytes=100))
+    sizes = []
+    for i in range(10):
+        sizes.append(log.append_as_leader(batch(4, tag=str(i)), leader_epoch=0).size_bytes)
+    one = log.read(0, max_bytes=1)  # smaller than a batch: still one whole batch
+    assert (one.first_offset, one.next_offset, len(one.records)) == (0, 4, sizes[0])
+    two = log.read(0, max_bytes=sizes[0] + sizes[1] + sizes[2] - 1)
+    assert (two.first_offset, two.next_offset) == (0, 8)
+    middle = log.read(13, max_bytes=1 << 20)  # offset 13 is inside batch 12..15
+    assert middle.first_offset == 12 and values(middle.records)[0][0] == 12
+    capped = log.read(4, max_bytes=1 << 20, max_offset=14)  # batch 12..15 is not below 14
+    assert (capped.first_offset, capped.next_offset) == (4, 12)
+    assert log.read(12, max_bytes=1 << 20, max_offset=14).records == b""
+    at_end = log.read(40, max_bytes=1 << 20)
+    assert (at_end.records, at_end.next_offset) == (b"", 40)
+    with pytest.raises(OffsetOutOfRangeError, match="offset 41 is out of range"):
+        log.read(41, max_bytes=100)
+
+
+def test_read_below_log_start_is_out_of_range(tmp_log):
+    log = tmp_log()
+    log.truncate_fully_and_start_at(100)
+    log.append_as_leader(batch(), leader_epoch=0)
+    with pytest.raises(OffsetOutOfRangeError) as err:
+        log.read(99, max_bytes=100)
+    assert (err.value.log_start_offset, err.value.log_end_offset) == (100, 103)
+    assert log.read(100, max_bytes=100).first_offset == 100
+
+
+# ---------------------------------------------------------------- segments and indexes
+
+
+def test_roll_by_size_keeps_segments_under_limit_and_reads_across_edges(tmp_log):
+    log = tmp_log()
+    for i in range(40):
+        log.append_as_leader(batch(3, tag=f"s{i}"), leader_epoch=0)
+    bases = log.segment_base_offsets
+    assert len(bases) >= 4
+    for segment in log._segments:
+        assert segment.size_bytes <= SMALL.segment_bytes
+    expected = read_all(log)
+    assert [o for o, _ in expected] == list(range(120))
+    # Every offset, including each segment's first and last, finds its own batch.
+    for offset in range(120):
+        result = log.read(offset, max_bytes=1)
+        assert result.first_offset == offset - offset % 3
+        assert result.first_offset in range(offset - 2, offset + 1)
+
+
+def test_index_lookup_after_reopen_and_after_index_loss(tmp_log, tmp_path):
+    log = tmp_log()
+    for i in range(40):
+        log.append_as_leader(batch(3, tag=f"s{i}"), leader_epoch=0)
+    before = read_all(log)
+    assert any(len(s.index) for s in log._segments)
+    log.close()
+    log = tmp_log()
+    assert read_all(log) == before
+    for offset in (0, 59, 60, 119):
+        assert log.read(offset, max_bytes=1).first_offset == offset - offset % 3
+    log.close()
+    for name in os.listdir(tmp_path / "p0"):
+        if name.endswith(".index"):
+            (tmp_path / "p0" / name).write_bytes(b"\x00\x01garbage")
+    log = tmp_log()
+    assert read_all(log) == before
+    assert log.read(61, max_bytes=1).first_offset == 60
+
+
+def test_roll_by_age_uses_batch_timestamps_or_now(tmp_log):
+    log = tmp_log(LogConfig(segment_bytes=1 << 20, segment_ms=1000, retention_ms=None))
+    log.append_as_leader(batch(ts=10_000), leader_epoch=0)
+    log.append_as_leader(batch(ts=10_999), leader_epoch=0)
+    assert log.segment_base_offsets == [0]
+    log.append_as_leader(batch(ts=11_000), leader_epoch=0)
+    assert log.segment_base_offsets == [0, 6]
+    log.append_as_leader(batch(ts=11_100), leader_epoch=0, now_ms=12_000)
+    assert log.segment_base_offsets == [0, 6, 9]
+    log.roll(now_ms=12_099)  # the active segment's first batch (11_100) is not 1 s old yet
+    assert log.segment_base_offsets == [0, 6, 9]
+    log.roll(now_ms=12_100)
+    assert log.segment_base_offsets == [0, 6, 9, 12]
+    log.roll(now_ms=12_600)  # empty active segment: nothing to roll
+    assert log.segment_base_offsets == [0, 6, 9, 12]
+
+
+def test_offset_for_timestamp_uses_time_index(tmp_log):
+    log = tmp_log()
+    for i in range(40):
+        log.append_as_leader(batch(3, ts=1_000 + 10 * i), leader_epoch=0)
+    assert log.offset_for_timestamp(0) == 0
+    assert log.offset_for_timestamp(1_000 + 10 * 25) == 75
+    assert log.offset_for_timestamp(1_000 + 10 * 25 - 5) == 75
+    assert log.offset_for_timestamp(10_000) is None
+    log.close()
+    log = tmp_log()
+    assert log.offset_for_timestamp(1_000 + 10 * 39) == 117
+
+
+# ---------------------------------------------------------------- truncation
+
+
+def test_truncate_at_and_inside_batches(tmp_log):
+    log = tmp_log(LogConfig(segment_bytes=1 << 20, index_interval_bytes=64))
+    for i in range(5):
+        log.append_as_leader(batch(3, tag=f"t{i}"), leader_epoch=0)
+    assert log.truncate_to(9) == 9  # a batch boundary
+    assert [o for o, _ in read_all(log)] == list(range(9))
+    assert log.truncate_to(7) == 6  # inside batch 6..8: the whole batch goes
+    assert log.log_end_offset == 6
+    assert log.truncate_to(100) == 6  # past the end: nothing to do
+    info = log.append_as_leader(batch(2, tag="new"), leader_epoch=1)
+    assert info.base_offset == 6
+    assert read_all(log)[-1] == (7, b"new-1".ljust(40, b"."))
+
+
+def test_truncate_across_segment_edges_and_reopen(tmp_log):
+    log = tmp_log()
+    for i in range(40):
+        log.append_as_leader(batch(3, tag=f"s{i}"), leader_epoch=0 if i < 20 else 1)
+    bases = log.segment_base_offsets
+    edge = bases[2]
+    log.truncate_to(edge)  # exactly at a segment's base: that segment goes whole
+    assert log.log_end_offset == edge and log.segment_base_offsets == bases[:2]
+    log.truncate_to(bases[1] - 3)  # last batch of an earlier segment
+    assert log.segment_base_offsets == bases[:1]
+    assert log.log_end_offset == bases[1] - 3
+    assert log.end_offset_for_epoch(1) == (0, bases[1] - 3)
+    log.append_as_leader(batch(3, tag="after"), leader_epoch=2)
+    expected = read_all(log)
+    log.close()
+    log = tmp_log()
+    assert read_all(log) == expected
+    assert [(e.epoch, e.start_offset) for e in log.epoch_entries()] == [(0, 0), (2, bases[1] - 3)]
+
+
+def test_truncate_to_log_start_and_fully(tmp_log):
+    log = tmp_log()
+    for _ in range(10):
+        log.append_as_leader(batch(), leader_epoch=3)
+    log.truncate_fully_and_start_at(500)
+    assert (log.log_start_offset, log.log_end_offset, log.flushed_offset) == (500, 500, 500)
+    assert log.epoch_entries() == []
+    assert log.append_as_leader(batch(), leader_epoch=4).base_offset == 500
+    log.close()
+    log = tmp_log()
+    assert (log.log_start_offset, log.log_end_offset) == (500, 503)
+    assert log.end_offset_for_epoch(4) == (4, 503)
+
+
+def test_interrupted_truncate_fully_completes_on_open(tmp_log, tmp_path):
+    log = tmp_log()
+    for _ in range(10):
+        log.append_as_leader(batch(), leader_epoch=3)
+    log.flush()
+    crash(log)
+    (tmp_path / "p0" / "truncate-fully").write_text("77\n")
+    log = tmp_log()
+    assert (log.log_start_offset, log.log_end_offset, log.epoch_entries()) == (77, 77, [])
+
+
+# ---------------------------------------------------------------- retention
+
+
+def test_retention_by_size_deletes_whole_old_segments_only(tmp_log):
+    config = LogConfig(segment_bytes=2048, index_interval_bytes=256, segment_ms=None,
+                       retention_ms=None, retention_bytes=5000)
+    log = tmp_log(config)
+    for i in range(40):
+        log.append_as_leader(batch(3), leader_epoch=0 if i < 5 else 1)
+    total = log.size_bytes
+    bases = log.segment_base_offsets
+    deleted = log.apply_retention(now_ms=0)
+    assert deleted and all(d.reason == "retention_bytes" for d in deleted)
+    assert [d.base_offset for d in deleted] == bases[:len(deleted)]
+    assert total - sum(d.size_bytes for d in deleted) >= 5000 > log.size_bytes - log._segments[0].size_bytes
+    assert log.log_start_offset == deleted[-1].next_offset == log.segment_base_offsets[0]
+    with pytest.raises(OffsetOutOfRangeError):
+        log.read(0, max_bytes=100)
+    assert log.epoch_entries()[0].start_offset == log.log_start_offset
+    assert log.apply_retention(now_ms=0) == []
+
+
+def test_retention_by_time_never_deletes_active_segment(tmp_log):
+    config = LogConfig(segment_bytes=1 << 20, segment_ms=1000, retention_ms=5000)
+    log = tmp_log(config)
+    for ts in (1_000, 2_000, 3_000, 4_000):
+        log.append_as_leader(batch(ts=ts), leader_epoch=0)
+    assert log.segment_base_offsets == [0, 3, 6, 9]
+    assert log.apply_retention(now_ms=6_000) == []  # exactly retention_ms old: kept
+    deleted = log.apply_retention(now_ms=6_001)
+    assert [(d.base_offset, d.next_offset, d.reason) for d in deleted] == [(0, 3, "retention_ms")]
+    assert log.log_start_offset == 3
+    log.apply_retention(now_ms=100_000)
+    assert log.segment_base_offsets == [9]  # the active segment stays, however old
+    assert log.log_start_offset == 9 and log.log_end_offset == 12
+    log.close()
+    log = tmp_log(config)
+    assert (log.log_start_offset, log.log_end_offset) == (9, 12)
+
+
+# ---------------------------------------------------------------- epoch cache
+
+
+def test_end_offset_for_epoch_semantics(tmp_log):
+    log = tmp_log()
+    assert log.end_offset_for_epoch(0) == (-1, -1)
+    log.truncate_fully_and_start_at(10)
+    log.append_as_leader(batch(3), leader_epoch=2)   # 10..12
+    log.append_as_leader(batch(3), leader_epoch=2)   # 13..15
+    log.append_as_leader(batch(3), leader_epoch=5)   # 16..18
+    log.append_as_leader(batch(3), leader_epoch=7)   # 19..21
+    assert log.end_offset_for_epoch(2) == (2, 16)
+    assert log.end_offset_for_epoch(3) == (2, 16)    # largest epoch <= 3 is 2
+    assert log.end_offset_for_epoch(5) == (5, 19)
+    assert log.end_offset_for_epoch(7) == (7, 22)    # latest: log end
+    assert log.end_offset_for_epoch(9) == (7, 22)
+    assert log.end_offset_for_epoch(1) == (1, 10)    # older than all: ends where the first starts
+    assert [(e.epoch, e.start_offset) for e in log.epoch_entries()] == [(2, 10), (5, 16), (7, 19)]
+
+
+def test_epoch_cache_survives_clean_and_unclean_restart(tmp_log, tmp_path):
+    log = tmp_log()
+    log.append_as_leader(batch(), leader_epoch=1)
+    log.append_as_leader(batch(), leader_epoch=3)
+    log.close()
+    log = tmp_log()
+    assert log.end_offset_for_epoch(1) == (1, 3)
+    log.append_as_leader(batch(), leader_epoch=4)
+    log.flush()
+    log.append_as_leader(batch(), leader_epoch=6)
+    crash(log)
+    # Cut the unflushed epoch-6 batch as a lost write would.
+    last = tmp_path / "p0" / f"{0:020d}.log"
+    with open(last, "r+b") as f:
+        f.truncate(os.path.getsize(last) - 10)
+    log = tmp_log()
+    assert log.log_end_offset == 9
+    assert [(e.epoch, e.start_offset) for e in log.epoch_entries()] == [(1, 0), (3, 3), (4, 6)]
+    assert log.end_offset_for_epoch(6) == (4, 9)
+
+
+def test_epoch_cache_rebuilt_when_checkpoint_is_lost(tmp_log, tmp_path):
+    log = tmp_log()
+    for epoch in (1, 1, 2, 9):
+        log.append_as_leader(batch(), leader_epoch=epoch)
+    log.close()
+    (tmp_path / "p0" / "leader-epoch-checkpoint").write_text("garbage")
+    log = tmp_log()
+    assert [(e.epoch, e.start_offset) for e in log.epoch_entries()] == [(1, 0), (2, 6), (9, 9)]
+
+
+# ---------------------------------------------------------------- recovery
+
+
+def test_torn_tail_is_cut_on_open_and_appends_continue(tmp_log, tmp_path):
+    log = tmp_log(LogConfig(segment_bytes=1 << 20, index_interval_bytes=128))
+    for i in range(10):
+        log.append_as_leader(batch(3, tag=f"r{i}"), leader_epoch=0)
+    log.flush()
+    good = read_all(log)
+    crash(log)
+    path = tmp_path / "p0" / f"{0:020d}.log"
+    with open(path, "ab") as f:
+        f.write(batch(3)[:HEADER_SIZE + 5])  # half a batch
+    log = tmp_log(LogConfig(segment_bytes=1 << 20, index_interval_bytes=128))
+    assert log.recovered_bytes_cut == HEADER_SIZE + 5
+    assert read_all(log) == good
+    assert log.flushed_offset == log.log_end_offset == 30
+    assert log.append_as_leader(batch(), leader_epoch=0).base_offset == 30
+
+
+def test_corrupt_batch_in_the_middle_cuts_it_and_everything_after(tmp_log, tmp_path):
+    log = tmp_log()
+    for i in range(40):
+        log.append_as_leader(batch(3, tag=f"c{i}"), leader_epoch=0)
+    bases = log.segment_base_offsets
+    full = read_all(log)
+    crash(log)
+    (tmp_path / "p0" / RECOVERY_POINT).write_text("0\n")  # nothing known flushed: check it all
+    victim = tmp_path / "p0" / f"{bases[1]:020d}.log"
+    data = bytearray(victim.read_bytes())
+    first_size = next(iter_batches(bytes(data)))[1].size_bytes
+    data[first_size + 70] ^= 0x55  # inside the second batch's records: CRC mismatch
+    victim.write_bytes(bytes(data))
+    log = tmp_log()
+    assert log.log_end_offset == bases[1] + 3
+    assert read_all(log) == full[:bases[1] + 3]
+    assert log.segment_base_offsets == bases[:2]
+    assert not (tmp_path / "p0" / f"{bases[2]:020d}.log").exists()
+
+
+def test_clean_shutdown_marker_is_removed_while_open(tmp_log, tmp_path):
+    log = tmp_log()
+    log.append_as_leader(batch(), leader_epoch=0)
+    log.close()
+    assert (tmp_path / "p0" / CLEAN_SHUTDOWN).exists()
+    log = tmp_log()
+    assert not (tmp_path / "p0" / CLEAN_SHUTDOWN).exists()
+
+
+def test_unflushed_writes_are_not_flushed_until_flush(tmp_log):
+    log = tmp_log()
+    log.append_as_leader(batch(), leader_epoch=0)
+    assert (log.log_end_offset, log.flushed_offset) == (3, 0)
+    assert log.flush() == 3
+    log.append_as_leader(batch(), leader_epoch=0)
+    assert (log.log_end_offset, log.flushed_offset) == (6, 3)
+    log.truncate_to(3)
+    assert log.flushed_offset == 3
+
+
+# ---------------------------------------------------------------- lock
+
+
+def test_second_open_fails_clearly_while_another_process_holds_it(tmp_path):
+    directory = tmp_path / "locked"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(f"""
+            import sys, time
+            from dataplane.log import PartitionLog
+            log = PartitionLog({str(directory)!r})
+            print("open", flush=True)
+            sys.stdin.read()
+        """)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    try:
+        assert holder.stdout.readline().strip() == "open"
+        with pytest.raises(StorageError) as err:
+            PartitionLog(str(directory))
+        assert str(directory) in str(err.value)
+        assert f"process {holder.pid}" in str(err.value)
+    finally:
+        holder.kill()
+        holder.wait()
+    PartitionLog(str(directory)).close()  # the kernel released the dead holder's lock
+
+
+def test_second_open_in_same_process_fails(tmp_log):
+    tmp_log()
+    with pytest.raises(StorageError, match="already open"):
+        tmp_log()
+
+
+# ---------------------------------------------------------------- full disk
+
+
+def _failing_pwrite(real, *, fail_after_calls: int = 0, partial: bool = True):
+    calls = {"n": 0}
+
+    def pwrite(fd, data, position):
+        calls["n"] += 1
+        if calls["n"] > fail_after_calls:
+            if partial and len(data) > 1:
+                real(fd, bytes(memoryview(data)[:len(data) // 2]), position)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, data, position)
+    return pwrite
+
+
+def test_disk_full_append_fails_cleanly_and_log_stays_consistent(tmp_log, monkeypatch):
+    log = tmp_log(LogConfig(segment_bytes=1 << 20))
+    for i in range(5):
+        log.append_as_leader(batch(3, tag=f"d{i}"), leader_epoch=0)
+    before = read_all(log)
+    size_before = log.size_bytes
+    monkeypatch.setattr(os, "pwrite", _failing_pwrite(os.pwrite))
+    with pytest.raises(StorageError, match="disk full") as err:
+        log.append_as_leader(batch(3), leader_epoch=0)
+    assert "log_end_offset is still 15" in str(err.value)
+    assert log.log_end_offset == 15 and log.size_bytes == size_before
+    assert os.path.getsize(log._segments[-1].log_path) == size_before
+    monkeypatch.undo()
+    assert read_all(log) == before
+    assert log.append_as_leader(batch(3, tag="ok"), leader_epoch=0).base_offset == 15
+    log.close()
+    log = tmp_log(LogConfig(segment_bytes=1 << 20))
+    assert [o for o, _ in read_all(log)] == list(range(18))
+
+
+def test_disk_full_during_an_append_that_rolls_undoes_both_segments(tmp_log, monkeypatch):
+    log = tmp_log()
+    for i in range(4):
+        log.append_as_leader(batch(3, tag=f"d{i}"), leader_epoch=0)
+    before, bases = read_all(log), log.segment_base_offsets
+    many = b"".join(batch(3, tag=f"m{i}") for i in range(12))  # spans a roll
+    # The first pwrite (into the old segment) succeeds, the one after the roll fails.
+    monkeypatch.setattr(os, "pwrite", _failing_pwrite(os.pwrite, fail_after_calls=1))
+    with pytest.raises(StorageError, match="disk full"):
+        log.append_as_leader(many, leader_epoch=1)
+    monkeypatch.undo()
+    assert read_all(log) == before and log.segment_base_offsets == bases
+    assert log.epoch_entries()[-1].epoch == 0
+    assert log.append_as_leader(many, leader_epoch=1).base_offset == 12
+
+
+def test_disk_full_while_recording_a_new_epoch_appends_nothing(tmp_log, monkeypatch):
+    log = tmp_log()
+    log.append_as_leader(batch(), leader_epoch=0)
+    monkeypatch.setattr(os, "pwrite", _failing_pwrite(os.pwrite, partial=False))
+    with pytest.raises(StorageError, match="disk full"):
+        log.append_as_leader(batch(), leader_epoch=1)
+    monkeypatch.undo()
+    assert log.log_end_offset == 3 and log.latest_epoch == 0
+
+
+# ---------------------------------------------------------------- MemoryLog
+
+
+def test_memory_log_crash_drops_unflushed_batches_and_epochs():
+    log = MemoryLog()
+    assert isinstance(log, Log)
+    log.append_as_leader(batch(), leader_epoch=1)
+    log.flush()
+    log.append_as_leader(batch(), leader_epoch=2)
+    assert (log.log_end_offset, log.flushed_offset) == (6, 3)
+    log.crash()
+    assert (log.log_end_offset, log.flushed_offset) == (3, 3)
+    assert [(e.epoch, e.start_offset) for e in log.epoch_entries()] == [(1, 0)]
+    assert log.append_as_leader(batch(), leader_epoch=3).base_offset == 3
+
+
+def test_memory_log_matches_disk_log_on_one_script(tmp_log):
+    config = LogConfig(segment_bytes=2048, index_interval_bytes=256, segment_ms=5000,
+                       retention_ms=None, retention_bytes=4000)
+    disk, memory = tmp_log(config), MemoryLog(config=config)
+    assert isinstance(disk, Log)
+    for log in (disk, memory):
+        for i in range(30):
+            log.append_as_leader(batch(3, ts=1000 * i, tag=f"x{i}"), leader_epoch=i // 10)
+        log.truncate_to(50)
+        log.roll()
+        log.append_as_leader(batch(2), leader_epoch=7)
+        log.apply_retention(now_ms=10**6)
+    assert disk.segment_base_offsets == memory.segment_base_offsets
+    assert read_all(disk) == read_all(memory)
+    assert disk.epoch_entries() == memory.epoch_entries()
+    for offset in range(disk.log_start_offset, disk.log_end_offset):
+        a, b = disk.read(offset, max_bytes=300), memory.read(offset, max_bytes=300)
+        assert (a.records, a.first_offset, a.next_offset) == (b.records, b.first_offset, b.next_offset)
+
+
+# ---------------------------------------------------------------- FlushCoalescer
+
+
+def test_coalescer_shares_one_flush_between_many_waiters(tmp_log):
+    log = tmp_log()
+
+    async def scenario():
+        flusher = FlushCoalescer(log, debounce_ms=5)
+        waits = []
+        for _ in range(20):
+            info = log.append_as_leader(batch(), leader_epoch=0)
+            waits.append(asyncio.ensure_future(flusher.flush_to(info.last_offset + 1)))
+        results = await asyncio.gather(*waits)
+        await flusher.close()
+        return results, flusher.flush_count
+
+    results, flush_count = asyncio.run(scenario())
+    assert flush_count == 1
+    assert set(results) == {60} and log.flushed_offset == 60
+
+
+def test_coalescer_propagates_a_flush_error_to_every_waiter():
+    class FailingLog(MemoryLog):
+        def flush(self) -> int:
+            raise StorageError("disk full: flush failed")
+
+    log = FailingLog()
+    log.append_as_leader(batch(), leader_epoch=0)
+
+    async def scenario():
+        flusher = FlushCoalescer(log, debounce_ms=1)
+        waits = [asyncio.ensure_future(flusher.flush_to(o)) for o in (1, 2, 3)]
+        outcomes = await asyncio.gather(*waits, return_exceptions=True)
+        with pytest.raises(Exception, match="past log_end_offset 3"):
+            await flusher.flush_to(4)
+        await flusher.close()
+        return outcomes
+
+    outcomes = asyncio.run(scenario())
+    assert [type(o) for o in outcomes] == [StorageError] * 3
+
+
+def test_coalescer_fails_waiters_whose_offsets_were_truncated():
+    log = MemoryLog()
+    log.append_as_leader(batch(), leader_epoch=0)
+
+    async def scenario():
+        flusher = FlushCoalescer(log, debounce_ms=20)
+        waiter = asyncio.ensure_future(flusher.flush_to(3))
+        await asyncio.sleep(0)
+        log.truncate_to(0)
+        return await asyncio.gather(waiter, return_exceptions=True)
+
+    [outcome] = asyncio.run(scenario())
+    assert isinstance(outcome, LogTruncatedError)
