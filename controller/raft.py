@@ -275,6 +275,9 @@ class RaftNode:
                                      priorities=list(self._priorities.values()) + [s.priority],
                                      base_min_s=s.election_timeout_ms_min / 1000,
                                      base_max_s=s.election_timeout_ms_max / 1000)
+        if not s.peer_addresses:
+            # Nobody to compete with: become leader as soon as pysyncobj allows.
+            lo, hi = 4 * s.heartbeat_ms / 1000, 5 * s.heartbeat_ms / 1000
         conf = SyncObjConf(
             password=s.password,
             autoTick=False,

@@ -1,0 +1,399 @@
+"""The controller's HTTP admin API (`/v1`, JSON, bearer token) and the app that also serves the broker RPC.
+
+Reads are answered from this node's committed image (every response carries
+the `metadata_offset` it reflects); writes need the leader: a follower answers
+307 to the same path on the leader's API URL, or 503 when no leader is known.
+Errors are `{"error": {"code", "message", "field"?, "retriable"}}`.
+
+Hook for other parts of the controller: `app["controller"]` is the
+`ControllerService` (committed image: `.committed`; latest usage per broker:
+`.usage`; leader check: `.is_leader`), and `app["on_ready"]` is a list of
+callables `(app) -> None` run at startup after the service started.
+"""
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import time
+from typing import Any, Awaitable, Callable
+
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+from pydantic.json_schema import models_json_schema
+
+from common.errors import BiplaneError, ErrorCode
+from common.metadata import MetadataImage, validate_topic_name
+from common.metadata.errors import InvalidFieldError, UnknownTopicOrPartitionError
+from common.requests import (
+    AlterConfigRequest,
+    CreateTopicRequest,
+    PreferredElectionRequest,
+    ReassignmentRequest,
+)
+from controller import views
+from controller.service import ControllerService, NotControllerError
+
+log = logging.getLogger("biplane.controller.api")
+
+_STATUS = {
+    ErrorCode.TOPIC_ALREADY_EXISTS: 409,
+    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION: 404,
+    ErrorCode.NOT_FOUND: 404,
+    ErrorCode.UNAUTHORIZED: 401,
+    ErrorCode.NOT_CONTROLLER: 503,
+    ErrorCode.REQUEST_TIMED_OUT: 504,
+    ErrorCode.STALE_BROKER_EPOCH: 409,
+    ErrorCode.FENCED_LEADER_EPOCH: 409,
+    ErrorCode.UNKNOWN_LEADER_EPOCH: 409,
+    ErrorCode.INVALID_UPDATE_VERSION: 409,
+    ErrorCode.NOT_LEADER_OR_FOLLOWER: 409,
+    ErrorCode.INELIGIBLE_REPLICA: 409,
+    ErrorCode.UNKNOWN: 500,
+    ErrorCode.KAFKA_STORAGE_ERROR: 500,
+}
+_PUBLIC_PATHS = {"/v1/health"}
+
+
+def http_status(code: ErrorCode) -> int:
+    return _STATUS.get(code, 400)
+
+
+def error_response(status: int, code: ErrorCode | str, message: str, *, field: str | None = None,
+                   headers: dict | None = None, extra: dict | None = None) -> web.Response:
+    name = code.name if isinstance(code, ErrorCode) else code
+    body: dict[str, Any] = {"code": name, "message": message,
+                            "retriable": code.retriable if isinstance(code, ErrorCode) else False}
+    if field is not None:
+        body["field"] = field
+    doc: dict[str, Any] = {"error": body}
+    if extra:
+        doc.update(extra)
+    return web.json_response(doc, status=status, headers=headers)
+
+
+def error_from_exception(exc: BiplaneError) -> web.Response:
+    field = getattr(exc, "field", None) if isinstance(exc, InvalidFieldError) else None
+    return error_response(http_status(exc.code), exc.code, str(exc), field=field)
+
+
+def validation_error(exc: ValidationError, what: str) -> web.Response:
+    errors = exc.errors()
+    first = errors[0]
+    field = ".".join(str(p) for p in first.get("loc", ())) or what
+    parts = []
+    for e in errors[:5]:
+        loc = ".".join(str(p) for p in e.get("loc", ())) or what
+        msg = e.get("msg", "invalid")
+        if e.get("type") == "extra_forbidden":
+            msg = "unknown field"
+        elif "input" in e and e.get("type") != "missing":
+            msg = f"{msg} (got {e['input']!r})"
+        parts.append(f"{loc}: {msg}")
+    return error_response(400, ErrorCode.INVALID_REQUEST, f"invalid {what}: " + "; ".join(parts), field=field)
+
+
+async def read_model(request: web.Request, model: type[BaseModel]) -> BaseModel:
+    """The body as `model`; raises a ready 400 response (web.HTTPException) otherwise."""
+    raw = await request.read()
+    try:
+        data = json.loads(raw) if raw else {}
+    except ValueError as exc:
+        raise _Reply(error_response(400, ErrorCode.INVALID_REQUEST,
+                                    f"request body is not JSON: {exc}", field="body"))
+    if not isinstance(data, dict):
+        raise _Reply(error_response(400, ErrorCode.INVALID_REQUEST,
+                                    f"request body must be a JSON object, got {type(data).__name__}",
+                                    field="body"))
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise _Reply(validation_error(exc, model.__name__))
+
+
+class _Reply(Exception):
+    def __init__(self, response: web.Response) -> None:
+        super().__init__(response.status)
+        self.response = response
+
+
+# ---------------------------------------------------------------- routes
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+ROUTES: list[dict] = []   # method, path, handler, summary, request model, response model, writes
+
+
+def route(method: str, path: str, *, summary: str, request: type[BaseModel] | None = None,
+          response: type[BaseModel] | None = None, writes: bool = False, status: int = 200):
+    def wrap(fn: Handler) -> Handler:
+        ROUTES.append({"method": method, "path": path, "handler": fn, "summary": summary,
+                       "request": request, "response": response, "writes": writes, "status": status})
+        fn.writes = writes  # type: ignore[attr-defined]
+        return fn
+    return wrap
+
+
+def svc(request: web.Request) -> ControllerService:
+    return request.app["controller"]
+
+
+def json_model(model: BaseModel, status: int = 200) -> web.Response:
+    return web.json_response(model.model_dump(mode="json"), status=status)
+
+
+def topic_name(request: web.Request) -> str:
+    return validate_topic_name(request.match_info["name"])
+
+
+def _image(request: web.Request) -> MetadataImage:
+    return svc(request).committed
+
+
+@route("GET", "/v1/health", summary="liveness; no token needed", response=views.Health)
+async def get_health(request: web.Request) -> web.Response:
+    s = svc(request)
+    return json_model(views.Health(status="ok", node_id=s.node_id,
+                                   role="leader" if s.is_leader else "follower",
+                                   metadata_offset=s.committed.offset))
+
+
+@route("GET", "/v1/cluster", summary="controllers, leader, priorities, metadata offset",
+       response=views.Cluster)
+async def get_cluster(request: web.Request) -> web.Response:
+    return json_model(views.Cluster.model_validate(svc(request).cluster_view()))
+
+
+@route("GET", "/v1/brokers", summary="registered brokers, fencing and last heartbeat",
+       response=views.BrokerList)
+async def get_brokers(request: web.Request) -> web.Response:
+    s = svc(request)
+    return json_model(views.broker_list(s.committed, s.broker_offsets, s.usage))
+
+
+@route("GET", "/v1/topics", summary="list topics", response=views.TopicList)
+async def get_topics(request: web.Request) -> web.Response:
+    return json_model(views.topic_list(_image(request)))
+
+
+@route("POST", "/v1/topics", summary="create a topic", request=CreateTopicRequest,
+       response=views.TopicDetail, writes=True, status=201)
+async def post_topic(request: web.Request) -> web.Response:
+    body = await read_model(request, CreateTopicRequest)
+    s = svc(request)
+    now_ms = s.clock_ms()
+    committed = await s.decide(lambda image: s.decisions.create_topic(image, body, now_ms=now_ms))
+    return json_model(views.topic_detail(s.pending or s.committed, body.name,
+                                         metadata_offset=committed.last_offset), status=201)
+
+
+@route("GET", "/v1/topics/{name}", summary="describe a topic", response=views.TopicDetail)
+async def get_topic(request: web.Request) -> web.Response:
+    name = topic_name(request)
+    image = _image(request)
+    if name not in image.topics:
+        raise UnknownTopicOrPartitionError(name)
+    return json_model(views.topic_detail(image, name, metadata_offset=image.offset))
+
+
+@route("DELETE", "/v1/topics/{name}", summary="delete a topic", response=views.Done, writes=True)
+async def delete_topic(request: web.Request) -> web.Response:
+    name = topic_name(request)
+    s = svc(request)
+    committed = await s.decide(lambda image: s.decisions.delete_topic(image, name))
+    return json_model(views.Done(result=f"topic {name} deleted", metadata_offset=committed.last_offset))
+
+
+@route("PATCH", "/v1/topics/{name}/config", summary="set or reset topic config keys",
+       request=AlterConfigRequest, response=views.TopicDetail, writes=True)
+async def patch_config(request: web.Request) -> web.Response:
+    name = topic_name(request)
+    body = await read_model(request, AlterConfigRequest)
+    s = svc(request)
+    committed = await s.decide(lambda image: s.decisions.alter_config(image, name, body))
+    return json_model(views.topic_detail(s.pending or s.committed, name,
+                                         metadata_offset=committed.last_offset))
+
+
+@route("GET", "/v1/topics/{name}/partitions", summary="partition state of a topic",
+       response=views.PartitionList)
+async def get_partitions(request: web.Request) -> web.Response:
+    name = topic_name(request)
+    image = _image(request)
+    return json_model(views.PartitionList(topic=name, metadata_offset=image.offset,
+                                          partitions=[views.partition_view(p)
+                                                      for p in image.topic_partitions(name)]))
+
+
+@route("POST", "/v1/reassignments", summary="move a partition to target replicas",
+       request=ReassignmentRequest, response=views.PartitionList, writes=True, status=202)
+async def post_reassignment(request: web.Request) -> web.Response:
+    body = await read_model(request, ReassignmentRequest)
+    s = svc(request)
+    committed = await s.decide(lambda image: s.decisions.start_reassignment(image, body))
+    image = s.pending or s.committed
+    return json_model(views.PartitionList(topic=body.topic, metadata_offset=committed.last_offset,
+                                          partitions=[views.partition_view(
+                                              image.partition(body.topic, body.partition))]), status=202)
+
+
+@route("GET", "/v1/reassignments", summary="partitions being reassigned",
+       response=views.ReassignmentList)
+async def get_reassignments(request: web.Request) -> web.Response:
+    image = _image(request)
+    return json_model(views.ReassignmentList(
+        metadata_offset=image.offset,
+        reassignments=[views.partition_view(p) for p in image.partitions() if p.adding or p.removing]))
+
+
+@route("POST", "/v1/elections/preferred", summary="move leadership to preferred replicas",
+       request=PreferredElectionRequest, response=views.ElectionResult, writes=True)
+async def post_preferred_election(request: web.Request) -> web.Response:
+    body = await read_model(request, PreferredElectionRequest)
+    s = svc(request)
+    committed = await s.decide(lambda image: s.decisions.elect_preferred(image, body))
+    image = s.pending or s.committed
+    changed = sorted({(r.topic, r.partition) for r in committed.records if hasattr(r, "partition")})
+    return json_model(views.ElectionResult(
+        metadata_offset=committed.last_offset,
+        elected=[views.partition_view(image.partition(t, p)) for t, p in changed]))
+
+
+@route("GET", "/v1/openapi.json", summary="this description")
+async def get_openapi(request: web.Request) -> web.Response:
+    return web.json_response(openapi_document())
+
+
+@route("GET", "/metrics", summary="Prometheus metrics (text format)")
+async def get_metrics(request: web.Request) -> web.Response:
+    return web.Response(text=views.prometheus_text(svc(request)),
+                        content_type="text/plain", charset="utf-8")
+
+
+# ---------------------------------------------------------------- middleware
+
+def _bearer(request: web.Request) -> str | None:
+    header = request.headers.get("Authorization", "")
+    if header[:7].lower() == "bearer ":
+        return header[7:].strip()
+    return None
+
+
+def make_middleware(admin_token: str):
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        path = request.path
+        if path.startswith("/rpc/"):
+            return await handler(request)  # the RPC checks the cluster secret itself
+        started = time.perf_counter()
+        try:
+            if path not in _PUBLIC_PATHS:
+                token = _bearer(request)
+                if token is None:
+                    return error_response(401, ErrorCode.UNAUTHORIZED,
+                                          "missing bearer token: send 'Authorization: Bearer <admin token>'",
+                                          headers={"WWW-Authenticate": "Bearer"})
+                if not hmac.compare_digest(token.encode(), admin_token.encode()):
+                    return error_response(401, ErrorCode.UNAUTHORIZED, "bad bearer token",
+                                          headers={"WWW-Authenticate": "Bearer"})
+            route_info = request.match_info.route
+            writes = getattr(route_info.handler, "writes", False)
+            s = svc(request)
+            if writes and not s.is_leader:
+                return not_leader_response(s, request.path_qs)
+            return await handler(request)
+        except _Reply as reply:
+            return reply.response
+        except web.HTTPException:
+            raise
+        except NotControllerError:
+            return not_leader_response(svc(request), request.path_qs)
+        except BiplaneError as exc:
+            return error_from_exception(exc)
+        except Exception as exc:
+            log.exception("admin request %s %s failed", request.method, path)
+            return error_response(500, ErrorCode.UNKNOWN, f"internal error: {type(exc).__name__}: {exc}")
+        finally:
+            request.app["api_stats"].observe(path, time.perf_counter() - started)
+    return middleware
+
+
+def not_leader_response(s: ControllerService, path_qs: str) -> web.Response:
+    leader = s.leader_node()
+    if leader is not None and leader.node_id != s.node_id:
+        location = leader.api_url.rstrip("/") + path_qs
+        return error_response(307, ErrorCode.NOT_CONTROLLER,
+                              f"controller {s.node_id} is not the leader; "
+                              f"retry at controller {leader.node_id}: {location}",
+                              headers={"Location": location},
+                              extra={"leader": {"node_id": leader.node_id, "api_url": leader.api_url}})
+    return error_response(503, ErrorCode.NOT_CONTROLLER,
+                          f"controller {s.node_id} is not the leader and no leader is known yet "
+                          "(election in progress); retry shortly",
+                          headers={"Retry-After": "1"})
+
+
+# ---------------------------------------------------------------- app
+
+def make_app(service: ControllerService, *, admin_token: str, cluster_secret: str | None) -> web.Application:
+    """The aiohttp app: admin API, broker RPC, and the hooks described in the module doc."""
+    from controller import rpc
+
+    if not admin_token:
+        raise ValueError("an admin token is required (--admin-token or BIPLANE_ADMIN_TOKEN)")
+    app = web.Application(middlewares=[make_middleware(admin_token)], client_max_size=4 * 1024 * 1024)
+    app["controller"] = service
+    app["api_stats"] = service.api_stats = views.LatencyStats()
+    app["on_ready"] = []
+    for r in ROUTES:
+        app.router.add_route(r["method"], r["path"], r["handler"])
+    rpc.add_rpc_routes(app, service, cluster_secret=cluster_secret)
+
+    async def lifecycle(app: web.Application):
+        await service.start()
+        for hook in list(app["on_ready"]):
+            hook(app)
+        yield
+        await service.stop()
+
+    app.cleanup_ctx.append(lifecycle)
+    return app
+
+
+def openapi_document() -> dict:
+    models = {r[k] for r in ROUTES for k in ("request", "response") if r[k] is not None}
+    models.add(views.ErrorBody)
+    _, schema = models_json_schema([(m, "validation" if any(r["request"] is m for r in ROUTES)
+                                     else "serialization") for m in sorted(models, key=lambda m: m.__name__)],
+                                   ref_template="#/components/schemas/{model}")
+    components = schema.get("$defs", {})
+    paths: dict[str, dict] = {}
+    for r in ROUTES:
+        op: dict[str, Any] = {"summary": r["summary"], "responses": {}}
+        if r["path"] not in _PUBLIC_PATHS:
+            op["security"] = [{"bearer": []}]
+        if "{name}" in r["path"]:
+            op["parameters"] = [{"name": "name", "in": "path", "required": True,
+                                 "schema": {"type": "string", "pattern": "^[A-Za-z0-9._-]{1,249}$"}}]
+        if r["request"] is not None:
+            op["requestBody"] = {"required": True, "content": {"application/json": {
+                "schema": {"$ref": f"#/components/schemas/{r['request'].__name__}"}}}}
+        ok: dict[str, Any] = {"description": "success"}
+        if r["response"] is not None:
+            ok["content"] = {"application/json": {
+                "schema": {"$ref": f"#/components/schemas/{r['response'].__name__}"}}}
+        op["responses"][str(r["status"])] = ok
+        err = {"description": "error", "content": {"application/json": {
+            "schema": {"$ref": "#/components/schemas/ErrorBody"}}}}
+        for code in (["400"] if r["request"] or "{name}" in r["path"] else []) + \
+                (["401"] if r["path"] not in _PUBLIC_PATHS else []) + \
+                (["404"] if "{name}" in r["path"] else []) + \
+                (["307", "409", "503"] if r["writes"] else []):
+            op["responses"][code] = err
+        paths.setdefault(r["path"], {})[r["method"].lower()] = op
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "Biplane controller admin API", "version": "1"},
+        "paths": paths,
+        "components": {"schemas": components,
+                       "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+    }

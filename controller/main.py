@@ -1,0 +1,203 @@
+"""`biplane controller`: run one controller node of the quorum.
+
+    biplane controller --node-id 1 --data-dir /var/lib/biplane/c1 \\
+        --cluster "1=10.0.0.1:7001,10.0.0.1:8001,3;2=10.0.0.2:7001,10.0.0.2:8001,2;3=..." \\
+        --cluster-secret ... --admin-token ...
+
+`--cluster` lists every node as ID=RAFT_HOST:PORT,API_HOST:PORT[,PRIORITY]; a
+single node may instead give --raft-address and --api-address. The node
+restores its metadata from the dump and journal in --data-dir.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import logging
+import os
+import signal
+import sys
+
+from aiohttp import web
+
+from controller.service import ControllerNode
+
+
+class UsageError(ValueError):
+    pass
+
+
+def parse_host_port(text: str, what: str) -> tuple[str, int]:
+    host, sep, port = text.strip().rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UsageError(f"{what} {text!r} is not HOST:PORT")
+    return host, int(port)
+
+
+def parse_cluster(spec: str) -> list[ControllerNode]:
+    nodes = []
+    for part in filter(None, (p.strip() for p in spec.split(";"))):
+        ident, sep, rest = part.partition("=")
+        fields = [f.strip() for f in rest.split(",")]
+        if not sep or not ident.strip().isdigit() or len(fields) not in (2, 3):
+            raise UsageError(f"--cluster entry {part!r} is not ID=RAFT_HOST:PORT,API_HOST:PORT[,PRIORITY]")
+        raft_host, raft_port = parse_host_port(fields[0], "raft address")
+        api = fields[1] if "://" in fields[1] else "http://" + fields[1]
+        parse_host_port(api.split("://", 1)[1], "api address")
+        priority = int(fields[2]) if len(fields) == 3 and fields[2].lstrip("-").isdigit() else 1
+        if len(fields) == 3 and not fields[2].lstrip("-").isdigit():
+            raise UsageError(f"priority {fields[2]!r} in --cluster entry {part!r} is not an integer")
+        nodes.append(ControllerNode(node_id=int(ident), raft_address=f"{raft_host}:{raft_port}",
+                                    api_url=api.rstrip("/"), priority=priority))
+    ids = [n.node_id for n in nodes]
+    if len(set(ids)) != len(ids):
+        raise UsageError(f"--cluster lists a node id twice: {ids}")
+    if len(nodes) not in (1, 3, 5):
+        raise UsageError(f"a controller quorum has 1, 3 or 5 nodes; --cluster lists {len(nodes)}")
+    return nodes
+
+
+def build_parser(prog: str) -> argparse.ArgumentParser:
+    env = os.environ.get
+    p = argparse.ArgumentParser(prog=prog, description="Run one controller node of the Biplane quorum.")
+    p.add_argument("--node-id", type=int, required=True, help="this node's id (in --cluster)")
+    p.add_argument("--cluster", help="every node: ID=RAFT_HOST:PORT,API_HOST:PORT[,PRIORITY];...")
+    p.add_argument("--raft-address", help="HOST:PORT for Raft (single node, or override)")
+    p.add_argument("--api-address", help="HOST:PORT for the admin API and broker RPC")
+    p.add_argument("--peers", default="", help="other nodes' Raft addresses, comma-separated "
+                   "(without --cluster; followers then cannot redirect to the leader's API)")
+    p.add_argument("--priority", type=int, help="this node's priority (higher leads; default from --cluster or 1)")
+    p.add_argument("--data-dir", required=True, help="journal, dump and snapshots live here")
+    p.add_argument("--cluster-secret", default=env("BIPLANE_CLUSTER_SECRET"),
+                   help="shared secret of the quorum and its brokers (env BIPLANE_CLUSTER_SECRET); "
+                        "required with more than one node")
+    p.add_argument("--admin-token", default=env("BIPLANE_ADMIN_TOKEN"),
+                   help="bearer token of the admin API (env BIPLANE_ADMIN_TOKEN)")
+    p.add_argument("--session-timeout-ms", type=int, default=1500)
+    p.add_argument("--election-timeout-ms-min", type=int, default=1000)
+    p.add_argument("--election-timeout-ms-max", type=int, default=1600)
+    p.add_argument("--raft-heartbeat-ms", type=int, default=100)
+    p.add_argument("--journal-sync", choices=("fsync", "none"), default="fsync",
+                   help="fsync: flush the journal before acknowledging entries (survives machine loss "
+                        "of a minority); none: page cache only (survives kill -9)")
+    p.add_argument("--metadata-window-records", type=int, default=20_000,
+                   help="recent records kept for brokers' fetches; further behind gets the whole image")
+    p.add_argument("--rebalance-interval-ms", type=int, default=300_000)
+    p.add_argument("--snapshot-dir", help="default: DATA_DIR/snapshots")
+    p.add_argument("--snapshot-interval-ms", type=int, default=60_000)
+    p.add_argument("--log-level", default="WARNING", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    return p
+
+
+def resolve_nodes(args: argparse.Namespace) -> tuple[list[ControllerNode], ControllerNode]:
+    if args.cluster:
+        nodes = parse_cluster(args.cluster)
+    else:
+        if not args.raft_address or not args.api_address:
+            raise UsageError("give --cluster, or --raft-address and --api-address")
+        peers = [a.strip() for a in args.peers.split(",") if a.strip()]
+        nodes = [ControllerNode(node_id=args.node_id, raft_address=args.raft_address,
+                                api_url="http://" + args.api_address, priority=args.priority or 1)]
+        for i, addr in enumerate(peers):
+            parse_host_port(addr, "peer")
+            nodes.append(ControllerNode(node_id=100_000 + i, raft_address=addr, api_url="", priority=1))
+    by_id = {n.node_id: n for n in nodes}
+    if args.node_id not in by_id:
+        raise UsageError(f"--node-id {args.node_id} is not in --cluster {sorted(by_id)}")
+    me = by_id[args.node_id]
+    if args.raft_address:
+        parse_host_port(args.raft_address, "--raft-address")
+        me = ControllerNode(node_id=me.node_id, raft_address=args.raft_address, api_url=me.api_url,
+                            priority=me.priority)
+    if args.api_address:
+        parse_host_port(args.api_address, "--api-address")
+        me = ControllerNode(node_id=me.node_id, raft_address=me.raft_address,
+                            api_url="http://" + args.api_address, priority=me.priority)
+    if args.priority is not None:
+        me = ControllerNode(node_id=me.node_id, raft_address=me.raft_address, api_url=me.api_url,
+                            priority=args.priority)
+    nodes = [me if n.node_id == me.node_id else n for n in nodes]
+    return nodes, me
+
+
+async def serve(args: argparse.Namespace) -> int:
+    from controller.api import make_app
+    from controller.commands import Decisions
+    from controller.raft import RaftNode, RaftSettings
+    from controller.replicated import MetadataStateMachine
+    from controller.service import ControllerService
+    from controller.snapshot_service import Snapshotter, add_snapshot_routes
+    from controller.snapshots import SnapshotStore
+
+    nodes, me = resolve_nodes(args)
+    peers = [n for n in nodes if n.node_id != me.node_id]
+    if peers and not args.cluster_secret:
+        raise UsageError("a quorum of more than one controller needs --cluster-secret "
+                         "(or BIPLANE_CLUSTER_SECRET)")
+    if not args.admin_token:
+        raise UsageError("--admin-token (or BIPLANE_ADMIN_TOKEN) is required")
+    settings = RaftSettings(
+        self_address=me.raft_address, peer_addresses=tuple(n.raft_address for n in peers),
+        data_dir=os.path.join(args.data_dir, "raft"), password=args.cluster_secret,
+        priority=me.priority, peer_priorities=tuple((n.raft_address, n.priority) for n in peers),
+        election_timeout_ms_min=args.election_timeout_ms_min,
+        election_timeout_ms_max=args.election_timeout_ms_max,
+        heartbeat_ms=args.raft_heartbeat_ms, journal_sync=args.journal_sync == "fsync")
+    settings.validate()
+
+    def raft_factory(*, loop, on_applied, on_reset):
+        return RaftNode(settings=settings, state=MetadataStateMachine(), loop=loop,
+                        on_applied=on_applied, on_reset=on_reset)
+
+    service = ControllerService(node_id=me.node_id, nodes=nodes, raft_factory=raft_factory,
+                                decisions=Decisions(rebalance_interval_ms=args.rebalance_interval_ms),
+                                session_timeout_ms=args.session_timeout_ms,
+                                metadata_window_records=args.metadata_window_records)
+    app = make_app(service, admin_token=args.admin_token, cluster_secret=args.cluster_secret)
+
+    snapshotter = Snapshotter(store=SnapshotStore(args.snapshot_dir or os.path.join(args.data_dir, "snapshots")),
+                              image_getter=lambda: service.committed, usage_getter=lambda: service.usage,
+                              controller_id=me.node_id, is_leader=lambda: service.is_leader,
+                              snapshot_interval_ms=args.snapshot_interval_ms)
+    add_snapshot_routes(app, lambda: snapshotter)
+    app["on_ready"].append(lambda app: snapshotter.start())
+
+    async def stop_snapshots(app: web.Application) -> None:
+        await snapshotter.stop()
+    app.on_shutdown.append(stop_snapshots)
+
+    host, port = parse_host_port(me.api_url.split("://", 1)[1], "api address")
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, reuse_address=True)
+    await site.start()
+    logging.getLogger("biplane.controller").warning(
+        "controller %d serving API %s, raft %s, %d peer(s)", me.node_id, me.api_url, me.raft_address, len(peers))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await runner.cleanup()
+    return 0
+
+
+def main(argv: list[str], prog: str) -> int:
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=getattr(logging, args.log_level), stream=sys.stderr,
+                        format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
+    if args.log_level != "DEBUG":
+        logging.getLogger("pysyncobj").setLevel(max(logging.WARNING, getattr(logging, args.log_level)))
+    try:
+        return asyncio.run(serve(args))
+    except UsageError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:], "biplane controller"))

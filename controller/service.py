@@ -1,0 +1,400 @@
+"""The asyncio controller: one Raft node, its committed image, and on the leader a pending one.
+
+Every node mirrors the committed image from the outcomes the Raft thread hands
+over (`on_applied`, `on_reset`), keeps a bounded window of recent records for
+brokers' metadata fetches, and answers reads from it.
+
+The leader trusts its view only after a marker it proposed in the current term
+has committed: by then every command of earlier terms is applied, so
+`pending = committed.copy()` is the whole truth. From then on a single
+sequential command path (the event loop itself: decisions, staging and
+applying to `pending` happen with no await in between) turns requests and the
+periodic timer into records, applies them to `pending` (so the next decision
+sees them), and groups what was staged in one loop turn into one Raft command
+`{"expected_offset", "records"}`. Several commands may be in flight. If any of
+them fails or commits differently from `pending`, the view is dropped and
+rebuilt behind a new marker.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import logging
+import time
+from collections import deque
+from typing import Any, Callable
+
+from common.errors import BiplaneError, ErrorCode
+from common.metadata import MetadataImage, RecordRejected, dump_record
+from common.usage import BrokerUsage
+from controller.replicated import Outcome, batch_command, marker_command
+
+log = logging.getLogger("biplane.controller")
+
+
+class NotControllerError(BiplaneError):
+    """This node cannot decide now: it is not the trusted leader. Retry at `leader`."""
+
+    code = ErrorCode.NOT_CONTROLLER
+
+
+class CommitFailedError(BiplaneError):
+    """A proposal did not commit; it may or may not take effect under the next leader."""
+
+    code = ErrorCode.NOT_CONTROLLER
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ControllerNode:
+    node_id: int
+    raft_address: str
+    api_url: str
+    priority: int = 1
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Committed:
+    """Offsets a staged group of records got; `rejected` holds the ones pending refused."""
+
+    offsets: tuple[int, ...]
+    records: tuple = ()
+    rejected: tuple[str, ...] = ()
+
+    @property
+    def last_offset(self) -> int | None:
+        return self.offsets[-1] if self.offsets else None
+
+
+@dataclasses.dataclass
+class _Batch:
+    expected_offset: int
+    records: list = dataclasses.field(default_factory=list)
+    waiters: list = dataclasses.field(default_factory=list)   # (future, first_index, count, rejected)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FetchResult:
+    """Records after a broker's offset, or the whole image when it is too far behind."""
+
+    offset: int                          # committed offset this answer reflects
+    records: list[tuple[int, dict]] | None = None
+    image: dict | None = None
+
+
+def wall_clock_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class ControllerService:
+    def __init__(self, *, node_id: int, nodes: list[ControllerNode], raft_factory: Callable[..., Any],
+                 decisions: Any, session_timeout_ms: int = 1500, periodic_interval_ms: int = 75,
+                 inflight_batches_max: int = 16, batch_records_max: int = 2000,
+                 metadata_window_records: int = 20_000, commit_timeout_ms: int = 5000,
+                 clock_ms: Callable[[], int] = wall_clock_ms) -> None:
+        self.node_id = node_id
+        self.nodes = {n.node_id: n for n in nodes}
+        if node_id not in self.nodes:
+            raise ValueError(f"node id {node_id} is not in the cluster {sorted(self.nodes)}")
+        self._by_raft = {n.raft_address: n for n in nodes}
+        self._raft_factory = raft_factory
+        self.decisions = decisions
+        self.session_timeout_ms = session_timeout_ms
+        self.periodic_interval_ms = periodic_interval_ms
+        self.inflight_batches_max = inflight_batches_max
+        self.batch_records_max = batch_records_max
+        self.metadata_window_records = metadata_window_records
+        self.commit_timeout_ms = commit_timeout_ms
+        self.clock_ms = clock_ms
+
+        self.committed = MetadataImage()
+        self.window: deque[tuple[int, dict]] = deque(maxlen=metadata_window_records)
+        self.usage: dict[int, BrokerUsage] = {}
+        self.broker_offsets: dict[int, int] = {}
+        self.pending: MetadataImage | None = None
+        self.state: Any = None     # the leader's unreplicated state: sessions, election reports
+        self.trusted_term: int | None = None
+        self.raft: Any = None
+        self.api_stats: Any = None
+        self.stats = {"records_committed": 0, "batches_committed": 0, "batches_failed": 0,
+                      "leader_elections_won": 0, "records_rejected": 0}
+
+        self._open: _Batch | None = None
+        self._flush_scheduled = False
+        self._inflight: deque[tuple[_Batch, asyncio.Future]] = deque()
+        self._marker_inflight = False
+        self._marker_nonce = itertools.count(1)
+        self._advanced = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._stopped = False
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.raft = self._raft_factory(loop=loop, on_applied=self._on_applied, on_reset=self._on_reset)
+        self.raft.start()
+        self._task = loop.create_task(self._timer(), name="controller-timer")
+
+    async def stop(self) -> None:
+        """Idempotent."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        self._untrust("controller is shutting down")
+        if self.raft is not None:
+            await asyncio.to_thread(self.raft.stop)
+
+    # ------------------------------------------------------------ roles
+
+    @property
+    def is_leader(self) -> bool:
+        """True only while this node's view is trusted (its marker committed in this term)."""
+        return self.pending is not None
+
+    def leader_node(self) -> ControllerNode | None:
+        if self.is_leader:
+            return self.nodes[self.node_id]
+        if self.raft is None:
+            return None
+        status = self.raft.status()
+        if status.is_leader:
+            return self.nodes[self.node_id]
+        return self._by_raft.get(status.leader_address) if status.leader_address else None
+
+    def require_leader(self) -> MetadataImage:
+        if self.pending is None:
+            leader = self.leader_node()
+            where = (f"controller {leader.node_id} at {leader.api_url}" if leader and leader.node_id != self.node_id
+                     else "no controller yet (election in progress)")
+            err = NotControllerError(f"controller {self.node_id} is not the leader; the leader is {where}")
+            err.leader = leader if leader and leader.node_id != self.node_id else None
+            raise err
+        return self.pending
+
+    def _untrust(self, why: str) -> None:
+        if self.pending is not None:
+            log.info("controller %d drops its leader view: %s", self.node_id, why)
+        self.pending = None
+        self.trusted_term = None
+        self.state = None
+        error = CommitFailedError(f"controller {self.node_id} lost its leader view ({why}); "
+                                  "the request may or may not take effect: check and retry")
+        batch, self._open = self._open, None
+        if batch is not None:
+            _fail_waiters(batch, error)
+        while self._inflight:
+            b, fut = self._inflight.popleft()
+            _fail_waiters(b, error)
+            fut.cancel()
+
+    def _trust(self, term: int) -> None:
+        self.pending = self.committed.copy()
+        self.trusted_term = term
+        self.state = self.decisions.new_state(session_timeout_ms=self.session_timeout_ms)
+        self.stats["leader_elections_won"] += 1
+        log.info("controller %d leads in term %d at offset %d", self.node_id, term, self.pending.offset)
+
+    async def _timer(self) -> None:
+        while True:
+            try:
+                self._tick()
+            except Exception:
+                log.exception("controller timer failed")
+            await asyncio.sleep(self.periodic_interval_ms / 1000)
+
+    def _tick(self) -> None:
+        status = self.raft.status()
+        if self.pending is not None and (not status.is_leader or status.term != self.trusted_term):
+            self._untrust(f"raft is now {'leader' if status.is_leader else 'follower'} in term {status.term}")
+        if status.is_leader and self.pending is None and not self._marker_inflight:
+            self._propose_marker(status.term)
+        if self.pending is not None:
+            records = self.decisions.periodic(self.pending, self.state, self.clock_ms())
+            if records:
+                self.stage(records)
+
+    def _propose_marker(self, term: int) -> None:
+        self._marker_inflight = True
+        fut = self.raft.propose(marker_command(node=self.raft.settings.self_address, term=term,
+                                               nonce=next(self._marker_nonce)))
+
+        def done(f: asyncio.Future) -> None:
+            self._marker_inflight = False
+            if f.cancelled() or f.exception() is not None:
+                return
+            status = self.raft.status()
+            if status.is_leader and status.term == term and self.pending is None and not self._stopped:
+                self._trust(term)
+
+        fut.add_done_callback(done)
+
+    # ------------------------------------------------------------ command path
+
+    def stage(self, records: list) -> asyncio.Future:
+        """Apply records to `pending` now and queue them for the next Raft command.
+
+        Returns a future with a `Committed`. Records `pending` rejects are not
+        proposed; their messages are in `Committed.rejected`. Must be called on
+        the loop with no await between the decision and this call.
+        """
+        pending = self.require_leader()
+        fut = asyncio.get_running_loop().create_future()
+        if self._open is None:
+            self._open = _Batch(expected_offset=pending.offset)
+        batch = self._open
+        first = len(batch.records)
+        rejected: list[str] = []
+        for record in records:
+            try:
+                pending.apply(record, pending.offset + 1)
+            except RecordRejected as exc:
+                rejected.append(str(exc))
+                self.stats["records_rejected"] += 1
+                continue
+            batch.records.append(record)
+        batch.waiters.append((fut, first, len(batch.records) - first, tuple(rejected)))
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+        return fut
+
+    async def commit(self, records: list) -> Committed:
+        fut = self.stage(records)
+        return await fut
+
+    async def decide(self, decision: Callable[[MetadataImage], list]) -> Committed:
+        """Run a pure decision on the pending image, stage its records, await their commit.
+
+        The decision raises BiplaneError on bad input; nothing is staged then.
+        """
+        records = decision(self.require_leader())
+        return await self.commit(list(records))
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        batch = self._open
+        if batch is None or self.pending is None:
+            return
+        if len(self._inflight) >= self.inflight_batches_max:
+            return  # the next commit outcome flushes again
+        self._open = None
+        if not batch.records:
+            _resolve_waiters(batch, ())
+            return
+        fut = self.raft.propose(batch_command(expected_offset=batch.expected_offset, records=batch.records))
+        self._inflight.append((batch, fut))
+        fut.add_done_callback(lambda f, b=batch: self._on_proposal_done(b, f))
+        asyncio.get_running_loop().call_later(self.commit_timeout_ms / 1000, self._check_timeout, fut)
+
+    def _check_timeout(self, fut: asyncio.Future) -> None:
+        if not fut.done() and any(f is fut for _, f in self._inflight):
+            self._untrust(f"a proposal did not commit within {self.commit_timeout_ms} ms")
+
+    def _on_proposal_done(self, batch: _Batch, fut: asyncio.Future) -> None:
+        if not self._inflight or self._inflight[0][1] is not fut:
+            return  # already failed by _untrust
+        self._inflight.popleft()
+        if fut.cancelled() or fut.exception() is not None:
+            self.stats["batches_failed"] += 1
+            _fail_waiters(batch, CommitFailedError(f"proposal failed: {fut.exception() if not fut.cancelled() else 'cancelled'}"))
+            self._untrust(f"proposal failed: {fut.exception() if not fut.cancelled() else 'cancelled'}")
+            return
+        outcome: Outcome = fut.result()
+        if outcome.kind != "batch" or outcome.rejected or len(outcome.applied) != len(batch.records):
+            self.stats["batches_failed"] += 1
+            error = CommitFailedError(f"the committed image diverged from this leader's view "
+                                      f"({outcome.kind}: {outcome.message or outcome.rejected}); retry")
+            _fail_waiters(batch, error)
+            self._untrust("committed outcome differs from the pending view")
+            return
+        self.stats["batches_committed"] += 1
+        _resolve_waiters(batch, tuple(off for off, _ in outcome.applied))
+        if self._open is not None and not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    # ------------------------------------------------------------ committed mirror
+
+    def _on_applied(self, outcome: Outcome) -> None:
+        if outcome.kind != "batch":
+            return
+        for offset, record in outcome.applied:
+            # The Raft thread already applied this record to its own image; ours must agree.
+            self.committed.apply(record, offset)
+            self.window.append((offset, dump_record(record)))
+        if outcome.applied:
+            self.stats["records_committed"] += len(outcome.applied)
+            assert self.committed.offset == outcome.offset, (self.committed.offset, outcome.offset)
+            self._advanced.set()
+            self._advanced = asyncio.Event()
+
+    def _on_reset(self, state: dict) -> None:
+        self.committed = MetadataImage.from_dict(state)
+        self.window.clear()
+        self._untrust("state was replaced by a snapshot")
+        self._advanced.set()
+        self._advanced = asyncio.Event()
+
+    # ------------------------------------------------------------ metadata for brokers
+
+    async def fetch_metadata(self, *, after_offset: int, wait_ms: int, records_max: int = 5000) -> FetchResult:
+        """Committed records with offset > `after_offset`; waits up to `wait_ms` for one."""
+        deadline = time.monotonic() + wait_ms / 1000
+        while self.committed.offset == after_offset:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return FetchResult(offset=self.committed.offset, records=[])
+            try:
+                await asyncio.wait_for(self._advanced.wait(), remaining)
+            except asyncio.TimeoutError:
+                return FetchResult(offset=self.committed.offset, records=[])
+        first_kept = self.window[0][0] if self.window else self.committed.offset + 1
+        if after_offset > self.committed.offset or after_offset + 1 < first_kept:
+            # Too far behind the window (or ahead of this history): start over from the image.
+            return FetchResult(offset=self.committed.offset, image=self.committed.to_dict())
+        start = after_offset + 1 - first_kept
+        records = list(itertools.islice(self.window, start, start + records_max))
+        return FetchResult(offset=self.committed.offset, records=records)
+
+    # ------------------------------------------------------------ cluster view
+
+    def cluster_view(self) -> dict:
+        status = self.raft.status() if self.raft is not None else None
+        leader = self.leader_node()
+        return {
+            "node_id": self.node_id,
+            "leader_id": leader.node_id if leader else None,
+            "leader_api_url": leader.api_url if leader else None,
+            "term": status.term if status else None,
+            "metadata_offset": self.committed.offset,
+            "controllers": [
+                {"node_id": n.node_id, "raft_address": n.raft_address, "api_url": n.api_url,
+                 "priority": n.priority, "is_leader": bool(leader and leader.node_id == n.node_id),
+                 "connected": (n.node_id == self.node_id
+                               or (status is not None and n.raft_address in status.connected_peers))}
+                for n in sorted(self.nodes.values(), key=lambda n: n.node_id)
+            ],
+        }
+
+
+def _fail_waiters(batch: _Batch, error: BaseException) -> None:
+    for fut, _, _, _ in batch.waiters:
+        if not fut.done():
+            fut.set_exception(error)
+    batch.waiters.clear()
+
+
+def _resolve_waiters(batch: _Batch, offsets: tuple[int, ...]) -> None:
+    for fut, first, count, rejected in batch.waiters:
+        if not fut.done():
+            fut.set_result(Committed(offsets=offsets[first:first + count],
+                                     records=tuple(batch.records[first:first + count]),
+                                     rejected=rejected))
+    batch.waiters.clear()
