@@ -1,0 +1,118 @@
+"""What comes out of `Replica.step`: a `Ready` of actions for the driver to perform.
+
+The driver performs them in this order (etcd-raft's Ready contract):
+1. `persist` in list order — Truncate, Append, Flush. Append and Truncate must be
+   applied to the log (visible through the log view) before the next `step`;
+   completion is reported back with WriteDone; a Flush is asynchronous and
+   completes with FlushDone.
+2. `send` — messages to other brokers and to the controller.
+3. `release` — answer produce requests.
+4. `notes` — things the driver should know (metadata refresh, leadership lost,
+   rejected input); no effect on the log.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from common.errors import ErrorCode
+
+
+def _frozen(cls):
+    return dataclasses.dataclass(frozen=True, kw_only=True, slots=True)(cls)
+
+
+@_frozen
+class Append:
+    """Append batches. As leader the log assigns offsets from its end (== base_offset,
+    the core's prediction) and stamps leader_epoch; as follower the batches keep the
+    leader's offsets and epochs and start at base_offset."""
+
+    as_leader: bool
+    records: bytes
+    base_offset: int
+    last_offset: int
+    leader_epoch: int
+
+
+@_frozen
+class Truncate:
+    """Remove every batch at or above `offset` (a diverging follower's tail)."""
+
+    offset: int
+
+
+@_frozen
+class Flush:
+    up_to: int
+
+
+@_frozen
+class Send:
+    to_broker: int
+    message: object
+
+
+@_frozen
+class ProposeIsr:
+    """To the controller: change the ISR; valid only at these epochs."""
+
+    replica_id: int
+    new_isr: tuple[int, ...]
+    leader_epoch: int
+    partition_epoch: int
+
+
+@_frozen
+class ReportElection:
+    """To the controller during a quorum election: (last epoch, end offset) of the FLUSHED log."""
+
+    replica_id: int
+    fenced_epoch: int
+    last_epoch: int
+    end_offset: int
+
+
+@_frozen
+class ReleaseProduce:
+    request_id: int
+    error: ErrorCode = ErrorCode.NONE
+    base_offset: int = -1
+
+
+@_frozen
+class RefreshMetadata:
+    seen_epoch: int
+    known_epoch: int
+    reason: str
+
+
+@_frozen
+class StopLeading:
+    leader_epoch: int
+    reason: str
+
+
+@_frozen
+class Rejected:
+    """An input refused for its epoch or shape; both epochs named when it is a fence."""
+
+    event: str
+    error: ErrorCode
+    their_epoch: int
+    our_epoch: int
+    reason: str = ""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Ready:
+    persist: tuple = ()
+    send: tuple = ()
+    release: tuple = ()
+    notes: tuple = ()
+
+    @property
+    def actions(self) -> tuple:
+        return self.persist + self.send + self.release + self.notes
+
+    def __bool__(self) -> bool:
+        return bool(self.persist or self.send or self.release or self.notes)

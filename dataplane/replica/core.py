@@ -1,0 +1,682 @@
+"""One partition replica as leader or follower: `step(event) -> Ready`, no I/O.
+
+The core owns the protocol (DESIGN.md §3): offsets are assigned through Append
+actions, followers are tracked through epoch-checked fetches, the high
+watermark (HW) follows `watermark.py`, produce requests are released through
+one path whatever their acks, ISR changes are proposed to the controller, and
+a quorum-election fence is answered with a report of the flushed log.
+
+Time enters only through Tick(now_ms); the log is read through `LogView`.
+Roles:
+- UNATTACHED: built, no metadata yet (a fresh process never acts before it
+  hears from the controller);
+- LEADER / FOLLOWER: as the metadata says;
+- ELECTION: a quorum-election fence is known; serve nothing, flush, report;
+- STOPPED: no leader, not a replica, or a newer epoch was seen: wait for metadata.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+from common.batch import build_batch, iter_batches
+from common.errors import CorruptBatchError, ErrorCode
+from dataplane.replica.actions import (
+    Append, Flush, ProposeIsr, Ready, RefreshMetadata, Rejected, ReleaseProduce, ReportElection,
+    Send, StopLeading, Truncate,
+)
+from dataplane.replica.events import (
+    CONSUMER_REPLICA_ID, AppendEntries, AppendEntriesReply, FetchRequest, FetchResponse, FlushDone,
+    NewMetadata, ProduceRequest, Tick, WriteDone,
+)
+from dataplane.replica.fencing import EpochCheck, check_epoch
+from dataplane.replica.logview import LogView, epoch_before
+from dataplane.replica.state import PartitionState, ReplicationConfig
+from dataplane.replica.watermark import follower_stored_offset, next_high_watermark, stored_offset
+
+VALID_ACKS = (0, 1, -1)
+
+
+class Role(enum.Enum):
+    UNATTACHED = "unattached"
+    LEADER = "leader"
+    FOLLOWER = "follower"
+    ELECTION = "election"
+    STOPPED = "stopped"
+
+
+@dataclasses.dataclass(slots=True)
+class FollowerProgress:
+    """What the leader knows of one follower, learned from its fetches in this epoch."""
+
+    fetch_offset: int = 0      # its log end when it last fetched
+    match_offset: int = 0      # end of the prefix verified equal to ours
+    flushed_offset: int = 0    # its flushed offset as reported
+    last_caught_up_ms: int = 0
+    last_fetch_ms: int = -1
+    last_fetch_leader_end: int = 0  # our log end when it last fetched (Kafka's lag rule)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PendingProduce:
+    request_id: int
+    acks: int
+    base_offset: int
+    last_offset: int
+    deadline_ms: int
+
+
+class Replica:
+    """The replica core. Limits are constructor arguments with units last."""
+
+    def __init__(self, *, replica_id: int, log: LogView, partition: object = None, now_ms: int = 0,
+                 fetch_max_bytes: int = 1024 * 1024, flush_debounce_ms: int = 5,
+                 fetch_backoff_ms: int = 50, fetch_timeout_ms: int = 1000,
+                 isr_proposal_retry_ms: int = 1000, election_report_retry_ms: int = 500,
+                 pending_produce_max: int = 10_000) -> None:
+        for name, value in (("fetch_max_bytes", fetch_max_bytes), ("flush_debounce_ms", flush_debounce_ms),
+                            ("fetch_backoff_ms", fetch_backoff_ms), ("fetch_timeout_ms", fetch_timeout_ms),
+                            ("isr_proposal_retry_ms", isr_proposal_retry_ms),
+                            ("election_report_retry_ms", election_report_retry_ms),
+                            ("pending_produce_max", pending_produce_max)):
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+        self.replica_id = replica_id
+        self.partition = partition
+        self.log = log
+        self.fetch_max_bytes = fetch_max_bytes
+        self.flush_debounce_ms = flush_debounce_ms
+        self.fetch_backoff_ms = fetch_backoff_ms
+        self.fetch_timeout_ms = fetch_timeout_ms
+        self.isr_proposal_retry_ms = isr_proposal_retry_ms
+        self.election_report_retry_ms = election_report_retry_ms
+        self.pending_produce_max = pending_produce_max
+
+        self.now_ms = now_ms
+        self.role = Role.UNATTACHED
+        self.state: PartitionState | None = None
+        self.config = ReplicationConfig()
+        self.leader_epoch = -1
+        self.partition_epoch = -1
+        self.high_watermark = 0
+        # Local log, as the core has asked for it (refreshed from the view each step).
+        self.log_end_offset = log.log_end_offset
+        self.last_epoch = epoch_before(log, self.log_end_offset)
+        self.written_offset = self.log_end_offset
+        self.flushed_offset = min(log.flushed_offset, self.log_end_offset)
+        self._flush_requested = self.flushed_offset
+        self._unflushed_since_ms: int | None = None
+        # Leader state.
+        self.epoch_start_offset = 0
+        self.progress: dict[int, FollowerProgress] = {}
+        self.pending_isr: tuple[int, ...] | None = None
+        self._pending_isr_sent_ms = 0
+        self.pending: dict[int, PendingProduce] = {}
+        # Follower state.
+        self.leader_id: int | None = None
+        self._fetch_inflight = False
+        self._fetch_sent_ms = 0
+        self._next_fetch_ms = 0
+        self._reported_flushed = 0
+        # Election state.
+        self._report_sent_ms: int | None = None
+
+        self._persist: list = []
+        self._send: list = []
+        self._release: list = []
+        self._notes: list = []
+
+    # ------------------------------------------------------------------ entry
+
+    def step(self, event: object) -> Ready:
+        handler = _HANDLERS.get(type(event))
+        if handler is None:
+            raise TypeError(f"Replica.step got {type(event).__name__}; expected one of "
+                            f"{sorted(t.__name__ for t in _HANDLERS)}")
+        self._sync_from_log()
+        handler(self, event)
+        self._after_event()
+        ready = Ready(persist=tuple(self._persist), send=tuple(self._send),
+                      release=tuple(self._release), notes=tuple(self._notes))
+        self._persist, self._send, self._release, self._notes = [], [], [], []
+        return ready
+
+    def _sync_from_log(self) -> None:
+        end = self.log.log_end_offset
+        if end != self.log_end_offset:
+            # The driver applied our Appends/Truncates; nothing else writes this log.
+            self.log_end_offset = end
+            self.last_epoch = epoch_before(self.log, end)
+        self.written_offset = min(self.written_offset, end)
+        self.flushed_offset = min(self.flushed_offset, end)
+
+    def _after_event(self) -> None:
+        if self.role is Role.LEADER:
+            self._advance_high_watermark()
+            self._release_ready()
+        if self.flushed_offset < self.log_end_offset and self._unflushed_since_ms is None:
+            self._unflushed_since_ms = self.now_ms
+
+    # ------------------------------------------------------------- metadata
+
+    def _on_new_metadata(self, ev: NewMetadata) -> None:
+        st = ev.partition
+        if self.state is not None:
+            if st.leader_epoch < self.leader_epoch:
+                return  # older news; the controller's decisions only move forward
+            if st.leader_epoch == self.leader_epoch and st.partition_epoch <= self.partition_epoch:
+                return
+        new_epoch = st.leader_epoch > self.leader_epoch or self.state is None
+        old_isr = self.state.isr if self.state is not None else ()
+        self.state, self.config = st, ev.config
+        self.leader_epoch, self.partition_epoch = st.leader_epoch, st.partition_epoch
+        if self.replica_id not in st.replicas:
+            self._become_stopped("not a replica of this partition any more")
+        elif st.leader is None:
+            if st.fenced_for_election:
+                if new_epoch or self.role is not Role.ELECTION:
+                    self._become_election()
+            else:
+                self._become_stopped("partition has no leader")
+        elif st.leader == self.replica_id:
+            if new_epoch or self.role is not Role.LEADER:
+                self._become_leader()
+            else:
+                self._leader_metadata_update(old_isr)
+        elif new_epoch or self.role is not Role.FOLLOWER or self.leader_id != st.leader:
+            self._become_follower(st.leader)
+
+    def _leave_role(self, error: ErrorCode) -> None:
+        for p in self.pending.values():
+            self._release.append(ReleaseProduce(request_id=p.request_id, error=error))
+        self.pending.clear()
+        self.progress.clear()
+        self.pending_isr = None
+        self.leader_id = None
+        self._fetch_inflight = False
+        self._report_sent_ms = None
+
+    def _become_stopped(self, reason: str) -> None:
+        if self.role is Role.LEADER:
+            self._notes.append(StopLeading(leader_epoch=self.leader_epoch, reason=reason))
+        self._leave_role(ErrorCode.NOT_LEADER_OR_FOLLOWER)
+        self.role = Role.STOPPED
+
+    def _become_leader(self) -> None:
+        if self.last_epoch >= self.leader_epoch:
+            # Our log already holds this epoch: an earlier incarnation led it (or followed
+            # it). Leading it again could write different batches under the same epoch.
+            self._notes.append(RefreshMetadata(seen_epoch=self.last_epoch, known_epoch=self.leader_epoch,
+                                               reason="log already holds this leader epoch"))
+            self._become_stopped("log already holds this leader epoch")
+            return
+        self._leave_role(ErrorCode.NOT_LEADER_OR_FOLLOWER)
+        self.role = Role.LEADER
+        self.high_watermark = min(self.high_watermark, self.log_end_offset)
+        self.epoch_start_offset = self.log_end_offset
+        assert self.state is not None
+        self.progress = {r: FollowerProgress(last_caught_up_ms=self.now_ms, last_fetch_leader_end=0)
+                         for r in self.state.replicas if r != self.replica_id}
+        # Raft's rule: the HW only counts offsets of our own epoch, so the epoch
+        # starts with a batch of ours (a control batch consumers skip).
+        marker = build_batch([b""], timestamp_ms=self.now_ms, is_control=True, leader_epoch=self.leader_epoch)
+        self._append_as_leader(marker)
+
+    def _become_follower(self, leader_id: int) -> None:
+        if self.role is Role.LEADER:
+            self._notes.append(StopLeading(leader_epoch=self.leader_epoch, reason=f"replica {leader_id} leads"))
+        self._leave_role(ErrorCode.NOT_LEADER_OR_FOLLOWER)
+        self.role = Role.FOLLOWER
+        self.leader_id = leader_id
+        self._send_fetch()
+
+    def _become_election(self) -> None:
+        if self.role is Role.LEADER:
+            self._notes.append(StopLeading(leader_epoch=self.leader_epoch, reason="quorum election"))
+        self._leave_role(ErrorCode.NOT_LEADER_OR_FOLLOWER)
+        self.role = Role.ELECTION
+        # A report of unflushed data could be lost in a crash before the election
+        # and elect a replica that no longer has an acknowledged record.
+        if self.flushed_offset < self.log_end_offset:
+            self._request_flush()
+        else:
+            self._report_election()
+
+    def _report_election(self) -> None:
+        self._report_sent_ms = self.now_ms
+        self._send.append(ReportElection(replica_id=self.replica_id, fenced_epoch=self.leader_epoch,
+                                         last_epoch=epoch_before(self.log, self.flushed_offset),
+                                         end_offset=self.flushed_offset))
+
+    def _leader_metadata_update(self, old_isr: tuple[int, ...]) -> None:
+        st = self.state
+        assert st is not None
+        # Any newer partition epoch settles our proposal: accepted, or overtaken.
+        self.pending_isr = None
+        for r in st.replicas:
+            if r != self.replica_id and r not in self.progress:
+                self.progress[r] = FollowerProgress(last_caught_up_ms=self.now_ms)
+        for r in list(self.progress):
+            if r not in st.replicas:
+                del self.progress[r]
+        if (self.config.commit_policy == "isr" and len(st.isr) < self.config.min_insync_replicas
+                and len(old_isr) >= self.config.min_insync_replicas):
+            for p in list(self.pending.values()):
+                if p.acks == -1:
+                    del self.pending[p.request_id]
+                    self._release.append(ReleaseProduce(request_id=p.request_id,
+                                                        error=ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND))
+
+    # -------------------------------------------------------------- produce
+
+    def _on_produce(self, ev: ProduceRequest) -> None:
+        if ev.leader_epoch is not None and ev.leader_epoch >= 0:
+            check = check_epoch(theirs=ev.leader_epoch, ours=self.leader_epoch)
+            if check is EpochCheck.STALE:
+                self._refuse_produce(ev, ErrorCode.FENCED_LEADER_EPOCH, their_epoch=ev.leader_epoch)
+                return
+            if check is EpochCheck.NEWER:
+                self._saw_newer_epoch(ev.leader_epoch, "produce request")
+                self._refuse_produce(ev, ErrorCode.NOT_LEADER_OR_FOLLOWER, their_epoch=ev.leader_epoch)
+                return
+        if self.role is not Role.LEADER:
+            self._refuse_produce(ev, ErrorCode.NOT_LEADER_OR_FOLLOWER)
+            return
+        if ev.acks not in VALID_ACKS:
+            self._refuse_produce(ev, ErrorCode.INVALID_REQUIRED_ACKS, reason=f"acks={ev.acks}")
+            return
+        try:
+            headers = [h for _, h in iter_batches(ev.records)]
+        except CorruptBatchError as exc:
+            self._refuse_produce(ev, ErrorCode.CORRUPT_MESSAGE, reason=str(exc))
+            return
+        if not headers:
+            self._refuse_produce(ev, ErrorCode.INVALID_REQUEST, reason="no record batch in produce request")
+            return
+        if len(self.pending) >= self.pending_produce_max:
+            # Issue 5 replaces this with waiting (backpressure); until then refuse, retriably.
+            self._refuse_produce(ev, ErrorCode.REQUEST_TIMED_OUT,
+                                 reason=f"pending_produce_max={self.pending_produce_max} reached")
+            return
+        if (ev.acks == -1 and self.config.commit_policy == "isr" and self.state is not None
+                and len(self.state.isr) < self.config.min_insync_replicas):
+            self._refuse_produce(ev, ErrorCode.NOT_ENOUGH_REPLICAS,
+                                 reason=f"isr={list(self.state.isr)} < min_insync_replicas="
+                                        f"{self.config.min_insync_replicas}")
+            return
+        error = self._check_producer_sequence(headers)
+        if error is not ErrorCode.NONE:
+            self._refuse_produce(ev, error)
+            return
+        base, last = self._append_as_leader(ev.records)
+        self.pending[ev.request_id] = PendingProduce(request_id=ev.request_id, acks=ev.acks, base_offset=base,
+                                                     last_offset=last, deadline_ms=self.now_ms + ev.timeout_ms)
+        if ev.acks == -1 and self.config.durability == "fsync":
+            self._request_flush()
+
+    def _check_producer_sequence(self, headers: list) -> ErrorCode:
+        """Seam for idempotence (issue 5): duplicates, gaps and fenced producer epochs."""
+        return ErrorCode.NONE
+
+    def _refuse_produce(self, ev: ProduceRequest, error: ErrorCode, *, their_epoch: int = -1,
+                        reason: str = "") -> None:
+        self._release.append(ReleaseProduce(request_id=ev.request_id, error=error))
+        self._notes.append(Rejected(event="ProduceRequest", error=error, their_epoch=their_epoch,
+                                    our_epoch=self.leader_epoch, reason=reason))
+
+    def _append_as_leader(self, records: bytes) -> tuple[int, int]:
+        count = sum(h.record_count for _, h in iter_batches(records, validate=False))
+        base = self.log_end_offset
+        last = base + count - 1
+        self._persist.append(Append(as_leader=True, records=records, base_offset=base, last_offset=last,
+                                    leader_epoch=self.leader_epoch))
+        self.log_end_offset = last + 1
+        self.last_epoch = self.leader_epoch
+        return base, last
+
+    def _release_ready(self) -> None:
+        # One path for every acks value: acks only decides which offset must be reached.
+        for p in list(self.pending.values()):
+            if p.acks == 0:
+                done = True
+            elif p.acks == 1:
+                done = self.written_offset > p.last_offset
+            else:
+                done = self.high_watermark > p.last_offset
+            if done:
+                del self.pending[p.request_id]
+                self._release.append(ReleaseProduce(request_id=p.request_id, base_offset=p.base_offset))
+
+    # ------------------------------------------------------- leader: fetches
+
+    def _on_fetch_request(self, req: FetchRequest) -> None:
+        if req.replica_id == CONSUMER_REPLICA_ID:
+            self._answer_consumer(req)
+            return
+        check = check_epoch(theirs=req.current_leader_epoch, ours=self.leader_epoch)
+        if check is EpochCheck.STALE:
+            self._notes.append(Rejected(event="FetchRequest", error=ErrorCode.FENCED_LEADER_EPOCH,
+                                        their_epoch=req.current_leader_epoch, our_epoch=self.leader_epoch))
+            self._answer(req, error=ErrorCode.FENCED_LEADER_EPOCH)
+            return
+        if check is EpochCheck.NEWER:
+            # A follower knows a newer epoch than ours: we must not lead on.
+            self._saw_newer_epoch(req.current_leader_epoch, f"fetch from replica {req.replica_id}")
+            self._answer(req, error=ErrorCode.UNKNOWN_LEADER_EPOCH)
+            return
+        if self.role is not Role.LEADER or req.replica_id not in self.progress:
+            self._answer(req, error=ErrorCode.NOT_LEADER_OR_FOLLOWER)
+            return
+        diverging = self._divergence(req.fetch_offset, req.last_fetched_epoch)
+        if diverging is not None:
+            epoch, end = diverging
+            self._answer(req, diverging_epoch=epoch, diverging_end_offset=end)
+            return
+        self._record_progress(req.replica_id, log_end_offset=req.fetch_offset,
+                              match_offset=req.fetch_offset, flushed_offset=req.flushed_offset)
+        self._advance_high_watermark()
+        max_bytes = min(self.fetch_max_bytes, req.max_bytes or self.fetch_max_bytes)
+        records = b""
+        if req.fetch_offset < self.log_end_offset:
+            records = self.log.read(req.fetch_offset, max_bytes=max_bytes).records
+        self._answer(req, records=records)
+
+    def _divergence(self, fetch_offset: int, last_fetched_epoch: int) -> tuple[int, int] | None:
+        """None if the follower's log up to fetch_offset equals ours, else where its epoch ends here."""
+        if fetch_offset == self.log.log_start_offset and last_fetched_epoch < 0:
+            return None
+        epoch, end = self.log.end_offset_for_epoch(last_fetched_epoch)
+        if epoch == last_fetched_epoch and epoch >= 0 and end >= fetch_offset:
+            # Its last batch is of an epoch we hold up to at least there: one leader per
+            # epoch wrote both, so the prefixes are the same.
+            return None
+        if epoch < 0:
+            return (-1, self.log.log_start_offset)
+        return (epoch, end)
+
+    def _answer(self, req: FetchRequest, *, error: ErrorCode = ErrorCode.NONE, records: bytes = b"",
+                diverging_epoch: int = -1, diverging_end_offset: int = -1) -> None:
+        flush = (self.config.durability == "fsync" and any(p.acks == -1 for p in self.pending.values()))
+        self._send.append(Send(to_broker=req.replica_id, message=FetchResponse(
+            leader_id=self.replica_id, leader_epoch=self.leader_epoch, fetch_offset=req.fetch_offset,
+            last_fetched_epoch=req.last_fetched_epoch, error=error, records=records,
+            high_watermark=self.high_watermark, log_end_offset=self.log_end_offset,
+            diverging_epoch=diverging_epoch, diverging_end_offset=diverging_end_offset,
+            flush_after_append=flush, partition=self.partition)))
+
+    def _answer_consumer(self, req: FetchRequest) -> None:
+        # Consumers are answered by the driver directly (no Send target); the Send goes
+        # to CONSUMER_REPLICA_ID and carries only data below the HW.
+        if self.role is not Role.LEADER:
+            self._answer(req, error=ErrorCode.NOT_LEADER_OR_FOLLOWER)
+            return
+        if req.fetch_offset > self.log_end_offset or req.fetch_offset < self.log.log_start_offset:
+            self._answer(req, error=ErrorCode.OFFSET_OUT_OF_RANGE)
+            return
+        records = b""
+        if req.fetch_offset < self.high_watermark:
+            max_bytes = min(self.fetch_max_bytes, req.max_bytes or self.fetch_max_bytes)
+            records = self.log.read(req.fetch_offset, max_bytes=max_bytes, max_offset=self.high_watermark).records
+        self._answer(req, records=records)
+
+    def _on_append_entries_reply(self, ev: AppendEntriesReply) -> None:
+        check = check_epoch(theirs=ev.leader_epoch, ours=self.leader_epoch)
+        if check is EpochCheck.STALE:
+            self._notes.append(Rejected(event="AppendEntriesReply", error=ErrorCode.FENCED_LEADER_EPOCH,
+                                        their_epoch=ev.leader_epoch, our_epoch=self.leader_epoch))
+            return
+        if check is EpochCheck.NEWER:
+            self._saw_newer_epoch(ev.leader_epoch, f"append-entries reply from replica {ev.replica_id}")
+            return
+        if self.role is not Role.LEADER or ev.replica_id not in self.progress or ev.error is not ErrorCode.NONE:
+            return
+        self._record_progress(ev.replica_id, log_end_offset=ev.log_end_offset, match_offset=ev.match_offset,
+                              flushed_offset=ev.flushed_offset)
+
+    def _record_progress(self, replica_id: int, *, log_end_offset: int, match_offset: int,
+                         flushed_offset: int) -> None:
+        # Latest report wins: a delayed report understates, which only holds the HW
+        # (the HW never moves back); it cannot overstate within our epoch.
+        p = self.progress[replica_id]
+        leader_end = self.log_end_offset
+        if log_end_offset >= leader_end:
+            p.last_caught_up_ms = self.now_ms
+        elif p.last_fetch_ms >= 0 and log_end_offset >= p.last_fetch_leader_end:
+            # Kafka's rule: it has reached what we had at its previous fetch.
+            p.last_caught_up_ms = max(p.last_caught_up_ms, p.last_fetch_ms)
+        p.last_fetch_ms = self.now_ms
+        p.last_fetch_leader_end = leader_end
+        p.fetch_offset = log_end_offset
+        p.match_offset = match_offset
+        p.flushed_offset = min(flushed_offset, log_end_offset)
+        self._maybe_change_isr()
+
+    # ------------------------------------------------------ leader: watermark
+
+    def stored_offsets(self) -> dict[int, int]:
+        """Replica id -> offset the commit rule counts for it (leader included)."""
+        durability = self.config.durability
+        stored = {self.replica_id: stored_offset(written_offset=self.written_offset,
+                                                 flushed_offset=self.flushed_offset, durability=durability)}
+        for r, p in self.progress.items():
+            stored[r] = follower_stored_offset(written_offset=p.fetch_offset, flushed_offset=p.flushed_offset,
+                                               match_offset=p.match_offset, durability=durability)
+        return stored
+
+    def required_isr(self) -> frozenset[int]:
+        """ISR ∪ proposed ISR: until the controller answers, both must hold a record."""
+        isr = set(self.state.isr) if self.state is not None else set()
+        if self.pending_isr is not None:
+            isr |= set(self.pending_isr)
+        return frozenset(isr)
+
+    def _advance_high_watermark(self) -> None:
+        if self.role is not Role.LEADER:
+            return
+        self.high_watermark = next_high_watermark(
+            high_watermark=self.high_watermark, epoch_start_offset=self.epoch_start_offset,
+            leader_id=self.replica_id, stored=self.stored_offsets(), commit_policy=self.config.commit_policy,
+            required_isr=self.required_isr(), quorum_required_acks=self.config.quorum_required_acks)
+
+    # ------------------------------------------------------------ leader: ISR
+
+    def _maybe_change_isr(self) -> None:
+        if self.role is not Role.LEADER or self.pending_isr is not None or self.state is None:
+            return
+        isr = list(self.state.isr)
+        lag_max = self.config.replica_lag_time_max_ms
+        lagging = [r for r in isr if r in self.progress
+                   and self.now_ms - self.progress[r].last_caught_up_ms > lag_max]
+        if lagging:
+            self._propose_isr(tuple(r for r in isr if r not in lagging))
+            return
+        stored = self.stored_offsets()
+        floor = max(self.high_watermark, self.epoch_start_offset)
+        joining = [r for r in self.state.replicas if r not in isr and r in self.progress
+                   and stored[r] >= floor and self.now_ms - self.progress[r].last_caught_up_ms <= lag_max]
+        if joining:
+            self._propose_isr(tuple(r for r in self.state.replicas if r in isr or r in joining))
+
+    def _propose_isr(self, new_isr: tuple[int, ...]) -> None:
+        self.pending_isr = new_isr
+        self._pending_isr_sent_ms = self.now_ms
+        self._send_isr_proposal()
+
+    def _send_isr_proposal(self) -> None:
+        assert self.pending_isr is not None
+        self._send.append(ProposeIsr(replica_id=self.replica_id, new_isr=self.pending_isr,
+                                     leader_epoch=self.leader_epoch, partition_epoch=self.partition_epoch))
+
+    # ------------------------------------------------------------- follower
+
+    def _send_fetch(self) -> None:
+        assert self.leader_id is not None
+        self._fetch_inflight = True
+        self._fetch_sent_ms = self.now_ms
+        self._reported_flushed = self.flushed_offset
+        self._send.append(Send(to_broker=self.leader_id, message=FetchRequest(
+            replica_id=self.replica_id, fetch_offset=self.log_end_offset, last_fetched_epoch=self.last_epoch,
+            flushed_offset=self.flushed_offset, current_leader_epoch=self.leader_epoch,
+            max_bytes=self.fetch_max_bytes, partition=self.partition)))
+
+    def _on_fetch_response(self, ev: FetchResponse) -> None:
+        check = check_epoch(theirs=ev.leader_epoch, ours=self.leader_epoch)
+        if check is EpochCheck.STALE:
+            self._notes.append(Rejected(event="FetchResponse", error=ErrorCode.FENCED_LEADER_EPOCH,
+                                        their_epoch=ev.leader_epoch, our_epoch=self.leader_epoch))
+            return
+        if check is EpochCheck.NEWER:
+            self._saw_newer_epoch(ev.leader_epoch, f"fetch response from replica {ev.leader_id}")
+            return
+        if self.role is not Role.FOLLOWER or ev.leader_id != self.leader_id:
+            return
+        if (ev.fetch_offset, ev.last_fetched_epoch) != (self.log_end_offset, self.last_epoch):
+            return  # answers a request made from another state of our log: a duplicate or late
+        self._fetch_inflight = False
+        if ev.error is not ErrorCode.NONE:
+            if ev.error is ErrorCode.FENCED_LEADER_EPOCH:
+                self._notes.append(RefreshMetadata(seen_epoch=ev.leader_epoch, known_epoch=self.leader_epoch,
+                                                   reason="leader refused our epoch"))
+            self._next_fetch_ms = self.now_ms + self.fetch_backoff_ms
+            return
+        if ev.diverging:
+            self._truncate_diverging(ev.diverging_epoch, ev.diverging_end_offset)
+            self._send_fetch()
+            return
+        if ev.records:
+            if not self._append_as_follower(ev.records):
+                self._next_fetch_ms = self.now_ms + self.fetch_backoff_ms
+                return
+        self.high_watermark = min(ev.high_watermark, self.log_end_offset)
+        if ev.flush_after_append:
+            self._request_flush()
+        if ev.records:
+            self._send_fetch()
+        else:
+            self._next_fetch_ms = self.now_ms + self.fetch_backoff_ms
+
+    def _truncate_diverging(self, leader_epoch: int, leader_end: int) -> None:
+        mine_epoch, mine_end = self.log.end_offset_for_epoch(leader_epoch) if leader_epoch >= 0 else (-1, -1)
+        if mine_epoch < 0:
+            offset = min(leader_end, self.log_end_offset) if leader_epoch < 0 else self.log.log_start_offset
+        elif mine_epoch == leader_epoch:
+            offset = min(leader_end, mine_end)
+        else:
+            # We never had the leader's epoch: cut to where our older one ends and ask again.
+            offset = mine_end
+        offset = max(offset, self.log.log_start_offset)
+        if offset >= self.log_end_offset:
+            return
+        self._persist.append(Truncate(offset=offset))
+        self.log_end_offset = offset
+        self.last_epoch = epoch_before(self.log, offset)
+        self.written_offset = min(self.written_offset, offset)
+        self.flushed_offset = min(self.flushed_offset, offset)
+        self._flush_requested = min(self._flush_requested, offset)
+        self.high_watermark = min(self.high_watermark, offset)
+
+    def _append_as_follower(self, records: bytes) -> bool:
+        try:
+            headers = [h for _, h in iter_batches(records)]
+        except CorruptBatchError as exc:
+            self._notes.append(Rejected(event="FetchResponse", error=ErrorCode.CORRUPT_MESSAGE,
+                                        their_epoch=self.leader_epoch, our_epoch=self.leader_epoch, reason=str(exc)))
+            return False
+        expected = self.log_end_offset
+        for h in headers:
+            if h.base_offset != expected or h.leader_epoch > self.leader_epoch:
+                self._notes.append(Rejected(event="FetchResponse", error=ErrorCode.INVALID_REQUEST,
+                                            their_epoch=h.leader_epoch, our_epoch=self.leader_epoch,
+                                            reason=f"batch at {h.base_offset}, expected {expected}"))
+                return False
+            expected = h.next_offset
+        self._persist.append(Append(as_leader=False, records=records, base_offset=self.log_end_offset,
+                                    last_offset=expected - 1, leader_epoch=headers[-1].leader_epoch))
+        self.log_end_offset = expected
+        self.last_epoch = headers[-1].leader_epoch
+        return True
+
+    def _on_append_entries(self, ev: AppendEntries) -> None:
+        # Push replication arrives with issue 5; fence first all the same.
+        check = check_epoch(theirs=ev.leader_epoch, ours=self.leader_epoch)
+        error = {EpochCheck.STALE: ErrorCode.FENCED_LEADER_EPOCH, EpochCheck.NEWER: ErrorCode.UNKNOWN_LEADER_EPOCH,
+                 EpochCheck.CURRENT: ErrorCode.INVALID_REQUEST}[check]
+        if check is EpochCheck.NEWER:
+            self._saw_newer_epoch(ev.leader_epoch, f"append-entries from replica {ev.leader_id}")
+        self._send.append(Send(to_broker=ev.leader_id, message=AppendEntriesReply(
+            replica_id=self.replica_id, leader_epoch=self.leader_epoch, error=error,
+            log_end_offset=self.log_end_offset, flushed_offset=self.flushed_offset, partition=self.partition)))
+
+    # ----------------------------------------------------------- local I/O
+
+    def _on_write_done(self, ev: WriteDone) -> None:
+        self.written_offset = max(self.written_offset, min(ev.last_offset + 1, self.log_end_offset))
+
+    def _on_flush_done(self, ev: FlushDone) -> None:
+        self.flushed_offset = min(ev.flushed_offset, self.log_end_offset)
+        if self.flushed_offset >= self.log_end_offset:
+            self._unflushed_since_ms = None
+        if self.role is Role.ELECTION and self._report_sent_ms is None and self.flushed_offset >= self.log_end_offset:
+            self._report_election()
+        elif self.role is Role.FOLLOWER and self.flushed_offset > self._reported_flushed:
+            # The leader may be holding acks=all for this flush: tell it now rather than
+            # on the next (possibly long-polling) fetch.
+            self._send_fetch()
+
+    def _request_flush(self) -> None:
+        if self._flush_requested >= self.log_end_offset:
+            return  # a flush already asked for covers it
+        self._flush_requested = self.log_end_offset
+        self._persist.append(Flush(up_to=self.log_end_offset))
+
+    # ----------------------------------------------------------------- time
+
+    def _on_tick(self, ev: Tick) -> None:
+        if ev.now_ms < self.now_ms:
+            raise ValueError(f"Tick went back in time: now_ms={ev.now_ms} after {self.now_ms}")
+        self.now_ms = ev.now_ms
+        if (self._unflushed_since_ms is not None and self.flushed_offset < self.log_end_offset
+                and self.now_ms - self._unflushed_since_ms >= self.flush_debounce_ms):
+            self._unflushed_since_ms = None
+            self._request_flush()
+        if self.role is Role.LEADER:
+            for p in list(self.pending.values()):
+                if self.now_ms >= p.deadline_ms:
+                    del self.pending[p.request_id]
+                    self._release.append(ReleaseProduce(request_id=p.request_id, error=ErrorCode.REQUEST_TIMED_OUT))
+            if self.pending_isr is not None:
+                if self.now_ms - self._pending_isr_sent_ms >= self.isr_proposal_retry_ms:
+                    self._pending_isr_sent_ms = self.now_ms
+                    self._send_isr_proposal()
+            else:
+                self._maybe_change_isr()
+        elif self.role is Role.FOLLOWER:
+            if self._fetch_inflight:
+                if self.now_ms - self._fetch_sent_ms >= self.fetch_timeout_ms:
+                    self._send_fetch()
+            elif self.now_ms >= self._next_fetch_ms:
+                self._send_fetch()
+        elif self.role is Role.ELECTION and self._report_sent_ms is not None:
+            if self.now_ms - self._report_sent_ms >= self.election_report_retry_ms:
+                self._report_election()
+
+    # -------------------------------------------------------------- fencing
+
+    def _saw_newer_epoch(self, epoch: int, source: str) -> None:
+        self._notes.append(RefreshMetadata(seen_epoch=epoch, known_epoch=self.leader_epoch,
+                                           reason=f"newer leader epoch in {source}"))
+        if self.role in (Role.LEADER, Role.FOLLOWER):
+            self._become_stopped(f"leader epoch {epoch} seen in {source}")
+
+
+_HANDLERS = {
+    NewMetadata: Replica._on_new_metadata,
+    ProduceRequest: Replica._on_produce,
+    FetchRequest: Replica._on_fetch_request,
+    FetchResponse: Replica._on_fetch_response,
+    AppendEntries: Replica._on_append_entries,
+    AppendEntriesReply: Replica._on_append_entries_reply,
+    WriteDone: Replica._on_write_done,
+    FlushDone: Replica._on_flush_done,
+    Tick: Replica._on_tick,
+}

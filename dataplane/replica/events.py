@@ -1,0 +1,130 @@
+"""What goes into `Replica.step`: requests and responses from peers, local I/O completions, time.
+
+Offsets are exclusive ends ("every offset below") unless the name says
+`last_offset`. Epoch -1 means "none known". Messages between replicas
+(FetchRequest, FetchResponse, AppendEntries, AppendEntriesReply) are events
+on the receiving side and the payload of a `Send` action on the sending side.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from common.errors import ErrorCode
+from dataplane.replica.state import PartitionState, ReplicationConfig
+
+CONSUMER_REPLICA_ID = -1
+NO_EPOCH = -1
+NO_OFFSET = -1
+
+
+def _frozen(cls):
+    return dataclasses.dataclass(frozen=True, kw_only=True, slots=True)(cls)
+
+
+@_frozen
+class ProduceRequest:
+    """A client's batch(es) for this partition. `leader_epoch` None: the client did not say."""
+
+    request_id: int
+    records: bytes
+    acks: int
+    timeout_ms: int
+    leader_epoch: int | None = None
+
+
+@_frozen
+class FetchRequest:
+    """From a follower (replica_id >= 0) or a consumer (replica_id -1, reads only below HW)."""
+
+    replica_id: int
+    fetch_offset: int
+    last_fetched_epoch: int = NO_EPOCH
+    flushed_offset: int = 0
+    current_leader_epoch: int = NO_EPOCH
+    max_bytes: int | None = None
+    partition: object = None
+
+
+@_frozen
+class FetchResponse:
+    """The leader's answer. `fetch_offset`/`last_fetched_epoch` echo the request so a
+    follower applies data only to the log state it asked from (duplicates and
+    reordered answers are dropped). On divergence, records are empty and
+    (diverging_epoch, diverging_end_offset) say where the follower's last fetched
+    epoch ends on the leader: the follower truncates there and nowhere else."""
+
+    leader_id: int
+    leader_epoch: int
+    fetch_offset: int
+    last_fetched_epoch: int
+    error: ErrorCode = ErrorCode.NONE
+    records: bytes = b""
+    high_watermark: int = 0
+    log_end_offset: int = 0
+    diverging_epoch: int = NO_EPOCH
+    diverging_end_offset: int = NO_OFFSET
+    flush_after_append: bool = False
+    partition: object = None
+
+    @property
+    def diverging(self) -> bool:
+        return self.diverging_end_offset >= 0
+
+
+@_frozen
+class WriteDone:
+    """The driver wrote the appended batches up to `last_offset` (inclusive) to the OS."""
+
+    last_offset: int
+
+
+@_frozen
+class FlushDone:
+    """A flush completed; `flushed_offset` is the log's flushed offset at that moment."""
+
+    flushed_offset: int
+
+
+@_frozen
+class Tick:
+    now_ms: int
+
+
+@_frozen
+class NewMetadata:
+    partition: PartitionState
+    config: ReplicationConfig
+
+
+@_frozen
+class AppendEntries:
+    """Push mode (issue 5): the leader sends batches after (prev_offset, prev_epoch)."""
+
+    leader_id: int
+    leader_epoch: int
+    prev_offset: int
+    prev_epoch: int
+    records: bytes
+    high_watermark: int
+    flush_after_append: bool = False
+    partition: object = None
+
+
+@_frozen
+class AppendEntriesReply:
+    """Push mode: the follower's written and flushed offsets and how far it matches the leader.
+
+    Feeds the same per-follower progress as a fetch: match_offset plays the
+    role of a verified fetch_offset."""
+
+    replica_id: int
+    leader_epoch: int
+    error: ErrorCode = ErrorCode.NONE
+    log_end_offset: int = 0
+    flushed_offset: int = 0
+    match_offset: int = 0
+    partition: object = None
+
+
+Event = (ProduceRequest | FetchRequest | FetchResponse | WriteDone | FlushDone | Tick
+         | NewMetadata | AppendEntries | AppendEntriesReply)

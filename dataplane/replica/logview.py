@@ -1,0 +1,42 @@
+"""The read-only part of the partition log the core may look at.
+
+`dataplane.log.interface.Log` and its in-memory twin satisfy it. The core
+never writes through it: writes leave as Append/Truncate/Flush actions, and
+the driver applies Append and Truncate before the next `step`, so what the
+view shows is the log as the core asked for it.
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class EpochEntryView(Protocol):
+    epoch: int
+    start_offset: int
+
+
+class ReadResultView(Protocol):
+    records: bytes
+
+
+class LogView(Protocol):
+    @property
+    def log_start_offset(self) -> int: ...
+    @property
+    def log_end_offset(self) -> int: ...
+    @property
+    def flushed_offset(self) -> int: ...
+    def epoch_entries(self) -> list: ...
+    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]: ...
+    def read(self, start_offset: int, *, max_bytes: int, max_offset: int | None = None) -> ReadResultView: ...
+
+
+def epoch_before(log: LogView, offset: int) -> int:
+    """Leader epoch of the batch holding offset - 1 (-1 for an empty prefix)."""
+    epoch = -1
+    for entry in log.epoch_entries():
+        if entry.start_offset < offset:
+            epoch = entry.epoch
+        else:
+            break
+    return epoch

@@ -1,0 +1,410 @@
+"""Replica core, one test per claim of DESIGN.md §3 (leader, follower, fencing, ISR, elections).
+
+Each test drives `Replica.step` by hand over MemoryLogs; `Node` applies the
+persist actions the way the broker will, and time only moves through Tick.
+"""
+from __future__ import annotations
+
+import pytest
+
+from common.batch import build_batch, iter_batches
+from common.errors import ErrorCode
+from dataplane.log.memory import MemoryLog
+from dataplane.replica.actions import (
+    Append, Flush, ProposeIsr, RefreshMetadata, Rejected, ReleaseProduce, ReportElection, Send, StopLeading,
+    Truncate,
+)
+from dataplane.replica.core import Replica, Role
+from dataplane.replica.events import (
+    FetchRequest, FetchResponse, FlushDone, NewMetadata, ProduceRequest, Tick, WriteDone,
+)
+from dataplane.replica.state import PartitionState, ReplicationConfig
+from sim.disk import apply_persist
+
+
+class Node:
+    """A replica with its log; completes writes (and flushes, if auto_flush) at once."""
+
+    def __init__(self, replica_id: int, *, log: MemoryLog | None = None, auto_flush: bool = True) -> None:
+        self.log = log if log is not None else MemoryLog()
+        self.replica = Replica(replica_id=replica_id, log=self.log, fetch_backoff_ms=10, flush_debounce_ms=5)
+        self.auto_flush = auto_flush
+        self.actions: list = []
+
+    def step(self, event):
+        ready = self.replica.step(event)
+        self.actions.extend(ready.actions)
+        written, flushes = apply_persist(self.log, ready)
+        if written:
+            self.step(WriteDone(last_offset=written[-1]))
+        if flushes and self.auto_flush:
+            self.step(FlushDone(flushed_offset=self.log.flush()))
+        return ready
+
+    def take(self, kind) -> list:
+        found = [a for a in self.actions if isinstance(a, kind)]
+        self.actions = [a for a in self.actions if not isinstance(a, kind)]
+        return found
+
+    def sent(self) -> list:
+        return [s.message for s in self.take(Send)]
+
+    def released(self) -> dict[int, ReleaseProduce]:
+        return {r.request_id: r for r in self.take(ReleaseProduce)}
+
+
+def batch(*values: bytes) -> bytes:
+    return build_batch(list(values) or [b"x"], timestamp_ms=0)
+
+
+def state(*, leader=1, epoch=1, pepoch=None, isr=(1, 2, 3), replicas=(1, 2, 3), fence=False):
+    return PartitionState(replicas=replicas, isr=isr, leader=leader, leader_epoch=epoch,
+                          partition_epoch=epoch if pepoch is None else pepoch, fenced_for_election=fence)
+
+
+def config(**kw) -> ReplicationConfig:
+    return ReplicationConfig(**kw)
+
+
+def cluster(cfg: ReplicationConfig | None = None, *, auto_flush=True, st=None) -> dict[int, Node]:
+    nodes = {i: Node(i, auto_flush=auto_flush) for i in (1, 2, 3)}
+    for n in nodes.values():
+        n.step(NewMetadata(partition=st or state(), config=cfg or config()))
+    return nodes
+
+
+def pump(nodes: dict[int, Node], *, rounds: int = 10, now_ms: int | None = None, drop=()) -> None:
+    """Deliver follower fetches and leader answers until quiet (drop: replica ids cut off)."""
+    for _ in range(rounds):
+        moved = False
+        for i, n in nodes.items():
+            for s in n.take(Send):
+                if s.to_broker in nodes and s.to_broker not in drop and i not in drop:
+                    nodes[s.to_broker].step(s.message)
+                    moved = True
+        if not moved:
+            if now_ms is None:
+                return
+            now_ms += 20
+            for i, n in nodes.items():
+                if i not in drop:
+                    n.step(Tick(now_ms=now_ms))
+
+
+def produce(node: Node, rid: int, acks: int = -1, *values: bytes, timeout_ms: int = 1000):
+    return node.step(ProduceRequest(request_id=rid, records=batch(*values), acks=acks, timeout_ms=timeout_ms))
+
+
+# ------------------------------------------------------------------ leader
+
+
+def test_new_leader_starts_its_epoch_with_a_control_batch_and_assigns_offsets_after_it():
+    """Claim: a new leader appends an epoch-start batch; produced batches get the next offsets."""
+    nodes = cluster()
+    leader = nodes[1]
+    assert leader.replica.role is Role.LEADER and leader.log.log_end_offset == 1
+    assert leader.replica.epoch_start_offset == 0
+    ready = produce(leader, 1, 1, b"a", b"b")
+    append = [a for a in ready.persist if isinstance(a, Append)][0]
+    assert (append.base_offset, append.last_offset, append.leader_epoch) == (1, 2, 1)
+    assert [h.is_control for _, h in iter_batches(leader.log.read(0, max_bytes=1 << 20).records)] == [True, False]
+
+
+def test_acks_0_1_all_release_at_their_own_points_through_one_path():
+    """Claim: acks=0 is released with the append, acks=1 on WriteDone, acks=all only once the HW passes it."""
+    nodes = cluster()
+    leader = nodes[1]
+    leader.step(Tick(now_ms=0))
+    leader.released()
+    ready = leader.replica.step(ProduceRequest(request_id=10, records=batch(), acks=0, timeout_ms=100))
+    assert [r.request_id for r in ready.release] == [10]
+    apply_persist(leader.log, ready)
+    ready = leader.replica.step(ProduceRequest(request_id=11, records=batch(), acks=1, timeout_ms=100))
+    written, _ = apply_persist(leader.log, ready)
+    assert ready.release == ()
+    ready = leader.replica.step(WriteDone(last_offset=written[-1]))
+    assert [r.request_id for r in ready.release] == [11]
+    produce(leader, 12, -1)
+    assert 12 not in leader.released()
+    pump(nodes)
+    released = leader.released()
+    assert released[12].error is ErrorCode.NONE and released[12].base_offset == 3
+    assert leader.replica.high_watermark == 4
+
+
+def test_fsync_counts_flushed_offsets_write_counts_written():
+    """Claim: under fsync a follower's unflushed data does not move the HW; under write it does."""
+    for durability, expect_hw in (("fsync", 0), ("write", 2)):
+        nodes = cluster(config(durability=durability), auto_flush=False)
+        nodes[1].step(FlushDone(flushed_offset=nodes[1].log.flush()))  # the leader's own data is flushed
+        produce(nodes[1], 1, 1)
+        nodes[1].step(FlushDone(flushed_offset=nodes[1].log.flush()))
+        pump(nodes)
+        assert nodes[1].replica.high_watermark == expect_hw, durability
+
+
+def test_follower_counts_only_its_matched_prefix():
+    """Claim: a follower whose flushed log holds an old epoch's tail the leader lacks is not counted for it."""
+    stale = MemoryLog()
+    stale.append_as_leader(batch(b"a"), leader_epoch=0)
+    stale.append_as_leader(batch(b"old1"), leader_epoch=0)
+    stale.append_as_leader(batch(b"old2"), leader_epoch=0)
+    stale.flush()  # [0, 3) in epoch 0, flushed
+    leader_log = MemoryLog()
+    leader_log.append_as_leader(batch(b"a"), leader_epoch=0)
+    leader_log.flush()
+    nodes = {1: Node(1, log=leader_log), 2: Node(2, log=stale), 3: Node(3)}
+    for n in nodes.values():
+        n.step(NewMetadata(partition=state(isr=(1, 2)), config=config()))
+    # Before any answer, replica 2 reports flushed=3 but nothing is verified yet.
+    assert nodes[1].replica.high_watermark == 0
+    req = nodes[2].sent()[0]
+    assert (req.fetch_offset, req.last_fetched_epoch, req.flushed_offset) == (3, 0, 3)
+    nodes[1].step(req)
+    answer = nodes[1].sent()
+    resp = [m for m in answer if isinstance(m, FetchResponse) and m.fetch_offset == 3][0]
+    assert (resp.diverging_epoch, resp.diverging_end_offset) == (0, 1)
+    assert nodes[1].replica.stored_offsets()[2] == 0
+    assert nodes[1].replica.high_watermark == 0
+
+
+def test_divergence_truncates_only_at_the_epoch_end():
+    """Claim: the follower truncates exactly where its last epoch ends on the leader, never on mere overlap."""
+    leader_log, follower_log = MemoryLog(), MemoryLog()
+    for log in (leader_log, follower_log):
+        log.append_as_leader(batch(b"a"), leader_epoch=1)
+        log.append_as_leader(batch(b"b"), leader_epoch=1)
+    follower_log.append_as_leader(batch(b"lost"), leader_epoch=1)     # epoch-1 tail the leader lacks
+    follower_log.append_as_leader(batch(b"lost2"), leader_epoch=1)
+    leader_log.append_as_leader(batch(b"new"), leader_epoch=2)
+    for log in (leader_log, follower_log):
+        log.flush()
+    leader, follower = Node(1, log=leader_log), Node(2, log=follower_log)
+    st = state(leader=1, epoch=3, isr=(1, 2), replicas=(1, 2))
+    leader.step(NewMetadata(partition=st, config=config()))
+    follower.step(NewMetadata(partition=st, config=config()))
+    leader.step(follower.sent()[0])
+    follower.step(leader.sent()[0])
+    truncates = follower.take(Truncate)
+    assert truncates == [Truncate(offset=2)]
+    assert follower.log.log_end_offset == 2
+    # The next fetch (2, epoch 1) matches: data flows, no further truncation.
+    pump({1: leader, 2: follower})
+    assert follower.take(Truncate) == []
+    assert follower.log.log_end_offset == leader.log.log_end_offset == 4
+
+
+def test_behind_follower_is_not_truncated():
+    """Claim: a follower that is merely behind in the leader's epoch gets data, not a divergence."""
+    nodes = cluster()
+    produce(nodes[1], 1, 1, b"a")
+    req = FetchRequest(replica_id=2, fetch_offset=1, last_fetched_epoch=1, flushed_offset=1, current_leader_epoch=1)
+    nodes[1].step(req)
+    resp = [m for m in nodes[1].sent() if m.fetch_offset == 1][0]
+    assert not resp.diverging and resp.records
+
+
+def test_min_insync_replicas_refuses_and_fails_after_append():
+    """Claim: acks=all is refused with NOT_ENOUGH_REPLICAS when |ISR| < min ISR at append time,
+    and released with NOT_ENOUGH_REPLICAS_AFTER_APPEND when the ISR drops below it while waiting."""
+    nodes = cluster(config(min_insync_replicas=2), st=state(isr=(1,)))
+    produce(nodes[1], 1, -1)
+    assert nodes[1].released()[1].error is ErrorCode.NOT_ENOUGH_REPLICAS
+    assert nodes[1].log.log_end_offset == 1  # nothing appended
+    nodes = cluster(config(min_insync_replicas=2), st=state(isr=(1, 2)))
+    produce(nodes[1], 2, -1)
+    assert 2 not in nodes[1].released()
+    nodes[1].step(NewMetadata(partition=state(isr=(1,), pepoch=2), config=config(min_insync_replicas=2)))
+    assert nodes[1].released()[2].error is ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND
+
+
+def test_produce_times_out_on_tick():
+    """Claim: an acks=all request still waiting at its deadline is released with REQUEST_TIMED_OUT."""
+    nodes = cluster()
+    produce(nodes[1], 5, -1, timeout_ms=100)
+    nodes[1].step(Tick(now_ms=99))
+    assert 5 not in nodes[1].released()
+    nodes[1].step(Tick(now_ms=100))
+    assert nodes[1].released()[5].error is ErrorCode.REQUEST_TIMED_OUT
+
+
+def test_consumers_read_only_below_the_high_watermark():
+    """Claim: a consumer fetch (replica id -1) returns only batches below the HW."""
+    nodes = cluster()
+    produce(nodes[1], 1, -1, b"committed")
+    pump(nodes)
+    hw = nodes[1].replica.high_watermark
+    produce(nodes[1], 2, 1, b"not yet")
+    assert nodes[1].log.log_end_offset > hw
+    nodes[1].step(FetchRequest(replica_id=-1, fetch_offset=0))
+    resp = [m for m in nodes[1].sent() if m.fetch_offset == 0 and m.leader_id == 1][-1]
+    offsets = [h.next_offset for _, h in iter_batches(resp.records)]
+    assert offsets and max(offsets) <= hw
+    nodes[1].step(FetchRequest(replica_id=-1, fetch_offset=hw))
+    assert nodes[1].sent()[-1].records == b""
+
+
+def test_epoch_start_rule_holds_hw_until_the_new_epoch_is_stored():
+    """Claim: a new leader's HW does not count old-epoch data until a required set stores its epoch start."""
+    logs = {i: MemoryLog() for i in (1, 2, 3)}
+    for log in logs.values():
+        log.append_as_leader(batch(b"old"), leader_epoch=1)
+        log.flush()
+    nodes = {i: Node(i, log=logs[i]) for i in (1, 2, 3)}
+    for n in nodes.values():
+        n.step(NewMetadata(partition=state(leader=1, epoch=2), config=config()))
+    assert nodes[1].replica.epoch_start_offset == 1
+    leader = nodes[1]
+    # Followers report offset 1 (all of epoch 1) before fetching the epoch-start batch.
+    for f in (2, 3):
+        leader.step(FetchRequest(replica_id=f, fetch_offset=1, last_fetched_epoch=1, flushed_offset=1,
+                                 current_leader_epoch=2))
+    assert leader.replica.high_watermark == 0
+    leader.sent()
+    pump(nodes, now_ms=0)  # ticks let the leader flush its epoch-start batch (debounced)
+    assert leader.replica.high_watermark == 2
+
+
+def test_quorum_commits_on_q_replicas_while_one_is_silent():
+    """Claim: commit_policy=quorum with q=2 releases acks=all with one follower cut off."""
+    nodes = cluster(config(commit_policy="quorum", quorum_required_acks=2))
+    produce(nodes[1], 1, -1)
+    pump(nodes, drop=(3,))
+    assert nodes[1].released()[1].error is ErrorCode.NONE
+
+
+# ----------------------------------------------------------------- fencing
+
+
+def test_stale_fetch_is_refused_with_both_epochs():
+    """Claim: a fetch carrying an older leader epoch gets FENCED_LEADER_EPOCH; the rejection names both epochs."""
+    nodes = cluster(st=state(epoch=4))
+    nodes[1].step(FetchRequest(replica_id=2, fetch_offset=0, current_leader_epoch=3))
+    rejected = nodes[1].take(Rejected)[-1]
+    assert (rejected.their_epoch, rejected.our_epoch, rejected.error) == (3, 4, ErrorCode.FENCED_LEADER_EPOCH)
+    assert nodes[1].sent()[-1].error is ErrorCode.FENCED_LEADER_EPOCH
+    assert nodes[1].replica.role is Role.LEADER
+
+
+def test_follower_with_newer_epoch_makes_the_leader_stop():
+    """Claim: a fetch with a newer epoch makes the leader stop leading and refresh metadata; produce is refused."""
+    nodes = cluster()
+    produce(nodes[1], 1, -1)
+    nodes[1].step(FetchRequest(replica_id=2, fetch_offset=0, current_leader_epoch=2))
+    assert nodes[1].take(StopLeading) and nodes[1].take(RefreshMetadata)
+    assert nodes[1].sent()[-1].error is ErrorCode.UNKNOWN_LEADER_EPOCH
+    assert nodes[1].released()[1].error is ErrorCode.NOT_LEADER_OR_FOLLOWER
+    produce(nodes[1], 2, 1)
+    assert nodes[1].released()[2].error is ErrorCode.NOT_LEADER_OR_FOLLOWER
+
+
+def test_follower_drops_stale_responses_and_refreshes_on_newer():
+    """Claim: a follower ignores a response from an older epoch and refreshes metadata on a newer one."""
+    nodes = cluster(st=state(epoch=2))
+    f = nodes[2]
+    f.step(FetchResponse(leader_id=1, leader_epoch=1, fetch_offset=0, last_fetched_epoch=-1, records=batch()))
+    assert f.log.log_end_offset == 0 and f.take(Rejected)[-1].their_epoch == 1
+    f.step(FetchResponse(leader_id=1, leader_epoch=3, fetch_offset=0, last_fetched_epoch=-1, records=batch()))
+    assert f.log.log_end_offset == 0 and f.take(RefreshMetadata)
+    assert f.replica.role is Role.STOPPED
+
+
+def test_duplicate_fetch_response_is_applied_once():
+    """Claim: a response that answers an older state of the follower's log is dropped."""
+    nodes = cluster()
+    produce(nodes[1], 1, 1)
+    req = nodes[2].sent()[0]
+    nodes[1].step(req)
+    resp = [m for m in nodes[1].sent() if m.fetch_offset == req.fetch_offset][0]
+    nodes[2].step(resp)
+    end = nodes[2].log.log_end_offset
+    nodes[2].step(resp)
+    assert nodes[2].log.log_end_offset == end == 2
+
+
+def test_restarted_replica_refuses_to_lead_an_epoch_its_log_holds():
+    """Claim: a fresh replica handed leadership of an epoch already in its log stops instead of leading."""
+    log = MemoryLog()
+    log.append_as_leader(batch(), leader_epoch=5)
+    node = Node(1, log=log)
+    node.step(NewMetadata(partition=state(epoch=5), config=config()))
+    assert node.replica.role is Role.STOPPED and node.take(RefreshMetadata)
+    assert log.log_end_offset == 1
+
+
+# -------------------------------------------------------------------- ISR
+
+
+def test_isr_shrinks_after_lag_time_and_counts_the_union_until_accepted():
+    """Claim: a follower silent past replica_lag_time_max_ms is proposed out; until the controller
+    answers, the HW still needs it (union of old and proposed ISR); after, it does not."""
+    cfg = config(replica_lag_time_max_ms=100)
+    nodes = cluster(cfg)
+    pump(nodes)
+    leader = nodes[1]
+    leader.take(ProposeIsr)
+    produce(leader, 1, -1)
+    pump(nodes, now_ms=0, rounds=40, drop=(3,))
+    proposals = leader.take(ProposeIsr)
+    assert proposals and proposals[0].new_isr == (1, 2)
+    assert 1 not in leader.released()  # replica 3 still counts while the change is pending
+    leader.step(NewMetadata(partition=state(isr=(1, 2), pepoch=2), config=cfg))
+    assert leader.replica.pending_isr is None
+    assert leader.released()[1].error is ErrorCode.NONE
+
+
+def test_isr_expands_when_follower_reaches_the_high_watermark():
+    """Claim: a replica outside the ISR that has stored up to the HW is proposed back in, and while
+    the proposal is pending it is required for the HW."""
+    cfg = config()
+    nodes = cluster(cfg, st=state(isr=(1, 2)))
+    produce(nodes[1], 1, -1)
+    pump(nodes)
+    proposals = nodes[1].take(ProposeIsr)
+    assert proposals and proposals[-1].new_isr == (1, 2, 3)
+    assert nodes[1].replica.required_isr() == frozenset({1, 2, 3})
+
+
+# --------------------------------------------------------------- election
+
+
+def test_quorum_election_fence_flushes_then_reports_the_flushed_log():
+    """Claim: on a quorum-election fence a replica stops serving the old epoch, flushes, and only
+    then reports (last epoch, end offset) of its flushed log."""
+    cfg = config(commit_policy="quorum", quorum_required_acks=2)
+    nodes = cluster(cfg, auto_flush=False)
+    produce(nodes[1], 1, 1, b"a")
+    pump(nodes)
+    f = nodes[2]
+    assert f.log.log_end_offset == 2 and f.log.flushed_offset < 2
+    f.actions.clear()
+    ready = f.step(NewMetadata(partition=state(leader=None, epoch=2, fence=True), config=cfg))
+    assert [type(a) for a in ready.persist] == [Flush] and not f.take(ReportElection)
+    # The old leader's answer at epoch 1 is refused now.
+    f.step(FetchResponse(leader_id=1, leader_epoch=1, fetch_offset=2, last_fetched_epoch=1, records=batch()))
+    assert f.log.log_end_offset == 2
+    f.step(FlushDone(flushed_offset=f.log.flush()))
+    report = f.take(ReportElection)
+    assert report == [ReportElection(replica_id=2, fenced_epoch=2, last_epoch=1, end_offset=2)]
+
+
+def test_election_report_names_only_the_flushed_prefix():
+    """Claim: the report never includes data above the flushed offset."""
+    cfg = config(commit_policy="quorum", quorum_required_acks=2)
+    log = MemoryLog()
+    log.append_as_leader(batch(), leader_epoch=1)
+    log.flush()
+    log.append_as_leader(batch(), leader_epoch=1)  # unflushed
+    node = Node(2, log=log, auto_flush=False)
+    node.step(NewMetadata(partition=state(leader=None, epoch=2, fence=True), config=cfg))
+    assert not node.take(ReportElection)
+    log.crash()  # the flush never completes
+    node2 = Node(2, log=log, auto_flush=False)
+    node2.step(NewMetadata(partition=state(leader=None, epoch=2, fence=True), config=cfg))
+    assert node2.take(ReportElection) == [ReportElection(replica_id=2, fenced_epoch=2, last_epoch=1, end_offset=1)]
+
+
+def test_unknown_event_is_a_clear_error():
+    """Claim: stepping something that is not an event names the type and the accepted ones."""
+    with pytest.raises(TypeError, match="Replica.step got str"):
+        Replica(replica_id=1, log=MemoryLog()).step("hello")
