@@ -1,0 +1,241 @@
+"""The admin API of a real single-node controller process: every endpoint, good and bad input."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from controller_harness import TOKEN, Controller, http, make_specs, wait_leader, wait_until
+
+
+@pytest.fixture(scope="module")
+def controller(tmp_path_factory):
+    spec = make_specs(1)[0]
+    c = Controller(spec, [spec], tmp_path_factory.mktemp("api"), ["--session-timeout-ms", "600000"])
+    try:
+        c.start()
+        wait_leader([c], timeout_s=20)
+        for broker_id in (1, 2, 3):
+            register_and_unfence(spec.api_url, broker_id)
+        yield c
+    finally:
+        c.kill()
+
+
+def register_and_unfence(url: str, broker_id: int) -> None:
+    r = http("POST", url + "/rpc/v1/register", {"broker_id": broker_id, "incarnation_id": f"inc-{broker_id}",
+                                                 "host": "127.0.0.1", "port": 9090 + broker_id})
+    assert r.status == 200, r.body
+
+    def unfenced():
+        offset = http("GET", url + "/v1/health", token=None).body["metadata_offset"]
+        hb = http("POST", url + "/rpc/v1/heartbeat", {"broker_id": broker_id, "incarnation_id": f"inc-{broker_id}",
+                                                      "metadata_offset": offset})
+        assert hb.status == 200, hb.body
+        return not hb.body["fenced"]
+    wait_until(unfenced, 10, f"broker {broker_id} unfenced")
+
+
+def api(c: Controller, method: str, path: str, body=None, **kw):
+    return http(method, c.spec.api_url + path, body, **kw)
+
+
+def test_health_needs_no_token_and_reports_leader(controller):
+    r = api(controller, "GET", "/v1/health", token=None)
+    assert r.status == 200 and r.body["role"] == "leader" and r.body["node_id"] == 1
+
+
+@pytest.mark.parametrize("path", ["/v1/cluster", "/v1/brokers", "/v1/topics", "/v1/reassignments",
+                                  "/metrics", "/v1/openapi.json", "/v1/topics/x/partitions"])
+@pytest.mark.parametrize("token", [None, "wrong-token"])
+def test_every_other_endpoint_needs_the_token(controller, path, token):
+    r = api(controller, "GET", path, token=token)
+    assert r.status == 401
+    assert r.error["code"] == "UNAUTHORIZED"
+    assert ("missing" if token is None else "bad") in r.error["message"]
+
+
+def test_write_without_token_is_refused_and_changes_nothing(controller):
+    r = api(controller, "POST", "/v1/topics", {"name": "no-token"}, token=None)
+    assert r.status == 401
+    assert api(controller, "GET", "/v1/topics/no-token").status == 404
+
+
+def test_cluster_lists_the_controller_as_leader(controller):
+    r = api(controller, "GET", "/v1/cluster")
+    assert r.status == 200
+    assert r.body["leader_id"] == 1 and r.body["controllers"][0]["is_leader"] is True
+    assert r.body["controllers"][0]["priority"] == 1 and r.body["metadata_offset"] >= 0
+
+
+def test_brokers_show_registration_and_fencing(controller):
+    r = api(controller, "GET", "/v1/brokers")
+    assert r.status == 200
+    brokers = {b["broker_id"]: b for b in r.body["brokers"]}
+    assert sorted(brokers) == [1, 2, 3]
+    assert all(not b["fenced"] for b in brokers.values())
+    assert brokers[2]["port"] == 9092 and brokers[2]["metadata_offset"] is not None
+
+
+def test_create_describe_list_and_delete_a_topic(controller):
+    r = api(controller, "POST", "/v1/topics", {"name": "orders", "partitions": 3, "replication_factor": 2,
+                                               "config": {"retention_ms": 60000}})
+    assert r.status == 201, r.body
+    assert r.body["name"] == "orders" and len(r.body["partitions"]) == 3
+    assert r.body["config"]["retention_ms"] == 60000
+    assert all(len(p["replicas"]) == 2 and p["leader"] in p["replicas"] for p in r.body["partitions"])
+
+    listed = api(controller, "GET", "/v1/topics").body["topics"]
+    assert [t["name"] for t in listed if t["name"] == "orders"] == ["orders"]
+    described = api(controller, "GET", "/v1/topics/orders")
+    assert described.status == 200 and described.body["topic_id"] == r.body["topic_id"]
+    parts = api(controller, "GET", "/v1/topics/orders/partitions")
+    assert parts.status == 200 and [p["partition"] for p in parts.body["partitions"]] == [0, 1, 2]
+
+    again = api(controller, "POST", "/v1/topics", {"name": "orders"})
+    assert again.status == 409 and again.error["code"] == "TOPIC_ALREADY_EXISTS"
+
+    gone = api(controller, "DELETE", "/v1/topics/orders")
+    assert gone.status == 200 and gone.body["metadata_offset"] > r.body["metadata_offset"]
+    assert api(controller, "GET", "/v1/topics/orders").status == 404
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"name": "t", "partitions": "three"}, "partitions"),
+    ({"name": "t", "partitions": 0}, "partitions"),
+    ({"name": "t", "colour": "red"}, "colour"),
+    ({"partitions": 1}, "name"),
+    ({"name": 7}, "name"),
+    ({"name": "bad/name"}, "name"),
+    ({"name": ".."}, "name"),
+    ({"name": "x" * 250}, "name"),
+    ({"name": "t", "replication_factor": 9}, "replication_factor"),
+    ({"name": "t", "config": {"no_such_key": 1}}, "no_such_key"),
+    ({"name": "t", "config": {"retention_ms": "soon"}}, "retention_ms"),
+    ({"name": "t", "replication_factor": 3, "config": {"commit_policy": "quorum", "quorum_required_acks": 1}},
+     "quorum_required_acks"),
+])
+def test_bad_create_requests_are_400_naming_the_field(controller, body, field):
+    r = api(controller, "POST", "/v1/topics", body)
+    assert r.status == 400, r.body
+    assert r.error["field"] == field, r.body
+    assert r.error["message"]
+
+
+@pytest.mark.parametrize("raw", [b"{not json", b"[1, 2]", b'"text"'])
+def test_body_that_is_not_a_json_object_is_400(controller, raw):
+    r = api(controller, "POST", "/v1/topics", raw=raw)
+    assert r.status == 400 and r.error["field"] == "body"
+
+
+@pytest.mark.parametrize("path", ["/v1/topics/no-such-topic", "/v1/topics/no-such-topic/partitions"])
+def test_unknown_topic_is_404(controller, path):
+    r = api(controller, "GET", path)
+    assert r.status == 404 and r.error["code"] == "UNKNOWN_TOPIC_OR_PARTITION"
+
+
+def test_bad_topic_name_in_path_is_400(controller):
+    r = api(controller, "GET", "/v1/topics/bad%21name")
+    assert r.status == 400 and r.error["code"] == "INVALID_TOPIC"
+
+
+def test_delete_unknown_topic_is_404(controller):
+    assert api(controller, "DELETE", "/v1/topics/never-was").status == 404
+
+
+def test_alter_config_sets_and_resets_keys(controller):
+    assert api(controller, "POST", "/v1/topics", {"name": "cfg"}).status == 201
+    r = api(controller, "PATCH", "/v1/topics/cfg/config", {"set": {"retention_ms": 1234}})
+    assert r.status == 200 and r.body["config"]["retention_ms"] == 1234
+    r = api(controller, "PATCH", "/v1/topics/cfg/config", {"reset": ["retention_ms"]})
+    assert r.status == 200 and r.body["config"]["retention_ms"] != 1234
+
+
+@pytest.mark.parametrize("body, status, field", [
+    ({"set": {"retention_ms": "x"}}, 400, "retention_ms"),
+    ({"set": {"nope": 1}}, 400, "nope"),
+    ({"sett": {}}, 400, "sett"),
+    ({"set": []}, 400, "set"),
+])
+def test_bad_config_changes_are_refused(controller, body, status, field):
+    api(controller, "POST", "/v1/topics", {"name": "cfg2"})
+    r = api(controller, "PATCH", "/v1/topics/cfg2/config", body)
+    assert r.status == status and r.error["field"] == field, r.body
+
+
+def test_alter_config_of_unknown_topic_is_404(controller):
+    assert api(controller, "PATCH", "/v1/topics/ghost/config", {"set": {"retention_ms": 5}}).status == 404
+
+
+def test_reassignment_grows_the_replica_set_and_is_listed(controller):
+    r = api(controller, "POST", "/v1/topics", {"name": "moving", "replica_assignment": [[1]]})
+    assert r.status == 201, r.body
+    r = api(controller, "POST", "/v1/reassignments", {"topic": "moving", "partition": 0, "target_replicas": [2, 3]})
+    assert r.status == 202, r.body
+    p = r.body["partitions"][0]
+    assert set(p["replicas"]) == {1, 2, 3} and p["adding"] and p["removing"] == [1]
+    listed = api(controller, "GET", "/v1/reassignments").body["reassignments"]
+    assert any(x["topic"] == "moving" for x in listed)
+
+
+@pytest.mark.parametrize("body, status, field", [
+    ({"topic": "ghost", "partition": 0, "target_replicas": [1]}, 404, None),
+    ({"topic": "moving2", "partition": 0, "target_replicas": [1, 1]}, 400, "target_replicas"),
+    ({"topic": "moving2", "partition": "zero", "target_replicas": [1]}, 400, "partition"),
+    ({"topic": "moving2", "partition": 0, "target_replicas": []}, 400, "target_replicas"),
+])
+def test_bad_reassignments_are_refused(controller, body, status, field):
+    api(controller, "POST", "/v1/topics", {"name": "moving2"})
+    r = api(controller, "POST", "/v1/reassignments", body)
+    assert r.status == status, r.body
+    if field:
+        assert r.error["field"] == field
+
+
+def test_preferred_election_for_all_and_for_named_partitions(controller):
+    api(controller, "POST", "/v1/topics", {"name": "elect", "partitions": 2, "replication_factor": 2})
+    r = api(controller, "POST", "/v1/elections/preferred", {})
+    assert r.status == 200 and isinstance(r.body["elected"], list)
+    r = api(controller, "POST", "/v1/elections/preferred", {"partitions": [{"topic": "elect", "partition": 1}]})
+    assert r.status == 200
+    r = api(controller, "POST", "/v1/elections/preferred", {"partitions": [{"topic": "ghost", "partition": 0}]})
+    assert r.status == 404
+    r = api(controller, "POST", "/v1/elections/preferred", {"partitions": "all"})
+    assert r.status == 400 and r.error["field"] == "partitions"
+
+
+def test_metrics_are_prometheus_text(controller):
+    r = api(controller, "GET", "/metrics")
+    assert r.status == 200 and isinstance(r.body, str)
+    assert "# TYPE biplane_controller_metadata_offset gauge" in r.body
+    assert "biplane_controller_is_leader 1" in r.body
+    assert "biplane_api_request_seconds_count" in r.body
+
+
+def test_openapi_describes_every_route_with_schemas(controller):
+    r = api(controller, "GET", "/v1/openapi.json")
+    assert r.status == 200
+    doc = json.loads(json.dumps(r.body))
+    assert doc["openapi"].startswith("3.")
+    paths = doc["paths"]
+    for path, method in [("/v1/health", "get"), ("/v1/cluster", "get"), ("/v1/brokers", "get"),
+                         ("/v1/topics", "get"), ("/v1/topics", "post"), ("/v1/topics/{name}", "get"),
+                         ("/v1/topics/{name}", "delete"), ("/v1/topics/{name}/config", "patch"),
+                         ("/v1/topics/{name}/partitions", "get"), ("/v1/reassignments", "post"),
+                         ("/v1/reassignments", "get"), ("/v1/elections/preferred", "post"), ("/metrics", "get")]:
+        assert method in paths[path], (path, method)
+    schemas = doc["components"]["schemas"]
+    ref = paths["/v1/topics"]["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+    create = schemas[ref.rsplit("/", 1)[1]]
+    assert "name" in create["properties"] and create.get("additionalProperties") is False
+    assert "ErrorBody" in schemas
+    for op in (m for p in paths.values() for m in p.values()):
+        for response in op["responses"].values():
+            for content in response.get("content", {}).values():
+                assert content["schema"]["$ref"].rsplit("/", 1)[1] in schemas
+
+
+def test_snapshot_routes_are_mounted_behind_the_token(controller):
+    assert api(controller, "GET", "/v1/snapshots", token=None).status == 401
+    r = api(controller, "GET", "/v1/snapshots")
+    assert r.status == 200 and isinstance(r.body["snapshots"], list)
