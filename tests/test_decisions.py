@@ -1,0 +1,659 @@
+"""Unit tests of every controller decision (pure functions over image, sessions, time)."""
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+from common.errors import ErrorCode
+from common.metadata import (
+    AlterTopicConfig,
+    ConfigChange,
+    CreateTopic,
+    DeleteTopic,
+    FenceBroker,
+    MetadataImage,
+    PartitionChange,
+    PartitionRecord,
+    ProducerIdBlock,
+    RegisterBroker,
+    UnfenceBroker,
+)
+from common.metadata.errors import (
+    IneligibleReplicaError,
+    InvalidConfigError,
+    InvalidFieldError,
+    InvalidReplicationFactorError,
+    InvalidTopicError,
+    NotLeaderError,
+    StaleBrokerError,
+    StaleEpochError,
+    TopicExistsError,
+    UnknownBrokerError,
+    UnknownTopicOrPartitionError,
+)
+from common.requests import (
+    AllocateProducerIdsRequest,
+    AlterConfigRequest,
+    AlterIsrRequest,
+    CreateTopicRequest,
+    ElectionReport,
+    HeartbeatRequest,
+    ReassignmentRequest,
+    RegisterBrokerRequest,
+)
+from controller.decisions import (
+    BrokerSessions,
+    ControllerState,
+    QuorumElectionTracker,
+    RebalanceTimer,
+    allocate_producer_ids,
+    alter_config,
+    alter_isr,
+    cancel_reassignment,
+    check_heartbeat,
+    create_topic,
+    delete_topic,
+    elect_isr_leader,
+    elect_leaders,
+    elect_preferred,
+    elect_quorum,
+    fence_expired,
+    fence_for_election,
+    periodic,
+    place_replicas,
+    progress_reassignments,
+    register_broker,
+    start_reassignment,
+    unfence_ready,
+)
+from controller.decisions.elections import best_report, best_report_oracle
+from metadata_builders import add_broker, add_topic, apply, cluster
+
+
+def heartbeat_all(image: MetadataImage, sessions: BrokerSessions, now_ms: int,
+                  skip: tuple[int, ...] = ()) -> None:
+    for b, info in image.brokers.items():
+        if b not in skip:
+            sessions.heartbeat(b, info.incarnation_id, now_ms, image.offset)
+
+
+def isr_change(image, tp, isr):
+    p = image.partition(*tp)
+    apply(image, [PartitionChange(topic=tp[0], partition=tp[1], isr=tuple(isr),
+                                  expected_partition_epoch=p.partition_epoch)])
+
+
+# ---- topics and placement -----------------------------------------------------
+
+def test_create_topic_emits_topic_then_each_partition():
+    image = cluster(3)
+    records = create_topic(image, CreateTopicRequest(name="orders", partitions=4,
+                                                     replication_factor=2,
+                                                     config={"retention.ms": "1000"}), 42)
+    assert isinstance(records[0], CreateTopic) and records[0].at_ms == 42
+    assert records[0].config.retention_ms == 1000 and records[0].config.partitions == 4
+    parts = records[1:]
+    assert [type(r) for r in parts] == [PartitionRecord] * 4
+    for r in parts:
+        assert len(r.replicas) == 2 and r.leader == r.replicas[0] and r.isr == r.replicas
+    apply(image, records)
+    assert image.topics["orders"].partition_count == 4
+
+
+def test_create_topic_is_deterministic():
+    image = cluster(5)
+    req = CreateTopicRequest(name="t", partitions=8, replication_factor=3)
+    assert create_topic(image, req, 7) == create_topic(image.copy(), req, 7)
+
+
+def test_existing_topic_is_refused():
+    image = cluster(1)
+    add_topic(image, "t", [[1]])
+    with pytest.raises(TopicExistsError) as exc:
+        create_topic(image, CreateTopicRequest(name="t"), 0)
+    assert exc.value.code == ErrorCode.TOPIC_ALREADY_EXISTS
+
+
+def test_rf_above_unfenced_brokers_names_both_numbers():
+    image = cluster(3)
+    apply(image, [FenceBroker(broker_id=3, at_ms=0)])
+    with pytest.raises(InvalidReplicationFactorError) as exc:
+        create_topic(image, CreateTopicRequest(name="t", replication_factor=3), 0)
+    assert "replication_factor 3" in str(exc.value) and "2 available" in str(exc.value)
+    assert exc.value.code == ErrorCode.INVALID_REPLICATION_FACTOR
+
+
+def test_bad_topic_name_and_bad_config_are_refused():
+    image = cluster(3)
+    with pytest.raises(InvalidTopicError):
+        create_topic(image, CreateTopicRequest(name="no spaces"), 0)
+    with pytest.raises(InvalidConfigError) as exc:
+        create_topic(image, CreateTopicRequest(name="q", replication_factor=3,
+                                               config={"commit_policy": "quorum",
+                                                       "quorum_required_acks": 1}), 0)
+    assert exc.value.field == "quorum_required_acks"
+
+
+def test_replica_assignment_must_agree_and_name_registered_brokers():
+    image = cluster(3)
+    with pytest.raises(InvalidReplicationFactorError):
+        create_topic(image, CreateTopicRequest(name="t", replica_assignment=[[1, 2], [3]]), 0)
+    with pytest.raises(UnknownBrokerError) as exc:
+        create_topic(image, CreateTopicRequest(name="t", replica_assignment=[[1, 9]]), 0)
+    assert exc.value.field == "replica_assignment" and exc.value.value == 9
+    records = create_topic(image, CreateTopicRequest(name="t", replica_assignment=[[3, 1]]), 0)
+    assert records[1].replicas == (3, 1) and records[0].config.replication_factor == 2
+
+
+def test_placement_is_rack_aware():
+    """Three racks, RF 3: every partition has one replica on each rack."""
+    image = cluster(6, racks=["a", "a", "b", "b", "c", "c"])
+    racks = {b: i.rack for b, i in image.brokers.items()}
+    for replicas in place_replicas(image, topic="t", partitions=12, replication_factor=3):
+        assert sorted(racks[b] for b in replicas) == ["a", "b", "c"]
+
+
+def test_placement_uses_both_racks_when_rf_exceeds_racks():
+    image = cluster(4, racks=["a", "a", "b", "b"])
+    racks = {b: i.rack for b, i in image.brokers.items()}
+    for replicas in place_replicas(image, topic="t", partitions=6, replication_factor=3):
+        assert {racks[b] for b in replicas} == {"a", "b"}
+
+
+def test_placement_balance_against_oracle():
+    """Over random clusters (seeds 0..199): leader and replica counts per broker differ by
+    at most one, the oracle's bound for an even spread, and every list is distinct."""
+    for seed in range(200):
+        rnd = random.Random(seed)
+        n = rnd.randint(1, 8)
+        image = cluster(n)
+        rf = rnd.randint(1, n)
+        partitions = rnd.randint(1, 50)
+        a = place_replicas(image, topic=f"t{seed}", partitions=partitions, replication_factor=rf)
+        leaders = Counter(r[0] for r in a)
+        replicas = Counter(b for r in a for b in r)
+        ids = range(1, n + 1)
+        # Oracle: an even spread gives each broker floor or ceil of the average.
+        assert {leaders[b] for b in ids} <= {partitions // n, -(-partitions // n)}, f"seed={seed}"
+        total = partitions * rf
+        assert {replicas[b] for b in ids} <= {total // n, -(-total // n)}, f"seed={seed}"
+        assert all(len(set(r)) == rf for r in a), f"seed={seed}"
+
+
+def test_placement_counts_existing_load():
+    """A second topic fills the brokers the first one left lighter."""
+    image = cluster(3)
+    apply(image, create_topic(image, CreateTopicRequest(name="a", partitions=2,
+                                                        replication_factor=1), 0))
+    apply(image, create_topic(image, CreateTopicRequest(name="b", partitions=1,
+                                                        replication_factor=1), 0))
+    hosts = Counter(p.replicas[0] for p in image.partitions())
+    assert sorted(hosts.values()) == [1, 1, 1]
+
+
+def test_delete_topic_and_unknown():
+    image = cluster(1)
+    add_topic(image, "t", [[1]])
+    assert delete_topic(image, "t") == [DeleteTopic(name="t", topic_id=image.topics["t"].topic_id)]
+    with pytest.raises(UnknownTopicOrPartitionError):
+        delete_topic(image, "nope")
+
+
+def test_alter_config_single_multi_noop_and_errors():
+    image = cluster(3)
+    add_topic(image, "t", [[1, 2, 3]])
+    assert alter_config(image, "t", AlterConfigRequest(set={"retention_ms": 5})) == \
+        [ConfigChange(topic="t", key="retention_ms", value=5)]
+    multi = alter_config(image, "t", AlterConfigRequest(
+        set={"commit_policy": "quorum", "quorum_required_acks": 3}))
+    assert isinstance(multi[0], AlterTopicConfig)
+    apply(image, multi)
+    assert image.topics["t"].config.quorum_required_acks == 3
+    assert alter_config(image, "t", AlterConfigRequest(set={"quorum_required_acks": 3})) == []
+    with pytest.raises(InvalidConfigError) as exc:
+        alter_config(image, "t", AlterConfigRequest(set={"retention_ms": 1},
+                                                    reset=["retention_ms"]))
+    assert exc.value.field == "retention_ms"
+
+
+# ---- sessions: fence, unfence, register ----------------------------------------
+
+def test_expired_broker_is_fenced_loses_leadership_and_leaves_isr():
+    image = cluster(3)
+    add_topic(image, "t", [[1, 2, 3], [2, 1, 3]])
+    sessions = BrokerSessions(session_timeout_ms=1500)
+    heartbeat_all(image, sessions, 0)
+    heartbeat_all(image, sessions, 1000, skip=(1,))
+    assert fence_expired(image, sessions, 1500) == []
+    records = fence_expired(image, sessions, 1501)
+    assert records[0] == FenceBroker(broker_id=1, at_ms=1501, reason="session expired")
+    apply(image, records)
+    p0, p1 = image.partition("t", 0), image.partition("t", 1)
+    assert (p0.leader, p0.isr, p0.leader_epoch) == (2, (2, 3), 1)
+    assert (p1.leader, p1.isr, p1.leader_epoch) == (2, (2, 3), 0)
+    assert fence_expired(image, sessions, 1600) == []  # idempotent: already fenced
+
+
+def test_last_isr_member_stays_and_partition_goes_leaderless():
+    image = cluster(2)
+    add_topic(image, "t", [[1, 2]])
+    isr_change(image, ("t", 0), [1])
+    sessions = BrokerSessions(session_timeout_ms=100)
+    heartbeat_all(image, sessions, 0, skip=(1,))
+    apply(image, fence_expired(image, sessions, 50))  # 1 never heartbeated: grace from start
+    assert image.partition("t", 0).leader == 1
+    heartbeat_all(image, sessions, 101, skip=(1,))
+    apply(image, fence_expired(image, sessions, 101))
+    p = image.partition("t", 0)
+    assert (p.leader, p.isr) == (None, (1,))
+    assert elect_isr_leader(image, p) is None  # 2 is out of sync and unclean is off
+
+
+def test_new_controller_leader_gives_a_full_session_before_fencing():
+    image = cluster(2)
+    sessions = BrokerSessions(session_timeout_ms=1500)
+    assert fence_expired(image, sessions, 10_000) == []  # starts the clock at 10 s
+    assert fence_expired(image, sessions, 11_500) == []
+    assert len([r for r in fence_expired(image, sessions, 11_501)
+                if isinstance(r, FenceBroker)]) == 2
+
+
+def test_unfence_needs_current_incarnation_and_caught_up_metadata():
+    image = cluster(1)
+    add_broker(image, 2, fenced=True, incarnation="new")
+    fenced_at = image.brokers[2].fenced_offset
+    sessions = BrokerSessions()
+    sessions.heartbeat(2, "old", 0, 10**6)
+    assert unfence_ready(image, sessions, 0) == []
+    sessions.heartbeat(2, "new", 0, fenced_at - 1)
+    assert unfence_ready(image, sessions, 0) == []
+    sessions.heartbeat(2, "new", 0, fenced_at)
+    assert [type(r) for r in unfence_ready(image, sessions, 0)] == [UnfenceBroker]
+
+
+def test_heartbeat_from_stale_incarnation_is_refused():
+    image = cluster(1)
+    check_heartbeat(image, HeartbeatRequest(broker_id=1, incarnation_id="i0", metadata_offset=0))
+    with pytest.raises(StaleBrokerError) as exc:
+        check_heartbeat(image, HeartbeatRequest(broker_id=1, incarnation_id="x",
+                                                metadata_offset=0))
+    assert (exc.value.expected, exc.value.actual) == ("i0", "x")
+    with pytest.raises(UnknownBrokerError):
+        check_heartbeat(image, HeartbeatRequest(broker_id=5, incarnation_id="x",
+                                                metadata_offset=0))
+
+
+def reg(broker_id, incarnation, clean):
+    return RegisterBrokerRequest(broker_id=broker_id, incarnation_id=incarnation,
+                                 host="h", port=1, clean_shutdown=clean)
+
+
+def test_unclean_restart_leaves_every_isr():
+    """KIP-966: a broker back from an unclean shutdown leaves each ISR it was in (and its
+    leaderships) until it catches up; as the last member it stays (ISR never empties)."""
+    image = cluster(3)
+    add_topic(image, "t", [[1, 2, 3], [2, 1, 3]])
+    add_topic(image, "u", [[1, 3]])
+    isr_change(image, ("u", 0), [1])
+    records = register_broker(image, reg(1, "i1", clean=False), 5)
+    assert isinstance(records[0], RegisterBroker) and not records[0].clean_shutdown
+    apply(image, records)
+    assert image.brokers[1].fenced
+    p0, p1, p2 = image.partition("t", 0), image.partition("t", 1), image.partition("u", 0)
+    assert 1 not in p0.isr and p0.leader == 2
+    assert 1 not in p1.isr and p1.leader == 2
+    assert p2.isr == (1,) and p2.leader is None
+
+
+def test_clean_restart_keeps_isr_membership_but_not_leadership():
+    image = cluster(3)
+    add_topic(image, "t", [[1, 2, 3]])
+    apply(image, register_broker(image, reg(1, "i1", clean=True), 5))
+    p = image.partition("t", 0)
+    assert p.isr == (1, 2, 3) and p.leader == 2
+
+
+def test_register_retry_with_same_incarnation_changes_nothing():
+    image = cluster(1)
+    assert register_broker(image, reg(1, "i0", clean=True), 5) == []
+
+
+# ---- isr elections ----------------------------------------------------------------
+
+def test_isr_election_prefers_priority_then_replica_order():
+    image = cluster(4, priorities={3: 10})
+    add_topic(image, "t", [[1, 2, 3, 4]])
+    p = image.partition("t", 0)
+    apply(image, [PartitionChange(topic="t", partition=0, leader=-1)])
+    p = image.partition("t", 0)
+    assert elect_isr_leader(image, p).leader == 3
+    isr_change(image, ("t", 0), [2, 4])
+    assert elect_isr_leader(image, image.partition("t", 0)).leader == 2
+
+
+def test_unclean_election_only_when_allowed():
+    image = cluster(2)
+    add_topic(image, "t", [[1, 2]])
+    add_topic(image, "u", [[1, 2]], unclean_leader_election=True)
+    for t in ("t", "u"):
+        isr_change(image, (t, 0), [1])
+    sessions = BrokerSessions(session_timeout_ms=10, started_at_ms=0)
+    heartbeat_all(image, sessions, 100, skip=(1,))
+    apply(image, fence_expired(image, sessions, 100))
+    assert elect_isr_leader(image, image.partition("t", 0)) is None
+    c = elect_isr_leader(image, image.partition("u", 0))
+    assert (c.leader, c.isr) == (2, (2,))
+
+
+# ---- quorum elections -------------------------------------------------------------
+
+def quorum_image(n=3, **cfg):
+    image = cluster(n)
+    add_topic(image, "q", [list(range(1, n + 1))], commit_policy="quorum", **cfg)
+    return image
+
+
+def report(b, epoch, last_epoch, end_offset, topic="q"):
+    return ElectionReport(broker_id=b, topic=topic, partition=0, fenced_epoch=epoch,
+                          last_epoch=last_epoch, end_offset=end_offset)
+
+
+def test_quorum_leader_loss_fences_first():
+    image = quorum_image()
+    sessions = BrokerSessions(session_timeout_ms=10, started_at_ms=0)
+    heartbeat_all(image, sessions, 100, skip=(1,))
+    apply(image, fence_expired(image, sessions, 100))
+    p = image.partition("q", 0)
+    assert (p.leader, p.leader_epoch, p.fenced_for_election) == (None, 1, True)
+    assert elect_leaders(image, QuorumElectionTracker()) == []  # no reports yet
+
+
+def test_fence_for_election_record():
+    image = quorum_image()
+    c = fence_for_election(image, image.partition("q", 0))
+    assert c.fenced_for_election and c.leader == -1 and c.expected_partition_epoch == 0
+
+
+def test_stale_replica_with_longest_log_is_not_elected():
+    """Replica 3 holds a longer log from an older epoch (2, offset 90); replica 2 a shorter
+    one from the newer epoch (3, offset 50). The pair comparison elects 2; largest end
+    offset alone (KIP-250's rule) would elect 3 and lose epoch-3 records."""
+    image = quorum_image(n=3)
+    apply(image, [fence_for_election(image, image.partition("q", 0))])
+    p = image.partition("q", 0)
+    tracker = QuorumElectionTracker()
+    assert tracker.add(image, report(3, p.leader_epoch, 2, 90)) is None
+    assert elect_quorum(image, p, tracker.reports(p)) is None  # 1 of n-q+1 = 2
+    assert tracker.add(image, report(2, p.leader_epoch, 3, 50)) is None
+    c = elect_quorum(image, p, tracker.reports(p))
+    assert c.leader == 2 and c.isr == (2, 3)
+    apply(image, [c])
+    p = image.partition("q", 0)
+    assert (p.leader, p.leader_epoch, p.fenced_for_election) == (2, 2, False)
+
+
+def test_tracker_ignores_stale_duplicate_and_foreign_reports():
+    image = quorum_image(n=3)
+    add_broker(image, 9)
+    apply(image, [fence_for_election(image, image.partition("q", 0))])
+    p = image.partition("q", 0)
+    tracker = QuorumElectionTracker()
+    assert "fenced epoch 0" in tracker.add(image, report(2, 0, 5, 5))
+    assert "not a replica" in tracker.add(image, report(9, 1, 5, 5))
+    assert "unknown partition" in tracker.add(image, report(2, 1, 5, 5, topic="zz"))
+    assert tracker.add(image, report(2, 1, 0, 5)) is None
+    assert "duplicate" in tracker.add(image, report(2, 1, 9, 99))
+    assert [r.end_offset for r in tracker.reports(p)] == [5]
+
+
+def test_quorum_threshold_is_n_minus_q_plus_one():
+    image = quorum_image(n=5, quorum_required_acks=4)  # needs 2 reports
+    apply(image, [fence_for_election(image, image.partition("q", 0))])
+    p = image.partition("q", 0)
+    assert elect_quorum(image, p, [report(5, 1, 0, 0)]) is None
+    assert elect_quorum(image, p, [report(5, 1, 0, 0), report(4, 1, 0, 0)]).leader == 4
+
+
+def test_quorum_reports_from_fenced_replicas_do_not_count():
+    image = quorum_image(n=3)
+    apply(image, [fence_for_election(image, image.partition("q", 0)),
+                  FenceBroker(broker_id=3, at_ms=0)])
+    p = image.partition("q", 0)
+    assert elect_quorum(image, p, [report(3, 1, 9, 9), report(2, 1, 0, 0)]) is None
+    assert elect_quorum(image, p, [report(1, 1, 0, 0), report(2, 1, 0, 1)]).leader == 2
+
+
+def test_quorum_ties_break_by_priority_then_replica_order():
+    image = cluster(3, priorities={3: 5})
+    add_topic(image, "q", [[1, 2, 3]], commit_policy="quorum")
+    apply(image, [fence_for_election(image, image.partition("q", 0))])
+    p = image.partition("q", 0)
+    same = [report(b, 1, 4, 40) for b in (1, 2, 3)]
+    assert elect_quorum(image, p, same).leader == 3
+    assert elect_quorum(image, p, same[:2]).leader == 1
+
+
+def test_election_choice_matches_oracle():
+    """Seeds 0..499: best_report equals the naive one-pass oracle over random reports
+    (epochs and offsets from small ranges so ties are common) and random priorities."""
+    for seed in range(500):
+        rnd = random.Random(seed)
+        n = rnd.randint(2, 5)
+        image = cluster(n, priorities={b: rnd.randint(0, 2) for b in range(1, n + 1)})
+        replicas = rnd.sample(range(1, n + 1), n)
+        add_topic(image, "q", [replicas], commit_policy="quorum")
+        p = image.partition("q", 0)
+        reporters = rnd.sample(replicas, rnd.randint(1, n))
+        reports = [report(b, 1, rnd.randint(-1, 2), rnd.randint(0, 3)) for b in reporters]
+        assert best_report(image, p, reports) == best_report_oracle(image, p, reports), \
+            f"seed={seed}"
+
+
+# ---- ISR changes ----------------------------------------------------------------
+
+def isr_request(p, **over):
+    fields = dict(broker_id=p.leader, topic=p.topic, partition=p.partition,
+                  leader_epoch=p.leader_epoch, partition_epoch=p.partition_epoch,
+                  new_isr=p.isr)
+    fields.update(over)
+    return AlterIsrRequest(**fields)
+
+
+def test_alter_isr_accepts_a_current_leader():
+    image = cluster(3)
+    add_topic(image, "t", [[1, 2, 3]])
+    p = image.partition("t", 0)
+    records = alter_isr(image, isr_request(p, new_isr=(3, 1)))
+    assert records == [PartitionChange(topic="t", partition=0, isr=(1, 3),
+                                       expected_partition_epoch=0,
+                                       reason="requested by leader 1")]
+    apply(image, records)
+    assert image.partition("t", 0).partition_epoch == 1
+    assert alter_isr(image, isr_request(image.partition("t", 0))) == []
+
+
+def test_alter_isr_refuses_stale_leader_epoch():
+    image = cluster(3)
+    add_topic(image, "t", [[1, 2, 3]])
+    old = image.partition("t", 0)
+    apply(image, [PartitionChange(topic="t", partition=0, leader=2),
+                  PartitionChange(topic="t", partition=0, leader=1)])
+    with pytest.raises(StaleEpochError) as exc:
+        alter_isr(image, isr_request(old, new_isr=(1, 2)))
+    assert exc.value.code == ErrorCode.FENCED_LEADER_EPOCH
+    assert (exc.value.field, exc.value.expected, exc.value.actual) == ("leader_epoch", 2, 0)
+    with pytest.raises(StaleEpochError) as exc:
+        alter_isr(image, isr_request(old, leader_epoch=5, partition_epoch=2, new_isr=(1, 2)))
+    assert exc.value.code == ErrorCode.UNKNOWN_LEADER_EPOCH
+
+
+def test_alter_isr_refuses_stale_partition_epoch():
+    image = cluster(3)
+    add_topic(image, "t", [[1, 2, 3]])
+    old = image.partition("t", 0)
+    isr_change(image, ("t", 0), [1, 2])
+    with pytest.raises(StaleEpochError) as exc:
+        alter_isr(image, isr_request(old, new_isr=(1,)))
+    assert exc.value.code == ErrorCode.INVALID_UPDATE_VERSION
+    assert (exc.value.field, exc.value.expected, exc.value.actual) == ("partition_epoch", 1, 0)
+
+
+def test_alter_isr_refuses_bad_requests():
+    image = cluster(4)
+    add_topic(image, "t", [[1, 2, 3]])
+    p = image.partition("t", 0)
+    with pytest.raises(NotLeaderError) as exc:
+        alter_isr(image, isr_request(p, broker_id=2))
+    assert (exc.value.expected, exc.value.actual) == (1, 2)
+    with pytest.raises(InvalidFieldError, match="must contain the leader"):
+        alter_isr(image, isr_request(p, new_isr=(2, 3)))
+    with pytest.raises(InvalidFieldError, match=r"names \[4\]"):
+        alter_isr(image, isr_request(p, new_isr=(1, 4)))
+    with pytest.raises(UnknownTopicOrPartitionError):
+        alter_isr(image, isr_request(p, partition=3))
+    isr_change(image, ("t", 0), [1, 2])
+    apply(image, [FenceBroker(broker_id=3, at_ms=0)])
+    with pytest.raises(IneligibleReplicaError) as exc:
+        alter_isr(image, isr_request(image.partition("t", 0), new_isr=(1, 2, 3)))
+    assert exc.value.broker_id == 3
+
+
+def test_alter_isr_works_for_quorum_topics():
+    image = quorum_image()
+    p = image.partition("q", 0)
+    assert alter_isr(image, isr_request(p, new_isr=(1, 2)))[0].isr == (1, 2)
+
+
+# ---- reassignment ----------------------------------------------------------------
+
+def test_reassignment_grow_catch_up_shrink():
+    image = cluster(5)
+    add_topic(image, "t", [[1, 2, 3]])
+    grow = start_reassignment(image, ReassignmentRequest(topic="t", partition=0,
+                                                         target_replicas=(4, 5, 1)))
+    apply(image, grow)
+    p = image.partition("t", 0)
+    assert (p.replicas, p.adding, p.removing) == ((4, 5, 1, 2, 3), (4, 5), (2, 3))
+    assert p.target_replicas == (4, 5, 1)
+    assert progress_reassignments(image) == []  # 4 and 5 not in sync yet
+    isr_change(image, ("t", 0), [1, 2, 3, 4])
+    assert progress_reassignments(image) == []
+    isr_change(image, ("t", 0), [1, 2, 3, 4, 5])
+    apply(image, progress_reassignments(image))
+    p = image.partition("t", 0)
+    assert (p.replicas, p.isr, p.adding, p.removing, p.leader) == \
+        ((4, 5, 1), (1, 4, 5), (), (), 1)
+    assert progress_reassignments(image) == []
+
+
+def test_reassignment_reelects_when_the_leader_leaves():
+    image = cluster(4)
+    add_topic(image, "t", [[1, 2]])
+    apply(image, start_reassignment(image, ReassignmentRequest(
+        topic="t", partition=0, target_replicas=(3, 4))))
+    isr_change(image, ("t", 0), [1, 2, 3, 4])
+    apply(image, progress_reassignments(image))
+    p = image.partition("t", 0)
+    assert (p.replicas, p.leader, p.leader_epoch) == ((3, 4), 3, 1)
+
+
+def test_quorum_reassignment_leader_leaving_fences_for_election():
+    image = quorum_image(n=4)
+    apply(image, start_reassignment(image, ReassignmentRequest(
+        topic="q", partition=0, target_replicas=(2, 3, 4))))
+    apply(image, progress_reassignments(image))
+    p = image.partition("q", 0)
+    assert (p.replicas, p.leader, p.fenced_for_election) == ((2, 3, 4), None, True)
+
+
+def test_reassignment_validation():
+    image = cluster(3)
+    add_topic(image, "t", [[1, 2]])
+    with pytest.raises(UnknownBrokerError) as exc:
+        start_reassignment(image, ReassignmentRequest(topic="t", partition=0,
+                                                      target_replicas=(1, 7)))
+    assert exc.value.field == "target_replicas" and exc.value.value == 7
+    assert start_reassignment(image, ReassignmentRequest(topic="t", partition=0,
+                                                         target_replicas=(1, 2))) == []
+    reorder = start_reassignment(image, ReassignmentRequest(topic="t", partition=0,
+                                                            target_replicas=(2, 1)))
+    assert reorder[0].replicas == (2, 1) and reorder[0].adding is None
+    apply(image, start_reassignment(image, ReassignmentRequest(topic="t", partition=0,
+                                                               target_replicas=(3,))))
+    with pytest.raises(InvalidFieldError, match="cancel it first"):
+        start_reassignment(image, ReassignmentRequest(topic="t", partition=0,
+                                                      target_replicas=(2,)))
+
+
+def test_cancel_reassignment_returns_to_the_original_replicas():
+    image = cluster(3)
+    add_topic(image, "t", [[1, 2]])
+    apply(image, start_reassignment(image, ReassignmentRequest(topic="t", partition=0,
+                                                               target_replicas=(3,))))
+    apply(image, cancel_reassignment(image, "t", 0))
+    p = image.partition("t", 0)
+    assert (set(p.replicas), p.adding, p.removing) == ({1, 2}, (), ())
+
+
+# ---- rebalance, producer ids, facade -----------------------------------------------
+
+def test_preferred_election_moves_leadership_back():
+    image = cluster(3)
+    add_topic(image, "t", [[1, 2, 3]])
+    apply(image, [PartitionChange(topic="t", partition=0, leader=2)])
+    records = elect_preferred(image)
+    assert [r.leader for r in records] == [1]
+    apply(image, records)
+    assert elect_preferred(image) == []
+
+
+def test_preferred_is_priority_aware_and_needs_isr():
+    image = cluster(3, priorities={3: 9})
+    add_topic(image, "t", [[1, 2, 3]])  # created with leader 3: the highest priority
+    assert image.partition("t", 0).leader == 3
+    assert elect_preferred(image) == []
+    isr_change(image, ("t", 0), [2, 3])
+    apply(image, [PartitionChange(topic="t", partition=0, leader=2)])
+    assert [r.leader for r in elect_preferred(image)] == [3]
+
+
+def test_preferred_election_for_quorum_goes_through_the_fence():
+    image = quorum_image()
+    apply(image, [PartitionChange(topic="q", partition=0, leader=2)])
+    (c,) = elect_preferred(image, [("q", 0)])
+    assert c.fenced_for_election
+    with pytest.raises(UnknownTopicOrPartitionError):
+        elect_preferred(image, [("nope", 0)])
+
+
+def test_producer_id_blocks_do_not_overlap():
+    image = cluster(2)
+    a = allocate_producer_ids(image, AllocateProducerIdsRequest(broker_id=1))
+    apply(image, a)
+    b = allocate_producer_ids(image, AllocateProducerIdsRequest(broker_id=2, count=10))
+    assert a == [ProducerIdBlock(broker_id=1, first_id=0, size=1000)]
+    assert b == [ProducerIdBlock(broker_id=2, first_id=1000, size=10)]
+    with pytest.raises(UnknownBrokerError):
+        allocate_producer_ids(image, AllocateProducerIdsRequest(broker_id=3))
+
+
+def test_periodic_is_idempotent_once_its_records_are_applied():
+    image = cluster(3)
+    add_topic(image, "t", [[1, 2, 3]])
+    add_topic(image, "q", [[1, 2, 3]], commit_policy="quorum")
+    state = ControllerState(session_timeout_ms=100, rebalance_interval_ms=1000)
+    heartbeat_all(image, state.sessions, 0)
+    heartbeat_all(image, state.sessions, 150, skip=(1,))
+    first = state.periodic(image, 150)
+    assert isinstance(first[0], FenceBroker)
+    apply(image, first)
+    assert state.periodic(image, 150) == []
+    assert periodic(image, state.sessions, state.tracker, 150) == []
+
+
+def test_rebalance_timer_fires_once_per_interval():
+    timer = RebalanceTimer(rebalance_interval_ms=100)
+    assert [timer.due(t) for t in (0, 50, 100, 150, 199, 200)] == \
+        [False, False, True, False, False, True]
