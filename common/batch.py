@@ -56,6 +56,7 @@ MAX_BATCH_BYTES = 16 * 1024 * 1024
 BUILDER_MAX_BATCH_BYTES = 1024 * 1024
 # A compressed records region may not inflate past this (decompression bomb guard).
 MAX_DECOMPRESSED_BYTES = 64 * 1024 * 1024
+# zlib's default level; BatchBuilder(gzip_level=1) trades ratio for build speed.
 GZIP_LEVEL = 6
 
 # Timestamps are milliseconds; -1 is "no timestamp". The bound keeps every
@@ -264,7 +265,8 @@ def _check_patchable(buf: bytearray | memoryview, pos: int) -> None:
 def set_base_offset(buf: bytearray | memoryview, base_offset: int, pos: int = 0) -> None:
     """Stamp the batch's base offset; the CRC stays valid (the field is outside it)."""
     _check_patchable(buf, pos)
-    if not 0 <= base_offset <= _INT64_MAX - _INT32.unpack_from(buf, pos + 23)[0]:
+    last_offset_delta = max(_INT32.unpack_from(buf, pos + 23)[0], 0)
+    if not 0 <= base_offset <= _INT64_MAX - last_offset_delta:
         raise InvalidRequestError(f"base_offset {base_offset} out of range for this batch")
     _BASE_OFFSET.pack_into(buf, pos, base_offset)
 
@@ -361,13 +363,14 @@ class BatchBuilder:
     """
 
     __slots__ = ("_base_offset", "_leader_epoch", "_producer_id", "_producer_epoch", "_base_sequence",
-                 "_compression", "_attributes", "_max_batch_bytes", "_parts", "_raw_bytes", "_count",
+                 "_compression", "_gzip_level", "_attributes", "_max_batch_bytes", "_parts", "_raw_bytes", "_count",
                  "_first_timestamp", "_max_timestamp")
 
     def __init__(self, *, base_offset: int = 0, leader_epoch: int = -1, producer_id: int = -1,
                  producer_epoch: int = -1, base_sequence: int = -1,
                  compression: Compression | int = Compression.NONE, is_control: bool = False,
-                 is_transactional: bool = False, max_batch_bytes: int = BUILDER_MAX_BATCH_BYTES) -> None:
+                 is_transactional: bool = False, max_batch_bytes: int = BUILDER_MAX_BATCH_BYTES,
+                 gzip_level: int = GZIP_LEVEL) -> None:
         self._base_offset = _check_int("base_offset", base_offset, 0, _INT64_MAX)
         self._leader_epoch = _check_int("leader_epoch", leader_epoch, -1, _INT32_MAX)
         self._producer_id = _check_int("producer_id", producer_id, -1, _INT64_MAX)
@@ -376,6 +379,7 @@ class BatchBuilder:
         if compression not in _KNOWN_CODECS:
             raise InvalidRequestError(f"compression {compression!r} is not supported (use Compression.NONE or GZIP)")
         self._compression = Compression(compression)
+        self._gzip_level = _check_int("gzip_level", gzip_level, 1, 9)
         self._attributes = (int(compression) | (ATTR_CONTROL if is_control else 0)
                             | (ATTR_TRANSACTIONAL if is_transactional else 0))
         self._max_batch_bytes = _check_int("max_batch_bytes", max_batch_bytes,
@@ -469,7 +473,7 @@ class BatchBuilder:
             raise InvalidRequestError("cannot build an empty record batch; append at least one record")
         blob = b"".join(self._parts)
         if self._compression is Compression.GZIP:
-            blob = zlib.compress(blob, GZIP_LEVEL, wbits=31)
+            blob = zlib.compress(blob, self._gzip_level, wbits=31)
         tail = _TAIL.pack(self._attributes, self._count - 1, self._first_timestamp, self._max_timestamp,
                           self._producer_id, self._producer_epoch, self._base_sequence, self._count)
         crc = crc32c(blob, crc32c(tail))

@@ -150,6 +150,7 @@ def test_builder_enforces_max_batch_bytes(compression):
     ({"producer_epoch": 1 << 15}, "producer_epoch"),
     ({"compression": 4}, "compression"),
     ({"max_batch_bytes": 10}, "max_batch_bytes"),
+    ({"gzip_level": 0}, "gzip_level"),
 ])
 def test_builder_rejects_bad_header_fields(kwargs, word):
     with pytest.raises(InvalidRequestError, match=word):

@@ -104,14 +104,16 @@ class FrameDecoder:
         available = len(buf)
         limit = self.max_frame_bytes
         try:
-            while available - pos >= SIZE_BYTES:
-                size = _SIZE.unpack_from(buf, pos)[0]
-                check_frame_size(size, limit)
-                end = pos + SIZE_BYTES + size
-                if end > available:
-                    break
-                frames.append(bytes(buf[pos + SIZE_BYTES:end]))
-                pos = end
+            # One copy per frame, through a view released before the buffer is trimmed.
+            with memoryview(buf) as view:
+                while available - pos >= SIZE_BYTES:
+                    size = _SIZE.unpack_from(buf, pos)[0]
+                    check_frame_size(size, limit)
+                    end = pos + SIZE_BYTES + size
+                    if end > available:
+                        break
+                    frames.append(bytes(view[pos + SIZE_BYTES:end]))
+                    pos = end
         except ProtocolError as exc:
             self._failed = exc
             buf.clear()
