@@ -1,0 +1,213 @@
+"""The broker control RPC of a real single-node controller: sessions, fencing, ISR, metadata, producer ids."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from controller_harness import SECRET, Controller, http, make_specs, wait_leader, wait_until
+
+SESSION_TIMEOUT_MS = 800
+WINDOW = 40
+
+
+class Brokers:
+    """Heartbeats brokers every 150 ms from a thread, reporting the controller's current offset."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.alive: set[int] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def rpc(self, path: str, body=None, method="POST", secret=SECRET):
+        return http(method, self.url + "/rpc/v1/" + path, body, token=None, secret=secret)
+
+    def register(self, broker_id: int, incarnation: str | None = None) -> None:
+        r = self.rpc("register", {"broker_id": broker_id, "incarnation_id": incarnation or f"inc-{broker_id}",
+                                  "host": "127.0.0.1", "port": 9100 + broker_id})
+        assert r.status == 200, r.body
+        self.alive.add(broker_id)
+
+    def heartbeat(self, broker_id: int, incarnation: str | None = None, offset: int | None = None):
+        if offset is None:
+            offset = http("GET", self.url + "/v1/health", token=None).body["metadata_offset"]
+        return self.rpc("heartbeat", {"broker_id": broker_id, "incarnation_id": incarnation or f"inc-{broker_id}",
+                                      "metadata_offset": offset})
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for b in list(self.alive):
+                try:
+                    self.heartbeat(b)
+                except OSError:
+                    pass
+            time.sleep(0.15)
+
+    def start(self) -> "Brokers":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def fenced(self, broker_id: int) -> bool:
+        brokers = http("GET", self.url + "/v1/brokers").body["brokers"]
+        return next(b["fenced"] for b in brokers if b["broker_id"] == broker_id)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    spec = make_specs(1)[0]
+    c = Controller(spec, [spec], tmp_path_factory.mktemp("rpc"),
+                   ["--session-timeout-ms", str(SESSION_TIMEOUT_MS), "--cluster-secret", SECRET,
+                    "--metadata-window-records", str(WINDOW)])
+    brokers = None
+    try:
+        c.start()
+        wait_leader([c], timeout_s=20)
+        brokers = Brokers(spec.api_url).start()
+        for b in (1, 2, 3):
+            brokers.register(b)
+        wait_until(lambda: not any(brokers.fenced(b) for b in (1, 2, 3)), 10, "brokers unfenced")
+        yield c, brokers
+    finally:
+        if brokers is not None:
+            brokers.stop()
+        c.kill()
+
+
+def test_rpc_needs_the_cluster_secret(cluster):
+    _, brokers = cluster
+    for secret in (None, "wrong"):
+        r = brokers.rpc("heartbeat", {"broker_id": 1, "incarnation_id": "inc-1", "metadata_offset": 0}, secret=secret)
+        assert r.status == 401 and r.error["code"] == "UNAUTHORIZED"
+
+
+def test_register_again_with_same_incarnation_changes_nothing(cluster):
+    _, brokers = cluster
+    before = http("GET", brokers.url + "/v1/health", token=None).body["metadata_offset"]
+    r = brokers.rpc("register", {"broker_id": 1, "incarnation_id": "inc-1", "host": "127.0.0.1", "port": 9101})
+    assert r.status == 200
+    assert http("GET", brokers.url + "/v1/health", token=None).body["metadata_offset"] == before
+
+
+def test_heartbeat_from_unknown_or_stale_broker_is_refused(cluster):
+    _, brokers = cluster
+    unknown = brokers.heartbeat(77, "inc-77")
+    assert unknown.status == 400 and unknown.error["field"] == "broker_id"
+    stale = brokers.heartbeat(1, "old-incarnation")
+    assert stale.status == 409 and stale.error["code"] == "STALE_BROKER_EPOCH"
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"broker_id": "one", "incarnation_id": "x", "metadata_offset": 0}, "broker_id"),
+    ({"broker_id": 1, "incarnation_id": "inc-1", "metadata_offset": 0, "extra": 1}, "extra"),
+    ({"broker_id": 1, "incarnation_id": "inc-1"}, "metadata_offset"),
+])
+def test_malformed_heartbeat_is_400(cluster, body, field):
+    _, brokers = cluster
+    r = brokers.rpc("heartbeat", body)
+    assert r.status == 400 and r.error["field"] == field
+
+
+def test_broker_that_stops_heartbeating_is_fenced_and_loses_leadership(cluster):
+    c, brokers = cluster
+    brokers.register(4)
+    wait_until(lambda: not brokers.fenced(4), 10, "broker 4 unfenced")
+    r = http("POST", c.spec.api_url + "/v1/topics", {"name": "fence-me", "replica_assignment": [[4, 1]]})
+    assert r.status == 201, r.body
+    assert r.body["partitions"][0]["leader"] == 4
+    brokers.alive.discard(4)
+    wait_until(lambda: brokers.fenced(4), 10 * SESSION_TIMEOUT_MS / 1000, "broker 4 fenced")
+    p = http("GET", c.spec.api_url + "/v1/topics/fence-me/partitions").body["partitions"][0]
+    assert p["leader"] == 1 and 4 not in p["isr"]
+    # Coming back: heartbeats caught up unfence it again.
+    brokers.alive.add(4)
+    wait_until(lambda: not brokers.fenced(4), 10, "broker 4 unfenced again")
+
+
+def test_alter_isr_with_stale_epochs_is_refused_and_current_one_applies(cluster):
+    c, brokers = cluster
+    r = http("POST", c.spec.api_url + "/v1/topics", {"name": "isr", "replica_assignment": [[1, 2, 3]]})
+    assert r.status == 201, r.body
+    p = r.body["partitions"][0]
+    request = {"broker_id": p["leader"], "topic": "isr", "partition": 0, "leader_epoch": p["leader_epoch"],
+               "partition_epoch": p["partition_epoch"], "new_isr": [1, 2]}
+    stale = brokers.rpc("alter-isr", {**request, "partition_epoch": p["partition_epoch"] + 5})
+    assert stale.status == 409 and stale.error["code"] == "INVALID_UPDATE_VERSION", stale.body
+    fenced = brokers.rpc("alter-isr", {**request, "leader_epoch": p["leader_epoch"] + 1})
+    assert fenced.status == 409, fenced.body
+    ok = brokers.rpc("alter-isr", request)
+    assert ok.status == 200, ok.body
+    assert ok.body["partition"]["isr"] == [1, 2]
+    assert ok.body["partition"]["partition_epoch"] > p["partition_epoch"]
+    again = brokers.rpc("alter-isr", request)   # the epoch it names is now stale
+    assert again.status == 409
+
+
+def test_metadata_long_poll_returns_new_records_when_they_commit(cluster):
+    c, brokers = cluster
+    offset = http("GET", c.spec.api_url + "/v1/health", token=None).body["metadata_offset"]
+    result = {}
+
+    def poll():
+        result["reply"] = brokers.rpc(f"metadata?after_offset={offset}&max_wait_ms=5000", method="GET")
+    t = threading.Thread(target=poll)
+    t.start()
+    time.sleep(0.2)
+    assert http("POST", c.spec.api_url + "/v1/topics", {"name": "polled"}).status == 201
+    t.join(timeout=10)
+    reply = result["reply"]
+    assert reply.status == 200, reply.body
+    records = reply.body["records"]
+    assert records and records[0]["offset"] == offset + 1
+    assert [r["offset"] for r in records] == list(range(offset + 1, offset + 1 + len(records)))
+    assert any(r["record"]["type"] == "create_topic" and r["record"]["name"] == "polled" for r in records)
+
+
+def test_metadata_poll_at_the_end_times_out_empty(cluster):
+    c, brokers = cluster
+    offset = http("GET", c.spec.api_url + "/v1/health", token=None).body["metadata_offset"]
+    reply = brokers.rpc(f"metadata?after_offset={offset}&max_wait_ms=100", method="GET")
+    assert reply.status == 200 and reply.body["records"] == [] and reply.body["offset"] >= offset
+
+
+def test_metadata_far_behind_or_ahead_gets_the_whole_image(cluster):
+    c, brokers = cluster
+    for i in range(3):   # make sure more than the retained window of records exists
+        http("POST", c.spec.api_url + "/v1/topics", {"name": f"bulk-{i}", "partitions": WINDOW // 2})
+    reply = brokers.rpc("metadata?after_offset=-1&max_wait_ms=0", method="GET")
+    assert reply.status == 200 and "image" in reply.body
+    image = reply.body["image"]
+    assert image["offset"] == reply.body["offset"]
+    assert {"bulk-0", "bulk-1", "bulk-2"} <= {t["name"] for t in image["topics"]}
+    ahead = brokers.rpc(f"metadata?after_offset={reply.body['offset'] + 1000}&max_wait_ms=0", method="GET")
+    assert "image" in ahead.body
+
+
+@pytest.mark.parametrize("query", ["after_offset=x", "after_offset=-5", "max_wait_ms=999999"])
+def test_bad_metadata_queries_are_400(cluster, query):
+    _, brokers = cluster
+    assert brokers.rpc(f"metadata?{query}", method="GET").status == 400
+
+
+def test_producer_id_blocks_are_disjoint_and_consecutive(cluster):
+    _, brokers = cluster
+    a = brokers.rpc("allocate-producer-ids", {"broker_id": 1, "count": 100})
+    b = brokers.rpc("allocate-producer-ids", {"broker_id": 2, "count": 50})
+    assert a.status == 200 and b.status == 200, (a.body, b.body)
+    assert a.body["size"] == 100 and b.body["first_id"] == a.body["first_id"] + 100
+    unknown = brokers.rpc("allocate-producer-ids", {"broker_id": 99, "count": 10})
+    assert unknown.status == 400 and unknown.error["field"] == "broker_id"
+    too_many = brokers.rpc("allocate-producer-ids", {"broker_id": 1, "count": 0})
+    assert too_many.status == 400 and too_many.error["field"] == "count"
+
+
+def test_election_report_for_a_partition_not_in_election_is_not_accepted(cluster):
+    _, brokers = cluster
+    r = brokers.rpc("election-report", {"broker_id": 1, "topic": "isr", "partition": 0, "fenced_epoch": 0,
+                                        "last_epoch": 0, "end_offset": 0})
+    assert r.status == 200 and r.body["accepted"] is False and "not waiting" in r.body["reason"]
