@@ -17,6 +17,7 @@ from common.metadata import (
     PartitionChange,
     PartitionRecord,
     ProducerIdBlock,
+    RecordRejected,
     RegisterBroker,
     UnfenceBroker,
 )
@@ -61,6 +62,7 @@ from controller.decisions import (
     elect_quorum,
     fence_expired,
     fence_for_election,
+    move_fenced_leaders,
     periodic,
     place_replicas,
     progress_reassignments,
@@ -228,7 +230,8 @@ def test_expired_broker_is_fenced_loses_leadership_and_leaves_isr():
     heartbeat_all(image, sessions, 1000, skip=(1,))
     assert fence_expired(image, sessions, 1500) == []
     records = fence_expired(image, sessions, 1501)
-    assert records[0] == FenceBroker(broker_id=1, at_ms=1501, reason="session expired")
+    assert records[0] == FenceBroker(broker_id=1, at_ms=1501, reason="session expired",
+                                     incarnation_id="i0")
     apply(image, records)
     p0, p1 = image.partition("t", 0), image.partition("t", 1)
     assert (p0.leader, p0.isr, p0.leader_epoch) == (2, (2, 3), 1)
@@ -598,6 +601,34 @@ def test_cancel_reassignment_returns_to_the_original_replicas():
 
 
 # ---- rebalance, producer ids, facade -----------------------------------------------
+
+def test_stale_fence_and_unfence_are_rejected():
+    """A fence decided for an old incarnation, or an unfence decided before a newer fence,
+    does not apply; a leader left fenced by a stale proposal is moved on the next round."""
+    image = cluster(2)
+    add_topic(image, "t", [[1, 2]])
+    old = image.copy()
+    sessions = BrokerSessions(session_timeout_ms=10, started_at_ms=0)
+    stale_fence = fence_expired(old, sessions, 100)
+    apply(image, register_broker(image, reg(1, "i1", clean=True), 100))
+    sessions.heartbeat(1, "i1", 100, image.brokers[1].fenced_offset)
+    sessions.heartbeat(2, "i0", 100, image.offset)
+    stale_unfence = unfence_ready(image, sessions, 100)
+    apply(image, stale_unfence)
+    with pytest.raises(RecordRejected, match="incarnation"):
+        image.apply(stale_fence[0], image.offset + 1)
+    apply(image, [FenceBroker(broker_id=1, at_ms=101)])
+    with pytest.raises(RecordRejected, match="fenced again"):
+        image.apply(stale_unfence[0], image.offset + 1)
+    # A fenced leader left behind (fence applied, its partition change rejected):
+    lone = cluster(2)
+    add_topic(lone, "t", [[1, 2]])
+    apply(lone, [FenceBroker(broker_id=1, at_ms=0)])
+    assert lone.partition("t", 0).leader == 1
+    (fix,) = move_fenced_leaders(lone)
+    apply(lone, [fix])
+    assert lone.partition("t", 0).leader == 2
+
 
 def test_preferred_election_moves_leadership_back():
     image = cluster(3)

@@ -235,6 +235,9 @@ class MetadataImage:
             raise _reject(r, f"broker {r.broker_id} is not registered")
         if info.fenced:
             raise _reject(r, f"broker {r.broker_id} is already fenced")
+        if r.incarnation_id is not None and r.incarnation_id != info.incarnation_id:
+            raise _reject(r, f"broker {r.broker_id} is now incarnation "
+                             f"{info.incarnation_id!r}, not {r.incarnation_id!r}")
         self._brokers[r.broker_id] = replace(info, fenced=True, fenced_at_ms=r.at_ms,
                                              fenced_offset=self._offset + 1,
                                              fence_reason=r.reason)
@@ -245,6 +248,9 @@ class MetadataImage:
             raise _reject(r, f"broker {r.broker_id} is not registered")
         if not info.fenced:
             raise _reject(r, f"broker {r.broker_id} is not fenced")
+        if r.fenced_offset is not None and r.fenced_offset != info.fenced_offset:
+            raise _reject(r, f"broker {r.broker_id} was fenced again at offset "
+                             f"{info.fenced_offset}, after {r.fenced_offset}")
         self._brokers[r.broker_id] = replace(info, fenced=False, fenced_at_ms=None,
                                              fenced_offset=None, fence_reason="")
 

@@ -42,17 +42,25 @@ class RegisterBroker(_Record):
 
 
 class FenceBroker(_Record):
+    """Fence a broker. With `incarnation_id` set, only that incarnation (a fence decided
+    before the broker re-registered is rejected)."""
+
     type: Literal["fence_broker"] = "fence_broker"
     broker_id: BrokerId
     at_ms: int = Field(ge=0)
     reason: str = ""
+    incarnation_id: str | None = None
 
 
 class UnfenceBroker(_Record):
+    """Unfence a broker. With `fenced_offset` set, only if it is still fenced by the record
+    at that offset (an unfence decided before a newer fence is rejected)."""
+
     type: Literal["unfence_broker"] = "unfence_broker"
     broker_id: BrokerId
     at_ms: int = Field(ge=0)
     reason: str = ""
+    fenced_offset: int | None = None
 
 
 class UnregisterBroker(_Record):

@@ -17,6 +17,7 @@ from controller.decisions.elections import (
     elect_leaders,
     elect_quorum,
     fence_for_election,
+    move_fenced_leaders,
 )
 from controller.decisions.isr import alter_isr
 from controller.decisions.placement import place_replicas
@@ -43,7 +44,7 @@ __all__ = [
     "alter_config", "alter_isr", "allocate_producer_ids", "cancel_reassignment",
     "check_heartbeat", "create_topic", "delete_topic", "elect_isr_leader", "elect_leaders",
     "elect_preferred", "elect_quorum", "fence_broker", "fence_expired", "fence_for_election",
-    "place_replicas", "progress_reassignments", "register_broker", "start_reassignment",
+    "move_fenced_leaders", "place_replicas", "progress_reassignments", "register_broker", "start_reassignment",
     "unfence_ready",
 ]
 
@@ -52,7 +53,8 @@ def periodic(image: MetadataImage, sessions: BrokerSessions, tracker: QuorumElec
              now_ms: int, *, rebalance_timer: RebalanceTimer | None = None) -> list[Record]:
     """What the controller leader should append now, in this fixed order:
     fence expired brokers (moving their leaderships, shrinking ISRs); unfence
-    brokers that heartbeat and caught up; elect leaders for leaderless
+    brokers that heartbeat and caught up; move any leadership a fenced broker
+    still holds (only after a stale proposal); elect leaders for leaderless
     partitions (quorum: fence step, then from the tracker's reports); progress
     reassignments; and, when `rebalance_timer` says it is due, preferred-leader
     rebalance. Each step sees the records of the steps before it.
@@ -63,6 +65,7 @@ def periodic(image: MetadataImage, sessions: BrokerSessions, tracker: QuorumElec
     plan = Plan(image)
     plan.extend(fence_expired(plan.image, sessions, now_ms))
     plan.extend(unfence_ready(plan.image, sessions, now_ms))
+    plan.extend(move_fenced_leaders(plan.image))
     plan.extend(elect_leaders(plan.image, tracker))
     plan.extend(progress_reassignments(plan.image))
     if rebalance_timer is not None and rebalance_timer.due(now_ms):

@@ -32,11 +32,13 @@ from controller.decisions.plan import (
     choose_leader,
     fence_for_election,
     is_quorum,
+    without_broker,
 )
 
 __all__ = [
     "elect_isr_leader", "fence_for_election", "QuorumElectionTracker", "elect_quorum",
     "quorum_reports_needed", "best_report", "best_report_oracle", "elect_leaders",
+    "move_fenced_leaders",
 ]
 
 
@@ -168,6 +170,19 @@ def elect_quorum(image: MetadataImage, p: PartitionInfo,
     return change(p, leader=winner.broker_id, isr=isr,
                   reason=f"quorum election: {len(by_broker)} reports, best "
                          f"(epoch {winner.last_epoch}, offset {winner.end_offset})")
+
+
+def move_fenced_leaders(image: MetadataImage) -> list[Record]:
+    """Repair: take leadership from any fenced leader. Decisions never leave one, but a
+    fence decided on a stale view can apply while the partition change that went with
+    it is rejected for its stale epoch; this puts things right on the next round."""
+    records: list[Record] = []
+    for p in image.partitions():
+        if p.leader is not None and not image.is_unfenced(p.leader):
+            c = without_broker(image, p, p.leader, leave_isr=False, reason="leader is fenced")
+            assert c is not None
+            records.append(c)
+    return records
 
 
 def elect_leaders(image: MetadataImage, tracker: QuorumElectionTracker) -> list[Record]:

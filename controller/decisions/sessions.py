@@ -121,7 +121,8 @@ def fence_broker(image: MetadataImage, broker_id: int, now_ms: int, *,
     if info is None or info.fenced:
         return []
     plan = Plan(image)
-    plan.add(FenceBroker(broker_id=broker_id, at_ms=now_ms, reason=reason))
+    plan.add(FenceBroker(broker_id=broker_id, at_ms=now_ms, reason=reason,
+                         incarnation_id=info.incarnation_id))
     for p in list(plan.image.partitions()):
         if broker_id in p.replicas:
             c = without_broker(plan.image, p, broker_id, leave_isr=True, reason=reason)
@@ -156,5 +157,6 @@ def unfence_ready(image: MetadataImage, sessions: BrokerSessions, now_ms: int) -
         caught_up = info.fenced_offset if info.fenced_offset is not None else -1
         if s.metadata_offset >= caught_up:
             records.append(UnfenceBroker(broker_id=broker_id, at_ms=now_ms,
-                                         reason=f"caught up to offset {s.metadata_offset}"))
+                                         reason=f"caught up to offset {s.metadata_offset}",
+                                         fenced_offset=info.fenced_offset))
     return records
