@@ -118,6 +118,7 @@ def test_build_read_identity(case):
 
 
 def test_estimated_size_is_an_upper_bound():
+    """Seed 7: for random record sizes, the built batch never exceeds estimated_size_bytes."""
     for compression in Compression:
         builder = BatchBuilder(compression=compression)
         rng = random.Random(7)
@@ -128,7 +129,8 @@ def test_estimated_size_is_an_upper_bound():
 
 @pytest.mark.parametrize("compression", list(Compression))
 def test_builder_enforces_max_batch_bytes(compression):
-    """A batch never exceeds max_batch_bytes, even with incompressible data under gzip."""
+    """Seed 1: a batch never exceeds max_batch_bytes, even with incompressible data under gzip,
+    and has_room_for agrees with append."""
     rng = random.Random(1)
     builder = BatchBuilder(max_batch_bytes=4096, compression=compression)
     appended = 0

@@ -15,6 +15,7 @@ from common.wire import (
     ApiKey,
     ApiVersionsRequest,
     AppendEntriesRequest,
+    ConnectionClosedError,
     AppendEntriesResponse,
     FetchPartitionResponse,
     FetchResponse,
@@ -328,30 +329,37 @@ def test_malformed_frame_closes_only_that_connection(caplog):
     assert all(r.levelno == logging.WARNING for r in closes)
 
 
-def test_client_fails_pending_requests_when_server_goes_away():
+def test_handler_failure_closes_connection_and_fails_pending_requests(caplog):
+    """acks=0 produce gets no response; a handler that raises closes that connection, and the
+    client's pending request fails with NETWORK_EXCEPTION instead of hanging."""
+
     async def run():
-        arrived = asyncio.Event()
+        seen = []
 
-        async def stuck_handler(header, request):
-            arrived.set()
-            await asyncio.sleep(3600)
+        async def handler(header, request):
+            seen.append(ApiKey(header.api_key))
+            if header.api_key == ApiKey.PRODUCE:
+                return None
+            raise RuntimeError("handler bug")
 
-        server = await start_server(stuck_handler, "127.0.0.1", 0)
+        server = await start_server(handler, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         client = await WireClient.connect("127.0.0.1", port)
         try:
-            pending = asyncio.ensure_future(client.request(MetadataRequest()))
-            await asyncio.wait_for(arrived.wait(), 5)
-            server.close()
-            for task in asyncio.all_tasks():
-                if task.get_coro().__name__ == "on_connect":
-                    task.cancel()
-            with pytest.raises(Exception) as info:
-                await asyncio.wait_for(pending, 5)
-            assert getattr(info.value, "code", None) == ErrorCode.NETWORK_EXCEPTION
+            await client.send(ProduceRequest(acks=0, topics=(ProduceTopic(topic="t", partitions=(
+                ProducePartition(partition=0, records=build_batch([b"x"], timestamp_ms=0)),)),)))
+            with pytest.raises(ConnectionClosedError) as info:
+                await asyncio.wait_for(client.request(MetadataRequest()), 5)
+            assert info.value.code == ErrorCode.NETWORK_EXCEPTION
             assert client.closed
+            with pytest.raises(ConnectionClosedError):
+                await client.request(MetadataRequest())
+            assert seen == [ApiKey.PRODUCE, ApiKey.METADATA]
         finally:
             await client.close()
+            server.close()
             await server.wait_closed()
 
-    asyncio.run(asyncio.wait_for(run(), 20))
+    with caplog.at_level(logging.ERROR, logger="biplane.wire"):
+        asyncio.run(asyncio.wait_for(run(), 20))
+    assert any(getattr(r, "event", None) == "wire.handler_error" for r in caplog.records)
