@@ -1,0 +1,1 @@
+"""Capacity reports over controller snapshot files (PySpark)."""

@@ -1,0 +1,398 @@
+"""The capacity report: Spark reads the snapshot history, pure planning answers the questions.
+
+Stages (each announced on stderr):
+1. list the inputs on the driver (names only; foreign names become warnings);
+2. check every file on the executors (`files` table: readable, our schema?);
+3. read per-broker series from every readable file on the executors;
+4. fit growth per broker in Spark (least squares over the last `fit_days`);
+5. read the latest snapshot's placement and plan: skew, balanced placement, what-ifs;
+6. write CSVs, plots and the HTML page.
+"""
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pandas as pd
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from controller.report import planning
+from controller.report.datasource import FORMAT_NAME
+from controller.snapshot_schema import FILE_NAME_RE, TEMP_PREFIX
+from controller.snapshots import iso_utc
+
+DAY_MS = 86_400_000
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ReportOptions:
+    fit_days: float = 7.0  # least squares over each broker's last fit_days of history
+    forecast_snapshots_min: int = 3
+    forecast_span_ms_min: int = 3_600_000
+    add_brokers: int = 1
+    replication_factor_change: tuple[str, int] | None = None  # default: largest topic, RF + 1
+    lose_broker: int | None = None  # default: the broker with the most replica bytes
+    balance_tolerance_ratio: float = 0.05
+    moves_max: int = 100_000
+    splits: int | None = None  # default: 2 x Spark's default parallelism
+
+    def __post_init__(self) -> None:
+        if not self.fit_days > 0:
+            raise ValueError(f"--fit-days must be > 0, got {self.fit_days}")
+        if self.add_brokers < 0:
+            raise ValueError(f"--add-brokers must be >= 0, got {self.add_brokers}")
+        if self.splits is not None and self.splits < 1:
+            raise ValueError(f"--splits must be >= 1, got {self.splits}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ReportResult:
+    out_dir: Path
+    html_path: Path
+    tables: dict[str, pd.DataFrame]
+    summary: dict[str, object]
+    warnings: list[tuple[str, str]]
+
+
+class Progress:
+    def __init__(self, stages: int, stream=sys.stderr) -> None:
+        self.stages = stages
+        self.stream = stream
+        self.index = 0
+        self.started = time.monotonic()
+
+    def __call__(self, message: str) -> None:
+        self.index += 1
+        print(f"[capacity {self.index}/{self.stages} +{time.monotonic() - self.started:.1f}s] {message}",
+              file=self.stream, flush=True)
+
+    def note(self, message: str) -> None:
+        print(f"[capacity] {message}", file=self.stream, flush=True)
+
+
+def discover_inputs(inputs: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
+    """Snapshot file paths (sorted by name, i.e. by time) and warnings for foreign names.
+
+    Each input is a directory, a glob or a file. Temp files of a writer are skipped silently.
+    """
+    found: set[str] = set()
+    warnings = []
+    for entry in inputs:
+        if os.path.isdir(entry):
+            candidates = [os.path.join(entry, name) for name in os.listdir(entry)]
+        else:
+            candidates = glob.glob(entry) if glob.has_magic(entry) else [entry]
+            if not candidates:
+                warnings.append((entry, "no such file or nothing matches"))
+        for path in candidates:
+            name = os.path.basename(path)
+            if name.startswith(TEMP_PREFIX) or os.path.isdir(path):
+                continue
+            if FILE_NAME_RE.match(name):
+                found.add(os.path.abspath(path))
+            else:
+                warnings.append((path, "not a snapshot file name (snapshot-<yyyymmddThhmmssZ>-<offset>.sqlite)"))
+    return sorted(found, key=os.path.basename), warnings
+
+
+def read_table(spark: SparkSession, table: str, paths: list[str], splits: int) -> DataFrame:
+    return (spark.read.format(FORMAT_NAME).option("table", table).option("paths", json.dumps(paths))
+            .option("splits", str(splits)).load())
+
+
+def forecast(series: DataFrame, latest_ms: int, options: ReportOptions) -> pd.DataFrame:
+    """Per broker: least squares of disk_used_bytes on time (days) over its last fit_days,
+    computed in Spark (regr_slope, regr_intercept, regr_r2), then days until full. Each broker's
+    window ends at its own last report; x is days relative to the latest snapshot."""
+    per_broker = (
+        series.where(F.col("disk_used_bytes").isNotNull())
+        .groupBy("broker_id")
+        .agg(F.max("snapshot_time_ms").alias("last_ms"))
+    )
+    fitted = (
+        series.where(F.col("disk_used_bytes").isNotNull())
+        .join(per_broker, "broker_id")
+        .where(F.col("snapshot_time_ms") >= F.greatest(F.col("last_ms") - int(options.fit_days * DAY_MS),
+                                                       F.lit(0)))
+        .withColumn("x_days", (F.col("snapshot_time_ms") - F.lit(latest_ms)) / F.lit(float(DAY_MS)))
+        .withColumn("y", F.col("disk_used_bytes").cast("double"))
+        .groupBy("broker_id")
+        .agg(
+            F.count("*").alias("points"),
+            F.min("snapshot_time_ms").alias("first_ms"),
+            F.max("snapshot_time_ms").alias("last_ms"),
+            F.regr_slope("y", "x_days").alias("slope_bytes_per_day"),
+            F.regr_intercept("y", "x_days").alias("intercept_bytes"),
+            F.regr_r2("y", "x_days").alias("r2"),
+            F.max_by("disk_used_bytes", "snapshot_time_ms").alias("disk_used_bytes"),
+            F.max_by("disk_total_bytes", "snapshot_time_ms").alias("disk_total_bytes"),
+            F.max_by("rack", "snapshot_time_ms").alias("rack"),
+        )
+        .orderBy("broker_id")
+        .toPandas()
+    )
+    rows = []
+    for r in fitted.itertuples(index=False):
+        span_ms = int(r.last_ms - r.first_ms)
+        enough = r.points >= options.forecast_snapshots_min and span_ms >= options.forecast_span_ms_min
+        slope = None if not enough or _nan(r.slope_bytes_per_day) else float(r.slope_bytes_per_day)
+        days = planning.days_until_full(capacity_bytes=_int(r.disk_total_bytes), used_bytes=_int(r.disk_used_bytes),
+                                        slope_bytes_per_day=slope)
+        if not enough:
+            status = (f"history too short: {r.points} snapshots over {span_ms / 3_600_000:.2f} h; a forecast needs "
+                      f"{options.forecast_snapshots_min} over {options.forecast_span_ms_min / 3_600_000:.2f} h")
+        elif slope is None or slope <= 0:
+            status = "not growing"
+        else:
+            status = "ok"
+        rows.append({
+            "broker_id": int(r.broker_id), "rack": r.rack, "points": int(r.points),
+            "span_hours": round(span_ms / 3_600_000, 3),
+            "fit_from": iso_utc(int(r.first_ms)), "fit_to": iso_utc(int(r.last_ms)),
+            "slope_bytes_per_day": slope,
+            "r2": None if not enough or _nan(r.r2) else float(r.r2),
+            "disk_total_bytes": _int(r.disk_total_bytes), "disk_used_bytes": _int(r.disk_used_bytes),
+            "days_until_full": days,
+            "full_at": iso_utc(int(r.last_ms + days * DAY_MS)) if days is not None and days < 36_500 else None,
+            "status": status,
+        })
+    return pd.DataFrame(rows, columns=["broker_id", "rack", "points", "span_hours", "fit_from", "fit_to",
+                                       "slope_bytes_per_day", "r2", "disk_total_bytes", "disk_used_bytes",
+                                       "days_until_full", "full_at", "status"])
+
+
+def _nan(value) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def _int(value) -> int | None:
+    return None if _nan(value) or pd.isna(value) else int(value)
+
+
+def placement_from_latest(tables: dict[str, pd.DataFrame], latest_series: pd.DataFrame
+                          ) -> tuple[list[planning.BrokerSlot], list[planning.PartitionPlacement]]:
+    """Planning inputs from the latest snapshot's tables (already on the driver: one file)."""
+    used = {int(r.broker_id): _int(r.disk_used_bytes) for r in latest_series.itertuples(index=False)}
+    brokers = [
+        planning.BrokerSlot(broker_id=int(b.broker_id), rack=None if pd.isna(b.rack) else b.rack,
+                            live=b.state == "unfenced", capacity_bytes=_int(b.disk_capacity_bytes),
+                            used_bytes=used.get(int(b.broker_id)))
+        for b in tables["brokers"].itertuples(index=False)
+    ]
+    usage = tables["replica_usage"]
+    size = usage.groupby(["topic", "partition"])["size_bytes"].max().to_dict()
+    rate = usage.groupby(["topic", "partition"])["produce_bytes_per_s"].max().to_dict()
+    configs = tables["topic_configs"]
+    min_isr = {r.topic: int(json.loads(r.value)) for r in configs.itertuples(index=False)
+               if r.name == "min_insync_replicas"}
+    replicas = tables["replicas"].sort_values(["topic", "partition", "position"])
+    members: dict[tuple[str, int], list[int]] = {}
+    isr: dict[tuple[str, int], list[int]] = {}
+    for r in replicas.itertuples(index=False):
+        key = (r.topic, int(r.partition))
+        members.setdefault(key, []).append(int(r.broker_id))
+        if r.in_isr:
+            isr.setdefault(key, []).append(int(r.broker_id))
+    partitions = []
+    for p in tables["partitions"].sort_values(["topic", "partition"]).itertuples(index=False):
+        key = (p.topic, int(p.partition))
+        partitions.append(planning.PartitionPlacement(
+            topic=p.topic, partition=int(p.partition), replicas=tuple(members.get(key, ())),
+            leader=_int(p.leader), size_bytes=int(size.get(key, 0) or 0), isr=tuple(isr.get(key, ())),
+            min_insync_replicas=min_isr.get(p.topic, 1), growth_bytes_per_s=float(rate.get(key, 0.0) or 0.0)))
+    return brokers, partitions
+
+
+def loads_frame(brokers: list[planning.BrokerSlot], partitions) -> pd.DataFrame:
+    loads = planning.broker_loads(brokers, partitions)
+    frame = pd.DataFrame([dataclasses.asdict(l) for l in loads])
+    for metric in ("replicas", "leaders", "replica_bytes"):
+        mean = frame[metric].mean() if len(frame) else 0
+        frame[f"{metric}_over_mean"] = (frame[metric] / mean).round(3) if mean else None
+    return frame
+
+
+def outlook_frame(brokers: list[planning.BrokerSlot], before, after) -> pd.DataFrame:
+    """Per broker: replica bytes before and after a plan, projected disk use, and days until full
+    if each replica keeps growing at its partition's current produce rate."""
+    load_before = {l.broker_id: l.replica_bytes for l in planning.broker_loads(brokers, before)}
+    load_after = {l.broker_id: l.replica_bytes for l in planning.broker_loads(brokers, after)}
+    growth = planning.growth_by_broker(after)
+    rows = []
+    for b in brokers:
+        used = b.used_bytes if b.used_bytes is not None else load_before.get(b.broker_id, 0)
+        used_after = max(0, used - load_before.get(b.broker_id, 0) + load_after.get(b.broker_id, 0))
+        days = planning.days_until_full(capacity_bytes=b.capacity_bytes, used_bytes=used_after,
+                                        slope_bytes_per_day=growth.get(b.broker_id, 0.0))
+        rows.append({"broker_id": b.broker_id, "rack": b.rack, "live": b.live,
+                     "replica_bytes_before": load_before.get(b.broker_id, 0),
+                     "replica_bytes_after": load_after.get(b.broker_id, 0),
+                     "disk_used_after_bytes": used_after, "disk_total_bytes": b.capacity_bytes,
+                     "over_capacity": b.capacity_bytes is not None and used_after > b.capacity_bytes,
+                     "growth_bytes_per_day_after": growth.get(b.broker_id, 0.0),
+                     "days_until_full_after": None if days is None else round(days, 2)})
+    return pd.DataFrame(rows)
+
+
+def moves_frame(plan: planning.Plan) -> pd.DataFrame:
+    return pd.DataFrame([dataclasses.asdict(m) for m in plan.moves],
+                        columns=["topic", "partition", "source_broker", "target_broker", "size_bytes", "reason"])
+
+
+def plan_reports(brokers, partitions, options: ReportOptions) -> tuple[dict[str, pd.DataFrame], dict[str, object]]:
+    """Skew, balanced placement and the three what-ifs on the latest placement."""
+    tables: dict[str, pd.DataFrame] = {}
+    summary: dict[str, object] = {}
+    tables["broker_skew"] = loads_frame(brokers, partitions)
+    skew_rows = [dataclasses.asdict(s) for s in planning.skews(planning.broker_loads(brokers, partitions))]
+    tables["skew_summary"] = pd.DataFrame(skew_rows)
+    rack_frame = tables["broker_skew"].assign(rack=tables["broker_skew"]["rack"].fillna("(none)"))
+    tables["rack_skew"] = rack_frame.groupby("rack", as_index=False)[["replicas", "leaders", "replica_bytes"]].sum()
+
+    plan = planning.balanced_plan(brokers, partitions, tolerance_ratio=options.balance_tolerance_ratio,
+                                  moves_max=options.moves_max)
+    tables["move_plan"] = moves_frame(plan)
+    tables["balanced_placement"] = outlook_frame(brokers, partitions, plan.partitions)
+    leaders = planning.balanced_leaders(plan.partitions)
+    tables["leader_plan"] = pd.DataFrame(
+        [{"topic": p.topic, "partition": p.partition, "leader_before": p.leader, "leader_after": leaders[(p.topic, p.partition)]}
+         for p in plan.partitions if (p.topic, p.partition) in leaders and leaders[(p.topic, p.partition)] != p.leader],
+        columns=["topic", "partition", "leader_before", "leader_after"])
+    summary["balance"] = {"moves": len(plan.moves), "moved_bytes": plan.moved_bytes,
+                          "leadership_changes": len(tables["leader_plan"]), "stopped_because": plan.stopped_because,
+                          "tolerance_ratio": options.balance_tolerance_ratio}
+
+    grown = planning.add_brokers(brokers, options.add_brokers)
+    add_plan = planning.balanced_plan(grown, partitions, tolerance_ratio=options.balance_tolerance_ratio,
+                                      moves_max=options.moves_max)
+    tables["whatif_add_brokers"] = outlook_frame(grown, partitions, add_plan.partitions)
+    tables["whatif_add_brokers_moves"] = moves_frame(add_plan)
+    summary["add_brokers"] = {"count": options.add_brokers,
+                              "new_broker_ids": [b.broker_id for b in grown[len(brokers):]],
+                              "moves": len(add_plan.moves), "moved_bytes": add_plan.moved_bytes,
+                              "stopped_because": add_plan.stopped_because}
+
+    topic_bytes: dict[str, int] = {}
+    topic_rf: dict[str, int] = {}
+    for p in partitions:
+        topic_bytes[p.topic] = topic_bytes.get(p.topic, 0) + p.size_bytes
+        topic_rf[p.topic] = max(topic_rf.get(p.topic, 0), len(p.replicas))
+    live = sum(1 for b in brokers if b.live)
+    if options.replication_factor_change is not None:
+        topic, rf = options.replication_factor_change
+    elif topic_bytes:
+        topic = max(sorted(topic_bytes), key=lambda t: topic_bytes[t])
+        rf = topic_rf[topic] + 1 if topic_rf[topic] < live else topic_rf[topic] - 1
+    else:
+        topic, rf = None, None
+    if topic is not None:
+        rf_plan = planning.change_replication_factor(brokers, partitions, topic, rf)
+        tables["whatif_replication_factor"] = outlook_frame(brokers, partitions, rf_plan.partitions)
+        before = sum(l.replica_bytes for l in planning.broker_loads(brokers, partitions))
+        after = sum(l.replica_bytes for l in planning.broker_loads(brokers, rf_plan.partitions))
+        summary["replication_factor"] = {"topic": topic, "from": topic_rf.get(topic), "to": rf,
+                                         "bytes_added": max(0, after - before), "bytes_freed": max(0, before - after),
+                                         "replicas_added": len(rf_plan.moves)}
+
+    loads = planning.broker_loads(brokers, partitions)
+    lost = options.lose_broker
+    if lost is None and loads:
+        lost = max(loads, key=lambda l: (l.replica_bytes, -l.broker_id)).broker_id
+    if lost is not None:
+        lose_plan = planning.lose_broker(brokers, partitions, lost)
+        frame = outlook_frame(brokers, partitions, lose_plan.partitions)
+        tables["whatif_lose_broker"] = frame
+        tables["whatif_lose_broker_moves"] = moves_frame(lose_plan)
+        led = [p for p in partitions if p.leader == lost]
+        under_min_isr = [p for p in partitions if lost in p.replicas
+                         and len([b for b in p.isr if b != lost]) < p.min_insync_replicas]
+        stranded = [p for p in lose_plan.partitions if lost in p.replicas]
+        summary["lose_broker"] = {
+            "broker_id": lost, "bytes_to_rereplicate": lose_plan.moved_bytes, "replicas_moved": len(lose_plan.moves),
+            "leaderships_lost": len(led), "partitions_under_min_isr_until_rereplicated": len(under_min_isr),
+            "replicas_without_a_home": sum(1 for _ in stranded),
+            "brokers_over_capacity": [int(b) for b in frame.loc[frame["over_capacity"], "broker_id"]],
+        }
+    return tables, summary
+
+
+def run_capacity_report(spark: SparkSession, inputs: list[str], out_dir: Path, options: ReportOptions,
+                        progress: Progress | None = None,
+                        render: Callable[..., Path] | None = None) -> ReportResult:
+    progress = progress or Progress(6)
+    splits = options.splits or 2 * spark.sparkContext.defaultParallelism
+    paths, warnings = discover_inputs(inputs)
+    progress(f"listed inputs: {len(paths)} snapshot files, {len(warnings)} other entries skipped")
+    for path, reason in warnings:
+        progress.note(f"warning: skipping {path}: {reason}")
+    if not paths:
+        raise ValueError(f"no snapshot files in {', '.join(inputs)}; expected names like "
+                         "snapshot-20260101T000000Z-000000000042.sqlite")
+
+    progress(f"checking {len(paths)} files on the executors in {min(splits, len(paths))} splits")
+    files = read_table(spark, "files", paths, splits).toPandas()
+    bad = files[~files["ok"]]
+    for r in bad.itertuples(index=False):
+        warnings.append((r.file, f"unreadable snapshot: {r.error}"))
+        progress.note(f"warning: skipping {r.file}: {r.error}")
+    good = files[files["ok"]].sort_values(["snapshot_time_ms", "metadata_offset", "file"])
+    if good.empty:
+        raise ValueError(f"none of the {len(paths)} snapshot files could be read; see the warnings above")
+    good_paths = list(good["file"])
+    latest = good.iloc[-1]
+    latest_ms = int(latest["snapshot_time_ms"])
+    span_ms = latest_ms - int(good["snapshot_time_ms"].min())
+
+    progress(f"reading per-broker series from {len(good_paths)} files on the executors")
+    series = read_table(spark, "broker_series", good_paths, splits).cache()
+    series_pd = series.drop("file").orderBy("snapshot_time_ms", "broker_id").toPandas()
+
+    progress(f"fitting growth per broker (least squares over the last {options.fit_days:g} days)")
+    forecast_pd = forecast(series, latest_ms, options)
+    series.unpersist()
+    summary: dict[str, object] = {
+        "snapshots": len(good_paths), "skipped": len(warnings), "first": iso_utc(int(good["snapshot_time_ms"].min())),
+        "latest": iso_utc(latest_ms), "latest_file": os.path.basename(latest["file"]),
+        "span_hours": round(span_ms / 3_600_000, 2), "fit_days": options.fit_days,
+    }
+    if len(good_paths) < options.forecast_snapshots_min or span_ms < options.forecast_span_ms_min:
+        summary["forecast_note"] = (
+            f"History too short for a forecast: {len(good_paths)} snapshots spanning "
+            f"{span_ms / 60_000:.0f} minutes; a forecast needs at least {options.forecast_snapshots_min} snapshots "
+            f"over {options.forecast_span_ms_min / 60_000:.0f} minutes.")
+        progress.note(summary["forecast_note"])
+
+    progress(f"planning on the latest snapshot {summary['latest_file']}")
+    latest_tables = {t: read_table(spark, t, [latest["file"]], 1).toPandas()
+                     for t in ("brokers", "partitions", "replicas", "replica_usage", "topic_configs")}
+    latest_series = series_pd[series_pd["snapshot_time_ms"] == latest_ms]
+    brokers, partitions = placement_from_latest(latest_tables, latest_series)
+    plan_tables, plan_summary = plan_reports(brokers, partitions, options)
+    summary.update(plan_summary)
+
+    series_pd.insert(0, "snapshot_time", [iso_utc(int(t)) for t in series_pd["snapshot_time_ms"]])
+    tables = {
+        "files": files.assign(snapshot_time=[None if pd.isna(t) else iso_utc(int(t))
+                                             for t in files["snapshot_time_ms"]]),
+        "warnings": pd.DataFrame(warnings, columns=["file", "reason"]),
+        "broker_timeseries": series_pd,
+        "forecast": forecast_pd,
+        **plan_tables,
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    progress(f"writing {len(tables)} CSV tables, plots and report.html to {out_dir}")
+    for name, frame in tables.items():
+        frame.to_csv(out_dir / f"{name}.csv", index=False)
+    if render is None:
+        from controller.report.render import render_html
+        render = render_html
+    html_path = render(out_dir, tables, summary)
+    return ReportResult(out_dir=out_dir, html_path=html_path, tables=tables, summary=summary, warnings=warnings)

@@ -1,0 +1,213 @@
+"""A PySpark Python data source over controller snapshot files.
+
+    spark.dataSource.register(SnapshotDataSource)
+    df = (spark.read.format("biplane_snapshots")
+          .option("table", "broker_series").option("paths", json.dumps(paths)).option("splits", "4")
+          .load())
+
+The driver only hands over file names; `partitions()` groups them into
+`splits` contiguous groups and each executor task opens its own files with
+sqlite3. A file that cannot be read (not SQLite, truncated, a foreign schema)
+is skipped with a warning on the executor's log and never fails the job; the
+`files` table reports, per file, whether it is readable and why not, which is
+how the driver learns of skipped files.
+
+Tables: every snapshot table (snapshot_schema.TABLES, with `file` and
+`snapshot_time_ms` in front), plus `files` and `broker_series` (per snapshot
+and broker: disk use, replica and leader counts, replica bytes and rates,
+aggregated inside SQLite on the executor). Byte counts are LongType.
+
+No `pushFilters`: in PySpark 4.3.0 a later unfiltered query on the same
+DataFrame can reuse a filtered plan. Filter in Spark instead.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sqlite3
+from collections.abc import Iterator
+
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.types import BooleanType, DoubleType, LongType, StringType, StructField, StructType
+
+from controller.snapshot_schema import SCHEMA_VERSION, TABLES
+
+log = logging.getLogger(__name__)
+
+FORMAT_NAME = "biplane_snapshots"
+_SQL_TYPES = {"INTEGER": LongType(), "REAL": DoubleType(), "TEXT": StringType()}
+
+FILES_SCHEMA = StructType([
+    StructField("file", StringType(), False),
+    StructField("ok", BooleanType(), False),
+    StructField("error", StringType(), True),
+    StructField("snapshot_time_ms", LongType(), True),
+    StructField("metadata_offset", LongType(), True),
+    StructField("schema_version", LongType(), True),
+    StructField("broker_count", LongType(), True),
+    StructField("partition_count", LongType(), True),
+    StructField("size_bytes", LongType(), True),
+])
+
+BROKER_SERIES_SCHEMA = StructType([
+    StructField("file", StringType(), False),
+    StructField("snapshot_time_ms", LongType(), False),
+    StructField("metadata_offset", LongType(), False),
+    StructField("broker_id", LongType(), False),
+    StructField("rack", StringType(), True),
+    StructField("state", StringType(), True),
+    StructField("disk_total_bytes", LongType(), True),
+    StructField("disk_used_bytes", LongType(), True),
+    StructField("disk_free_bytes", LongType(), True),
+    StructField("replica_count", LongType(), False),
+    StructField("leader_count", LongType(), False),
+    StructField("replica_bytes", LongType(), False),
+    StructField("produce_bytes_per_s", DoubleType(), False),  # client writes to the replicas it leads
+    StructField("replication_in_bytes_per_s", DoubleType(), False),  # writes to the replicas it follows
+    StructField("fetch_bytes_per_s", DoubleType(), False),
+])
+
+# Per broker in one snapshot; runs inside SQLite so only ~brokers rows leave each file.
+BROKER_SERIES_SQL = """
+WITH counts AS (
+    SELECT broker_id, count(*) AS replica_count, sum(is_leader) AS leader_count
+    FROM replicas GROUP BY broker_id),
+usage_sums AS (
+    SELECT u.broker_id, sum(u.size_bytes) AS replica_bytes,
+           sum(CASE WHEN r.is_leader = 1 THEN u.produce_bytes_per_s ELSE 0 END) AS produce,
+           sum(CASE WHEN r.is_leader = 1 THEN 0 ELSE u.produce_bytes_per_s END) AS replication_in,
+           sum(u.fetch_bytes_per_s) AS fetch
+    FROM replica_usage u LEFT JOIN replicas r
+      ON r.topic = u.topic AND r.partition = u.partition AND r.broker_id = u.broker_id
+    GROUP BY u.broker_id)
+SELECT b.broker_id, b.rack, b.state, bu.disk_total_bytes, bu.disk_used_bytes, bu.disk_free_bytes,
+       coalesce(c.replica_count, 0), coalesce(c.leader_count, 0), coalesce(usage_sums.replica_bytes, 0),
+       coalesce(usage_sums.produce, 0.0), coalesce(usage_sums.replication_in, 0.0), coalesce(usage_sums.fetch, 0.0)
+FROM brokers b
+LEFT JOIN broker_usage bu ON bu.broker_id = b.broker_id
+LEFT JOIN counts c ON c.broker_id = b.broker_id
+LEFT JOIN usage_sums ON usage_sums.broker_id = b.broker_id
+ORDER BY b.broker_id
+"""
+
+
+def table_schema(table: str) -> StructType:
+    if table == "files":
+        return FILES_SCHEMA
+    if table == "broker_series":
+        return BROKER_SERIES_SCHEMA
+    if table not in TABLES:
+        raise ValueError(f"unknown snapshot table {table!r}; one of {sorted([*TABLES, 'files', 'broker_series'])}")
+    fields = [StructField("file", StringType(), False)]
+    if table != "cluster":
+        fields.append(StructField("snapshot_time_ms", LongType(), False))
+    fields += [StructField(name, _SQL_TYPES[sql_type], True) for name, sql_type in TABLES[table][0]]
+    return StructType(fields)
+
+
+class FileGroup(InputPartition):
+    def __init__(self, index: int, paths: list[str]) -> None:
+        super().__init__(index)
+        self.paths = paths
+
+
+def group_files(paths: list[str], splits: int) -> list[list[str]]:
+    """`splits` contiguous, near-equal groups (fewer if there are fewer files)."""
+    splits = max(1, min(splits, len(paths)))
+    size, extra = divmod(len(paths), splits)
+    groups, start = [], 0
+    for i in range(splits):
+        end = start + size + (1 if i < extra else 0)
+        groups.append(paths[start:end])
+        start = end
+    return [g for g in groups if g]
+
+
+class SnapshotDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT_NAME
+
+    def schema(self) -> StructType:
+        return table_schema(self.options.get("table", "cluster"))
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return SnapshotReader(self.options)
+
+
+class SnapshotReader(DataSourceReader):
+    def __init__(self, options: dict[str, str]) -> None:
+        self.table = options.get("table", "cluster")
+        table_schema(self.table)  # fail on the driver for an unknown table
+        self.paths: list[str] = json.loads(options.get("paths", "[]"))
+        self.splits = int(options.get("splits", "4"))
+
+    def partitions(self) -> list[FileGroup]:
+        return [FileGroup(i, group) for i, group in enumerate(group_files(self.paths, self.splits))]
+
+    def read(self, partition: FileGroup) -> Iterator[tuple]:
+        for path in partition.paths:
+            if self.table == "files":
+                yield check_file(path)
+                continue
+            try:
+                rows = read_file_rows(path, self.table)
+            except (sqlite3.Error, OSError, ValueError) as exc:
+                log.warning("skipping snapshot file %s: %s", path, exc)
+                continue
+            yield from rows
+
+
+def _connect(path: str) -> sqlite3.Connection:
+    # Read-only and immutable: no locks and no journal files next to the snapshots.
+    return sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
+
+
+def _cluster(conn: sqlite3.Connection) -> tuple[int, int, int, int, int]:
+    row = conn.execute(
+        "SELECT schema_version, snapshot_time_ms, metadata_offset, broker_count, partition_count FROM cluster"
+    ).fetchone()
+    if row is None:
+        raise ValueError("the cluster table is empty")
+    if row[0] != SCHEMA_VERSION:
+        raise ValueError(f"schema version {row[0]}, this reader knows {SCHEMA_VERSION}")
+    return row
+
+
+def check_file(path: str) -> tuple:
+    """One `files` row: whether the file is a readable snapshot of our schema, and why not."""
+    size = os.path.getsize(path) if os.path.exists(path) else None
+    try:
+        conn = _connect(path)
+        try:
+            present = {name: {col[1] for col in conn.execute(f"PRAGMA table_info([{name}])")} for name in TABLES}
+            for table, (columns, _) in TABLES.items():
+                missing = [name for name, _ in columns if name not in present[table]]
+                if missing:
+                    raise ValueError(f"table {table} lacks columns {', '.join(missing)}"
+                                     if present[table] else f"no table {table}")
+            version, time_ms, offset, brokers, partitions = _cluster(conn)
+        finally:
+            conn.close()
+    except (sqlite3.Error, OSError, ValueError) as exc:
+        log.warning("skipping snapshot file %s: %s", path, exc)
+        return (path, False, f"{type(exc).__name__}: {exc}", None, None, None, None, None, size)
+    return (path, True, None, time_ms, offset, version, brokers, partitions, size)
+
+
+def read_file_rows(path: str, table: str) -> list[tuple]:
+    """All rows of `table` from one file, read fully before any is returned, so a file
+    that fails halfway contributes nothing."""
+    conn = _connect(path)
+    try:
+        _, time_ms, offset, _, _ = _cluster(conn)
+        if table == "broker_series":
+            return [(path, time_ms, offset, *row) for row in conn.execute(BROKER_SERIES_SQL)]
+        columns = ", ".join(f"[{name}]" for name, _ in TABLES[table][0])
+        rows = conn.execute(f"SELECT {columns} FROM [{table}]").fetchall()
+        if table == "cluster":
+            return [(path, *row) for row in rows]
+        return [(path, time_ms, *row) for row in rows]
+    finally:
+        conn.close()
