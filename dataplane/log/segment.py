@@ -66,14 +66,15 @@ class Segment:
     def load(self) -> bool:
         """Take the indexes from their files and find the end by scanning after the last
         entry. Returns False (and rebuilds them from the log) when a file is missing or
-        not sane. The log file itself is trusted: use `recover` when it may be torn."""
+        not sane. Then the segment is validated by CRC (`recover`): a clean
+        shutdown with a broken index hints at damage to the log file too."""
         file_size = os.fstat(self.fd).st_size
         index_bytes = _read_file(self.index_path)
         time_bytes = _read_file(self.time_index_path)
         index = OffsetIndex.decode(index_bytes, log_size=file_size) if index_bytes is not None else None
         times = TimeIndex.decode(time_bytes, next_relative_offset=2**32) if time_bytes is not None else None
         if index is None or times is None:
-            self.rebuild_indexes()
+            self.recover()
             return False
         self._reset()
         self.index, self.time_index = index, times
@@ -86,7 +87,7 @@ class Segment:
             self._track(span, index_it=False)
         if self.size_bytes != file_size or (len(times) and self.base_offset + times.relative_offsets[-1]
                                             >= self.next_offset):
-            self.rebuild_indexes()
+            self.recover()
             return False
         self._read_rolling_timestamp()
         return True
@@ -243,6 +244,8 @@ class Segment:
                 delta, _first, max_ts = _DELTA_AND_TIMES.unpack_from(chunk, p + 23)
                 epoch = _EPOCH.unpack_from(chunk, p + 12)[0]
                 size = length + _LENGTH_FIELD_END
+                if size < HEADER_SIZE:  # not a batch: only a damaged file gets here
+                    return
                 yield BatchSpan(position=position + p, size_bytes=size, base_offset=base,
                                 next_offset=base + delta + 1, max_timestamp=max_ts, leader_epoch=epoch)
                 p += size
