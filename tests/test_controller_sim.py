@@ -2,7 +2,7 @@
 
 One seed reproduces a whole run: brokers join, die (stop heartbeating), come
 back cleanly or after an unclean shutdown; topics (isr and quorum) are
-created; reassignments start; leaders send ISR changes (some with stale
+created and deleted; reassignments start and are cancelled; leaders send ISR changes (some with stale
 epochs); replicas of quorum partitions report random (last_epoch, end_offset);
 the controller leader fails over (fresh in-memory state); sometimes a batch
 decided on an older image is proposed late. A simulated clock moves in ticks.
@@ -40,7 +40,9 @@ from controller.decisions import (
     ControllerState,
     RebalanceTimer,
     alter_isr,
+    cancel_reassignment,
     create_topic,
+    delete_topic,
     elect_preferred,
     register_broker,
     start_reassignment,
@@ -115,6 +117,10 @@ class Simulation:
             self.stale_proposal()
         elif r < 0.52:
             self.propose(elect_preferred(self.image))
+        elif r < 0.535:
+            self.delete_topic()
+        elif r < 0.55:
+            self.cancel_reassignment()
         self.send_reports()
         self.tick()
 
@@ -178,6 +184,24 @@ class Simulation:
         except InvalidFieldError:
             if not p.reassigning:
                 self.fail(f"reassignment of {p.tp} to {target} refused")
+            return
+        self.propose(records)
+
+    def delete_topic(self) -> None:
+        if self.image.topics:
+            name = self.rnd.choice(sorted(self.image.topics))
+            self.propose(delete_topic(self.image, name))
+
+    def cancel_reassignment(self) -> None:
+        moving = [p for p in self.image.partitions() if p.reassigning]
+        if not moving:
+            return
+        p = self.rnd.choice(moving)
+        try:
+            records = cancel_reassignment(self.image, p.topic, p.partition)
+        except InvalidFieldError:
+            if set(p.replicas) - set(p.adding) & set(p.isr):
+                self.fail(f"cancel of {p.tp} refused with an original replica in isr")
             return
         self.propose(records)
 
