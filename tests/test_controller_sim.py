@@ -13,7 +13,8 @@ ISR ⊆ replicas and non-empty; an isr-topic leader came from the previous ISR
 (or an allowed unclean election); a quorum leader had the greatest
 (last_epoch, end_offset) among the reports it was elected on; no partition is
 led by a fenced broker; no partition is led by a dead broker for longer than
-the session timeout plus one tick.
+the session timeout plus one tick; and the periodic decisions, called again
+at the same time on the image with their records applied, return nothing.
 """
 from __future__ import annotations
 
@@ -293,6 +294,9 @@ class Simulation:
                 self.state.sessions.heartbeat(b.broker_id, f"i{b.incarnation}", self.now_ms,
                                               offset)
         self.propose(self.state.periodic(self.image, self.now_ms))
+        again = self.state.periodic(self.image, self.now_ms)
+        if again:
+            self.fail(f"periodic not idempotent: a second call at the same time gave {again}")
         self.history = (self.history + [self.image.copy()])[-8:]
 
     # ---- checkers ------------------------------------------------------------
