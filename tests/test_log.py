@@ -480,6 +480,35 @@ def test_unflushed_writes_are_not_flushed_until_flush(tmp_log):
     assert log.flushed_offset == 3
 
 
+def test_flush_from_another_thread_while_appending(tmp_log):
+    """flush() runs its fsyncs outside the append lock: a flushing thread and an
+    appending thread interleave, flushed_offset only grows and never passes the end."""
+    import threading
+
+    log = tmp_log()
+    stop = threading.Event()
+    seen: list[tuple[int, int]] = []
+
+    def flusher():
+        while not stop.is_set():
+            flushed = log.flush()
+            seen.append((flushed, log.log_end_offset))
+
+    thread = threading.Thread(target=flusher)
+    thread.start()
+    try:
+        for i in range(150):
+            log.append_as_leader(batch(3, tag=f"t{i}"), leader_epoch=i // 50)
+    finally:
+        stop.set()
+        thread.join()
+    assert seen
+    assert all(flushed <= end for flushed, end in seen)
+    assert [f for f, _ in seen] == sorted(f for f, _ in seen)
+    assert log.flush() == log.log_end_offset == 450
+    assert [o for o, _ in read_all(log)] == list(range(450))
+
+
 # ---------------------------------------------------------------- lock
 
 
