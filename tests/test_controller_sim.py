@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from common.metadata import MetadataImage, PartitionChange, Record, RecordRejected
+from common.metadata import MetadataImage, Record, RecordRejected
 from common.metadata.errors import (
     IneligibleReplicaError,
     InvalidFieldError,

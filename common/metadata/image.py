@@ -23,7 +23,7 @@ Rules worth knowing:
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from types import MappingProxyType
 from typing import Any, Iterator, Mapping
 
