@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from common.batch import HEADER_SIZE, build_batch, iter_batches, read_records
+from common.batch import HEADER_SIZE, build_batch, iter_batches, read_records, validate_batch
 from common.errors import CorruptBatchError, StorageError
 from dataplane.log import (FlushCoalescer, Log, LogConfig, LogTruncatedError, MemoryLog,
                            OffsetMismatchError, OffsetOutOfRangeError, PartitionLog, StaleEpochError)
@@ -458,6 +458,32 @@ def test_corrupt_batch_in_the_middle_cuts_it_and_everything_after(tmp_log, tmp_p
     assert read_all(log) == full[:bases[1] + 3]
     assert log.segment_base_offsets == bases[:2]
     assert not (tmp_path / "p0" / f"{bases[2]:020d}.log").exists()
+
+
+def test_unclean_open_validates_from_the_recovery_point_on(tmp_log, tmp_path):
+    """Segments wholly below the last flushed checkpoint are trusted (not re-read by CRC);
+    the segment holding the checkpoint and everything after it are validated."""
+    log = tmp_log()
+    for i in range(35):
+        log.append_as_leader(batch(3, tag=f"c{i}"), leader_epoch=0)
+    log.flush()  # flushed offset is in the last segment: the checkpoint moves there
+    bases = log.segment_base_offsets
+    assert int((tmp_path / "p0" / RECOVERY_POINT).read_text()) >= bases[-1]
+    log.append_as_leader(batch(3), leader_epoch=0)
+    assert log.segment_base_offsets == bases  # still in the checkpoint's segment
+    crash(log)
+    first = tmp_path / "p0" / f"{bases[0]:020d}.log"
+    data = bytearray(first.read_bytes())
+    data[100] ^= 0x55  # bad CRC in an old segment: below the checkpoint, not checked
+    first.write_bytes(bytes(data))
+    last = tmp_path / "p0" / f"{bases[-1]:020d}.log"
+    with open(last, "ab") as f:
+        f.write(b"torn")
+    log = tmp_log()
+    assert log.recovered_bytes_cut == 4
+    assert log.log_end_offset == 108 and log.segment_base_offsets == bases
+    with pytest.raises(CorruptBatchError):  # trusted, so the old damage was not cut
+        validate_batch(log.read(0, max_bytes=1).records)
 
 
 def test_clean_shutdown_marker_is_removed_while_open(tmp_log, tmp_path):

@@ -111,7 +111,7 @@ class PartitionLog:
             segment = Segment(self.directory, base, index_interval_bytes=self.config.index_interval_bytes)
             self._add_segment(segment)
             if i < first_to_recover:
-                segment.load()
+                self.recovered_bytes_cut += segment.load()
                 continue
             cut, spans = segment.recover()
             recovered += spans

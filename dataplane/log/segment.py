@@ -63,19 +63,18 @@ class Segment:
 
     # ------------------------------------------------------------------ loading
 
-    def load(self) -> bool:
+    def load(self) -> int:
         """Take the indexes from their files and find the end by scanning after the last
-        entry. Returns False (and rebuilds them from the log) when a file is missing or
-        not sane. Then the segment is validated by CRC (`recover`): a clean
-        shutdown with a broken index hints at damage to the log file too."""
+        entry. When an index file is missing or not sane, or the scan does not end at
+        the end of the file, validate the segment by CRC instead (`recover`): a broken
+        index hints at damage to the log file too. Returns the bytes cut (usually 0)."""
         file_size = os.fstat(self.fd).st_size
         index_bytes = _read_file(self.index_path)
         time_bytes = _read_file(self.time_index_path)
         index = OffsetIndex.decode(index_bytes, log_size=file_size) if index_bytes is not None else None
         times = TimeIndex.decode(time_bytes, next_relative_offset=2**32) if time_bytes is not None else None
         if index is None or times is None:
-            self.recover()
-            return False
+            return self.recover()[0]
         self._reset()
         self.index, self.time_index = index, times
         if len(times):
@@ -87,10 +86,9 @@ class Segment:
             self._track(span, index_it=False)
         if self.size_bytes != file_size or (len(times) and self.base_offset + times.relative_offsets[-1]
                                             >= self.next_offset):
-            self.recover()
-            return False
+            return self.recover()[0]
         self._read_rolling_timestamp()
-        return True
+        return 0
 
     def rebuild_indexes(self) -> None:
         """Rebuild both indexes and the in-memory summary from the batch headers."""
