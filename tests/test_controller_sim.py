@@ -15,15 +15,17 @@ ISR ⊆ replicas and non-empty; an isr-topic leader came from the previous ISR
 led by a fenced broker; no partition is led by a dead broker for longer than
 the session timeout plus one tick; and the periodic decisions, called again
 at the same time on the image with their records applied, return nothing.
+At the end, replaying the accepted records from JSON rebuilds the same image.
 """
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass
 
 import pytest
 
-from common.metadata import MetadataImage, Record, RecordRejected
+from common.metadata import MetadataImage, Record, RecordRejected, dump_record, parse_record
 from common.metadata.errors import (
     IneligibleReplicaError,
     InvalidFieldError,
@@ -79,6 +81,7 @@ class Simulation:
         self.topic_seq = 0
         # (topic, partition, fenced_epoch) -> {broker: (last_epoch, end_offset)}
         self.reports: dict[tuple[str, int, int], dict[int, tuple[int, int]]] = {}
+        self.log: list[Record] = []  # accepted records, as a broker would learn them
         self.stale_applied = 0
         self.elections_quorum = 0
 
@@ -96,6 +99,8 @@ class Simulation:
             except RecordRejected as exc:
                 if not stale_ok:
                     self.fail(f"fresh decision rejected: {exc}")
+            else:
+                self.log.append(r)
         self.check(before)
 
     # ---- fault injection and workload -------------------------------------------
@@ -262,6 +267,8 @@ class Simulation:
                 self.image.apply(r, self.image.offset + 1)
             except RecordRejected:
                 pass
+            else:
+                self.log.append(r)
         self.check(before, after_stale=True)
 
     def send_reports(self) -> None:
@@ -359,6 +366,14 @@ class Simulation:
         for p in self.image.partitions():
             if p.leader is None:
                 self.fail(f"{p.topic}-{p.partition} still leaderless after recovery: {p}")
+        # A broker replaying the accepted records (as JSON) builds the same image.
+        learner = MetadataImage()
+        for offset, r in enumerate(self.log):
+            learner.apply(parse_record(json.loads(json.dumps(dump_record(r)))), offset)
+        if learner != self.image:
+            self.fail("replaying the log gave a different image")
+        if MetadataImage.from_dict(json.loads(json.dumps(self.image.to_dict()))) != self.image:
+            self.fail("to_dict/from_dict changed the image")
         return self
 
     def start_broker_id(self, b: SimBroker) -> None:
@@ -370,12 +385,15 @@ class Simulation:
         self.state.sessions.heartbeat(b.broker_id, f"i{b.incarnation}", self.now_ms, -1)
 
 
-@pytest.mark.parametrize("chunk", range(4))
+SEEDS_PER_CHUNK = 50
+
+
+@pytest.mark.parametrize("chunk", range(8))
 def test_controller_simulation(chunk):
-    """Seeds 100*chunk .. 100*chunk+99: every checker holds after every step, and once
-    faults stop and every broker is back, every partition has a leader."""
+    """Seeds 50*chunk .. 50*chunk+49 (400 in all): every checker holds after every step,
+    and once faults stop and every broker is back, every partition has a leader."""
     quorum_elections = 0
-    for seed in range(100 * chunk, 100 * chunk + 100):
+    for seed in range(SEEDS_PER_CHUNK * chunk, SEEDS_PER_CHUNK * (chunk + 1)):
         sim = Simulation(seed).run()
         quorum_elections += sim.elections_quorum
     assert quorum_elections > 0  # the quorum path was exercised
