@@ -195,9 +195,10 @@ class _State:
         parts = []
         for key, p in sorted(self.parts.items()):
             replicas = tuple(self.replicas[key])
-            leader = p.leader if p.leader in replicas else (replicas[0] if replicas else None)
-            parts.append(dataclasses.replace(p, replicas=replicas, leader=leader,
-                                             isr=tuple(b for b in p.isr if b in replicas)))
+            isr = tuple(b for b in p.isr if b in replicas)
+            # A leader that moved away hands over to a surviving in-sync replica, as an election would.
+            leader = p.leader if p.leader in replicas else next(iter(isr or replicas), None)
+            parts.append(dataclasses.replace(p, replicas=replicas, leader=leader, isr=isr))
         return Plan(partitions=tuple(parts), moves=tuple(self.moves), stopped_because=stopped_because)
 
 
