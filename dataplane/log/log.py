@@ -155,7 +155,7 @@ class PartitionLog:
         self._dirty.pop(id(segment), None)
         segment.delete()
 
-    def _delete_segments_from(self, index: int, *, reason: str) -> None:
+    def _delete_segments_from(self, index: int) -> None:
         # Highest first, so a crash half-way still leaves a contiguous log.
         while len(self._segments) > index:
             self._remove_last_segment()
@@ -338,7 +338,7 @@ class PartitionLog:
 
     def _undo_append(self, old_end: int, old_count: int, old_active: Segment, exc: OSError) -> None:
         try:
-            self._delete_segments_from(old_count, reason="failed append")
+            self._delete_segments_from(old_count)
             old_active.unseal()
             if old_active.next_offset != old_end:
                 old_active.truncate_to(old_end)
@@ -511,7 +511,7 @@ class PartitionLog:
                     i = self._segment_index(offset)
                     if self._segments[i].base_offset == offset:
                         i -= 1  # offset starts a segment: drop it whole, keep the one before
-                    self._delete_segments_from(i + 1, reason="truncation")
+                    self._delete_segments_from(i + 1)
                     active = self._segments[-1]
                     active.unseal()
                     active.truncate_to(offset)
@@ -537,7 +537,7 @@ class PartitionLog:
     def _truncate_fully_locked(self, offset: int) -> None:
         try:
             files.write_atomically(self._path(TRUNCATE_FULLY), b"%d\n" % offset)
-            self._delete_segments_from(0, reason="truncate fully")
+            self._delete_segments_from(0)
             self._finish_truncate_fully([], offset)
             self._add_segment(Segment(self.directory, offset,
                                       index_interval_bytes=self.config.index_interval_bytes))
