@@ -151,6 +151,8 @@ def add_snapshot_routes(app: web.Application, snapshotter_getter: Callable[[], S
         infos = await asyncio.to_thread(snapshotter.list)
         return web.json_response({"snapshots": [info.to_json() for info in infos]})
 
+    # The admin API's middleware answers a write on a follower with a redirect to the leader.
+    post_snapshot.writes = True  # type: ignore[attr-defined]
     app.router.add_post("/v1/snapshots", post_snapshot)
     app.router.add_get("/v1/snapshots", get_snapshots)
 
