@@ -73,7 +73,7 @@ class Replica:
                  fetch_max_bytes: int = 1024 * 1024, flush_debounce_ms: int = 5,
                  fetch_backoff_ms: int = 50, fetch_timeout_ms: int = 1000,
                  isr_proposal_retry_ms: int = 1000, election_report_retry_ms: int = 500,
-                 pending_produce_max: int = 10_000) -> None:
+                 pending_produce_max: int = 10_000, unclean_start: bool = False) -> None:
         for name, value in (("fetch_max_bytes", fetch_max_bytes), ("flush_debounce_ms", flush_debounce_ms),
                             ("fetch_backoff_ms", fetch_backoff_ms), ("fetch_timeout_ms", fetch_timeout_ms),
                             ("isr_proposal_retry_ms", isr_proposal_retry_ms),
@@ -93,6 +93,10 @@ class Replica:
         self.pending_produce_max = pending_produce_max
 
         self.now_ms = now_ms
+        # After an unclean shutdown, data this replica wrote but had not flushed may be
+        # gone. Under durability=write the commit rule counted it, so until the replica
+        # has caught up with a leader again its log cannot vouch for it in an election.
+        self.unclean_start = unclean_start
         self.role = Role.UNATTACHED
         self.state: PartitionState | None = None
         self.config = ReplicationConfig()
@@ -244,6 +248,11 @@ class Replica:
 
     def _report_election(self) -> None:
         self._report_sent_ms = self.now_ms
+        if self.unclean_start and self.config.durability == "write":
+            self._notes.append(Rejected(event="ReportElection", error=ErrorCode.INELIGIBLE_REPLICA,
+                                        their_epoch=self.leader_epoch, our_epoch=self.leader_epoch,
+                                        reason="restarted uncleanly and not caught up since"))
+            return
         self._send.append(ReportElection(replica_id=self.replica_id, fenced_epoch=self.leader_epoch,
                                          last_epoch=epoch_before(self.log, self.flushed_offset),
                                          end_offset=self.flushed_offset))
@@ -548,6 +557,8 @@ class Replica:
                 self._next_fetch_ms = self.now_ms + self.fetch_backoff_ms
                 return
         self.high_watermark = min(ev.high_watermark, self.log_end_offset)
+        if self.unclean_start and self.log_end_offset >= ev.log_end_offset:
+            self.unclean_start = False
         if ev.flush_after_append:
             self._request_flush()
         if ev.records:

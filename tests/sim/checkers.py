@@ -1,0 +1,103 @@
+"""Invariant checkers, kept apart from the fault injector: they only read the cluster.
+
+Checked after EVERY simulation step (DESIGN.md §6):
+
+1. hw_monotonic — a leader's HW never moves back within its term
+   (one term = one (replica, incarnation, leader epoch)).
+2. commit_agreement — every batch any leader ever counted below its HW (the
+   "committed" map, offset -> batch) is the same batch: no two leaders commit
+   different batches at one offset.
+3. no_old_epoch_commit — once a leader of epoch e' committed a batch of its own
+   epoch, no leader of an older epoch moves its HW past the start of epoch e'.
+4. agree_below_hw — every live replica's log below its own HW equals the
+   committed map, so any two replicas agree below the lower of their HWs.
+5. acked_not_lost — every acks=all record released with success by a leader of
+   epoch e is, at its offset, in the log of every replica acting as leader in an
+   epoch >= e (leader completeness; within the faults faults.py tolerates).
+"""
+from __future__ import annotations
+
+from dataplane.replica.core import Role
+
+
+class InvariantViolation(AssertionError):
+    pass
+
+
+class Checker:
+    def __init__(self) -> None:
+        self.committed: dict[int, tuple[int, bytes]] = {}   # base offset -> (next offset, ident)
+        self.epoch_commit_start: dict[int, int] = {}        # epoch -> its start offset, once it committed
+        self.hw_by_term: dict[tuple, int] = {}
+        self.acked: list[tuple[int, int, bytes, int]] = []  # (base offset, next offset, ident, epoch)
+        self.acked_checked: dict[tuple, int] = {}           # leader term -> index in acked checked
+        self.verified: dict[tuple, int] = {}                # (node, incarnation) -> shadow entries verified
+        self.checks = 0
+
+    def fail(self, what: str) -> None:
+        raise InvariantViolation(what)
+
+    # Called by the simulation when a leader releases an acks=all produce with success.
+    def record_ack(self, *, base_offset: int, next_offset: int, ident: bytes, epoch: int) -> None:
+        self.acked.append((base_offset, next_offset, ident, epoch))
+
+    def on_truncate(self, node) -> None:
+        key = (node.node_id, node.incarnation)
+        self.verified[key] = min(self.verified.get(key, 0), len(node.shadow))
+
+    def check(self, nodes) -> None:
+        self.checks += 1
+        for node in nodes:
+            if node.replica is None:
+                continue
+            r = node.replica
+            if r.role is Role.LEADER:
+                self._check_leader(node)
+            self._check_below_hw(node)
+
+    def _check_leader(self, node) -> None:
+        r = node.replica
+        term = (node.node_id, node.incarnation, r.leader_epoch)
+        old = self.hw_by_term.get(term)
+        hw = r.high_watermark
+        if old is not None and hw < old:
+            self.fail(f"hw_monotonic: leader {node.node_id} epoch {r.leader_epoch} HW {old} -> {hw}")
+        if old is None or hw > old:
+            self.hw_by_term[term] = hw
+            start = r.epoch_start_offset
+            if hw > start and r.leader_epoch not in self.epoch_commit_start:
+                self.epoch_commit_start[r.leader_epoch] = start
+            for epoch, newer_start in self.epoch_commit_start.items():
+                if epoch > r.leader_epoch and hw > newer_start:
+                    self.fail(f"no_old_epoch_commit: leader {node.node_id} epoch {r.leader_epoch} HW {hw} "
+                              f"passes start {newer_start} of epoch {epoch}, which has committed")
+            lo = 0 if old is None else old
+            for base, nxt, _epoch, ident in node.shadow_range(lo, hw):
+                seen = self.committed.get(base)
+                if seen is None:
+                    self.committed[base] = (nxt, ident)
+                elif seen != (nxt, ident):
+                    self.fail(f"commit_agreement: offset {base} committed as two different batches "
+                              f"(leader {node.node_id} epoch {r.leader_epoch})")
+        done = self.acked_checked.get(term, 0)
+        for base, nxt, ident, epoch in self.acked[done:]:
+            if epoch > r.leader_epoch:
+                continue
+            have = node.by_base.get(base)
+            if have is None or have[1] != ident or have[0] != nxt:
+                self.fail(f"acked_not_lost: record at offset {base} acknowledged in epoch {epoch} is "
+                          f"missing from leader {node.node_id} of epoch {r.leader_epoch}")
+        self.acked_checked[term] = len(self.acked)
+
+    def _check_below_hw(self, node) -> None:
+        key = (node.node_id, node.incarnation)
+        i = self.verified.get(key, 0)
+        hw = node.replica.high_watermark
+        shadow = node.shadow
+        while i < len(shadow) and shadow[i][1] <= hw:
+            base, nxt, _epoch, ident = shadow[i]
+            if self.committed.get(base) != (nxt, ident):
+                self.fail(f"agree_below_hw: replica {node.node_id} holds at offset {base} (below its HW {hw}) "
+                          f"a batch that is not the committed one")
+            i += 1
+        self.verified[key] = i

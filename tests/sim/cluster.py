@@ -1,0 +1,406 @@
+"""A seeded, deterministic simulation of one partition: 3-5 replica cores on MemoryLogs,
+the controller's real decisions, a producer, a lossy network and a clock.
+
+`run_simulation(seed=..., policy=..., durability=...)` replays exactly for a seed.
+A safety phase with faults (faults.py) is followed by a liveness phase without
+them; checkers.py runs after every step. See README.md for the trace format.
+"""
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import heapq
+import random
+
+from common.batch import HEADER_SIZE, build_batch, iter_batches
+from common.errors import ErrorCode
+from common.metadata.config import TopicConfig
+from dataplane.log.memory import MemoryLog
+from dataplane.replica.actions import (
+    Append, Flush, ProposeIsr, RefreshMetadata, ReleaseProduce, ReportElection, Send, Truncate,
+)
+from dataplane.replica.core import Replica, Role
+from dataplane.replica.events import FetchRequest, FlushDone, NewMetadata, ProduceRequest, Tick, WriteDone
+
+from sim.checkers import Checker, InvariantViolation
+from sim.controller import SimController
+from sim.faults import CONTROLLER_ID, FaultInjector, FaultRates
+
+CLIENT_ID = 100
+TICK_MS = 20
+CONTROLLER_TICK_MS = 50
+HEARTBEAT_MS = 60
+METADATA_RESEND_MS = 300
+SESSION_TIMEOUT_MS = 250
+REPLICA_LAG_TIME_MAX_MS = 250
+PRODUCE_TIMEOUT_MS = 1500
+FLUSH_MS_MAX = 25
+QUIET_MS = 400  # no produce at the end of the liveness phase, so replicas converge
+
+
+@dataclasses.dataclass(frozen=True)
+class Heartbeat:
+    broker_id: int
+    incarnation_id: str
+
+
+@dataclasses.dataclass(frozen=True)
+class MetadataRequest:
+    broker_id: int
+
+
+class SimNode:
+    """One broker holding one replica: its log, its core, and a shadow of the log for checkers."""
+
+    def __init__(self, node_id: int) -> None:
+        self.node_id = node_id
+        self.log = MemoryLog()
+        self.incarnation = 0
+        self.replica: Replica | None = None
+        self.shadow: list[tuple[int, int, int, bytes]] = []  # (base, next, epoch, ident)
+        self.bases: list[int] = []
+        self.by_base: dict[int, tuple[int, bytes]] = {}
+
+    def shadow_range(self, lo: int, hi: int):
+        i = bisect.bisect_left(self.bases, lo)
+        while i < len(self.shadow) and self.shadow[i][1] <= hi:
+            yield self.shadow[i]
+            i += 1
+
+    def shadow_append(self, base: int, nxt: int, epoch: int, ident: bytes) -> None:
+        assert not self.shadow or self.shadow[-1][1] == base, (self.shadow[-1], base)
+        self.shadow.append((base, nxt, epoch, ident))
+        self.bases.append(base)
+        self.by_base[base] = (nxt, ident)
+
+    def shadow_truncate(self, offset: int) -> None:
+        while self.shadow and self.shadow[-1][1] > offset:
+            base = self.shadow.pop()[0]
+            self.bases.pop()
+            del self.by_base[base]
+
+
+@dataclasses.dataclass
+class SimResult:
+    seed: int
+    policy: str
+    durability: str
+    steps: int
+    acked: int
+    violation: str | None
+    liveness_error: str | None
+    trace: list | None
+
+
+class Simulation:
+    def __init__(self, *, seed: int, policy: str, durability: str, replicas: int | None = None,
+                 safety_ms: int = 2000, liveness_ms: int = 1500, steps_max: int = 20_000,
+                 rates: FaultRates = FaultRates(), trace: bool = False) -> None:
+        self.seed, self.policy, self.durability = seed, policy, durability
+        self.rng = random.Random(f"{seed}-{policy}-{durability}")
+        n = replicas if replicas is not None else self.rng.choice((3, 3, 5))
+        self.node_ids = tuple(range(1, n + 1))
+        q = self.rng.randint(2, n) if policy == "quorum" else None
+        topic = TopicConfig(replication_factor=n, commit_policy=policy, durability=durability,
+                            quorum_required_acks=q, min_insync_replicas=2,
+                            replica_lag_time_max_ms=REPLICA_LAG_TIME_MAX_MS)
+        self.now_ms = 0
+        self.controller = SimController(replicas=self.node_ids, topic_config=topic, now_ms=0,
+                                        session_timeout_ms=SESSION_TIMEOUT_MS)
+        self.faults = FaultInjector(self.rng, nodes=self.node_ids, durability=durability, rates=rates)
+        self.checker = Checker()
+        self.nodes = {i: SimNode(i) for i in self.node_ids}
+        self.safety_ms, self.liveness_ms, self.steps_max = safety_ms, liveness_ms, steps_max
+        self.queue: list = []
+        self.seq = 0
+        self.steps = 0
+        self.trace: list | None = [] if trace else None
+        self.requests: dict[int, dict] = {}
+        self.next_request_id = 1
+        self.sent_changes = -1
+        for i in self.node_ids:
+            self._start(self.nodes[i], unclean=False)
+            self._at(self.rng.randint(0, TICK_MS - 1), "tick", i)
+            self._at(self.rng.randint(0, HEARTBEAT_MS - 1), "heartbeat", i)
+        self._at(0, "controller", None)
+        self._at(5, "produce", None)
+        self._at(METADATA_RESEND_MS, "metadata", None)
+
+    # ------------------------------------------------------------ plumbing
+
+    def _at(self, t: int, kind: str, arg) -> None:
+        self.seq += 1
+        heapq.heappush(self.queue, (t, self.seq, kind, arg))
+
+    def _trace(self, name: str, **fields) -> None:
+        if self.trace is not None:
+            self.trace.append({"step": self.steps, "time_ms": self.now_ms, "action": name, **fields})
+
+    def _trace_node(self, name: str, node: SimNode, **fields) -> None:
+        if self.trace is None or node.replica is None:
+            return
+        r = node.replica
+        self._trace(name, replica=node.node_id, role=r.role.value, leader_epoch=r.leader_epoch,
+                    log_end_offset=r.log_end_offset, flushed_offset=r.flushed_offset,
+                    high_watermark=r.high_watermark, **fields)
+
+    def _send(self, src: int, dst: int, msg) -> None:
+        for delay in self.faults.delivery_delays(src, dst):
+            self._at(self.now_ms + delay, "deliver", (src, dst, msg))
+
+    def _start(self, node: SimNode, *, unclean: bool) -> None:
+        node.replica = Replica(replica_id=node.node_id, log=node.log, now_ms=self.now_ms, fetch_backoff_ms=40,
+                               fetch_timeout_ms=200, flush_debounce_ms=15, isr_proposal_retry_ms=200,
+                               election_report_retry_ms=200, unclean_start=unclean)
+        self._send(node.node_id, CONTROLLER_ID, Heartbeat(node.node_id, f"{node.node_id}-{node.incarnation}"))
+        self._send(CONTROLLER_ID, node.node_id, self._metadata())
+
+    def _metadata(self) -> NewMetadata:
+        return NewMetadata(partition=self.controller.partition_state(), config=self.controller.config)
+
+    # ------------------------------------------------------------ stepping
+
+    def step_node(self, node: SimNode, event) -> None:
+        if node.replica is None:
+            return
+        ready = node.replica.step(event)
+        written: list[int] = []
+        for action in ready.persist:
+            if isinstance(action, Append):
+                self._apply_append(node, action)
+                written.append(action.last_offset)
+            elif isinstance(action, Truncate):
+                node.log.truncate_to(action.offset)
+                assert node.log.log_end_offset == action.offset
+                node.shadow_truncate(action.offset)
+                self.checker.on_truncate(node)
+                self._trace_node("Truncate", node, offset=action.offset)
+            elif isinstance(action, Flush):
+                self._at(self.now_ms + self.rng.randint(1, FLUSH_MS_MAX), "flush_done", (node.node_id, node.incarnation))
+        for action in ready.send:
+            if isinstance(action, Send):
+                self._send(node.node_id, action.to_broker, action.message)
+            elif isinstance(action, ProposeIsr):
+                self._trace_node("ProposeIsr", node, new_isr=list(action.new_isr))
+                self._send(node.node_id, CONTROLLER_ID, action)
+            elif isinstance(action, ReportElection):
+                self._trace_node("ReportElection", node, fenced_epoch=action.fenced_epoch,
+                                 last_epoch=action.last_epoch, end_offset=action.end_offset)
+                self._send(node.node_id, CONTROLLER_ID, action)
+        for action in ready.release:
+            self._on_release(node, action)
+        for action in ready.notes:
+            if isinstance(action, RefreshMetadata):
+                self._send(node.node_id, CONTROLLER_ID, MetadataRequest(node.node_id))
+        if written:
+            self.step_node(node, WriteDone(last_offset=written[-1]))
+
+    def _apply_append(self, node: SimNode, action: Append) -> None:
+        log = node.log
+        if action.as_leader:
+            info = log.append_as_leader(action.records, leader_epoch=action.leader_epoch)
+        else:
+            info = log.append_as_follower(action.records)
+        assert (info.base_offset, info.last_offset) == (action.base_offset, action.last_offset), (info, action)
+        base = action.base_offset
+        for pos, h in iter_batches(action.records, validate=False):
+            ident = bytes(action.records[pos + HEADER_SIZE:pos + h.size_bytes])
+            if action.as_leader:
+                node.shadow_append(base, base + h.record_count, action.leader_epoch, ident)
+                base += h.record_count
+            else:
+                node.shadow_append(h.base_offset, h.next_offset, h.leader_epoch, ident)
+        self._trace_node("Append", node, as_leader=action.as_leader, base_offset=action.base_offset,
+                         last_offset=action.last_offset, epoch=action.leader_epoch)
+
+    def _on_release(self, node: SimNode, release: ReleaseProduce) -> None:
+        req = self.requests.get(release.request_id)
+        if req is None or req.get("error") is not None or req.get("base_offset") is not None:
+            return
+        if release.error is ErrorCode.NONE:
+            req["base_offset"] = release.base_offset
+            if req["acks"] == -1:
+                epoch = node.replica.leader_epoch
+                self.checker.record_ack(base_offset=release.base_offset, next_offset=release.base_offset + 1,
+                                        ident=req["ident"], epoch=epoch)
+                self._trace_node("AckAll", node, base_offset=release.base_offset)
+        else:
+            req["error"] = release.error
+        req["released_ms"] = self.now_ms
+
+    def _crash(self, node_id: int) -> None:
+        node = self.nodes[node_id]
+        self._trace_node("Crash", node)
+        node.log.crash()
+        node.shadow_truncate(node.log.log_end_offset)
+        node.replica = None
+        node.incarnation += 1
+        self.checker.on_truncate(node)
+
+    def _restart(self, node_id: int) -> None:
+        node = self.nodes[node_id]
+        if node.replica is None:
+            self._start(node, unclean=True)
+            self._trace_node("Restart", node)
+
+    # --------------------------------------------------------------- events
+
+    def _handle(self, kind: str, arg) -> None:
+        now = self.now_ms
+        if kind == "deliver":
+            src, dst, msg = arg
+            if self.faults.cut(src, dst):
+                return
+            if dst == CONTROLLER_ID:
+                self._controller_message(src, msg)
+            elif dst in self.nodes:
+                self.step_node(self.nodes[dst], msg)
+        elif kind == "tick":
+            node = self.nodes[arg]
+            self.step_node(node, Tick(now_ms=now))
+            self._at(now + TICK_MS, "tick", arg)
+        elif kind == "heartbeat":
+            node = self.nodes[arg]
+            if node.replica is not None:
+                self._send(arg, CONTROLLER_ID, Heartbeat(arg, f"{arg}-{node.incarnation}"))
+            self._at(now + HEARTBEAT_MS, "heartbeat", arg)
+        elif kind == "flush_done":
+            node_id, incarnation = arg
+            node = self.nodes[node_id]
+            if node.replica is not None and node.incarnation == incarnation:
+                self.step_node(node, FlushDone(flushed_offset=node.log.flush()))
+        elif kind == "controller":
+            self.controller.tick(now)
+            self._broadcast_if_changed()
+            self._at(now + CONTROLLER_TICK_MS, "controller", None)
+            self._faults(self.faults.plan(now, CONTROLLER_TICK_MS, degraded=self._degraded(),
+                                          leader=self.controller.leader()))
+        elif kind == "metadata":
+            for i in self.node_ids:
+                self._send(CONTROLLER_ID, i, self._metadata())
+            self._at(now + METADATA_RESEND_MS, "metadata", None)
+        elif kind == "produce":
+            if now < self.safety_ms + self.liveness_ms - QUIET_MS:
+                self._produce()
+                self._at(now + self.rng.randint(5, 40), "produce", None)
+        else:
+            raise AssertionError(f"unknown event kind {kind}")
+
+    def _controller_message(self, src: int, msg) -> None:
+        if isinstance(msg, Heartbeat):
+            self.controller.heartbeat(msg.broker_id, msg.incarnation_id, self.now_ms)
+        elif isinstance(msg, ProposeIsr):
+            self.controller.propose_isr(msg)
+            self._send(CONTROLLER_ID, src, self._metadata())
+        elif isinstance(msg, ReportElection):
+            self.controller.report(msg, self.now_ms)
+        elif isinstance(msg, MetadataRequest):
+            self._send(CONTROLLER_ID, src, self._metadata())
+        self._broadcast_if_changed()
+
+    def _broadcast_if_changed(self) -> None:
+        if self.controller.changes != self.sent_changes:
+            self.sent_changes = self.controller.changes
+            st = self.controller.partition_state()
+            self._trace("Metadata", leader=st.leader, leader_epoch=st.leader_epoch,
+                        partition_epoch=st.partition_epoch, isr=list(st.isr),
+                        fenced_for_election=st.fenced_for_election)
+            for i in self.node_ids:
+                self._send(CONTROLLER_ID, i, self._metadata())
+
+    def _degraded(self) -> set[int]:
+        """Replicas a durability=write run counts as faulty (see faults.py)."""
+        degraded = {i for i, n in self.nodes.items() if n.replica is None or n.replica.unclean_start}
+        if self.policy == "isr":
+            degraded |= set(self.node_ids) - set(self.controller.partition.isr)
+        return degraded
+
+    def _faults(self, ops: list[tuple]) -> None:
+        for op in ops:
+            if op[0] == "crash":
+                self._crash(op[1])
+            elif op[0] == "restart":
+                self._restart(op[1])
+            elif op[0] == "partition":
+                self._trace("Partition", groups={str(k): v for k, v in op[1].items()})
+            elif op[0] == "heal":
+                self._trace("Heal")
+
+    def _produce(self, acks: int | None = None) -> int | None:
+        leader = self.controller.leader()
+        if leader is None:
+            return None
+        if acks is None:
+            acks = self.rng.choice((-1, -1, -1, 1, 0))
+        rid = self.next_request_id
+        self.next_request_id += 1
+        value = f"{self.seed}:{rid}".encode()
+        records = build_batch([value], timestamp_ms=self.now_ms)
+        self.requests[rid] = {"acks": acks, "ident": records[HEADER_SIZE:], "sent_ms": self.now_ms,
+                              "to": leader, "error": None, "base_offset": None}
+        self._send(CLIENT_ID, leader, ProduceRequest(request_id=rid, records=records, acks=acks,
+                                                     timeout_ms=PRODUCE_TIMEOUT_MS))
+        return rid
+
+    # ------------------------------------------------------------------ run
+
+    def run(self) -> SimResult:
+        violation = liveness_error = None
+        try:
+            self._run_until(self.safety_ms)
+            self._faults(self.faults.heal(self.now_ms))
+            self._trace("LivenessPhase")
+            self._run_until(self.safety_ms + self.liveness_ms)
+            liveness_error = self._check_liveness()
+        except InvariantViolation as exc:
+            violation = str(exc)
+        return SimResult(seed=self.seed, policy=self.policy, durability=self.durability, steps=self.steps,
+                         acked=len(self.checker.acked), violation=violation, liveness_error=liveness_error,
+                         trace=self.trace)
+
+    def _run_until(self, end_ms: int) -> None:
+        while self.queue and self.queue[0][0] <= end_ms:
+            if self.steps >= self.steps_max:
+                raise InvariantViolation(f"steps_max={self.steps_max} reached at {self.now_ms} ms "
+                                         f"(a livelock, or raise steps_max)")
+            t, _, kind, arg = heapq.heappop(self.queue)
+            self.now_ms = t
+            self.steps += 1
+            self._handle(kind, arg)
+            self.checker.check(self.nodes.values())
+        self.now_ms = end_ms
+
+    def _check_liveness(self) -> str | None:
+        """After the faults stop: one leader, every request released, logs converged."""
+        leader_id = self.controller.leader()
+        if leader_id is None:
+            return "no leader after the liveness phase"
+        leader = self.nodes[leader_id].replica
+        if leader is None or leader.role is not Role.LEADER:
+            return f"replica {leader_id} is leader in metadata but not acting as one"
+        for rid, req in self.requests.items():
+            if self.now_ms - req["sent_ms"] > PRODUCE_TIMEOUT_MS + 500 and "released_ms" not in req \
+                    and req["to"] == leader_id and req["sent_ms"] > self.safety_ms:
+                return f"produce request {rid} to the leader was never released"
+        late = [rid for rid, req in self.requests.items()
+                if req["acks"] == -1 and req["sent_ms"] >= self.safety_ms + 1500 and req["to"] == leader_id
+                and self.now_ms - req["sent_ms"] > 300 and req["base_offset"] is None]
+        if late:
+            return f"acks=all requests {late[:5]} sent to a healed cluster were not acknowledged"
+        hw = leader.high_watermark
+        reference = self.nodes[leader_id]
+        for node in self.nodes.values():
+            if node.replica is None:
+                return f"replica {node.node_id} is down after the liveness phase"
+            mine = [e for e in node.shadow if e[1] <= hw]
+            theirs = [e for e in reference.shadow if e[1] <= hw]
+            if mine != theirs:
+                return f"replica {node.node_id} differs from leader {leader_id} below HW {hw}"
+        for base, nxt, ident, epoch in self.checker.acked:
+            if reference.by_base.get(base) != (nxt, ident):
+                return f"acknowledged record at {base} missing from the final leader"
+        return None
+
+
+def run_simulation(*, seed: int, policy: str, durability: str, **kw) -> SimResult:
+    return Simulation(seed=seed, policy=policy, durability=durability, **kw).run()
