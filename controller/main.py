@@ -145,9 +145,9 @@ async def serve(args: argparse.Namespace) -> int:
         heartbeat_ms=args.raft_heartbeat_ms, journal_sync=args.journal_sync == "fsync")
     settings.validate()
 
-    def raft_factory(*, loop, on_applied, on_reset):
+    def raft_factory(*, loop, on_applied, on_reset, on_role_change):
         return RaftNode(settings=settings, state=MetadataStateMachine(), loop=loop,
-                        on_applied=on_applied, on_reset=on_reset)
+                        on_applied=on_applied, on_reset=on_reset, on_role_change=on_role_change)
 
     service = ControllerService(node_id=me.node_id, nodes=nodes, raft_factory=raft_factory,
                                 decisions=Decisions(rebalance_interval_ms=args.rebalance_interval_ms),

@@ -249,13 +249,15 @@ class RaftNode:
     def __init__(self, *, settings: RaftSettings, state: StateMachine,
                  loop: asyncio.AbstractEventLoop,
                  on_applied: Callable[[Any], None],
-                 on_reset: Callable[[dict], None]) -> None:
+                 on_reset: Callable[[dict], None],
+                 on_role_change: Callable[[], None] | None = None) -> None:
         settings.validate()
         self.settings = settings
         self.state = state
         self._loop = loop
         self._on_applied = on_applied
         self._on_reset = on_reset
+        self._on_role_change = on_role_change
         self._calls: deque[Callable[[], None]] = deque()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -299,6 +301,7 @@ class RaftNode:
             maxBindRetries=40,
             dynamicMembershipChange=False,
             commandsWaitLeader=True,
+            onStateChanged=self._state_changed,
         )
         obj = _ReplicatedObject(s.self_address, list(s.peer_addresses), conf, self._apply)
         journal = _SyncedJournal(obj._SyncObj__raftLog, enabled=s.journal_sync,
@@ -335,6 +338,10 @@ class RaftNode:
             obj.destroy()
         except Exception:
             log.exception("raft shutdown failed")
+
+    def _state_changed(self, old: int, new: int) -> None:
+        if self._on_role_change is not None:
+            self._loop.call_soon_threadsafe(self._on_role_change)
 
     def _wake_lone_node(self) -> None:
         # Runs at the end of each tick, just before pysyncobj polls its sockets. A lone

@@ -132,7 +132,8 @@ class ControllerService:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        self.raft = self._raft_factory(loop=loop, on_applied=self._on_applied, on_reset=self._on_reset)
+        self.raft = self._raft_factory(loop=loop, on_applied=self._on_applied, on_reset=self._on_reset,
+                                       on_role_change=self._on_role_change)
         self.raft.start()
         self._task = loop.create_task(self._timer(), name="controller-timer")
 
@@ -208,6 +209,14 @@ class ControllerService:
             except Exception:
                 log.exception("controller timer failed")
             await asyncio.sleep(self.periodic_interval_ms / 1000)
+
+    def _on_role_change(self) -> None:
+        # Raft's role changed: act now rather than at the next timer tick.
+        if not self._stopped:
+            try:
+                self._tick()
+            except Exception:
+                log.exception("controller role change handling failed")
 
     def _tick(self) -> None:
         status = self.raft.status()
