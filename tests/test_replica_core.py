@@ -332,6 +332,27 @@ def test_restarted_replica_refuses_to_lead_an_epoch_its_log_holds():
     assert log.log_end_offset == 1
 
 
+def test_leader_serves_nothing_until_its_epoch_start_is_flushed():
+    """Claim: before its epoch-start batch is flushed a new leader refuses produce and follower
+    fetches (LEADER_NOT_AVAILABLE); once flushed it serves, and a restart then sees the epoch in
+    its log and will not lead that epoch again (found by the simulation, seed=32 quorum fsync)."""
+    nodes = cluster(auto_flush=False)
+    leader = nodes[1]
+    produce(leader, 1, -1)
+    assert leader.released()[1].error is ErrorCode.LEADER_NOT_AVAILABLE
+    leader.step(FetchRequest(replica_id=2, fetch_offset=0, current_leader_epoch=1))
+    assert leader.sent()[-1].error is ErrorCode.LEADER_NOT_AVAILABLE
+    flushes = leader.take(Flush)
+    assert flushes == [Flush(up_to=1)]
+    leader.step(FlushDone(flushed_offset=leader.log.flush()))
+    produce(leader, 2, 1)
+    assert leader.released()[2].error is ErrorCode.NONE
+    leader.log.crash()
+    again = Node(1, log=leader.log)
+    again.step(NewMetadata(partition=state(), config=config()))
+    assert again.replica.role is Role.STOPPED
+
+
 # -------------------------------------------------------------------- ISR
 
 
@@ -373,6 +394,7 @@ def test_quorum_election_fence_flushes_then_reports_the_flushed_log():
     then reports (last epoch, end offset) of its flushed log."""
     cfg = config(commit_policy="quorum", quorum_required_acks=2)
     nodes = cluster(cfg, auto_flush=False)
+    nodes[1].step(FlushDone(flushed_offset=nodes[1].log.flush()))  # the leader's epoch start
     produce(nodes[1], 1, 1, b"a")
     pump(nodes)
     f = nodes[2]

@@ -112,6 +112,7 @@ class Replica:
         self._unflushed_since_ms: int | None = None
         # Leader state.
         self.epoch_start_offset = 0
+        self.epoch_durable = False
         self.progress: dict[int, FollowerProgress] = {}
         self.pending_isr: tuple[int, ...] | None = None
         self._pending_isr_sent_ms = 0
@@ -225,6 +226,12 @@ class Replica:
         # starts with a batch of ours (a control batch consumers skip).
         marker = build_batch([b""], timestamp_ms=self.now_ms, is_control=True, leader_epoch=self.leader_epoch)
         self._append_as_leader(marker)
+        # Serve nothing of this epoch until the marker is flushed: after a crash the log
+        # then shows we led it, and a restarted incarnation handed the same epoch by
+        # late metadata refuses it (see _become_leader) instead of writing different
+        # batches under an epoch followers already hold.
+        self.epoch_durable = False
+        self._request_flush()
 
     def _become_follower(self, leader_id: int) -> None:
         if self.role is Role.LEADER:
@@ -290,6 +297,9 @@ class Replica:
                 return
         if self.role is not Role.LEADER:
             self._refuse_produce(ev, ErrorCode.NOT_LEADER_OR_FOLLOWER)
+            return
+        if not self.epoch_durable:
+            self._refuse_produce(ev, ErrorCode.LEADER_NOT_AVAILABLE, reason="epoch start not flushed yet")
             return
         if ev.acks not in VALID_ACKS:
             self._refuse_produce(ev, ErrorCode.INVALID_REQUIRED_ACKS, reason=f"acks={ev.acks}")
@@ -375,6 +385,9 @@ class Replica:
             return
         if self.role is not Role.LEADER or req.replica_id not in self.progress:
             self._answer(req, error=ErrorCode.NOT_LEADER_OR_FOLLOWER)
+            return
+        if not self.epoch_durable:
+            self._answer(req, error=ErrorCode.LEADER_NOT_AVAILABLE)
             return
         diverging = self._divergence(req.fetch_offset, req.last_fetched_epoch)
         if diverging is not None:
@@ -627,6 +640,8 @@ class Replica:
         self.flushed_offset = min(ev.flushed_offset, self.log_end_offset)
         if self.flushed_offset >= self.log_end_offset:
             self._unflushed_since_ms = None
+        if self.role is Role.LEADER and self.flushed_offset > self.epoch_start_offset:
+            self.epoch_durable = True
         if self.role is Role.ELECTION and self._report_sent_ms is None and self.flushed_offset >= self.log_end_offset:
             self._report_election()
         elif self.role is Role.FOLLOWER and self.flushed_offset > self._reported_flushed:

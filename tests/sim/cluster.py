@@ -104,6 +104,8 @@ class Simulation:
         topic = TopicConfig(replication_factor=n, commit_policy=policy, durability=durability,
                             quorum_required_acks=q, min_insync_replicas=2,
                             replica_lag_time_max_ms=REPLICA_LAG_TIME_MAX_MS)
+        # Small fetches make catch-up take many round trips: more interleavings.
+        self.fetch_max_bytes = self.rng.choice((100, 250, 1000, 1 << 20))
         self.now_ms = 0
         self.controller = SimController(replicas=self.node_ids, topic_config=topic, now_ms=0,
                                         session_timeout_ms=SESSION_TIMEOUT_MS)
@@ -150,6 +152,7 @@ class Simulation:
 
     def _start(self, node: SimNode, *, unclean: bool) -> None:
         node.replica = Replica(replica_id=node.node_id, log=node.log, now_ms=self.now_ms, fetch_backoff_ms=40,
+                               fetch_max_bytes=self.fetch_max_bytes,
                                fetch_timeout_ms=200, flush_debounce_ms=15, isr_proposal_retry_ms=200,
                                election_report_retry_ms=200, unclean_start=unclean)
         self._send(node.node_id, CONTROLLER_ID, Heartbeat(node.node_id, f"{node.node_id}-{node.incarnation}"))
@@ -274,7 +277,7 @@ class Simulation:
             self._broadcast_if_changed()
             self._at(now + CONTROLLER_TICK_MS, "controller", None)
             self._faults(self.faults.plan(now, CONTROLLER_TICK_MS, degraded=self._degraded(),
-                                          leader=self.controller.leader()))
+                                          leader=self.controller.leader(), electing=self._electing()))
         elif kind == "metadata":
             for i in self.node_ids:
                 self._send(CONTROLLER_ID, i, self._metadata())
@@ -307,6 +310,9 @@ class Simulation:
                         fenced_for_election=st.fenced_for_election)
             for i in self.node_ids:
                 self._send(CONTROLLER_ID, i, self._metadata())
+
+    def _electing(self) -> list[int]:
+        return [i for i, n in self.nodes.items() if n.replica is not None and n.replica.role is Role.ELECTION]
 
     def _degraded(self) -> set[int]:
         """Replicas a durability=write run counts as faulty (see faults.py)."""

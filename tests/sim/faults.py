@@ -68,7 +68,8 @@ class FaultInjector:
 
     # ------------------------------------------------------------- nodes
 
-    def plan(self, now_ms: int, step_ms: int, *, degraded: set[int], leader: int | None) -> list[tuple]:
+    def plan(self, now_ms: int, step_ms: int, *, degraded: set[int], leader: int | None,
+             electing: list[int] = ()) -> list[tuple]:
         """Faults to start or end at this moment: ("crash", n), ("restart", n), ("partition", groups), ("heal",)."""
         ops: list[tuple] = []
         for node, at in sorted(self.down.items()):
@@ -90,6 +91,8 @@ class FaultInjector:
                 node = self.rng.choice(candidates)
                 if leader in candidates and self.rng.random() < r.leader_crash_share:
                     node = leader  # leaders crashing is where the protocol is tested hardest
+                elif electing and self.rng.random() < 0.5:
+                    node = self.rng.choice(electing)  # a replica that has just reported
                 self.down[node] = now_ms + self.rng.randint(1, r.restart_after_ms_max)
                 ops.append(("crash", node))
                 return ops
