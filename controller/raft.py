@@ -8,12 +8,14 @@ the full dump is JSON (our serializer); pysyncobj's journal frames each
 command (a JSON string) in its own pickle envelope.
 
 Durability — what is guaranteed when a proposal's future resolves:
-- with `journal_sync=True` (the default) a node flushes its journal (msync,
-  which is fdatasync for the mapped file) before it sends any Raft message and
-  before it applies a committed entry, and fsyncs the term/vote file after
-  each write. A follower therefore acknowledges only entries that are on its
-  disk, a leader counts itself only for entries it flushed before sending
-  them, and a single node flushes before it applies. A committed command
+- with `journal_sync=True` (the default) a node flushes its journal
+  (fdatasync of the mapped journal file) before it sends any Raft message but
+  a leader's append_entries, at the end of every tick, and before it applies
+  a committed entry; it fsyncs the term/vote file after each write. So a
+  follower acknowledges, and a candidate asks for votes, only with entries on
+  its disk; a leader sends new entries first and flushes them in the same
+  tick, before the next tick — the only place pysyncobj counts the leader
+  towards a commit — so followers write in parallel with it. A committed command
   survives `kill -9` of any minority, and the loss of power or of the machine
   of any minority of controllers. The full-dump file is fsynced before it
   replaces the old one.
@@ -113,6 +115,41 @@ def decode_dump(data: bytes) -> tuple[dict, tuple, tuple, list[str]]:
     return doc["state"], entry(doc["last_entry"]), entry(doc["prev_entry"]), list(doc["cluster"])
 
 
+def trim_overlap(message: dict, *, term_at: Callable[[int], int | None], last_index: int) -> dict:
+    """Make a follower's append_entries overlap-safe before pysyncobj sees it.
+
+    pysyncobj 0.3.17 truncates a follower's log after `prevLogIdx` whenever the
+    log is longer, even when nothing conflicts. That happens in normal running:
+    a leader with several appends in flight rewinds its next index on an older
+    success reply and re-sends entries the follower already holds — the
+    follower then drops entries it had acknowledged (and applied: "state
+    machine may have diverged"). Raft truncates only at a conflict. So:
+    entries the follower holds with the same term are dropped from the message
+    and `prevLogIdx` moves past them; a real conflict is left for pysyncobj to
+    truncate from there. When the message is wholly contained in the log,
+    `prevLogIdx` moves to the log's end only if the log's last entry is of the
+    sender's term: that entry came from the sender (one leader per term), which
+    never rewrites its own entries, so by Raft's log matching the whole log is
+    a prefix of the sender's. Otherwise the message is passed on unchanged.
+    """
+    if message.get("type") != "append_entries" or "prevLogIdx" in message and "transmission" in message:
+        return message
+    prev = message.get("prevLogIdx")
+    if prev is None or prev >= last_index or term_at(prev) != message.get("prevLogTerm"):
+        return message
+    entries = list(message.get("entries", []))
+    verified = prev
+    for i, (_command, idx, term) in enumerate(entries):
+        if idx > last_index:
+            return {**message, "prevLogIdx": verified, "prevLogTerm": term_at(verified), "entries": entries[i:]}
+        if term_at(idx) != term:
+            return {**message, "prevLogIdx": verified, "prevLogTerm": term_at(verified), "entries": entries[i:]}
+        verified = idx
+    if term_at(last_index) == message.get("term"):
+        return {**message, "prevLogIdx": last_index, "prevLogTerm": term_at(last_index), "entries": []}
+    return message
+
+
 # ------------------------------------------------------------ pysyncobj glue
 
 def _fsync_path(path: str) -> None:
@@ -176,17 +213,46 @@ class _SyncedJournal:
             _fsync_path(self._directory)
             self.dir_dirty = False
         if self._dirty:
-            self._inner.flush()
             self._dirty = False
+            fd = self._journal_fd()
+            if fd is None:
+                self._inner.flush()
+            else:
+                # fdatasync writes back the mapped pages like msync(MS_SYNC) does on
+                # Linux, but releases the GIL: the event loop keeps serving meanwhile.
+                os.fdatasync(fd)
             self.syncs += 1
+
+    def _journal_fd(self) -> int | None:
+        try:
+            return self._inner._FileJournal__journalFile._ResizableFile__f.fileno()
+        except AttributeError:
+            return None
 
 
 class _SyncingTransport(TCPTransport):
-    """Flushes the journal before any Raft message leaves: no ack for an unflushed entry."""
+    """Flushes the journal before a Raft message leaves: no ack or vote for unflushed entries.
+
+    The one exception is a leader's append_entries: it leaves first so followers
+    write in parallel with the leader, whose own flush runs at the end of the same
+    tick (`RaftNode._sync_journal`) — before the next tick, the only place where
+    pysyncobj counts the leader towards a commit.
+    """
+
+    def _onMessageReceived(self, node: Any, message: Any) -> None:  # noqa: N802 (pysyncobj's name)
+        journal = getattr(self._syncObj, "_biplane_journal", None)
+        if journal is not None and isinstance(message, dict) and message.get("type") == "append_entries":
+            first = journal[0][1]
+            last = journal[len(journal) - 1][1]
+
+            def term_at(idx: int) -> int | None:
+                return journal[idx - first][2] if first <= idx <= last else None
+            message = trim_overlap(message, term_at=term_at, last_index=last)
+        super()._onMessageReceived(node, message)
 
     def send(self, node: Any, message: Any) -> bool:
         journal = getattr(self._syncObj, "_biplane_journal", None)
-        if journal is not None:
+        if journal is not None and not (isinstance(message, dict) and message.get("type") == "append_entries"):
             journal.sync()
         return super().send(node, message)
 
@@ -290,6 +356,9 @@ class RaftNode:
             # A synchronous caller must not wait for the next heartbeat to be sent.
             appendEntriesUseBatch=False,
             appendEntriesPeriod=s.heartbeat_ms / 1000,
+            # Whole commands per message: pysyncobj's chunked path for larger entries
+            # is bypassed (the service keeps each command far below this).
+            appendEntriesBatchSizeBytes=2 ** 23,
             raftMinTimeout=lo,
             raftMaxTimeout=hi,
             connectionRetryTime=0.5,
@@ -309,6 +378,7 @@ class RaftNode:
         obj._SyncObj__raftLog = journal
         obj._biplane_journal = journal
         self._obj = obj
+        obj.addOnTickCallback(self._sync_journal)
         if not s.peer_addresses:
             obj.addOnTickCallback(self._wake_lone_node)
         self._thread = threading.Thread(target=self._run, name="raft-tick", daemon=True)
@@ -342,6 +412,9 @@ class RaftNode:
     def _state_changed(self, old: int, new: int) -> None:
         if self._on_role_change is not None:
             self._loop.call_soon_threadsafe(self._on_role_change)
+
+    def _sync_journal(self) -> None:
+        self._obj._biplane_journal.sync()
 
     def _wake_lone_node(self) -> None:
         # Runs at the end of each tick, just before pysyncobj polls its sockets. A lone

@@ -143,3 +143,115 @@ def test_disabled_journal_sync_never_flushes():
     journal.add(b"x", 1, 1)
     journal.sync()
     assert journal._inner.flushes == 0
+
+
+# ---- trim_overlap: pysyncobj's follower truncates on any overlap; Raft only on a conflict
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+from controller.raft import trim_overlap  # noqa: E402
+
+
+def log_of(terms: list[int], first: int = 1) -> list[tuple[bytes, int, int]]:
+    return [(b"c%d" % (first + i), first + i, t) for i, t in enumerate(terms)]
+
+
+def ae(log, prev: int, upto: int, term: int) -> dict:
+    """append_entries carrying the sender's entries prev+1..upto."""
+    by_idx = {e[1]: e for e in log}
+    return {"type": "append_entries", "term": term, "commit_index": 0, "prevLogIdx": prev,
+            "prevLogTerm": by_idx[prev][2], "entries": [by_idx[i] for i in range(prev + 1, upto + 1)]}
+
+
+def follower_apply(local: list, message: dict) -> list:
+    """What pysyncobj 0.3.17 does with an append_entries whose prev entry matches."""
+    prev = message["prevLogIdx"]
+    kept = [e for e in local if e[1] <= prev]
+    return kept + list(message.get("entries", []))
+
+
+def raft_apply(local: list, message: dict) -> list:
+    """Raft's rule: truncate only at the first conflicting entry; keep everything else."""
+    out = list(local)
+    for e in message.get("entries", []):
+        pos = e[1] - out[0][1]
+        if pos < len(out):
+            if out[pos][2] != e[2]:
+                out = out[:pos] + [e]
+        else:
+            out.append(e)
+    return out
+
+
+def trimmed(local: list, message: dict) -> dict:
+    terms = {e[1]: e[2] for e in local}
+    return trim_overlap(message, term_at=terms.get, last_index=local[-1][1])
+
+
+def test_resent_entries_no_longer_truncate_what_the_follower_acknowledged():
+    leader = log_of([1, 2, 2, 2, 2, 2])
+    follower = list(leader)                       # it already holds all six
+    message = ae(leader, 2, 4, term=2)            # a rewound resend of 3..4
+    assert follower_apply(follower, message) == leader[:4]            # pysyncobj alone: drops 5, 6
+    assert follower_apply(follower, trimmed(follower, message)) == leader
+
+
+def test_partly_new_entries_are_appended_after_the_held_ones():
+    leader = log_of([1, 1, 2, 2, 2])
+    follower = leader[:3]
+    out = trimmed(follower, ae(leader, 1, 5, term=2))
+    assert out["prevLogIdx"] == 3 and [e[1] for e in out["entries"]] == [4, 5]
+    assert follower_apply(follower, out) == leader
+
+
+def test_a_real_conflict_still_truncates_from_the_conflict():
+    follower = log_of([1, 1, 1, 1])
+    leader = log_of([1, 1, 2, 2])
+    out = trimmed(follower, ae(leader, 1, 4, term=2))
+    assert out["prevLogIdx"] == 2 and [e[1] for e in out["entries"]] == [3, 4]
+    assert follower_apply(follower, out) == leader
+
+
+def test_trailing_entries_of_another_term_are_left_to_pysyncobj():
+    follower = log_of([1, 1, 1, 1])
+    leader = log_of([1, 1, 3])
+    message = ae(leader, 1, 2, term=3)            # follower's 3 and 4 are of term 1, not the sender's
+    assert trimmed(follower, message) is message
+
+
+def test_mismatched_prev_or_no_overlap_is_passed_through():
+    follower = log_of([1, 1, 1])
+    leader = log_of([1, 2, 2, 2])
+    mismatch = ae(leader, 2, 3, term=2)
+    assert trimmed(follower, mismatch) is mismatch
+    tail = ae(log_of([1, 1, 1, 2]), 3, 4, term=2)
+    assert trimmed(follower, tail) is tail
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(1, 4), min_size=1, max_size=12).map(sorted), st.data())
+def test_trimmed_append_is_raft_safe(follower_terms, data):
+    """Claim: after a trimmed append the follower holds every entry of the message, keeps a
+    prefix of what Raft would keep, and never loses an entry of the sender's term that Raft keeps.
+    Senders are either the leader that wrote the follower's last term (its log extends the
+    follower's) or a leader of a newer term sharing a prefix."""
+    follower = log_of(follower_terms)
+    extra = data.draw(st.integers(0, 4), label="leader's extra entries")
+    if data.draw(st.booleans(), label="same leader"):
+        sender_term = follower_terms[-1]
+        leader = follower + log_of([sender_term] * extra, first=len(follower) + 1)
+    else:
+        sender_term = follower_terms[-1] + 1
+        cut = data.draw(st.integers(1, len(follower)), label="shared prefix")
+        leader = follower[:cut] + log_of([sender_term] * extra, first=cut + 1)
+    prev = data.draw(st.integers(1, len(leader)), label="prev")
+    # pysyncobj sends at least one entry whenever the receiver's next index is in the log
+    upto = data.draw(st.integers(min(prev + 1, len(leader)), len(leader)), label="upto")
+    if prev > len(follower) or leader[prev - 1] != follower[prev - 1]:
+        return  # prev does not match: pysyncobj answers with a reset, nothing is appended
+    message = ae(leader, prev, upto, term=sender_term)
+    after = follower_apply(follower, trimmed(follower, message))
+    raft = raft_apply(follower, message)
+    assert after == raft[:len(after)]
+    assert all(e in after for e in message["entries"])
+    assert all(e in after for e in raft if e[2] == sender_term)
