@@ -11,7 +11,13 @@ Checked after EVERY simulation step (DESIGN.md §6):
    epoch, no leader of an older epoch moves its HW past the start of epoch e'.
 4. agree_below_hw — every live replica's log below its own HW equals the
    committed map, so any two replicas agree below the lower of their HWs.
-5. acked_not_lost — every acks=all record released with success by a leader of
+5. commit_backed — when a leader's HW passes a batch, that batch really is
+   stored (flushed under fsync, written under write: ground truth from the
+   logs, not from what followers reported) on the leader's required set: all of
+   ISR ∪ proposed ISR for `isr`, at least q replicas for `quorum`. Under
+   durability=write a replica that crashed and has not caught up is excused
+   (it may have lost written data; faults.py allows one such replica).
+6. acked_not_lost — every acks=all record released with success by a leader of
    epoch e is, at its offset, in the log of every replica acting as leader in an
    epoch >= e (leader completeness; within the faults faults.py tolerates).
 """
@@ -25,7 +31,8 @@ class InvariantViolation(AssertionError):
 
 
 class Checker:
-    def __init__(self) -> None:
+    def __init__(self, *, policy: str, durability: str, quorum_required_acks: int) -> None:
+        self.policy, self.durability, self.q = policy, durability, quorum_required_acks
         self.committed: dict[int, tuple[int, bytes]] = {}   # base offset -> (next offset, ident)
         self.epoch_commit_start: dict[int, int] = {}        # epoch -> its start offset, once it committed
         self.hw_by_term: dict[tuple, int] = {}
@@ -47,6 +54,7 @@ class Checker:
 
     def check(self, nodes) -> None:
         self.checks += 1
+        self.nodes = nodes
         for node in nodes:
             if node.replica is None:
                 continue
@@ -73,6 +81,8 @@ class Checker:
                               f"passes start {newer_start} of epoch {epoch}, which has committed")
             lo = 0 if old is None else old
             for base, nxt, _epoch, ident in node.shadow_range(lo, hw):
+                if old is not None:
+                    self._check_backed(node, base, nxt, ident)
                 seen = self.committed.get(base)
                 if seen is None:
                     self.committed[base] = (nxt, ident)
@@ -88,6 +98,25 @@ class Checker:
                 self.fail(f"acked_not_lost: record at offset {base} acknowledged in epoch {epoch} is "
                           f"missing from leader {node.node_id} of epoch {r.leader_epoch}")
         self.acked_checked[term] = len(self.acked)
+
+    def _check_backed(self, leader, base: int, nxt: int, ident: bytes) -> None:
+        holders, excused = set(), set()
+        for node in self.nodes:
+            if node.by_base.get(base) == (nxt, ident) and (self.durability == "write"
+                                                            or nxt <= node.log.flushed_offset):
+                holders.add(node.node_id)
+            elif self.durability == "write" and (node.replica is None or node.replica.unclean_start):
+                excused.add(node.node_id)
+        r = leader.replica
+        if self.policy == "isr":
+            missing = (set(r.required_isr()) | {leader.node_id}) - holders - excused
+            if missing:
+                self.fail(f"commit_backed: leader {leader.node_id} epoch {r.leader_epoch} committed offset {base} "
+                          f"but required replicas {sorted(missing)} do not store it")
+        elif len(holders) + len(excused) < self.q or (leader.node_id not in holders
+                                                       and leader.node_id not in excused):
+            self.fail(f"commit_backed: leader {leader.node_id} epoch {r.leader_epoch} committed offset {base} "
+                      f"stored on {sorted(holders)} only (q={self.q})")
 
     def _check_below_hw(self, node) -> None:
         key = (node.node_id, node.incarnation)

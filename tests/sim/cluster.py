@@ -110,7 +110,8 @@ class Simulation:
         self.controller = SimController(replicas=self.node_ids, topic_config=topic, now_ms=0,
                                         session_timeout_ms=SESSION_TIMEOUT_MS)
         self.faults = FaultInjector(self.rng, nodes=self.node_ids, durability=durability, rates=rates)
-        self.checker = Checker()
+        self.checker = Checker(policy=policy, durability=durability,
+                               quorum_required_acks=self.controller.config.quorum_required_acks)
         self.nodes = {i: SimNode(i) for i in self.node_ids}
         self.safety_ms, self.liveness_ms, self.steps_max = safety_ms, liveness_ms, steps_max
         self.queue: list = []
@@ -166,7 +167,10 @@ class Simulation:
     def step_node(self, node: SimNode, event) -> None:
         if node.replica is None:
             return
+        hw_before = node.replica.high_watermark
         ready = node.replica.step(event)
+        if self.trace is not None and node.replica.high_watermark != hw_before:
+            self._trace_node("AdvanceHighWatermark", node, previous=hw_before)
         written: list[int] = []
         for action in ready.persist:
             if isinstance(action, Append):
@@ -393,6 +397,11 @@ class Simulation:
                 and self.now_ms - req["sent_ms"] > 300 and req["base_offset"] is None]
         if late:
             return f"acks=all requests {late[:5]} sent to a healed cluster were not acknowledged"
+        for node in self.nodes.values():
+            stuck = [p.request_id for p in (node.replica.pending.values() if node.replica else ())
+                     if p.deadline_ms < self.now_ms]
+            if stuck:
+                return f"replica {node.node_id} holds produce requests {stuck[:5]} past their deadline"
         hw = leader.high_watermark
         reference = self.nodes[leader_id]
         for node in self.nodes.values():
