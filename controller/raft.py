@@ -287,6 +287,13 @@ class RaftSettings:
     transfer_holddown_ms: int = 2000
 
     def validate(self) -> None:
+        if not self.election_timeout_ms_max > self.election_timeout_ms_min:
+            raise ValueError(f"election timeout max {self.election_timeout_ms_max} ms must be above "
+                             f"the min {self.election_timeout_ms_min} ms")
+        if self.election_timeout_ms_min / 2 <= 3 * self.heartbeat_ms:
+            raise ValueError(f"election timeout min {self.election_timeout_ms_min} ms must exceed 6 Raft "
+                             f"heartbeats ({6 * self.heartbeat_ms} ms): the highest priority halves it, "
+                             "and a follower must miss 3 heartbeats before it stands")
         if self.peer_addresses and not self.password:
             raise ValueError("a quorum of more than one controller needs a cluster secret "
                              "(--cluster-secret or BIPLANE_CLUSTER_SECRET): pysyncobj's transport "
