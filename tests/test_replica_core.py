@@ -430,3 +430,55 @@ def test_unknown_event_is_a_clear_error():
     """Claim: stepping something that is not an event names the type and the accepted ones."""
     with pytest.raises(TypeError, match="Replica.step got str"):
         Replica(replica_id=1, log=MemoryLog()).step("hello")
+
+
+# ------------------------------------------------------------ plain values
+
+
+def test_check_epoch_orders_stale_current_newer():
+    """Claim: the one fencing comparison says stale / current / newer by epoch alone."""
+    from dataplane.replica.fencing import EpochCheck, check_epoch
+    assert check_epoch(theirs=3, ours=4) is EpochCheck.STALE
+    assert check_epoch(theirs=4, ours=4) is EpochCheck.CURRENT
+    assert check_epoch(theirs=5, ours=4) is EpochCheck.NEWER
+
+
+@pytest.mark.parametrize("fields,match", [
+    (dict(isr=(1, 9)), "not in replicas"),
+    (dict(leader=9), "leader 9"),
+    (dict(replicas=(), isr=(), leader=None), "at least one replica"),
+    (dict(epoch=-1), "epochs must be >= 0"),
+])
+def test_partition_state_refuses_inconsistent_values(fields, match):
+    """Claim: a PartitionState that cannot exist is refused with the field and value named."""
+    kw = dict(leader=1, epoch=1, isr=(1, 2, 3), replicas=(1, 2, 3))
+    kw.update(fields)
+    with pytest.raises(ValueError, match=match):
+        state(**kw)
+
+
+def test_replication_config_refuses_unknown_policy():
+    """Claim: an unknown commit policy is a clear error naming it."""
+    with pytest.raises(ValueError, match="commit_policy 'most'"):
+        ReplicationConfig(commit_policy="most")
+
+
+def test_limits_must_be_non_negative_ints():
+    """Claim: a bad limit is refused at construction, naming the argument."""
+    with pytest.raises(ValueError, match="fetch_max_bytes"):
+        Replica(replica_id=1, log=MemoryLog(), fetch_max_bytes=-1)
+
+
+def test_produce_with_bad_acks_or_corrupt_batch_is_refused_without_append():
+    """Claim: acks outside 0/1/-1 and a corrupt batch are refused with their codes; nothing is appended."""
+    nodes = cluster()
+    leader = nodes[1]
+    end = leader.log.log_end_offset
+    leader.step(ProduceRequest(request_id=1, records=batch(), acks=2, timeout_ms=10))
+    bad = bytearray(batch())
+    bad[-1] ^= 0xFF
+    leader.step(ProduceRequest(request_id=2, records=bytes(bad), acks=1, timeout_ms=10))
+    released = leader.released()
+    assert released[1].error is ErrorCode.INVALID_REQUIRED_ACKS
+    assert released[2].error is ErrorCode.CORRUPT_MESSAGE
+    assert leader.log.log_end_offset == end
