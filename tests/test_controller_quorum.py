@@ -144,6 +144,10 @@ def test_quorum_failover_full_restart_and_cli(tmp_path):
             assert elect.returncode == 0, elect.stderr
             moved = run_cli("reassign", "cli-topic", "1", "1,2,3", env_extra=env)
             assert moved.returncode == 0, moved.stderr
+            taken = run_cli("snapshot", "take", "--json", env_extra=env)
+            assert taken.returncode == 0, taken.stderr
+            snapshots = run_cli("snapshot", "list", "--json", env_extra=env)
+            assert snapshots.returncode == 0 and json.loads(snapshots.stdout)["snapshots"], snapshots.stderr
 
             expected = topic_names(current)
             offset = http("GET", current.spec.api_url + "/v1/health", token=None).body["metadata_offset"]

@@ -1,0 +1,236 @@
+"""The controller service's command path over an in-memory Raft stand-in (no pysyncobj, no sockets)."""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import pytest
+
+from common.metadata.errors import TopicExistsError
+from common.requests import CreateTopicRequest, RegisterBrokerRequest
+from controller.commands import Decisions
+from controller.replicated import MetadataStateMachine
+from controller.service import CommitFailedError, ControllerNode, ControllerService, NotControllerError
+
+
+@dataclasses.dataclass
+class Status:
+    self_address: str
+    is_leader: bool
+    leader_address: str | None
+    term: int
+    commit_index: int = 0
+    last_applied: int = 0
+    connected_peers: tuple = ()
+
+
+class FakeRaft:
+    """Applies each proposed command on the next loop turn, like a committed Raft log would.
+
+    `hold = True` keeps proposals in flight until `release()`; `fail_next` makes the next
+    proposal fail as pysyncobj reports a lost leadership."""
+
+    def __init__(self, *, loop, on_applied, on_reset, on_role_change) -> None:
+        self.loop, self.on_applied, self.on_reset = loop, on_applied, on_reset
+        self.state = MetadataStateMachine()
+        self.settings = dataclasses.make_dataclass("S", ["self_address"])("127.0.0.1:1")
+        self.leader, self.term = True, 1
+        self.proposals: list[str] = []
+        self.hold = False
+        self.fail_next = False
+        self.held: list = []
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def status(self) -> Status:
+        return Status("127.0.0.1:1", self.leader, "127.0.0.1:1" if self.leader else None, self.term)
+
+    def propose(self, command: str) -> asyncio.Future:
+        self.proposals.append(command)
+        fut = self.loop.create_future()
+        if self.fail_next:
+            self.fail_next = False
+            self.loop.call_soon(fut.set_exception, RuntimeError("leader changed"))
+        elif self.hold:
+            self.held.append((command, fut))
+        else:
+            self.loop.call_soon(self._commit, command, fut)
+        return fut
+
+    def _commit(self, command: str, fut: asyncio.Future) -> None:
+        outcome = self.state.apply_command(command)
+        self.on_applied(outcome)
+        fut.set_result(outcome)
+
+    def release(self) -> None:
+        held, self.held = self.held, []
+        for command, fut in held:
+            self._commit(command, fut)
+
+
+def make_service(**kw) -> ControllerService:
+    rafts = []
+
+    def factory(**callbacks):
+        rafts.append(FakeRaft(**callbacks))
+        return rafts[-1]
+    service = ControllerService(node_id=1, nodes=[ControllerNode(node_id=1, raft_address="127.0.0.1:1",
+                                                                 api_url="http://127.0.0.1:2")],
+                                raft_factory=factory, decisions=Decisions(), session_timeout_ms=60_000,
+                                periodic_interval_ms=10, clock_ms=lambda: 1_000, **kw)
+    service.fake = lambda: rafts[0]
+    return service
+
+
+async def started(**kw) -> ControllerService:
+    service = make_service(**kw)
+    await service.start()
+    for _ in range(100):
+        if service.is_leader:
+            break
+        await asyncio.sleep(0.01)
+    assert service.is_leader
+    return service
+
+
+def register(broker_id: int) -> RegisterBrokerRequest:
+    return RegisterBrokerRequest(broker_id=broker_id, incarnation_id=f"i{broker_id}", host="h", port=1000 + broker_id)
+
+
+def topic(name: str) -> CreateTopicRequest:
+    return CreateTopicRequest(name=name, replica_assignment=((1,),))
+
+
+def test_nothing_is_decided_before_the_leaders_marker_commits():
+    async def run():
+        service = make_service()
+        with pytest.raises(NotControllerError):
+            service.require_leader()
+        await service.start()
+        raft = service.fake()
+        raft.hold = True
+        service._tick()   # proposes the marker, which stays in flight
+        assert not service.is_leader and '"marker"' in raft.proposals[-1]
+        raft.release()
+        await asyncio.sleep(0)
+        assert service.is_leader and service.pending.offset == service.committed.offset
+        await service.stop()
+    asyncio.run(run())
+
+
+def test_decisions_see_uncommitted_records_and_one_loop_turn_is_one_command():
+    async def run():
+        service = await started()
+        raft = service.fake()
+        await service.decide(lambda im: service.decisions.register_broker(im, register(1), now_ms=1))
+        before = len(raft.proposals)
+        first = service.stage(service.decisions.create_topic(service.pending, topic("a"), now_ms=1))
+        second = service.stage(service.decisions.create_topic(service.pending, topic("b"), now_ms=1))
+        with pytest.raises(TopicExistsError):   # the pending view already holds "a"
+            service.decisions.create_topic(service.pending, topic("a"), now_ms=1)
+        a, b = await first, await second
+        assert len(raft.proposals) == before + 1
+        assert a.offsets[-1] < b.offsets[0]
+        assert set(service.committed.topics) == {"a", "b"}
+        await service.stop()
+    asyncio.run(run())
+
+
+def test_commands_pipeline_up_to_the_in_flight_limit_then_group():
+    async def run():
+        service = await started(inflight_batches_max=2)
+        raft = service.fake()
+        await service.decide(lambda im: service.decisions.register_broker(im, register(1), now_ms=1))
+        raft.hold = True
+        futures = []
+        for i in range(5):
+            futures.append(service.stage(service.decisions.create_topic(service.pending, topic(f"t{i}"), now_ms=1)))
+            await asyncio.sleep(0)   # one loop turn per request
+        assert len(raft.held) == 2   # two in flight, the rest wait in one open batch
+        raft.hold = False
+        raft.release()
+        results = await asyncio.gather(*futures)
+        offsets = [o for r in results for o in r.offsets]
+        assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets)
+        assert service.committed.offset == service.pending.offset == offsets[-1]
+        await service.stop()
+    asyncio.run(run())
+
+
+def test_a_failed_proposal_fails_its_callers_and_the_view_is_rebuilt_from_committed():
+    async def run():
+        service = await started()
+        raft = service.fake()
+        await service.decide(lambda im: service.decisions.register_broker(im, register(1), now_ms=1))
+        raft.fail_next = True
+        with pytest.raises(CommitFailedError):
+            await service.decide(lambda im: service.decisions.create_topic(im, topic("lost"), now_ms=1))
+        assert not service.is_leader
+        for _ in range(100):
+            if service.is_leader:
+                break
+            await asyncio.sleep(0.01)
+        assert service.is_leader and "lost" not in service.pending.topics
+        assert service.pending == service.committed
+        await service.decide(lambda im: service.decisions.create_topic(im, topic("lost"), now_ms=1))
+        assert "lost" in service.committed.topics
+        await service.stop()
+    asyncio.run(run())
+
+
+def test_a_batch_that_commits_stale_drops_the_leader_view():
+    async def run():
+        service = await started()
+        raft = service.fake()
+        await service.decide(lambda im: service.decisions.register_broker(im, register(1), now_ms=1))
+        # Someone else's record lands first: our next batch was computed at an older offset.
+        raft.state.apply_command('{"expected_offset": %d, "records": [{"type": "noop"}]}' % raft.state.image.offset)
+        with pytest.raises(CommitFailedError, match="diverged"):
+            await service.decide(lambda im: service.decisions.create_topic(im, topic("x"), now_ms=1))
+        assert not service.is_leader
+        await service.stop()
+    asyncio.run(run())
+
+
+def test_losing_raft_leadership_fails_in_flight_requests_with_a_retriable_error():
+    async def run():
+        service = await started()
+        raft = service.fake()
+        await service.decide(lambda im: service.decisions.register_broker(im, register(1), now_ms=1))
+        raft.hold = True
+        waiting = asyncio.ensure_future(service.decide(
+            lambda im: service.decisions.create_topic(im, topic("y"), now_ms=1)))
+        await asyncio.sleep(0)
+        raft.leader = False
+        service._tick()
+        with pytest.raises(CommitFailedError) as info:
+            await waiting
+        assert info.value.retriable
+        with pytest.raises(NotControllerError):
+            service.require_leader()
+        await service.stop()
+    asyncio.run(run())
+
+
+def test_metadata_fetch_waits_for_records_and_sends_the_image_when_too_far_behind():
+    async def run():
+        service = await started(metadata_window_records=2)
+        await service.decide(lambda im: service.decisions.register_broker(im, register(1), now_ms=1))
+        offset = service.committed.offset
+        poll = asyncio.ensure_future(service.fetch_metadata(after_offset=offset, wait_ms=2000))
+        await asyncio.sleep(0.01)
+        assert not poll.done()
+        await service.decide(lambda im: service.decisions.create_topic(im, topic("z"), now_ms=1))
+        result = await poll
+        assert [o for o, _ in result.records] == [offset + 1, offset + 2]
+        assert result.records[0][1]["type"] == "create_topic"
+        empty = await service.fetch_metadata(after_offset=service.committed.offset, wait_ms=10)
+        assert empty.records == [] and empty.image is None
+        behind = await service.fetch_metadata(after_offset=-1, wait_ms=0)
+        assert behind.image is not None and behind.image["offset"] == service.committed.offset
+        await service.stop()
+    asyncio.run(run())
