@@ -8,7 +8,9 @@ Errors are `{"error": {"code", "message", "field"?, "retriable"}}`.
 Hook for other parts of the controller: `app["controller"]` is the
 `ControllerService` (committed image: `.committed`; latest usage per broker:
 `.usage`; leader check: `.is_leader`), and `app["on_ready"]` is a list of
-callables `(app) -> None` run at startup after the service started.
+callables `(app) -> None` run at startup after the service started. A handler
+with attribute `writes = True` or `leader_only = True` is answered by the
+leader only (a follower redirects).
 """
 from __future__ import annotations
 
@@ -296,7 +298,7 @@ def make_middleware(admin_token: str):
                     return error_response(401, ErrorCode.UNAUTHORIZED, "bad bearer token",
                                           headers={"WWW-Authenticate": "Bearer"})
             route_info = request.match_info.route
-            writes = getattr(route_info.handler, "writes", False)
+            writes = getattr(route_info.handler, "writes", False) or getattr(route_info.handler, "leader_only", False)
             s = svc(request)
             if writes and not s.is_leader:
                 return not_leader_response(s, request.path_qs)

@@ -160,6 +160,9 @@ async def serve(args: argparse.Namespace) -> int:
                               controller_id=me.node_id, is_leader=lambda: service.is_leader,
                               snapshot_interval_ms=args.snapshot_interval_ms)
     add_snapshot_routes(app, lambda: snapshotter)
+    for route in app.router.routes():
+        if route.method == "GET" and route.resource is not None and route.resource.canonical == "/v1/snapshots":
+            route.handler.leader_only = True   # the files live on the leader that wrote them
     app["on_ready"].append(lambda app: snapshotter.start())
 
     async def stop_snapshots(app: web.Application) -> None:

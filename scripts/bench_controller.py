@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import http.client
+import http.client as httpclient
 import json
 import statistics
 import sys
@@ -111,7 +111,7 @@ def failover(controllers: list[Controller], runs: int) -> list[float]:
 def sequential_latency(url: str, count: int, path_of: Callable[[int], tuple[str, str, dict]]) -> list[float]:
     """One admin client on a kept-alive connection, one request at a time."""
     host, port = url.split("://", 1)[1].split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    conn = httpclient.HTTPConnection(host, int(port), timeout=10)
     headers = {**AUTH, "Content-Type": "application/json"}
     out = []
     try:
