@@ -49,7 +49,7 @@ def report(spark, history, tmp_path_factory):
     directory, _ = history
     out = tmp_path_factory.mktemp("report")
     options = ReportOptions(fit_days=0.35, add_brokers=2, replication_factor_change=("orders", 2), lose_broker=1)
-    return run_capacity_report(spark, [str(directory)], out, options, Progress(6))
+    return run_capacity_report(spark, [str(directory)], out, options, Progress(5))
 
 
 def test_forecast_matches_generated_growth(report):
@@ -76,7 +76,7 @@ def test_skipped_files_are_named(report, history):
                             str(directory / "snapshot-20250101T000000Z-000000000002.sqlite"),
                             str(directory / "README.txt")}
     assert "malformed" in reasons[str(directory / "snapshot-20250101T000000Z-000000000001.sqlite")]
-    assert "no table" in reasons[str(directory / "snapshot-20250101T000000Z-000000000002.sqlite")]
+    assert "no such table" in reasons[str(directory / "snapshot-20250101T000000Z-000000000002.sqlite")]
     assert report.summary["snapshots"] == SPEC.snapshots
     assert (report.out_dir / "warnings.csv").read_text().count("\n") == 4
 
@@ -124,7 +124,7 @@ def test_short_history_says_so(spark, history, tmp_path):
     short.mkdir()
     for path in paths[-2:]:
         shutil.copy(path, short / path.name)
-    result = run_capacity_report(spark, [str(short / "*.sqlite")], tmp_path / "out", ReportOptions(), Progress(6))
+    result = run_capacity_report(spark, [str(short / "*.sqlite")], tmp_path / "out", ReportOptions(), Progress(5))
     assert "History too short for a forecast: 2 snapshots spanning 30 minutes" in result.summary["forecast_note"]
     assert result.tables["forecast"]["status"].str.startswith("history too short").all()
     assert result.tables["forecast"]["days_until_full"].isna().all()

@@ -219,3 +219,22 @@ def test_history_is_deterministic_by_seed(tmp_path):
     assert set(growth) == {1, 2, 3, 4} and expected_growth_bytes_per_day(spec, at_index=0).keys() == {1, 2, 3}
     with pytest.raises(ValueError, match="--brokers must be at least 4"):
         HistorySpec(brokers=3)
+
+
+def test_generate_history_command(tmp_path, capsys):
+    """`biplane report generate-history` writes the files and prints each broker's known growth;
+    bad parameters are refused with exit status 2 and a message naming the option."""
+    from controller.report.cli import main
+
+    out = tmp_path / "snaps"
+    assert main(["generate-history", "--out", str(out), "--brokers", "4", "--partitions", "8",
+                 "--snapshots", "5", "--interval", "60", "--seed", "9"], "biplane report") == 0
+    assert len(list(out.glob("snapshot-*.sqlite"))) == 5
+    printed = capsys.readouterr().out
+    assert "broker 4 joins at snapshot 2" in printed and "broker 1: grows" in printed
+    assert main(["generate-history", "--out", str(out), "--brokers", "2"], "biplane report") == 2
+    assert "--brokers must be at least 4" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["capacity", str(out), "--out", str(tmp_path / "r"), "--replication-factor", "orders"],
+             "biplane report")
+    assert "expected TOPIC=REPLICATION_FACTOR" in capsys.readouterr().err

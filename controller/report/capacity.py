@@ -2,11 +2,12 @@
 
 Stages (each announced on stderr):
 1. list the inputs on the driver (names only; foreign names become warnings);
-2. check every file on the executors (`files` table: readable, our schema?);
-3. read per-broker series from every readable file on the executors;
-4. fit growth per broker in Spark (least squares over the last `fit_days`);
-5. read the latest snapshot's placement and plan: skew, balanced placement, what-ifs;
-6. write CSVs, plots and the HTML page.
+2. read per-broker series from every file on the executors, in one pass that also
+   names the files it could not read;
+3. fit growth per broker in Spark (least squares over the last `fit_days`);
+4. read the latest snapshot's placement (on an executor) and plan: skew,
+   balanced placement, what-ifs;
+5. write CSVs, plots and the HTML page.
 """
 from __future__ import annotations
 
@@ -177,37 +178,30 @@ def _int(value) -> int | None:
     return None if _nan(value) or pd.isna(value) else int(value)
 
 
-def placement_from_latest(tables: dict[str, pd.DataFrame], latest_series: pd.DataFrame
+def placement_from_latest(placement: pd.DataFrame, latest_series: pd.DataFrame
                           ) -> tuple[list[planning.BrokerSlot], list[planning.PartitionPlacement]]:
-    """Planning inputs from the latest snapshot's tables (already on the driver: one file)."""
-    used = {int(r.broker_id): _int(r.disk_used_bytes) for r in latest_series.itertuples(index=False)}
+    """Planning inputs from the latest snapshot: brokers from its series rows, partitions from
+    its `placement` rows (one per replica, in replica order)."""
     brokers = [
-        planning.BrokerSlot(broker_id=int(b.broker_id), rack=None if pd.isna(b.rack) else b.rack,
-                            live=b.state == "unfenced", capacity_bytes=_int(b.disk_capacity_bytes),
-                            used_bytes=used.get(int(b.broker_id)))
-        for b in tables["brokers"].itertuples(index=False)
+        planning.BrokerSlot(broker_id=int(r.broker_id), rack=None if pd.isna(r.rack) else r.rack,
+                            live=r.state == "unfenced", capacity_bytes=_int(r.disk_total_bytes),
+                            used_bytes=_int(r.disk_used_bytes))
+        for r in latest_series.sort_values("broker_id").itertuples(index=False)
     ]
-    usage = tables["replica_usage"]
-    size = usage.groupby(["topic", "partition"])["size_bytes"].max().to_dict()
-    rate = usage.groupby(["topic", "partition"])["produce_bytes_per_s"].max().to_dict()
-    configs = tables["topic_configs"]
-    min_isr = {r.topic: int(json.loads(r.value)) for r in configs.itertuples(index=False)
-               if r.name == "min_insync_replicas"}
-    replicas = tables["replicas"].sort_values(["topic", "partition", "position"])
-    members: dict[tuple[str, int], list[int]] = {}
-    isr: dict[tuple[str, int], list[int]] = {}
-    for r in replicas.itertuples(index=False):
-        key = (r.topic, int(r.partition))
-        members.setdefault(key, []).append(int(r.broker_id))
-        if r.in_isr:
-            isr.setdefault(key, []).append(int(r.broker_id))
+    grouped: dict[tuple[str, int], list] = {}
+    for r in placement.itertuples(index=False):
+        grouped.setdefault((r.topic, int(r.partition)), []).append(r)
     partitions = []
-    for p in tables["partitions"].sort_values(["topic", "partition"]).itertuples(index=False):
-        key = (p.topic, int(p.partition))
+    for (topic, partition), rows in sorted(grouped.items()):
+        rows.sort(key=lambda r: r.position)
+        first = rows[0]
+        min_isr = 1 if first.min_insync_replicas is None or pd.isna(first.min_insync_replicas) \
+            else int(json.loads(first.min_insync_replicas))
         partitions.append(planning.PartitionPlacement(
-            topic=p.topic, partition=int(p.partition), replicas=tuple(members.get(key, ())),
-            leader=_int(p.leader), size_bytes=int(size.get(key, 0) or 0), isr=tuple(isr.get(key, ())),
-            min_insync_replicas=min_isr.get(p.topic, 1), growth_bytes_per_s=float(rate.get(key, 0.0) or 0.0)))
+            topic=topic, partition=partition, replicas=tuple(int(r.broker_id) for r in rows),
+            leader=_int(first.leader), size_bytes=max(int(r.size_bytes) for r in rows),
+            isr=tuple(int(r.broker_id) for r in rows if r.in_isr), min_insync_replicas=min_isr,
+            growth_bytes_per_s=max(float(r.produce_bytes_per_s) for r in rows)))
     return brokers, partitions
 
 
@@ -327,7 +321,7 @@ def plan_reports(brokers, partitions, options: ReportOptions) -> tuple[dict[str,
 def run_capacity_report(spark: SparkSession, inputs: list[str], out_dir: Path, options: ReportOptions,
                         progress: Progress | None = None,
                         render: Callable[..., Path] | None = None) -> ReportResult:
-    progress = progress or Progress(6)
+    progress = progress or Progress(5)
     splits = options.splits or 2 * spark.sparkContext.defaultParallelism
     paths, warnings = discover_inputs(inputs)
     progress(f"listed inputs: {len(paths)} snapshot files, {len(warnings)} other entries skipped")
@@ -337,27 +331,33 @@ def run_capacity_report(spark: SparkSession, inputs: list[str], out_dir: Path, o
         raise ValueError(f"no snapshot files in {', '.join(inputs)}; expected names like "
                          "snapshot-20260101T000000Z-000000000042.sqlite")
 
-    progress(f"checking {len(paths)} files on the executors in {min(splits, len(paths))} splits")
-    files = read_table(spark, "files", paths, splits).toPandas()
-    bad = files[~files["ok"]]
-    for r in bad.itertuples(index=False):
+    progress(f"reading per-broker series from {len(paths)} files on the executors "
+             f"in {min(splits, len(paths))} splits")
+    series_all = read_table(spark, "broker_series", paths, splits).cache()
+    collected = series_all.orderBy("snapshot_time_ms", "broker_id").toPandas()
+    errors = collected[collected["error"].notna()]
+    for r in errors.itertuples(index=False):
         warnings.append((r.file, f"unreadable snapshot: {r.error}"))
         progress.note(f"warning: skipping {r.file}: {r.error}")
+    series_pd = collected[collected["error"].isna()].drop(columns=["error"]).reset_index(drop=True)
+    files = (series_pd.groupby("file", as_index=False)
+             .agg(snapshot_time_ms=("snapshot_time_ms", "first"), metadata_offset=("metadata_offset", "first"),
+                  brokers=("broker_id", "count")))
+    files = pd.concat([files.assign(ok=True, error=None),
+                       errors[["file", "error"]].assign(ok=False)], ignore_index=True)
     good = files[files["ok"]].sort_values(["snapshot_time_ms", "metadata_offset", "file"])
     if good.empty:
+        series_all.unpersist()
         raise ValueError(f"none of the {len(paths)} snapshot files could be read; see the warnings above")
     good_paths = list(good["file"])
     latest = good.iloc[-1]
     latest_ms = int(latest["snapshot_time_ms"])
     span_ms = latest_ms - int(good["snapshot_time_ms"].min())
-
-    progress(f"reading per-broker series from {len(good_paths)} files on the executors")
-    series = read_table(spark, "broker_series", good_paths, splits).cache()
-    series_pd = series.drop("file").orderBy("snapshot_time_ms", "broker_id").toPandas()
+    series = series_all.where(F.col("error").isNull())
 
     progress(f"fitting growth per broker (least squares over the last {options.fit_days:g} days)")
     forecast_pd = forecast(series, latest_ms, options)
-    series.unpersist()
+    series_all.unpersist()
     summary: dict[str, object] = {
         "snapshots": len(good_paths), "skipped": len(warnings), "first": iso_utc(int(good["snapshot_time_ms"].min())),
         "latest": iso_utc(latest_ms), "latest_file": os.path.basename(latest["file"]),
@@ -371,13 +371,13 @@ def run_capacity_report(spark: SparkSession, inputs: list[str], out_dir: Path, o
         progress.note(summary["forecast_note"])
 
     progress(f"planning on the latest snapshot {summary['latest_file']}")
-    latest_tables = {t: read_table(spark, t, [latest["file"]], 1).toPandas()
-                     for t in ("brokers", "partitions", "replicas", "replica_usage", "topic_configs")}
-    latest_series = series_pd[series_pd["snapshot_time_ms"] == latest_ms]
-    brokers, partitions = placement_from_latest(latest_tables, latest_series)
+    placement = read_table(spark, "placement", [latest["file"]], 1).toPandas()
+    latest_series = series_pd[series_pd["file"] == latest["file"]]
+    brokers, partitions = placement_from_latest(placement, latest_series)
     plan_tables, plan_summary = plan_reports(brokers, partitions, options)
     summary.update(plan_summary)
 
+    series_pd = series_pd.drop(columns=["file"])
     series_pd.insert(0, "snapshot_time", [iso_utc(int(t)) for t in series_pd["snapshot_time_ms"]])
     tables = {
         "files": files.assign(snapshot_time=[None if pd.isna(t) else iso_utc(int(t))

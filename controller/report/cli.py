@@ -86,7 +86,7 @@ def _capacity(args: argparse.Namespace) -> int:
     options = ReportOptions(fit_days=args.fit_days, add_brokers=args.add_brokers,
                             replication_factor_change=args.replication_factor, lose_broker=args.lose_broker,
                             balance_tolerance_ratio=args.balance_tolerance, splits=args.splits)
-    progress = Progress(7)
+    progress = Progress(6)
     progress(f"starting Spark ({args.master})")
     spark = start_session(args.master)
     try:

@@ -9,13 +9,15 @@ The driver only hands over file names; `partitions()` groups them into
 `splits` contiguous groups and each executor task opens its own files with
 sqlite3. A file that cannot be read (not SQLite, truncated, a foreign schema)
 is skipped with a warning on the executor's log and never fails the job; the
-`files` table reports, per file, whether it is readable and why not, which is
-how the driver learns of skipped files.
+`files` and `broker_series` tables report it as a row naming the file and the
+error, which is how the driver learns of skipped files.
 
 Tables: every snapshot table (snapshot_schema.TABLES, with `file` and
-`snapshot_time_ms` in front), plus `files` and `broker_series` (per snapshot
+`snapshot_time_ms` in front), plus `files`, `broker_series` (per snapshot
 and broker: disk use, replica and leader counts, replica bytes and rates,
-aggregated inside SQLite on the executor). Byte counts are LongType.
+aggregated inside SQLite on the executor; an unreadable file yields one row
+with only `file` and `error`) and `placement` (one row per replica with its
+partition's leader, size, rate and min ISR). Byte counts are LongType.
 
 No `pushFilters`: in PySpark 4.3.0 a later unfiltered query on the same
 DataFrame can reuse a filtered plan. Filter in Spark instead.
@@ -52,21 +54,49 @@ FILES_SCHEMA = StructType([
 
 BROKER_SERIES_SCHEMA = StructType([
     StructField("file", StringType(), False),
-    StructField("snapshot_time_ms", LongType(), False),
-    StructField("metadata_offset", LongType(), False),
-    StructField("broker_id", LongType(), False),
+    StructField("snapshot_time_ms", LongType(), True),
+    StructField("metadata_offset", LongType(), True),
+    StructField("broker_id", LongType(), True),
     StructField("rack", StringType(), True),
     StructField("state", StringType(), True),
     StructField("disk_total_bytes", LongType(), True),
     StructField("disk_used_bytes", LongType(), True),
     StructField("disk_free_bytes", LongType(), True),
-    StructField("replica_count", LongType(), False),
-    StructField("leader_count", LongType(), False),
-    StructField("replica_bytes", LongType(), False),
-    StructField("produce_bytes_per_s", DoubleType(), False),  # client writes to the replicas it leads
-    StructField("replication_in_bytes_per_s", DoubleType(), False),  # writes to the replicas it follows
-    StructField("fetch_bytes_per_s", DoubleType(), False),
+    StructField("replica_count", LongType(), True),
+    StructField("leader_count", LongType(), True),
+    StructField("replica_bytes", LongType(), True),
+    StructField("produce_bytes_per_s", DoubleType(), True),  # client writes to the replicas it leads
+    StructField("replication_in_bytes_per_s", DoubleType(), True),  # writes to the replicas it follows
+    StructField("fetch_bytes_per_s", DoubleType(), True),
+    # Set on the one row an unreadable file yields (all else null but `file`), so a single
+    # pass over the history both reads it and names what it had to skip.
+    StructField("error", StringType(), True),
 ])
+
+PLACEMENT_SCHEMA = StructType([
+    StructField("file", StringType(), False),
+    StructField("snapshot_time_ms", LongType(), False),
+    StructField("topic", StringType(), False),
+    StructField("partition", LongType(), False),
+    StructField("broker_id", LongType(), False),
+    StructField("position", LongType(), False),
+    StructField("in_isr", LongType(), False),
+    StructField("leader", LongType(), True),
+    StructField("size_bytes", LongType(), False),
+    StructField("produce_bytes_per_s", DoubleType(), False),
+    StructField("min_insync_replicas", StringType(), True),  # JSON text from topic_configs
+])
+
+# One row per replica with what planning needs, joined inside SQLite.
+PLACEMENT_SQL = """
+SELECT r.topic, r.partition, r.broker_id, r.position, r.in_isr, p.leader,
+       coalesce(u.size_bytes, 0), coalesce(u.produce_bytes_per_s, 0.0), c.value
+FROM replicas r
+JOIN partitions p ON p.topic = r.topic AND p.partition = r.partition
+LEFT JOIN replica_usage u ON u.topic = r.topic AND u.partition = r.partition AND u.broker_id = r.broker_id
+LEFT JOIN topic_configs c ON c.topic = r.topic AND c.name = 'min_insync_replicas'
+ORDER BY r.topic, r.partition, r.position
+"""
 
 # Per broker in one snapshot; runs inside SQLite so only ~brokers rows leave each file.
 BROKER_SERIES_SQL = """
@@ -74,20 +104,23 @@ WITH counts AS (
     SELECT broker_id, count(*) AS replica_count, sum(is_leader) AS leader_count
     FROM replicas GROUP BY broker_id),
 usage_sums AS (
-    SELECT u.broker_id, sum(u.size_bytes) AS replica_bytes,
-           sum(CASE WHEN r.is_leader = 1 THEN u.produce_bytes_per_s ELSE 0 END) AS produce,
-           sum(CASE WHEN r.is_leader = 1 THEN 0 ELSE u.produce_bytes_per_s END) AS replication_in,
-           sum(u.fetch_bytes_per_s) AS fetch
-    FROM replica_usage u LEFT JOIN replicas r
-      ON r.topic = u.topic AND r.partition = u.partition AND r.broker_id = u.broker_id
+    SELECT broker_id, sum(size_bytes) AS replica_bytes, sum(produce_bytes_per_s) AS produce_all,
+           sum(fetch_bytes_per_s) AS fetch
+    FROM replica_usage GROUP BY broker_id),
+led AS (
+    SELECT u.broker_id, sum(u.produce_bytes_per_s) AS produce
+    FROM partitions p JOIN replica_usage u
+      ON u.topic = p.topic AND u.partition = p.partition AND u.broker_id = p.leader
     GROUP BY u.broker_id)
 SELECT b.broker_id, b.rack, b.state, bu.disk_total_bytes, bu.disk_used_bytes, bu.disk_free_bytes,
        coalesce(c.replica_count, 0), coalesce(c.leader_count, 0), coalesce(usage_sums.replica_bytes, 0),
-       coalesce(usage_sums.produce, 0.0), coalesce(usage_sums.replication_in, 0.0), coalesce(usage_sums.fetch, 0.0)
+       coalesce(led.produce, 0.0), coalesce(usage_sums.produce_all, 0.0) - coalesce(led.produce, 0.0),
+       coalesce(usage_sums.fetch, 0.0)
 FROM brokers b
 LEFT JOIN broker_usage bu ON bu.broker_id = b.broker_id
 LEFT JOIN counts c ON c.broker_id = b.broker_id
 LEFT JOIN usage_sums ON usage_sums.broker_id = b.broker_id
+LEFT JOIN led ON led.broker_id = b.broker_id
 ORDER BY b.broker_id
 """
 
@@ -97,8 +130,11 @@ def table_schema(table: str) -> StructType:
         return FILES_SCHEMA
     if table == "broker_series":
         return BROKER_SERIES_SCHEMA
+    if table == "placement":
+        return PLACEMENT_SCHEMA
     if table not in TABLES:
-        raise ValueError(f"unknown snapshot table {table!r}; one of {sorted([*TABLES, 'files', 'broker_series'])}")
+        raise ValueError(f"unknown snapshot table {table!r}; "
+                         f"one of {sorted([*TABLES, 'files', 'broker_series', 'placement'])}")
     fields = [StructField("file", StringType(), False)]
     if table != "cluster":
         fields.append(StructField("snapshot_time_ms", LongType(), False))
@@ -155,6 +191,8 @@ class SnapshotReader(DataSourceReader):
                 rows = read_file_rows(path, self.table)
             except (sqlite3.Error, OSError, ValueError) as exc:
                 log.warning("skipping snapshot file %s: %s", path, exc)
+                if self.table == "broker_series":
+                    yield (path, *([None] * 14), f"{type(exc).__name__}: {exc}")
                 continue
             yield from rows
 
@@ -203,7 +241,9 @@ def read_file_rows(path: str, table: str) -> list[tuple]:
     try:
         _, time_ms, offset, _, _ = _cluster(conn)
         if table == "broker_series":
-            return [(path, time_ms, offset, *row) for row in conn.execute(BROKER_SERIES_SQL)]
+            return [(path, time_ms, offset, *row, None) for row in conn.execute(BROKER_SERIES_SQL)]
+        if table == "placement":
+            return [(path, time_ms, *row) for row in conn.execute(PLACEMENT_SQL)]
         columns = ", ".join(f"[{name}]" for name, _ in TABLES[table][0])
         rows = conn.execute(f"SELECT {columns} FROM [{table}]").fetchall()
         if table == "cluster":

@@ -18,6 +18,7 @@ can be written in any order or in parallel with identical results.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import random
 from collections.abc import Callable
@@ -91,6 +92,9 @@ def _layout(spec: HistorySpec) -> tuple[list[_Broker], list[_Partition]]:
         for b in range(1, spec.brokers + 1)
     ]
     first = list(range(1, spec.brokers))  # brokers present from the start
+    # Sizes and rates are set for ~12 partitions per starting broker (the defaults); bigger
+    # clusters scale them down so brokers start a third full and fill over weeks, not hours.
+    scale = min(1.0, 12 * len(first) / spec.partitions)
     hot = first[: max(3, len(first) // 2)]
     n_clicks = max(1, spec.partitions * 2 // 5)
     n_orders = max(1, spec.partitions * 3 // 10)
@@ -106,19 +110,20 @@ def _layout(spec: HistorySpec) -> tuple[list[_Broker], list[_Partition]]:
 
     for p in range(n_clicks):
         parts.append(_Partition(topic="clicks", partition=p, replicas=ring(hot, p, 3),
-                                rate_bytes_per_s=200_000 / (1 + p % 4), initial_bytes=rng.randrange(20 * GIB, 60 * GIB),
+                                rate_bytes_per_s=scale * 200_000 / (1 + p % 4),
+                                initial_bytes=int(scale * rng.randrange(20 * GIB, 60 * GIB)),
                                 created_index=0))
     for p in range(n_orders):
         parts.append(_Partition(topic="orders", partition=p, replicas=ring(first, p, 3),
-                                rate_bytes_per_s=rng.uniform(30_000, 70_000),
-                                initial_bytes=rng.randrange(5 * GIB, 15 * GIB), created_index=0))
+                                rate_bytes_per_s=scale * rng.uniform(30_000, 70_000),
+                                initial_bytes=int(scale * rng.randrange(5 * GIB, 15 * GIB)), created_index=0))
     for p in range(n_audit):
         parts.append(_Partition(topic="audit", partition=p, replicas=ring(first, p, 2),
-                                rate_bytes_per_s=rng.uniform(5_000, 15_000),
-                                initial_bytes=rng.randrange(1 * GIB, 3 * GIB), created_index=0))
+                                rate_bytes_per_s=scale * rng.uniform(5_000, 15_000),
+                                initial_bytes=int(scale * rng.randrange(1 * GIB, 3 * GIB)), created_index=0))
     for p in range(n_metrics):
         parts.append(_Partition(topic="metrics", partition=p, replicas=(spec.joiner, first[p % len(first)]),
-                                rate_bytes_per_s=rng.uniform(60_000, 100_000), initial_bytes=0,
+                                rate_bytes_per_s=scale * rng.uniform(60_000, 100_000), initial_bytes=0,
                                 created_index=spec.join_index))
     return brokers, parts
 
@@ -135,11 +140,12 @@ def expected_growth_bytes_per_day(spec: HistorySpec, *, at_index: int | None = N
     return growth
 
 
-def _rows(spec: HistorySpec, brokers: list[_Broker], parts: list[_Partition], index: int) -> SnapshotRows:
-    rng = random.Random(spec.seed * 1_000_003 + index)
-    now_ms = spec.start_ms + index * spec.interval_ms
-    live = [b for b in brokers if b.joined_index <= index]
-    present = [p for p in parts if p.created_index <= index]
+@functools.lru_cache(maxsize=4)
+def _static_rows(spec: HistorySpec, joined: bool) -> tuple[tuple, tuple, tuple, tuple, tuple]:
+    """Rows that only change when the broker joins: topics, configs, partitions, replicas, and
+    the partitions present, before (joined=False) or after the join."""
+    _, parts = _layout(spec)
+    present = tuple(p for p in parts if p.created_index == 0 or joined)
     topics: dict[str, list[_Partition]] = {}
     for p in present:
         topics.setdefault(p.topic, []).append(p)
@@ -151,23 +157,37 @@ def _rows(spec: HistorySpec, brokers: list[_Broker], parts: list[_Partition], in
                   "commit_policy": "isr", "min_insync_replicas": min(2, rf)}
         config_rows += [(name, key, value if isinstance(value, str) else json.dumps(value))
                         for key, value in sorted(config.items())]
-    partition_rows, replica_rows, usage_rows = [], [], []
+    partition_rows = tuple((p.topic, p.partition, p.replicas[0], 1, 1, len(p.replicas), len(p.replicas), 0)
+                           for p in present)
+    replica_rows = tuple((p.topic, p.partition, b, position, int(position == 0), 1, 0, 0)
+                         for p in present for position, b in enumerate(p.replicas))
+    return tuple(topic_rows), tuple(config_rows), partition_rows, replica_rows, present
+
+
+def _rows(spec: HistorySpec, brokers: list[_Broker], index: int) -> SnapshotRows:
+    rng = random.Random(spec.seed * 1_000_003 + index)
+    now_ms = spec.start_ms + index * spec.interval_ms
+    live = [b for b in brokers if b.joined_index <= index]
+    topic_rows, config_rows, partition_rows, replica_rows, present = _static_rows(spec, index >= spec.join_index)
+    usage_rows = []
     used = {b.broker_id: b.base_bytes for b in live}
+    interval_s = spec.interval_ms / 1000
     for p in present:
         leader = p.replicas[0]
-        partition_rows.append((p.topic, p.partition, leader, 1, 1, len(p.replicas), len(p.replicas), 0))
-        age_s = (index - p.created_index) * spec.interval_ms / 1000
-        size = p.initial_bytes + int(p.rate_bytes_per_s * age_s)
-        noise = rng.uniform(0.9, 1.1)
-        for position, b in enumerate(p.replicas):
-            replica_rows.append((p.topic, p.partition, b, position, int(b == leader), 1, 0, 0))
-            lag = 0 if b == leader else rng.randrange(0, 20_000)
-            end = (size - lag) // RECORD_BYTES
-            fetch = p.rate_bytes_per_s * noise * (2 + len(p.replicas) - 1) if b == leader else 0.0
-            usage_rows.append((p.topic, p.partition, b, now_ms, size - lag, 0, end,
-                               end if b == leader else max(0, end - 5), p.rate_bytes_per_s * noise,
-                               p.rate_bytes_per_s * noise / RECORD_BYTES, fetch))
-            used[b] += size - lag
+        size = p.initial_bytes + int(p.rate_bytes_per_s * (index - p.created_index) * interval_s)
+        rate = p.rate_bytes_per_s * rng.uniform(0.9, 1.1)
+        for b in p.replicas:
+            if b == leader:
+                end = size // RECORD_BYTES
+                usage_rows.append((p.topic, p.partition, b, now_ms, size, 0, end, end, rate, rate / RECORD_BYTES,
+                                   rate * (1 + len(p.replicas))))
+                used[b] += size
+            else:
+                lag = rng.randrange(0, 20_000)
+                end = (size - lag) // RECORD_BYTES
+                usage_rows.append((p.topic, p.partition, b, now_ms, size - lag, 0, end, max(0, end - 5), rate,
+                                   rate / RECORD_BYTES, 0.0))
+                used[b] += size - lag
     broker_rows, broker_usage_rows = [], []
     for b in live:
         disk_used = min(b.capacity_bytes, used[b.broker_id] + rng.randrange(-spec.disk_noise_bytes,
@@ -176,20 +196,20 @@ def _rows(spec: HistorySpec, brokers: list[_Broker], parts: list[_Partition], in
                             "unfenced", b.capacity_bytes))
         broker_usage_rows.append((b.broker_id, now_ms, b.capacity_bytes, disk_used, b.capacity_bytes - disk_used))
     # Records so far: registrations, topic and partition creations, and some ISR churn per interval.
-    offset = len(live) * 2 + len(topics) + len(present) + index * 3
+    offset = len(live) * 2 + len(topic_rows) + len(present) + index * 3
     return SnapshotRows(
         snapshot_time_ms=now_ms, metadata_offset=offset, controller_id=1,
-        brokers=tuple(broker_rows), topics=tuple(topic_rows), topic_configs=tuple(config_rows),
-        partitions=tuple(partition_rows), replicas=tuple(replica_rows), replica_usage=tuple(usage_rows),
+        brokers=tuple(broker_rows), topics=topic_rows, topic_configs=config_rows,
+        partitions=partition_rows, replicas=replica_rows, replica_usage=tuple(usage_rows),
         broker_usage=tuple(broker_usage_rows),
     )
 
 
 def _write_range(args: tuple[HistorySpec, str, int, int]) -> int:
     spec, out, start, stop = args
-    brokers, parts = _layout(spec)
+    brokers, _ = _layout(spec)
     for index in range(start, stop):
-        write_snapshot_file(Path(out), _rows(spec, brokers, parts, index))
+        write_snapshot_file(Path(out), _rows(spec, brokers, index))
     return stop - start
 
 

@@ -21,6 +21,7 @@ Ties between brokers always go to the lower broker id.
 """
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from collections.abc import Iterable, Mapping
 
@@ -215,35 +216,70 @@ def _balance(state: _State, *, tolerance_ratio: float, moves_max: int) -> str:
     live = state.live()
     if len(live) < 2:
         return "fewer than two live brokers"
+    mean = sum(state.load[b] for b in live) / len(live)  # moves keep the total
+    # Each broker's replicas sorted by (size, key), to find sizes near gap / 2 by bisection.
+    by_size = {b: sorted((state.parts[key].size_bytes, key) for key in state.hosted.get(b, ())) for b in live}
     while True:
         if len(state.moves) >= moves_max:
             return f"reached moves_max={moves_max}"
-        mean = sum(state.load[b] for b in live) / len(live)
         source = max(live, key=lambda b: (state.load[b], -b))
         targets = sorted(live, key=lambda b: (state.load[b], b))
         if state.load[source] - state.load[targets[0]] <= tolerance_ratio * mean:
             return "balanced within tolerance"
-        moved = False
+        choice = None
         for target in targets:
             gap = state.load[source] - state.load[target]
             if gap <= tolerance_ratio * mean:
                 break
-            best = None
-            for key in state.hosted[source]:
-                size = state.parts[key].size_bytes
-                if not 0 < size < gap or target in state.replicas[key]:
-                    continue
-                if len(state.racks_of(key)) > len(state.racks_of(key, without=source) | {state.rack(target)}):
-                    continue  # would lose rack diversity
-                rank = (abs(gap / 2 - size), -size, key)
-                if best is None or rank < best[0]:
-                    best = (rank, key)
-            if best is not None:
-                state.move(best[1], source, target, "balance")
-                moved = True
+            choice = _closest_legal(state, by_size[source], source, target, gap)
+            if choice is not None:
                 break
-        if not moved:
+        if choice is None:
             return "no improving move for the most loaded broker"
+        key, target = choice
+        entry = (state.parts[key].size_bytes, key)
+        del by_size[source][bisect.bisect_left(by_size[source], entry)]
+        bisect.insort(by_size[target], entry)
+        state.move(key, source, target, "balance")
+
+
+def _keeps_racks(state: _State, key: tuple[str, int], source: int, target: int) -> bool:
+    """Whether moving `key`'s replica from source to target keeps its number of distinct racks."""
+    source_rack, target_rack = state.rack(source), state.rack(target)
+    if source_rack == target_rack:
+        return True
+    others = [state.rack(b) for b in state.replicas[key] if b != source]
+    return source_rack in others or target_rack not in others
+
+
+def _closest_legal(state: _State, sizes: list[tuple[int, tuple[str, int]]], source: int, target: int,
+                   gap: int) -> tuple[tuple[str, int], int] | None:
+    """The replica on `source` that `target` may take with 0 < size < gap and size closest to
+    gap / 2 (ties: larger size, then smaller key). Walks outward from gap / 2 and stops once
+    nothing closer can follow."""
+    half = gap / 2
+    lo = bisect.bisect_left(sizes, (half,)) - 1
+    hi = lo + 1
+    best = None
+    while lo >= 0 or hi < len(sizes):
+        lo_distance = half - sizes[lo][0] if lo >= 0 else float("inf")
+        hi_distance = sizes[hi][0] - half if hi < len(sizes) else float("inf")
+        if hi_distance <= lo_distance:
+            size, key = sizes[hi]
+            distance = hi_distance
+            hi += 1
+        else:
+            size, key = sizes[lo]
+            distance = lo_distance
+            lo -= 1
+        if best is not None and distance > best[0][0]:
+            break
+        if not 0 < size < gap or key in state.hosted[target] or not _keeps_racks(state, key, source, target):
+            continue
+        rank = (distance, -size, key)
+        if best is None or rank < best[0]:
+            best = (rank, key)
+    return None if best is None else (best[1], target)
 
 
 def balanced_plan(brokers: Iterable[BrokerSlot], partitions: Iterable[PartitionPlacement], *,
