@@ -200,6 +200,9 @@ def main(argv: list[str], prog: str) -> int:
     except ValueError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -389,7 +389,10 @@ class RaftNode:
             commandsWaitLeader=True,
             onStateChanged=self._state_changed,
         )
-        obj = _ReplicatedObject(s.self_address, list(s.peer_addresses), conf, self._apply)
+        try:
+            obj = _ReplicatedObject(s.self_address, list(s.peer_addresses), conf, self._apply)
+        except Exception as exc:   # pysyncobj gives up binding with SyncObjException('BindError')
+            raise OSError(f"cannot bind the Raft address {s.self_address}: {exc}") from exc
         journal = _SyncedJournal(obj._SyncObj__raftLog, enabled=s.journal_sync,
                                  directory=s.data_dir)
         obj._SyncObj__raftLog = journal
