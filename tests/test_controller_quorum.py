@@ -1,12 +1,15 @@
 """A real 3-node controller quorum on loopback: failover by kill -9, full restart, the CLI against it."""
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
 
 import pytest
 
+from common.control_client import ControlClient
+from common.requests import AllocateProducerIdsRequest
 from controller_harness import (
     SECRET,
     TOKEN,
@@ -110,6 +113,14 @@ def test_quorum_failover_full_restart_and_cli(tmp_path):
             wait_until(lambda: http("POST", new_leader.spec.api_url + "/v1/topics",
                                     {"name": "after-failover"}).status == 201, 20, "a write on the new leader")
             assert set(committed) | {"after-failover"} <= topic_names(new_leader)
+
+            # A broker's client given the dead leader and a follower first finds the new leader.
+            async def allocate():
+                urls = [leader.spec.api_url] + [c.spec.api_url for c in survivors if c is not new_leader] + [
+                    new_leader.spec.api_url]
+                async with ControlClient(urls, secret=SECRET) as cc:
+                    return await cc.allocate_producer_ids(AllocateProducerIdsRequest(broker_id=1, count=5))
+            assert asyncio.run(allocate())[1] == 5
 
             leader.start()   # the old leader comes back as a follower and catches up
             wait_until(lambda: "after-failover" in topic_names(leader), 30, "restarted node caught up")

@@ -1,6 +1,7 @@
 """The broker control RPC of a real single-node controller: sessions, fencing, ISR, metadata, producer ids."""
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
@@ -211,3 +212,31 @@ def test_election_report_for_a_partition_not_in_election_is_not_accepted(cluster
     r = brokers.rpc("election-report", {"broker_id": 1, "topic": "isr", "partition": 0, "fenced_epoch": 0,
                                         "last_epoch": 0, "end_offset": 0})
     assert r.status == 200 and r.body["accepted"] is False and "not waiting" in r.body["reason"]
+
+
+def test_control_client_speaks_the_rpc_and_raises_the_controllers_codes(cluster):
+    c, _ = cluster
+    from common.control_client import ControlClient
+    from common.errors import BiplaneError
+    from common.requests import AllocateProducerIdsRequest, HeartbeatRequest, RegisterBrokerRequest
+
+    async def run():
+        async with ControlClient([c.spec.api_url], secret=SECRET) as cc:
+            await cc.register(RegisterBrokerRequest(broker_id=9, incarnation_id="inc-9", host="127.0.0.1", port=9109))
+            first = await cc.fetch_metadata(after_offset=-1, max_wait_ms=0)
+            assert first.image is not None or first.records
+            beat = await cc.heartbeat(HeartbeatRequest(broker_id=9, incarnation_id="inc-9",
+                                                       metadata_offset=first.offset))
+            assert set(beat) >= {"fenced", "metadata_offset"}
+            later = await cc.fetch_metadata(after_offset=first.offset, max_wait_ms=50)
+            assert later.records == () and later.offset >= first.offset
+            start, size = await cc.allocate_producer_ids(AllocateProducerIdsRequest(broker_id=9, count=7))
+            assert size == 7 and start >= 0
+            with pytest.raises(BiplaneError) as info:
+                await cc.heartbeat(HeartbeatRequest(broker_id=9, incarnation_id="old", metadata_offset=0))
+            assert info.value.code.name == "STALE_BROKER_EPOCH"
+        async with ControlClient([c.spec.api_url], secret="wrong", attempts_max=2) as bad:
+            with pytest.raises(BiplaneError) as info:
+                await bad.allocate_producer_ids(AllocateProducerIdsRequest(broker_id=9, count=1))
+            assert info.value.code.name == "UNAUTHORIZED"
+    asyncio.run(run())

@@ -1,0 +1,139 @@
+"""A broker's asyncio client for the controller's control RPC (`/rpc/v1/...`).
+
+    async with ControlClient(["http://c1:8080", "http://c2:8080"], secret=s) as cc:
+        await cc.register(RegisterBrokerRequest(...))
+        beat = await cc.heartbeat(HeartbeatRequest(...))
+        batch = await cc.fetch_metadata(after_offset=41, max_wait_ms=500)
+
+Any controller may be asked: a follower answers 421 with the leader's URL and
+the client retries there (or the next URL while an election runs), up to
+`attempts_max` times. An error the controller reports is raised as a
+`BiplaneError` with the controller's code (e.g. STALE_BROKER_EPOCH: register
+again; INVALID_UPDATE_VERSION: the ISR change was decided on a stale epoch).
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Any
+
+import aiohttp
+from pydantic import BaseModel
+
+from common.errors import BiplaneError, ErrorCode
+from common.requests import (
+    AllocateProducerIdsRequest,
+    AlterIsrRequest,
+    ElectionReport,
+    HeartbeatRequest,
+    RegisterBrokerRequest,
+)
+
+SECRET_HEADER = "X-Biplane-Secret"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MetadataBatch:
+    """Committed records after the asked offset, or (when too far behind) the whole image."""
+
+    offset: int                                  # committed offset of the controller's answer
+    records: tuple[tuple[int, dict], ...] = ()   # (offset, record dict) in order
+    image: dict | None = None                    # MetadataImage.to_dict() when set
+
+
+class ControlClient:
+    def __init__(self, urls: list[str], *, secret: str | None, request_timeout_ms: int = 10_000,
+                 attempts_max: int = 20, retry_backoff_ms: int = 100) -> None:
+        if not urls:
+            raise ValueError("ControlClient needs at least one controller URL")
+        self.urls = [u.rstrip("/") for u in urls]
+        self.secret = secret
+        self.request_timeout_ms = request_timeout_ms
+        self.attempts_max = attempts_max
+        self.retry_backoff_ms = retry_backoff_ms
+        self.leader_url: str | None = None
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> "ControlClient":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Idempotent."""
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+    # ---- calls
+
+    async def register(self, request: RegisterBrokerRequest) -> dict:
+        return await self._call("POST", "register", request)
+
+    async def heartbeat(self, request: HeartbeatRequest) -> dict:
+        """{"fenced": bool, "metadata_offset": int, "session_timeout_ms": int}."""
+        return await self._call("POST", "heartbeat", request)
+
+    async def alter_isr(self, request: AlterIsrRequest) -> dict:
+        """{"partition": {...new state...}, "metadata_offset": int}."""
+        return await self._call("POST", "alter-isr", request)
+
+    async def election_report(self, report: ElectionReport) -> dict:
+        return await self._call("POST", "election-report", report)
+
+    async def allocate_producer_ids(self, request: AllocateProducerIdsRequest) -> tuple[int, int]:
+        """(first_id, size) of a block of producer ids now owned by the broker."""
+        doc = await self._call("POST", "allocate-producer-ids", request)
+        return doc["first_id"], doc["size"]
+
+    async def fetch_metadata(self, *, after_offset: int, max_wait_ms: int) -> MetadataBatch:
+        doc = await self._call("GET", f"metadata?after_offset={after_offset}&max_wait_ms={max_wait_ms}", None,
+                               extra_timeout_ms=max_wait_ms)
+        if "image" in doc:
+            return MetadataBatch(offset=doc["offset"], image=doc["image"])
+        return MetadataBatch(offset=doc["offset"],
+                             records=tuple((r["offset"], r["record"]) for r in doc["records"]))
+
+    # ---- transport
+
+    async def _call(self, method: str, path: str, body: BaseModel | None, *, extra_timeout_ms: int = 0) -> dict:
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        headers = {SECRET_HEADER: self.secret} if self.secret else {}
+        payload = body.model_dump(mode="json") if body is not None else None
+        timeout = aiohttp.ClientTimeout(total=(self.request_timeout_ms + extra_timeout_ms) / 1000)
+        candidates = self.urls
+        last_error = "no attempt made"
+        for attempt in range(self.attempts_max):
+            url = self.leader_url or candidates[attempt % len(candidates)]
+            try:
+                async with self._session.request(method, f"{url}/rpc/v1/{path}", json=payload, headers=headers,
+                                                 timeout=timeout) as resp:
+                    doc = await resp.json(content_type=None)
+                    if resp.status == 200:
+                        self.leader_url = url
+                        return doc
+                    error = (doc or {}).get("error", {}) if isinstance(doc, dict) else {}
+                    if resp.status == 421:
+                        leader = (doc or {}).get("leader") or {}
+                        self.leader_url = leader.get("api_url")
+                        last_error = error.get("message", "not the leader")
+                        if self.leader_url is None:
+                            await asyncio.sleep(self.retry_backoff_ms / 1000)
+                        continue
+                    raise _error_of(error, resp.status)
+            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+                last_error = f"{url}: {type(exc).__name__}: {exc}"
+                self.leader_url = None
+                await asyncio.sleep(self.retry_backoff_ms / 1000)
+        raise BiplaneError(f"no controller leader answered after {self.attempts_max} attempts "
+                           f"({last_error})", code=ErrorCode.NOT_CONTROLLER)
+
+
+def _error_of(error: dict, status: int) -> BiplaneError:
+    name = error.get("code", "UNKNOWN")
+    code = ErrorCode.__members__.get(name, ErrorCode.UNKNOWN)
+    exc = BiplaneError(error.get("message", f"controller answered HTTP {status}"), code=code)
+    exc.field = error.get("field")
+    return exc
