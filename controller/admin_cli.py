@@ -245,8 +245,9 @@ def cluster_main(argv: list[str], prog: str) -> int:
     def go(args: argparse.Namespace, api: ApiClient) -> str:
         if args.action == "status":
             doc = api.call("GET", "/v1/cluster")
-            head = (f"leader: controller {doc['leader_id']} ({doc['leader_api_url']})  term {doc['term']}  "
-                    f"metadata offset {doc['metadata_offset']}")
+            leader = (f"controller {doc['leader_id']} ({doc['leader_api_url']})" if doc["leader_id"] is not None
+                      else "none (election in progress)")
+            head = f"leader: {leader}  term {doc['term']}  metadata offset {doc['metadata_offset']}"
             return emit(args, doc, head + "\n" + table(
                 [[c["node_id"], c["raft_address"], c["api_url"], c["priority"], "yes" if c["is_leader"] else "",
                   "yes" if c["connected"] else "no"] for c in doc["controllers"]],

@@ -122,7 +122,7 @@ class ControllerService:
         self._open: _Batch | None = None
         self._flush_scheduled = False
         self._inflight: deque[tuple[_Batch, asyncio.Future]] = deque()
-        self._marker_inflight = False
+        self._marker: tuple[int, float] | None = None   # (term, monotonic start) of the marker in flight
         self._marker_nonce = itertools.count(1)
         self._advanced = asyncio.Event()
         self._task: asyncio.Task | None = None
@@ -222,20 +222,29 @@ class ControllerService:
         status = self.raft.status()
         if self.pending is not None and (not status.is_leader or status.term != self.trusted_term):
             self._untrust(f"raft is now {'leader' if status.is_leader else 'follower'} in term {status.term}")
-        if status.is_leader and self.pending is None and not self._marker_inflight:
+        if status.is_leader and self.pending is None and self._marker_due(status.term):
             self._propose_marker(status.term)
         if self.pending is not None:
             records = self.decisions.periodic(self.pending, self.state, self.clock_ms())
             if records:
                 self.stage(records)
 
+    def _marker_due(self, term: int) -> bool:
+        # pysyncobj may never call back for an entry a lost leadership left behind, so a
+        # marker of another term, or one older than the commit timeout, is given up.
+        if self._marker is None:
+            return True
+        marker_term, started = self._marker
+        return marker_term != term or time.monotonic() - started > self.commit_timeout_ms / 1000
+
     def _propose_marker(self, term: int) -> None:
-        self._marker_inflight = True
+        self._marker = marker = (term, time.monotonic())
         fut = self.raft.propose(marker_command(node=self.raft.settings.self_address, term=term,
                                                nonce=next(self._marker_nonce)))
 
         def done(f: asyncio.Future) -> None:
-            self._marker_inflight = False
+            if self._marker is marker:
+                self._marker = None
             if f.cancelled() or f.exception() is not None:
                 return
             status = self.raft.status()

@@ -234,3 +234,25 @@ def test_metadata_fetch_waits_for_records_and_sends_the_image_when_too_far_behin
         assert behind.image is not None and behind.image["offset"] == service.committed.offset
         await service.stop()
     asyncio.run(run())
+
+
+def test_a_marker_that_never_commits_is_proposed_again_after_the_commit_timeout():
+    async def run():
+        service = make_service(commit_timeout_ms=50)
+        await service.start()
+        raft = service.fake()
+        raft.hold = True            # pysyncobj never calls back for this marker
+        service._tick()
+        markers = [p for p in raft.proposals if '"marker"' in p]
+        await asyncio.sleep(0.1)
+        service._tick()
+        assert len([p for p in raft.proposals if '"marker"' in p]) > len(markers)
+        raft.hold = False
+        raft.held = []              # the old one is lost for good
+        for _ in range(100):
+            if service.is_leader:
+                break
+            await asyncio.sleep(0.01)
+        assert service.is_leader
+        await service.stop()
+    asyncio.run(run())
