@@ -185,3 +185,19 @@ def run_cli(*args: str, env_extra: dict | None = None, timeout_s: float = 30) ->
 
 def python() -> str:
     return sys.executable
+
+
+def register_and_unfence(url: str, broker_id: int, *, secret: str | None = None) -> None:
+    """Register a broker and heartbeat it (caught up) until the controller unfences it."""
+    r = http("POST", url + "/rpc/v1/register", {"broker_id": broker_id, "incarnation_id": f"inc-{broker_id}",
+                                                 "host": "127.0.0.1", "port": 9090 + broker_id},
+             token=None, secret=secret)
+    assert r.status == 200, r.body
+
+    def unfenced():
+        offset = http("GET", url + "/v1/health", token=None).body["metadata_offset"]
+        hb = http("POST", url + "/rpc/v1/heartbeat", {"broker_id": broker_id, "incarnation_id": f"inc-{broker_id}",
+                                                      "metadata_offset": offset}, token=None, secret=secret)
+        assert hb.status == 200, hb.body
+        return not hb.body["fenced"]
+    wait_until(unfenced, 10, f"broker {broker_id} unfenced")

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from controller_harness import TOKEN, Controller, http, make_specs, wait_leader, wait_until
+from controller_harness import Controller, http, make_specs, register_and_unfence, wait_leader
 
 
 @pytest.fixture(scope="module")
@@ -20,20 +20,6 @@ def controller(tmp_path_factory):
         yield c
     finally:
         c.kill()
-
-
-def register_and_unfence(url: str, broker_id: int) -> None:
-    r = http("POST", url + "/rpc/v1/register", {"broker_id": broker_id, "incarnation_id": f"inc-{broker_id}",
-                                                 "host": "127.0.0.1", "port": 9090 + broker_id})
-    assert r.status == 200, r.body
-
-    def unfenced():
-        offset = http("GET", url + "/v1/health", token=None).body["metadata_offset"]
-        hb = http("POST", url + "/rpc/v1/heartbeat", {"broker_id": broker_id, "incarnation_id": f"inc-{broker_id}",
-                                                      "metadata_offset": offset})
-        assert hb.status == 200, hb.body
-        return not hb.body["fenced"]
-    wait_until(unfenced, 10, f"broker {broker_id} unfenced")
 
 
 def api(c: Controller, method: str, path: str, body=None, **kw):
