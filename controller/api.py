@@ -101,19 +101,19 @@ async def read_model(request: web.Request, model: type[BaseModel]) -> BaseModel:
     try:
         data = json.loads(raw) if raw else {}
     except ValueError as exc:
-        raise _Reply(error_response(400, ErrorCode.INVALID_REQUEST,
+        raise EarlyResponse(error_response(400, ErrorCode.INVALID_REQUEST,
                                     f"request body is not JSON: {exc}", field="body"))
     if not isinstance(data, dict):
-        raise _Reply(error_response(400, ErrorCode.INVALID_REQUEST,
+        raise EarlyResponse(error_response(400, ErrorCode.INVALID_REQUEST,
                                     f"request body must be a JSON object, got {type(data).__name__}",
                                     field="body"))
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise _Reply(validation_error(exc, model.__name__))
+        raise EarlyResponse(validation_error(exc, model.__name__))
 
 
-class _Reply(Exception):
+class EarlyResponse(Exception):
     def __init__(self, response: web.Response) -> None:
         super().__init__(response.status)
         self.response = response
@@ -303,7 +303,7 @@ def make_middleware(admin_token: str):
             if writes and not s.is_leader:
                 return not_leader_response(s, request.path_qs)
             return await handler(request)
-        except _Reply as reply:
+        except EarlyResponse as reply:
             return reply.response
         except web.HTTPException:
             raise
@@ -315,7 +315,9 @@ def make_middleware(admin_token: str):
             log.exception("admin request %s %s failed", request.method, path)
             return error_response(500, ErrorCode.UNKNOWN, f"internal error: {type(exc).__name__}: {exc}")
         finally:
-            request.app["api_stats"].observe(path, time.perf_counter() - started)
+            resource = request.match_info.route.resource
+            request.app["api_stats"].observe(resource.canonical if resource is not None else "unmatched",
+                                             time.perf_counter() - started)
     return middleware
 
 

@@ -29,7 +29,7 @@ from common.requests import (
     HeartbeatRequest,
     RegisterBrokerRequest,
 )
-from controller.api import _Reply, error_from_exception, error_response, read_model
+from controller.api import EarlyResponse, error_from_exception, error_response, read_model
 from controller.service import ControllerService, NotControllerError
 from controller.views import partition_view
 
@@ -63,7 +63,7 @@ def add_rpc_routes(app: web.Application, service: ControllerService, *, cluster_
                 return not_leader(service)
             try:
                 return await handler(request)
-            except _Reply as reply:
+            except EarlyResponse as reply:
                 return reply.response
             except NotControllerError:
                 return not_leader(service)
