@@ -119,7 +119,7 @@ class ControllerService:
         self.stats = {"records_committed": 0, "batches_committed": 0, "batches_failed": 0,
                       "leader_elections_won": 0, "records_rejected": 0}
 
-        self._open: _Batch | None = None
+        self._open: deque[_Batch] = deque()    # staged, not yet proposed; each <= batch_records_max
         self._flush_scheduled = False
         self._inflight: deque[tuple[_Batch, asyncio.Future]] = deque()
         self._marker: tuple[int, float] | None = None   # (term, monotonic start) of the marker in flight
@@ -187,9 +187,8 @@ class ControllerService:
         self.state = None
         error = CommitFailedError(f"controller {self.node_id} lost its leader view ({why}); "
                                   "the request may or may not take effect: check and retry")
-        batch, self._open = self._open, None
-        if batch is not None:
-            _fail_waiters(batch, error)
+        while self._open:
+            _fail_waiters(self._open.popleft(), error)
         while self._inflight:
             b, fut = self._inflight.popleft()
             _fail_waiters(b, error)
@@ -264,9 +263,10 @@ class ControllerService:
         """
         pending = self.require_leader()
         fut = asyncio.get_running_loop().create_future()
-        if self._open is None:
-            self._open = _Batch(expected_offset=pending.offset)
-        batch = self._open
+        if not self._open or len(self._open[-1].records) >= self.batch_records_max:
+            # One decision's records stay in one command; a full command starts the next.
+            self._open.append(_Batch(expected_offset=pending.offset))
+        batch = self._open[-1]
         first = len(batch.records)
         rejected: list[str] = []
         for record in records:
@@ -297,19 +297,16 @@ class ControllerService:
 
     def _flush(self) -> None:
         self._flush_scheduled = False
-        batch = self._open
-        if batch is None or self.pending is None:
-            return
-        if len(self._inflight) >= self.inflight_batches_max:
-            return  # the next commit outcome flushes again
-        self._open = None
-        if not batch.records:
-            _resolve_waiters(batch, ())
-            return
-        fut = self.raft.propose(batch_command(expected_offset=batch.expected_offset, records=batch.records))
-        self._inflight.append((batch, fut))
-        fut.add_done_callback(lambda f, b=batch: self._on_proposal_done(b, f))
-        asyncio.get_running_loop().call_later(self.commit_timeout_ms / 1000, self._check_timeout, fut)
+        # The rest waits for the next commit outcome, which flushes again.
+        while self._open and self.pending is not None and len(self._inflight) < self.inflight_batches_max:
+            batch = self._open.popleft()
+            if not batch.records:
+                _resolve_waiters(batch, ())
+                continue
+            fut = self.raft.propose(batch_command(expected_offset=batch.expected_offset, records=batch.records))
+            self._inflight.append((batch, fut))
+            fut.add_done_callback(lambda f, b=batch: self._on_proposal_done(b, f))
+            asyncio.get_running_loop().call_later(self.commit_timeout_ms / 1000, self._check_timeout, fut)
 
     def _check_timeout(self, fut: asyncio.Future) -> None:
         if not fut.done() and any(f is fut for _, f in self._inflight):
@@ -334,7 +331,7 @@ class ControllerService:
             return
         self.stats["batches_committed"] += 1
         _resolve_waiters(batch, tuple(off for off, _ in outcome.applied))
-        if self._open is not None and not self._flush_scheduled:
+        if self._open and not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 
 import pytest
 
@@ -254,5 +255,24 @@ def test_a_marker_that_never_commits_is_proposed_again_after_the_commit_timeout(
                 break
             await asyncio.sleep(0.01)
         assert service.is_leader
+        await service.stop()
+    asyncio.run(run())
+
+
+def test_staged_records_are_cut_into_commands_of_at_most_batch_records_max():
+    async def run():
+        service = await started(batch_records_max=3, inflight_batches_max=1)
+        raft = service.fake()
+        await service.decide(lambda im: service.decisions.register_broker(im, register(1), now_ms=1))
+        raft.hold = True
+        futures = [service.stage(service.decisions.create_topic(service.pending, topic(f"c{i}"), now_ms=1))
+                   for i in range(4)]   # 2 records each
+        await asyncio.sleep(0)
+        assert len(raft.held) == 1 and len(service._open) == 1   # c0+c1 in flight, c2+c3 waiting
+        raft.hold = False
+        raft.release()
+        await asyncio.gather(*futures)
+        sizes = [len(json.loads(p)["records"]) for p in raft.proposals if '"records"' in p][1:]
+        assert sizes == [4, 4] and service.committed.offset == service.pending.offset
         await service.stop()
     asyncio.run(run())
