@@ -174,7 +174,7 @@ async def serve(args: argparse.Namespace) -> int:
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_address=True)
     await site.start()
-    logging.getLogger("biplane.controller").warning(
+    logging.getLogger("biplane.controller").info(
         "controller %d serving API %s, raft %s, %d peer(s)", me.node_id, me.api_url, me.raft_address, len(peers))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
