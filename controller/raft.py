@@ -53,8 +53,22 @@ from typing import Any, Callable, Protocol
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 from pysyncobj.node import TCPNode
 from pysyncobj.transport import TCPTransport
+from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
 
 log = logging.getLogger("biplane.controller.raft")
+
+PYSYNCOBJ_VERSION_MIN = (0, 3, 17)
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(".")[:3] if part.isdigit())
+
+
+if _version_tuple(PYSYNCOBJ_VERSION) < PYSYNCOBJ_VERSION_MIN:
+    # Older releases do not persist term and vote, and this adapter reaches into
+    # 0.3.x internals (the journal object, its file, the poller's pipe).
+    raise ImportError(f"pysyncobj {PYSYNCOBJ_VERSION} is too old: Biplane needs >= "
+                      f"{'.'.join(map(str, PYSYNCOBJ_VERSION_MIN))} and < 0.4")
 
 DUMP_FORMAT = 1
 

@@ -255,3 +255,10 @@ def test_trimmed_append_is_raft_safe(follower_terms, data):
     assert after == raft[:len(after)]
     assert all(e in after for e in message["entries"])
     assert all(e in after for e in raft if e[2] == sender_term)
+
+
+def test_pysyncobj_versions_compare_numerically():
+    from controller.raft import PYSYNCOBJ_VERSION_MIN, _version_tuple
+    assert _version_tuple("0.3.17") >= PYSYNCOBJ_VERSION_MIN
+    assert _version_tuple("0.3.9") < PYSYNCOBJ_VERSION_MIN
+    assert _version_tuple("0.3.16") < PYSYNCOBJ_VERSION_MIN
