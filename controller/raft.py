@@ -7,21 +7,27 @@ through `loop.call_soon_threadsafe`, in log order. Nothing pickled is ours:
 the full dump is JSON (our serializer); pysyncobj's journal frames each
 command (a JSON string) in its own pickle envelope.
 
-Durability — what is guaranteed when a proposal's future resolves:
-- with `journal_sync=True` (the default) a node flushes its journal
-  (fdatasync of the mapped journal file) before it sends any Raft message but
-  a leader's append_entries, at the end of every tick, and before it applies
-  a committed entry; it fsyncs the term/vote file after each write. So a
-  follower acknowledges, and a candidate asks for votes, only with entries on
-  its disk; a leader sends new entries first and flushes them in the same
-  tick, before the next tick — the only place pysyncobj counts the leader
-  towards a commit — so followers write in parallel with it. A committed command
-  survives `kill -9` of any minority, and the loss of power or of the machine
-  of any minority of controllers. The full-dump file is fsynced before it
-  replaces the old one.
-- with `journal_sync=False` the journal lives in the page cache: a committed
-  command survives `kill -9` of every controller (the kernel still writes the
-  pages), but not the loss of a majority of machines at once.
+Durability — what is guaranteed once a proposal's future resolves:
+- with `journal_sync=True` (the default) the command is on the disk
+  (fdatasync) of a majority of controllers: it survives `kill -9` of every
+  controller and the loss (power, machine, disk) of any minority; losing a
+  majority at once can lose it. How: a node flushes its journal (fdatasync of
+  the mapped journal file) before it sends any Raft message but a leader's
+  append_entries, at the end of every tick, and before it applies a committed
+  entry, and fsyncs the term/vote file after each change. So a follower acks,
+  and a candidate asks for votes, only with entries on its disk; a leader
+  sends new entries first and flushes them at the end of that tick, before
+  the next tick — the only place pysyncobj counts the leader towards a
+  commit — so followers write in parallel with it. A new dump file is fsynced
+  before it replaces the old one, and the directory before the journal is cut.
+  A follower never drops entries it acknowledged on a re-sent append
+  (`trim_overlap`). Tested: tests/test_controller_raft_node.py (acks only
+  after a flush), tests/test_controller_quorum.py (kill -9 of all three, then
+  restart). Machine loss itself is not tested here.
+- with `journal_sync=False` the journal lives in the page cache: a command
+  survives `kill -9` of every controller (the kernel still writes the pages)
+  and the loss of a minority while the others stay up, not a power loss of a
+  majority within the kernel's writeback delay.
 
 Settings, measured on 2 shared cores, 3 processes on loopback, disk fsync
 ~4 ms: `appendEntriesUseBatch=False` (with batching a synchronous proposal
