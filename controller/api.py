@@ -323,6 +323,11 @@ def make_middleware(admin_token: str):
 
 def not_leader_response(s: ControllerService, path_qs: str) -> web.Response:
     leader = s.leader_node()
+    if leader is not None and leader.node_id != s.node_id and not leader.api_url:
+        return error_response(503, ErrorCode.NOT_CONTROLLER,
+                              f"controller {s.node_id} is not the leader; the leader is the controller at "
+                              f"Raft address {leader.raft_address}, whose API URL this node does not know "
+                              "(start controllers with --cluster to get redirects)")
     if leader is not None and leader.node_id != s.node_id:
         location = leader.api_url.rstrip("/") + path_qs
         return error_response(307, ErrorCode.NOT_CONTROLLER,

@@ -41,7 +41,7 @@ FETCH_WAIT_MS_MAX = 30_000
 
 def not_leader(service: ControllerService) -> web.Response:
     leader = service.leader_node()
-    other = leader if leader is not None and leader.node_id != service.node_id else None
+    other = leader if leader is not None and leader.node_id != service.node_id and leader.api_url else None
     return error_response(421, ErrorCode.NOT_CONTROLLER,
                           f"controller {service.node_id} is not the leader; "
                           + (f"retry at controller {other.node_id} ({other.api_url})" if other
