@@ -60,13 +60,17 @@ class StageClock(Progress):
         super().__call__(message)
 
 
-def run(master: str, directory: Path, splits: int | None) -> dict:
+def run(master: str, directory: Path, splits: int | None, *, warmup: list[str] | None = None) -> dict:
     started = time.monotonic()
     spark = start_session(master, app_name="biplane-bench")
     session_s = time.monotonic() - started
     out = Path(tempfile.mkdtemp(prefix="biplane-bench-report-"))
     clock = StageClock()
     try:
+        if warmup:
+            # The first report in a JVM also pays for JIT and Python worker start-up; run a small
+            # one first so masters are compared on equal terms.
+            run_capacity_report(spark, warmup, out / "warmup", ReportOptions(splits=splits), StageClock())
         t0 = time.monotonic()
         result = run_capacity_report(spark, [str(directory)], out, ReportOptions(splits=splits), clock)
         report_s = time.monotonic() - t0
@@ -80,6 +84,11 @@ def run(master: str, directory: Path, splits: int | None) -> dict:
     return {"master": master, "parallelism": parallelism, "files": result.summary["snapshots"],
             "session_s": round(session_s, 2), "report_s": round(report_s, 2),
             "per_file_ms": round(1000 * report_s / result.summary["snapshots"], 2), "stages_s": stages}
+
+
+def load_average() -> float:
+    with open("/proc/loadavg") as f:
+        return float(f.read().split()[0])
 
 
 def main() -> int:
@@ -99,9 +108,11 @@ def main() -> int:
                   f"({1000 * generated_s / size:.1f} ms/file with {args.jobs} processes)")
         disk = sum(p.stat().st_size for p in directory.iterdir())
         print(f"{size} files, {disk / 1e9:.2f} GB in {directory}")
+        warmup = [str(p) for p in sorted(directory.iterdir())[:20]]
         for master in args.masters:
-            figures = run(master, directory, args.splits)
+            figures = run(master, directory, args.splits, warmup=warmup)
             figures["size"] = size
+            figures["load_average_1m"] = load_average()  # the machine is shared: context for the figures
             results.append(figures)
             print(json.dumps(figures), flush=True)
         by_master = {r["master"]: r for r in results if r["size"] == size}

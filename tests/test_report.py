@@ -61,7 +61,8 @@ def test_forecast_matches_generated_growth(report):
     for broker_id, rate in expected.items():
         row = forecast.loc[broker_id]
         assert row["status"] == "ok", row
-        assert row["slope_bytes_per_day"] == pytest.approx(rate, rel=FORECAST_TOLERANCE), broker_id
+        assert row["slope_bytes_per_day"] == pytest.approx(rate, rel=FORECAST_TOLERANCE), \
+            f"seed={SPEC.seed} broker={broker_id}"
         assert row["r2"] > 0.9
         assert row["days_until_full"] == pytest.approx(
             (row["disk_total_bytes"] - row["disk_used_bytes"]) / row["slope_bytes_per_day"])

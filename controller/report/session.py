@@ -3,7 +3,9 @@
 The data source's module must be importable by the Python workers. On a
 cluster they do not have Biplane installed, so the session ships the
 `common` and `controller` packages as a zip with `addPyFile`; it does the same
-locally, so both runs use the same code path.
+locally, so both runs use the same code path. Executors still need Python
+3.11+ with pyarrow and pandas < 3; point PYSPARK_PYTHON at it on a cluster
+(locally it defaults to this interpreter).
 """
 from __future__ import annotations
 
@@ -31,6 +33,22 @@ def package_zip(directory: Path) -> Path:
     return target
 
 
+def _quiet_log4j2(level: str) -> Path:
+    """A log4j2 config that sends only `level` and worse to stderr: Spark's INFO and WARN lines
+    would drown the report's own progress lines."""
+    path = Path(tempfile.gettempdir()) / f"biplane-report-log4j2-{level.lower()}.properties"
+    path.write_text(
+        f"rootLogger.level = {level.lower()}\n"
+        "rootLogger.appenderRef.stderr.ref = stderr\n"
+        "appender.stderr.type = Console\n"
+        "appender.stderr.name = stderr\n"
+        "appender.stderr.target = SYSTEM_ERR\n"
+        "appender.stderr.layout.type = PatternLayout\n"
+        "appender.stderr.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n\n"
+    )
+    return path
+
+
 def start_session(master: str = "local[*]", *, app_name: str = "biplane-capacity",
                   log_level: str = "ERROR") -> SparkSession:
     # Workers must run the same Python (and venv) as the driver unless told otherwise.
@@ -42,7 +60,7 @@ def start_session(master: str = "local[*]", *, app_name: str = "biplane-capacity
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "8")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .config("spark.driver.extraJavaOptions", "-Dlog4j.rootLogger=ERROR")
+        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={_quiet_log4j2(log_level)}")
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel(log_level)
