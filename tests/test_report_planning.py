@@ -238,3 +238,33 @@ def test_generate_history_command(tmp_path, capsys):
         main(["capacity", str(out), "--out", str(tmp_path / "r"), "--replication-factor", "orders"],
              "biplane report")
     assert "expected TOPIC=REPLICATION_FACTOR" in capsys.readouterr().err
+
+
+def test_plan_reports_on_a_hand_checked_cluster():
+    """Brokers 1 (rack a), 2 (b), 3 (c); t-0 on [1, 2], 40 bytes, min ISR 2; t-1 on [2, 3], 10 bytes,
+    led by 2. Losing broker 2: 50 bytes to copy, one leadership lost, t-0 under min ISR.
+    RF 3 for t adds 50 bytes. Adding broker 4 (rack a): only t-1 may move to it (t-0 would
+    leave rack b), so one move of 10 bytes."""
+    from controller.report.capacity import ReportOptions, plan_reports
+
+    brokers = [BrokerSlot(broker_id=1, rack="a", capacity_bytes=100, used_bytes=45),
+               BrokerSlot(broker_id=2, rack="b", capacity_bytes=100, used_bytes=55),
+               BrokerSlot(broker_id=3, rack="c", capacity_bytes=100, used_bytes=12)]
+    one_byte_a_day = 1 / 86_400
+    parts = [part("t", 0, [1, 2], 40, min_isr=2, rate=one_byte_a_day), part("t", 1, [2, 3], 10, rate=one_byte_a_day)]
+    options = ReportOptions(add_brokers=1, replication_factor_change=("t", 3), lose_broker=2)
+    tables, summary = plan_reports(brokers, parts, options)
+    lost = summary["lose_broker"]
+    assert (lost["bytes_to_rereplicate"], lost["leaderships_lost"],
+            lost["partitions_under_min_isr_until_rereplicated"], lost["replicas_without_a_home"]) == (50, 1, 1, 0)
+    assert summary["replication_factor"]["bytes_added"] == 50
+    assert summary["add_brokers"]["new_broker_ids"] == [4]
+    assert (summary["add_brokers"]["moves"], summary["add_brokers"]["moved_bytes"]) == (1, 10)
+    moves = tables["whatif_add_brokers_moves"]
+    assert list(moves[["topic", "partition", "source_broker", "target_broker"]].itertuples(index=False, name=None)) \
+        == [("t", 1, 2, 4)]
+    after = tables["whatif_add_brokers"].set_index("broker_id")
+    assert after.loc[2, "disk_used_after_bytes"] == 45  # 55 used, 10 bytes moved away
+    assert after.loc[2, "days_until_full_after"] == pytest.approx(55)  # 55 bytes free, t-0 grows 1 byte a day
+    skew = tables["broker_skew"].set_index("broker_id")
+    assert list(skew["replicas"]) == [1, 2, 1] and list(skew["leaders"]) == [1, 1, 0]

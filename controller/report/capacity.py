@@ -282,10 +282,10 @@ def plan_reports(brokers, partitions, options: ReportOptions) -> tuple[dict[str,
     live = sum(1 for b in brokers if b.live)
     if options.replication_factor_change is not None:
         topic, rf = options.replication_factor_change
-    elif topic_bytes:
+    elif topic_bytes and live >= 2:
         topic = max(sorted(topic_bytes), key=lambda t: topic_bytes[t])
         rf = topic_rf[topic] + 1 if topic_rf[topic] < live else topic_rf[topic] - 1
-    else:
+    else:  # nothing to change, or a single live broker: no other replication factor fits
         topic, rf = None, None
     if topic is not None:
         rf_plan = planning.change_replication_factor(brokers, partitions, topic, rf)
@@ -312,7 +312,7 @@ def plan_reports(brokers, partitions, options: ReportOptions) -> tuple[dict[str,
         summary["lose_broker"] = {
             "broker_id": lost, "bytes_to_rereplicate": lose_plan.moved_bytes, "replicas_moved": len(lose_plan.moves),
             "leaderships_lost": len(led), "partitions_under_min_isr_until_rereplicated": len(under_min_isr),
-            "replicas_without_a_home": sum(1 for _ in stranded),
+            "replicas_without_a_home": len(stranded),
             "brokers_over_capacity": [int(b) for b in frame.loc[frame["over_capacity"], "broker_id"]],
         }
     return tables, summary
