@@ -33,8 +33,8 @@ Settings, measured on 2 shared cores, 3 processes on loopback, disk fsync
 ~4 ms: `appendEntriesUseBatch=False` (with batching a synchronous proposal
 waits for the 0.1 s heartbeat; without, one commit takes ~2 ms in Raft and an
 admin write ~4.5 ms p50 with the fsyncs), heartbeat 0.1 s, election timeouts
-from a 1.0-1.6 s base scaled by priority rank (highest 0.5x, lowest 1.0x;
-failover ~1.1 s median), reconnects every 0.5 s so a restarted node rejoins
+from a 1.0-1.6 s base, in disjoint bands by priority rank (highest starts
+at 0.5 s), reconnects every 0.5 s so a restarted node rejoins
 fast, and whole commands per message (no chunking). Leadership goes back to
 the connected higher-priority node once it is caught up (pysyncobj's
 TimeoutNow transfer), at most every 0.5 s and not in a new leader's first 2 s.
@@ -100,18 +100,24 @@ _FAIL_NAMES = {getattr(FAIL_REASON, n): n.lower() for n in dir(FAIL_REASON) if n
 
 def election_timeouts_s(*, priority: int, priorities: list[int], base_min_s: float,
                         base_max_s: float) -> tuple[float, float]:
-    """Raft election timeout range of a node: the highest priority gets half the base range.
+    """Raft election timeout range of a node: higher priority, earlier and disjoint band.
 
-    Ranks are over the distinct priorities of the quorum (0 = highest), scaled
-    linearly from 0.5 (highest) to 1.0 (lowest), so a healthy higher-priority
-    node nearly always times out and wins first.
+    With one priority level (all equal) every node draws from the base range,
+    as in plain Raft. With n > 1 distinct levels, level r (0 = highest) gets
+    the band starting at base_min * (0.5 + 0.5 r / (n - 1)) and ending where
+    the next level's starts (the lowest ends one band higher): the bands do not
+    overlap, so the best priority still alive times out first and no
+    lower-priority node splits its vote.
     """
-    if base_min_s <= 0 or base_max_s < base_min_s:
+    if base_min_s <= 0 or base_max_s <= base_min_s:
         raise ValueError(f"election timeout range [{base_min_s}, {base_max_s}] s is not a valid range")
     levels = sorted(set(priorities) | {priority}, reverse=True)
+    if len(levels) == 1:
+        return base_min_s, base_max_s
     rank = levels.index(priority)
-    factor = 0.5 + 0.5 * (rank / (len(levels) - 1) if len(levels) > 1 else 1.0)
-    return base_min_s * factor, base_max_s * factor
+    band = 0.5 * base_min_s / (len(levels) - 1)
+    low = base_min_s * 0.5 + rank * band
+    return low, low + band
 
 
 def transfer_target(*, self_priority: int, peers: list[tuple[str, int, bool]]) -> str | None:
