@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -109,6 +110,13 @@ def read_table(spark: SparkSession, table: str, paths: list[str], splits: int) -
             .option("splits", str(splits)).load())
 
 
+def to_pandas(frame: DataFrame) -> pd.DataFrame:
+    """Collect a (small, already aggregated) result with 64-bit integers kept exact: plain
+    `toPandas()` turns an integer column with a null into float64, which rounds byte counts
+    past 2**53 and prints broker ids as 1.0."""
+    return frame.toArrow().to_pandas(types_mapper={pa.int64(): pd.Int64Dtype()}.get)
+
+
 def forecast(series: DataFrame, latest_ms: int, options: ReportOptions) -> pd.DataFrame:
     """Per broker: least squares of disk_used_bytes on time (days) over its last fit_days,
     computed in Spark (regr_slope, regr_intercept, regr_r2), then days until full. Each broker's
@@ -138,8 +146,8 @@ def forecast(series: DataFrame, latest_ms: int, options: ReportOptions) -> pd.Da
             F.max_by("rack", "snapshot_time_ms").alias("rack"),
         )
         .orderBy("broker_id")
-        .toPandas()
     )
+    fitted = to_pandas(fitted)
     rows = []
     for r in fitted.itertuples(index=False):
         span_ms = int(r.last_ms - r.first_ms)
@@ -334,7 +342,7 @@ def run_capacity_report(spark: SparkSession, inputs: list[str], out_dir: Path, o
     progress(f"reading per-broker series from {len(paths)} files on the executors "
              f"in {min(splits, len(paths))} splits")
     series_all = read_table(spark, "broker_series", paths, splits).cache()
-    collected = series_all.orderBy("snapshot_time_ms", "broker_id").toPandas()
+    collected = to_pandas(series_all.orderBy("snapshot_time_ms", "broker_id"))
     errors = collected[collected["error"].notna()]
     for r in errors.itertuples(index=False):
         warnings.append((r.file, f"unreadable snapshot: {r.error}"))
@@ -371,7 +379,7 @@ def run_capacity_report(spark: SparkSession, inputs: list[str], out_dir: Path, o
         progress.note(summary["forecast_note"])
 
     progress(f"planning on the latest snapshot {summary['latest_file']}")
-    placement = read_table(spark, "placement", [latest["file"]], 1).toPandas()
+    placement = to_pandas(read_table(spark, "placement", [latest["file"]], 1))
     latest_series = series_pd[series_pd["file"] == latest["file"]]
     brokers, partitions = placement_from_latest(placement, latest_series)
     plan_tables, plan_summary = plan_reports(brokers, partitions, options)
