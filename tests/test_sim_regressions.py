@@ -1,20 +1,49 @@
-"""Simulation seeds that once found a bug, kept so the bug stays fixed (see tests/sim/README.md)."""
+"""Simulation seeds that found a bug, kept with the mutant that reintroduces it.
+
+Each test runs its seed twice: with the bug put back (tests/sim/mutants.py) the
+checkers must catch it, and with today's core the seed must pass. The first
+half proves the seed still drives the scenario; if a change to the simulation's
+random draws breaks it, find a new seed with the mutant and update the test.
+"""
 from __future__ import annotations
 
+import pytest
+
 from sim.cluster import run_simulation
+from sim import mutants
 
 
-def _check(seed: int, policy: str, durability: str) -> None:
+def _problem(seed: int, policy: str, durability: str) -> str | None:
     result = run_simulation(seed=seed, policy=policy, durability=durability)
-    problem = result.violation or result.liveness_error
+    return result.violation or result.liveness_error
+
+
+def _check_regression(seed: int, policy: str, durability: str, mutant: str) -> None:
+    with mutants.MUTANTS[mutant]():
+        caught = _problem(seed, policy, durability)
+    assert caught, f"seed={seed} policy={policy} durability={durability} no longer finds {mutant}"
+    problem = _problem(seed, policy, durability)
     assert problem is None, f"seed={seed} policy={policy} durability={durability}: {problem}"
 
 
-def test_seed_32_quorum_fsync_restarted_leader_reuses_its_epoch():
-    """seed=32 policy=quorum durability=fsync: a leader crashed before flushing its epoch-start
-    batch, restarted within the session timeout, and got the still-current metadata naming it
-    leader of the same epoch. It led that epoch again and wrote a different batch at an offset
-    where a follower already held the first incarnation's batch of the same epoch, so the
-    divergence check could not see the difference (agree_below_hw). Fixed: a leader serves
-    nothing until its epoch start is flushed, and refuses an epoch its log already holds."""
-    _check(32, "quorum", "fsync")
+def test_seed_136_quorum_write_restarted_leader_reuses_its_epoch():
+    """seed=136 policy=quorum durability=write. First found as seed=32 quorum/fsync (earlier fault
+    model): a leader crashed before flushing its epoch-start batch, restarted within the session
+    timeout and got metadata, still current, naming it leader of the same epoch. It led that epoch
+    again and wrote a different batch at an offset where a follower already held the first
+    incarnation's batch of the same epoch; the divergence check cannot see that (agree_below_hw).
+    Fixed: a leader serves nothing until its epoch start is flushed, and refuses an epoch its log
+    already holds."""
+    _check_regression(136, "quorum", "write", "serve_before_epoch_durable")
+
+
+@pytest.mark.parametrize("mutant,seed,policy,durability", [
+    ("count_written_under_fsync", 0, "isr", "fsync"),
+    ("count_written_under_fsync", 0, "quorum", "fsync"),
+    ("no_divergence_check", 1, "isr", "write"),
+    ("no_divergence_check", 0, "quorum", "fsync"),
+])
+def test_checkers_catch_a_broken_core(mutant, seed, policy, durability):
+    """Claim: the checkers are not vacuous: with a commit or divergence rule removed, the named
+    seed fails (and passes with the real core)."""
+    _check_regression(seed, policy, durability, mutant)

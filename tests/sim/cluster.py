@@ -29,6 +29,7 @@ from sim.faults import CONTROLLER_ID, FaultInjector, FaultRates
 CLIENT_ID = 100
 TICK_MS = 20
 CONTROLLER_TICK_MS = 50
+FAULT_TICK_MS = 10
 HEARTBEAT_MS = 60
 METADATA_RESEND_MS = 300
 SESSION_TIMEOUT_MS = 250
@@ -121,11 +122,13 @@ class Simulation:
         self.requests: dict[int, dict] = {}
         self.next_request_id = 1
         self.sent_changes = -1
+        self.last_leader: int | None = None
         for i in self.node_ids:
             self._start(self.nodes[i], unclean=False)
             self._at(self.rng.randint(0, TICK_MS - 1), "tick", i)
             self._at(self.rng.randint(0, HEARTBEAT_MS - 1), "heartbeat", i)
         self._at(0, "controller", None)
+        self._at(0, "faults", None)
         self._at(5, "produce", None)
         self._at(METADATA_RESEND_MS, "metadata", None)
 
@@ -280,8 +283,10 @@ class Simulation:
             self.controller.tick(now)
             self._broadcast_if_changed()
             self._at(now + CONTROLLER_TICK_MS, "controller", None)
-            self._faults(self.faults.plan(now, CONTROLLER_TICK_MS, degraded=self._degraded(),
+        elif kind == "faults":
+            self._faults(self.faults.plan(now, FAULT_TICK_MS, degraded=self._degraded(),
                                           leader=self.controller.leader(), electing=self._electing()))
+            self._at(now + FAULT_TICK_MS, "faults", None)
         elif kind == "metadata":
             for i in self.node_ids:
                 self._send(CONTROLLER_ID, i, self._metadata())
@@ -309,6 +314,9 @@ class Simulation:
         if self.controller.changes != self.sent_changes:
             self.sent_changes = self.controller.changes
             st = self.controller.partition_state()
+            if st.leader is not None and st.leader != self.last_leader:
+                self.faults.on_new_leader(st.leader, self.now_ms)
+            self.last_leader = st.leader
             self._trace("Metadata", leader=st.leader, leader_epoch=st.leader_epoch,
                         partition_epoch=st.partition_epoch, isr=list(st.isr),
                         fenced_for_election=st.fenced_for_election)

@@ -31,6 +31,8 @@ class FaultRates:
     restart_after_ms_max: int = 400
     partition_per_s: float = 3.0
     partition_ms_max: int = 500
+    new_leader_crash: float = 0.3   # chance a freshly elected leader crashes within new_leader_crash_ms_max
+    new_leader_crash_ms_max: int = 40
 
 
 class FaultInjector:
@@ -44,6 +46,7 @@ class FaultInjector:
         self.groups: dict[int, int] | None = None  # node -> partition side; controller included
         self.partition_until_ms = 0
         self.down: dict[int, int] = {}  # node -> restart time
+        self.doomed: tuple[int, int] | None = None  # (crash time, node): a new leader to crash soon
 
     # ------------------------------------------------------------ network
 
@@ -68,6 +71,11 @@ class FaultInjector:
 
     # ------------------------------------------------------------- nodes
 
+    def on_new_leader(self, leader: int, now_ms: int) -> None:
+        """New leaders are where elections go wrong: sometimes crash one before it settles."""
+        if self.active and self.doomed is None and self.rng.random() < self.rates.new_leader_crash:
+            self.doomed = (now_ms + self.rng.randint(1, self.rates.new_leader_crash_ms_max), leader)
+
     def plan(self, now_ms: int, step_ms: int, *, degraded: set[int], leader: int | None,
              electing: list[int] = ()) -> list[tuple]:
         """Faults to start or end at this moment: ("crash", n), ("restart", n), ("partition", groups), ("heal",)."""
@@ -82,6 +90,14 @@ class FaultInjector:
         if not self.active:
             return ops
         r = self.rates
+        if self.doomed is not None and now_ms >= self.doomed[0]:
+            node = self.doomed[1]
+            self.doomed = None
+            faulty = set(self.down) | degraded
+            if node not in self.down and (self.durability == "fsync" or not faulty):
+                self.down[node] = now_ms + self.rng.randint(1, r.restart_after_ms_max)
+                ops.append(("crash", node))
+                return ops
         faulty = set(self.down) | degraded | ({n for n in self.nodes if self.cut(n, CONTROLLER_ID)}
                                               if self.groups else set())
         may_fault = self.durability == "fsync" or not faulty

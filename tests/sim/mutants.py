@@ -1,0 +1,61 @@
+"""Known-bad variants of the replica core, to show the simulation catches them.
+
+Each mutant is a context manager that patches one rule out of
+`dataplane.replica.core.Replica` (and undoes it). A regression seed is kept
+together with the mutant that reintroduces its bug: the seed must fail with the
+mutant and pass without it, which proves the seed still drives the scenario
+after any change to the simulation's draws.
+"""
+from __future__ import annotations
+
+import contextlib
+
+from dataplane.replica import core
+
+
+@contextlib.contextmanager
+def _patched(name: str, value):
+    old = getattr(core.Replica, name)
+    setattr(core.Replica, name, value)
+    try:
+        yield
+    finally:
+        setattr(core.Replica, name, old)
+
+
+def serve_before_epoch_durable():
+    """A new leader serves before its epoch-start batch is flushed (the seed-32 bug)."""
+    original = core.Replica._become_leader
+
+    def become_leader(self):
+        original(self)
+        self.epoch_durable = True
+    return _patched("_become_leader", become_leader)
+
+
+def count_written_under_fsync():
+    """durability=fsync counts written offsets instead of flushed ones."""
+    def stored_offsets(self):
+        stored = {self.replica_id: self.written_offset}
+        for r, p in self.progress.items():
+            stored[r] = min(p.fetch_offset, p.match_offset)
+        return stored
+    return _patched("stored_offsets", stored_offsets)
+
+
+def no_divergence_check():
+    """The leader never answers with a diverging epoch: followers keep stale tails."""
+    return _patched("_divergence", lambda self, fetch_offset, last_fetched_epoch: None)
+
+
+def ignore_proposed_isr():
+    """The HW counts only the accepted ISR, not the union with a pending proposal."""
+    return _patched("required_isr", lambda self: frozenset(self.state.isr))
+
+
+MUTANTS = {
+    "serve_before_epoch_durable": serve_before_epoch_durable,
+    "count_written_under_fsync": count_written_under_fsync,
+    "no_divergence_check": no_divergence_check,
+    "ignore_proposed_isr": ignore_proposed_isr,
+}
