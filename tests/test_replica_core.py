@@ -482,3 +482,20 @@ def test_produce_with_bad_acks_or_corrupt_batch_is_refused_without_append():
     assert released[1].error is ErrorCode.INVALID_REQUIRED_ACKS
     assert released[2].error is ErrorCode.CORRUPT_MESSAGE
     assert leader.log.log_end_offset == end
+
+
+def test_list_offsets_earliest_latest_and_time_stay_below_hw():
+    """Claim: list-offsets gives the log start, the HW as latest, and a timestamp lookup capped at the HW."""
+    nodes = cluster()
+    leader = nodes[1]
+    leader.step(ProduceRequest(request_id=1, records=build_batch([b"a"], timestamp_ms=100), acks=-1, timeout_ms=99))
+    pump(nodes)
+    leader.step(ProduceRequest(request_id=2, records=build_batch([b"b"], timestamp_ms=200), acks=1, timeout_ms=99))
+    leader.step(ProduceRequest(request_id=3, records=build_batch([b"c"], timestamp_ms=300), acks=1, timeout_ms=99))
+    r = leader.replica
+    assert r.high_watermark == 2 and leader.log.log_end_offset == 4
+    assert r.list_offset(-2) == (ErrorCode.NONE, 0)
+    assert r.list_offset(-1) == (ErrorCode.NONE, 2)
+    assert r.list_offset(100) == (ErrorCode.NONE, 1)
+    assert r.list_offset(250) == (ErrorCode.NONE, 2)  # offset 3 matches but is above the HW
+    assert nodes[2].replica.list_offset(-1)[0] is ErrorCode.NOT_LEADER_OR_FOLLOWER

@@ -35,6 +35,8 @@ from dataplane.replica.state import PartitionState, ReplicationConfig
 from dataplane.replica.watermark import follower_stored_offset, next_high_watermark, stored_offset
 
 VALID_ACKS = (0, 1, -1)
+EARLIEST_TIMESTAMP = -2
+LATEST_TIMESTAMP = -1
 
 
 class Role(enum.Enum):
@@ -440,6 +442,22 @@ class Replica:
             max_bytes = min(self.fetch_max_bytes, req.max_bytes or self.fetch_max_bytes)
             records = self.log.read(req.fetch_offset, max_bytes=max_bytes, max_offset=self.high_watermark).records
         self._answer(req, records=records)
+
+    def list_offset(self, timestamp_ms: int) -> tuple[ErrorCode, int]:
+        """A consumer's list-offsets: EARLIEST (-2), LATEST (-1, the HW) or the first offset
+        with a timestamp >= timestamp_ms, never past the HW. Read-only; leaders only."""
+        if self.role is not Role.LEADER:
+            return ErrorCode.NOT_LEADER_OR_FOLLOWER, -1
+        if timestamp_ms == EARLIEST_TIMESTAMP:
+            return ErrorCode.NONE, self.log.log_start_offset
+        if timestamp_ms == LATEST_TIMESTAMP:
+            return ErrorCode.NONE, self.high_watermark
+        if timestamp_ms < 0:
+            return ErrorCode.INVALID_REQUEST, -1
+        found = self.log.offset_for_timestamp(timestamp_ms)
+        if found is None or found >= self.high_watermark:
+            return ErrorCode.NONE, self.high_watermark
+        return ErrorCode.NONE, found
 
     def _on_append_entries_reply(self, ev: AppendEntriesReply) -> None:
         check = check_epoch(theirs=ev.leader_epoch, ours=self.leader_epoch)
