@@ -64,6 +64,7 @@ from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
 log = logging.getLogger("biplane.controller.raft")
 
 PYSYNCOBJ_VERSION_MIN = (0, 3, 17)
+PEER_PING_S = 0.25
 
 
 def _version_tuple(text: str) -> tuple[int, ...]:
@@ -374,6 +375,8 @@ class RaftNode:
         self._priorities = dict(settings.peer_priorities)
         self._leader_since = 0.0
         self._last_transfer_check = 0.0
+        self._last_ping = 0.0
+        self._peer_nodes = [TCPNode(a) for a in settings.peer_addresses]
         os.makedirs(settings.data_dir, exist_ok=True)
         self.journal_path = os.path.join(settings.data_dir, "raft.journal")
         self.dump_path = os.path.join(settings.data_dir, "raft.dump.json")
@@ -446,6 +449,7 @@ class RaftNode:
                     self._calls.popleft()()
                 obj.doTick(0.02)
                 self._maybe_transfer()
+                self._maybe_ping()
             except Exception:
                 log.exception("raft tick failed; retrying")
                 time.sleep(0.05)
@@ -456,6 +460,9 @@ class RaftNode:
             log.exception("raft shutdown failed")
 
     def _state_changed(self, old: int, new: int) -> None:
+        names = {0: "follower", 1: "candidate", 2: "leader"}
+        log.info("raft %s -> %s in term %d", names.get(old, old), names.get(new, new),
+                 self._obj.raftCurrentTerm if self._obj is not None else -1)
         if self._on_role_change is not None:
             self._loop.call_soon_threadsafe(self._on_role_change)
 
@@ -469,6 +476,19 @@ class RaftNode:
         obj = self._obj
         if obj.raftCommitIndex < obj._SyncObj__getCurrentLogIndex():
             obj._SyncObj__pipeNotifier.notify()
+
+    def _maybe_ping(self) -> None:
+        # pysyncobj drops a connection that has read nothing for connectionTimeout, and
+        # checks only when it sends: two followers never talk while a leader lives, so
+        # the first vote request after a leader dies went down a link that then closed,
+        # and the election took a second round. A small message keeps every link read.
+        now = time.monotonic()
+        if now - self._last_ping < PEER_PING_S:
+            return
+        self._last_ping = now
+        transport = self._obj._SyncObj__transport
+        for node in self._peer_nodes:
+            transport.send(node, {"type": "biplane_ping"})
 
     # -- state machine hooks (Raft thread)
 

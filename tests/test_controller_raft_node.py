@@ -170,3 +170,29 @@ def test_election_timeouts_pysyncobj_would_reject_are_refused_clearly(tmp_path, 
                             election_timeout_ms_min=low, election_timeout_ms_max=high)
     with pytest.raises(ValueError, match="election timeout"):
         settings.validate()
+
+
+def test_after_an_idle_spell_the_next_leader_wins_in_one_round(tmp_path):
+    """Claim: followers keep their link alive, so when the leader stops after a quiet spell
+    longer than pysyncobj's connection timeout, the next-priority node wins the very next
+    term (its vote request reaches the other follower) instead of needing a second round."""
+    async def run():
+        loop = asyncio.get_running_loop()
+        nodes = start_nodes(loop, tmp_path, 3)
+        try:
+            await leader_of(nodes)
+            for _ in range(200):   # let priority hand leadership to the top node first
+                if nodes[0].status().is_leader:
+                    break
+                await asyncio.sleep(0.05)
+            leader = await leader_of(nodes)
+            await asyncio.sleep(2.5)      # quiet: no client traffic, longer than the connection timeout
+            term = leader.status().term
+            leader.stop()
+            survivors = [n for n in nodes if n is not leader]
+            successor = await leader_of(survivors)
+            assert successor.status().term == term + 1, (term, successor.status().term)
+        finally:
+            for n in nodes:
+                n.stop()
+    asyncio.run(run())
