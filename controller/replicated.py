@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from typing import Any
 
 from common.metadata import MetadataImage, RecordRejected, dump_record, parse_record
+
+log = logging.getLogger("biplane.controller.state")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -101,6 +104,14 @@ class MetadataStateMachine:
                 self.image.apply(record, offset)
             except RecordRejected as exc:
                 rejected.append(Rejection(index=index, record_type=exc.record_type, message=str(exc)))
+                continue
+            except Exception as exc:
+                # A bug in applying this record. Every replica hits it the same way, so
+                # skipping it keeps them equal; wedging the whole quorum on it would not.
+                log.critical("applying record %d of a batch at offset %d failed: %r (record %r)",
+                             index, offset, exc, raw)
+                rejected.append(Rejection(index=index, record_type=str(_type_of(raw)),
+                                          message=f"internal error applying the record: {exc!r}"))
                 continue
             applied.append((offset, record))
         return Outcome(kind="batch", offset=self.image.offset, applied=tuple(applied),

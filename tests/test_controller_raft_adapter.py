@@ -264,3 +264,21 @@ def test_pysyncobj_versions_compare_numerically():
     assert _version_tuple("0.3.17") >= PYSYNCOBJ_VERSION_MIN
     assert _version_tuple("0.3.9") < PYSYNCOBJ_VERSION_MIN
     assert _version_tuple("0.3.16") < PYSYNCOBJ_VERSION_MIN
+
+
+def test_a_record_whose_apply_crashes_is_skipped_alike_everywhere(monkeypatch):
+    """A bug in the image must not wedge the quorum: the record is skipped the same way on
+    every replica and reported."""
+    original = MetadataImage.apply
+
+    def crash_on_broker_2(self, record, offset):
+        if getattr(record, "broker_id", None) == 2:
+            raise KeyError("boom")
+        return original(self, record, offset)
+    monkeypatch.setattr(MetadataImage, "apply", crash_on_broker_2)
+    a, b = MetadataStateMachine(), MetadataStateMachine()
+    command = batch_command(expected_offset=-1, records=[register(1), register(2), register(3)])
+    out = a.apply_command(command)
+    assert out == b.apply_command(command)
+    assert [off for off, _ in out.applied] == [0, 1] and out.rejected[0].index == 1
+    assert "internal error" in out.rejected[0].message and sorted(a.image.brokers) == [1, 3]
