@@ -45,7 +45,9 @@ class ApiClient:
         while True:
             status, doc = self._call_any(method, path, body)
             if status == 503 and time.monotonic() < deadline and _retriable(doc):
-                time.sleep(0.25)   # an election is running; the leader appears shortly
+                # No leader yet (an election is running): nothing was done, so retry. A 504
+                # (outcome unknown) is not retried: the write may have happened.
+                time.sleep(0.25)
                 continue
             if status >= 400:
                 err = doc.get("error", {}) if isinstance(doc, dict) else {}

@@ -40,9 +40,11 @@ class NotControllerError(BiplaneError):
 
 
 class CommitFailedError(BiplaneError):
-    """A proposal did not commit; it may or may not take effect under the next leader."""
+    """A proposal did not commit here; it may or may not take effect under the next leader.
 
-    code = ErrorCode.NOT_CONTROLLER
+    The outcome is unknown, like a timeout: the caller should check, then retry."""
+
+    code = ErrorCode.REQUEST_TIMED_OUT
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
