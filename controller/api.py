@@ -396,7 +396,7 @@ def openapi_document() -> dict:
         for code in (["400"] if r["request"] or "{name}" in r["path"] else []) + \
                 (["401"] if r["path"] not in _PUBLIC_PATHS else []) + \
                 (["404"] if "{name}" in r["path"] else []) + \
-                (["307", "409", "503"] if r["writes"] else []):
+                (["307", "409", "503", "504"] if r["writes"] else []):
             op["responses"][code] = err
         paths.setdefault(r["path"], {})[r["method"].lower()] = op
     return {
