@@ -13,6 +13,15 @@ Roles:
 - LEADER / FOLLOWER: as the metadata says;
 - ELECTION: a quorum-election fence is known; serve nothing, flush, report;
 - STOPPED: no leader, not a replica, or a newer epoch was seen: wait for metadata.
+
+The driver's contract (the broker, or tests/sim):
+- perform each Ready in order: persist (Append/Truncate applied to the log before
+  the next step; WriteDone when written; Flush asynchronous, FlushDone with the
+  log's flushed offset when it completes), then send, then release;
+- build a fresh Replica after a restart (`unclean_start=True` when the shutdown was
+  not clean) and feed it metadata learned after the restart; a Replica never acts
+  before its first NewMetadata;
+- consumers' fetches come in with replica_id -1; their answer is a Send to -1.
 """
 from __future__ import annotations
 
