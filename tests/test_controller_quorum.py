@@ -95,7 +95,9 @@ def test_quorum_failover_full_restart_and_cli(tmp_path):
     try:
         for c in controllers:
             c.start()
-        leader = wait_leader(controllers, 30)
+        # Let priority settle first (node 1 leads), so no handover lands mid-test.
+        leader = wait_until(lambda: (lambda l: l if l and l.spec.node_id == 1 else None)(
+            leader_of(controllers)), 30, "the priority-3 controller leading")
         with BrokerHeartbeats(controllers, [1, 2, 3]):
             wait_until(lambda: all_unfenced(leader, [1, 2, 3]), 15, "brokers unfenced")
             committed = [create(leader, f"before-{i}", partitions=2, replication_factor=3)["name"]
