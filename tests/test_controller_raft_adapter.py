@@ -6,13 +6,8 @@ import json
 import pytest
 
 from common.metadata import FenceBroker, MetadataImage, RegisterBroker, dump_record
-from controller.raft import (
-    _SyncedJournal,
-    decode_dump,
-    election_timeouts_s,
-    encode_dump,
-    transfer_target,
-)
+from controller.raft import _SyncedJournal
+from controller.raft_rules import decode_dump, election_timeouts_s, encode_dump, transfer_target
 from controller.replicated import MetadataStateMachine, batch_command, marker_command
 
 
@@ -151,7 +146,7 @@ def test_disabled_journal_sync_never_flushes():
 
 from hypothesis import given, settings, strategies as st  # noqa: E402
 
-from controller.raft import trim_overlap  # noqa: E402
+from controller.raft_rules import trim_overlap  # noqa: E402
 
 
 def log_of(terms: list[int], first: int = 1) -> list[tuple[bytes, int, int]]:

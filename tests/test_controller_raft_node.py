@@ -10,6 +10,7 @@ import pytest
 from common.metadata import NoOp
 from controller import raft as raft_module
 from controller.raft import RaftNode, RaftSettings, _SyncingTransport
+from controller.raft_rules import DUMP_FORMAT
 from controller.replicated import MetadataStateMachine, batch_command
 
 TCPTransport = raft_module.TCPTransport   # pysyncobj's, as the adapter uses it
@@ -140,7 +141,7 @@ def test_dump_is_json_and_a_restarted_node_restores_dump_plus_journal(tmp_path):
         finally:
             node.stop()
         dump = json.loads((tmp_path / "solo" / "raft.dump.json").read_bytes())
-        assert dump["format"] == raft_module.DUMP_FORMAT and dump["state"]["offset"] >= 4
+        assert dump["format"] == DUMP_FORMAT and dump["state"]["offset"] >= 4
 
         resets = []
         again = RaftNode(settings=settings, state=MetadataStateMachine(), loop=loop,
