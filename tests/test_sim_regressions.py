@@ -42,6 +42,7 @@ def test_seed_136_quorum_write_restarted_leader_reuses_its_epoch():
     ("count_written_under_fsync", 0, "quorum", "fsync"),
     ("no_divergence_check", 1, "isr", "write"),
     ("no_divergence_check", 0, "quorum", "fsync"),
+    ("consumers_read_past_hw", 0, "isr", "fsync"),
 ])
 def test_checkers_catch_a_broken_core(mutant, seed, policy, durability):
     """Claim: the checkers are not vacuous: with a commit or divergence rule removed, the named

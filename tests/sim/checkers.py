@@ -17,7 +17,9 @@ Checked after EVERY simulation step (DESIGN.md §6):
    ISR ∪ proposed ISR for `isr`, at least q replicas for `quorum`. Under
    durability=write a replica that crashed and has not caught up is excused
    (it may have lost written data; faults.py allows one such replica).
-6. acked_not_lost — every acks=all record released with success by a leader of
+6. consumer_reads_committed — every batch a leader returns to a consumer
+   (replica id -1) is a committed batch: consumers never read past the HW.
+7. acked_not_lost — every acks=all record released with success by a leader of
    epoch e is, at its offset, in the log of every replica acting as leader in an
    epoch >= e (leader completeness; within the faults faults.py tolerates).
 """
@@ -47,6 +49,15 @@ class Checker:
     # Called by the simulation when a leader releases an acks=all produce with success.
     def record_ack(self, *, base_offset: int, next_offset: int, ident: bytes, epoch: int) -> None:
         self.acked.append((base_offset, next_offset, ident, epoch))
+
+    def committed_end(self) -> int:
+        return max((nxt for nxt, _ in self.committed.values()), default=0)
+
+    def check_consumed(self, leader_id: int, batches) -> None:
+        for base, nxt, ident in batches:
+            if self.committed.get(base) != (nxt, ident):
+                self.fail(f"consumer_reads_committed: leader {leader_id} returned to a consumer the batch at "
+                          f"offset {base}, which is not committed")
 
     def on_truncate(self, node) -> None:
         key = (node.node_id, node.incarnation)

@@ -20,7 +20,9 @@ from dataplane.replica.actions import (
     Append, Flush, ProposeIsr, RefreshMetadata, ReleaseProduce, ReportElection, Send, Truncate,
 )
 from dataplane.replica.core import Replica, Role
-from dataplane.replica.events import FetchRequest, FlushDone, NewMetadata, ProduceRequest, Tick, WriteDone
+from dataplane.replica.events import (
+    CONSUMER_REPLICA_ID, FetchRequest, FetchResponse, FlushDone, NewMetadata, ProduceRequest, Tick, WriteDone,
+)
 
 from sim.checkers import Checker, InvariantViolation
 from sim.controller import SimController
@@ -123,12 +125,14 @@ class Simulation:
         self.next_request_id = 1
         self.sent_changes = -1
         self.last_leader: int | None = None
+        self.consumed_batches = 0
         for i in self.node_ids:
             self._start(self.nodes[i], unclean=False)
             self._at(self.rng.randint(0, TICK_MS - 1), "tick", i)
             self._at(self.rng.randint(0, HEARTBEAT_MS - 1), "heartbeat", i)
         self._at(0, "controller", None)
         self._at(0, "faults", None)
+        self._at(30, "consume", None)
         self._at(5, "produce", None)
         self._at(METADATA_RESEND_MS, "metadata", None)
 
@@ -189,7 +193,8 @@ class Simulation:
                 self._at(self.now_ms + self.rng.randint(1, FLUSH_MS_MAX), "flush_done", (node.node_id, node.incarnation))
         for action in ready.send:
             if isinstance(action, Send):
-                self._send(node.node_id, action.to_broker, action.message)
+                to = CLIENT_ID if action.to_broker == CONSUMER_REPLICA_ID else action.to_broker
+                self._send(node.node_id, to, action.message)
             elif isinstance(action, ProposeIsr):
                 self._trace_node("ProposeIsr", node, new_isr=list(action.new_isr))
                 self._send(node.node_id, CONTROLLER_ID, action)
@@ -238,6 +243,14 @@ class Simulation:
             req["error"] = release.error
         req["released_ms"] = self.now_ms
 
+    def _consumed(self, src: int, resp: FetchResponse) -> None:
+        if resp.error is not ErrorCode.NONE or not resp.records:
+            return
+        batches = [(h.base_offset, h.next_offset, bytes(resp.records[pos + HEADER_SIZE:pos + h.size_bytes]))
+                   for pos, h in iter_batches(resp.records, validate=False)]
+        self.checker.check_consumed(src, batches)
+        self.consumed_batches += len(batches)
+
     def _crash(self, node_id: int) -> None:
         node = self.nodes[node_id]
         self._trace_node("Crash", node)
@@ -265,6 +278,8 @@ class Simulation:
                 self._controller_message(src, msg)
             elif dst in self.nodes:
                 self.step_node(self.nodes[dst], msg)
+            elif dst == CLIENT_ID and isinstance(msg, FetchResponse):
+                self._consumed(src, msg)
         elif kind == "tick":
             node = self.nodes[arg]
             self.step_node(node, Tick(now_ms=now))
@@ -291,6 +306,12 @@ class Simulation:
             for i in self.node_ids:
                 self._send(CONTROLLER_ID, i, self._metadata())
             self._at(now + METADATA_RESEND_MS, "metadata", None)
+        elif kind == "consume":
+            leader = self.controller.leader()
+            if leader is not None:
+                offset = self.rng.randint(0, max(self.checker.committed_end(), 0))
+                self._send(CLIENT_ID, leader, FetchRequest(replica_id=CONSUMER_REPLICA_ID, fetch_offset=offset))
+            self._at(now + self.rng.randint(20, 80), "consume", None)
         elif kind == "produce":
             if now < self.safety_ms + self.liveness_ms - QUIET_MS:
                 self._produce()

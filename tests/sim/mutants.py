@@ -53,9 +53,20 @@ def ignore_proposed_isr():
     return _patched("required_isr", lambda self: frozenset(self.state.isr))
 
 
+def consumers_read_past_hw():
+    """Consumers are answered up to the log end instead of the HW."""
+    def answer_consumer(self, req):
+        if self.role is not core.Role.LEADER or req.fetch_offset >= self.log_end_offset:
+            self._answer(req, error=core.ErrorCode.NOT_LEADER_OR_FOLLOWER)
+            return
+        self._answer(req, records=self.log.read(req.fetch_offset, max_bytes=self.fetch_max_bytes).records)
+    return _patched("_answer_consumer", answer_consumer)
+
+
 MUTANTS = {
     "serve_before_epoch_durable": serve_before_epoch_durable,
     "count_written_under_fsync": count_written_under_fsync,
     "no_divergence_check": no_divergence_check,
     "ignore_proposed_isr": ignore_proposed_isr,
+    "consumers_read_past_hw": consumers_read_past_hw,
 }
