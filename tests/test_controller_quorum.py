@@ -155,6 +155,14 @@ def test_quorum_failover_full_restart_and_cli(tmp_path):
             assert bad.returncode == 1 and "field: name" in bad.stderr
             no_token = run_cli("topic", "list", env_extra={**env, "BIPLANE_ADMIN_TOKEN": "nope"})
             assert no_token.returncode == 1 and "UNAUTHORIZED" in no_token.stderr
+            altered = run_cli("topic", "alter", "cli-topic", "--set", "retention_ms=90000", env_extra=env)
+            assert altered.returncode == 0, altered.stderr
+            # Reads are served by any controller from its committed image.
+            for c in controllers:
+                wait_until(lambda c=c: http("GET", c.spec.api_url + "/v1/topics/cli-topic").body.get(
+                    "config", {}).get("retention_ms") == 90000, 10, f"controller {c.spec.node_id} read")
+            altered_back = run_cli("topic", "alter", "cli-topic", "--set", "retention_ms=60000", env_extra=env)
+            assert altered_back.returncode == 0, altered_back.stderr
             elect = run_cli("elect", "cli-topic:0", env_extra=env)
             assert elect.returncode == 0, elect.stderr
             moved = run_cli("reassign", "cli-topic", "1", "1,2,3", env_extra=env)
