@@ -315,12 +315,13 @@ def snapshot_main(argv: list[str], prog: str) -> int:
     parser.add_argument("action", choices=("take", "list"))
 
     def go(args: argparse.Namespace, api: ApiClient) -> str:
+        keys = ["name", "time", "metadata_offset", "size_bytes"]
         if args.action == "take":
             doc = api.call("POST", "/v1/snapshots")
-            return emit(args, doc, "snapshot written: " + json.dumps(doc, sort_keys=True))
+            return emit(args, doc, f"snapshot written: {doc.get('name')} (metadata offset "
+                                   f"{doc.get('metadata_offset')}, {doc.get('size_bytes')} bytes)")
         doc = api.call("GET", "/v1/snapshots")
         rows = doc.get("snapshots", [])
-        keys = sorted({k for r in rows for k in r})[:6]
         return emit(args, doc, table([[r.get(k) for k in keys] for r in rows], [k.upper() for k in keys])
                     if rows else "no snapshots yet")
 
