@@ -9,7 +9,7 @@ import pytest
 
 from controller_harness import SECRET, Controller, http, make_specs, wait_leader, wait_until
 
-SESSION_TIMEOUT_MS = 800
+SESSION_TIMEOUT_MS = 1500
 WINDOW = 40
 
 
