@@ -54,6 +54,7 @@ class ApiKey(enum.IntEnum):
     LIST_OFFSETS = 2
     METADATA = 3
     API_VERSIONS = 18
+    INIT_PRODUCER_ID = 22
     # Outside Kafka's range: Biplane's own calls.
     APPEND_ENTRIES = 1000
 
@@ -379,6 +380,25 @@ class ApiVersionsResponse:
     api_keys: tuple[ApiVersion, ...] = ()
 
 
+# -------------------------------------------------------------- INIT_PRODUCER_ID
+
+
+@wire_struct(producer_id=INT64, producer_epoch=INT16, transaction_timeout_ms=INT32)
+class InitProducerIdRequest:
+    """producer_id -1 asks for a fresh id; an id with its epoch asks to bump that epoch."""
+
+    producer_id: int = -1
+    producer_epoch: int = -1
+    transaction_timeout_ms: int = 60_000
+
+
+@wire_struct(error_code=ERROR_CODE, producer_id=INT64, producer_epoch=INT16)
+class InitProducerIdResponse:
+    error_code: ErrorCode = ErrorCode.NONE
+    producer_id: int = -1
+    producer_epoch: int = -1
+
+
 # ---------------------------------------------------------------------- registry
 
 
@@ -389,6 +409,7 @@ REQUEST_TYPES: dict[ApiKey, type] = {
     ApiKey.METADATA: MetadataRequest,
     ApiKey.API_VERSIONS: ApiVersionsRequest,
     ApiKey.APPEND_ENTRIES: AppendEntriesRequest,
+    ApiKey.INIT_PRODUCER_ID: InitProducerIdRequest,
 }
 RESPONSE_TYPES: dict[ApiKey, type] = {
     ApiKey.PRODUCE: ProduceResponse,
@@ -397,6 +418,7 @@ RESPONSE_TYPES: dict[ApiKey, type] = {
     ApiKey.METADATA: MetadataResponse,
     ApiKey.API_VERSIONS: ApiVersionsResponse,
     ApiKey.APPEND_ENTRIES: AppendEntriesResponse,
+    ApiKey.INIT_PRODUCER_ID: InitProducerIdResponse,
 }
 API_KEY_OF: dict[type, ApiKey] = {cls: key for key, cls in REQUEST_TYPES.items()}
 API_KEY_OF.update({cls: key for key, cls in RESPONSE_TYPES.items()})
@@ -477,6 +499,7 @@ __all__ = [
     "MetadataRequest", "MetadataBroker", "MetadataPartition", "MetadataTopic", "MetadataResponse",
     "AppendEntriesRequest", "AppendEntriesResponse",
     "ApiVersionsRequest", "ApiVersion", "ApiVersionsResponse",
+    "InitProducerIdRequest", "InitProducerIdResponse",
     "REQUEST_TYPES", "RESPONSE_TYPES", "SUPPORTED_VERSIONS", "api_versions_response", "api_key_of",
     "encode_request", "encode_response", "decode_request", "decode_response",
 ]
