@@ -192,8 +192,12 @@ class FetchRequest:
 
 @wire_struct(partition=INT32, error_code=ERROR_CODE, high_watermark=INT64, last_stable_offset=INT64,
              log_start_offset=INT64, diverging_epoch=EpochEndOffset, current_leader=LeaderIdAndEpoch,
-             records=RECORDS)
+             records=RECORDS, log_end_offset=INT64, flush_after_append=BOOL)
 class FetchPartitionResponse:
+    """For a follower, `log_end_offset` is the leader's (it tells a replica that restarted
+    uncleanly when it has caught up) and `flush_after_append` asks it to fsync what it
+    appends at once, because acks=all produce requests wait for it. Consumers ignore both."""
+
     partition: int
     error_code: ErrorCode = ErrorCode.NONE
     high_watermark: int = NO_OFFSET
@@ -202,6 +206,8 @@ class FetchPartitionResponse:
     diverging_epoch: EpochEndOffset = NO_DIVERGENCE
     current_leader: LeaderIdAndEpoch = NO_LEADER
     records: Records | None = b""
+    log_end_offset: int = NO_OFFSET
+    flush_after_append: bool = False
 
 
 @wire_struct(topic=STRING, partitions=Array(FetchPartitionResponse))
