@@ -192,7 +192,7 @@ class FetchRequest:
 
 @wire_struct(partition=INT32, error_code=ERROR_CODE, high_watermark=INT64, last_stable_offset=INT64,
              log_start_offset=INT64, diverging_epoch=EpochEndOffset, current_leader=LeaderIdAndEpoch,
-             records=RECORDS, log_end_offset=INT64, flush_after_append=BOOL)
+             log_end_offset=INT64, flush_after_append=BOOL, records=RECORDS)
 class FetchPartitionResponse:
     """For a follower, `log_end_offset` is the leader's (it tells a replica that restarted
     uncleanly when it has caught up) and `flush_after_append` asks it to fsync what it
@@ -205,9 +205,9 @@ class FetchPartitionResponse:
     log_start_offset: int = NO_OFFSET
     diverging_epoch: EpochEndOffset = NO_DIVERGENCE
     current_leader: LeaderIdAndEpoch = NO_LEADER
-    records: Records | None = b""
     log_end_offset: int = NO_OFFSET
     flush_after_append: bool = False
+    records: Records | None = b""
 
 
 @wire_struct(topic=STRING, partitions=Array(FetchPartitionResponse))
