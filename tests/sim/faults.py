@@ -1,7 +1,7 @@
 """Fault injection, kept apart from the checkers: it only decides what goes wrong.
 
-Every decision draws from the simulation's one seeded `random.Random`, so a
-seed replays exactly. Faults: message loss, duplication, delay (hence
+Decisions draw from random streams seeded from the simulation's seed (one for
+node faults, one for the network), so a seed replays exactly. Faults: message loss, duplication, delay (hence
 reordering), crashes that drop unflushed data, restarts, network partitions.
 
 Tolerance (what the checkers may then demand):
@@ -36,9 +36,10 @@ class FaultRates:
 
 
 class FaultInjector:
-    def __init__(self, rng: random.Random, *, nodes: tuple[int, ...], durability: str,
+    def __init__(self, rng: random.Random, *, network_rng: random.Random, nodes: tuple[int, ...], durability: str,
                  rates: FaultRates = FaultRates()) -> None:
-        self.rng = rng
+        self.rng = rng                  # crashes, restarts, partitions
+        self.network_rng = network_rng  # loss, duplication, delay
         self.nodes = nodes
         self.durability = durability
         self.rates = rates
@@ -62,11 +63,12 @@ class FaultInjector:
         if not self.active:
             return [1]
         r = self.rates
-        if self.rng.random() < r.loss:
+        rng = self.network_rng
+        if rng.random() < r.loss:
             return []
-        delays = [self.rng.randint(1, r.delay_ms_max)]
-        if self.rng.random() < r.duplicate:
-            delays.append(self.rng.randint(1, r.delay_ms_max * 2))
+        delays = [rng.randint(1, r.delay_ms_max)]
+        if rng.random() < r.duplicate:
+            delays.append(rng.randint(1, r.delay_ms_max * 2))
         return delays
 
     # ------------------------------------------------------------- nodes
