@@ -1,0 +1,449 @@
+"""The asyncio consumer: assign partitions (or a whole topic), seek, then poll or iterate.
+
+    async with Consumer("events", from_beginning=True) as consumer:
+        async for record in consumer:
+            ...
+
+There are no consumer groups: the caller says which partitions to read. Each leader
+broker gets one FETCH request for all of its assigned partitions at a time, on a
+connection used for fetches only (long polls never hold up anything else). Brokers
+serve only records below the high watermark. Positions advance as records are handed
+out; a leader change or an unknown-leader answer refreshes metadata and the fetch
+goes to the new leader from the same position.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from typing import Any, AsyncIterator, Iterable, Sequence
+
+from common.batch import read_records, scan_valid_prefix, validate_batch
+from common.errors import BiplaneError, ErrorCode
+from common.wire import (
+    EARLIEST_TIMESTAMP,
+    LATEST_TIMESTAMP,
+    FetchPartition,
+    FetchRequest,
+    FetchTopic,
+    ListOffsetsPartition,
+    ListOffsetsRequest,
+    ListOffsetsTopic,
+)
+from dataplane.client.errors import ClientClosedError, ClientError, UnknownTopicError, error_for
+from dataplane.client.network import Network, parse_bootstrap
+from dataplane.client.records import ConsumerRecord, TopicPartition
+
+log = logging.getLogger("biplane.client.consumer")
+
+_RESETS = ("earliest", "latest", "none")
+
+
+class Consumer:
+    """Options (keyword-only): bootstrap (default: the `biplane up` cluster), from_beginning
+    (start assigned partitions at their earliest offset instead of their end),
+    auto_offset_reset ("earliest", "latest" or "none": what to do when a position is out of
+    range), fetch_max_wait_ms, fetch_min_bytes, partition_max_bytes, fetch_max_bytes,
+    buffered_records_max (records fetched but not yet handed out, per consumer),
+    request_timeout_ms, unknown_topic_wait_ms."""
+
+    def __init__(self, *topics: str, bootstrap: str | Sequence[str] | None = None, from_beginning: bool = False,
+                 auto_offset_reset: str = "latest", fetch_max_wait_ms: int = 500, fetch_min_bytes: int = 1,
+                 partition_max_bytes: int = 1024 * 1024, fetch_max_bytes: int = 50 * 1024 * 1024,
+                 buffered_records_max: int = 10_000, request_timeout_ms: int = 30_000,
+                 unknown_topic_wait_ms: int = 5_000) -> None:
+        if bootstrap is None:
+            from dataplane.client.discovery import default_bootstrap
+            bootstrap = default_bootstrap()
+        if auto_offset_reset not in _RESETS:
+            raise ValueError(f"auto_offset_reset={auto_offset_reset!r} is not one of {_RESETS}")
+        for name, value, low in (("fetch_max_wait_ms", fetch_max_wait_ms, 0), ("fetch_min_bytes", fetch_min_bytes, 0),
+                                 ("partition_max_bytes", partition_max_bytes, 1),
+                                 ("fetch_max_bytes", fetch_max_bytes, 1), ("buffered_records_max", buffered_records_max, 1),
+                                 ("request_timeout_ms", request_timeout_ms, 1)):
+            if not isinstance(value, int) or value < low:
+                raise ValueError(f"{name}={value!r} must be an integer >= {low}")
+        self._network = Network(parse_bootstrap(bootstrap), request_timeout_ms=request_timeout_ms)
+        self._initial_topics = list(topics)
+        self.from_beginning = from_beginning
+        self.auto_offset_reset = "earliest" if from_beginning and auto_offset_reset == "latest" else auto_offset_reset
+        self.fetch_max_wait_ms = fetch_max_wait_ms
+        self.fetch_min_bytes = fetch_min_bytes
+        self.partition_max_bytes = partition_max_bytes
+        self.fetch_max_bytes = fetch_max_bytes
+        self.buffered_records_max = buffered_records_max
+        self.request_timeout_ms = request_timeout_ms
+        self.unknown_topic_wait_ms = unknown_topic_wait_ms
+        self._positions: dict[TopicPartition, int] = {}
+        self._pending_reset: dict[TopicPartition, int] = {}   # tp -> timestamp to look up
+        self._high_watermarks: dict[TopicPartition, int] = {}
+        self._buffer: collections.deque[ConsumerRecord] = collections.deque()
+        self._fetches: dict[int, asyncio.Task] = {}
+        self._started = False
+        self._closed = False
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self) -> "Consumer":
+        if self._started:
+            return self
+        self._started = True
+        for topic in self._initial_topics:
+            await self.assign_topic(topic)
+        return self
+
+    async def __aenter__(self) -> "Consumer":
+        return await self.start()
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for task in self._fetches.values():
+            task.cancel()
+        await asyncio.gather(*self._fetches.values(), return_exceptions=True)
+        self._fetches.clear()
+        await self._network.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClientClosedError("the consumer is closed; create a new one")
+
+    # ------------------------------------------------------------ assignment and positions
+
+    async def partitions_for(self, topic: str) -> list[TopicPartition]:
+        meta = self._network.metadata
+        deadline = time.monotonic() + self.unknown_topic_wait_ms / 1000
+        while True:
+            await self._network.refresh_metadata({topic})
+            count = meta.partition_count(topic)
+            if count:
+                return [TopicPartition(topic, p) for p in range(count)]
+            if time.monotonic() >= deadline:
+                raise UnknownTopicError(f"topic {topic!r} does not exist (waited {self.unknown_topic_wait_ms} ms); "
+                                        f"create it first: `biplane topic create {topic}`")
+            await asyncio.sleep(0.1)
+
+    async def assign_topic(self, topic: str) -> list[TopicPartition]:
+        """Assign every partition of `topic` (in addition to what is assigned already)."""
+        tps = await self.partitions_for(topic)
+        await self.assign([tp for tp in tps if tp not in self._positions] + list(self._positions))
+        return tps
+
+    async def assign(self, partitions: Iterable[TopicPartition | tuple[str, int]]) -> None:
+        """Read exactly these partitions. New ones start at the beginning or the end (from_beginning)."""
+        self._check_open()
+        self._started = True
+        tps = [TopicPartition(*tp) for tp in partitions]
+        for tp in tps:
+            if not isinstance(tp.partition, int) or tp.partition < 0:
+                raise ValueError(f"partition {tp.partition!r} of {tp.topic!r} must be a non-negative integer")
+        for topic in {tp.topic for tp in tps}:
+            count = len(await self.partitions_for(topic))
+            bad = [tp.partition for tp in tps if tp.topic == topic and tp.partition >= count]
+            if bad:
+                raise ValueError(f"topic {topic!r} has {count} partition(s); partition(s) {bad} do not exist")
+        keep = set(tps)
+        for tp in list(self._positions):
+            if tp not in keep:
+                self._forget(tp)
+        for tp in tps:
+            if tp not in self._positions and tp not in self._pending_reset:
+                self._pending_reset[tp] = EARLIEST_TIMESTAMP if self.from_beginning else LATEST_TIMESTAMP
+        await self._resolve_resets()
+
+    def _forget(self, tp: TopicPartition) -> None:
+        self._positions.pop(tp, None)
+        self._pending_reset.pop(tp, None)
+        self._high_watermarks.pop(tp, None)
+        self._buffer = collections.deque(r for r in self._buffer if (r.topic, r.partition) != tp)
+
+    def assignment(self) -> set[TopicPartition]:
+        return set(self._positions) | set(self._pending_reset)
+
+    def _drop_buffered(self, tp: TopicPartition) -> None:
+        self._buffer = collections.deque(r for r in self._buffer if (r.topic, r.partition) != tp)
+
+    def _assigned(self, tp: TopicPartition) -> TopicPartition:
+        tp = TopicPartition(*tp)
+        if tp not in self.assignment():
+            raise ValueError(f"{tp} is not assigned to this consumer (assigned: "
+                             f"{sorted(str(t) for t in self.assignment())})")
+        return tp
+
+    async def seek(self, tp: TopicPartition | tuple[str, int], offset: int) -> None:
+        tp = self._assigned(tp)
+        if not isinstance(offset, int) or offset < 0:
+            raise ValueError(f"offset {offset!r} must be a non-negative integer")
+        self._pending_reset.pop(tp, None)
+        self._positions[tp] = offset
+        self._drop_buffered(tp)
+
+    async def seek_to_beginning(self, *tps: TopicPartition) -> None:
+        await self._seek_to(tps, EARLIEST_TIMESTAMP)
+
+    async def seek_to_end(self, *tps: TopicPartition) -> None:
+        await self._seek_to(tps, LATEST_TIMESTAMP)
+
+    async def seek_to_time(self, timestamp_ms: int, *tps: TopicPartition) -> None:
+        """Position at the first record with a timestamp >= timestamp_ms (the end if none)."""
+        if not isinstance(timestamp_ms, int) or timestamp_ms < 0:
+            raise ValueError(f"timestamp_ms {timestamp_ms!r} must be a non-negative integer (ms since the epoch)")
+        await self._seek_to(tps, timestamp_ms)
+
+    async def _seek_to(self, tps: Sequence[TopicPartition], timestamp: int) -> None:
+        targets = [self._assigned(tp) for tp in tps] if tps else list(self.assignment())
+        for tp in targets:
+            self._positions.pop(tp, None)
+            self._pending_reset[tp] = timestamp
+            self._drop_buffered(tp)
+        await self._resolve_resets()
+
+    def position(self, tp: TopicPartition | tuple[str, int]) -> int | None:
+        """The offset of the next record poll() will return for tp (None while a seek is pending)."""
+        return self._positions.get(self._assigned(tp))
+
+    def highwater(self, tp: TopicPartition | tuple[str, int]) -> int | None:
+        """The partition's high watermark as of the last fetch (None before one)."""
+        return self._high_watermarks.get(self._assigned(tp))
+
+    def lag(self, tp: TopicPartition | tuple[str, int]) -> int | None:
+        """Records committed but not yet returned: HW - position (None until both are known)."""
+        tp = self._assigned(tp)
+        hw, pos = self._high_watermarks.get(tp), self._positions.get(tp)
+        return None if hw is None or pos is None else max(0, hw - pos)
+
+    async def end_offsets(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        return await self._list_offsets({TopicPartition(*tp): LATEST_TIMESTAMP for tp in tps})
+
+    async def beginning_offsets(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        return await self._list_offsets({TopicPartition(*tp): EARLIEST_TIMESTAMP for tp in tps})
+
+    async def _resolve_resets(self) -> None:
+        if not self._pending_reset:
+            return
+        wanted = dict(self._pending_reset)
+        found = await self._list_offsets(wanted)
+        for tp, offset in found.items():
+            if self._pending_reset.get(tp) == wanted[tp]:
+                del self._pending_reset[tp]
+                self._positions[tp] = offset
+
+    async def _list_offsets(self, wanted: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
+        """LIST_OFFSETS against each leader; retries on stale metadata for up to request_timeout_ms."""
+        meta = self._network.metadata
+        result: dict[TopicPartition, int] = {}
+        deadline = time.monotonic() + self.request_timeout_ms / 1000
+        todo = dict(wanted)
+        last_error: str = ""
+        while todo:
+            if any(meta.leader(tp) is None for tp in todo):
+                await self._network.refresh_metadata({tp.topic for tp in todo})
+            by_broker: dict[int, list[TopicPartition]] = {}
+            for tp in todo:
+                leader = meta.leader(tp)
+                if leader is not None:
+                    by_broker.setdefault(leader, []).append(tp)
+            for broker, tps in by_broker.items():
+                topics: dict[str, list[ListOffsetsPartition]] = {}
+                for tp in tps:
+                    topics.setdefault(tp.topic, []).append(ListOffsetsPartition(
+                        partition=tp.partition, current_leader_epoch=meta.leader_epoch(tp), timestamp=todo[tp]))
+                request = ListOffsetsRequest(topics=tuple(ListOffsetsTopic(topic=t, partitions=tuple(ps))
+                                                          for t, ps in topics.items()))
+                try:
+                    response = await self._network.request(broker, request)
+                except BiplaneError as exc:
+                    last_error = str(exc)
+                    for tp in tps:
+                        meta.forget_leader(tp)
+                    continue
+                for topic in response.topics:
+                    for p in topic.partitions:
+                        tp = TopicPartition(topic.topic, p.partition)
+                        if tp not in todo:
+                            continue
+                        if p.error_code == ErrorCode.NONE:
+                            offset = p.offset
+                            if offset < 0:   # no record at or after that time: the end
+                                todo[tp] = LATEST_TIMESTAMP
+                                continue
+                            result[tp] = offset
+                            del todo[tp]
+                        elif p.error_code.retriable:
+                            last_error = p.error_code.name
+                            if p.error_code.invalid_metadata:
+                                meta.forget_leader(tp)
+                        else:
+                            raise error_for(p.error_code, topic=tp.topic, partition=tp.partition,
+                                            what="list offsets")
+            if todo:
+                if time.monotonic() >= deadline:
+                    raise ClientError(f"could not look up offsets of {sorted(str(t) for t in todo)} within "
+                                      f"request_timeout_ms={self.request_timeout_ms}: {last_error}",
+                                      code=ErrorCode.REQUEST_TIMED_OUT)
+                await asyncio.sleep(0.1)
+                await self._network.refresh_metadata({tp.topic for tp in todo})
+        return result
+
+    # ------------------------------------------------------------ fetching
+
+    async def poll(self, timeout_ms: int = 1000, *, max_records: int | None = None) -> list[ConsumerRecord]:
+        """Records available within timeout_ms (maybe none), in offset order per partition."""
+        self._check_open()
+        await self.start()
+        if not isinstance(timeout_ms, (int, float)) or timeout_ms < 0:
+            raise ValueError(f"timeout_ms {timeout_ms!r} must be a non-negative number")
+        deadline = time.monotonic() + timeout_ms / 1000
+        while not self._buffer:
+            if self._pending_reset:
+                try:
+                    await self._resolve_resets()
+                except ClientError as exc:
+                    log.debug("offset lookup failed: %s", exc)
+            self._start_fetches()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            if not self._fetches:
+                await asyncio.sleep(min(remaining, 0.1))
+                continue
+            done, _ = await asyncio.wait(list(self._fetches.values()), timeout=remaining,
+                                         return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()  # errors the fetch could not handle surface here
+        return self._take(max_records)
+
+    def _take(self, max_records: int | None) -> list[ConsumerRecord]:
+        out = []
+        while self._buffer and (max_records is None or len(out) < max_records):
+            record = self._buffer.popleft()
+            tp = TopicPartition(record.topic, record.partition)
+            if self._positions.get(tp) != record.offset:
+                continue   # sought elsewhere since it was fetched
+            self._positions[tp] = record.offset + 1
+            out.append(record)
+        return out
+
+    def __aiter__(self) -> AsyncIterator[ConsumerRecord]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[ConsumerRecord]:
+        while not self._closed:
+            for record in await self.poll(timeout_ms=self.fetch_max_wait_ms, max_records=500):
+                yield record
+
+    def _start_fetches(self) -> None:
+        if len(self._buffer) >= self.buffered_records_max:
+            return
+        meta = self._network.metadata
+        buffered = {TopicPartition(r.topic, r.partition) for r in self._buffer}
+        by_broker: dict[int, list[TopicPartition]] = {}
+        missing = False
+        for tp in self._positions:
+            if tp in buffered:
+                continue
+            leader = meta.leader(tp)
+            if leader is None:
+                missing = True
+            elif leader not in self._fetches:
+                by_broker.setdefault(leader, []).append(tp)
+        if missing:
+            self._spawn_refresh()
+        for broker, tps in by_broker.items():
+            task = asyncio.get_running_loop().create_task(self._fetch(broker, tps))
+            self._fetches[broker] = task
+            task.add_done_callback(lambda t, b=broker: self._fetches.pop(b, None) if self._fetches.get(b) is t else None)
+
+    def _spawn_refresh(self) -> None:
+        if getattr(self, "_refresh", None) is None or self._refresh.done():
+            async def refresh() -> None:
+                try:
+                    await self._network.refresh_metadata({tp.topic for tp in self._positions})
+                except BiplaneError as exc:
+                    log.debug("metadata refresh failed: %s", exc)
+                    await asyncio.sleep(0.2)
+            self._refresh = asyncio.get_running_loop().create_task(refresh())
+            self._fetches[-1] = self._refresh   # poll() wakes when it finishes
+            self._refresh.add_done_callback(lambda t: self._fetches.pop(-1, None) if self._fetches.get(-1) is t else None)
+
+    async def _fetch(self, broker: int, tps: list[TopicPartition]) -> None:
+        meta = self._network.metadata
+        asked = {tp: self._positions[tp] for tp in tps}
+        topics: dict[str, list[FetchPartition]] = {}
+        for tp, offset in asked.items():
+            topics.setdefault(tp.topic, []).append(FetchPartition(
+                partition=tp.partition, current_leader_epoch=meta.leader_epoch(tp), fetch_offset=offset,
+                partition_max_bytes=self.partition_max_bytes))
+        request = FetchRequest(max_wait_ms=self.fetch_max_wait_ms, min_bytes=self.fetch_min_bytes,
+                               max_bytes=self.fetch_max_bytes, session_id=0, session_epoch=-1,
+                               topics=tuple(FetchTopic(topic=t, partitions=tuple(ps)) for t, ps in topics.items()))
+        try:
+            response = await self._network.request(broker, request, purpose="fetch",
+                                                   timeout_ms=self.request_timeout_ms + self.fetch_max_wait_ms)
+        except BiplaneError as exc:
+            log.debug("fetch from broker %d failed: %s", broker, exc)
+            for tp in tps:
+                if meta.leader(tp) == broker:
+                    meta.forget_leader(tp)
+            await asyncio.sleep(0.1)
+            return
+        if response.error_code != ErrorCode.NONE:
+            log.debug("fetch from broker %d answered %s", broker, response.error_code.name)
+            await asyncio.sleep(0.1)
+            return
+        for topic in response.topics:
+            for p in topic.partitions:
+                tp = TopicPartition(topic.topic, p.partition)
+                if tp not in asked or self._positions.get(tp) != asked[tp]:
+                    continue   # reassigned or sought while the fetch was out
+                self._handle_partition(tp, asked[tp], p)
+
+    def _handle_partition(self, tp: TopicPartition, fetch_offset: int, p: Any) -> None:
+        meta = self._network.metadata
+        code = p.error_code
+        if code == ErrorCode.NONE:
+            if p.high_watermark >= 0:
+                self._high_watermarks[tp] = p.high_watermark
+            records = p.records
+            if records:
+                self._decode_into_buffer(tp, fetch_offset, p.high_watermark, records)
+            return
+        if code == ErrorCode.OFFSET_OUT_OF_RANGE:
+            if self.auto_offset_reset == "none":
+                raise error_for(code, topic=tp.topic, partition=tp.partition, what=f"fetch at offset {fetch_offset}")
+            self._positions.pop(tp, None)
+            self._pending_reset[tp] = EARLIEST_TIMESTAMP if self.auto_offset_reset == "earliest" else LATEST_TIMESTAMP
+            return
+        if code.retriable:
+            if code.invalid_metadata:
+                if p.current_leader.leader_id >= 0:
+                    meta.note_leader(tp, p.current_leader.leader_id, p.current_leader.leader_epoch)
+                if code != ErrorCode.UNKNOWN_LEADER_EPOCH or p.current_leader.leader_id < 0:
+                    meta.forget_leader(tp)
+            return
+        raise error_for(code, topic=tp.topic, partition=tp.partition, what=f"fetch at offset {fetch_offset}")
+
+    def _decode_into_buffer(self, tp: TopicPartition, fetch_offset: int, high_watermark: int, records: Any) -> None:
+        # A broker may cut the last batch short at partition_max_bytes: keep the whole ones.
+        valid_bytes, headers = scan_valid_prefix(records)
+        if not headers:
+            validate_batch(records, 0)   # raises CorruptBatchError naming the fault if it is not a cut
+            raise ClientError(f"{tp}: the batch at offset {fetch_offset} is larger than partition_max_bytes="
+                              f"{self.partition_max_bytes}; raise it", code=ErrorCode.RECORD_LIST_TOO_LARGE)
+        pos = 0
+        for header in headers:
+            start, pos = pos, pos + header.size_bytes
+            if header.is_control or header.next_offset <= fetch_offset:
+                continue
+            for r in read_records(records, start):
+                if r.offset >= fetch_offset and (high_watermark < 0 or r.offset < high_watermark):
+                    self._buffer.append(ConsumerRecord(topic=tp.topic, partition=tp.partition, offset=r.offset,
+                                                       timestamp_ms=r.timestamp_ms, key=r.key, value=r.value,
+                                                       headers=r.headers))
+
+__all__ = ["Consumer"]

@@ -1,0 +1,456 @@
+"""The asyncio producer: `send()` queues a record and returns a future of its RecordMetadata.
+
+    async with Producer() as producer:               # finds a `biplane up` cluster
+        meta = await producer.send_and_wait("events", b"hello", key=b"user-1")
+
+One sender task drains the accumulator (dataplane/client/accumulator.py holds the
+rules) into one PRODUCE request per leader broker, on a connection used for produce
+only, and feeds each partition's answer back. Retriable errors refresh metadata when
+they say it is stale, then the batch is resent with the same sequence.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Sequence
+
+from common.batch import Compression
+from common.errors import BiplaneError, ErrorCode
+from common.wire import (
+    Acks,
+    InitProducerIdRequest,
+    ProducePartition,
+    ProduceRequest,
+    ProduceTopic,
+)
+from dataplane.client.accumulator import Accumulator, Outcome, PendingRecord, ProducerBatch, record_size_bytes
+from dataplane.client.errors import (
+    BrokerResponseError,
+    BufferFullTimeoutError,
+    ClientClosedError,
+    ClientError,
+    DeliveryTimeoutError,
+    UnknownTopicError,
+    error_for,
+)
+from dataplane.client.network import Network, parse_bootstrap
+from dataplane.client.partitioner import StickyPartitioner
+from dataplane.client.records import RecordMetadata, TopicPartition
+
+log = logging.getLogger("biplane.client.producer")
+
+_ACKS = {"0": Acks.NONE, "1": Acks.LEADER, "all": Acks.ALL, "-1": Acks.ALL}
+
+
+def parse_acks(acks: int | str) -> Acks:
+    key = str(acks).lower()
+    if key not in _ACKS:
+        raise ValueError(f"acks={acks!r} is not one of 0, 1, 'all'")
+    return _ACKS[key]
+
+
+def _now_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+def _as_bytes(name: str, data: Any) -> bytes | None:
+    if data is None:
+        return None
+    if isinstance(data, str):
+        return data.encode()
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return bytes(data)
+    raise TypeError(f"{name} must be bytes, str or None, not {type(data).__name__}")
+
+
+class Producer:
+    """Options (keyword-only; times in ms, sizes in bytes):
+
+    bootstrap: "HOST:PORT,..." (default: the cluster found by `biplane up`'s cluster.json);
+    acks: 0, 1 or "all" (default "all"); enable_idempotence: default on with acks="all",
+    off otherwise (it needs acks="all"); batch_size_bytes; linger_ms; buffer_memory_bytes and
+    max_block_ms (send() waits that long for buffer space, then raises BufferFullTimeoutError);
+    compression: "none" or "gzip"; request_timeout_ms; delivery_timeout_ms (a record's whole
+    budget, retries included); retry_backoff_ms; in_flight_per_partition_max;
+    unknown_topic_wait_ms (how long send() waits for a topic the cluster does not know yet).
+    """
+
+    def __init__(self, *, bootstrap: str | Sequence[str] | None = None, acks: int | str = "all",
+                 enable_idempotence: bool | None = None, batch_size_bytes: int = 16_384, linger_ms: int = 5,
+                 buffer_memory_bytes: int = 32 * 1024 * 1024, max_block_ms: int = 60_000,
+                 compression: str = "none", request_timeout_ms: int = 30_000,
+                 delivery_timeout_ms: int = 120_000, retry_backoff_ms: int = 100,
+                 in_flight_per_partition_max: int = 5, request_bytes_max: int = 1024 * 1024,
+                 unknown_topic_wait_ms: int = 5_000, client_id: str = "biplane-producer") -> None:
+        if bootstrap is None:
+            from dataplane.client.discovery import default_bootstrap
+            bootstrap = default_bootstrap()
+        self.acks = parse_acks(acks)
+        if enable_idempotence is None:
+            enable_idempotence = self.acks == Acks.ALL
+        if enable_idempotence and self.acks != Acks.ALL:
+            raise ValueError(f"enable_idempotence=True needs acks='all' (got acks={acks!r}); "
+                             "set acks='all' or enable_idempotence=False")
+        if compression not in ("none", "gzip"):
+            raise ValueError(f"compression={compression!r} is not 'none' or 'gzip'")
+        for name, value in (("max_block_ms", max_block_ms), ("request_timeout_ms", request_timeout_ms),
+                            ("unknown_topic_wait_ms", unknown_topic_wait_ms),
+                            ("request_bytes_max", request_bytes_max)):
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name}={value!r} must be a non-negative integer")
+        self.idempotent = bool(enable_idempotence)
+        self.max_block_ms = max_block_ms
+        self.request_timeout_ms = request_timeout_ms
+        self.request_bytes_max = request_bytes_max
+        self.unknown_topic_wait_ms = unknown_topic_wait_ms
+        self.client_id = client_id
+        self._network = Network(parse_bootstrap(bootstrap), request_timeout_ms=request_timeout_ms)
+        self._partitioner = StickyPartitioner()
+        self._acc = Accumulator(batch_size_bytes=batch_size_bytes, linger_ms=linger_ms,
+                                buffer_memory_bytes=buffer_memory_bytes,
+                                in_flight_per_partition_max=in_flight_per_partition_max if self.idempotent else 1,
+                                retry_backoff_ms=retry_backoff_ms, delivery_timeout_ms=delivery_timeout_ms,
+                                idempotent=self.idempotent,
+                                compression=Compression.GZIP if compression == "gzip" else Compression.NONE,
+                                on_batch_closed=self._batch_closed)
+        self._wakeup: asyncio.Event | None = None
+        self._memory_freed: asyncio.Condition | None = None
+        self._sender: asyncio.Task | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._started = False
+        self._closing = False
+        self._closed = False
+        self._fatal: BaseException | None = None
+        self.producer_id = -1
+        self.producer_epoch = -1
+        self.records_sent = 0
+        self.retries = 0
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self) -> "Producer":
+        if self._started:
+            return self
+        self._wakeup = asyncio.Event()
+        self._memory_freed = asyncio.Condition()
+        self._started = True
+        if self.idempotent:
+            await self._init_producer_id()
+        self._sender = asyncio.get_running_loop().create_task(self._run_sender())
+        return self
+
+    async def __aenter__(self) -> "Producer":
+        return await self.start()
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.close()
+
+    async def _any_broker_request(self, message: Any, deadline: float) -> Any:
+        last: BaseException | None = None
+        while time.monotonic() < deadline:
+            try:
+                if not self._network.metadata.brokers:
+                    await self._network.refresh_metadata()
+                for broker in list(self._network.metadata.brokers):
+                    try:
+                        return await self._network.request(broker, message)
+                    except BiplaneError as exc:
+                        last = exc
+            except BiplaneError as exc:
+                last = exc
+            await asyncio.sleep(0.2)
+        raise ClientError(f"no broker answered {type(message).__name__} before the deadline: {last}",
+                          code=ErrorCode.REQUEST_TIMED_OUT)
+
+    async def _init_producer_id(self, *, bump: bool = False) -> None:
+        deadline = time.monotonic() + self.max_block_ms / 1000
+        request = InitProducerIdRequest(producer_id=self.producer_id if bump else -1,
+                                        producer_epoch=self.producer_epoch if bump else -1,
+                                        transaction_timeout_ms=60_000)
+        while True:
+            response = await self._any_broker_request(request, deadline)
+            if response.error_code == ErrorCode.NONE:
+                break
+            if not response.error_code.retriable or time.monotonic() >= deadline:
+                raise ClientError(f"could not get a producer id: {response.error_code.name}",
+                                  code=response.error_code)
+            await asyncio.sleep(0.1)
+        self.producer_id, self.producer_epoch = response.producer_id, response.producer_epoch
+        self._acc.reset_sequences(producer_id=self.producer_id, producer_epoch=self.producer_epoch)
+        log.debug("producer id %d epoch %d", self.producer_id, self.producer_epoch)
+
+    async def flush(self) -> None:
+        """Send everything queued now (ignoring linger) and wait until each record is acknowledged or failed."""
+        self._check_open()
+        await self.start()
+        self._acc.flushing = True
+        self._wakeup.set()
+        try:
+            async with self._memory_freed:
+                await self._memory_freed.wait_for(lambda: self._acc.pending_batches() == 0 or self._fatal is not None)
+        finally:
+            self._acc.flushing = False
+
+    async def close(self, timeout_ms: int | None = None) -> None:
+        """Send what is queued (waiting up to timeout_ms, default delivery_timeout_ms), then close. Idempotent."""
+        if self._closed:
+            return
+        self._closing = True
+        if self._started and self._sender is not None:
+            self._acc.flushing = True
+            self._wakeup.set()
+            try:
+                async with self._memory_freed:
+                    await asyncio.wait_for(
+                        self._memory_freed.wait_for(lambda: self._acc.pending_batches() == 0
+                                                    or self._fatal is not None),
+                        (timeout_ms if timeout_ms is not None else self._acc.delivery_timeout_ms) / 1000)
+            except asyncio.TimeoutError:
+                pass
+            self._sender.cancel()
+            for task in list(self._tasks):
+                task.cancel()
+            await asyncio.gather(self._sender, *self._tasks, return_exceptions=True)
+            closed = ClientClosedError("the producer was closed before this record was acknowledged")
+            for batch in self._acc.fail_all_queued():
+                self._fail_batch(batch, closed)
+            for state in self._acc.partitions.values():
+                for batch in list(state.in_flight):
+                    self._fail_batch(batch, closed)
+        self._closed = True
+        await self._network.close()
+
+    def _check_open(self) -> None:
+        if self._closing or self._closed:
+            raise ClientClosedError("the producer is closed; create a new one")
+        if self._fatal is not None:
+            raise ClientClosedError(f"the producer stopped after a fatal error: {self._fatal}")
+
+    # ------------------------------------------------------------ sending
+
+    async def send(self, topic: str, value: bytes | str | None, key: bytes | str | None = None,
+                   headers: Sequence[tuple[str, bytes | str | None]] | None = None,
+                   partition: int | None = None, timestamp_ms: int | None = None) -> asyncio.Future:
+        """Queue one record; returns (once queued) a future resolving to RecordMetadata(topic, partition, offset)."""
+        self._check_open()
+        if not isinstance(topic, str) or not topic:
+            raise ValueError(f"topic must be a non-empty string, not {topic!r}")
+        value_b = _as_bytes("value", value)
+        key_b = _as_bytes("key", key)
+        header_items = tuple((str(k), _as_bytes(f"header {k!r}", v)) for k, v in (headers or ()))
+        if partition is not None and (not isinstance(partition, int) or partition < 0):
+            raise ValueError(f"partition must be a non-negative integer or None, not {partition!r}")
+        await self.start()
+        deadline = time.monotonic() + self.max_block_ms / 1000
+        count = await self._partition_count(topic, deadline)
+        if partition is None:
+            partition = self._partitioner.partition(topic, key_b, count)
+        elif partition >= count:
+            raise ValueError(f"partition {partition} does not exist: topic {topic!r} has {count} "
+                             f"partition(s), 0..{count - 1}")
+        size = record_size_bytes(value_b, key_b, header_items)
+        if not self._acc.has_memory_for(size):
+            await self._wait_for_memory(size, deadline)
+        future = asyncio.get_running_loop().create_future()
+        ts = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
+        record = PendingRecord(value=value_b, key=key_b, headers=header_items, timestamp_ms=ts,
+                               size_bytes=size, handle=future)
+        tp = TopicPartition(topic, partition)
+        batch = self._acc.append(tp, record, now_ms=_now_ms())
+        if batch.size_bytes >= self._acc.batch_size_bytes or self._acc.linger_ms == 0:
+            self._wakeup.set()
+        elif len(batch.records) == 1:
+            self._wakeup.set()  # the sender recomputes its next linger deadline
+        return future
+
+    async def send_and_wait(self, topic: str, value: bytes | str | None, key: bytes | str | None = None,
+                            headers: Sequence[tuple[str, bytes | str | None]] | None = None,
+                            partition: int | None = None, timestamp_ms: int | None = None) -> RecordMetadata:
+        future = await self.send(topic, value, key=key, headers=headers, partition=partition,
+                                 timestamp_ms=timestamp_ms)
+        self._acc.flushing = True  # nobody else will fill this batch while we wait: no point lingering
+        self._wakeup.set()
+        try:
+            return await future
+        finally:
+            self._acc.flushing = False
+
+    async def _partition_count(self, topic: str, deadline: float) -> int:
+        meta = self._network.metadata
+        count = meta.partition_count(topic)
+        if count is not None:
+            return count
+        self._network.want_topic(topic)
+        topic_deadline = min(deadline, time.monotonic() + self.unknown_topic_wait_ms / 1000)
+        while True:
+            await self._network.refresh_metadata({topic})
+            count = meta.partition_count(topic)
+            if count is not None:
+                return count
+            if time.monotonic() >= topic_deadline:
+                if topic in meta.unknown_topics:
+                    raise UnknownTopicError(f"topic {topic!r} does not exist (waited "
+                                            f"{self.unknown_topic_wait_ms} ms); create it first: "
+                                            f"`biplane topic create {topic} --partitions N`")
+                error = meta.topic_errors.get(topic, ErrorCode.LEADER_NOT_AVAILABLE)
+                raise ClientError(f"no metadata for topic {topic!r} after waiting: {error.name}", code=error)
+            await asyncio.sleep(0.1)
+
+    async def _wait_for_memory(self, size: int, deadline: float) -> None:
+        async with self._memory_freed:
+            remaining = deadline - time.monotonic()
+            try:
+                await asyncio.wait_for(self._memory_freed.wait_for(
+                    lambda: self._acc.has_memory_for(size) or self._fatal is not None or self._closing),
+                    max(0.0, remaining))
+            except asyncio.TimeoutError:
+                raise BufferFullTimeoutError(
+                    f"send() waited max_block_ms={self.max_block_ms} for {size} bytes of buffer memory: "
+                    f"{self._acc.buffer_used_bytes} of buffer_memory_bytes={self._acc.buffer_memory_bytes} are "
+                    "held by records not yet acknowledged (brokers slow or unreachable?); raise "
+                    "buffer_memory_bytes or max_block_ms, or send more slowly") from None
+        self._check_open()
+
+    def _batch_closed(self, tp: TopicPartition) -> None:
+        count = self._network.metadata.partition_count(tp.topic)
+        if count:
+            self._partitioner.batch_sent(tp.topic, tp.partition, count)
+
+    # ------------------------------------------------------------ the sender
+
+    async def _run_sender(self) -> None:
+        try:
+            while True:
+                now = _now_ms()
+                for batch in self._acc.expire(now):
+                    self._fail_batch(batch, DeliveryTimeoutError(
+                        f"{len(batch.records)} record(s) for {batch.tp} not sent within "
+                        f"delivery_timeout_ms={self._acc.delivery_timeout_ms} (no leader reachable?)"))
+                if self._acc.epoch_bump_needed and self._acc.in_flight_count() == 0:
+                    await self._init_producer_id(bump=True)
+                drained = self._acc.drain(now, self._network.metadata.leader,
+                                          request_bytes_max=self.request_bytes_max, closing=self._closing)
+                for broker, batches in drained.items():
+                    self._spawn(self._send_batches(broker, batches))
+                await self._notify()
+                if self._needs_metadata():
+                    self._spawn(self._refresh_quietly())
+                next_ms = self._acc.next_ready_ms(now)
+                timeout = None if next_ms is None else max(0.0, (next_ms - now) / 1000)
+                if self._needs_metadata():
+                    timeout = 0.1 if timeout is None else min(timeout, 0.1)
+                self._wakeup.clear()
+                if drained:
+                    continue
+                try:
+                    await asyncio.wait_for(self._wakeup.wait(), timeout)
+                except asyncio.TimeoutError:
+                    pass
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # a bug or a fatal answer: every waiter must hear of it
+            log.exception("producer sender stopped")
+            self._fatal = exc
+            for batch in self._acc.fail_all_queued():
+                self._fail_batch(batch, ClientClosedError(f"producer stopped: {exc}"))
+            await self._notify()
+
+    def _needs_metadata(self) -> bool:
+        meta = self._network.metadata
+        return any(state.queue and meta.leader(tp) is None for tp, state in self._acc.partitions.items())
+
+    async def _refresh_quietly(self) -> None:
+        try:
+            await self._network.refresh_metadata()
+        except BiplaneError as exc:
+            log.debug("metadata refresh failed: %s", exc)
+        self._wakeup.set()
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _notify(self) -> None:
+        async with self._memory_freed:
+            self._memory_freed.notify_all()
+
+    async def _send_batches(self, broker: int, batches: list[ProducerBatch]) -> None:
+        meta = self._network.metadata
+        by_topic: dict[str, list[ProducePartition]] = {}
+        for batch in batches:
+            by_topic.setdefault(batch.tp.topic, []).append(ProducePartition(
+                partition=batch.tp.partition, current_leader_epoch=meta.leader_epoch(batch.tp),
+                records=batch.payload))
+        request = ProduceRequest(acks=int(self.acks), timeout_ms=self.request_timeout_ms,
+                                 topics=tuple(ProduceTopic(topic=t, partitions=tuple(ps)) for t, ps in by_topic.items()))
+        answers: dict[TopicPartition, tuple[ErrorCode, int, str | None]] = {}
+        try:
+            if self.acks == Acks.NONE:
+                await self._network.send_only(broker, request, purpose="produce")
+                answers = {b.tp: (ErrorCode.NONE, -1, None) for b in batches}
+            else:
+                response = await self._network.request(broker, request, purpose="produce",
+                                                       timeout_ms=self.request_timeout_ms + 1_000)
+                for topic in response.topics:
+                    for p in topic.partitions:
+                        tp = TopicPartition(topic.topic, p.partition)
+                        answers[tp] = (p.error_code, p.base_offset, p.error_message)
+                        if p.current_leader.leader_id >= 0:
+                            meta.note_leader(tp, p.current_leader.leader_id, p.current_leader.leader_epoch)
+        except BiplaneError as exc:
+            code = exc.code if exc.code.retriable else ErrorCode.NETWORK_EXCEPTION
+            answers = {b.tp: (code, -1, str(exc)) for b in batches}
+        except asyncio.CancelledError:
+            raise
+        stale = False
+        now = _now_ms()
+        for batch in batches:
+            code, base_offset, message = answers.get(
+                batch.tp, (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, -1, "the broker's answer left this partition out"))
+            outcome = self._acc.complete(batch, error_code=code, base_offset=base_offset, now_ms=now)
+            if code.invalid_metadata or code == ErrorCode.NETWORK_EXCEPTION:
+                stale = True
+                if code in (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.FENCED_LEADER_EPOCH,
+                            ErrorCode.NETWORK_EXCEPTION):
+                    if meta.leader(batch.tp) == broker:
+                        meta.forget_leader(batch.tp)
+            self._settle(outcome, message)
+        if stale:
+            await self._refresh_quietly()
+        await self._notify()
+        self._wakeup.set()
+
+    def _settle(self, outcome: Outcome, message: str | None) -> None:
+        batch = outcome.batch
+        if outcome.kind == "acked":
+            self.records_sent += len(batch.records)
+            for i, record in enumerate(batch.records):
+                offset = outcome.base_offset + i if outcome.base_offset >= 0 else -1
+                if not record.handle.done():
+                    record.handle.set_result(RecordMetadata(batch.tp.topic, batch.tp.partition, offset))
+        elif outcome.kind == "retry":
+            self.retries += 1
+            log.debug("retrying %s (attempt %d): %s", batch.tp, batch.attempts, outcome.error_code.name)
+        else:
+            if (outcome.error_code == ErrorCode.REQUEST_TIMED_OUT
+                    and _now_ms() - batch.created_ms >= self._acc.delivery_timeout_ms):
+                error: BiplaneError = DeliveryTimeoutError(
+                    f"{len(batch.records)} record(s) for {batch.tp} not acknowledged within "
+                    f"delivery_timeout_ms={self._acc.delivery_timeout_ms} after {batch.attempts} attempts "
+                    f"(last error: {message})")
+            else:
+                error = error_for(outcome.error_code, topic=batch.tp.topic, partition=batch.tp.partition,
+                                  message=message, what="produce")
+            self._fail_batch(batch, error)
+
+    @staticmethod
+    def _fail_batch(batch: ProducerBatch, error: BaseException) -> None:
+        for record in batch.records:
+            if not record.handle.done():
+                record.handle.set_exception(error)
+                record.handle.exception()  # the caller may ignore the future; do not warn about it
+
+
+__all__ = ["Producer", "parse_acks", "BrokerResponseError"]

@@ -1,0 +1,186 @@
+"""An in-process fake broker for client tests: one wire server on 127.0.0.1 (port 0) that
+keeps each partition's log in memory, deduplicates idempotent batches by sequence the way
+a real leader does, and answers from a script of injected faults.
+
+Faults (per partition, consumed in order by PRODUCE): an ErrorCode to answer instead of
+writing; ("write_then", code) to write the batch and still answer the error (a lost
+acknowledgement, so the client retries a batch the log already holds); ("delay", seconds)
+to hold the answer (a timeout); ("close",) to drop the connection without answering.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+from dataclasses import dataclass, field
+from typing import Any
+
+from common.batch import iter_batches, read_records, set_base_offset
+from common.errors import ErrorCode
+from common.wire import (
+    FetchPartitionResponse,
+    FetchResponse,
+    FetchTopicResponse,
+    InitProducerIdResponse,
+    LeaderIdAndEpoch,
+    ListOffsetsPartitionResponse,
+    ListOffsetsResponse,
+    ListOffsetsTopicResponse,
+    MetadataBroker,
+    MetadataPartition,
+    MetadataResponse,
+    MetadataTopic,
+    ProducePartitionResponse,
+    ProduceResponse,
+    ProduceTopicResponse,
+    start_server,
+    FetchRequest,
+    InitProducerIdRequest,
+    ListOffsetsRequest,
+    MetadataRequest,
+    ProduceRequest,
+)
+
+
+@dataclass
+class FakePartition:
+    batches: list[bytes] = field(default_factory=list)
+    next_offset: int = 0
+    # producer id -> (epoch, last sequence written, base offset of that last batch)
+    producers: dict[int, tuple[int, int, int]] = field(default_factory=dict)
+    faults: collections.deque = field(default_factory=collections.deque)
+    leader_epoch: int = 0
+    requests: int = 0
+
+    def values(self) -> list[bytes]:
+        out = []
+        for blob in self.batches:
+            out += [r.value for r in read_records(blob)]
+        return out
+
+
+class FakeBroker:
+    def __init__(self, topics: dict[str, int], *, broker_id: int = 1, dedupe: bool = True) -> None:
+        self.broker_id = broker_id
+        self.dedupe = dedupe
+        self.partitions = {(t, p): FakePartition() for t, n in topics.items() for p in range(n)}
+        self.topics = dict(topics)
+        self.server: asyncio.AbstractServer | None = None
+        self.port = 0
+        self.produce_requests = 0
+        self.sequences_seen: list[tuple[str, int, int, int]] = []  # topic, partition, base_sequence, count
+        self.hold = asyncio.Event()
+        self.hold.set()
+        self.next_producer_id = 1000
+
+    async def __aenter__(self) -> "FakeBroker":
+        self.server = await start_server(self.handle, "127.0.0.1", 0)
+        self.port = self.server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self.server.close()
+        await self.server.wait_closed()
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def inject(self, topic: str, partition: int, *faults: Any) -> None:
+        self.partitions[(topic, partition)].faults.extend(faults)
+
+    async def handle(self, header: Any, request: Any) -> Any:
+        if isinstance(request, MetadataRequest):
+            names = self.topics if request.topics is None else request.topics
+            return MetadataResponse(
+                brokers=(MetadataBroker(node_id=self.broker_id, host="127.0.0.1", port=self.port),),
+                controller_id=1, metadata_offset=1,
+                topics=tuple(
+                    MetadataTopic(topic=t, partitions=tuple(
+                        MetadataPartition(partition=p, leader_id=self.broker_id,
+                                          leader_epoch=self.partitions[(t, p)].leader_epoch,
+                                          replicas=(self.broker_id,), isr=(self.broker_id,))
+                        for p in range(self.topics[t])))
+                    if t in self.topics else MetadataTopic(topic=t, error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+                    for t in names))
+        if isinstance(request, InitProducerIdRequest):
+            self.next_producer_id += 1
+            return InitProducerIdResponse(producer_id=self.next_producer_id, producer_epoch=0)
+        if isinstance(request, ProduceRequest):
+            return await self.produce(request)
+        if isinstance(request, FetchRequest):
+            return self.fetch(request)
+        if isinstance(request, ListOffsetsRequest):
+            return ListOffsetsResponse(topics=tuple(ListOffsetsTopicResponse(topic=t.topic, partitions=tuple(
+                ListOffsetsPartitionResponse(partition=p.partition,
+                                             offset=0 if p.timestamp == -2 else self.partitions[(t.topic, p.partition)].next_offset)
+                for p in t.partitions)) for t in request.topics))
+        raise AssertionError(f"unexpected request {request!r}")
+
+    async def produce(self, request: ProduceRequest) -> Any:
+        await self.hold.wait()
+        self.produce_requests += 1
+        delay = 0.0
+        out = []
+        for topic in request.topics:
+            answers = []
+            for p in topic.partitions:
+                part = self.partitions[(topic.topic, p.partition)]
+                part.requests += 1
+                fault = part.faults.popleft() if part.faults else None
+                blob = bytearray(p.records)
+                (_, h), = list(iter_batches(blob))
+                self.sequences_seen.append((topic.topic, p.partition, h.base_sequence, h.record_count))
+                if isinstance(fault, tuple) and fault[0] == "close":
+                    raise ConnectionResetError("fault: drop the connection")
+                if isinstance(fault, tuple) and fault[0] == "delay":
+                    delay = max(delay, fault[1])
+                    fault = None
+                if isinstance(fault, ErrorCode):
+                    answers.append(ProducePartitionResponse(partition=p.partition, error_code=fault))
+                    continue
+                code, base = self.append(part, blob, h)
+                if isinstance(fault, tuple) and fault[0] == "write_then":
+                    code = fault[1]
+                answers.append(ProducePartitionResponse(partition=p.partition, error_code=code, base_offset=base,
+                                                        current_leader=LeaderIdAndEpoch(leader_id=self.broker_id,
+                                                                                        leader_epoch=part.leader_epoch)))
+            out.append(ProduceTopicResponse(topic=topic.topic, partitions=tuple(answers)))
+        if delay:
+            await asyncio.sleep(delay)
+        if request.acks == 0:
+            return None
+        return ProduceResponse(topics=tuple(out))
+
+    def append(self, part: FakePartition, blob: bytearray, h: Any) -> tuple[ErrorCode, int]:
+        if self.dedupe and h.producer_id >= 0:
+            epoch, last_seq, last_base = part.producers.get(h.producer_id, (h.producer_epoch, -1, -1))
+            if epoch == h.producer_epoch and h.base_sequence + h.record_count - 1 == last_seq:
+                return ErrorCode.NONE, last_base  # duplicate of the last batch: its original offset
+            if epoch == h.producer_epoch and h.base_sequence != last_seq + 1:
+                return ErrorCode.OUT_OF_ORDER_SEQUENCE, -1
+            if epoch != h.producer_epoch and h.base_sequence != 0:
+                return ErrorCode.OUT_OF_ORDER_SEQUENCE, -1
+        base = part.next_offset
+        set_base_offset(blob, base)
+        part.batches.append(bytes(blob))
+        part.next_offset += h.record_count
+        if h.producer_id >= 0:
+            part.producers[h.producer_id] = (h.producer_epoch, h.base_sequence + h.record_count - 1, base)
+        return ErrorCode.NONE, base
+
+    def fetch(self, request: FetchRequest) -> Any:
+        topics = []
+        for t in request.topics:
+            parts = []
+            for p in t.partitions:
+                part = self.partitions[(t.topic, p.partition)]
+                blobs = [b for b in part.batches if self._end(b) > p.fetch_offset]
+                parts.append(FetchPartitionResponse(partition=p.partition, high_watermark=part.next_offset,
+                                                    records=b"".join(blobs)))
+            topics.append(FetchTopicResponse(topic=t.topic, partitions=tuple(parts)))
+        return FetchResponse(topics=tuple(topics))
+
+    @staticmethod
+    def _end(blob: bytes) -> int:
+        (_, h), = list(iter_batches(blob))
+        return h.next_offset

@@ -1,0 +1,344 @@
+"""Client SDK without a real broker: partitioner, accumulator rules, and the producer and
+consumer against tests/fake_broker.py (127.0.0.1, port 0) with injected faults."""
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from common.errors import ErrorCode
+from dataplane.client import (
+    BufferFullTimeoutError,
+    ClientClosedError,
+    Consumer,
+    DeliveryTimeoutError,
+    Producer,
+    TopicPartition,
+    UnknownTopicError,
+)
+from dataplane.client.accumulator import Accumulator, PendingRecord, record_size_bytes
+from dataplane.client.partitioner import StickyPartitioner, key_partition, murmur2
+from fake_broker import FakeBroker
+
+TP = TopicPartition("t", 0)
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 30))
+
+
+# ------------------------------------------------------------------ partitioner
+
+def test_murmur2_matches_kafka_reference_values():
+    """The hash equals Kafka's Java client's on its own published test vectors."""
+    cases = {b"21": -973932308, b"foobar": -790332482, b"a-little-bit-long-string": -985981536,
+             b"a-little-bit-longer-string": -1486304829,
+             b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8": -58897971, b"abc": 479470107}
+    for data, expected in cases.items():
+        assert murmur2(data) == expected, data
+
+
+def test_key_partition_is_stable_and_in_range():
+    """Same key, same partition, across partitioner instances; every partition index is valid."""
+    a, b = StickyPartitioner(rng=random.Random(1)), StickyPartitioner(rng=random.Random(2))
+    for i in range(500):
+        key = f"user-{i}".encode()
+        assert a.partition("t", key, 12) == b.partition("t", key, 12) == key_partition(key, 12)
+        assert 0 <= key_partition(key, 12) < 12
+    assert len({key_partition(f"k{i}".encode(), 6) for i in range(200)}) == 6
+
+
+def test_sticky_partition_changes_only_when_batch_sent():
+    """Keyless records stick to one partition until its batch leaves, then move to another."""
+    p = StickyPartitioner(rng=random.Random(7))
+    first = p.partition("t", None, 4)
+    assert all(p.partition("t", None, 4) == first for _ in range(50))
+    p.batch_sent("t", first, 4)
+    second = p.partition("t", None, 4)
+    assert second != first
+    p.batch_sent("t", first, 4)  # an old partition's batch leaving changes nothing
+    assert p.partition("t", None, 4) == second
+
+
+def test_key_partition_rejects_zero_partitions():
+    with pytest.raises(ValueError, match="partition_count"):
+        key_partition(b"k", 0)
+
+
+# ------------------------------------------------------------------ accumulator (pure)
+
+def rec(value: bytes = b"x" * 100) -> PendingRecord:
+    return PendingRecord(value=value, key=None, headers=(), timestamp_ms=0,
+                         size_bytes=record_size_bytes(value, None, ()))
+
+
+def test_linger_holds_a_partial_batch_until_its_deadline():
+    acc = Accumulator(batch_size_bytes=10_000, linger_ms=50)
+    acc.append(TP, rec(), now_ms=1000)
+    assert acc.drain(1049, lambda tp: 1) == {}
+    assert acc.next_ready_ms(1000) == 1050
+    drained = acc.drain(1050, lambda tp: 1)
+    assert [b.record_count for b in drained[1]] == [1]
+
+
+def test_full_batch_goes_without_waiting_and_batches_are_bounded_by_size():
+    acc = Accumulator(batch_size_bytes=1000, linger_ms=10_000)
+    for _ in range(25):
+        acc.append(TP, rec(), now_ms=0)
+    state = acc.partitions[TP]
+    assert all(b.size_bytes <= 1000 for b in state.queue)
+    assert len(state.queue) >= 3
+    drained = acc.drain(0, lambda tp: 1)
+    assert len(drained[1]) == 1  # one batch per partition per request
+
+
+def test_buffer_memory_is_bounded_and_released_on_completion():
+    acc = Accumulator(batch_size_bytes=500, linger_ms=0, buffer_memory_bytes=1000)
+    r = rec()
+    n = 0
+    while acc.has_memory_for(r.size_bytes):
+        acc.append(TP, rec(), now_ms=0)
+        n += 1
+    assert acc.buffer_used_bytes <= 1000 < acc.buffer_used_bytes + r.size_bytes
+    (batch,) = acc.drain(0, lambda tp: 1)[1]
+    acc.complete(batch, error_code=ErrorCode.NONE, base_offset=0, now_ms=1)
+    assert acc.buffer_used_bytes == (n - batch.record_count) * r.size_bytes
+    assert acc.has_memory_for(r.size_bytes)
+
+
+def test_sequences_are_assigned_per_partition_at_first_drain():
+    acc = Accumulator(batch_size_bytes=300, linger_ms=0, producer_id=5, producer_epoch=0)
+    other = TopicPartition("t", 1)
+    for _ in range(4):
+        acc.append(TP, rec(), now_ms=0)
+    acc.append(other, rec(), now_ms=0)
+    seqs = []
+    for _ in range(4):
+        for batches in acc.drain(0, lambda tp: 1).values():
+            seqs += [(b.tp.partition, b.base_sequence, b.record_count) for b in batches]
+    tp0 = [s for s in seqs if s[0] == 0]
+    assert [s[1] for s in tp0] == [sum(c for _, _, c in tp0[:i]) for i in range(len(tp0))]
+    assert [s[1] for s in seqs if s[0] == 1] == [0]
+
+
+def test_retry_keeps_sequence_and_never_overtakes_earlier_batches():
+    """After a retriable failure the failed batch is resent first, with the same bytes, and
+    later batches wait: one in flight at a time until the partition recovers."""
+    acc = Accumulator(batch_size_bytes=300, linger_ms=0, in_flight_per_partition_max=5,
+                      producer_id=5, producer_epoch=0, retry_backoff_ms=10)
+    for _ in range(6):
+        acc.append(TP, rec(), now_ms=0)
+    sent = []
+    for _ in range(3):
+        sent += acc.drain(0, lambda tp: 1).get(1, [])
+    assert len(sent) == 3
+    first_payload = sent[0].payload
+    assert acc.complete(sent[0], error_code=ErrorCode.NOT_LEADER_OR_FOLLOWER, base_offset=-1, now_ms=1).kind == "retry"
+    assert acc.complete(sent[1], error_code=ErrorCode.NOT_LEADER_OR_FOLLOWER, base_offset=-1, now_ms=1).kind == "retry"
+    assert acc.drain(100, lambda tp: 1) == {}  # sent[2] still in flight: wait for it
+    assert acc.complete(sent[2], error_code=ErrorCode.OUT_OF_ORDER_SEQUENCE, base_offset=-1, now_ms=2).kind == "retry"
+    order = []
+    for step in range(10):
+        batches = acc.drain(100 + step, lambda tp: 1).get(1, [])
+        assert len(batches) <= 1
+        for b in batches:
+            order.append(b.base_sequence)
+            assert acc.partitions[TP].in_flight == [b]
+            acc.complete(b, error_code=ErrorCode.NONE, base_offset=0, now_ms=100 + step)
+    assert order == sorted(order) and order[:3] == [b.base_sequence for b in sent]
+    assert sent[0].payload is first_payload
+    assert not acc.partitions[TP].retrying
+
+
+def test_non_retriable_error_fails_and_asks_for_a_new_epoch():
+    acc = Accumulator(linger_ms=0, producer_id=5, producer_epoch=0)
+    acc.append(TP, rec(), now_ms=0)
+    (b,) = acc.drain(0, lambda tp: 1)[1]
+    out = acc.complete(b, error_code=ErrorCode.MESSAGE_TOO_LARGE, base_offset=-1, now_ms=0)
+    assert out.kind == "failed" and acc.epoch_bump_needed
+    acc.append(TP, rec(), now_ms=0)
+    assert acc.drain(0, lambda tp: 1) == {}  # nothing goes out until the epoch is bumped
+    acc.reset_sequences(producer_id=5, producer_epoch=1)
+    (b2,) = acc.drain(0, lambda tp: 1)[1]
+    assert b2.base_sequence == 0
+
+
+def test_retries_stop_at_delivery_timeout():
+    acc = Accumulator(linger_ms=0, delivery_timeout_ms=1000, producer_id=5, producer_epoch=0)
+    acc.append(TP, rec(), now_ms=0)
+    (b,) = acc.drain(0, lambda tp: 1)[1]
+    out = acc.complete(b, error_code=ErrorCode.REQUEST_TIMED_OUT, base_offset=-1, now_ms=1000)
+    assert out.kind == "failed" and out.error_code == ErrorCode.REQUEST_TIMED_OUT
+
+
+def test_no_leader_means_no_drain():
+    acc = Accumulator(linger_ms=0)
+    acc.append(TP, rec(), now_ms=0)
+    assert acc.drain(10, lambda tp: None) == {}
+
+
+def test_bad_limits_are_rejected_with_their_name():
+    with pytest.raises(ValueError, match="linger_ms"):
+        Accumulator(linger_ms=-1)
+
+
+# ------------------------------------------------------------------ producer against the fake broker
+
+async def produce_all(broker: FakeBroker, values: list[bytes], **options) -> list:
+    async with Producer(bootstrap=broker.bootstrap, **options) as producer:
+        futures = [await producer.send("t", v, partition=0) for v in values]
+        return await asyncio.gather(*futures, return_exceptions=True)
+
+
+def test_producer_assigns_offsets_in_order():
+    async def main():
+        async with FakeBroker({"t": 2}) as broker:
+            metas = await produce_all(broker, [b"%d" % i for i in range(100)], linger_ms=2, batch_size_bytes=600)
+            assert [m.offset for m in metas] == list(range(100))
+            assert broker.partitions[("t", 0)].values() == [b"%d" % i for i in range(100)]
+    run(main())
+
+
+def test_retries_after_lost_acks_do_not_duplicate_or_reorder():
+    """A batch written but answered with a retriable error is resent with the same sequence; the
+    broker's dedupe returns the original offset, and later batches stay behind it."""
+    async def main():
+        async with FakeBroker({"t": 1}) as broker:
+            broker.inject("t", 0, ErrorCode.NOT_LEADER_OR_FOLLOWER, ("write_then", ErrorCode.REQUEST_TIMED_OUT),
+                          ("write_then", ErrorCode.NETWORK_EXCEPTION), ErrorCode.NOT_ENOUGH_REPLICAS)
+            values = [b"%d" % i for i in range(300)]
+            metas = await produce_all(broker, values, linger_ms=1, batch_size_bytes=400, retry_backoff_ms=5)
+            assert [m.offset for m in metas] == list(range(300))
+            assert broker.partitions[("t", 0)].values() == values
+            seqs = [s for s in broker.sequences_seen if s[1] == 0]
+            assert len(seqs) > len(broker.partitions[("t", 0)].batches)  # retries did happen
+    run(main())
+
+
+def test_dropped_connection_and_timeout_are_retried_without_loss():
+    async def main():
+        async with FakeBroker({"t": 1}) as broker:
+            broker.inject("t", 0, ("close",), ("delay", 1.5))
+            values = [b"v%d" % i for i in range(50)]
+            metas = await produce_all(broker, values, linger_ms=1, batch_size_bytes=300, retry_backoff_ms=5,
+                                      request_timeout_ms=500)
+            assert all(not isinstance(m, BaseException) for m in metas), metas
+            assert broker.partitions[("t", 0)].values() == values
+    run(main())
+
+
+def test_keyed_records_keep_their_order_per_partition():
+    async def main():
+        async with FakeBroker({"t": 4}) as broker:
+            async with Producer(bootstrap=broker.bootstrap, linger_ms=1) as producer:
+                futures = [await producer.send("t", b"%s:%d" % (k, i), key=k)
+                           for i in range(40) for k in (b"a", b"b", b"c")]
+                metas = await asyncio.gather(*futures)
+            for k in (b"a", b"b", b"c"):
+                parts = {m.partition for m, f in zip(metas, range(len(metas))) if (f % 3) == (b"abc".index(k))}
+                assert parts == {key_partition(k, 4)}
+                vals = [v for v in broker.partitions[("t", key_partition(k, 4))].values() if v.startswith(k + b":")]
+                assert vals == [b"%s:%d" % (k, i) for i in range(40)]
+    run(main())
+
+
+def test_buffer_full_send_blocks_then_times_out_clearly():
+    async def main():
+        async with FakeBroker({"t": 1}) as broker:
+            broker.hold.clear()  # the broker stops answering produce requests
+            async with Producer(bootstrap=broker.bootstrap, buffer_memory_bytes=2000, max_block_ms=300,
+                                linger_ms=0, batch_size_bytes=500, delivery_timeout_ms=60_000) as producer:
+                with pytest.raises(BufferFullTimeoutError, match="max_block_ms=300"):
+                    for _ in range(100):
+                        await producer.send("t", b"x" * 100)
+                broker.hold.set()
+                await producer.flush()
+            assert broker.partitions[("t", 0)].next_offset > 0
+    run(main())
+
+
+def test_unknown_topic_and_bad_arguments_raise_clear_errors():
+    async def main():
+        async with FakeBroker({"t": 2}) as broker:
+            async with Producer(bootstrap=broker.bootstrap, unknown_topic_wait_ms=200) as producer:
+                with pytest.raises(UnknownTopicError, match="does not exist"):
+                    await producer.send("nope", b"x")
+                with pytest.raises(ValueError, match="partition 5 does not exist"):
+                    await producer.send("t", b"x", partition=5)
+                with pytest.raises(TypeError, match="value must be bytes"):
+                    await producer.send("t", 12)
+            with pytest.raises(ClientClosedError):
+                await producer.send("t", b"x")
+    run(main())
+    with pytest.raises(ValueError, match="acks"):
+        Producer(bootstrap="127.0.0.1:1", acks=2)
+    with pytest.raises(ValueError, match="enable_idempotence=True needs acks='all'"):
+        Producer(bootstrap="127.0.0.1:1", acks=1, enable_idempotence=True)
+    with pytest.raises(ValueError, match="not HOST:PORT"):
+        Producer(bootstrap="localhost")
+
+
+def test_delivery_timeout_when_no_broker_answers():
+    async def main():
+        async with FakeBroker({"t": 1}) as broker:
+            producer = await Producer(bootstrap=broker.bootstrap, delivery_timeout_ms=400, linger_ms=0,
+                                      request_timeout_ms=200, retry_backoff_ms=20).start()
+            broker.hold.clear()
+            future = await producer.send("t", b"x")
+            with pytest.raises(DeliveryTimeoutError):
+                await future
+            broker.hold.set()
+            await producer.close()
+    run(main())
+
+
+def test_acks_zero_resolves_without_offsets():
+    async def main():
+        async with FakeBroker({"t": 1}) as broker:
+            metas = await produce_all(broker, [b"a", b"b"], acks=0)
+            assert [m.offset for m in metas] == [-1, -1]
+            for _ in range(50):
+                if broker.partitions[("t", 0)].next_offset == 2:
+                    break
+                await asyncio.sleep(0.02)
+            assert broker.partitions[("t", 0)].values() == [b"a", b"b"]
+    run(main())
+
+
+def test_gzip_batches_round_trip_through_consumer():
+    async def main():
+        async with FakeBroker({"t": 1}) as broker:
+            values = [b"hello %d" % i * 10 for i in range(30)]
+            await produce_all(broker, values, compression="gzip")
+            async with Consumer("t", bootstrap=broker.bootstrap, from_beginning=True) as consumer:
+                got = []
+                while len(got) < 30:
+                    got += await consumer.poll(500)
+                assert [r.value for r in got] == values
+    run(main())
+
+
+# ------------------------------------------------------------------ consumer against the fake broker
+
+def test_consumer_seeks_and_reports_position_and_lag():
+    async def main():
+        async with FakeBroker({"t": 2}) as broker:
+            await produce_all(broker, [b"%d" % i for i in range(20)])
+            async with Consumer(bootstrap=broker.bootstrap) as consumer:
+                await consumer.assign([("t", 0), ("t", 1)])
+                tp = TopicPartition("t", 0)
+                assert consumer.position(tp) == 20   # default start: the end
+                await consumer.seek(tp, 15)
+                got = await consumer.poll(1000)
+                assert [r.offset for r in got] == [15, 16, 17, 18, 19]
+                assert consumer.position(tp) == 20 and consumer.lag(tp) == 0
+                await consumer.seek_to_beginning(tp)
+                got = await consumer.poll(1000, max_records=3)
+                assert [r.offset for r in got] == [0, 1, 2]
+                assert consumer.lag(tp) == 17
+                with pytest.raises(ValueError, match="not assigned"):
+                    consumer.position(("t", 9))
+                with pytest.raises(ValueError, match="partition"):
+                    await consumer.assign([("t", 7)])
+    run(main())
