@@ -1,0 +1,223 @@
+"""The controller's HTTP admin API in Python, with typed (pydantic) results.
+
+    async with AdminClient() as admin:          # finds a `biplane up` cluster
+        await admin.create_topic("events", partitions=3, replication_factor=3)
+        detail = await admin.describe_topic("events")
+
+An error answer raises AdminError carrying the API's code (e.g. TOPIC_ALREADY_EXISTS),
+message, HTTP status and the request field at fault. Writes sent to a follower follow
+its 307 to the leader; while the quorum elects a leader (503, retriable) a call is
+retried for up to `unavailable_wait_ms`. SyncAdminClient is the blocking twin.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from typing import Any, Coroutine, Sequence, TypeVar
+from urllib.parse import quote, urljoin
+
+import aiohttp
+from pydantic import BaseModel
+
+from controller.views import (
+    BrokerList,
+    Cluster,
+    Done,
+    ElectionResult,
+    Health,
+    PartitionList,
+    ReassignmentList,
+    TopicDetail,
+    TopicList,
+)
+from dataplane.client.errors import AdminError, NoBrokersError
+
+T = TypeVar("T")
+REDIRECTS_MAX = 3
+
+
+class SnapshotInfo(BaseModel):
+    name: str
+    time: str
+    time_ms: int
+    metadata_offset: int
+    size_bytes: int
+
+
+class SnapshotList(BaseModel):
+    snapshots: list[SnapshotInfo]
+
+
+def _topic(name: str) -> str:
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"topic name must be a non-empty string, not {name!r}")
+    return quote(name, safe="")
+
+
+class AdminClient:
+    def __init__(self, urls: str | Sequence[str] | None = None, token: str | None = None, *,
+                 request_timeout_ms: int = 15_000, unavailable_wait_ms: int = 10_000) -> None:
+        if urls is None:
+            from dataplane.client.discovery import default_admin
+            found_urls, found_token = default_admin()
+            urls, token = found_urls, token or found_token
+        items = urls.split(",") if isinstance(urls, str) else list(urls)
+        self.urls = [(u if "://" in u else "http://" + u).rstrip("/") for u in (i.strip() for i in items) if u]
+        if not self.urls:
+            raise ValueError("no controller URL given (e.g. 'http://127.0.0.1:8080')")
+        self.token = token
+        self.request_timeout_ms = request_timeout_ms
+        self.unavailable_wait_ms = unavailable_wait_ms
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> "AdminClient":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+            self._session = aiohttp.ClientSession(
+                headers=headers, timeout=aiohttp.ClientTimeout(total=self.request_timeout_ms / 1000))
+        return self._session
+
+    # ------------------------------------------------------------ transport
+
+    async def call(self, method: str, path: str, body: Any = None) -> Any:
+        """One API call: JSON in and out. Returns the decoded body; raises AdminError."""
+        deadline = time.monotonic() + self.unavailable_wait_ms / 1000
+        while True:
+            status, doc = await self._call_any(method, path, body)
+            err = doc.get("error") if isinstance(doc, dict) else None
+            if status == 503 and isinstance(err, dict) and err.get("retriable") and time.monotonic() < deadline:
+                await asyncio.sleep(0.25)   # no leader yet: nothing was done, so try again
+                continue
+            if status >= 400:
+                err = err if isinstance(err, dict) else {}
+                raise AdminError(err.get("message") or (doc if isinstance(doc, str) and doc else f"HTTP {status}"),
+                                 code_name=err.get("code", f"HTTP_{status}"), status=status,
+                                 field=err.get("field"), api_retriable=bool(err.get("retriable")))
+            return doc
+
+    async def _call_any(self, method: str, path: str, body: Any) -> tuple[int, Any]:
+        errors = []
+        for base in self.urls:
+            try:
+                return await self._call_one(method, base + path, body)
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+                errors.append(f"{base}: {exc or type(exc).__name__}")
+        raise NoBrokersError("cannot reach any controller: " + "; ".join(errors))
+
+    async def _call_one(self, method: str, url: str, body: Any) -> tuple[int, Any]:
+        data = json.dumps(body) if body is not None else None
+        headers = {"Content-Type": "application/json"} if data is not None else {}
+        for _ in range(REDIRECTS_MAX + 1):
+            async with self._http().request(method, url, data=data, headers=headers,
+                                            allow_redirects=False) as resp:
+                if resp.status in (307, 308) and resp.headers.get("Location"):
+                    url = urljoin(url, resp.headers["Location"])
+                    continue
+                raw = await resp.read()
+                try:
+                    return resp.status, json.loads(raw) if raw else {}
+                except ValueError:
+                    return resp.status, raw.decode(errors="replace")
+        raise AdminError(f"more than {REDIRECTS_MAX} redirects starting at {url}", code_name="INVALID_REQUEST",
+                         status=310)
+
+    # ------------------------------------------------------------ the API
+
+    async def health(self) -> Health:
+        return Health.model_validate(await self.call("GET", "/v1/health"))
+
+    async def cluster(self) -> Cluster:
+        return Cluster.model_validate(await self.call("GET", "/v1/cluster"))
+
+    async def brokers(self) -> BrokerList:
+        return BrokerList.model_validate(await self.call("GET", "/v1/brokers"))
+
+    async def list_topics(self) -> TopicList:
+        return TopicList.model_validate(await self.call("GET", "/v1/topics"))
+
+    async def create_topic(self, name: str, *, partitions: int = 1, replication_factor: int = 1,
+                           config: dict[str, Any] | None = None,
+                           replica_assignment: Sequence[Sequence[int]] | None = None) -> TopicDetail:
+        body: dict[str, Any] = {"name": name, "partitions": partitions, "replication_factor": replication_factor,
+                                "config": dict(config or {})}
+        if replica_assignment is not None:
+            body["replica_assignment"] = [list(r) for r in replica_assignment]
+        return TopicDetail.model_validate(await self.call("POST", "/v1/topics", body))
+
+    async def describe_topic(self, name: str) -> TopicDetail:
+        return TopicDetail.model_validate(await self.call("GET", f"/v1/topics/{_topic(name)}"))
+
+    async def partitions(self, name: str) -> PartitionList:
+        return PartitionList.model_validate(await self.call("GET", f"/v1/topics/{_topic(name)}/partitions"))
+
+    async def delete_topic(self, name: str) -> Done:
+        return Done.model_validate(await self.call("DELETE", f"/v1/topics/{_topic(name)}"))
+
+    async def alter_topic_config(self, name: str, *, set: dict[str, Any] | None = None,
+                                 reset: Sequence[str] = ()) -> TopicDetail:
+        return TopicDetail.model_validate(await self.call(
+            "PATCH", f"/v1/topics/{_topic(name)}/config", {"set": dict(set or {}), "reset": list(reset)}))
+
+    async def reassign(self, topic: str, partition: int, target_replicas: Sequence[int]) -> PartitionList:
+        return PartitionList.model_validate(await self.call(
+            "POST", "/v1/reassignments",
+            {"topic": topic, "partition": partition, "target_replicas": list(target_replicas)}))
+
+    async def reassignments(self) -> ReassignmentList:
+        return ReassignmentList.model_validate(await self.call("GET", "/v1/reassignments"))
+
+    async def elect_preferred(self, partitions: Sequence[tuple[str, int]] | None = None) -> ElectionResult:
+        body = {"partitions": None if partitions is None
+                else [{"topic": t, "partition": p} for t, p in partitions]}
+        return ElectionResult.model_validate(await self.call("POST", "/v1/elections/preferred", body))
+
+    async def take_snapshot(self) -> SnapshotInfo:
+        return SnapshotInfo.model_validate(await self.call("POST", "/v1/snapshots"))
+
+    async def list_snapshots(self) -> SnapshotList:
+        return SnapshotList.model_validate(await self.call("GET", "/v1/snapshots"))
+
+
+class SyncAdminClient:
+    """Blocking AdminClient: the same methods, returning results instead of coroutines."""
+
+    def __init__(self, urls: str | Sequence[str] | None = None, token: str | None = None, **options: Any) -> None:
+        self._inner = AdminClient(urls, token, **options)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="biplane-admin", daemon=True)
+        self._thread.start()
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._inner, name)
+        if not callable(method):
+            return method
+        return lambda *args, **kwargs: self._run(method(*args, **kwargs))
+
+    def close(self) -> None:
+        if self._loop.is_running():
+            self._run(self._inner.close())
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+            self._loop.close()
+
+    def __enter__(self) -> "SyncAdminClient":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
