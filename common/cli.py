@@ -12,6 +12,7 @@ import sys
 # command -> ("module:function", one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "controller": ("controller.main:main", "run one controller node of the quorum"),
+    "broker": ("dataplane.broker.main:main", "run a data-plane broker"),
     "topic": ("controller.admin_cli:topic_main", "create, list, describe, alter or delete topics"),
     "cluster": ("controller.admin_cli:cluster_main", "show the controller quorum and the brokers"),
     "reassign": ("controller.admin_cli:reassign_main", "move partition replicas, or list reassignments"),

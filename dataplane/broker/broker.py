@@ -1,0 +1,171 @@
+"""Broker: wires the listener, metadata learner, lifecycle, replica manager and fetcher together.
+
+    async with Broker(config) as broker:   # listening, registering, replicating
+        print(broker.port)
+        await broker.wait_stopped()
+    # or: await broker.stop()  (idempotent; writes the clean-shutdown marker)
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import time
+from typing import Any
+
+from aiohttp import web
+
+from common.control_client import ControlClient
+from common.errors import BiplaneError
+from common.usage import BrokerUsage
+from common.wire import start_server
+from dataplane.broker.config import BrokerConfig
+from dataplane.broker.fetcher import Fetcher
+from dataplane.broker.lifecycle import Lifecycle, take_clean_shutdown_marker, write_clean_shutdown_marker
+from dataplane.broker.metadata import MetadataLearner
+from dataplane.broker.metrics import render_metrics
+from dataplane.broker.producer_ids import ProducerIds
+from dataplane.broker.replicas import ReplicaManager
+from dataplane.broker.server import RequestHandler
+
+log = logging.getLogger("biplane.broker")
+
+
+class Broker:
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        self.port: int | None = None
+        self.metrics_port: int | None = None
+        self._started = False
+        self._stopped = False
+        self._stop_event: asyncio.Event | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._server: asyncio.AbstractServer | None = None
+        self._metrics_runner: web.AppRunner | None = None
+
+    async def __aenter__(self) -> "Broker":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        self._stop_event = asyncio.Event()
+        c = self.config
+        os.makedirs(c.data_dir, exist_ok=True)
+        clean = take_clean_shutdown_marker(c.data_dir)
+        self.control = ControlClient(list(c.controller_urls), secret=c.cluster_secret,
+                                     request_timeout_ms=c.request_timeout_ms)
+        self.learner = MetadataLearner(self.control, data_dir=c.data_dir, wait_ms_max=c.metadata_wait_ms_max)
+        self.fetcher = Fetcher(broker_id=c.broker_id, address_of=self._address_of, deliver=self._deliver,
+                               fetch_wait_ms_max=c.fetch_wait_ms_max, fetch_max_bytes=c.fetch_max_bytes,
+                               fetch_error_backoff_ms=c.fetch_error_backoff_ms,
+                               reconnect_backoff_ms_max=c.reconnect_backoff_ms_max,
+                               request_timeout_ms=c.request_timeout_ms, max_frame_bytes=c.max_frame_bytes)
+        self.replicas = ReplicaManager(config=c, control=self.control, clean_start=clean,
+                                       send_fetch=self.fetcher.submit, refresh_metadata=self.learner.refresh_soon)
+        self.producer_ids = ProducerIds(self.control, broker_id=c.broker_id, block_size=c.producer_id_block_size)
+        self.handler = RequestHandler(broker_id=c.broker_id, image=lambda: self.learner.image,
+                                      replicas=self.replicas, producer_ids=self.producer_ids,
+                                      refresh_metadata=self.learner.refresh_soon,
+                                      fetch_wait_ms_max=c.fetch_wait_ms_max)
+        self._server = await start_server(self.handler.handle, c.host, c.port, max_frame_bytes=c.max_frame_bytes)
+        self.port = self._server.sockets[0].getsockname()[1]
+        if c.metrics_port is not None:
+            await self._start_metrics(c.metrics_port)
+        self.lifecycle = Lifecycle(self.control, broker_id=c.broker_id, host=c.client_host, port=self.port,
+                                   rack=c.rack, priority=c.priority, clean_shutdown=clean,
+                                   metadata_offset=lambda: self.learner.offset, usage=self.usage,
+                                   heartbeat_interval_ms=c.heartbeat_interval_ms,
+                                   usage_interval_ms=c.usage_interval_ms)
+        self.learner.add_listener(self.replicas.on_metadata)
+        loop = asyncio.get_running_loop()
+        for coro in (self.learner.run(), self.lifecycle.run(), self.replicas.run_ticks(),
+                     self.replicas.run_retention()):
+            task = loop.create_task(coro)
+            task.add_done_callback(self._task_ended)
+            self._tasks.append(task)
+        log.info("broker %d listening on %s:%d (clean_start=%s)", c.broker_id, c.host, self.port, clean,
+                 extra={"event": "broker.started"})
+
+    def _task_ended(self, task: asyncio.Task) -> None:
+        if task.cancelled() or self._stopped:
+            return
+        exc = task.exception()
+        log.error("broker task %s ended: %r; stopping", task.get_coro(), exc, exc_info=exc)
+        assert self._stop_event is not None
+        self._stop_event.set()
+
+    async def wait_stopped(self) -> None:
+        assert self._stop_event is not None
+        await self._stop_event.wait()
+
+    def request_stop(self) -> None:
+        if self._stop_event is not None:
+            self._stop_event.set()
+
+    async def stop(self, *, clean: bool = True) -> None:
+        """Stop serving, close every log (flushing it) and write the clean-shutdown marker. Idempotent."""
+        if self._stopped or not self._started:
+            return
+        self._stopped = True
+        if self._stop_event is not None:
+            self._stop_event.set()
+        if self._server is not None:
+            self._server.close()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                pass
+        await self.fetcher.close()
+        await self.replicas.close()
+        await self.control.close()
+        if self._metrics_runner is not None:
+            await self._metrics_runner.cleanup()
+        if clean:
+            write_clean_shutdown_marker(self.config.data_dir)
+        log.info("broker %d stopped", self.config.broker_id, extra={"event": "broker.stopped"})
+
+    # ------------------------------------------------------------ glue
+
+    def _address_of(self, broker_id: int) -> tuple[str, int] | None:
+        info = self.learner.image.brokers.get(broker_id)
+        return (info.host, info.port) if info is not None else None
+
+    def _deliver(self, tp: tuple[str, int], event) -> None:
+        driver = self.replicas.get(*tp)
+        if driver is None:
+            return
+        try:
+            driver.step(event)
+        except BiplaneError as exc:
+            log.warning("%s-%d: fetch answer not applied: %s", *tp, exc)
+        except Exception:  # our bug: loud, but the session must go on serving other partitions
+            log.exception("%s-%d: applying a fetch answer failed", *tp)
+
+    def usage(self) -> BrokerUsage:
+        disk = shutil.disk_usage(self.config.data_dir)
+        return BrokerUsage(broker_id=self.config.broker_id, at_ms=int(time.time() * 1000),
+                           disk_total_bytes=disk.total, disk_used_bytes=disk.used, disk_free_bytes=disk.free,
+                           replicas=self.replicas.usage())
+
+    async def _start_metrics(self, port: int) -> None:
+        app = web.Application()
+
+        async def metrics(request: web.Request) -> web.Response:
+            return web.Response(text=render_metrics(self), content_type="text/plain")
+
+        app.router.add_get("/metrics", metrics)
+        self._metrics_runner = web.AppRunner(app, access_log=None)
+        await self._metrics_runner.setup()
+        site = web.TCPSite(self._metrics_runner, self.config.host, port)
+        await site.start()
+        self.metrics_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]

@@ -1,0 +1,46 @@
+"""BrokerConfig: everything a broker process is started with. Limits carry their units."""
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class BrokerConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    broker_id: int = Field(ge=0)
+    data_dir: str = Field(min_length=1)
+    controller_urls: tuple[str, ...] = Field(min_length=1)
+    host: str = "127.0.0.1"
+    port: int = Field(default=0, ge=0, le=65535)  # 0: pick a free port and report it
+    advertised_host: str | None = None  # what clients are told; default: host
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)  # None: no /metrics listener
+    cluster_secret: str | None = None
+    rack: str | None = None
+    priority: int = Field(default=0, ge=0, le=1000)
+
+    heartbeat_interval_ms: int = Field(default=150, ge=10, le=60_000)
+    usage_interval_ms: int = Field(default=1000, ge=100, le=600_000)
+    metadata_wait_ms_max: int = Field(default=5000, ge=0, le=30_000)
+    fetch_wait_ms_max: int = Field(default=500, ge=0, le=30_000)
+    fetch_max_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    partition_fetch_max_bytes: int = Field(default=1024 * 1024, ge=1024)
+    tick_interval_ms: int = Field(default=10, ge=1, le=1000)
+    flush_debounce_ms: int = Field(default=1, ge=0, le=1000)
+    fetch_error_backoff_ms: int = Field(default=50, ge=0, le=10_000)
+    reconnect_backoff_ms_max: int = Field(default=1000, ge=1, le=60_000)
+    request_timeout_ms: int = Field(default=10_000, ge=100)
+    max_frame_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, le=2**31 - 1)
+    producer_id_block_size: int = Field(default=1000, ge=1, le=1_000_000)
+    retention_check_interval_ms: int = Field(default=60_000, ge=100)
+
+    @field_validator("controller_urls")
+    @classmethod
+    def _check_urls(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for url in v:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"controller URL {url!r} must start with http:// or https://")
+        return tuple(u.rstrip("/") for u in v)
+
+    @property
+    def client_host(self) -> str:
+        return self.advertised_host or self.host

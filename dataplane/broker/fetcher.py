@@ -1,0 +1,231 @@
+"""Pull replication: one fetch session per leader broker carrying every partition followed there.
+
+The cores say what to fetch (a FetchRequest per partition, the latest one
+wins); a session batches them into one wire FETCH that long-polls the leader
+for up to `fetch_wait_ms_max`, and feeds each partition's answer back into its
+core as a FetchResponse.
+
+A connection answers requests one at a time, so while the long-poll waits a
+follower's fresh news (its flushed offset moved: the leader may be holding
+acks=all for it) would wait too. Such a request goes out at once on a second
+"express" connection with no wait, at most once per partition per long-poll
+round, so the express path can never spin.
+
+Errors: a partition-level error is delivered after `fetch_error_backoff_ms`
+(the core asks again as soon as it hears); a broken connection puts the
+requests back, backs off (doubling up to `reconnect_backoff_ms_max`) and
+reconnects to the leader's address as the metadata says then.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Callable
+
+from common.errors import BiplaneError, ErrorCode
+from common.wire import WireClient
+from common.wire import messages as wire
+from dataplane.replica.events import FetchRequest, FetchResponse
+
+log = logging.getLogger("biplane.broker.fetcher")
+
+TopicPartition = tuple[str, int]
+AddressOf = Callable[[int], "tuple[str, int] | None"]
+Deliver = Callable[[TopicPartition, FetchResponse], None]
+
+
+class Fetcher:
+    def __init__(self, *, broker_id: int, address_of: AddressOf, deliver: Deliver, fetch_wait_ms_max: int = 500,
+                 fetch_max_bytes: int = 8 * 1024 * 1024, fetch_error_backoff_ms: int = 50,
+                 reconnect_backoff_ms_max: int = 1000, request_timeout_ms: int = 10_000,
+                 max_frame_bytes: int = 64 * 1024 * 1024) -> None:
+        self.broker_id = broker_id
+        self.address_of = address_of
+        self.deliver = deliver
+        self.limits = dict(fetch_wait_ms_max=fetch_wait_ms_max, fetch_max_bytes=fetch_max_bytes,
+                           fetch_error_backoff_ms=fetch_error_backoff_ms,
+                           reconnect_backoff_ms_max=reconnect_backoff_ms_max,
+                           request_timeout_ms=request_timeout_ms, max_frame_bytes=max_frame_bytes)
+        self.sessions: dict[int, FetchSession] = {}
+
+    def submit(self, leader_id: int, tp: TopicPartition, request: FetchRequest) -> None:
+        if leader_id == self.broker_id:
+            return  # the core never fetches from itself; be safe
+        session = self.sessions.get(leader_id)
+        if session is None:
+            session = self.sessions[leader_id] = FetchSession(self, leader_id)
+        # A partition follows one leader at a time: drop its requests queued elsewhere.
+        for other in self.sessions.values():
+            if other is not session:
+                other.pending.pop(tp, None)
+        session.submit(tp, request)
+
+    async def close(self) -> None:
+        for session in list(self.sessions.values()):
+            await session.close()
+        self.sessions.clear()
+
+
+class FetchSession:
+    def __init__(self, fetcher: Fetcher, leader_id: int) -> None:
+        self.fetcher = fetcher
+        self.leader_id = leader_id
+        self.limits = fetcher.limits
+        self.pending: dict[TopicPartition, FetchRequest] = {}
+        self._main_busy = False
+        self._express_used: set[TopicPartition] = set()
+        self._cond = asyncio.Condition()
+        self._clients: dict[str, WireClient | None] = {"main": None, "express": None}
+        self._backoff_ms = 0
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._main_loop()), loop.create_task(self._express_loop())]
+
+    def submit(self, tp: TopicPartition, request: FetchRequest) -> None:
+        self.pending[tp] = request
+        asyncio.get_running_loop().create_task(self._notify())
+
+    async def _notify(self) -> None:
+        async with self._cond:
+            self._cond.notify_all()
+
+    # ------------------------------------------------------------ loops
+
+    async def _main_loop(self) -> None:
+        while True:
+            async with self._cond:
+                await self._cond.wait_for(lambda: bool(self.pending))
+                batch, self.pending = self.pending, {}
+                self._main_busy = True
+                self._express_used.clear()
+            try:
+                await self._round("main", batch, self.limits["fetch_wait_ms_max"])
+            finally:
+                async with self._cond:
+                    self._main_busy = False
+                    self._cond.notify_all()
+
+    def _express_ready(self) -> bool:
+        return self._main_busy and any(tp not in self._express_used for tp in self.pending)
+
+    async def _express_loop(self) -> None:
+        while True:
+            async with self._cond:
+                await self._cond.wait_for(self._express_ready)
+                batch = {tp: r for tp, r in self.pending.items() if tp not in self._express_used}
+                for tp in batch:
+                    del self.pending[tp]
+                self._express_used.update(batch)
+            await self._round("express", batch, 0)
+
+    async def _round(self, which: str, batch: dict[TopicPartition, FetchRequest], wait_ms: int) -> None:
+        try:
+            client = await self._client(which)
+            timeout_s = (wait_ms + self.limits["request_timeout_ms"]) / 1000
+            response = await asyncio.wait_for(client.request(self._wire_request(batch, wait_ms)), timeout_s)
+        except (BiplaneError, OSError, asyncio.TimeoutError) as exc:
+            await self._broken(which, batch, exc)
+            return
+        self._backoff_ms = 0
+        if response.error_code is not ErrorCode.NONE:
+            self._deliver_later(batch, {}, error=response.error_code)
+            return
+        answered: dict[TopicPartition, wire.FetchPartitionResponse] = {}
+        for t in response.topics:
+            for p in t.partitions:
+                answered[(t.topic, p.partition)] = p
+        self._deliver(batch, answered)
+
+    # ------------------------------------------------------------ messages
+
+    def _wire_request(self, batch: dict[TopicPartition, FetchRequest], wait_ms: int) -> wire.FetchRequest:
+        topics: dict[str, list[wire.FetchPartition]] = {}
+        for (topic, partition), r in batch.items():
+            topics.setdefault(topic, []).append(wire.FetchPartition(
+                partition=partition, current_leader_epoch=r.current_leader_epoch, fetch_offset=r.fetch_offset,
+                last_fetched_epoch=r.last_fetched_epoch, partition_max_bytes=r.max_bytes or 1024 * 1024,
+                flushed_offset=r.flushed_offset))
+        return wire.FetchRequest(
+            replica_id=self.fetcher.broker_id, max_wait_ms=wait_ms, min_bytes=1,
+            max_bytes=self.limits["fetch_max_bytes"],
+            topics=tuple(wire.FetchTopic(topic=t, partitions=tuple(ps)) for t, ps in topics.items()))
+
+    def _deliver(self, batch: dict[TopicPartition, FetchRequest],
+                 answered: dict[TopicPartition, wire.FetchPartitionResponse]) -> None:
+        failed = {}
+        for tp, request in batch.items():
+            p = answered.get(tp)
+            if p is None:
+                failed[tp] = request
+                continue
+            event = _core_response(self.leader_id, request, p, tp)
+            if event.error is not ErrorCode.NONE:
+                self._deliver_later({tp: request}, {tp: event})
+                continue
+            self.fetcher.deliver(tp, event)
+        if failed:
+            self._deliver_later(failed, {}, error=ErrorCode.UNKNOWN)
+
+    def _deliver_later(self, batch: dict[TopicPartition, FetchRequest], events: dict[TopicPartition, FetchResponse],
+                       *, error: ErrorCode = ErrorCode.UNKNOWN) -> None:
+        def later() -> None:
+            for tp, request in batch.items():
+                event = events.get(tp) or FetchResponse(
+                    leader_id=self.leader_id, leader_epoch=request.current_leader_epoch,
+                    fetch_offset=request.fetch_offset, last_fetched_epoch=request.last_fetched_epoch,
+                    error=error, partition=tp)
+                self.fetcher.deliver(tp, event)
+        asyncio.get_running_loop().call_later(self.limits["fetch_error_backoff_ms"] / 1000, later)
+
+    # ------------------------------------------------------------ connections
+
+    async def _client(self, which: str) -> WireClient:
+        client = self._clients[which]
+        if client is not None and not client.closed:
+            return client
+        address = self.fetcher.address_of(self.leader_id)
+        if address is None:
+            raise BiplaneError(f"no address known for broker {self.leader_id}", code=ErrorCode.LEADER_NOT_AVAILABLE)
+        client = await asyncio.wait_for(
+            WireClient.connect(*address, max_frame_bytes=self.limits["max_frame_bytes"], inflight_requests_max=1),
+            self.limits["request_timeout_ms"] / 1000)
+        self._clients[which] = client
+        return client
+
+    async def _broken(self, which: str, batch: dict[TopicPartition, FetchRequest], exc: BaseException) -> None:
+        log.info("fetch from broker %d failed (%s): %s", self.leader_id, which, exc,
+                 extra={"event": "fetch.failed", "leader": self.leader_id})
+        client, self._clients[which] = self._clients[which], None
+        if client is not None:
+            await client.close()
+        self._backoff_ms = min(max(2 * self._backoff_ms, 50), self.limits["reconnect_backoff_ms_max"])
+        await asyncio.sleep(self._backoff_ms / 1000)
+        for tp, request in batch.items():
+            self.pending.setdefault(tp, request)  # unless the core asked anew meanwhile
+        await self._notify()
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                pass
+        for which, client in list(self._clients.items()):
+            if client is not None:
+                await client.close()
+            self._clients[which] = None
+
+
+def _core_response(leader_id: int, request: FetchRequest, p: wire.FetchPartitionResponse,
+                   tp: TopicPartition) -> FetchResponse:
+    epoch = p.current_leader.leader_epoch
+    if epoch < 0:
+        epoch = request.current_leader_epoch
+    return FetchResponse(
+        leader_id=leader_id,
+        leader_epoch=epoch, fetch_offset=request.fetch_offset, last_fetched_epoch=request.last_fetched_epoch,
+        error=p.error_code, records=p.records if p.records is not None else b"",
+        high_watermark=max(p.high_watermark, 0), log_end_offset=max(p.log_end_offset, 0),
+        diverging_epoch=p.diverging_epoch.epoch, diverging_end_offset=p.diverging_epoch.end_offset,
+        flush_after_append=p.flush_after_append, partition=tp)

@@ -1,0 +1,128 @@
+"""Registration and heartbeats: how the controller learns this broker is alive and caught up.
+
+A fresh incarnation id per start; `clean_shutdown` comes from a marker file
+that a clean stop writes and a start removes (so a crash leaves none, and the
+controller takes this broker out of every ISR until it catches up: KIP-966).
+Heartbeats carry the applied metadata offset and, every usage interval, usage
+stats. A heartbeat answered STALE_BROKER_EPOCH (or unknown broker) registers again.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+import uuid
+from typing import Callable
+
+from common.control_client import ControlClient
+from common.errors import BiplaneError, ErrorCode
+from common.requests import HeartbeatRequest, RegisterBrokerRequest
+from common.usage import BrokerUsage
+
+log = logging.getLogger("biplane.broker.lifecycle")
+
+CLEAN_SHUTDOWN_MARKER = "clean_shutdown"
+
+
+def take_clean_shutdown_marker(data_dir: str) -> bool:
+    """True if the last stop was clean; removes the marker so a crash from now on shows."""
+    path = os.path.join(data_dir, CLEAN_SHUTDOWN_MARKER)
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        return False
+    _fsync_dir(data_dir)
+    return True
+
+
+def write_clean_shutdown_marker(data_dir: str) -> None:
+    path = os.path.join(data_dir, CLEAN_SHUTDOWN_MARKER)
+    with open(path, "w") as f:
+        f.write(f"{int(time.time() * 1000)}\n")
+        f.flush()
+        os.fsync(f.fileno())
+    _fsync_dir(data_dir)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Lifecycle:
+    def __init__(self, control: ControlClient, *, broker_id: int, host: str, port: int, rack: str | None,
+                 priority: int, clean_shutdown: bool, metadata_offset: Callable[[], int],
+                 usage: Callable[[], BrokerUsage], heartbeat_interval_ms: int = 150,
+                 usage_interval_ms: int = 1000, retry_backoff_ms: int = 200) -> None:
+        self.control = control
+        self.broker_id = broker_id
+        self.incarnation_id = uuid.uuid4().hex
+        self.host, self.port, self.rack, self.priority = host, port, rack, priority
+        self.clean_shutdown = clean_shutdown
+        self.metadata_offset = metadata_offset
+        self.usage = usage
+        self.heartbeat_interval_ms = heartbeat_interval_ms
+        self.usage_interval_ms = usage_interval_ms
+        self.retry_backoff_ms = retry_backoff_ms
+        self.registered = asyncio.Event()
+        self.fenced = True
+        self._last_usage_ms = 0.0
+
+    async def register(self) -> None:
+        """Register until a controller accepts (retrying while none answers)."""
+        request = RegisterBrokerRequest(broker_id=self.broker_id, incarnation_id=self.incarnation_id,
+                                        host=self.host, port=self.port, rack=self.rack, priority=self.priority,
+                                        clean_shutdown=self.clean_shutdown)
+        while True:
+            try:
+                await self.control.register(request)
+            except BiplaneError as exc:
+                log.info("registration failed: %s", exc, extra={"event": "broker.register_failed"})
+                await asyncio.sleep(self.retry_backoff_ms / 1000)
+                continue
+            log.info("registered broker %d incarnation %s (clean_shutdown=%s)", self.broker_id,
+                     self.incarnation_id, self.clean_shutdown, extra={"event": "broker.registered"})
+            self.registered.set()
+            return
+
+    async def run(self) -> None:
+        """Register, then heartbeat until cancelled."""
+        await self.register()
+        while True:
+            started = time.monotonic()
+            try:
+                answer = await self.control.heartbeat(self._heartbeat())
+                fenced = bool(answer.get("fenced", True))
+                if fenced != self.fenced:
+                    log.info("broker %d %s", self.broker_id, "fenced" if fenced else "unfenced",
+                             extra={"event": "broker.fencing", "fenced": fenced})
+                self.fenced = fenced
+            except BiplaneError as exc:
+                if _must_register_again(exc):
+                    log.warning("heartbeat refused (%s); registering again", exc,
+                                extra={"event": "broker.reregister"})
+                    await self.register()
+                else:
+                    log.info("heartbeat failed: %s", exc, extra={"event": "broker.heartbeat_failed"})
+            elapsed = time.monotonic() - started
+            await asyncio.sleep(max(0.0, self.heartbeat_interval_ms / 1000 - elapsed))
+
+    def _heartbeat(self) -> HeartbeatRequest:
+        now = time.monotonic() * 1000
+        usage = None
+        if now - self._last_usage_ms >= self.usage_interval_ms:
+            self._last_usage_ms = now
+            usage = self.usage()
+        return HeartbeatRequest(broker_id=self.broker_id, incarnation_id=self.incarnation_id,
+                                metadata_offset=self.metadata_offset(), usage=usage)
+
+
+def _must_register_again(exc: BiplaneError) -> bool:
+    """Another incarnation is registered under our id, or the controller does not know us."""
+    if exc.code is ErrorCode.STALE_BROKER_EPOCH:
+        return True
+    return exc.code is ErrorCode.INVALID_REQUEST and getattr(exc, "field", None) == "broker_id"

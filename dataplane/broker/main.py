@@ -1,0 +1,87 @@
+"""`biplane broker`: run one data-plane broker until SIGTERM or SIGINT (a clean stop)."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+
+from pydantic import ValidationError
+
+from dataplane.broker.broker import Broker
+from dataplane.broker.config import BrokerConfig
+
+
+def build_parser(prog: str) -> argparse.ArgumentParser:
+    env = os.environ.get
+    p = argparse.ArgumentParser(prog=prog, description="Run a Biplane data-plane broker.")
+    p.add_argument("--broker-id", type=int, required=True)
+    p.add_argument("--data-dir", required=True, help="partition logs, metadata and the clean-shutdown marker")
+    p.add_argument("--controller", action="append", default=[],
+                   help="controller API URL (repeat or comma-separate; any one of the quorum will do)")
+    p.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=0, help="listen port (0: a free one, reported)")
+    p.add_argument("--advertised-host", help="address clients and peers are told (default --host)")
+    p.add_argument("--metrics-port", type=int, help="serve /metrics here (0: a free port)")
+    p.add_argument("--cluster-secret", default=env("BIPLANE_CLUSTER_SECRET"))
+    p.add_argument("--rack")
+    p.add_argument("--priority", type=int, default=0)
+    p.add_argument("--heartbeat-interval-ms", type=int, default=150)
+    p.add_argument("--fetch-wait-ms-max", type=int, default=500)
+    p.add_argument("--max-frame-bytes", type=int, default=64 * 1024 * 1024)
+    p.add_argument("--flush-debounce-ms", type=int, default=1)
+    p.add_argument("--ports-file", help="write {\"port\", \"metrics_port\"} as JSON here once listening")
+    p.add_argument("--log-level", default="WARNING", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> BrokerConfig:
+    urls = tuple(u.strip() for arg in args.controller for u in arg.split(",") if u.strip())
+    return BrokerConfig(broker_id=args.broker_id, data_dir=args.data_dir, controller_urls=urls, host=args.host,
+                        port=args.port, advertised_host=args.advertised_host, metrics_port=args.metrics_port,
+                        cluster_secret=args.cluster_secret, rack=args.rack, priority=args.priority,
+                        heartbeat_interval_ms=args.heartbeat_interval_ms, fetch_wait_ms_max=args.fetch_wait_ms_max,
+                        max_frame_bytes=args.max_frame_bytes, flush_debounce_ms=args.flush_debounce_ms)
+
+
+async def serve(config: BrokerConfig, ports_file: str | None) -> int:
+    broker = Broker(config)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, broker.request_stop)
+    try:
+        await broker.start()
+        if ports_file:
+            tmp = ports_file + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump({"port": broker.port, "metrics_port": broker.metrics_port, "pid": os.getpid()}, f)
+            os.replace(tmp, ports_file)
+        print(f"broker {config.broker_id} listening on {config.host}:{broker.port}", flush=True)
+        await broker.wait_stopped()
+    finally:
+        await broker.stop()
+    return 0
+
+
+def main(argv: list[str], prog: str) -> int:
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=getattr(logging, args.log_level), stream=sys.stderr,
+                        format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
+    try:
+        config = config_from_args(args)
+    except ValidationError as exc:
+        print(f"{prog}: invalid configuration:\n{exc}", file=sys.stderr)
+        return 2
+    try:
+        return asyncio.run(serve(config, args.ports_file))
+    except OSError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:], "biplane broker"))

@@ -1,0 +1,140 @@
+"""The metadata learner: long-polls a controller and applies records in order to a local image.
+
+Brokers pull (DESIGN.md §2): records after our offset, or the whole image when
+we are too far behind. The image is saved to `metadata.json` in the data dir
+(atomically, after each applied batch) so a restarted broker starts from what
+it knew; it still catches up with the controller before it acts on anything
+(`caught_up` is set after the first successful fetch of this process).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from typing import Awaitable, Callable
+
+from common.control_client import ControlClient
+from common.errors import BiplaneError
+from common.metadata.errors import RecordRejected
+from common.metadata.image import MetadataImage
+from common.metadata.records import parse_record
+
+log = logging.getLogger("biplane.broker.metadata")
+
+Listener = Callable[[MetadataImage], Awaitable[None] | None]
+
+
+class MetadataLearner:
+    def __init__(self, control: ControlClient, *, data_dir: str, wait_ms_max: int = 5000,
+                 error_backoff_ms: int = 200) -> None:
+        self.control = control
+        self.path = os.path.join(data_dir, "metadata.json")
+        self.wait_ms_max = wait_ms_max
+        self.error_backoff_ms = error_backoff_ms
+        self.image = self._load()
+        self.caught_up = asyncio.Event()
+        self.changed = asyncio.Event()  # set after every applied batch; waiters clear it
+        self._listeners: list[Listener] = []
+        self._wake = asyncio.Event()
+
+    @property
+    def offset(self) -> int:
+        return self.image.offset
+
+    def add_listener(self, listener: Listener) -> None:
+        """Called with the new image after every applied batch, once caught up."""
+        self._listeners.append(listener)
+
+    def refresh_soon(self) -> None:
+        """Cut the current long-poll short (someone saw a newer epoch than we know)."""
+        self._wake.set()
+
+    def _load(self) -> MetadataImage:
+        try:
+            with open(self.path) as f:
+                return MetadataImage.from_dict(json.load(f))
+        except FileNotFoundError:
+            return MetadataImage()
+        except (OSError, ValueError) as exc:
+            log.warning("ignoring unreadable metadata file %s (%s); fetching from the controller",
+                        self.path, exc, extra={"event": "metadata.load_failed"})
+            return MetadataImage()
+
+    def _save(self) -> None:
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(self.image.to_dict(), f)
+        os.replace(tmp, self.path)
+
+    async def run(self) -> None:
+        """Until cancelled."""
+        while True:
+            wait_ms = self.wait_ms_max if self.caught_up.is_set() else 0
+            try:
+                batch = await self._fetch(wait_ms)
+            except BiplaneError as exc:
+                log.info("metadata fetch failed: %s", exc, extra={"event": "metadata.fetch_failed"})
+                await asyncio.sleep(self.error_backoff_ms / 1000)
+                continue
+            if batch is None:
+                continue
+            changed = self._apply(batch)
+            first = not self.caught_up.is_set()
+            self.caught_up.set()
+            if changed or first:
+                await asyncio.get_running_loop().run_in_executor(None, self._save)
+                await self._notify()
+
+    async def _fetch(self, wait_ms: int):
+        """One long-poll, cut short by refresh_soon(); None when cut short."""
+        self._wake.clear()
+        fetch = asyncio.ensure_future(self.control.fetch_metadata(after_offset=self.image.offset,
+                                                                   max_wait_ms=wait_ms))
+        if fetch.done() or wait_ms == 0:
+            return await fetch
+        woke = asyncio.ensure_future(self._wake.wait())
+        try:
+            await asyncio.wait({fetch, woke}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            woke.cancel()
+        if fetch.done():
+            return fetch.result()
+        fetch.cancel()
+        try:
+            await fetch
+        except (asyncio.CancelledError, BiplaneError):
+            pass
+        return None
+
+    def _apply(self, batch) -> bool:
+        if batch.image is not None:
+            self.image = MetadataImage.from_dict(batch.image)
+            log.info("metadata image replaced at offset %d", self.image.offset,
+                     extra={"event": "metadata.image", "offset": self.image.offset})
+            return True
+        changed = False
+        image = self.image.copy()
+        for offset, record in batch.records:
+            if offset <= image.offset:
+                continue  # already applied (a retried poll)
+            try:
+                image.apply(parse_record(record), offset)
+            except (RecordRejected, ValueError, AssertionError) as exc:
+                # The controller only sends accepted records in order: our image has
+                # drifted. Start over from the controller's whole image.
+                log.warning("metadata record %d does not apply (%s); refetching everything", offset, exc,
+                            extra={"event": "metadata.drift", "offset": offset})
+                self.image = MetadataImage()
+                return True
+            changed = True
+        self.image = image
+        if changed:
+            self.changed.set()
+        return changed
+
+    async def _notify(self) -> None:
+        for listener in self._listeners:
+            result = listener(self.image)
+            if asyncio.iscoroutine(result):
+                await result

@@ -1,0 +1,257 @@
+"""PartitionDriver: one local replica — its on-disk log, its pure core, and the Ready executor.
+
+The core decides; this driver performs each Ready in the core's written order
+(dataplane/replica/actions.py): persist (Append and Truncate inline on the log,
+Flush through the FlushCoalescer in a thread), then send, then release, then
+notes; a WriteDone goes back into the core once the appends are written, and
+a FlushDone when a flush completes. Appends run inline on the event loop: a
+1 MiB append is a memcpy into the page cache (well under a millisecond), and
+keeping it inline keeps the "applied before the next step" rule trivially true.
+
+Messages the core sends to other brokers are handed to `hooks` (fetch requests
+to the fetcher, ISR proposals and election reports to the controller); fetch
+answers addressed to a fetcher (a follower or a consumer) are returned by
+`fetch()` to the server that is answering that fetch.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from typing import Protocol
+
+from common.batch import iter_batches
+from common.errors import BiplaneError, ErrorCode, InvalidRequestError, StorageError
+from dataplane.log.flusher import FlushCoalescer, LogTruncatedError
+from dataplane.log.interface import LogConfig
+from dataplane.log.log import PartitionLog
+from dataplane.replica.actions import (
+    Append, Flush, ProposeIsr, Ready, RefreshMetadata, Rejected, ReleaseProduce, ReportElection, Send,
+    StopLeading, Truncate,
+)
+from dataplane.replica.core import Replica, Role
+from dataplane.replica.events import FetchRequest, FetchResponse, FlushDone, ProduceRequest, Tick, WriteDone
+
+log = logging.getLogger("biplane.broker.partition")
+
+TopicPartition = tuple[str, int]
+
+
+class DriverHooks(Protocol):
+    def send_fetch(self, leader_id: int, tp: TopicPartition, request: FetchRequest) -> None: ...
+    def propose_isr(self, tp: TopicPartition, proposal: ProposeIsr) -> None: ...
+    def report_election(self, tp: TopicPartition, report: ReportElection) -> None: ...
+    def refresh_metadata(self, tp: TopicPartition, reason: str) -> None: ...
+
+
+class PartitionOfflineError(StorageError):
+    """The partition's log failed (disk error); it serves nothing until the broker restarts."""
+
+
+def now_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+class PartitionDriver:
+    def __init__(self, *, broker_id: int, tp: TopicPartition, directory: str, log_config: LogConfig,
+                 hooks: DriverHooks, unclean_start: bool, flush_debounce_ms: int = 1,
+                 fetch_max_bytes: int = 1024 * 1024) -> None:
+        self.tp = tp
+        self.directory = directory
+        self.hooks = hooks
+        self.log = PartitionLog(directory, config=log_config)
+        self.coalescer = FlushCoalescer(self.log, debounce_ms=flush_debounce_ms)
+        # fetch_backoff_ms=0: the fetcher long-polls, so an empty answer already waited;
+        # the fetcher itself backs off after errors.
+        self.replica = Replica(replica_id=broker_id, log=self.log, partition=tp, now_ms=now_ms(),
+                               fetch_backoff_ms=0, fetch_max_bytes=fetch_max_bytes, unclean_start=unclean_start)
+        self.failed: str | None = None
+        self.closed = False
+        self._request_ids = itertools.count(1)
+        self._produce_waiters: dict[int, asyncio.Future[ReleaseProduce]] = {}
+        self._changed: asyncio.Future[None] | None = None
+        self._seen = self._observed()
+        self._tasks: set[asyncio.Task] = set()
+        # Counters for usage reports and /metrics.
+        self.produce_records = 0
+        self.produce_bytes = 0
+        self.fetch_bytes = 0
+
+    # ------------------------------------------------------------------ inputs
+
+    def step(self, event: object) -> list[FetchResponse]:
+        """Feed one event to the core and perform its Ready; returns fetch answers it produced."""
+        if self.closed:
+            return []
+        if self.failed is not None:
+            raise PartitionOfflineError(f"partition {self.tp[0]}-{self.tp[1]} is offline: {self.failed}")
+        ready = self.replica.step(event)
+        answers = self._perform(ready) if ready else []
+        self._notify_if_changed()
+        return answers
+
+    def tick(self, now: int) -> None:
+        if not self.closed and self.failed is None:
+            self.step(Tick(now_ms=max(now, self.replica.now_ms)))
+
+    async def produce(self, records: bytearray, *, acks: int, timeout_ms: int,
+                      record_count: int) -> ReleaseProduce:
+        request_id = next(self._request_ids)
+        future: asyncio.Future[ReleaseProduce] = asyncio.get_running_loop().create_future()
+        self._produce_waiters[request_id] = future
+        try:
+            self.step(ProduceRequest(request_id=request_id, records=records, acks=acks, timeout_ms=timeout_ms))
+        except BaseException:
+            self._produce_waiters.pop(request_id, None)
+            raise
+        release = await future
+        if release.error is ErrorCode.NONE:
+            self.produce_records += record_count
+            self.produce_bytes += len(records)
+        return release
+
+    def fetch(self, request: FetchRequest) -> FetchResponse:
+        """Answer one fetch (a follower's or a consumer's) as the core decides, right now."""
+        for answer in self.step(request):
+            if answer.fetch_offset == request.fetch_offset:
+                self.fetch_bytes += len(answer.records)
+                return answer
+        raise AssertionError(f"core gave no answer to {request}")
+
+    def changed(self) -> asyncio.Future[None]:
+        """Resolves at the next change of log end, HW, epoch or role (long-polling fetches wait on it)."""
+        if self._changed is None or self._changed.done():
+            self._changed = asyncio.get_running_loop().create_future()
+        return self._changed
+
+    # ------------------------------------------------------------------ Ready
+
+    def _perform(self, ready: Ready) -> list[FetchResponse]:
+        last_written = None
+        try:
+            for action in ready.persist:
+                if isinstance(action, Append):
+                    self._append(action)
+                    last_written = action.last_offset
+                elif isinstance(action, Truncate):
+                    self.log.truncate_to(action.offset)
+                    if self.log.log_end_offset != action.offset:
+                        raise AssertionError(f"truncate_to({action.offset}) left log end "
+                                             f"{self.log.log_end_offset}")
+                elif isinstance(action, Flush):
+                    self._spawn(self._flush(action.up_to))
+        except (StorageError, OSError) as exc:
+            self._fail(f"{type(exc).__name__}: {exc}")
+            raise PartitionOfflineError(f"partition {self.tp[0]}-{self.tp[1]} went offline: {exc}") from exc
+        answers: list[FetchResponse] = []
+        for action in ready.send:
+            if isinstance(action, Send):
+                message = action.message
+                if isinstance(message, FetchRequest):
+                    self.hooks.send_fetch(action.to_broker, self.tp, message)
+                elif isinstance(message, FetchResponse):
+                    answers.append(message)
+                else:
+                    log.debug("dropping %s to broker %d: push replication is not wired here",
+                              type(message).__name__, action.to_broker)
+            elif isinstance(action, ProposeIsr):
+                self.hooks.propose_isr(self.tp, action)
+            elif isinstance(action, ReportElection):
+                self.hooks.report_election(self.tp, action)
+        for release in ready.release:
+            future = self._produce_waiters.pop(release.request_id, None)
+            if future is not None and not future.done():
+                future.set_result(release)
+        for note in ready.notes:
+            if isinstance(note, RefreshMetadata):
+                self.hooks.refresh_metadata(self.tp, note.reason)
+            elif isinstance(note, StopLeading):
+                log.info("%s-%d stops leading epoch %d: %s", *self.tp, note.leader_epoch, note.reason,
+                         extra={"event": "partition.stop_leading", "topic": self.tp[0], "partition": self.tp[1]})
+            elif isinstance(note, Rejected):
+                log.debug("%s-%d rejected %s: %s %s", *self.tp, note.event, note.error.name, note.reason)
+        if last_written is not None:
+            answers += self.step(WriteDone(last_offset=last_written))
+        return answers
+
+    def _append(self, action: Append) -> None:
+        if action.as_leader:
+            records = action.records if isinstance(action.records, bytearray) else bytearray(action.records)
+            info = self.log.append_as_leader(records, leader_epoch=action.leader_epoch)
+        else:
+            info = self.log.append_as_follower(action.records)
+        if (info.base_offset, info.last_offset) != (action.base_offset, action.last_offset):
+            raise AssertionError(f"{self.tp}: log stored {info.base_offset}..{info.last_offset}, "
+                                 f"core expected {action.base_offset}..{action.last_offset}")
+
+    async def _flush(self, up_to: int) -> None:
+        try:
+            await self.coalescer.flush_to(min(up_to, self.log.log_end_offset))
+        except (LogTruncatedError, InvalidRequestError):
+            pass  # truncated before it was durable; report what is flushed now
+        except StorageError as exc:
+            if not self.closed:
+                self._fail(f"flush failed: {exc}")
+            return
+        if not self.closed and self.failed is None:
+            self.step(FlushDone(flushed_offset=self.log.flushed_offset))
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            exc = task.exception()
+            if not isinstance(exc, BiplaneError):
+                log.error("%s-%d background step failed", *self.tp, exc_info=exc)
+
+    def _fail(self, reason: str) -> None:
+        if self.failed is None:
+            self.failed = reason
+            log.error("%s-%d is offline: %s", *self.tp, reason,
+                      extra={"event": "partition.offline", "topic": self.tp[0], "partition": self.tp[1]})
+        self._fail_waiters(ErrorCode.KAFKA_STORAGE_ERROR)
+
+    def _fail_waiters(self, error: ErrorCode) -> None:
+        for request_id, future in list(self._produce_waiters.items()):
+            if not future.done():
+                future.set_result(ReleaseProduce(request_id=request_id, error=error))
+        self._produce_waiters.clear()
+
+    def _observed(self) -> tuple:
+        r = self.replica
+        return (self.log.log_end_offset, r.high_watermark, r.leader_epoch, r.role)
+
+    def _notify_if_changed(self) -> None:
+        seen = self._observed()
+        if seen != self._seen:
+            self._seen = seen
+            if self._changed is not None and not self._changed.done():
+                self._changed.set_result(None)
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def is_leader(self) -> bool:
+        return self.replica.role is Role.LEADER
+
+    async def close(self) -> None:
+        """Stop serving, fail waiting producers (retriably), flush and close the log. Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        self._fail_waiters(ErrorCode.NOT_LEADER_OR_FOLLOWER)
+        if self._changed is not None and not self._changed.done():
+            self._changed.set_result(None)
+        await self.coalescer.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.get_running_loop().run_in_executor(None, self.log.close)
+
+
+def count_records(records) -> int:
+    return sum(h.record_count for _, h in iter_batches(records, validate=False))

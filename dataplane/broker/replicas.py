@@ -1,0 +1,259 @@
+"""The replica manager: which partitions this broker holds, as the metadata says.
+
+For each partition that lists this broker among its replicas it opens (or
+creates) a PartitionLog in `<data_dir>/<topic>-<partition>/` and a driver
+around a fresh replica core, and feeds it every change of the partition's
+state (NewMetadata). A partition that leaves this broker (topic deleted,
+reassigned away) is stopped, closed and its directory removed. A directory
+remembers its topic id, so a topic deleted and re-created under the same name
+while this broker was down does not inherit the old data.
+
+It also runs the core's clock (a Tick every `tick_interval_ms`) and carries
+the core's messages for the controller: ISR proposals (alter-isr) and quorum
+election reports.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import time
+from typing import Callable
+
+from common.control_client import ControlClient
+from common.errors import BiplaneError
+from common.metadata.image import MetadataImage, PartitionInfo, TopicInfo
+from common.requests import AlterIsrRequest, ElectionReport
+from common.usage import ReplicaUsage
+from dataplane.broker.config import BrokerConfig
+from dataplane.broker.partition import PartitionDriver, TopicPartition, now_ms
+from dataplane.log.interface import LogConfig
+from dataplane.replica.actions import ProposeIsr, ReportElection
+from dataplane.replica.events import FetchRequest, NewMetadata
+from dataplane.replica.state import PartitionState, ReplicationConfig
+
+log = logging.getLogger("biplane.broker.replicas")
+
+TOPIC_ID_FILE = "topic_id"
+
+
+def partition_dir(data_dir: str, tp: TopicPartition) -> str:
+    return os.path.join(data_dir, f"{tp[0]}-{tp[1]}")
+
+
+def log_config_of(topic: TopicInfo) -> LogConfig:
+    c = topic.config
+    return LogConfig(segment_bytes=c.segment_bytes, segment_ms=c.segment_ms,
+                     retention_bytes=None if c.retention_bytes < 0 else c.retention_bytes,
+                     retention_ms=None if c.retention_ms < 0 else c.retention_ms)
+
+
+class ReplicaManager:
+    def __init__(self, *, config: BrokerConfig, control: ControlClient, clean_start: bool,
+                 send_fetch: Callable[[int, TopicPartition, FetchRequest], None],
+                 refresh_metadata: Callable[[], None]) -> None:
+        self.config = config
+        self.broker_id = config.broker_id
+        self.control = control
+        self.clean_start = clean_start
+        self._send_fetch = send_fetch
+        self._refresh_metadata = refresh_metadata
+        self.drivers: dict[TopicPartition, PartitionDriver] = {}
+        self._fed: dict[TopicPartition, tuple] = {}
+        self._isr_inflight: set[TopicPartition] = set()
+        self._last_usage: dict[TopicPartition, tuple[float, tuple[int, int, int]]] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self._lock = asyncio.Lock()
+        self._closed = False
+
+    def get(self, topic: str, partition: int) -> PartitionDriver | None:
+        return self.drivers.get((topic, partition))
+
+    # ------------------------------------------------------------ metadata
+
+    async def on_metadata(self, image: MetadataImage) -> None:
+        async with self._lock:  # opening logs awaits; changes apply one image at a time
+            if self._closed:
+                return
+            hosted: set[TopicPartition] = set()
+            for info in image.partitions():
+                if self.broker_id not in info.replicas:
+                    continue
+                topic = image.topics[info.topic]
+                hosted.add(info.tp)
+                driver = self.drivers.get(info.tp)
+                if driver is None:
+                    driver = await self._open(topic, info)
+                    if driver is None:
+                        continue
+                self._feed(driver, topic, info)
+            for tp in [tp for tp in self.drivers if tp not in hosted]:
+                await self._remove(tp, image)
+
+    def _feed(self, driver: PartitionDriver, topic: TopicInfo, info: PartitionInfo) -> None:
+        key = (info.leader_epoch, info.partition_epoch, info.fenced_for_election, info.isr, info.replicas,
+               topic.config)
+        if self._fed.get(info.tp) == key:
+            return
+        self._fed[info.tp] = key
+        event = NewMetadata(partition=PartitionState.from_info(info),
+                            config=ReplicationConfig.from_topic_config(topic.config))
+        try:
+            driver.step(event)
+        except BiplaneError as exc:
+            log.warning("%s-%d: metadata not applied: %s", *info.tp, exc)
+
+    async def _open(self, topic: TopicInfo, info: PartitionInfo) -> PartitionDriver | None:
+        directory = partition_dir(self.config.data_dir, info.tp)
+        loop = asyncio.get_running_loop()
+        existed = await loop.run_in_executor(None, _prepare_dir, directory, topic.topic_id)
+        try:
+            driver = await loop.run_in_executor(None, lambda: PartitionDriver(
+                broker_id=self.broker_id, tp=info.tp, directory=directory, log_config=log_config_of(topic),
+                hooks=self, unclean_start=existed and not self.clean_start,
+                flush_debounce_ms=self.config.flush_debounce_ms,
+                fetch_max_bytes=self.config.partition_fetch_max_bytes))
+        except (BiplaneError, OSError) as exc:
+            log.error("cannot open %s-%d in %s: %s", *info.tp, directory, exc,
+                      extra={"event": "partition.open_failed", "topic": info.topic, "partition": info.partition})
+            return None
+        self.drivers[info.tp] = driver
+        log.info("opened %s-%d at log end %d", *info.tp, driver.log.log_end_offset,
+                 extra={"event": "partition.opened", "topic": info.topic, "partition": info.partition})
+        return driver
+
+    async def _remove(self, tp: TopicPartition, image: MetadataImage) -> None:
+        driver = self.drivers.pop(tp)
+        self._fed.pop(tp, None)
+        info = image.get_partition(*tp)
+        topic = image.topics.get(tp[0])
+        if info is not None and topic is not None:
+            self._feed(driver, topic, info)  # lets the core stop (release producers, stop leading)
+        await driver.close()
+        await asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, driver.directory, True)
+        log.info("removed replica %s-%d", *tp, extra={"event": "partition.removed", "topic": tp[0],
+                                                         "partition": tp[1]})
+
+    # ------------------------------------------------------------ core hooks
+
+    def send_fetch(self, leader_id: int, tp: TopicPartition, request: FetchRequest) -> None:
+        self._send_fetch(leader_id, tp, request)
+
+    def propose_isr(self, tp: TopicPartition, proposal: ProposeIsr) -> None:
+        if tp in self._isr_inflight:
+            return  # the core repeats its proposal on a timer until metadata settles it
+        self._isr_inflight.add(tp)
+        self._spawn(self._alter_isr(tp, proposal))
+
+    async def _alter_isr(self, tp: TopicPartition, proposal: ProposeIsr) -> None:
+        try:
+            await self.control.alter_isr(AlterIsrRequest(
+                broker_id=self.broker_id, topic=tp[0], partition=tp[1], leader_epoch=proposal.leader_epoch,
+                partition_epoch=proposal.partition_epoch, new_isr=proposal.new_isr))
+            log.info("%s-%d ISR -> %s accepted", *tp, list(proposal.new_isr),
+                     extra={"event": "partition.isr_changed", "topic": tp[0], "partition": tp[1]})
+        except BiplaneError as exc:
+            log.info("%s-%d ISR -> %s refused: %s", *tp, list(proposal.new_isr), exc,
+                     extra={"event": "partition.isr_refused", "topic": tp[0], "partition": tp[1]})
+        finally:
+            self._isr_inflight.discard(tp)
+
+    def report_election(self, tp: TopicPartition, report: ReportElection) -> None:
+        self._spawn(self._report(tp, report))
+
+    async def _report(self, tp: TopicPartition, report: ReportElection) -> None:
+        try:
+            await self.control.election_report(ElectionReport(
+                broker_id=self.broker_id, topic=tp[0], partition=tp[1], fenced_epoch=report.fenced_epoch,
+                last_epoch=report.last_epoch, end_offset=max(report.end_offset, 0)))
+        except BiplaneError as exc:
+            log.info("%s-%d election report failed: %s", *tp, exc)
+
+    def refresh_metadata(self, tp: TopicPartition, reason: str) -> None:
+        self._refresh_metadata()
+
+    # ------------------------------------------------------------ clock, usage
+
+    async def run_ticks(self) -> None:
+        interval = self.config.tick_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval)
+            now = now_ms()
+            for tp, driver in list(self.drivers.items()):
+                try:
+                    driver.tick(now)
+                except BiplaneError as exc:
+                    log.debug("%s-%d tick: %s", *tp, exc)
+
+    async def run_retention(self) -> None:
+        interval = self.config.retention_check_interval_ms / 1000
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(interval)
+            wall_ms = int(time.time() * 1000)
+            for tp, driver in list(self.drivers.items()):
+                if driver.closed or driver.failed:
+                    continue
+                try:
+                    deleted = await loop.run_in_executor(None, driver.log.apply_retention, wall_ms)
+                except (BiplaneError, OSError) as exc:
+                    log.warning("%s-%d retention failed: %s", *tp, exc)
+                    continue
+                if deleted:
+                    log.info("%s-%d retention deleted %d segment(s)", *tp, len(deleted))
+
+    def usage(self) -> list[ReplicaUsage]:
+        """Per replica: sizes, offsets, and rates since the previous call."""
+        now = time.monotonic()
+        out = []
+        for tp, d in sorted(self.drivers.items()):
+            if d.closed:
+                continue
+            counters = (d.produce_bytes, d.produce_records, d.fetch_bytes)
+            then, before = self._last_usage.get(tp, (now, counters))
+            elapsed = max(now - then, 1e-3)
+            rates = [max(0.0, (c - b) / elapsed) for c, b in zip(counters, before)]
+            self._last_usage[tp] = (now, counters)
+            out.append(ReplicaUsage(
+                topic=tp[0], partition=tp[1], size_bytes=d.log.size_bytes,
+                log_start_offset=d.log.log_start_offset, log_end_offset=d.log.log_end_offset,
+                high_watermark=max(d.replica.high_watermark, 0), produce_bytes_per_s=rates[0],
+                produce_records_per_s=rates[1], fetch_bytes_per_s=rates[2]))
+        return out
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        async with self._lock:
+            self._closed = True
+            for task in list(self._tasks):
+                task.cancel()
+            for driver in list(self.drivers.values()):
+                await driver.close()
+
+
+def _prepare_dir(directory: str, topic_id: str) -> bool:
+    """Make the directory hold data of `topic_id` only; True if it held data of it already."""
+    marker = os.path.join(directory, TOPIC_ID_FILE)
+    try:
+        with open(marker) as f:
+            found = f.read().strip()
+    except FileNotFoundError:
+        found = None
+    if found == topic_id:
+        return True
+    if os.path.isdir(directory):
+        log.warning("wiping %s: it holds topic id %r, metadata says %r", directory, found, topic_id)
+        shutil.rmtree(directory)
+    os.makedirs(directory)
+    tmp = marker + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(topic_id + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, marker)
+    return False

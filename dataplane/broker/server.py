@@ -1,0 +1,301 @@
+"""The data-plane listener: answers PRODUCE, FETCH, LIST_OFFSETS, METADATA, API_VERSIONS, INIT_PRODUCER_ID.
+
+Every partition is answered on its own: an unknown partition, a stale or
+future epoch, a corrupt or oversized batch gets its error code and the other
+partitions of the same request (and every other connection) are served as
+usual. Batches are checked (CRC, size) here, before the core sees them.
+
+A client's leader epoch is compared here, before the core: a client that
+knows a newer epoch than ours gets UNKNOWN_LEADER_EPOCH and makes us refresh
+metadata, but never makes the leader stop (only a replica's word can do that).
+
+FETCH long-polls up to min(max_wait_ms, fetch_wait_ms_max): it answers at
+once when any partition has data, an error or a divergence, or (for a
+follower) a high watermark that follower has not been told yet; otherwise it
+waits for a change on one of the partitions.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Callable
+
+from common.batch import iter_batches
+from common.errors import BiplaneError, CorruptBatchError, ErrorCode
+from common.metadata.image import MetadataImage
+from common.wire import RequestHeader
+from common.wire import messages as wire
+from dataplane.broker.partition import PartitionDriver, count_records
+from dataplane.broker.producer_ids import ProducerIds
+from dataplane.broker.replicas import ReplicaManager
+from dataplane.replica.events import FetchRequest
+from dataplane.replica.fencing import EpochCheck, check_epoch
+
+log = logging.getLogger("biplane.broker.server")
+
+TopicPartition = tuple[str, int]
+
+
+class Counters:
+    def __init__(self) -> None:
+        self.requests: dict[str, int] = {}
+        self.errors: dict[str, int] = {}
+
+    def request(self, api: str) -> None:
+        self.requests[api] = self.requests.get(api, 0) + 1
+
+    def error(self, code: ErrorCode) -> None:
+        self.errors[code.name] = self.errors.get(code.name, 0) + 1
+
+
+class RequestHandler:
+    def __init__(self, *, broker_id: int, image: Callable[[], MetadataImage], replicas: ReplicaManager,
+                 producer_ids: ProducerIds, refresh_metadata: Callable[[], None], fetch_wait_ms_max: int) -> None:
+        self.broker_id = broker_id
+        self.image = image
+        self.replicas = replicas
+        self.producer_ids = producer_ids
+        self.refresh_metadata = refresh_metadata
+        self.fetch_wait_ms_max = fetch_wait_ms_max
+        self.counters = Counters()
+        # HW last told to each follower per partition: a change answers its long-poll at once.
+        self._hw_told: dict[tuple[int, TopicPartition], int] = {}
+
+    async def handle(self, header: RequestHeader, request: Any) -> Any:
+        kind = type(request)
+        self.counters.request(kind.__name__)
+        if kind is wire.ProduceRequest:
+            return await self.produce(request)
+        if kind is wire.FetchRequest:
+            return await self.fetch(request)
+        if kind is wire.ListOffsetsRequest:
+            return self.list_offsets(request)
+        if kind is wire.MetadataRequest:
+            return self.metadata(request)
+        if kind is wire.ApiVersionsRequest:
+            return wire.api_versions_response()
+        if kind is wire.InitProducerIdRequest:
+            return await self.init_producer_id(request)
+        if kind is wire.AppendEntriesRequest:
+            return wire.AppendEntriesResponse(follower_id=self.broker_id, leader_epoch=-1, topic=request.topic,
+                                              partition=request.partition, error_code=ErrorCode.INVALID_REQUEST)
+        raise AssertionError(f"no handler for {kind.__name__}")
+
+    # ------------------------------------------------------------ shared
+
+    def _current_leader(self, topic: str, partition: int) -> wire.LeaderIdAndEpoch:
+        info = self.image().get_partition(topic, partition)
+        if info is None or info.leader is None:
+            return wire.NO_LEADER if info is None else wire.LeaderIdAndEpoch(leader_epoch=info.leader_epoch)
+        return wire.LeaderIdAndEpoch(leader_id=info.leader, leader_epoch=info.leader_epoch)
+
+    def _locate(self, topic: str, partition: int) -> tuple[PartitionDriver | None, ErrorCode]:
+        """The local driver for a partition, or the error to answer."""
+        if self.image().get_partition(topic, partition) is None:
+            return None, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        driver = self.replicas.get(topic, partition)
+        if driver is None or driver.closed:
+            return None, ErrorCode.NOT_LEADER_OR_FOLLOWER
+        if driver.failed is not None:
+            return None, ErrorCode.KAFKA_STORAGE_ERROR
+        return driver, ErrorCode.NONE
+
+    def _client_epoch_error(self, driver: PartitionDriver, epoch: int) -> ErrorCode:
+        if epoch < 0:
+            return ErrorCode.NONE
+        check = check_epoch(theirs=epoch, ours=driver.replica.leader_epoch)
+        if check is EpochCheck.STALE:
+            return ErrorCode.FENCED_LEADER_EPOCH
+        if check is EpochCheck.NEWER:
+            self.refresh_metadata()
+            return ErrorCode.UNKNOWN_LEADER_EPOCH
+        return ErrorCode.NONE
+
+    # ------------------------------------------------------------ produce
+
+    async def produce(self, request: wire.ProduceRequest) -> wire.ProduceResponse | None:
+        jobs = [(t.topic, p, self._produce_partition(t.topic, p, request.acks, request.timeout_ms))
+                for t in request.topics for p in t.partitions]
+        results = await asyncio.gather(*(job for _, _, job in jobs))
+        if request.acks == 0:
+            return None
+        by_topic: dict[str, list[wire.ProducePartitionResponse]] = {}
+        for (topic, _, _), result in zip(jobs, results):
+            by_topic.setdefault(topic, []).append(result)
+        return wire.ProduceResponse(topics=tuple(
+            wire.ProduceTopicResponse(topic=t, partitions=tuple(ps)) for t, ps in by_topic.items()))
+
+    async def _produce_partition(self, topic: str, p: wire.ProducePartition, acks: int,
+                                 timeout_ms: int) -> wire.ProducePartitionResponse:
+        def refuse(code: ErrorCode, message: str) -> wire.ProducePartitionResponse:
+            self.counters.error(code)
+            return wire.ProducePartitionResponse(partition=p.partition, error_code=code, error_message=message,
+                                                 current_leader=self._current_leader(topic, p.partition))
+
+        driver, error = self._locate(topic, p.partition)
+        if driver is None:
+            return refuse(error, f"{topic}-{p.partition}: {error.name} on broker {self.broker_id}")
+        if not driver.is_leader:
+            return refuse(ErrorCode.NOT_LEADER_OR_FOLLOWER, f"broker {self.broker_id} does not lead {topic}-{p.partition}")
+        error = self._client_epoch_error(driver, p.current_leader_epoch)
+        if error is not ErrorCode.NONE:
+            return refuse(error, f"{topic}-{p.partition}: request epoch {p.current_leader_epoch}, "
+                                 f"leader epoch {driver.replica.leader_epoch}")
+        if acks not in (0, 1, -1):
+            return refuse(ErrorCode.INVALID_REQUIRED_ACKS, f"acks={acks}; use 0, 1 or -1 (all)")
+        records = p.records
+        if not records:
+            return refuse(ErrorCode.INVALID_REQUEST, f"{topic}-{p.partition}: no records in the request")
+        topic_info = self.image().topics.get(topic)
+        max_bytes = topic_info.config.max_message_bytes if topic_info is not None else len(records)
+        try:
+            headers = [h for _, h in iter_batches(records)]
+        except CorruptBatchError as exc:
+            return refuse(ErrorCode.CORRUPT_MESSAGE, f"{topic}-{p.partition}: {exc}")
+        too_big = [h.size_bytes for h in headers if h.size_bytes > max_bytes]
+        if too_big:
+            return refuse(ErrorCode.MESSAGE_TOO_LARGE, f"{topic}-{p.partition}: batch of {too_big[0]} bytes "
+                                                       f"exceeds max_message_bytes={max_bytes}")
+        try:
+            release = await driver.produce(bytearray(records), acks=acks, timeout_ms=timeout_ms,
+                                           record_count=sum(h.record_count for h in headers))
+        except BiplaneError as exc:
+            return refuse(exc.code, str(exc))
+        if release.error is not ErrorCode.NONE:
+            self.counters.error(release.error)
+        return wire.ProducePartitionResponse(
+            partition=p.partition, error_code=release.error, base_offset=release.base_offset,
+            log_start_offset=driver.log.log_start_offset,
+            current_leader=wire.LeaderIdAndEpoch(leader_id=self.broker_id, leader_epoch=driver.replica.leader_epoch))
+
+    # ------------------------------------------------------------ fetch
+
+    async def fetch(self, request: wire.FetchRequest) -> wire.FetchResponse:
+        loop = asyncio.get_running_loop()
+        wait_s = max(0, min(request.max_wait_ms, self.fetch_wait_ms_max)) / 1000
+        deadline = loop.time() + wait_s
+        follower = request.replica_id >= 0
+        while True:
+            answers: dict[TopicPartition, wire.FetchPartitionResponse] = {}
+            changes: list[asyncio.Future] = []
+            ready = False
+            for t in request.topics:
+                for p in t.partitions:
+                    tp = (t.topic, p.partition)
+                    answer, driver, now = self._fetch_partition(request.replica_id, tp, p)
+                    answers[tp] = answer
+                    ready = ready or now
+                    if driver is not None:
+                        changes.append(driver.changed())
+            remaining = deadline - loop.time()
+            if ready or remaining <= 0 or not changes:
+                if follower:
+                    for tp, a in answers.items():
+                        if a.error_code is ErrorCode.NONE:
+                            self._hw_told[(request.replica_id, tp)] = a.high_watermark
+                return self._fetch_response(request, answers)
+            await asyncio.wait(changes, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+
+    def _fetch_partition(self, replica_id: int, tp: TopicPartition, p: wire.FetchPartition
+                         ) -> tuple[wire.FetchPartitionResponse, PartitionDriver | None, bool]:
+        """(answer, driver to wait on, whether to answer now)."""
+        def refuse(code: ErrorCode):
+            self.counters.error(code)
+            return wire.FetchPartitionResponse(partition=p.partition, error_code=code,
+                                               current_leader=self._current_leader(*tp)), None, True
+
+        driver, error = self._locate(*tp)
+        if driver is None:
+            return refuse(error)
+        if replica_id < 0:
+            error = self._client_epoch_error(driver, p.current_leader_epoch)
+            if error is not ErrorCode.NONE:
+                return refuse(error)
+        try:
+            a = driver.fetch(FetchRequest(
+                replica_id=replica_id, fetch_offset=p.fetch_offset, last_fetched_epoch=p.last_fetched_epoch,
+                flushed_offset=max(p.flushed_offset, 0), current_leader_epoch=p.current_leader_epoch,
+                max_bytes=p.partition_max_bytes, partition=tp))
+        except BiplaneError as exc:
+            return refuse(exc.code)
+        answer = wire.FetchPartitionResponse(
+            partition=p.partition, error_code=a.error, high_watermark=a.high_watermark,
+            last_stable_offset=a.high_watermark, log_start_offset=driver.log.log_start_offset,
+            diverging_epoch=wire.EpochEndOffset(epoch=a.diverging_epoch, end_offset=a.diverging_end_offset),
+            current_leader=wire.LeaderIdAndEpoch(leader_id=a.leader_id, leader_epoch=a.leader_epoch),
+            log_end_offset=a.log_end_offset, flush_after_append=a.flush_after_append, records=a.records)
+        now = bool(a.records) or a.error is not ErrorCode.NONE or a.diverging
+        if replica_id >= 0 and not now:
+            now = self._hw_told.get((replica_id, tp)) != a.high_watermark
+        if a.error is not ErrorCode.NONE:
+            self.counters.error(a.error)
+        return answer, driver, now
+
+    @staticmethod
+    def _fetch_response(request: wire.FetchRequest,
+                        answers: dict[TopicPartition, wire.FetchPartitionResponse]) -> wire.FetchResponse:
+        by_topic: dict[str, list[wire.FetchPartitionResponse]] = {}
+        for (topic, _), a in answers.items():
+            by_topic.setdefault(topic, []).append(a)
+        return wire.FetchResponse(topics=tuple(
+            wire.FetchTopicResponse(topic=t, partitions=tuple(ps)) for t, ps in by_topic.items()))
+
+    # ------------------------------------------------------------ list offsets
+
+    def list_offsets(self, request: wire.ListOffsetsRequest) -> wire.ListOffsetsResponse:
+        topics = []
+        for t in request.topics:
+            parts = []
+            for p in t.partitions:
+                driver, error = self._locate(t.topic, p.partition)
+                offset, epoch = -1, -1
+                if driver is not None:
+                    error = self._client_epoch_error(driver, p.current_leader_epoch)
+                    if error is ErrorCode.NONE:
+                        error, offset = driver.replica.list_offset(p.timestamp)
+                        epoch = driver.replica.leader_epoch
+                if error is not ErrorCode.NONE:
+                    self.counters.error(error)
+                parts.append(wire.ListOffsetsPartitionResponse(partition=p.partition, error_code=error,
+                                                               timestamp=p.timestamp, offset=offset,
+                                                               leader_epoch=epoch))
+            topics.append(wire.ListOffsetsTopicResponse(topic=t.topic, partitions=tuple(parts)))
+        return wire.ListOffsetsResponse(topics=tuple(topics))
+
+    # ------------------------------------------------------------ metadata
+
+    def metadata(self, request: wire.MetadataRequest) -> wire.MetadataResponse:
+        image = self.image()
+        brokers = tuple(wire.MetadataBroker(node_id=b.broker_id, host=b.host, port=b.port, rack=b.rack)
+                        for b in sorted(image.brokers.values(), key=lambda b: b.broker_id) if not b.fenced)
+        names = sorted(image.topics) if request.topics is None else list(request.topics)
+        topics = []
+        for name in names:
+            if name not in image.topics:
+                topics.append(wire.MetadataTopic(topic=name, error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION))
+                continue
+            parts = []
+            for info in image.topic_partitions(name):
+                parts.append(wire.MetadataPartition(
+                    partition=info.partition,
+                    error_code=ErrorCode.NONE if info.leader is not None else ErrorCode.LEADER_NOT_AVAILABLE,
+                    leader_id=info.leader if info.leader is not None else -1, leader_epoch=info.leader_epoch,
+                    replicas=tuple(info.replicas), isr=tuple(info.isr),
+                    offline_replicas=tuple(r for r in info.replicas if not image.is_unfenced(r))))
+            topics.append(wire.MetadataTopic(topic=name, partitions=tuple(parts)))
+        return wire.MetadataResponse(brokers=brokers, controller_id=-1, metadata_offset=image.offset,
+                                     topics=tuple(topics))
+
+    # ------------------------------------------------------------ producer ids
+
+    async def init_producer_id(self, request: wire.InitProducerIdRequest) -> wire.InitProducerIdResponse:
+        try:
+            pid, epoch = await self.producer_ids.init(request.producer_id, request.producer_epoch)
+        except BiplaneError as exc:
+            code = exc.code if exc.code is not ErrorCode.UNKNOWN else ErrorCode.NOT_CONTROLLER
+            self.counters.error(code)
+            return wire.InitProducerIdResponse(error_code=code)
+        return wire.InitProducerIdResponse(producer_id=pid, producer_epoch=epoch)
+
+
+__all__ = ["RequestHandler", "count_records"]
