@@ -19,6 +19,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "elect": ("controller.admin_cli:elect_main", "run a preferred-leader election"),
     "snapshot": ("controller.admin_cli:snapshot_main", "take or list controller snapshots"),
     "report": ("controller.report.cli:main", "capacity reports over controller snapshots (Spark)"),
+    "up": ("dataplane.cluster.up:main", "start a local cluster (3 controllers, 3 brokers) on loopback"),
+    "down": ("dataplane.cluster.up:down_main", "stop a local cluster started with `biplane up --detach`"),
+    "produce": ("dataplane.client.cli:produce_main", "send lines from stdin to a topic"),
+    "consume": ("dataplane.client.cli:consume_main", "print a topic's records"),
+    "bench": ("dataplane.client.cli:bench_main", "producer/consumer load generator: records/s, MB/s, latency"),
 }
 
 

@@ -150,12 +150,19 @@ class AdminClient:
 
     async def create_topic(self, name: str, *, partitions: int = 1, replication_factor: int = 1,
                            config: dict[str, Any] | None = None,
-                           replica_assignment: Sequence[Sequence[int]] | None = None) -> TopicDetail:
+                           replica_assignment: Sequence[Sequence[int]] | None = None,
+                           exist_ok: bool = False) -> TopicDetail:
+        """Create a topic; with exist_ok=True an existing topic of that name is described instead."""
         body: dict[str, Any] = {"name": name, "partitions": partitions, "replication_factor": replication_factor,
                                 "config": dict(config or {})}
         if replica_assignment is not None:
             body["replica_assignment"] = [list(r) for r in replica_assignment]
-        return TopicDetail.model_validate(await self.call("POST", "/v1/topics", body))
+        try:
+            return TopicDetail.model_validate(await self.call("POST", "/v1/topics", body))
+        except AdminError as exc:
+            if exist_ok and exc.code_name == "TOPIC_ALREADY_EXISTS":
+                return await self.describe_topic(name)
+            raise
 
     async def describe_topic(self, name: str) -> TopicDetail:
         return TopicDetail.model_validate(await self.call("GET", f"/v1/topics/{_topic(name)}"))
@@ -201,7 +208,13 @@ class SyncAdminClient:
         self._thread.start()
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+        async def once() -> T:
+            try:
+                return await coro
+            finally:
+                # One HTTP session per call: a client nobody closes leaks nothing.
+                await self._inner.close()
+        return asyncio.run_coroutine_threadsafe(once(), self._loop).result()
 
     def __getattr__(self, name: str) -> Any:
         method = getattr(self._inner, name)
@@ -211,7 +224,6 @@ class SyncAdminClient:
 
     def close(self) -> None:
         if self._loop.is_running():
-            self._run(self._inner.close())
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=10)
             self._loop.close()

@@ -436,6 +436,7 @@ class Consumer:
             raise ClientError(f"{tp}: the batch at offset {fetch_offset} is larger than partition_max_bytes="
                               f"{self.partition_max_bytes}; raise it", code=ErrorCode.RECORD_LIST_TOO_LARGE)
         pos = 0
+        appended = 0
         for header in headers:
             start, pos = pos, pos + header.size_bytes
             if header.is_control or header.next_offset <= fetch_offset:
@@ -445,5 +446,11 @@ class Consumer:
                     self._buffer.append(ConsumerRecord(topic=tp.topic, partition=tp.partition, offset=r.offset,
                                                        timestamp_ms=r.timestamp_ms, key=r.key, value=r.value,
                                                        headers=r.headers))
+                    appended += 1
+        if not appended and headers[-1].next_offset > fetch_offset:
+            # Only control batches (or records already seen): step over them, or we would
+            # fetch the same bytes for ever.
+            self._positions[tp] = min(headers[-1].next_offset, high_watermark) if high_watermark >= 0 \
+                else headers[-1].next_offset
 
 __all__ = ["Consumer"]
