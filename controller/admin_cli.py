@@ -148,12 +148,28 @@ def parse_pairs(pairs: list[str], what: str) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- commands
 
+def local_cluster() -> tuple[str | None, str | None]:
+    """Controller URLs and token of a `biplane up` cluster (./.biplane/cluster.json or
+    $BIPLANE_CLUSTER), or (None, None) when there is none."""
+    from dataplane.client.discovery import load_cluster_file
+    from dataplane.client.errors import NoClusterError
+    try:
+        doc = load_cluster_file()
+        urls = [c["api_url"] for _, c in sorted(doc["controllers"].items(), key=lambda kv: int(kv[0]))]
+        return ",".join(urls), doc.get("admin_token")
+    except (NoClusterError, KeyError, TypeError, ValueError):
+        return None, None
+
+
 def common_parser(prog: str, description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=description)
-    p.add_argument("--controller", default=os.environ.get("BIPLANE_CONTROLLER", "http://127.0.0.1:8080"),
-                   help="controller API URL(s), comma-separated (env BIPLANE_CONTROLLER)")
-    p.add_argument("--token", default=os.environ.get("BIPLANE_ADMIN_TOKEN"),
-                   help="admin bearer token (env BIPLANE_ADMIN_TOKEN)")
+    env_url, env_token = os.environ.get("BIPLANE_CONTROLLER"), os.environ.get("BIPLANE_ADMIN_TOKEN")
+    local_url, local_token = local_cluster() if not (env_url and env_token) else (None, None)
+    p.add_argument("--controller", default=env_url or local_url or "http://127.0.0.1:8080",
+                   help="controller API URL(s), comma-separated (env BIPLANE_CONTROLLER; default: the "
+                        "`biplane up` cluster in ./.biplane/cluster.json, else http://127.0.0.1:8080)")
+    p.add_argument("--token", default=env_token or (local_token if not env_url or env_url == local_url else None),
+                   help="admin bearer token (env BIPLANE_ADMIN_TOKEN; default: the `biplane up` cluster's)")
     p.add_argument("--json", action="store_true", help="print the API's JSON instead of a table")
     return p
 
