@@ -26,7 +26,7 @@ from typing import Any
 from common.batch import build_batch, iter_batches, read_records
 from common.wire import WireClient
 from common.wire import messages as wire
-from tests.controller_harness import (
+from controller_harness import (
     BIPLANE, REPO, Controller, http, make_specs, wait_leader, wait_until, free_port,
 )
 
@@ -42,12 +42,14 @@ class BrokerProcess:
         self.port = free_port()
         self.proc: subprocess.Popen | None = None
         self.log_path = data_dir.parent / f"broker-{broker_id}.log"
+        self.ports_path = data_dir.parent / "ports.json"
         self.paused = False
 
     def start(self) -> "BrokerProcess":
         self.data_dir.mkdir(parents=True, exist_ok=True)
         args = [BIPLANE, "broker", "--broker-id", str(self.broker_id), "--data-dir", str(self.data_dir),
-                "--port", str(self.port), "--log-level", "INFO"]
+                "--port", str(self.port), "--metrics-port", "0", "--ports-file", str(self.ports_path),
+                "--log-level", "INFO"]
         for url in self.controller_urls:
             args += ["--controller", url]
         log = open(self.log_path, "ab")
@@ -62,6 +64,17 @@ class BrokerProcess:
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def metrics_port(self) -> int:
+        """The /metrics port of the running process (waits until it has written it)."""
+        def read() -> int | None:
+            try:
+                ports = json.loads(self.ports_path.read_text())
+            except (OSError, ValueError):
+                return None
+            return ports["metrics_port"] if ports.get("pid") == self.pid else None
+        return wait_until(read, 15, f"broker {self.broker_id} ports file")
 
     def kill(self) -> None:
         if self.alive():
@@ -146,6 +159,23 @@ class Cluster:
             unfenced = {b["broker_id"] for b in r.body["brokers"] if not b["fenced"]}
             return r.status == 200 and set(broker_ids) <= unfenced
         wait_until(check, timeout_s, f"brokers {broker_ids} registered and unfenced", interval_s=0.1)
+
+    def broker_info(self, broker_id: int) -> dict | None:
+        """The controller's view of a broker (GET /v1/brokers), None if not registered."""
+        r = http("GET", self.api_url + "/v1/brokers")
+        return next((b for b in r.body["brokers"] if b["broker_id"] == broker_id), None)
+
+    def restart(self, broker_id: int, *, kill: bool = False, timeout_s: float = 30) -> dict:
+        """Stop (SIGTERM, or kill -9) and start a broker; wait until its new incarnation is unfenced."""
+        before = (self.broker_info(broker_id) or {}).get("incarnation_id")
+        broker = self.brokers[broker_id]
+        broker.kill() if kill else broker.stop()
+        broker.start()
+
+        def check() -> dict | None:
+            info = self.broker_info(broker_id)
+            return info if info and info["incarnation_id"] != before and not info["fenced"] else None
+        return wait_until(check, timeout_s, f"broker {broker_id} re-registered and unfenced", interval_s=0.1)
 
     # ---- admin
 
@@ -250,5 +280,3 @@ async def fetch_values(client: WireClient, topic: str, partition: int, *, offset
             return out, p.high_watermark
 
 
-def ports_json(path: Path) -> dict:
-    return json.loads(path.read_text())

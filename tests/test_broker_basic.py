@@ -1,0 +1,196 @@
+"""One real broker process with a single-node controller, over the wire protocol.
+
+Claims: a broker registers and is unfenced; produce with acks 0, 1 and all is
+read back in order; list-offsets and metadata describe what is stored; bad
+input (corrupt batch, stale and future epochs, unknown topic or partition,
+oversized batch, oversized frame) is answered with its own error while the
+same broker keeps serving everyone else; producer ids come from controller
+blocks; a cleanly restarted broker keeps its log and says its shutdown was clean.
+"""
+from __future__ import annotations
+
+import asyncio
+import urllib.request
+
+import pytest
+
+from common.errors import ErrorCode
+from common.wire import ConnectionClosedError, WireClient
+from common.wire import messages as wire
+from cluster_harness import Cluster, fetch_values, make_batch, produce, produce_request
+from controller_harness import http
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+
+FRAME_MAX = 512 * 1024
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = Cluster(tmp_path_factory.mktemp("broker-basic"), brokers=1,
+                broker_args=["--max-frame-bytes", str(FRAME_MAX)])
+    with c:
+        c.create_topic("events", partitions=2, replication_factor=1,
+                       config={"max_message_bytes": 64 * 1024})
+        yield c
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 60))
+
+
+async def connect(cluster: Cluster, broker_id: int = 1) -> WireClient:
+    return await WireClient.connect(*cluster.address(broker_id))
+
+
+def test_broker_registers_with_its_address(cluster):
+    brokers = http("GET", cluster.api_url + "/v1/brokers").body["brokers"]
+    assert [(b["broker_id"], b["port"], b["fenced"]) for b in brokers] == [(1, cluster.brokers[1].port, False)]
+
+
+def test_produce_with_every_acks_then_fetch_list_offsets_and_metadata(cluster):
+    async def scenario():
+        async with await connect(cluster) as c:
+            before, hw0 = await fetch_values(c, "events", 1)
+            r1 = await produce(c, "events", 1, make_batch([b"one-a", b"one-b"]), acks=1)
+            r_all = await produce(c, "events", 1, make_batch([b"all-a"]), acks=-1)
+            await c.send(produce_request("events", 1, make_batch([b"zero-a"]), acks=0))
+            assert (r1.error_code, r_all.error_code) == (ErrorCode.NONE, ErrorCode.NONE)
+            assert r_all.base_offset == r1.base_offset + 2
+            values = []
+            for _ in range(100):  # the acks=0 batch has no answer: poll until it shows
+                values, hw = await fetch_values(c, "events", 1, offset=r1.base_offset)
+                if len(values) == 4:
+                    break
+                await asyncio.sleep(0.05)
+            assert values == [(r1.base_offset, b"one-a"), (r1.base_offset + 1, b"one-b"),
+                              (r_all.base_offset, b"all-a"), (r_all.base_offset + 1, b"zero-a")]
+            offsets = await c.request(wire.ListOffsetsRequest(topics=(wire.ListOffsetsTopic(
+                topic="events", partitions=(wire.ListOffsetsPartition(partition=1, timestamp=-2),
+                                            wire.ListOffsetsPartition(partition=1, timestamp=-1))),)))
+            earliest, latest = offsets.topics[0].partitions
+            assert (earliest.error_code, earliest.offset) == (ErrorCode.NONE, 0)
+            assert (latest.error_code, latest.offset) == (ErrorCode.NONE, hw)
+            assert hw == r_all.base_offset + 2
+            meta = await c.request(wire.MetadataRequest(topics=("events", "nope")))
+            assert [(b.node_id, b.port) for b in meta.brokers] == [(1, cluster.brokers[1].port)]
+            events, nope = meta.topics
+            assert nope.error_code is ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+            assert [(p.partition, p.leader_id, p.replicas, p.isr) for p in events.partitions] == \
+                [(0, 1, (1,), (1,)), (1, 1, (1,), (1,))]
+            assert latest.leader_epoch == events.partitions[1].leader_epoch >= 0
+    run(scenario())
+
+
+def test_bad_partitions_get_their_own_errors_and_the_good_one_is_stored(cluster):
+    good = make_batch([b"good"])
+    corrupt = bytearray(make_batch([b"corrupt-me"]))
+    corrupt[-3] ^= 0xFF  # inside the records: the CRC no longer matches
+    too_big = make_batch([b"x" * (70 * 1024)])
+
+    async def scenario():
+        async with await connect(cluster) as c:
+            r = await c.request(wire.ProduceRequest(acks=1, topics=(
+                wire.ProduceTopic(topic="events", partitions=(
+                    wire.ProducePartition(partition=0, records=bytes(corrupt)),
+                    wire.ProducePartition(partition=1, records=good),
+                    wire.ProducePartition(partition=7, records=good))),
+                wire.ProduceTopic(topic="missing", partitions=(wire.ProducePartition(partition=0, records=good),)),
+            )))
+            codes = {(t.topic, p.partition): p.error_code for t in r.topics for p in t.partitions}
+            assert codes == {("events", 0): ErrorCode.CORRUPT_MESSAGE, ("events", 1): ErrorCode.NONE,
+                             ("events", 7): ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                             ("missing", 0): ErrorCode.UNKNOWN_TOPIC_OR_PARTITION}
+            big = await produce(c, "events", 0, too_big, acks=1)
+            assert big.error_code is ErrorCode.MESSAGE_TOO_LARGE
+            assert "max_message_bytes" in big.error_message
+            ok = await produce(c, "events", 0, good, acks=-1)
+            assert ok.error_code is ErrorCode.NONE
+            values, _ = await fetch_values(c, "events", 0, offset=ok.base_offset)
+            assert values == [(ok.base_offset, b"good")]
+            fetched = await c.request(wire.FetchRequest(topics=(
+                wire.FetchTopic(topic="missing", partitions=(wire.FetchPartition(partition=0),)),)))
+            assert fetched.topics[0].partitions[0].error_code is ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    run(scenario())
+
+
+def test_oversized_frame_closes_only_its_connection(cluster):
+    async def scenario():
+        async with await connect(cluster) as bystander, await connect(cluster) as offender:
+            huge = make_batch([b"y" * (FRAME_MAX + 1024)])
+            with pytest.raises(ConnectionClosedError):
+                await offender.request(produce_request("events", 0, huge, acks=1))
+            r = await produce(bystander, "events", 0, make_batch([b"still-served"]), acks=1)
+            assert r.error_code is ErrorCode.NONE
+            async with await connect(cluster) as fresh:
+                versions = await fresh.request(wire.ApiVersionsRequest())
+                assert ErrorCode.NONE is versions.error_code
+                assert {v.api_key for v in versions.api_keys} >= {0, 1, 2, 3, 18, 22}
+    run(scenario())
+
+
+def test_producer_ids_are_distinct_and_epochs_bump(cluster):
+    async def scenario():
+        async with await connect(cluster) as c:
+            a = await c.request(wire.InitProducerIdRequest())
+            b = await c.request(wire.InitProducerIdRequest())
+            assert (a.error_code, b.error_code) == (ErrorCode.NONE, ErrorCode.NONE)
+            assert a.producer_id != b.producer_id and a.producer_epoch == b.producer_epoch == 0
+            bumped = await c.request(wire.InitProducerIdRequest(producer_id=a.producer_id, producer_epoch=0))
+            assert (bumped.producer_id, bumped.producer_epoch) == (a.producer_id, 1)
+    run(scenario())
+
+
+def test_metrics_endpoint_reports_partitions(cluster):
+    port = cluster.brokers[1].metrics_port
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    assert 'biplane_partition_log_end_offset{topic="events",partition="0"}' in body
+    assert "biplane_broker_requests_total" in body
+
+
+def test_restart_keeps_log_then_stale_and_future_epochs_are_refused(cluster):
+    """Runs last in this module: it restarts the broker (clean stop, then kill -9)."""
+    async def produce_some(value: bytes) -> int:
+        async with await connect(cluster) as c:
+            r = await produce(c, "events", 0, make_batch([value]), acks=-1)
+            assert r.error_code is ErrorCode.NONE
+            return r.base_offset
+
+    offset = run(produce_some(b"before-restart"))
+    info = cluster.restart(1)
+    assert info["clean_shutdown"] is True
+    cluster.wait_leader("events", 0)
+
+    async def after_restart():
+        values = await _values(cluster, offset)
+        assert values[0] == (offset, b"before-restart")
+        async with await connect(cluster) as c:
+            meta = await c.request(wire.MetadataRequest(topics=("events",)))
+            epoch = meta.topics[0].partitions[0].leader_epoch
+            assert epoch >= 1  # the restart moved leadership away and back
+            stale = await produce(c, "events", 0, make_batch([b"stale"]), acks=1, epoch=epoch - 1)
+            future = await produce(c, "events", 0, make_batch([b"future"]), acks=1, epoch=epoch + 5)
+            current = await produce(c, "events", 0, make_batch([b"current"]), acks=-1, epoch=epoch)
+            assert stale.error_code is ErrorCode.FENCED_LEADER_EPOCH
+            assert future.error_code is ErrorCode.UNKNOWN_LEADER_EPOCH
+            assert current.error_code is ErrorCode.NONE  # a client's future epoch did not unseat the leader
+            values, _ = await fetch_values(c, "events", 0, offset=current.base_offset - 1)
+            assert b"stale" not in [v for _, v in values] and b"future" not in [v for _, v in values]
+    run(after_restart())
+
+    info = cluster.restart(1, kill=True)
+    assert info["clean_shutdown"] is False
+    cluster.wait_leader("events", 0)
+    values = run(_values(cluster, offset))
+    assert values[0] == (offset, b"before-restart")
+
+
+async def _values(cluster, offset):
+    """What a consumer reads from `offset`; polls, since a new leader's HW catches up just after it leads."""
+    async with await connect(cluster) as c:
+        for _ in range(200):
+            values, _ = await fetch_values(c, "events", 0, offset=offset)
+            if values:
+                return values
+            await asyncio.sleep(0.05)
+        return values
