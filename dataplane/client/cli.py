@@ -202,6 +202,7 @@ def bench_main(argv: list[str], prog: str) -> int:
     p.add_argument("--batch-size-bytes", type=int, default=65_536)
     p.add_argument("--linger-ms", type=int, default=5)
     p.add_argument("--compression", default="none", choices=("none", "gzip"))
+    p.add_argument("--rate", type=float, help="send at most this many records/s (default: as fast as possible)")
     p.add_argument("--no-consume", action="store_true", help="skip the consumer phase")
     p.add_argument("--json", action="store_true", help="print the results as one JSON object")
     p.add_argument("--controller", help="admin API URL(s) for creating the topic (default: the `biplane up` cluster)")
@@ -209,6 +210,8 @@ def bench_main(argv: list[str], prog: str) -> int:
     args = p.parse_args(argv)
     if args.records < 1 or args.record_size < 0:
         p.error("--records must be >= 1 and --record-size >= 0")
+    if args.rate is not None and args.rate <= 0:
+        p.error(f"--rate {args.rate} must be positive")
     try:
         result = asyncio.run(_bench(args))
     except (BiplaneError, ValueError) as exc:
@@ -263,6 +266,10 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
             return callback
 
         for i in range(args.records):
+            if args.rate is not None:
+                ahead = begin + i / args.rate - time.perf_counter()
+                if ahead > 0:
+                    await asyncio.sleep(ahead)
             future = await producer.send(args.topic, value)
             future.add_done_callback(on_done(time.perf_counter()))
             if i % 256 == 0:

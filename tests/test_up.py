@@ -1,0 +1,111 @@
+"""`scripts/up` as a newcomer meets it: a fresh `git clone` of this repository in a temporary
+directory, `scripts/up --detach`, the README's Python example run verbatim, `biplane down`,
+and then no process of the cluster is left. A second `scripts/up` on the same directory must
+resume the same cluster (same token and secret, the topic and its record still there).
+
+To keep the run short the clone reuses this checkout's virtualenv through BIPLANE_VENV (a
+documented option of scripts/up; PYTHONPATH points at the clone so the clone's code runs);
+creating a fresh .venv would add a minute-long pip install and needs the network.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+VENV = REPO / ".venv"
+
+pytestmark = pytest.mark.slow
+
+
+def readme_example() -> str:
+    text = (REPO / "docs" / "README-client.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert blocks, "docs/README-client.md has no ```python block"
+    return blocks[0]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def all_pids(state: dict) -> list[int]:
+    pids = [n["pid"] for kind in ("controllers", "brokers") for n in state[kind].values() if n.get("pid")]
+    if state.get("supervisor"):
+        pids.append(state["supervisor"]["pid"])
+    return pids
+
+
+def test_scripts_up_from_a_clean_clone(tmp_path):
+    clone = tmp_path / "biplane"
+    subprocess.run(["git", "clone", "--quiet", str(REPO), str(clone)], check=True, timeout=60)
+    env = dict(os.environ, BIPLANE_VENV=str(VENV), PYTHONPATH=str(clone))
+    env.pop("BIPLANE_CLUSTER", None)
+    python = str(VENV / "bin" / "python")
+    started: list[int] = []
+
+    def up() -> dict:
+        r = subprocess.run([str(clone / "scripts" / "up"), "--detach"], cwd=clone, env=env, capture_output=True,
+                           text=True, timeout=150)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "admin token" in r.stdout and "biplane down" in r.stdout
+        state = json.loads((clone / ".biplane" / "cluster.json").read_text())
+        started.extend(all_pids(state))
+        assert len(state["controllers"]) == 3 and len(state["brokers"]) == 3
+        assert all(alive(p) for p in all_pids(state))
+        return state
+
+    def down() -> None:
+        r = subprocess.run([python, "-m", "common.cli", "down"], cwd=clone, env=env, capture_output=True, text=True,
+                           timeout=90)
+        assert r.returncode == 0, r.stdout + r.stderr
+
+    try:
+        which = subprocess.run([python, "-c", "import dataplane; print(dataplane.__file__)"], cwd=clone, env=env,
+                               capture_output=True, text=True, timeout=30).stdout
+        assert which.startswith(str(clone)), which
+        first = up()
+        (clone / "example.py").write_text(readme_example())
+        r = subprocess.run([python, "example.py"], cwd=clone, env=env, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "RecordMetadata(topic='events'" in r.stdout and "b'hello'" in r.stdout, r.stdout + r.stderr
+        down()
+        for pid in all_pids(first):
+            deadline = time.monotonic() + 10
+            while alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert not alive(pid), f"pid {pid} still runs after biplane down"
+
+        second = up()   # resumes: same identity, same data
+        assert second["admin_token"] == first["admin_token"]
+        assert second["cluster_secret"] == first["cluster_secret"]
+        r = subprocess.run([python, "-m", "common.cli", "consume", "events", "--from-beginning", "--max-records", "1",
+                            "--format", "json"], cwd=clone, env=env, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout.splitlines()[0])["value"] == "hello"
+        down()
+        for pid in all_pids(second):
+            deadline = time.monotonic() + 10
+            while alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert not alive(pid), f"pid {pid} still runs after biplane down"
+    finally:
+        for pid in started:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
