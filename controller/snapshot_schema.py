@@ -117,7 +117,45 @@ TABLES: dict[str, tuple[tuple[tuple[str, str], ...], tuple[str, ...]]] = {
         ),
         ("broker_id",),
     ),
+    # Derived when the file is written (BROKER_TOTALS_SQL), so a reader of a long history
+    # gets per-broker load from a few rows instead of aggregating every replica of every file.
+    "broker_totals": (
+        (
+            ("broker_id", "INTEGER"),
+            ("replica_count", "INTEGER"),
+            ("leader_count", "INTEGER"),
+            ("replica_bytes", "INTEGER"),  # sum of its replicas' size_bytes
+            ("produce_bytes_per_s", "REAL"),  # client writes: replicas it leads
+            ("replication_in_bytes_per_s", "REAL"),  # replicated writes: replicas it follows
+            ("fetch_bytes_per_s", "REAL"),
+        ),
+        ("broker_id",),
+    ),
 }
+
+# Fills broker_totals from the other tables; one row per registered broker.
+BROKER_TOTALS_SQL = """
+INSERT INTO broker_totals
+WITH counts AS (
+    SELECT broker_id, count(*) AS replica_count, sum(is_leader) AS leader_count
+    FROM replicas GROUP BY broker_id),
+usage_sums AS (
+    SELECT broker_id, sum(size_bytes) AS replica_bytes, sum(produce_bytes_per_s) AS produce_all,
+           sum(fetch_bytes_per_s) AS fetch
+    FROM replica_usage GROUP BY broker_id),
+led AS (
+    SELECT u.broker_id, sum(u.produce_bytes_per_s) AS produce
+    FROM partitions p JOIN replica_usage u
+      ON u.topic = p.topic AND u.partition = p.partition AND u.broker_id = p.leader
+    GROUP BY u.broker_id)
+SELECT b.broker_id, coalesce(c.replica_count, 0), coalesce(c.leader_count, 0),
+       coalesce(usage_sums.replica_bytes, 0), coalesce(led.produce, 0.0),
+       coalesce(usage_sums.produce_all, 0.0) - coalesce(led.produce, 0.0), coalesce(usage_sums.fetch, 0.0)
+FROM brokers b
+LEFT JOIN counts c ON c.broker_id = b.broker_id
+LEFT JOIN usage_sums ON usage_sums.broker_id = b.broker_id
+LEFT JOIN led ON led.broker_id = b.broker_id
+"""
 
 
 def column_names(table: str) -> tuple[str, ...]:

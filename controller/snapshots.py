@@ -27,7 +27,7 @@ import sqlite_utils
 
 from common.errors import InvalidRequestError
 from common.usage import BrokerUsage
-from controller.snapshot_schema import FILE_NAME_RE, SCHEMA_VERSION, TABLES, TEMP_PREFIX, column_names
+from controller.snapshot_schema import BROKER_TOTALS_SQL, FILE_NAME_RE, SCHEMA_VERSION, TABLES, TEMP_PREFIX, column_names
 
 if TYPE_CHECKING:
     from common.metadata.image import MetadataImage
@@ -195,6 +195,9 @@ def write_snapshot_file(directory: Path, rows: SnapshotRows) -> Path:
             with db.conn:
                 for table, (columns, pk) in TABLES.items():
                     db[table].create(dict(columns), pk=pk if len(pk) > 1 else pk[0])
+                    if table == "broker_totals":
+                        db.conn.execute(BROKER_TOTALS_SQL)
+                        continue
                     data = (rows.cluster_row(),) if table == "cluster" else getattr(rows, table)
                     if data:
                         marks = ", ".join("?" for _ in columns)

@@ -90,6 +90,9 @@ def test_file_has_documented_schema_and_values(tmp_path):
         assert conn.execute("SELECT size_bytes, typeof(size_bytes), high_watermark FROM replica_usage "
                             "WHERE broker_id = 1 AND partition = 0").fetchone() == (BIG_BYTES, "integer", 880)
         assert conn.execute("SELECT disk_used_bytes FROM broker_usage WHERE broker_id = 1").fetchone() == (BIG_BYTES,)
+        # Broker 1 leads orders-0 (produce 1.5 B/s) and follows orders-1; it reported 2 replicas.
+        assert conn.execute("SELECT * FROM broker_totals ORDER BY broker_id").fetchall() == [
+            (1, 2, 1, BIG_BYTES + 10, 1.5, 1.5, 7.0), (2, 2, 0, 100, 0.0, 3.0, 7.0), (3, 2, 0, 0, 0.0, 0.0, 0.0)]
 
 
 def test_names_round_trip_and_list_ignores_other_files(tmp_path):

@@ -15,7 +15,7 @@ error, which is how the driver learns of skipped files.
 Tables: every snapshot table (snapshot_schema.TABLES, with `file` and
 `snapshot_time_ms` in front), plus `files`, `broker_series` (per snapshot
 and broker: disk use, replica and leader counts, replica bytes and rates,
-aggregated inside SQLite on the executor; an unreadable file yields one row
+from the file's broker_totals; an unreadable file yields one row
 with only `file` and `error`) and `placement` (one row per replica with its
 partition's leader, size, rate and min ISR). Byte counts are LongType.
 
@@ -98,29 +98,15 @@ LEFT JOIN topic_configs c ON c.topic = r.topic AND c.name = 'min_insync_replicas
 ORDER BY r.topic, r.partition, r.position
 """
 
-# Per broker in one snapshot; runs inside SQLite so only ~brokers rows leave each file.
+# Per broker in one snapshot: a few rows, since the writer already summed the replicas.
 BROKER_SERIES_SQL = """
-WITH counts AS (
-    SELECT broker_id, count(*) AS replica_count, sum(is_leader) AS leader_count
-    FROM replicas GROUP BY broker_id),
-usage_sums AS (
-    SELECT broker_id, sum(size_bytes) AS replica_bytes, sum(produce_bytes_per_s) AS produce_all,
-           sum(fetch_bytes_per_s) AS fetch
-    FROM replica_usage GROUP BY broker_id),
-led AS (
-    SELECT u.broker_id, sum(u.produce_bytes_per_s) AS produce
-    FROM partitions p JOIN replica_usage u
-      ON u.topic = p.topic AND u.partition = p.partition AND u.broker_id = p.leader
-    GROUP BY u.broker_id)
 SELECT b.broker_id, b.rack, b.state, bu.disk_total_bytes, bu.disk_used_bytes, bu.disk_free_bytes,
-       coalesce(c.replica_count, 0), coalesce(c.leader_count, 0), coalesce(usage_sums.replica_bytes, 0),
-       coalesce(led.produce, 0.0), coalesce(usage_sums.produce_all, 0.0) - coalesce(led.produce, 0.0),
-       coalesce(usage_sums.fetch, 0.0)
+       coalesce(t.replica_count, 0), coalesce(t.leader_count, 0), coalesce(t.replica_bytes, 0),
+       coalesce(t.produce_bytes_per_s, 0.0), coalesce(t.replication_in_bytes_per_s, 0.0),
+       coalesce(t.fetch_bytes_per_s, 0.0)
 FROM brokers b
 LEFT JOIN broker_usage bu ON bu.broker_id = b.broker_id
-LEFT JOIN counts c ON c.broker_id = b.broker_id
-LEFT JOIN usage_sums ON usage_sums.broker_id = b.broker_id
-LEFT JOIN led ON led.broker_id = b.broker_id
+LEFT JOIN broker_totals t ON t.broker_id = b.broker_id
 ORDER BY b.broker_id
 """
 
