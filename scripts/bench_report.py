@@ -27,7 +27,7 @@ from controller.report.session import start_session  # noqa: E402
 
 BROKERS = 30
 PARTITIONS = 3000
-HISTORY_VERSION = 2  # bump when the generator changes, so cached histories are rebuilt
+HISTORY_VERSION = 3  # bump when the generator changes, so cached histories are rebuilt
 
 
 def cached_history(cache_dir: Path, snapshots: int, jobs: int) -> tuple[Path, float | None]:
