@@ -13,8 +13,9 @@ Checked after EVERY simulation step (DESIGN.md §6):
    committed map, so any two replicas agree below the lower of their HWs.
 5. commit_backed — when a leader's HW passes a batch, that batch really is
    stored (flushed under fsync, written under write: ground truth from the
-   logs, not from what followers reported) on the leader's required set: all of
-   ISR ∪ proposed ISR for `isr`, at least q replicas for `quorum`. Under
+   logs, not from what followers reported) on the required set: for `isr` the
+   controller's ISR (while at the leader's epoch, else the leader's ISR ∪ its
+   proposal), at least q replicas for `quorum`. Under
    durability=write a replica that crashed and has not caught up is excused
    (it may have lost written data; faults.py allows one such replica).
 6. consumer_reads_committed — every batch a leader returns to a consumer
@@ -63,9 +64,10 @@ class Checker:
         key = (node.node_id, node.incarnation)
         self.verified[key] = min(self.verified.get(key, 0), len(node.shadow))
 
-    def check(self, nodes) -> None:
+    def check(self, nodes, controller_state) -> None:
         self.checks += 1
         self.nodes = nodes
+        self.controller_state = controller_state
         for node in nodes:
             if node.replica is None:
                 continue
@@ -120,7 +122,14 @@ class Checker:
                 excused.add(node.node_id)
         r = leader.replica
         if self.policy == "isr":
-            missing = (set(r.required_isr()) | {leader.node_id}) - holders - excused
+            # Judged independently of the leader's own bookkeeping: the controller's ISR
+            # while it is at this leader's epoch, else the leader's ISR ∪ its proposal.
+            st = self.controller_state
+            if st.leader_epoch == r.leader_epoch:
+                required = set(st.isr)
+            else:
+                required = set(r.state.isr) | set(r.pending_isr or ())
+            missing = (required | {leader.node_id}) - holders - excused
             if missing:
                 self.fail(f"commit_backed: leader {leader.node_id} epoch {r.leader_epoch} committed offset {base} "
                           f"but required replicas {sorted(missing)} do not store it")

@@ -412,7 +412,7 @@ class Simulation:
             self.now_ms = t
             self.steps += 1
             self._handle(kind, arg)
-            self.checker.check(self.nodes.values())
+            self.checker.check(self.nodes.values(), self.controller.partition_state())
         self.now_ms = end_ms
 
     def _check_liveness(self) -> str | None:
