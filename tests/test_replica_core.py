@@ -25,9 +25,11 @@ from sim.disk import apply_persist
 class Node:
     """A replica with its log; completes writes (and flushes, if auto_flush) at once."""
 
-    def __init__(self, replica_id: int, *, log: MemoryLog | None = None, auto_flush: bool = True) -> None:
+    def __init__(self, replica_id: int, *, log: MemoryLog | None = None, auto_flush: bool = True,
+                 fetch_max_bytes: int = 1024 * 1024) -> None:
         self.log = log if log is not None else MemoryLog()
-        self.replica = Replica(replica_id=replica_id, log=self.log, fetch_backoff_ms=10, flush_debounce_ms=5)
+        self.replica = Replica(replica_id=replica_id, log=self.log, fetch_backoff_ms=10, flush_debounce_ms=5,
+                               fetch_max_bytes=fetch_max_bytes)
         self.auto_flush = auto_flush
         self.actions: list = []
 
@@ -499,3 +501,62 @@ def test_list_offsets_earliest_latest_and_time_stay_below_hw():
     assert r.list_offset(100) == (ErrorCode.NONE, 1)
     assert r.list_offset(250) == (ErrorCode.NONE, 2)  # offset 3 matches but is above the HW
     assert nodes[2].replica.list_offset(-1)[0] is ErrorCode.NOT_LEADER_OR_FOLLOWER
+
+
+def _figure_8(monkeypatch, *, epoch_start_rule: bool) -> tuple[int, int]:
+    """Raft's figure 8 on quorum q=2 of 3, elections by the controller's rule (greatest
+    (last epoch, end offset) of flushed-log reports). Returns (A's HW after B stored the
+    old-epoch entry x at offset 1, B's log end after following the next leader C)."""
+    import dataplane.replica.core as core_module
+    if not epoch_start_rule:
+        real = core_module.next_high_watermark
+        monkeypatch.setattr(core_module, "next_high_watermark", lambda **kw: real(**{**kw, "epoch_start_offset": -1}))
+    cfg = config(commit_policy="quorum", quorum_required_acks=2)
+    a, b, c = Node(1), Node(2, fetch_max_bytes=1), Node(3)
+    nodes = {1: a, 2: b, 3: c}
+
+    def meta(targets, **kw):
+        for n in targets:
+            n.step(NewMetadata(partition=state(**kw), config=cfg))
+
+    def drop_all():
+        for n in nodes.values():
+            n.actions.clear()
+
+    meta(nodes.values(), leader=1, epoch=1)
+    pump(nodes, now_ms=0)                          # epoch-1 marker at 0 everywhere
+    produce(a, 1, 1, b"x")                         # x at offset 1 (epoch 1), only on A
+    drop_all()
+    meta([b, c], leader=None, epoch=2, fence=True)  # A cut off; B and C report (1, 1)
+    assert [r.end_offset for r in b.take(ReportElection) + c.take(ReportElection)] == [1, 1]
+    meta([b, c], leader=3, epoch=3)                # C wins the tie; its marker y at 1 (epoch 3)
+    drop_all()                                     # ... and C is cut off at once
+    meta([a, b], leader=None, epoch=4, fence=True)
+    reports = {n.replica.replica_id: n.take(ReportElection)[0] for n in (a, b)}
+    assert (reports[1].last_epoch, reports[1].end_offset) == (1, 2)  # A wins with x
+    meta([a, b], leader=1, epoch=5)                # A's marker at 2 (epoch 5)
+    a.step(b.sent()[-1])                           # B fetches (1, epoch 1): gets x only (1 byte budget)
+    b.step([m for m in a.sent() if m.fetch_offset == 1][-1])
+    assert b.log.log_end_offset == 2
+    b.step(Tick(now_ms=10_000))                    # B flushes x and reports (2, flushed 2)
+    a.step([m for m in b.sent() if m.fetch_offset == 2][-1])
+    hw_a = a.replica.high_watermark
+    drop_all()                                     # A crashes
+    meta([b, c], leader=None, epoch=6, fence=True)
+    reports = {n.replica.replica_id: n.take(ReportElection)[0] for n in (b, c)}
+    assert (reports[3].last_epoch, reports[2].last_epoch) == (3, 1)  # C wins: epoch 3 > 1
+    meta([b, c], leader=3, epoch=7)
+    c.step(b.sent()[-1])
+    b.step([m for m in c.sent() if m.fetch_offset == 2][-1])  # diverging: epoch 1 ends at 1 on C
+    return hw_a, b.log.log_end_offset
+
+
+def test_figure_8_old_epoch_entry_is_not_committed_by_counting(monkeypatch):
+    """Claim (Raft figure 8): a new leader does not commit an older epoch's entry by counting
+    replicas. With the epoch-start rule A's HW stays at 1 while x (offset 1, epoch 1) sits on a
+    quorum, so C, elected next with a newer last epoch, may truncate x. Without the rule the same
+    schedule commits x (HW 2) and then truncates it on B: a committed record lost."""
+    hw_a, b_end = _figure_8(monkeypatch, epoch_start_rule=True)
+    assert hw_a == 1 and b_end == 1
+    hw_a, b_end = _figure_8(monkeypatch, epoch_start_rule=False)
+    assert hw_a == 2 and b_end == 1
