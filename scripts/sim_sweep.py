@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/sim_sweep.py --seeds 0:1000 [--policy isr] [--durability write]
                                           [--mutant serve_before_epoch_durable]
+                                          [--trace-out trace.jsonl]
 
 A failure prints `seed=... policy=... durability=...: what broke`; replay it with
 tests/sim/cluster.py's run_simulation. With --mutant, a known-bad core
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import pathlib
 import sys
 import time
@@ -27,6 +29,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--policy", choices=("isr", "quorum"), action="append")
     parser.add_argument("--durability", choices=("fsync", "write"), action="append")
     parser.add_argument("--mutant", choices=sorted(mutants.MUTANTS))
+    parser.add_argument("--trace-out", metavar="PATH",
+                        help="write the protocol trace of the first run as JSON lines (tests/sim/README.md)")
     args = parser.parse_args(argv)
     first, _, last = args.seeds.partition(":")
     seeds = range(int(first), int(last))
@@ -37,7 +41,12 @@ def main(argv: list[str]) -> int:
     with context:
         for seed in seeds:
             for policy, durability in configs:
-                result = run_simulation(seed=seed, policy=policy, durability=durability)
+                want_trace = bool(args.trace_out) and runs == 0
+                result = run_simulation(seed=seed, policy=policy, durability=durability, trace=want_trace)
+                if want_trace:
+                    with open(args.trace_out, "w", encoding="utf-8") as out:
+                        for entry in result.trace:
+                            out.write(json.dumps(entry, sort_keys=True) + "\n")
                 runs += 1
                 steps += result.steps
                 problem = result.violation or result.liveness_error
