@@ -160,7 +160,8 @@ class Replica:
     def _sync_from_log(self) -> None:
         end = self.log.log_end_offset
         if end != self.log_end_offset:
-            # The driver applied our Appends/Truncates; nothing else writes this log.
+            # Under the driver's contract this cannot differ; if a write failed, the
+            # log is the truth and the core follows it rather than its own prediction.
             self.log_end_offset = end
             self.last_epoch = epoch_before(self.log, end)
         self.written_offset = min(self.written_offset, end)
