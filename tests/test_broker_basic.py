@@ -18,7 +18,7 @@ from common.errors import ErrorCode
 from common.wire import ConnectionClosedError, WireClient
 from common.wire import messages as wire
 from cluster_harness import Cluster, fetch_values, make_batch, produce, produce_request
-from controller_harness import http
+from controller_harness import http, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -194,3 +194,17 @@ async def _values(cluster, offset):
                 return values
             await asyncio.sleep(0.05)
         return values
+
+
+def test_deleting_a_topic_removes_its_replica_directory(cluster):
+    data_dir = cluster.brokers[1].data_dir
+    cluster.create_topic("doomed", partitions=1, replication_factor=1)
+
+    async def scenario():
+        async with await connect(cluster) as c:
+            assert (await produce(c, "doomed", 0, make_batch([b"bye"]), acks=-1)).error_code is ErrorCode.NONE
+    run(scenario())
+    assert (data_dir / "doomed-0").is_dir()
+    assert http("DELETE", cluster.api_url + "/v1/topics/doomed").status == 200
+    wait_until(lambda: not (data_dir / "doomed-0").exists(), 10, "doomed-0 removed")
+    assert (data_dir / "events-0").is_dir()

@@ -74,7 +74,8 @@ class FetchSession:
         self.pending: dict[TopicPartition, FetchRequest] = {}
         self._main_busy = False
         self._express_used: set[TopicPartition] = set()
-        self._cond = asyncio.Condition()
+        self._wake = asyncio.Event()      # the main loop's: something is pending
+        self._wake_exp = asyncio.Event()  # the express loop's: something new arrived
         self._clients: dict[str, WireClient | None] = {"main": None, "express": None}
         self._backoff_ms = 0
         loop = asyncio.get_running_loop()
@@ -82,40 +83,41 @@ class FetchSession:
 
     def submit(self, tp: TopicPartition, request: FetchRequest) -> None:
         self.pending[tp] = request
-        asyncio.get_running_loop().create_task(self._notify())
-
-    async def _notify(self) -> None:
-        async with self._cond:
-            self._cond.notify_all()
+        self._wake.set()
+        self._wake_exp.set()
 
     # ------------------------------------------------------------ loops
 
     async def _main_loop(self) -> None:
         while True:
-            async with self._cond:
-                await self._cond.wait_for(lambda: bool(self.pending))
-                batch, self.pending = self.pending, {}
-                self._main_busy = True
-                self._express_used.clear()
+            while not self.pending:
+                self._wake.clear()
+                await self._wake.wait()
+            batch, self.pending = self.pending, {}
+            self._main_busy = True
+            self._express_used.clear()
             try:
                 await self._round("main", batch, self.limits["fetch_wait_ms_max"])
             finally:
-                async with self._cond:
-                    self._main_busy = False
-                    self._cond.notify_all()
+                self._main_busy = False
+                self._wake.set()
 
     def _express_ready(self) -> bool:
         return self._main_busy and any(tp not in self._express_used for tp in self.pending)
 
     async def _express_loop(self) -> None:
         while True:
-            async with self._cond:
-                await self._cond.wait_for(self._express_ready)
-                batch = {tp: r for tp, r in self.pending.items() if tp not in self._express_used}
-                for tp in batch:
-                    del self.pending[tp]
-                self._express_used.update(batch)
+            while not self._express_ready():
+                await self._wake_express()
+            batch = {tp: r for tp, r in self.pending.items() if tp not in self._express_used}
+            for tp in batch:
+                del self.pending[tp]
+            self._express_used.update(batch)
             await self._round("express", batch, 0)
+
+    async def _wake_express(self) -> None:
+        self._wake_exp.clear()
+        await self._wake_exp.wait()
 
     async def _round(self, which: str, batch: dict[TopicPartition, FetchRequest], wait_ms: int) -> None:
         try:
@@ -201,7 +203,8 @@ class FetchSession:
         await asyncio.sleep(self._backoff_ms / 1000)
         for tp, request in batch.items():
             self.pending.setdefault(tp, request)  # unless the core asked anew meanwhile
-        await self._notify()
+        self._wake.set()
+        self._wake_exp.set()
 
     async def close(self) -> None:
         for task in self._tasks:

@@ -66,6 +66,7 @@ class ReplicaManager:
         self._tasks: set[asyncio.Task] = set()
         self._lock = asyncio.Lock()
         self._closed = False
+        self._swept = False
 
     def get(self, topic: str, partition: int) -> PartitionDriver | None:
         return self.drivers.get((topic, partition))
@@ -90,6 +91,11 @@ class ReplicaManager:
                 self._feed(driver, topic, info)
             for tp in [tp for tp in self.drivers if tp not in hosted]:
                 await self._remove(tp, image)
+            if not self._swept:
+                # Replicas deleted or moved away while this broker was down.
+                self._swept = True
+                keep = {os.path.basename(partition_dir(self.config.data_dir, tp)) for tp in hosted}
+                await asyncio.get_running_loop().run_in_executor(None, _remove_orphans, self.config.data_dir, keep)
 
     def _feed(self, driver: PartitionDriver, topic: TopicInfo, info: PartitionInfo) -> None:
         key = (info.leader_epoch, info.partition_epoch, info.fenced_for_election, info.isr, info.replicas,
@@ -257,3 +263,12 @@ def _prepare_dir(directory: str, topic_id: str) -> bool:
         os.fsync(f.fileno())
     os.replace(tmp, marker)
     return False
+
+
+def _remove_orphans(data_dir: str, keep: set[str]) -> None:
+    for name in os.listdir(data_dir):
+        path = os.path.join(data_dir, name)
+        if name not in keep and os.path.isfile(os.path.join(path, TOPIC_ID_FILE)):
+            log.info("removing %s: no replica of it is assigned here", path,
+                     extra={"event": "partition.orphan_removed"})
+            shutil.rmtree(path, ignore_errors=True)

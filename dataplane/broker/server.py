@@ -251,6 +251,10 @@ class RequestHandler:
                 offset, epoch = -1, -1
                 if driver is not None:
                     error = self._client_epoch_error(driver, p.current_leader_epoch)
+                    if error is ErrorCode.NONE and driver.is_leader and not driver.replica.epoch_durable:
+                        # A new leader's epoch marker is not flushed yet: it serves nothing of
+                        # this epoch, and its HW may still be below what consumers saw before.
+                        error = ErrorCode.LEADER_NOT_AVAILABLE
                     if error is ErrorCode.NONE:
                         error, offset = driver.replica.list_offset(p.timestamp)
                         epoch = driver.replica.leader_epoch
