@@ -3,12 +3,12 @@
 
 Prints, for acks=1 and acks=all under commit_policy `isr` and `quorum`:
 records/s, MB/s and p50/p99 produce latency of a simple wire-level producer
-(one pre-built 32 KiB batch of 32 records, resent; `--connections` connections,
-one request in flight each, since a connection is answered in order); then the
+(one pre-built 32 KiB batch of 32 records, resent; `--connections` connections
+with `--inflight` requests pipelined on each); then the
 partition failover time from kill -9 of a leader to the first acknowledged
 acks=all produce on the new leader (median of `--failovers` runs per policy).
 
-    .venv/bin/python scripts/bench_broker.py [--seconds 5] [--connections 4] [--failovers 3]
+    .venv/bin/python scripts/bench_broker.py [--seconds 5] [--connections 1] [--inflight 8] [--failovers 3]
 """
 from __future__ import annotations
 
@@ -33,7 +33,8 @@ RECORD_BYTES = 1024
 RECORDS_PER_BATCH = 32
 
 
-async def throughput(cluster: Cluster, topic: str, acks: int, seconds: float, connections: int) -> dict:
+async def throughput(cluster: Cluster, topic: str, acks: int, seconds: float, connections: int,
+                     inflight: int) -> dict:
     leader = cluster.wait_leader(topic, 0)
     batch = make_batch([os.urandom(RECORD_BYTES) for _ in range(RECORDS_PER_BATCH)])
     clients = [await WireClient.connect(*cluster.address(leader)) for _ in range(connections)]
@@ -57,7 +58,7 @@ async def throughput(cluster: Cluster, topic: str, acks: int, seconds: float, co
     for c in clients:
         await produce(c, topic, 0, batch, acks=acks)
     start = time.perf_counter()
-    await asyncio.gather(*(worker(c) for c in clients))
+    await asyncio.gather(*(worker(c) for c in clients for _ in range(inflight)))
     elapsed = time.perf_counter() - start
     for c in clients:
         await c.close()
@@ -121,13 +122,15 @@ async def failover_once(cluster: Cluster, topic: str) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=5.0)
-    ap.add_argument("--connections", type=int, default=4)
+    ap.add_argument("--connections", type=int, default=1)
+    ap.add_argument("--inflight", type=int, default=8, help="requests in flight per connection")
     ap.add_argument("--failovers", type=int, default=3)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-broker-") as tmp:
         with Cluster(Path(tmp), brokers=3, broker_args=["--log-level", "WARNING"]) as cluster:
             print(f"3 brokers, RF 3, {RECORD_BYTES} B records, {RECORDS_PER_BATCH} per batch "
-                  f"({RECORD_BYTES * RECORDS_PER_BATCH // 1024} KiB), {args.connections} connections, "
+                  f"({RECORD_BYTES * RECORDS_PER_BATCH // 1024} KiB), {args.connections} connection(s) x "
+                  f"{args.inflight} in flight, "
                   f"{args.seconds:.0f} s per row, load avg {os.getloadavg()[0]:.2f}")
             print(f"{'policy':<8}{'acks':>5}{'records/s':>12}{'MB/s':>9}{'p50 ms':>9}{'p99 ms':>9}  errors")
             for policy in ("isr", "quorum"):
@@ -135,7 +138,8 @@ def main() -> int:
                 cluster.create_topic(topic, partitions=1, replication_factor=3,
                                      config={"commit_policy": policy, "min_insync_replicas": 2})
                 for acks in (1, -1):
-                    r = asyncio.run(throughput(cluster, topic, acks, args.seconds, args.connections))
+                    r = asyncio.run(throughput(cluster, topic, acks, args.seconds, args.connections,
+                                               args.inflight))
                     print(f"{policy:<8}{'all' if acks == -1 else acks:>5}{r['records_per_s']:>12,.0f}"
                           f"{r['mb_per_s']:>9.1f}{r['p50_ms']:>9.2f}{r['p99_ms']:>9.2f}  {r['errors'] or ''}")
             for policy in ("isr", "quorum"):

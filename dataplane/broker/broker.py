@@ -19,9 +19,9 @@ from aiohttp import web
 from common.control_client import ControlClient
 from common.errors import BiplaneError
 from common.usage import BrokerUsage
-from common.wire import start_server
 from dataplane.broker.config import BrokerConfig
 from dataplane.broker.fetcher import Fetcher
+from dataplane.broker.listener import start_pipelined_server
 from dataplane.broker.lifecycle import Lifecycle, take_clean_shutdown_marker, write_clean_shutdown_marker
 from dataplane.broker.metadata import MetadataLearner
 from dataplane.broker.metrics import render_metrics
@@ -74,7 +74,8 @@ class Broker:
                                       replicas=self.replicas, producer_ids=self.producer_ids,
                                       refresh_metadata=self.learner.refresh_soon,
                                       fetch_wait_ms_max=c.fetch_wait_ms_max)
-        self._server = await start_server(self.handler.handle, c.host, c.port, max_frame_bytes=c.max_frame_bytes)
+        self._server = await start_pipelined_server(self.handler.start, c.host, c.port,
+                                                    max_frame_bytes=c.max_frame_bytes)
         self.port = self._server.sockets[0].getsockname()[1]
         if c.metrics_port is not None:
             await self._start_metrics(c.metrics_port)

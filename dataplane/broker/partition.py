@@ -21,7 +21,6 @@ import logging
 import time
 from typing import Protocol
 
-from common.batch import iter_batches
 from common.errors import BiplaneError, ErrorCode, InvalidRequestError, StorageError
 from dataplane.log.flusher import FlushCoalescer, LogTruncatedError
 from dataplane.log.interface import LogConfig
@@ -95,8 +94,10 @@ class PartitionDriver:
         if not self.closed and self.failed is None:
             self.step(Tick(now_ms=max(now, self.replica.now_ms)))
 
-    async def produce(self, records: bytearray, *, acks: int, timeout_ms: int,
-                      record_count: int) -> ReleaseProduce:
+    def submit_produce(self, records: bytearray, *, acks: int, timeout_ms: int,
+                       record_count: int) -> asyncio.Future[ReleaseProduce]:
+        """Step the produce into the core now (so requests keep their arrival order);
+        the future resolves when the core releases it."""
         request_id = next(self._request_ids)
         future: asyncio.Future[ReleaseProduce] = asyncio.get_running_loop().create_future()
         self._produce_waiters[request_id] = future
@@ -105,11 +106,13 @@ class PartitionDriver:
         except BaseException:
             self._produce_waiters.pop(request_id, None)
             raise
-        release = await future
-        if release.error is ErrorCode.NONE:
-            self.produce_records += record_count
-            self.produce_bytes += len(records)
-        return release
+
+        def count(f: asyncio.Future[ReleaseProduce]) -> None:
+            if not f.cancelled() and f.result().error is ErrorCode.NONE:
+                self.produce_records += record_count
+                self.produce_bytes += len(records)
+        future.add_done_callback(count)
+        return future
 
     def fetch(self, request: FetchRequest) -> FetchResponse:
         """Answer one fetch (a follower's or a consumer's) as the core decides, right now."""
@@ -251,7 +254,3 @@ class PartitionDriver:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.get_running_loop().run_in_executor(None, self.log.close)
-
-
-def count_records(records) -> int:
-    return sum(h.record_count for _, h in iter_batches(records, validate=False))

@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from common.batch import iter_batches
 from common.errors import BiplaneError, CorruptBatchError, ErrorCode
 from common.metadata.image import MetadataImage
 from common.wire import RequestHeader
 from common.wire import messages as wire
-from dataplane.broker.partition import PartitionDriver, count_records
+from dataplane.broker.partition import PartitionDriver
 from dataplane.broker.producer_ids import ProducerIds
 from dataplane.broker.replicas import ReplicaManager
 from dataplane.replica.events import FetchRequest
@@ -61,11 +61,18 @@ class RequestHandler:
         # HW last told to each follower per partition: a change answers its long-poll at once.
         self._hw_told: dict[tuple[int, TopicPartition], int] = {}
 
+    def start(self, header: RequestHeader, request: Any) -> Awaitable[Any]:
+        """Begin handling in arrival order; produce requests reach their cores before this returns."""
+        if type(request) is wire.ProduceRequest:
+            self.counters.request("ProduceRequest")
+            return self.start_produce(request)
+        return self.handle(header, request)
+
     async def handle(self, header: RequestHeader, request: Any) -> Any:
         kind = type(request)
         self.counters.request(kind.__name__)
         if kind is wire.ProduceRequest:
-            return await self.produce(request)
+            return await self.start_produce(request)
         if kind is wire.FetchRequest:
             return await self.fetch(request)
         if kind is wire.ListOffsetsRequest:
@@ -113,20 +120,34 @@ class RequestHandler:
 
     # ------------------------------------------------------------ produce
 
-    async def produce(self, request: wire.ProduceRequest) -> wire.ProduceResponse | None:
-        jobs = [(t.topic, p, self._produce_partition(t.topic, p, request.acks, request.timeout_ms))
-                for t in request.topics for p in t.partitions]
-        results = await asyncio.gather(*(job for _, _, job in jobs))
-        if request.acks == 0:
-            return None
-        by_topic: dict[str, list[wire.ProducePartitionResponse]] = {}
-        for (topic, _, _), result in zip(jobs, results):
-            by_topic.setdefault(topic, []).append(result)
-        return wire.ProduceResponse(topics=tuple(
-            wire.ProduceTopicResponse(topic=t, partitions=tuple(ps)) for t, ps in by_topic.items()))
+    def start_produce(self, request: wire.ProduceRequest) -> Awaitable[wire.ProduceResponse | None]:
+        """Check and submit every partition now, in request order; the awaitable gives the answer."""
+        acks, timeout_ms = request.acks, request.timeout_ms
+        parts = [(t.topic, p.partition, self._submit_partition(t.topic, p, acks, timeout_ms))
+                 for t in request.topics for p in t.partitions]
 
-    async def _produce_partition(self, topic: str, p: wire.ProducePartition, acks: int,
-                                 timeout_ms: int) -> wire.ProducePartitionResponse:
+        async def answer() -> wire.ProduceResponse | None:
+            by_topic: dict[str, list[wire.ProducePartitionResponse]] = {}
+            for topic, partition, item in parts:
+                if not isinstance(item, wire.ProducePartitionResponse):
+                    driver, future = item
+                    release = await future
+                    if release.error is not ErrorCode.NONE:
+                        self.counters.error(release.error)
+                    item = wire.ProducePartitionResponse(
+                        partition=partition, error_code=release.error, base_offset=release.base_offset,
+                        log_start_offset=driver.log.log_start_offset,
+                        current_leader=wire.LeaderIdAndEpoch(leader_id=self.broker_id,
+                                                             leader_epoch=driver.replica.leader_epoch))
+                by_topic.setdefault(topic, []).append(item)
+            if acks == 0:
+                return None
+            return wire.ProduceResponse(topics=tuple(
+                wire.ProduceTopicResponse(topic=t, partitions=tuple(ps)) for t, ps in by_topic.items()))
+        return answer()
+
+    def _submit_partition(self, topic: str, p: wire.ProducePartition, acks: int, timeout_ms: int):
+        """A refusal (ProducePartitionResponse), or (driver, future of the core's release)."""
         def refuse(code: ErrorCode, message: str) -> wire.ProducePartitionResponse:
             self.counters.error(code)
             return wire.ProducePartitionResponse(partition=p.partition, error_code=code, error_message=message,
@@ -157,16 +178,11 @@ class RequestHandler:
             return refuse(ErrorCode.MESSAGE_TOO_LARGE, f"{topic}-{p.partition}: batch of {too_big[0]} bytes "
                                                        f"exceeds max_message_bytes={max_bytes}")
         try:
-            release = await driver.produce(bytearray(records), acks=acks, timeout_ms=timeout_ms,
+            future = driver.submit_produce(bytearray(records), acks=acks, timeout_ms=timeout_ms,
                                            record_count=sum(h.record_count for h in headers))
         except BiplaneError as exc:
             return refuse(exc.code, str(exc))
-        if release.error is not ErrorCode.NONE:
-            self.counters.error(release.error)
-        return wire.ProducePartitionResponse(
-            partition=p.partition, error_code=release.error, base_offset=release.base_offset,
-            log_start_offset=driver.log.log_start_offset,
-            current_leader=wire.LeaderIdAndEpoch(leader_id=self.broker_id, leader_epoch=driver.replica.leader_epoch))
+        return driver, future
 
     # ------------------------------------------------------------ fetch
 
@@ -302,4 +318,4 @@ class RequestHandler:
         return wire.InitProducerIdResponse(producer_id=pid, producer_epoch=epoch)
 
 
-__all__ = ["RequestHandler", "count_records"]
+__all__ = ["RequestHandler"]
