@@ -208,3 +208,31 @@ def test_deleting_a_topic_removes_its_replica_directory(cluster):
     assert http("DELETE", cluster.api_url + "/v1/topics/doomed").status == 200
     wait_until(lambda: not (data_dir / "doomed-0").exists(), 10, "doomed-0 removed")
     assert (data_dir / "events-0").is_dir()
+
+
+def test_pipelined_produce_on_one_connection_keeps_order(cluster):
+    async def scenario():
+        async with await connect(cluster) as c:
+            answers = await asyncio.gather(*(produce(c, "events", 1, make_batch([b"p%d" % i]), acks=-1)
+                                             for i in range(12)))
+            assert [a.error_code for a in answers] == [ErrorCode.NONE] * 12
+            offsets = [a.base_offset for a in answers]
+            assert offsets == list(range(offsets[0], offsets[0] + 12))
+            values, _ = await fetch_values(c, "events", 1, offset=offsets[0])
+            assert [v for _, v in values[:12]] == [b"p%d" % i for i in range(12)]
+    run(scenario())
+
+
+def test_consumer_long_poll_returns_data_produced_while_it_waits(cluster):
+    async def scenario():
+        async with await connect(cluster) as consumer, await connect(cluster) as producer:
+            _, hw = await fetch_values(consumer, "events", 1)
+            poll = asyncio.ensure_future(consumer.request(wire.FetchRequest(max_wait_ms=20_000, topics=(
+                wire.FetchTopic(topic="events", partitions=(wire.FetchPartition(partition=1, fetch_offset=hw),)),))))
+            await asyncio.sleep(0.2)
+            assert not poll.done()  # nothing to read yet: it waits
+            r = await produce(producer, "events", 1, make_batch([b"wake-up"]), acks=-1)
+            answer = (await asyncio.wait_for(poll, 15)).topics[0].partitions[0]
+            assert answer.error_code is ErrorCode.NONE and bytes(answer.records)
+            assert answer.high_watermark == r.base_offset + 1
+    run(scenario())
