@@ -25,6 +25,7 @@ from dataplane.broker.listener import start_pipelined_server
 from dataplane.broker.lifecycle import Lifecycle, take_clean_shutdown_marker, write_clean_shutdown_marker
 from dataplane.broker.metadata import MetadataLearner
 from dataplane.broker.metrics import render_metrics
+from dataplane.broker.partition import now_ms
 from dataplane.broker.producer_ids import ProducerIds
 from dataplane.broker.replicas import ReplicaManager
 from dataplane.broker.server import RequestHandler
@@ -147,6 +148,9 @@ class Broker:
             return
         try:
             driver.step(event)
+            # An empty answer leaves the core's next fetch due "now", sent on its next
+            # tick: tick at once so the follower is long-polling again without a gap.
+            driver.tick(now_ms())
         except BiplaneError as exc:
             log.warning("%s-%d: fetch answer not applied: %s", *tp, exc)
         except Exception:  # our bug: loud, but the session must go on serving other partitions

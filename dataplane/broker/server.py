@@ -204,6 +204,8 @@ class RequestHandler:
                     if driver is not None:
                         changes.append(driver.changed())
             remaining = deadline - loop.time()
+            if remaining <= 0 and wait_s > 0 and follower and log.isEnabledFor(logging.DEBUG):
+                log.debug("fetch from replica %d waited %.0f ms for nothing", request.replica_id, wait_s * 1000)
             if ready or remaining <= 0 or not changes:
                 if follower:
                     for tp, a in answers.items():
