@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
+import time
 
 import pytest
 
 from cluster_harness import Cluster
+from controller_harness import TOKEN
 from common.errors import ErrorCode
 from common.wire import ConnectionClosedError, ProduceRequest
 from dataplane.client import (
@@ -149,13 +152,24 @@ def test_leader_kill_loses_no_acknowledged_record_and_consumer_follows(cluster):
                                                                   not_broker=victim))
                     if i % 20 == 0:
                         await asyncio.sleep(0.02)
-                for i, result in enumerate(await asyncio.gather(*futures, return_exceptions=True)):
+                try:
+                    results = await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=True), 60)
+                except asyncio.TimeoutError:
+                    raise AssertionError(f"{sum(f.done() for f in futures)} of {n} sends settled in 60 s; "
+                                         f"queues {producer._acc.partitions}; "
+                                         f"metadata {producer._network.metadata.topics}") from None
+                for i, result in enumerate(results):
                     assert not isinstance(result, BaseException), (i, result)
                     acked.append(b"r%04d" % i)
-            await asyncio.wait_for(reader, 60)
+            try:
+                await asyncio.wait_for(reader, 60)
+            except asyncio.TimeoutError:
+                raise AssertionError(f"consumer saw {len({r.value for r in seen})} of {n} in 60 s; positions "
+                                     f"{consumer._positions}, HW {consumer._high_watermarks}, metadata "
+                                     f"{consumer._network.metadata.topics}") from None
         return acked, seen, new_leader
     try:
-        acked, seen, new_leader = run(main(), 120)
+        acked, seen, new_leader = run(main(), 200)
     finally:
         cluster.restart(victim, kill=True)
     assert set(acked) <= {r.value for r in seen}
@@ -206,4 +220,73 @@ def test_unknown_topic_and_bad_arguments(cluster):
             await consumer.assign([TopicPartition("small", 1)])
             with pytest.raises(ValueError, match="offset"):
                 await consumer.seek(("small", 1), -5)
+    run(main())
+
+
+def biplane(*argv: str, stdin: str | None = None, timeout_s: float = 60):
+    import subprocess
+    import sys
+    return subprocess.run([sys.executable, "-m", "common.cli", *argv], input=stdin, capture_output=True, text=True,
+                          timeout=timeout_s)
+
+
+def test_cli_produce_and_consume(cluster):
+    cluster.create_topic("cli", partitions=1, replication_factor=3)
+    boot = bootstrap(cluster)
+    r = biplane("produce", "cli", "--bootstrap", boot, "--key-separator", ":", "--acks", "1",
+                stdin="a:first\nsecond\nb:third\n")
+    assert r.returncode == 0 and "sent 3 record(s)" in r.stderr, r.stderr
+    r = biplane("consume", "cli", "--bootstrap", boot, "--from-beginning", "--max-records", "3", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    docs = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [(d["key"], d["value"]) for d in docs] == [("a", "first"), (None, "second"), ("b", "third")]
+    r = biplane("consume", "cli", "--bootstrap", boot, "--offset", str(docs[1]["offset"]), "--max-records", "2")
+    assert r.stdout.splitlines() == ["second", "third"]
+    r = biplane("consume", "cli", "--bootstrap", boot, "--from-beginning", "--idle-timeout-ms", "500", "--print-key")
+    assert r.returncode == 0 and r.stdout.splitlines() == ["a\tfirst", "None\tsecond", "b\tthird"]
+    r = biplane("produce", "no-such-topic", "--bootstrap", boot, stdin="x\n")
+    assert r.returncode == 1 and "'no-such-topic' does not exist" in r.stderr
+    r = biplane("consume", "cli", "--bootstrap", boot, "--max-records", "0")
+    assert r.returncode == 2 and "--max-records 0 must be at least 1" in r.stderr
+    r = biplane("produce", "cli", "--bootstrap", "nohostport", stdin="x\n")
+    assert r.returncode == 1 and "not HOST:PORT" in r.stderr
+
+
+def test_bench_prints_rates_and_percentiles(cluster):
+    r = biplane("bench", "--bootstrap", bootstrap(cluster), "--controller", cluster.api_url, "--token", TOKEN,
+                "--topic", "benchsmall", "--records", "300", "--record-size", "100", "--json", timeout_s=120)
+    assert r.returncode == 0, r.stderr
+    result = json.loads(r.stdout)
+    assert result["produce"]["records"] == 300 and result["produce"]["failed"] == 0
+    assert result["consume"]["records"] == 300
+    p = result["produce"]
+    assert 0 < p["latency_ms_p50"] <= p["latency_ms_p99"] <= p["latency_ms_p999"] <= p["latency_ms_max"]
+
+
+def test_seek_to_time_iteration_position_and_lag(cluster):
+    cluster.create_topic("timed", partitions=1, replication_factor=3)
+    tp = TopicPartition("timed", 0)
+    # Later than the leader's own first batch (stamped now): a time lookup goes by the highest
+    # timestamp so far, as Kafka's time index does.
+    base = int(time.time() * 1000) + 3_600_000
+
+    async def main():
+        async with Producer(bootstrap=bootstrap(cluster)) as producer:
+            for i in range(10):
+                await producer.send_and_wait("timed", b"t%d" % i, partition=0, timestamp_ms=base + i * 1000)
+        async with Consumer(bootstrap=bootstrap(cluster)) as consumer:
+            await consumer.assign([tp])
+            await consumer.seek_to_time(base + 6500, tp)
+            got = []
+            async for record in consumer:
+                got.append(record)
+                if len(got) == 3:
+                    break
+            assert [r.value for r in got] == [b"t7", b"t8", b"t9"]
+            assert consumer.position(tp) == got[-1].offset + 1 and consumer.lag(tp) == 0
+            await consumer.seek_to_beginning(tp)
+            first = await consumer.poll(2000, max_records=1)
+            assert first[0].value == b"t0" and consumer.lag(tp) == 9   # the leader's own batch is not a record
+            await consumer.seek_to_time(base + 10 * 3_600_000, tp)   # later than every record: the end
+            assert consumer.position(tp) == (await consumer.end_offsets([tp]))[tp]
     run(main())

@@ -342,3 +342,37 @@ def test_consumer_seeks_and_reports_position_and_lag():
                 with pytest.raises(ValueError, match="partition"):
                     await consumer.assign([("t", 7)])
     run(main())
+
+
+def test_consumer_steps_over_control_batches_before_between_and_after_records():
+    """A leader's own batches (control batches) take offsets but are not records: the consumer
+    returns every record once, in order, and its position ends after the last batch."""
+    from common.batch import BatchBuilder
+
+    def control(part):
+        b = BatchBuilder(is_control=True)
+        b.append(b"", timestamp_ms=0)
+        broker.append(part, bytearray(b.build()), _header(b))
+
+    def _header(builder):
+        from common.batch import read_header
+        return read_header(builder.build())
+
+    async def main():
+        nonlocal broker
+        async with FakeBroker({"t": 1}) as b:
+            broker = b
+            part = b.partitions[("t", 0)]
+            control(part)
+            await produce_all(b, [b"a", b"b"])
+            control(part)
+            await produce_all(b, [b"c"])
+            control(part)
+            async with Consumer("t", bootstrap=b.bootstrap, from_beginning=True) as consumer:
+                got = []
+                for _ in range(5):
+                    got += await consumer.poll(200)
+                assert [(r.offset, r.value) for r in got] == [(1, b"a"), (2, b"b"), (4, b"c")]
+                assert consumer.position(TP) == 6 and consumer.lag(TP) == 0
+    broker = None
+    run(main())

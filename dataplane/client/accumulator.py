@@ -83,6 +83,10 @@ class PartitionState:
         self.in_flight: list[ProducerBatch] = []   # in sequence (drain) order
         self.retrying = False
 
+    def __repr__(self) -> str:
+        return (f"PartitionState(queued={len(self.queue)}, in_flight={len(self.in_flight)}, "
+                f"next_sequence={self.next_sequence}, retrying={self.retrying})")
+
 
 class Accumulator:
     def __init__(self, *, batch_size_bytes: int = 16_384, linger_ms: int = 5,

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import json
+import math
 import os
 import sys
 import time
@@ -162,7 +162,8 @@ async def _consume(args: argparse.Namespace) -> int:
 def percentile(sorted_values: list[float], q: float) -> float:
     if not sorted_values:
         return float("nan")
-    index = min(len(sorted_values) - 1, max(0, int(round(q * len(sorted_values) + 0.5)) - 1))
+    # Nearest rank: the smallest value with at least q of the values at or below it.
+    index = min(len(sorted_values) - 1, max(0, math.ceil(q * len(sorted_values) - 1e-9) - 1))
     return sorted_values[index]
 
 

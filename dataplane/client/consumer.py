@@ -323,8 +323,10 @@ class Consumer:
         while self._buffer and (max_records is None or len(out) < max_records):
             record = self._buffer.popleft()
             tp = TopicPartition(record.topic, record.partition)
-            if self._positions.get(tp) != record.offset:
-                continue   # sought elsewhere since it was fetched
+            position = self._positions.get(tp)
+            if position is None or record.offset < position:
+                continue   # unassigned or sought elsewhere since it was fetched
+            # record.offset > position: control batches (or compaction) left a gap; step over it.
             self._positions[tp] = record.offset + 1
             out.append(record)
         return out

@@ -1,0 +1,98 @@
+"""Pieces of `biplane up` and the data CLI that need no cluster: finding cluster.json, planning
+a (resumed) cluster, formatting records, percentiles."""
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+
+import pytest
+
+from dataplane.client import discovery
+from dataplane.client.cli import format_record, percentile
+from dataplane.client.errors import NoClusterError
+from dataplane.client.records import ConsumerRecord
+from dataplane.cluster.state import child_pids, pid_alive, read_state, write_state
+from dataplane.cluster.up import UpError, plan
+
+
+def args(**kw) -> argparse.Namespace:
+    return argparse.Namespace(controllers=kw.get("controllers"), brokers=kw.get("brokers"))
+
+
+def test_cluster_file_is_found_in_dot_biplane_then_through_the_env(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("BIPLANE_CLUSTER", raising=False)
+    with pytest.raises(NoClusterError, match="scripts/up"):
+        discovery.load_cluster_file()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    doc = {"brokers": {"2": {"address": "127.0.0.1:2"}, "1": {"address": "127.0.0.1:1"}},
+           "controllers": {"1": {"api_url": "http://127.0.0.1:9"}}, "admin_token": "t"}
+    (elsewhere / "cluster.json").write_text(json.dumps(doc))
+    monkeypatch.setenv("BIPLANE_CLUSTER", str(elsewhere))          # a directory
+    assert discovery.default_bootstrap() == "127.0.0.1:1,127.0.0.1:2"
+    monkeypatch.setenv("BIPLANE_CLUSTER", str(elsewhere / "cluster.json"))  # or the file
+    assert discovery.default_admin() == (["http://127.0.0.1:9"], "t")
+    local = dict(doc, admin_token="local")
+    (tmp_path / ".biplane").mkdir()
+    (tmp_path / ".biplane" / "cluster.json").write_text(json.dumps(local))
+    assert discovery.default_admin()[1] == "local"                  # ./.biplane comes first
+    (tmp_path / ".biplane" / "cluster.json").write_text("{broken")
+    with pytest.raises(NoClusterError, match="not valid JSON"):
+        discovery.load_cluster_file()
+
+
+def test_plan_defaults_and_resume_keeps_identity_and_free_ports(tmp_path):
+    first, notes = plan(args(), tmp_path, None)
+    assert (len(first["controllers"]), len(first["brokers"])) == (3, 3) and notes == []
+    assert [c["priority"] for c in first["controllers"].values()] == [3, 2, 1]
+    ports = [c["api_port"] for c in first["controllers"].values()] + [b["port"] for b in first["brokers"].values()]
+    assert len(set(ports)) == len(ports)
+    again, notes = plan(args(), tmp_path, first)
+    assert again["admin_token"] == first["admin_token"] and again["cluster_secret"] == first["cluster_secret"]
+    assert again["brokers"] == first["brokers"] and notes == []
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", first["brokers"]["1"]["port"]))
+        moved, notes = plan(args(), tmp_path, first)
+    assert moved["brokers"]["1"]["port"] != first["brokers"]["1"]["port"]
+    assert "broker 1: port" in notes[0]
+    more, _ = plan(args(brokers=4), tmp_path, first)
+    assert list(more["brokers"]) == ["1", "2", "3", "4"]
+
+
+def test_plan_rejects_bad_sizes_and_a_changed_quorum(tmp_path):
+    with pytest.raises(UpError, match="1, 3 or 5"):
+        plan(args(controllers=2), tmp_path, None)
+    with pytest.raises(UpError, match="--brokers 0"):
+        plan(args(brokers=0), tmp_path, None)
+    first, _ = plan(args(controllers=1), tmp_path, None)
+    with pytest.raises(UpError, match="cannot change on restart"):
+        plan(args(controllers=3), tmp_path, first)
+
+
+def test_state_file_round_trips_privately_and_lists_children(tmp_path):
+    state = {"controllers": {"1": {"pid": 11}}, "brokers": {"1": {"pid": 21}, "2": {"pid": None}}}
+    write_state(tmp_path, state)
+    assert read_state(tmp_path) == state
+    assert (tmp_path / "cluster.json").stat().st_mode & 0o077 == 0
+    assert child_pids(state) == {"controller 1": 11, "broker 1": 21}
+
+
+def test_pid_alive_checks_the_command_line_marker():
+    import os
+    assert pid_alive(os.getpid())
+    assert not pid_alive(os.getpid(), "no-such-marker-in-my-cmdline")
+    assert not pid_alive(None) and not pid_alive(0)
+
+
+def test_record_formats_and_percentiles():
+    r = ConsumerRecord(topic="t", partition=1, offset=7, timestamp_ms=5, key=b"k", value=b"v\xff",
+                       headers=(("h", b"x"),))
+    assert format_record(r, "text", False) == "v\\xff"
+    assert format_record(r, "text", True) == "k\tv\\xff"
+    assert json.loads(format_record(r, "json", False)) == {
+        "topic": "t", "partition": 1, "offset": 7, "timestamp_ms": 5, "key": "k", "value": "v\\xff",
+        "headers": {"h": "x"}}
+    values = [float(i) for i in range(1, 1001)]
+    assert (percentile(values, 0.5), percentile(values, 0.99), percentile(values, 0.999)) == (500.0, 990.0, 999.0)
