@@ -109,3 +109,44 @@ def test_scripts_up_from_a_clean_clone(tmp_path):
         for pid in started:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_foreground_up_stops_every_child_on_ctrl_c(tmp_path):
+    """`biplane up` in the foreground: healthy, cluster.json written, and SIGINT (Ctrl-C) stops
+    every child it started before it exits 0."""
+    data_dir = tmp_path / "cluster"
+    proc = subprocess.Popen([str(VENV / "bin" / "python"), "-m", "common.cli", "up", "--data-dir", str(data_dir),
+                             "--controllers", "1", "--brokers", "2"], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    pids: list[int] = []
+    try:
+        lines = []
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            if "Press Ctrl-C" in line:
+                break
+        assert any("Press Ctrl-C" in line for line in lines), "".join(lines)
+        assert any("admin token" in line for line in lines)
+        state = json.loads((data_dir / "cluster.json").read_text())
+        assert state["status"] == "running" and state["supervisor"]["pid"] == proc.pid
+        pids = all_pids(state)
+        assert len(pids) == 4 and all(alive(p) for p in pids)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, out
+        assert "stopped." in out
+        for pid in pids:
+            assert not alive(pid), f"pid {pid} still runs after Ctrl-C"
+        final = json.loads((data_dir / "cluster.json").read_text())
+        assert final["status"] == "stopped" and final["supervisor"] is None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+        for pid in pids:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
