@@ -10,7 +10,7 @@
 (* family over a network that loses, duplicates and reorders:             *)
 (*   "req"  follower -> leader: (epoch, log end, last epoch, flushed).    *)
 (*          Pull: the fetch request. Push: the append-entries reply.      *)
-(*   "data" leader -> follower: (epoch, prev offset/epoch, entries after it) *)
+(*   "data" leader -> follower: (epoch, prev offset/epoch, next entry) *)
 (*          Pull: the fetch response. Push: the append-entries request.  *)
 (*   "div"  leader -> follower: where the follower's last epoch ends in   *)
 (*          the leader's log; the follower truncates there.               *)
@@ -31,6 +31,7 @@ CONSTANTS
     MinIsr,        \* min_insync_replicas (isr policy)
     Policy,        \* "quorum" | "isr"
     Mode,          \* "pull" | "push"
+    Net,           \* "messages" | "atomic" (one fetch exchange per step)
     MaxEpoch,      \* bound on partition epochs
     MaxCrashes,    \* bound on crashes
     MaxMsgs,       \* bound on messages in flight (state constraint)
@@ -42,6 +43,7 @@ BugNames == {"none", "elect_by_leo", "no_fence", "report_unflushed",
 
 ASSUME /\ Policy \in {"quorum", "isr"}
        /\ Mode \in {"pull", "push"}
+       /\ Net \in {"messages", "atomic"}
        /\ Bug \in BugNames
        /\ Q \in 1..Cardinality(Replicas)
        /\ MinIsr \in 1..Cardinality(Replicas)
@@ -88,7 +90,9 @@ Prefix(s, n) == SubSeq(s, 1, n)
 Vals(s) == {s[i][2] : i \in 1..Len(s)}
 IsAcked(v) == acked[v] > 0
 
-Send(m) == msgs' = msgs \cup {m}
+\* A fetch answer carries the entry after offset o, if any: one entry per
+\* answer keeps partial replication (bounded fetch size) in the model.
+Next1(s, o) == IF o < Len(s) THEN <<s[o + 1]>> ELSE <<>>
 
 ---------------------------------------------------------------------------
 TypeOK ==
@@ -275,8 +279,11 @@ ClientWrite(l, v) ==
     /\ UNCHANGED <<flushed, crashes, epoch, kleader, lead, pmatch, pstored,
                    netVars, ctrlVars>>
 
+\* The leader's flush. A follower's flush is folded into its next step that
+\* can observe it (its fetch, its report, a crash): flushing earlier and
+\* doing nothing in between is the same behaviour.
 Flush(r) ==
-    /\ flushed[r] < Len(log[r])
+    /\ lead[r] /\ flushed[r] < Len(log[r])
     /\ flushed' = [flushed EXCEPT ![r] = Len(log[r])]
     /\ IF lead[r] THEN CommitTo(r, log[r], Len(log[r]), pstored[r])
                   ELSE UNCHANGED <<hw, acked>>
@@ -289,12 +296,15 @@ Flush(r) ==
 Crash(r) ==
     /\ crashes < MaxCrashes
     /\ crashes' = crashes + 1
-    /\ log' = [log EXCEPT ![r] = Prefix(@, flushed[r])]
+    \* a follower may have flushed just before (see Flush)
+    /\ \E keep \in IF lead[r] THEN {flushed[r]} ELSE {flushed[r], Len(log[r])} :
+         /\ log' = [log EXCEPT ![r] = Prefix(@, keep)]
+         /\ flushed' = [flushed EXCEPT ![r] = keep]
     /\ lead' = [lead EXCEPT ![r] = FALSE]
     /\ hw' = [hw EXCEPT ![r] = 0]
     /\ pmatch' = [pmatch EXCEPT ![r] = [f \in Replicas |-> 0]]
     /\ pstored' = [pstored EXCEPT ![r] = [f \in Replicas |-> 0]]
-    /\ UNCHANGED <<flushed, epoch, kleader, netVars, ctrlVars, clientVars>>
+    /\ UNCHANGED <<epoch, kleader, netVars, ctrlVars, clientVars>>
 
 IsFollower(f) == ~lead[f] /\ kleader[f] \notin {Nil, f}
 
@@ -316,9 +326,11 @@ Deliver(m, out) ==
 
 \* Pull: the follower fetches from its log end. Push: heartbeat reply.
 FollowerFetch(f) ==
-    /\ IsFollower(f) /\ Idle(f)
-    /\ msgs' = msgs \cup {ReqOf(f, log[f], flushed[f])}
-    /\ UNCHANGED <<log, flushed, crashes, epoch, kleader, lead, hw, pmatch, pstored,
+    /\ Net = "messages" /\ IsFollower(f) /\ Idle(f)
+    /\ \E fl \in {flushed[f], Len(log[f])} :     \* flush first, or not
+         /\ flushed' = [flushed EXCEPT ![f] = fl]
+         /\ msgs' = msgs \cup {ReqOf(f, log[f], fl)}
+    /\ UNCHANGED <<log, crashes, epoch, kleader, lead, hw, pmatch, pstored,
                    dups, ctrlVars, clientVars>>
 
 \* What the leader counts toward the HW from one consistent (or not) report.
@@ -350,7 +362,7 @@ LeaderHandleReq(l, m) ==
                                    ELSE pmatch
                       /\ Deliver(m, {[type |-> "data", src |-> l, dst |-> f, e |-> epoch[l],
                                prev |-> m.off, pe |-> m.le,
-                               ent |-> SubSeq(log[l], m.off + 1, Len(log[l]))]})
+                               ent |-> Next1(log[l], m.off)]})
                  ELSE /\ UNCHANGED pmatch
                       /\ Deliver(m, {[type |-> "div", src |-> l, dst |-> f, e |-> epoch[l],
                                off |-> m.off, le |-> m.le,
@@ -358,13 +370,13 @@ LeaderHandleReq(l, m) ==
             /\ UNCHANGED lead
     /\ UNCHANGED <<log, flushed, crashes, epoch, kleader, ctrlVars, written, writeAt>>
 
-\* Push: the leader sends what follows the follower's confirmed match.
+\* Push: the leader sends the entry after the follower's confirmed match.
 LeaderPush(l, f) ==
-    /\ Mode = "push" /\ lead[l] /\ f # l /\ Idle(f)
+    /\ Net = "messages" /\ Mode = "push" /\ lead[l] /\ f # l /\ Idle(f)
     /\ pmatch[l][f] < Len(log[l])
     /\ msgs' = msgs \cup {[type |-> "data", src |-> l, dst |-> f, e |-> epoch[l],
                            prev |-> pmatch[l][f], pe |-> EpochAt(log[l], pmatch[l][f]),
-                           ent |-> SubSeq(log[l], pmatch[l][f] + 1, Len(log[l]))]}
+                           ent |-> Next1(log[l], pmatch[l][f])]}
     /\ UNCHANGED <<log, flushed, crashes, epoch, kleader, lead, hw, pmatch, pstored,
                    dups, ctrlVars, clientVars>>
 
@@ -377,10 +389,12 @@ FollowerHandleData(f, m) ==
            \* keep the log if it already holds these entries (a duplicate)
            same == Len(log[f]) >= n /\ SubSeq(log[f], m.prev + 1, n) = m.ent
            nlog == IF same THEN log[f] ELSE Prefix(log[f], m.prev) \o m.ent
-           nfl == Min(flushed[f], IF nlog = log[f] THEN Len(log[f]) ELSE m.prev)
+           kept == Min(flushed[f], IF nlog = log[f] THEN Len(log[f]) ELSE m.prev)
        IN /\ log' = [log EXCEPT ![f] = nlog]
-          /\ flushed' = [flushed EXCEPT ![f] = nfl]
-          /\ Deliver(m, {ReqOf(f, nlog, nfl)})
+          \* lazy flush, or flush_after_append before replying
+          /\ \E nfl \in {kept, Len(nlog)} :
+               /\ flushed' = [flushed EXCEPT ![f] = nfl]
+               /\ Deliver(m, {ReqOf(f, nlog, nfl)})
     /\ UNCHANGED <<hw, crashes, epoch, kleader, lead, pmatch, pstored, ctrlVars,
                    clientVars>>
 
@@ -399,6 +413,29 @@ FollowerHandleDiv(f, m) ==
     /\ UNCHANGED <<hw, crashes, epoch, kleader, lead, pmatch, pstored, ctrlVars,
                    clientVars>>
 
+\* Net = "atomic": one whole fetch exchange in one step (request, leader's
+\* handling, follower's handling of the answer), with nothing lost. Its
+\* behaviours are a subset of the message network's, so a violation found
+\* here is one there too; it is what lets the larger models stay small.
+Exchange(f) ==
+    /\ Net = "atomic" /\ IsFollower(f)
+    /\ \E fl \in {flushed[f], Len(log[f])} :     \* flush before fetching, or not
+       LET l == kleader[f]
+           m == ReqOf(f, log[f], fl)
+           consistent == m.off <= Len(log[l]) /\ EpochAt(log[l], m.off) = m.le
+           ps == [pstored[l] EXCEPT ![f] = Max(@, StoredFrom(m, consistent))]
+           n == Min(EndFor(log[l], m.le), EndFor(log[f], EpochAt(log[l], EndFor(log[l], m.le))))
+       IN /\ lead[l] /\ epoch[l] = epoch[f]
+          /\ pstored' = [pstored EXCEPT ![l] = ps]
+          /\ CommitTo(l, log[l], flushed[l], ps)
+          /\ IF consistent
+               THEN /\ m.off < Len(log[l]) \/ ps # pstored[l]
+                    /\ log' = [log EXCEPT ![f] = @ \o Next1(log[l], m.off)]
+                    /\ flushed' = [flushed EXCEPT ![f] = fl]
+               ELSE /\ log' = [log EXCEPT ![f] = Prefix(@, n)]
+                    /\ flushed' = [flushed EXCEPT ![f] = Min(fl, n)]
+    /\ UNCHANGED <<crashes, epoch, kleader, lead, pmatch, netVars, ctrlVars, written, writeAt>>
+
 \* Loss, and the receiver discarding a message of another epoch.
 Drop(m) ==
     /\ msgs' = msgs \ {m}
@@ -414,7 +451,7 @@ Lose == \E m \in msgs : Drop(m)
 Next ==
     \/ Fence \/ ElectQuorum \/ ElectIsr
     \/ \E r \in Replicas :
-         \/ Report(r) \/ Learn(r) \/ Flush(r) \/ Crash(r) \/ FollowerFetch(r)
+         \/ Report(r) \/ Learn(r) \/ Flush(r) \/ Crash(r) \/ FollowerFetch(r) \/ Exchange(r)
          \/ \E v \in Values : ClientWrite(r, v)
          \/ \E f \in Replicas : LeaderPush(r, f) \/ IsrShrink(r, f) \/ IsrExpand(r, f)
     \/ ReceiveReq \/ ReceiveData \/ ReceiveDiv \/ Lose

@@ -1,0 +1,245 @@
+---------------------------- MODULE Controller ----------------------------
+(***************************************************************************)
+(* The controller's decisions for one partition, as atomic actions over    *)
+(* the metadata (the controller is a replicated state machine; its Raft is *)
+(* not modelled). The data plane is abstracted to one bit per broker:      *)
+(* has[b] = "b holds every committed record". A commit by the leader       *)
+(* clears it on every broker outside the set the commit counted; catching  *)
+(* up sets it. DataPlane.tla shows that the greatest flushed (last epoch,  *)
+(* end offset) report has every committed record; here the quorum election *)
+(* is reduced to "a reporter that has them wins, if any reporter does".    *)
+(***************************************************************************)
+EXTENDS Naturals, FiniteSets, TLC
+
+CONSTANTS
+    Brokers,       \* broker ids (model values)
+    InitReplicas,  \* the partition's initial replica set
+    Targets,       \* replica sets a reassignment may move to
+    Nil,
+    Q,             \* quorum_required_acks
+    MinIsr,        \* min_insync_replicas
+    Policy,        \* "isr" | "quorum"
+    MaxEpoch,      \* bound on the partition epoch
+    Bug            \* "none" | "stale_isr" | "shrink_early" | "few_reports"
+
+ASSUME /\ Policy \in {"isr", "quorum"}
+       /\ Bug \in {"none", "stale_isr", "shrink_early", "few_reports"}
+       /\ InitReplicas \subseteq Brokers
+       /\ Nil \notin Brokers
+
+VARIABLES
+    fenced,     \* brokers whose session expired
+    replicas,   \* current replica set (adding ones included while reassigning)
+    target,     \* reassignment target, or {} when none
+    isr,        \* in-sync replicas (metadata)
+    leader,     \* leader, or Nil
+    lepoch,     \* leader epoch
+    pepoch,     \* partition epoch: bumped by every change
+    reports,    \* quorum election: brokers that reported since the fence
+    lview,      \* the leader's view: [le, pe, isr] of its last accepted state
+    proposals,  \* AlterPartition requests in flight: [le, pe, isr]
+    pending,    \* the ISR the leader proposed and awaits (or lview.isr)
+    has         \* has[b]: b holds every committed record
+
+vars == <<fenced, replicas, target, isr, leader, lepoch, pepoch, reports, lview,
+          proposals, pending, has>>
+
+N == Cardinality(InitReplicas)
+
+TypeOK ==
+    /\ fenced \subseteq Brokers
+    /\ replicas \subseteq Brokers /\ target \subseteq Brokers
+    /\ isr \subseteq Brokers
+    /\ leader \in Brokers \cup {Nil}
+    /\ lepoch \in Nat /\ pepoch \in 0..MaxEpoch
+    /\ reports \subseteq Brokers
+    /\ has \in [Brokers -> BOOLEAN]
+
+Init ==
+    /\ fenced = {}
+    /\ replicas = InitReplicas
+    /\ target = {}
+    /\ isr = InitReplicas
+    /\ leader \in InitReplicas
+    /\ lepoch = 0 /\ pepoch = 0
+    /\ reports = {}
+    /\ lview = [le |-> 0, pe |-> 0, isr |-> InitReplicas]
+    /\ proposals = {}
+    /\ pending = InitReplicas
+    /\ has = [b \in Brokers |-> TRUE]
+
+\* A new leader (or none) at the next epochs; the leader's view restarts.
+NewLeader(l) ==
+    /\ leader' = l
+    /\ lepoch' = lepoch + 1
+    /\ lview' = [le |-> lepoch + 1, pe |-> pepoch + 1, isr |-> isr']
+    /\ pending' = isr'
+    /\ UNCHANGED proposals   \* the old leader's requests may still arrive
+
+\* The ISR the leader counts for its HW: the maximal ISR, i.e. the accepted
+\* one together with the one it proposed, until the answer arrives.
+CountedIsr == IF Bug = "shrink_early" THEN pending ELSE lview.isr \cup pending
+
+\* isr election: a live member of the ISR (unclean election is not allowed).
+IsrCandidates(excl) == (isr \ fenced) \ {excl}
+
+---------------------------------------------------------------------------
+(* Broker lifecycle *)
+
+\* Session timeout: the broker is fenced, leaves every ISR (but the last
+\* member stays so that the ISR still names who holds the data) and loses
+\* its leadership. isr: one record electing from the ISR. quorum: the
+\* record fences the partition at e+1 with no leader (the two-step election).
+FenceBroker(b) ==
+    /\ b \notin fenced /\ pepoch < MaxEpoch
+    /\ fenced' = fenced \cup {b}
+    /\ isr' = IF isr = {b} THEN isr ELSE isr \ {b}
+    /\ pepoch' = pepoch + 1
+    /\ IF leader = b
+         THEN IF Policy = "isr"
+                THEN \E l \in IsrCandidates(b) \cup {Nil} :
+                       /\ (l = Nil) = (IsrCandidates(b) = {})
+                       /\ NewLeader(l)
+                ELSE NewLeader(Nil)
+         ELSE UNCHANGED <<leader, lepoch, lview, pending, proposals>>
+    /\ reports' = {}
+    /\ UNCHANGED <<replicas, target, has>>
+
+Unfence(b) ==
+    /\ b \in fenced
+    /\ fenced' = fenced \ {b}
+    /\ UNCHANGED <<replicas, target, isr, leader, lepoch, pepoch, reports, lview,
+                   proposals, pending, has>>
+
+---------------------------------------------------------------------------
+(* Data plane, abstracted *)
+
+\* The leader commits: every broker outside the counted set may miss it.
+Commit ==
+    /\ leader # Nil /\ leader \notin fenced
+    /\ \E S \in SUBSET replicas :
+         /\ leader \in S
+         /\ \A b \in S : has[b]
+         /\ IF Policy = "isr" THEN CountedIsr \subseteq S /\ Cardinality(CountedIsr) >= MinIsr
+                              ELSE Cardinality(S) >= Q
+         /\ has' = [b \in Brokers |-> b \in S]
+    /\ UNCHANGED <<fenced, replicas, target, isr, leader, lepoch, pepoch, reports, lview,
+                   proposals, pending>>
+
+CatchUp(b) ==
+    /\ leader # Nil /\ b \in replicas /\ b \notin fenced /\ ~has[b]
+    /\ has' = [has EXCEPT ![b] = TRUE]
+    /\ UNCHANGED <<fenced, replicas, target, isr, leader, lepoch, pepoch, reports, lview,
+                   proposals, pending>>
+
+---------------------------------------------------------------------------
+(* ISR changes: proposed by the leader, decided by the controller *)
+
+Propose(newIsr) ==
+    /\ leader # Nil /\ leader \notin fenced /\ pending = lview.isr
+    /\ newIsr # lview.isr /\ leader \in newIsr
+    /\ pending' = newIsr
+    /\ proposals' = proposals \cup {[le |-> lview.le, pe |-> lview.pe, isr |-> newIsr]}
+    /\ UNCHANGED <<fenced, replicas, target, isr, leader, lepoch, pepoch, reports, lview, has>>
+
+\* Shrink: a follower fell behind (replica_lag_time_max).
+ProposeShrink(b) == b \in lview.isr /\ b # leader /\ Propose(lview.isr \ {b})
+
+\* Expand: a replica reached the HW (has every committed record).
+ProposeExpand(b) == b \in replicas \ lview.isr /\ has[b] /\ b \notin fenced
+                    /\ Propose(lview.isr \cup {b})
+
+\* Accepted only at the current leader and partition epochs; either way the
+\* leader learns the current state in the answer.
+AlterIsr ==
+    \E p \in proposals :
+      /\ proposals' = proposals \ {p}
+      /\ IF (p.le = lepoch /\ p.pe = pepoch) \/ Bug = "stale_isr"
+           THEN /\ pepoch < MaxEpoch
+                /\ isr' = p.isr \cap replicas
+                /\ pepoch' = pepoch + 1
+                /\ lview' = [le |-> lepoch, pe |-> pepoch + 1, isr |-> p.isr \cap replicas]
+                /\ pending' = p.isr \cap replicas
+           ELSE /\ UNCHANGED <<isr, pepoch>>
+                /\ lview' = [le |-> lepoch, pe |-> pepoch, isr |-> isr]
+                /\ pending' = isr
+      /\ UNCHANGED <<fenced, replicas, target, leader, lepoch, reports, has>>
+
+---------------------------------------------------------------------------
+(* quorum: the two-step election *)
+
+Report(b) ==
+    /\ Policy = "quorum" /\ leader = Nil
+    /\ b \in replicas /\ b \notin fenced /\ b \notin reports
+    /\ reports' = reports \cup {b}
+    /\ UNCHANGED <<fenced, replicas, target, isr, leader, lepoch, pepoch, lview,
+                   proposals, pending, has>>
+
+\* n - q + 1 reports intersect every commit quorum of q; the few_reports bug
+\* elects after n - q.
+ElectQuorum ==
+    /\ Policy = "quorum" /\ leader = Nil /\ pepoch < MaxEpoch
+    /\ Cardinality(reports) >= (IF Bug = "few_reports" THEN N - Q ELSE N - Q + 1)
+    /\ \E l \in reports :
+         /\ has[l] \/ \A r \in reports : ~has[r]
+         /\ isr' = isr
+         /\ pepoch' = pepoch + 1
+         /\ leader' = l
+         /\ lview' = [le |-> lepoch, pe |-> pepoch + 1, isr |-> isr]
+         /\ pending' = isr
+    /\ reports' = {}
+    /\ UNCHANGED <<fenced, replicas, target, lepoch, proposals, has>>
+
+---------------------------------------------------------------------------
+(* Reassignment (isr policy): grow, catch up, shrink *)
+
+Grow(t) ==
+    /\ Policy = "isr" /\ target = {} /\ t # replicas /\ pepoch < MaxEpoch
+    /\ target' = t
+    /\ replicas' = replicas \cup t
+    /\ pepoch' = pepoch + 1
+    /\ UNCHANGED <<fenced, isr, leader, lepoch, reports, lview, proposals, pending, has>>
+
+\* Shrink once every target replica is in the ISR; re-elect if the leader leaves.
+Shrink ==
+    /\ target # {} /\ target \subseteq isr /\ pepoch < MaxEpoch
+    /\ replicas' = target
+    /\ target' = {}
+    /\ isr' = isr \cap target
+    /\ pepoch' = pepoch + 1
+    /\ IF leader \in target
+         THEN UNCHANGED <<leader, lepoch, lview, pending, proposals>>
+         ELSE \E l \in (isr' \ fenced) : NewLeader(l)
+    /\ UNCHANGED <<fenced, reports, has>>
+
+---------------------------------------------------------------------------
+Next ==
+    \/ \E b \in Brokers : FenceBroker(b) \/ Unfence(b) \/ CatchUp(b) \/ Report(b)
+                          \/ ProposeShrink(b) \/ ProposeExpand(b)
+    \/ Commit \/ AlterIsr \/ ElectQuorum \/ Shrink
+    \/ \E t \in Targets : Grow(t)
+
+Spec == Init /\ [][Next]_vars
+
+Symmetry == Permutations(Brokers)
+
+---------------------------------------------------------------------------
+(* Invariants *)
+
+\* The ISR the controller elects from holds every committed record.
+IsrComplete == Policy = "isr" => \A b \in isr : has[b]
+
+\* Leader completeness: a leader holds every committed record.
+LeaderComplete == leader # Nil => has[leader]
+
+LeaderInIsr == Policy = "isr" /\ leader # Nil => leader \in isr
+
+IsrInReplicas == isr \subseteq replicas /\ isr # {}
+
+EpochsGrow == [][pepoch' >= pepoch /\ lepoch' >= lepoch]_vars
+
+\* An ISR change is accepted only with the current epochs.
+NoStaleIsrChange ==
+    [][isr' # isr /\ leader' = leader /\ replicas' = replicas /\ fenced' = fenced
+        => \E p \in proposals : p.le = lepoch /\ p.pe = pepoch /\ isr' = p.isr \cap replicas]_vars
+=============================================================================
