@@ -135,6 +135,18 @@ def test_foreground_up_stops_every_child_on_ctrl_c(tmp_path):
         assert state["status"] == "running" and state["supervisor"]["pid"] == proc.pid
         pids = all_pids(state)
         assert len(pids) == 4 and all(alive(p) for p in pids)
+        from dataplane.cluster.up import Status
+
+        class Running:
+            def __init__(self, name: str) -> None:
+                self.name = name
+
+            def exit_code(self) -> None:
+                return None
+        status = Status(state)
+        kids = [Running("controller 1"), Running("broker 1"), Running("broker 2")]
+        assert status.line(kids).startswith("controllers 1/1 | brokers 2/2 | 0 partitions")
+        assert status.line(kids).endswith("0 records/s committed")
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=60)
         assert proc.returncode == 0, out

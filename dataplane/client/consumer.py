@@ -79,7 +79,8 @@ class Consumer:
         self._pending_reset: dict[TopicPartition, int] = {}   # tp -> timestamp to look up
         self._high_watermarks: dict[TopicPartition, int] = {}
         self._buffer: collections.deque[ConsumerRecord] = collections.deque()
-        self._fetches: dict[int, asyncio.Task] = {}
+        self._fetches: dict[int, asyncio.Task] = {}   # broker id -> its fetch; -1: a metadata refresh
+        self._refresh: asyncio.Task | None = None
         self._started = False
         self._closed = False
 
@@ -362,7 +363,7 @@ class Consumer:
             task.add_done_callback(lambda t, b=broker: self._fetches.pop(b, None) if self._fetches.get(b) is t else None)
 
     def _spawn_refresh(self) -> None:
-        if getattr(self, "_refresh", None) is None or self._refresh.done():
+        if self._refresh is None or self._refresh.done():
             async def refresh() -> None:
                 try:
                     await self._network.refresh_metadata({tp.topic for tp in self._positions})

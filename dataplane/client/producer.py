@@ -172,6 +172,12 @@ class Producer:
             response = await self._any_broker_request(request, deadline)
             if response.error_code == ErrorCode.NONE:
                 break
+            if bump and not response.error_code.retriable:
+                # The epoch could not be bumped (the id expired, say): a fresh id serves as well,
+                # since every partition restarts at sequence 0 either way.
+                request = InitProducerIdRequest(producer_id=-1, producer_epoch=-1, transaction_timeout_ms=60_000)
+                bump = False
+                continue
             if not response.error_code.retriable or time.monotonic() >= deadline:
                 raise ClientError(f"could not get a producer id: {response.error_code.name}",
                                   code=response.error_code)
