@@ -376,3 +376,21 @@ def test_consumer_steps_over_control_batches_before_between_and_after_records():
                 assert consumer.position(TP) == 6 and consumer.lag(TP) == 0
     broker = None
     run(main())
+
+
+def test_a_finally_failed_batch_bumps_the_epoch_and_later_records_still_go():
+    """A non-retriable answer fails that batch's records only; the sequence gap it leaves is
+    closed by a new producer epoch, with every partition restarting at sequence 0."""
+    async def main():
+        async with FakeBroker({"t": 1}) as broker:
+            broker.inject("t", 0, ErrorCode.MESSAGE_TOO_LARGE)
+            async with Producer(bootstrap=broker.bootstrap, linger_ms=0) as producer:
+                first_id = producer.producer_id
+                with pytest.raises(Exception, match="MESSAGE_TOO_LARGE"):
+                    await producer.send_and_wait("t", b"rejected")
+                metas = [await producer.send_and_wait("t", b"after%d" % i) for i in range(3)]
+                assert producer.producer_id != first_id or producer.producer_epoch > 0
+            assert [m.offset for m in metas] == [0, 1, 2]
+            assert broker.partitions[("t", 0)].values() == [b"after0", b"after1", b"after2"]
+            assert [s[2] for s in broker.sequences_seen] == [0, 0, 1, 2]
+    run(main())
