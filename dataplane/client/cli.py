@@ -200,7 +200,7 @@ def bench_main(argv: list[str], prog: str) -> int:
     p.add_argument("--acks", default="all", choices=("0", "1", "all"))
     p.add_argument("--partitions", type=int, default=3, help="when creating the topic (default 3)")
     p.add_argument("--replication-factor", type=int, default=3, help="when creating the topic (default 3)")
-    p.add_argument("--batch-size-bytes", type=int, default=65_536)
+    p.add_argument("--batch-size-bytes", type=int, default=1_048_576)
     p.add_argument("--linger-ms", type=int, default=5)
     p.add_argument("--compression", default="none", choices=("none", "gzip"))
     p.add_argument("--rate", type=float, help="send at most this many records/s (default: as fast as possible)")

@@ -77,11 +77,11 @@ class Producer:
     """
 
     def __init__(self, *, bootstrap: str | Sequence[str] | None = None, acks: int | str = "all",
-                 enable_idempotence: bool | None = None, batch_size_bytes: int = 16_384, linger_ms: int = 5,
+                 enable_idempotence: bool | None = None, batch_size_bytes: int = 1_048_576, linger_ms: int = 5,
                  buffer_memory_bytes: int = 32 * 1024 * 1024, max_block_ms: int = 60_000,
                  compression: str = "none", request_timeout_ms: int = 30_000,
                  delivery_timeout_ms: int = 120_000, retry_backoff_ms: int = 100,
-                 in_flight_per_partition_max: int = 5, request_bytes_max: int = 1024 * 1024,
+                 in_flight_per_partition_max: int = 5, request_bytes_max: int = 4 * 1024 * 1024,
                  unknown_topic_wait_ms: int = 5_000, client_id: str = "biplane-producer") -> None:
         if bootstrap is None:
             from dataplane.client.discovery import default_bootstrap
