@@ -86,6 +86,9 @@ async def _write_answers(answers: asyncio.Queue, writer: asyncio.StreamWriter) -
 async def start_pipelined_server(start: Start, host: str, port: int, *, max_frame_bytes: int,
                                  inflight_requests_max: int = 64) -> asyncio.Server:
     async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await serve_pipelined(reader, writer, start, max_frame_bytes=max_frame_bytes,
-                              inflight_requests_max=inflight_requests_max)
+        try:
+            await serve_pipelined(reader, writer, start, max_frame_bytes=max_frame_bytes,
+                                  inflight_requests_max=inflight_requests_max)
+        except asyncio.CancelledError:
+            pass  # the process is stopping; the connection is closed already
     return await asyncio.start_server(on_connect, host, port)
