@@ -26,9 +26,9 @@ def _check_regression(seed: int, policy: str, durability: str, mutant: str) -> N
     assert problem is None, f"seed={seed} policy={policy} durability={durability}: {problem}"
 
 
-@pytest.mark.parametrize("seed,policy,durability", [(82, "isr", "fsync"), (301, "quorum", "fsync")])
+@pytest.mark.parametrize("seed,policy,durability", [(74, "isr", "write"), (301, "quorum", "fsync")])
 def test_restarted_leader_must_not_reuse_its_epoch(seed, policy, durability):
-    """Found as seed=32 quorum/fsync (earlier fault model; seeds 82 isr/fsync and 301 quorum/fsync
+    """Found as seed=32 quorum/fsync (earlier fault model; seeds 74 isr/write and 301 quorum/fsync
     drive it now): a leader crashed before flushing its epoch-start batch, restarted within the
     session timeout and got metadata, still current, naming it leader of the same epoch. It led
     that epoch again and wrote a different batch at an offset where a follower already held the
@@ -44,7 +44,7 @@ def test_restarted_leader_must_not_reuse_its_epoch(seed, policy, durability):
     ("no_divergence_check", 3, "isr", "write"),
     ("no_divergence_check", 0, "quorum", "fsync"),
     ("consumers_read_past_hw", 0, "isr", "fsync"),
-    ("ignore_proposed_isr", 7, "isr", "write"),
+    ("ignore_proposed_isr", 6, "isr", "write"),
 ])
 def test_checkers_catch_a_broken_core(mutant, seed, policy, durability):
     """Claim: the checkers are not vacuous: with a commit or divergence rule removed, the named

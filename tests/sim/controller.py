@@ -28,6 +28,7 @@ class SimController:
         self.session_timeout_ms = session_timeout_ms
         self.tracker = QuorumElectionTracker()
         self.changes = 0  # bumps on every applied record; the sim resends metadata then
+        self._state_at = -1
         self.last_seen_ms: dict[int, int] = {}
         self.incarnation: dict[int, str] = {}
         records: list = []
@@ -53,7 +54,10 @@ class SimController:
         return self.image.partition(TOPIC, 0)
 
     def partition_state(self) -> PartitionState:
-        return PartitionState.from_info(self.partition)
+        if self._state_at != self.changes:
+            self._state = PartitionState.from_info(self.partition)
+            self._state_at = self.changes
+        return self._state
 
     def leader(self) -> int | None:
         return self.partition.leader
