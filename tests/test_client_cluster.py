@@ -289,3 +289,43 @@ def test_seek_to_time_iteration_position_and_lag(cluster):
             await consumer.seek_to_time(base + 10 * 3_600_000, tp)   # later than every record: the end
             assert consumer.position(tp) == (await consumer.end_offsets([tp]))[tp]
     run(main())
+
+
+def test_consumer_follows_a_preferred_leader_election(cluster):
+    """Leadership moves (reassignment to a new replica order + preferred election) while a
+    consumer reads: it finds the new leader by itself and reads on from the same position."""
+    from dataplane.client.admin import AdminClient
+    cluster.create_topic("moving", partitions=1, replication_factor=3)
+    old = cluster.wait_leader("moving", 0)
+    replicas = cluster.partition("moving", 0)["replicas"]
+    target = [b for b in replicas if b != old] + [old]
+
+    async def main():
+        async with Producer(bootstrap=bootstrap(cluster), linger_ms=1) as producer, \
+                Consumer("moving", bootstrap=bootstrap(cluster), from_beginning=True) as consumer:
+            for i in range(50):
+                await producer.send("moving", b"m%03d" % i)
+            await producer.flush()
+            got = []
+            while len(got) < 50:
+                got += await consumer.poll(1000)
+            async with AdminClient(cluster.api_url, TOKEN) as admin:
+                await admin.reassign("moving", 0, target)
+                for _ in range(100):
+                    elected = await admin.elect_preferred([("moving", 0)])
+                    leaders = [p.leader for p in (await admin.partitions("moving")).partitions]
+                    if leaders == [target[0]]:
+                        break
+                    await asyncio.sleep(0.1)
+                assert leaders == [target[0]], elected
+            for i in range(50, 100):
+                await producer.send("moving", b"m%03d" % i)
+            await producer.flush()
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 30
+            while len(got) < 100 and loop.time() < deadline:
+                got += await consumer.poll(500)
+            assert consumer._network.metadata.leader(TopicPartition("moving", 0)) == target[0]
+            return got
+    got = run(main())
+    assert [r.value for r in got] == [b"m%03d" % i for i in range(100)]
