@@ -13,7 +13,7 @@ from dataplane.client.cli import format_record, percentile
 from dataplane.client.errors import NoClusterError
 from dataplane.client.records import ConsumerRecord
 from dataplane.cluster.state import child_pids, pid_alive, read_state, write_state
-from dataplane.cluster.up import UpError, plan
+from dataplane.cluster.up import UpError, parse_topics, plan
 
 
 def args(**kw) -> argparse.Namespace:
@@ -96,3 +96,10 @@ def test_record_formats_and_percentiles():
         "headers": {"h": "x"}}
     values = [float(i) for i in range(1, 1001)]
     assert (percentile(values, 0.5), percentile(values, 0.99), percentile(values, 0.999)) == (500.0, 990.0, 999.0)
+
+
+def test_topic_specs_for_up():
+    assert parse_topics(["a", "b:6", "c:2:1"], brokers=2) == [("a", 3, 2), ("b", 6, 2), ("c", 2, 1)]
+    for bad in ("", "x:0", "x:1:2:3", "x:y"):
+        with pytest.raises(UpError, match="NAME"):
+            parse_topics([bad], brokers=3)

@@ -14,7 +14,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -112,11 +111,11 @@ def test_scripts_up_from_a_clean_clone(tmp_path):
 
 
 def test_foreground_up_stops_every_child_on_ctrl_c(tmp_path):
-    """`biplane up` in the foreground: healthy, cluster.json written, and SIGINT (Ctrl-C) stops
-    every child it started before it exits 0."""
+    """`biplane up` in the foreground: healthy, cluster.json written, the asked-for topic created,
+    and SIGINT (Ctrl-C) stops every child it started before it exits 0."""
     data_dir = tmp_path / "cluster"
     proc = subprocess.Popen([str(VENV / "bin" / "python"), "-m", "common.cli", "up", "--data-dir", str(data_dir),
-                             "--controllers", "1", "--brokers", "2"], cwd=REPO, stdout=subprocess.PIPE,
+                             "--controllers", "1", "--brokers", "2", "--topic", "made:2"], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     pids: list[int] = []
     try:
@@ -145,7 +144,7 @@ def test_foreground_up_stops_every_child_on_ctrl_c(tmp_path):
                 return None
         status = Status(state)
         kids = [Running("controller 1"), Running("broker 1"), Running("broker 2")]
-        assert status.line(kids).startswith("controllers 1/1 | brokers 2/2 | 0 partitions")
+        assert status.line(kids).startswith("controllers 1/1 | brokers 2/2 | 2 partitions")
         assert status.line(kids).endswith("0 records/s committed")
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=60)

@@ -349,6 +349,9 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--detach", action="store_true", help="run in the background; stop it with `biplane down`")
     p.add_argument("--timeout-s", type=float, default=90.0, help="how long to wait for a healthy cluster")
     p.add_argument("--status-interval-s", type=float, default=2.0, help="status line refresh period")
+    p.add_argument("--topic", action="append", default=[], metavar="NAME[:PARTITIONS[:RF]]",
+                   help="create this topic once healthy, if missing (repeatable; default 3 partitions, "
+                        "replication factor min(3, brokers)); nothing is created otherwise")
     p.add_argument("--supervise", action="store_true", help=argparse.SUPPRESS)
     return p
 
@@ -392,6 +395,29 @@ def pid_matches_cmdline(pid: int, marker: str) -> bool:
             return f.read().replace(b"\0", b" ").decode(errors="replace").strip() == marker
     except OSError:
         return False
+
+
+def parse_topics(specs: list[str], brokers: int) -> list[tuple[str, int, int]]:
+    out = []
+    for spec in specs:
+        name, *numbers = spec.split(":")
+        if not name or len(numbers) > 2 or not all(n.isdigit() and int(n) > 0 for n in numbers):
+            raise UpError(f"--topic {spec!r} is not NAME[:PARTITIONS[:REPLICATION_FACTOR]] (e.g. events:3:3)")
+        partitions = int(numbers[0]) if numbers else 3
+        rf = int(numbers[1]) if len(numbers) > 1 else min(3, brokers)
+        out.append((name, partitions, rf))
+    return out
+
+
+def create_topics(state: dict[str, Any], topics: list[tuple[str, int, int]]) -> None:
+    from dataplane.client.admin import SyncAdminClient
+    from dataplane.client.errors import AdminError
+    with SyncAdminClient([c["api_url"] for c in state["controllers"].values()], state["admin_token"]) as admin:
+        for name, partitions, rf in topics:
+            try:
+                admin.create_topic(name, partitions=partitions, replication_factor=rf, exist_ok=True)
+            except AdminError as exc:
+                raise UpError(f"--topic {name}: {exc}") from None
 
 
 def main(argv: list[str], prog: str) -> int:
@@ -448,6 +474,7 @@ def run(args: argparse.Namespace, data_dir: Path) -> int:
                       f"stop it with `biplane down --data-dir {data_dir}`")
     _stop_leftovers(previous)
     state, notes = plan(args, data_dir, previous)
+    topics = parse_topics(args.topic, len(state["brokers"]))
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -476,6 +503,7 @@ def run(args: argparse.Namespace, data_dir: Path) -> int:
         children += brokers
         write_state(data_dir, state)
         wait_healthy(state, children, args.timeout_s)
+        create_topics(state, topics)
         state["status"] = "running"
         write_state(data_dir, state)
         if not args.supervise:
