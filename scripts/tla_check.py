@@ -36,11 +36,17 @@ class Model:
 MODELS = [
     Model(name="DataPlane", spec="DataPlane"),
     Model(name="DataPlaneNet", spec="DataPlane"),
-    Model(name="DataPlaneWide", spec="DataPlane"),
-    Model(name="DataPlaneFig8", spec="DataPlane"),
     Model(name="DataPlaneIsr", spec="DataPlane"),
     Model(name="DataPlanePush", spec="DataPlane"),
+    Model(name="DataPlaneLive", spec="DataPlane"),
     Model(name="Controller", spec="Controller"),
+    Model(name="ControllerQuorum", spec="Controller"),
+]
+
+# Larger bounds for longer runs (not in CI): `tla-check --long`.
+LONG = [
+    Model(name="DataPlaneWide", spec="DataPlane"),
+    Model(name="DataPlaneFig8", spec="DataPlane"),
 ]
 
 BROKEN = [
@@ -58,6 +64,10 @@ BROKEN = [
           expected_violation="NoAckedLoss"),
     Model(name="Controller_stale_isr", spec="Controller",
           expected_violation="LeaderInIsr"),
+    Model(name="Controller_shrink_early", spec="Controller",
+          expected_violation="IsrComplete"),
+    Model(name="Controller_few_reports", spec="Controller",
+          expected_violation="LeaderComplete"),
 ]
 
 
@@ -146,13 +156,15 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--broken", action="store_true",
                         help="run the broken variants, each of which must fail")
     parser.add_argument("--all", action="store_true", help="run safe and broken models")
+    parser.add_argument("--long", action="store_true",
+                        help="run the larger models (minutes to hours; not in CI)")
     parser.add_argument("--list", action="store_true", help="list the models and exit")
     parser.add_argument("--json", action="store_true", help="print results as JSON lines")
     parser.add_argument("--log-dir", type=pathlib.Path, default=None,
                         help="keep TLC's full output here (default: a temporary directory)")
     args = parser.parse_args(argv)
 
-    known = {m.name: m for m in MODELS + BROKEN}
+    known = {m.name: m for m in MODELS + BROKEN + LONG}
     if args.list:
         for m in MODELS + BROKEN:
             kind = "safe" if m.expected_violation is None else f"breaks {m.expected_violation}"
@@ -169,6 +181,8 @@ def main(argv: list[str]) -> int:
         selected = MODELS + BROKEN
     elif args.broken:
         selected = BROKEN
+    elif args.long:
+        selected = LONG
     else:
         selected = MODELS
 

@@ -186,6 +186,8 @@ Fence ==
 Report(r) ==
     /\ Policy = "quorum"
     /\ r \notin {x.r : x \in reports}
+    \* the controller elects as soon as n - q + 1 are in (the least it may know)
+    /\ Cardinality(reports) < N - Q + 1
     /\ IF Bug = "no_fence"
          THEN \* reports gathered while the old leader keeps running
               /\ cepoch < MaxEpoch
@@ -417,10 +419,10 @@ FollowerHandleDiv(f, m) ==
 \* handling, follower's handling of the answer), with nothing lost. Its
 \* behaviours are a subset of the message network's, so a violation found
 \* here is one there too; it is what lets the larger models stay small.
-Exchange(f) ==
+\* fl: the follower's flushed offset as it fetches (it may flush first).
+ExchangeWith(f, fl) ==
     /\ Net = "atomic" /\ IsFollower(f)
-    /\ \E fl \in {flushed[f], Len(log[f])} :     \* flush before fetching, or not
-       LET l == kleader[f]
+    /\ LET l == kleader[f]
            m == ReqOf(f, log[f], fl)
            consistent == m.off <= Len(log[l]) /\ EpochAt(log[l], m.off) = m.le
            ps == [pstored[l] EXCEPT ![f] = Max(@, StoredFrom(m, consistent))]
@@ -435,6 +437,8 @@ Exchange(f) ==
                ELSE /\ log' = [log EXCEPT ![f] = Prefix(@, n)]
                     /\ flushed' = [flushed EXCEPT ![f] = Min(fl, n)]
     /\ UNCHANGED <<crashes, epoch, kleader, lead, pmatch, netVars, ctrlVars, written, writeAt>>
+
+Exchange(f) == \E fl \in {flushed[f], Len(log[f])} : ExchangeWith(f, fl)
 
 \* Loss, and the receiver discarding a message of another epoch.
 Drop(m) ==
@@ -511,18 +515,14 @@ EpochsGrow ==
 StillLeading(v) == LET l == writeAt[v][1] IN
                    l # Nil /\ lead[l] /\ epoch[l] = writeAt[v][2]
 
-FairNext ==
-    \/ \E r \in Replicas : Learn(r) \/ Flush(r) \/ FollowerFetch(r)
-                          \/ Report(r)
-    \/ \E m \in msgs : LeaderHandleReq(m.dst, m) \/ FollowerHandleData(m.dst, m)
-                      \/ FollowerHandleDiv(m.dst, m)
-
-LiveSpec == Spec /\ \A r \in Replicas :
-                      /\ WF_vars(Learn(r)) /\ WF_vars(Flush(r))
-                      /\ WF_vars(FollowerFetch(r) \/ \E m \in msgs :
-                             /\ m.dst \in Replicas
-                             /\ (LeaderHandleReq(m.dst, m) \/ FollowerHandleData(m.dst, m)
-                                 \/ FollowerHandleDiv(m.dst, m)))
+\* Fair: learning metadata, the leader's flush, and (atomic network) a
+\* follower's flush-and-fetch. Faults (crashes) are bounded, so they stop.
+LiveSpec ==
+    /\ Spec
+    /\ \A r \in Replicas :
+         /\ WF_vars(Learn(r))
+         /\ WF_vars(Flush(r))
+         /\ WF_vars(ExchangeWith(r, Len(log[r])))
 
 WriteResolved ==
     \A v \in Values : v \in written ~> (IsAcked(v) \/ ~StillLeading(v))

@@ -1,0 +1,93 @@
+"""Model checking of the TLA+ specs under tla/ through scripts/tla-check.
+
+TLC's breadth-first search is deterministic for a given model, so the number
+of distinct states of each safe model is an exact figure: a change in it
+means the spec or the model changed, and this file is updated with it.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts" / "tla-check"
+
+# Distinct states TLC finds in each safe model (symmetry reduced).
+EXPECTED_STATES = {
+    "DataPlane": 151_598,
+}
+
+# The invariant each broken variant must violate.
+EXPECTED_BREAKS = {
+    "DataPlane_elect_by_leo": "LeaderCompleteness",
+    "DataPlane_no_fence": "LeaderCompleteness",
+    "DataPlane_report_unflushed": "LeaderCompleteness",
+    "DataPlane_flushed_beyond_match": "LeaderCompleteness",
+    "DataPlane_old_epoch_commit": "LogMatching",
+    "DataPlane_written_hw": "NoAckedLoss",
+    "Controller_stale_isr": "LeaderInIsr",
+    "Controller_shrink_early": "IsrComplete",
+    "Controller_few_reports": "LeaderComplete",
+}
+
+
+def run_check(*args: str, tmp_path: pathlib.Path) -> tuple[int, dict[str, dict]]:
+    proc = subprocess.run([str(SCRIPT), "--json", "--log-dir", str(tmp_path), *args],
+                          capture_output=True, text=True, timeout=1200)
+    results = {}
+    for line in proc.stdout.splitlines():
+        row = json.loads(line)
+        results[row["name"]] = row
+    return proc.returncode, results
+
+
+def list_models() -> tuple[list[str], list[str]]:
+    proc = subprocess.run([str(SCRIPT), "--list"], capture_output=True, text=True,
+                          check=True, timeout=60)
+    safe, broken = [], []
+    for line in proc.stdout.splitlines():
+        name, kind = line.split(None, 1)
+        (safe if kind == "safe" else broken).append(name)
+    return safe, broken
+
+
+def test_every_model_has_an_expectation():
+    """The registry in scripts/tla-check and the figures here list the same models."""
+    safe, broken = list_models()
+    assert sorted(safe) == sorted(EXPECTED_STATES)
+    assert sorted(broken) == sorted(EXPECTED_BREAKS)
+
+
+@pytest.mark.slow
+def test_safe_models_pass_with_expected_state_counts(tmp_path):
+    """Every safe model passes TLC with no violation, exploring exactly the
+    distinct states recorded above."""
+    code, results = run_check(tmp_path=tmp_path)
+    assert code == 0, f"tla-check failed; TLC output in {tmp_path}"
+    assert {name: row["distinct_states"] for name, row in results.items()} == EXPECTED_STATES
+    for name, row in results.items():
+        assert row["completed"], name
+        assert row["violation"] is None, name
+
+
+@pytest.mark.slow
+def test_broken_variants_each_yield_their_counterexample(tmp_path):
+    """Each broken variant makes one known mistake; TLC must find a
+    counterexample of the invariant that mistake breaks."""
+    code, results = run_check("--broken", tmp_path=tmp_path)
+    assert code == 0, f"a broken variant did not fail as expected; TLC output in {tmp_path}"
+    assert {name: row["violation"] for name, row in results.items()} == EXPECTED_BREAKS
+    for name, row in results.items():
+        assert row["trace_length"] >= 2, name
+
+
+def test_check_refuses_an_unknown_model(tmp_path):
+    """Asking for a model that does not exist is an error naming the known ones."""
+    proc = subprocess.run([str(SCRIPT), "--model", "NoSuchModel"], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "NoSuchModel" in proc.stderr and "DataPlane" in proc.stderr
