@@ -323,9 +323,23 @@ class Status:
 
 # ------------------------------------------------------------------ banner
 
+def biplane_command() -> str:
+    """How to run `biplane` from here: bare if it is on PATH, else the venv's script."""
+    import shutil
+    script = Path(sys.executable).parent / "biplane"
+    on_path = shutil.which("biplane")
+    if on_path and Path(on_path).resolve() == script.resolve():
+        return "biplane"
+    if script.exists():
+        rel = os.path.relpath(script)
+        return rel if not rel.startswith("..") else str(script)
+    return "biplane"
+
+
 def banner(state: dict[str, Any], data_dir: Path) -> str:
     shown = os.path.relpath(data_dir) if not os.path.relpath(data_dir).startswith("..") else str(data_dir)
     brokers = ",".join(b["address"] for b in state["brokers"].values())
+    cmd = biplane_command()
     lines = [f"Biplane is up: {len(state['controllers'])} controller(s), {len(state['brokers'])} broker(s); "
              f"data in {shown}",
              f"  controllers  {', '.join(c['api_url'] for c in state['controllers'].values())}",
@@ -333,9 +347,9 @@ def banner(state: dict[str, Any], data_dir: Path) -> str:
              f"  admin token  {state['admin_token']}",
              f"  cluster file {os.path.join(shown, CLUSTER_FILE)} (the CLI and SDK use it when no address is given)",
              "Try it:",
-             "  biplane topic create events --partitions 3 --replication-factor "
-             f"{min(3, len(state['brokers']))} && echo hello | biplane produce events "
-             "&& biplane consume events --from-beginning --max-records 1"]
+             f"  {cmd} topic create events --partitions 3 --replication-factor "
+             f"{min(3, len(state['brokers']))} && echo hello | {cmd} produce events "
+             f"&& {cmd} consume events --from-beginning --max-records 1"]
     return "\n".join(lines)
 
 
@@ -458,7 +472,7 @@ def detach(args: argparse.Namespace, argv: list[str], data_dir: Path) -> int:
         if (state and state.get("status") == "running" and (state.get("supervisor") or {}).get("pid") == proc.pid
                 and state.get("started_at", 0) >= started - 1):
             print(banner(state, data_dir))
-            print(f"Running in the background (pid {proc.pid}); stop it with `biplane down"
+            print(f"Running in the background (pid {proc.pid}); stop it with `{biplane_command()} down"
                   f"{'' if args.data_dir == DEFAULT_DATA_DIR else ' --data-dir ' + args.data_dir}`.")
             return 0
         time.sleep(0.2)
