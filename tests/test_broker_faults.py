@@ -185,3 +185,30 @@ def test_paused_follower_quorum_keeps_acking_isr_shrinks_and_recovers(tmp_path):
         def rejoined() -> bool:
             return follower in cluster.partition("i", 0)["isr"]
         wait_until(rejoined, 30, f"broker {follower} back in the ISR of i-0", interval_s=0.2)
+
+
+def test_killed_follower_does_not_stall_acks_all_on_isr_topic(tmp_path):
+    """kill -9 of a follower: the controller fences it and drops it from the ISR; its last
+    progress at the leader still looks caught up, so the leader may propose it back and be
+    refused. Claim: acks=all produce keeps being acknowledged all the same (regression: a
+    refused expansion counted in the HW's required set stalled every acks=all produce)."""
+    with Cluster(tmp_path, brokers=3) as cluster:
+        cluster.create_topic("k", partitions=1, replication_factor=3, config={"commit_policy": "isr"})
+        leader = cluster.wait_leader("k", 0)
+        victim = next(b for b in (3, 2, 1) if b != leader)
+
+        async def produce_for(seconds: float) -> int:
+            ok = 0
+            async with await WireClient.connect(*cluster.address(leader)) as c:
+                end = time.monotonic() + seconds
+                while time.monotonic() < end:
+                    r = await asyncio.wait_for(produce(c, "k", 0, make_batch([b"k"]), acks=-1, timeout_ms=20_000),
+                                               30)
+                    assert r.error_code is ErrorCode.NONE, r
+                    ok += 1
+            return ok
+
+        assert asyncio.run(produce_for(0.5)) > 0
+        cluster.brokers[victim].kill()
+        wait_until(lambda: victim not in cluster.partition("k", 0)["isr"], 20, f"{victim} out of the ISR")
+        assert asyncio.run(produce_for(3.0)) > 0

@@ -22,7 +22,7 @@ import time
 from typing import Callable
 
 from common.control_client import ControlClient
-from common.errors import BiplaneError
+from common.errors import BiplaneError, ErrorCode
 from common.metadata.image import MetadataImage, PartitionInfo, TopicInfo
 from common.requests import AlterIsrRequest, ElectionReport
 from common.usage import ReplicaUsage
@@ -63,6 +63,8 @@ class ReplicaManager:
         self._fed: dict[TopicPartition, tuple] = {}
         self._isr_inflight: set[TopicPartition] = set()
         self._last_usage: dict[TopicPartition, tuple[float, tuple[int, int, int]]] = {}
+        self._isr_refused: dict[TopicPartition, tuple[tuple, float]] = {}
+        self.isr_refusal_backoff_ms = 1000
         self._tasks: set[asyncio.Task] = set()
         self._lock = asyncio.Lock()
         self._closed = False
@@ -147,6 +149,10 @@ class ReplicaManager:
         self._send_fetch(leader_id, tp, request)
 
     def propose_isr(self, tp: TopicPartition, proposal: ProposeIsr) -> None:
+        refused = self._isr_refused.get(tp)
+        if refused is not None and refused[0] == _proposal_key(proposal) and time.monotonic() < refused[1]:
+            self._drop_pending_isr(tp, proposal)
+            return
         if tp in self._isr_inflight:
             return  # the core repeats its proposal on a timer until metadata settles it
         self._isr_inflight.add(tp)
@@ -162,8 +168,22 @@ class ReplicaManager:
         except BiplaneError as exc:
             log.info("%s-%d ISR -> %s refused: %s", *tp, list(proposal.new_isr), exc,
                      extra={"event": "partition.isr_refused", "topic": tp[0], "partition": tp[1]})
+            if exc.code is not ErrorCode.NOT_CONTROLLER:  # the controller decided (not just unreachable)
+                self._isr_refused[tp] = (_proposal_key(proposal),
+                                         time.monotonic() + self.isr_refusal_backoff_ms / 1000)
+                self._drop_pending_isr(tp, proposal)
         finally:
             self._isr_inflight.discard(tp)
+
+    def _drop_pending_isr(self, tp: TopicPartition, proposal: ProposeIsr) -> None:
+        """Stopgap until the core takes a refusal event: a refused proposal must stop
+        counting in the HW's required set (ISR ∪ proposed), or an expansion that names a
+        fenced broker stalls acks=all until the metadata changes. The core proposes again
+        while its reasons hold; the same proposal is then dropped here, unsent, for
+        `isr_refusal_backoff_ms`."""
+        driver = self.drivers.get(tp)
+        if driver is not None and driver.replica.pending_isr == proposal.new_isr:
+            driver.replica.pending_isr = None
 
     def report_election(self, tp: TopicPartition, report: ReportElection) -> None:
         self._spawn(self._report(tp, report))
@@ -272,3 +292,7 @@ def _remove_orphans(data_dir: str, keep: set[str]) -> None:
             log.info("removing %s: no replica of it is assigned here", path,
                      extra={"event": "partition.orphan_removed"})
             shutil.rmtree(path, ignore_errors=True)
+
+
+def _proposal_key(proposal: ProposeIsr) -> tuple:
+    return (proposal.new_isr, proposal.leader_epoch, proposal.partition_epoch)
