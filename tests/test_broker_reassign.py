@@ -1,9 +1,11 @@
 """Reassignment through real brokers (1 controller, 3 brokers).
 
-Claim: moving a partition from broker 1 to brokers 2 and 3 copies every
+Claims: moving a partition from broker 1 to brokers 2 and 3 copies every
 acknowledged record to the new replicas (a consumer reads the same values,
 at the same offsets, from the new leader), and broker 1 deletes its replica
-directory once it is no longer assigned there.
+directory once it is no longer assigned there. Afterwards a produce or fetch
+sent to the follower or to broker 1 is refused with NOT_LEADER_OR_FOLLOWER
+naming the real leader and its epoch.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import pytest
 
 from common.errors import ErrorCode
 from common.wire import WireClient
+from common.wire import messages as wire
 from cluster_harness import Cluster, fetch_values, make_batch, produce
 from controller_harness import http, wait_until
 
@@ -56,3 +59,17 @@ def test_reassignment_moves_the_data_and_removes_the_old_replica(tmp_path):
         assert asyncio.run(read())[:len(before)] == before
         old_dir = cluster.brokers[1].data_dir / "moving-0"
         wait_until(lambda: not old_dir.exists(), 30, "broker 1 removed its replica of moving-0")
+
+        follower = 5 - leader
+
+        async def misdirected() -> None:
+            for broker in (follower, 1):
+                async with await WireClient.connect(*cluster.address(broker)) as c:
+                    p = await produce(c, "moving", 0, make_batch([b"lost?"]), acks=1)
+                    f = (await c.request(wire.FetchRequest(topics=(wire.FetchTopic(
+                        topic="moving", partitions=(wire.FetchPartition(partition=0),)),)))).topics[0].partitions[0]
+                    for answer in (p, f):
+                        assert answer.error_code is ErrorCode.NOT_LEADER_OR_FOLLOWER, (broker, answer)
+                        assert answer.current_leader.leader_id == leader, (broker, answer)
+                        assert answer.current_leader.leader_epoch == cluster.partition("moving", 0)["leader_epoch"]
+        asyncio.run(misdirected())

@@ -134,11 +134,11 @@ class RequestHandler:
                     release = await future
                     if release.error is not ErrorCode.NONE:
                         self.counters.error(release.error)
+                    leader = (wire.LeaderIdAndEpoch(leader_id=self.broker_id, leader_epoch=driver.replica.leader_epoch)
+                              if release.error is ErrorCode.NONE else self._current_leader(topic, partition))
                     item = wire.ProducePartitionResponse(
                         partition=partition, error_code=release.error, base_offset=release.base_offset,
-                        log_start_offset=driver.log.log_start_offset,
-                        current_leader=wire.LeaderIdAndEpoch(leader_id=self.broker_id,
-                                                             leader_epoch=driver.replica.leader_epoch))
+                        log_start_offset=driver.log.log_start_offset, current_leader=leader)
                 by_topic.setdefault(topic, []).append(item)
             if acks == 0:
                 return None
@@ -240,7 +240,8 @@ class RequestHandler:
             partition=p.partition, error_code=a.error, high_watermark=a.high_watermark,
             last_stable_offset=a.high_watermark, log_start_offset=driver.log.log_start_offset,
             diverging_epoch=wire.EpochEndOffset(epoch=a.diverging_epoch, end_offset=a.diverging_end_offset),
-            current_leader=wire.LeaderIdAndEpoch(leader_id=a.leader_id, leader_epoch=a.leader_epoch),
+            current_leader=(wire.LeaderIdAndEpoch(leader_id=a.leader_id, leader_epoch=a.leader_epoch)
+                            if a.error is ErrorCode.NONE else self._current_leader(*tp)),
             log_end_offset=a.log_end_offset, flush_after_append=a.flush_after_append, records=a.records)
         now = bool(a.records) or a.error is not ErrorCode.NONE or a.diverging
         if replica_id >= 0 and not now:
