@@ -236,3 +236,20 @@ def test_consumer_long_poll_returns_data_produced_while_it_waits(cluster):
             assert answer.error_code is ErrorCode.NONE and bytes(answer.records)
             assert answer.high_watermark == r.base_offset + 1
     run(scenario())
+
+
+def test_fetch_answer_stays_near_max_bytes_across_partitions(cluster):
+    batch = make_batch([b"z" * 1000] * 8)  # ~8 KiB
+
+    async def scenario():
+        async with await connect(cluster) as c:
+            for partition in (0, 1):
+                for _ in range(4):
+                    assert (await produce(c, "events", partition, batch, acks=-1)).error_code is ErrorCode.NONE
+            r = await c.request(wire.FetchRequest(max_bytes=len(batch) + 10, topics=(wire.FetchTopic(
+                topic="events", partitions=(wire.FetchPartition(partition=0), wire.FetchPartition(partition=1))),)))
+            sizes = [len(p.records) for p in r.topics[0].partitions]
+            assert all(p.error_code is ErrorCode.NONE for p in r.topics[0].partitions)
+            # Each partition still makes progress (one batch at least), but far less than all it holds.
+            assert 0 < sizes[0] <= 2 * len(batch) and 0 < sizes[1] <= 2 * len(batch), sizes
+    run(scenario())

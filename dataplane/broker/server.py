@@ -195,10 +195,15 @@ class RequestHandler:
             answers: dict[TopicPartition, wire.FetchPartitionResponse] = {}
             changes: list[asyncio.Future] = []
             ready = False
+            budget = max(1, request.max_bytes)
             for t in request.topics:
                 for p in t.partitions:
                     tp = (t.topic, p.partition)
-                    answer, driver, now = self._fetch_partition(request.replica_id, tp, p)
+                    # The response stays near max_bytes: once it is spent, each further
+                    # partition carries at most its first batch (a reader must progress).
+                    answer, driver, now = self._fetch_partition(request.replica_id, tp, p,
+                                                                max(1, min(budget, p.partition_max_bytes)))
+                    budget -= len(answer.records or b"")
                     answers[tp] = answer
                     ready = ready or now
                     if driver is not None:
@@ -214,7 +219,7 @@ class RequestHandler:
                 return self._fetch_response(request, answers)
             await asyncio.wait(changes, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
 
-    def _fetch_partition(self, replica_id: int, tp: TopicPartition, p: wire.FetchPartition
+    def _fetch_partition(self, replica_id: int, tp: TopicPartition, p: wire.FetchPartition, max_bytes: int
                          ) -> tuple[wire.FetchPartitionResponse, PartitionDriver | None, bool]:
         """(answer, driver to wait on, whether to answer now)."""
         def refuse(code: ErrorCode):
@@ -233,7 +238,7 @@ class RequestHandler:
             a = driver.fetch(FetchRequest(
                 replica_id=replica_id, fetch_offset=p.fetch_offset, last_fetched_epoch=p.last_fetched_epoch,
                 flushed_offset=max(p.flushed_offset, 0), current_leader_epoch=p.current_leader_epoch,
-                max_bytes=p.partition_max_bytes, partition=tp))
+                max_bytes=max_bytes, partition=tp))
         except BiplaneError as exc:
             return refuse(exc.code)
         answer = wire.FetchPartitionResponse(
