@@ -560,3 +560,19 @@ def test_figure_8_old_epoch_entry_is_not_committed_by_counting(monkeypatch):
     assert hw_a == 1 and b_end == 1
     hw_a, b_end = _figure_8(monkeypatch, epoch_start_rule=False)
     assert hw_a == 2 and b_end == 1
+
+
+def test_waiting_request_id_is_refused_and_releases_keep_offset_order():
+    """Claim: a produce reusing a request id that still waits is refused (INVALID_REQUEST) without an
+    append, and acks=all requests are released in offset order once the HW passes them."""
+    nodes = cluster()
+    leader = nodes[1]
+    produce(leader, 1, -1)
+    produce(leader, 2, -1)
+    end = leader.log.log_end_offset
+    produce(leader, 1, -1)
+    assert leader.log.log_end_offset == end
+    assert leader.released()[1].error is ErrorCode.INVALID_REQUEST
+    pump(nodes)
+    order = [r.request_id for r in leader.take(ReleaseProduce)]
+    assert order == [1, 2]

@@ -25,6 +25,7 @@ The driver's contract (the broker, or tests/sim):
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import enum
 
@@ -128,6 +129,9 @@ class Replica:
         self.pending_isr: tuple[int, ...] | None = None
         self._pending_isr_sent_ms = 0
         self.pending: dict[int, PendingProduce] = {}
+        # Request ids per acks value in offset order: each is released in that order, so
+        # releasing is O(released), not O(pending). Ids already gone are skipped.
+        self._waiting: dict[int, collections.deque] = {a: collections.deque() for a in VALID_ACKS}
         # Follower state.
         self.leader_id: int | None = None
         self._fetch_inflight = False
@@ -207,6 +211,8 @@ class Replica:
         for p in self.pending.values():
             self._release.append(ReleaseProduce(request_id=p.request_id, error=error))
         self.pending.clear()
+        for queue in self._waiting.values():
+            queue.clear()
         self.progress.clear()
         self.pending_isr = None
         self.leader_id = None
@@ -324,6 +330,10 @@ class Replica:
         if not headers:
             self._refuse_produce(ev, ErrorCode.INVALID_REQUEST, reason="no record batch in produce request")
             return
+        if ev.request_id in self.pending:
+            self._refuse_produce(ev, ErrorCode.INVALID_REQUEST,
+                                 reason=f"request id {ev.request_id} is already waiting; ids must be unique")
+            return
         if len(self.pending) >= self.pending_produce_max:
             # Issue 5 replaces this with waiting (backpressure); until then refuse, retriably.
             self._refuse_produce(ev, ErrorCode.REQUEST_TIMED_OUT,
@@ -342,6 +352,7 @@ class Replica:
         base, last = self._append_as_leader(ev.records)
         self.pending[ev.request_id] = PendingProduce(request_id=ev.request_id, acks=ev.acks, base_offset=base,
                                                      last_offset=last, deadline_ms=self.now_ms + ev.timeout_ms)
+        self._waiting[ev.acks].append(ev.request_id)
         if ev.acks == -1 and self.config.durability == "fsync":
             self._request_flush()
 
@@ -367,16 +378,16 @@ class Replica:
 
     def _release_ready(self) -> None:
         # One path for every acks value: acks only decides which offset must be reached.
-        for p in list(self.pending.values()):
-            if p.acks == 0:
-                done = True
-            elif p.acks == 1:
-                done = self.written_offset > p.last_offset
-            else:
-                done = self.high_watermark > p.last_offset
-            if done:
-                del self.pending[p.request_id]
-                self._release.append(ReleaseProduce(request_id=p.request_id, base_offset=p.base_offset))
+        reached = {0: self.log_end_offset, 1: self.written_offset, -1: self.high_watermark}
+        for acks, queue in self._waiting.items():
+            while queue:
+                p = self.pending.get(queue[0])
+                if p is not None and p.acks == acks:
+                    if reached[acks] <= p.last_offset:
+                        break
+                    del self.pending[p.request_id]
+                    self._release.append(ReleaseProduce(request_id=p.request_id, base_offset=p.base_offset))
+                queue.popleft()
 
     # ------------------------------------------------------- leader: fetches
 

@@ -237,7 +237,9 @@ class Simulation:
 
     def _on_release(self, node: SimNode, release: ReleaseProduce) -> None:
         req = self.requests.get(release.request_id)
-        if req is None or req.get("error") is not None or req.get("base_offset") is not None:
+        # A duplicated request may be refused while the original still waits: an error
+        # never hides a success for the same id.
+        if req is None or req.get("base_offset") is not None:
             return
         if release.error is ErrorCode.NONE:
             req["base_offset"] = release.base_offset
