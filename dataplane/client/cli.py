@@ -61,16 +61,14 @@ async def _produce(args: argparse.Namespace, prog: str) -> int:
                         linger_ms=args.linger_ms) as producer:
         futures = []
         loop = asyncio.get_running_loop()
-        while True:
-            line = await loop.run_in_executor(None, sys.stdin.buffer.readline)
-            if not line:
-                break
+        sep = args.key_separator.encode() if args.key_separator is not None else None
+        lines: asyncio.Queue = asyncio.Queue(maxsize=10_000)
+        _start_stdin_reader(loop, lines)
+        while (line := await lines.get()) is not None:
             line = line.rstrip(b"\r\n")
             key = None
-            if args.key_separator is not None:
-                sep = args.key_separator.encode()
-                if sep in line:
-                    key, line = line.split(sep, 1)
+            if sep is not None and sep in line:
+                key, line = line.split(sep, 1)
             futures.append(await producer.send(args.topic, line, key=key, partition=args.partition))
             if len(futures) >= 1000:
                 s, f = await _settle(futures, prog)
@@ -79,6 +77,18 @@ async def _produce(args: argparse.Namespace, prog: str) -> int:
         sent, failed = sent + s, failed + f
     print(f"{prog}: sent {sent} record(s) to {args.topic}" + (f", {failed} failed" if failed else ""), file=sys.stderr)
     return 1 if failed else 0
+
+
+def _start_stdin_reader(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue) -> None:
+    """Feed stdin's lines into `queue` from a thread (None at the end). The queue is bounded, so a
+    fast stdin waits for the producer instead of filling memory."""
+    import threading
+
+    def read() -> None:
+        for line in iter(sys.stdin.buffer.readline, b""):
+            asyncio.run_coroutine_threadsafe(queue.put(line), loop).result()
+        asyncio.run_coroutine_threadsafe(queue.put(None), loop).result()
+    threading.Thread(target=read, name="stdin-reader", daemon=True).start()
 
 
 async def _settle(futures: list, prog: str) -> tuple[int, int]:
