@@ -394,3 +394,15 @@ def test_a_finally_failed_batch_bumps_the_epoch_and_later_records_still_go():
             assert broker.partitions[("t", 0)].values() == [b"after0", b"after1", b"after2"]
             assert [s[2] for s in broker.sequences_seen] == [0, 0, 1, 2]
     run(main())
+
+
+def test_a_partition_at_its_in_flight_limit_sets_no_timer():
+    """Waiting for answers is not a deadline: the sender must sleep until one arrives, not spin."""
+    acc = Accumulator(batch_size_bytes=300, linger_ms=5, in_flight_per_partition_max=1)
+    for _ in range(4):
+        acc.append(TP, rec(), now_ms=0)
+    assert acc.drain(10, lambda tp: 1)
+    assert acc.next_ready_ms(10) is None
+    (batch,) = acc.partitions[TP].in_flight
+    acc.complete(batch, error_code=ErrorCode.NONE, base_offset=0, now_ms=11)
+    assert acc.next_ready_ms(11) == 5   # the next batch is overdue: send at once

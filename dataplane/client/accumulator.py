@@ -199,10 +199,13 @@ class Accumulator:
         batch.payload = builder.build()
 
     def next_ready_ms(self, now_ms: int) -> int | None:
-        """The earliest time a queued batch becomes ready by linger or backoff (None: nothing queued)."""
+        """The earliest time a queued batch becomes ready by linger or backoff (None: nothing will
+        by time alone). A partition at its in-flight limit waits for an answer, not for a time."""
         best: int | None = None
         for state in self.partitions.values():
-            if not state.queue:
+            if not state.queue or self.epoch_bump_needed:
+                continue
+            if len(state.in_flight) >= (1 if state.retrying else self.in_flight_per_partition_max):
                 continue
             batch = state.queue[0]
             at = batch.retry_at_ms if batch.attempts > 0 else batch.created_ms + self.linger_ms
