@@ -43,9 +43,13 @@ async def connect(cluster: Cluster, broker_id: int = 1) -> WireClient:
     return await WireClient.connect(*cluster.address(broker_id))
 
 
-def test_broker_registers_with_its_address(cluster):
+def test_broker_registers_with_its_address_and_heartbeats_usage(cluster):
     brokers = http("GET", cluster.api_url + "/v1/brokers").body["brokers"]
     assert [(b["broker_id"], b["port"], b["fenced"]) for b in brokers] == [(1, cluster.brokers[1].port, False)]
+    view = wait_until(lambda: (lambda b: b if b.get("disk_total_bytes") else None)(cluster.broker_info(1)),
+                      10, "a heartbeat with usage")
+    assert view["disk_total_bytes"] >= view["disk_used_bytes"] > 0
+    assert view["metadata_offset"] >= view["registered_offset"]
 
 
 def test_produce_with_every_acks_then_fetch_list_offsets_and_metadata(cluster):

@@ -174,3 +174,37 @@ def test_fetch_session_sends_fresh_news_express_once_per_round():
     asyncio.run(scenario())
     assert [(tp, off, err) for tp, off, err in delivered[:3]] == [
         (("t", 0), 11, ErrorCode.NONE), (("t", 0), 10, ErrorCode.NONE), (("t", 0), 12, ErrorCode.NONE)]
+
+
+def test_heartbeat_refused_as_stale_registers_again():
+    from common.errors import BiplaneError
+    from common.usage import BrokerUsage
+    from dataplane.broker.lifecycle import Lifecycle
+
+    class Control:
+        def __init__(self) -> None:
+            self.calls: list[str] = []
+
+        async def register(self, request):
+            self.calls.append(f"register:{request.clean_shutdown}")
+
+        async def heartbeat(self, request):
+            self.calls.append("heartbeat")
+            if self.calls.count("heartbeat") == 2:
+                raise BiplaneError("incarnation is stale", code=ErrorCode.STALE_BROKER_EPOCH)
+            return {"fenced": False}
+
+    async def scenario():
+        control = Control()
+        life = Lifecycle(control, broker_id=1, host="h", port=1, rack=None, priority=0, clean_shutdown=False,
+                         metadata_offset=lambda: 3, usage=lambda: BrokerUsage(
+                             broker_id=1, at_ms=0, disk_total_bytes=1, disk_used_bytes=0, disk_free_bytes=1),
+                         heartbeat_interval_ms=10)
+        task = asyncio.create_task(life.run())
+        while control.calls.count("heartbeat") < 3:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        return control.calls, life.fenced
+    calls, fenced = asyncio.run(scenario())
+    assert calls[:4] == ["register:False", "heartbeat", "heartbeat", "register:False"]
+    assert fenced is False
