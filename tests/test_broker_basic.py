@@ -257,3 +257,14 @@ def test_fetch_answer_stays_near_max_bytes_across_partitions(cluster):
             # Each partition still makes progress (one batch at least), but far less than all it holds.
             assert 0 < sizes[0] <= 2 * len(batch) and 0 < sizes[1] <= 2 * len(batch), sizes
     run(scenario())
+
+
+def test_second_broker_on_the_same_data_dir_refuses_to_start(cluster):
+    import subprocess
+    from controller_harness import BIPLANE, REPO
+    b = cluster.brokers[1]
+    done = subprocess.run([BIPLANE, "broker", "--broker-id", "1", "--data-dir", str(b.data_dir),
+                           "--controller", cluster.api_url], capture_output=True, text=True, timeout=30, cwd=str(REPO))
+    assert done.returncode == 1
+    assert "already open by process" in done.stderr and str(b.pid) in done.stderr
+    assert not (b.data_dir / "clean_shutdown").exists()  # it wrote nothing into the running broker's dir

@@ -29,6 +29,7 @@ from dataplane.broker.partition import now_ms
 from dataplane.broker.producer_ids import ProducerIds
 from dataplane.broker.replicas import ReplicaManager
 from dataplane.broker.server import RequestHandler
+from dataplane.log.lock import DirectoryLock
 
 log = logging.getLogger("biplane.broker")
 
@@ -44,6 +45,11 @@ class Broker:
         self._tasks: list[asyncio.Task] = []
         self._server: asyncio.AbstractServer | None = None
         self._metrics_runner: web.AppRunner | None = None
+        self._dir_lock: DirectoryLock | None = None
+        # Built by start(); stop() closes whichever exist (start may fail half way).
+        self.control: ControlClient | None = None
+        self.fetcher: Fetcher | None = None
+        self.replicas: ReplicaManager | None = None
 
     async def __aenter__(self) -> "Broker":
         await self.start()
@@ -59,6 +65,8 @@ class Broker:
         self._stop_event = asyncio.Event()
         c = self.config
         os.makedirs(c.data_dir, exist_ok=True)
+        # One broker per data dir: a second one would find every partition log locked.
+        self._dir_lock = DirectoryLock(c.data_dir)
         clean = take_clean_shutdown_marker(c.data_dir)
         self.control = ControlClient(list(c.controller_urls), secret=c.cluster_secret,
                                      request_timeout_ms=c.request_timeout_ms)
@@ -127,13 +135,18 @@ class Broker:
                 await task
             except (asyncio.CancelledError, Exception):
                 pass
-        await self.fetcher.close()
-        await self.replicas.close()
-        await self.control.close()
+        if self.fetcher is not None:
+            await self.fetcher.close()
+        if self.replicas is not None:
+            await self.replicas.close()
+        if self.control is not None:
+            await self.control.close()
         if self._metrics_runner is not None:
             await self._metrics_runner.cleanup()
-        if clean:
-            write_clean_shutdown_marker(self.config.data_dir)
+        if self._dir_lock is not None:
+            if clean and self.replicas is not None:
+                write_clean_shutdown_marker(self.config.data_dir)
+            self._dir_lock.release()
         log.info("broker %d stopped", self.config.broker_id, extra={"event": "broker.stopped"})
 
     # ------------------------------------------------------------ glue

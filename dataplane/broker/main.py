@@ -11,6 +11,7 @@ import sys
 
 from pydantic import ValidationError
 
+from common.errors import StorageError
 from dataplane.broker.broker import Broker
 from dataplane.broker.config import BrokerConfig
 
@@ -78,6 +79,9 @@ def main(argv: list[str], prog: str) -> int:
         return 2
     try:
         return asyncio.run(serve(config, args.ports_file))
+    except StorageError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 1
     except OSError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 1
