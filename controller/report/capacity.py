@@ -398,7 +398,7 @@ def run_capacity_report(spark: SparkSession, inputs: list[str], out_dir: Path, o
     out_dir.mkdir(parents=True, exist_ok=True)
     progress(f"writing {len(tables)} CSV tables, plots and report.html to {out_dir}")
     for name, frame in tables.items():
-        frame.to_csv(out_dir / f"{name}.csv", index=False)
+        frame.to_csv(out_dir / f"{name}.csv", index=False, float_format="%.6f")
     if render is None:
         from controller.report.render import render_html
         render = render_html

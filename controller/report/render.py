@@ -11,6 +11,7 @@ import io
 from pathlib import Path
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -19,6 +20,7 @@ import pandas as pd  # noqa: E402
 GB = 1e9
 MB = 1e6
 ROWS_SHOWN_MAX = 200  # longer tables are in their CSV; the page shows the head
+PLOT_POINTS_MAX = 1500  # per line; longer histories are thinned for the plots only (CSVs keep all)
 
 
 def _png(fig) -> str:
@@ -29,15 +31,22 @@ def _png(fig) -> str:
 
 
 def _time_plot(series: pd.DataFrame, columns: list[str], scale: float, ylabel: str, title: str) -> str:
+    values = sum(series[c].astype("Float64").to_numpy(dtype="float64", na_value=np.nan) for c in columns) / scale
+    wide = pd.DataFrame({"t": series["snapshot_time_ms"].to_numpy(dtype="int64"),
+                         "b": series["broker_id"].to_numpy(dtype="int64"), "v": values}
+                        ).pivot_table(index="t", columns="b", values="v", aggfunc="mean")
+    step = max(1, -(-len(wide) // PLOT_POINTS_MAX))
+    if step > 1:
+        wide = wide.iloc[::step]
+        title = f"{title} (every {step}th snapshot)"
     fig, ax = plt.subplots(figsize=(10, 4))
-    times = pd.to_datetime(series["snapshot_time_ms"], unit="ms", utc=True)
-    frame = series.assign(_t=times)
-    for broker_id, group in frame.groupby("broker_id"):
-        ax.plot(group["_t"], group[columns].sum(axis=1) / scale, label=f"broker {broker_id}", linewidth=1.2)
+    times = pd.to_datetime(wide.index, unit="ms", utc=True)
+    for broker_id in wide.columns:
+        ax.plot(times, wide[broker_id], label=f"broker {broker_id}", linewidth=1.2)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, ncol=max(1, min(6, frame["broker_id"].nunique() // 8 + 1)), loc="upper left")
+    ax.legend(fontsize=7, ncol=max(1, min(6, len(wide.columns) // 8 + 1)), loc="upper left")
     fig.autofmt_xdate()
     return _png(fig)
 
