@@ -149,8 +149,10 @@ ProposeShrink(b) == b \in lview.isr /\ b # leader /\ Propose(lview.isr \ {b})
 ProposeExpand(b) == b \in replicas \ lview.isr /\ has[b] /\ b \notin fenced
                     /\ Propose(lview.isr \cup {b})
 
-\* Accepted only at the current leader and partition epochs; either way the
-\* leader learns the current state in the answer.
+\* Accepted only at the current leader and partition epochs. The answer
+\* goes to the proposer: the current leader learns the resulting state; a
+\* request of an earlier leader changes nothing in the current leader's view
+\* (answering it there would drop the current leader's own pending request).
 AlterIsr ==
     \E p \in proposals :
       /\ proposals' = proposals \ {p}
@@ -158,12 +160,20 @@ AlterIsr ==
            THEN /\ pepoch < MaxEpoch
                 /\ isr' = p.isr \cap replicas
                 /\ pepoch' = pepoch + 1
-                /\ lview' = [le |-> lepoch, pe |-> pepoch + 1, isr |-> p.isr \cap replicas]
-                /\ pending' = p.isr \cap replicas
+                /\ IF p.le = lepoch
+                     THEN /\ lview' = [le |-> lepoch, pe |-> pepoch + 1, isr |-> isr']
+                          /\ pending' = isr'
+                     ELSE UNCHANGED <<lview, pending>>
            ELSE /\ UNCHANGED <<isr, pepoch>>
-                /\ lview' = [le |-> lepoch, pe |-> pepoch, isr |-> isr]
-                /\ pending' = isr
+                /\ IF p.le = lepoch
+                     THEN /\ lview' = [le |-> lepoch, pe |-> pepoch, isr |-> isr]
+                          /\ pending' = isr
+                     ELSE UNCHANGED <<lview, pending>>
       /\ UNCHANGED <<fenced, replicas, target, leader, lepoch, reports, has>>
+
+\* One request in flight at a time (the current or an earlier leader's) keeps
+\* the model small; the stale-request case needs no more.
+ProposalBound == Cardinality(proposals) <= 1
 
 ---------------------------------------------------------------------------
 (* quorum: the two-step election *)
