@@ -58,9 +58,19 @@ class FakePartition:
         return out
 
 
+@dataclass
+class ClusterView:
+    """What several fake brokers agree on: the brokers, and (topic, partition) -> (leader id, epoch)."""
+
+    brokers: list = field(default_factory=list)
+    leaders: dict = field(default_factory=dict)
+
+
 class FakeBroker:
-    def __init__(self, topics: dict[str, int], *, broker_id: int = 1, dedupe: bool = True) -> None:
+    def __init__(self, topics: dict[str, int], *, broker_id: int = 1, dedupe: bool = True,
+                 view: "ClusterView | None" = None) -> None:
         self.broker_id = broker_id
+        self.view = view   # shared by several fake brokers: who leads what; None: this one leads all
         self.dedupe = dedupe
         self.partitions = {(t, p): FakePartition() for t, n in topics.items() for p in range(n)}
         self.topics = dict(topics)
@@ -85,19 +95,27 @@ class FakeBroker:
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    def leader(self, topic: str, partition: int) -> tuple[int, int]:
+        if self.view is None:
+            return self.broker_id, self.partitions[(topic, partition)].leader_epoch
+        return self.view.leaders.get((topic, partition), (self.view.brokers[0].broker_id, 0))
+
     def inject(self, topic: str, partition: int, *faults: Any) -> None:
         self.partitions[(topic, partition)].faults.extend(faults)
 
     async def handle(self, header: Any, request: Any) -> Any:
         if isinstance(request, MetadataRequest):
             names = self.topics if request.topics is None else request.topics
+            brokers = ((MetadataBroker(node_id=self.broker_id, host="127.0.0.1", port=self.port),) if self.view is None
+                       else tuple(MetadataBroker(node_id=b.broker_id, host="127.0.0.1", port=b.port)
+                                  for b in self.view.brokers))
             return MetadataResponse(
-                brokers=(MetadataBroker(node_id=self.broker_id, host="127.0.0.1", port=self.port),),
+                brokers=brokers,
                 controller_id=1, metadata_offset=1,
                 topics=tuple(
                     MetadataTopic(topic=t, partitions=tuple(
-                        MetadataPartition(partition=p, leader_id=self.broker_id,
-                                          leader_epoch=self.partitions[(t, p)].leader_epoch,
+                        MetadataPartition(partition=p, leader_id=self.leader(t, p)[0],
+                                          leader_epoch=self.leader(t, p)[1],
                                           replicas=(self.broker_id,), isr=(self.broker_id,))
                         for p in range(self.topics[t])))
                     if t in self.topics else MetadataTopic(topic=t, error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
@@ -126,10 +144,14 @@ class FakeBroker:
             for p in topic.partitions:
                 part = self.partitions[(topic.topic, p.partition)]
                 part.requests += 1
-                fault = part.faults.popleft() if part.faults else None
                 blob = bytearray(p.records)
                 (_, h), = list(iter_batches(blob))
                 self.sequences_seen.append((topic.topic, p.partition, h.base_sequence, h.record_count))
+                if self.leader(topic.topic, p.partition)[0] != self.broker_id:
+                    answers.append(ProducePartitionResponse(partition=p.partition,
+                                                            error_code=ErrorCode.NOT_LEADER_OR_FOLLOWER))
+                    continue
+                fault = part.faults.popleft() if part.faults else None
                 if isinstance(fault, tuple) and fault[0] == "close":
                     raise ConnectionResetError("fault: drop the connection")
                 if isinstance(fault, tuple) and fault[0] == "delay":

@@ -138,6 +138,7 @@ def test_retry_keeps_sequence_and_never_overtakes_earlier_batches():
     assert acc.complete(sent[1], error_code=ErrorCode.NOT_LEADER_OR_FOLLOWER, base_offset=-1, now_ms=1).kind == "retry"
     assert acc.drain(100, lambda tp: 1) == {}  # sent[2] still in flight: wait for it
     assert acc.complete(sent[2], error_code=ErrorCode.OUT_OF_ORDER_SEQUENCE, base_offset=-1, now_ms=2).kind == "retry"
+    assert not acc.epoch_bump_needed   # earlier batches are being retried: the gap is theirs
     order = []
     for step in range(10):
         batches = acc.drain(100 + step, lambda tp: 1).get(1, [])
@@ -406,3 +407,48 @@ def test_a_partition_at_its_in_flight_limit_sets_no_timer():
     (batch,) = acc.partitions[TP].in_flight
     acc.complete(batch, error_code=ErrorCode.NONE, base_offset=0, now_ms=11)
     assert acc.next_ready_ms(11) == 5   # the next batch is overdue: send at once
+
+
+def test_producer_follows_a_leader_move_after_not_leader():
+    """The old leader answers NOT_LEADER_OR_FOLLOWER: the producer refreshes metadata and sends
+    the same batch, with the same sequence, to the new leader (which holds the same replicated
+    log and producer state), so nothing is lost, duplicated or reordered."""
+    from fake_broker import ClusterView
+
+    async def main():
+        view = ClusterView()
+        async with FakeBroker({"t": 1}, broker_id=1, view=view) as a, \
+                FakeBroker({"t": 1}, broker_id=2, view=view) as b:
+            b.partitions = a.partitions   # one replicated log
+            view.brokers = [a, b]
+            view.leaders[("t", 0)] = (1, 0)
+            async with Producer(bootstrap=a.bootstrap, linger_ms=0, retry_backoff_ms=5) as producer:
+                first = [await producer.send_and_wait("t", b"a%d" % i) for i in range(3)]
+                view.leaders[("t", 0)] = (2, 1)
+                later = [await producer.send("t", b"b%d" % i) for i in range(20)]
+                metas = await asyncio.gather(*later)
+            assert a.partitions[("t", 0)].values() == [b"a0", b"a1", b"a2"] + [b"b%d" % i for i in range(20)]
+            assert [m.offset for m in first + metas] == list(range(23))
+            refused = a.sequences_seen[3]
+            assert refused[2] == 3 and b.sequences_seen[0] == refused   # resent as is
+    run(main())
+
+
+def test_a_leader_without_the_producer_state_gets_a_new_epoch_from_sequence_zero():
+    """OUT_OF_ORDER_SEQUENCE for a partition's oldest outstanding batch cannot heal by waiting:
+    the producer takes a new epoch and resends from sequence 0."""
+    from fake_broker import ClusterView
+
+    async def main():
+        view = ClusterView()
+        async with FakeBroker({"t": 1}, broker_id=1, view=view) as a, \
+                FakeBroker({"t": 1}, broker_id=2, view=view) as b:
+            view.brokers = [a, b]
+            view.leaders[("t", 0)] = (1, 0)
+            async with Producer(bootstrap=a.bootstrap, linger_ms=0, retry_backoff_ms=5) as producer:
+                await producer.send_and_wait("t", b"a0")
+                view.leaders[("t", 0)] = (2, 1)   # b has an empty log and knows no producer
+                meta = await producer.send_and_wait("t", b"b0")
+            assert meta.offset == 0 and b.partitions[("t", 0)].values() == [b"b0"]
+            assert [s[2] for s in b.sequences_seen] == [1, 0]
+    run(main())

@@ -217,6 +217,8 @@ class Accumulator:
     def complete(self, batch: ProducerBatch, *, error_code: ErrorCode, base_offset: int, now_ms: int) -> Outcome:
         state = self.partitions[batch.tp]
         assert batch.in_flight, "a batch completes only while in flight"
+        is_head = state.in_flight[0] is batch and not any(
+            b.attempts and 0 <= b.base_sequence < batch.base_sequence for b in state.queue)
         state.in_flight.remove(batch)
         batch.in_flight = False
         if error_code in (ErrorCode.NONE, ErrorCode.DUPLICATE_SEQUENCE):
@@ -227,6 +229,16 @@ class Accumulator:
                            error_code=error_code)
         retriable = error_code.retriable or (self.idempotent and error_code == ErrorCode.OUT_OF_ORDER_SEQUENCE)
         expired = now_ms - batch.created_ms >= self.delivery_timeout_ms
+        if (self.idempotent and error_code == ErrorCode.OUT_OF_ORDER_SEQUENCE and is_head
+                and not expired and batch.attempts <= self.retries_max):
+            # Nothing earlier is outstanding, yet the leader expected another sequence: it lost
+            # this producer's state (or never had it). Waiting will not help; a new producer
+            # epoch restarts every partition at sequence 0 and the batch goes again.
+            batch.retry_at_ms = now_ms + self.retry_backoff_ms
+            self._requeue(state, batch)
+            state.retrying = True
+            self.epoch_bump_needed = True
+            return Outcome(kind="retry", batch=batch, error_code=error_code)
         if retriable and batch.attempts <= self.retries_max and not expired:
             batch.retry_at_ms = now_ms + self.retry_backoff_ms
             self._requeue(state, batch)
