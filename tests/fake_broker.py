@@ -81,6 +81,7 @@ class FakeBroker:
         self.hold = asyncio.Event()
         self.hold.set()
         self.next_producer_id = 1000
+        self.fetch_sizes: list[int] = []   # partitions per FETCH request
 
     async def __aenter__(self) -> "FakeBroker":
         self.server = await start_server(self.handle, "127.0.0.1", 0)
@@ -191,6 +192,7 @@ class FakeBroker:
         return ErrorCode.NONE, base
 
     def fetch(self, request: FetchRequest) -> Any:
+        self.fetch_sizes.append(sum(len(t.partitions) for t in request.topics))
         topics = []
         for t in request.topics:
             parts = []

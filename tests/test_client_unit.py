@@ -452,3 +452,18 @@ def test_a_leader_without_the_producer_state_gets_a_new_epoch_from_sequence_zero
             assert meta.offset == 0 and b.partitions[("t", 0)].values() == [b"b0"]
             assert [s[2] for s in b.sequences_seen] == [1, 0]
     run(main())
+
+
+def test_one_fetch_request_carries_every_partition_the_broker_leads():
+    async def main():
+        async with FakeBroker({"t": 3, "u": 2}) as broker:
+            async with Producer(bootstrap=broker.bootstrap) as producer:
+                for p in range(3):
+                    await producer.send_and_wait("t", b"t%d" % p, partition=p)
+            async with Consumer("t", "u", bootstrap=broker.bootstrap, from_beginning=True) as consumer:
+                got = []
+                while len(got) < 3:
+                    got += await consumer.poll(500)
+            assert sorted(r.value for r in got) == [b"t0", b"t1", b"t2"]
+            assert broker.fetch_sizes[0] == 5
+    run(main())
