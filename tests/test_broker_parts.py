@@ -125,9 +125,10 @@ def test_learner_that_drifted_starts_over_from_scratch(tmp_path):
     assert learner.offset == -1
 
 
-def test_fetch_session_sends_fresh_news_express_once_per_round():
-    """While the long-poll waits, a newer request for the same partition goes out at once
-    with max_wait 0 — once per round; a third waits for the round to end."""
+def test_fetch_session_sends_fresh_news_express_and_holds_repeats():
+    """While the long-poll waits, a request for the same partition that says something new
+    (another position) goes out at once with max_wait 0; a repeat of it waits for the
+    long-poll to end (so an idle partition cannot spin on the express connection)."""
     delivered = []
     sent: list[tuple[str, int, int]] = []   # (connection, max_wait_ms, fetch_offset)
 
@@ -164,16 +165,16 @@ def test_fetch_session_sends_fresh_news_express_once_per_round():
         await asyncio.sleep(0.05)
         fetcher.submit(2, ("t", 0), request(11))
         await asyncio.sleep(0.05)
-        fetcher.submit(2, ("t", 0), request(12))
+        fetcher.submit(2, ("t", 0), request(11))
         await asyncio.sleep(0.05)
         assert sent == [("main", 500, 10), ("express", 0, 11)]
         gate.set()
         await asyncio.sleep(0.05)
-        assert sent[2] == ("main", 500, 12)
+        assert sent[2] == ("main", 500, 11)
         await fetcher.close()
     asyncio.run(scenario())
     assert [(tp, off, err) for tp, off, err in delivered[:3]] == [
-        (("t", 0), 11, ErrorCode.NONE), (("t", 0), 10, ErrorCode.NONE), (("t", 0), 12, ErrorCode.NONE)]
+        (("t", 0), 11, ErrorCode.NONE), (("t", 0), 10, ErrorCode.NONE), (("t", 0), 11, ErrorCode.NONE)]
 
 
 def test_heartbeat_refused_as_stale_registers_again():

@@ -5,11 +5,14 @@ wins); a session batches them into one wire FETCH that long-polls the leader
 for up to `fetch_wait_ms_max`, and feeds each partition's answer back into its
 core as a FetchResponse.
 
-A connection answers requests one at a time, so while the long-poll waits a
+A connection answers requests in order, so while the long-poll waits a
 follower's fresh news (its flushed offset moved: the leader may be holding
 acks=all for it) would wait too. Such a request goes out at once on a second
-"express" connection with no wait, at most once per partition per long-poll
-round, so the express path can never spin.
+"express" connection with no wait — only when it says something the waiting
+long-poll does not (another position or flushed offset), so the express path
+never spins on repeats. A partition that joined the session after the
+long-poll started goes express until it is caught up, then the long-poll
+starts over with it (its connection is closed and the requests resent).
 
 Errors: a partition-level error is delivered after `fetch_error_backoff_ms`
 (the core asks again as soon as it hears); a broken connection puts the
@@ -73,7 +76,10 @@ class FetchSession:
         self.limits = fetcher.limits
         self.pending: dict[TopicPartition, FetchRequest] = {}
         self._main_busy = False
-        self._express_used: set[TopicPartition] = set()
+        self._in_main: set[TopicPartition] = set()         # partitions of the long-poll in flight
+        self._express_held: set[TopicPartition] = set()    # wait for the long-poll to end
+        self._restarting = False
+        self._last_sent: dict[TopicPartition, tuple[int, int, int]] = {}
         self._wake = asyncio.Event()      # the main loop's: something is pending
         self._wake_exp = asyncio.Event()  # the express loop's: something new arrived
         self._clients: dict[str, WireClient | None] = {"main": None, "express": None}
@@ -95,47 +101,89 @@ class FetchSession:
                 await self._wake.wait()
             batch, self.pending = self.pending, {}
             self._main_busy = True
-            self._express_used.clear()
+            self._in_main = set(batch)
+            self._express_held.clear()
             try:
                 await self._round("main", batch, self.limits["fetch_wait_ms_max"])
             finally:
                 self._main_busy = False
                 self._wake.set()
 
+    def _express_ok(self, tp: TopicPartition, request: FetchRequest) -> bool:
+        if tp in self._express_held:
+            return False
+        if tp not in self._in_main:
+            return True  # nobody long-polls for it: do not make it wait
+        # News the waiting long-poll does not carry (a new flushed offset, a new position);
+        # a repeat of what was sent waits for the long-poll to end, so nothing spins.
+        return _position(request) != self._last_sent.get(tp)
+
     def _express_ready(self) -> bool:
-        return self._main_busy and any(tp not in self._express_used for tp in self.pending)
+        return self._main_busy and any(self._express_ok(tp, r) for tp, r in self.pending.items())
 
     async def _express_loop(self) -> None:
         while True:
             while not self._express_ready():
                 await self._wake_express()
-            batch = {tp: r for tp, r in self.pending.items() if tp not in self._express_used}
+            batch = {tp: r for tp, r in self.pending.items() if self._express_ok(tp, r)}
             for tp in batch:
                 del self.pending[tp]
-            self._express_used.update(batch)
-            await self._round("express", batch, 0)
+            answered = await self._round("express", batch, 0)
+            rejoin = False
+            for tp in batch:
+                a = answered.get(tp)
+                idle = a is not None and a.error_code is ErrorCode.NONE and not a.records \
+                    and a.diverging_epoch.end_offset < 0
+                if idle and tp not in self._in_main:
+                    # Caught up, and not in the waiting long-poll: start the long-poll over
+                    # with it rather than make it wait out somebody else's.
+                    self._express_held.add(tp)
+                    rejoin = True
+            if rejoin and self._main_busy:
+                self._restart_main()
+
+    def _restart_main(self) -> None:
+        """Abandon the long-poll in flight (its connection is closed); its partitions go
+        back to pending and the next long-poll carries them with the newcomers."""
+        client, self._clients["main"] = self._clients["main"], None
+        if client is not None:
+            self._restarting = True
+            asyncio.get_running_loop().create_task(client.close())
 
     async def _wake_express(self) -> None:
         self._wake_exp.clear()
         await self._wake_exp.wait()
 
-    async def _round(self, which: str, batch: dict[TopicPartition, FetchRequest], wait_ms: int) -> None:
+    async def _round(self, which: str, batch: dict[TopicPartition, FetchRequest],
+                     wait_ms: int) -> dict[TopicPartition, wire.FetchPartitionResponse]:
+        """One wire FETCH for `batch`; every answer is delivered. Returns the answers."""
+        for tp, request in batch.items():
+            self._last_sent[tp] = _position(request)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("fetch %s from broker %d: %s", which, self.leader_id,
+                      {f"{t}-{p}": r.fetch_offset for (t, p), r in batch.items()})
         try:
             client = await self._client(which)
             timeout_s = (wait_ms + self.limits["request_timeout_ms"]) / 1000
             response = await asyncio.wait_for(client.request(self._wire_request(batch, wait_ms)), timeout_s)
         except (BiplaneError, OSError, asyncio.TimeoutError) as exc:
+            if which == "main" and self._restarting:
+                self._restarting = False
+                for tp, request in batch.items():
+                    self.pending.setdefault(tp, request)
+                return {}
             await self._broken(which, batch, exc)
-            return
+            return {}
         self._backoff_ms = 0
         if response.error_code is not ErrorCode.NONE:
             self._deliver_later(batch, {}, error=response.error_code)
-            return
+            return {}
         answered: dict[TopicPartition, wire.FetchPartitionResponse] = {}
         for t in response.topics:
             for p in t.partitions:
                 answered[(t.topic, p.partition)] = p
         self._deliver(batch, answered)
+        return answered
 
     # ------------------------------------------------------------ messages
 
@@ -218,6 +266,10 @@ class FetchSession:
             if client is not None:
                 await client.close()
             self._clients[which] = None
+
+
+def _position(request: FetchRequest) -> tuple[int, int, int]:
+    return (request.fetch_offset, request.last_fetched_epoch, request.flushed_offset)
 
 
 def _core_response(leader_id: int, request: FetchRequest, p: wire.FetchPartitionResponse,

@@ -60,6 +60,10 @@ class RequestHandler:
         self.counters = Counters()
         # HW last told to each follower per partition: a change answers its long-poll at once.
         self._hw_told: dict[tuple[int, TopicPartition], int] = {}
+        # Bumped whenever a follower's fetch of a partition is stepped into its core.
+        self._fetch_gen: dict[tuple[int, TopicPartition], int] = {}
+        # (fetch_offset, last_fetched_epoch, flushed_offset) of the latest stepped follower fetch.
+        self._latest_fetch: dict[tuple[int, TopicPartition], tuple[int, int, int]] = {}
 
     def start(self, header: RequestHeader, request: Any) -> Awaitable[Any]:
         """Begin handling in arrival order; produce requests reach their cores before this returns."""
@@ -191,6 +195,7 @@ class RequestHandler:
         wait_s = max(0, min(request.max_wait_ms, self.fetch_wait_ms_max)) / 1000
         deadline = loop.time() + wait_s
         follower = request.replica_id >= 0
+        stepped: dict[TopicPartition, int] = {}  # generation of our own step of each partition
         while True:
             answers: dict[TopicPartition, wire.FetchPartitionResponse] = {}
             changes: list[asyncio.Future] = []
@@ -199,10 +204,30 @@ class RequestHandler:
             for t in request.topics:
                 for p in t.partitions:
                     tp = (t.topic, p.partition)
+                    key = (request.replica_id, tp)
+                    flushed = max(p.flushed_offset, 0)
+                    if follower:
+                        latest = self._latest_fetch.get(key)
+                        same_position = latest is not None and latest[:2] == (p.fetch_offset, p.last_fetched_epoch)
+                        if tp in stepped and self._fetch_gen.get(key) != stepped[tp] and not same_position:
+                            # The follower has fetched from elsewhere since (express) and moved on:
+                            # this long-poll is old news. End it, so its newer request can come.
+                            answer, driver = self._state_answer(tp, p.partition)
+                            answers[tp] = answer
+                            ready = True
+                            continue
+                        if same_position:
+                            # A request overtaken by a newer one from the same position carries an
+                            # older flushed offset; counting it would hold the HW back.
+                            flushed = max(flushed, latest[2])
                     # The response stays near max_bytes: once it is spent, each further
                     # partition carries at most its first batch (a reader must progress).
                     answer, driver, now = self._fetch_partition(request.replica_id, tp, p,
-                                                                max(1, min(budget, p.partition_max_bytes)))
+                                                                max(1, min(budget, p.partition_max_bytes)),
+                                                                flushed)
+                    if follower:
+                        stepped[tp] = self._fetch_gen[key] = self._fetch_gen.get(key, 0) + 1
+                        self._latest_fetch[key] = (p.fetch_offset, p.last_fetched_epoch, flushed)
                     budget -= len(answer.records or b"")
                     answers[tp] = answer
                     ready = ready or now
@@ -219,8 +244,20 @@ class RequestHandler:
                 return self._fetch_response(request, answers)
             await asyncio.wait(changes, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
 
-    def _fetch_partition(self, replica_id: int, tp: TopicPartition, p: wire.FetchPartition, max_bytes: int
-                         ) -> tuple[wire.FetchPartitionResponse, PartitionDriver | None, bool]:
+    def _state_answer(self, tp: TopicPartition, partition: int
+                      ) -> tuple[wire.FetchPartitionResponse, PartitionDriver | None]:
+        driver, error = self._locate(*tp)
+        if driver is None:
+            return wire.FetchPartitionResponse(partition=partition, error_code=error,
+                                               current_leader=self._current_leader(*tp)), None
+        r = driver.replica
+        return wire.FetchPartitionResponse(
+            partition=partition, high_watermark=r.high_watermark, last_stable_offset=r.high_watermark,
+            log_start_offset=driver.log.log_start_offset, log_end_offset=driver.log.log_end_offset,
+            current_leader=wire.LeaderIdAndEpoch(leader_id=self.broker_id, leader_epoch=r.leader_epoch)), driver
+
+    def _fetch_partition(self, replica_id: int, tp: TopicPartition, p: wire.FetchPartition, max_bytes: int,
+                         flushed_offset: int) -> tuple[wire.FetchPartitionResponse, PartitionDriver | None, bool]:
         """(answer, driver to wait on, whether to answer now)."""
         def refuse(code: ErrorCode):
             self.counters.error(code)
@@ -237,7 +274,7 @@ class RequestHandler:
         try:
             a = driver.fetch(FetchRequest(
                 replica_id=replica_id, fetch_offset=p.fetch_offset, last_fetched_epoch=p.last_fetched_epoch,
-                flushed_offset=max(p.flushed_offset, 0), current_leader_epoch=p.current_leader_epoch,
+                flushed_offset=flushed_offset, current_leader_epoch=p.current_leader_epoch,
                 max_bytes=max_bytes, partition=tp))
         except BiplaneError as exc:
             return refuse(exc.code)
