@@ -16,7 +16,7 @@ from dataplane.replica.actions import (
 )
 from dataplane.replica.core import Replica, Role
 from dataplane.replica.events import (
-    FetchRequest, FetchResponse, FlushDone, NewMetadata, ProduceRequest, Tick, WriteDone,
+    FetchRequest, FetchResponse, FlushDone, IsrChangeRefused, NewMetadata, ProduceRequest, Tick, WriteDone,
 )
 from dataplane.replica.state import PartitionState, ReplicationConfig
 from sim.disk import apply_persist
@@ -386,6 +386,84 @@ def test_isr_expands_when_follower_reaches_the_high_watermark():
     proposals = nodes[1].take(ProposeIsr)
     assert proposals and proposals[-1].new_isr == (1, 2, 3)
     assert nodes[1].replica.required_isr() == frozenset({1, 2, 3})
+
+
+def test_killed_follower_is_not_proposed_back_from_progress_it_made_before_the_isr_change():
+    """Claim (regression): a follower that caught up and then died is shrunk out of the ISR; the
+    leader's timer ticks never propose it back from its old progress, only a fetch from it made
+    after the ISR change can."""
+    cfg = config(replica_lag_time_max_ms=1000)
+    nodes = cluster(cfg)
+    leader = nodes[1]
+    produce(leader, 1, -1)
+    pump(nodes)
+    assert leader.released()[1].error is ErrorCode.NONE
+    leader.take(ProposeIsr)
+    # Replica 3 dies now, caught up; the controller fences it and shrinks the ISR.
+    leader.step(NewMetadata(partition=state(isr=(1, 2), pepoch=2), config=cfg))
+    for t in range(20, 400, 20):
+        leader.step(Tick(now_ms=t))
+    pump({1: leader, 2: nodes[2]}, now_ms=400, rounds=10)
+    assert leader.take(ProposeIsr) == []
+    assert leader.replica.required_isr() == frozenset({1, 2})
+    # A fetch from replica 3 itself, after the change, is fresh evidence: it may rejoin.
+    nodes[3].step(Tick(now_ms=500))
+    pump(nodes, now_ms=500, rounds=10)
+    assert [p.new_isr for p in leader.take(ProposeIsr)][-1:] == [(1, 2, 3)]
+
+
+def test_fenced_replica_is_never_proposed_into_the_isr():
+    """Claim: a replica the metadata shows fenced is not proposed for the ISR even if it fetches."""
+    cfg = config()
+    nodes = cluster(cfg, st=state(isr=(1, 2)))
+    nodes[1].step(NewMetadata(partition=state(isr=(1, 2)), config=cfg, fenced_replicas=frozenset({3})))
+    produce(nodes[1], 1, -1)
+    pump(nodes)
+    assert nodes[1].take(ProposeIsr) == []
+    assert nodes[1].released()[1].error is ErrorCode.NONE
+
+
+def test_refused_isr_change_clears_the_pending_set_and_is_not_resent_at_once():
+    """Claim: IsrChangeRefused matching the pending proposal drops it from the HW's required set
+    (acks=all completes over the real ISR); a refusal of another proposal, or a stale-epoch refusal
+    (an earlier copy may have been accepted), changes nothing."""
+    cfg = config()
+    nodes = cluster(cfg, st=state(isr=(1, 2)))
+    leader = nodes[1]
+    pump(nodes)
+    assert leader.take(ProposeIsr)[-1].new_isr == (1, 2, 3)
+    leader.step(IsrChangeRefused(leader_epoch=1, partition_epoch=1, new_isr=(1, 2),
+                                 error=ErrorCode.INELIGIBLE_REPLICA))
+    assert leader.replica.pending_isr == (1, 2, 3)
+    leader.step(IsrChangeRefused(leader_epoch=1, partition_epoch=0, new_isr=(1, 2, 3),
+                                 error=ErrorCode.INELIGIBLE_REPLICA))
+    assert leader.replica.pending_isr == (1, 2, 3)
+    leader.step(IsrChangeRefused(leader_epoch=1, partition_epoch=1, new_isr=(1, 2, 3),
+                                 error=ErrorCode.INVALID_UPDATE_VERSION))
+    assert leader.replica.pending_isr == (1, 2, 3)
+    produce(leader, 1, -1)
+    pump(nodes, now_ms=0, rounds=6, drop=(3,))
+    assert 1 not in leader.released()  # 3 still counts while the proposal is open
+    leader.step(IsrChangeRefused(leader_epoch=1, partition_epoch=1, new_isr=(1, 2, 3),
+                                 error=ErrorCode.INELIGIBLE_REPLICA, reason="broker 3 is fenced"))
+    assert leader.replica.pending_isr is None
+    assert leader.released()[1].error is ErrorCode.NONE
+    assert any(isinstance(n, Rejected) and "fenced" in n.reason for n in leader.actions)
+    leader.step(Tick(now_ms=leader.replica.now_ms + 1))
+    assert leader.take(ProposeIsr) == []
+
+
+def test_client_with_a_newer_leader_epoch_does_not_stop_the_leader():
+    """Claim (regression): a produce with a newer leader_epoch is refused UNKNOWN_LEADER_EPOCH and
+    the leader keeps leading; only a replica's newer epoch stops it."""
+    nodes = cluster()
+    leader = nodes[1]
+    ready = leader.step(ProduceRequest(request_id=1, records=batch(), acks=1, timeout_ms=1000, leader_epoch=5))
+    assert [r.error for r in ready.release] == [ErrorCode.UNKNOWN_LEADER_EPOCH]
+    assert not any(isinstance(n, StopLeading) for n in ready.notes)
+    assert leader.replica.role is Role.LEADER
+    ready = leader.step(ProduceRequest(request_id=2, records=batch(), acks=1, timeout_ms=1000, leader_epoch=1))
+    assert leader.released()[2].error is ErrorCode.NONE
 
 
 # --------------------------------------------------------------- election

@@ -37,7 +37,7 @@ from dataplane.replica.actions import (
 )
 from dataplane.replica.events import (
     CONSUMER_REPLICA_ID, AppendEntries, AppendEntriesReply, FetchRequest, FetchResponse, FlushDone,
-    NewMetadata, ProduceRequest, Tick, WriteDone,
+    IsrChangeRefused, NewMetadata, ProduceRequest, Tick, WriteDone,
 )
 from dataplane.replica.fencing import EpochCheck, check_epoch
 from dataplane.replica.logview import LogView, epoch_before
@@ -45,6 +45,9 @@ from dataplane.replica.state import PartitionState, ReplicationConfig
 from dataplane.replica.watermark import follower_stored_offset, next_high_watermark, stored_offset
 
 VALID_ACKS = (0, 1, -1)
+# Refusals that say our epochs are old, not that the proposal was judged and declined.
+_STALE_ISR_REFUSALS = frozenset({ErrorCode.FENCED_LEADER_EPOCH, ErrorCode.UNKNOWN_LEADER_EPOCH,
+                                 ErrorCode.INVALID_UPDATE_VERSION, ErrorCode.NOT_LEADER_OR_FOLLOWER})
 EARLIEST_TIMESTAMP = -2
 LATEST_TIMESTAMP = -1
 
@@ -67,6 +70,9 @@ class FollowerProgress:
     last_caught_up_ms: int = 0
     last_fetch_ms: int = -1
     last_fetch_leader_end: int = 0  # our log end when it last fetched (Kafka's lag rule)
+    # The leader's ISR generation at its last fetch: only a fetch made since the last ISR
+    # change (or refusal) may bring it back into the ISR, never stale progress.
+    fetch_generation: int = -1
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -128,6 +134,9 @@ class Replica:
         self.progress: dict[int, FollowerProgress] = {}
         self.pending_isr: tuple[int, ...] | None = None
         self._pending_isr_sent_ms = 0
+        self._isr_generation = 0
+        self._isr_refused_ms: int | None = None
+        self.fenced_replicas: frozenset = frozenset()
         self.pending: dict[int, PendingProduce] = {}
         # Request ids per acks value in offset order: each is released in that order, so
         # releasing is O(released), not O(pending). Ids already gone are skipped.
@@ -185,11 +194,14 @@ class Replica:
         if self.state is not None:
             if st.leader_epoch < self.leader_epoch:
                 return  # older news; the controller's decisions only move forward
+            if (st.leader_epoch, st.partition_epoch) == (self.leader_epoch, self.partition_epoch):
+                self.fenced_replicas = frozenset(ev.fenced_replicas)
             if st.leader_epoch == self.leader_epoch and st.partition_epoch <= self.partition_epoch:
                 return
         new_epoch = st.leader_epoch > self.leader_epoch or self.state is None
         old_isr = self.state.isr if self.state is not None else ()
         self.state, self.config = st, ev.config
+        self.fenced_replicas = frozenset(ev.fenced_replicas)
         self.leader_epoch, self.partition_epoch = st.leader_epoch, st.partition_epoch
         if self.replica_id not in st.replicas:
             self._become_stopped("not a replica of this partition any more")
@@ -215,6 +227,8 @@ class Replica:
             queue.clear()
         self.progress.clear()
         self.pending_isr = None
+        self._isr_generation += 1
+        self._isr_refused_ms = None
         self.leader_id = None
         self._fetch_inflight = False
         self._report_sent_ms = None
@@ -287,6 +301,8 @@ class Replica:
         assert st is not None
         # Any newer partition epoch settles our proposal: accepted, or overtaken.
         self.pending_isr = None
+        self._isr_generation += 1
+        self._isr_refused_ms = None
         for r in st.replicas:
             if r != self.replica_id and r not in self.progress:
                 self.progress[r] = FollowerProgress(last_caught_up_ms=self.now_ms)
@@ -310,8 +326,11 @@ class Replica:
                 self._refuse_produce(ev, ErrorCode.FENCED_LEADER_EPOCH, their_epoch=ev.leader_epoch)
                 return
             if check is EpochCheck.NEWER:
-                self._saw_newer_epoch(ev.leader_epoch, "produce request")
-                self._refuse_produce(ev, ErrorCode.NOT_LEADER_OR_FOLLOWER, their_epoch=ev.leader_epoch)
+                # A client's metadata may be ahead of ours (or simply wrong): unlike a
+                # replica's, its epoch is no proof that we were deposed, so keep leading.
+                self._notes.append(RefreshMetadata(seen_epoch=ev.leader_epoch, known_epoch=self.leader_epoch,
+                                                   reason="newer leader epoch in a produce request"))
+                self._refuse_produce(ev, ErrorCode.UNKNOWN_LEADER_EPOCH, their_epoch=ev.leader_epoch)
                 return
         if self.role is not Role.LEADER:
             self._refuse_produce(ev, ErrorCode.NOT_LEADER_OR_FOLLOWER)
@@ -507,6 +526,7 @@ class Replica:
             p.last_caught_up_ms = max(p.last_caught_up_ms, p.last_fetch_ms)
         p.last_fetch_ms = self.now_ms
         p.last_fetch_leader_end = leader_end
+        p.fetch_generation = self._isr_generation
         p.fetch_offset = log_end_offset
         p.match_offset = match_offset
         p.flushed_offset = min(flushed_offset, log_end_offset)
@@ -544,6 +564,8 @@ class Replica:
     def _maybe_change_isr(self) -> None:
         if self.role is not Role.LEADER or self.pending_isr is not None or self.state is None:
             return
+        if self._isr_refused_ms is not None and self.now_ms - self._isr_refused_ms < self.isr_proposal_retry_ms:
+            return
         isr = list(self.state.isr)
         lag_max = self.config.replica_lag_time_max_ms
         lagging = [r for r in isr if r in self.progress
@@ -554,6 +576,8 @@ class Replica:
         stored = self.stored_offsets()
         floor = max(self.high_watermark, self.epoch_start_offset)
         joining = [r for r in self.state.replicas if r not in isr and r in self.progress
+                   and r not in self.fenced_replicas
+                   and self.progress[r].fetch_generation == self._isr_generation
                    and stored[r] >= floor and self.now_ms - self.progress[r].last_caught_up_ms <= lag_max]
         if joining:
             self._propose_isr(tuple(r for r in self.state.replicas if r in isr or r in joining))
@@ -562,6 +586,21 @@ class Replica:
         self.pending_isr = new_isr
         self._pending_isr_sent_ms = self.now_ms
         self._send_isr_proposal()
+
+    def _on_isr_change_refused(self, ev: IsrChangeRefused) -> None:
+        if (self.role is not Role.LEADER or self.pending_isr is None or tuple(ev.new_isr) != self.pending_isr
+                or (ev.leader_epoch, ev.partition_epoch) != (self.leader_epoch, self.partition_epoch)):
+            return  # refuses a proposal we no longer hold: ours is still open (or settled)
+        if ev.error in _STALE_ISR_REFUSALS:
+            return  # an earlier copy may have been accepted: keep counting the union
+        self._notes.append(Rejected(event="ProposeIsr", error=ev.error,
+                                    their_epoch=ev.leader_epoch, our_epoch=self.leader_epoch,
+                                    reason=f"ISR -> {list(ev.new_isr)} refused: {ev.reason}"))
+        self.pending_isr = None
+        # Progress seen so far led to the refused proposal: only fresh fetches count again,
+        # and nothing is proposed for a retry interval.
+        self._isr_generation += 1
+        self._isr_refused_ms = self.now_ms
 
     def _send_isr_proposal(self) -> None:
         assert self.pending_isr is not None
@@ -742,6 +781,7 @@ _HANDLERS = {
     AppendEntries: Replica._on_append_entries,
     AppendEntriesReply: Replica._on_append_entries_reply,
     WriteDone: Replica._on_write_done,
+    IsrChangeRefused: Replica._on_isr_change_refused,
     FlushDone: Replica._on_flush_done,
     Tick: Replica._on_tick,
 }

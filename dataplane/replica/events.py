@@ -92,8 +92,28 @@ class Tick:
 
 @_frozen
 class NewMetadata:
+    """`fenced_replicas`: brokers the metadata image shows fenced, when the driver knows;
+    the leader never proposes one of them into the ISR (the controller would refuse)."""
+
     partition: PartitionState
     config: ReplicationConfig
+    fenced_replicas: frozenset = frozenset()
+
+
+@_frozen
+class IsrChangeRefused:
+    """The controller refused this leader's ISR proposal with `error` (the controller's
+    ErrorCode, e.g. INELIGIBLE_REPLICA for a fenced broker). A refusal judged at the
+    proposal's own epochs clears the matching pending proposal, so the HW is counted over
+    the real ISR again. A stale-epoch refusal (FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH,
+    INVALID_UPDATE_VERSION, NOT_LEADER_OR_FOLLOWER) is ignored: an earlier copy of the same
+    proposal may have been accepted, so only new metadata can settle it."""
+
+    leader_epoch: int
+    partition_epoch: int
+    new_isr: tuple[int, ...]
+    error: ErrorCode
+    reason: str = ""
 
 
 @_frozen
@@ -127,4 +147,4 @@ class AppendEntriesReply:
 
 
 Event = (ProduceRequest | FetchRequest | FetchResponse | WriteDone | FlushDone | Tick
-         | NewMetadata | AppendEntries | AppendEntriesReply)
+         | NewMetadata | AppendEntries | AppendEntriesReply | IsrChangeRefused)

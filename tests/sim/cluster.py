@@ -21,7 +21,8 @@ from dataplane.replica.actions import (
 )
 from dataplane.replica.core import Replica, Role
 from dataplane.replica.events import (
-    CONSUMER_REPLICA_ID, FetchRequest, FetchResponse, FlushDone, NewMetadata, ProduceRequest, Tick, WriteDone,
+    CONSUMER_REPLICA_ID, FetchRequest, FetchResponse, FlushDone, IsrChangeRefused, NewMetadata, ProduceRequest,
+    Tick, WriteDone,
 )
 
 from sim.checkers import Checker, InvariantViolation
@@ -106,6 +107,7 @@ class Simulation:
         self.disk_rng = random.Random(f"{seed}-{policy}-{durability}-disk")
         fault_rng = random.Random(f"{seed}-{policy}-{durability}-faults")
         network_rng = random.Random(f"{seed}-{policy}-{durability}-network")
+        self.tell_fenced = random.Random(f"{seed}-{policy}-{durability}-fenced").random() < 0.5
         n = replicas if replicas is not None else self.rng.choice((3, 3, 5))
         self.node_ids = tuple(range(1, n + 1))
         q = self.rng.randint(2, n) if policy == "quorum" else None
@@ -173,7 +175,11 @@ class Simulation:
         self._send(CONTROLLER_ID, node.node_id, self._metadata())
 
     def _metadata(self) -> NewMetadata:
-        return NewMetadata(partition=self.controller.partition_state(), config=self.controller.config)
+        # Half the seeds tell the cores which brokers are fenced (as the broker does);
+        # the others leave them to learn it from refused ISR proposals.
+        fenced = self.controller.fenced_brokers() if self.tell_fenced else frozenset()
+        return NewMetadata(partition=self.controller.partition_state(), config=self.controller.config,
+                           fenced_replicas=fenced)
 
     # ------------------------------------------------------------ stepping
 
@@ -333,7 +339,13 @@ class Simulation:
         if isinstance(msg, Heartbeat):
             self.controller.heartbeat(msg.broker_id, msg.incarnation_id, self.now_ms)
         elif isinstance(msg, ProposeIsr):
-            self.controller.propose_isr(msg)
+            refusal = self.controller.propose_isr(msg)
+            if refusal is not None:
+                code, reason = refusal
+                self._trace("IsrRefused", replica=src, new_isr=list(msg.new_isr), error=code.name)
+                self._send(CONTROLLER_ID, src, IsrChangeRefused(
+                    leader_epoch=msg.leader_epoch, partition_epoch=msg.partition_epoch,
+                    new_isr=msg.new_isr, error=code, reason=reason))
             self._send(CONTROLLER_ID, src, self._metadata())
         elif isinstance(msg, ReportElection):
             self.controller.report(msg, self.now_ms)

@@ -72,15 +72,18 @@ class SimController:
             self._apply(register_broker(self.image, request, now_ms))
         self.last_seen_ms[broker_id] = now_ms
 
-    def propose_isr(self, proposal: ProposeIsr) -> str | None:
-        """Apply an accepted ISR change; return why it was refused, else None."""
+    def fenced_brokers(self) -> frozenset:
+        return frozenset(b for b, info in self.image.brokers.items() if info.fenced)
+
+    def propose_isr(self, proposal: ProposeIsr) -> tuple | None:
+        """Apply an accepted ISR change; return (error code, why) if refused, else None."""
         request = AlterIsrRequest(broker_id=proposal.replica_id, topic=TOPIC, partition=0,
                                   leader_epoch=proposal.leader_epoch, partition_epoch=proposal.partition_epoch,
                                   new_isr=proposal.new_isr)
         try:
             self._apply(alter_isr(self.image, request))
         except BiplaneError as exc:
-            return str(exc)
+            return exc.code, str(exc)
         return None
 
     def report(self, report: ReportElection, now_ms: int) -> str | None:
