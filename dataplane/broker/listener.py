@@ -32,12 +32,11 @@ async def serve_pipelined(reader: asyncio.StreamReader, writer: asyncio.StreamWr
         while not write_task.done():
             payload = await read_frame(reader, max_frame_bytes)
             if payload is None:
-                break
+                break  # the peer closed: nobody reads answers any more; requests already
+                # started (produce steps) stay done, the answers still pending are dropped
             header, request = decode_request(payload)
             answer = asyncio.ensure_future(start(header, request))
             await answers.put((header.correlation_id, answer))
-        await answers.put(None)  # answer what was asked before the peer closed
-        await write_task
     except ProtocolError as exc:
         log.warning("closing connection from %s: %s", peer, exc,
                     extra={"event": "wire.protocol_error", "peer": str(peer), "reason": str(exc)})
