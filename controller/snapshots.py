@@ -233,10 +233,11 @@ class SnapshotStore:
     """A directory of snapshot files with retention by count and by age.
 
     Retention never removes the newest file. Leftover temp files (from a crash
-    mid-write) are removed when the store opens.
+    mid-write) are removed when the store opens. The defaults keep a week at the
+    default 60 s interval, the window the capacity report fits growth over.
     """
 
-    def __init__(self, directory: str | os.PathLike[str], *, keep_count: int = 1000,
+    def __init__(self, directory: str | os.PathLike[str], *, keep_count: int = 10_080,
                  keep_age_ms: int = 7 * 24 * 3600 * 1000) -> None:
         if keep_count < 1:
             raise InvalidRequestError(f"snapshot keep_count must be >= 1, got {keep_count}")
