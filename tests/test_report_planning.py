@@ -268,3 +268,13 @@ def test_plan_reports_on_a_hand_checked_cluster():
     assert after.loc[2, "days_until_full_after"] == pytest.approx(55)  # 55 bytes free, t-0 grows 1 byte a day
     skew = tables["broker_skew"].set_index("broker_id")
     assert list(skew["replicas"]) == [1, 2, 1] and list(skew["leaders"]) == [1, 1, 0]
+
+
+def test_capacity_without_snapshots_fails_fast(tmp_path, capsys):
+    """An input with no snapshot files is refused with exit status 2 before Spark starts."""
+    from controller.report.cli import main
+
+    (tmp_path / "notes.txt").write_text("x")
+    assert main(["capacity", str(tmp_path), "--out", str(tmp_path / "r")], "biplane report") == 2
+    assert "no snapshot files in" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()

@@ -80,9 +80,12 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _capacity(args: argparse.Namespace) -> int:
-    from controller.report.capacity import Progress, ReportOptions, run_capacity_report
+    from controller.report.capacity import Progress, ReportOptions, discover_inputs, run_capacity_report
     from controller.report.session import start_session
 
+    if not discover_inputs(args.inputs)[0]:  # fail before paying for a Spark start
+        raise ValueError(f"no snapshot files in {', '.join(args.inputs)}; expected names like "
+                         "snapshot-20260101T000000Z-000000000042.sqlite")
     options = ReportOptions(fit_days=args.fit_days, add_brokers=args.add_brokers,
                             replication_factor_change=args.replication_factor, lose_broker=args.lose_broker,
                             balance_tolerance_ratio=args.balance_tolerance, splits=args.splits)
