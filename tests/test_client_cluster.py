@@ -114,9 +114,10 @@ def test_lost_acks_are_retried_without_loss_or_reordering(cluster):
     assert per_key_first_seen(records)[b"one-key"] == [b"v%04d" % i for i in range(300)]
 
 
-@pytest.mark.xfail(strict=True, reason="needs the broker's idempotent sequence checks (issue 5: a leader "
-                   "answers a duplicate sequence with the original offset instead of appending it again)")
 def test_lost_acks_do_not_duplicate(cluster):
+    """Every 3rd produce answer is dropped after the write; the producer resends the same
+    (producer id, epoch, sequence) and the leader answers with the original offset: each record
+    is in the log once, in order, at the offset the producer was told."""
     cluster.create_topic("dedupe", partitions=1, replication_factor=3)
     results, _ = run(_produce_with_lost_acks(cluster, "dedupe", 300))
     records = run(consume_all(cluster, "dedupe", 300))

@@ -41,6 +41,7 @@ from dataplane.replica.events import (
 )
 from dataplane.replica.fencing import EpochCheck, check_epoch
 from dataplane.replica.logview import LogView, epoch_before
+from dataplane.replica.producer_state import ProducerStateTable
 from dataplane.replica.state import PartitionState, ReplicationConfig
 from dataplane.replica.watermark import follower_stored_offset, next_high_watermark, stored_offset
 
@@ -91,7 +92,8 @@ class Replica:
                  fetch_max_bytes: int = 1024 * 1024, flush_debounce_ms: int = 5,
                  fetch_backoff_ms: int = 50, fetch_timeout_ms: int = 1000,
                  isr_proposal_retry_ms: int = 1000, election_report_retry_ms: int = 500,
-                 pending_produce_max: int = 10_000, unclean_start: bool = False) -> None:
+                 pending_produce_max: int = 10_000, producers_max: int = 10_000,
+                 producer_idle_ms_max: int = 7 * 24 * 3600 * 1000, unclean_start: bool = False) -> None:
         for name, value in (("fetch_max_bytes", fetch_max_bytes), ("flush_debounce_ms", flush_debounce_ms),
                             ("fetch_backoff_ms", fetch_backoff_ms), ("fetch_timeout_ms", fetch_timeout_ms),
                             ("isr_proposal_retry_ms", isr_proposal_retry_ms),
@@ -109,6 +111,11 @@ class Replica:
         self.isr_proposal_retry_ms = isr_proposal_retry_ms
         self.election_report_retry_ms = election_report_retry_ms
         self.pending_produce_max = pending_produce_max
+        # Idempotent producers' state, rebuilt from the log's batch headers on every replica.
+        self.producer_state = ProducerStateTable(producers_max=producers_max,
+                                                 producer_idle_ms_max=producer_idle_ms_max)
+        self.producer_state.rebuild(log)
+        self._producer_state_stale = False
 
         self.now_ms = now_ms
         # After an unclean shutdown, data this replica wrote but had not flushed may be
@@ -179,6 +186,10 @@ class Replica:
             self.last_epoch = epoch_before(self.log, end)
         self.written_offset = min(self.written_offset, end)
         self.flushed_offset = min(self.flushed_offset, end)
+        if self._producer_state_stale:
+            # A truncation removed batches the table may know: only the log can say what is left.
+            self._producer_state_stale = False
+            self.producer_state.rebuild(self.log)
 
     def _after_event(self) -> None:
         if self.role is Role.LEADER:
@@ -364,20 +375,53 @@ class Replica:
                                  reason=f"isr={list(self.state.isr)} < min_insync_replicas="
                                         f"{self.config.min_insync_replicas}")
             return
-        error = self._check_producer_sequence(headers)
+        error, reason, duplicate = self._check_producer_sequence(headers)
         if error is not ErrorCode.NONE:
-            self._refuse_produce(ev, error)
+            self._refuse_produce(ev, error, reason=reason)
+            return
+        if duplicate is not None:
+            # A retry of batches already in the log: answer with their offsets once they
+            # reach what this request's acks asks for; write nothing.
+            base, last = duplicate
+            self.pending[ev.request_id] = PendingProduce(request_id=ev.request_id, acks=ev.acks, base_offset=base,
+                                                         last_offset=last, deadline_ms=self.now_ms + ev.timeout_ms)
+            self._waiting[ev.acks].append(ev.request_id)
             return
         base, last = self._append_as_leader(ev.records)
+        offset = base
+        for h in headers:
+            self.producer_state.record(h, base_offset=offset)
+            offset += h.record_count
         self.pending[ev.request_id] = PendingProduce(request_id=ev.request_id, acks=ev.acks, base_offset=base,
                                                      last_offset=last, deadline_ms=self.now_ms + ev.timeout_ms)
         self._waiting[ev.acks].append(ev.request_id)
         if ev.acks == -1 and self.config.durability == "fsync":
             self._request_flush()
 
-    def _check_producer_sequence(self, headers: list) -> ErrorCode:
-        """Seam for idempotence (issue 5): duplicates, gaps and fenced producer epochs."""
-        return ErrorCode.NONE
+    def _check_producer_sequence(self, headers: list) -> tuple[ErrorCode, str, tuple[int, int] | None]:
+        """(error, reason, duplicate span): a request made only of batches already written is a
+        duplicate answered with their offsets; any other batch must pass the sequence rules."""
+        checks = [self.producer_state.check(h) for h in headers]
+        if all(c.duplicate is not None for c in checks):
+            return ErrorCode.NONE, "", (min(c.duplicate.base_offset for c in checks),
+                                        max(c.duplicate.last_offset for c in checks))
+        # Batches of one producer later in the same request follow the earlier ones.
+        previous: dict[int, tuple[int, int]] = {}
+        for h, c in zip(headers, checks):
+            if h.producer_id < 0 or h.is_control:
+                continue
+            before = previous.get(h.producer_id)
+            if before is not None:
+                if h.producer_epoch != before[0] or h.base_sequence != (before[1] + 1) & 0x7FFFFFFF:
+                    return (ErrorCode.OUT_OF_ORDER_SEQUENCE,
+                            f"producer {h.producer_id}: batches in one request are not consecutive", None)
+            elif c.error is not ErrorCode.NONE:
+                return c.error, c.reason, None
+            elif c.duplicate is not None:
+                return (ErrorCode.OUT_OF_ORDER_SEQUENCE,
+                        f"producer {h.producer_id}: a request mixes written and new batches", None)
+            previous[h.producer_id] = (h.producer_epoch, (h.base_sequence + h.record_count - 1) & 0x7FFFFFFF)
+        return ErrorCode.NONE, "", None
 
     def _refuse_produce(self, ev: ProduceRequest, error: ErrorCode, *, their_epoch: int = -1,
                         reason: str = "") -> None:
@@ -670,6 +714,7 @@ class Replica:
         if offset >= self.log_end_offset:
             return
         self._persist.append(Truncate(offset=offset))
+        self._producer_state_stale = True
         self.log_end_offset = offset
         self.last_epoch = epoch_before(self.log, offset)
         self.written_offset = min(self.written_offset, offset)
@@ -694,6 +739,8 @@ class Replica:
             expected = h.next_offset
         self._persist.append(Append(as_leader=False, records=records, base_offset=self.log_end_offset,
                                     last_offset=expected - 1, leader_epoch=headers[-1].leader_epoch))
+        for h in headers:
+            self.producer_state.record(h, base_offset=h.base_offset)
         self.log_end_offset = expected
         self.last_epoch = headers[-1].leader_epoch
         return True
@@ -739,6 +786,7 @@ class Replica:
         if ev.now_ms < self.now_ms:
             raise ValueError(f"Tick went back in time: now_ms={ev.now_ms} after {self.now_ms}")
         self.now_ms = ev.now_ms
+        self.producer_state.expire(self.now_ms)
         if (self._unflushed_since_ms is not None and self.flushed_offset < self.log_end_offset
                 and self.now_ms - self._unflushed_since_ms >= self.flush_debounce_ms):
             self._unflushed_since_ms = None
