@@ -1,7 +1,9 @@
 """Real processes on loopback (1 controller, 3 brokers) under kill -9 and SIGSTOP.
 
 Claims:
-- kill -9 of the partition leader, repeated (each time restarted), loses no
+- kill -9 of the partition leader, repeated (each time restarted), while an
+  acks=all producer and an acks=1 "noise" producer write (the noise leaves the
+  killed leader with a tail its followers lack, so restarts truncate), loses no
   record acknowledged with acks=all: every acknowledged value is read back at
   exactly the offset it was acknowledged at, and the first occurrences of the
   acknowledged values are in the order they were acknowledged. (Without
@@ -55,6 +57,31 @@ class Producer:
         if self._client is not None:
             await self._client.close()
         self._client = None
+
+    async def noise(self, stop: asyncio.Event) -> None:
+        """acks=1 batches as fast as they go, on their own connection: at a kill the leader
+        then holds a tail its followers lack, which a restart must truncate. Their values
+        count as sent; nothing is claimed about them (acks=1 may lose data)."""
+        seq, client = 0, None
+        while not stop.is_set():
+            values = [b"n%08d" % (seq + i) for i in range(20)]
+            seq += 20
+            self.sent.update(values)
+            try:
+                if client is None or client.closed:
+                    leader = await asyncio.get_running_loop().run_in_executor(
+                        None, lambda: self.cluster.wait_leader(self.topic, 0, 30))
+                    client = await asyncio.wait_for(WireClient.connect(*self.cluster.address(leader)), 5)
+                r = await asyncio.wait_for(produce(client, self.topic, 0, make_batch(values), acks=1), 8)
+                if r.error_code is not ErrorCode.NONE:
+                    await client.close()
+                    client = None
+                    await asyncio.sleep(0.05)
+            except Exception:  # noqa: BLE001 - noise: any failure, reconnect
+                client = None
+                await asyncio.sleep(0.05)
+        if client is not None:
+            await client.close()
 
     async def run(self, stop: asyncio.Event, records_per_batch: int = 5) -> None:
         seq = 0
@@ -116,6 +143,7 @@ def test_kill_leader_repeatedly_loses_no_acknowledged_record(tmp_path, policy):
             producer = Producer(cluster, "t")
             stop = asyncio.Event()
             task = asyncio.create_task(producer.run(stop))
+            noise = asyncio.create_task(producer.noise(stop))
             loop = asyncio.get_running_loop()
             killed = []
             for _ in range(KILLS):
@@ -133,12 +161,14 @@ def test_kill_leader_repeatedly_loses_no_acknowledged_record(tmp_path, policy):
                     await asyncio.sleep(0.05)
             await asyncio.sleep(1.0)
             stop.set()
-            await asyncio.wait_for(task, 60)
+            await asyncio.wait_for(asyncio.gather(task, noise), 60)
             assert producer.acked, f"nothing acknowledged; errors {producer.errors}"
             log = await read_all(cluster, "t", producer.acked[-1][0] + 1)
             check_acknowledged(producer.acked, log, producer.sent)
+            truncations = sum(b.log_path.read_text(errors="replace").count("truncates its log")
+                              for b in cluster.brokers.values())
             print(f"policy={policy} killed={killed} acked={len(producer.acked)} stored={len(log)} "
-                  f"errors={producer.errors}")
+                  f"truncations={truncations} errors={producer.errors}")
         try:
             asyncio.run(asyncio.wait_for(scenario(), 150))
         except BaseException:

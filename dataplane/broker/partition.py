@@ -138,6 +138,9 @@ class PartitionDriver:
                     self._append(action)
                     last_written = action.last_offset
                 elif isinstance(action, Truncate):
+                    log.info("%s-%d truncates its log from %d to %d (diverged from the leader)", *self.tp,
+                             self.log.log_end_offset, action.offset,
+                             extra={"event": "partition.truncated", "topic": self.tp[0], "partition": self.tp[1]})
                     self.log.truncate_to(action.offset)
                     if self.log.log_end_offset != action.offset:
                         raise AssertionError(f"truncate_to({action.offset}) left log end "
