@@ -108,7 +108,8 @@ def test_buffer_memory_is_bounded_and_released_on_completion():
 
 
 def test_sequences_are_assigned_per_partition_at_first_drain():
-    acc = Accumulator(batch_size_bytes=300, linger_ms=0, producer_id=5, producer_epoch=0)
+    acc = Accumulator(batch_size_bytes=300, linger_ms=0, producer_id=5, producer_epoch=0,
+                      in_flight_per_partition_max=5)
     other = TopicPartition("t", 1)
     for _ in range(4):
         acc.append(TP, rec(), now_ms=0)
@@ -209,7 +210,8 @@ def test_retries_after_lost_acks_do_not_duplicate_or_reorder():
             broker.inject("t", 0, ErrorCode.NOT_LEADER_OR_FOLLOWER, ("write_then", ErrorCode.REQUEST_TIMED_OUT),
                           ("write_then", ErrorCode.NETWORK_EXCEPTION), ErrorCode.NOT_ENOUGH_REPLICAS)
             values = [b"%d" % i for i in range(300)]
-            metas = await produce_all(broker, values, linger_ms=1, batch_size_bytes=400, retry_backoff_ms=5)
+            metas = await produce_all(broker, values, linger_ms=1, batch_size_bytes=400, retry_backoff_ms=5,
+                                      in_flight_per_partition_max=5)
             assert [m.offset for m in metas] == list(range(300))
             assert broker.partitions[("t", 0)].values() == values
             seqs = [s for s in broker.sequences_seen if s[1] == 0]
@@ -223,7 +225,7 @@ def test_dropped_connection_and_timeout_are_retried_without_loss():
             broker.inject("t", 0, ("close",), ("delay", 1.5))
             values = [b"v%d" % i for i in range(50)]
             metas = await produce_all(broker, values, linger_ms=1, batch_size_bytes=300, retry_backoff_ms=5,
-                                      request_timeout_ms=500)
+                                      request_timeout_ms=500, in_flight_per_partition_max=5)
             assert all(not isinstance(m, BaseException) for m in metas), metas
             assert broker.partitions[("t", 0)].values() == values
     run(main())
@@ -467,3 +469,17 @@ def test_one_fetch_request_carries_every_partition_the_broker_leads():
             assert sorted(r.value for r in got) == [b"t0", b"t1", b"t2"]
             assert broker.fetch_sizes[0] == 5
     run(main())
+
+
+def test_by_default_one_batch_per_partition_is_in_flight():
+    """Without sequence checks on the leader, only one batch in flight per partition keeps a
+    retried batch from being overtaken: the default never sends a second before the first is answered."""
+    acc = Accumulator(batch_size_bytes=300, linger_ms=0, producer_id=5, producer_epoch=0)
+    for _ in range(6):
+        acc.append(TP, rec(), now_ms=0)
+    (first,) = acc.drain(0, lambda tp: 1)[1]
+    assert acc.drain(1, lambda tp: 1) == {}
+    acc.complete(first, error_code=ErrorCode.NOT_ENOUGH_REPLICAS, base_offset=-1, now_ms=2)
+    (again,) = acc.drain(200, lambda tp: 1)[1]
+    assert again is first
+    assert Producer(bootstrap="127.0.0.1:1")._acc.in_flight_per_partition_max == 1

@@ -211,6 +211,7 @@ def bench_main(argv: list[str], prog: str) -> int:
     p.add_argument("--partitions", type=int, default=3, help="when creating the topic (default 3)")
     p.add_argument("--replication-factor", type=int, default=3, help="when creating the topic (default 3)")
     p.add_argument("--batch-size-bytes", type=int, default=1_048_576)
+    p.add_argument("--in-flight", type=int, default=None, help="batches in flight per partition (producer default)")
     p.add_argument("--linger-ms", type=int, default=5)
     p.add_argument("--compression", default="none", choices=("none", "gzip"))
     p.add_argument("--rate", type=float, help="send at most this many records/s (default: as fast as possible)")
@@ -256,8 +257,9 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     value = os.urandom(args.record_size // 2).hex().encode().ljust(args.record_size, b"x")[:args.record_size]
     latencies: list[float] = []
     failed = 0
+    extra = {} if args.in_flight is None else {"in_flight_per_partition_max": args.in_flight}
     async with Producer(bootstrap=args.bootstrap, acks=args.acks, batch_size_bytes=args.batch_size_bytes,
-                        linger_ms=args.linger_ms, compression=args.compression) as producer:
+                        linger_ms=args.linger_ms, compression=args.compression, **extra) as producer:
         consumer = Consumer(bootstrap=args.bootstrap)
         await consumer.start()
         tps = await consumer.assign_topic(args.topic)
