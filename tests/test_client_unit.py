@@ -471,10 +471,10 @@ def test_one_fetch_request_carries_every_partition_the_broker_leads():
     run(main())
 
 
-def test_by_default_one_batch_per_partition_is_in_flight():
-    """Without sequence checks on the leader, only one batch in flight per partition keeps a
-    retried batch from being overtaken: the default never sends a second before the first is answered."""
-    acc = Accumulator(batch_size_bytes=300, linger_ms=0, producer_id=5, producer_epoch=0)
+def test_one_in_flight_never_sends_a_second_batch_before_the_first_is_answered():
+    """The non-idempotent producer's rule (leaders cannot refuse a gap it leaves): one batch per
+    partition in flight, so a retried batch is never overtaken."""
+    acc = Accumulator(batch_size_bytes=300, linger_ms=0, in_flight_per_partition_max=1, idempotent=False)
     for _ in range(6):
         acc.append(TP, rec(), now_ms=0)
     (first,) = acc.drain(0, lambda tp: 1)[1]
@@ -482,4 +482,5 @@ def test_by_default_one_batch_per_partition_is_in_flight():
     acc.complete(first, error_code=ErrorCode.NOT_ENOUGH_REPLICAS, base_offset=-1, now_ms=2)
     (again,) = acc.drain(200, lambda tp: 1)[1]
     assert again is first
-    assert Producer(bootstrap="127.0.0.1:1")._acc.in_flight_per_partition_max == 1
+    assert Producer(bootstrap="127.0.0.1:1", acks=1)._acc.in_flight_per_partition_max == 1
+    assert Producer(bootstrap="127.0.0.1:1")._acc.in_flight_per_partition_max == 5

@@ -90,7 +90,7 @@ class PartitionState:
 
 class Accumulator:
     def __init__(self, *, batch_size_bytes: int = 16_384, linger_ms: int = 5,
-                 buffer_memory_bytes: int = 32 * 1024 * 1024, in_flight_per_partition_max: int = 1,
+                 buffer_memory_bytes: int = 32 * 1024 * 1024, in_flight_per_partition_max: int = 5,
                  retries_max: int = 2_147_483_647, retry_backoff_ms: int = 100,
                  delivery_timeout_ms: int = 120_000, idempotent: bool = True,
                  compression: Compression = Compression.NONE, producer_id: int = -1, producer_epoch: int = -1,

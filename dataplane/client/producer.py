@@ -72,10 +72,9 @@ class Producer:
     off otherwise (it needs acks="all"); batch_size_bytes; linger_ms; buffer_memory_bytes and
     max_block_ms (send() waits that long for buffer space, then raises BufferFullTimeoutError);
     compression: "none" or "gzip"; request_timeout_ms; delivery_timeout_ms (a record's whole
-    budget, retries included); retry_backoff_ms; in_flight_per_partition_max (default 1: a later
-    batch can never be stored before an earlier one that is retried; more than 1 keeps that
-    promise only where leaders check idempotent sequences, refusing a batch whose predecessor
-    is missing);
+    budget, retries included); retry_backoff_ms; in_flight_per_partition_max (default 5: leaders
+    check idempotent sequences and refuse a batch whose predecessor is missing, so a retried
+    batch is never overtaken; without idempotence it is always 1);
     unknown_topic_wait_ms (how long send() waits for a topic the cluster does not know yet).
     """
 
@@ -84,7 +83,7 @@ class Producer:
                  buffer_memory_bytes: int = 32 * 1024 * 1024, max_block_ms: int = 60_000,
                  compression: str = "none", request_timeout_ms: int = 30_000,
                  delivery_timeout_ms: int = 120_000, retry_backoff_ms: int = 100,
-                 in_flight_per_partition_max: int = 1, request_bytes_max: int = 4 * 1024 * 1024,
+                 in_flight_per_partition_max: int = 5, request_bytes_max: int = 4 * 1024 * 1024,
                  unknown_topic_wait_ms: int = 5_000, client_id: str = "biplane-producer") -> None:
         if bootstrap is None:
             from dataplane.client.discovery import default_bootstrap
