@@ -45,6 +45,8 @@ def test_restarted_leader_must_not_reuse_its_epoch(seed, policy, durability):
     ("no_divergence_check", 0, "quorum", "fsync"),
     ("consumers_read_past_hw", 0, "isr", "fsync"),
     ("ignore_proposed_isr", 7, "isr", "write"),
+    ("no_duplicate_detection", 3, "isr", "fsync"),
+    ("accept_sequence_gaps", 5, "isr", "fsync"),
 ])
 def test_checkers_catch_a_broken_core(mutant, seed, policy, durability):
     """Claim: the checkers are not vacuous: with a commit or divergence rule removed, the named

@@ -20,11 +20,16 @@ Checked after EVERY simulation step (DESIGN.md §6):
    (it may have lost written data; faults.py allows one such replica).
 6. consumer_reads_committed — every batch a leader returns to a consumer
    (replica id -1) is a committed batch: consumers never read past the HW.
+8. idempotent_once_in_order — a batch of the idempotent producer (retried with
+   the same sequence after errors and lost answers) is committed at most once,
+   and its committed batches are in sequence order.
 7. acked_not_lost — every acks=all record released with success by a leader of
    epoch e is, at its offset, in the log of every replica acting as leader in an
    epoch >= e (leader completeness; within the faults faults.py tolerates).
 """
 from __future__ import annotations
+
+import bisect
 
 from dataplane.replica.core import Role
 
@@ -43,6 +48,10 @@ class Checker:
         self.acked_checked: dict[tuple, int] = {}           # leader term -> index in acked checked
         self.verified: dict[tuple, int] = {}                # (node, incarnation) -> shadow entries verified
         self.checks = 0
+        self.idem_seq: dict[bytes, int] = {}                # idempotent batch ident -> its sequence
+        self.idem_bases: list[int] = []                     # committed idempotent batches, by offset
+        self.idem_seq_at: dict[int, int] = {}               # their base offset -> sequence
+        self.idem_base_of: dict[bytes, int] = {}
 
     def fail(self, what: str) -> None:
         raise InvariantViolation(what)
@@ -50,6 +59,22 @@ class Checker:
     # Called by the simulation when a leader releases an acks=all produce with success.
     def record_ack(self, *, base_offset: int, next_offset: int, ident: bytes, epoch: int) -> None:
         self.acked.append((base_offset, next_offset, ident, epoch))
+
+    def _check_idempotent(self, base: int, ident: bytes) -> None:
+        seq = self.idem_seq[ident]
+        other = self.idem_base_of.get(ident)
+        if other is not None and other != base:
+            self.fail(f"idempotent_once_in_order: idempotent sequence {seq} committed twice, at {other} and {base}")
+        self.idem_base_of[ident] = base
+        i = bisect.bisect_left(self.idem_bases, base)
+        if i > 0 and self.idem_seq_at[self.idem_bases[i - 1]] >= seq:
+            self.fail(f"idempotent_once_in_order: sequence {seq} at {base} after sequence "
+                      f"{self.idem_seq_at[self.idem_bases[i - 1]]} at {self.idem_bases[i - 1]}")
+        if i < len(self.idem_bases) and self.idem_seq_at[self.idem_bases[i]] <= seq:
+            self.fail(f"idempotent_once_in_order: sequence {seq} at {base} before sequence "
+                      f"{self.idem_seq_at[self.idem_bases[i]]} at {self.idem_bases[i]}")
+        self.idem_bases.insert(i, base)
+        self.idem_seq_at[base] = seq
 
     def committed_end(self) -> int:
         return max((nxt for nxt, _ in self.committed.values()), default=0)
@@ -99,6 +124,8 @@ class Checker:
                 seen = self.committed.get(base)
                 if seen is None:
                     self.committed[base] = (nxt, ident)
+                    if ident in self.idem_seq:
+                        self._check_idempotent(base, ident)
                 elif seen != (nxt, ident):
                     self.fail(f"commit_agreement: offset {base} committed as two different batches "
                               f"(leader {node.node_id} epoch {r.leader_epoch})")

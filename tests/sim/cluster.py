@@ -38,6 +38,8 @@ METADATA_RESEND_MS = 300
 SESSION_TIMEOUT_MS = 250
 REPLICA_LAG_TIME_MAX_MS = 250
 PRODUCE_TIMEOUT_MS = 1500
+IDEM_PRODUCER_ID = 5000
+IDEM_INFLIGHT_MAX = 3
 FLUSH_MS_MAX = 25
 QUIET_MS = 400  # no produce at the end of the liveness phase, so replicas converge
 SETTLE_MS = 1000  # after the faults stop, acks=all must succeed from here on
@@ -134,6 +136,12 @@ class Simulation:
         self.sent_changes = -1
         self.last_leader: int | None = None
         self.consumed_batches = 0
+        # One idempotent producer (acks=all, up to IDEM_INFLIGHT_MAX batches out) that retries a
+        # batch with the same sequence after an error or a lost answer, as the SDK does.
+        self.idem_rng = random.Random(f"{seed}-{policy}-{durability}-idem")
+        self.idem_next_seq = 0
+        self.idem_out: dict[int, dict] = {}  # sequence -> {"records", "rid", "retry_ms"}
+        self.idem_acked = 0
         for i in self.node_ids:
             self._start(self.nodes[i], unclean=False)
             self._at(self.rng.randint(0, TICK_MS - 1), "tick", i)
@@ -247,6 +255,8 @@ class Simulation:
         # never hides a success for the same id.
         if req is None or req.get("base_offset") is not None:
             return
+        if "idem_seq" in req:
+            self._on_idem_release(req, release)
         if release.error is ErrorCode.NONE:
             req["base_offset"] = release.base_offset
             if req["acks"] == -1:
@@ -331,6 +341,7 @@ class Simulation:
         elif kind == "produce":
             if now < self.safety_ms + self.liveness_ms - QUIET_MS:
                 self._produce()
+                self._produce_idempotent()
                 self._at(now + self.rng.randint(5, 40), "produce", None)
         else:
             raise AssertionError(f"unknown event kind {kind}")
@@ -386,6 +397,42 @@ class Simulation:
                 self._trace("Partition", groups={str(k): v for k, v in op[1].items()})
             elif op[0] == "heal":
                 self._trace("Heal")
+
+    def _produce_idempotent(self) -> None:
+        """Send the next batch if the window allows, and retry batches whose answer was an error
+        or never came (same bytes, same sequence, new request id)."""
+        leader = self.controller.leader()
+        if leader is None:
+            return
+        for seq, out in sorted(self.idem_out.items()):
+            if self.now_ms >= out["retry_ms"]:
+                self._send_idempotent(seq, out["records"], leader)
+        if len(self.idem_out) < IDEM_INFLIGHT_MAX and self.idem_rng.random() < 0.5:
+            seq = self.idem_next_seq
+            self.idem_next_seq += 1
+            records = build_batch([f"{self.seed}:idem:{seq}".encode()], timestamp_ms=self.now_ms,
+                                  producer_id=IDEM_PRODUCER_ID, producer_epoch=0, base_sequence=seq)
+            self.checker.idem_seq[bytes(records[HEADER_SIZE:])] = seq
+            self._send_idempotent(seq, records, leader)
+
+    def _send_idempotent(self, seq: int, records: bytes, leader: int) -> None:
+        rid = self.next_request_id
+        self.next_request_id += 1
+        self.idem_out[seq] = {"records": records, "rid": rid, "retry_ms": self.now_ms + PRODUCE_TIMEOUT_MS + 200}
+        self.requests[rid] = {"acks": -1, "ident": records[HEADER_SIZE:], "sent_ms": self.now_ms, "to": leader,
+                              "error": None, "base_offset": None, "idem_seq": seq}
+        self._send(CLIENT_ID, leader, ProduceRequest(request_id=rid, records=records, acks=-1,
+                                                     timeout_ms=PRODUCE_TIMEOUT_MS))
+
+    def _on_idem_release(self, req: dict, release: ReleaseProduce) -> None:
+        out = self.idem_out.get(req["idem_seq"])
+        if out is None:
+            return
+        if release.error in (ErrorCode.NONE, ErrorCode.DUPLICATE_SEQUENCE):
+            del self.idem_out[req["idem_seq"]]
+            self.idem_acked += 1
+        elif out["rid"] == release.request_id:  # an answer to an older attempt changes nothing
+            out["retry_ms"] = min(out["retry_ms"], self.now_ms + self.idem_rng.randint(10, 60))
 
     def _produce(self, acks: int | None = None) -> int | None:
         leader = self.controller.leader()
@@ -447,13 +494,15 @@ class Simulation:
             if self.now_ms - req["sent_ms"] > PRODUCE_TIMEOUT_MS + 500 and "released_ms" not in req \
                     and req["to"] == leader_id and req["sent_ms"] > self.safety_ms:
                 return f"produce request {rid} to the leader was never released"
+        # The idempotent producer's requests may be refused (OUT_OF_ORDER while an earlier batch
+        # is retried): its retries, not each request, must succeed; see idem_acked.
         settled = [rid for rid, req in self.requests.items()
-                   if req["acks"] == -1 and req["sent_ms"] >= self.safety_ms + SETTLE_MS]
+                   if req["acks"] == -1 and req["sent_ms"] >= self.safety_ms + SETTLE_MS and "idem_seq" not in req]
         if not settled:
             return "no acks=all request was sent after the cluster settled"
         late = [rid for rid, req in self.requests.items()
                 if req["acks"] == -1 and req["sent_ms"] >= self.safety_ms + SETTLE_MS and req["to"] == leader_id
-                and self.now_ms - req["sent_ms"] > 300 and req["base_offset"] is None]
+                and self.now_ms - req["sent_ms"] > 300 and req["base_offset"] is None and "idem_seq" not in req]
         if late:
             return f"acks=all requests {late[:5]} sent to a healed cluster were not acknowledged"
         for node in self.nodes.values():

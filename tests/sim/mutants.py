@@ -63,7 +63,28 @@ def consumers_read_past_hw():
     return _patched("_answer_consumer", answer_consumer)
 
 
+def no_duplicate_detection():
+    """The leader writes a retried idempotent batch again instead of answering with its offset."""
+    def check(self, headers):
+        return core.ErrorCode.NONE, "", None
+    return _patched("_check_producer_sequence", check)
+
+
+def accept_sequence_gaps():
+    """The leader accepts any sequence that is not a duplicate (no OUT_OF_ORDER_SEQUENCE)."""
+    original = core.Replica._check_producer_sequence
+
+    def check(self, headers):
+        error, reason, duplicate = original(self, headers)
+        if error is core.ErrorCode.OUT_OF_ORDER_SEQUENCE:
+            return core.ErrorCode.NONE, "", None
+        return error, reason, duplicate
+    return _patched("_check_producer_sequence", check)
+
+
 MUTANTS = {
+    "no_duplicate_detection": no_duplicate_detection,
+    "accept_sequence_gaps": accept_sequence_gaps,
     "serve_before_epoch_durable": serve_before_epoch_durable,
     "count_written_under_fsync": count_written_under_fsync,
     "no_divergence_check": no_divergence_check,
