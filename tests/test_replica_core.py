@@ -654,3 +654,33 @@ def test_waiting_request_id_is_refused_and_releases_keep_offset_order():
     pump(nodes)
     order = [r.request_id for r in leader.take(ReleaseProduce)]
     assert order == [1, 2]
+
+
+# ------------------------------------------------------------- lazy flush
+
+
+def test_lazy_flush_asks_followers_to_flush_only_on_chunks_reaching_a_waiting_acks_all():
+    """Claim: a catching-up follower gets flush_after_append only on the chunk that reaches an
+    offset an acks=all request waits on, never on the recovery chunks below it, and never when
+    only acks=1 traffic is waiting."""
+    leader = Node(1)
+    leader.step(NewMetadata(partition=state(isr=(1, 2)), config=config()))
+    for rid in range(1, 21):
+        produce(leader, rid, 1, b"x" * 50)
+    produce(leader, 99, -1, b"waited on")
+    acks_all_offset = leader.log.log_end_offset - 1
+    follower_offset, answers = 0, []
+    while follower_offset < leader.log.log_end_offset:
+        leader.step(FetchRequest(replica_id=2, fetch_offset=follower_offset, last_fetched_epoch=-1 if
+                                 follower_offset == 0 else 1, current_leader_epoch=1, max_bytes=200))
+        resp = [m for m in leader.sent() if isinstance(m, FetchResponse)][-1]
+        ends = [h.next_offset for _, h in iter_batches(resp.records)]
+        answers.append((ends[-1], resp.flush_after_append))
+        follower_offset = ends[-1]
+    assert len(answers) >= 4
+    assert [flush for end, flush in answers] == [end > acks_all_offset for end, _ in answers]
+    leader2 = Node(1)
+    leader2.step(NewMetadata(partition=state(isr=(1,)), config=config()))
+    produce(leader2, 1, 1, b"a")
+    leader2.step(FetchRequest(replica_id=2, fetch_offset=0, current_leader_epoch=1))
+    assert not [m for m in leader2.sent() if isinstance(m, FetchResponse)][-1].flush_after_append

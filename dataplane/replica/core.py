@@ -504,13 +504,31 @@ class Replica:
 
     def _answer(self, req: FetchRequest, *, error: ErrorCode = ErrorCode.NONE, records: bytes = b"",
                 diverging_epoch: int = -1, diverging_end_offset: int = -1) -> None:
-        flush = (self.config.durability == "fsync" and any(p.acks == -1 for p in self.pending.values()))
+        flush = False
+        if records and self.config.durability == "fsync":
+            new_end = req.fetch_offset
+            for _, h in iter_batches(records, validate=False):
+                new_end = h.next_offset
+            flush = self._acks_all_waiting_in(req.flushed_offset, new_end)
         self._send.append(Send(to_broker=req.replica_id, message=FetchResponse(
             leader_id=self.replica_id, leader_epoch=self.leader_epoch, fetch_offset=req.fetch_offset,
             last_fetched_epoch=req.last_fetched_epoch, error=error, records=records,
             high_watermark=self.high_watermark, log_end_offset=self.log_end_offset,
             diverging_epoch=diverging_epoch, diverging_end_offset=diverging_end_offset,
             flush_after_append=flush, partition=self.partition)))
+
+    def _acks_all_waiting_in(self, lo: int, hi: int) -> bool:
+        """Lazy flush: does an acks=all request wait on an offset in [lo, hi)? Only then does a
+        follower flush right after this append; catch-up chunks below every waiting request
+        (recovery) and appends with nobody waiting are flushed on the follower's debounce."""
+        queue = self._waiting[-1]
+        low = next((self.pending[i].last_offset for i in queue if i in self.pending
+                    and self.pending[i].acks == -1), None)
+        if low is None or low >= hi:
+            return False
+        high = next(self.pending[i].last_offset for i in reversed(queue) if i in self.pending
+                    and self.pending[i].acks == -1)
+        return high >= lo
 
     def _answer_consumer(self, req: FetchRequest) -> None:
         # Consumers are answered by the driver directly (no Send target); the Send goes
