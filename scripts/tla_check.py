@@ -47,6 +47,7 @@ MODELS = [
 LONG = [
     Model(name="DataPlaneWide", spec="DataPlane"),
     Model(name="DataPlaneFig8", spec="DataPlane"),
+    Model(name="DataPlaneLiveLong", spec="DataPlane"),
 ]
 
 BROKEN = [
@@ -62,6 +63,8 @@ BROKEN = [
           expected_violation="LogMatching"),
     Model(name="DataPlane_written_hw", spec="DataPlane",
           expected_violation="NoAckedLoss"),
+    Model(name="DataPlaneLive_unfair_fetch", spec="DataPlane",
+          expected_violation="temporal"),
     Model(name="Controller_stale_isr", spec="Controller",
           expected_violation="LeaderInIsr"),
     Model(name="Controller_shrink_early", spec="Controller",

@@ -10,7 +10,7 @@
 (* family over a network that loses, duplicates and reorders:             *)
 (*   "req"  follower -> leader: (epoch, log end, last epoch, flushed).    *)
 (*          Pull: the fetch request. Push: the append-entries reply.      *)
-(*   "data" leader -> follower: (epoch, prev offset/epoch, next entry) *)
+(*   "data" leader -> follower: (epoch, prev offset/epoch, next entry).  *)
 (*          Pull: the fetch response. Push: the append-entries request.  *)
 (*   "div"  leader -> follower: where the follower's last epoch ends in   *)
 (*          the leader's log; the follower truncates there.               *)
@@ -19,7 +19,7 @@
 (* epoch) check, so one family covers both; Mode = "push" adds the        *)
 (* leader-initiated append (LeaderPush).                                  *)
 (*                                                                         *)
-(* Bug selects one known mistake; every value but "none" must fail.       *)
+(* Bug switches on one known mistake; each broken model must fail.        *)
 (***************************************************************************)
 EXTENDS Naturals, Sequences, FiniteSets, TLC
 
@@ -39,7 +39,8 @@ CONSTANTS
     Bug            \* "none" or one of BugNames
 
 BugNames == {"none", "elect_by_leo", "no_fence", "report_unflushed",
-             "flushed_beyond_match", "old_epoch_commit", "written_hw"}
+             "flushed_beyond_match", "old_epoch_commit", "written_hw",
+             "unfair_fetch"}
 
 ASSUME /\ Policy \in {"quorum", "isr"}
        /\ Mode \in {"pull", "push"}
@@ -522,7 +523,8 @@ LiveSpec ==
     /\ \A r \in Replicas :
          /\ WF_vars(Learn(r))
          /\ WF_vars(Flush(r))
-         /\ WF_vars(ExchangeWith(r, Len(log[r])))
+         \* unfair_fetch: followers may stop fetching, so liveness must fail
+         /\ Bug = "unfair_fetch" \/ WF_vars(ExchangeWith(r, Len(log[r])))
 
 WriteResolved ==
     \A v \in Values : v \in written ~> (IsAcked(v) \/ ~StillLeading(v))
