@@ -30,7 +30,7 @@ from dataplane.broker.config import BrokerConfig
 from dataplane.broker.partition import PartitionDriver, TopicPartition, now_ms
 from dataplane.log.interface import LogConfig
 from dataplane.replica.actions import ProposeIsr, ReportElection
-from dataplane.replica.events import FetchRequest, NewMetadata
+from dataplane.replica.events import FetchRequest, IsrChangeRefused, NewMetadata
 from dataplane.replica.state import PartitionState, ReplicationConfig
 
 log = logging.getLogger("biplane.broker.replicas")
@@ -63,8 +63,6 @@ class ReplicaManager:
         self._fed: dict[TopicPartition, tuple] = {}
         self._isr_inflight: set[TopicPartition] = set()
         self._last_usage: dict[TopicPartition, tuple[float, tuple[int, int, int]]] = {}
-        self._isr_refused: dict[TopicPartition, tuple[tuple, float]] = {}
-        self.isr_refusal_backoff_ms = 1000
         self._tasks: set[asyncio.Task] = set()
         self._lock = asyncio.Lock()
         self._closed = False
@@ -90,7 +88,7 @@ class ReplicaManager:
                     driver = await self._open(topic, info)
                     if driver is None:
                         continue
-                self._feed(driver, topic, info)
+                self._feed(driver, topic, info, image)
             for tp in [tp for tp in self.drivers if tp not in hosted]:
                 await self._remove(tp, image)
             if not self._swept:
@@ -99,14 +97,15 @@ class ReplicaManager:
                 keep = {os.path.basename(partition_dir(self.config.data_dir, tp)) for tp in hosted}
                 await asyncio.get_running_loop().run_in_executor(None, _remove_orphans, self.config.data_dir, keep)
 
-    def _feed(self, driver: PartitionDriver, topic: TopicInfo, info: PartitionInfo) -> None:
+    def _feed(self, driver: PartitionDriver, topic: TopicInfo, info: PartitionInfo, image: MetadataImage) -> None:
+        fenced = frozenset(r for r in info.replicas if not image.is_unfenced(r))
         key = (info.leader_epoch, info.partition_epoch, info.fenced_for_election, info.isr, info.replicas,
-               topic.config)
+               topic.config, fenced)
         if self._fed.get(info.tp) == key:
             return
         self._fed[info.tp] = key
         event = NewMetadata(partition=PartitionState.from_info(info),
-                            config=ReplicationConfig.from_topic_config(topic.config))
+                            config=ReplicationConfig.from_topic_config(topic.config), fenced_replicas=fenced)
         try:
             driver.step(event)
         except BiplaneError as exc:
@@ -137,7 +136,7 @@ class ReplicaManager:
         info = image.get_partition(*tp)
         topic = image.topics.get(tp[0])
         if info is not None and topic is not None:
-            self._feed(driver, topic, info)  # lets the core stop (release producers, stop leading)
+            self._feed(driver, topic, info, image)  # lets the core stop (release producers, stop leading)
         await driver.close()
         await asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, driver.directory, True)
         log.info("removed replica %s-%d", *tp, extra={"event": "partition.removed", "topic": tp[0],
@@ -149,12 +148,8 @@ class ReplicaManager:
         self._send_fetch(leader_id, tp, request)
 
     def propose_isr(self, tp: TopicPartition, proposal: ProposeIsr) -> None:
-        refused = self._isr_refused.get(tp)
-        if refused is not None and refused[0] == _proposal_key(proposal) and time.monotonic() < refused[1]:
-            self._drop_pending_isr(tp, proposal)
-            return
         if tp in self._isr_inflight:
-            return  # the core repeats its proposal on a timer until metadata settles it
+            return  # the core repeats its proposal on a timer until it is settled
         self._isr_inflight.add(tp)
         self._spawn(self._alter_isr(tp, proposal))
 
@@ -168,22 +163,18 @@ class ReplicaManager:
         except BiplaneError as exc:
             log.info("%s-%d ISR -> %s refused: %s", *tp, list(proposal.new_isr), exc,
                      extra={"event": "partition.isr_refused", "topic": tp[0], "partition": tp[1]})
-            if exc.code is not ErrorCode.NOT_CONTROLLER:  # the controller decided (not just unreachable)
-                self._isr_refused[tp] = (_proposal_key(proposal),
-                                         time.monotonic() + self.isr_refusal_backoff_ms / 1000)
-                self._drop_pending_isr(tp, proposal)
+            driver = self.drivers.get(tp)
+            if exc.code is not ErrorCode.NOT_CONTROLLER and driver is not None:
+                # The controller decided (it was not just unreachable): the core settles its
+                # proposal (it ignores refusals judged at stale epochs on purpose).
+                try:
+                    driver.step(IsrChangeRefused(leader_epoch=proposal.leader_epoch,
+                                                 partition_epoch=proposal.partition_epoch,
+                                                 new_isr=proposal.new_isr, error=exc.code, reason=str(exc)))
+                except BiplaneError as step_exc:
+                    log.warning("%s-%d: refusal not applied: %s", *tp, step_exc)
         finally:
             self._isr_inflight.discard(tp)
-
-    def _drop_pending_isr(self, tp: TopicPartition, proposal: ProposeIsr) -> None:
-        """Stopgap until the core takes a refusal event: a refused proposal must stop
-        counting in the HW's required set (ISR ∪ proposed), or an expansion that names a
-        fenced broker stalls acks=all until the metadata changes. The core proposes again
-        while its reasons hold; the same proposal is then dropped here, unsent, for
-        `isr_refusal_backoff_ms`."""
-        driver = self.drivers.get(tp)
-        if driver is not None and driver.replica.pending_isr == proposal.new_isr:
-            driver.replica.pending_isr = None
 
     def report_election(self, tp: TopicPartition, report: ReportElection) -> None:
         self._spawn(self._report(tp, report))
@@ -293,6 +284,3 @@ def _remove_orphans(data_dir: str, keep: set[str]) -> None:
                      extra={"event": "partition.orphan_removed"})
             shutil.rmtree(path, ignore_errors=True)
 
-
-def _proposal_key(proposal: ProposeIsr) -> tuple:
-    return (proposal.new_isr, proposal.leader_epoch, proposal.partition_epoch)
