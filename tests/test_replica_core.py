@@ -684,3 +684,46 @@ def test_lazy_flush_asks_followers_to_flush_only_on_chunks_reaching_a_waiting_ac
     produce(leader2, 1, 1, b"a")
     leader2.step(FetchRequest(replica_id=2, fetch_offset=0, current_leader_epoch=1))
     assert not [m for m in leader2.sent() if isinstance(m, FetchResponse)][-1].flush_after_append
+
+
+# ----------------------------------------------------------- backpressure
+
+
+def test_acks_1_waits_when_unreplicated_bytes_reach_the_bound_then_goes_on_as_the_hw_moves():
+    """Claim: once bytes written but not passed by the HW reach unreplicated_bytes_max, further
+    produce requests (even acks=1) are neither written nor refused: they wait in arrival order and
+    are written as followers catch up; one that waits past its timeout gets REQUEST_TIMED_OUT."""
+    nodes = {i: Node(i) for i in (1, 2, 3)}
+    nodes[1].replica = Replica(replica_id=1, log=nodes[1].log, fetch_backoff_ms=10, unreplicated_bytes_max=500)
+    for n in nodes.values():
+        n.step(NewMetadata(partition=state(), config=config()))
+    leader = nodes[1]
+    pump(nodes)
+    for rid in range(1, 11):
+        produce(leader, rid, 1, b"x" * 200, timeout_ms=1000 if rid < 10 else 30)
+    released = leader.released()
+    # Each batch is ~270 bytes: two fill the 500-byte bound, the rest wait.
+    assert sorted(released) == [1, 2] and all(r.error is ErrorCode.NONE for r in released.values())
+    assert leader.replica.unreplicated_bytes() >= 500
+    end = leader.log.log_end_offset
+    leader.step(Tick(now_ms=40))
+    assert leader.released()[10].error is ErrorCode.REQUEST_TIMED_OUT  # waited past its timeout
+    assert leader.log.log_end_offset == end
+    pump(nodes, now_ms=40, rounds=60)
+    released = leader.released()
+    assert sorted(released) == [3, 4, 5, 6, 7, 8, 9] and all(r.error is ErrorCode.NONE for r in released.values())
+    offsets = [released[r].base_offset for r in sorted(released)]
+    assert offsets == sorted(offsets)  # admitted in arrival order
+    assert leader.replica.unreplicated_bytes() == 0
+
+
+def test_waiting_produce_requests_are_released_when_leadership_is_lost():
+    """Claim: requests waiting for room get NOT_LEADER_OR_FOLLOWER when the replica stops leading."""
+    leader = Node(1)
+    leader.replica = Replica(replica_id=1, log=leader.log, unreplicated_bytes_max=10)
+    leader.step(NewMetadata(partition=state(isr=(1, 2)), config=config()))
+    produce(leader, 1, 1, b"x" * 50)
+    produce(leader, 2, 1, b"y")
+    assert 2 not in leader.released()
+    leader.step(NewMetadata(partition=state(leader=2, epoch=2), config=config()))
+    assert leader.released()[2].error is ErrorCode.NOT_LEADER_OR_FOLLOWER

@@ -42,6 +42,7 @@ from dataplane.replica.events import (
 from dataplane.replica.fencing import EpochCheck, check_epoch
 from dataplane.replica.logview import LogView, epoch_before
 from dataplane.replica.producer_state import ProducerStateTable
+from dataplane.replica.push import PushMixin
 from dataplane.replica.state import PartitionState, ReplicationConfig
 from dataplane.replica.watermark import follower_stored_offset, next_high_watermark, stored_offset
 
@@ -71,6 +72,12 @@ class FollowerProgress:
     last_caught_up_ms: int = 0
     last_fetch_ms: int = -1
     last_fetch_leader_end: int = 0  # our log end when it last fetched (Kafka's lag rule)
+    # Push mode (push.py): next offset to send, requests out as (end offset, sent at),
+    # whether it is in recovery (one chunk at a time), when we last sent anything.
+    push_next: int = -1
+    push_inflight: collections.deque = dataclasses.field(default_factory=collections.deque)
+    push_recovering: bool = True
+    push_last_sent_ms: int = -1
     # The leader's ISR generation at its last fetch: only a fetch made since the last ISR
     # change (or refusal) may bring it back into the ISR, never stale progress.
     fetch_generation: int = -1
@@ -85,20 +92,23 @@ class PendingProduce:
     deadline_ms: int
 
 
-class Replica:
+class Replica(PushMixin):
     """The replica core. Limits are constructor arguments with units last."""
 
     def __init__(self, *, replica_id: int, log: LogView, partition: object = None, now_ms: int = 0,
                  fetch_max_bytes: int = 1024 * 1024, flush_debounce_ms: int = 5,
                  fetch_backoff_ms: int = 50, fetch_timeout_ms: int = 1000,
                  isr_proposal_retry_ms: int = 1000, election_report_retry_ms: int = 500,
-                 pending_produce_max: int = 10_000, producers_max: int = 10_000,
+                 pending_produce_max: int = 10_000, unreplicated_bytes_max: int = 8 * 1024 * 1024,
+                 push_inflight_max: int = 4, producers_max: int = 10_000,
                  producer_idle_ms_max: int = 7 * 24 * 3600 * 1000, unclean_start: bool = False) -> None:
         for name, value in (("fetch_max_bytes", fetch_max_bytes), ("flush_debounce_ms", flush_debounce_ms),
                             ("fetch_backoff_ms", fetch_backoff_ms), ("fetch_timeout_ms", fetch_timeout_ms),
                             ("isr_proposal_retry_ms", isr_proposal_retry_ms),
                             ("election_report_retry_ms", election_report_retry_ms),
-                            ("pending_produce_max", pending_produce_max)):
+                            ("pending_produce_max", pending_produce_max),
+                            ("unreplicated_bytes_max", unreplicated_bytes_max),
+                            ("push_inflight_max", push_inflight_max)):
             if not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be a non-negative int, got {value!r}")
         self.replica_id = replica_id
@@ -111,6 +121,8 @@ class Replica:
         self.isr_proposal_retry_ms = isr_proposal_retry_ms
         self.election_report_retry_ms = election_report_retry_ms
         self.pending_produce_max = pending_produce_max
+        self.unreplicated_bytes_max = unreplicated_bytes_max
+        self.push_inflight_max = max(1, push_inflight_max)
         # Idempotent producers' state, rebuilt from the log's batch headers on every replica.
         self.producer_state = ProducerStateTable(producers_max=producers_max,
                                                  producer_idle_ms_max=producer_idle_ms_max)
@@ -145,6 +157,12 @@ class Replica:
         self._isr_refused_ms: int | None = None
         self.fenced_replicas: frozenset = frozenset()
         self.pending: dict[int, PendingProduce] = {}
+        # Backpressure: produce requests waiting for room (arrival order), and the bytes this
+        # leader appended as (next offset, running total) so the HW tells what is replicated.
+        self._backlog: dict[int, tuple] = {}
+        self._append_sizes: collections.deque = collections.deque()
+        self._appended_bytes = 0
+        self._replicated_bytes = 0
         # Request ids per acks value in offset order: each is released in that order, so
         # releasing is O(released), not O(pending). Ids already gone are skipped.
         self._waiting: dict[int, collections.deque] = {a: collections.deque() for a in VALID_ACKS}
@@ -154,6 +172,7 @@ class Replica:
         self._fetch_sent_ms = 0
         self._next_fetch_ms = 0
         self._reported_flushed = 0
+        self._push_match = 0  # push mode: end of the prefix verified equal to the leader's
         # Election state.
         self._report_sent_ms: int | None = None
 
@@ -194,7 +213,10 @@ class Replica:
     def _after_event(self) -> None:
         if self.role is Role.LEADER:
             self._advance_high_watermark()
+            self._admit_backlog()
             self._release_ready()
+            if self.config.replication_mode == "push":
+                self._push_all()
         if self.flushed_offset < self.log_end_offset and self._unflushed_since_ms is None:
             self._unflushed_since_ms = self.now_ms
 
@@ -231,6 +253,11 @@ class Replica:
             self._become_follower(st.leader)
 
     def _leave_role(self, error: ErrorCode) -> None:
+        for request_id in self._backlog:
+            self._release.append(ReleaseProduce(request_id=request_id, error=error))
+        self._backlog.clear()
+        self._append_sizes.clear()
+        self._appended_bytes = self._replicated_bytes = 0
         for p in self.pending.values():
             self._release.append(ReleaseProduce(request_id=p.request_id, error=error))
         self.pending.clear()
@@ -282,7 +309,9 @@ class Replica:
         self._leave_role(ErrorCode.NOT_LEADER_OR_FOLLOWER)
         self.role = Role.FOLLOWER
         self.leader_id = leader_id
-        self._send_fetch()
+        self._push_match = 0
+        if self.config.replication_mode == "pull":
+            self._send_fetch()
 
     def _become_election(self) -> None:
         if self.role is Role.LEADER:
@@ -360,15 +389,24 @@ class Replica:
         if not headers:
             self._refuse_produce(ev, ErrorCode.INVALID_REQUEST, reason="no record batch in produce request")
             return
-        if ev.request_id in self.pending:
+        if ev.request_id in self.pending or ev.request_id in self._backlog:
             self._refuse_produce(ev, ErrorCode.INVALID_REQUEST,
                                  reason=f"request id {ev.request_id} is already waiting; ids must be unique")
             return
-        if len(self.pending) >= self.pending_produce_max:
-            # Issue 5 replaces this with waiting (backpressure); until then refuse, retriably.
+        if len(self.pending) + len(self._backlog) >= self.pending_produce_max:
+            # The bound on requests held at all (memory); within it, requests wait for room.
             self._refuse_produce(ev, ErrorCode.REQUEST_TIMED_OUT,
                                  reason=f"pending_produce_max={self.pending_produce_max} reached")
             return
+        deadline_ms = self.now_ms + ev.timeout_ms
+        if self._backlog or self.unreplicated_bytes() >= self.unreplicated_bytes_max:
+            # Backpressure: bytes written here but not yet on the required set are bounded;
+            # the request waits (in arrival order) until the HW makes room, or its timeout.
+            self._backlog[ev.request_id] = (ev, headers, deadline_ms)
+            return
+        self._admit(ev, headers, deadline_ms)
+
+    def _admit(self, ev: ProduceRequest, headers: list, deadline_ms: int) -> None:
         if (ev.acks == -1 and self.config.commit_policy == "isr" and self.state is not None
                 and len(self.state.isr) < self.config.min_insync_replicas):
             self._refuse_produce(ev, ErrorCode.NOT_ENOUGH_REPLICAS,
@@ -384,7 +422,7 @@ class Replica:
             # reach what this request's acks asks for; write nothing.
             base, last = duplicate
             self.pending[ev.request_id] = PendingProduce(request_id=ev.request_id, acks=ev.acks, base_offset=base,
-                                                         last_offset=last, deadline_ms=self.now_ms + ev.timeout_ms)
+                                                         last_offset=last, deadline_ms=deadline_ms)
             self._waiting[ev.acks].append(ev.request_id)
             return
         base, last = self._append_as_leader(ev.records)
@@ -392,11 +430,26 @@ class Replica:
         for h in headers:
             self.producer_state.record(h, base_offset=offset)
             offset += h.record_count
+        self._appended_bytes += len(ev.records)
+        self._append_sizes.append((last + 1, self._appended_bytes))
         self.pending[ev.request_id] = PendingProduce(request_id=ev.request_id, acks=ev.acks, base_offset=base,
-                                                     last_offset=last, deadline_ms=self.now_ms + ev.timeout_ms)
+                                                     last_offset=last, deadline_ms=deadline_ms)
         self._waiting[ev.acks].append(ev.request_id)
         if ev.acks == -1 and self.config.durability == "fsync":
             self._request_flush()
+
+    def unreplicated_bytes(self) -> int:
+        """Bytes of produce requests this leader wrote in its epoch that the HW has not passed."""
+        sizes = self._append_sizes
+        while sizes and sizes[0][0] <= self.high_watermark:
+            self._replicated_bytes = sizes.popleft()[1]
+        return self._appended_bytes - self._replicated_bytes if sizes else 0
+
+    def _admit_backlog(self) -> None:
+        while self._backlog and (self.unreplicated_bytes() < self.unreplicated_bytes_max):
+            request_id = next(iter(self._backlog))
+            ev, headers, deadline_ms = self._backlog.pop(request_id)
+            self._admit(ev, headers, deadline_ms)
 
     def _check_producer_sequence(self, headers: list) -> tuple[ErrorCode, str, tuple[int, int] | None]:
         """(error, reason, duplicate span): a request made only of batches already written is a
@@ -570,7 +623,12 @@ class Replica:
         if check is EpochCheck.NEWER:
             self._saw_newer_epoch(ev.leader_epoch, f"append-entries reply from replica {ev.replica_id}")
             return
-        if self.role is not Role.LEADER or ev.replica_id not in self.progress or ev.error is not ErrorCode.NONE:
+        if self.role is not Role.LEADER or ev.replica_id not in self.progress:
+            return
+        if self.config.replication_mode == "push":
+            self._on_push_reply(ev)
+            return
+        if ev.error is not ErrorCode.NONE:
             return
         self._record_progress(ev.replica_id, log_end_offset=ev.log_end_offset, match_offset=ev.match_offset,
                               flushed_offset=ev.flushed_offset)
@@ -763,16 +821,8 @@ class Replica:
         self.last_epoch = headers[-1].leader_epoch
         return True
 
-    def _on_append_entries(self, ev: AppendEntries) -> None:
-        # Push replication arrives with issue 5; fence first all the same.
-        check = check_epoch(theirs=ev.leader_epoch, ours=self.leader_epoch)
-        error = {EpochCheck.STALE: ErrorCode.FENCED_LEADER_EPOCH, EpochCheck.NEWER: ErrorCode.UNKNOWN_LEADER_EPOCH,
-                 EpochCheck.CURRENT: ErrorCode.INVALID_REQUEST}[check]
-        if check is EpochCheck.NEWER:
-            self._saw_newer_epoch(ev.leader_epoch, f"append-entries from replica {ev.leader_id}")
-        self._send.append(Send(to_broker=ev.leader_id, message=AppendEntriesReply(
-            replica_id=self.replica_id, leader_epoch=self.leader_epoch, error=error,
-            log_end_offset=self.log_end_offset, flushed_offset=self.flushed_offset, partition=self.partition)))
+    def _following(self, leader_id: int) -> bool:
+        return self.role is Role.FOLLOWER and self.leader_id == leader_id
 
     # ----------------------------------------------------------- local I/O
 
@@ -790,7 +840,11 @@ class Replica:
         elif self.role is Role.FOLLOWER and self.flushed_offset > self._reported_flushed:
             # The leader may be holding acks=all for this flush: tell it now rather than
             # on the next (possibly long-polling) fetch.
-            self._send_fetch()
+            if self.config.replication_mode == "push":
+                self._reported_flushed = self.flushed_offset
+                self._reply_append_entries(self.leader_id)
+            else:
+                self._send_fetch()
 
     def _request_flush(self) -> None:
         if self._flush_requested >= self.log_end_offset:
@@ -814,12 +868,20 @@ class Replica:
                 if self.now_ms >= p.deadline_ms:
                     del self.pending[p.request_id]
                     self._release.append(ReleaseProduce(request_id=p.request_id, error=ErrorCode.REQUEST_TIMED_OUT))
+            for request_id, (_, _, deadline_ms) in list(self._backlog.items()):
+                if self.now_ms >= deadline_ms:
+                    del self._backlog[request_id]
+                    self._release.append(ReleaseProduce(request_id=request_id, error=ErrorCode.REQUEST_TIMED_OUT))
+            if self.config.replication_mode == "push":
+                self._push_timeouts()
             if self.pending_isr is not None:
                 if self.now_ms - self._pending_isr_sent_ms >= self.isr_proposal_retry_ms:
                     self._pending_isr_sent_ms = self.now_ms
                     self._send_isr_proposal()
             else:
                 self._maybe_change_isr()
+        elif self.role is Role.FOLLOWER and self.config.replication_mode == "push":
+            pass  # the leader drives a push follower (heartbeats, recovery)
         elif self.role is Role.FOLLOWER:
             if self._fetch_inflight:
                 if self.now_ms - self._fetch_sent_ms >= self.fetch_timeout_ms:

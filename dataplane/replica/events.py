@@ -118,7 +118,8 @@ class IsrChangeRefused:
 
 @_frozen
 class AppendEntries:
-    """Push mode (issue 5): the leader sends batches after (prev_offset, prev_epoch)."""
+    """Push mode: the leader sends batches after (prev_offset, prev_epoch) — the epoch of the
+    batch ending at prev_offset (-1 at the log start). Empty records: a heartbeat (HW)."""
 
     leader_id: int
     leader_epoch: int
@@ -126,13 +127,20 @@ class AppendEntries:
     prev_epoch: int
     records: bytes
     high_watermark: int
+    log_end_offset: int = 0
     flush_after_append: bool = False
+    # Set (records empty) when the follower's last epoch diverges from the leader's log:
+    # truncate there by the same rule as a diverging fetch answer.
+    diverging_epoch: int = NO_EPOCH
+    diverging_end_offset: int = NO_OFFSET
     partition: object = None
 
 
 @_frozen
 class AppendEntriesReply:
     """Push mode: the follower's written and flushed offsets and how far it matches the leader.
+    error OFFSET_OUT_OF_RANGE: (prev_offset, prev_epoch) is not in its log (a gap or another
+    epoch); log_end_offset and last_epoch then say where it stands, like a fetch.
 
     Feeds the same per-follower progress as a fetch: match_offset plays the
     role of a verified fetch_offset."""
@@ -143,6 +151,7 @@ class AppendEntriesReply:
     log_end_offset: int = 0
     flushed_offset: int = 0
     match_offset: int = 0
+    last_epoch: int = NO_EPOCH
     partition: object = None
 
 

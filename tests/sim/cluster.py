@@ -101,6 +101,7 @@ class SimResult:
 
 class Simulation:
     def __init__(self, *, seed: int, policy: str, durability: str, replicas: int | None = None,
+                 mode: str | None = None,
                  safety_ms: int = 2000, liveness_ms: int = 2000, steps_max: int = 20_000,
                  rates: FaultRates = FaultRates(), trace: bool = False) -> None:
         self.seed, self.policy, self.durability = seed, policy, durability
@@ -109,13 +110,18 @@ class Simulation:
         self.disk_rng = random.Random(f"{seed}-{policy}-{durability}-disk")
         fault_rng = random.Random(f"{seed}-{policy}-{durability}-faults")
         network_rng = random.Random(f"{seed}-{policy}-{durability}-network")
+        # Pull or push replication: half the seeds each unless the caller says.
+        self.mode = mode or random.Random(f"{seed}-{policy}-{durability}-mode").choice(("pull", "push"))
         self.tell_fenced = random.Random(f"{seed}-{policy}-{durability}-fenced").random() < 0.5
+        # A tight backpressure bound on some seeds: produce requests then wait in the core.
+        self.unreplicated_bytes_max = random.Random(f"{seed}-{policy}-{durability}-bp").choice(
+            (400, 1000, 8 << 20))
         n = replicas if replicas is not None else self.rng.choice((3, 3, 5))
         self.node_ids = tuple(range(1, n + 1))
         q = self.rng.randint(2, n) if policy == "quorum" else None
         topic = TopicConfig(replication_factor=n, commit_policy=policy, durability=durability,
                             quorum_required_acks=q, min_insync_replicas=2,
-                            replica_lag_time_max_ms=REPLICA_LAG_TIME_MAX_MS)
+                            replica_lag_time_max_ms=REPLICA_LAG_TIME_MAX_MS, replication_mode=self.mode)
         # Small fetches make catch-up take many round trips: more interleavings.
         self.fetch_max_bytes = self.rng.choice((100, 250, 1000, 1 << 20))
         self.now_ms = 0
@@ -178,7 +184,8 @@ class Simulation:
         node.replica = Replica(replica_id=node.node_id, log=node.log, now_ms=self.now_ms, fetch_backoff_ms=40,
                                fetch_max_bytes=self.fetch_max_bytes,
                                fetch_timeout_ms=200, flush_debounce_ms=15, isr_proposal_retry_ms=200,
-                               election_report_retry_ms=200, unclean_start=unclean)
+                               election_report_retry_ms=200, unreplicated_bytes_max=self.unreplicated_bytes_max,
+                               unclean_start=unclean)
         self._send(node.node_id, CONTROLLER_ID, Heartbeat(node.node_id, f"{node.node_id}-{node.incarnation}"))
         self._send(CONTROLLER_ID, node.node_id, self._metadata())
 
@@ -508,6 +515,8 @@ class Simulation:
         for node in self.nodes.values():
             stuck = [p.request_id for p in (node.replica.pending.values() if node.replica else ())
                      if p.deadline_ms < self.now_ms]
+            stuck += [rid for rid, (_, _, deadline_ms) in (node.replica._backlog.items() if node.replica else ())
+                      if deadline_ms < self.now_ms]
             if stuck:
                 return f"replica {node.node_id} holds produce requests {stuck[:5]} past their deadline"
         hw = leader.high_watermark

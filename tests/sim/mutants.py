@@ -82,7 +82,14 @@ def accept_sequence_gaps():
     return _patched("_check_producer_sequence", check)
 
 
+def push_stale_divergence():
+    """Push mode: a follower applies a diverging append-entries computed from an older state of
+    its log (a late copy), cutting batches it had since received from the leader."""
+    return _patched("_answers_our_log", lambda self, ev: True)
+
+
 MUTANTS = {
+    "push_stale_divergence": push_stale_divergence,
     "no_duplicate_detection": no_duplicate_detection,
     "accept_sequence_gaps": accept_sequence_gaps,
     "serve_before_epoch_durable": serve_before_epoch_durable,

@@ -1,0 +1,203 @@
+"""Push replication (`replication_mode=push`), the part of the replica core that sends
+append-entries as leader and applies them as follower. Mixed into `core.Replica`.
+
+Leader, per follower (FollowerProgress.push_*):
+- normal path: right after a local write shows in the log view (the step after the
+  Append, e.g. WriteDone, while the leader's own flush runs), send the new batches
+  after (prev offset, prev epoch), pipelined: at most `push_inflight_max` requests
+  out, each at most `fetch_max_bytes`;
+- recovery: a follower that answered a mismatch or a gap, or whose window timed out,
+  gets one chunk at a time read from the log from its verified offset (no flush is
+  asked for a chunk below any waiting acks=all); when a chunk reaches the log end it
+  is back on the normal path from exactly there, so nothing in flight is resent and
+  nothing overtakes it;
+- divergence: the follower's (log end, last epoch) go through the same rule as a
+  fetch (`_divergence`); the leader sends where that epoch ends here and the follower
+  truncates with `_truncate_diverging`, as in pull mode;
+- idle followers get an empty append-entries every `fetch_backoff_ms` (the HW, and
+  the lag rule's evidence).
+Replies feed the same progress tracking (`_record_progress`) and HW as fetches.
+"""
+from __future__ import annotations
+
+from common.batch import iter_batches
+from common.errors import CorruptBatchError, ErrorCode
+from dataplane.replica.actions import Rejected, Send, Truncate
+from dataplane.replica.events import AppendEntries, AppendEntriesReply
+from dataplane.replica.fencing import EpochCheck, check_epoch
+from dataplane.replica.logview import epoch_before
+
+# A follower's answer when (prev offset, prev epoch) is not in its log: a gap or another epoch.
+MISMATCH = ErrorCode.OFFSET_OUT_OF_RANGE
+
+
+class PushMixin:
+    # ------------------------------------------------------------ leader
+
+    def _push_all(self) -> None:
+        if not self.epoch_durable:
+            return  # serve nothing of this epoch before its start is durable (see _become_leader)
+        for replica_id in self.progress:
+            self._push_to(replica_id)
+
+    def _push_to(self, replica_id: int) -> None:
+        p = self.progress[replica_id]
+        end = self.log.log_end_offset  # what is in the log now, not what this step appends
+        if p.push_next < 0:
+            # New in this epoch: probe from our epoch start; the reply says where it stands.
+            p.push_next = self.epoch_start_offset
+            p.push_recovering = True
+        window = 1 if p.push_recovering else self.push_inflight_max
+        sent = False
+        while len(p.push_inflight) < window and p.push_next < end:
+            records = self.log.read(p.push_next, max_bytes=self.fetch_max_bytes).records
+            chunk_end = p.push_next
+            for _, h in iter_batches(records, validate=False):
+                chunk_end = h.next_offset
+            if chunk_end <= p.push_next:
+                break
+            self._send_append_entries(replica_id, prev_offset=p.push_next, records=records, end=chunk_end,
+                                      flush=self._acks_all_waiting_in(p.flushed_offset, chunk_end))
+            p.push_next = chunk_end
+            sent = True
+            if p.push_recovering and chunk_end >= end:
+                p.push_recovering = False  # caught up: the normal path goes on from here
+                window = self.push_inflight_max
+        if not sent and not p.push_inflight and self.now_ms - p.push_last_sent_ms >= self.fetch_backoff_ms:
+            self._send_append_entries(replica_id, prev_offset=p.push_next, records=b"", end=p.push_next,
+                                      flush=False)
+
+    def _send_append_entries(self, replica_id: int, *, prev_offset: int, records: bytes, end: int,
+                             flush: bool, diverging: tuple[int, int] = (-1, -1), prev_epoch: int | None = None) -> None:
+        p = self.progress[replica_id]
+        p.push_inflight.append((end, self.now_ms))
+        p.push_last_sent_ms = self.now_ms
+        self._send.append(Send(to_broker=replica_id, message=AppendEntries(
+            leader_id=self.replica_id, leader_epoch=self.leader_epoch, prev_offset=prev_offset,
+            prev_epoch=epoch_before(self.log, prev_offset) if prev_epoch is None else prev_epoch, records=records, high_watermark=self.high_watermark,
+            log_end_offset=self.log_end_offset, flush_after_append=flush, diverging_epoch=diverging[0],
+            diverging_end_offset=diverging[1], partition=self.partition)))
+
+    def _on_push_reply(self, ev: AppendEntriesReply) -> None:
+        p = self.progress[ev.replica_id]
+        if ev.error is MISMATCH:
+            # Back to recovery from what the follower really holds; what was in flight is void.
+            p.push_inflight.clear()
+            p.push_recovering = True
+            diverging = self._divergence(ev.log_end_offset, ev.last_epoch)
+            if diverging is not None:
+                p.push_next = diverging[1]
+                # prev_* name the follower's log state this answers, so a late or
+                # duplicated copy cannot cut a log that has moved on (as a fetch answer echoes).
+                self._send_append_entries(ev.replica_id, prev_offset=ev.log_end_offset, records=b"",
+                                          end=-1, flush=False, diverging=diverging, prev_epoch=ev.last_epoch)
+                return
+            p.push_next = min(ev.log_end_offset, self.log.log_end_offset)
+            self._record_progress(ev.replica_id, log_end_offset=ev.log_end_offset,
+                                  match_offset=ev.log_end_offset, flushed_offset=ev.flushed_offset)
+            return
+        if ev.error is not ErrorCode.NONE:
+            return
+        while p.push_inflight and 0 <= p.push_inflight[0][0] <= ev.match_offset:
+            p.push_inflight.popleft()
+        self._record_progress(ev.replica_id, log_end_offset=ev.log_end_offset, match_offset=ev.match_offset,
+                              flushed_offset=ev.flushed_offset)
+
+    def _push_timeouts(self) -> None:
+        for p in self.progress.values():
+            if p.push_inflight and self.now_ms - p.push_inflight[0][1] >= self.fetch_timeout_ms:
+                # The window was lost (or the follower is gone): recover from what it verified.
+                p.push_inflight.clear()
+                p.push_recovering = True
+                p.push_next = min(max(p.match_offset, self.log.log_start_offset), self.log.log_end_offset)
+
+    # ---------------------------------------------------------- follower
+
+    def _on_append_entries(self, ev: AppendEntries) -> None:
+        check = check_epoch(theirs=ev.leader_epoch, ours=self.leader_epoch)
+        if check is EpochCheck.STALE:
+            self._notes.append(Rejected(event="AppendEntries", error=ErrorCode.FENCED_LEADER_EPOCH,
+                                        their_epoch=ev.leader_epoch, our_epoch=self.leader_epoch))
+            self._reply_append_entries(ev.leader_id, error=ErrorCode.FENCED_LEADER_EPOCH)
+            return
+        if check is EpochCheck.NEWER:
+            self._saw_newer_epoch(ev.leader_epoch, f"append-entries from replica {ev.leader_id}")
+            self._reply_append_entries(ev.leader_id, error=ErrorCode.UNKNOWN_LEADER_EPOCH)
+            return
+        if not self._following(ev.leader_id):
+            self._reply_append_entries(ev.leader_id, error=ErrorCode.NOT_LEADER_OR_FOLLOWER)
+            return
+        if ev.diverging_end_offset >= 0:
+            if not self._answers_our_log(ev):
+                return  # computed from another state of our log: late or duplicated
+            self._truncate_diverging(ev.diverging_epoch, ev.diverging_end_offset)
+            self._push_match = min(self._push_match, self.log_end_offset)
+            self._reply_append_entries(ev.leader_id, error=MISMATCH)
+            return
+        prev_ok = ev.prev_offset <= self.log_end_offset and (
+            (ev.prev_offset == self.log.log_start_offset and ev.prev_epoch < 0)
+            or epoch_before(self.log, ev.prev_offset) == ev.prev_epoch)
+        if not prev_ok:
+            self._reply_append_entries(ev.leader_id, error=MISMATCH)
+            return
+        matched = self._apply_pushed(ev.prev_offset, ev.records)
+        if matched is None:
+            return
+        self._push_match = matched
+        self.high_watermark = max(min(ev.high_watermark, matched), min(self.high_watermark, matched))
+        if self.unclean_start and self.log_end_offset >= ev.log_end_offset:
+            self.unclean_start = False
+        if ev.flush_after_append:
+            self._request_flush()
+        self._reply_append_entries(ev.leader_id)
+
+    def _answers_our_log(self, ev: AppendEntries) -> bool:
+        return (ev.prev_offset, ev.prev_epoch) == (self.log_end_offset, self.last_epoch)
+
+    def _apply_pushed(self, prev_offset: int, records: bytes) -> int | None:
+        """Append what we lack after prev_offset; batches we already hold in the same epoch
+        are the same batches (one leader per epoch) and stay; the first batch of another
+        epoch and everything after it is cut. Returns the end of the verified prefix."""
+        try:
+            found = list(iter_batches(records))
+        except CorruptBatchError as exc:
+            self._notes.append(Rejected(event="AppendEntries", error=ErrorCode.CORRUPT_MESSAGE,
+                                        their_epoch=self.leader_epoch, our_epoch=self.leader_epoch, reason=str(exc)))
+            return None
+        offset = prev_offset
+        for i, (pos, h) in enumerate(found):
+            if h.base_offset != offset:
+                self._notes.append(Rejected(event="AppendEntries", error=ErrorCode.INVALID_REQUEST,
+                                            their_epoch=h.leader_epoch, our_epoch=self.leader_epoch,
+                                            reason=f"batch at {h.base_offset}, expected {offset}"))
+                return None
+            if h.next_offset <= self.log_end_offset and epoch_before(self.log, h.next_offset) == h.leader_epoch \
+                    and self._batch_epoch_at(h.base_offset) == h.leader_epoch:
+                offset = h.next_offset
+                continue
+            if offset < self.log_end_offset:
+                self._cut_to(offset)
+            if not self._append_as_follower(bytes(records[pos:])):
+                return None
+            return self.log_end_offset
+        return offset
+
+    def _batch_epoch_at(self, offset: int) -> int:
+        return epoch_before(self.log, offset + 1)
+
+    def _cut_to(self, offset: int) -> None:
+        self._persist.append(Truncate(offset=offset))
+        self._producer_state_stale = True
+        self.log_end_offset = offset
+        self.last_epoch = epoch_before(self.log, offset)
+        self.written_offset = min(self.written_offset, offset)
+        self.flushed_offset = min(self.flushed_offset, offset)
+        self._flush_requested = min(self._flush_requested, offset)
+        self.high_watermark = min(self.high_watermark, offset)
+
+    def _reply_append_entries(self, leader_id: int, *, error: ErrorCode = ErrorCode.NONE) -> None:
+        self._send.append(Send(to_broker=leader_id, message=AppendEntriesReply(
+            replica_id=self.replica_id, leader_epoch=self.leader_epoch, error=error,
+            log_end_offset=self.log_end_offset, flushed_offset=self.flushed_offset,
+            match_offset=min(self._push_match, self.log_end_offset), last_epoch=self.last_epoch,
+            partition=self.partition)))
