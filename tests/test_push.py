@@ -1,0 +1,120 @@
+"""Push replication in the replica core (dataplane/replica/push.py), driven by hand over MemoryLogs."""
+from __future__ import annotations
+
+from common.batch import build_batch, iter_batches
+from common.errors import ErrorCode
+from dataplane.log.memory import MemoryLog
+from dataplane.replica.actions import Send
+from dataplane.replica.core import Replica
+from dataplane.replica.events import (
+    AppendEntries, AppendEntriesReply, FetchRequest, NewMetadata, ProduceRequest, Tick,
+)
+from test_replica_core import Node, config, pump, state
+
+PUSH = config(replication_mode="push")
+
+
+def push_cluster(*, fetch_max_bytes=1024 * 1024, inflight=4, cfg=PUSH, st=None) -> dict[int, Node]:
+    nodes = {i: Node(i, fetch_max_bytes=fetch_max_bytes) for i in (1, 2, 3)}
+    nodes[1].replica = Replica(replica_id=1, log=nodes[1].log, fetch_backoff_ms=10, fetch_max_bytes=fetch_max_bytes,
+                               push_inflight_max=inflight)
+    for n in nodes.values():
+        n.step(NewMetadata(partition=st or state(), config=cfg))
+    return nodes
+
+
+def produce(node: Node, rid: int, acks: int = -1, value: bytes = b"v"):
+    return node.step(ProduceRequest(request_id=rid, records=build_batch([value], timestamp_ms=0), acks=acks,
+                                    timeout_ms=5000))
+
+
+def test_leader_pushes_after_its_write_and_acks_all_completes_without_any_follower_fetch():
+    """Claim: in push mode the leader sends append-entries right after the write; followers append,
+    reply with written/flushed/match offsets, never fetch; the HW passes the batch and acks=all is
+    released."""
+    nodes = push_cluster()
+    pump(nodes, now_ms=0, rounds=5)
+    produce(nodes[1], 1)
+    sent = [s.message for s in nodes[1].actions if isinstance(s, Send)]
+    assert any(isinstance(m, AppendEntries) and m.records for m in sent)
+    pump(nodes, now_ms=100, rounds=10)
+    assert nodes[1].released()[1].error is ErrorCode.NONE
+    for i in (2, 3):
+        assert nodes[i].log.log_end_offset == nodes[1].log.log_end_offset
+        assert not [m for m in nodes[i].sent() if isinstance(m, FetchRequest)]
+
+
+def test_at_most_inflight_max_append_entries_per_follower():
+    """Claim: with replies withheld, a follower never has more than push_inflight_max requests out."""
+    nodes = push_cluster(inflight=2)
+    pump(nodes, now_ms=0, rounds=5)
+    leader = nodes[1]
+    leader.take(Send)
+    for rid in range(1, 8):
+        produce(leader, rid, 1)
+    to_2 = [s for s in leader.take(Send) if s.to_broker == 2 and isinstance(s.message, AppendEntries)]
+    assert 1 <= len(to_2) <= 2
+    assert len(leader.replica.progress[2].push_inflight) <= 2
+
+
+def test_a_follower_far_behind_recovers_chunk_by_chunk_then_rejoins_the_normal_path():
+    """Claim: a follower cut off while the leader wrote is brought up by a recovery loop that reads
+    the log in chunks (one out at a time, no flush asked below waiting acks=all) and ends with the
+    same log as the leader, back on the pipelined path."""
+    nodes = push_cluster(fetch_max_bytes=150)
+    pump(nodes, now_ms=0, rounds=5)
+    leader = nodes[1]
+    for rid in range(1, 30):
+        produce(leader, rid, 1, b"x" * 60)
+    pump(nodes, now_ms=100, rounds=40, drop=(3,))
+    assert nodes[3].log.log_end_offset < leader.log.log_end_offset
+    leader.step(Tick(now_ms=5000))  # its window timed out: recovery
+    assert leader.replica.progress[3].push_recovering
+    chunks = []
+    for _ in range(200):
+        out = [s for s in leader.take(Send) if s.to_broker == 3]
+        assert len([s for s in out if s.message.records]) <= 1 or not leader.replica.progress[3].push_recovering
+        for s in out:
+            if isinstance(s.message, AppendEntries) and s.message.records:
+                chunks.append(s.message)
+        for s in out:
+            nodes[3].step(s.message)
+        for s in nodes[3].take(Send):
+            leader.step(s.message)
+        if nodes[3].log.log_end_offset == leader.log.log_end_offset and not leader.replica.progress[3].push_inflight:
+            break
+    assert len(chunks) >= 5 and not any(c.flush_after_append for c in chunks)
+    assert nodes[3].log.read(0, max_bytes=1 << 20).records == leader.log.read(0, max_bytes=1 << 20).records
+    assert not leader.replica.progress[3].push_recovering
+
+
+def test_a_diverging_follower_is_truncated_by_the_epoch_rule_and_ignores_a_late_copy():
+    """Claim: a follower holding batches of an old epoch the new leader never had is cut back to
+    where that epoch ends on the leader and then receives the leader's batches; a diverging
+    append-entries computed from another state of its log is ignored."""
+    old = MemoryLog()
+    old.append_as_leader(build_batch([b"a"], timestamp_ms=0), leader_epoch=1)
+    old.append_as_leader(build_batch([b"stale"], timestamp_ms=0), leader_epoch=1)
+    new = MemoryLog()
+    new.append_as_leader(build_batch([b"a"], timestamp_ms=0), leader_epoch=1)
+    leader, follower = Node(1, log=new), Node(2, log=old)
+    nodes = {1: leader, 2: follower}
+    st = state(epoch=2, isr=(1, 2), replicas=(1, 2))
+    for n in nodes.values():
+        n.step(NewMetadata(partition=st, config=PUSH))
+    late = AppendEntries(leader_id=1, leader_epoch=2, prev_offset=7, prev_epoch=1, records=b"", high_watermark=0,
+                         diverging_epoch=1, diverging_end_offset=0)
+    follower.step(late)
+    assert follower.log.log_end_offset == 2
+    pump(nodes, now_ms=0, rounds=20)
+    values = [h.leader_epoch for _, h in iter_batches(follower.log.read(0, max_bytes=1 << 20).records)]
+    assert values == [1, 2] and follower.log.log_end_offset == leader.log.log_end_offset
+
+
+def test_stale_epoch_append_entries_is_fenced():
+    """Claim: append-entries from an older leader epoch is refused FENCED_LEADER_EPOCH, nothing appended."""
+    nodes = push_cluster(st=state(epoch=3))
+    ready = nodes[2].replica.step(AppendEntries(leader_id=1, leader_epoch=2, prev_offset=0, prev_epoch=-1,
+                                                records=build_batch([b"x"], timestamp_ms=0), high_watermark=0))
+    replies = [s.message for s in ready.send if isinstance(s.message, AppendEntriesReply)]
+    assert [r.error for r in replies] == [ErrorCode.FENCED_LEADER_EPOCH] and ready.persist == ()
