@@ -209,3 +209,35 @@ def test_heartbeat_refused_as_stale_registers_again():
     calls, fenced = asyncio.run(scenario())
     assert calls[:4] == ["register:False", "heartbeat", "heartbeat", "register:False"]
     assert fenced is False
+
+
+def test_produce_to_a_leader_not_yet_serving_its_epoch_waits_in_order(tmp_path):
+    """A new leader refuses produce until its epoch-start batch is flushed; the driver parks
+    requests meanwhile and steps them in arrival order once it serves (none is refused)."""
+    from common.batch import build_batch
+    from dataplane.broker.partition import PartitionDriver
+    from dataplane.log.interface import LogConfig
+    from dataplane.replica.events import NewMetadata
+    from dataplane.replica.state import PartitionState, ReplicationConfig
+
+    class Hooks:
+        def send_fetch(self, *a): pass
+        def propose_isr(self, *a): pass
+        def report_election(self, *a): pass
+        def refresh_metadata(self, *a): pass
+
+    async def scenario():
+        driver = PartitionDriver(broker_id=1, tp=("t", 0), directory=str(tmp_path / "t-0"), log_config=LogConfig(),
+                                 hooks=Hooks(), unclean_start=False)
+        driver.step(NewMetadata(partition=PartitionState(replicas=(1,), isr=(1,), leader=1, leader_epoch=1,
+                                                         partition_epoch=1), config=ReplicationConfig()))
+        assert driver.is_leader and not driver.replica.epoch_durable
+        futures = [driver.submit_produce(bytearray(build_batch([b"v%d" % i], timestamp_ms=1)), acks=-1,
+                                         timeout_ms=10_000, record_count=1) for i in range(3)]
+        releases = await asyncio.wait_for(asyncio.gather(*futures), 10)
+        await driver.close()
+        return releases
+    releases = asyncio.run(scenario())
+    assert [r.error for r in releases] == [ErrorCode.NONE] * 3
+    first = releases[0].base_offset
+    assert [r.base_offset for r in releases] == [first, first + 1, first + 2]

@@ -16,6 +16,7 @@ answers addressed to a fetcher (a follower or a consumer) are returned by
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import logging
 import time
@@ -55,7 +56,7 @@ def now_ms() -> int:
 class PartitionDriver:
     def __init__(self, *, broker_id: int, tp: TopicPartition, directory: str, log_config: LogConfig,
                  hooks: DriverHooks, unclean_start: bool, flush_debounce_ms: int = 1,
-                 fetch_max_bytes: int = 1024 * 1024) -> None:
+                 fetch_max_bytes: int = 1024 * 1024, parked_max: int = 1000) -> None:
         self.tp = tp
         self.directory = directory
         self.hooks = hooks
@@ -69,6 +70,10 @@ class PartitionDriver:
         self.closed = False
         self._request_ids = itertools.count(1)
         self._produce_waiters: dict[int, asyncio.Future[ReleaseProduce]] = {}
+        # Produce requests waiting for a new leader's epoch start to be flushed, in order.
+        self._parked: collections.deque = collections.deque()
+        self._releasing = False
+        self.parked_max = parked_max
         self._changed: asyncio.Future[None] | None = None
         self._seen = self._observed()
         self._tasks: set[asyncio.Task] = set()
@@ -88,6 +93,8 @@ class PartitionDriver:
         ready = self.replica.step(event)
         answers = self._perform(ready) if ready else []
         self._notify_if_changed()
+        if self._parked and not self._releasing:
+            self._release_parked()
         return answers
 
     def tick(self, now: int) -> None:
@@ -97,7 +104,48 @@ class PartitionDriver:
     def submit_produce(self, records: bytearray, *, acks: int, timeout_ms: int,
                        record_count: int) -> asyncio.Future[ReleaseProduce]:
         """Step the produce into the core now (so requests keep their arrival order);
-        the future resolves when the core releases it."""
+        the future resolves when the core releases it.
+
+        A new leader serves nothing until its epoch-start batch is flushed (a few ms);
+        produce requests arriving meanwhile are parked in order and stepped then,
+        rather than refused: a producer with several batches in flight would otherwise
+        see a refused batch overtaken by a later accepted one."""
+        if self._parked or (self.is_leader and not self.replica.epoch_durable):
+            future: asyncio.Future[ReleaseProduce] = asyncio.get_running_loop().create_future()
+            if len(self._parked) >= self.parked_max:
+                future.set_result(ReleaseProduce(request_id=-1, error=ErrorCode.LEADER_NOT_AVAILABLE))
+                return future
+            self._parked.append((records, acks, timeout_ms, record_count, now_ms() + timeout_ms, future))
+            return future
+        return self._submit_now(records, acks=acks, timeout_ms=timeout_ms, record_count=record_count)
+
+    def _release_parked(self) -> None:
+        """Step parked produce requests, in order, once this leader serves its epoch."""
+        self._releasing = True
+        try:
+            while self._parked:
+                records, acks, timeout_ms, record_count, deadline_ms, outer = self._parked[0]
+                waiting = self.is_leader and not self.replica.epoch_durable
+                if waiting and now_ms() < deadline_ms:
+                    return
+                self._parked.popleft()
+                if outer.done():
+                    continue
+                if waiting:
+                    outer.set_result(ReleaseProduce(request_id=-1, error=ErrorCode.REQUEST_TIMED_OUT))
+                elif not self.is_leader:
+                    outer.set_result(ReleaseProduce(request_id=-1, error=ErrorCode.NOT_LEADER_OR_FOLLOWER))
+                else:
+                    inner = self._submit_now(records, acks=acks, timeout_ms=max(1, deadline_ms - now_ms()),
+                                             record_count=record_count)
+                    inner.add_done_callback(lambda f, outer=outer: outer.done() or outer.set_result(
+                        f.result() if not f.cancelled() else ReleaseProduce(
+                            request_id=-1, error=ErrorCode.NOT_LEADER_OR_FOLLOWER)))
+        finally:
+            self._releasing = False
+
+    def _submit_now(self, records: bytearray, *, acks: int, timeout_ms: int,
+                    record_count: int) -> asyncio.Future[ReleaseProduce]:
         request_id = next(self._request_ids)
         future: asyncio.Future[ReleaseProduce] = asyncio.get_running_loop().create_future()
         self._produce_waiters[request_id] = future
@@ -227,6 +275,10 @@ class PartitionDriver:
             if not future.done():
                 future.set_result(ReleaseProduce(request_id=request_id, error=error))
         self._produce_waiters.clear()
+        while self._parked:
+            future = self._parked.popleft()[-1]
+            if not future.done():
+                future.set_result(ReleaseProduce(request_id=-1, error=error))
 
     def _observed(self) -> tuple:
         r = self.replica
