@@ -322,7 +322,8 @@ class MetadataResponse:
 
 @wire_struct(leader_id=INT32, follower_id=INT32, leader_epoch=INT32, topic=STRING, partition=INT32,
              prev_log_offset=INT64, prev_log_epoch=INT32, high_watermark=INT64, log_start_offset=INT64,
-             flush_after_append=BOOL, records=RECORDS)
+             flush_after_append=BOOL, records=RECORDS, log_end_offset=INT64, truncate_epoch=INT32,
+             truncate_end_offset=INT64)
 class AppendEntriesRequest:
     """Push replication, leader to follower.
 
@@ -344,10 +345,16 @@ class AppendEntriesRequest:
     log_start_offset: int = NO_OFFSET
     flush_after_append: bool = False
     records: Records | None = b""
+    # The leader's log end, and (records empty) where the follower's last epoch ends on the
+    # leader when it diverged: truncate there, by the same rule as a diverging fetch answer.
+    log_end_offset: int = NO_OFFSET
+    truncate_epoch: int = NO_EPOCH
+    truncate_end_offset: int = NO_OFFSET
 
 
 @wire_struct(follower_id=INT32, leader_epoch=INT32, topic=STRING, partition=INT32, error_code=ERROR_CODE,
-             log_end_offset=INT64, flushed_offset=INT64, last_epoch=INT32, diverging_epoch=EpochEndOffset)
+             log_end_offset=INT64, flushed_offset=INT64, last_epoch=INT32, diverging_epoch=EpochEndOffset,
+             match_offset=INT64)
 class AppendEntriesResponse:
     """`leader_epoch` is the follower's current epoch (newer than the request's: the
     sender is fenced). On a mismatch at prev_log_offset, `diverging_epoch` names the
@@ -363,6 +370,7 @@ class AppendEntriesResponse:
     flushed_offset: int = NO_OFFSET
     last_epoch: int = NO_EPOCH
     diverging_epoch: EpochEndOffset = NO_DIVERGENCE
+    match_offset: int = NO_OFFSET  # end of the follower's prefix verified equal to the leader's
 
 
 # ------------------------------------------------------------------ API_VERSIONS

@@ -1,0 +1,160 @@
+"""Push replication transport: the leader's append-entries out, the follower's answers back.
+
+The core decides what to send and how much is in flight (push.py: at most
+`push_inflight_max` per follower, recovery one chunk at a time); this module only
+carries it. One pipelined connection per follower broker carries every partition
+pushed there, so requests of one partition arrive in the order the core sent
+them (a connection answers in order). Each answer is stepped back into the
+partition's core as an AppendEntriesReply.
+
+A lost connection drops what was in flight: the core's window times out and its
+recovery loop resends from what the follower verified. Nothing here retries.
+
+Follower side: `answer_append_entries` turns a wire request into the core's
+event, steps it, and returns the core's reply as the wire response. When the
+leader asked for a flush (acks=all waits on this range) the answer waits for
+that flush, so the reply carries the new flushed offset (Redpanda's rule); other
+appends are flushed on the follower's debounce and reported on the next answer.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Awaitable, Callable
+
+from common.errors import BiplaneError, ErrorCode
+from common.wire import WireClient
+from common.wire import messages as wire
+from dataplane.replica.events import AppendEntries, AppendEntriesReply
+
+log = logging.getLogger("biplane.broker.pusher")
+
+TopicPartition = tuple[str, int]
+AddressOf = Callable[[int], "tuple[str, int] | None"]
+Deliver = Callable[[TopicPartition, AppendEntriesReply], None]
+
+
+def to_wire(tp: TopicPartition, follower_id: int, ev: AppendEntries) -> wire.AppendEntriesRequest:
+    return wire.AppendEntriesRequest(
+        leader_id=ev.leader_id, follower_id=follower_id, leader_epoch=ev.leader_epoch, topic=tp[0],
+        partition=tp[1], prev_log_offset=ev.prev_offset, prev_log_epoch=ev.prev_epoch,
+        high_watermark=ev.high_watermark, flush_after_append=ev.flush_after_append, records=ev.records,
+        log_end_offset=ev.log_end_offset, truncate_epoch=ev.diverging_epoch,
+        truncate_end_offset=ev.diverging_end_offset)
+
+
+def from_wire(req: wire.AppendEntriesRequest) -> AppendEntries:
+    return AppendEntries(leader_id=req.leader_id, leader_epoch=req.leader_epoch, prev_offset=req.prev_log_offset,
+                         prev_epoch=req.prev_log_epoch, records=bytes(req.records or b""),
+                         high_watermark=req.high_watermark, log_end_offset=req.log_end_offset,
+                         flush_after_append=req.flush_after_append, diverging_epoch=req.truncate_epoch,
+                         diverging_end_offset=req.truncate_end_offset, partition=(req.topic, req.partition))
+
+
+def reply_to_wire(tp: TopicPartition, reply: AppendEntriesReply) -> wire.AppendEntriesResponse:
+    return wire.AppendEntriesResponse(
+        follower_id=reply.replica_id, leader_epoch=reply.leader_epoch, topic=tp[0], partition=tp[1],
+        error_code=reply.error, log_end_offset=reply.log_end_offset, flushed_offset=reply.flushed_offset,
+        last_epoch=reply.last_epoch, match_offset=reply.match_offset)
+
+
+def reply_from_wire(resp: wire.AppendEntriesResponse) -> AppendEntriesReply:
+    return AppendEntriesReply(replica_id=resp.follower_id, leader_epoch=resp.leader_epoch, error=resp.error_code,
+                              log_end_offset=resp.log_end_offset, flushed_offset=resp.flushed_offset,
+                              match_offset=max(resp.match_offset, 0), last_epoch=resp.last_epoch,
+                              partition=(resp.topic, resp.partition))
+
+
+class Pusher:
+    """Leader side. `submit` never blocks: the core already bounded what is in flight."""
+
+    def __init__(self, *, broker_id: int, address_of: AddressOf, deliver: Deliver,
+                 reconnect_backoff_ms: int = 100, inflight_requests_max: int = 256,
+                 max_frame_bytes: int = 64 * 1024 * 1024) -> None:
+        self.broker_id = broker_id
+        self.address_of = address_of
+        self.deliver = deliver
+        self.reconnect_backoff_ms = reconnect_backoff_ms
+        self.inflight_requests_max = inflight_requests_max
+        self.max_frame_bytes = max_frame_bytes
+        self._clients: dict[int, WireClient] = {}
+        self._connecting: dict[int, asyncio.Future] = {}
+        self._down_until: dict[int, float] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self._closed = False
+
+    def submit(self, follower_id: int, tp: TopicPartition, ev: AppendEntries) -> None:
+        if self._closed or follower_id == self.broker_id:
+            return
+        loop = asyncio.get_running_loop()
+        if loop.time() < self._down_until.get(follower_id, 0.0):
+            return  # reconnecting later; the core's window times out and it recovers
+        task = loop.create_task(self._send(follower_id, tp, to_wire(tp, follower_id, ev)))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _client(self, follower_id: int) -> WireClient:
+        client = self._clients.get(follower_id)
+        if client is not None and not client.closed:
+            return client
+        pending = self._connecting.get(follower_id)
+        if pending is None:
+            pending = asyncio.ensure_future(self._connect(follower_id))
+            self._connecting[follower_id] = pending
+            pending.add_done_callback(lambda _: self._connecting.pop(follower_id, None))
+        return await asyncio.shield(pending)
+
+    async def _connect(self, follower_id: int) -> WireClient:
+        address = self.address_of(follower_id)
+        if address is None:
+            raise BiplaneError(f"no address known for broker {follower_id}", code=ErrorCode.BROKER_NOT_AVAILABLE)
+        client = await WireClient.connect(*address, max_frame_bytes=self.max_frame_bytes,
+                                          inflight_requests_max=self.inflight_requests_max)
+        self._clients[follower_id] = client
+        return client
+
+    async def _send(self, follower_id: int, tp: TopicPartition, request: wire.AppendEntriesRequest) -> None:
+        try:
+            client = await self._client(follower_id)
+            response = await client.request(request)
+        except (BiplaneError, OSError) as exc:
+            log.debug("append-entries to broker %d for %s-%d failed: %s", follower_id, *tp, exc)
+            self._down_until[follower_id] = asyncio.get_running_loop().time() + self.reconnect_backoff_ms / 1000
+            client = self._clients.pop(follower_id, None)
+            if client is not None:
+                await client.close()
+            return
+        self.deliver(tp, reply_from_wire(response))
+
+    async def close(self) -> None:
+        self._closed = True
+        for task in list(self._tasks):
+            task.cancel()
+        for client in list(self._clients.values()):
+            await client.close()
+        self._clients.clear()
+
+
+async def answer_append_entries(req: wire.AppendEntriesRequest,
+                                step: Callable[[AppendEntries], list],
+                                flushed: Callable[[int], Awaitable[int]] | None = None) -> wire.AppendEntriesResponse:
+    """Follower side. `step` steps the event into the partition's core and returns what it
+    answered (AppendEntriesReply among them); `flushed(offset)`, when given, waits until the
+    log is flushed up to offset and returns the log's flushed offset (used only when the
+    leader asked for flush_after_append, i.e. acks=all requests wait on this range)."""
+    tp = (req.topic, req.partition)
+    replies = [r for r in step(from_wire(req)) if isinstance(r, AppendEntriesReply)]
+    if not replies:
+        # The core ignored it (a late copy computed from another state of our log): an error
+        # the leader's core ignores too; its window times out and recovery takes over.
+        return wire.AppendEntriesResponse(follower_id=req.follower_id, leader_epoch=req.leader_epoch, topic=tp[0],
+                                          partition=tp[1], error_code=ErrorCode.INVALID_REQUEST)
+    reply = replies[-1]
+    if (req.flush_after_append and flushed is not None and reply.error is ErrorCode.NONE
+            and reply.flushed_offset < reply.log_end_offset):
+        now_flushed = await flushed(reply.log_end_offset)
+        reply = AppendEntriesReply(
+            replica_id=reply.replica_id, leader_epoch=reply.leader_epoch, error=reply.error,
+            log_end_offset=reply.log_end_offset, flushed_offset=min(now_flushed, reply.log_end_offset),
+            match_offset=reply.match_offset, last_epoch=reply.last_epoch, partition=reply.partition)
+    return reply_to_wire(tp, reply)
