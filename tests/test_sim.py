@@ -75,3 +75,33 @@ def test_isr_proposals_get_refused_and_the_refusal_reaches_the_leader():
         assert result.violation is None and result.liveness_error is None, f"seed={seed}"
         refused += sum(1 for e in result.trace if e["action"] == "IsrRefused")
     assert refused >= 1
+
+
+def test_push_mode_runs_replicate_by_append_entries_with_recovery_and_divergence():
+    """Claim: push-mode runs (seeds 0-4, quorum/fsync, mode=push) really replicate by append-entries,
+    hit mismatches (recovery) and divergence, and hold every invariant; followers never fetch."""
+    import collections
+    from sim import cluster as sim_cluster
+    counts: collections.Counter = collections.Counter()
+    original = sim_cluster.Simulation._send
+
+    def send(self, src, dst, msg):
+        name = type(msg).__name__
+        counts[name] += 1
+        if name == "AppendEntriesReply" and msg.error.name == "OFFSET_OUT_OF_RANGE":
+            counts["mismatch"] += 1
+        if name == "AppendEntries" and msg.diverging_end_offset >= 0:
+            counts["diverging"] += 1
+        if name == "FetchRequest" and msg.replica_id >= 0:
+            counts["follower_fetch"] += 1
+        return original(self, src, dst, msg)
+
+    sim_cluster.Simulation._send = send
+    try:
+        for seed in range(5):
+            result = run_simulation(seed=seed, policy="quorum", durability="fsync", mode="push")
+            assert result.violation is None and result.liveness_error is None, f"seed={seed}"
+    finally:
+        sim_cluster.Simulation._send = original
+    assert counts["AppendEntries"] >= 500 and counts["mismatch"] >= 5 and counts["diverging"] >= 1
+    assert counts["follower_fetch"] == 0
