@@ -16,8 +16,10 @@ PUSH = config(replication_mode="push")
 
 def push_cluster(*, fetch_max_bytes=1024 * 1024, inflight=4, cfg=PUSH, st=None) -> dict[int, Node]:
     nodes = {i: Node(i, fetch_max_bytes=fetch_max_bytes) for i in (1, 2, 3)}
+    for i in (2, 3):
+        nodes[i].replica.push_capable = True
     nodes[1].replica = Replica(replica_id=1, log=nodes[1].log, fetch_backoff_ms=10, fetch_max_bytes=fetch_max_bytes,
-                               push_inflight_max=inflight)
+                               push_inflight_max=inflight, push_capable=True)
     for n in nodes.values():
         n.step(NewMetadata(partition=st or state(), config=cfg))
     return nodes
@@ -98,6 +100,7 @@ def test_a_diverging_follower_is_truncated_by_the_epoch_rule_and_ignores_a_late_
     new = MemoryLog()
     new.append_as_leader(build_batch([b"a"], timestamp_ms=0), leader_epoch=1)
     leader, follower = Node(1, log=new), Node(2, log=old)
+    leader.replica.push_capable = follower.replica.push_capable = True
     nodes = {1: leader, 2: follower}
     st = state(epoch=2, isr=(1, 2), replicas=(1, 2))
     for n in nodes.values():

@@ -26,7 +26,8 @@ class Driver:
 
     def __init__(self, replica_id: int, on_send) -> None:
         self.log = MemoryLog()
-        self.replica = Replica(replica_id=replica_id, log=self.log, partition=TP, fetch_backoff_ms=5)
+        self.replica = Replica(replica_id=replica_id, log=self.log, partition=TP, fetch_backoff_ms=5,
+                               push_capable=True)
         self.on_send = on_send
         self.released: dict[int, object] = {}
 

@@ -100,7 +100,7 @@ class Replica(PushMixin):
                  fetch_backoff_ms: int = 50, fetch_timeout_ms: int = 1000,
                  isr_proposal_retry_ms: int = 1000, election_report_retry_ms: int = 500,
                  pending_produce_max: int = 10_000, unreplicated_bytes_max: int = 8 * 1024 * 1024,
-                 push_inflight_max: int = 4, producers_max: int = 10_000,
+                 push_inflight_max: int = 4, push_capable: bool = False, producers_max: int = 10_000,
                  producer_idle_ms_max: int = 7 * 24 * 3600 * 1000, unclean_start: bool = False) -> None:
         for name, value in (("fetch_max_bytes", fetch_max_bytes), ("flush_debounce_ms", flush_debounce_ms),
                             ("fetch_backoff_ms", fetch_backoff_ms), ("fetch_timeout_ms", fetch_timeout_ms),
@@ -123,6 +123,9 @@ class Replica(PushMixin):
         self.pending_produce_max = pending_produce_max
         self.unreplicated_bytes_max = unreplicated_bytes_max
         self.push_inflight_max = max(1, push_inflight_max)
+        # A driver that carries append-entries says so; until then push topics replicate by
+        # fetching (every replica of a partition runs the same driver code, so they agree).
+        self.push_capable = push_capable
         # Idempotent producers' state, rebuilt from the log's batch headers on every replica.
         self.producer_state = ProducerStateTable(producers_max=producers_max,
                                                  producer_idle_ms_max=producer_idle_ms_max)
@@ -215,7 +218,7 @@ class Replica(PushMixin):
             self._advance_high_watermark()
             self._admit_backlog()
             self._release_ready()
-            if self.config.replication_mode == "push":
+            if self._pushing:
                 self._push_all()
         if self.flushed_offset < self.log_end_offset and self._unflushed_since_ms is None:
             self._unflushed_since_ms = self.now_ms
@@ -310,7 +313,7 @@ class Replica(PushMixin):
         self.role = Role.FOLLOWER
         self.leader_id = leader_id
         self._push_match = 0
-        if self.config.replication_mode == "pull":
+        if not self._pushing:
             self._send_fetch()
 
     def _become_election(self) -> None:
@@ -625,7 +628,7 @@ class Replica(PushMixin):
             return
         if self.role is not Role.LEADER or ev.replica_id not in self.progress:
             return
-        if self.config.replication_mode == "push":
+        if self._pushing:
             self._on_push_reply(ev)
             return
         if ev.error is not ErrorCode.NONE:
@@ -821,6 +824,10 @@ class Replica(PushMixin):
         self.last_epoch = headers[-1].leader_epoch
         return True
 
+    @property
+    def _pushing(self) -> bool:
+        return self.push_capable and self.config.replication_mode == "push"
+
     def _following(self, leader_id: int) -> bool:
         return self.role is Role.FOLLOWER and self.leader_id == leader_id
 
@@ -840,7 +847,7 @@ class Replica(PushMixin):
         elif self.role is Role.FOLLOWER and self.flushed_offset > self._reported_flushed:
             # The leader may be holding acks=all for this flush: tell it now rather than
             # on the next (possibly long-polling) fetch.
-            if self.config.replication_mode == "push":
+            if self._pushing:
                 self._reported_flushed = self.flushed_offset
                 self._reply_append_entries(self.leader_id)
             else:
@@ -872,7 +879,7 @@ class Replica(PushMixin):
                 if self.now_ms >= deadline_ms:
                     del self._backlog[request_id]
                     self._release.append(ReleaseProduce(request_id=request_id, error=ErrorCode.REQUEST_TIMED_OUT))
-            if self.config.replication_mode == "push":
+            if self._pushing:
                 self._push_timeouts()
             if self.pending_isr is not None:
                 if self.now_ms - self._pending_isr_sent_ms >= self.isr_proposal_retry_ms:
@@ -880,7 +887,7 @@ class Replica(PushMixin):
                     self._send_isr_proposal()
             else:
                 self._maybe_change_isr()
-        elif self.role is Role.FOLLOWER and self.config.replication_mode == "push":
+        elif self.role is Role.FOLLOWER and self._pushing:
             pass  # the leader drives a push follower (heartbeats, recovery)
         elif self.role is Role.FOLLOWER:
             if self._fetch_inflight:
