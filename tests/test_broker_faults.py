@@ -133,9 +133,10 @@ async def read_all(cluster: Cluster, topic: str, until_offset: int) -> list[tupl
     raise AssertionError(f"HW never reached {until_offset}")
 
 
-@pytest.mark.parametrize("policy", ["quorum", "isr"])
-def test_kill_leader_repeatedly_loses_no_acknowledged_record(tmp_path, policy):
-    config = {"commit_policy": policy, "min_insync_replicas": 2, "replica_lag_time_max_ms": 3000}
+@pytest.mark.parametrize("policy,mode", [("quorum", "pull"), ("isr", "pull"), ("quorum", "push")])
+def test_kill_leader_repeatedly_loses_no_acknowledged_record(tmp_path, policy, mode):
+    config = {"commit_policy": policy, "min_insync_replicas": 2, "replica_lag_time_max_ms": 3000,
+              "replication_mode": mode}
     with Cluster(tmp_path, brokers=3) as cluster:
         cluster.create_topic("t", partitions=1, replication_factor=3, config=config)
 
@@ -167,7 +168,7 @@ def test_kill_leader_repeatedly_loses_no_acknowledged_record(tmp_path, policy):
             check_acknowledged(producer.acked, log, producer.sent)
             truncations = sum(b.log_path.read_text(errors="replace").count("truncates its log")
                               for b in cluster.brokers.values())
-            print(f"policy={policy} killed={killed} acked={len(producer.acked)} stored={len(log)} "
+            print(f"policy={policy} mode={mode} killed={killed} acked={len(producer.acked)} stored={len(log)} "
                   f"truncations={truncations} errors={producer.errors}")
         try:
             asyncio.run(asyncio.wait_for(scenario(), 150))

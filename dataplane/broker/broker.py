@@ -27,6 +27,7 @@ from dataplane.broker.metadata import MetadataLearner
 from dataplane.broker.metrics import render_metrics
 from dataplane.broker.partition import now_ms
 from dataplane.broker.producer_ids import ProducerIds
+from dataplane.broker.pusher import Pusher
 from dataplane.broker.replicas import ReplicaManager
 from dataplane.broker.server import RequestHandler
 from dataplane.log.lock import DirectoryLock
@@ -49,6 +50,7 @@ class Broker:
         # Built by start(); stop() closes whichever exist (start may fail half way).
         self.control: ControlClient | None = None
         self.fetcher: Fetcher | None = None
+        self.pusher: Pusher | None = None
         self.replicas: ReplicaManager | None = None
 
     async def __aenter__(self) -> "Broker":
@@ -76,8 +78,11 @@ class Broker:
                                fetch_error_backoff_ms=c.fetch_error_backoff_ms,
                                reconnect_backoff_ms_max=c.reconnect_backoff_ms_max,
                                request_timeout_ms=c.request_timeout_ms, max_frame_bytes=c.max_frame_bytes)
+        self.pusher = Pusher(broker_id=c.broker_id, address_of=self._address_of, deliver=self._deliver,
+                             max_frame_bytes=c.max_frame_bytes)
         self.replicas = ReplicaManager(config=c, control=self.control, clean_start=clean,
-                                       send_fetch=self.fetcher.submit, refresh_metadata=self.learner.refresh_soon)
+                                       send_fetch=self.fetcher.submit, send_append_entries=self.pusher.submit,
+                                       refresh_metadata=self.learner.refresh_soon)
         self.producer_ids = ProducerIds(self.control, broker_id=c.broker_id, block_size=c.producer_id_block_size)
         self.handler = RequestHandler(broker_id=c.broker_id, image=lambda: self.learner.image,
                                       replicas=self.replicas, producer_ids=self.producer_ids,
@@ -137,6 +142,8 @@ class Broker:
                 pass
         if self.fetcher is not None:
             await self.fetcher.close()
+        if self.pusher is not None:
+            await self.pusher.close()
         if self.replicas is not None:
             await self.replicas.close()
         if self.control is not None:

@@ -31,7 +31,9 @@ from dataplane.replica.actions import (
     StopLeading, Truncate,
 )
 from dataplane.replica.core import Replica, Role
-from dataplane.replica.events import FetchRequest, FetchResponse, FlushDone, ProduceRequest, Tick, WriteDone
+from dataplane.replica.events import (
+    AppendEntries, AppendEntriesReply, FetchRequest, FetchResponse, FlushDone, ProduceRequest, Tick, WriteDone,
+)
 
 log = logging.getLogger("biplane.broker.partition")
 
@@ -40,6 +42,7 @@ TopicPartition = tuple[str, int]
 
 class DriverHooks(Protocol):
     def send_fetch(self, leader_id: int, tp: TopicPartition, request: FetchRequest) -> None: ...
+    def send_append_entries(self, follower_id: int, tp: TopicPartition, message: AppendEntries) -> None: ...
     def propose_isr(self, tp: TopicPartition, proposal: ProposeIsr) -> None: ...
     def report_election(self, tp: TopicPartition, report: ReportElection) -> None: ...
     def refresh_metadata(self, tp: TopicPartition, reason: str) -> None: ...
@@ -165,10 +168,18 @@ class PartitionDriver:
     def fetch(self, request: FetchRequest) -> FetchResponse:
         """Answer one fetch (a follower's or a consumer's) as the core decides, right now."""
         for answer in self.step(request):
-            if answer.fetch_offset == request.fetch_offset:
+            if isinstance(answer, FetchResponse) and answer.fetch_offset == request.fetch_offset:
                 self.fetch_bytes += len(answer.records)
                 return answer
         raise AssertionError(f"core gave no answer to {request}")
+
+    async def flushed_to(self, offset: int) -> int:
+        """Wait until the log is flushed up to `offset` (or cut below it); the flushed offset."""
+        try:
+            await self.coalescer.flush_to(min(offset, self.log.log_end_offset))
+        except (LogTruncatedError, InvalidRequestError):
+            pass
+        return self.log.flushed_offset
 
     def changed(self) -> asyncio.Future[None]:
         """Resolves at the next change of log end, HW, epoch or role (long-polling fetches wait on it)."""
@@ -204,11 +215,12 @@ class PartitionDriver:
                 message = action.message
                 if isinstance(message, FetchRequest):
                     self.hooks.send_fetch(action.to_broker, self.tp, message)
-                elif isinstance(message, FetchResponse):
-                    answers.append(message)
+                elif isinstance(message, AppendEntries):
+                    self.hooks.send_append_entries(action.to_broker, self.tp, message)
+                elif isinstance(message, (FetchResponse, AppendEntriesReply)):
+                    answers.append(message)  # to the fetch / append-entries being answered
                 else:
-                    log.debug("dropping %s to broker %d: push replication is not wired here",
-                              type(message).__name__, action.to_broker)
+                    raise AssertionError(f"core sent {type(message).__name__}: no transport for it")
             elif isinstance(action, ProposeIsr):
                 self.hooks.propose_isr(self.tp, action)
             elif isinstance(action, ReportElection):

@@ -30,7 +30,7 @@ from dataplane.broker.config import BrokerConfig
 from dataplane.broker.partition import PartitionDriver, TopicPartition, now_ms
 from dataplane.log.interface import LogConfig
 from dataplane.replica.actions import ProposeIsr, ReportElection
-from dataplane.replica.events import FetchRequest, IsrChangeRefused, NewMetadata
+from dataplane.replica.events import AppendEntries, FetchRequest, IsrChangeRefused, NewMetadata
 from dataplane.replica.state import PartitionState, ReplicationConfig
 
 log = logging.getLogger("biplane.broker.replicas")
@@ -52,12 +52,14 @@ def log_config_of(topic: TopicInfo) -> LogConfig:
 class ReplicaManager:
     def __init__(self, *, config: BrokerConfig, control: ControlClient, clean_start: bool,
                  send_fetch: Callable[[int, TopicPartition, FetchRequest], None],
+                 send_append_entries: Callable[[int, TopicPartition, AppendEntries], None],
                  refresh_metadata: Callable[[], None]) -> None:
         self.config = config
         self.broker_id = config.broker_id
         self.control = control
         self.clean_start = clean_start
         self._send_fetch = send_fetch
+        self._send_append_entries = send_append_entries
         self._refresh_metadata = refresh_metadata
         self.drivers: dict[TopicPartition, PartitionDriver] = {}
         self._fed: dict[TopicPartition, tuple] = {}
@@ -146,6 +148,9 @@ class ReplicaManager:
 
     def send_fetch(self, leader_id: int, tp: TopicPartition, request: FetchRequest) -> None:
         self._send_fetch(leader_id, tp, request)
+
+    def send_append_entries(self, follower_id: int, tp: TopicPartition, message: AppendEntries) -> None:
+        self._send_append_entries(follower_id, tp, message)
 
     def propose_isr(self, tp: TopicPartition, proposal: ProposeIsr) -> None:
         if tp in self._isr_inflight:

@@ -27,6 +27,7 @@ from common.wire import RequestHeader
 from common.wire import messages as wire
 from dataplane.broker.partition import PartitionDriver
 from dataplane.broker.producer_ids import ProducerIds
+from dataplane.broker.pusher import answer_append_entries
 from dataplane.broker.replicas import ReplicaManager
 from dataplane.replica.events import FetchRequest
 from dataplane.replica.fencing import EpochCheck, check_epoch
@@ -88,8 +89,7 @@ class RequestHandler:
         if kind is wire.InitProducerIdRequest:
             return await self.init_producer_id(request)
         if kind is wire.AppendEntriesRequest:
-            return wire.AppendEntriesResponse(follower_id=self.broker_id, leader_epoch=-1, topic=request.topic,
-                                              partition=request.partition, error_code=ErrorCode.INVALID_REQUEST)
+            return await self.append_entries(request)
         raise AssertionError(f"no handler for {kind.__name__}")
 
     # ------------------------------------------------------------ shared
@@ -300,6 +300,24 @@ class RequestHandler:
             by_topic.setdefault(topic, []).append(a)
         return wire.FetchResponse(topics=tuple(
             wire.FetchTopicResponse(topic=t, partitions=tuple(ps)) for t, ps in by_topic.items()))
+
+    # ------------------------------------------------------------ push replication
+
+    async def append_entries(self, request: wire.AppendEntriesRequest) -> wire.AppendEntriesResponse:
+        """A push leader's append-entries, stepped into this follower's core (before the first
+        await, so one connection's requests reach the core in order)."""
+        driver, error = self._locate(request.topic, request.partition)
+        if driver is None:
+            self.counters.error(error)
+            return wire.AppendEntriesResponse(follower_id=self.broker_id, leader_epoch=-1, topic=request.topic,
+                                              partition=request.partition, error_code=error)
+        try:
+            return await answer_append_entries(request, driver.step, flushed=driver.flushed_to)
+        except BiplaneError as exc:
+            self.counters.error(exc.code)
+            return wire.AppendEntriesResponse(follower_id=self.broker_id, leader_epoch=driver.replica.leader_epoch,
+                                              topic=request.topic, partition=request.partition,
+                                              error_code=exc.code)
 
     # ------------------------------------------------------------ list offsets
 
