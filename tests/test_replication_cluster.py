@@ -1,0 +1,112 @@
+"""Process-level replication tests (1 controller + 3 brokers on loopback): a stopped follower
+catches up and rejoins, and overload makes producers wait without losing acknowledged data.
+Kill -9 of a push-mode leader is covered by tests/test_broker_faults.py (quorum-push)."""
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import pytest
+
+from cluster_harness import Cluster, make_batch, produce
+from common.errors import ErrorCode
+from common.wire import WireClient
+from controller_harness import wait_until
+from test_broker_faults import read_all
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+
+@pytest.mark.parametrize("mode", ["pull", "push"])
+def test_stopped_follower_catches_up_and_rejoins_the_isr(tmp_path, mode):
+    """SIGSTOP a follower while acks=all traffic goes on: it leaves the ISR (acks=all keeps
+    completing on the other two); after SIGCONT it catches up (recovery in push mode) and is
+    back in the ISR with the same log as the leader."""
+    with Cluster(tmp_path, brokers=3) as cluster:
+        cluster.create_topic("s", partitions=1, replication_factor=3,
+                             config={"commit_policy": "isr", "min_insync_replicas": 2,
+                                     "replica_lag_time_max_ms": 1500, "replication_mode": mode})
+        leader = cluster.wait_leader("s", 0)
+        follower = next(b for b in cluster.brokers if b != leader)
+
+        async def produce_for(seconds: float) -> list[tuple[int, bytes]]:
+            acked = []
+            async with await WireClient.connect(*cluster.address(leader)) as client:
+                stop = time.monotonic() + seconds
+                seq = 0
+                while time.monotonic() < stop:
+                    values = [b"%s-%06d" % (mode.encode(), seq + i) for i in range(20)]
+                    seq += 20
+                    r = await produce(client, "s", 0, make_batch(values), acks=-1, timeout_ms=10_000)
+                    if r.error_code is ErrorCode.NONE:
+                        acked += [(r.base_offset + i, v) for i, v in enumerate(values)]
+            return acked
+
+        cluster.brokers[follower].pause()
+        try:
+            acked = asyncio.run(produce_for(4.0))
+            wait_until(lambda: follower not in cluster.partition("s", 0)["isr"], 20, "follower shrunk out of ISR")
+        finally:
+            cluster.brokers[follower].resume()
+        assert acked, "acks=all must go on with the other two replicas"
+        acked += asyncio.run(produce_for(1.0))
+        wait_until(lambda: follower in cluster.partition("s", 0)["isr"], 30, "follower back in the ISR")
+        log = asyncio.run(read_all(cluster, "s", acked[-1][0] + 1))
+        at = dict(log)
+        assert all(at.get(o) == v for o, v in acked), "an acknowledged record is missing"
+
+
+def test_overload_makes_producers_wait_and_loses_nothing_acknowledged(tmp_path):
+    """With one follower stopped on a quorum topic needing all 3 replicas, the HW cannot move:
+    acks=1 producers fill the leader's unreplicated-bytes bound and then WAIT (their requests time
+    out as REQUEST_TIMED_OUT, no other error), the leader's memory stays bounded and no broker
+    dies; after SIGCONT every acknowledged acks=all record is in the log."""
+    with Cluster(tmp_path, brokers=3) as cluster:
+        cluster.create_topic("o", partitions=1, replication_factor=3,
+                             config={"commit_policy": "quorum", "quorum_required_acks": 3})
+        leader = cluster.wait_leader("o", 0)
+        follower = next(b for b in cluster.brokers if b != leader)
+        payload = [os.urandom(1024) for _ in range(32)]
+
+        async def scenario() -> tuple[dict, list, list[int]]:
+            errors: dict[str, int] = {}
+            acked_all: list[tuple[int, bytes]] = []
+            async with await WireClient.connect(*cluster.address(leader)) as c:
+                for i in range(5):
+                    values = [b"all-%d" % i]
+                    r = await produce(c, "o", 0, make_batch(values), acks=-1)
+                    assert r.error_code is ErrorCode.NONE
+                    acked_all.append((r.base_offset, values[0]))
+            cluster.brokers[follower].pause()
+            rss: list[int] = []
+            clients = [await WireClient.connect(*cluster.address(leader)) for _ in range(4)]
+
+            async def flood(client):
+                stop = time.monotonic() + 6
+                while time.monotonic() < stop:
+                    r = await produce(client, "o", 0, make_batch(payload), acks=1, timeout_ms=1000)
+                    errors[r.error_code.name] = errors.get(r.error_code.name, 0) + 1
+
+            async def sample():
+                for _ in range(6):
+                    status = open(f"/proc/{cluster.brokers[leader].proc.pid}/status").read()
+                    rss.append(int(next(l for l in status.splitlines() if l.startswith("VmRSS")).split()[1]))
+                    await asyncio.sleep(1)
+            await asyncio.gather(sample(), *(flood(c) for c in clients for _ in range(8)))
+            for c in clients:
+                await c.close()
+            return errors, acked_all, rss
+
+        try:
+            errors, acked_all, rss = asyncio.run(scenario())
+        finally:
+            cluster.brokers[follower].resume()
+        assert set(errors) <= {"NONE", "REQUEST_TIMED_OUT"}, errors
+        assert errors.get("REQUEST_TIMED_OUT", 0) > 0, f"producers never had to wait: {errors}"
+        # 32 in flight x 32 KiB plus an 8 MiB bound: far below what 6 s of unbounded acks=1 would hold.
+        assert max(rss) - rss[0] < 128 * 1024, f"leader RSS grew {(max(rss) - rss[0]) // 1024} MiB: {rss}"
+        assert all(b.proc.poll() is None for b in cluster.brokers.values()), "a broker died"
+        log = asyncio.run(read_all(cluster, "o", acked_all[-1][0] + 1))
+        at = dict(log)
+        assert all(at.get(o) == v for o, v in acked_all)
