@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """Broker figures on loopback: 1 controller + 3 broker processes, RF 3, 1 KiB records.
 
-Prints, for acks=1 and acks=all under commit_policy `isr` and `quorum`:
+Prints, for acks=1 and acks=all under commit_policy `isr` and `quorum` (pull and
+push replication):
 records/s, MB/s and p50/p99 produce latency of a simple wire-level producer
 (one pre-built 32 KiB batch of 32 records, resent; `--connections` connections
 with `--inflight` requests pipelined on each); then the
 partition failover time from kill -9 of a leader to the first acknowledged
 acks=all produce on the new leader (median of `--failovers` runs per policy).
 
-    .venv/bin/python scripts/bench_broker.py [--seconds 5] [--connections 1] [--inflight 8] [--failovers 3]
+    .venv/bin/python scripts/bench_broker.py [--seconds 5] [--connections 1] [--inflight 8] [--failovers 3] [--modes pull,push]
 """
 from __future__ import annotations
 
@@ -125,6 +126,7 @@ def main() -> int:
     ap.add_argument("--connections", type=int, default=1)
     ap.add_argument("--inflight", type=int, default=8, help="requests in flight per connection")
     ap.add_argument("--failovers", type=int, default=3)
+    ap.add_argument("--modes", default="pull,push", help="replication modes to measure (pull, push)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-broker-") as tmp:
         with Cluster(Path(tmp), brokers=3, broker_args=["--log-level", "WARNING"]) as cluster:
@@ -132,16 +134,17 @@ def main() -> int:
                   f"({RECORD_BYTES * RECORDS_PER_BATCH // 1024} KiB), {args.connections} connection(s) x "
                   f"{args.inflight} in flight, "
                   f"{args.seconds:.0f} s per row, load avg {os.getloadavg()[0]:.2f}")
-            print(f"{'policy':<8}{'acks':>5}{'records/s':>12}{'MB/s':>9}{'p50 ms':>9}{'p99 ms':>9}  errors")
-            for policy in ("isr", "quorum"):
-                topic = f"bench-{policy}"
-                cluster.create_topic(topic, partitions=1, replication_factor=3,
-                                     config={"commit_policy": policy, "min_insync_replicas": 2})
-                for acks in (1, -1):
-                    r = asyncio.run(throughput(cluster, topic, acks, args.seconds, args.connections,
-                                               args.inflight))
-                    print(f"{policy:<8}{'all' if acks == -1 else acks:>5}{r['records_per_s']:>12,.0f}"
-                          f"{r['mb_per_s']:>9.1f}{r['p50_ms']:>9.2f}{r['p99_ms']:>9.2f}  {r['errors'] or ''}")
+            print(f"{'mode':<6}{'policy':<8}{'acks':>5}{'records/s':>12}{'MB/s':>9}{'p50 ms':>9}{'p99 ms':>9}  errors")
+            for mode in args.modes.split(","):
+                for policy in ("isr", "quorum"):
+                    topic = f"bench-{mode}-{policy}"
+                    cluster.create_topic(topic, partitions=1, replication_factor=3, config={
+                        "commit_policy": policy, "min_insync_replicas": 2, "replication_mode": mode})
+                    for acks in (1, -1):
+                        r = asyncio.run(throughput(cluster, topic, acks, args.seconds, args.connections,
+                                                   args.inflight))
+                        print(f"{mode:<6}{policy:<8}{'all' if acks == -1 else acks:>5}{r['records_per_s']:>12,.0f}"
+                              f"{r['mb_per_s']:>9.1f}{r['p50_ms']:>9.2f}{r['p99_ms']:>9.2f}  {r['errors'] or ''}")
             for policy in ("isr", "quorum"):
                 topic = f"failover-{policy}"
                 cluster.create_topic(topic, partitions=1, replication_factor=3,
