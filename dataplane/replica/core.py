@@ -5,6 +5,12 @@ actions, followers are tracked through epoch-checked fetches, the high
 watermark (HW) follows `watermark.py`, produce requests are released through
 one path whatever their acks, ISR changes are proposed to the controller, and
 a quorum-election fence is answered with a report of the flushed log.
+Also here: idempotent producers (producer_state.py: duplicates answered with their
+original offsets, gaps and fenced epochs refused; rebuilt from the log on every
+replica), backpressure (produce requests wait while the bytes written in this epoch
+and not passed by the HW exceed `unreplicated_bytes_max`), lazy flush (a follower is
+asked to flush after an append only when acks=all requests wait on that range), and
+push replication (push.py, when the driver is `push_capable`).
 
 Time enters only through Tick(now_ms); the log is read through `LogView`.
 Roles:
