@@ -68,7 +68,8 @@ class PartitionDriver:
         # fetch_backoff_ms=0: the fetcher long-polls, so an empty answer already waited;
         # the fetcher itself backs off after errors.
         self.replica = Replica(replica_id=broker_id, log=self.log, partition=tp, now_ms=now_ms(),
-                               fetch_backoff_ms=0, fetch_max_bytes=fetch_max_bytes, unclean_start=unclean_start)
+                               fetch_backoff_ms=0, fetch_max_bytes=fetch_max_bytes, unclean_start=unclean_start,
+                               push_capable=True)  # this driver carries append-entries (pusher.py)
         self.failed: str | None = None
         self.closed = False
         self._request_ids = itertools.count(1)
