@@ -148,6 +148,8 @@ class Simulation:
         self.idem_next_seq = 0
         self.idem_out: dict[int, dict] = {}  # sequence -> {"records", "rid", "retry_ms"}
         self.idem_acked = 0
+        self._trace("Config", replicas=list(self.node_ids), policy=policy, durability=durability,
+                    mode=self.mode, quorum_required_acks=q, min_insync_replicas=2)
         for i in self.node_ids:
             self._start(self.nodes[i], unclean=False)
             self._at(self.rng.randint(0, TICK_MS - 1), "tick", i)
@@ -203,7 +205,11 @@ class Simulation:
             return
         self.dirty = True
         hw_before = node.replica.high_watermark
+        flushed_before = node.replica.flushed_offset
         ready = node.replica.step(event)
+        # Flush before the HW it may have moved, so a trace checker sees the cause first.
+        if self.trace is not None and node.replica.flushed_offset != flushed_before:
+            self._trace_node("Flush", node, previous=flushed_before)
         if self.trace is not None and node.replica.high_watermark != hw_before:
             self._trace_node("AdvanceHighWatermark", node, previous=hw_before)
         written: list[int] = []
