@@ -252,15 +252,18 @@ class Simulation:
             info = log.append_as_follower(action.records)
         assert (info.base_offset, info.last_offset) == (action.base_offset, action.last_offset), (info, action)
         base = action.base_offset
+        batches = []  # [base, next, epoch] per batch, for the trace
         for pos, h in iter_batches(action.records, validate=False):
             ident = bytes(action.records[pos + HEADER_SIZE:pos + h.size_bytes])
             if action.as_leader:
                 node.shadow_append(base, base + h.record_count, action.leader_epoch, ident)
+                batches.append([base, base + h.record_count, action.leader_epoch])
                 base += h.record_count
             else:
                 node.shadow_append(h.base_offset, h.next_offset, h.leader_epoch, ident)
+                batches.append([h.base_offset, h.next_offset, h.leader_epoch])
         self._trace_node("Append", node, as_leader=action.as_leader, base_offset=action.base_offset,
-                         last_offset=action.last_offset, epoch=action.leader_epoch)
+                         last_offset=action.last_offset, epoch=action.leader_epoch, batches=batches)
 
     def _on_release(self, node: SimNode, release: ReleaseProduce) -> None:
         req = self.requests.get(release.request_id)
