@@ -26,9 +26,9 @@ pytestmark = pytest.mark.slow
 
 
 def readme_example() -> str:
-    text = (REPO / "docs" / "README-client.md").read_text()
+    text = (REPO / "README.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", text, re.S)
-    assert blocks, "docs/README-client.md has no ```python block"
+    assert blocks, "README.md has no ```python block"
     return blocks[0]
 
 
