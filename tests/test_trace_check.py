@@ -210,17 +210,18 @@ def test_acknowledging_above_the_hw_is_rejected():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mutant,policy,durability,rule", [
-    ("count_written_under_fsync", "isr", "fsync", "Committable"),
-    ("no_divergence_check", "isr", "write", "Committable"),
-    ("push_stale_divergence", "quorum", "write", "TruncateBelowHW"),
+@pytest.mark.parametrize("mutant,policy,durability,mode,rule", [
+    ("count_written_under_fsync", "isr", "fsync", None, "Committable"),
+    ("no_divergence_check", "isr", "write", None, "Committable"),
+    # the simulation's own checkers miss this one in these seeds; the spec's truncation rule does not
+    ("push_stale_divergence", "quorum", "write", "push", "TruncateBelowHW"),
 ])
-def test_a_mutant_cores_trace_is_rejected(mutant, policy, durability, rule):
+def test_a_mutant_cores_trace_is_rejected(mutant, policy, durability, mode, rule):
     """Seeds 0..11 with a known-bad core: at least one trace is rejected, for the broken rule."""
     caught = []
     with mutants.MUTANTS[mutant]():
         for seed in range(12):
-            result = run_simulation(seed=seed, policy=policy, durability=durability, trace=True)
+            result = run_simulation(seed=seed, policy=policy, durability=durability, mode=mode, trace=True)
             try:
                 trace_check.check_trace(result.trace)
             except trace_check.TraceViolation as v:
