@@ -179,6 +179,20 @@ def test_a_leader_lacking_an_acked_entry_is_rejected():
     assert (v.index, v.rule) == (len(t.entries) - 1, "LeaderCompleteness")
 
 
+def test_leading_an_epoch_again_after_a_crash_is_rejected():
+    """Leader 1 crashes before flushing its epoch-1 entry, which follower 2 already holds, and
+    leads epoch 1 again from an empty log: its new entry would share (offset, epoch) with another."""
+    t = Trace().meta(1, 1)
+    for r in (1, 2, 3):
+        t.vars[r]["leader_epoch"] = 1
+    t.append(1, 1, as_leader=True).append(2, 1, as_leader=False).flush(2)
+    t.node("Crash", 1).node("Restart", 1, role="unattached", log_end_offset=0)
+    t.append(1, 1, as_leader=True)
+    v = rejected(t)
+    assert (v.index, v.rule) == (len(t.entries) - 1, "Learn")
+    assert "replicas [2] hold entries of its first term" in str(v)
+
+
 def test_hw_moving_back_on_a_leader_is_rejected():
     t = committed_one().hw(1, 0)
     v = rejected(t)
@@ -215,6 +229,8 @@ def test_acknowledging_above_the_hw_is_rejected():
     ("no_divergence_check", "isr", "write", None, "Committable"),
     # the simulation's own checkers miss this one in these seeds; the spec's truncation rule does not
     ("push_stale_divergence", "quorum", "write", "push", "TruncateBelowHW"),
+    # and this one (tests/sim/README.md: random search rarely finds it), by the spec's Learn
+    ("serve_before_epoch_durable", "quorum", "fsync", "pull", "Learn"),
 ])
 def test_a_mutant_cores_trace_is_rejected(mutant, policy, durability, mode, rule):
     """Seeds 0..11 with a known-bad core: at least one trace is rejected, for the broken rule."""

@@ -31,6 +31,7 @@ class Replica:
     role: str = "unattached"
     hw: int = 0
     down: bool = False
+    incarnation: int = 0
     crash_flushed: int = 0
 
 
@@ -65,6 +66,7 @@ class TraceChecker:
         self.fenced = False
         self.reports: dict[int, dict[int, tuple]] = {}   # fenced epoch -> replica -> (le, off)
         self.leader_of: dict[int, int] = {}              # epoch -> its one leader
+        self.led_in: dict[tuple, int] = {}               # (replica, epoch) -> incarnation that led it
         self.support: dict[tuple, dict[int, int]] = {}   # (leader, epoch) -> replica -> stored match
         self.leader_hw: dict[tuple, int] = {}            # (leader, epoch) -> highest HW
         self.committed: list = []                        # longest prefix any leader's HW passed
@@ -104,6 +106,18 @@ class TraceChecker:
         # The core's log end is not compared here: within one step it already counts the
         # appends and truncations its Ready asks for, which the trace lists after this entry.
         if r.role == "leader":
+            # Learn: a replica that crashed while leading an epoch never leads it again. The core
+            # may, when nothing of that epoch survived anywhere (its epoch start was never flushed,
+            # and it serves nothing before): the two incarnations are then indistinguishable
+            # from one. Otherwise the second writes other entries under the same (offset, epoch).
+            led = self.led_in.setdefault((e["replica"], r.epoch), r.incarnation)
+            if led != r.incarnation:
+                holders = sorted(rid for rid, x in self.replicas.items() if r.epoch in x.log)
+                if holders:
+                    self.fail("Learn", f"replica {e['replica']} leads epoch {r.epoch} again after a crash "
+                                       f"while leading it, and replicas {holders} hold entries of its "
+                                       f"first term")
+                self.led_in[(e["replica"], r.epoch)] = r.incarnation
             first = self.leader_of.setdefault(r.epoch, e["replica"])
             if first != e["replica"]:
                 self.fail("OneLeaderPerEpoch", f"replicas {first} and {e['replica']} both lead epoch {r.epoch}")
@@ -159,6 +173,7 @@ class TraceChecker:
 
     def on_Append(self, e: dict) -> None:
         rid, r = e["replica"], self.replicas[e["replica"]]
+        self.take_vars(r, e)   # before the entries land: Learn judges the log as it was
         if e["base_offset"] != len(r.log):
             self.fail("Append", f"replica {rid} appends at {e['base_offset']} but its log ends at {len(r.log)}")
         for base, nxt, epoch in e["batches"]:
@@ -173,7 +188,6 @@ class TraceChecker:
             if r.log and epoch < r.log[-1]:
                 self.fail("Append", f"replica {rid} appends epoch {epoch} after epoch {r.log[-1]}")
             r.log.extend([epoch] * (nxt - base))
-        self.take_vars(r, e)
 
     def on_Truncate(self, e: dict) -> None:
         rid, r = e["replica"], self.replicas[e["replica"]]
@@ -191,6 +205,7 @@ class TraceChecker:
         r = self.replicas[e["replica"]]
         self.take_vars(r, e)
         r.down, r.crash_flushed, r.role, r.hw = True, r.flushed, "stopped", 0
+        r.incarnation += 1
 
     def on_Restart(self, e: dict) -> None:
         rid, r = e["replica"], self.replicas[e["replica"]]
