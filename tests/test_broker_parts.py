@@ -241,3 +241,110 @@ def test_produce_to_a_leader_not_yet_serving_its_epoch_waits_in_order(tmp_path):
     assert [r.error for r in releases] == [ErrorCode.NONE] * 3
     first = releases[0].base_offset
     assert [r.base_offset for r in releases] == [first, first + 1, first + 2]
+
+
+class _Hooks:
+    def send_fetch(self, *a): pass
+    def send_append_entries(self, *a): pass
+    def propose_isr(self, *a): pass
+    def report_election(self, *a): pass
+    def refresh_metadata(self, *a): pass
+
+
+def _leader_driver(tmp_path, name, replicas, budget):
+    from dataplane.broker.partition import PartitionDriver
+    from dataplane.log.interface import LogConfig
+    from dataplane.replica.events import NewMetadata
+    from dataplane.replica.state import PartitionState, ReplicationConfig
+    driver = PartitionDriver(broker_id=1, tp=(name, 0), directory=str(tmp_path / f"{name}-0"),
+                             log_config=LogConfig(), hooks=_Hooks(), unclean_start=False, budget=budget)
+    driver.step(NewMetadata(partition=PartitionState(replicas=replicas, isr=replicas, leader=1, leader_epoch=1,
+                                                     partition_epoch=1), config=ReplicationConfig()))
+    return driver
+
+
+async def _until_serving(driver):
+    from dataplane.broker.partition import now_ms
+    for _ in range(500):
+        if driver.replica.epoch_durable:
+            return
+        await asyncio.sleep(0.01)
+        driver.tick(now_ms())
+    raise AssertionError("leader never served its epoch")
+
+
+def test_produce_beyond_the_broker_wide_budget_waits_in_order_until_a_follower_catches_up(tmp_path):
+    """Claim: with the broker-wide budget full (partition a's follower has not fetched its acks=1
+    bytes), produce requests to another partition b — and to a — are parked, not refused, and not
+    stepped; once a's follower fetches (a's HW passes them) they are stepped in arrival order."""
+    from common.batch import build_batch
+    from dataplane.broker.budget import ProduceBudget
+    from dataplane.broker.partition import now_ms
+    from dataplane.replica.events import FetchRequest
+
+    async def scenario():
+        budget = ProduceBudget(unreplicated_bytes_max=1)
+        a = _leader_driver(tmp_path, "a", (1, 2), budget)
+        b = _leader_driver(tmp_path, "b", (1,), budget)
+        await _until_serving(a)
+        await _until_serving(b)
+        batch = lambda v: bytearray(build_batch([v], timestamp_ms=1))  # noqa: E731
+        first = await asyncio.wait_for(a.submit_produce(batch(b"a0"), acks=1, timeout_ms=10_000,
+                                                        record_count=1), 5)
+        assert first.error is ErrorCode.NONE
+        assert budget.total_bytes == len(batch(b"a0")), "a's unreplicated acks=1 bytes count in the budget"
+        b_futures = [b.submit_produce(batch(b"b%d" % i), acks=-1, timeout_ms=10_000, record_count=1)
+                     for i in range(3)]
+        a_future = a.submit_produce(batch(b"a1"), acks=1, timeout_ms=10_000, record_count=1)
+        await asyncio.sleep(0.1)
+        assert not any(f.done() for f in b_futures + [a_future]), "requests beyond the budget wait"
+        assert b.log.log_end_offset == 1 and a.log.log_end_offset == 2  # epoch starts (+ a0): nothing stepped
+        waiting = asyncio.gather(*b_futures, a_future)
+        for _ in range(1000):  # a's follower now fetches (and reports itself flushed) what a has
+            if waiting.done():
+                break
+            end = a.log.log_end_offset
+            a.step(FetchRequest(replica_id=2, fetch_offset=end, last_fetched_epoch=1, flushed_offset=end,
+                                current_leader_epoch=1))
+            await asyncio.sleep(0.01)
+            for d in (a, b):
+                d.tick(now_ms())
+        assert waiting.done(), "parked requests were never released"
+        releases = waiting.result()
+        for d in (a, b):
+            await d.close()
+        return releases, budget
+    releases, budget = asyncio.run(scenario())
+    assert [r.error for r in releases] == [ErrorCode.NONE] * 4
+    first = releases[0].base_offset
+    assert [r.base_offset for r in releases[:3]] == [first, first + 1, first + 2]
+    assert budget.total_bytes == 0 and budget.peak_total_bytes > 0
+
+
+def test_produce_parked_for_the_budget_times_out_with_request_timed_out_and_later_ones_go_on(tmp_path):
+    """Claim: a request parked for broker-wide room is answered REQUEST_TIMED_OUT at its timeout
+    (nothing written), and once room frees the next request is written normally."""
+    from common.batch import build_batch
+    from dataplane.broker.budget import ProduceBudget
+    from dataplane.broker.partition import now_ms
+
+    async def scenario():
+        budget = ProduceBudget(unreplicated_bytes_max=1000)
+        b = _leader_driver(tmp_path, "b", (1,), budget)
+        await _until_serving(b)
+        budget.update(("elsewhere", 0), 1000)  # another partition holds the whole budget
+        end = b.log.log_end_offset
+        timed = b.submit_produce(bytearray(build_batch([b"x"], timestamp_ms=1)), acks=-1, timeout_ms=50,
+                                 record_count=1)
+        while not timed.done():
+            await asyncio.sleep(0.01)
+            b.tick(now_ms())  # the broker ticks every partition; ticks see the timeout
+        assert b.log.log_end_offset == end, "a timed-out request wrote nothing"
+        budget.update(("elsewhere", 0), 0)
+        later = await asyncio.wait_for(b.submit_produce(bytearray(build_batch([b"y"], timestamp_ms=1)), acks=-1,
+                                                        timeout_ms=10_000, record_count=1), 5)
+        await b.close()
+        return timed.result(), later, end
+    timed, later, end = asyncio.run(scenario())
+    assert timed.error is ErrorCode.REQUEST_TIMED_OUT
+    assert later.error is ErrorCode.NONE and later.base_offset == end

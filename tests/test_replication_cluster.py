@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+import urllib.request
 
 import pytest
 
@@ -61,15 +62,23 @@ def test_overload_makes_producers_wait_and_loses_nothing_acknowledged(tmp_path):
     """With one follower stopped on a quorum topic needing all 3 replicas, the HW cannot move:
     acks=1 producers fill the leader's unreplicated-bytes bound and then WAIT (their requests time
     out as REQUEST_TIMED_OUT, no other error), the leader's memory stays bounded and no broker
-    dies; after SIGCONT every acknowledged acks=all record is in the log."""
-    with Cluster(tmp_path, brokers=3) as cluster:
+    dies; after SIGCONT every acknowledged acks=all record is in the log. The broker-wide bound
+    (--unreplicated-bytes-max 4 MiB, below the core's 8 MiB per partition) is the one that holds:
+    the leader's peak held bytes never pass it by more than one request."""
+    bound = 4 * 1024 * 1024
+    with Cluster(tmp_path, brokers=3, broker_args=["--unreplicated-bytes-max", str(bound)]) as cluster:
         cluster.create_topic("o", partitions=1, replication_factor=3,
                              config={"commit_policy": "quorum", "quorum_required_acks": 3})
         leader = cluster.wait_leader("o", 0)
         follower = next(b for b in cluster.brokers if b != leader)
         payload = [os.urandom(1024) for _ in range(32)]
 
-        async def scenario() -> tuple[dict, list, list[int]]:
+        def metric(broker_id: int, name: str) -> float:
+            url = f"http://127.0.0.1:{cluster.brokers[broker_id].metrics_port}/metrics"
+            text = urllib.request.urlopen(url, timeout=5).read().decode()
+            return float(next(line.split()[1] for line in text.splitlines() if line.startswith(name + " ")))
+
+        async def scenario() -> tuple[dict, list, list[int], float]:
             errors: dict[str, int] = {}
             acked_all: list[tuple[int, bytes]] = []
             async with await WireClient.connect(*cluster.address(leader)) as c:
@@ -96,16 +105,18 @@ def test_overload_makes_producers_wait_and_loses_nothing_acknowledged(tmp_path):
             await asyncio.gather(sample(), *(flood(c) for c in clients for _ in range(8)))
             for c in clients:
                 await c.close()
-            return errors, acked_all, rss
+            return errors, acked_all, rss, metric(leader, "biplane_broker_unreplicated_bytes_peak")
 
         try:
-            errors, acked_all, rss = asyncio.run(scenario())
+            errors, acked_all, rss, peak = asyncio.run(scenario())
         finally:
             cluster.brokers[follower].resume()
         assert set(errors) <= {"NONE", "REQUEST_TIMED_OUT"}, errors
         assert errors.get("REQUEST_TIMED_OUT", 0) > 0, f"producers never had to wait: {errors}"
         # 32 in flight x 32 KiB plus an 8 MiB bound: far below what 6 s of unbounded acks=1 would hold.
         assert max(rss) - rss[0] < 128 * 1024, f"leader RSS grew {(max(rss) - rss[0]) // 1024} MiB: {rss}"
+        request_bytes = len(make_batch(payload))
+        assert bound <= peak <= bound + request_bytes, f"held bytes peaked at {peak}, bound {bound}"
         assert all(b.proc.poll() is None for b in cluster.brokers.values()), "a broker died"
         log = asyncio.run(read_all(cluster, "o", acked_all[-1][0] + 1))
         at = dict(log)

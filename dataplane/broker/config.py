@@ -24,6 +24,9 @@ class BrokerConfig(BaseModel):
     fetch_wait_ms_max: int = Field(default=500, ge=0, le=30_000)
     fetch_max_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     partition_fetch_max_bytes: int = Field(default=1024 * 1024, ge=1024)
+    # Produce bytes all leader partitions together may hold unreplicated (or waiting in a
+    # core's backlog); beyond it produce requests wait, in order, until their timeout.
+    unreplicated_bytes_max: int = Field(default=64 * 1024 * 1024, ge=1)
     tick_interval_ms: int = Field(default=10, ge=1, le=1000)
     flush_debounce_ms: int = Field(default=1, ge=0, le=1000)
     fetch_error_backoff_ms: int = Field(default=50, ge=0, le=10_000)

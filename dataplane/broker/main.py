@@ -34,6 +34,9 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--fetch-wait-ms-max", type=int, default=500)
     p.add_argument("--max-frame-bytes", type=int, default=64 * 1024 * 1024)
     p.add_argument("--flush-debounce-ms", type=int, default=1)
+    p.add_argument("--unreplicated-bytes-max", type=int, default=64 * 1024 * 1024,
+                   help="produce bytes this broker's leaders may hold before their followers have them "
+                        "(sum over partitions; beyond it produce requests wait; default 64 MiB)")
     p.add_argument("--ports-file", help="write {\"port\", \"metrics_port\"} as JSON here once listening")
     p.add_argument("--log-level", default="WARNING", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     return p
@@ -45,7 +48,8 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
                         port=args.port, advertised_host=args.advertised_host, metrics_port=args.metrics_port,
                         cluster_secret=args.cluster_secret, rack=args.rack, priority=args.priority,
                         heartbeat_interval_ms=args.heartbeat_interval_ms, fetch_wait_ms_max=args.fetch_wait_ms_max,
-                        max_frame_bytes=args.max_frame_bytes, flush_debounce_ms=args.flush_debounce_ms)
+                        max_frame_bytes=args.max_frame_bytes, flush_debounce_ms=args.flush_debounce_ms,
+                        unreplicated_bytes_max=args.unreplicated_bytes_max)
 
 
 async def serve(config: BrokerConfig, ports_file: str | None) -> int:

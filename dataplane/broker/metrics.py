@@ -25,6 +25,13 @@ def render_metrics(broker: Any) -> str:
            [({}, broker.learner.offset)])
     family("biplane_broker_fenced", "gauge", "1 while the controller has this broker fenced",
            [({}, int(broker.lifecycle.fenced))])
+    budget = broker.replicas.budget
+    family("biplane_broker_unreplicated_bytes", "gauge", "produce bytes this broker's leaders hold unreplicated",
+           [({}, budget.total_bytes)])
+    family("biplane_broker_unreplicated_bytes_peak", "gauge", "highest biplane_broker_unreplicated_bytes seen",
+           [({}, budget.peak_total_bytes)])
+    family("biplane_broker_unreplicated_bytes_max", "gauge", "bound on biplane_broker_unreplicated_bytes",
+           [({}, budget.unreplicated_bytes_max)])
     family("biplane_partition_log_end_offset", "gauge", "next offset the local log will assign",
            [(part(tp), d.log.log_end_offset) for tp, d in drivers])
     family("biplane_partition_flushed_offset", "gauge", "end of the durable prefix of the local log",

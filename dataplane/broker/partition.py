@@ -23,6 +23,7 @@ import time
 from typing import Protocol
 
 from common.errors import BiplaneError, ErrorCode, InvalidRequestError, StorageError
+from dataplane.broker.budget import ProduceBudget
 from dataplane.log.flusher import FlushCoalescer, LogTruncatedError
 from dataplane.log.interface import LogConfig
 from dataplane.log.log import PartitionLog
@@ -59,7 +60,8 @@ def now_ms() -> int:
 class PartitionDriver:
     def __init__(self, *, broker_id: int, tp: TopicPartition, directory: str, log_config: LogConfig,
                  hooks: DriverHooks, unclean_start: bool, flush_debounce_ms: int = 1,
-                 fetch_max_bytes: int = 1024 * 1024, parked_max: int = 1000) -> None:
+                 fetch_max_bytes: int = 1024 * 1024, parked_max: int = 1000,
+                 budget: ProduceBudget | None = None) -> None:
         self.tp = tp
         self.directory = directory
         self.hooks = hooks
@@ -74,7 +76,10 @@ class PartitionDriver:
         self.closed = False
         self._request_ids = itertools.count(1)
         self._produce_waiters: dict[int, asyncio.Future[ReleaseProduce]] = {}
-        # Produce requests waiting for a new leader's epoch start to be flushed, in order.
+        # The broker-wide bound on produce bytes held by its leaders (None: only the core's own).
+        self.budget = budget
+        # Produce requests waiting, in order, for a new leader's epoch start to be flushed
+        # or for room in the broker-wide budget.
         self._parked: collections.deque = collections.deque()
         self._releasing = False
         self.parked_max = parked_max
@@ -96,6 +101,8 @@ class PartitionDriver:
             raise PartitionOfflineError(f"partition {self.tp[0]}-{self.tp[1]} is offline: {self.failed}")
         ready = self.replica.step(event)
         answers = self._perform(ready) if ready else []
+        if self.budget is not None:
+            self.budget.update(self.tp, self.replica.held_bytes() if self.is_leader else 0)
         self._notify_if_changed()
         if self._parked and not self._releasing:
             self._release_parked()
@@ -110,27 +117,44 @@ class PartitionDriver:
         """Step the produce into the core now (so requests keep their arrival order);
         the future resolves when the core releases it.
 
-        A new leader serves nothing until its epoch-start batch is flushed (a few ms);
-        produce requests arriving meanwhile are parked in order and stepped then,
+        A new leader serves nothing until its epoch-start batch is flushed (a few ms),
+        and no leader takes more while the broker's leaders together hold
+        `budget.unreplicated_bytes_max`; produce requests arriving meanwhile are parked
+        in order and stepped then (or answered REQUEST_TIMED_OUT at their timeout),
         rather than refused: a producer with several batches in flight would otherwise
         see a refused batch overtaken by a later accepted one."""
-        if self._parked or (self.is_leader and not self.replica.epoch_durable):
+        if self._parked or self._must_wait():
             future: asyncio.Future[ReleaseProduce] = asyncio.get_running_loop().create_future()
             if len(self._parked) >= self.parked_max:
                 future.set_result(ReleaseProduce(request_id=-1, error=ErrorCode.LEADER_NOT_AVAILABLE))
                 return future
             self._parked.append((records, acks, timeout_ms, record_count, now_ms() + timeout_ms, future))
+            if len(self._parked) == 1 and not self._releasing:
+                self._release_parked()  # the budget may have room already: keep the callback armed
             return future
         return self._submit_now(records, acks=acks, timeout_ms=timeout_ms, record_count=record_count)
 
+    def _must_wait(self) -> bool:
+        if not self.is_leader:
+            return False  # parked requests are answered NOT_LEADER_OR_FOLLOWER, new ones refused by the core
+        return not self.replica.epoch_durable or (self.budget is not None and not self.budget.has_room())
+
+    def _on_room(self) -> None:
+        if self._parked and not self._releasing and not self.closed and self.failed is None:
+            self._release_parked()
+
     def _release_parked(self) -> None:
-        """Step parked produce requests, in order, once this leader serves its epoch."""
+        """Step parked produce requests, in order, once this leader serves its epoch and
+        the budget has room. Runs at every step of this partition (ticks included, so
+        timeouts are seen) and when the budget frees room."""
         self._releasing = True
         try:
             while self._parked:
                 records, acks, timeout_ms, record_count, deadline_ms, outer = self._parked[0]
-                waiting = self.is_leader and not self.replica.epoch_durable
+                waiting = self._must_wait()
                 if waiting and now_ms() < deadline_ms:
+                    if self.budget is not None and self.replica.epoch_durable:
+                        self.budget.call_when_room(self.tp, self._on_room)
                     return
                 self._parked.popleft()
                 if outer.done():
@@ -282,6 +306,8 @@ class PartitionDriver:
             log.error("%s-%d is offline: %s", *self.tp, reason,
                       extra={"event": "partition.offline", "topic": self.tp[0], "partition": self.tp[1]})
         self._fail_waiters(ErrorCode.KAFKA_STORAGE_ERROR)
+        if self.budget is not None:
+            self.budget.forget(self.tp)  # it holds nothing for anyone any more
 
     def _fail_waiters(self, error: ErrorCode) -> None:
         for request_id, future in list(self._produce_waiters.items()):
@@ -316,6 +342,8 @@ class PartitionDriver:
             return
         self.closed = True
         self._fail_waiters(ErrorCode.NOT_LEADER_OR_FOLLOWER)
+        if self.budget is not None:
+            self.budget.forget(self.tp)
         if self._changed is not None and not self._changed.done():
             self._changed.set_result(None)
         await self.coalescer.close()

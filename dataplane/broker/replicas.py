@@ -26,6 +26,7 @@ from common.errors import BiplaneError, ErrorCode
 from common.metadata.image import MetadataImage, PartitionInfo, TopicInfo
 from common.requests import AlterIsrRequest, ElectionReport
 from common.usage import ReplicaUsage
+from dataplane.broker.budget import ProduceBudget
 from dataplane.broker.config import BrokerConfig
 from dataplane.broker.partition import PartitionDriver, TopicPartition, now_ms
 from dataplane.log.interface import LogConfig
@@ -62,6 +63,7 @@ class ReplicaManager:
         self._send_append_entries = send_append_entries
         self._refresh_metadata = refresh_metadata
         self.drivers: dict[TopicPartition, PartitionDriver] = {}
+        self.budget = ProduceBudget(unreplicated_bytes_max=config.unreplicated_bytes_max)
         self._fed: dict[TopicPartition, tuple] = {}
         self._isr_inflight: set[TopicPartition] = set()
         self._last_usage: dict[TopicPartition, tuple[float, tuple[int, int, int]]] = {}
@@ -122,7 +124,7 @@ class ReplicaManager:
                 broker_id=self.broker_id, tp=info.tp, directory=directory, log_config=log_config_of(topic),
                 hooks=self, unclean_start=existed and not self.clean_start,
                 flush_debounce_ms=self.config.flush_debounce_ms,
-                fetch_max_bytes=self.config.partition_fetch_max_bytes))
+                fetch_max_bytes=self.config.partition_fetch_max_bytes, budget=self.budget))
         except (BiplaneError, OSError) as exc:
             log.error("cannot open %s-%d in %s: %s", *info.tp, directory, exc,
                       extra={"event": "partition.open_failed", "topic": info.topic, "partition": info.partition})

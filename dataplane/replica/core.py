@@ -169,6 +169,7 @@ class Replica(PushMixin):
         # Backpressure: produce requests waiting for room (arrival order), and the bytes this
         # leader appended as (next offset, running total) so the HW tells what is replicated.
         self._backlog: dict[int, tuple] = {}
+        self._backlog_bytes = 0
         self._append_sizes: collections.deque = collections.deque()
         self._appended_bytes = 0
         self._replicated_bytes = 0
@@ -265,6 +266,7 @@ class Replica(PushMixin):
         for request_id in self._backlog:
             self._release.append(ReleaseProduce(request_id=request_id, error=error))
         self._backlog.clear()
+        self._backlog_bytes = 0
         self._append_sizes.clear()
         self._appended_bytes = self._replicated_bytes = 0
         for p in self.pending.values():
@@ -412,6 +414,7 @@ class Replica(PushMixin):
             # Backpressure: bytes written here but not yet on the required set are bounded;
             # the request waits (in arrival order) until the HW makes room, or its timeout.
             self._backlog[ev.request_id] = (ev, headers, deadline_ms)
+            self._backlog_bytes += len(ev.records)
             return
         self._admit(ev, headers, deadline_ms)
 
@@ -454,10 +457,16 @@ class Replica(PushMixin):
             self._replicated_bytes = sizes.popleft()[1]
         return self._appended_bytes - self._replicated_bytes if sizes else 0
 
+    def held_bytes(self) -> int:
+        """Produce bytes this leader holds in memory: written but not yet passed by the HW,
+        plus requests waiting for room (what a broker-wide bound must count)."""
+        return self.unreplicated_bytes() + self._backlog_bytes
+
     def _admit_backlog(self) -> None:
         while self._backlog and (self.unreplicated_bytes() < self.unreplicated_bytes_max):
             request_id = next(iter(self._backlog))
             ev, headers, deadline_ms = self._backlog.pop(request_id)
+            self._backlog_bytes -= len(ev.records)
             self._admit(ev, headers, deadline_ms)
 
     def _check_producer_sequence(self, headers: list) -> tuple[ErrorCode, str, tuple[int, int] | None]:
@@ -881,9 +890,10 @@ class Replica(PushMixin):
                 if self.now_ms >= p.deadline_ms:
                     del self.pending[p.request_id]
                     self._release.append(ReleaseProduce(request_id=p.request_id, error=ErrorCode.REQUEST_TIMED_OUT))
-            for request_id, (_, _, deadline_ms) in list(self._backlog.items()):
+            for request_id, (ev, _, deadline_ms) in list(self._backlog.items()):
                 if self.now_ms >= deadline_ms:
                     del self._backlog[request_id]
+                    self._backlog_bytes -= len(ev.records)
                     self._release.append(ReleaseProduce(request_id=request_id, error=ErrorCode.REQUEST_TIMED_OUT))
             if self._pushing:
                 self._push_timeouts()
