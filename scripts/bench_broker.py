@@ -9,7 +9,8 @@ with `--inflight` requests pipelined on each); then the
 partition failover time from kill -9 of a leader to the first acknowledged
 acks=all produce on the new leader (median of `--failovers` runs per policy).
 
-    .venv/bin/python scripts/bench_broker.py [--seconds 5] [--connections 1] [--inflight 8] [--failovers 3] [--modes pull,push]
+    .venv/bin/python scripts/bench_broker.py [--seconds 5] [--connections 1] [--inflight 8] [--failovers 3]
+        [--modes pull,push] [--records-per-batch 32]
 """
 from __future__ import annotations
 
@@ -35,9 +36,9 @@ RECORDS_PER_BATCH = 32
 
 
 async def throughput(cluster: Cluster, topic: str, acks: int, seconds: float, connections: int,
-                     inflight: int) -> dict:
+                     inflight: int, records_per_batch: int = RECORDS_PER_BATCH) -> dict:
     leader = cluster.wait_leader(topic, 0)
-    batch = make_batch([os.urandom(RECORD_BYTES) for _ in range(RECORDS_PER_BATCH)])
+    batch = make_batch([os.urandom(RECORD_BYTES) for _ in range(records_per_batch)])
     clients = [await WireClient.connect(*cluster.address(leader)) for _ in range(connections)]
     latencies: list[float] = []
     errors: dict[str, int] = {}
@@ -64,7 +65,7 @@ async def throughput(cluster: Cluster, topic: str, acks: int, seconds: float, co
     for c in clients:
         await c.close()
     latencies.sort()
-    records = done * RECORDS_PER_BATCH
+    records = done * records_per_batch
     return {"records_per_s": records / elapsed, "mb_per_s": done * len(batch) / elapsed / 1e6,
             "p50_ms": 1000 * latencies[len(latencies) // 2],
             "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))], "errors": errors}
@@ -125,13 +126,16 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--connections", type=int, default=1)
     ap.add_argument("--inflight", type=int, default=8, help="requests in flight per connection")
-    ap.add_argument("--failovers", type=int, default=3)
+    ap.add_argument("--failovers", type=int, default=3, help="kill -9 runs per policy (0 skips them)")
+    ap.add_argument("--records-per-batch", type=int, default=RECORDS_PER_BATCH,
+                    help="1 KiB records per produced batch (256 = 256 KiB batches; at most ~1000 under "
+                         "the default max_message_bytes)")
     ap.add_argument("--modes", default="pull,push", help="replication modes to measure (pull, push)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-broker-") as tmp:
         with Cluster(Path(tmp), brokers=3, broker_args=["--log-level", "WARNING"]) as cluster:
-            print(f"3 brokers, RF 3, {RECORD_BYTES} B records, {RECORDS_PER_BATCH} per batch "
-                  f"({RECORD_BYTES * RECORDS_PER_BATCH // 1024} KiB), {args.connections} connection(s) x "
+            print(f"3 brokers, RF 3, {RECORD_BYTES} B records, {args.records_per_batch} per batch "
+                  f"({RECORD_BYTES * args.records_per_batch // 1024} KiB), {args.connections} connection(s) x "
                   f"{args.inflight} in flight, "
                   f"{args.seconds:.0f} s per row, load avg {os.getloadavg()[0]:.2f}")
             print(f"{'mode':<6}{'policy':<8}{'acks':>5}{'records/s':>12}{'MB/s':>9}{'p50 ms':>9}{'p99 ms':>9}  errors")
@@ -142,10 +146,10 @@ def main() -> int:
                         "commit_policy": policy, "min_insync_replicas": 2, "replication_mode": mode})
                     for acks in (1, -1):
                         r = asyncio.run(throughput(cluster, topic, acks, args.seconds, args.connections,
-                                                   args.inflight))
+                                                   args.inflight, args.records_per_batch))
                         print(f"{mode:<6}{policy:<8}{'all' if acks == -1 else acks:>5}{r['records_per_s']:>12,.0f}"
                               f"{r['mb_per_s']:>9.1f}{r['p50_ms']:>9.2f}{r['p99_ms']:>9.2f}  {r['errors'] or ''}")
-            for policy in ("isr", "quorum"):
+            for policy in ("isr", "quorum") if args.failovers > 0 else ():
                 topic = f"failover-{policy}"
                 cluster.create_topic(topic, partitions=1, replication_factor=3,
                                      config={"commit_policy": policy, "min_insync_replicas": 2})
