@@ -6,8 +6,8 @@ a liveness phase without faults. See tests/sim/README.md for what is checked.
 A failure prints `seed=... policy=... durability=...`; replay it with
 `run_simulation(seed=..., policy=..., durability=...)`.
 
-BIPLANE_SIM_SEEDS sets the seeds per (policy, durability) (default 250: 1000 runs,
-about 80 s of CPU); scripts/sim_sweep.py runs more.
+BIPLANE_SIM_SEEDS sets the seeds per (policy, durability) (default 500: 2000 runs, half
+in push mode, about 160 s of CPU); scripts/sim_sweep.py runs more.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 
 from sim.cluster import run_simulation
 
-SEEDS = int(os.environ.get("BIPLANE_SIM_SEEDS", "250"))
+SEEDS = int(os.environ.get("BIPLANE_SIM_SEEDS", "500"))
 CONFIGS = [(p, d) for p in ("isr", "quorum") for d in ("fsync", "write")]
 
 
