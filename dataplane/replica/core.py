@@ -807,6 +807,11 @@ class Replica(PushMixin):
         offset = max(offset, self.log.log_start_offset)
         if offset >= self.log_end_offset:
             return
+        self._cut_to(offset)
+
+    def _cut_to(self, offset: int) -> None:
+        """Truncate the log at `offset` and pull every offset the core tracks down with it
+        (both the fetch path and the push path cut here)."""
         self._persist.append(Truncate(offset=offset))
         self._producer_state_stale = True
         self.log_end_offset = offset

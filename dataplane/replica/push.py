@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from common.batch import iter_batches
 from common.errors import CorruptBatchError, ErrorCode
-from dataplane.replica.actions import Rejected, Send, Truncate
+from dataplane.replica.actions import Rejected, Send
 from dataplane.replica.events import AppendEntries, AppendEntriesReply
 from dataplane.replica.fencing import EpochCheck, check_epoch
 from dataplane.replica.logview import epoch_before
@@ -184,16 +184,6 @@ class PushMixin:
 
     def _batch_epoch_at(self, offset: int) -> int:
         return epoch_before(self.log, offset + 1)
-
-    def _cut_to(self, offset: int) -> None:
-        self._persist.append(Truncate(offset=offset))
-        self._producer_state_stale = True
-        self.log_end_offset = offset
-        self.last_epoch = epoch_before(self.log, offset)
-        self.written_offset = min(self.written_offset, offset)
-        self.flushed_offset = min(self.flushed_offset, offset)
-        self._flush_requested = min(self._flush_requested, offset)
-        self.high_watermark = min(self.high_watermark, offset)
 
     def _reply_append_entries(self, leader_id: int, *, error: ErrorCode = ErrorCode.NONE) -> None:
         self._send.append(Send(to_broker=leader_id, message=AppendEntriesReply(
