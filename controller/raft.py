@@ -59,6 +59,7 @@ from pysyncobj.node import TCPNode
 from pysyncobj.transport import TCPTransport
 from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
 
+from common.durable import fsync_path
 from controller.raft_rules import (
     decode_dump,
     election_timeouts_s,
@@ -102,13 +103,6 @@ _FAIL_NAMES = {getattr(FAIL_REASON, n): n.lower() for n in dir(FAIL_REASON) if n
 
 # ------------------------------------------------------------ pysyncobj glue
 
-def _fsync_path(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
 
 class _SyncedJournal:
     """Wraps pysyncobj's FileJournal: remembers unflushed writes; `sync()` makes them durable."""
@@ -150,9 +144,9 @@ class _SyncedJournal:
         self._inner.setCurrentTerm(term, votedForNodeId)
         if self._enabled:
             meta = self._inner._FileJournal__metaStorer.getPath()
-            _fsync_path(meta)
+            fsync_path(meta)
             if self._directory:
-                _fsync_path(self._directory)
+                fsync_path(self._directory)
 
     def sync(self) -> None:
         if not self._enabled:
@@ -160,7 +154,7 @@ class _SyncedJournal:
         if self.dir_dirty and self._directory:
             # A new dump was renamed into place: make the rename durable before the
             # journal entries it replaced can be truncated on disk.
-            _fsync_path(self._directory)
+            fsync_path(self._directory)
             self.dir_dirty = False
         if self._dirty:
             self._dirty = False

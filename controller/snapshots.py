@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import sqlite_utils
 
+from common.durable import fsync_dir, fsync_path
 from common.errors import InvalidRequestError
 from common.usage import BrokerUsage
 from controller.snapshot_schema import BROKER_TOTALS_SQL, FILE_NAME_RE, SCHEMA_VERSION, TABLES, TEMP_PREFIX, column_names
@@ -204,29 +205,15 @@ def write_snapshot_file(directory: Path, rows: SnapshotRows) -> Path:
                         db.conn.executemany(f"INSERT INTO [{table}] VALUES ({marks})", data)
         finally:
             db.close()
-        _fsync_path(temp)
+        fsync_path(temp)
         os.replace(temp, final)
     except BaseException:
         temp.unlink(missing_ok=True)
         raise
-    _fsync_dir(directory)
+    fsync_dir(directory)
     return final
 
 
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class SnapshotStore:
@@ -283,7 +270,7 @@ class SnapshotStore:
                 Path(info.path).unlink(missing_ok=True)
                 removed.append(info.name)
         if removed:
-            _fsync_dir(self.directory)
+            fsync_dir(self.directory)
         return removed
 
     def _info(self, name: str) -> SnapshotInfo:

@@ -16,6 +16,7 @@ import uuid
 from typing import Callable
 
 from common.control_client import ControlClient
+from common.durable import fsync_dir
 from common.errors import BiplaneError, ErrorCode
 from common.requests import HeartbeatRequest, RegisterBrokerRequest
 from common.usage import BrokerUsage
@@ -32,7 +33,7 @@ def take_clean_shutdown_marker(data_dir: str) -> bool:
         os.remove(path)
     except FileNotFoundError:
         return False
-    _fsync_dir(data_dir)
+    fsync_dir(data_dir)
     return True
 
 
@@ -42,15 +43,8 @@ def write_clean_shutdown_marker(data_dir: str) -> None:
         f.write(f"{int(time.time() * 1000)}\n")
         f.flush()
         os.fsync(f.fileno())
-    _fsync_dir(data_dir)
+    fsync_dir(data_dir)
 
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class Lifecycle:

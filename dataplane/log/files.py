@@ -4,15 +4,9 @@ from __future__ import annotations
 import errno
 import os
 
+from common.durable import fsync_dir
 from common.errors import StorageError
 
-
-def fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def write_atomically(path: str, data: bytes) -> None:

@@ -20,6 +20,7 @@ import os
 import threading
 
 from common.batch import MAX_BATCH_BYTES, iter_batches, set_base_offset, set_leader_epoch
+from common.durable import fsync_dir
 from common.errors import InvalidRequestError, StorageError
 
 from . import files
@@ -129,7 +130,7 @@ class PartitionLog:
                 segment.fsync()
             self._dir_dirty = True
         if self._dir_dirty:
-            files.fsync_dir(self.directory)
+            fsync_dir(self.directory)
             self._dir_dirty = False
         self._flushed_offset = self.log_end_offset
         self._recovery_point = self._flushed_offset
@@ -137,7 +138,7 @@ class PartitionLog:
         if os.path.exists(self._path(CLEAN_SHUTDOWN)):
             # From now on a crash must be detected as one.
             os.unlink(self._path(CLEAN_SHUTDOWN))
-            files.fsync_dir(self.directory)
+            fsync_dir(self.directory)
 
     def _delete_files_of(self, bases: list[int]) -> None:
         for base in sorted(bases, reverse=True):
@@ -168,7 +169,7 @@ class PartitionLog:
         files.write_atomically(self._path(EPOCH_CHECKPOINT), EpochCache().encode())
         files.write_atomically(self._path(RECOVERY_POINT), b"%d\n" % offset)
         os.unlink(self._path(TRUNCATE_FULLY))
-        files.fsync_dir(self.directory)
+        fsync_dir(self.directory)
 
     def _load_epoch_cache(self, recovered: list[BatchSpan], clean: bool) -> None:
         path = self._path(EPOCH_CHECKPOINT)
@@ -468,7 +469,7 @@ class PartitionLog:
                 for segment in segments:
                     segment.fsync()
                 if dir_dirty:
-                    files.fsync_dir(self.directory)
+                    fsync_dir(self.directory)
             except OSError as exc:
                 with self._lock:
                     for segment in segments:
@@ -516,7 +517,7 @@ class PartitionLog:
                     active.unseal()
                     active.truncate_to(offset)
                     active.fsync()
-                    files.fsync_dir(self.directory)
+                    fsync_dir(self.directory)
                     self._dir_dirty = False
                 except OSError as exc:
                     self._failed = f"truncation to {offset} failed: {exc}"
@@ -597,7 +598,7 @@ class PartitionLog:
                     self._flushed_offset = max(self._flushed_offset, start)
                     if self._epochs.truncate_from_start(start):
                         files.write_atomically(self._path(EPOCH_CHECKPOINT), self._epochs.encode())
-                    files.fsync_dir(self.directory)
+                    fsync_dir(self.directory)
         return deleted
 
     # ------------------------------------------------------------------ close
@@ -618,7 +619,7 @@ class PartitionLog:
                         segments = list(self._segments)
                     for segment in segments:
                         segment.fsync()
-                    files.fsync_dir(self.directory)
+                    fsync_dir(self.directory)
                     files.write_atomically(self._path(RECOVERY_POINT), b"%d\n" % self.log_end_offset)
                     files.write_atomically(self._path(CLEAN_SHUTDOWN), b"")
             finally:
