@@ -19,6 +19,7 @@ import sys
 
 from aiohttp import web
 
+from common.logs import configure_logging
 from controller.service import ControllerNode
 
 
@@ -187,8 +188,7 @@ async def serve(args: argparse.Namespace) -> int:
 def main(argv: list[str], prog: str) -> int:
     parser = build_parser(prog)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=getattr(logging, args.log_level), stream=sys.stderr,
-                        format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
+    configure_logging(args.log_level)
     if args.log_level != "DEBUG":
         logging.getLogger("pysyncobj").setLevel(max(logging.WARNING, getattr(logging, args.log_level)))
     try:

@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import logging
 import os
 import signal
 import sys
@@ -12,6 +11,7 @@ import sys
 from pydantic import ValidationError
 
 from common.errors import StorageError
+from common.logs import configure_logging
 from dataplane.broker.broker import Broker
 from dataplane.broker.config import BrokerConfig
 
@@ -74,8 +74,7 @@ async def serve(config: BrokerConfig, ports_file: str | None) -> int:
 def main(argv: list[str], prog: str) -> int:
     parser = build_parser(prog)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=getattr(logging, args.log_level), stream=sys.stderr,
-                        format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
+    configure_logging(args.log_level)
     try:
         config = config_from_args(args)
     except ValidationError as exc:
