@@ -92,6 +92,10 @@ class HeartbeatRequest(_Request):
     incarnation_id: str = Field(min_length=1, max_length=64)
     metadata_offset: int = Field(ge=-1)
     usage: BrokerUsage | None = None
+    # Controlled shutdown: move this broker's leaderships away and take it out of every
+    # ISR now, rather than a session timeout after it stops; it stays fenced until it
+    # registers again.
+    want_shutdown: bool = False
 
 
 class AlterIsrRequest(_Request):

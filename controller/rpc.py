@@ -92,10 +92,16 @@ def add_rpc_routes(app: web.Application, service: ControllerService, *, cluster_
         image = service.require_leader()
         d.check_heartbeat(image, body)
         now_ms = service.clock_ms()
-        service.state.sessions.heartbeat(body.broker_id, body.incarnation_id, now_ms, body.metadata_offset)
+        service.state.sessions.heartbeat(body.broker_id, body.incarnation_id, now_ms, body.metadata_offset,
+                                         want_shutdown=body.want_shutdown)
         service.broker_offsets[body.broker_id] = body.metadata_offset
         if body.usage is not None:
             service.usage[body.broker_id] = body.usage
+        if body.want_shutdown and not image.brokers[body.broker_id].fenced:
+            # Now, not at the next periodic pass: the broker waits on this answer to stop.
+            sessions = service.state.sessions
+            await service.decide(lambda image: d.fence_shutting_down(image, sessions, now_ms))
+            image = service.require_leader()
         info = image.brokers[body.broker_id]
         return web.json_response({"broker_id": body.broker_id, "fenced": info.fenced,
                                   "metadata_offset": service.committed.offset,

@@ -62,6 +62,7 @@ from controller.decisions import (
     elect_quorum,
     fence_expired,
     fence_for_election,
+    fence_shutting_down,
     move_fenced_leaders,
     periodic,
     place_replicas,
@@ -274,6 +275,42 @@ def test_unfence_needs_current_incarnation_and_caught_up_metadata():
     assert unfence_ready(image, sessions, 0) == []
     sessions.heartbeat(2, "new", 0, fenced_at)
     assert [type(r) for r in unfence_ready(image, sessions, 0)] == [UnfenceBroker]
+
+
+def test_controlled_shutdown_fences_at_once_and_is_never_unfenced():
+    """A broker heartbeating want_shutdown loses its leaderships and ISR places before
+    its session ends, and stays fenced while it keeps heartbeating (even a late heartbeat
+    without the flag does not undo it); its next incarnation is unfenced as usual."""
+    image = cluster(3)
+    add_topic(image, "t", [[1, 2, 3], [2, 1, 3]])
+    sessions = BrokerSessions(session_timeout_ms=1500)
+    heartbeat_all(image, sessions, 0)
+    assert fence_shutting_down(image, sessions, 10) == []
+    sessions.heartbeat(1, "i0", 10, image.offset, want_shutdown=True)
+    records = fence_shutting_down(image, sessions, 10)
+    assert records[0] == FenceBroker(broker_id=1, at_ms=10, reason="controlled shutdown", incarnation_id="i0")
+    apply(image, records)
+    p0, p1 = image.partition("t", 0), image.partition("t", 1)
+    assert (p0.leader, p0.isr) == (2, (2, 3))
+    assert (p1.leader, p1.isr) == (2, (2, 3))
+    assert fence_shutting_down(image, sessions, 20) == []  # idempotent
+    sessions.heartbeat(1, "i0", 30, image.offset)  # sent before the flag, arriving late
+    assert unfence_ready(image, sessions, 30) == []
+    assert not any(isinstance(r, UnfenceBroker) for r in periodic(image, sessions, QuorumElectionTracker(), 40))
+    apply(image, register_broker(image, reg(1, "i1", True), now_ms=50))
+    sessions.heartbeat(1, "i1", 60, image.offset)
+    assert [type(r) for r in unfence_ready(image, sessions, 60)] == [UnfenceBroker]
+
+
+def test_periodic_fences_a_broker_shutting_down():
+    image = cluster(3)
+    add_topic(image, "t", [[1, 2, 3]])
+    sessions = BrokerSessions(session_timeout_ms=1500)
+    heartbeat_all(image, sessions, 0)
+    sessions.heartbeat(1, "i0", 5, image.offset, want_shutdown=True)
+    apply(image, periodic(image, sessions, QuorumElectionTracker(), 6))
+    assert image.brokers[1].fenced
+    assert image.partition("t", 0).leader == 2
 
 
 def test_heartbeat_from_stale_incarnation_is_refused():

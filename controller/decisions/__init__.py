@@ -34,6 +34,7 @@ from controller.decisions.sessions import (
     check_heartbeat,
     fence_broker,
     fence_expired,
+    fence_shutting_down,
     register_broker,
     unfence_ready,
 )
@@ -43,7 +44,7 @@ __all__ = [
     "periodic", "ControllerState", "BrokerSessions", "QuorumElectionTracker", "RebalanceTimer",
     "alter_config", "alter_isr", "allocate_producer_ids", "cancel_reassignment",
     "check_heartbeat", "create_topic", "delete_topic", "elect_isr_leader", "elect_leaders",
-    "elect_preferred", "elect_quorum", "fence_broker", "fence_expired", "fence_for_election",
+    "elect_preferred", "elect_quorum", "fence_broker", "fence_expired", "fence_shutting_down", "fence_for_election",
     "move_fenced_leaders", "place_replicas", "progress_reassignments", "register_broker", "start_reassignment",
     "unfence_ready",
 ]
@@ -52,7 +53,8 @@ __all__ = [
 def periodic(image: MetadataImage, sessions: BrokerSessions, tracker: QuorumElectionTracker,
              now_ms: int, *, rebalance_timer: RebalanceTimer | None = None) -> list[Record]:
     """What the controller leader should append now, in this fixed order:
-    fence expired brokers (moving their leaderships, shrinking ISRs); unfence
+    fence expired brokers and brokers in a controlled shutdown (moving their
+    leaderships, shrinking ISRs); unfence
     brokers that heartbeat and caught up; move any leadership a fenced broker
     still holds (only after a stale proposal); elect leaders for leaderless
     partitions (quorum: fence step, then from the tracker's reports); progress
@@ -64,6 +66,7 @@ def periodic(image: MetadataImage, sessions: BrokerSessions, tracker: QuorumElec
     """
     plan = Plan(image)
     plan.extend(fence_expired(plan.image, sessions, now_ms))
+    plan.extend(fence_shutting_down(plan.image, sessions, now_ms))
     plan.extend(unfence_ready(plan.image, sessions, now_ms))
     plan.extend(move_fenced_leaders(plan.image))
     plan.extend(elect_leaders(plan.image, tracker))

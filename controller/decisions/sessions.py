@@ -7,6 +7,9 @@ which gives each broker one full session timeout to heartbeat it.
 A broker registers fenced. It is unfenced once it heartbeats with its current
 incarnation and has applied metadata up to the record that fenced it (its
 registration or the FenceBroker), so it knows what it lost.
+A broker that heartbeats `want_shutdown` (a controlled shutdown) is fenced at
+once, its leaderships moved and its ISR places given up while it still serves,
+and it is not unfenced again: it comes back only by registering anew.
 A broker that registers after an unclean shutdown leaves every ISR (KIP-966:
 its unflushed tail may be gone) and comes back through the leader's normal ISR
 expansion. As everywhere, an ISR never empties: if it was the last member it
@@ -30,6 +33,7 @@ class Session:
     incarnation_id: str
     last_heartbeat_ms: int
     metadata_offset: int
+    want_shutdown: bool = False
 
 
 class BrokerSessions:
@@ -48,9 +52,18 @@ class BrokerSessions:
             self.started_at_ms = now_ms
 
     def heartbeat(self, broker_id: int, incarnation_id: str, now_ms: int,
-                  metadata_offset: int) -> None:
+                  metadata_offset: int, *, want_shutdown: bool = False) -> None:
         self._start(now_ms)
-        self._sessions[broker_id] = Session(incarnation_id, now_ms, metadata_offset)
+        old = self._sessions.get(broker_id)
+        # A shutdown once asked for holds for the incarnation: a heartbeat without the
+        # flag that was sent earlier and arrives late must not unfence it.
+        if old is not None and old.incarnation_id == incarnation_id and old.want_shutdown:
+            want_shutdown = True
+        self._sessions[broker_id] = Session(incarnation_id, now_ms, metadata_offset, want_shutdown)
+
+    def shutting_down(self, broker_id: int, incarnation_id: str) -> bool:
+        s = self._sessions.get(broker_id)
+        return s is not None and s.incarnation_id == incarnation_id and s.want_shutdown
 
     def forget(self, broker_id: int) -> None:
         self._sessions.pop(broker_id, None)
@@ -141,16 +154,26 @@ def fence_expired(image: MetadataImage, sessions: BrokerSessions, now_ms: int) -
     return plan.records
 
 
+def fence_shutting_down(image: MetadataImage, sessions: BrokerSessions, now_ms: int) -> list[Record]:
+    """Fence every unfenced broker whose current incarnation asked for a controlled shutdown."""
+    plan = Plan(image)
+    for broker_id in image.unfenced_broker_ids():
+        info = plan.image.brokers[broker_id]
+        if sessions.shutting_down(broker_id, info.incarnation_id):
+            plan.extend(fence_broker(plan.image, broker_id, now_ms, reason="controlled shutdown"))
+    return plan.records
+
+
 def unfence_ready(image: MetadataImage, sessions: BrokerSessions, now_ms: int) -> list[Record]:
     """Unfence fenced brokers that heartbeat with their current incarnation and have
-    applied metadata up to the record that fenced them."""
+    applied metadata up to the record that fenced them (never one shutting down)."""
     records: list[Record] = []
     for broker_id in sorted(image.brokers):
         info = image.brokers[broker_id]
         if not info.fenced:
             continue
         s = sessions.get(broker_id)
-        if s is None or s.incarnation_id != info.incarnation_id:
+        if s is None or s.incarnation_id != info.incarnation_id or s.want_shutdown:
             continue
         if not sessions.is_alive(broker_id, info.incarnation_id, now_ms):
             continue

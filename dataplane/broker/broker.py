@@ -52,6 +52,7 @@ class Broker:
         self.fetcher: Fetcher | None = None
         self.pusher: Pusher | None = None
         self.replicas: ReplicaManager | None = None
+        self.lifecycle: Lifecycle | None = None
 
     async def __aenter__(self) -> "Broker":
         await self.start()
@@ -131,6 +132,10 @@ class Broker:
         self._stopped = True
         if self._stop_event is not None:
             self._stop_event.set()
+        if clean and self.lifecycle is not None:
+            # Still serving: leaderships move while this broker answers, so clients and
+            # followers are redirected instead of waiting out its session.
+            await self.lifecycle.controlled_shutdown()
         if self._server is not None:
             self._server.close()
         for task in self._tasks:

@@ -5,6 +5,13 @@ that a clean stop writes and a start removes (so a crash leaves none, and the
 controller takes this broker out of every ISR until it catches up: KIP-966).
 Heartbeats carry the applied metadata offset and, every usage interval, usage
 stats. A heartbeat answered STALE_BROKER_EPOCH (or unknown broker) registers again.
+
+A clean stop is a controlled shutdown first (Kafka's): heartbeats ask for it,
+the controller fences this broker at once (its leaderships move to other
+replicas, it leaves every ISR), and the broker stops once it has applied that
+metadata, so clients and followers find the new leaders without waiting a
+session timeout. With no controller answering, it gives up at the timeout and
+stops all the same (the session timeout then does the moving).
 """
 from __future__ import annotations
 
@@ -64,6 +71,7 @@ class Lifecycle:
         self.retry_backoff_ms = retry_backoff_ms
         self.registered = asyncio.Event()
         self.fenced = True
+        self.want_shutdown = False
         self._last_usage_ms = 0.0
 
     async def register(self) -> None:
@@ -105,6 +113,30 @@ class Lifecycle:
             elapsed = time.monotonic() - started
             await asyncio.sleep(max(0.0, self.heartbeat_interval_ms / 1000 - elapsed))
 
+    async def controlled_shutdown(self, *, timeout_ms: int = 5000, poll_ms: int = 50) -> bool:
+        """Ask the controller to move everything off this broker and wait until it has and
+        this broker applied it; False when that did not happen within `timeout_ms`."""
+        if not self.registered.is_set():
+            return False
+        self.want_shutdown = True
+        deadline = time.monotonic() + timeout_ms / 1000
+        while time.monotonic() < deadline:
+            try:
+                answer = await asyncio.wait_for(self.control.heartbeat(self._heartbeat()),
+                                                max(0.001, deadline - time.monotonic()))
+            except (BiplaneError, asyncio.TimeoutError) as exc:
+                log.warning("controlled shutdown not acknowledged (%s); stopping without it", exc,
+                            extra={"event": "broker.controlled_shutdown_failed"})
+                return False
+            if answer.get("fenced") and self.metadata_offset() >= int(answer.get("metadata_offset", 0)):
+                log.info("controlled shutdown: leaderships moved off broker %d", self.broker_id,
+                         extra={"event": "broker.controlled_shutdown"})
+                return True
+            await asyncio.sleep(poll_ms / 1000)
+        log.warning("controlled shutdown did not complete within %d ms; stopping without it", timeout_ms,
+                    extra={"event": "broker.controlled_shutdown_failed"})
+        return False
+
     def _heartbeat(self) -> HeartbeatRequest:
         now = time.monotonic() * 1000
         usage = None
@@ -112,7 +144,8 @@ class Lifecycle:
             self._last_usage_ms = now
             usage = self.usage()
         return HeartbeatRequest(broker_id=self.broker_id, incarnation_id=self.incarnation_id,
-                                metadata_offset=self.metadata_offset(), usage=usage)
+                                metadata_offset=self.metadata_offset(), usage=usage,
+                                want_shutdown=self.want_shutdown)
 
 
 def _must_register_again(exc: BiplaneError) -> bool:
