@@ -17,7 +17,7 @@ from dataplane.client import (
     TopicPartition,
     UnknownTopicError,
 )
-from dataplane.client.accumulator import Accumulator, PendingRecord, record_size_bytes
+from dataplane.client.accumulator import Accumulator, record_size_bytes
 from dataplane.client.partitioner import StickyPartitioner, key_partition, murmur2
 from fake_broker import FakeBroker
 
@@ -68,14 +68,17 @@ def test_key_partition_rejects_zero_partitions():
 
 # ------------------------------------------------------------------ accumulator (pure)
 
-def rec(value: bytes = b"x" * 100) -> PendingRecord:
-    return PendingRecord(value=value, key=None, headers=(), timestamp_ms=0,
-                         size_bytes=record_size_bytes(value, None, ()))
+VALUE = b"x" * 100
+
+
+def add(acc: Accumulator, tp: TopicPartition, *, now_ms: int, value: bytes = VALUE):
+    """Append one 100-byte keyless record without headers; returns (batch, index)."""
+    return acc.append(tp, value, None, b"\x00", 0, now_ms=now_ms)
 
 
 def test_linger_holds_a_partial_batch_until_its_deadline():
     acc = Accumulator(batch_size_bytes=10_000, linger_ms=50)
-    acc.append(TP, rec(), now_ms=1000)
+    add(acc, TP, now_ms=1000)
     assert acc.drain(1049, lambda tp: 1) == {}
     assert acc.next_ready_ms(1000) == 1050
     drained = acc.drain(1050, lambda tp: 1)
@@ -85,7 +88,7 @@ def test_linger_holds_a_partial_batch_until_its_deadline():
 def test_full_batch_goes_without_waiting_and_batches_are_bounded_by_size():
     acc = Accumulator(batch_size_bytes=1000, linger_ms=10_000)
     for _ in range(25):
-        acc.append(TP, rec(), now_ms=0)
+        add(acc, TP, now_ms=0)
     state = acc.partitions[TP]
     assert all(b.size_bytes <= 1000 for b in state.queue)
     assert len(state.queue) >= 3
@@ -95,16 +98,18 @@ def test_full_batch_goes_without_waiting_and_batches_are_bounded_by_size():
 
 def test_buffer_memory_is_bounded_and_released_on_completion():
     acc = Accumulator(batch_size_bytes=500, linger_ms=0, buffer_memory_bytes=1000)
-    r = rec()
-    n = 0
-    while acc.has_memory_for(r.size_bytes):
-        acc.append(TP, rec(), now_ms=0)
-        n += 1
-    assert acc.buffer_used_bytes <= 1000 < acc.buffer_used_bytes + r.size_bytes
+    size = record_size_bytes(VALUE, None, b"\x00")
+    while acc.has_memory_for(size):
+        add(acc, TP, now_ms=0)
+    assert acc.buffer_used_bytes <= 1000 < acc.buffer_used_bytes + size
+    queue = acc.partitions[TP].queue
+    assert acc.buffer_used_bytes == sum(b.buffer_bytes for b in queue) == sum(b.size_bytes - 61 for b in queue)
+    before = acc.buffer_used_bytes
     (batch,) = acc.drain(0, lambda tp: 1)[1]
+    held = batch.buffer_bytes
     acc.complete(batch, error_code=ErrorCode.NONE, base_offset=0, now_ms=1)
-    assert acc.buffer_used_bytes == (n - batch.record_count) * r.size_bytes
-    assert acc.has_memory_for(r.size_bytes)
+    assert held > 0 and acc.buffer_used_bytes == before - held
+    assert acc.has_memory_for(size)
 
 
 def test_sequences_are_assigned_per_partition_at_first_drain():
@@ -112,8 +117,8 @@ def test_sequences_are_assigned_per_partition_at_first_drain():
                       in_flight_per_partition_max=5)
     other = TopicPartition("t", 1)
     for _ in range(4):
-        acc.append(TP, rec(), now_ms=0)
-    acc.append(other, rec(), now_ms=0)
+        add(acc, TP, now_ms=0)
+    add(acc, other, now_ms=0)
     seqs = []
     for _ in range(4):
         for batches in acc.drain(0, lambda tp: 1).values():
@@ -129,7 +134,7 @@ def test_retry_keeps_sequence_and_never_overtakes_earlier_batches():
     acc = Accumulator(batch_size_bytes=300, linger_ms=0, in_flight_per_partition_max=5,
                       producer_id=5, producer_epoch=0, retry_backoff_ms=10)
     for _ in range(6):
-        acc.append(TP, rec(), now_ms=0)
+        add(acc, TP, now_ms=0)
     sent = []
     for _ in range(3):
         sent += acc.drain(0, lambda tp: 1).get(1, [])
@@ -155,11 +160,11 @@ def test_retry_keeps_sequence_and_never_overtakes_earlier_batches():
 
 def test_non_retriable_error_fails_and_asks_for_a_new_epoch():
     acc = Accumulator(linger_ms=0, producer_id=5, producer_epoch=0)
-    acc.append(TP, rec(), now_ms=0)
+    add(acc, TP, now_ms=0)
     (b,) = acc.drain(0, lambda tp: 1)[1]
     out = acc.complete(b, error_code=ErrorCode.MESSAGE_TOO_LARGE, base_offset=-1, now_ms=0)
     assert out.kind == "failed" and acc.epoch_bump_needed
-    acc.append(TP, rec(), now_ms=0)
+    add(acc, TP, now_ms=0)
     assert acc.drain(0, lambda tp: 1) == {}  # nothing goes out until the epoch is bumped
     acc.reset_sequences(producer_id=5, producer_epoch=1)
     (b2,) = acc.drain(0, lambda tp: 1)[1]
@@ -168,7 +173,7 @@ def test_non_retriable_error_fails_and_asks_for_a_new_epoch():
 
 def test_retries_stop_at_delivery_timeout():
     acc = Accumulator(linger_ms=0, delivery_timeout_ms=1000, producer_id=5, producer_epoch=0)
-    acc.append(TP, rec(), now_ms=0)
+    add(acc, TP, now_ms=0)
     (b,) = acc.drain(0, lambda tp: 1)[1]
     out = acc.complete(b, error_code=ErrorCode.REQUEST_TIMED_OUT, base_offset=-1, now_ms=1000)
     assert out.kind == "failed" and out.error_code == ErrorCode.REQUEST_TIMED_OUT
@@ -176,7 +181,7 @@ def test_retries_stop_at_delivery_timeout():
 
 def test_no_leader_means_no_drain():
     acc = Accumulator(linger_ms=0)
-    acc.append(TP, rec(), now_ms=0)
+    add(acc, TP, now_ms=0)
     assert acc.drain(10, lambda tp: None) == {}
 
 
@@ -403,7 +408,7 @@ def test_a_partition_at_its_in_flight_limit_sets_no_timer():
     """Waiting for answers is not a deadline: the sender must sleep until one arrives, not spin."""
     acc = Accumulator(batch_size_bytes=300, linger_ms=5, in_flight_per_partition_max=1)
     for _ in range(4):
-        acc.append(TP, rec(), now_ms=0)
+        add(acc, TP, now_ms=0)
     assert acc.drain(10, lambda tp: 1)
     assert acc.next_ready_ms(10) is None
     (batch,) = acc.partitions[TP].in_flight
@@ -476,7 +481,7 @@ def test_one_in_flight_never_sends_a_second_batch_before_the_first_is_answered()
     partition in flight, so a retried batch is never overtaken."""
     acc = Accumulator(batch_size_bytes=300, linger_ms=0, in_flight_per_partition_max=1, idempotent=False)
     for _ in range(6):
-        acc.append(TP, rec(), now_ms=0)
+        add(acc, TP, now_ms=0)
     (first,) = acc.drain(0, lambda tp: 1)[1]
     assert acc.drain(1, lambda tp: 1) == {}
     acc.complete(first, error_code=ErrorCode.NOT_ENOUGH_REPLICAS, base_offset=-1, now_ms=2)

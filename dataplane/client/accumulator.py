@@ -1,13 +1,15 @@
 """The producer's batching and sequencing rules, without sockets or clocks.
 
-Records are appended to a per-partition queue of batches; `drain(now_ms, ...)`
+Records are encoded into the open batch of their partition's queue as they are appended
+(dataplane/client/encoder.py), so a batch is bytes from the start; `drain(now_ms, ...)`
 says which batches to send to which broker; `complete(...)` takes each
 partition's answer and says what happened (acknowledged, queued for retry, or
 failed). Time is an argument everywhere.
 
 Ordering rules (idempotent or not):
-- a batch gets its base sequence when it is first drained, and its bytes are
-  built then and never rebuilt, so a retry resends exactly the same sequence;
+- a batch gets its base sequence when it is first drained, and its header is
+  sealed then and never rewritten (until a new producer epoch), so a retry resends
+  exactly the same bytes and sequence;
 - at most `in_flight_per_partition_max` batches of one partition are in flight;
 - after a retriable failure the partition enters retry mode: the failed batch
   goes back to the head of the queue in sequence order, and until every batch
@@ -21,47 +23,49 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
-from common.batch import HEADER_SIZE, BatchBuilder, Compression
+from common.batch import Compression
 from common.errors import ErrorCode
+from dataplane.client.encoder import HEADER_SIZE, BatchWriter
+from dataplane.client.futures import BatchOutcome
 from dataplane.client.records import TopicPartition
 
 RECORD_OVERHEAD_BYTES = 24  # varints, attributes and deltas of one record, an upper bound for sizing
 
 
-def record_size_bytes(value: bytes | None, key: bytes | None, headers: tuple[tuple[str, bytes | None], ...]) -> int:
-    size = RECORD_OVERHEAD_BYTES + len(value or b"") + len(key or b"")
-    for name, header_value in headers:
-        size += 10 + len(name.encode()) + len(header_value or b"")
-    return size
-
-
-@dataclass(eq=False)
-class PendingRecord:
-    value: bytes | None
-    key: bytes | None
-    headers: tuple[tuple[str, bytes | None], ...]
-    timestamp_ms: int
-    size_bytes: int
-    handle: Any = None  # the driver's future; opaque here
+def record_size_bytes(value: bytes | None, key: bytes | None, headers: bytes) -> int:
+    """An upper bound on the bytes a record takes in a batch (before it is encoded)."""
+    return RECORD_OVERHEAD_BYTES + (len(value) if value is not None else 0) + (len(key) if key is not None else 0) \
+        + len(headers)
 
 
 @dataclass(eq=False)
 class ProducerBatch:
+    """One partition's batch: its records already encoded in `writer`, one outcome for all."""
+
     tp: TopicPartition
     created_ms: int
-    records: list[PendingRecord] = field(default_factory=list)
-    size_bytes: int = HEADER_SIZE
+    writer: BatchWriter = field(default_factory=BatchWriter)
+    outcome: BatchOutcome | None = None
+    buffer_bytes: int = 0      # what it holds of the buffer memory, returned when it completes
     base_sequence: int = -1
-    payload: bytes | None = None
+    payload: bytes | bytearray | None = None
     attempts: int = 0
     retry_at_ms: int = 0
     in_flight: bool = False
 
+    def __post_init__(self) -> None:
+        if self.outcome is None:
+            self.outcome = BatchOutcome(self.tp)
+
     @property
     def record_count(self) -> int:
-        return len(self.records)
+        return self.writer.record_count
+
+    @property
+    def size_bytes(self) -> int:
+        return self.writer.size_bytes
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -126,22 +130,28 @@ class Accumulator:
         # could never be sent at all.
         return self.buffer_used_bytes == 0 or self.buffer_used_bytes + size_bytes <= self.buffer_memory_bytes
 
-    def append(self, tp: TopicPartition, record: PendingRecord, *, now_ms: int) -> ProducerBatch:
-        """Queue a record (the caller checked has_memory_for). Returns the batch it joined."""
+    def append(self, tp: TopicPartition, value: bytes | None, key: bytes | None, headers: bytes,
+               timestamp_ms: int, *, now_ms: int) -> tuple[ProducerBatch, int]:
+        """Encode a record into tp's open batch, or a new one when it does not fit (the caller
+        checked has_memory_for). Returns the batch and the record's index in it.
+        `headers` is the encoded header section (encoder.encode_headers; b"\\x00": none)."""
         state = self.partitions.get(tp)
         if state is None:
             state = self.partitions[tp] = PartitionState()
-        last = state.queue[-1] if state.queue else None
-        if (last is None or last.payload is not None
-                or (last.records and last.size_bytes + record.size_bytes > self.batch_size_bytes)):
-            if last is not None and last.payload is None and self.on_batch_closed:
+        queue = state.queue
+        batch = queue[-1] if queue else None
+        added = 0
+        if batch is not None and batch.payload is None and batch.attempts == 0:
+            added = batch.writer.append(value, key, headers, timestamp_ms, self.batch_size_bytes)
+            if not added and self.on_batch_closed:
                 self.on_batch_closed(tp)
-            last = ProducerBatch(tp=tp, created_ms=now_ms)
-            state.queue.append(last)
-        last.records.append(record)
-        last.size_bytes += record.size_bytes
-        self.buffer_used_bytes += record.size_bytes
-        return last
+        if not added:
+            batch = ProducerBatch(tp=tp, created_ms=now_ms)
+            queue.append(batch)
+            added = batch.writer.append(value, key, headers, timestamp_ms)
+        batch.buffer_bytes += added
+        self.buffer_used_bytes += added
+        return batch, batch.writer.record_count - 1
 
     # ------------------------------------------------------------ draining
 
@@ -190,13 +200,10 @@ class Accumulator:
         if self.idempotent:
             batch.base_sequence = state.next_sequence
             state.next_sequence = (state.next_sequence + batch.record_count) & 0x7FFFFFFF
-        builder = BatchBuilder(producer_id=self.producer_id if self.idempotent else -1,
-                               producer_epoch=self.producer_epoch if self.idempotent else -1,
-                               base_sequence=batch.base_sequence, compression=self.compression,
-                               max_batch_bytes=max(self.batch_size_bytes, batch.size_bytes) * 2 + 1024)
-        for r in batch.records:
-            builder.append(r.value, key=r.key, headers=r.headers, timestamp_ms=r.timestamp_ms)
-        batch.payload = builder.build()
+        batch.payload = batch.writer.seal(producer_id=self.producer_id if self.idempotent else -1,
+                                          producer_epoch=self.producer_epoch if self.idempotent else -1,
+                                          base_sequence=batch.base_sequence,
+                                          gzip=self.compression == Compression.GZIP)
 
     def next_ready_ms(self, now_ms: int) -> int | None:
         """The earliest time a queued batch becomes ready by linger or backoff (None: nothing will
@@ -262,7 +269,8 @@ class Accumulator:
         state.queue.insert(index, batch)
 
     def _release(self, batch: ProducerBatch) -> None:
-        self.buffer_used_bytes -= sum(r.size_bytes for r in batch.records)
+        self.buffer_used_bytes -= batch.buffer_bytes
+        batch.buffer_bytes = 0  # released once
         assert self.buffer_used_bytes >= 0, "buffer accounting went negative"
 
     def expire(self, now_ms: int) -> list[ProducerBatch]:

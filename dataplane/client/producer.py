@@ -24,7 +24,8 @@ from common.wire import (
     ProduceRequest,
     ProduceTopic,
 )
-from dataplane.client.accumulator import Accumulator, Outcome, PendingRecord, ProducerBatch, record_size_bytes
+from dataplane.client.accumulator import Accumulator, Outcome, ProducerBatch, record_size_bytes
+from dataplane.client.encoder import encode_headers
 from dataplane.client.errors import (
     BrokerResponseError,
     BufferFullTimeoutError,
@@ -36,6 +37,7 @@ from dataplane.client.errors import (
 )
 from dataplane.client.network import Network, parse_bootstrap
 from dataplane.client.partitioner import StickyPartitioner
+from dataplane.client.futures import RecordFuture
 from dataplane.client.records import RecordMetadata, TopicPartition
 
 log = logging.getLogger("biplane.client.producer")
@@ -54,13 +56,16 @@ def _now_ms() -> int:
     return int(time.monotonic() * 1000)
 
 
-def _as_bytes(name: str, data: Any) -> bytes | None:
-    if data is None:
-        return None
+_TIMESTAMP_MS_LIMIT = 1 << 62
+_NO_HEADERS = b"\x00"
+
+
+def _as_bytes(name: str, data: Any) -> bytes | bytearray | memoryview | None:
+    # bytearray and memoryview are copied into the batch at once, so they need no snapshot here.
+    if data is None or isinstance(data, (bytes, bytearray, memoryview)):
+        return data
     if isinstance(data, str):
         return data.encode()
-    if isinstance(data, (bytes, bytearray, memoryview)):
-        return bytes(data)
     raise TypeError(f"{name} must be bytes, str or None, not {type(data).__name__}")
 
 
@@ -116,6 +121,8 @@ class Producer:
                                 idempotent=self.idempotent,
                                 compression=Compression.GZIP if compression == "gzip" else Compression.NONE,
                                 on_batch_closed=self._batch_closed)
+        self._tps: dict[str, list[TopicPartition]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._wakeup: asyncio.Event | None = None
         self._memory_freed: asyncio.Condition | None = None
         self._sender: asyncio.Task | None = None
@@ -134,6 +141,7 @@ class Producer:
     async def start(self) -> "Producer":
         if self._started:
             return self
+        self._loop = asyncio.get_running_loop()
         self._wakeup = asyncio.Event()
         self._memory_freed = asyncio.Condition()
         self._started = True
@@ -239,38 +247,49 @@ class Producer:
 
     async def send(self, topic: str, value: bytes | str | None, key: bytes | str | None = None,
                    headers: Sequence[tuple[str, bytes | str | None]] | None = None,
-                   partition: int | None = None, timestamp_ms: int | None = None) -> asyncio.Future:
-        """Queue one record; returns (once queued) a future resolving to RecordMetadata(topic, partition, offset)."""
-        self._check_open()
-        if not isinstance(topic, str) or not topic:
+                   partition: int | None = None, timestamp_ms: int | None = None) -> RecordFuture:
+        """Queue one record; returns (once queued) a future resolving to RecordMetadata(topic, partition, offset).
+
+        The record is encoded into its batch here; the future is an asyncio future-like
+        (see dataplane/client/futures.py) resolved together with the rest of its batch."""
+        if self._closing or self._closed or self._fatal is not None:
+            self._check_open()
+        if not self._started:
+            await self.start()
+        if type(topic) is not str or not topic:
             raise ValueError(f"topic must be a non-empty string, not {topic!r}")
-        value_b = _as_bytes("value", value)
-        key_b = _as_bytes("key", key)
-        header_items = tuple((str(k), _as_bytes(f"header {k!r}", v)) for k, v in (headers or ()))
-        if partition is not None and (not isinstance(partition, int) or partition < 0):
-            raise ValueError(f"partition must be a non-negative integer or None, not {partition!r}")
-        await self.start()
-        deadline = time.monotonic() + self.max_block_ms / 1000
-        count = await self._partition_count(topic, deadline)
+        if value is not None and type(value) is not bytes:
+            value = _as_bytes("value", value)
+        if key is not None and type(key) is not bytes:
+            key = _as_bytes("key", key)
+        header_bytes = encode_headers(tuple(headers)) if headers else _NO_HEADERS
+        if timestamp_ms is None:
+            timestamp_ms = int(time.time() * 1000)
+        elif type(timestamp_ms) is not int or not -1 <= timestamp_ms < _TIMESTAMP_MS_LIMIT:
+            raise ValueError(f"timestamp_ms must be an integer in [-1, {_TIMESTAMP_MS_LIMIT}), not {timestamp_ms!r}")
+        deadline = None
+        tps = self._tps.get(topic)
+        if tps is None or len(tps) != self._network.metadata.partition_count(topic):
+            deadline = time.monotonic() + self.max_block_ms / 1000
+            count = await self._partition_count(topic, deadline)
+            tps = self._tps[topic] = [TopicPartition(topic, p) for p in range(count)]
         if partition is None:
-            partition = self._partitioner.partition(topic, key_b, count)
-        elif partition >= count:
-            raise ValueError(f"partition {partition} does not exist: topic {topic!r} has {count} "
-                             f"partition(s), 0..{count - 1}")
-        size = record_size_bytes(value_b, key_b, header_items)
-        if not self._acc.has_memory_for(size):
-            await self._wait_for_memory(size, deadline)
-        future = asyncio.get_running_loop().create_future()
-        ts = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
-        record = PendingRecord(value=value_b, key=key_b, headers=header_items, timestamp_ms=ts,
-                               size_bytes=size, handle=future)
-        tp = TopicPartition(topic, partition)
-        batch = self._acc.append(tp, record, now_ms=_now_ms())
-        if batch.size_bytes >= self._acc.batch_size_bytes or self._acc.linger_ms == 0:
-            self._wakeup.set()
-        elif len(batch.records) == 1:
-            self._wakeup.set()  # the sender recomputes its next linger deadline
-        return future
+            partition = self._partitioner.partition(topic, key, len(tps))
+        elif type(partition) is not int or partition < 0:
+            raise ValueError(f"partition must be a non-negative integer or None, not {partition!r}")
+        elif partition >= len(tps):
+            raise ValueError(f"partition {partition} does not exist: topic {topic!r} has {len(tps)} "
+                             f"partition(s), 0..{len(tps) - 1}")
+        acc = self._acc
+        used = acc.buffer_used_bytes
+        if used:
+            size = record_size_bytes(value, key, header_bytes)
+            if used + size > acc.buffer_memory_bytes:
+                await self._wait_for_memory(size, deadline or time.monotonic() + self.max_block_ms / 1000)
+        batch, index = acc.append(tps[partition], value, key, header_bytes, timestamp_ms, now_ms=_now_ms())
+        if index == 0 or acc.linger_ms == 0:
+            self._wakeup.set()  # a new batch: the sender recomputes its linger deadline (the last one may be full)
+        return RecordFuture(batch.outcome, index, self._loop)
 
     async def send_and_wait(self, topic: str, value: bytes | str | None, key: bytes | str | None = None,
                             headers: Sequence[tuple[str, bytes | str | None]] | None = None,
@@ -333,7 +352,7 @@ class Producer:
                 now = _now_ms()
                 for batch in self._acc.expire(now):
                     self._fail_batch(batch, DeliveryTimeoutError(
-                        f"{len(batch.records)} record(s) for {batch.tp} not sent within "
+                        f"{batch.record_count} record(s) for {batch.tp} not sent within "
                         f"delivery_timeout_ms={self._acc.delivery_timeout_ms} (no leader reachable?)"))
                 if self._acc.epoch_bump_needed and self._acc.in_flight_count() == 0:
                     await self._init_producer_id(bump=True)
@@ -433,11 +452,8 @@ class Producer:
     def _settle(self, outcome: Outcome, message: str | None) -> None:
         batch = outcome.batch
         if outcome.kind == "acked":
-            self.records_sent += len(batch.records)
-            for i, record in enumerate(batch.records):
-                offset = outcome.base_offset + i if outcome.base_offset >= 0 else -1
-                if not record.handle.done():
-                    record.handle.set_result(RecordMetadata(batch.tp.topic, batch.tp.partition, offset))
+            self.records_sent += batch.record_count
+            batch.outcome.resolve(outcome.base_offset)
         elif outcome.kind == "retry":
             self.retries += 1
             log.debug("retrying %s (attempt %d): %s", batch.tp, batch.attempts, outcome.error_code.name)
@@ -445,7 +461,7 @@ class Producer:
             if (outcome.error_code == ErrorCode.REQUEST_TIMED_OUT
                     and _now_ms() - batch.created_ms >= self._acc.delivery_timeout_ms):
                 error: BiplaneError = DeliveryTimeoutError(
-                    f"{len(batch.records)} record(s) for {batch.tp} not acknowledged within "
+                    f"{batch.record_count} record(s) for {batch.tp} not acknowledged within "
                     f"delivery_timeout_ms={self._acc.delivery_timeout_ms} after {batch.attempts} attempts "
                     f"(last error: {message})")
             else:
@@ -455,10 +471,7 @@ class Producer:
 
     @staticmethod
     def _fail_batch(batch: ProducerBatch, error: BaseException) -> None:
-        for record in batch.records:
-            if not record.handle.done():
-                record.handle.set_exception(error)
-                record.handle.exception()  # the caller may ignore the future; do not warn about it
+        batch.outcome.fail(error)
 
 
 __all__ = ["Producer", "parse_acks", "BrokerResponseError"]
