@@ -80,6 +80,12 @@ class LogConfig:
     index_interval_bytes: int = 4096
     retention_bytes: int | None = None
     retention_ms: int | None = 7 * 24 * 3600 * 1000
+    # Flushed bytes further than this behind the end of the log are dropped from the
+    # operating system's page cache (drop-behind); None keeps them. Reads of older data
+    # then come from disk. A page cache that keeps growing makes every write land on
+    # never-used memory, which costs a page fault per page where the host backs a
+    # machine's memory lazily (a VM); recycled pages do not.
+    page_cache_behind_bytes: int | None = 16 * 1024 * 1024
 
     def __post_init__(self) -> None:
         # Positions in the offset index are 32-bit, so a segment must stay below 2 GiB.
@@ -89,7 +95,7 @@ class LogConfig:
         if self.index_interval_bytes < 1:
             raise InvalidRequestError(
                 f"index_interval_bytes={self.index_interval_bytes} must be positive")
-        for name in ("segment_ms", "retention_bytes", "retention_ms"):
+        for name in ("segment_ms", "retention_bytes", "retention_ms", "page_cache_behind_bytes"):
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise InvalidRequestError(f"{name}={value} must be >= 0 or None (unlimited)")

@@ -465,6 +465,7 @@ class PartitionLog:
                 self._dirty.clear()
                 dir_dirty, self._dir_dirty = self._dir_dirty, False
                 truncations = self._truncations
+                drops = self._drop_behind_ends(segments)
             try:
                 for segment in segments:
                     segment.fsync()
@@ -477,6 +478,11 @@ class PartitionLog:
                             self._dirty[id(segment)] = segment
                     self._dir_dirty |= dir_dirty
                 raise files.storage_error(f"flush of {self.directory} failed", exc) from exc
+            for segment, end in drops:
+                try:
+                    segment.drop_cached(end)
+                except OSError:
+                    pass  # only a hint to the page cache; the data is durable either way
             with self._lock:
                 if truncations == self._truncations and target > self._flushed_offset:
                     self._flushed_offset = target
@@ -485,6 +491,16 @@ class PartitionLog:
             if checkpoint_due:
                 self._write_recovery_point(flushed)
             return flushed
+
+    def _drop_behind_ends(self, segments: list[Segment]) -> list[tuple[Segment, int]]:
+        """(segment, file position) below which its pages may leave the page cache once
+        this flush's fsync returned: whole older segments, and the active one up to
+        page_cache_behind_bytes before its end (what followers and consumers read next)."""
+        behind = self.config.page_cache_behind_bytes
+        if behind is None:
+            return []
+        active = self._segments[-1]
+        return [(s, s.size_bytes - behind if s is active else s.size_bytes) for s in segments]
 
     def _segment_index(self, offset: int) -> int:
         return bisect.bisect_right(self._bases, offset) - 1

@@ -23,6 +23,8 @@ _DELTA_AND_TIMES = struct.Struct(">iqq")       # last_offset_delta, first/max ti
 _LENGTH_FIELD_END = 12
 _WALK_CHUNK_BYTES = 64 * 1024
 _RECOVERY_CHUNK_BYTES = 8 * 1024 * 1024
+# Pages are dropped from the page cache in steps of at least this much (one call each).
+_DROP_STEP_BYTES = 1024 * 1024
 
 
 def segment_name(base_offset: int) -> str:
@@ -60,6 +62,7 @@ class Segment:
         self.rolling_timestamp: int | None = None  # max timestamp of the first batch
         self._bytes_since_index = 0
         self.sealed = False  # indexes saved; no more appends
+        self._uncached_to = 0  # bytes below this were dropped from the page cache once
 
     # ------------------------------------------------------------------ loading
 
@@ -218,12 +221,21 @@ class Segment:
                 finally:
                     os.close(fd)
 
+    def drop_cached(self, end: int) -> None:
+        """Let the OS drop this file's pages below `end` from its page cache (flushed bytes
+        only: dirty pages would just be written back). A hint: the bytes stay on disk."""
+        if end - self._uncached_to < _DROP_STEP_BYTES:
+            return
+        os.posix_fadvise(self.fd, self._uncached_to, end - self._uncached_to, os.POSIX_FADV_DONTNEED)
+        self._uncached_to = end
+
     def truncate_to(self, offset: int) -> None:
         """Remove every batch whose last offset is >= offset."""
         if offset >= self.next_offset:
             return
         position = self.position_of(offset)[0] if offset > self.base_offset else 0
         os.ftruncate(self.fd, position)
+        self._uncached_to = min(self._uncached_to, position)
         self.rebuild_indexes()
 
     # ------------------------------------------------------------------ reading
