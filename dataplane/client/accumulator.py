@@ -224,8 +224,7 @@ class Accumulator:
     def complete(self, batch: ProducerBatch, *, error_code: ErrorCode, base_offset: int, now_ms: int) -> Outcome:
         state = self.partitions[batch.tp]
         assert batch.in_flight, "a batch completes only while in flight"
-        is_head = state.in_flight[0] is batch and not any(
-            b.attempts and 0 <= b.base_sequence < batch.base_sequence for b in state.queue)
+        was_first_in_flight = state.in_flight[0] is batch
         state.in_flight.remove(batch)
         batch.in_flight = False
         if error_code in (ErrorCode.NONE, ErrorCode.DUPLICATE_SEQUENCE):
@@ -236,7 +235,8 @@ class Accumulator:
                            error_code=error_code)
         retriable = error_code.retriable or (self.idempotent and error_code == ErrorCode.OUT_OF_ORDER_SEQUENCE)
         expired = now_ms - batch.created_ms >= self.delivery_timeout_ms
-        if (self.idempotent and error_code == ErrorCode.OUT_OF_ORDER_SEQUENCE and is_head
+        if (self.idempotent and error_code == ErrorCode.OUT_OF_ORDER_SEQUENCE and was_first_in_flight
+                and not any(b.attempts and 0 <= b.base_sequence < batch.base_sequence for b in state.queue)
                 and not expired and batch.attempts <= self.retries_max):
             # Nothing earlier is outstanding, yet the leader expected another sequence: it lost
             # this producer's state (or never had it). Waiting will not help; a new producer
@@ -274,19 +274,19 @@ class Accumulator:
         assert self.buffer_used_bytes >= 0, "buffer accounting went negative"
 
     def expire(self, now_ms: int) -> list[ProducerBatch]:
-        """Remove and return queued (not in-flight) batches older than delivery_timeout_ms."""
+        """Remove and return queued (not in-flight) batches older than delivery_timeout_ms.
+        A queue is in creation order (retries go back in sequence order, which is creation
+        order), so only its front is looked at: this runs on every turn of the sender."""
         expired: list[ProducerBatch] = []
+        cutoff = now_ms - self.delivery_timeout_ms
         for state in self.partitions.values():
-            keep = collections.deque()
-            for batch in state.queue:
-                if now_ms - batch.created_ms >= self.delivery_timeout_ms:
-                    expired.append(batch)
-                    self._release(batch)
-                    if self.idempotent and batch.base_sequence >= 0:
-                        self.epoch_bump_needed = True
-                else:
-                    keep.append(batch)
-            state.queue = keep
+            queue = state.queue
+            while queue and queue[0].created_ms <= cutoff:
+                batch = queue.popleft()
+                expired.append(batch)
+                self._release(batch)
+                if self.idempotent and batch.base_sequence >= 0:
+                    self.epoch_bump_needed = True
         return expired
 
     def in_flight_count(self) -> int:
