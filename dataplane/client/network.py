@@ -81,9 +81,9 @@ class Network:
         """One request; a timeout closes the connection (its answers would come out of order)."""
         client = await self.client(broker, purpose)
         try:
-            return await asyncio.wait_for(client.request(message),
-                                          (timeout_ms or self.request_timeout_ms) / 1000)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout((timeout_ms or self.request_timeout_ms) / 1000):  # no extra task
+                return await client.request(message)
+        except TimeoutError:
             await self.drop(broker, purpose)
             raise ConnectionClosedError(f"request to broker {broker} timed out after "
                                         f"{timeout_ms or self.request_timeout_ms} ms", code=ErrorCode.REQUEST_TIMED_OUT)

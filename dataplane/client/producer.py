@@ -122,6 +122,7 @@ class Producer:
                                 compression=Compression.GZIP if compression == "gzip" else Compression.NONE,
                                 on_batch_closed=self._batch_closed)
         self._tps: dict[str, list[TopicPartition]] = {}
+        self._flush_holds = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wakeup: asyncio.Event | None = None
         self._memory_freed: asyncio.Condition | None = None
@@ -200,13 +201,18 @@ class Producer:
         """Send everything queued now (ignoring linger) and wait until each record is acknowledged or failed."""
         self._check_open()
         await self.start()
-        self._acc.flushing = True
-        self._wakeup.set()
+        self._hold_flushing(1)
         try:
+            self._drain_now()
             async with self._memory_freed:
                 await self._memory_freed.wait_for(lambda: self._acc.pending_batches() == 0 or self._fatal is not None)
         finally:
-            self._acc.flushing = False
+            self._hold_flushing(-1)
+
+    def _hold_flushing(self, step: int) -> None:
+        # While anyone waits in flush() or send_and_wait(), queued batches leave without lingering.
+        self._flush_holds += step
+        self._acc.flushing = self._flush_holds > 0
 
     async def close(self, timeout_ms: int | None = None) -> None:
         """Send what is queued (waiting up to timeout_ms, default delivery_timeout_ms), then close. Idempotent."""
@@ -296,12 +302,23 @@ class Producer:
                             partition: int | None = None, timestamp_ms: int | None = None) -> RecordMetadata:
         future = await self.send(topic, value, key=key, headers=headers, partition=partition,
                                  timestamp_ms=timestamp_ms)
-        self._acc.flushing = True  # nobody else will fill this batch while we wait: no point lingering
-        self._wakeup.set()
+        self._hold_flushing(1)  # nobody else will fill this batch while we wait: no point lingering
         try:
+            self._drain_now()
             return await future
         finally:
-            self._acc.flushing = False
+            self._hold_flushing(-1)
+
+    def _drain_now(self) -> None:
+        """Send what is ready at once, from the caller's turn of the loop, rather than a turn
+        later from the sender task (a synchronous send pays no extra hop)."""
+        acc = self._acc
+        if not acc.epoch_bump_needed and self._sender is not None and self._fatal is None:
+            drained = acc.drain(_now_ms(), self._network.metadata.leader, request_bytes_max=self.request_bytes_max,
+                                closing=self._closing)
+            for broker, batches in drained.items():
+                self._spawn(self._send_batches(broker, batches))
+        self._wakeup.set()   # the sender recomputes its deadlines (and handles what could not go)
 
     async def _partition_count(self, topic: str, deadline: float) -> int:
         meta = self._network.metadata
@@ -371,8 +388,9 @@ class Producer:
                 if drained:
                     continue
                 try:
-                    await asyncio.wait_for(self._wakeup.wait(), timeout)
-                except asyncio.TimeoutError:
+                    async with asyncio.timeout(timeout):   # no extra task, unlike wait_for
+                        await self._wakeup.wait()
+                except TimeoutError:
                     pass
         except asyncio.CancelledError:
             raise
