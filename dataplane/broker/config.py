@@ -28,7 +28,11 @@ class BrokerConfig(BaseModel):
     # core's backlog); beyond it produce requests wait, in order, until their timeout.
     unreplicated_bytes_max: int = Field(default=64 * 1024 * 1024, ge=1)
     tick_interval_ms: int = Field(default=10, ge=1, le=1000)
-    flush_debounce_ms: int = Field(default=1, ge=0, le=1000)
+    # An idle push follower hears from its leader (and learns the HW) this often.
+    push_heartbeat_ms: int = Field(default=100, ge=1, le=60_000)
+    # A sleep before each fsync run; 0: group commit only (waiters arriving during an fsync
+    # share the next one), which costs a lone acks=all producer no timer.
+    flush_debounce_ms: int = Field(default=0, ge=0, le=1000)
     fetch_error_backoff_ms: int = Field(default=50, ge=0, le=10_000)
     reconnect_backoff_ms_max: int = Field(default=1000, ge=1, le=60_000)
     request_timeout_ms: int = Field(default=10_000, ge=100)

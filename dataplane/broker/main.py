@@ -33,7 +33,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--heartbeat-interval-ms", type=int, default=150)
     p.add_argument("--fetch-wait-ms-max", type=int, default=500)
     p.add_argument("--max-frame-bytes", type=int, default=64 * 1024 * 1024)
-    p.add_argument("--flush-debounce-ms", type=int, default=1)
+    p.add_argument("--flush-debounce-ms", type=int, default=0,
+                   help="sleep before each fsync run; 0 (default): group commit only")
     p.add_argument("--unreplicated-bytes-max", type=int, default=64 * 1024 * 1024,
                    help="produce bytes this broker's leaders may hold before their followers have them "
                         "(sum over partitions; beyond it produce requests wait; default 64 MiB)")

@@ -1,11 +1,15 @@
 """FlushCoalescer: many asyncio waiters share one fsync run.
 
 `await coalescer.flush_to(offset)` returns once flushed_offset >= offset. The
-first waiter starts a run: it sleeps `debounce_ms` so that more appends and
-waiters can join, then calls the log's synchronous `flush()` in a thread
-executor (the event loop keeps serving appends and reads meanwhile). Waiters
-covered by the result are released together; waiters that arrived for later
-offsets start the next run. A flush error is raised in every waiter of that run.
+first waiter starts a run, which calls the log's synchronous `flush()` in a
+thread executor (the event loop keeps serving appends and reads meanwhile).
+Waiters covered by the result are released together; waiters and appends that
+arrived during the fsync are covered by the next run, which starts as soon as
+this one ends. That is group commit: the fsync itself is the window in which
+others join, so no sleep is needed before it, and a lone synchronous producer
+pays one fsync, not a timer plus an fsync. `debounce_ms` > 0 adds a sleep
+before each run (fewer, bigger fsyncs for a disk where each fsync is costly).
+A flush error is raised in every waiter of that run.
 """
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ class LogTruncatedError(StorageError):
 
 
 class FlushCoalescer:
-    def __init__(self, log: Log, *, debounce_ms: float = 2.0,
+    def __init__(self, log: Log, *, debounce_ms: float = 0.0,
                  executor: concurrent.futures.Executor | None = None) -> None:
         if debounce_ms < 0:
             raise InvalidRequestError(f"debounce_ms={debounce_ms} must be >= 0")
