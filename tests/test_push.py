@@ -14,12 +14,12 @@ from test_replica_core import Node, config, pump, state
 PUSH = config(replication_mode="push")
 
 
-def push_cluster(*, fetch_max_bytes=1024 * 1024, inflight=4, cfg=PUSH, st=None) -> dict[int, Node]:
+def push_cluster(*, fetch_max_bytes=1024 * 1024, inflight=4, cfg=PUSH, st=None, **leader_kw) -> dict[int, Node]:
     nodes = {i: Node(i, fetch_max_bytes=fetch_max_bytes) for i in (1, 2, 3)}
     for i in (2, 3):
         nodes[i].replica.push_capable = True
-    nodes[1].replica = Replica(replica_id=1, log=nodes[1].log, fetch_backoff_ms=10, fetch_max_bytes=fetch_max_bytes,
-                               push_inflight_max=inflight, push_capable=True)
+    nodes[1].replica = Replica(replica_id=1, log=nodes[1].log, fetch_max_bytes=fetch_max_bytes,
+                               push_inflight_max=inflight, push_capable=True, **{"fetch_backoff_ms": 10, **leader_kw})
     for n in nodes.values():
         n.step(NewMetadata(partition=st or state(), config=cfg))
     return nodes
@@ -121,3 +121,47 @@ def test_stale_epoch_append_entries_is_fenced():
                                                 records=build_batch([b"x"], timestamp_ms=0), high_watermark=0))
     replies = [s.message for s in ready.send if isinstance(s.message, AppendEntriesReply)]
     assert [r.error for r in replies] == [ErrorCode.FENCED_LEADER_EPOCH] and ready.persist == ()
+
+
+def test_flush_after_append_is_asked_only_under_durability_fsync():
+    """Claim: with an acks=all request waiting, append-entries ask the follower to flush under
+    durability=fsync (the HW counts flushed offsets) and never under durability=write (it counts
+    written ones, so a flush would only hold the follower's answer)."""
+    asked = {}
+    for durability in ("fsync", "write"):
+        nodes = push_cluster(cfg=config(replication_mode="push", durability=durability))
+        pump(nodes, now_ms=0, rounds=5)
+        nodes[1].take(Send)
+        produce(nodes[1], 1)
+        sends = nodes[1].take(Send)
+        data = [s for s in sends if isinstance(s.message, AppendEntries) and s.message.records]
+        assert {s.to_broker for s in data} == {2, 3}
+        asked[durability] = {s.message.flush_after_append for s in data}
+        for s in sends:
+            nodes[s.to_broker].step(s.message)
+        pump(nodes, now_ms=100, rounds=10)
+        assert nodes[1].released()[1].error is ErrorCode.NONE
+    assert asked == {"fsync": {True}, "write": {False}}
+
+
+def test_an_idle_follower_hears_from_the_leader_every_push_heartbeat_ms_not_at_every_reply():
+    """Claim: a leader run with fetch_backoff_ms=0 (a long-polling driver) and push_heartbeat_ms=100
+    answers an idle follower's heartbeat reply with nothing until 100 ms have passed, so the two
+    do not trade empty append-entries without pause; then it sends one."""
+    nodes = push_cluster(fetch_backoff_ms=0, push_heartbeat_ms=100)
+    pump(nodes, now_ms=0, rounds=5)
+    pump(nodes, rounds=50)  # until quiet: nothing in flight
+    leader = nodes[1]
+    assert leader.replica.epoch_durable and not any(p.push_inflight for p in leader.replica.progress.values())
+    leader.step(Tick(now_ms=1200))
+    beats = [s for s in leader.take(Send) if isinstance(s.message, AppendEntries)]
+    assert {s.to_broker for s in beats} == {2, 3} and not any(s.message.records for s in beats)
+    for s in beats:
+        nodes[s.to_broker].step(s.message)
+    for i in (2, 3):
+        for s in nodes[i].take(Send):
+            leader.step(s.message)
+    leader.step(Tick(now_ms=1299))
+    assert not [s for s in leader.take(Send) if isinstance(s.message, AppendEntries)]
+    leader.step(Tick(now_ms=1300))
+    assert {s.to_broker for s in leader.take(Send) if isinstance(s.message, AppendEntries)} == {2, 3}

@@ -59,8 +59,8 @@ def now_ms() -> int:
 
 class PartitionDriver:
     def __init__(self, *, broker_id: int, tp: TopicPartition, directory: str, log_config: LogConfig,
-                 hooks: DriverHooks, unclean_start: bool, flush_debounce_ms: int = 1,
-                 fetch_max_bytes: int = 1024 * 1024, parked_max: int = 1000,
+                 hooks: DriverHooks, unclean_start: bool, flush_debounce_ms: int = 0,
+                 fetch_max_bytes: int = 1024 * 1024, push_heartbeat_ms: int = 100, parked_max: int = 1000,
                  budget: ProduceBudget | None = None) -> None:
         self.tp = tp
         self.directory = directory
@@ -68,9 +68,11 @@ class PartitionDriver:
         self.log = PartitionLog(directory, config=log_config)
         self.coalescer = FlushCoalescer(self.log, debounce_ms=flush_debounce_ms)
         # fetch_backoff_ms=0: the fetcher long-polls, so an empty answer already waited;
-        # the fetcher itself backs off after errors.
+        # the fetcher itself backs off after errors. Push followers, which nothing long-polls
+        # for, hear from an idle leader every push_heartbeat_ms.
         self.replica = Replica(replica_id=broker_id, log=self.log, partition=tp, now_ms=now_ms(),
                                fetch_backoff_ms=0, fetch_max_bytes=fetch_max_bytes, unclean_start=unclean_start,
+                               push_heartbeat_ms=push_heartbeat_ms,
                                push_capable=True)  # this driver carries append-entries (pusher.py)
         self.failed: str | None = None
         self.closed = False

@@ -124,7 +124,8 @@ class ReplicaManager:
                 broker_id=self.broker_id, tp=info.tp, directory=directory, log_config=log_config_of(topic),
                 hooks=self, unclean_start=existed and not self.clean_start,
                 flush_debounce_ms=self.config.flush_debounce_ms,
-                fetch_max_bytes=self.config.partition_fetch_max_bytes, budget=self.budget))
+                fetch_max_bytes=self.config.partition_fetch_max_bytes,
+                push_heartbeat_ms=self.config.push_heartbeat_ms, budget=self.budget))
         except (BiplaneError, OSError) as exc:
             log.error("cannot open %s-%d in %s: %s", *info.tp, directory, exc,
                       extra={"event": "partition.open_failed", "topic": info.topic, "partition": info.partition})

@@ -106,7 +106,8 @@ class Replica(PushMixin):
                  fetch_backoff_ms: int = 50, fetch_timeout_ms: int = 1000,
                  isr_proposal_retry_ms: int = 1000, election_report_retry_ms: int = 500,
                  pending_produce_max: int = 10_000, unreplicated_bytes_max: int = 8 * 1024 * 1024,
-                 push_inflight_max: int = 4, push_capable: bool = False, producers_max: int = 10_000,
+                 push_inflight_max: int = 4, push_heartbeat_ms: int | None = None,
+                 push_capable: bool = False, producers_max: int = 10_000,
                  producer_idle_ms_max: int = 7 * 24 * 3600 * 1000, unclean_start: bool = False) -> None:
         for name, value in (("fetch_max_bytes", fetch_max_bytes), ("flush_debounce_ms", flush_debounce_ms),
                             ("fetch_backoff_ms", fetch_backoff_ms), ("fetch_timeout_ms", fetch_timeout_ms),
@@ -114,7 +115,9 @@ class Replica(PushMixin):
                             ("election_report_retry_ms", election_report_retry_ms),
                             ("pending_produce_max", pending_produce_max),
                             ("unreplicated_bytes_max", unreplicated_bytes_max),
-                            ("push_inflight_max", push_inflight_max)):
+                            ("push_inflight_max", push_inflight_max),
+                            ("push_heartbeat_ms", fetch_backoff_ms if push_heartbeat_ms is None
+                             else push_heartbeat_ms)):
             if not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be a non-negative int, got {value!r}")
         self.replica_id = replica_id
@@ -129,6 +132,10 @@ class Replica(PushMixin):
         self.pending_produce_max = pending_produce_max
         self.unreplicated_bytes_max = unreplicated_bytes_max
         self.push_inflight_max = max(1, push_inflight_max)
+        # How often an idle push follower hears from us (None: every fetch_backoff_ms). A
+        # driver whose fetches long-poll runs with fetch_backoff_ms=0 and must set it, or
+        # leader and followers would trade empty append-entries without pause.
+        self.push_heartbeat_ms = fetch_backoff_ms if push_heartbeat_ms is None else push_heartbeat_ms
         # A driver that carries append-entries says so; until then push topics replicate by
         # fetching (every replica of a partition runs the same driver code, so they agree).
         self.push_capable = push_capable

@@ -14,8 +14,10 @@ Leader, per follower (FollowerProgress.push_*):
 - divergence: the follower's (log end, last epoch) go through the same rule as a
   fetch (`_divergence`); the leader sends where that epoch ends here and the follower
   truncates with `_truncate_diverging`, as in pull mode;
-- idle followers get an empty append-entries every `fetch_backoff_ms` (the HW, and
-  the lag rule's evidence).
+- idle followers get an empty append-entries every `push_heartbeat_ms` (the HW, and
+  the lag rule's evidence). A new HW rides on the next append-entries, as Raft's
+  commit index does: an empty one sent at every HW move would cost every acks=all
+  request a second round to each follower.
 Replies feed the same progress tracking (`_record_progress`) and HW as fetches.
 """
 from __future__ import annotations
@@ -56,14 +58,17 @@ class PushMixin:
                 chunk_end = h.next_offset
             if chunk_end <= p.push_next:
                 break
+            # Under durability=write the commit rule counts written offsets: a flush asked for
+            # here would only hold the follower's answer for an fsync nobody counts.
+            flush = self.config.durability == "fsync" and self._acks_all_waiting_in(p.flushed_offset, chunk_end)
             self._send_append_entries(replica_id, prev_offset=p.push_next, records=records, end=chunk_end,
-                                      flush=self._acks_all_waiting_in(p.flushed_offset, chunk_end))
+                                      flush=flush)
             p.push_next = chunk_end
             sent = True
             if p.push_recovering and chunk_end >= end:
                 p.push_recovering = False  # caught up: the normal path goes on from here
                 window = self.push_inflight_max
-        if not sent and not p.push_inflight and self.now_ms - p.push_last_sent_ms >= self.fetch_backoff_ms:
+        if not sent and not p.push_inflight and self.now_ms - p.push_last_sent_ms >= self.push_heartbeat_ms:
             self._send_append_entries(replica_id, prev_offset=p.push_next, records=b"", end=p.push_next,
                                       flush=False)
 
