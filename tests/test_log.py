@@ -144,7 +144,7 @@ def test_follower_rejects_batches_within_one_request_that_skip_offsets(tmp_log):
     first = leader.read(0, max_bytes=1).records
     third = leader.read(4, max_bytes=1).records
     with pytest.raises(OffsetMismatchError, match="expected base offset 2, got 4"):
-        follower.append_as_follower(first + third)
+        follower.append_as_follower(bytes(first) + bytes(third))
     assert follower.log_end_offset == 0
 
 

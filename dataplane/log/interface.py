@@ -17,8 +17,11 @@ Durability when a call returns:
 Buffers: `append_as_leader` patches offsets and the leader epoch into the batch
 headers; a `bytearray` argument is patched in place (the caller may reuse the
 patched buffer, e.g. to send it to followers), a `bytes` argument is copied once.
-The log keeps no reference to any argument after the call. `ReadResult.records`
-is a new immutable `bytes` object owned by the caller.
+The log may keep a reference to what an append stored (the tail cache serves
+reads of the newest batches from it), so the caller must not change a
+`bytearray` or writable `memoryview` argument after the call. `ReadResult.records`
+is immutable: `bytes` or a read-only `memoryview` (of a cached append or of a
+read's own buffer), valid as long as the caller keeps it.
 """
 from __future__ import annotations
 
@@ -86,6 +89,9 @@ class LogConfig:
     # never-used memory, which costs a page fault per page where the host backs a
     # machine's memory lazily (a VM); recycled pages do not.
     page_cache_behind_bytes: int | None = 16 * 1024 * 1024
+    # The newest appended batches kept in memory (as the buffers they came in) to serve
+    # follower fetches and pushes without reading the file back; 0 or None: none.
+    tail_cache_bytes: int | None = 8 * 1024 * 1024
 
     def __post_init__(self) -> None:
         # Positions in the offset index are 32-bit, so a segment must stay below 2 GiB.
@@ -95,7 +101,8 @@ class LogConfig:
         if self.index_interval_bytes < 1:
             raise InvalidRequestError(
                 f"index_interval_bytes={self.index_interval_bytes} must be positive")
-        for name in ("segment_ms", "retention_bytes", "retention_ms", "page_cache_behind_bytes"):
+        for name in ("segment_ms", "retention_bytes", "retention_ms", "page_cache_behind_bytes",
+                     "tail_cache_bytes"):
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise InvalidRequestError(f"{name}={value} must be >= 0 or None (unlimited)")
@@ -115,14 +122,14 @@ class AppendInfo:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ReadResult:
-    """Whole batches copied out of the log; `records` belongs to the caller.
+    """Whole batches of the log; `records` (bytes or a read-only memoryview) never changes.
 
     `first_offset` is the base offset of the first batch (it may be below the
     requested offset, which can fall inside a batch); `next_offset` is the offset
     after the last batch returned (= the requested offset when `records` is empty).
     """
 
-    records: bytes
+    records: bytes | memoryview
     first_offset: int
     next_offset: int
     log_start_offset: int

@@ -29,6 +29,7 @@ from .interface import (AppendInfo, DeletedSegment, EpochEntry, LogConfig, Offse
                         OffsetOutOfRangeError, ReadResult, StaleEpochError)
 from .lock import DirectoryLock
 from .segment import BatchSpan, Segment
+from .tail import TailCache
 
 EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
 RECOVERY_POINT = "recovery-point"
@@ -64,6 +65,7 @@ class PartitionLog:
         self._truncations = 0  # bumped by every truncation; a flush racing one must not count
         self._failed: str | None = None
         self._closed = False
+        self._tail = TailCache(size_bytes_max=self.config.tail_cache_bytes or 0)
         self.recovered_bytes_cut = 0  # bytes of torn/corrupt tail removed on open
         try:
             self._open()
@@ -321,6 +323,7 @@ class PartitionLog:
             raise files.storage_error(
                 f"append of offsets {old_end}..{spans[-1].next_offset - 1} to {self.directory} "
                 f"failed; nothing was appended, log_end_offset is still {old_end}", exc) from exc
+        self._tail.add(buf, spans)
         return AppendInfo(base_offset=spans[0].base_offset, last_offset=spans[-1].next_offset - 1,
                           batch_count=len(spans), size_bytes=sum(s.size_bytes for s in spans),
                           max_timestamp=max(s.max_timestamp for s in spans),
@@ -415,8 +418,10 @@ class PartitionLog:
     def read(self, start_offset: int, *, max_bytes: int, max_offset: int | None = None) -> ReadResult:
         """Whole batches starting with the one that contains start_offset (see interface.py).
 
-        Reads one segment per call with a single pread of at most max_bytes (plus one
-        more for a first batch larger than max_bytes); records are never decoded.
+        Reads one segment per call: from the tail cache when it holds start_offset
+        (no copy when the batches came in one append), else with a single pread of at
+        most max_bytes (plus one more for a first batch larger than max_bytes); records
+        are never decoded.
         """
         if max_bytes < 0:
             raise InvalidRequestError(f"max_bytes={max_bytes} must be >= 0")
@@ -433,7 +438,16 @@ class PartitionLog:
                                log_start_offset=start, log_end_offset=end)
             if start_offset == end or (max_offset is not None and start_offset >= max_offset):
                 return empty
-            segment = self._segments[bisect.bisect_right(self._bases, start_offset) - 1]
+            i = bisect.bisect_right(self._bases, start_offset) - 1
+            cached = self._tail.read(start_offset, max_bytes=max_bytes, max_offset=max_offset,
+                                     end_offset_max=self._bases[i + 1] if i + 1 < len(self._bases) else None)
+            if cached is not None:
+                data, first_offset, next_offset = cached
+                if not data:
+                    return empty
+                return ReadResult(records=data, first_offset=first_offset, next_offset=next_offset,
+                                  log_start_offset=start, log_end_offset=end)
+            segment = self._segments[i]
             try:
                 position, first_offset = segment.position_of(start_offset)
                 data, next_offset = segment.read(position, max_bytes=max_bytes, max_offset=max_offset)
@@ -570,6 +584,8 @@ class PartitionLog:
     def _after_truncation(self) -> None:
         self._truncations += 1
         end = self.log_end_offset
+        self._tail.truncate_to(end)
+        self._tail.drop_before(self.log_start_offset)
         self._flushed_offset = max(min(self._flushed_offset, end), self.log_start_offset)
         if self._epochs.truncate_from_end(end):
             files.write_atomically(self._path(EPOCH_CHECKPOINT), self._epochs.encode())
@@ -611,6 +627,7 @@ class PartitionLog:
                         raise files.storage_error(f"retention in {self.directory}", exc) from exc
                 if deleted:
                     start = self.log_start_offset
+                    self._tail.drop_before(start)
                     self._flushed_offset = max(self._flushed_offset, start)
                     if self._epochs.truncate_from_start(start):
                         files.write_atomically(self._path(EPOCH_CHECKPOINT), self._epochs.encode())
@@ -641,6 +658,7 @@ class PartitionLog:
             finally:
                 with self._lock:
                     self._closed = True
+                    self._tail.clear()
                     for segment in self._segments:
                         segment.close()
                 self._dir_lock.release()

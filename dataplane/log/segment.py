@@ -279,7 +279,7 @@ class Segment:
                 return span.base_offset
         return None
 
-    def read(self, position: int, *, max_bytes: int, max_offset: int | None) -> tuple[bytes, int]:
+    def read(self, position: int, *, max_bytes: int, max_offset: int | None) -> tuple[bytes | memoryview, int]:
         """Whole batches from `position`: (bytes, next offset after them).
 
         At most max_bytes unless the first batch alone is larger (then exactly that batch);
@@ -305,7 +305,7 @@ class Segment:
             next_offset = base + delta + 1
         if cut == 0:
             return b"", -1
-        return (data if cut == len(data) else data[:cut]), next_offset
+        return (data if cut == len(data) else memoryview(data)[:cut]), next_offset
 
     # ------------------------------------------------------------------ teardown
 
