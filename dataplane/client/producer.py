@@ -258,10 +258,24 @@ class Producer:
 
         The record is encoded into its batch here; the future is an asyncio future-like
         (see dataplane/client/futures.py) resolved together with the rest of its batch."""
+        if not self._started:
+            self._check_open()
+            await self.start()
+        future = self._try_send(topic, value, key, headers, partition, timestamp_ms)
+        if future is not None:
+            return future
+        deadline = time.monotonic() + self.max_block_ms / 1000
+        while future is None:
+            await self._wait_to_send(topic, value, key, headers, deadline)
+            future = self._try_send(topic, value, key, headers, partition, timestamp_ms)
+        return future
+
+    def _try_send(self, topic: str, value: Any, key: Any, headers: Any, partition: int | None,
+                  timestamp_ms: int | None) -> RecordFuture | None:
+        """send() without waiting: the record's future, or None when send() would have to wait
+        (for the topic's metadata or for buffer memory). Bad arguments raise here."""
         if self._closing or self._closed or self._fatal is not None:
             self._check_open()
-        if not self._started:
-            await self.start()
         if type(topic) is not str or not topic:
             raise ValueError(f"topic must be a non-empty string, not {topic!r}")
         if value is not None and type(value) is not bytes:
@@ -273,29 +287,36 @@ class Producer:
             timestamp_ms = int(time.time() * 1000)
         elif type(timestamp_ms) is not int or not -1 <= timestamp_ms < _TIMESTAMP_MS_LIMIT:
             raise ValueError(f"timestamp_ms must be an integer in [-1, {_TIMESTAMP_MS_LIMIT}), not {timestamp_ms!r}")
-        deadline = None
+        if partition is not None and (type(partition) is not int or partition < 0):
+            raise ValueError(f"partition must be a non-negative integer or None, not {partition!r}")
         tps = self._tps.get(topic)
         if tps is None or len(tps) != self._network.metadata.partition_count(topic):
-            deadline = time.monotonic() + self.max_block_ms / 1000
-            count = await self._partition_count(topic, deadline)
+            count = self._network.metadata.partition_count(topic)
+            if count is None:
+                return None
             tps = self._tps[topic] = [TopicPartition(topic, p) for p in range(count)]
         if partition is None:
             partition = self._partitioner.partition(topic, key, len(tps))
-        elif type(partition) is not int or partition < 0:
-            raise ValueError(f"partition must be a non-negative integer or None, not {partition!r}")
         elif partition >= len(tps):
             raise ValueError(f"partition {partition} does not exist: topic {topic!r} has {len(tps)} "
                              f"partition(s), 0..{len(tps) - 1}")
         acc = self._acc
         used = acc.buffer_used_bytes
-        if used:
-            size = record_size_bytes(value, key, header_bytes)
-            if used + size > acc.buffer_memory_bytes:
-                await self._wait_for_memory(size, deadline or time.monotonic() + self.max_block_ms / 1000)
+        if used and used + record_size_bytes(value, key, header_bytes) > acc.buffer_memory_bytes:
+            return None
         batch, index = acc.append(tps[partition], value, key, header_bytes, timestamp_ms, now_ms=_now_ms())
         if index == 0 or acc.linger_ms == 0:
             self._wakeup.set()  # a new batch: the sender recomputes its linger deadline (the last one may be full)
         return RecordFuture(batch.outcome, index, self._loop)
+
+    async def _wait_to_send(self, topic: str, value: Any, key: Any, headers: Any, deadline: float) -> None:
+        """Wait for what _try_send lacked: the topic's partitions, then buffer memory."""
+        if self._network.metadata.partition_count(topic) is None:
+            await self._partition_count(topic, deadline)
+        value_b, key_b = _as_bytes("value", value), _as_bytes("key", key)
+        size = record_size_bytes(value_b, key_b, encode_headers(tuple(headers)) if headers else _NO_HEADERS)
+        if not self._acc.has_memory_for(size):
+            await self._wait_for_memory(size, deadline)
 
     async def send_and_wait(self, topic: str, value: bytes | str | None, key: bytes | str | None = None,
                             headers: Sequence[tuple[str, bytes | str | None]] | None = None,
@@ -308,6 +329,12 @@ class Producer:
             return await future
         finally:
             self._hold_flushing(-1)
+
+    def _expedite(self, future: RecordFuture) -> None:
+        """Someone waits for this record now: no lingering until it is answered."""
+        self._hold_flushing(1)
+        future.add_done_callback(lambda _: self._hold_flushing(-1))
+        self._drain_now()
 
     def _drain_now(self) -> None:
         """Send what is ready at once, from the caller's turn of the loop, rather than a turn

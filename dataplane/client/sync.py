@@ -11,12 +11,16 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
+import functools
 import threading
+import time
 from typing import Any, Coroutine, Iterator, TypeVar
 
 from dataplane.client import consumer as _consumer
 from dataplane.client import producer as _producer
+from dataplane.client.errors import BufferFullTimeoutError
 from dataplane.client.records import ConsumerRecord, RecordMetadata, TopicPartition
 
 T = TypeVar("T")
@@ -44,8 +48,28 @@ class _LoopThread:
             self.loop.close()
 
 
+def _settle(outer: concurrent.futures.Future, *, result: Any = None, error: BaseException | None = None) -> None:
+    """Complete a caller's future unless the caller cancelled it meanwhile."""
+    try:
+        if error is not None:
+            outer.set_exception(error)
+        else:
+            outer.set_result(result)
+    except concurrent.futures.InvalidStateError:
+        pass
+
+
 class Producer:
-    """Blocking producer; takes the same options as dataplane.client.producer.Producer."""
+    """Blocking producer; takes the same options as dataplane.client.producer.Producer.
+
+    `send` hands records to the producer's event-loop thread through a queue: one wakeup
+    of that thread takes every record queued since, so a sender in a tight loop pays no
+    thread round trip per record. Records from one thread keep their order. The queue holds
+    at most `handoff_records_max` records; beyond that, as when the producer's buffer is
+    full, send() blocks (up to max_block_ms, then BufferFullTimeoutError).
+    """
+
+    handoff_records_max = 4096
 
     def __init__(self, **options: Any) -> None:
         self._loop = _LoopThread("biplane-producer")
@@ -54,6 +78,13 @@ class Producer:
         except BaseException:
             self._loop.stop()
             raise
+        self._handoff: collections.deque = collections.deque()
+        self._handoff_lock = threading.Lock()
+        self._handoff_room = threading.Condition(self._handoff_lock)
+        self._handed_off = 0          # records handed off and not yet in the producer (bounded)
+        self._pumping = False         # a turn of the loop thread is scheduled or running to take the queue
+        self._pump_task: asyncio.Task | None = None
+        self._waiting: dict[Any, list] = {}   # batch outcome -> [(record future, caller's future)]
 
     @staticmethod
     async def _make(options: dict) -> _producer.Producer:
@@ -61,33 +92,121 @@ class Producer:
 
     def send(self, topic: str, value: Any, key: Any = None, headers: Any = None,
              partition: int | None = None, timestamp_ms: int | None = None) -> concurrent.futures.Future:
-        async def queue() -> concurrent.futures.Future:
-            inner = await self._inner.send(topic, value, key=key, headers=headers, partition=partition,
-                                           timestamp_ms=timestamp_ms)
-            outer: concurrent.futures.Future = concurrent.futures.Future()
-
-            def copy(f: asyncio.Future) -> None:
-                if f.cancelled():
-                    outer.cancel()
-                elif f.exception() is not None:
-                    outer.set_exception(f.exception())
-                else:
-                    outer.set_result(f.result())
-            inner.add_done_callback(copy)
-            return outer
-        return self._loop.run(queue())
+        """Queue one record; returns a concurrent.futures.Future of its RecordMetadata. Errors
+        found on the loop thread (a bad argument, an unknown topic) arrive through the future."""
+        return self._hand_off(topic, value, key, headers, partition, timestamp_ms, False)
 
     def send_and_wait(self, topic: str, value: Any, key: Any = None, headers: Any = None,
                       partition: int | None = None, timestamp_ms: int | None = None) -> RecordMetadata:
-        return self._loop.run(self._inner.send_and_wait(topic, value, key=key, headers=headers,
-                                                        partition=partition, timestamp_ms=timestamp_ms))
+        # Through the same queue as send(), so it never overtakes records sent before it.
+        return self._hand_off(topic, value, key, headers, partition, timestamp_ms, True).result()
+
+    def _hand_off(self, topic: str, value: Any, key: Any, headers: Any, partition: int | None,
+                  timestamp_ms: int | None, expedite: bool) -> concurrent.futures.Future:
+        self._inner._check_open()
+        # The caller may reuse a mutable buffer as soon as send() returns: keep a snapshot.
+        if isinstance(value, (bytearray, memoryview)):
+            value = bytes(value)
+        if isinstance(key, (bytearray, memoryview)):
+            key = bytes(key)
+        outer: concurrent.futures.Future = concurrent.futures.Future()
+        item = (topic, value, key, headers, partition, timestamp_ms, expedite, outer)
+        with self._handoff_lock:
+            if self._handed_off >= self.handoff_records_max:
+                deadline = time.monotonic() + self._inner.max_block_ms / 1000
+                while self._handed_off >= self.handoff_records_max:
+                    if not self._handoff_room.wait(deadline - time.monotonic()):
+                        raise BufferFullTimeoutError(
+                            f"send() waited max_block_ms={self._inner.max_block_ms} for the producer to take "
+                            f"{self.handoff_records_max} queued records (buffer full: brokers slow or unreachable?)")
+            self._handed_off += 1
+            self._handoff.append(item)
+            wake = not self._pumping
+            self._pumping = True
+        if wake:
+            self._loop.loop.call_soon_threadsafe(self._pump)
+        return outer
+
+    def _take(self, done: int) -> tuple | None:
+        """Count `done` records as in the producer (making room), then the next one to queue."""
+        with self._handoff_lock:
+            if done:
+                self._handed_off -= done
+                self._handoff_room.notify_all()
+            if self._handoff:
+                return self._handoff.popleft()
+            self._pumping = False
+            return None
+
+    def _pump(self) -> None:
+        """On the loop thread: queue every handed-off record that can go without waiting; the
+        first that must wait (metadata, memory) continues in a task, keeping the order."""
+        inner = self._inner
+        done = 0
+        while (item := self._take(done)) is not None:
+            done = 1
+            topic, value, key, headers, partition, timestamp_ms, expedite, outer = item
+            try:
+                future = inner._try_send(topic, value, key, headers, partition, timestamp_ms)
+            except BaseException as exc:   # a bad argument or a closed producer: the caller hears of it
+                _settle(outer, error=exc)
+                continue
+            if future is None:
+                self._pump_task = self._loop.loop.create_task(self._pump_slowly(item))
+                return
+            self._link(future, outer, expedite)
+
+    async def _pump_slowly(self, item: tuple | None) -> None:
+        while item is not None:
+            topic, value, key, headers, partition, timestamp_ms, expedite, outer = item
+            try:
+                future = await self._inner.send(topic, value, key=key, headers=headers, partition=partition,
+                                                timestamp_ms=timestamp_ms)
+            except BaseException as exc:
+                _settle(outer, error=exc)
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+            else:
+                self._link(future, outer, expedite)
+            item = self._take(1)
+
+    def _link(self, future: Any, outer: concurrent.futures.Future, expedite: bool) -> None:
+        # One callback per batch settles every caller's future in it.
+        outcome = future._outcome
+        waiting = self._waiting.get(outcome)
+        if waiting is None:
+            waiting = self._waiting[outcome] = []
+            future.add_done_callback(functools.partial(self._settle_batch, outcome))
+        waiting.append((future, outer))
+        if expedite:
+            self._inner._expedite(future)
+
+    def _settle_batch(self, outcome: Any, _: Any) -> None:
+        for future, outer in self._waiting.pop(outcome, ()):
+            error = future.exception()
+            if error is not None:
+                _settle(outer, error=error)
+            else:
+                _settle(outer, result=future.result())
+
+    async def _drained_handoff(self) -> None:
+        while self._pumping and self._pump_task is not None and not self._pump_task.done():
+            await asyncio.shield(self._pump_task)
+
+    async def _flush(self) -> None:
+        await self._drained_handoff()
+        await self._inner.flush()
+
+    async def _close(self, timeout_ms: int | None) -> None:
+        await self._drained_handoff()
+        await self._inner.close(timeout_ms)
 
     def flush(self) -> None:
-        self._loop.run(self._inner.flush())
+        self._loop.run(self._flush())
 
     def close(self, timeout_ms: int | None = None) -> None:
         try:
-            self._loop.run(self._inner.close(timeout_ms))
+            self._loop.run(self._close(timeout_ms))
         finally:
             self._loop.stop()
 

@@ -1,0 +1,99 @@
+"""The blocking producer (dataplane.client.sync.Producer) against tests/fake_broker.py running
+on its own event-loop thread: order across send and send_and_wait, errors through the
+future, a snapshot of mutable values, blocking and its timeout when nothing is taken."""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+
+import pytest
+
+from dataplane.client import BufferFullTimeoutError
+from dataplane.client.sync import Producer
+from fake_broker import FakeBroker
+
+
+class BrokerThread:
+    """A FakeBroker served from a private loop thread; stopped by the fixture."""
+
+    def __init__(self, topics: dict[str, int]) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.broker = FakeBroker(topics)
+        self.call(self.broker.__aenter__())
+
+    def call(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(10)
+
+    def stop(self) -> None:
+        self.call(self.broker.__aexit__(None, None, None))
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+
+@pytest.fixture
+def fake():
+    b = BrokerThread({"t": 2})
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+def test_sends_and_send_and_wait_keep_their_order(fake):
+    """Records sent from one thread land in send order, send_and_wait included, with the
+    offsets their futures report; a bytearray reused after send() does not change the record."""
+    buf = bytearray(b"before")
+    with Producer(bootstrap=fake.broker.bootstrap, linger_ms=50) as producer:
+        futures = [producer.send("t", b"%d" % i, partition=0) for i in range(500)]
+        futures.append(producer.send("t", buf, partition=0))
+        buf[:] = b"after!"
+        last = producer.send_and_wait("t", b"last", partition=0)
+        metas = [f.result(10) for f in futures]
+    assert [m.offset for m in metas] == list(range(501))
+    assert last.offset == 501
+    values = fake.broker.partitions[("t", 0)].values()
+    assert values == [b"%d" % i for i in range(500)] + [b"before", b"last"]
+
+
+def test_bad_arguments_and_unknown_topics_fail_the_future(fake):
+    with Producer(bootstrap=fake.broker.bootstrap, unknown_topic_wait_ms=200) as producer:
+        bad = producer.send("t", 12345)
+        with pytest.raises(TypeError, match="value must be bytes"):
+            bad.result(10)
+        with pytest.raises(ValueError, match="partition 7 does not exist"):
+            producer.send_and_wait("t", b"v", partition=7)
+        unknown = producer.send("nope", b"v")
+        with pytest.raises(Exception, match="does not exist"):
+            unknown.result(10)
+        assert producer.send_and_wait("t", b"still fine", partition=1).offset == 0
+
+
+def test_send_blocks_when_nothing_is_taken_then_times_out_clearly(fake):
+    """With the broker holding every answer, the buffer fills, the hand-off queue fills behind
+    it, and send() raises BufferFullTimeoutError after max_block_ms. A record already handed
+    off that waited as long for memory fails the same way through its future; after the
+    broker answers again, flush() delivers every other accepted record, in order."""
+    fake.loop.call_soon_threadsafe(fake.broker.hold.clear)
+    producer = Producer(bootstrap=fake.broker.bootstrap, buffer_memory_bytes=4000, batch_size_bytes=1000,
+                        max_block_ms=300, linger_ms=0)
+    producer.handoff_records_max = 8
+    accepted: list[concurrent.futures.Future] = []
+    try:
+        with pytest.raises(BufferFullTimeoutError, match="max_block_ms=300"):
+            for _ in range(200):
+                accepted.append(producer.send("t", b"x" * 100, partition=0))
+        fake.loop.call_soon_threadsafe(fake.broker.hold.set)
+        producer.flush()
+        assert all(f.done() for f in accepted)
+        failed = [f for f in accepted if f.exception() is not None]
+        delivered = [f.result().offset for f in accepted if f.exception() is None]
+        assert all(isinstance(f.exception(), BufferFullTimeoutError) for f in failed)
+        assert len(delivered) >= len(accepted) - 8 and delivered == list(range(len(delivered)))
+    finally:
+        fake.loop.call_soon_threadsafe(fake.broker.hold.set)
+        producer.close()
+    assert fake.broker.partitions[("t", 0)].next_offset == len(delivered)
