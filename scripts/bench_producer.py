@@ -106,33 +106,43 @@ async def sdk_throughput(bootstrap: str, topic: str, value: bytes, records: int,
     return {"records_per_s": records / elapsed, "cpu_us_per_record": cpu / records * 1e6}
 
 
-async def sync_latency(bootstrap: str, topic: str, value: bytes, sends: int, acks: str) -> dict:
-    """p50/p99 of one record sent and awaited at a time: SDK send_and_wait, then the wire."""
-    out = {}
-    async with Producer(bootstrap=bootstrap, acks=acks) as producer:
-        await producer.send_and_wait(topic, value, partition=0)
-        samples = []
-        for _ in range(sends):
-            t0 = time.perf_counter()
-            await producer.send_and_wait(topic, value, partition=0)
-            samples.append((time.perf_counter() - t0) * 1000)
-        out["sdk_p50_ms"], out["sdk_p99_ms"] = pct(samples, 0.5), pct(samples, 0.99)
+async def sync_latency(bootstrap: str, topic: str, value: bytes, sends: int, acks: str,
+                       idempotent: bool | None = None) -> dict:
+    """p50/p99 of one record sent and awaited at a time, alternating an SDK send_and_wait and a
+    wire request (a fresh 1-record batch each, as a synchronous sender builds one) so that both
+    see the same load."""
     where = await leaders(parse_bootstrap(bootstrap), topic)
     client = await WireClient.connect(*where[0])
+    sdk, wire = [], []
     try:
-        samples = []
-        for _ in range(sends):
-            t0 = time.perf_counter()
-            # A fresh batch each time, as a synchronous sender would build one.
-            batch = build_batch([value], timestamp_ms=int(time.time() * 1000))
-            request = ProduceRequest(acks=int(parse_acks(acks)), timeout_ms=30_000, topics=(ProduceTopic(
-                topic=topic, partitions=(ProducePartition(partition=0, records=batch),)),))
-            await client.request(request)
-            samples.append((time.perf_counter() - t0) * 1000)
+        async with Producer(bootstrap=bootstrap, acks=acks, enable_idempotence=idempotent) as producer:
+            await producer.send_and_wait(topic, value, partition=0)
+            async def by_sdk() -> float:
+                t0 = time.perf_counter()
+                await producer.send_and_wait(topic, value, partition=0)
+                return (time.perf_counter() - t0) * 1000
+
+            async def by_wire() -> float:
+                t0 = time.perf_counter()
+                batch = build_batch([value], timestamp_ms=int(time.time() * 1000))
+                request = ProduceRequest(acks=int(parse_acks(acks)), timeout_ms=30_000, topics=(ProduceTopic(
+                    topic=topic, partitions=(ProducePartition(partition=0, records=batch),)),))
+                await client.request(request)
+                return (time.perf_counter() - t0) * 1000
+
+            for i in range(sends):
+                # Which goes first alternates: the second of a pair may find the followers in step.
+                if i % 2:
+                    wire.append(await by_wire())
+                    sdk.append(await by_sdk())
+                else:
+                    sdk.append(await by_sdk())
+                    wire.append(await by_wire())
     finally:
         await client.close()
-    out["wire_p50_ms"], out["wire_p99_ms"] = pct(samples, 0.5), pct(samples, 0.99)
-    return out
+    return {"sdk_p50_ms": pct(sdk, 0.5), "sdk_p99_ms": pct(sdk, 0.99), "wire_p50_ms": pct(wire, 0.5),
+            "wire_p99_ms": pct(wire, 0.99),
+            "added_p50_ms": statistics.median(a - b for a, b in zip(sdk, wire))}
 
 
 async def main_async(args: argparse.Namespace) -> int:
@@ -153,17 +163,19 @@ async def main_async(args: argparse.Namespace) -> int:
               f"{w['cpu_us_per_record']:.2f} us CPU/rec{', errors ' + str(w['errors']) if w['errors'] else ''}); "
               f"sdk {s['records_per_s']:,.0f} rec/s ({s['cpu_us_per_record']:.2f} us CPU/rec); "
               f"load {os.getloadavg()[0]:.2f}", flush=True)
-    wire_rate = statistics.median(w["records_per_s"] for w in wires)
-    sdk_rate = statistics.median(s["records_per_s"] for s in sdks)
-    print(f"median of {args.rounds}: wire {wire_rate:,.0f} rec/s, sdk {sdk_rate:,.0f} rec/s, "
-          f"wire/sdk {wire_rate / sdk_rate:.2f}x; sdk client CPU "
-          f"{statistics.median(s['cpu_us_per_record'] for s in sdks):.2f} us/record "
-          f"({args.record_size} B records, {args.batch_size_bytes} B batches, acks={args.acks})")
+    if args.rounds:
+        wire_rate = statistics.median(w["records_per_s"] for w in wires)
+        sdk_rate = statistics.median(s["records_per_s"] for s in sdks)
+        print(f"median of {args.rounds}: wire {wire_rate:,.0f} rec/s, sdk {sdk_rate:,.0f} rec/s, "
+              f"wire/sdk {wire_rate / sdk_rate:.2f}x; sdk client CPU "
+              f"{statistics.median(s['cpu_us_per_record'] for s in sdks):.2f} us/record "
+              f"({args.record_size} B records, {args.batch_size_bytes} B batches, acks={args.acks})")
     if args.sync_sends:
-        lat = await sync_latency(bootstrap, args.topic, value, args.sync_sends, args.acks)
+        lat = await sync_latency(bootstrap, args.topic, value, args.sync_sends, args.acks,
+                                 False if args.no_idempotence else None)
         print(f"one record at a time ({args.sync_sends} sends, acks={args.acks}): sdk send_and_wait "
               f"p50 {lat['sdk_p50_ms']:.2f} ms p99 {lat['sdk_p99_ms']:.2f} ms; wire p50 {lat['wire_p50_ms']:.2f} ms "
-              f"p99 {lat['wire_p99_ms']:.2f} ms; sdk adds {lat['sdk_p50_ms'] - lat['wire_p50_ms']:.2f} ms at p50")
+              f"p99 {lat['wire_p99_ms']:.2f} ms; median difference {lat['added_p50_ms']:.2f} ms")
     return 0
 
 
@@ -175,9 +187,13 @@ def main() -> int:
     p.add_argument("--record-size", type=int, default=1024)
     p.add_argument("--batch-size-bytes", type=int, default=1_048_576)
     p.add_argument("--acks", default="all", choices=("0", "1", "all"))
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=3, help="throughput rounds (0 skips the throughput part)")
+    p.add_argument("--no-idempotence", action="store_true", help="SDK producer without idempotence (the wire "
+                   "producer never uses it)")
     p.add_argument("--sync-sends", type=int, default=300, help="0 skips the latency part")
     args = p.parse_args()
+    if args.no_idempotence and args.rounds:
+        p.error("--no-idempotence applies to the latency part only; add --rounds 0")
     if args.acks == "0":
         p.error("--acks 0 gets no answers to time; use 1 or all")
     return asyncio.run(main_async(args))
