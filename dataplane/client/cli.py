@@ -211,9 +211,10 @@ def bench_main(argv: list[str], prog: str) -> int:
     p.add_argument("--acks", default="all", choices=("0", "1", "all"))
     p.add_argument("--partitions", type=int, default=3, help="when creating the topic (default 3)")
     p.add_argument("--replication-factor", type=int, default=3, help="when creating the topic (default 3)")
-    p.add_argument("--batch-size-bytes", type=int, default=1_048_576)
+    p.add_argument("--batch-size-bytes", type=int, default=None, help="(producer default)")
     p.add_argument("--in-flight", type=int, default=None, help="batches in flight per partition (producer default)")
-    p.add_argument("--linger-ms", type=int, default=5)
+    p.add_argument("--linger-ms", type=int, default=None, help="(producer default)")
+    p.add_argument("--buffer-memory-bytes", type=int, default=None, help="(producer default)")
     p.add_argument("--compression", default="none", choices=("none", "gzip"))
     p.add_argument("--rate", type=float, help="send at most this many records/s (default: as fast as possible)")
     p.add_argument("--no-consume", action="store_true", help="skip the consumer phase")
@@ -258,9 +259,12 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     tty = sys.stderr.isatty()
     value = os.urandom(args.record_size // 2).hex().encode().ljust(args.record_size, b"x")[:args.record_size]
     latencies: list[float] = []
-    extra = {} if args.in_flight is None else {"in_flight_per_partition_max": args.in_flight}
-    async with Producer(bootstrap=args.bootstrap, acks=args.acks, batch_size_bytes=args.batch_size_bytes,
-                        linger_ms=args.linger_ms, compression=args.compression, **extra) as producer:
+    options = {name: given for name, given in (("in_flight_per_partition_max", args.in_flight),
+                                               ("batch_size_bytes", args.batch_size_bytes),
+                                               ("linger_ms", args.linger_ms),
+                                               ("buffer_memory_bytes", args.buffer_memory_bytes)) if given is not None}
+    async with Producer(bootstrap=args.bootstrap, acks=args.acks, compression=args.compression,
+                        **options) as producer:
         consumer = Consumer(bootstrap=args.bootstrap)
         await consumer.start()
         tps = await consumer.assign_topic(args.topic)
