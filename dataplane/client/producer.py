@@ -24,7 +24,13 @@ from common.wire import (
     ProduceRequest,
     ProduceTopic,
 )
-from dataplane.client.accumulator import Accumulator, Outcome, ProducerBatch, record_size_bytes
+from dataplane.client.accumulator import (
+    RECORD_OVERHEAD_BYTES,
+    Accumulator,
+    Outcome,
+    ProducerBatch,
+    record_size_bytes,
+)
 from dataplane.client.encoder import encode_headers
 from dataplane.client.errors import (
     BrokerResponseError,
@@ -52,8 +58,11 @@ def parse_acks(acks: int | str) -> Acks:
     return _ACKS[key]
 
 
+_monotonic = time.monotonic
+
+
 def _now_ms() -> int:
-    return int(time.monotonic() * 1000)
+    return int(_monotonic() * 1000)
 
 
 _TIMESTAMP_MS_LIMIT = 1 << 62
@@ -113,6 +122,7 @@ class Producer:
         self.unknown_topic_wait_ms = unknown_topic_wait_ms
         self.client_id = client_id
         self._network = Network(parse_bootstrap(bootstrap), request_timeout_ms=request_timeout_ms)
+        self._topics_metadata = self._network.metadata.topics  # updated in place, never replaced
         self._partitioner = StickyPartitioner()
         self._acc = Accumulator(batch_size_bytes=batch_size_bytes, linger_ms=linger_ms,
                                 buffer_memory_bytes=buffer_memory_bytes,
@@ -121,7 +131,7 @@ class Producer:
                                 idempotent=self.idempotent,
                                 compression=Compression.GZIP if compression == "gzip" else Compression.NONE,
                                 on_batch_closed=self._batch_closed)
-        self._tps: dict[str, list[TopicPartition]] = {}
+        self._tps: dict[str, tuple[Any, list[TopicPartition]]] = {}
         self._flush_holds = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wakeup: asyncio.Event | None = None
@@ -289,12 +299,16 @@ class Producer:
             raise ValueError(f"timestamp_ms must be an integer in [-1, {_TIMESTAMP_MS_LIMIT}), not {timestamp_ms!r}")
         if partition is not None and (type(partition) is not int or partition < 0):
             raise ValueError(f"partition must be a non-negative integer or None, not {partition!r}")
-        tps = self._tps.get(topic)
-        if tps is None or len(tps) != self._network.metadata.partition_count(topic):
-            count = self._network.metadata.partition_count(topic)
-            if count is None:
+        # The topic's partitions, rebuilt only when a metadata answer replaced the topic's entry.
+        parts = self._topics_metadata.get(topic)
+        cached = self._tps.get(topic)
+        if cached is not None and cached[0] is parts:
+            tps = cached[1]
+        else:
+            if not parts:
                 return None
-            tps = self._tps[topic] = [TopicPartition(topic, p) for p in range(count)]
+            tps = [TopicPartition(topic, p) for p in range(len(parts))]
+            self._tps[topic] = (parts, tps)
         if partition is None:
             partition = self._partitioner.partition(topic, key, len(tps))
         elif partition >= len(tps):
@@ -302,9 +316,11 @@ class Producer:
                              f"partition(s), 0..{len(tps) - 1}")
         acc = self._acc
         used = acc.buffer_used_bytes
-        if used and used + record_size_bytes(value, key, header_bytes) > acc.buffer_memory_bytes:
-            return None
-        batch, index = acc.append(tps[partition], value, key, header_bytes, timestamp_ms, now_ms=_now_ms())
+        if used and (used + RECORD_OVERHEAD_BYTES + len(header_bytes) + (len(value) if value is not None else 0)
+                     + (len(key) if key is not None else 0)) > acc.buffer_memory_bytes:
+            return None   # the bound record_size_bytes() gives, inline: this runs once per record
+        batch, index = acc.append(tps[partition], value, key, header_bytes, timestamp_ms,
+                                  now_ms=int(_monotonic() * 1000))
         if index == 0 or acc.linger_ms == 0:
             self._wakeup.set()  # a new batch: the sender recomputes its linger deadline (the last one may be full)
         return RecordFuture(batch.outcome, index, self._loop)
