@@ -87,7 +87,6 @@ class PartitionDriver:
         self.parked_max = parked_max
         self._changed: asyncio.Future[None] | None = None
         self._seen = self._observed()
-        self._tasks: set[asyncio.Task] = set()
         # Counters for usage reports and /metrics.
         self.produce_records = 0
         self.produce_bytes = 0
@@ -232,7 +231,9 @@ class PartitionDriver:
                         raise AssertionError(f"truncate_to({action.offset}) left log end "
                                              f"{self.log.log_end_offset}")
                 elif isinstance(action, Flush):
-                    self._spawn(self._flush(action.up_to))
+                    # Started now (no task in between): the fsync is on its thread before the sends.
+                    self.coalescer.flush_future(min(action.up_to, self.log.log_end_offset)).add_done_callback(
+                        self._flushed)
         except (StorageError, OSError) as exc:
             self._fail(f"{type(exc).__name__}: {exc}")
             raise PartitionOfflineError(f"partition {self.tp[0]}-{self.tp[1]} went offline: {exc}") from exc
@@ -278,29 +279,23 @@ class PartitionDriver:
             raise AssertionError(f"{self.tp}: log stored {info.base_offset}..{info.last_offset}, "
                                  f"core expected {action.base_offset}..{action.last_offset}")
 
-    async def _flush(self, up_to: int) -> None:
-        try:
-            await self.coalescer.flush_to(min(up_to, self.log.log_end_offset))
-        except (LogTruncatedError, InvalidRequestError):
-            pass  # truncated before it was durable; report what is flushed now
-        except StorageError as exc:
-            if not self.closed:
-                self._fail(f"flush failed: {exc}")
+    def _flushed(self, future: asyncio.Future[int]) -> None:
+        """A Flush the core asked for is done: step FlushDone (or take the partition offline)."""
+        if future.cancelled() or self.closed:
             return
-        if not self.closed and self.failed is None:
-            self.step(FlushDone(flushed_offset=self.log.flushed_offset))
-
-    def _spawn(self, coro) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-
-    def _task_done(self, task: asyncio.Task) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            exc = task.exception()
-            if not isinstance(exc, BiplaneError):
-                log.error("%s-%d background step failed", *self.tp, exc_info=exc)
+        exc = future.exception()
+        if isinstance(exc, StorageError) and not isinstance(exc, LogTruncatedError):
+            self._fail(f"flush failed: {exc}")
+            return
+        # No error, or the range was truncated before it was durable (or is past the log
+        # end after a cut): report what is flushed now.
+        if self.failed is None:
+            try:
+                self.step(FlushDone(flushed_offset=self.log.flushed_offset))
+            except BiplaneError:
+                pass  # went offline meanwhile; step already said so
+            except Exception:  # our bug: loud, but the partition's other work goes on
+                log.exception("%s-%d: stepping FlushDone failed", *self.tp)
 
     def _fail(self, reason: str) -> None:
         if self.failed is None:
@@ -349,6 +344,4 @@ class PartitionDriver:
         if self._changed is not None and not self._changed.done():
             self._changed.set_result(None)
         await self.coalescer.close()
-        for task in list(self._tasks):
-            task.cancel()
         await asyncio.get_running_loop().run_in_executor(None, self.log.close)

@@ -34,7 +34,8 @@ class FlushCoalescer:
         self._debounce_s = debounce_ms / 1000.0
         self._executor = executor
         self._waiters: list[tuple[int, asyncio.Future[int]]] = []
-        self._task: asyncio.Task[None] | None = None
+        # Set while a run (debounce, then fsync) is under way; resolved when runs stop.
+        self._running: asyncio.Future[None] | None = None
         self._closed = False
         self.flush_count = 0  # fsync runs so far, for tests and benchmarks
 
@@ -46,17 +47,24 @@ class FlushCoalescer:
         would wait for data nobody has written), StorageError if the flush fails,
         LogTruncatedError if the offset is truncated away first.
         """
+        return await self.flush_future(offset)
+
+    def flush_future(self, offset: int) -> asyncio.Future[int]:
+        """flush_to without a coroutine: the waiter is registered (and the fsync started)
+        before this returns; the future resolves or fails as flush_to would."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[int] = loop.create_future()
         if self._closed:
-            raise StorageError("flush coalescer is closed")
-        if offset <= self._log.flushed_offset:
-            return self._log.flushed_offset
-        if offset > self._log.log_end_offset:
-            raise InvalidRequestError(
-                f"flush_to({offset}) is past log_end_offset {self._log.log_end_offset}; append first")
-        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._waiters.append((offset, future))
-        self._ensure_running()
-        return await future
+            future.set_exception(StorageError("flush coalescer is closed"))
+        elif offset <= self._log.flushed_offset:
+            future.set_result(self._log.flushed_offset)
+        elif offset > self._log.log_end_offset:
+            future.set_exception(InvalidRequestError(
+                f"flush_to({offset}) is past log_end_offset {self._log.log_end_offset}; append first"))
+        else:
+            self._waiters.append((offset, future))
+            self._ensure_running()
+        return future
 
     def flush_soon(self) -> None:
         """Start a flush run without waiting for it (lazy flush on a timer)."""
@@ -64,48 +72,65 @@ class FlushCoalescer:
             self._ensure_running()
 
     def _ensure_running(self) -> None:
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._run())
+        if self._running is None or self._running.done():
+            self._running = asyncio.get_running_loop().create_future()
+            self._start_run()
 
-    async def _run(self) -> None:
+    # A run is driven by callbacks, not a task: the fsync is handed to the executor in
+    # the same step that asked for it, with no scheduling round in between.
+
+    def _start_run(self) -> None:
         loop = asyncio.get_running_loop()
-        while True:
-            if self._debounce_s:
-                await asyncio.sleep(self._debounce_s)
-            waiters, self._waiters = self._waiters, []
-            try:
-                flushed = await loop.run_in_executor(self._executor, self._log.flush)
-            except Exception as exc:  # every waiter of this run gets the same error
-                for _, future in waiters:
-                    if not future.done():
-                        future.set_exception(exc)
-                # Waiters that arrived during the failed run retry in a fresh run.
-                if not self._waiters:
-                    return
+        if self._debounce_s:
+            loop.call_later(self._debounce_s, self._submit)
+        else:
+            self._submit()
+
+    def _submit(self) -> None:
+        loop = asyncio.get_running_loop()
+        waiters, self._waiters = self._waiters, []
+        try:
+            done = loop.run_in_executor(self._executor, self._log.flush)
+        except RuntimeError as exc:  # the executor is shut down (the loop is closing)
+            done = loop.create_future()
+            done.set_exception(StorageError(f"flush could not start: {exc}"))
+        done.add_done_callback(lambda f: self._finished(f, waiters))
+
+    def _finished(self, done: asyncio.Future[int], waiters: list[tuple[int, asyncio.Future[int]]]) -> None:
+        exc = done.exception() if not done.cancelled() else StorageError("flush was cancelled")
+        if exc is not None:  # every waiter of this run gets the same error
+            for _, future in waiters:
+                if not future.done():
+                    future.set_exception(exc)
+            # Waiters that arrived during the failed run retry in a fresh run.
+            self._next_or_stop()
+            return
+        flushed = done.result()
+        self.flush_count += 1
+        log_end_offset = self._log.log_end_offset
+        for offset, future in waiters + self._waiters:
+            if future.done():
                 continue
-            self.flush_count += 1
-            log_end_offset = self._log.log_end_offset
-            for offset, future in waiters + self._waiters:
-                if future.done():
-                    continue
-                if offset <= flushed:
-                    future.set_result(flushed)
-                elif offset > log_end_offset:
-                    future.set_exception(LogTruncatedError(
-                        f"offset {offset} was truncated (log_end_offset is now {log_end_offset}) "
-                        f"before it was flushed"))
-            self._waiters = [(o, f) for o, f in waiters + self._waiters if not f.done()]
-            if not self._waiters:
-                return
+            if offset <= flushed:
+                future.set_result(flushed)
+            elif offset > log_end_offset:
+                future.set_exception(LogTruncatedError(
+                    f"offset {offset} was truncated (log_end_offset is now {log_end_offset}) "
+                    f"before it was flushed"))
+        self._waiters = [(o, f) for o, f in waiters + self._waiters if not f.done()]
+        self._next_or_stop()
+
+    def _next_or_stop(self) -> None:
+        if self._waiters and not self._closed:
+            self._start_run()
+        elif self._running is not None and not self._running.done():
+            self._running.set_result(None)
 
     async def close(self) -> None:
         """Finish the run in progress, then fail waiters that are still pending. Idempotent."""
         self._closed = True
-        if self._task is not None:
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        if self._running is not None:
+            await asyncio.shield(self._running)
         for _, future in self._waiters:
             if not future.done():
                 future.set_exception(StorageError("flush coalescer closed before the flush"))
