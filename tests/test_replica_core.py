@@ -727,3 +727,56 @@ def test_waiting_produce_requests_are_released_when_leadership_is_lost():
     assert 2 not in leader.released()
     leader.step(NewMetadata(partition=state(leader=2, epoch=2), config=config()))
     assert leader.released()[2].error is ErrorCode.NOT_LEADER_OR_FOLLOWER
+
+
+def test_caught_up_follower_asked_to_flush_fetches_again_only_with_its_flushed_offset():
+    """Claim: under fsync, a follower that appended an answer asking flush_after_append and is
+    caught up sends no fetch until its flush is done, and that fetch carries the flushed offset
+    (one fetch, not a long-poll with the old flushed offset and a second one after the flush);
+    under write, where nothing asks for a flush, it fetches again at once."""
+    for durability in ("fsync", "write"):
+        nodes = cluster(config(durability=durability))
+        pump(nodes, now_ms=0)
+        follower = nodes[2]
+        follower.auto_flush = False
+        follower.take(Send)
+        produce(nodes[1], 1, -1, b"v")
+        follower.step(Tick(now_ms=5000))  # past fetch_timeout_ms: it asks again
+        [ask] = [m for m in follower.sent() if isinstance(m, FetchRequest)]
+        nodes[1].step(ask)
+        [answer] = [s.message for s in nodes[1].take(Send) if s.to_broker == 2]
+        assert answer.records and answer.flush_after_append == (durability == "fsync")
+        follower.step(answer)
+        again = [m for m in follower.sent() if isinstance(m, FetchRequest)]
+        end = follower.log.log_end_offset
+        if durability == "write":
+            assert [m.fetch_offset for m in again] == [end]
+            continue
+        assert again == []
+        follower.step(FlushDone(flushed_offset=follower.log.flush()))
+        [after_flush] = [m for m in follower.sent() if isinstance(m, FetchRequest)]
+        assert (after_flush.fetch_offset, after_flush.flushed_offset) == (end, end)
+
+
+def test_follower_behind_the_leader_fetches_at_once_even_when_asked_to_flush():
+    """Claim: a follower whose answer leaves it behind the leader's log end keeps fetching at once
+    (pipelined with its flush), so a follower catching up is not held to one fsync per fetch."""
+    nodes = cluster(config(durability="fsync"), auto_flush=False)
+    nodes[1].step(FlushDone(flushed_offset=nodes[1].log.flush()))
+    pump(nodes, now_ms=0)
+    follower = nodes[2]
+    follower.take(Send)
+    for rid in (1, 2, 3):
+        produce(nodes[1], rid, -1, b"v" * 100)
+    nodes[1].step(FlushDone(flushed_offset=nodes[1].log.flush()))
+    follower.step(Tick(now_ms=5000))  # past fetch_timeout_ms: it asks again
+    [ask] = [m for m in follower.sent() if isinstance(m, FetchRequest)]
+    nodes[1].step(FetchRequest(replica_id=2, fetch_offset=ask.fetch_offset, last_fetched_epoch=ask.last_fetched_epoch,
+                               flushed_offset=ask.flushed_offset, current_leader_epoch=ask.current_leader_epoch,
+                               max_bytes=150))
+    [answer] = [s.message for s in nodes[1].take(Send) if s.to_broker == 2]
+    assert answer.flush_after_append and answer.log_end_offset > ask.fetch_offset + 1
+    follower.step(answer)
+    assert follower.log.log_end_offset < answer.log_end_offset
+    [again] = [m for m in follower.sent() if isinstance(m, FetchRequest)]
+    assert again.fetch_offset == follower.log.log_end_offset

@@ -797,7 +797,13 @@ class Replica(PushMixin):
             self.unclean_start = False
         if ev.flush_after_append:
             self._request_flush()
-        if ev.records:
+        if ev.records and ev.flush_after_append and self.log_end_offset >= ev.log_end_offset:
+            # Caught up, and acks=all waits on what we just appended: the fetch that counts
+            # carries our flushed offset, so it goes when the flush is done (_on_flush_done).
+            # One sent now would only long-poll with the old flushed offset, and the leader
+            # would step it and then a second one. Behind, we fetch at once (pipelined).
+            self._next_fetch_ms = self.now_ms + self.fetch_timeout_ms  # should the flush never report
+        elif ev.records:
             self._send_fetch()
         else:
             self._next_fetch_ms = self.now_ms + self.fetch_backoff_ms
