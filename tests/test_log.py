@@ -113,6 +113,33 @@ def test_corrupt_batch_is_rejected_and_log_unchanged(tmp_log):
     assert len(read_all(log)) == 3
 
 
+@pytest.mark.parametrize("kind", ["disk", "memory"])
+def test_crc_checked_appends_skip_only_the_crc(tmp_log, kind):
+    """A caller that has checked the CRCs itself says so and the log does not compute
+    them again; headers are still checked, and without the flag a bad CRC is refused."""
+    log = tmp_log() if kind == "disk" else MemoryLog(config=SMALL)
+    bad_crc = bytearray(batch())
+    bad_crc[-1] ^= 0xFF
+    with pytest.raises(CorruptBatchError, match="CRC"):
+        log.append_as_leader(bytes(bad_crc), leader_epoch=0)
+    assert log.append_as_leader(bytes(bad_crc), leader_epoch=0, crc_checked=True).last_offset == 2
+    with pytest.raises(CorruptBatchError, match="truncated"):
+        log.append_as_leader(batch()[:-5], leader_epoch=0, crc_checked=True)
+    follower = tmp_log(name="f") if kind == "disk" else MemoryLog(config=SMALL)
+    with pytest.raises(CorruptBatchError, match="CRC"):
+        follower.append_as_follower(log.read(0, max_bytes=1 << 20).records)
+    assert follower.append_as_follower(log.read(0, max_bytes=1 << 20).records, crc_checked=True).last_offset == 2
+
+
+def test_leader_append_patches_a_writable_memoryview_in_place(tmp_log):
+    log = tmp_log()
+    frame = bytearray(b"head" + batch(2))
+    view = memoryview(frame)[4:]
+    log.append_as_leader(view, leader_epoch=4)
+    header = next(iter_batches(frame[4:]))[1]
+    assert (header.base_offset, header.leader_epoch) == (0, 4)
+
+
 def test_follower_append_keeps_offsets_and_rejects_gap_and_overlap(tmp_log):
     leader, follower = tmp_log(name="leader"), tmp_log(name="follower")
     for epoch in (1, 1, 2):

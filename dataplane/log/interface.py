@@ -14,9 +14,15 @@ Durability when a call returns:
   of the leader-epoch cache: durable when the call returns (they are rare and a
   truncation undone by a crash could resurrect records of an old epoch).
 
+Validation: appends check every batch header; they check CRCs too unless the
+caller says `crc_checked=True` because it has just checked them itself (the
+replica core does, for every batch it hands over): each byte's CRC is computed
+once per hop.
+
 Buffers: `append_as_leader` patches offsets and the leader epoch into the batch
-headers; a `bytearray` argument is patched in place (the caller may reuse the
-patched buffer, e.g. to send it to followers), a `bytes` argument is copied once.
+headers; a `bytearray` or writable `memoryview` argument is patched in place (the
+caller may reuse the patched buffer, e.g. to send it to followers), anything else
+is copied once.
 The log may keep a reference to what an append stored (the tail cache serves
 reads of the newest batches from it), so the caller must not change a
 `bytearray` or writable `memoryview` argument after the call. `ReadResult.records`
@@ -164,11 +170,12 @@ class Log(Protocol):
     def latest_epoch(self) -> int: ...
     def epoch_entries(self) -> list[EpochEntry]: ...
 
-    def append_as_leader(self, batches: bytes | bytearray, *, leader_epoch: int,
-                         now_ms: int | None = None) -> AppendInfo:
-        """Validate (CRC), assign offsets from log_end_offset and stamp leader_epoch."""
+    def append_as_leader(self, batches: bytes | bytearray | memoryview, *, leader_epoch: int,
+                         now_ms: int | None = None, crc_checked: bool = False) -> AppendInfo:
+        """Validate (CRC, unless the caller checked it already: `crc_checked`), assign
+        offsets from log_end_offset and stamp leader_epoch."""
     def append_as_follower(self, batches: bytes | bytearray | memoryview, *,
-                           now_ms: int | None = None) -> AppendInfo:
+                           now_ms: int | None = None, crc_checked: bool = False) -> AppendInfo:
         """Validate and store batches with the leader's offsets; the first must start at
         log_end_offset and each next one where the previous ended (OffsetMismatchError)."""
     def read(self, start_offset: int, *, max_bytes: int, max_offset: int | None = None) -> ReadResult:

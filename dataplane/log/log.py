@@ -237,13 +237,14 @@ class PartitionLog:
 
     # ------------------------------------------------------------------ append
 
-    def append_as_leader(self, batches: bytes | bytearray, *, leader_epoch: int,
-                         now_ms: int | None = None) -> AppendInfo:
-        """Validate every batch (header and CRC32C), give them offsets from log_end_offset
-        and stamp `leader_epoch`, patching the headers without re-encoding. A bytearray
-        is patched in place; bytes are copied once. Written, not yet durable: see flush()."""
-        buf = batches if isinstance(batches, bytearray) else bytearray(batches)
-        spans = self._validate(buf)
+    def append_as_leader(self, batches: bytes | bytearray | memoryview, *, leader_epoch: int,
+                         now_ms: int | None = None, crc_checked: bool = False) -> AppendInfo:
+        """Validate every batch (header, and CRC32C unless crc_checked), give them offsets
+        from log_end_offset and stamp `leader_epoch`, patching the headers without
+        re-encoding. A bytearray or writable memoryview is patched in place; anything else
+        is copied once. Written, not yet durable: see flush()."""
+        buf = batches if _writable(batches) else bytearray(batches)
+        spans = self._validate(buf, crc=not crc_checked)
         with self._lock:
             self._check_writable()
             self._epochs.check_epoch(leader_epoch)
@@ -260,11 +261,12 @@ class PartitionLog:
             return self._write(buf, assigned, now_ms)
 
     def append_as_follower(self, batches: bytes | bytearray | memoryview, *,
-                           now_ms: int | None = None) -> AppendInfo:
-        """Validate and store batches with the offsets and epochs the leader gave them.
-        They must start at log_end_offset and be contiguous (OffsetMismatchError names
-        the expected and actual base offset); epochs must not go backwards (StaleEpochError)."""
-        spans = self._validate(batches)
+                           now_ms: int | None = None, crc_checked: bool = False) -> AppendInfo:
+        """Validate (CRC too unless crc_checked) and store batches with the offsets and
+        epochs the leader gave them. They must start at log_end_offset and be contiguous
+        (OffsetMismatchError names the expected and actual base offset); epochs must not
+        go backwards (StaleEpochError)."""
+        spans = self._validate(batches, crc=not crc_checked)
         with self._lock:
             self._check_writable()
             expected = self.log_end_offset
@@ -287,10 +289,10 @@ class PartitionLog:
                 expected = span.next_offset
             return self._write(batches, spans, now_ms)
 
-    def _validate(self, buf) -> list[BatchSpan]:
+    def _validate(self, buf, *, crc: bool) -> list[BatchSpan]:
         limit = min(self.config.segment_bytes, MAX_BATCH_BYTES)
         spans = []
-        for position, header in iter_batches(buf, validate=True, max_batch_bytes=limit):
+        for position, header in iter_batches(buf, validate=crc, max_batch_bytes=limit):
             spans.append(BatchSpan(position=position, size_bytes=header.size_bytes,
                                    base_offset=header.base_offset, next_offset=header.next_offset,
                                    max_timestamp=header.max_timestamp, leader_epoch=header.leader_epoch))
@@ -668,6 +670,10 @@ class PartitionLog:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
+
+
+def _writable(buf) -> bool:
+    return isinstance(buf, bytearray) or (isinstance(buf, memoryview) and not buf.readonly)
 
 
 def _file_size(path: str) -> int:

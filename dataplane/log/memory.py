@@ -88,11 +88,12 @@ class MemoryLog:
 
     # ------------------------------------------------------------------ append
 
-    def append_as_leader(self, batches: bytes | bytearray, *, leader_epoch: int,
-                         now_ms: int | None = None) -> AppendInfo:
+    def append_as_leader(self, batches: bytes | bytearray | memoryview, *, leader_epoch: int,
+                         now_ms: int | None = None, crc_checked: bool = False) -> AppendInfo:
         self._check_open()
-        buf = batches if isinstance(batches, bytearray) else bytearray(batches)
-        found = self._validate(buf)
+        writable = isinstance(batches, bytearray) or (isinstance(batches, memoryview) and not batches.readonly)
+        buf = batches if writable else bytearray(batches)
+        found = self._validate(buf, crc=not crc_checked)
         self._epochs.check_epoch(leader_epoch)
         offset = self.log_end_offset
         new = []
@@ -107,9 +108,9 @@ class MemoryLog:
         return self._store(new, now_ms)
 
     def append_as_follower(self, batches: bytes | bytearray | memoryview, *,
-                           now_ms: int | None = None) -> AppendInfo:
+                           now_ms: int | None = None, crc_checked: bool = False) -> AppendInfo:
         self._check_open()
-        found = self._validate(batches)
+        found = self._validate(batches, crc=not crc_checked)
         expected = self.log_end_offset
         latest = self._epochs.latest_epoch
         new = []
@@ -131,9 +132,9 @@ class MemoryLog:
                               data=bytes(batches[position:position + header.size_bytes])))
         return self._store(new, now_ms)
 
-    def _validate(self, buf):
+    def _validate(self, buf, *, crc: bool):
         limit = min(self.config.segment_bytes, MAX_BATCH_BYTES)
-        found = list(iter_batches(buf, validate=True, max_batch_bytes=limit))
+        found = list(iter_batches(buf, validate=crc, max_batch_bytes=limit))
         if not found:
             raise InvalidRequestError("append with no record batches; send at least one batch")
         return found
