@@ -165,7 +165,9 @@ class FetchSession:
         try:
             client = await self._client(which)
             timeout_s = (wait_ms + self.limits["request_timeout_ms"]) / 1000
-            response = await asyncio.wait_for(client.request(self._wire_request(batch, wait_ms)), timeout_s)
+            # asyncio.timeout, not wait_for: no task per round between the request and its write.
+            async with asyncio.timeout(timeout_s):
+                response = await client.request(self._wire_request(batch, wait_ms))
         except (BiplaneError, OSError, asyncio.TimeoutError) as exc:
             if which == "main" and self._restarting:
                 self._restarting = False
