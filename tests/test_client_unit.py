@@ -489,3 +489,37 @@ def test_one_in_flight_never_sends_a_second_batch_before_the_first_is_answered()
     assert again is first
     assert Producer(bootstrap="127.0.0.1:1", acks=1)._acc.in_flight_per_partition_max == 1
     assert Producer(bootstrap="127.0.0.1:1")._acc.in_flight_per_partition_max == 5
+
+
+def test_send_and_wait_and_flush_do_not_wait_for_linger():
+    """With a linger of 10 minutes, send_and_wait and flush still return at once (bounded here
+    by a 20 s wait): a caller waiting for its record is never held back for batching."""
+    async def main():
+        async with FakeBroker({"t": 1}) as broker:
+            async with Producer(bootstrap=broker.bootstrap, linger_ms=600_000) as producer:
+                meta = await asyncio.wait_for(producer.send_and_wait("t", b"now"), 20)
+                queued = [await producer.send("t", b"q%d" % i) for i in range(5)]
+                assert not any(f.done() for f in queued)
+                await asyncio.wait_for(producer.flush(), 20)
+                assert [f.result().offset for f in queued] == [1, 2, 3, 4, 5]
+            assert meta.offset == 0
+    run(main())
+
+
+def test_records_of_one_batch_get_consecutive_offsets_and_one_failure():
+    """A batch's records resolve together: offsets base + index when acknowledged, the same
+    error for each when the batch fails for good."""
+    async def main():
+        async with FakeBroker({"t": 1}) as broker:
+            async with Producer(bootstrap=broker.bootstrap, linger_ms=600_000, acks=1) as producer:
+                await producer.send_and_wait("t", b"first")
+                ok = [await producer.send("t", b"%d" % i, partition=0) for i in range(10)]
+                await producer.flush()
+                broker.inject("t", 0, ErrorCode.MESSAGE_TOO_LARGE)
+                bad = [await producer.send("t", b"x", partition=0) for _ in range(3)]
+                await producer.flush()
+                results = await asyncio.gather(*bad, return_exceptions=True)
+            assert [f.result().offset for f in ok] == list(range(1, 11))
+            assert [type(r).__name__ for r in results] == ["BrokerResponseError"] * 3
+            assert results[0] is results[1] is results[2]
+    run(main())
