@@ -261,6 +261,7 @@ def test_bench_prints_rates_and_percentiles(cluster):
     assert result["consume"]["records"] == 300
     p = result["produce"]
     assert 0 < p["latency_ms_p50"] <= p["latency_ms_p99"] <= p["latency_ms_p999"] <= p["latency_ms_max"]
+    assert p["latency_samples"] == 300 and p["client_cpu_us_per_record"] > 0
 
 
 def test_seek_to_time_iteration_position_and_lag(cluster):

@@ -169,3 +169,22 @@ def test_a_pending_record_future_says_so():
         cb = f.add_done_callback(print)
         assert cb is None and f.remove_done_callback(print) == 1
     asyncio.run(main())
+
+
+def test_record_futures_work_with_asyncio_wait_and_as_completed():
+    async def main():
+        loop = asyncio.get_running_loop()
+        first, second = BatchOutcome(TP), BatchOutcome(TopicPartition("t", 3))
+        a, b = RecordFuture(first, 0, loop), RecordFuture(second, 5, loop)
+        loop.call_soon(second.resolve, 10)
+        done, pending = await asyncio.wait({a, b}, return_when=asyncio.FIRST_COMPLETED)
+        assert done == {b} and pending == {a}
+        first.fail(RuntimeError("gone"))
+        outcomes = []
+        for next_done in asyncio.as_completed([a, b]):
+            try:
+                outcomes.append(await next_done)
+            except RuntimeError as exc:
+                outcomes.append(str(exc))
+        assert sorted(map(str, outcomes)) == sorted(["gone", str(RecordMetadata("t", 3, 15))])
+    asyncio.run(main())
