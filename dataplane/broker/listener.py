@@ -64,11 +64,17 @@ async def serve_pipelined(reader: asyncio.StreamReader, writer: asyncio.StreamWr
 
 
 async def _write_answers(answers: asyncio.Queue, writer: asyncio.StreamWriter) -> None:
-    while True:
-        item = await answers.get()
-        if item is None:
-            return
+    """Send answers in request order. Answers that are ready together (one HW move releases
+    several acks=all produce requests) go out in one write: one syscall and one wake-up of
+    the peer instead of one each."""
+    parts: list = []
+    item = await answers.get()
+    while item is not None:
         correlation_id, answer = item
+        if parts and not answer.done():
+            writer.writelines(parts)  # what is ready goes now; do not hold it for a slow one
+            parts = []
+            await writer.drain()
         try:
             response = await answer
         except asyncio.CancelledError:
@@ -78,8 +84,15 @@ async def _write_answers(answers: asyncio.Queue, writer: asyncio.StreamWriter) -
             writer.close()
             raise
         if response is not None:
-            writer.writelines(encode_response(response, correlation_id=correlation_id))
-            await writer.drain()
+            parts += encode_response(response, correlation_id=correlation_id)
+        if answers.empty():
+            if parts:
+                writer.writelines(parts)
+                parts = []
+                await writer.drain()
+            item = await answers.get()
+        else:
+            item = answers.get_nowait()
 
 
 async def start_pipelined_server(start: Start, host: str, port: int, *, max_frame_bytes: int,

@@ -1,0 +1,85 @@
+"""The broker's pipelined connection loop (dataplane/broker/listener.py): answers go out
+in request order whatever order they finish in, and answers ready together share one
+write."""
+from __future__ import annotations
+
+import asyncio
+
+from common.errors import ErrorCode
+from common.wire import WireClient
+from common.wire import messages as wire
+from dataplane.broker.listener import start_pipelined_server
+
+
+def answer_for(name: str) -> wire.MetadataResponse:
+    return wire.MetadataResponse(brokers=(), controller_id=-1, metadata_offset=0,
+                                 topics=(wire.MetadataTopic(topic=name, error_code=ErrorCode.NONE),))
+
+
+async def run_server(resolve):
+    """A server whose answers are futures; `resolve(futures)` decides when they finish.
+    Returns the topic names of the responses in arrival order and the writes made."""
+    loop = asyncio.get_running_loop()
+    futures: list[tuple[str, asyncio.Future]] = []
+
+    def start(header, request):
+        future = loop.create_future()
+        futures.append((request.topics[0], future))
+        return future
+
+    writes = []
+    original = asyncio.StreamWriter.writelines
+
+    def counting(self, parts):
+        writes.append((self.get_extra_info("sockname")[1], len(parts)))
+        return original(self, parts)
+    asyncio.StreamWriter.writelines = counting
+    server = await start_pipelined_server(start, "127.0.0.1", 0, max_frame_bytes=1 << 20)
+    try:
+        port = server.sockets[0].getsockname()[1]
+        async with await WireClient.connect("127.0.0.1", port) as client:
+            requests = [asyncio.ensure_future(client.request(wire.MetadataRequest(topics=(f"t{i}",))))
+                        for i in range(5)]
+            while len(futures) < 5:
+                await asyncio.sleep(0.01)
+            await resolve(futures)
+            responses = await asyncio.wait_for(asyncio.gather(*requests), 5)
+    finally:
+        asyncio.StreamWriter.writelines = original
+        server.close()
+        await server.wait_closed()
+    server_writes = [n for sock_port, n in writes if sock_port == port]  # not the client's requests
+    return [r.topics[0].topic for r in responses], server_writes
+
+
+def test_answers_finishing_in_reverse_order_are_sent_in_request_order():
+    async def reverse(futures):
+        for name, future in reversed(futures):
+            future.set_result(answer_for(name))
+            await asyncio.sleep(0.01)
+
+    names, _ = asyncio.run(run_server(reverse))
+    assert names == [f"t{i}" for i in range(5)]
+
+
+def test_answers_ready_together_share_one_write():
+    async def all_at_once(futures):
+        for name, future in futures:
+            future.set_result(answer_for(name))
+
+    names, writes = asyncio.run(run_server(all_at_once))
+    assert names == [f"t{i}" for i in range(5)]
+    assert len(writes) == 1  # five answers, one write
+
+
+def test_a_slow_answer_does_not_hold_back_those_ready_before_it():
+    async def first_two_then_rest(futures):
+        for name, future in futures[:2]:
+            future.set_result(answer_for(name))
+        await asyncio.sleep(0.05)
+        for name, future in futures[2:]:
+            future.set_result(answer_for(name))
+
+    names, writes = asyncio.run(run_server(first_two_then_rest))
+    assert names == [f"t{i}" for i in range(5)]
+    assert len(writes) == 2
