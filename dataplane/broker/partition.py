@@ -270,11 +270,13 @@ class PartitionDriver:
         return answers
 
     def _append(self, action: Append) -> None:
+        # crc_checked: the core validated these very bytes (CRC included) before it asked for
+        # the Append, on every path (produce, fetch answer, append-entries).
         if action.as_leader:
             records = action.records if isinstance(action.records, bytearray) else bytearray(action.records)
-            info = self.log.append_as_leader(records, leader_epoch=action.leader_epoch)
+            info = self.log.append_as_leader(records, leader_epoch=action.leader_epoch, crc_checked=True)
         else:
-            info = self.log.append_as_follower(action.records)
+            info = self.log.append_as_follower(action.records, crc_checked=True)
         if (info.base_offset, info.last_offset) != (action.base_offset, action.last_offset):
             raise AssertionError(f"{self.tp}: log stored {info.base_offset}..{info.last_offset}, "
                                  f"core expected {action.base_offset}..{action.last_offset}")

@@ -164,7 +164,9 @@ class PushMixin:
         are the same batches (one leader per epoch) and stay; the first batch of another
         epoch and everything after it is cut. Returns the end of the verified prefix."""
         try:
-            found = list(iter_batches(records))
+            # Headers only: what is appended is CRC-checked by _append_as_follower, and a
+            # batch we already hold is not stored again.
+            found = list(iter_batches(records, validate=False))
         except CorruptBatchError as exc:
             self._notes.append(Rejected(event="AppendEntries", error=ErrorCode.CORRUPT_MESSAGE,
                                         their_epoch=self.leader_epoch, our_epoch=self.leader_epoch, reason=str(exc)))
