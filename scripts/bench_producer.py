@@ -43,14 +43,22 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def leaders(bootstrap: list[tuple[str, int]], topic: str) -> dict[int, tuple[str, int]]:
-    client = await WireClient.connect(*bootstrap[0])
-    try:
-        meta = await client.request(MetadataRequest(topics=(topic,)))
-    finally:
-        await client.close()
-    brokers = {b.node_id: (b.host, b.port) for b in meta.brokers}
-    return {p.partition: brokers[p.leader_id] for p in meta.topics[0].partitions}
+async def leaders(bootstrap: list[tuple[str, int]], topic: str, timeout_s: float = 15) -> dict[int, tuple[str, int]]:
+    """Partition -> leader address, once every partition of a (maybe just created) topic has one."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        client = await WireClient.connect(*bootstrap[0])
+        try:
+            meta = await client.request(MetadataRequest(topics=(topic,)))
+        finally:
+            await client.close()
+        brokers = {b.node_id: (b.host, b.port) for b in meta.brokers}
+        parts = meta.topics[0].partitions if meta.topics else ()
+        if parts and all(p.leader_id in brokers for p in parts):
+            return {p.partition: brokers[p.leader_id] for p in parts}
+        if time.monotonic() > deadline:
+            raise SystemExit(f"topic {topic!r} has no leader for every partition after {timeout_s} s")
+        await asyncio.sleep(0.2)
 
 
 async def wire_throughput(bootstrap, topic: str, value: bytes, records: int, batch_size_bytes: int,

@@ -109,8 +109,8 @@ TP = TopicPartition("t", 2)
 def test_record_futures_resolve_with_their_offset_through_await_gather_and_callbacks():
     async def main():
         loop = asyncio.get_running_loop()
-        outcome = BatchOutcome(TP)
-        futures = [RecordFuture(outcome, i, loop) for i in range(3)]
+        outcome = BatchOutcome(TP, loop)
+        futures = [RecordFuture(outcome, i) for i in range(3)]
         assert asyncio.isfuture(futures[0]) and not futures[0].done()
         seen = []
         futures[1].add_done_callback(lambda f: seen.append(f.result()))
@@ -130,8 +130,8 @@ def test_record_futures_resolve_with_their_offset_through_await_gather_and_callb
 
 def test_a_failed_batch_fails_every_record_future():
     async def main():
-        outcome = BatchOutcome(TP)
-        futures = [RecordFuture(outcome, i, asyncio.get_running_loop()) for i in range(2)]
+        outcome = BatchOutcome(TP, asyncio.get_running_loop())
+        futures = [RecordFuture(outcome, i) for i in range(2)]
         outcome.fail(ValueError("boom"))
         assert all(isinstance(f.exception(), ValueError) for f in futures)
         with pytest.raises(ValueError, match="boom"):
@@ -146,8 +146,8 @@ def test_a_timed_out_wait_cancels_only_that_callers_future():
     same batch still resolve (the record itself is still sent)."""
     async def main():
         loop = asyncio.get_running_loop()
-        outcome = BatchOutcome(TP)
-        a, b = RecordFuture(outcome, 0, loop), RecordFuture(outcome, 1, loop)
+        outcome = BatchOutcome(TP, loop)
+        a, b = RecordFuture(outcome, 0), RecordFuture(outcome, 1)
         other = asyncio.ensure_future(b)
         with pytest.raises(asyncio.TimeoutError):
             await asyncio.wait_for(a, 0.01)
@@ -162,7 +162,7 @@ def test_a_timed_out_wait_cancels_only_that_callers_future():
 
 def test_a_pending_record_future_says_so():
     async def main():
-        f = RecordFuture(BatchOutcome(TP), 0, asyncio.get_running_loop())
+        f = RecordFuture(BatchOutcome(TP, asyncio.get_running_loop()), 0)
         with pytest.raises(asyncio.InvalidStateError):
             f.result()
         assert "pending" in repr(f)
@@ -174,8 +174,8 @@ def test_a_pending_record_future_says_so():
 def test_record_futures_work_with_asyncio_wait_and_as_completed():
     async def main():
         loop = asyncio.get_running_loop()
-        first, second = BatchOutcome(TP), BatchOutcome(TopicPartition("t", 3))
-        a, b = RecordFuture(first, 0, loop), RecordFuture(second, 5, loop)
+        first, second = BatchOutcome(TP, loop), BatchOutcome(TopicPartition("t", 3), loop)
+        a, b = RecordFuture(first, 0), RecordFuture(second, 5)
         loop.call_soon(second.resolve, 10)
         done, pending = await asyncio.wait({a, b}, return_when=asyncio.FIRST_COMPLETED)
         assert done == {b} and pending == {a}

@@ -25,10 +25,11 @@ _PENDING, _DONE = 0, 1
 class BatchOutcome:
     """What became of one batch: an offset for its first record, or an error for all of them."""
 
-    __slots__ = ("tp", "state", "base_offset", "error", "callbacks")
+    __slots__ = ("tp", "loop", "state", "base_offset", "error", "callbacks")
 
-    def __init__(self, tp: TopicPartition) -> None:
+    def __init__(self, tp: TopicPartition, loop: asyncio.AbstractEventLoop | None = None) -> None:
         self.tp = tp
+        self.loop = loop   # the loop the records' futures belong to (set before any future is made)
         self.state = _PENDING
         self.base_offset = -1
         self.error: BaseException | None = None
@@ -56,7 +57,7 @@ class BatchOutcome:
         callbacks, self.callbacks = self.callbacks, None
         if not callbacks:
             return
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         for future, callback, context in callbacks:
             if not future._cancelled:
                 loop.call_soon(callback, future, context=context)
@@ -65,15 +66,19 @@ class BatchOutcome:
 class RecordFuture:
     """The future RecordMetadata(topic, partition, offset) of one record (see the module doc)."""
 
-    __slots__ = ("_outcome", "_index", "_cancelled", "_loop", "_asyncio_future_blocking", "_retrieved")
+    # One is made per record sent, so it holds just two references; the rare per-future
+    # state (cancelled, asyncio's blocking flag) lives in a __dict__ made only when set.
+    __slots__ = ("_outcome", "_index", "__dict__")
+    _cancelled = False
+    _asyncio_future_blocking = False   # asyncio's protocol for future-likes
 
-    def __init__(self, outcome: BatchOutcome, index: int, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, outcome: BatchOutcome, index: int) -> None:
         self._outcome = outcome
         self._index = index
-        self._loop = loop
-        self._cancelled = False
-        self._asyncio_future_blocking = False   # asyncio's protocol for future-likes
-        self._retrieved = False
+
+    @property
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        return self._outcome.loop
 
     # ------------------------------------------------------------ state
 
@@ -102,7 +107,7 @@ class RecordFuture:
         return self._outcome.error
 
     def get_loop(self) -> asyncio.AbstractEventLoop:
-        return self._loop
+        return self._outcome.loop
 
     # ------------------------------------------------------------ callbacks
 

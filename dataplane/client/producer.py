@@ -321,9 +321,12 @@ class Producer:
             return None   # the bound record_size_bytes() gives, inline: this runs once per record
         batch, index = acc.append(tps[partition], value, key, header_bytes, timestamp_ms,
                                   now_ms=int(_monotonic() * 1000))
-        if index == 0 or acc.linger_ms == 0:
+        if index == 0:
+            batch.outcome.loop = self._loop
             self._wakeup.set()  # a new batch: the sender recomputes its linger deadline (the last one may be full)
-        return RecordFuture(batch.outcome, index, self._loop)
+        elif acc.linger_ms == 0:
+            self._wakeup.set()
+        return RecordFuture(batch.outcome, index)
 
     async def _wait_to_send(self, topic: str, value: Any, key: Any, headers: Any, deadline: float) -> None:
         """Wait for what _try_send lacked: the topic's partitions, then buffer memory."""
