@@ -523,3 +523,32 @@ def test_records_of_one_batch_get_consecutive_offsets_and_one_failure():
             assert [type(r).__name__ for r in results] == ["BrokerResponseError"] * 3
             assert results[0] is results[1] is results[2]
     run(main())
+
+
+def test_keys_headers_timestamps_and_value_types_round_trip():
+    """What send() accepts (bytes, str, bytearray, memoryview, None; headers with str, bytes or
+    None values; an explicit timestamp) is what a consumer reads back."""
+    async def main():
+        async with FakeBroker({"t": 1}) as broker:
+            async with Producer(bootstrap=broker.bootstrap, linger_ms=600_000) as producer:
+                sent = [
+                    await producer.send("t", b"v0", key=b"k0", headers=[("h", b"x"), ("e", None)], timestamp_ms=1000),
+                    await producer.send("t", "text", key="key", headers=(("s", "str"),), timestamp_ms=999),
+                    await producer.send("t", bytearray(b"ba"), key=memoryview(b"mv")),
+                    await producer.send("t", None, key=None, timestamp_ms=-1),
+                ]
+                with pytest.raises(ValueError, match="timestamp_ms"):
+                    await producer.send("t", b"v", timestamp_ms=1.5)
+                with pytest.raises(TypeError, match="header name must be str"):
+                    await producer.send("t", b"v", headers=[(1, b"x")])
+                await producer.flush()
+            assert [f.result().offset for f in sent] == [0, 1, 2, 3]
+            async with Consumer("t", bootstrap=broker.bootstrap, from_beginning=True) as consumer:
+                got = []
+                while len(got) < 4:
+                    got += await consumer.poll(500)
+            assert [(r.key, r.value, r.headers) for r in got] == [
+                (b"k0", b"v0", (("h", b"x"), ("e", None))), (b"key", b"text", (("s", b"str"),)),
+                (b"mv", b"ba", ()), (None, None, ())]
+            assert [r.timestamp_ms for r in got][:2] == [1000, 999] and got[3].timestamp_ms == -1
+    run(main())
