@@ -10,6 +10,7 @@ import sys
 
 from pydantic import ValidationError
 
+from common import eventloop
 from common.errors import StorageError
 from common.logs import configure_logging
 from dataplane.broker.broker import Broker
@@ -82,7 +83,7 @@ def main(argv: list[str], prog: str) -> int:
         print(f"{prog}: invalid configuration:\n{exc}", file=sys.stderr)
         return 2
     try:
-        return asyncio.run(serve(config, args.ports_file))
+        return eventloop.run(serve(config, args.ports_file))
     except StorageError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 1

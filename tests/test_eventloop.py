@@ -1,0 +1,36 @@
+"""common/eventloop.py: uvloop when installed, asyncio's loop when it is not or when
+BIPLANE_EVENT_LOOP=asyncio asks for it; either way the coroutine's result comes back."""
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import sys
+
+import pytest
+
+from common import eventloop
+
+
+async def loop_module() -> str:
+    await asyncio.sleep(0)
+    return type(asyncio.get_running_loop()).__module__
+
+
+@pytest.mark.skipif(importlib.util.find_spec("uvloop") is None, reason="uvloop is not installed")
+def test_uvloop_is_used_when_installed(monkeypatch):
+    monkeypatch.delenv("BIPLANE_EVENT_LOOP", raising=False)
+    assert eventloop.run(loop_module()).startswith("uvloop")
+    assert eventloop.loop_name() == "uvloop"
+
+
+def test_environment_forces_the_standard_loop(monkeypatch):
+    monkeypatch.setenv("BIPLANE_EVENT_LOOP", "asyncio")
+    assert eventloop.run(loop_module()).startswith("asyncio")
+    assert eventloop.loop_name() == "asyncio"
+
+
+def test_falls_back_to_asyncio_without_uvloop(monkeypatch):
+    monkeypatch.delenv("BIPLANE_EVENT_LOOP", raising=False)
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # import uvloop now raises ImportError
+    assert eventloop.run(loop_module()).startswith("asyncio")
+    assert eventloop.loop_name() == "asyncio"
