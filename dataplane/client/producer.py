@@ -7,6 +7,12 @@ One sender task drains the accumulator (dataplane/client/accumulator.py holds th
 rules) into one PRODUCE request per leader broker, on a connection used for produce
 only, and feeds each partition's answer back. Retriable errors refresh metadata when
 they say it is stale, then the batch is resent with the same sequence.
+
+The per-record path is kept small because it is the producer's cost: `send()` encodes the
+record into its partition's open batch at once (dataplane/client/encoder.py) and returns a
+RecordFuture that the batch's one answer resolves (dataplane/client/futures.py); nothing
+else is made or scheduled per record. A caller that waits (send_and_wait, flush) drains
+the ready batches itself, ignoring linger, instead of waking the sender task.
 """
 from __future__ import annotations
 
