@@ -138,6 +138,16 @@ def test_a_failed_batch_fails_every_record_future():
             await futures[1]
         results = await asyncio.gather(*futures, return_exceptions=True)
         assert [type(r) for r in results] == [ValueError, ValueError]
+        depths = []
+        for f in futures * 3:
+            try:
+                f.result()
+            except ValueError as exc:
+                tb, depth = exc.__traceback__, 0
+                while tb is not None:
+                    tb, depth = tb.tb_next, depth + 1
+                depths.append(depth)
+        assert len(set(depths)) == 1   # raising it again and again does not grow its traceback
     asyncio.run(main())
 
 

@@ -25,7 +25,7 @@ _PENDING, _DONE = 0, 1
 class BatchOutcome:
     """What became of one batch: an offset for its first record, or an error for all of them."""
 
-    __slots__ = ("tp", "loop", "state", "base_offset", "error", "callbacks")
+    __slots__ = ("tp", "loop", "state", "base_offset", "error", "error_traceback", "callbacks")
 
     def __init__(self, tp: TopicPartition, loop: asyncio.AbstractEventLoop | None = None) -> None:
         self.tp = tp
@@ -33,6 +33,7 @@ class BatchOutcome:
         self.state = _PENDING
         self.base_offset = -1
         self.error: BaseException | None = None
+        self.error_traceback = None
         # (record future, callback, context), in registration order
         self.callbacks: list[tuple[RecordFuture, Callable[[Any], Any], contextvars.Context | None]] | None = None
 
@@ -51,6 +52,7 @@ class BatchOutcome:
         if self.state == _PENDING:
             self.state = _DONE
             self.error = error
+            self.error_traceback = error.__traceback__
             self._run_callbacks()
 
     def _run_callbacks(self) -> None:
@@ -95,7 +97,9 @@ class RecordFuture:
         if outcome.state != _DONE:
             raise asyncio.InvalidStateError("the record is not acknowledged yet")
         if outcome.error is not None:
-            raise outcome.error
+            # Every record of the batch raises the same error: restore its traceback each time,
+            # as asyncio's futures do, so that it does not grow with every raise.
+            raise outcome.error.with_traceback(outcome.error_traceback)
         base = outcome.base_offset
         return RecordMetadata(outcome.tp.topic, outcome.tp.partition, base + self._index if base >= 0 else -1)
 
