@@ -4,13 +4,21 @@
 Prints, for acks=1 and acks=all under commit_policy `isr` and `quorum` (pull and
 push replication):
 records/s, MB/s and p50/p99 produce latency of a simple wire-level producer
-(one pre-built 32 KiB batch of 32 records, resent; `--connections` connections
-with `--inflight` requests pipelined on each); then the
+(one pre-built batch of `--records-per-batch` 1 KiB records, resent; `--connections`
+connections with `--inflight` requests pipelined on each). Then, per mode and
+policy, the acks=all peak: the best of the `--peak` configurations (batch size x
+connections x in flight), each run for `--seconds`, and the summary line
+"acks=all fsync peak: N rec/s (target 150k) = X.XXx" naming the configuration that
+gave it. Then the open-loop "half of peak" row per mode and policy: a producer
+sending on a fixed schedule at 50% of that peak rate (`--half-records-per-batch`
+records per batch), latency measured from each batch's scheduled send time so
+that queueing counts, p50/p99/p999 against the target p99 <= 20 ms. Last, the
 partition failover time from kill -9 of a leader to the first acknowledged
 acks=all produce on the new leader (median of `--failovers` runs per policy).
+Durability is the topic default, fsync.
 
     .venv/bin/python scripts/bench_broker.py [--seconds 5] [--connections 1] [--inflight 8] [--failovers 3]
-        [--modes pull,push] [--records-per-batch 32]
+        [--modes pull,push] [--records-per-batch 32] [--peak 256x2x8,1000x2x4] [--half-records-per-batch 64]
 """
 from __future__ import annotations
 
@@ -27,12 +35,16 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from cluster_harness import Cluster, make_batch, produce  # noqa: E402
+from common import eventloop  # noqa: E402
 from common.errors import ErrorCode  # noqa: E402
 from common.wire import WireClient  # noqa: E402
 from common.wire import messages as wire  # noqa: E402
 
 RECORD_BYTES = 1024
 RECORDS_PER_BATCH = 32
+TARGET_RECORDS_PER_S = 150_000
+TARGET_HALF_PEAK_P99_MS = 20.0
+OPEN_LOOP_OUTSTANDING_MAX = 2000  # batches sent and not yet answered; beyond it the producer is overrun
 
 
 async def throughput(cluster: Cluster, topic: str, acks: int, seconds: float, connections: int,
@@ -69,6 +81,75 @@ async def throughput(cluster: Cluster, topic: str, acks: int, seconds: float, co
     return {"records_per_s": records / elapsed, "mb_per_s": done * len(batch) / elapsed / 1e6,
             "p50_ms": 1000 * latencies[len(latencies) // 2],
             "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))], "errors": errors}
+
+
+async def open_loop(cluster: Cluster, topic: str, records_per_s: float, seconds: float, connections: int,
+                    records_per_batch: int) -> dict:
+    """acks=all batches sent on a fixed schedule at records_per_s; each latency runs from the
+    batch's scheduled send time (a late send counts as waiting, as it would for a real producer)."""
+    leader = cluster.wait_leader(topic, 0)
+    batch = make_batch([os.urandom(RECORD_BYTES) for _ in range(records_per_batch)])
+    clients = [await WireClient.connect(*cluster.address(leader), inflight_requests_max=1024)
+               for _ in range(connections)]
+    for c in clients:
+        await produce(c, topic, 0, batch, acks=-1)
+    interval = records_per_batch / records_per_s
+    count = max(1, int(seconds / interval))
+    latencies: list[float] = []
+    errors: dict[str, int] = {}
+    outstanding: set[asyncio.Task] = set()
+    overrun = 0
+
+    async def one(client: WireClient, scheduled: float) -> None:
+        r = await produce(client, topic, 0, batch, acks=-1)
+        latencies.append(time.perf_counter() - scheduled)
+        if r.error_code is not ErrorCode.NONE:
+            errors[r.error_code.name] = errors.get(r.error_code.name, 0) + 1
+
+    start = time.perf_counter() + 0.01
+    for i in range(count):
+        scheduled = start + i * interval
+        delay = scheduled - time.perf_counter()
+        if delay > 0.001:
+            await asyncio.sleep(delay)
+        if len(outstanding) >= OPEN_LOOP_OUTSTANDING_MAX:
+            overrun += 1
+            continue
+        task = asyncio.get_running_loop().create_task(one(clients[i % connections], scheduled))
+        outstanding.add(task)
+        task.add_done_callback(outstanding.discard)
+    if outstanding:
+        await asyncio.wait(outstanding, timeout=30)
+    elapsed = time.perf_counter() - start
+    for c in clients:
+        await c.close()
+    latencies.sort()
+    n = len(latencies)
+
+    def pct(q: float) -> float:
+        return 1000 * latencies[min(n - 1, int(n * q))] if n else float("nan")
+    return {"records_per_s": n * records_per_batch / elapsed, "n": n, "p50_ms": pct(0.5), "p99_ms": pct(0.99),
+            "p999_ms": pct(0.999), "errors": errors, "overrun": overrun}
+
+
+def parse_peak_configs(text: str) -> list[tuple[int, int, int]]:
+    """'256x2x8,1000x2x4' -> [(records per batch, connections, in flight per connection), ...]."""
+    configs = []
+    for item in text.split(","):
+        try:
+            rpb, conns, inflight = (int(x) for x in item.lower().split("x"))
+        except ValueError:
+            raise SystemExit(f"--peak {text!r}: {item!r} is not RECORDSxCONNECTIONSxINFLIGHT, e.g. 256x2x8")
+        if min(rpb, conns, inflight) < 1:
+            raise SystemExit(f"--peak {text!r}: {item!r} needs positive numbers")
+        configs.append((rpb, conns, inflight))
+    return configs
+
+
+def describe(rpb: int, conns: int, inflight: int) -> str:
+    size = RECORD_BYTES * rpb
+    size_text = f"{size // (1024 * 1024)} MiB" if size % (1024 * 1024) == 0 else f"{size // 1024} KiB"
+    return f"{rpb} x 1 KiB records ({size_text}) per batch, {conns} conn x {inflight} in flight"
 
 
 async def leader_from(cluster: Cluster, broker_ids: list[int], topic: str) -> tuple[int, int] | None:
@@ -131,29 +212,77 @@ def main() -> int:
                     help="1 KiB records per produced batch (256 = 256 KiB batches; at most ~1000 under "
                          "the default max_message_bytes)")
     ap.add_argument("--modes", default="pull,push", help="replication modes to measure (pull, push)")
+    ap.add_argument("--peak", default="256x2x8,1000x2x4",
+                    help="acks=all peak configurations to try, RECORDSxCONNECTIONSxINFLIGHT, comma-separated "
+                         "('' skips the peak and half-of-peak rows)")
+    ap.add_argument("--half-records-per-batch", type=int, default=64,
+                    help="records per batch of the open-loop half-of-peak producer (64 = 64 KiB batches)")
+    ap.add_argument("--skip-matrix", action="store_true", help="only the peak, half-of-peak and failover rows")
     args = ap.parse_args()
+    peak_configs = parse_peak_configs(args.peak) if args.peak else []
+    run = eventloop.run
     with tempfile.TemporaryDirectory(prefix="bench-broker-") as tmp:
         with Cluster(Path(tmp), brokers=3, broker_args=["--log-level", "WARNING"]) as cluster:
-            print(f"3 brokers, RF 3, {RECORD_BYTES} B records, {args.records_per_batch} per batch "
-                  f"({RECORD_BYTES * args.records_per_batch // 1024} KiB), {args.connections} connection(s) x "
-                  f"{args.inflight} in flight, "
-                  f"{args.seconds:.0f} s per row, load avg {os.getloadavg()[0]:.2f}")
-            print(f"{'mode':<6}{'policy':<8}{'acks':>5}{'records/s':>12}{'MB/s':>9}{'p50 ms':>9}{'p99 ms':>9}  errors")
+            print(f"3 brokers, RF 3, durability fsync, {RECORD_BYTES} B records; client and brokers on "
+                  f"{eventloop.loop_name()}; {args.seconds:.0f} s per row, load avg {os.getloadavg()[0]:.2f}")
+            topics = {}
             for mode in args.modes.split(","):
                 for policy in ("isr", "quorum"):
-                    topic = f"bench-{mode}-{policy}"
+                    topic = topics[(mode, policy)] = f"bench-{mode}-{policy}"
                     cluster.create_topic(topic, partitions=1, replication_factor=3, config={
                         "commit_policy": policy, "min_insync_replicas": 2, "replication_mode": mode})
+            if not args.skip_matrix:
+                print(f"\n{describe(args.records_per_batch, args.connections, args.inflight)}")
+                print(f"{'mode':<6}{'policy':<8}{'acks':>5}{'records/s':>12}{'MB/s':>9}{'p50 ms':>9}{'p99 ms':>9}"
+                      f"  errors")
+                for (mode, policy), topic in topics.items():
                     for acks in (1, -1):
-                        r = asyncio.run(throughput(cluster, topic, acks, args.seconds, args.connections,
-                                                   args.inflight, args.records_per_batch))
+                        r = run(throughput(cluster, topic, acks, args.seconds, args.connections,
+                                           args.inflight, args.records_per_batch))
                         print(f"{mode:<6}{policy:<8}{'all' if acks == -1 else acks:>5}{r['records_per_s']:>12,.0f}"
-                              f"{r['mb_per_s']:>9.1f}{r['p50_ms']:>9.2f}{r['p99_ms']:>9.2f}  {r['errors'] or ''}")
+                              f"{r['mb_per_s']:>9.1f}{r['p50_ms']:>9.2f}{r['p99_ms']:>9.2f}  {r['errors'] or ''}",
+                              flush=True)
+            peaks: dict[tuple[str, str], tuple[float, tuple[int, int, int]]] = {}
+            if peak_configs:
+                print(f"\nacks=all peak per mode: best of {', '.join(f'{r}x{c}x{i}' for r, c, i in peak_configs)} "
+                      f"(records per batch x connections x in flight)")
+                print(f"{'mode':<6}{'policy':<8}{'records/s':>12}{'MB/s':>9}{'p50 ms':>9}{'p99 ms':>9}  configuration")
+                for (mode, policy), topic in topics.items():
+                    best = None
+                    for config in peak_configs:
+                        r = run(throughput(cluster, topic, -1, args.seconds, config[1], config[2], config[0]))
+                        if r["errors"]:
+                            print(f"  ({mode} {policy} {describe(*config)}: errors {r['errors']})")
+                        if best is None or r["records_per_s"] > best[0]["records_per_s"]:
+                            best = (r, config)
+                    r, config = best
+                    peaks[(mode, policy)] = (r["records_per_s"], config)
+                    print(f"{mode:<6}{policy:<8}{r['records_per_s']:>12,.0f}{r['mb_per_s']:>9.1f}{r['p50_ms']:>9.2f}"
+                          f"{r['p99_ms']:>9.2f}  {describe(*config)}", flush=True)
+                (mode, policy), (rate, config) = max(peaks.items(), key=lambda kv: kv[1][0])
+                low_key, (low, low_config) = min(peaks.items(), key=lambda kv: kv[1][0])
+                print(f"acks=all fsync peak: {rate:,.0f} rec/s (target {TARGET_RECORDS_PER_S // 1000}k) = "
+                      f"{rate / TARGET_RECORDS_PER_S:.2f}x  [{mode} {policy}, {describe(*config)}]")
+                print(f"acks=all fsync peak, lowest of the {len(peaks)} modes: {low:,.0f} rec/s = "
+                      f"{low / TARGET_RECORDS_PER_S:.2f}x  [{' '.join(low_key)}, {describe(*low_config)}]")
+                half = args.half_records_per_batch
+                print(f"\nopen loop at half of each peak, acks=all, {half} x 1 KiB records per batch, 2 connections; "
+                      f"latency from the scheduled send (target p99 <= {TARGET_HALF_PEAK_P99_MS:.0f} ms)")
+                print(f"{'mode':<6}{'policy':<8}{'offered/s':>11}{'done/s':>10}{'n':>7}{'p50 ms':>9}{'p99 ms':>9}"
+                      f"{'p999 ms':>9}  p99 vs target")
+                for (mode, policy), topic in topics.items():
+                    offered = peaks[(mode, policy)][0] / 2
+                    r = run(open_loop(cluster, topic, offered, args.seconds, 2, half))
+                    verdict = f"{r['p99_ms'] / TARGET_HALF_PEAK_P99_MS:.2f}x of {TARGET_HALF_PEAK_P99_MS:.0f} ms"
+                    extra = "".join([f"  errors {r['errors']}" if r["errors"] else "",
+                                     f"  overrun {r['overrun']}" if r["overrun"] else ""])
+                    print(f"{mode:<6}{policy:<8}{offered:>11,.0f}{r['records_per_s']:>10,.0f}{r['n']:>7}"
+                          f"{r['p50_ms']:>9.2f}{r['p99_ms']:>9.2f}{r['p999_ms']:>9.2f}  {verdict}{extra}", flush=True)
             for policy in ("isr", "quorum") if args.failovers > 0 else ():
                 topic = f"failover-{policy}"
                 cluster.create_topic(topic, partitions=1, replication_factor=3,
                                      config={"commit_policy": policy, "min_insync_replicas": 2})
-                times = [asyncio.run(failover_once(cluster, topic)) for _ in range(args.failovers)]
+                times = [run(failover_once(cluster, topic)) for _ in range(args.failovers)]
                 print(f"failover {policy:<7} kill -9 -> first acks=all on new leader: median "
                       f"{statistics.median(times):.2f} s  (runs: {', '.join(f'{t:.2f}' for t in times)}; "
                       f"session timeout 1.5 s)")
