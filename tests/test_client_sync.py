@@ -9,6 +9,7 @@ import threading
 
 import pytest
 
+from common.errors import ErrorCode
 from dataplane.client import BufferFullTimeoutError
 from dataplane.client.sync import Producer
 from fake_broker import FakeBroker
@@ -97,3 +98,20 @@ def test_send_blocks_when_nothing_is_taken_then_times_out_clearly(fake):
         fake.loop.call_soon_threadsafe(fake.broker.hold.set)
         producer.close()
     assert fake.broker.partitions[("t", 0)].next_offset == len(delivered)
+
+
+def test_a_failed_batch_fails_each_callers_future_with_a_traceback_that_does_not_grow(fake):
+    with Producer(bootstrap=fake.broker.bootstrap, linger_ms=600_000, acks=1) as producer:
+        fake.broker.inject("t", 0, ErrorCode.MESSAGE_TOO_LARGE)
+        futures = [producer.send("t", b"x", partition=0) for _ in range(5)]
+        producer.flush()
+        depths = []
+        for f in futures * 2:
+            assert isinstance(f, concurrent.futures.Future)
+            with pytest.raises(Exception, match="MESSAGE_TOO_LARGE") as caught:
+                f.result(10)
+            tb, depth = caught.value.__traceback__, 0
+            while tb is not None:
+                tb, depth = tb.tb_next, depth + 1
+            depths.append(depth)
+        assert len(set(depths)) == 1

@@ -48,6 +48,23 @@ class _LoopThread:
             self.loop.close()
 
 
+class RecordResult(concurrent.futures.Future):
+    """The caller's future of one record. A batch's records share one error object; raising it
+    from each record's result() restores its traceback first, so it does not grow each time."""
+
+    _traceback = None
+
+    def set_exception(self, exception: BaseException | None) -> None:
+        self._traceback = exception.__traceback__ if exception is not None else None
+        super().set_exception(exception)
+
+    def result(self, timeout: float | None = None) -> Any:
+        error = self.exception(timeout)   # waits, and raises CancelledError or TimeoutError as result() does
+        if error is not None:
+            raise error.with_traceback(self._traceback)
+        return super().result(0)
+
+
 def _settle(outer: concurrent.futures.Future, *, result: Any = None, error: BaseException | None = None) -> None:
     """Complete a caller's future unless the caller cancelled it meanwhile."""
     try:
@@ -109,7 +126,7 @@ class Producer:
             value = bytes(value)
         if isinstance(key, (bytearray, memoryview)):
             key = bytes(key)
-        outer: concurrent.futures.Future = concurrent.futures.Future()
+        outer = RecordResult()
         item = (topic, value, key, headers, partition, timestamp_ms, expedite, outer)
         with self._handoff_lock:
             if self._handed_off >= self.handoff_records_max:
