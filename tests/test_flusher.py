@@ -74,3 +74,34 @@ def test_a_truncation_during_the_fsync_fails_only_the_waiters_it_removed():
 
     low, high = asyncio.run(scenario())
     assert low == 1 and isinstance(high, LogTruncatedError)
+
+
+def test_a_callback_waiter_may_ask_for_the_next_flush_from_inside_its_callback():
+    """Claim: when_flushed calls back with the flushed offset (never before it returns), and a
+    callback that appends and asks again (as a replica's FlushDone step does) is served by a
+    further run rather than lost; an error reaches a callback as its second argument."""
+    log = MemoryLog()
+    calls = []
+
+    async def scenario():
+        flusher = FlushCoalescer(log, debounce_ms=0)
+        done = asyncio.get_running_loop().create_future()
+
+        def second(flushed, exc):
+            calls.append(("second", flushed, exc))
+            done.set_result(None)
+
+        def first(flushed, exc):
+            calls.append(("first", flushed, exc))
+            flusher.when_flushed(append(log), second)
+
+        flusher.when_flushed(append(log), first)
+        assert calls == []
+        await asyncio.wait_for(done, 10)
+        flusher.when_flushed(5, lambda f, e: calls.append(("past the end", f, type(e).__name__)))
+        await flusher.close()
+        await asyncio.sleep(0)
+        return flusher.flush_count
+
+    assert asyncio.run(scenario()) == 2
+    assert calls == [("first", 1, None), ("second", 2, None), ("past the end", None, "InvalidRequestError")]

@@ -232,8 +232,7 @@ class PartitionDriver:
                                              f"{self.log.log_end_offset}")
                 elif isinstance(action, Flush):
                     # Started now (no task in between): the fsync is on its thread before the sends.
-                    self.coalescer.flush_future(min(action.up_to, self.log.log_end_offset)).add_done_callback(
-                        self._flushed)
+                    self.coalescer.when_flushed(min(action.up_to, self.log.log_end_offset), self._flushed)
         except (StorageError, OSError) as exc:
             self._fail(f"{type(exc).__name__}: {exc}")
             raise PartitionOfflineError(f"partition {self.tp[0]}-{self.tp[1]} went offline: {exc}") from exc
@@ -281,11 +280,10 @@ class PartitionDriver:
             raise AssertionError(f"{self.tp}: log stored {info.base_offset}..{info.last_offset}, "
                                  f"core expected {action.base_offset}..{action.last_offset}")
 
-    def _flushed(self, future: asyncio.Future[int]) -> None:
+    def _flushed(self, flushed: int | None, exc: BaseException | None) -> None:
         """A Flush the core asked for is done: step FlushDone (or take the partition offline)."""
-        if future.cancelled() or self.closed:
+        if self.closed:
             return
-        exc = future.exception()
         if isinstance(exc, StorageError) and not isinstance(exc, LogTruncatedError):
             self._fail(f"flush failed: {exc}")
             return

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
+from typing import Callable, Union
 
 from common.errors import InvalidRequestError, StorageError
 
@@ -25,6 +27,10 @@ class LogTruncatedError(StorageError):
     """The offset a waiter wanted flushed was truncated away before it became durable."""
 
 
+Settle = Callable[[int | None, BaseException | None], None]
+Waiter = Union[asyncio.Future, Settle]
+
+
 class FlushCoalescer:
     def __init__(self, log: Log, *, debounce_ms: float = 0.0,
                  executor: concurrent.futures.Executor | None = None) -> None:
@@ -33,7 +39,8 @@ class FlushCoalescer:
         self._log = log
         self._debounce_s = debounce_ms / 1000.0
         self._executor = executor
-        self._waiters: list[tuple[int, asyncio.Future[int]]] = []
+        # (offset, waiter): a future, or a callback called as (flushed_offset, None) or (None, error).
+        self._waiters: list[tuple[int, Waiter]] = []
         # Set while a run (debounce, then fsync) is under way; resolved when runs stop.
         self._running: asyncio.Future[None] | None = None
         self._closed = False
@@ -47,24 +54,34 @@ class FlushCoalescer:
         would wait for data nobody has written), StorageError if the flush fails,
         LogTruncatedError if the offset is truncated away first.
         """
-        return await self.flush_future(offset)
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._add(offset, future)
+        return await future
 
-    def flush_future(self, offset: int) -> asyncio.Future[int]:
-        """flush_to without a coroutine: the waiter is registered (and the fsync started)
-        before this returns; the future resolves or fails as flush_to would."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[int] = loop.create_future()
+    def when_flushed(self, offset: int, settle: Settle) -> None:
+        """flush_to for a callback: `settle(flushed_offset, None)` or `settle(None, error)` is
+        called from the event loop once flush_to would return or raise (never before this
+        returns). The fsync starts now if none runs; no task or future stands in between."""
+        self._add(offset, settle)
+
+    def _add(self, offset: int, waiter: Waiter) -> None:
         if self._closed:
-            future.set_exception(StorageError("flush coalescer is closed"))
+            self._later(waiter, None, StorageError("flush coalescer is closed"))
         elif offset <= self._log.flushed_offset:
-            future.set_result(self._log.flushed_offset)
+            self._later(waiter, self._log.flushed_offset, None)
         elif offset > self._log.log_end_offset:
-            future.set_exception(InvalidRequestError(
+            self._later(waiter, None, InvalidRequestError(
                 f"flush_to({offset}) is past log_end_offset {self._log.log_end_offset}; append first"))
         else:
-            self._waiters.append((offset, future))
+            self._waiters.append((offset, waiter))
             self._ensure_running()
-        return future
+
+    @staticmethod
+    def _later(waiter: Waiter, flushed: int | None, exc: BaseException | None) -> None:
+        if isinstance(waiter, asyncio.Future):
+            _settle(waiter, flushed, exc)
+        else:
+            asyncio.get_running_loop().call_soon(waiter, flushed, exc)
 
     def flush_soon(self) -> None:
         """Start a flush run without waiting for it (lazy flush on a timer)."""
@@ -77,7 +94,8 @@ class FlushCoalescer:
             self._start_run()
 
     # A run is driven by callbacks, not a task: the fsync is handed to the executor in
-    # the same step that asked for it, with no scheduling round in between.
+    # the step that asked for it, and the thread that ran it wakes the loop straight into
+    # _finished, which calls the callback waiters itself: no scheduling round in between.
 
     def _start_run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -89,35 +107,51 @@ class FlushCoalescer:
     def _submit(self) -> None:
         loop = asyncio.get_running_loop()
         waiters, self._waiters = self._waiters, []
-        try:
-            done = loop.run_in_executor(self._executor, self._log.flush)
-        except RuntimeError as exc:  # the executor is shut down (the loop is closing)
-            done = loop.create_future()
-            done.set_exception(StorageError(f"flush could not start: {exc}"))
-        done.add_done_callback(lambda f: self._finished(f, waiters))
 
-    def _finished(self, done: asyncio.Future[int], waiters: list[tuple[int, asyncio.Future[int]]]) -> None:
-        exc = done.exception() if not done.cancelled() else StorageError("flush was cancelled")
+        def fsync() -> None:  # on the executor's thread
+            try:
+                flushed, exc = self._log.flush(), None
+            except BaseException as e:  # noqa: BLE001 - handed to every waiter of this run
+                flushed, exc = None, e
+            try:
+                loop.call_soon_threadsafe(self._finished, flushed, exc, waiters)
+            except RuntimeError:
+                pass  # the loop is closed: nobody waits any more
+
+        try:
+            loop.run_in_executor(self._executor, fsync)
+        except RuntimeError as exc:  # the executor is shut down (the loop is closing)
+            loop.call_soon(self._finished, None, StorageError(f"flush could not start: {exc}"), waiters)
+
+    def _finished(self, flushed: int | None, exc: BaseException | None,
+                  waiters: list[tuple[int, Waiter]]) -> None:
+        settled: list[tuple[Waiter, int | None, BaseException | None]] = []
         if exc is not None:  # every waiter of this run gets the same error
-            for _, future in waiters:
-                if not future.done():
-                    future.set_exception(exc)
+            settled = [(w, None, exc) for _, w in waiters]
             # Waiters that arrived during the failed run retry in a fresh run.
-            self._next_or_stop()
-            return
-        flushed = done.result()
-        self.flush_count += 1
-        log_end_offset = self._log.log_end_offset
-        for offset, future in waiters + self._waiters:
-            if future.done():
-                continue
-            if offset <= flushed:
-                future.set_result(flushed)
-            elif offset > log_end_offset:
-                future.set_exception(LogTruncatedError(
-                    f"offset {offset} was truncated (log_end_offset is now {log_end_offset}) "
-                    f"before it was flushed"))
-        self._waiters = [(o, f) for o, f in waiters + self._waiters if not f.done()]
+        else:
+            self.flush_count += 1
+            log_end_offset = self._log.log_end_offset
+            remaining = []
+            for offset, w in waiters + self._waiters:
+                if offset <= flushed:
+                    settled.append((w, flushed, None))
+                elif offset > log_end_offset:
+                    settled.append((w, None, LogTruncatedError(
+                        f"offset {offset} was truncated (log_end_offset is now {log_end_offset}) "
+                        f"before it was flushed")))
+                else:
+                    remaining.append((offset, w))
+            self._waiters = remaining
+        # Settled after the bookkeeping: a callback may ask for another flush right away.
+        for w, value, error in settled:
+            if isinstance(w, asyncio.Future):
+                _settle(w, value, error)
+            else:
+                try:
+                    w(value, error)
+                except Exception:  # a waiter's bug must not stall the others
+                    logging.getLogger("biplane.log.flusher").exception("flush callback failed")
         self._next_or_stop()
 
     def _next_or_stop(self) -> None:
@@ -131,7 +165,15 @@ class FlushCoalescer:
         self._closed = True
         if self._running is not None:
             await asyncio.shield(self._running)
-        for _, future in self._waiters:
-            if not future.done():
-                future.set_exception(StorageError("flush coalescer closed before the flush"))
-        self._waiters = []
+        waiters, self._waiters = self._waiters, []
+        for _, w in waiters:
+            self._later(w, None, StorageError("flush coalescer closed before the flush"))
+
+
+def _settle(future: asyncio.Future, value: int | None, exc: BaseException | None) -> None:
+    if future.done():
+        return  # cancelled by its waiter
+    if exc is not None:
+        future.set_exception(exc)
+    else:
+        future.set_result(value)
