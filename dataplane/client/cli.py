@@ -20,6 +20,7 @@ import sys
 import time
 from typing import Any
 
+from common import eventloop
 from common.errors import BiplaneError
 from dataplane.client.consumer import Consumer
 from dataplane.client.producer import Producer
@@ -49,7 +50,7 @@ def produce_main(argv: list[str], prog: str) -> int:
     p.add_argument("--linger-ms", type=int, default=5)
     args = p.parse_args(argv)
     try:
-        return asyncio.run(_produce(args, prog))
+        return eventloop.run(_produce(args, prog))
     except (BiplaneError, ValueError, TypeError) as exc:
         return _fail(prog, exc)
     except KeyboardInterrupt:
@@ -134,7 +135,7 @@ def consume_main(argv: list[str], prog: str) -> int:
     if args.offset is not None and args.offset < 0:
         p.error(f"--offset {args.offset} must be >= 0")
     try:
-        return asyncio.run(_consume(args))
+        return eventloop.run(_consume(args))
     except (BiplaneError, ValueError) as exc:
         return _fail(prog, exc)
     except KeyboardInterrupt:
@@ -227,7 +228,7 @@ def bench_main(argv: list[str], prog: str) -> int:
     if args.rate is not None and args.rate <= 0:
         p.error(f"--rate {args.rate} must be positive")
     try:
-        result = asyncio.run(_bench(args))
+        result = eventloop.run(_bench(args))
     except (BiplaneError, ValueError) as exc:
         return _fail(prog, exc)
     except KeyboardInterrupt:
@@ -306,7 +307,8 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
         "mb_per_s": ok * args.record_size / elapsed / 1e6, "latency_ms_p50": percentile(latencies, 0.50),
         "latency_ms_p99": percentile(latencies, 0.99), "latency_ms_p999": percentile(latencies, 0.999),
         "latency_ms_max": latencies[-1] if latencies else float("nan"), "acks": args.acks,
-        "client_cpu_us_per_record": cpu / args.records * 1e6, "latency_samples": len(latencies)}}
+        "client_cpu_us_per_record": cpu / args.records * 1e6, "latency_samples": len(latencies),
+        "event_loop": eventloop.loop_name()}}
     if not args.no_consume:
         async with consumer:
             for tp, offset in starts.items():
