@@ -79,7 +79,9 @@ class Network:
     async def request(self, broker: int | tuple[str, int], message: Any, *, purpose: str = "main",
                       timeout_ms: int | None = None) -> Any:
         """One request; a timeout closes the connection (its answers would come out of order)."""
-        client = await self.client(broker, purpose)
+        client = self._clients.get((broker, purpose))
+        if client is None or client.closed:
+            client = await self.client(broker, purpose)
         try:
             async with asyncio.timeout((timeout_ms or self.request_timeout_ms) / 1000):  # no extra task
                 return await client.request(message)

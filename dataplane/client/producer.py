@@ -84,6 +84,28 @@ def _as_bytes(name: str, data: Any) -> bytes | bytearray | memoryview | None:
     raise TypeError(f"{name} must be bytes, str or None, not {type(data).__name__}")
 
 
+class _Signal:
+    """Wakes every coroutine waiting for the producer's state to change; each re-checks its own
+    condition. (asyncio.Condition would take a lock per notification, one per batch answered.)"""
+
+    def __init__(self) -> None:
+        self._waiters: list[asyncio.Future] = []
+
+    def notify(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def wait_for(self, predicate: Any, timeout_s: float | None = None) -> None:
+        """Return once predicate() holds; TimeoutError after timeout_s (None: no limit)."""
+        async with asyncio.timeout(timeout_s):
+            while not predicate():
+                waiter = asyncio.get_running_loop().create_future()
+                self._waiters.append(waiter)
+                await waiter
+
+
 class Producer:
     """Options (keyword-only; times in ms, sizes in bytes):
 
@@ -141,7 +163,7 @@ class Producer:
         self._flush_holds = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wakeup: asyncio.Event | None = None
-        self._memory_freed: asyncio.Condition | None = None
+        self._changed = _Signal()   # memory freed, batches finished, the sender stopped
         self._sender: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()
         self._started = False
@@ -160,7 +182,6 @@ class Producer:
             return self
         self._loop = asyncio.get_running_loop()
         self._wakeup = asyncio.Event()
-        self._memory_freed = asyncio.Condition()
         self._started = True
         if self.idempotent:
             await self._init_producer_id()
@@ -220,8 +241,7 @@ class Producer:
         self._hold_flushing(1)
         try:
             self._drain_now()
-            async with self._memory_freed:
-                await self._memory_freed.wait_for(lambda: self._acc.pending_batches() == 0 or self._fatal is not None)
+            await self._changed.wait_for(lambda: self._acc.pending_batches() == 0 or self._fatal is not None)
         finally:
             self._hold_flushing(-1)
 
@@ -239,12 +259,10 @@ class Producer:
             self._acc.flushing = True
             self._wakeup.set()
             try:
-                async with self._memory_freed:
-                    await asyncio.wait_for(
-                        self._memory_freed.wait_for(lambda: self._acc.pending_batches() == 0
-                                                    or self._fatal is not None),
-                        (timeout_ms if timeout_ms is not None else self._acc.delivery_timeout_ms) / 1000)
-            except asyncio.TimeoutError:
+                await self._changed.wait_for(lambda: self._acc.pending_batches() == 0 or self._fatal is not None,
+                                             (timeout_ms if timeout_ms is not None
+                                              else self._acc.delivery_timeout_ms) / 1000)
+            except TimeoutError:
                 pass
             self._sender.cancel()
             for task in list(self._tasks):
@@ -394,18 +412,16 @@ class Producer:
             await asyncio.sleep(0.1)
 
     async def _wait_for_memory(self, size: int, deadline: float) -> None:
-        async with self._memory_freed:
-            remaining = deadline - time.monotonic()
-            try:
-                await asyncio.wait_for(self._memory_freed.wait_for(
-                    lambda: self._acc.has_memory_for(size) or self._fatal is not None or self._closing),
-                    max(0.0, remaining))
-            except asyncio.TimeoutError:
-                raise BufferFullTimeoutError(
-                    f"send() waited max_block_ms={self.max_block_ms} for {size} bytes of buffer memory: "
-                    f"{self._acc.buffer_used_bytes} of buffer_memory_bytes={self._acc.buffer_memory_bytes} are "
-                    "held by records not yet acknowledged (brokers slow or unreachable?); raise "
-                    "buffer_memory_bytes or max_block_ms, or send more slowly") from None
+        try:
+            await self._changed.wait_for(
+                lambda: self._acc.has_memory_for(size) or self._fatal is not None or self._closing,
+                max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            raise BufferFullTimeoutError(
+                f"send() waited max_block_ms={self.max_block_ms} for {size} bytes of buffer memory: "
+                f"{self._acc.buffer_used_bytes} of buffer_memory_bytes={self._acc.buffer_memory_bytes} are "
+                "held by records not yet acknowledged (brokers slow or unreachable?); raise "
+                "buffer_memory_bytes or max_block_ms, or send more slowly") from None
         self._check_open()
 
     def _batch_closed(self, tp: TopicPartition) -> None:
@@ -429,7 +445,7 @@ class Producer:
                                           request_bytes_max=self.request_bytes_max, closing=self._closing)
                 for broker, batches in drained.items():
                     self._spawn(self._send_batches(broker, batches))
-                await self._notify()
+                self._changed.notify()
                 if self._needs_metadata():
                     self._spawn(self._refresh_quietly())
                 next_ms = self._acc.next_ready_ms(now)
@@ -451,7 +467,7 @@ class Producer:
             self._fatal = exc
             for batch in self._acc.fail_all_queued():
                 self._fail_batch(batch, ClientClosedError(f"producer stopped: {exc}"))
-            await self._notify()
+            self._changed.notify()
 
     def _needs_metadata(self) -> bool:
         meta = self._network.metadata
@@ -468,10 +484,6 @@ class Producer:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-    async def _notify(self) -> None:
-        async with self._memory_freed:
-            self._memory_freed.notify_all()
 
     async def _send_batches(self, broker: int, batches: list[ProducerBatch]) -> None:
         meta = self._network.metadata
@@ -516,7 +528,7 @@ class Producer:
             self._settle(outcome, message)
         if stale:
             await self._refresh_quietly()
-        await self._notify()
+        self._changed.notify()
         self._wakeup.set()
 
     def _settle(self, outcome: Outcome, message: str | None) -> None:
