@@ -78,7 +78,7 @@ class FlushCoalescer:
 
     @staticmethod
     def _later(waiter: Waiter, flushed: int | None, exc: BaseException | None) -> None:
-        if isinstance(waiter, asyncio.Future):
+        if asyncio.isfuture(waiter):
             _settle(waiter, flushed, exc)
         else:
             asyncio.get_running_loop().call_soon(waiter, flushed, exc)
@@ -145,7 +145,7 @@ class FlushCoalescer:
             self._waiters = remaining
         # Settled after the bookkeeping: a callback may ask for another flush right away.
         for w, value, error in settled:
-            if isinstance(w, asyncio.Future):
+            if asyncio.isfuture(w):
                 _settle(w, value, error)
             else:
                 try:
