@@ -139,16 +139,20 @@ class Accumulator:
         if state is None:
             state = self.partitions[tp] = PartitionState()
         queue = state.queue
-        batch = queue[-1] if queue else None
-        added = 0
-        if batch is not None and batch.payload is None and batch.attempts == 0:
-            added = batch.writer.append(value, key, headers, timestamp_ms, self.batch_size_bytes)
-            if not added and self.on_batch_closed:
-                self.on_batch_closed(tp)
-        if not added:
-            batch = ProducerBatch(tp=tp, created_ms=now_ms)
-            queue.append(batch)
-            added = batch.writer.append(value, key, headers, timestamp_ms)
+        if queue:
+            batch = queue[-1]
+            if batch.payload is None and not batch.attempts:   # still open for appends
+                writer = batch.writer
+                added = writer.append(value, key, headers, timestamp_ms, self.batch_size_bytes)
+                if added:
+                    batch.buffer_bytes += added
+                    self.buffer_used_bytes += added
+                    return batch, writer.record_count - 1
+                if self.on_batch_closed:
+                    self.on_batch_closed(tp)
+        batch = ProducerBatch(tp=tp, created_ms=now_ms)
+        queue.append(batch)
+        added = batch.writer.append(value, key, headers, timestamp_ms)
         batch.buffer_bytes += added
         self.buffer_used_bytes += added
         return batch, batch.writer.record_count - 1

@@ -65,6 +65,7 @@ def parse_acks(acks: int | str) -> Acks:
 
 
 _monotonic = time.monotonic
+_wall_clock = time.time
 
 
 def _now_ms() -> int:
@@ -170,6 +171,7 @@ class Producer:
         self._closing = False
         self._closed = False
         self._fatal: BaseException | None = None
+        self._refusing = False   # closing, closed or failed: send() raises (one check per record)
         self.producer_id = -1
         self.producer_epoch = -1
         self.records_sent = 0
@@ -255,6 +257,7 @@ class Producer:
         if self._closed:
             return
         self._closing = True
+        self._refusing = True
         if self._started and self._sender is not None:
             self._acc.flushing = True
             self._wakeup.set()
@@ -307,44 +310,48 @@ class Producer:
     def _try_send(self, topic: str, value: Any, key: Any, headers: Any, partition: int | None,
                   timestamp_ms: int | None) -> RecordFuture | None:
         """send() without waiting: the record's future, or None when send() would have to wait
-        (for the topic's metadata or for buffer memory). Bad arguments raise here."""
-        if self._closing or self._closed or self._fatal is not None:
+        (for the topic's metadata or for buffer memory). Bad arguments raise here.
+
+        This runs once per record, so the common case is checked first and cheaply: a topic
+        seen before is in `_tps` only if it was valid, and bytes need no conversion."""
+        if self._refusing:
             self._check_open()
-        if type(topic) is not str or not topic:
-            raise ValueError(f"topic must be a non-empty string, not {topic!r}")
         if value is not None and type(value) is not bytes:
             value = _as_bytes("value", value)
         if key is not None and type(key) is not bytes:
             key = _as_bytes("key", key)
-        header_bytes = encode_headers(tuple(headers)) if headers else _NO_HEADERS
+        header_bytes = _NO_HEADERS if not headers else encode_headers(tuple(headers))
         if timestamp_ms is None:
-            timestamp_ms = int(time.time() * 1000)
+            timestamp_ms = int(_wall_clock() * 1000)
         elif type(timestamp_ms) is not int or not -1 <= timestamp_ms < _TIMESTAMP_MS_LIMIT:
             raise ValueError(f"timestamp_ms must be an integer in [-1, {_TIMESTAMP_MS_LIMIT}), not {timestamp_ms!r}")
-        if partition is not None and (type(partition) is not int or partition < 0):
-            raise ValueError(f"partition must be a non-negative integer or None, not {partition!r}")
         # The topic's partitions, rebuilt only when a metadata answer replaced the topic's entry.
-        parts = self._topics_metadata.get(topic)
-        cached = self._tps.get(topic)
-        if cached is not None and cached[0] is parts:
+        cached = self._tps.get(topic) if type(topic) is str else None
+        if cached is not None and cached[0] is self._topics_metadata.get(topic):
             tps = cached[1]
         else:
+            if type(topic) is not str or not topic:
+                raise ValueError(f"topic must be a non-empty string, not {topic!r}")
+            parts = self._topics_metadata.get(topic)
             if not parts:
                 return None
             tps = [TopicPartition(topic, p) for p in range(len(parts))]
             self._tps[topic] = (parts, tps)
         if partition is None:
-            partition = self._partitioner.partition(topic, key, len(tps))
+            tp = tps[self._partitioner.partition(topic, key, len(tps))]
+        elif type(partition) is not int or partition < 0:
+            raise ValueError(f"partition must be a non-negative integer or None, not {partition!r}")
         elif partition >= len(tps):
             raise ValueError(f"partition {partition} does not exist: topic {topic!r} has {len(tps)} "
                              f"partition(s), 0..{len(tps) - 1}")
+        else:
+            tp = tps[partition]
         acc = self._acc
         used = acc.buffer_used_bytes
         if used and (used + RECORD_OVERHEAD_BYTES + len(header_bytes) + (len(value) if value is not None else 0)
                      + (len(key) if key is not None else 0)) > acc.buffer_memory_bytes:
-            return None   # the bound record_size_bytes() gives, inline: this runs once per record
-        batch, index = acc.append(tps[partition], value, key, header_bytes, timestamp_ms,
-                                  now_ms=int(_monotonic() * 1000))
+            return None   # the bound record_size_bytes() gives, inline
+        batch, index = acc.append(tp, value, key, header_bytes, timestamp_ms, now_ms=int(_monotonic() * 1000))
         if index == 0:
             batch.outcome.loop = self._loop
             self._wakeup.set()  # a new batch: the sender recomputes its linger deadline (the last one may be full)
@@ -465,6 +472,7 @@ class Producer:
         except BaseException as exc:  # a bug or a fatal answer: every waiter must hear of it
             log.exception("producer sender stopped")
             self._fatal = exc
+            self._refusing = True
             for batch in self._acc.fail_all_queued():
                 self._fail_batch(batch, ClientClosedError(f"producer stopped: {exc}"))
             self._changed.notify()
