@@ -276,6 +276,14 @@ def test_unknown_topic_and_bad_arguments_raise_clear_errors():
                     await producer.send("t", b"x", partition=5)
                 with pytest.raises(TypeError, match="value must be bytes"):
                     await producer.send("t", 12)
+                await producer.send_and_wait("t", b"known now")   # the topic is cached from here on
+                for topic in ("", 5, ["t"], None):
+                    with pytest.raises(ValueError, match="topic must be a non-empty string"):
+                        await producer.send(topic, b"x")
+                with pytest.raises(ValueError, match="partition must be a non-negative integer"):
+                    await producer.send("t", b"x", partition=-1)
+                with pytest.raises(ValueError, match="partition must be a non-negative integer"):
+                    await producer.send("t", b"x", partition="0")
             with pytest.raises(ClientClosedError):
                 await producer.send("t", b"x")
     run(main())
