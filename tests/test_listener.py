@@ -8,6 +8,7 @@ import asyncio
 from common.errors import ErrorCode
 from common.wire import WireClient
 from common.wire import messages as wire
+from common.wire.stream import FrameStream
 from dataplane.broker.listener import start_pipelined_server
 
 
@@ -28,12 +29,12 @@ async def run_server(resolve):
         return future
 
     writes = []
-    original = asyncio.StreamWriter.writelines
+    original = FrameStream.write
 
     def counting(self, parts):
-        writes.append((self.get_extra_info("sockname")[1], len(parts)))
+        writes.append((self.transport.get_extra_info("sockname")[1], len(parts)))
         return original(self, parts)
-    asyncio.StreamWriter.writelines = counting
+    FrameStream.write = counting
     server = await start_pipelined_server(start, "127.0.0.1", 0, max_frame_bytes=1 << 20)
     try:
         port = server.sockets[0].getsockname()[1]
@@ -45,7 +46,7 @@ async def run_server(resolve):
             await resolve(futures)
             responses = await asyncio.wait_for(asyncio.gather(*requests), 5)
     finally:
-        asyncio.StreamWriter.writelines = original
+        FrameStream.write = original
         server.close()
         await server.wait_closed()
     server_writes = [n for sock_port, n in writes if sock_port == port]  # not the client's requests

@@ -15,6 +15,7 @@ from typing import Any, Awaitable, Callable
 from common.errors import BiplaneError, ErrorCode, ProtocolError
 from common.wire.frames import DEFAULT_MAX_FRAME_BYTES, RequestHeader, read_frame, read_response_header
 from common.wire.messages import ApiKey, api_key_of, decode_request, decode_response, encode_request, encode_response
+from common.wire.stream import FrameStream
 
 log = logging.getLogger("biplane.wire")
 
@@ -88,27 +89,28 @@ class WireClient:
 
     `await client.request(req)` returns the decoded response or raises
     ConnectionClosedError / ProtocolError. `await client.send(req)` is for
-    requests that get no response (acks=0 produce).
+    requests that get no response (acks=0 produce). Responses are read by a
+    FrameStream and matched to their requests as they arrive, with no reader task.
     """
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *,
-                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, inflight_requests_max: int = 32) -> None:
+    def __init__(self, *, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, inflight_requests_max: int = 32) -> None:
         if inflight_requests_max < 1:
             raise ValueError(f"inflight_requests_max {inflight_requests_max} must be at least 1")
-        self._reader = reader
-        self._writer = writer
         self._max_frame_bytes = max_frame_bytes
         self._slots = asyncio.Semaphore(inflight_requests_max)
         self._pending: dict[int, tuple[ApiKey, asyncio.Future[Any]]] = {}
         self._correlation_ids = itertools.count(1)
         self._closed: BiplaneError | None = None
-        self._read_task = asyncio.get_running_loop().create_task(self._read_loop())
-        self.peer = _peer(writer)
+        self._stream = FrameStream(max_frame_bytes=max_frame_bytes, on_frame=self._on_frame,
+                                   on_close=self._on_close)
+        self.peer = "?"
 
     @classmethod
     async def connect(cls, host: str, port: int, **limits: Any) -> "WireClient":
-        reader, writer = await asyncio.open_connection(host, port)
-        return cls(reader, writer, **limits)
+        client = cls(**limits)
+        await asyncio.get_running_loop().create_connection(lambda: client._stream, host, port)
+        client.peer = client._stream.peer
+        return client
 
     @property
     def closed(self) -> bool:
@@ -133,40 +135,45 @@ class WireClient:
             # The entry stays until its response arrives, even if this caller is
             # cancelled, so a late response is recognised and dropped.
             self._pending[correlation_id] = (api_key_of(request), future)
-            self._writer.writelines(parts)
-            await self._writer.drain()
+            try:
+                self._stream.write(parts)
+                await self._stream.drain()
+            except ConnectionError:
+                pass  # the stream is closing: on_close fails the future with the reason
             return await future
 
     async def send(self, request: Any) -> None:
         if self._closed is not None:
             raise self._closed
-        self._writer.writelines(encode_request(request, correlation_id=self._next_correlation_id()))
-        await self._writer.drain()
-
-    async def _read_loop(self) -> None:
-        reason: BiplaneError = ConnectionClosedError(f"connection to {self.peer} closed")
         try:
-            while True:
-                payload = await read_frame(self._reader, self._max_frame_bytes)
-                if payload is None:
-                    break
-                correlation_id, _ = read_response_header(payload)
-                entry = self._pending.pop(correlation_id, None)
-                if entry is None:
-                    raise ProtocolError(f"response for unknown correlation id {correlation_id}")
-                api_key, future = entry
-                _, response = decode_response(payload, api_key)
-                if not future.done():
-                    future.set_result(response)
-        except ProtocolError as exc:
-            log.warning("closing connection to %s: %s", self.peer, exc,
-                        extra={"event": "wire.protocol_error", "peer": self.peer, "reason": str(exc)})
-            reason = exc
-        except (ConnectionError, OSError) as exc:
-            reason = ConnectionClosedError(f"connection to {self.peer} lost: {exc}")
-        finally:
+            self._stream.write(encode_request(request, correlation_id=self._next_correlation_id()))
+            await self._stream.drain()
+        except ConnectionError as exc:
+            raise self._closed or ConnectionClosedError(f"connection to {self.peer} lost: {exc}") from None
+
+    def _on_frame(self, payload: bytearray) -> None:
+        correlation_id, _ = read_response_header(payload)
+        entry = self._pending.pop(correlation_id, None)
+        if entry is None:
+            raise ProtocolError(f"response for unknown correlation id {correlation_id}")
+        api_key, future = entry
+        _, response = decode_response(payload, api_key)
+        if not future.done():
+            future.set_result(response)
+
+    def _on_close(self, reason: BaseException | None) -> None:
+        if isinstance(reason, ProtocolError):
+            log.warning("closing connection to %s: %s", self.peer, reason,
+                        extra={"event": "wire.protocol_error", "peer": self.peer, "reason": str(reason)})
             self._fail_all(reason)
-            self._writer.close()
+        elif isinstance(reason, BiplaneError):
+            self._fail_all(reason)
+        elif reason is not None:
+            if not isinstance(reason, OSError):
+                log.error("response handling failed; closing connection to %s", self.peer, exc_info=reason)
+            self._fail_all(ConnectionClosedError(f"connection to {self.peer} lost: {reason}"))
+        else:
+            self._fail_all(ConnectionClosedError(f"connection to {self.peer} closed"))
 
     def _fail_all(self, reason: BiplaneError) -> None:
         if self._closed is None:
@@ -178,13 +185,5 @@ class WireClient:
     async def close(self) -> None:
         """Close the connection; pending requests fail with ConnectionClosedError. Idempotent."""
         self._fail_all(ConnectionClosedError(f"connection to {self.peer} closed by us"))
-        self._read_task.cancel()
-        try:
-            await self._read_task
-        except asyncio.CancelledError:
-            pass
-        self._writer.close()
-        try:
-            await self._writer.wait_closed()
-        except (ConnectionError, OSError):
-            pass
+        self._stream.close()
+        await self._stream.wait_closed()
