@@ -18,7 +18,7 @@ acks=all produce on the new leader (median of `--failovers` runs per policy).
 Durability is the topic default, fsync.
 
     .venv/bin/python scripts/bench_broker.py [--seconds 5] [--connections 1] [--inflight 8] [--failovers 3]
-        [--modes pull,push] [--records-per-batch 32] [--peak 256x2x8,1000x2x4] [--half-records-per-batch 64]
+        [--modes pull,push] [--records-per-batch 32] [--peak 256x2x8,1000x2x4,1000x2x8] [--half-records-per-batch 64]
 """
 from __future__ import annotations
 
@@ -212,7 +212,7 @@ def main() -> int:
                     help="1 KiB records per produced batch (256 = 256 KiB batches; at most ~1000 under "
                          "the default max_message_bytes)")
     ap.add_argument("--modes", default="pull,push", help="replication modes to measure (pull, push)")
-    ap.add_argument("--peak", default="256x2x8,1000x2x4",
+    ap.add_argument("--peak", default="256x2x8,1000x2x4,1000x2x8",
                     help="acks=all peak configurations to try, RECORDSxCONNECTIONSxINFLIGHT, comma-separated "
                          "('' skips the peak and half-of-peak rows)")
     ap.add_argument("--half-records-per-batch", type=int, default=64,
