@@ -45,8 +45,8 @@ from common.wire import (
 class FakePartition:
     batches: list[bytes] = field(default_factory=list)
     next_offset: int = 0
-    # producer id -> (epoch, last sequence written, base offset of that last batch)
-    producers: dict[int, tuple[int, int, int]] = field(default_factory=dict)
+    # producer id -> (epoch, the last 5 batches written as (base sequence, last sequence, base offset))
+    producers: dict[int, tuple[int, collections.deque]] = field(default_factory=dict)
     faults: collections.deque = field(default_factory=collections.deque)
     leader_epoch: int = 0
     requests: int = 0
@@ -175,20 +175,32 @@ class FakeBroker:
         return ProduceResponse(topics=tuple(out))
 
     def append(self, part: FakePartition, blob: bytearray, h: Any) -> tuple[ErrorCode, int]:
+        # A real leader's rules (dataplane/replica/producer_state.py): the last 5 batches of a
+        # producer are recognised as duplicates, older ones answer DUPLICATE_SEQUENCE, and a
+        # batch must follow the last sequence exactly (a new epoch starts at 0).
+        last_seq = h.base_sequence + h.record_count - 1
         if self.dedupe and h.producer_id >= 0:
-            epoch, last_seq, last_base = part.producers.get(h.producer_id, (h.producer_epoch, -1, -1))
-            if epoch == h.producer_epoch and h.base_sequence + h.record_count - 1 == last_seq:
-                return ErrorCode.NONE, last_base  # duplicate of the last batch: its original offset
-            if epoch == h.producer_epoch and h.base_sequence != last_seq + 1:
-                return ErrorCode.OUT_OF_ORDER_SEQUENCE, -1
-            if epoch != h.producer_epoch and h.base_sequence != 0:
+            epoch, recent = part.producers.get(h.producer_id, (h.producer_epoch, collections.deque(maxlen=5)))
+            if epoch == h.producer_epoch and recent:
+                for base_seq, end_seq, base in recent:
+                    if (base_seq, end_seq) == (h.base_sequence, last_seq):
+                        return ErrorCode.NONE, base   # a duplicate: its original offset
+                if h.base_sequence < recent[0][0]:
+                    return ErrorCode.DUPLICATE_SEQUENCE, -1
+                if h.base_sequence != recent[-1][1] + 1:
+                    return ErrorCode.OUT_OF_ORDER_SEQUENCE, -1
+            elif h.base_sequence != 0:
                 return ErrorCode.OUT_OF_ORDER_SEQUENCE, -1
         base = part.next_offset
         set_base_offset(blob, base)
         part.batches.append(bytes(blob))
         part.next_offset += h.record_count
         if h.producer_id >= 0:
-            part.producers[h.producer_id] = (h.producer_epoch, h.base_sequence + h.record_count - 1, base)
+            epoch, recent = part.producers.get(h.producer_id, (h.producer_epoch, collections.deque(maxlen=5)))
+            if epoch != h.producer_epoch:
+                recent = collections.deque(maxlen=5)
+            recent.append((h.base_sequence, last_seq, base))
+            part.producers[h.producer_id] = (h.producer_epoch, recent)
         return ErrorCode.NONE, base
 
     def fetch(self, request: FetchRequest) -> Any:

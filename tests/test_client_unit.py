@@ -18,6 +18,7 @@ from dataplane.client import (
     UnknownTopicError,
 )
 from dataplane.client.accumulator import Accumulator, record_size_bytes
+from common.batch import read_records
 from dataplane.client.partitioner import StickyPartitioner, key_partition, murmur2
 from fake_broker import FakeBroker
 
@@ -559,4 +560,37 @@ def test_keys_headers_timestamps_and_value_types_round_trip():
                 (b"k0", b"v0", (("h", b"x"), ("e", None))), (b"key", b"text", (("s", b"str"),)),
                 (b"mv", b"ba", ()), (None, None, ())]
             assert [r.timestamp_ms for r in got][:2] == [1000, 999] and got[3].timestamp_ms == -1
+    run(main())
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_random_records_under_random_faults_land_once_in_order_at_their_offsets(seed):
+    """Seeded: records of random sizes, keys and headers, sent while the fake broker answers
+    with random retriable errors and lost acknowledgements, each land exactly once, in send
+    order per partition, at the offset their future reports."""
+    rng = random.Random(seed)
+
+    async def main():
+        async with FakeBroker({"t": 3}) as broker:
+            for p in range(3):
+                faults = [rng.choice([ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.NOT_ENOUGH_REPLICAS,
+                                      ("write_then", ErrorCode.REQUEST_TIMED_OUT)]) for _ in range(rng.randrange(7))]
+                broker.inject("t", p, *faults)
+            sent = []
+            async with Producer(bootstrap=broker.bootstrap, linger_ms=rng.choice([0, 1, 5]),
+                                batch_size_bytes=rng.choice([300, 2000, 20_000]), retry_backoff_ms=5) as producer:
+                for i in range(300):
+                    value = None if rng.random() < 0.05 else rng.randbytes(rng.choice([0, 10, 200, 1500]))
+                    key = None if rng.random() < 0.5 else b"k%d" % rng.randrange(10)
+                    headers = [("h%d" % j, rng.randbytes(3)) for j in range(rng.randrange(3))]
+                    future = await producer.send("t", value, key=key, headers=headers)
+                    sent.append((future, value, key, headers))
+                    if i % 50 == 0:
+                        await asyncio.sleep(0)
+                await producer.flush()
+            for p in range(3):
+                mine = [(f.result().offset, v, k, h) for f, v, k, h in sent if f.result().partition == p]
+                log = [r for blob in broker.partitions[("t", p)].batches for r in read_records(blob)]
+                assert [(r.offset, r.value, r.key, list(r.headers)) for r in log] == \
+                    [(o, v, k, h) for o, v, k, h in mine], f"seed={seed} partition={p}"
     run(main())
