@@ -240,7 +240,8 @@ def bench_main(argv: list[str], prog: str) -> int:
         print(f"produce  {pr['records']} records x {args.record_size} B, acks={args.acks}: "
               f"{pr['records_per_s']:,.0f} records/s, {pr['mb_per_s']:.2f} MB/s; latency ms "
               f"p50 {pr['latency_ms_p50']:.1f}  p99 {pr['latency_ms_p99']:.1f}  p999 {pr['latency_ms_p999']:.1f}  "
-              f"max {pr['latency_ms_max']:.1f}; client CPU {pr['client_cpu_us_per_record']:.1f} us/record"
+              f"max {pr['latency_ms_max']:.1f}; client CPU {pr['client_cpu_us_per_record']:.1f} us/record "
+              f"(batch {pr['batch_size_bytes']} B, linger {pr['linger_ms']} ms, buffer {pr['buffer_memory_bytes']} B)"
               + (f"; {pr['failed']} failed" if pr["failed"] else ""))
         if "consume" in result:
             co = result["consume"]
@@ -275,6 +276,8 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
         # producer-perf-test: a callback on each of millions of records would cost more
         # client time than the producer itself.
         sample_every = max(1, args.records // 25_000)
+        settings = {"batch_size_bytes": producer.batch_size_bytes, "linger_ms": producer.linger_ms,
+                    "buffer_memory_bytes": producer.buffer_memory_bytes}
         sent_before = producer.records_sent
         begin = time.perf_counter()
         cpu_begin = time.process_time()
@@ -308,7 +311,8 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
         "latency_ms_p99": percentile(latencies, 0.99), "latency_ms_p999": percentile(latencies, 0.999),
         "latency_ms_max": latencies[-1] if latencies else float("nan"), "acks": args.acks,
         "client_cpu_us_per_record": cpu / args.records * 1e6, "latency_samples": len(latencies),
-        "event_loop": eventloop.loop_name()}}
+        "event_loop": eventloop.loop_name(), "batch_size_bytes": settings["batch_size_bytes"],
+        "linger_ms": settings["linger_ms"], "buffer_memory_bytes": settings["buffer_memory_bytes"]}}
     if not args.no_consume:
         async with consumer:
             for tp, offset in starts.items():

@@ -177,6 +177,18 @@ class Producer:
         self.records_sent = 0
         self.retries = 0
 
+    @property
+    def batch_size_bytes(self) -> int:
+        return self._acc.batch_size_bytes
+
+    @property
+    def linger_ms(self) -> int:
+        return self._acc.linger_ms
+
+    @property
+    def buffer_memory_bytes(self) -> int:
+        return self._acc.buffer_memory_bytes
+
     # ------------------------------------------------------------ lifecycle
 
     async def start(self) -> "Producer":
