@@ -22,6 +22,8 @@ class ClusterMetadata:
 
     def __init__(self) -> None:
         self.brokers: dict[int, tuple[str, int]] = {}
+        # Updated in place, never reassigned: the producer keeps a reference and compares each
+        # topic's entry by identity to know when its partitions may have changed.
         self.topics: dict[str, dict[int, PartitionInfo]] = {}
         self.unknown_topics: set[str] = set()
         self.topic_errors: dict[str, ErrorCode] = {}
