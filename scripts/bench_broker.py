@@ -10,15 +10,15 @@ policy, the acks=all peak: the best of the `--peak` configurations (batch size x
 connections x in flight), each run for `--seconds`, and the summary line
 "acks=all fsync peak: N rec/s (target 150k) = X.XXx" naming the configuration that
 gave it. Then the open-loop "half of peak" row per mode and policy: a producer
-sending on a fixed schedule at 50% of that peak rate (`--half-records-per-batch`
-records per batch), latency measured from each batch's scheduled send time so
+sending on a fixed schedule at 50% of that peak rate, in batches of the peak run's
+size unless `--half-records-per-batch` says otherwise, latency measured from each batch's scheduled send time so
 that queueing counts, p50/p99/p999 against the target p99 <= 20 ms. Last, the
 partition failover time from kill -9 of a leader to the first acknowledged
 acks=all produce on the new leader (median of `--failovers` runs per policy).
 Durability is the topic default, fsync.
 
     .venv/bin/python scripts/bench_broker.py [--seconds 5] [--connections 1] [--inflight 8] [--failovers 3]
-        [--modes pull,push] [--records-per-batch 32] [--peak 256x2x8,1000x2x4,1000x2x8] [--half-records-per-batch 64]
+        [--modes pull,push] [--records-per-batch 32] [--peak 256x2x8,1000x2x4,1000x2x8] [--half-records-per-batch 0]
 """
 from __future__ import annotations
 
@@ -215,8 +215,9 @@ def main() -> int:
     ap.add_argument("--peak", default="256x2x8,1000x2x4,1000x2x8",
                     help="acks=all peak configurations to try, RECORDSxCONNECTIONSxINFLIGHT, comma-separated "
                          "('' skips the peak and half-of-peak rows)")
-    ap.add_argument("--half-records-per-batch", type=int, default=64,
-                    help="records per batch of the open-loop half-of-peak producer (64 = 64 KiB batches)")
+    ap.add_argument("--half-records-per-batch", type=int, default=0,
+                    help="records per batch of the open-loop half-of-peak producer (64 = 64 KiB batches; "
+                         "0, the default: the batch size of that mode's peak run)")
     ap.add_argument("--skip-matrix", action="store_true", help="only the peak, half-of-peak and failover rows")
     args = ap.parse_args()
     peak_configs = parse_peak_configs(args.peak) if args.peak else []
@@ -265,18 +266,21 @@ def main() -> int:
                       f"{rate / TARGET_RECORDS_PER_S:.2f}x  [{mode} {policy}, {describe(*config)}]")
                 print(f"acks=all fsync peak, lowest of the {len(peaks)} modes: {low:,.0f} rec/s = "
                       f"{low / TARGET_RECORDS_PER_S:.2f}x  [{' '.join(low_key)}, {describe(*low_config)}]")
-                half = args.half_records_per_batch
-                print(f"\nopen loop at half of each peak, acks=all, {half} x 1 KiB records per batch, 2 connections; "
+                half_text = (f"{args.half_records_per_batch} x 1 KiB records per batch" if args.half_records_per_batch
+                             else "the batch size of each peak run")
+                print(f"\nopen loop at half of each peak, acks=all, {half_text}, 2 connections; "
                       f"latency from the scheduled send (target p99 <= {TARGET_HALF_PEAK_P99_MS:.0f} ms)")
-                print(f"{'mode':<6}{'policy':<8}{'offered/s':>11}{'done/s':>10}{'n':>7}{'p50 ms':>9}{'p99 ms':>9}"
-                      f"{'p999 ms':>9}  p99 vs target")
+                print(f"{'mode':<6}{'policy':<8}{'batch':>7}{'offered/s':>11}{'done/s':>10}{'n':>7}{'p50 ms':>9}"
+                      f"{'p99 ms':>9}{'p999 ms':>9}  p99 vs target")
                 for (mode, policy), topic in topics.items():
-                    offered = peaks[(mode, policy)][0] / 2
+                    offered, peak_config = peaks[(mode, policy)]
+                    offered /= 2
+                    half = args.half_records_per_batch or peak_config[0]
                     r = run(open_loop(cluster, topic, offered, args.seconds, 2, half))
                     verdict = f"{r['p99_ms'] / TARGET_HALF_PEAK_P99_MS:.2f}x of {TARGET_HALF_PEAK_P99_MS:.0f} ms"
                     extra = "".join([f"  errors {r['errors']}" if r["errors"] else "",
                                      f"  overrun {r['overrun']}" if r["overrun"] else ""])
-                    print(f"{mode:<6}{policy:<8}{offered:>11,.0f}{r['records_per_s']:>10,.0f}{r['n']:>7}"
+                    print(f"{mode:<6}{policy:<8}{half:>7}{offered:>11,.0f}{r['records_per_s']:>10,.0f}{r['n']:>7}"
                           f"{r['p50_ms']:>9.2f}{r['p99_ms']:>9.2f}{r['p999_ms']:>9.2f}  {verdict}{extra}", flush=True)
             for policy in ("isr", "quorum") if args.failovers > 0 else ():
                 topic = f"failover-{policy}"
