@@ -3,6 +3,8 @@ the OS page cache. Each claim is about results (what reads return, which file ra
 are handed to the OS), never about timing."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from common.batch import build_batch, iter_batches
@@ -274,3 +276,22 @@ def test_cached_reads_equal_reads_of_the_file(tmp_path_factory, sequence):
     finally:
         for log in (plain, cached, follower):
             log.close()
+
+
+def test_finding_a_batch_reads_headers_not_whole_chunks(tmp_path, monkeypatch):
+    """Locating the batch that holds an offset reads about two index intervals at a time,
+    not 64 KiB, when batches are large (the read itself then fetches the batch)."""
+    config = LogConfig(index_interval_bytes=4096, tail_cache_bytes=0)
+    log = PartitionLog(str(tmp_path / "p"), config=config)
+    try:
+        for i in range(6):
+            log.append_as_leader(big_batch(f"a{i}", n=1), leader_epoch=1)
+        sizes = []
+        original = os.pread
+        monkeypatch.setattr(os, "pread", lambda fd, n, pos: sizes.append(n) or original(fd, n, pos))
+        result = log.read(3, max_bytes=1)
+        assert result.first_offset == 3 and b"a3-0" in bytes(result.records)
+        assert sizes[:-1] and max(sizes[:-1]) <= 2 * 4096  # the header walk
+        assert sizes[-1] >= 64 * 1024  # the batch itself
+    finally:
+        log.close()

@@ -240,12 +240,13 @@ class Segment:
 
     # ------------------------------------------------------------------ reading
 
-    def walk(self, position: int, end: int | None = None):
+    def walk(self, position: int, end: int | None = None, *, chunk_bytes: int = _WALK_CHUNK_BYTES):
         """Yield a BatchSpan per batch header from `position` (a batch start) to `end`
-        (default: the size when the walk starts)."""
+        (default: the size when the walk starts), reading chunk_bytes at a time."""
         end = self.size_bytes if end is None else end
+        chunk_bytes = max(chunk_bytes, HEADER_SIZE)
         while position < end:
-            chunk = os.pread(self.fd, min(_WALK_CHUNK_BYTES, end - position), position)
+            chunk = os.pread(self.fd, min(chunk_bytes, end - position), position)
             if len(chunk) < HEADER_SIZE:
                 return
             p = 0
@@ -265,7 +266,9 @@ class Segment:
         """(file position, base offset) of the batch containing offset."""
         assert self.base_offset <= offset < self.next_offset, (offset, self.base_offset, self.next_offset)
         rel, position = self.index.lookup(offset - self.base_offset)
-        for span in self.walk(position):
+        # The batch is at most about one index interval past the entry: read that much at a
+        # time, not a whole walk chunk, to find one header among large batches.
+        for span in self.walk(position, chunk_bytes=min(_WALK_CHUNK_BYTES, 2 * self.index_interval_bytes)):
             if span.next_offset > offset:
                 return span.position, span.base_offset
         raise AssertionError(f"offset {offset} not found in {self.log_path}")
