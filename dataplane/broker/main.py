@@ -10,7 +10,7 @@ import sys
 
 from pydantic import ValidationError
 
-from common import eventloop
+from common import eventloop, heap
 from common.errors import StorageError
 from common.logs import configure_logging
 from dataplane.broker.broker import Broker
@@ -82,6 +82,7 @@ def main(argv: list[str], prog: str) -> int:
     except ValidationError as exc:
         print(f"{prog}: invalid configuration:\n{exc}", file=sys.stderr)
         return 2
+    heap.keep_freed_memory()  # frames and batches recycle freed memory instead of faulting in new pages
     try:
         return eventloop.run(serve(config, args.ports_file))
     except StorageError as exc:

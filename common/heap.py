@@ -1,0 +1,29 @@
+"""Keep freed memory for reuse instead of handing it back to the kernel (glibc only).
+
+A broker allocates and frees buffers of up to megabytes many times a second
+(frames, batches). By default glibc serves large blocks with mmap and returns
+them, and trims the top of its heap, as soon as they are freed, so the next
+buffer is fresh memory: the kernel faults in and zeroes every 4 KiB page of it
+again. Raising the two thresholds lets freed buffers be recycled from the heap.
+The memory kept is bounded by `trim_bytes` beyond what is in use.
+"""
+from __future__ import annotations
+
+import ctypes
+import platform
+
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+
+
+def keep_freed_memory(*, mmap_threshold_bytes: int = 32 * 1024 * 1024,
+                      trim_bytes: int = 128 * 1024 * 1024) -> bool:
+    """Apply the thresholds; False (and no change) where the C library is not glibc."""
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.mallopt(_M_MMAP_THRESHOLD, mmap_threshold_bytes)
+                    and libc.mallopt(_M_TRIM_THRESHOLD, trim_bytes))
+    except (OSError, AttributeError):
+        return False
