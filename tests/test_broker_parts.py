@@ -348,3 +348,57 @@ def test_produce_parked_for_the_budget_times_out_with_request_timed_out_and_late
     timed, later, end = asyncio.run(scenario())
     assert timed.error is ErrorCode.REQUEST_TIMED_OUT
     assert later.error is ErrorCode.NONE and later.base_offset == end
+
+
+def test_a_follower_long_poll_ends_for_records_not_for_a_new_high_watermark(tmp_path):
+    """Claim: a follower's long-poll at the log end is not answered when only the HW moves (the
+    other follower's fetch commits a record); it is answered when records arrive, and that answer
+    carries the new HW. A long-poll ended for HW news alone would cost every acks=all request a
+    second fetch round per follower."""
+    import types
+    from common.batch import build_batch
+    from dataplane.broker.server import RequestHandler
+
+    async def scenario():
+        driver = _leader_driver(tmp_path, "hw", (1, 2, 3), None)
+        await _until_serving(driver)
+        info = types.SimpleNamespace(leader=1, leader_epoch=1)
+        image = types.SimpleNamespace(get_partition=lambda topic, partition: info)
+        replicas = types.SimpleNamespace(get=lambda topic, partition: driver)
+        handler = RequestHandler(broker_id=1, image=lambda: image, replicas=replicas, producer_ids=None,
+                                 refresh_metadata=lambda: None, fetch_wait_ms_max=5000)
+
+        def fetch(replica_id, offset, wait_ms=5000):
+            return asyncio.ensure_future(handler.fetch(wire.FetchRequest(
+                replica_id=replica_id, max_wait_ms=wait_ms, min_bytes=1, max_bytes=1 << 20,
+                topics=(wire.FetchTopic(topic="hw", partitions=(wire.FetchPartition(
+                    partition=0, current_leader_epoch=1, fetch_offset=offset, last_fetched_epoch=1,
+                    partition_max_bytes=1 << 20, flushed_offset=offset),)),))))
+
+        def part(response):
+            return response.topics[0].partitions[0]
+
+        end = driver.log.log_end_offset
+        for r in (2, 3):  # both followers at the log end: the HW is there too
+            await asyncio.wait_for(fetch(r, end, wait_ms=0), 5)
+        produced = driver.submit_produce(bytearray(build_batch([b"v"], timestamp_ms=1)), acks=-1,
+                                         timeout_ms=10_000, record_count=1)
+        got2 = part(await asyncio.wait_for(fetch(2, end), 5))
+        got3 = part(await asyncio.wait_for(fetch(3, end), 5))
+        assert got2.records and got3.records
+        poll2 = fetch(2, end + 1)  # caught up and flushed: waits, as the HW needs follower 3
+        await asyncio.sleep(0.05)
+        poll3 = fetch(3, end + 1)  # commits the record: the HW moves
+        release = await asyncio.wait_for(produced, 5)
+        assert release.error is ErrorCode.NONE and driver.replica.high_watermark == end + 1
+        await asyncio.sleep(0.2)
+        assert not poll2.done() and not poll3.done(), "a new HW alone ended a follower's long-poll"
+        driver.submit_produce(bytearray(build_batch([b"w"], timestamp_ms=1)), acks=1, timeout_ms=10_000,
+                              record_count=1)
+        answers = [part(a) for a in await asyncio.wait_for(asyncio.gather(poll2, poll3), 5)]
+        await driver.close()
+        return answers, end
+
+    answers, end = asyncio.run(scenario())
+    assert all(a.records for a in answers)
+    assert [a.high_watermark for a in answers] == [end + 1, end + 1]

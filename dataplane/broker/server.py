@@ -11,9 +11,12 @@ knows a newer epoch than ours gets UNKNOWN_LEADER_EPOCH and makes us refresh
 metadata, but never makes the leader stop (only a replica's word can do that).
 
 FETCH long-polls up to min(max_wait_ms, fetch_wait_ms_max): it answers at
-once when any partition has data, an error or a divergence, or (for a
-follower) a high watermark that follower has not been told yet; otherwise it
-waits for a change on one of the partitions.
+once when any partition has data, an error or a divergence; otherwise it
+waits for a change on one of the partitions. A new high watermark alone does
+not end a follower's long-poll: the HW rides on its next answer (data, or the
+long-poll's end), as Raft's commit index rides on the next append. Ending it
+would cost every acks=all request an answer and a new fetch per follower,
+racing the producer's next request.
 """
 from __future__ import annotations
 
@@ -60,8 +63,6 @@ class RequestHandler:
         self.refresh_metadata = refresh_metadata
         self.fetch_wait_ms_max = fetch_wait_ms_max
         self.counters = Counters()
-        # HW last told to each follower per partition: a change answers its long-poll at once.
-        self._hw_told: dict[tuple[int, TopicPartition], int] = {}
         # Bumped whenever a follower's fetch of a partition is stepped into its core.
         self._fetch_gen: dict[tuple[int, TopicPartition], int] = {}
         # (fetch_offset, last_fetched_epoch, flushed_offset) of the latest stepped follower fetch.
@@ -238,10 +239,6 @@ class RequestHandler:
             if remaining <= 0 and wait_s > 0 and follower and log.isEnabledFor(logging.DEBUG):
                 log.debug("fetch from replica %d waited %.0f ms for nothing", request.replica_id, wait_s * 1000)
             if ready or remaining <= 0 or not changes:
-                if follower:
-                    for tp, a in answers.items():
-                        if a.error_code is ErrorCode.NONE:
-                            self._hw_told[(request.replica_id, tp)] = a.high_watermark
                 return self._fetch_response(request, answers)
             await asyncio.wait(changes, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
 
@@ -287,8 +284,6 @@ class RequestHandler:
                             if a.error is ErrorCode.NONE else self._current_leader(*tp)),
             log_end_offset=a.log_end_offset, flush_after_append=a.flush_after_append, records=a.records)
         now = bool(a.records) or a.error is not ErrorCode.NONE or a.diverging
-        if replica_id >= 0 and not now:
-            now = self._hw_told.get((replica_id, tp)) != a.high_watermark
         if a.error is not ErrorCode.NONE:
             self.counters.error(a.error)
         return answer, driver, now
