@@ -39,10 +39,11 @@ class PushMixin:
     def _push_all(self) -> None:
         if not self.epoch_durable:
             return  # serve nothing of this epoch before its start is durable (see _become_leader)
+        chunks: dict[int, tuple[bytes, int]] = {}  # followers at the same offset get the same read
         for replica_id in self.progress:
-            self._push_to(replica_id)
+            self._push_to(replica_id, chunks)
 
-    def _push_to(self, replica_id: int) -> None:
+    def _push_to(self, replica_id: int, chunks: dict[int, tuple[bytes, int]]) -> None:
         p = self.progress[replica_id]
         end = self.log.log_end_offset  # what is in the log now, not what this step appends
         if p.push_next < 0:
@@ -52,10 +53,14 @@ class PushMixin:
         window = 1 if p.push_recovering else self.push_inflight_max
         sent = False
         while len(p.push_inflight) < window and p.push_next < end:
-            records = self.log.read(p.push_next, max_bytes=self.fetch_max_bytes).records
-            chunk_end = p.push_next
-            for _, h in iter_batches(records, validate=False):
-                chunk_end = h.next_offset
+            chunk = chunks.get(p.push_next)
+            if chunk is None:
+                records = self.log.read(p.push_next, max_bytes=self.fetch_max_bytes).records
+                chunk_end = p.push_next
+                for _, h in iter_batches(records, validate=False):
+                    chunk_end = h.next_offset
+                chunk = chunks[p.push_next] = (records, chunk_end)
+            records, chunk_end = chunk
             if chunk_end <= p.push_next:
                 break
             # Under durability=write the commit rule counts written offsets: a flush asked for
