@@ -82,6 +82,8 @@ class FakeBroker:
         self.hold.set()
         self.next_producer_id = 1000
         self.fetch_sizes: list[int] = []   # partitions per FETCH request
+        self.metadata_requests = 0
+        self._metadata_answered = asyncio.Event()
 
     async def __aenter__(self) -> "FakeBroker":
         self.server = await start_server(self.handle, "127.0.0.1", 0)
@@ -101,11 +103,26 @@ class FakeBroker:
             return self.broker_id, self.partitions[(topic, partition)].leader_epoch
         return self.view.leaders.get((topic, partition), (self.view.brokers[0].broker_id, 0))
 
+    def add_partitions(self, topic: str, count: int) -> None:
+        """Grow `topic` to `count` partitions (empty, led here), as the controller would."""
+        assert count >= self.topics[topic], (topic, count)
+        for p in range(self.topics[topic], count):
+            self.partitions[(topic, p)] = FakePartition()
+        self.topics[topic] = count
+
+    async def metadata_requests_reach(self, count: int) -> None:
+        """Return once `count` METADATA requests have been answered (bound it by the test's timeout)."""
+        while self.metadata_requests < count:
+            self._metadata_answered.clear()
+            await self._metadata_answered.wait()
+
     def inject(self, topic: str, partition: int, *faults: Any) -> None:
         self.partitions[(topic, partition)].faults.extend(faults)
 
     async def handle(self, header: Any, request: Any) -> Any:
         if isinstance(request, MetadataRequest):
+            self.metadata_requests += 1
+            self._metadata_answered.set()
             names = self.topics if request.topics is None else request.topics
             brokers = ((MetadataBroker(node_id=self.broker_id, host="127.0.0.1", port=self.port),) if self.view is None
                        else tuple(MetadataBroker(node_id=b.broker_id, host="127.0.0.1", port=b.port)

@@ -9,7 +9,9 @@ broker gets one FETCH request for all of its assigned partitions at a time, on a
 connection used for fetches only (long polls never hold up anything else). Brokers
 serve only records below the high watermark. Positions advance as records are handed
 out; a leader change or an unknown-leader answer refreshes metadata and the fetch
-goes to the new leader from the same position.
+goes to the new leader from the same position. Metadata older than metadata_max_age_ms is
+refreshed too, while polling, so a leader moved without any error (a preferred-leader
+rebalance, say) is followed and the partition count assign_topic() sees stays current.
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ from common.wire import (
     ListOffsetsTopic,
 )
 from dataplane.client.errors import ClientClosedError, ClientError, UnknownTopicError, error_for
-from dataplane.client.network import Network, parse_bootstrap
+from dataplane.client.network import Network, check_metadata_max_age_ms, parse_bootstrap
 from dataplane.client.records import ConsumerRecord, TopicPartition
 
 log = logging.getLogger("biplane.client.consumer")
@@ -46,13 +48,14 @@ class Consumer:
     auto_offset_reset ("earliest", "latest" or "none": what to do when a position is out of
     range), fetch_max_wait_ms, fetch_min_bytes, partition_max_bytes, fetch_max_bytes,
     buffered_records_max (records fetched but not yet handed out, per consumer),
-    request_timeout_ms, unknown_topic_wait_ms."""
+    request_timeout_ms, unknown_topic_wait_ms, metadata_max_age_ms (default 300000, Kafka's
+    metadata.max.age.ms: poll() refreshes metadata older than this although no error asked)."""
 
     def __init__(self, *topics: str, bootstrap: str | Sequence[str] | None = None, from_beginning: bool = False,
                  auto_offset_reset: str = "latest", fetch_max_wait_ms: int = 500, fetch_min_bytes: int = 1,
                  partition_max_bytes: int = 1024 * 1024, fetch_max_bytes: int = 50 * 1024 * 1024,
                  buffered_records_max: int = 10_000, request_timeout_ms: int = 30_000,
-                 unknown_topic_wait_ms: int = 5_000) -> None:
+                 unknown_topic_wait_ms: int = 5_000, metadata_max_age_ms: int = 300_000) -> None:
         if bootstrap is None:
             from dataplane.client.discovery import default_bootstrap
             bootstrap = default_bootstrap()
@@ -64,7 +67,9 @@ class Consumer:
                                  ("request_timeout_ms", request_timeout_ms, 1)):
             if not isinstance(value, int) or value < low:
                 raise ValueError(f"{name}={value!r} must be an integer >= {low}")
-        self._network = Network(parse_bootstrap(bootstrap), request_timeout_ms=request_timeout_ms)
+        self.metadata_max_age_ms = check_metadata_max_age_ms(metadata_max_age_ms)
+        self._network = Network(parse_bootstrap(bootstrap), request_timeout_ms=request_timeout_ms,
+                                metadata_max_age_ms=metadata_max_age_ms)
         self._initial_topics = list(topics)
         self.from_beginning = from_beginning
         self.auto_offset_reset = "earliest" if from_beginning and auto_offset_reset == "latest" else auto_offset_reset
@@ -355,7 +360,7 @@ class Consumer:
                 missing = True
             elif leader not in self._fetches:
                 by_broker.setdefault(leader, []).append(tp)
-        if missing:
+        if missing or time.monotonic() * 1000 >= self._network.metadata_refresh_due_ms():
             self._spawn_refresh()
         for broker, tps in by_broker.items():
             task = asyncio.get_running_loop().create_task(self._fetch(broker, tps))

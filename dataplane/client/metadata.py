@@ -1,6 +1,7 @@
 """The client's view of the cluster: brokers and partition leaders, from METADATA answers."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from common.errors import ErrorCode
@@ -86,3 +87,18 @@ class ClusterMetadata:
         if leader_epoch > info.leader_epoch:
             parts[tp.partition] = PartitionInfo(leader_id=leader_id, leader_epoch=leader_epoch,
                                                 replicas=info.replicas, isr=info.isr)
+
+
+def metadata_refresh_due_ms(*, updated_ms: int | None, attempted_ms: int | None, max_age_ms: int,
+                            retry_backoff_ms: int) -> float:
+    """When metadata last applied at `updated_ms` should be fetched again without an error
+    asking for it: once it is `max_age_ms` old. A failed attempt (`attempted_ms` after
+    `updated_ms`) is retried `retry_backoff_ms` after it started, not at once, so a cluster
+    that cannot answer is not asked in a loop. Never (math.inf) before a first answer: the
+    first send or assignment fetches what it needs itself."""
+    if updated_ms is None:
+        return math.inf
+    due = updated_ms + max_age_ms
+    if attempted_ms is not None and attempted_ms > updated_ms:
+        due = max(due, attempted_ms + retry_backoff_ms)
+    return due

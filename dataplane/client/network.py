@@ -1,17 +1,23 @@
 """Connections to brokers: one WireClient per (broker, purpose), opened lazily, plus metadata
 refreshes from whichever broker answers. Long-poll fetches use their own purpose so they
-never queue behind, or in front of, produce requests on the same connection."""
+never queue behind, or in front of, produce requests on the same connection.
+
+Metadata is refreshed on demand (an error said it is stale, a topic is new) and, through
+`metadata_refresh_due_ms`, once it is `metadata_max_age_ms` old: without errors nothing
+else would reveal partitions added to a topic, brokers added, or leaders moved by a
+preferred-leader rebalance. The producer and consumer drivers decide when to ask."""
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from typing import Any
 
 from common.errors import BiplaneError, ErrorCode
 from common.wire import ConnectionClosedError, MetadataRequest, WireClient
 from dataplane.client.errors import NoBrokersError
-from dataplane.client.metadata import ClusterMetadata
+from dataplane.client.metadata import ClusterMetadata, metadata_refresh_due_ms
 
 log = logging.getLogger("biplane.client")
 
@@ -32,19 +38,34 @@ def parse_bootstrap(bootstrap: str | list[str] | tuple[str, ...]) -> list[tuple[
     return out
 
 
+def check_metadata_max_age_ms(value: Any) -> int:
+    """The constructor check the producer and consumer share."""
+    if type(value) is not int or value < 1:
+        raise ValueError(f"metadata_max_age_ms={value!r} must be a positive integer: how many ms cached "
+                         "metadata is used before it is fetched again without an error asking for it "
+                         "(default 300000, 5 minutes)")
+    return value
+
+
 class Network:
     def __init__(self, bootstrap: list[tuple[str, int]], *, connect_timeout_ms: int = 5_000,
-                 request_timeout_ms: int = 30_000, metadata_min_interval_ms: int = 50) -> None:
+                 request_timeout_ms: int = 30_000, metadata_min_interval_ms: int = 50,
+                 metadata_max_age_ms: int = 300_000, metadata_retry_backoff_ms: int = 1_000) -> None:
         self.bootstrap = bootstrap
         self.connect_timeout_ms = connect_timeout_ms
         self.request_timeout_ms = request_timeout_ms
         self.metadata_min_interval_ms = metadata_min_interval_ms
+        self.metadata_max_age_ms = metadata_max_age_ms
+        self.metadata_retry_backoff_ms = metadata_retry_backoff_ms
         self.metadata = ClusterMetadata()
         self._clients: dict[tuple[Any, str], WireClient] = {}
         self._connecting: dict[tuple[Any, str], asyncio.Future] = {}
         self._refresh_task: asyncio.Task | None = None
         self._last_refresh = 0.0
         self._topics: set[str] = set()
+        self._asked_topics: frozenset[str] = frozenset()   # the topics the last request named
+        self.metadata_attempted_ms: int | None = None   # time.monotonic() ms of the last request's start
+        self.metadata_updated_ms: int | None = None     # ... and of the last answer applied
 
     def address(self, broker_id: int) -> tuple[str, int] | None:
         return self.metadata.brokers.get(broker_id)
@@ -104,29 +125,50 @@ class Network:
     def want_topic(self, topic: str) -> None:
         self._topics.add(topic)
 
-    async def refresh_metadata(self, topics: set[str] | None = None) -> None:
-        """Fetch metadata for the wanted topics (coalesced: callers share one request in flight)."""
+    def metadata_refresh_due_ms(self) -> float:
+        """The time.monotonic() ms at which the cached metadata should be fetched again though no
+        error asked for it; math.inf before the first answer and while a refresh is out."""
+        if self._refresh_task is not None and not self._refresh_task.done():
+            return math.inf
+        return metadata_refresh_due_ms(updated_ms=self.metadata_updated_ms, attempted_ms=self.metadata_attempted_ms,
+                                       max_age_ms=self.metadata_max_age_ms,
+                                       retry_backoff_ms=self.metadata_retry_backoff_ms)
+
+    def start_refresh(self, topics: set[str] | None = None) -> asyncio.Task:
+        """Start a metadata refresh, or join the one in flight, without waiting for it. The task
+        fails with NoBrokersError when no broker answers; whoever holds it must retrieve that."""
         if topics:
             self._topics |= topics
         if self._refresh_task is None or self._refresh_task.done():
             wait = self.metadata_min_interval_ms / 1000 - (time.monotonic() - self._last_refresh)
             self._refresh_task = asyncio.get_running_loop().create_task(self._refresh(max(0.0, wait)))
-        await asyncio.shield(self._refresh_task)
+        return self._refresh_task
+
+    async def refresh_metadata(self, topics: set[str] | None = None) -> None:
+        """Fetch metadata for the wanted topics (coalesced: callers share one request in flight).
+        A request already out that does not name `topics` is followed by one that does."""
+        for _ in range(2):
+            await asyncio.shield(self.start_refresh(topics))
+            if not topics or topics <= self._asked_topics:
+                return
 
     async def _refresh(self, delay_s: float) -> None:
         if delay_s > 0:
             await asyncio.sleep(delay_s)
         self._last_refresh = time.monotonic()
+        self.metadata_attempted_ms = int(self._last_refresh * 1000)
+        self._asked_topics = frozenset(self._topics)
         candidates: list[int | tuple[str, int]] = list(self.metadata.brokers) + list(self.bootstrap)
         errors = []
         for broker in candidates:
             try:
-                response = await self.request(broker, MetadataRequest(topics=tuple(sorted(self._topics))),
+                response = await self.request(broker, MetadataRequest(topics=tuple(sorted(self._asked_topics))),
                                               purpose="main", timeout_ms=min(self.request_timeout_ms, 5_000))
             except BiplaneError as exc:
                 errors.append(str(exc))
                 continue
             self.metadata.update(response)
+            self.metadata_updated_ms = int(time.monotonic() * 1000)
             return
         raise NoBrokersError("no broker answered a metadata request: " + "; ".join(errors[-3:]))
 

@@ -6,7 +6,9 @@
 One sender task drains the accumulator (dataplane/client/accumulator.py holds the
 rules) into one PRODUCE request per leader broker, on a connection used for produce
 only, and feeds each partition's answer back. Retriable errors refresh metadata when
-they say it is stale, then the batch is resent with the same sequence.
+they say it is stale, then the batch is resent with the same sequence. The sender also
+refreshes metadata once it is metadata_max_age_ms old, so partitions added to a topic,
+new brokers and moved leaders are used without an error first pointing at them.
 
 The per-record path is kept small because it is the producer's cost: `send()` encodes the
 record into its partition's open batch at once (dataplane/client/encoder.py) and returns a
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from typing import Any, Sequence
 
@@ -47,7 +50,7 @@ from dataplane.client.errors import (
     UnknownTopicError,
     error_for,
 )
-from dataplane.client.network import Network, parse_bootstrap
+from dataplane.client.network import Network, check_metadata_max_age_ms, parse_bootstrap
 from dataplane.client.partitioner import StickyPartitioner
 from dataplane.client.futures import RecordFuture
 from dataplane.client.records import RecordMetadata, TopicPartition
@@ -118,7 +121,10 @@ class Producer:
     budget, retries included); retry_backoff_ms; in_flight_per_partition_max (default 5: leaders
     check idempotent sequences and refuse a batch whose predecessor is missing, so a retried
     batch is never overtaken; without idempotence it is always 1);
-    unknown_topic_wait_ms (how long send() waits for a topic the cluster does not know yet).
+    unknown_topic_wait_ms (how long send() waits for a topic the cluster does not know yet);
+    metadata_max_age_ms (default 300000, Kafka's metadata.max.age.ms: cached metadata older
+    than this is fetched again in the background although no error asked for it; the
+    per-record path never looks at it).
 
     buffer_memory_bytes (default 32 MiB, Kafka's) bounds what is queued and in flight. When the
     brokers are the bottleneck the buffer stays full, and a record's send-to-ack latency is
@@ -135,7 +141,8 @@ class Producer:
                  compression: str = "none", request_timeout_ms: int = 30_000,
                  delivery_timeout_ms: int = 120_000, retry_backoff_ms: int = 100,
                  in_flight_per_partition_max: int = 5, request_bytes_max: int = 4 * 1024 * 1024,
-                 unknown_topic_wait_ms: int = 5_000, client_id: str = "biplane-producer") -> None:
+                 unknown_topic_wait_ms: int = 5_000, metadata_max_age_ms: int = 300_000,
+                 client_id: str = "biplane-producer") -> None:
         if bootstrap is None:
             from dataplane.client.discovery import default_bootstrap
             bootstrap = default_bootstrap()
@@ -157,8 +164,10 @@ class Producer:
         self.request_timeout_ms = request_timeout_ms
         self.request_bytes_max = request_bytes_max
         self.unknown_topic_wait_ms = unknown_topic_wait_ms
+        self.metadata_max_age_ms = check_metadata_max_age_ms(metadata_max_age_ms)
         self.client_id = client_id
-        self._network = Network(parse_bootstrap(bootstrap), request_timeout_ms=request_timeout_ms)
+        self._network = Network(parse_bootstrap(bootstrap), request_timeout_ms=request_timeout_ms,
+                                metadata_max_age_ms=metadata_max_age_ms)
         self._topics_metadata = self._network.metadata.topics  # updated in place, never replaced
         self._partitioner = StickyPartitioner()
         self._acc = Accumulator(batch_size_bytes=batch_size_bytes, linger_ms=linger_ms,
@@ -475,10 +484,17 @@ class Producer:
                 self._changed.notify()
                 if self._needs_metadata():
                     self._spawn(self._refresh_quietly())
+                elif now >= self._network.metadata_refresh_due_ms():
+                    self._network.start_refresh().add_done_callback(self._aged_refresh_done)
                 next_ms = self._acc.next_ready_ms(now)
                 timeout = None if next_ms is None else max(0.0, (next_ms - now) / 1000)
                 if self._needs_metadata():
                     timeout = 0.1 if timeout is None else min(timeout, 0.1)
+                else:
+                    # Wake when the metadata turns too old even if nothing is sent meanwhile.
+                    due_s = (self._network.metadata_refresh_due_ms() - now) / 1000
+                    if due_s < math.inf:
+                        timeout = max(0.0, due_s) if timeout is None else max(0.0, min(timeout, due_s))
                 self._wakeup.clear()
                 if drained:
                     continue
@@ -500,6 +516,12 @@ class Producer:
     def _needs_metadata(self) -> bool:
         meta = self._network.metadata
         return any(state.queue and meta.leader(tp) is None for tp, state in self._acc.partitions.items())
+
+    def _aged_refresh_done(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.debug("periodic metadata refresh failed: %s", task.exception())
+        if self._wakeup is not None:
+            self._wakeup.set()   # the sender drains with the new leaders and sets its next deadline
 
     async def _refresh_quietly(self) -> None:
         try:
