@@ -1,4 +1,5 @@
-"""The controller's HTTP admin API in Python, with typed (pydantic) results.
+"""The controller's HTTP admin API in Python, with typed (pydantic) results
+(dataplane/client/admin_models.py: the client's own models of the API's JSON).
 
     async with AdminClient() as admin:          # finds a `biplane up` cluster
         await admin.create_topic("events", partitions=3, replication_factor=3)
@@ -19,9 +20,8 @@ from typing import Any, Coroutine, Sequence, TypeVar
 from urllib.parse import quote, urljoin
 
 import aiohttp
-from pydantic import BaseModel
 
-from controller.views import (
+from dataplane.client.admin_models import (
     BrokerList,
     Cluster,
     Done,
@@ -29,6 +29,8 @@ from controller.views import (
     Health,
     PartitionList,
     ReassignmentList,
+    SnapshotInfo,
+    SnapshotList,
     TopicDetail,
     TopicList,
 )
@@ -36,18 +38,6 @@ from dataplane.client.errors import AdminError, NoBrokersError
 
 T = TypeVar("T")
 REDIRECTS_MAX = 3
-
-
-class SnapshotInfo(BaseModel):
-    name: str
-    time: str
-    time_ms: int
-    metadata_offset: int
-    size_bytes: int
-
-
-class SnapshotList(BaseModel):
-    snapshots: list[SnapshotInfo]
 
 
 def _topic(name: str) -> str:
