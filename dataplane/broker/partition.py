@@ -272,8 +272,8 @@ class PartitionDriver:
         # crc_checked: the core validated these very bytes (CRC included) before it asked for
         # the Append, on every path (produce, fetch answer, append-entries).
         if action.as_leader:
-            records = action.records if isinstance(action.records, bytearray) else bytearray(action.records)
-            info = self.log.append_as_leader(records, leader_epoch=action.leader_epoch, crc_checked=True)
+            # The log patches a bytearray or writable view (the request's frame) in place, copies the rest.
+            info = self.log.append_as_leader(action.records, leader_epoch=action.leader_epoch, crc_checked=True)
         else:
             info = self.log.append_as_follower(action.records, crc_checked=True)
         if (info.base_offset, info.last_offset) != (action.base_offset, action.last_offset):
