@@ -11,7 +11,8 @@ serve only records below the high watermark. Positions advance as records are ha
 out; a leader change or an unknown-leader answer refreshes metadata and the fetch
 goes to the new leader from the same position. Metadata older than metadata_max_age_ms is
 refreshed too, while polling, so a leader moved without any error (a preferred-leader
-rebalance, say) is followed and the partition count assign_topic() sees stays current.
+rebalance, say) and new brokers are followed. Partitions added to a topic are not assigned
+by themselves (there are no groups): assign_topic() again to read them too.
 """
 from __future__ import annotations
 
