@@ -780,3 +780,21 @@ def test_follower_behind_the_leader_fetches_at_once_even_when_asked_to_flush():
     assert follower.log.log_end_offset < answer.log_end_offset
     [again] = [m for m in follower.sent() if isinstance(m, FetchRequest)]
     assert again.fetch_offset == follower.log.log_end_offset
+
+
+def test_under_write_a_pull_followers_lazy_flush_sends_no_fetch_of_its_own():
+    """Claim: under durability=write a follower's flush is news to nobody (the HW counts written
+    offsets): its FlushDone sends no fetch; under fsync the same flush is reported at once."""
+    for durability, reports in (("write", False), ("fsync", True)):
+        nodes = cluster(config(durability=durability))
+        pump(nodes, now_ms=0)
+        follower = nodes[2]
+        follower.auto_flush = False
+        produce(nodes[1], 1, 1, b"v")
+        pump(nodes, now_ms=100, rounds=4)
+        assert follower.log.log_end_offset == nodes[1].log.log_end_offset
+        assert follower.log.flushed_offset < follower.log.log_end_offset
+        follower.take(Send)
+        follower.step(FlushDone(flushed_offset=follower.log.flush()))
+        sent = [m for m in follower.sent() if isinstance(m, FetchRequest)]
+        assert bool(sent) == reports, durability

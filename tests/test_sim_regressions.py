@@ -46,7 +46,7 @@ def test_restarted_leader_must_not_reuse_its_epoch(seed, policy, durability):
     ("no_divergence_check", 1, "isr", "write"),
     ("no_divergence_check", 0, "quorum", "fsync"),
     ("consumers_read_past_hw", 0, "isr", "fsync"),
-    ("ignore_proposed_isr", 4, "isr", "write"),
+    ("ignore_proposed_isr", 22, "isr", "write"),
     ("no_duplicate_detection", 3, "isr", "fsync"),
     ("accept_sequence_gaps", 2, "isr", "fsync"),
     ("push_stale_divergence", 95, "quorum", "write"),

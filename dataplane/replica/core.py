@@ -883,8 +883,11 @@ class Replica(PushMixin):
             if self._pushing:
                 self._reported_flushed = self.flushed_offset
                 self._reply_append_entries(self.leader_id)
-            else:
+            elif self.config.durability == "fsync":
                 self._send_fetch()
+            # Under durability=write the HW counts written offsets: a (lazy) flush is news to
+            # nobody, and an extra fetch for it would race the next records; it rides on the
+            # next fetch.
 
     def _request_flush(self) -> None:
         if self._flush_requested >= self.log_end_offset:
