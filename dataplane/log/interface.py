@@ -96,7 +96,9 @@ class LogConfig:
     # machine's memory lazily (a VM); recycled pages do not.
     page_cache_behind_bytes: int | None = 16 * 1024 * 1024
     # The newest appended batches kept in memory (as the buffers they came in) to serve
-    # follower fetches and pushes without reading the file back; 0 or None: none.
+    # follower fetches and pushes without reading the file back; 0 or None: none. It is
+    # per partition: a broker leading many busy partitions holds up to this much for each.
+    # A follower further behind than this reads from the file (page cache) as before.
     tail_cache_bytes: int | None = 8 * 1024 * 1024
 
     def __post_init__(self) -> None:
