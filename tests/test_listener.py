@@ -84,3 +84,38 @@ def test_a_slow_answer_does_not_hold_back_those_ready_before_it():
     names, writes = asyncio.run(run_server(first_two_then_rest))
     assert names == [f"t{i}" for i in range(5)]
     assert len(writes) == 2
+
+
+def test_a_peer_breaking_the_protocol_loses_only_its_own_connection(caplog):
+    """A frame over max_frame_bytes and a garbled request body each close their own
+    connection (with a warning naming the reason); a well-behaved client is still served."""
+    import struct
+
+    from common.wire import encode_frame
+
+    async def main():
+        async def start(header, request):
+            return answer_for(request.topics[0])
+        server = await start_pipelined_server(start, "127.0.0.1", 0, max_frame_bytes=1 << 16)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            async with await WireClient.connect("127.0.0.1", port) as good:
+                too_big_r, too_big_w = await asyncio.open_connection("127.0.0.1", port)
+                too_big_w.write(struct.pack(">i", 1 << 20))
+                garbled_r, garbled_w = await asyncio.open_connection("127.0.0.1", port)
+                garbled_w.writelines(encode_frame([struct.pack(">hhi", 3, 0, 9) + b"\x00\x01"]))
+                assert await asyncio.wait_for(too_big_r.read(), 5) == b""  # closed by the server
+                assert await asyncio.wait_for(garbled_r.read(), 5) == b""
+                answer = await asyncio.wait_for(good.request(wire.MetadataRequest(topics=("still",))), 5)
+                for w in (too_big_w, garbled_w):
+                    w.close()
+                return answer.topics[0].topic
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    with caplog.at_level("WARNING", logger="biplane.wire"):
+        assert asyncio.run(main()) == "still"
+    reasons = [r.getMessage() for r in caplog.records if r.name == "biplane.wire"]
+    assert any("max_frame_bytes" in m for m in reasons), reasons
+    assert len(reasons) == 2, reasons
