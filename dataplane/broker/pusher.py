@@ -45,7 +45,7 @@ def to_wire(tp: TopicPartition, follower_id: int, ev: AppendEntries) -> wire.App
 
 def from_wire(req: wire.AppendEntriesRequest) -> AppendEntries:
     return AppendEntries(leader_id=req.leader_id, leader_epoch=req.leader_epoch, prev_offset=req.prev_log_offset,
-                         prev_epoch=req.prev_log_epoch, records=bytes(req.records or b""),
+                         prev_epoch=req.prev_log_epoch, records=req.records.toreadonly() if req.records else b"",
                          high_watermark=req.high_watermark, log_end_offset=req.log_end_offset,
                          flush_after_append=req.flush_after_append, diverging_epoch=req.truncate_epoch,
                          diverging_end_offset=req.truncate_end_offset, partition=(req.topic, req.partition))

@@ -189,7 +189,7 @@ class PushMixin:
                 continue
             if offset < self.log_end_offset:
                 self._cut_to(offset)
-            if not self._append_as_follower(bytes(records[pos:])):
+            if not self._append_as_follower(records[pos:]):
                 return None
             return self.log_end_offset
         return offset
