@@ -90,7 +90,8 @@ class FetchSession:
     def submit(self, tp: TopicPartition, request: FetchRequest) -> None:
         self.pending[tp] = request
         self._wake.set()
-        self._wake_exp.set()
+        if self._main_busy:
+            self._wake_exp.set()  # express only ever sends while a long-poll is out
 
     # ------------------------------------------------------------ loops
 
