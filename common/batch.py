@@ -25,6 +25,11 @@ Every batch Biplane writes has contiguous offsets: record i has offset delta
 i, so `last_offset_delta == record_count - 1` and a batch is never empty.
 Readers enforce that, which lets a log trust the header alone for offsets.
 
+Writing: `BatchWriter` encodes records straight into one bytearray behind a
+reserved header and stamps the header with one CRC32C when sealed; the
+producer uses it as is, and `BatchBuilder` / `build_batch` wrap it with
+argument checks and a size limit for brokers, tools and tests.
+
 Buffers: every reader accepts bytes, bytearray or memoryview and never copies
 the records region on the hot path (header reads, CRC checks, patching).
 Readers do not keep a view of the caller's buffer after they return.
@@ -282,8 +287,9 @@ def set_leader_epoch(buf: bytearray | memoryview, leader_epoch: int, pos: int = 
 # ------------------------------------------------------------------- varints
 
 
-def _zigzag_varint(n: int) -> bytes:
-    z = (n << 1) ^ (n >> 63)
+def zigzag_varint(n: int) -> bytes:
+    """Kafka's signed varint of a 64-bit integer: zigzag, 7 bits a byte, low bits first."""
+    z = ((n << 1) ^ (n >> 63)) & 0xFFFFFFFFFFFFFFFF
     out = bytearray()
     while z >= 0x80:
         out.append((z & 0x7F) | 0x80)
@@ -292,22 +298,154 @@ def _zigzag_varint(n: int) -> bytes:
     return bytes(out)
 
 
-# Precomputed encodings for -1 .. _SMALL_LIMIT-1: lengths and deltas of
-# ordinary records hit this table instead of the loop above.
-_SMALL_LIMIT = 16384
-_SMALL = tuple(_zigzag_varint(n) for n in range(-1, _SMALL_LIMIT))
+# Precomputed encodings of -1 .. VARINT_TABLE_LIMIT-1: lengths, deltas and indexes of
+# ordinary records take a table lookup instead of the loop above.
+VARINT_TABLE_LIMIT = 1 << 14
+_VARINT = tuple(zigzag_varint(n) for n in range(-1, VARINT_TABLE_LIMIT))
 
 
-def _varint(n: int) -> bytes:
-    if -1 <= n < _SMALL_LIMIT:
-        return _SMALL[n + 1]
-    return _zigzag_varint(n)
+def varint(n: int) -> bytes:
+    if -1 <= n < VARINT_TABLE_LIMIT:
+        return _VARINT[n + 1]
+    return zigzag_varint(n)
 
 
 _VARINT_BYTES_MAX = 10
+_NULL = _VARINT[0]            # length -1: a null key, value or header value
+NO_HEADERS = _VARINT[1]       # a record's header section with no headers (count 0)
 
 
 # ------------------------------------------------------------------- building
+
+
+class RecordHeaderError(InvalidRequestError, TypeError):
+    """A record header is not a (str, bytes | str | None) pair. It is also a TypeError: a
+    producer's caller passed an argument of the wrong type, and send() promises TypeError."""
+
+
+def encode_headers(headers: Sequence[tuple[str, bytes | str | None]]) -> bytes:
+    """A record's header section: the count, then each (name, value). Names are str, values
+    bytes-like, str (stored as UTF-8) or None. Raises RecordHeaderError naming the bad item."""
+    parts = [varint(len(headers))]
+    for item in headers:
+        try:
+            name, value = item
+        except (TypeError, ValueError):
+            raise RecordHeaderError(f"header {item!r} must be a (str, bytes | str | None) pair") from None
+        if not isinstance(name, str):
+            raise RecordHeaderError(f"header name must be str, not {type(name).__name__} ({name!r})")
+        raw_name = name.encode()
+        parts.append(varint(len(raw_name)))
+        parts.append(raw_name)
+        if value is None:
+            parts.append(_NULL)
+            continue
+        if isinstance(value, str):
+            value = value.encode()
+        elif not isinstance(value, (bytes, bytearray, memoryview)):
+            raise RecordHeaderError(f"header {name!r} value must be bytes, str or None, not {type(value).__name__}")
+        value = bytes(value)
+        parts.append(varint(len(value)))
+        parts.append(value)
+    return b"".join(parts)
+
+
+class BatchWriter:
+    """One batch encoded as it grows: records are written at the end of one bytearray, behind
+    61 bytes reserved for the header, and `seal` stamps that header (one CRC32C over the
+    batch). Sealing again rewrites the header only, so a producer can re-stamp a queued batch
+    with a new producer epoch; with gzip the records region is compressed at each seal.
+
+    Records get offset delta = their index and a timestamp delta from the first record, as
+    readers require. The arguments are not checked here (BatchBuilder and the producer check
+    them once, before this hot path). Not thread-safe.
+    """
+
+    __slots__ = ("buffer", "record_count", "first_timestamp_ms", "max_timestamp_ms")
+
+    def __init__(self) -> None:
+        self.buffer = bytearray(HEADER_SIZE)
+        self.record_count = 0
+        self.first_timestamp_ms = NO_TIMESTAMP
+        self.max_timestamp_ms = NO_TIMESTAMP
+
+    @property
+    def size_bytes(self) -> int:
+        """The batch's size if sealed now without compression."""
+        return len(self.buffer)
+
+    def append(self, value: Buffer | None, key: Buffer | None, headers: bytes, timestamp_ms: int,
+               batch_bytes_max: int | None = None) -> int:
+        """Append one record (`headers` as encode_headers made them, NO_HEADERS for none) and
+        return the bytes it took; or, when it would take the batch past `batch_bytes_max`, append
+        nothing and return 0. Without a limit the record always goes in (the producer puts a
+        record larger than its batch size alone into a batch of its own)."""
+        table = _VARINT
+        index = self.record_count
+        if index == 0:
+            head = b"\x00\x00\x00"   # attributes, timestamp delta 0, offset delta 0
+        else:
+            delta = timestamp_ms - self.first_timestamp_ms
+            head = (b"\x00" + (table[delta + 1] if -1 <= delta < VARINT_TABLE_LIMIT else zigzag_varint(delta))
+                    + (table[index + 1] if index < VARINT_TABLE_LIMIT else zigzag_varint(index)))
+        if key is None:
+            head += _NULL
+        else:
+            n = len(key)
+            head += (table[n + 1] if n < VARINT_TABLE_LIMIT else zigzag_varint(n))
+            head += key
+        if value is None:
+            head += _NULL
+            body = len(head) + len(headers)
+        else:
+            n = len(value)
+            head += (table[n + 1] if n < VARINT_TABLE_LIMIT else zigzag_varint(n))
+            body = len(head) + n + len(headers)
+        length = table[body + 1] if body < VARINT_TABLE_LIMIT else zigzag_varint(body)
+        buf = self.buffer
+        if batch_bytes_max is not None and len(buf) + len(length) + body > batch_bytes_max:
+            return 0
+        buf += length
+        buf += head
+        if value is not None:
+            buf += value
+        buf += headers
+        if index == 0:
+            self.first_timestamp_ms = self.max_timestamp_ms = timestamp_ms
+        elif timestamp_ms > self.max_timestamp_ms:
+            self.max_timestamp_ms = timestamp_ms
+        self.record_count = index + 1
+        return len(length) + body
+
+    def record_size_bytes(self, value: Buffer | None, key: Buffer | None, headers: bytes,
+                          timestamp_ms: int) -> int:
+        """The bytes `append` would take for this record now; nothing is written."""
+        index = self.record_count
+        body = 1 + len(varint(timestamp_ms - self.first_timestamp_ms if index else 0)) + len(varint(index))
+        body += 1 if key is None else len(varint(len(key))) + len(key)
+        body += 1 if value is None else len(varint(len(value))) + len(value)
+        body += len(headers)
+        return len(varint(body)) + body
+
+    def seal(self, *, producer_id: int = -1, producer_epoch: int = -1, base_sequence: int = -1,
+             base_offset: int = 0, leader_epoch: int = -1, compression: Compression = Compression.NONE,
+             gzip_level: int = GZIP_LEVEL, is_control: bool = False, is_transactional: bool = False) -> bytearray:
+        """The whole batch with its header stamped. Without compression this is the writer's own
+        buffer: copy it before appending again. A producer leaves base_offset 0 and
+        leader_epoch -1; the leader's log stamps both."""
+        if self.record_count == 0:
+            raise ValueError("cannot seal an empty batch; append at least one record")
+        attributes = int(compression) | (ATTR_CONTROL if is_control else 0) \
+            | (ATTR_TRANSACTIONAL if is_transactional else 0)
+        out = self.buffer
+        if compression == Compression.GZIP:
+            out = bytearray(HEADER_SIZE)
+            out += zlib.compress(memoryview(self.buffer)[HEADER_SIZE:], gzip_level, wbits=31)
+        _TAIL.pack_into(out, CRC_START, attributes, self.record_count - 1, self.first_timestamp_ms,
+                        self.max_timestamp_ms, producer_id, producer_epoch, base_sequence, self.record_count)
+        crc = crc32c(memoryview(out)[CRC_START:])
+        _HEAD.pack_into(out, 0, base_offset, len(out) - LENGTH_FIELD_END, leader_epoch, MAGIC, crc)
+        return out
 
 
 def _check_int(name: str, value: object, low: int, high: int) -> int:
@@ -324,37 +462,29 @@ def _gzip_bound(n: int) -> int:
     return n + (n >> 12) + (n >> 14) + (n >> 25) + 13 + 18
 
 
-def _as_bytes(name: str, data: object) -> bytes | None:
+def _gzip_records_bytes_max(max_batch_bytes: int) -> int:
+    """The most uncompressed record bytes whose gzip bound still fits in max_batch_bytes
+    (-1: none fit). _gzip_bound only grows, so a bisection finds it."""
+    fits, too_big = -1, max_batch_bytes
+    while too_big - fits > 1:
+        mid = (fits + too_big) // 2
+        if HEADER_SIZE + _gzip_bound(mid) <= max_batch_bytes:
+            fits = mid
+        else:
+            too_big = mid
+    return fits
+
+
+def _as_bytes(name: str, data: object) -> Buffer | None:
     if data is None or type(data) is bytes:
         return data  # type: ignore[return-value]
     if isinstance(data, (bytes, bytearray, memoryview)):
-        return bytes(data)  # snapshot: the caller may reuse its buffer
+        return bytes(data)  # a memoryview's len() may count items, not bytes
     raise InvalidRequestError(f"{name} must be bytes or None, got {type(data).__name__}")
 
 
-def _encode_headers(headers: Sequence[tuple[str, bytes | None]]) -> bytes:
-    parts = [_varint(len(headers))]
-    for item in headers:
-        try:
-            name, value = item
-        except (TypeError, ValueError):
-            raise InvalidRequestError(f"record header {item!r} must be a (str, bytes | None) pair") from None
-        if not isinstance(name, str):
-            raise InvalidRequestError(f"record header name must be str, got {type(name).__name__}")
-        raw_name = name.encode("utf-8")
-        value = _as_bytes(f"record header {name!r} value", value)
-        parts.append(_varint(len(raw_name)))
-        parts.append(raw_name)
-        if value is None:
-            parts.append(_SMALL[0])
-        else:
-            parts.append(_varint(len(value)))
-            parts.append(value)
-    return b"".join(parts)
-
-
 class BatchBuilder:
-    """Accumulates records and encodes one batch.
+    """A BatchWriter with every argument checked, for brokers, tools and tests.
 
     `append` raises BatchFullError when the record would take the batch past
     `max_batch_bytes` (an upper bound that holds after compression too);
@@ -362,76 +492,49 @@ class BatchBuilder:
     by the leader's log with `set_base_offset`.
     """
 
-    __slots__ = ("_base_offset", "_leader_epoch", "_producer_id", "_producer_epoch", "_base_sequence",
-                 "_compression", "_gzip_level", "_attributes", "_max_batch_bytes", "_parts", "_raw_bytes", "_count",
-                 "_first_timestamp", "_max_timestamp")
+    __slots__ = ("_writer", "_seal", "_compression", "_max_batch_bytes", "_limit_bytes")
 
     def __init__(self, *, base_offset: int = 0, leader_epoch: int = -1, producer_id: int = -1,
                  producer_epoch: int = -1, base_sequence: int = -1,
                  compression: Compression | int = Compression.NONE, is_control: bool = False,
                  is_transactional: bool = False, max_batch_bytes: int = BUILDER_MAX_BATCH_BYTES,
                  gzip_level: int = GZIP_LEVEL) -> None:
-        self._base_offset = _check_int("base_offset", base_offset, 0, _INT64_MAX)
-        self._leader_epoch = _check_int("leader_epoch", leader_epoch, -1, _INT32_MAX)
-        self._producer_id = _check_int("producer_id", producer_id, -1, _INT64_MAX)
-        self._producer_epoch = _check_int("producer_epoch", producer_epoch, -1, _INT16_MAX)
-        self._base_sequence = _check_int("base_sequence", base_sequence, -1, _INT32_MAX)
+        seal = {
+            "base_offset": _check_int("base_offset", base_offset, 0, _INT64_MAX),
+            "leader_epoch": _check_int("leader_epoch", leader_epoch, -1, _INT32_MAX),
+            "producer_id": _check_int("producer_id", producer_id, -1, _INT64_MAX),
+            "producer_epoch": _check_int("producer_epoch", producer_epoch, -1, _INT16_MAX),
+            "base_sequence": _check_int("base_sequence", base_sequence, -1, _INT32_MAX),
+        }
         if compression not in _KNOWN_CODECS:
             raise InvalidRequestError(f"compression {compression!r} is not supported (use Compression.NONE or GZIP)")
-        self._compression = Compression(compression)
-        self._gzip_level = _check_int("gzip_level", gzip_level, 1, 9)
-        self._attributes = (int(compression) | (ATTR_CONTROL if is_control else 0)
-                            | (ATTR_TRANSACTIONAL if is_transactional else 0))
+        self._compression = seal["compression"] = Compression(compression)
+        seal["gzip_level"] = _check_int("gzip_level", gzip_level, 1, 9)
+        seal["is_control"] = bool(is_control)
+        seal["is_transactional"] = bool(is_transactional)
+        self._seal = seal
         self._max_batch_bytes = _check_int("max_batch_bytes", max_batch_bytes,
                                            HEADER_SIZE + MIN_RECORD_BYTES, _INT32_MAX)
-        self._parts: list[bytes] = []
-        self._raw_bytes = 0
-        self._count = 0
-        self._first_timestamp = NO_TIMESTAMP
-        self._max_timestamp = NO_TIMESTAMP
+        # The writer's own limit on its size (header + uncompressed records) that keeps the
+        # batch under max_batch_bytes after compression.
+        self._limit_bytes = max_batch_bytes
+        if self._compression is Compression.GZIP:
+            self._limit_bytes = HEADER_SIZE + _gzip_records_bytes_max(max_batch_bytes)
+        self._writer = BatchWriter()
 
     @property
     def record_count(self) -> int:
-        return self._count
+        return self._writer.record_count
 
     @property
     def estimated_size_bytes(self) -> int:
         """Upper bound on the size `build()` would return now."""
-        return HEADER_SIZE + self._bound(self._raw_bytes)
-
-    def _bound(self, raw_bytes: int) -> int:
+        records_bytes = self._writer.size_bytes - HEADER_SIZE
         if self._compression is Compression.GZIP:
-            return _gzip_bound(raw_bytes)
-        return raw_bytes
+            return HEADER_SIZE + _gzip_bound(records_bytes)
+        return HEADER_SIZE + records_bytes
 
-    def _encode(self, value: bytes | None, key: bytes | None,
-                headers: Sequence[tuple[str, bytes | None]], timestamp_ms: int) -> tuple[bytes, bytes, bytes | None, bytes, bytes | None, bytes, int]:
-        small = _SMALL
-        first = self._first_timestamp if self._count else timestamp_ms
-        delta = timestamp_ms - first
-        prefix = b"\x00" + (small[delta + 1] if -1 <= delta < _SMALL_LIMIT else _zigzag_varint(delta))
-        index = self._count
-        prefix += small[index + 1] if index < _SMALL_LIMIT else _zigzag_varint(index)
-        if key is None:
-            key_len = small[0]
-            body = len(prefix) + 1
-        else:
-            n = len(key)
-            key_len = small[n + 1] if n < _SMALL_LIMIT else _zigzag_varint(n)
-            body = len(prefix) + len(key_len) + n
-        if value is None:
-            value_len = small[0]
-            body += 1
-        else:
-            n = len(value)
-            value_len = small[n + 1] if n < _SMALL_LIMIT else _zigzag_varint(n)
-            body += len(value_len) + n
-        header_bytes = _encode_headers(headers) if headers else b"\x00"
-        body += len(header_bytes)
-        length = small[body + 1] if body < _SMALL_LIMIT else _zigzag_varint(body)
-        return length + prefix + key_len, key, value_len, value, header_bytes, len(length) + body
-
-    def _checked(self, value: object, key: object, timestamp_ms: object) -> tuple[bytes | None, bytes | None, int]:
+    def _checked(self, value: object, key: object, timestamp_ms: object) -> tuple[Buffer | None, Buffer | None, int]:
         if type(timestamp_ms) is not int:
             _check_int("timestamp_ms", timestamp_ms, NO_TIMESTAMP, MAX_TIMESTAMP_MS)
         if not NO_TIMESTAMP <= timestamp_ms < MAX_TIMESTAMP_MS:  # type: ignore[operator]
@@ -439,46 +542,28 @@ class BatchBuilder:
         return _as_bytes("value", value), _as_bytes("key", key), timestamp_ms  # type: ignore[return-value]
 
     def has_room_for(self, value: bytes | None, *, key: bytes | None = None,
-                     headers: Sequence[tuple[str, bytes | None]] = (), timestamp_ms: int = 0) -> bool:
+                     headers: Sequence[tuple[str, bytes | str | None]] = (), timestamp_ms: int = 0) -> bool:
         value, key, timestamp_ms = self._checked(value, key, timestamp_ms)
-        size = self._encode(value, key, headers, timestamp_ms)[-1]
-        return HEADER_SIZE + self._bound(self._raw_bytes + size) <= self._max_batch_bytes
+        header_bytes = encode_headers(headers) if headers else NO_HEADERS
+        writer = self._writer
+        return writer.size_bytes + writer.record_size_bytes(value, key, header_bytes, timestamp_ms) <= self._limit_bytes
 
     def append(self, value: bytes | None, *, key: bytes | None = None,
-               headers: Sequence[tuple[str, bytes | None]] = (), timestamp_ms: int) -> None:
+               headers: Sequence[tuple[str, bytes | str | None]] = (), timestamp_ms: int) -> None:
         value, key, timestamp_ms = self._checked(value, key, timestamp_ms)
-        lead, key, value_len, value, header_bytes, size = self._encode(value, key, headers, timestamp_ms)
-        if HEADER_SIZE + self._bound(self._raw_bytes + size) > self._max_batch_bytes:
+        header_bytes = encode_headers(headers) if headers else NO_HEADERS
+        writer = self._writer
+        if not writer.append(value, key, header_bytes, timestamp_ms, self._limit_bytes):
+            size = writer.record_size_bytes(value, key, header_bytes, timestamp_ms)
             raise BatchFullError(
-                f"record of {size} bytes does not fit: batch holds {self._count} records, "
-                f"{HEADER_SIZE + self._bound(self._raw_bytes)} bytes, max_batch_bytes={self._max_batch_bytes}; "
+                f"record of {size} bytes does not fit: batch holds {writer.record_count} records, "
+                f"{self.estimated_size_bytes} bytes, max_batch_bytes={self._max_batch_bytes}; "
                 "build this batch and start another (or raise max_batch_bytes)")
-        parts = self._parts
-        parts.append(lead)
-        if key is not None:
-            parts.append(key)
-        parts.append(value_len)
-        if value is not None:
-            parts.append(value)
-        parts.append(header_bytes)
-        self._raw_bytes += size
-        if self._count == 0:
-            self._first_timestamp = self._max_timestamp = timestamp_ms
-        elif timestamp_ms > self._max_timestamp:
-            self._max_timestamp = timestamp_ms
-        self._count += 1
 
     def build(self) -> bytes:
-        if self._count == 0:
+        if self._writer.record_count == 0:
             raise InvalidRequestError("cannot build an empty record batch; append at least one record")
-        blob = b"".join(self._parts)
-        if self._compression is Compression.GZIP:
-            blob = zlib.compress(blob, self._gzip_level, wbits=31)
-        tail = _TAIL.pack(self._attributes, self._count - 1, self._first_timestamp, self._max_timestamp,
-                          self._producer_id, self._producer_epoch, self._base_sequence, self._count)
-        crc = crc32c(blob, crc32c(tail))
-        head = _HEAD.pack(self._base_offset, MIN_BATCH_LENGTH + len(blob), self._leader_epoch, MAGIC, crc)
-        return b"".join((head, tail, blob))
+        return bytes(self._writer.seal(**self._seal))
 
 
 def build_batch(values: Sequence[bytes | None], *, keys: Sequence[bytes | None] | None = None,

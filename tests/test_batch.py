@@ -1,4 +1,5 @@
-"""Record batches: encoding, validation, patching and hostile input."""
+"""Record batches: encoding (the builder and the producer's writer), validation, patching and
+hostile input."""
 from __future__ import annotations
 
 import random
@@ -13,12 +14,16 @@ from hypothesis import strategies as st
 from common.batch import (
     HEADER_SIZE,
     MAGIC,
+    NO_HEADERS,
     BatchBuilder,
     BatchFullError,
     BatchHeader,
+    BatchWriter,
     Compression,
     Record,
+    RecordHeaderError,
     build_batch,
+    encode_headers,
     iter_batches,
     read_header,
     read_records,
@@ -26,6 +31,8 @@ from common.batch import (
     set_base_offset,
     set_leader_epoch,
     validate_batch,
+    varint,
+    zigzag_varint,
 )
 from common.errors import CorruptBatchError, InvalidRequestError
 
@@ -177,6 +184,166 @@ def test_append_snapshots_mutable_values():
     builder.append(value, timestamp_ms=0)
     value[:] = b"after!"
     assert read_records(builder.build())[0].value == b"before"
+
+
+# ------------------------------------------------------------- the writer
+
+
+def reference_varint(n: int) -> bytes:
+    """Zigzag varint written out the plain way, independently of common.batch's table."""
+    z = 2 * n if n >= 0 else -2 * n - 1
+    out = b""
+    while True:
+        low, z = z & 0x7F, z >> 7
+        if not z:
+            return out + bytes([low])
+        out += bytes([low | 0x80])
+
+
+def reference_batch(items, *, producer_id: int, producer_epoch: int, base_sequence: int) -> bytes:
+    """The uncompressed v2 layout field by field (what BatchBuilder built before it wrote through
+    BatchWriter): the oracle for the encoder's bytes."""
+    def blob(data):
+        return reference_varint(-1) if data is None else reference_varint(len(data)) + bytes(data)
+
+    first = items[0][3]
+    records = b""
+    for i, (value, key, headers, ts) in enumerate(items):
+        body = (b"\x00" + reference_varint(ts - first) + reference_varint(i) + blob(key) + blob(value)
+                + reference_varint(len(headers))
+                + b"".join(blob(name.encode()) + blob(v.encode() if isinstance(v, str) else v) for name, v in headers))
+        records += reference_varint(len(body)) + body
+    tail = struct.pack(">hiqqqhii", 0, len(items) - 1, first, max(ts for *_, ts in items), producer_id,
+                       producer_epoch, base_sequence, len(items))
+    head = struct.pack(">qiibI", 0, HEADER_SIZE - 12 + len(records), -1, MAGIC, crc32c(tail + records))
+    return head + tail + records
+
+
+# Lengths past 16,383 leave the varint table for the loop; such values need no random bytes.
+writer_blobs = st.one_of(st.none(), st.binary(max_size=300),
+                         st.integers(min_value=16_380, max_value=16_400).map(lambda n: b"z" * n))
+writer_headers = st.lists(st.tuples(st.text(max_size=8), st.one_of(st.none(), st.binary(max_size=20))), max_size=3)
+writer_records = st.lists(st.tuples(writer_blobs, writer_blobs, writer_headers,
+                                    st.integers(min_value=-1, max_value=(1 << 62) - 1)), min_size=1, max_size=40)
+
+
+def write(items, **seal) -> bytes:
+    writer = BatchWriter()
+    for value, key, headers, ts in items:
+        assert writer.append(value, key, encode_headers(headers) if headers else NO_HEADERS, ts) > 0
+    return bytes(writer.seal(**seal))
+
+
+@settings(max_examples=60, deadline=None)
+@given(items=writer_records, compression=st.sampled_from(list(Compression)), producer_id=st.integers(-1, 1 << 40),
+       producer_epoch=st.integers(-1, 32767), base_sequence=st.integers(-1, (1 << 31) - 1))
+def test_written_batches_decode_to_the_same_records(items, compression, producer_id, producer_epoch,
+                                                    base_sequence):
+    """Whatever records go in (null or empty keys and values, values past the varint table,
+    headers, timestamps in any order), the reader validates the batch and reads them back."""
+    blob = write(items, producer_id=producer_id, producer_epoch=producer_epoch,
+                 base_sequence=base_sequence, compression=compression)
+    header = validate_batch(blob)
+    assert (header.producer_id, header.producer_epoch, header.base_sequence) == (producer_id, producer_epoch,
+                                                                                 base_sequence)
+    assert header.record_count == len(items) and header.compression is compression
+    assert header.max_timestamp == max(ts for *_, ts in items)
+    got = read_records(blob)
+    assert [(r.value, r.key, list(r.headers), r.timestamp_ms, r.offset) for r in got] == [
+        (value, key, list(headers), ts, i) for i, (value, key, headers, ts) in enumerate(items)]
+
+
+@settings(max_examples=40, deadline=None)
+@given(items=writer_records, producer_id=st.integers(-1, 1 << 40), base_sequence=st.integers(-1, 1000))
+def test_uncompressed_bytes_equal_the_reference_layout(items, producer_id, base_sequence):
+    """Without compression the writer (the producer's path) and BatchBuilder (the checked path)
+    both give, byte for byte, the layout written out field by field."""
+    producer_epoch = 0 if producer_id >= 0 else -1
+    expected = reference_batch(items, producer_id=producer_id, producer_epoch=producer_epoch,
+                               base_sequence=base_sequence)
+    assert write(items, producer_id=producer_id, producer_epoch=producer_epoch,
+                 base_sequence=base_sequence) == expected
+    builder = BatchBuilder(producer_id=producer_id, producer_epoch=producer_epoch,
+                           base_sequence=base_sequence, max_batch_bytes=1 << 24)
+    for value, key, headers, ts in items:
+        builder.append(value, key=key, headers=headers, timestamp_ms=ts)
+    assert builder.build() == expected
+
+
+@given(n=st.integers(min_value=-(1 << 63), max_value=(1 << 63) - 1))
+def test_varint_table_and_loop_agree(n):
+    assert varint(n) == zigzag_varint(n) == reference_varint(n)
+    assert len(zigzag_varint(n)) <= 10
+
+
+def test_a_record_past_the_limit_is_refused_without_changing_the_batch():
+    writer = BatchWriter()
+    assert writer.append(b"x" * 500, None, NO_HEADERS, 5, 200) == 0   # refused even as the first record
+    assert writer.append(b"x" * 500, None, NO_HEADERS, 5) > 0         # without a limit it always goes in
+    before = bytes(writer.buffer)
+    size = writer.record_size_bytes(b"y", None, NO_HEADERS, 6)
+    assert writer.append(b"y", None, NO_HEADERS, 6, len(before) + size - 1) == 0
+    assert bytes(writer.buffer) == before and writer.record_count == 1
+    assert writer.append(b"y", None, NO_HEADERS, 6, len(before) + size) == size
+    assert [r.value for r in read_records(bytes(writer.seal()))] == [b"x" * 500, b"y"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(items=writer_records)
+def test_record_size_is_what_append_takes(items):
+    """record_size_bytes (what BatchBuilder checks its limit with) matches append exactly."""
+    writer = BatchWriter()
+    for value, key, headers, ts in items:
+        header_bytes = encode_headers(headers) if headers else NO_HEADERS
+        predicted = writer.record_size_bytes(value, key, header_bytes, ts)
+        before = writer.size_bytes
+        assert writer.append(value, key, header_bytes, ts) == predicted == writer.size_bytes - before
+
+
+def test_resealing_rewrites_only_the_header():
+    """A new producer epoch re-stamps a queued batch; its records stay as they were."""
+    writer = BatchWriter()
+    for i in range(3):
+        writer.append(b"v%d" % i, b"k", NO_HEADERS, 100 + i)
+    first = bytes(writer.seal(producer_id=7, producer_epoch=0, base_sequence=30))
+    second = bytes(writer.seal(producer_id=7, producer_epoch=1, base_sequence=0))
+    assert first[HEADER_SIZE:] == second[HEADER_SIZE:]
+    h = read_header(second)
+    assert (h.producer_epoch, h.base_sequence) == (1, 0)
+    validate_batch(second)
+
+
+def test_bad_headers_are_type_errors_for_the_producer_and_invalid_requests_for_the_broker():
+    for bad, word in (([(b"name", b"v")], "header name must be str"), ([("name", 5)], "must be bytes, str or None"),
+                      (["oops"], "pair")):
+        with pytest.raises(RecordHeaderError, match=word) as caught:
+            encode_headers(bad)
+        assert isinstance(caught.value, TypeError) and isinstance(caught.value, InvalidRequestError)
+    with pytest.raises(ValueError, match="empty batch"):
+        BatchWriter().seal()
+
+
+@pytest.mark.parametrize("max_batch_bytes", [92, 93, 4096, 16_384, 1 << 20])
+def test_gzip_limit_is_the_bound_of_the_uncompressed_records(max_batch_bytes):
+    """Seed 3: a gzip builder takes a record exactly while the gzip bound of the records
+    uncompressed (61 + deflate bound + gzip framing) stays within max_batch_bytes."""
+    rng = random.Random(3)
+    packed = BatchBuilder(max_batch_bytes=max_batch_bytes, compression=Compression.GZIP)
+    plain = BatchBuilder(max_batch_bytes=1 << 24)
+    for i in range(400):
+        value = rng.randbytes(rng.randrange(0, 40 + max_batch_bytes // 8))
+        plain.append(value, timestamp_ms=i)
+        records_bytes = len(plain.build()) - HEADER_SIZE
+        fits = HEADER_SIZE + records_bytes + (records_bytes >> 12) + (records_bytes >> 14) + (records_bytes >> 25) \
+            + 31 <= max_batch_bytes
+        assert packed.has_room_for(value, timestamp_ms=i) is fits, f"seed=3 record {i}"
+        if not fits:
+            with pytest.raises(BatchFullError):
+                packed.append(value, timestamp_ms=i)
+            break
+        packed.append(value, timestamp_ms=i)
+    else:
+        pytest.fail("the batch never filled up")
 
 
 # ----------------------------------------------------------- header checks

@@ -1,7 +1,7 @@
 """The producer's batching and sequencing rules, without sockets or clocks.
 
 Records are encoded into the open batch of their partition's queue as they are appended
-(dataplane/client/encoder.py), so a batch is bytes from the start; `drain(now_ms, ...)`
+(common.batch.BatchWriter), so a batch is bytes from the start; `drain(now_ms, ...)`
 says which batches to send to which broker; `complete(...)` takes each
 partition's answer and says what happened (acknowledged, queued for retry, or
 failed). Time is an argument everywhere.
@@ -25,9 +25,8 @@ import collections
 from dataclasses import dataclass, field
 from typing import Callable
 
-from common.batch import Compression
+from common.batch import HEADER_SIZE, BatchWriter, Compression
 from common.errors import ErrorCode
-from dataplane.client.encoder import HEADER_SIZE, BatchWriter
 from dataplane.client.futures import BatchOutcome
 from dataplane.client.records import TopicPartition
 
@@ -134,7 +133,7 @@ class Accumulator:
                timestamp_ms: int, *, now_ms: int) -> tuple[ProducerBatch, int]:
         """Encode a record into tp's open batch, or a new one when it does not fit (the caller
         checked has_memory_for). Returns the batch and the record's index in it.
-        `headers` is the encoded header section (encoder.encode_headers; b"\\x00": none)."""
+        `headers` is the encoded header section (common.batch.encode_headers; NO_HEADERS: none)."""
         state = self.partitions.get(tp)
         if state is None:
             state = self.partitions[tp] = PartitionState()
@@ -206,8 +205,7 @@ class Accumulator:
             state.next_sequence = (state.next_sequence + batch.record_count) & 0x7FFFFFFF
         batch.payload = batch.writer.seal(producer_id=self.producer_id if self.idempotent else -1,
                                           producer_epoch=self.producer_epoch if self.idempotent else -1,
-                                          base_sequence=batch.base_sequence,
-                                          gzip=self.compression == Compression.GZIP)
+                                          base_sequence=batch.base_sequence, compression=self.compression)
 
     def next_ready_ms(self, now_ms: int) -> int | None:
         """The earliest time a queued batch becomes ready by linger or backoff (None: nothing will

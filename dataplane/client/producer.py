@@ -11,7 +11,7 @@ refreshes metadata once it is metadata_max_age_ms old, so partitions added to a 
 new brokers and moved leaders are used without an error first pointing at them.
 
 The per-record path is kept small because it is the producer's cost: `send()` encodes the
-record into its partition's open batch at once (dataplane/client/encoder.py) and returns a
+record into its partition's open batch at once (common.batch.BatchWriter) and returns a
 RecordFuture that the batch's one answer resolves (dataplane/client/futures.py); nothing
 else is made or scheduled per record. A caller that waits (send_and_wait, flush) drains
 the ready batches itself, ignoring linger, instead of waking the sender task.
@@ -24,7 +24,7 @@ import math
 import time
 from typing import Any, Sequence
 
-from common.batch import Compression
+from common.batch import NO_HEADERS, Compression, encode_headers
 from common.errors import BiplaneError, ErrorCode
 from common.wire import (
     Acks,
@@ -40,7 +40,6 @@ from dataplane.client.accumulator import (
     ProducerBatch,
     record_size_bytes,
 )
-from dataplane.client.encoder import encode_headers
 from dataplane.client.errors import (
     BrokerResponseError,
     BufferFullTimeoutError,
@@ -76,7 +75,6 @@ def _now_ms() -> int:
 
 
 _TIMESTAMP_MS_LIMIT = 1 << 62
-_NO_HEADERS = b"\x00"
 
 
 def _as_bytes(name: str, data: Any) -> bytes | bytearray | memoryview | None:
@@ -349,7 +347,7 @@ class Producer:
             value = _as_bytes("value", value)
         if key is not None and type(key) is not bytes:
             key = _as_bytes("key", key)
-        header_bytes = _NO_HEADERS if not headers else encode_headers(tuple(headers))
+        header_bytes = NO_HEADERS if not headers else encode_headers(tuple(headers))
         if timestamp_ms is None:
             timestamp_ms = int(_wall_clock() * 1000)
         elif type(timestamp_ms) is not int or not -1 <= timestamp_ms < _TIMESTAMP_MS_LIMIT:
@@ -393,7 +391,7 @@ class Producer:
         if self._network.metadata.partition_count(topic) is None:
             await self._partition_count(topic, deadline)
         value_b, key_b = _as_bytes("value", value), _as_bytes("key", key)
-        size = record_size_bytes(value_b, key_b, encode_headers(tuple(headers)) if headers else _NO_HEADERS)
+        size = record_size_bytes(value_b, key_b, encode_headers(tuple(headers)) if headers else NO_HEADERS)
         if not self._acc.has_memory_for(size):
             await self._wait_for_memory(size, deadline)
 
