@@ -24,6 +24,7 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 from pydantic.json_schema import models_json_schema
 
+from common import api_models
 from common.errors import BiplaneError, ErrorCode
 from common.metadata import MetadataImage, validate_topic_name
 from common.metadata.errors import InvalidFieldError, UnknownTopicOrPartitionError
@@ -151,34 +152,34 @@ def _image(request: web.Request) -> MetadataImage:
     return svc(request).committed
 
 
-@route("GET", "/v1/health", summary="liveness; no token needed", response=views.Health)
+@route("GET", "/v1/health", summary="liveness; no token needed", response=api_models.Health)
 async def get_health(request: web.Request) -> web.Response:
     s = svc(request)
-    return json_model(views.Health(status="ok", node_id=s.node_id,
-                                   role="leader" if s.is_leader else "follower",
-                                   metadata_offset=s.committed.offset))
+    return json_model(api_models.Health(status="ok", node_id=s.node_id,
+                                        role="leader" if s.is_leader else "follower",
+                                        metadata_offset=s.committed.offset))
 
 
 @route("GET", "/v1/cluster", summary="controllers, leader, priorities, metadata offset",
-       response=views.Cluster)
+       response=api_models.Cluster)
 async def get_cluster(request: web.Request) -> web.Response:
-    return json_model(views.Cluster.model_validate(svc(request).cluster_view()))
+    return json_model(api_models.Cluster.model_validate(svc(request).cluster_view()))
 
 
 @route("GET", "/v1/brokers", summary="registered brokers, fencing and last heartbeat",
-       response=views.BrokerList)
+       response=api_models.BrokerList)
 async def get_brokers(request: web.Request) -> web.Response:
     s = svc(request)
     return json_model(views.broker_list(s.committed, s.broker_offsets, s.usage))
 
 
-@route("GET", "/v1/topics", summary="list topics", response=views.TopicList)
+@route("GET", "/v1/topics", summary="list topics", response=api_models.TopicList)
 async def get_topics(request: web.Request) -> web.Response:
     return json_model(views.topic_list(_image(request)))
 
 
 @route("POST", "/v1/topics", summary="create a topic", request=CreateTopicRequest,
-       response=views.TopicDetail, writes=True, status=201)
+       response=api_models.TopicDetail, writes=True, status=201)
 async def post_topic(request: web.Request) -> web.Response:
     body = await read_model(request, CreateTopicRequest)
     s = svc(request)
@@ -188,7 +189,7 @@ async def post_topic(request: web.Request) -> web.Response:
                                          metadata_offset=committed.last_offset), status=201)
 
 
-@route("GET", "/v1/topics/{name}", summary="describe a topic", response=views.TopicDetail)
+@route("GET", "/v1/topics/{name}", summary="describe a topic", response=api_models.TopicDetail)
 async def get_topic(request: web.Request) -> web.Response:
     name = topic_name(request)
     image = _image(request)
@@ -197,16 +198,16 @@ async def get_topic(request: web.Request) -> web.Response:
     return json_model(views.topic_detail(image, name, metadata_offset=image.offset))
 
 
-@route("DELETE", "/v1/topics/{name}", summary="delete a topic", response=views.Done, writes=True)
+@route("DELETE", "/v1/topics/{name}", summary="delete a topic", response=api_models.Done, writes=True)
 async def delete_topic(request: web.Request) -> web.Response:
     name = topic_name(request)
     s = svc(request)
     committed = await s.decide(lambda image: s.decisions.delete_topic(image, name))
-    return json_model(views.Done(result=f"topic {name} deleted", metadata_offset=committed.last_offset))
+    return json_model(api_models.Done(result=f"topic {name} deleted", metadata_offset=committed.last_offset))
 
 
 @route("PATCH", "/v1/topics/{name}/config", summary="set or reset topic config keys",
-       request=AlterConfigRequest, response=views.TopicDetail, writes=True)
+       request=AlterConfigRequest, response=api_models.TopicDetail, writes=True)
 async def patch_config(request: web.Request) -> web.Response:
     name = topic_name(request)
     body = await read_model(request, AlterConfigRequest)
@@ -217,45 +218,45 @@ async def patch_config(request: web.Request) -> web.Response:
 
 
 @route("GET", "/v1/topics/{name}/partitions", summary="partition state of a topic",
-       response=views.PartitionList)
+       response=api_models.PartitionList)
 async def get_partitions(request: web.Request) -> web.Response:
     name = topic_name(request)
     image = _image(request)
-    return json_model(views.PartitionList(topic=name, metadata_offset=image.offset,
-                                          partitions=[views.partition_view(p)
-                                                      for p in image.topic_partitions(name)]))
+    return json_model(api_models.PartitionList(topic=name, metadata_offset=image.offset,
+                                               partitions=[views.partition_view(p)
+                                                           for p in image.topic_partitions(name)]))
 
 
 @route("POST", "/v1/reassignments", summary="move a partition to target replicas",
-       request=ReassignmentRequest, response=views.PartitionList, writes=True, status=202)
+       request=ReassignmentRequest, response=api_models.PartitionList, writes=True, status=202)
 async def post_reassignment(request: web.Request) -> web.Response:
     body = await read_model(request, ReassignmentRequest)
     s = svc(request)
     committed = await s.decide(lambda image: s.decisions.start_reassignment(image, body))
     image = s.pending or s.committed
-    return json_model(views.PartitionList(topic=body.topic, metadata_offset=committed.last_offset,
-                                          partitions=[views.partition_view(
-                                              image.partition(body.topic, body.partition))]), status=202)
+    return json_model(api_models.PartitionList(topic=body.topic, metadata_offset=committed.last_offset,
+                                               partitions=[views.partition_view(
+                                                   image.partition(body.topic, body.partition))]), status=202)
 
 
 @route("GET", "/v1/reassignments", summary="partitions being reassigned",
-       response=views.ReassignmentList)
+       response=api_models.ReassignmentList)
 async def get_reassignments(request: web.Request) -> web.Response:
     image = _image(request)
-    return json_model(views.ReassignmentList(
+    return json_model(api_models.ReassignmentList(
         metadata_offset=image.offset,
         reassignments=[views.partition_view(p) for p in image.partitions() if p.adding or p.removing]))
 
 
 @route("POST", "/v1/elections/preferred", summary="move leadership to preferred replicas",
-       request=PreferredElectionRequest, response=views.ElectionResult, writes=True)
+       request=PreferredElectionRequest, response=api_models.ElectionResult, writes=True)
 async def post_preferred_election(request: web.Request) -> web.Response:
     body = await read_model(request, PreferredElectionRequest)
     s = svc(request)
     committed = await s.decide(lambda image: s.decisions.elect_preferred(image, body))
     image = s.pending or s.committed
     changed = sorted({(r.topic, r.partition) for r in committed.records if hasattr(r, "partition")})
-    return json_model(views.ElectionResult(
+    return json_model(api_models.ElectionResult(
         metadata_offset=committed.last_offset,
         elected=[views.partition_view(image.partition(t, p)) for t, p in changed]))
 
@@ -370,7 +371,7 @@ def make_app(service: ControllerService, *, admin_token: str, cluster_secret: st
 
 def openapi_document() -> dict:
     models = {r[k] for r in ROUTES for k in ("request", "response") if r[k] is not None}
-    models.add(views.ErrorBody)
+    models.add(api_models.ErrorBody)
     _, schema = models_json_schema([(m, "validation" if any(r["request"] is m for r in ROUTES)
                                      else "serialization") for m in sorted(models, key=lambda m: m.__name__)],
                                    ref_template="#/components/schemas/{model}")

@@ -1,131 +1,13 @@
-"""What the admin API returns: pydantic models (also the OpenAPI schemas) built from the image."""
+"""What the admin API returns, built from the image (the models are common/api_models.py,
+shared with the admin client), and the controller's /metrics text."""
 from __future__ import annotations
 
 import bisect
 from typing import Any, Mapping
 
-from pydantic import BaseModel, ConfigDict
-
+from common.api_models import BrokerList, BrokerView, PartitionView, TopicDetail, TopicList, TopicSummary
 from common.metadata import MetadataImage
 from common.usage import BrokerUsage
-
-
-class _View(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class ErrorDetail(_View):
-    code: str
-    message: str
-    retriable: bool = False
-    field: str | None = None
-
-
-class ErrorBody(_View):
-    error: ErrorDetail
-
-
-class Health(_View):
-    status: str
-    node_id: int
-    role: str
-    metadata_offset: int
-
-
-class ControllerInfo(_View):
-    node_id: int
-    raft_address: str
-    api_url: str
-    priority: int
-    is_leader: bool
-    connected: bool
-
-
-class Cluster(_View):
-    node_id: int
-    leader_id: int | None
-    leader_api_url: str | None
-    term: int | None
-    metadata_offset: int
-    controllers: list[ControllerInfo]
-
-
-class BrokerView(_View):
-    broker_id: int
-    host: str
-    port: int
-    rack: str | None
-    priority: int
-    fenced: bool
-    incarnation_id: str
-    clean_shutdown: bool
-    registered_offset: int
-    metadata_offset: int | None = None     # last applied offset the broker reported
-    disk_used_bytes: int | None = None
-    disk_total_bytes: int | None = None
-    leaders: int = 0
-    replicas: int = 0
-
-
-class BrokerList(_View):
-    metadata_offset: int
-    brokers: list[BrokerView]
-
-
-class PartitionView(_View):
-    topic: str
-    partition: int
-    replicas: list[int]
-    isr: list[int]
-    leader: int | None
-    leader_epoch: int
-    partition_epoch: int
-    adding: list[int] = []
-    removing: list[int] = []
-    fenced_for_election: bool = False
-
-
-class TopicSummary(_View):
-    name: str
-    topic_id: str
-    partitions: int
-    replication_factor: int
-    commit_policy: str
-    replication_mode: str
-
-
-class TopicList(_View):
-    metadata_offset: int
-    topics: list[TopicSummary]
-
-
-class TopicDetail(_View):
-    name: str
-    topic_id: str
-    metadata_offset: int | None
-    config: dict[str, Any]
-    partitions: list[PartitionView]
-
-
-class PartitionList(_View):
-    topic: str
-    metadata_offset: int | None
-    partitions: list[PartitionView]
-
-
-class ReassignmentList(_View):
-    metadata_offset: int
-    reassignments: list[PartitionView]
-
-
-class ElectionResult(_View):
-    metadata_offset: int | None
-    elected: list[PartitionView]
-
-
-class Done(_View):
-    result: str
-    metadata_offset: int | None
 
 
 def partition_view(p: Any) -> PartitionView:

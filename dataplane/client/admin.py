@@ -1,5 +1,5 @@
 """The controller's HTTP admin API in Python, with typed (pydantic) results
-(dataplane/client/admin_models.py: the client's own models of the API's JSON).
+(common/api_models.py: the API's JSON, the models the controller answers with).
 
     async with AdminClient() as admin:          # finds a `biplane up` cluster
         await admin.create_topic("events", partitions=3, replication_factor=3)
@@ -21,7 +21,7 @@ from urllib.parse import quote, urljoin
 
 import aiohttp
 
-from dataplane.client.admin_models import (
+from common.api_models import (
     BrokerList,
     Cluster,
     Done,

@@ -1,10 +1,13 @@
-"""What AdminClient returns: the admin API's JSON answers as frozen pydantic models.
+"""What the controller's admin API answers: its JSON as frozen pydantic models.
 
-The client keeps its own copy of these shapes instead of importing the controller's, so the
-SDK installs and imports without the controller package; the HTTP JSON is the contract
-between the two (tests/test_client_admin_models.py holds them to the same schema). Fields
-the client does not know are ignored rather than refused, so an older client keeps reading
-a newer controller's answers.
+One definition for both ends: the controller builds them from its metadata image
+(controller/views.py) and serves their schemas in its OpenAPI document; the admin client
+(dataplane/client/admin.py) parses its answers into them. Pure pydantic, so the SDK
+imports this without the controller package.
+
+Reading ignores fields it does not know, so an older client keeps reading a newer
+controller's answers. The schemas still say `additionalProperties: false`: an answer of
+this version carries no other field.
 """
 from __future__ import annotations
 
@@ -13,8 +16,27 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 
+def _closed(schema: dict[str, Any]) -> None:
+    # First, where pydantic puts it for extra="forbid", so the OpenAPI document reads as before.
+    fields = dict(schema)
+    schema.clear()
+    schema["additionalProperties"] = False
+    schema.update(fields)
+
+
 class _Answer(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="ignore")
+    model_config = ConfigDict(frozen=True, extra="ignore", json_schema_extra=_closed)
+
+
+class ErrorDetail(_Answer):
+    code: str
+    message: str
+    retriable: bool = False
+    field: str | None = None
+
+
+class ErrorBody(_Answer):
+    error: ErrorDetail
 
 
 class Health(_Answer):
@@ -130,8 +152,3 @@ class SnapshotInfo(_Answer):
 
 class SnapshotList(_Answer):
     snapshots: list[SnapshotInfo]
-
-
-__all__ = ["BrokerList", "BrokerView", "Cluster", "ControllerInfo", "Done", "ElectionResult", "Health",
-           "PartitionList", "PartitionView", "ReassignmentList", "SnapshotInfo", "SnapshotList", "TopicDetail",
-           "TopicList", "TopicSummary"]
