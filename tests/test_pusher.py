@@ -98,3 +98,50 @@ def test_leader_pushes_to_a_follower_over_loopback_and_acks_all_completes():
             await server.wait_closed()
 
     asyncio.run(main())
+
+
+def test_append_entries_reach_the_follower_in_submission_order_across_the_connect():
+    """Claim: requests submitted while the Pusher connects, and ones submitted while those still
+    wait to be written, arrive in submission order; later ones are written at once (no task) and
+    every answer is delivered."""
+    from common.wire import AppendEntriesResponse
+
+    async def main():
+        arrived: list[int] = []
+
+        async def handler(header, request):
+            arrived.append(request.prev_log_offset)
+            return AppendEntriesResponse(follower_id=2, leader_epoch=1, topic="t", partition=0,
+                                         log_end_offset=request.prev_log_offset + 1)
+
+        server = await start_server(handler, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        delivered: list[int] = []
+        pusher = Pusher(broker_id=1, address_of=lambda b: ("127.0.0.1", port),
+                        deliver=lambda tp, reply: delivered.append(reply.log_end_offset))
+
+        def ae(i):
+            return AppendEntries(leader_id=1, leader_epoch=1, prev_offset=i, prev_epoch=1, records=b"",
+                                 high_watermark=0, log_end_offset=i, flush_after_append=False, partition=TP)
+        try:
+            n = 0
+            for _ in range(60):  # submit a few on every loop round: before, during and after the connect
+                for _ in range(3):
+                    pusher.submit(2, TP, ae(n))
+                    n += 1
+                await asyncio.sleep(0)
+            tasks_after = len(pusher._tasks)
+            for _ in range(500):
+                if len(delivered) == n:
+                    break
+                await asyncio.sleep(0.01)
+        finally:
+            await pusher.close()
+            server.close()
+            await server.wait_closed()
+        return arrived, delivered, n, tasks_after
+
+    arrived, delivered, n, tasks_after = asyncio.run(main())
+    assert arrived == list(range(n))
+    assert delivered == [i + 1 for i in range(n)]
+    assert tasks_after == 0  # connected: nothing waits in a task

@@ -363,3 +363,28 @@ def test_handler_failure_closes_connection_and_fails_pending_requests(caplog):
     with caplog.at_level(logging.ERROR, logger="biplane.wire"):
         asyncio.run(asyncio.wait_for(run(), 20))
     assert any(getattr(r, "event", None) == "wire.handler_error" for r in caplog.records)
+
+
+def test_request_nowait_writes_at_once_and_resolves_in_order():
+    """Claim: request_nowait, called without awaiting, sends each request; the futures resolve
+    with their own answers, in order; on a closed client it raises the connection's error at once."""
+
+    async def run():
+        server = await start_server(echo_handler, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            client = await WireClient.connect("127.0.0.1", port)
+            futures = [client.request_nowait(AppendEntriesRequest(
+                leader_id=1, follower_id=2, leader_epoch=1, topic="t", partition=0, prev_log_offset=i,
+                prev_log_epoch=1, high_watermark=0, flush_after_append=False, records=b"",
+                log_end_offset=i, truncate_epoch=-1, truncate_end_offset=-1)) for i in range(5)]
+            answers = await asyncio.wait_for(asyncio.gather(*futures), 5)
+            await client.close()
+            with pytest.raises(ConnectionClosedError):
+                client.request_nowait(MetadataRequest(topics=None))
+            return [a.log_end_offset for a in answers]
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    assert asyncio.run(run()) == [1, 2, 3, 4, 5]

@@ -142,6 +142,24 @@ class WireClient:
                 pass  # the stream is closing: on_close fails the future with the reason
             return await future
 
+    def request_nowait(self, request: Any) -> asyncio.Future[Any]:
+        """request() without a coroutine: the frame is written before this returns, and the
+        future resolves with the response or fails as request() would. Raises the connection's
+        error at once if it is closed. It takes no in-flight slot and does not wait for the
+        transport to drain: for callers that bound what they have in flight themselves (the
+        push leader's core: push_inflight_max per follower and partition)."""
+        if self._closed is not None:
+            raise self._closed
+        correlation_id = self._next_correlation_id()
+        parts = encode_request(request, correlation_id=correlation_id)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending[correlation_id] = (api_key_of(request), future)
+        try:
+            self._stream.write(parts)
+        except ConnectionError:
+            pass  # the stream is closing: on_close fails the future with the reason
+        return future
+
     async def send(self, request: Any) -> None:
         if self._closed is not None:
             raise self._closed

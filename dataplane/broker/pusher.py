@@ -7,8 +7,11 @@ pushed there, so requests of one partition arrive in the order the core sent
 them (a connection answers in order). Each answer is stepped back into the
 partition's core as an AppendEntriesReply.
 
-A lost connection drops what was in flight: the core's window times out and its
-recovery loop resends from what the follower verified. Nothing here retries.
+A connected follower's request is written inside the step that made it (no task
+per request); while a connection is being made, requests queue and are written
+in order once it is up. A lost connection drops what was in flight: the core's
+window times out and its recovery loop resends from what the follower
+verified. Nothing here retries.
 
 Follower side: `answer_append_entries` turns a wire request into the core's
 event, steps it, and returns the core's reply as the wire response. When the
@@ -80,6 +83,7 @@ class Pusher:
         self._clients: dict[int, WireClient] = {}
         self._connecting: dict[int, asyncio.Future] = {}
         self._down_until: dict[int, float] = {}
+        self._waiting: dict[int, list] = {}  # per follower: (tp, request) queued while it connects
         self._tasks: set[asyncio.Task] = set()
         self._closed = False
 
@@ -89,7 +93,61 @@ class Pusher:
         loop = asyncio.get_running_loop()
         if loop.time() < self._down_until.get(follower_id, 0.0):
             return  # reconnecting later; the core's window times out and it recovers
-        task = loop.create_task(self._send(follower_id, tp, to_wire(tp, follower_id, ev)))
+        request = to_wire(tp, follower_id, ev)
+        client = self._clients.get(follower_id)
+        if client is not None and not client.closed and follower_id not in self._waiting:
+            self._write(client, follower_id, tp, request)  # inside the step that made it
+            return
+        # Not connected: one task connects and then writes everything that queued meanwhile,
+        # in order, so a follower gets each partition's requests in the order sent.
+        waiting = self._waiting.get(follower_id)
+        if waiting is None:
+            waiting = self._waiting[follower_id] = []
+            self._spawn(self._connect_then_write(follower_id))
+        waiting.append((tp, request))
+
+    def _write(self, client: WireClient, follower_id: int, tp: TopicPartition,
+               request: wire.AppendEntriesRequest) -> bool:
+        try:
+            answer = client.request_nowait(request)
+        except (BiplaneError, OSError) as exc:
+            self._failed(follower_id, tp, exc)
+            return False
+        answer.add_done_callback(lambda f: self._answered(follower_id, tp, f))
+        return True
+
+    async def _connect_then_write(self, follower_id: int) -> None:
+        try:
+            client = await self._client(follower_id)
+        except (BiplaneError, OSError) as exc:
+            waiting = self._waiting.pop(follower_id, [])
+            if waiting:
+                self._failed(follower_id, waiting[0][0], exc)
+            return
+        for tp, request in self._waiting.pop(follower_id, []):
+            if not self._write(client, follower_id, tp, request):
+                return  # the rest is lost with the connection: the core's windows time out
+
+    def _answered(self, follower_id: int, tp: TopicPartition, answer: asyncio.Future) -> None:
+        if answer.cancelled():
+            return
+        exc = answer.exception()
+        if exc is not None:
+            self._failed(follower_id, tp, exc)
+            return
+        self.deliver(tp, reply_from_wire(answer.result()))
+
+    def _failed(self, follower_id: int, tp: TopicPartition, exc: BaseException) -> None:
+        if self._closed:
+            return
+        log.debug("append-entries to broker %d for %s-%d failed: %s", follower_id, *tp, exc)
+        self._down_until[follower_id] = asyncio.get_running_loop().time() + self.reconnect_backoff_ms / 1000
+        client = self._clients.pop(follower_id, None)
+        if client is not None:
+            self._spawn(client.close())
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -113,21 +171,9 @@ class Pusher:
         self._clients[follower_id] = client
         return client
 
-    async def _send(self, follower_id: int, tp: TopicPartition, request: wire.AppendEntriesRequest) -> None:
-        try:
-            client = await self._client(follower_id)
-            response = await client.request(request)
-        except (BiplaneError, OSError) as exc:
-            log.debug("append-entries to broker %d for %s-%d failed: %s", follower_id, *tp, exc)
-            self._down_until[follower_id] = asyncio.get_running_loop().time() + self.reconnect_backoff_ms / 1000
-            client = self._clients.pop(follower_id, None)
-            if client is not None:
-                await client.close()
-            return
-        self.deliver(tp, reply_from_wire(response))
-
     async def close(self) -> None:
         self._closed = True
+        self._waiting.clear()
         for task in list(self._tasks):
             task.cancel()
         for client in list(self._clients.values()):
