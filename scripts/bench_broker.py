@@ -41,6 +41,8 @@ from common.wire import WireClient  # noqa: E402
 from common.wire import messages as wire  # noqa: E402
 
 RECORD_BYTES = 1024
+BENCH_RETENTION_BYTES = 2 * 1024 ** 3
+BENCH_SEGMENT_BYTES = 256 * 1024 ** 2
 RECORDS_PER_BATCH = 32
 TARGET_RECORDS_PER_S = 150_000
 TARGET_HALF_PEAK_P99_MS = 20.0
@@ -237,7 +239,10 @@ def main() -> int:
     peak_configs = parse_peak_configs(args.peak) if args.peak else []
     run = eventloop.run
     with tempfile.TemporaryDirectory(prefix="bench-broker-") as tmp:
-        with Cluster(Path(tmp), brokers=3, broker_args=["--log-level", "WARNING"]) as cluster:
+        # Rows write tens of GB in all: retention keeps each broker's disk use to about
+        # BENCH_RETENTION_BYTES per topic (a full disk would show as KAFKA_STORAGE_ERROR).
+        with Cluster(Path(tmp), brokers=3, broker_args=["--log-level", "WARNING",
+                                                        "--retention-check-interval-ms", "1000"]) as cluster:
             print(f"3 brokers, RF 3, durability fsync, {RECORD_BYTES} B records; client and brokers on "
                   f"{eventloop.loop_name()}; {args.seconds:.0f} s per row, load avg {os.getloadavg()[0]:.2f}")
             topics = {}
@@ -245,7 +250,8 @@ def main() -> int:
                 for policy in ("isr", "quorum"):
                     topic = topics[(mode, policy)] = f"bench-{mode}-{policy}"
                     cluster.create_topic(topic, partitions=1, replication_factor=3, config={
-                        "commit_policy": policy, "min_insync_replicas": 2, "replication_mode": mode})
+                        "commit_policy": policy, "min_insync_replicas": 2, "replication_mode": mode,
+                        "retention_bytes": BENCH_RETENTION_BYTES, "segment_bytes": BENCH_SEGMENT_BYTES})
             if not args.skip_matrix:
                 print(f"\n{describe(args.records_per_batch, args.connections, args.inflight)}")
                 print(f"{'mode':<6}{'policy':<8}{'acks':>5}{'records/s':>12}{'MB/s':>9}{'p50 ms':>9}{'p99 ms':>9}"

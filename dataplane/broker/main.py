@@ -39,6 +39,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--unreplicated-bytes-max", type=int, default=64 * 1024 * 1024,
                    help="produce bytes this broker's leaders may hold before their followers have them "
                         "(sum over partitions; beyond it produce requests wait; default 64 MiB)")
+    p.add_argument("--retention-check-interval-ms", type=int, default=60_000,
+                   help="how often segments past their topic's retention are deleted (default 60000)")
     p.add_argument("--ports-file", help="write {\"port\", \"metrics_port\"} as JSON here once listening")
     p.add_argument("--log-level", default="WARNING", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     return p
@@ -51,7 +53,8 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
                         cluster_secret=args.cluster_secret, rack=args.rack, priority=args.priority,
                         heartbeat_interval_ms=args.heartbeat_interval_ms, fetch_wait_ms_max=args.fetch_wait_ms_max,
                         max_frame_bytes=args.max_frame_bytes, flush_debounce_ms=args.flush_debounce_ms,
-                        unreplicated_bytes_max=args.unreplicated_bytes_max)
+                        unreplicated_bytes_max=args.unreplicated_bytes_max,
+                        retention_check_interval_ms=args.retention_check_interval_ms)
 
 
 async def serve(config: BrokerConfig, ports_file: str | None) -> int:
