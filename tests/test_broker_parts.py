@@ -402,3 +402,32 @@ def test_a_follower_long_poll_ends_for_records_not_for_a_new_high_watermark(tmp_
     answers, end = asyncio.run(scenario())
     assert all(a.records for a in answers)
     assert [a.high_watermark for a in answers] == [end + 1, end + 1]
+
+
+def test_epoch_start_batch_and_producer_expiry_use_wall_clock_time(tmp_path):
+    """The core's clock in a broker is wall-clock time: a new leader's epoch-start batch is
+    stamped with it (a monotonic stamp looked decades old to retention, which then deleted
+    that segment, and made time lookups land there), and an idle producer's last batch
+    timestamp is compared with it."""
+    import time as _time
+
+    from common.batch import build_batch, iter_batches
+    from dataplane.replica.events import Tick
+    before = int(_time.time() * 1000)
+
+    async def scenario():
+        driver = _leader_driver(tmp_path, "w", (1,), None)
+        await _until_serving(driver)
+        header = next(h for _, h in iter_batches(driver.log.read(0, max_bytes=1 << 20).records))
+        state = driver.replica.producer_state
+        batch = build_batch([b"v"], timestamp_ms=before - state.producer_idle_ms_max - 1000,
+                            producer_id=7, producer_epoch=0, base_sequence=0)
+        release = await asyncio.wait_for(driver.submit_produce(bytearray(batch), acks=1, timeout_ms=5000,
+                                                               record_count=1), 10)
+        had = 7 in state.producers
+        driver.step(Tick(now_ms=driver.replica.now_ms + 60_000))
+        await driver.close()
+        return header, release, had, 7 in state.producers
+    header, release, had, kept = asyncio.run(scenario())
+    assert header.is_control and before <= header.max_timestamp <= int(_time.time() * 1000)
+    assert release.error is ErrorCode.NONE and had and not kept

@@ -54,7 +54,11 @@ class PartitionOfflineError(StorageError):
 
 
 def now_ms() -> int:
-    return int(time.monotonic() * 1000)
+    """The cores' clock: wall-clock milliseconds, because the core stamps its epoch-start
+    batch with it and compares it with batch timestamps (producer expiry), both of which
+    retention and time lookups read as wall-clock time. A clock stepped back is held at
+    the core's last reading (tick), as Kafka's replica lag clock is."""
+    return int(time.time() * 1000)
 
 
 class PartitionDriver:
