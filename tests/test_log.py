@@ -187,6 +187,39 @@ def test_stale_epochs_are_rejected(tmp_log):
     assert log.log_end_offset == 3
 
 
+@pytest.mark.parametrize("kind", ["disk", "memory"])
+def test_follower_started_over_at_the_leaders_log_start_continues_there(tmp_log, kind):
+    """A follower whose log ends below the leader's log start is emptied and started at that
+    offset: it then takes the leader's batches from there as follower, its flushed offset and
+    epochs follow, and (on disk) a reopen keeps the new start."""
+    leader = tmp_log(LogConfig(segment_bytes=1024, segment_ms=None, retention_ms=None, retention_bytes=1024),
+                     name="leader")
+    follower = tmp_log(name="follower") if kind == "disk" else MemoryLog(config=SMALL)
+    for i in range(20):
+        leader.append_as_leader(batch(3, tag=f"b{i}"), leader_epoch=i // 10)
+    follower.append_as_follower(leader.read(0, max_bytes=1).records)      # 0..2, epoch 0
+    follower.flush()
+    assert leader.apply_retention(now_ms=0) and leader.log_start_offset > follower.log_end_offset
+    start = leader.log_start_offset
+    follower.truncate_fully_and_start_at(start)
+    assert (follower.log_start_offset, follower.log_end_offset, follower.flushed_offset) == (start, start, start)
+    assert follower.epoch_entries() == [] and follower.read(start, max_bytes=100).records == b""
+    with pytest.raises(OffsetOutOfRangeError):
+        follower.read(0, max_bytes=100)
+    offset = start
+    while offset < leader.log_end_offset:
+        result = leader.read(offset, max_bytes=1 << 20)
+        follower.append_as_follower(result.records)
+        offset = result.next_offset
+    assert read_all(follower) == read_all(leader)
+    assert follower.epoch_entries() == leader.epoch_entries()
+    if kind == "disk":
+        follower.close()
+        follower = tmp_log(name="follower")
+        assert (follower.log_start_offset, follower.log_end_offset) == (start, leader.log_end_offset)
+        assert read_all(follower) == read_all(leader)
+
+
 def _rebased(records: bytes, base_offset: int) -> bytearray:
     from common.batch import set_base_offset
     buf = bytearray(records)
