@@ -431,3 +431,49 @@ def test_epoch_start_batch_and_producer_expiry_use_wall_clock_time(tmp_path):
     header, release, had, kept = asyncio.run(scenario())
     assert header.is_control and before <= header.max_timestamp <= int(_time.time() * 1000)
     assert release.error is ErrorCode.NONE and had and not kept
+
+
+def test_follower_driver_told_the_leaders_log_starts_past_its_end_starts_its_log_over_there(tmp_path):
+    """Claim: a follower whose log ends below the leader's log start (the answer to its fetch is
+    a divergence at epoch -1 ending at that start) empties its on-disk log, starts it there,
+    fetches from there, and the log keeps that start when reopened."""
+    from common.batch import build_batch
+    from dataplane.broker.partition import PartitionDriver
+    from dataplane.log.interface import LogConfig
+    from dataplane.log.log import PartitionLog
+    from dataplane.replica.events import FetchResponse, NewMetadata
+    from dataplane.replica.state import PartitionState, ReplicationConfig
+
+    fetches = []
+
+    class Hooks(_Hooks):
+        def send_fetch(self, to_broker, tp, request):
+            fetches.append(request)
+
+    directory = str(tmp_path / "t-0")
+    seed = PartitionLog(directory, config=LogConfig())
+    for i in range(3):
+        seed.append_as_leader(build_batch([b"old%d" % i], timestamp_ms=1), leader_epoch=0)
+    seed.close()
+
+    async def scenario():
+        driver = PartitionDriver(broker_id=2, tp=("t", 0), directory=directory, log_config=LogConfig(),
+                                 hooks=Hooks(), unclean_start=False)
+        driver.step(NewMetadata(partition=PartitionState(replicas=(1, 2), isr=(1,), leader=1, leader_epoch=1,
+                                                         partition_epoch=1), config=ReplicationConfig()))
+        first = fetches[-1]
+        assert (first.fetch_offset, first.last_fetched_epoch) == (3, 0)
+        driver.step(FetchResponse(leader_id=1, leader_epoch=1, fetch_offset=3, last_fetched_epoch=0,
+                                  high_watermark=120, log_end_offset=130, diverging_epoch=-1,
+                                  diverging_end_offset=100, partition=("t", 0)))
+        offsets = (driver.log.log_start_offset, driver.log.log_end_offset, driver.log.flushed_offset)
+        await driver.close()
+        return offsets
+    assert asyncio.run(scenario()) == (100, 100, 100)
+    again = fetches[-1]
+    assert (again.fetch_offset, again.last_fetched_epoch) == (100, -1)
+    reopened = PartitionLog(directory, config=LogConfig())
+    try:
+        assert (reopened.log_start_offset, reopened.log_end_offset, reopened.epoch_entries()) == (100, 100, [])
+    finally:
+        reopened.close()

@@ -1,15 +1,18 @@
 """Push replication in the replica core (dataplane/replica/push.py), driven by hand over MemoryLogs."""
 from __future__ import annotations
 
+import pytest
+
 from common.batch import build_batch, iter_batches
 from common.errors import ErrorCode
+from dataplane.log.interface import LogConfig
 from dataplane.log.memory import MemoryLog
-from dataplane.replica.actions import Send
+from dataplane.replica.actions import ProposeIsr, Send, TruncateFully
 from dataplane.replica.core import Replica
 from dataplane.replica.events import (
     AppendEntries, AppendEntriesReply, FetchRequest, NewMetadata, ProduceRequest, Tick,
 )
-from test_replica_core import Node, config, pump, state
+from test_replica_core import Node, batches_from, leader_past_retention, config, pump, state
 
 PUSH = config(replication_mode="push")
 
@@ -165,3 +168,29 @@ def test_an_idle_follower_hears_from_the_leader_every_push_heartbeat_ms_not_at_e
     assert not [s for s in leader.take(Send) if isinstance(s.message, AppendEntries)]
     leader.step(Tick(now_ms=1300))
     assert {s.to_broker for s in leader.take(Send) if isinstance(s.message, AppendEntries)} == {2, 3}
+
+
+@pytest.mark.parametrize("follower_batches", [None, 0, 10])
+def test_push_follower_ending_below_the_leaders_log_start_starts_over_there_and_rejoins_the_isr(
+        follower_batches):
+    """Claim: in push mode too, a follower whose log ends below the leader's log start (retention
+    deleted what it lacks) is told to start over there, empties its log once, is brought up by
+    append-entries from there and is proposed back into the ISR."""
+    nodes = {1: Node(1, log=MemoryLog(config=LogConfig(segment_bytes=1024, retention_bytes=1024))),
+             2: Node(2), 3: Node(3)}
+    nodes[1].replica = Replica(replica_id=1, log=nodes[1].log, push_capable=True, fetch_backoff_ms=10)
+    for i in (2, 3):
+        nodes[i].replica.push_capable = True
+    for n in nodes.values():
+        n.step(NewMetadata(partition=state(isr=(1, 2)), config=PUSH))
+    start = leader_past_retention(nodes, follower_batches=follower_batches)
+    nodes[3].take(TruncateFully)
+    nodes[1].take(ProposeIsr)
+    nodes[1].step(Tick(now_ms=5000))  # its window timed out: recovery
+    pump(nodes, now_ms=5000, rounds=60)
+    assert [a.offset for a in nodes[3].take(TruncateFully)] == [start]
+    follower, leader = nodes[3].log, nodes[1].log
+    assert (follower.log_start_offset, follower.log_end_offset) == (start, leader.log_end_offset)
+    assert batches_from(follower, start) == batches_from(leader, start)
+    assert [p.new_isr for p in nodes[1].take(ProposeIsr)] == [(1, 2, 3)]
+    assert not [m for m in nodes[3].sent() if isinstance(m, FetchRequest)]

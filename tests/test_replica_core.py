@@ -9,10 +9,11 @@ import pytest
 
 from common.batch import build_batch, iter_batches
 from common.errors import ErrorCode
+from dataplane.log.interface import LogConfig
 from dataplane.log.memory import MemoryLog
 from dataplane.replica.actions import (
     Append, Flush, ProposeIsr, RefreshMetadata, Rejected, ReleaseProduce, ReportElection, Send, StopLeading,
-    Truncate,
+    Truncate, TruncateFully,
 )
 from dataplane.replica.core import Replica, Role
 from dataplane.replica.events import (
@@ -798,3 +799,52 @@ def test_under_write_a_pull_followers_lazy_flush_sends_no_fetch_of_its_own():
         follower.step(FlushDone(flushed_offset=follower.log.flush()))
         sent = [m for m in follower.sent() if isinstance(m, FetchRequest)]
         assert bool(sent) == reports, durability
+
+
+def batches_from(log: MemoryLog, offset: int) -> list[bytes]:
+    found = []
+    while offset < log.log_end_offset:
+        records = bytes(log.read(offset, max_bytes=1 << 20).records)
+        for pos, h in iter_batches(records):
+            found.append(records[pos:pos + h.size_bytes])
+            offset = h.next_offset
+    return found
+
+
+def leader_past_retention(nodes: dict[int, Node], *, follower_batches: int) -> int:
+    """Follower 3 gets the epoch start and `follower_batches` batches, is cut off while the leader writes more, and the
+    leader's retention then deletes segments past follower 3's log end; returns the leader's log start."""
+    leader = nodes[1]
+    for rid in range(follower_batches or 0):
+        produce(leader, 100 + rid, 1, b"x" * 50)
+    # None: follower 3 never fetched anything (its log stays empty at 0).
+    pump(nodes, now_ms=0, drop=(3,) if follower_batches is None else ())
+    assert nodes[3].log.log_end_offset == (0 if follower_batches is None else leader.log.log_end_offset)
+    for rid in range(40):
+        produce(leader, 200 + rid, 1, b"y" * 50)
+    pump(nodes, now_ms=100, drop=(3,))
+    assert leader.log.apply_retention(now_ms=0)
+    start = leader.log.log_start_offset
+    assert start > nodes[3].log.log_end_offset
+    return start
+
+
+@pytest.mark.parametrize("follower_batches", [None, 0, 10])
+def test_follower_ending_below_the_leaders_log_start_starts_over_there_and_rejoins_the_isr(follower_batches):
+    """Claim: a follower whose log ends below the leader's log start (retention deleted what it
+    lacks) empties its log once, starts it at the leader's log start, catches up and is proposed
+    back into the ISR; from an empty log and from logs whose last epoch the leader still holds."""
+    nodes = {1: Node(1, log=MemoryLog(config=LogConfig(segment_bytes=1024, retention_bytes=1024))),
+             2: Node(2), 3: Node(3)}
+    for n in nodes.values():
+        n.step(NewMetadata(partition=state(isr=(1, 2)), config=config()))
+    start = leader_past_retention(nodes, follower_batches=follower_batches)
+    nodes[3].take(TruncateFully)
+    nodes[1].take(ProposeIsr)
+    pump(nodes, now_ms=1000, rounds=40)
+    assert [a.offset for a in nodes[3].take(TruncateFully)] == [start]
+    follower, leader = nodes[3].log, nodes[1].log
+    assert (follower.log_start_offset, follower.log_end_offset) == (start, leader.log_end_offset)
+    assert batches_from(follower, start) == batches_from(leader, start)
+    assert nodes[3].replica.high_watermark == nodes[1].replica.high_watermark
+    assert [p.new_isr for p in nodes[1].take(ProposeIsr)] == [(1, 2, 3)]

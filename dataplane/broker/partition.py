@@ -29,7 +29,7 @@ from dataplane.log.interface import LogConfig
 from dataplane.log.log import PartitionLog
 from dataplane.replica.actions import (
     Append, Flush, ProposeIsr, Ready, RefreshMetadata, Rejected, ReleaseProduce, ReportElection, Send,
-    StopLeading, Truncate,
+    StopLeading, Truncate, TruncateFully,
 )
 from dataplane.replica.core import Replica, Role
 from dataplane.replica.events import (
@@ -234,6 +234,12 @@ class PartitionDriver:
                     if self.log.log_end_offset != action.offset:
                         raise AssertionError(f"truncate_to({action.offset}) left log end "
                                              f"{self.log.log_end_offset}")
+                elif isinstance(action, TruncateFully):
+                    log.info("%s-%d empties its log at %d and starts it at %d (the leader's log starts there)",
+                             *self.tp, self.log.log_end_offset, action.offset,
+                             extra={"event": "partition.truncated_fully", "topic": self.tp[0],
+                                    "partition": self.tp[1]})
+                    self.log.truncate_fully_and_start_at(action.offset)
                 elif isinstance(action, Flush):
                     # Started now (no task in between): the fsync is on its thread before the sends.
                     self.coalescer.when_flushed(min(action.up_to, self.log.log_end_offset), self._flushed)

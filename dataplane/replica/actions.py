@@ -1,8 +1,8 @@
 """What comes out of `Replica.step`: a `Ready` of actions for the driver to perform.
 
 The driver performs them in this order (etcd-raft's Ready contract):
-1. `persist` in list order — Truncate, Append, Flush. Append and Truncate must be
-   applied to the log (visible through the log view) before the next `step`;
+1. `persist` in list order — Truncate/TruncateFully, Append, Flush. Append and the
+   truncations must be applied to the log (visible through the log view) before the next `step`;
    completion is reported back with WriteDone; a Flush is asynchronous and
    completes with FlushDone.
 2. `send` — messages to other brokers and to the controller.
@@ -37,6 +37,15 @@ class Append:
 @_frozen
 class Truncate:
     """Remove every batch at or above `offset` (a diverging follower's tail)."""
+
+    offset: int
+
+
+@_frozen
+class TruncateFully:
+    """Remove every batch and start the log empty at `offset` (the log's
+    `truncate_fully_and_start_at`): the leader's log starts past our end, so
+    nothing we hold can be continued. Durable when applied, like Truncate."""
 
     offset: int
 

@@ -39,7 +39,7 @@ from common.batch import build_batch, iter_batches
 from common.errors import CorruptBatchError, ErrorCode
 from dataplane.replica.actions import (
     Append, Flush, ProposeIsr, Ready, RefreshMetadata, Rejected, ReleaseProduce, ReportElection,
-    Send, StopLeading, Truncate,
+    Send, StopLeading, Truncate, TruncateFully,
 )
 from dataplane.replica.events import (
     CONSUMER_REPLICA_ID, AppendEntries, AppendEntriesReply, FetchRequest, FetchResponse, FlushDone,
@@ -568,9 +568,18 @@ class Replica(PushMixin):
         self._answer(req, records=records)
 
     def _divergence(self, fetch_offset: int, last_fetched_epoch: int) -> tuple[int, int] | None:
-        """None if the follower's log up to fetch_offset equals ours, else where its epoch ends here."""
-        if fetch_offset == self.log.log_start_offset and last_fetched_epoch < 0:
+        """None if the follower's log up to fetch_offset equals ours, else where its epoch ends here.
+
+        (-1, our log start) when nothing of its log can be continued here: its epoch is older
+        than every epoch we hold, or its log ends below our log start (retention deleted what
+        it still lacks); a follower whose log ends below that offset starts over there."""
+        if last_fetched_epoch < 0 and self.log.log_start_offset <= fetch_offset <= self.log_end_offset:
+            # An empty log (no batch, so no epoch) starting here: at our log start, or where
+            # an earlier leader's log started when it was emptied (_start_at); both offsets
+            # start a batch of the same committed prefix.
             return None
+        if fetch_offset < self.log.log_start_offset:
+            return (-1, self.log.log_start_offset)
         epoch, end = self.log.end_offset_for_epoch(last_fetched_epoch)
         if epoch == last_fetched_epoch and epoch >= 0 and end >= fetch_offset:
             # Its last batch is of an epoch we hold up to at least there: one leader per
@@ -809,6 +818,11 @@ class Replica(PushMixin):
             self._next_fetch_ms = self.now_ms + self.fetch_backoff_ms
 
     def _truncate_diverging(self, leader_epoch: int, leader_end: int) -> None:
+        if leader_epoch < 0 and leader_end > self.log_end_offset:
+            # The leader's log starts past our end: what we lack is gone there, so our log
+            # cannot be continued (Kafka's truncateFullyAndStartAt).
+            self._start_at(leader_end)
+            return
         mine_epoch, mine_end = self.log.end_offset_for_epoch(leader_epoch) if leader_epoch >= 0 else (-1, -1)
         if mine_epoch < 0:
             offset = min(leader_end, self.log_end_offset) if leader_epoch < 0 else self.log.log_start_offset
@@ -833,6 +847,21 @@ class Replica(PushMixin):
         self.flushed_offset = min(self.flushed_offset, offset)
         self._flush_requested = min(self._flush_requested, offset)
         self.high_watermark = min(self.high_watermark, offset)
+
+    def _start_at(self, offset: int) -> None:
+        """Empty the log and restart it at `offset`, the leader's log start, past our end.
+
+        What we drop the leader no longer holds either, so no fetch could continue it. The
+        empty log is durable at `offset`; the HW stays where it is until the leader's next
+        answer says more (retention is not bounded by the HW, so `offset` may not be committed)."""
+        assert offset > self.log_end_offset, (offset, self.log_end_offset)
+        self._persist.append(TruncateFully(offset=offset))
+        self._producer_state_stale = True
+        self.log_end_offset = offset
+        self.last_epoch = -1
+        self.written_offset = self.flushed_offset = self._flush_requested = offset
+        self._reported_flushed = min(self._reported_flushed, offset)
+        self._unflushed_since_ms = None
 
     def _append_as_follower(self, records: bytes) -> bool:
         try:

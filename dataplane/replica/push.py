@@ -13,7 +13,8 @@ Leader, per follower (FollowerProgress.push_*):
   nothing overtakes it;
 - divergence: the follower's (log end, last epoch) go through the same rule as a
   fetch (`_divergence`); the leader sends where that epoch ends here and the follower
-  truncates with `_truncate_diverging`, as in pull mode;
+  truncates with `_truncate_diverging`, as in pull mode (a follower ending below our
+  log start empties its log and starts it there);
 - idle followers get an empty append-entries every `push_heartbeat_ms` (the HW, and
   the lag rule's evidence). A new HW rides on the next append-entries, as Raft's
   commit index does: an empty one sent at every HW move would cost every acks=all
@@ -49,6 +50,12 @@ class PushMixin:
         if p.push_next < 0:
             # New in this epoch: probe from our epoch start; the reply says where it stands.
             p.push_next = self.epoch_start_offset
+            p.push_recovering = True
+        if p.push_next < self.log.log_start_offset:
+            # Retention deleted what it was to get next: probe from our log start; a follower
+            # that ends below it is told to start over there (_divergence).
+            p.push_inflight.clear()
+            p.push_next = self.log.log_start_offset
             p.push_recovering = True
         window = 1 if p.push_recovering else self.push_inflight_max
         sent = False
@@ -144,8 +151,11 @@ class PushMixin:
             self._push_match = min(self._push_match, self.log_end_offset)
             self._reply_append_entries(ev.leader_id, error=MISMATCH)
             return
+        # At our log start nothing before it is here to compare: an empty log matches any
+        # prev_epoch there (it was started at that offset of the leader's log, see _start_at).
         prev_ok = ev.prev_offset <= self.log_end_offset and (
-            (ev.prev_offset == self.log.log_start_offset and ev.prev_epoch < 0)
+            (ev.prev_offset == self.log.log_start_offset
+             and (ev.prev_epoch < 0 or self.log_end_offset == self.log.log_start_offset))
             or epoch_before(self.log, ev.prev_offset) == ev.prev_epoch)
         if not prev_ok:
             self._reply_append_entries(ev.leader_id, error=MISMATCH)

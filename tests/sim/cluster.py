@@ -17,7 +17,7 @@ from common.errors import ErrorCode
 from common.metadata.config import TopicConfig
 from dataplane.log.memory import MemoryLog
 from dataplane.replica.actions import (
-    Append, Flush, ProposeIsr, RefreshMetadata, ReleaseProduce, ReportElection, Send, Truncate,
+    Append, Flush, ProposeIsr, RefreshMetadata, ReleaseProduce, ReportElection, Send, Truncate, TruncateFully,
 )
 from dataplane.replica.core import Replica, Role
 from dataplane.replica.events import (
@@ -223,6 +223,12 @@ class Simulation:
                 node.shadow_truncate(action.offset)
                 self.checker.on_truncate(node)
                 self._trace_node("Truncate", node, offset=action.offset)
+            elif isinstance(action, TruncateFully):
+                # The sim applies no retention, so a leader's log always starts at 0 and this
+                # never comes; performed anyway as the broker does, untraced.
+                node.log.truncate_fully_and_start_at(action.offset)
+                node.shadow_truncate(0)
+                self.checker.on_truncate(node)
             elif isinstance(action, Flush):
                 self._at(self.now_ms + self.disk_rng.randint(1, FLUSH_MS_MAX), "flush_done", (node.node_id, node.incarnation))
         for action in ready.send:

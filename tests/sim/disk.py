@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 from dataplane.log.memory import MemoryLog
-from dataplane.replica.actions import Append, Flush, Truncate
+from dataplane.replica.actions import Append, Flush, Truncate, TruncateFully
 
 
 def apply_persist(log: MemoryLog, ready, *, now_ms: int | None = None) -> tuple[list[int], list[Flush]]:
-    """Apply Appends and Truncates at once; return (last offsets written, flushes asked for).
+    """Apply Appends and truncations at once; return (last offsets written, flushes asked for).
 
     Checks the core's offset prediction against what the log assigned: a
     mismatch is our own broken invariant and fails loudly.
@@ -25,6 +25,8 @@ def apply_persist(log: MemoryLog, ready, *, now_ms: int | None = None) -> tuple[
         elif isinstance(action, Truncate):
             log.truncate_to(action.offset)
             assert log.log_end_offset == action.offset, (log.log_end_offset, action.offset)
+        elif isinstance(action, TruncateFully):
+            log.truncate_fully_and_start_at(action.offset)
         elif isinstance(action, Flush):
             flushes.append(action)
         else:
