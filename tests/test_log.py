@@ -411,6 +411,23 @@ def test_retention_by_size_deletes_whole_old_segments_only(tmp_log):
     assert log.apply_retention(now_ms=0) == []
 
 
+@pytest.mark.parametrize("kind", ["disk", "memory"])
+def test_retention_keeps_every_segment_that_reaches_past_the_high_watermark(tmp_log, kind):
+    """Only segments wholly below `below_offset` (the HW) go, however old: a log start past
+    uncommitted offsets would restart a follower where the leader may still cut."""
+    from dataplane.log.memory import MemoryLog
+    config = LogConfig(segment_bytes=1 << 20, segment_ms=1000, retention_ms=5000)
+    log = tmp_log(config) if kind == "disk" else MemoryLog(config=config)
+    for ts in (1_000, 2_000, 3_000, 4_000):
+        log.append_as_leader(batch(ts=ts), leader_epoch=0)
+    assert log.segment_base_offsets == [0, 3, 6, 9]
+    deleted = log.apply_retention(now_ms=100_000, below_offset=5)
+    assert [(d.base_offset, d.next_offset) for d in deleted] == [(0, 3)]
+    assert log.log_start_offset == 3
+    assert log.apply_retention(now_ms=100_000, below_offset=9) != []
+    assert log.log_start_offset == 9
+
+
 def test_retention_by_time_never_deletes_active_segment(tmp_log):
     config = LogConfig(segment_bytes=1 << 20, segment_ms=1000, retention_ms=5000)
     log = tmp_log(config)

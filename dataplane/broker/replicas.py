@@ -15,6 +15,7 @@ election reports.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import shutil
@@ -220,8 +221,12 @@ class ReplicaManager:
             for tp, driver in list(self.drivers.items()):
                 if driver.closed or driver.failed:
                     continue
+                # Only below the HW (Kafka's rule): a log start past uncommitted offsets would
+                # restart a follower at offsets the leader could still cut.
+                below = driver.replica.high_watermark
                 try:
-                    deleted = await loop.run_in_executor(None, driver.log.apply_retention, wall_ms)
+                    deleted = await loop.run_in_executor(
+                        None, functools.partial(driver.log.apply_retention, wall_ms, below_offset=below))
                 except (BiplaneError, OSError) as exc:
                     log.warning("%s-%d retention failed: %s", *tp, exc)
                     continue

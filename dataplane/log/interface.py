@@ -196,7 +196,8 @@ class Log(Protocol):
         """(largest known epoch <= epoch, start offset of the next epoch or log_end_offset)."""
     def roll(self, *, now_ms: int | None = None) -> None:
         """Start a new segment unless the active one is empty."""
-    def apply_retention(self, now_ms: int) -> list[DeletedSegment]:
-        """Delete whole old segments past retention_bytes / retention_ms (never the active one)."""
+    def apply_retention(self, now_ms: int, *, below_offset: int | None = None) -> list[DeletedSegment]:
+        """Delete whole old segments past retention_bytes / retention_ms (never the active one,
+        and, given `below_offset`, only segments that end at or below it: the HW)."""
     def close(self) -> None:
         """Flush and release the log; idempotent."""

@@ -596,10 +596,12 @@ class PartitionLog:
 
     # ------------------------------------------------------------------ retention
 
-    def apply_retention(self, now_ms: int) -> list[DeletedSegment]:
+    def apply_retention(self, now_ms: int, *, below_offset: int | None = None) -> list[DeletedSegment]:
         """Delete the oldest whole segments that are past retention_ms (by their largest
         batch timestamp) or that keep the log over retention_bytes; never the active
-        segment. Moves log_start_offset to the first remaining segment. Durable on return."""
+        segment, and with `below_offset` (the HW) only segments wholly below it, so no
+        replica's log starts past what is committed. Moves log_start_offset to the first
+        remaining segment. Durable on return."""
         retention_ms, retention_bytes = self.config.retention_ms, self.config.retention_bytes
         deleted: list[DeletedSegment] = []
         with self._flush_lock:
@@ -608,6 +610,8 @@ class PartitionLog:
                 total = self.size_bytes
                 while len(self._segments) > 1:
                     oldest = self._segments[0]
+                    if below_offset is not None and oldest.next_offset > below_offset:
+                        break
                     if (retention_ms is not None and oldest.max_timestamp is not None
                             and now_ms - oldest.max_timestamp > retention_ms):
                         reason = "retention_ms"

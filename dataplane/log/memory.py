@@ -255,13 +255,15 @@ class MemoryLog:
         self._epochs.clear()
         self._flushed_offset = offset
 
-    def apply_retention(self, now_ms: int) -> list[DeletedSegment]:
+    def apply_retention(self, now_ms: int, *, below_offset: int | None = None) -> list[DeletedSegment]:
         self._check_open()
         retention_ms, retention_bytes = self.config.retention_ms, self.config.retention_bytes
         deleted: list[DeletedSegment] = []
         total = sum(s.size_bytes for s in self._segments)
         while len(self._segments) > 1:
             oldest = self._segments[0]
+            if below_offset is not None and oldest.next_offset > below_offset:
+                break
             max_ts = oldest.max_timestamp
             if retention_ms is not None and max_ts is not None and now_ms - max_ts > retention_ms:
                 reason = "retention_ms"
