@@ -127,16 +127,8 @@ class WireClient:
 
     async def request(self, request: Any) -> Any:
         async with self._slots:
-            if self._closed is not None:
-                raise self._closed
-            correlation_id = self._next_correlation_id()
-            parts = encode_request(request, correlation_id=correlation_id)
-            future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-            # The entry stays until its response arrives, even if this caller is
-            # cancelled, so a late response is recognised and dropped.
-            self._pending[correlation_id] = (api_key_of(request), future)
+            future = self.request_nowait(request)
             try:
-                self._stream.write(parts)
                 await self._stream.drain()
             except ConnectionError:
                 pass  # the stream is closing: on_close fails the future with the reason
@@ -153,6 +145,8 @@ class WireClient:
         correlation_id = self._next_correlation_id()
         parts = encode_request(request, correlation_id=correlation_id)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        # The entry stays until its response arrives, even if the caller is cancelled,
+        # so a late response is recognised and dropped.
         self._pending[correlation_id] = (api_key_of(request), future)
         try:
             self._stream.write(parts)
