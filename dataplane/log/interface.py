@@ -80,6 +80,12 @@ __all__ = [
 ]
 
 
+def patchable(buf: object) -> bool:
+    """Whether append_as_leader may patch `buf` in place (see Buffers above): a bytearray
+    or a writable memoryview; anything else is copied once."""
+    return isinstance(buf, bytearray) or (isinstance(buf, memoryview) and not buf.readonly)
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LogConfig:
     """Per-partition limits. Sizes in bytes, times in milliseconds; None means unlimited."""

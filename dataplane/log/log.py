@@ -26,7 +26,7 @@ from common.errors import InvalidRequestError, StorageError
 from . import files
 from .epoch_cache import EpochCache
 from .interface import (AppendInfo, DeletedSegment, EpochEntry, LogConfig, OffsetMismatchError,
-                        OffsetOutOfRangeError, ReadResult, StaleEpochError)
+                        OffsetOutOfRangeError, ReadResult, StaleEpochError, patchable)
 from .lock import DirectoryLock
 from .segment import BatchSpan, Segment
 from .tail import TailCache
@@ -243,7 +243,7 @@ class PartitionLog:
         from log_end_offset and stamp `leader_epoch`, patching the headers without
         re-encoding. A bytearray or writable memoryview is patched in place; anything else
         is copied once. Written, not yet durable: see flush()."""
-        buf = batches if _writable(batches) else bytearray(batches)
+        buf = batches if patchable(batches) else bytearray(batches)
         spans = self._validate(buf, crc=not crc_checked)
         with self._lock:
             self._check_writable()
@@ -674,10 +674,6 @@ class PartitionLog:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
-
-
-def _writable(buf) -> bool:
-    return isinstance(buf, bytearray) or (isinstance(buf, memoryview) and not buf.readonly)
 
 
 def _file_size(path: str) -> int:

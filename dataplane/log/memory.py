@@ -16,7 +16,7 @@ from common.errors import InvalidRequestError, StorageError
 
 from .epoch_cache import EpochCache
 from .interface import (AppendInfo, DeletedSegment, EpochEntry, LogConfig, OffsetMismatchError,
-                        OffsetOutOfRangeError, ReadResult, StaleEpochError)
+                        OffsetOutOfRangeError, ReadResult, StaleEpochError, patchable)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -91,8 +91,7 @@ class MemoryLog:
     def append_as_leader(self, batches: bytes | bytearray | memoryview, *, leader_epoch: int,
                          now_ms: int | None = None, crc_checked: bool = False) -> AppendInfo:
         self._check_open()
-        writable = isinstance(batches, bytearray) or (isinstance(batches, memoryview) and not batches.readonly)
-        buf = batches if writable else bytearray(batches)
+        buf = batches if patchable(batches) else bytearray(batches)
         found = self._validate(buf, crc=not crc_checked)
         self._epochs.check_epoch(leader_epoch)
         offset = self.log_end_offset
