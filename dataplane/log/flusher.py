@@ -78,10 +78,12 @@ class FlushCoalescer:
 
     @staticmethod
     def _later(waiter: Waiter, flushed: int | None, exc: BaseException | None) -> None:
+        """Settle a waiter that never joined a run: a future now (its awaiter resumes later
+        anyway), a callback on the next loop round (never inside the call that added it)."""
         if asyncio.isfuture(waiter):
             _settle(waiter, flushed, exc)
         else:
-            asyncio.get_running_loop().call_soon(waiter, flushed, exc)
+            asyncio.get_running_loop().call_soon(_settle, waiter, flushed, exc)
 
     def flush_soon(self) -> None:
         """Start a flush run without waiting for it (lazy flush on a timer)."""
@@ -145,13 +147,7 @@ class FlushCoalescer:
             self._waiters = remaining
         # Settled after the bookkeeping: a callback may ask for another flush right away.
         for w, value, error in settled:
-            if asyncio.isfuture(w):
-                _settle(w, value, error)
-            else:
-                try:
-                    w(value, error)
-                except Exception:  # a waiter's bug must not stall the others
-                    logging.getLogger("biplane.log.flusher").exception("flush callback failed")
+            _settle(w, value, error)
         self._next_or_stop()
 
     def _next_or_stop(self) -> None:
@@ -170,10 +166,16 @@ class FlushCoalescer:
             self._later(w, None, StorageError("flush coalescer closed before the flush"))
 
 
-def _settle(future: asyncio.Future, value: int | None, exc: BaseException | None) -> None:
-    if future.done():
+def _settle(waiter: Waiter, value: int | None, exc: BaseException | None) -> None:
+    """Resolve a future (unless its awaiter cancelled it) or call a callback waiter."""
+    if not asyncio.isfuture(waiter):
+        try:
+            waiter(value, exc)
+        except Exception:  # a waiter's bug must not stall the others
+            logging.getLogger("biplane.log.flusher").exception("flush callback failed")
+    elif waiter.done():
         return  # cancelled by its waiter
-    if exc is not None:
-        future.set_exception(exc)
+    elif exc is not None:
+        waiter.set_exception(exc)
     else:
-        future.set_result(value)
+        waiter.set_result(value)
