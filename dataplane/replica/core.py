@@ -853,7 +853,8 @@ class Replica(PushMixin):
 
         What we drop the leader no longer holds either, so no fetch could continue it. The
         empty log is durable at `offset`; the HW stays where it is until the leader's next
-        answer says more (retention is not bounded by the HW, so `offset` may not be committed)."""
+        answer says more, as always (a broker's retention deletes only below its HW, but
+        the core does not lean on another module's rule)."""
         assert offset > self.log_end_offset, (offset, self.log_end_offset)
         self._persist.append(TruncateFully(offset=offset))
         self._producer_state_stale = True
