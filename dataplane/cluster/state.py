@@ -17,9 +17,12 @@ def read_state(data_dir: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text())
+        state = json.loads(path.read_text())
     except ValueError as exc:
         raise SystemExit(f"{path} is not valid JSON ({exc}); fix or remove it") from None
+    if not isinstance(state, dict):
+        raise SystemExit(f"{path} does not hold a JSON object; fix or remove it")
+    return state
 
 
 def write_state(data_dir: Path, state: dict[str, Any]) -> None:
@@ -55,6 +58,30 @@ def pid_alive(pid: int | None, marker: str | None = None) -> bool:
     except OSError:
         pass
     return True
+
+
+def proc_start_ticks(pid: int | None) -> int | None:
+    """When `pid` started, in clock ticks since boot (/proc/PID/stat field 22), or None if it does
+    not run. With the pid it names one process: a pid reused later has another start time."""
+    if not pid or pid <= 0:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[-1].split()
+    except OSError:
+        return None
+    # fields[0] is field 3 (state), so field 22 (starttime) is fields[19]
+    if len(fields) < 20 or fields[0] == "Z":
+        return None
+    return int(fields[19])
+
+
+def same_process(pid: int | None, start_ticks: int | None, marker: str | None = None) -> bool:
+    """True if the process `pid` recorded with `start_ticks` still runs (and is not a zombie).
+    Without a recorded start time, falls back to the command-line `marker` check."""
+    if start_ticks is None:
+        return pid_alive(pid, marker)
+    return proc_start_ticks(pid) == start_ticks
 
 
 def child_pids(state: dict[str, Any]) -> dict[str, int]:

@@ -17,21 +17,29 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
+import queue
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, Sequence
 
-from dataplane.cluster.state import CLUSTER_FILE, child_pids, new_secret, pid_alive, read_state, write_state
+from common.logs import LOG_FORMAT
+from dataplane.cluster.control import KINDS, Command, ControlError, ControlServer, Reply, send_command
+from dataplane.cluster.state import (CLUSTER_FILE, new_secret, pid_alive, proc_start_ticks, read_state, same_process,
+                                     write_state)
+from dataplane.cluster.supervision import (BACKOFF_INITIAL_S, BACKOFF_MAX_S, BACKOFF_STABLE_S, STOP_WAIT_S, Backoff,
+                                           ChildView, CommandError, Kill, Note, Phase, Start, Supervision, Terminate)
 
 DEFAULT_DATA_DIR = ".biplane"
-STOP_WAIT_S = 15.0
 
 
 class UpError(Exception):
@@ -53,7 +61,7 @@ def free_port(taken: set[int]) -> int:
     while True:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+            port: int = s.getsockname()[1]
         if port not in taken:
             taken.add(port)
             return port
@@ -116,9 +124,10 @@ class Child:
         self.args = args
         self.env = env
         self.log_path = log_path
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> "Child":
+        """Spawn the process (again, when it ran before); OSError when it cannot be spawned."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             # A new session: Ctrl-C in the terminal reaches `biplane up` only, which stops
@@ -134,6 +143,14 @@ class Child:
     def exit_code(self) -> int | None:
         return self.proc.poll() if self.proc else None
 
+    def signal(self, signum: int) -> None:
+        """Send `signum` to the process if it has not been reaped (so its pid cannot be reused yet)."""
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.kill(self.proc.pid, signum)
+            except ProcessLookupError:
+                pass
+
     def log_tail(self, lines: int = 15) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
@@ -141,20 +158,24 @@ class Child:
             return "(no log)"
 
 
-def stop_children(children: list[Child], wait_s: float = STOP_WAIT_S) -> None:
+def stop_children(children: list[Child], wait_s: float = STOP_WAIT_S) -> list[Child]:
+    """SIGTERM each running child, SIGKILL those still up after `wait_s`; the ones left running."""
     alive = [c for c in children if c.exit_code() is None]
     for c in alive:
-        try:
-            os.kill(c.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+        c.signal(signal.SIGTERM)
     deadline = time.monotonic() + wait_s
+    left = []
     for c in alive:
+        assert c.proc is not None
         try:
             c.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            os.kill(c.pid, signal.SIGKILL)
-            c.proc.wait(timeout=10)
+            c.signal(signal.SIGKILL)
+            try:
+                c.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                left.append(c)
+    return left
 
 
 def child_env(state: dict[str, Any]) -> dict[str, str]:
@@ -194,7 +215,7 @@ def leader_url(state: dict[str, Any]) -> str | None:
     for c in state["controllers"].values():
         try:
             if api_get(c["api_url"] + "/v1/health", None, 1.0).get("role") == "leader":
-                return c["api_url"]
+                return str(c["api_url"])
         except (OSError, ValueError, urllib.error.URLError):
             continue
     return None
@@ -252,7 +273,7 @@ def wait_healthy(state: dict[str, Any], children: list[Child], timeout_s: float)
 
 # ------------------------------------------------------------------ status line
 
-async def _high_watermarks(addresses: dict[int, str], partitions: list[dict]) -> int:
+async def _high_watermarks(addresses: dict[int, str], partitions: list[dict[str, Any]]) -> int:
     from common.wire import ListOffsetsPartition, ListOffsetsRequest, ListOffsetsTopic, WireClient
     total = 0
     by_leader: dict[int, dict[str, list[int]]] = {}
@@ -273,7 +294,7 @@ async def _high_watermarks(addresses: dict[int, str], partitions: list[dict]) ->
     return total
 
 
-def committed_records(state: dict[str, Any], partitions: list[dict]) -> int | None:
+def committed_records(state: dict[str, Any], partitions: list[dict[str, Any]]) -> int | None:
     """The sum of every partition's high watermark (None if a leader did not answer)."""
     addresses = {int(i): b["address"] for i, b in state["brokers"].items()}
     try:
@@ -282,26 +303,67 @@ def committed_records(state: dict[str, Any], partitions: list[dict]) -> int | No
         return None
 
 
+class HasExitCode(Protocol):
+    name: str
+
+    def exit_code(self) -> int | None: ...
+
+
+def supervision_parts(views: list[ChildView], now_s: float) -> list[str]:
+    """The status line's word on children that restarted, wait to be restarted, or were stopped."""
+    parts = []
+    restarts = " ".join(f"{short_name(v.child)}:{v.restarts}" for v in views if v.restarts)
+    if restarts:
+        parts.append(f"restarts {restarts}")
+    for v in views:
+        if v.phase is Phase.BACKOFF and v.retry_at_s is not None:
+            parts.append(f"DOWN {v.child} (exit {v.last_exit_code}, retry in {max(0.0, v.retry_at_s - now_s):.1f} s)")
+        elif v.phase is Phase.STOPPED:
+            parts.append(f"STOPPED {v.child}")
+        elif v.phase is Phase.STOPPING:
+            parts.append(f"stopping {v.child}")
+    return parts
+
+
+def short_name(child: str) -> str:
+    kind, node_id = child.split(" ", 1)
+    return f"{kind[0]}{node_id}"
+
+
 class Status:
     def __init__(self, state: dict[str, Any]) -> None:
         self.state = state
         self.last_committed: tuple[float, int] | None = None
 
-    def line(self, children: list[Child]) -> str:
-        token = self.state["admin_token"]
+    def line(self, children: Sequence[HasExitCode], views: list[ChildView] | None = None) -> str:
+        return " | ".join(self.local_parts(children, views) + self.cluster_parts())
+
+    def local_parts(self, children: Sequence[HasExitCode], views: list[ChildView] | None = None) -> list[str]:
         c_up = sum(1 for c in children if c.name.startswith("controller") and c.exit_code() is None)
         b_up = sum(1 for c in children if c.name.startswith("broker") and c.exit_code() is None)
         parts = [f"controllers {c_up}/{len(self.state['controllers'])}", f"brokers {b_up}/{len(self.state['brokers'])}"]
+        if views is not None:
+            parts += supervision_parts(views, time.monotonic())
+        else:
+            dead = [c.name for c in children if c.exit_code() is not None]
+            if dead:
+                parts.append("EXITED: " + ", ".join(dead))
+        return parts
+
+    def cluster_parts(self) -> list[str]:
+        """What the controllers and brokers say (network calls: seconds when a process is down)."""
+        token = self.state["admin_token"]
         url = leader_url(self.state)
         if url is None:
-            return " | ".join(parts + ["no controller leader"])
+            return ["no controller leader"]
         try:
             brokers = api_get(url + "/v1/brokers", token)["brokers"]
             topics = api_get(url + "/v1/topics", token)["topics"][:50]
             partitions = [p for t in topics
                           for p in api_get(url + f"/v1/topics/{t['name']}/partitions", token)["partitions"]]
         except (OSError, ValueError, urllib.error.URLError) as exc:
-            return " | ".join(parts + [f"controller API: {exc}"])
+            return [f"controller API: {exc}"]
+        parts = []
         leaders = " ".join(f"b{b['broker_id']}:{b['leaders']}" for b in brokers)
         under = sum(1 for p in partitions if len(p["isr"]) < len(p["replicas"]))
         offline = sum(1 for p in partitions if p["leader"] is None)
@@ -315,10 +377,31 @@ class Status:
                 rate = max(0, committed - self.last_committed[1]) / (now - self.last_committed[0])
                 parts.append(f"{rate:,.0f} records/s committed")
             self.last_committed = (now, committed)
-        dead = [c.name for c in children if c.exit_code() is not None]
-        if dead:
-            parts.append("EXITED: " + ", ".join(dead))
-        return " | ".join(parts)
+        return parts
+
+
+class StatusPoller:
+    """Refreshes `Status.cluster_parts()` on its own thread, so a controller that does not answer
+    never delays the supervisor's loop (which restarts children)."""
+
+    def __init__(self, status: Status, interval_s: float) -> None:
+        self.status = status
+        self.interval_s = interval_s
+        self.latest: list[str] = ["waiting for the first reading"]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="biplane-up-status", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.latest = self.status.cluster_parts()
+            except Exception as exc:  # noqa: BLE001 - a status line shows what it can
+                self.latest = [f"status: {exc or type(exc).__name__}"]
+            self._stop.wait(self.interval_s)
+
+    def close(self) -> None:
+        self._stop.set()
 
 
 # ------------------------------------------------------------------ banner
@@ -366,33 +449,101 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--topic", action="append", default=[], metavar="NAME[:PARTITIONS[:RF]]",
                    help="create this topic once healthy, if missing (repeatable; default 3 partitions, "
                         "replication factor min(3, brokers)); nothing is created otherwise")
+    p.add_argument("--stop-wait-s", type=float, default=STOP_WAIT_S,
+                   help="how long `biplane stop|restart` waits after SIGTERM before SIGKILL (default %(default)s)")
+    p.add_argument("--backoff-initial-s", type=float, default=BACKOFF_INITIAL_S,
+                   help="wait before restarting a child that died; doubles per exit in a row (default %(default)s)")
+    p.add_argument("--backoff-max-s", type=float, default=BACKOFF_MAX_S,
+                   help="the longest wait before a restart (default %(default)s)")
+    p.add_argument("--backoff-stable-s", type=float, default=BACKOFF_STABLE_S,
+                   help="a child up this long starts its backoff afresh when it dies (default %(default)s)")
     p.add_argument("--supervise", action="store_true", help=argparse.SUPPRESS)
     return p
 
 
-def _already_running(state: dict[str, Any] | None) -> int | None:
+def supervisor_alive(state: dict[str, Any] | None) -> int | None:
+    """The pid of the supervisor (`biplane up`) the cluster file names, if that very process runs."""
     if not state:
         return None
     sup = state.get("supervisor") or {}
-    if pid_alive(sup.get("pid")) and pid_matches_cmdline(sup["pid"], sup.get("marker", "")):
-        return sup["pid"]
-    return None
+    pid = sup.get("pid")
+    if not isinstance(pid, int) or not pid_alive(pid) or not pid_matches_cmdline(pid, sup.get("marker", "")):
+        return None
+    if sup.get("pid_start") is not None and proc_start_ticks(pid) != sup["pid_start"]:
+        return None
+    return pid
 
 
-def _stop_leftovers(state: dict[str, Any] | None) -> None:
+
+def cluster_processes(data_dir: Path) -> dict[int, str]:
+    """Every broker or controller process running on a data directory under `data_dir` (found
+    in /proc by its command line), pid -> name: a child the cluster file may not list yet."""
+    found: dict[int, str] = {}
+    prefix = str(data_dir).rstrip("/") + "/"
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if "common.cli" not in argv or "--data-dir" not in argv:
+            continue
+        i = argv.index("common.cli")
+        kind = argv[i + 1] if i + 1 < len(argv) else ""
+        where = argv[argv.index("--data-dir") + 1] if argv.index("--data-dir") + 1 < len(argv) else ""
+        if kind in KINDS and where.startswith(prefix + f"{kind}-") and proc_start_ticks(int(entry)) is not None:
+            found[int(entry)] = f"{kind} {where[len(prefix) + len(kind) + 1:]}"
+    return found
+
+
+def stop_recorded(state: dict[str, Any], data_dir: Path, wait_s: float = STOP_WAIT_S) -> list[str]:
+    """Stop every child the cluster file records (when it is still that process: same start
+    time) and any other broker or controller process on this data directory; wait for each by
+    pid, SIGKILL after `wait_s`. Returns the ones still running, as "broker 2 (pid 123)"."""
+    targets: dict[int, tuple[str, int | None]] = {}
+    for kind in ("controllers", "brokers"):
+        for node_id, node in state.get(kind, {}).items():
+            pid, start = node.get("pid"), node.get("pid_start")
+            if pid and same_process(pid, start, state.get("data_dir")):
+                targets[int(pid)] = (f"{kind[:-1]} {node_id}", start if start is not None else proc_start_ticks(pid))
+    for pid, name in cluster_processes(data_dir).items():
+        targets.setdefault(pid, (name, proc_start_ticks(pid)))
+
+    def running(pid: int) -> bool:
+        return same_process(pid, targets[pid][1])
+
+    for pid in sorted(targets, key=lambda p: not targets[p][0].startswith("broker")):   # brokers first
+        if running(pid):
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + wait_s
+    while any(running(pid) for pid in targets) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in targets:
+        if running(pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + 5
+    while any(running(pid) for pid in targets) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [f"{targets[pid][0]} (pid {pid})" for pid in targets if running(pid)]
+
+
+def _stop_leftovers(state: dict[str, Any] | None, data_dir: Path) -> None:
     """Children of a supervisor that died without stopping them (kill -9): stop them now."""
-    if not state:
-        return
-    marker = state.get("data_dir")
-    for name, pid in child_pids(state).items():
-        if pid_alive(pid, marker):
-            os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + STOP_WAIT_S
-    for pid in child_pids(state).values():
-        while pid_alive(pid, marker) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if pid_alive(pid, marker):
-            os.kill(pid, signal.SIGKILL)
+    left = stop_recorded(state or {}, data_dir)
+    if left:
+        raise UpError(f"could not stop processes of the previous run: {', '.join(left)}; stop them by hand")
 
 
 def _own_marker() -> str:
@@ -448,7 +599,7 @@ def main(argv: list[str], prog: str) -> int:
 
 def detach(args: argparse.Namespace, argv: list[str], data_dir: Path) -> int:
     previous = read_state(data_dir) if data_dir.exists() else None
-    running = _already_running(previous)
+    running = supervisor_alive(previous)
     if running:
         raise UpError(f"a cluster already runs from {data_dir} (supervisor pid {running}); "
                       f"stop it with `biplane down --data-dir {data_dir}`")
@@ -480,23 +631,203 @@ def detach(args: argparse.Namespace, argv: list[str], data_dir: Path) -> int:
     raise UpError(f"the cluster did not report healthy in time; see {log_path}")
 
 
+# ------------------------------------------------------------------ the supervisor's driver
+
+SUPERVISOR_LOG = "supervisor.log"
+LOOP_INTERVAL_S = 0.1
+COMMAND_REPLY_EXTRA_S = 20.0   # a restart's reply may wait for a stop (SIGTERM, then SIGKILL) and a start
+
+
+def supervisor_logger(data_dir: Path) -> logging.Logger:
+    """`<data-dir>/logs/supervisor.log`: one `key=value` line per child start, exit, stop, restart."""
+    log = logging.getLogger("biplane.up")
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    path = data_dir / "logs" / SUPERVISOR_LOG
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not any(isinstance(h, logging.FileHandler) and h.baseFilename == str(path) for h in log.handlers):
+        for h in list(log.handlers):
+            log.removeHandler(h)
+            h.close()
+        handler = logging.FileHandler(path)
+        handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        log.addHandler(handler)
+    return log
+
+
+def format_fields(fields: Sequence[tuple[str, str | int | float | None]]) -> str:
+    out = []
+    for key, value in fields:
+        text = "-" if value is None else str(value)
+        out.append(f"{key}={json.dumps(text) if (' ' in text or not text) else text}")
+    return " ".join(out)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PendingReply:
+    command: Command
+    old_pid: int | None
+    deadline_s: float
+
+
+class Driver:
+    """Performs what the supervision core decides on real processes, answers the control
+    channel's commands, and keeps the cluster file's pids and states current."""
+
+    def __init__(self, *, state: dict[str, Any], data_dir: Path, children: dict[str, Child],
+                 supervision: Supervision, log: logging.Logger, echo_warnings: bool) -> None:
+        self.state = state
+        self.data_dir = data_dir
+        self.children = children
+        self.supervision = supervision
+        self.log = log
+        self.echo_warnings = echo_warnings
+        self.pending: list[PendingReply] = []
+
+    def node(self, child: str) -> dict[str, Any]:
+        kind, node_id = child.split(" ", 1)
+        node: dict[str, Any] = self.state[kind + "s"][node_id]
+        return node
+
+    def step(self, now_s: float) -> None:
+        """Report exits to the core, perform the actions it returns, record the result."""
+        changed = False
+        for name, child in self.children.items():
+            view = self.supervision.view(name)
+            if view.phase in (Phase.RUNNING, Phase.STOPPING) and view.pid is not None and child.pid == view.pid:
+                code = child.exit_code()
+                if code is not None:
+                    self.supervision.exited(name, code=code, now_s=now_s)
+                    changed = True
+        for _ in range(3):   # a Start reports `started`, whose note comes out of the next tick
+            actions = self.supervision.tick(now_s)
+            if not actions:
+                break
+            changed = True
+            for action in actions:
+                self.perform(action, now_s)
+        if changed:
+            self.record()
+
+    def perform(self, action: Start | Terminate | Kill | Note, now_s: float) -> None:
+        if isinstance(action, Start):
+            child = self.children[action.child]
+            try:
+                child.start()
+            except OSError as exc:
+                self.supervision.start_failed(action.child, reason=str(exc), now_s=now_s)
+                return
+            assert child.pid is not None
+            self.supervision.started(action.child, pid=child.pid, now_s=now_s)
+        elif isinstance(action, Terminate):
+            if self.children[action.child].pid == action.pid:
+                self.children[action.child].signal(signal.SIGTERM)
+        elif isinstance(action, Kill):
+            if self.children[action.child].pid == action.pid:
+                self.children[action.child].signal(signal.SIGKILL)
+        else:
+            line = f"event={action.event} {format_fields((('child', action.child), *action.fields))}"
+            self.log.log(logging.WARNING if action.warning else logging.INFO, "%s", line)
+            if action.warning and self.echo_warnings:
+                sys.stdout.write("\r\x1b[2K" + line + "\n")
+                sys.stdout.flush()
+
+    def record(self) -> None:
+        for view in self.supervision.views():
+            node = self.node(view.child)
+            node["pid"] = view.pid
+            node["pid_start"] = proc_start_ticks(view.pid) if view.pid else None
+            node["state"] = view.phase.value
+            node["restarts"] = view.restarts
+        write_state(self.data_dir, self.state)
+
+    def children_summary(self) -> list[dict[str, Any]]:
+        now = time.monotonic()
+        return [{"child": v.child, "state": v.phase.value, "pid": v.pid, "restarts": v.restarts,
+                 "crashes": v.crashes, "last_exit_code": v.last_exit_code,
+                 "retry_in_s": None if v.retry_at_s is None else round(max(0.0, v.retry_at_s - now), 3)}
+                for v in self.supervision.views()]
+
+    # ---------------------------------------------------------- commands
+
+    def command(self, command: Command, now_s: float) -> None:
+        if command.child not in self.children:
+            kind = command.child.split(" ", 1)[0]
+            ids = ", ".join(self.state[kind + "s"])
+            command.reply.put(Reply(ok=False, status=404, message=f"no {command.child} in this cluster; "
+                                    f"its {kind}s are {ids}"))
+            return
+        old_pid = self.supervision.view(command.child).pid
+        try:
+            if command.verb == "stop":
+                self.supervision.stop(command.child, now_s=now_s)
+            elif command.verb == "start":
+                self.supervision.start(command.child, now_s=now_s)
+            else:
+                self.supervision.restart(command.child, now_s=now_s)
+        except CommandError as exc:
+            command.reply.put(Reply(ok=False, status=409, message=str(exc), pid=old_pid))
+            return
+        self.perform(Note(event="command", child=command.child, fields=(("verb", command.verb),)), now_s)
+        self.pending.append(PendingReply(command=command, old_pid=old_pid,
+                                         deadline_s=now_s + self.supervision.stop_wait_s + COMMAND_REPLY_EXTRA_S - 5))
+
+    def answer(self, now_s: float) -> None:
+        """Answer each command whose outcome is there (or whose time ran out)."""
+        waiting = []
+        for p in self.pending:
+            view = self.supervision.view(p.command.child)
+            reply = None
+            if p.command.verb == "stop" and view.phase is Phase.STOPPED:
+                how = (f"pid {p.old_pid}, exit code {view.last_exit_code}" if p.old_pid else "it was not running")
+                reply = Reply(ok=True, message=f"stopped {p.command.child} ({how}); it stays down until "
+                              f"`biplane start {p.command.child}`")
+            elif p.command.verb != "stop" and view.phase is Phase.RUNNING and view.pid != p.old_pid:
+                verb = "restarted" if p.command.verb == "restart" else "started"
+                before = f"pid {p.old_pid} -> " if p.old_pid else ""
+                reply = Reply(ok=True, pid=view.pid, message=f"{verb} {p.command.child} ({before}pid {view.pid})")
+            elif now_s >= p.deadline_s:
+                reply = Reply(ok=False, status=504, pid=view.pid,
+                              message=f"{p.command.verb} of {p.command.child} did not finish in time: it is "
+                                      f"{view.phase.value}; see {self.data_dir / 'logs' / SUPERVISOR_LOG}")
+            if reply is None:
+                waiting.append(p)
+            else:
+                p.command.reply.put(reply)
+        self.pending = waiting
+
+
 def run(args: argparse.Namespace, data_dir: Path) -> int:
     previous = read_state(data_dir) if data_dir.exists() else None
-    running = _already_running(previous)
+    running = supervisor_alive(previous)
     if running:
         raise UpError(f"a cluster already runs from {data_dir} (supervisor pid {running}); "
                       f"stop it with `biplane down --data-dir {data_dir}`")
-    _stop_leftovers(previous)
+    _stop_leftovers(previous, data_dir)
     state, notes = plan(args, data_dir, previous)
     topics = parse_topics(args.topic, len(state["brokers"]))
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     data_dir.mkdir(parents=True, exist_ok=True)
     logs = data_dir / "logs"
+    log = supervisor_logger(data_dir)
     state["status"] = "starting"
     state["started_at"] = time.time()
-    state["supervisor"] = {"pid": os.getpid(), "marker": _own_marker()}
-    children: list[Child] = []
+    state["supervisor"] = {"pid": os.getpid(), "pid_start": proc_start_ticks(os.getpid()), "marker": _own_marker(),
+                           "control_url": None, "log": str(logs / SUPERVISOR_LOG)}
+    children: dict[str, Child] = {}
+    for node in state["controllers"].values():
+        child = controller_child(state, node, logs)
+        children[child.name] = child
+    for node in state["brokers"].values():
+        child = broker_child(state, node, logs)
+        children[child.name] = child
+    supervision = Supervision(children=tuple(children), stop_wait_s=args.stop_wait_s,
+                              backoff=Backoff(initial_s=args.backoff_initial_s, max_s=args.backoff_max_s,
+                                              stable_s=args.backoff_stable_s))
+    tty = sys.stdout.isatty() and not args.supervise
+    driver = Driver(state=state, data_dir=data_dir, children=children, supervision=supervision, log=log,
+                    echo_warnings=tty)
     stopping = {"flag": False}
 
     def on_signal(signum: int, frame: Any) -> None:
@@ -504,80 +835,192 @@ def run(args: argparse.Namespace, data_dir: Path) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    control: ControlServer | None = None
+    poller: StatusPoller | None = None
+    left: list[Child] = []
     try:
-        for node in state["controllers"].values():
-            child = controller_child(state, node, logs).start()
-            node["pid"] = child.pid
-            children.append(child)
-        brokers = []
-        for node in state["brokers"].values():
-            child = broker_child(state, node, logs).start()
-            node["pid"] = child.pid
-            brokers.append(child)
-        children += brokers
-        write_state(data_dir, state)
-        wait_healthy(state, children, args.timeout_s)
+        for name in children:
+            supervision.launch(name)
+        driver.step(time.monotonic())
+        wait_healthy(state, list(children.values()), args.timeout_s)
         create_topics(state, topics)
+        control = ControlServer(token=state["admin_token"], children=driver.children_summary,
+                                reply_wait_s=args.stop_wait_s + COMMAND_REPLY_EXTRA_S)
+        state["supervisor"]["control_url"] = control.url
         state["status"] = "running"
-        write_state(data_dir, state)
+        driver.record()
+        log.info("event=cluster_running %s", format_fields((("control_url", control.url),)))
         if not args.supervise:
             print(banner(state, data_dir))
             print("Press Ctrl-C to stop the cluster.", flush=True)
         status = Status(state)
-        tty = sys.stdout.isatty() and not args.supervise
+        if tty:
+            poller = StatusPoller(status, args.status_interval_s)
         next_status = 0.0
         while not stopping["flag"]:
-            if tty and time.monotonic() >= next_status:
-                line = status.line(children)
-                width = 200
-                sys.stdout.write("\r\x1b[2K" + line[:width])
+            now = time.monotonic()
+            driver.step(now)
+            for _ in range(COMMANDS_PER_LOOP_MAX):
+                try:
+                    command = control.commands.get_nowait()
+                except queue.Empty:
+                    break
+                driver.command(command, now)
+            driver.step(now)
+            driver.answer(now)
+            if poller is not None and now >= next_status:
+                line = " | ".join(status.local_parts(list(children.values()), supervision.views()) + poller.latest)
+                sys.stdout.write("\r\x1b[2K" + line[:200])
                 sys.stdout.flush()
-                next_status = time.monotonic() + args.status_interval_s
-            time.sleep(0.1)
+                next_status = now + min(1.0, args.status_interval_s)
+            time.sleep(LOOP_INTERVAL_S)
         if tty:
             sys.stdout.write("\n")
     finally:
+        supervision.shutdown()   # from here on nothing is started again
+        if poller is not None:
+            poller.close()
+        if control is not None:
+            control.close()
+        for pending in driver.pending:
+            pending.command.reply.put(Reply(ok=False, status=409, message="the cluster is shutting down"))
         if not args.supervise:
             print("stopping brokers, then controllers...", flush=True)
-        stop_children([c for c in children if c.name.startswith("broker")])
-        stop_children([c for c in children if c.name.startswith("controller")])
-        for kind in ("controllers", "brokers"):
-            for node in state[kind].values():
-                node["pid"] = None
+        log.info("event=cluster_stopping")
+        left = stop_children([c for c in children.values() if c.name.startswith("broker")])
+        left += stop_children([c for c in children.values() if c.name.startswith("controller")])
+        for name, child in children.items():
+            node = driver.node(name)
+            still = child in left
+            node["pid"] = child.pid if still else None
+            node["pid_start"] = proc_start_ticks(child.pid) if still else None
+            node["state"] = "running" if still else "stopped"
         state["status"] = "stopped"
         state["supervisor"] = None
         write_state(data_dir, state)
+        log.info("event=cluster_stopped %s", format_fields((("left", ",".join(c.name for c in left) or None),)))
+    if left:
+        print(f"{sys.argv[0]}: could not stop {', '.join(f'{c.name} (pid {c.pid})' for c in left)}", file=sys.stderr)
+        return 1
     if not args.supervise:
         print("stopped.")
     return 0
 
 
+COMMANDS_PER_LOOP_MAX = 8
+
+
 # ------------------------------------------------------------------ biplane down
 
+SUPERVISOR_STOP_WAIT_S = 2 * STOP_WAIT_S + 15
+
+
 def down_main(argv: list[str], prog: str) -> int:
-    p = argparse.ArgumentParser(prog=prog, description="Stop a local cluster started by `biplane up`.")
+    p = argparse.ArgumentParser(prog=prog, description="Stop a local cluster started by `biplane up`: its "
+                                "supervisor first (so nothing is restarted), then every broker and controller "
+                                "the cluster file records.")
     p.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help="the cluster's data directory (default ./.biplane)")
     args = p.parse_args(argv)
     data_dir = Path(args.data_dir).resolve()
     state = read_state(data_dir) if data_dir.exists() else None
     if state is None:
-        print(f"{prog}: no cluster in {data_dir} (no {CLUSTER_FILE})", file=sys.stderr)
+        print(f"{prog}: no cluster in {data_dir} (no {CLUSTER_FILE}); give the cluster's --data-dir", file=sys.stderr)
         return 1
-    sup = state.get("supervisor") or {}
-    pid = sup.get("pid")
-    if pid and pid_alive(pid) and pid_matches_cmdline(pid, sup.get("marker", "")):
+    problems = []
+    pid = supervisor_alive(state)
+    if pid:
+        sup_start = proc_start_ticks(pid)
         os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 2 * STOP_WAIT_S + 5
-        while pid_alive(pid) and time.monotonic() < deadline:
+        deadline = time.monotonic() + SUPERVISOR_STOP_WAIT_S
+        while same_process(pid, sup_start) and time.monotonic() < deadline:
             time.sleep(0.1)
+        if same_process(pid, sup_start):
+            os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 5
+            while same_process(pid, sup_start) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if same_process(pid, sup_start):
+                problems.append(f"supervisor (pid {pid})")
     state = read_state(data_dir) or state
-    _stop_leftovers(state)
-    left = [name for name, p in child_pids(state).items() if pid_alive(p, state.get("data_dir"))]
-    if left:
-        print(f"{prog}: still running: {', '.join(left)}", file=sys.stderr)
+    left = stop_recorded(state, data_dir)
+    if not problems:
+        for kind in ("controllers", "brokers"):
+            for node_id, node in state.get(kind, {}).items():
+                if not any(x.startswith(f"{kind[:-1]} {node_id} (") for x in left):
+                    node["pid"], node["pid_start"] = None, None
+                    if "state" in node:
+                        node["state"] = "stopped"
+        state["status"] = "stopped"
+        state["supervisor"] = None
+        write_state(data_dir, state)
+    problems += left
+    if problems:
+        print(f"{prog}: could not stop {', '.join(problems)}; stop it by pid (kill -9), then run "
+              f"`{prog}` again", file=sys.stderr)
         return 1
     print(f"stopped the cluster in {data_dir}")
     return 0
+
+
+# ------------------------------------------------------------------ biplane stop|start|restart
+
+def child_command(verb: str, argv: list[str], prog: str) -> int:
+    what = {"stop": "Stop one broker or controller of a cluster started by `biplane up`; it stays down "
+                    "(not restarted) until `biplane start`. SIGTERM first (a broker's controlled shutdown), "
+                    "SIGKILL if it has not exited in time.",
+            "start": "Start a broker or controller that `biplane stop` stopped (or that waits to be restarted).",
+            "restart": "Restart one broker or controller of a cluster started by `biplane up`: stop (SIGTERM, "
+                       "then SIGKILL if it has not exited in time), then start it on the same port."}[verb]
+    p = argparse.ArgumentParser(prog=prog, description=what)
+    p.add_argument("kind", choices=KINDS, help="broker or controller")
+    p.add_argument("node_id", metavar="ID", help="the broker id or controller node id")
+    p.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help="the cluster's data directory (default ./.biplane)")
+    args = p.parse_args(argv)
+    data_dir = Path(args.data_dir).resolve()
+    try:
+        reply = _send_child_command(verb, args.kind, args.node_id, data_dir)
+    except UpError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 1
+    if not reply.ok:
+        print(f"{prog}: {reply.message}", file=sys.stderr)
+        return 1
+    print(reply.message)
+    return 0
+
+
+def _send_child_command(verb: str, kind: str, node_id: str, data_dir: Path) -> Reply:
+    state = read_state(data_dir) if data_dir.exists() else None
+    if state is None:
+        raise UpError(f"no cluster in {data_dir} (no {CLUSTER_FILE}); give the cluster's --data-dir, or start "
+                      f"one with `biplane up --detach`")
+    nodes = state.get(kind + "s", {})
+    if node_id not in nodes:
+        raise UpError(f"no {kind} {node_id!r} in the cluster in {data_dir}; its {kind}s are "
+                      f"{', '.join(nodes) or 'none'}")
+    if not supervisor_alive(state):
+        raise UpError(f"no cluster runs from {data_dir} (its `biplane up` is not running); start it with "
+                      f"`biplane up --detach --data-dir {data_dir}`")
+    url = (state.get("supervisor") or {}).get("control_url")
+    if not url:
+        raise UpError(f"the cluster in {data_dir} is still starting; try again once `biplane up` reports it up")
+    try:
+        return send_command(url, state["admin_token"], kind=kind, node_id=node_id, verb=verb,
+                            timeout_s=STOP_WAIT_S + COMMAND_REPLY_EXTRA_S + 10)
+    except ControlError as exc:
+        raise UpError(str(exc)) from None
+
+
+def stop_main(argv: list[str], prog: str) -> int:
+    return child_command("stop", argv, prog)
+
+
+def start_main(argv: list[str], prog: str) -> int:
+    return child_command("start", argv, prog)
+
+
+def restart_main(argv: list[str], prog: str) -> int:
+    return child_command("restart", argv, prog)
 
 
 if __name__ == "__main__":
