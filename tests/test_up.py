@@ -14,13 +14,15 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-VENV = REPO / ".venv"
+# This checkout's virtualenv, or the one running the tests (a worktree that shares a venv).
+VENV = REPO / ".venv" if (REPO / ".venv" / "bin" / "python").exists() else Path(sys.prefix)
 
 pytestmark = pytest.mark.slow
 
@@ -169,3 +171,208 @@ def test_foreground_up_stops_every_child_on_ctrl_c(tmp_path):
         for pid in pids:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+# ------------------------------------------------------------------ supervision under `biplane up --detach`
+
+PYTHON = str(VENV / "bin" / "python")
+
+
+def biplane(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess:
+    """Runs this worktree's `biplane` (PYTHONPATH is inherited, so the children run it too)."""
+    return subprocess.run([PYTHON, "-m", "common.cli", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout_s)
+
+
+def start_identity(pid: int) -> int | None:
+    from dataplane.cluster.state import proc_start_ticks
+    return proc_start_ticks(pid)
+
+
+def wait_for(what: str, check, timeout_s: float = 30.0, every_s: float = 0.1):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(every_s)
+    raise AssertionError(f"not within {timeout_s} s: {what}")
+
+
+class DetachedCluster:
+    """A cluster under `biplane up --detach`, remembering every process it ever recorded (so the
+    last test can check that `biplane down` left none of them)."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.seen: dict[int, int | None] = {}   # pid -> start time
+
+    def state(self) -> dict:
+        state = json.loads((self.data_dir / "cluster.json").read_text())
+        for pid in all_pids(state):
+            if alive(pid):
+                self.seen.setdefault(pid, start_identity(pid))
+        return state
+
+    def node(self, kind: str, node_id: str) -> dict:
+        return self.state()[kind + "s"][node_id]
+
+    def supervisor_log(self) -> str:
+        return (self.data_dir / "logs" / "supervisor.log").read_text()
+
+    def cli(self, *args: str, timeout_s: float = 60) -> subprocess.CompletedProcess:
+        return biplane(*args, "--data-dir", str(self.data_dir), timeout_s=timeout_s)
+
+    def serving(self) -> bool:
+        """A controller leads, every broker is registered, unfenced and answers METADATA."""
+        from dataplane.cluster.up import brokers_ready, leader_url
+        state = self.state()
+        url = leader_url(state)
+        return url is not None and brokers_ready(state, url)[0]
+
+    def wait_restarted(self, kind: str, node_id: str, old_pid: int) -> int:
+        def new_pid():
+            node = self.node(kind, node_id)
+            return node["pid"] if node["state"] == "running" and node["pid"] not in (None, old_pid) else None
+        return wait_for(f"{kind} {node_id} restarted (old pid {old_pid})", new_pid)
+
+    def gone(self, pid: int) -> bool:
+        return start_identity(pid) != self.seen.get(pid) or not alive(pid)
+
+
+@pytest.fixture(scope="module")
+def detached(tmp_path_factory):
+    data_dir = tmp_path_factory.mktemp("supervised") / "cluster"
+    r = biplane("up", "--detach", "--data-dir", str(data_dir), "--controllers", "3", "--brokers", "2",
+                "--topic", "served:2:2", "--stop-wait-s", "8", timeout_s=150)
+    assert r.returncode == 0, r.stdout + r.stderr
+    cluster = DetachedCluster(data_dir)
+    cluster.state()
+    try:
+        yield cluster
+    finally:
+        biplane("down", "--data-dir", str(data_dir), timeout_s=90)
+        for pid, start in cluster.seen.items():
+            if alive(pid) and start_identity(pid) == start:
+                os.kill(pid, signal.SIGKILL)
+        up_log = (data_dir / "logs" / "up.log").read_text()
+        assert "Traceback" not in up_log, up_log
+
+
+def produce_one(cluster: DetachedCluster, value: bytes) -> None:
+    from dataplane.client.sync import Producer
+    state = cluster.state()
+    bootstrap = ",".join(b["address"] for b in state["brokers"].values())
+    with Producer(bootstrap=bootstrap, delivery_timeout_ms=20_000, request_timeout_ms=5_000) as producer:
+        for partition in (0, 1):
+            producer.send_and_wait("served", value, partition=partition)
+
+
+def test_a_broker_killed_with_sigkill_is_restarted_and_logged(detached):
+    """kill -9 of a broker: the supervisor starts it again (a new pid in cluster.json, on the same
+    port), logs the exit and the restart with both pids, and the cluster serves again (every broker
+    unfenced and answering, acks=all produce to both partitions)."""
+    before = detached.node("broker", "1")
+    old_pid, port = before["pid"], before["port"]
+    os.kill(old_pid, signal.SIGKILL)
+    new_pid = detached.wait_restarted("broker", "1", old_pid)
+    after = detached.node("broker", "1")
+    assert after["port"] == port and after["restarts"] >= 1
+    assert after["pid_start"] == start_identity(new_pid)
+    log = detached.supervisor_log()
+    assert re.search(rf'event=child_exited child="broker 1" pid={old_pid} code=-9 .*restart_in_s=', log), log
+    assert re.search(rf'event=child_restarted child="broker 1" pid={new_pid} ', log), log
+    wait_for("the cluster serves after the restart", detached.serving, timeout_s=30, every_s=0.3)
+    produce_one(detached, b"after-kill")
+
+
+def test_stop_keeps_a_broker_down_until_start(detached):
+    """`biplane stop broker 2`: its process is gone, cluster.json says stopped, and the supervisor
+    does not start it again (checked well past the first backoff); `biplane start` brings it back."""
+    old_pid = detached.node("broker", "2")["pid"]
+    t0 = time.monotonic()
+    r = detached.cli("stop", "broker", "2")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "stopped broker 2" in r.stdout and time.monotonic() - t0 < 20
+    assert not alive(old_pid)
+    time.sleep(3.0)   # the first backoff is 0.5 s: a respawn would have happened by now
+    node = detached.node("broker", "2")
+    assert node["state"] == "stopped" and node["pid"] is None
+    from dataplane.cluster.up import cluster_processes
+    assert "broker 2" not in cluster_processes(detached.data_dir).values()
+    assert 'event=child_restarted child="broker 2"' not in detached.supervisor_log()
+    r = detached.cli("start", "broker", "2")
+    assert r.returncode == 0, r.stdout + r.stderr
+    new_pid = detached.node("broker", "2")["pid"]
+    assert new_pid not in (None, old_pid) and alive(new_pid) and f"pid {new_pid}" in r.stdout
+    wait_for("the cluster serves after start", detached.serving, timeout_s=30, every_s=0.3)
+
+
+def test_restart_of_a_controller_keeps_the_quorum(detached):
+    """`biplane restart controller N` of the leading controller: a new pid, and the quorum still
+    leads and serves (a topic can be created) with every controller answering."""
+    from dataplane.cluster.up import api_get, leader_url
+    state = detached.state()
+    leader = wait_for("a controller leads", lambda: leader_url(state))
+    node_id = next(i for i, c in state["controllers"].items() if c["api_url"] == leader)
+    old_pid = state["controllers"][node_id]["pid"]
+    r = detached.cli("restart", "controller", node_id)
+    assert r.returncode == 0, r.stdout + r.stderr
+    new_pid = detached.node("controller", node_id)["pid"]
+    assert new_pid != old_pid and alive(new_pid) and not alive(old_pid)
+    assert f"pid {old_pid} -> pid {new_pid}" in r.stdout
+
+    def all_answer() -> bool:
+        try:
+            return all(api_get(c["api_url"] + "/v1/health", None, 1.0) for c in state["controllers"].values())
+        except OSError:
+            return False
+    wait_for("every controller answers", all_answer, timeout_s=30, every_s=0.3)
+    from dataplane.client.admin import SyncAdminClient
+    with SyncAdminClient([c["api_url"] for c in state["controllers"].values()], state["admin_token"]) as admin:
+        admin.create_topic("after-restart", partitions=1, replication_factor=2, exist_ok=True)
+    wait_for("the cluster serves after the controller restart", detached.serving, timeout_s=30, every_s=0.3)
+
+
+def test_commands_fail_clearly_without_a_traceback(detached, tmp_path):
+    """Unknown id, unknown kind, no cluster file, a cluster whose supervisor is gone: exit 1 (2 for
+    a usage error) with a message naming the value and what to do, never a traceback."""
+    runs = []
+
+    def cli(*args: str, data_dir: Path | None = None) -> subprocess.CompletedProcess:
+        r = biplane(*args, "--data-dir", str(data_dir or detached.data_dir))
+        runs.append(r)
+        return r
+    r = cli("stop", "broker", "9")
+    assert r.returncode == 1 and "no broker '9'" in r.stderr and "its brokers are 1, 2" in r.stderr, r.stderr
+    r = cli("restart", "zookeeper", "1")
+    assert r.returncode == 2 and "invalid choice: 'zookeeper'" in r.stderr, r.stderr
+    r = cli("stop", "broker", "1", data_dir=tmp_path / "nothing")
+    assert r.returncode == 1 and "no cluster in" in r.stderr and "biplane up --detach" in r.stderr, r.stderr
+    dead = tmp_path / "dead"
+    dead.mkdir()
+    state = detached.state()
+    state["supervisor"] = dict(state["supervisor"], pid=2 ** 22 - 1)
+    (dead / "cluster.json").write_text(json.dumps(state))
+    r = cli("restart", "broker", "1", data_dir=dead)
+    assert r.returncode == 1 and "no cluster runs from" in r.stderr and "biplane up --detach" in r.stderr, r.stderr
+    r = cli("start", "broker", "1")
+    assert r.returncode == 1 and "already runs" in r.stderr, r.stderr
+    assert not [r.stderr for r in runs if "Traceback" in r.stderr]
+
+
+def test_down_after_a_respawn_leaves_no_process(detached):
+    """kill -9 of a broker, its respawn, then `biplane down`: it says stopped only when every pid
+    the cluster file ever recorded (old and new, supervisor included) is gone, and cluster.json
+    then records no pid."""
+    old_pid = detached.node("broker", "2")["pid"]
+    os.kill(old_pid, signal.SIGKILL)
+    detached.wait_restarted("broker", "2", old_pid)
+    assert detached.state()["supervisor"]["pid"] in detached.seen
+    r = detached.cli("down", timeout_s=90)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "stopped the cluster" in r.stdout
+    left = [pid for pid in detached.seen if not detached.gone(pid)]
+    assert not left, f"still running after biplane down: {left}"
+    final = json.loads((detached.data_dir / "cluster.json").read_text())
+    assert final["supervisor"] is None and all_pids(final) == []
