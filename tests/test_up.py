@@ -376,3 +376,28 @@ def test_down_after_a_respawn_leaves_no_process(detached):
     assert not left, f"still running after biplane down: {left}"
     final = json.loads((detached.data_dir / "cluster.json").read_text())
     assert final["supervisor"] is None and all_pids(final) == []
+
+
+def test_down_stops_the_children_of_a_killed_supervisor(tmp_path):
+    """`biplane up --detach`, then kill -9 of the supervisor itself: its children run on,
+    orphaned. `biplane down` stops each one the cluster file records and says stopped only
+    once every one is gone."""
+    data_dir = tmp_path / "cluster"
+    r = biplane("up", "--detach", "--data-dir", str(data_dir), "--controllers", "1", "--brokers", "1",
+                timeout_s=150)
+    assert r.returncode == 0, r.stdout + r.stderr
+    cluster = DetachedCluster(data_dir)
+    state = cluster.state()
+    children = [n["pid"] for kind in ("controllers", "brokers") for n in state[kind].values()]
+    try:
+        os.kill(state["supervisor"]["pid"], signal.SIGKILL)
+        wait_for("the supervisor is gone", lambda: not alive(state["supervisor"]["pid"]), timeout_s=10)
+        assert all(alive(pid) for pid in children)
+        r = cluster.cli("down", timeout_s=90)
+        assert r.returncode == 0 and "stopped the cluster" in r.stdout, r.stdout + r.stderr
+        left = [pid for pid in cluster.seen if not cluster.gone(pid)]
+        assert not left, f"still running after biplane down: {left}"
+    finally:
+        for pid, start in cluster.seen.items():
+            if alive(pid) and start_identity(pid) == start:
+                os.kill(pid, signal.SIGKILL)

@@ -2,15 +2,19 @@
 
     biplane up                      # 3 controllers + 3 brokers, data under ./.biplane
     biplane up --detach             # start in the background, print the endpoints, return
-    biplane down                    # stop a detached cluster (every child process)
+    biplane stop|start|restart broker|controller ID   # one child, through the supervisor
+    biplane down                    # stop the supervisor, then every child process
 
 It starts the children, waits until a controller leads and every broker is registered,
 unfenced and answering METADATA, writes `<data-dir>/cluster.json` (controller URLs,
-broker addresses, admin token, cluster secret, process ids; the CLI and the SDK read it
-when no address is given), prints the endpoints, and then shows a live status line until
-Ctrl-C, when it stops every child (brokers first, then controllers). Running it again on
-the same data directory resumes the same cluster: same ids, secret and token, the same
-ports when they are still free, and the data on disk.
+broker addresses, admin token, cluster secret, process ids and start times; the CLI and the
+SDK read it when no address is given), prints the endpoints, and then supervises: a child
+that dies unasked is started again after a backoff (the policy is `supervision.py`; this
+module only performs it), every start and exit is a line in `logs/supervisor.log`, and a
+loopback control endpoint (`control.py`) serves `biplane stop|start|restart`. In the
+foreground a live status line runs until Ctrl-C, when it stops every child (brokers first,
+then controllers). Running it again on the same data directory resumes the same cluster:
+same ids, secret and token, the same ports when they are still free, and the data on disk.
 """
 from __future__ import annotations
 
@@ -833,8 +837,8 @@ def run(args: argparse.Namespace, data_dir: Path) -> int:
     def on_signal(signum: int, frame: Any) -> None:
         stopping["flag"] = True
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):   # SIGHUP: its terminal closed
+        signal.signal(signum, on_signal)
     control: ControlServer | None = None
     poller: StatusPoller | None = None
     left: list[Child] = []
@@ -885,7 +889,7 @@ def run(args: argparse.Namespace, data_dir: Path) -> int:
         for pending in driver.pending:
             pending.command.reply.put(Reply(ok=False, status=409, message="the cluster is shutting down"))
         if not args.supervise:
-            print("stopping brokers, then controllers...", flush=True)
+            say("stopping brokers, then controllers...")
         log.info("event=cluster_stopping")
         left = stop_children([c for c in children.values() if c.name.startswith("broker")])
         left += stop_children([c for c in children.values() if c.name.startswith("controller")])
@@ -900,11 +904,20 @@ def run(args: argparse.Namespace, data_dir: Path) -> int:
         write_state(data_dir, state)
         log.info("event=cluster_stopped %s", format_fields((("left", ",".join(c.name for c in left) or None),)))
     if left:
-        print(f"{sys.argv[0]}: could not stop {', '.join(f'{c.name} (pid {c.pid})' for c in left)}", file=sys.stderr)
+        say(f"biplane up: could not stop {', '.join(f'{c.name} (pid {c.pid})' for c in left)}; stop it by pid",
+            error=True)
         return 1
     if not args.supervise:
-        print("stopped.")
+        say("stopped.")
     return 0
+
+
+def say(text: str, error: bool = False) -> None:
+    """Print, unless the terminal is gone (a closed window must not stop the shutdown)."""
+    try:
+        print(text, file=sys.stderr if error else sys.stdout, flush=True)
+    except OSError:
+        pass
 
 
 COMMANDS_PER_LOOP_MAX = 8
