@@ -34,7 +34,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from common.logs import LOG_FORMAT
 from dataplane.cluster.control import KINDS, Command, ControlError, ControlServer, Reply, send_command
@@ -254,10 +254,13 @@ def brokers_ready(state: dict[str, Any], url: str) -> tuple[bool, str]:
     return True, "ok"
 
 
-def wait_healthy(state: dict[str, Any], children: list[Child], timeout_s: float) -> None:
+def wait_healthy(state: dict[str, Any], children: list[Child], timeout_s: float,
+                 interrupted: Callable[[], bool] = lambda: False) -> None:
     deadline = time.monotonic() + timeout_s
     reason = "no controller leads yet"
     while time.monotonic() < deadline:
+        if interrupted():
+            raise UpError("interrupted during start-up; stopped every process it had started")
         dead = [c for c in children if c.exit_code() is not None]
         if dead:
             c = dead[0]
@@ -818,7 +821,7 @@ def run(args: argparse.Namespace, data_dir: Path) -> int:
     state["status"] = "starting"
     state["started_at"] = time.time()
     state["supervisor"] = {"pid": os.getpid(), "pid_start": proc_start_ticks(os.getpid()), "marker": _own_marker(),
-                           "control_url": None, "log": str(logs / SUPERVISOR_LOG)}
+                           "control_url": None, "stop_wait_s": args.stop_wait_s, "log": str(logs / SUPERVISOR_LOG)}
     children: dict[str, Child] = {}
     for node in state["controllers"].values():
         child = controller_child(state, node, logs)
@@ -846,7 +849,7 @@ def run(args: argparse.Namespace, data_dir: Path) -> int:
         for name in children:
             supervision.launch(name)
         driver.step(time.monotonic())
-        wait_healthy(state, list(children.values()), args.timeout_s)
+        wait_healthy(state, list(children.values()), args.timeout_s, lambda: stopping["flag"])
         create_topics(state, topics)
         control = ControlServer(token=state["admin_token"], children=driver.children_summary,
                                 reply_wait_s=args.stop_wait_s + COMMAND_REPLY_EXTRA_S)
@@ -891,8 +894,8 @@ def run(args: argparse.Namespace, data_dir: Path) -> int:
         if not args.supervise:
             say("stopping brokers, then controllers...")
         log.info("event=cluster_stopping")
-        left = stop_children([c for c in children.values() if c.name.startswith("broker")])
-        left += stop_children([c for c in children.values() if c.name.startswith("controller")])
+        left = stop_children([c for c in children.values() if c.name.startswith("broker")], args.stop_wait_s)
+        left += stop_children([c for c in children.values() if c.name.startswith("controller")], args.stop_wait_s)
         for name, child in children.items():
             node = driver.node(name)
             still = child in left
@@ -925,7 +928,7 @@ COMMANDS_PER_LOOP_MAX = 8
 
 # ------------------------------------------------------------------ biplane down
 
-SUPERVISOR_STOP_WAIT_S = 2 * STOP_WAIT_S + 15
+SUPERVISOR_STOP_EXTRA_S = 15.0   # beyond its two stop waits (brokers, then controllers) and their SIGKILLs
 
 
 def down_main(argv: list[str], prog: str) -> int:
@@ -943,8 +946,9 @@ def down_main(argv: list[str], prog: str) -> int:
     pid = supervisor_alive(state)
     if pid:
         sup_start = proc_start_ticks(pid)
+        stop_wait_s = float((state.get("supervisor") or {}).get("stop_wait_s") or STOP_WAIT_S)
         os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + SUPERVISOR_STOP_WAIT_S
+        deadline = time.monotonic() + 2 * stop_wait_s + SUPERVISOR_STOP_EXTRA_S
         while same_process(pid, sup_start) and time.monotonic() < deadline:
             time.sleep(0.1)
         if same_process(pid, sup_start):
@@ -1014,12 +1018,14 @@ def _send_child_command(verb: str, kind: str, node_id: str, data_dir: Path) -> R
     if not supervisor_alive(state):
         raise UpError(f"no cluster runs from {data_dir} (its `biplane up` is not running); start it with "
                       f"`biplane up --detach --data-dir {data_dir}`")
-    url = (state.get("supervisor") or {}).get("control_url")
+    sup = state.get("supervisor") or {}
+    url = sup.get("control_url")
+    stop_wait_s = float(sup.get("stop_wait_s") or STOP_WAIT_S)
     if not url:
         raise UpError(f"the cluster in {data_dir} is still starting; try again once `biplane up` reports it up")
     try:
         return send_command(url, state["admin_token"], kind=kind, node_id=node_id, verb=verb,
-                            timeout_s=STOP_WAIT_S + COMMAND_REPLY_EXTRA_S + 10)
+                            timeout_s=stop_wait_s + COMMAND_REPLY_EXTRA_S + 10)
     except ControlError as exc:
         raise UpError(str(exc)) from None
 
