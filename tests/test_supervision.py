@@ -182,3 +182,43 @@ def test_a_child_that_cannot_be_spawned_backs_off_like_a_crash():
     sup.start_failed("broker 1", reason="No such file", now_s=1.5)
     assert events(sup.tick(1.5)) == ["child_start_failed", "child_exited"]
     assert sup.view("broker 1").phase is Phase.BACKOFF and sup.view("broker 1").retry_at_s == 2.5
+
+
+def test_the_status_line_shows_restarts_a_child_waiting_to_restart_and_a_stopped_one():
+    from dataplane.cluster.up import supervision_parts
+    sup, _ = running(("broker 1", "broker 2", "controller 1"))
+    sup.exited("broker 1", code=-9, now_s=20.0)
+    sup.tick(20.5)
+    sup.started("broker 1", pid=300, now_s=20.5)
+    sup.exited("broker 1", code=-9, now_s=21.0)      # again, quickly: 1 s backoff
+    sup.stop("controller 1", now_s=21.0)
+    sup.tick(21.0)
+    sup.exited("controller 1", code=0, now_s=21.2)
+    assert supervision_parts(sup.views(), now_s=21.6) == [
+        "restarts b1:1", "DOWN broker 1 (exit -9, retry in 0.4 s)", "STOPPED controller 1"]
+    sup.stop("broker 2", now_s=22.0)
+    assert "stopping broker 2" in supervision_parts(sup.views(), now_s=22.0)
+
+
+def test_the_control_channel_refuses_a_wrong_token_and_passes_commands_to_the_loop():
+    """The HTTP thread answers 401 without the admin token, and otherwise hands the command to
+    the supervisor's loop (played here by a thread) and returns the loop's reply."""
+    import threading
+
+    from dataplane.cluster.control import ControlServer, Reply, send_command
+    server = ControlServer(token="s3cret", children=lambda: [], reply_wait_s=5)
+    try:
+        r = send_command(server.url, "wrong", kind="broker", node_id="1", verb="stop", timeout_s=5)
+        assert (r.ok, r.status) == (False, 401)
+        assert server.commands.empty()
+
+        def loop() -> None:
+            command = server.commands.get(timeout=5)
+            command.reply.put(Reply(ok=True, message=f"did {command.verb} of {command.child}", pid=7))
+        t = threading.Thread(target=loop)
+        t.start()
+        r = send_command(server.url, "s3cret", kind="broker", node_id="1", verb="restart", timeout_s=5)
+        t.join()
+        assert (r.ok, r.message, r.pid) == (True, "did restart of broker 1", 7)
+    finally:
+        server.close()
