@@ -947,12 +947,18 @@ def down_main(argv: list[str], prog: str) -> int:
     if pid:
         sup_start = proc_start_ticks(pid)
         stop_wait_s = float((state.get("supervisor") or {}).get("stop_wait_s") or STOP_WAIT_S)
-        os.kill(pid, signal.SIGTERM)
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:   # it just exited
+            pass
         deadline = time.monotonic() + 2 * stop_wait_s + SUPERVISOR_STOP_EXTRA_S
         while same_process(pid, sup_start) and time.monotonic() < deadline:
             time.sleep(0.1)
         if same_process(pid, sup_start):
-            os.kill(pid, signal.SIGKILL)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
             deadline = time.monotonic() + 5
             while same_process(pid, sup_start) and time.monotonic() < deadline:
                 time.sleep(0.05)
