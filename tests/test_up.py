@@ -392,11 +392,11 @@ def test_down_stops_the_children_of_a_killed_supervisor(tmp_path):
     try:
         os.kill(state["supervisor"]["pid"], signal.SIGKILL)
         wait_for("the supervisor is gone", lambda: not alive(state["supervisor"]["pid"]), timeout_s=10)
-        assert all(alive(pid) for pid in children)
+        assert all(alive(pid) for pid in children), (children, cluster.supervisor_log())
         r = cluster.cli("down", timeout_s=90)
         assert r.returncode == 0 and "stopped the cluster" in r.stdout, r.stdout + r.stderr
         left = [pid for pid in cluster.seen if not cluster.gone(pid)]
-        assert not left, f"still running after biplane down: {left}"
+        assert not left, f"still running after biplane down: {left}; {r.stdout}"
     finally:
         for pid, start in cluster.seen.items():
             if alive(pid) and start_identity(pid) == start:

@@ -525,24 +525,29 @@ def stop_recorded(state: dict[str, Any], data_dir: Path, wait_s: float = STOP_WA
     def running(pid: int) -> bool:
         return same_process(pid, targets[pid][1])
 
-    for pid in sorted(targets, key=lambda p: not targets[p][0].startswith("broker")):   # brokers first
-        if running(pid):
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-    deadline = time.monotonic() + wait_s
-    while any(running(pid) for pid in targets) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    for pid in targets:
-        if running(pid):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    deadline = time.monotonic() + 5
-    while any(running(pid) for pid in targets) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    def stop(pids: list[int]) -> None:
+        for pid in pids:
+            if running(pid):
+                try:
+                    os.kill(pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + wait_s
+        while any(running(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for pid in pids:
+            if running(pid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + 5
+        while any(running(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    # Brokers first, while the controllers still run to take their leaderships (controlled shutdown).
+    stop([pid for pid in targets if targets[pid][0].startswith("broker")])
+    stop([pid for pid in targets if not targets[pid][0].startswith("broker")])
     return [f"{targets[pid][0]} (pid {pid})" for pid in targets if running(pid)]
 
 
