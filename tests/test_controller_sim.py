@@ -41,7 +41,7 @@ from common.requests import (
 )
 from controller.decisions import (
     ControllerState,
-    RebalanceTimer,
+    LeaderSettings,
     alter_isr,
     cancel_reassignment,
     create_topic,
@@ -56,6 +56,9 @@ SESSION_TIMEOUT_MS = 1500
 BROKERS_MAX = 6
 TOPICS_MAX = 6
 STEPS = 150
+SETTINGS = LeaderSettings(session_timeout_ms=SESSION_TIMEOUT_MS, rebalance_interval_ms=3000,
+                          leader_imbalance_check_interval_ms=1000,
+                          leader_imbalance_per_broker_percentage=10)
 
 
 @dataclass
@@ -74,8 +77,7 @@ class Simulation:
         self.now_ms = 0
         self.image = MetadataImage()
         self.history: list[MetadataImage] = []
-        self.state = ControllerState(session_timeout_ms=SESSION_TIMEOUT_MS,
-                                     rebalance_interval_ms=3000)
+        self.state = ControllerState(SETTINGS)
         self.controller_started_ms = 0
         self.brokers = {b: SimBroker(b) for b in range(1, BROKERS_MAX + 1)}
         self.topic_seq = 0
@@ -249,8 +251,7 @@ class Simulation:
 
     def failover(self) -> None:
         """A new controller leader: in-memory sessions and reports are gone."""
-        self.state = ControllerState(session_timeout_ms=SESSION_TIMEOUT_MS,
-                                     rebalance_interval_ms=3000)
+        self.state = ControllerState(SETTINGS)
         self.controller_started_ms = self.now_ms
 
     def stale_proposal(self) -> None:
@@ -356,7 +357,8 @@ class Simulation:
             self.step()
         # Liveness phase: every broker back, no more faults and no rebalance (for quorum
         # topics a rebalance is itself a fence); every partition gets a leader.
-        self.state.rebalance_timer = RebalanceTimer(rebalance_interval_ms=10**9)
+        self.state.rebalance_timer = None
+        self.state.imbalance_check = None
         for b in self.brokers.values():
             if not b.alive:
                 self.start_broker_id(b)

@@ -48,7 +48,8 @@ from controller.decisions import (
     BrokerSessions,
     ControllerState,
     QuorumElectionTracker,
-    RebalanceTimer,
+    IntervalTimer,
+    LeaderSettings,
     allocate_producer_ids,
     alter_config,
     alter_isr,
@@ -711,7 +712,7 @@ def test_periodic_is_idempotent_once_its_records_are_applied():
     image = cluster(3)
     add_topic(image, "t", [[1, 2, 3]])
     add_topic(image, "q", [[1, 2, 3]], commit_policy="quorum")
-    state = ControllerState(session_timeout_ms=100, rebalance_interval_ms=1000)
+    state = ControllerState(LeaderSettings(session_timeout_ms=100, rebalance_interval_ms=1000))
     heartbeat_all(image, state.sessions, 0)
     heartbeat_all(image, state.sessions, 150, skip=(1,))
     first = state.periodic(image, 150)
@@ -722,6 +723,6 @@ def test_periodic_is_idempotent_once_its_records_are_applied():
 
 
 def test_rebalance_timer_fires_once_per_interval():
-    timer = RebalanceTimer(rebalance_interval_ms=100)
+    timer = IntervalTimer(interval_ms=100)
     assert [timer.due(t) for t in (0, 50, 100, 150, 199, 200)] == \
         [False, False, True, False, False, True]
