@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import log_check
 from common.batch import build_batch, iter_batches, read_records
 from common.wire import WireClient
 from common.wire import messages as wire
@@ -53,6 +54,7 @@ class BrokerProcess:
         for url in self.controller_urls:
             args += ["--controller", url]
         log = open(self.log_path, "ab")
+        log_check.watch(self.log_path)   # checked for errors after every test (conftest.py)
         self.proc = subprocess.Popen(args + self.extra, stdout=log, stderr=log, cwd=str(REPO))
         log.close()
         self.paused = False
