@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import signal
@@ -158,10 +159,17 @@ async def serve(args: argparse.Namespace) -> int:
         return RaftNode(settings=settings, state=MetadataStateMachine(), loop=loop,
                         on_applied=on_applied, on_reset=on_reset, on_role_change=on_role_change)
 
-    leader_settings = LeaderSettings(
-        session_timeout_ms=args.session_timeout_ms, rebalance_interval_ms=args.rebalance_interval_ms,
-        leader_imbalance_check_interval_ms=args.leader_imbalance_check_interval_ms,
-        leader_imbalance_per_broker_percentage=args.leader_imbalance_per_broker_percentage)
+    try:
+        leader_settings = LeaderSettings(
+            session_timeout_ms=args.session_timeout_ms, rebalance_interval_ms=args.rebalance_interval_ms,
+            leader_imbalance_check_interval_ms=args.leader_imbalance_check_interval_ms,
+            leader_imbalance_per_broker_percentage=args.leader_imbalance_per_broker_percentage)
+    except ValueError as exc:
+        # The settings name their fields; the user typed flags.
+        message = str(exc)
+        for field in dataclasses.fields(LeaderSettings):
+            message = message.replace(field.name, "--" + field.name.replace("_", "-"))
+        raise UsageError(message) from None
     service = ControllerService(node_id=me.node_id, nodes=nodes, raft_factory=raft_factory,
                                 leader_settings=leader_settings,
                                 metadata_window_records=args.metadata_window_records)
