@@ -85,9 +85,9 @@ class LogWatch:
         self._offsets.setdefault(Path(path).resolve(), 0)
 
     def watch_tree(self, root: Path) -> None:
-        """Every `*.log` file under `root` (as it is now)."""
+        """Every `*.log` file under `root` (as it is now), but partition segments (`<digits>.log`)."""
         for path in sorted(Path(root).rglob("*.log")):
-            if path.is_file():
+            if path.is_file() and not path.stem.isdigit():
                 self.watch(path)
 
     def read_new(self) -> list[ErrorEntry]:

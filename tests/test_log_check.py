@@ -84,6 +84,7 @@ def test_watch_tree_finds_every_log_under_a_directory(tmp_path):
     (tmp_path / "a" / "b").mkdir(parents=True)
     (tmp_path / "a" / "b" / "broker-1.log").write_text(WITH_ERRORS)
     (tmp_path / "notes.txt").write_text(WITH_ERRORS)
+    (tmp_path / "a" / "00000000000000000000.log").write_text(WITH_ERRORS)   # a partition segment
     watch = LogWatch()
     watch.watch_tree(tmp_path)
     assert len(watch) == 1 and len(watch.read_new()) == 3
