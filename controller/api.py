@@ -18,7 +18,7 @@ import hmac
 import json
 import logging
 import time
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, TypeVar
 
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
@@ -26,7 +26,7 @@ from pydantic.json_schema import models_json_schema
 
 from common import api_models
 from common.errors import BiplaneError, ErrorCode
-from common.metadata import MetadataImage, validate_topic_name
+from common.metadata import MetadataImage, PartitionChange, validate_topic_name
 from common.metadata.errors import InvalidFieldError, UnknownTopicOrPartitionError
 from common.requests import (
     AlterConfigRequest,
@@ -34,8 +34,11 @@ from common.requests import (
     PreferredElectionRequest,
     ReassignmentRequest,
 )
+from controller import decisions as d
 from controller import views
 from controller.service import ControllerService, NotControllerError
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
 
 log = logging.getLogger("biplane.controller.api")
 
@@ -96,7 +99,7 @@ def validation_error(exc: ValidationError, what: str) -> web.Response:
     return error_response(400, ErrorCode.INVALID_REQUEST, f"invalid {what}: " + "; ".join(parts), field=field)
 
 
-async def read_model(request: web.Request, model: type[BaseModel]) -> BaseModel:
+async def read_model(request: web.Request, model: type[ModelT]) -> ModelT:
     """The body as `model`; raises a ready 400 response (web.HTTPException) otherwise."""
     raw = await request.read()
     try:
@@ -184,7 +187,7 @@ async def post_topic(request: web.Request) -> web.Response:
     body = await read_model(request, CreateTopicRequest)
     s = svc(request)
     now_ms = s.clock_ms()
-    committed = await s.decide(lambda image: s.decisions.create_topic(image, body, now_ms=now_ms))
+    committed = await s.decide(lambda image: d.create_topic(image, body, now_ms))
     return json_model(views.topic_detail(s.pending or s.committed, body.name,
                                          metadata_offset=committed.last_offset), status=201)
 
@@ -202,7 +205,7 @@ async def get_topic(request: web.Request) -> web.Response:
 async def delete_topic(request: web.Request) -> web.Response:
     name = topic_name(request)
     s = svc(request)
-    committed = await s.decide(lambda image: s.decisions.delete_topic(image, name))
+    committed = await s.decide(lambda image: d.delete_topic(image, name))
     return json_model(api_models.Done(result=f"topic {name} deleted", metadata_offset=committed.last_offset))
 
 
@@ -212,7 +215,7 @@ async def patch_config(request: web.Request) -> web.Response:
     name = topic_name(request)
     body = await read_model(request, AlterConfigRequest)
     s = svc(request)
-    committed = await s.decide(lambda image: s.decisions.alter_config(image, name, body))
+    committed = await s.decide(lambda image: d.alter_config(image, name, body))
     return json_model(views.topic_detail(s.pending or s.committed, name,
                                          metadata_offset=committed.last_offset))
 
@@ -232,7 +235,7 @@ async def get_partitions(request: web.Request) -> web.Response:
 async def post_reassignment(request: web.Request) -> web.Response:
     body = await read_model(request, ReassignmentRequest)
     s = svc(request)
-    committed = await s.decide(lambda image: s.decisions.start_reassignment(image, body))
+    committed = await s.decide(lambda image: d.start_reassignment(image, body))
     image = s.pending or s.committed
     return json_model(api_models.PartitionList(topic=body.topic, metadata_offset=committed.last_offset,
                                                partitions=[views.partition_view(
@@ -253,9 +256,10 @@ async def get_reassignments(request: web.Request) -> web.Response:
 async def post_preferred_election(request: web.Request) -> web.Response:
     body = await read_model(request, PreferredElectionRequest)
     s = svc(request)
-    committed = await s.decide(lambda image: s.decisions.elect_preferred(image, body))
+    wanted = None if body.partitions is None else [(ref.topic, ref.partition) for ref in body.partitions]
+    committed = await s.decide(lambda image: d.elect_preferred(image, wanted))
     image = s.pending or s.committed
-    changed = sorted({(r.topic, r.partition) for r in committed.records if hasattr(r, "partition")})
+    changed = sorted({(r.topic, r.partition) for r in committed.records if isinstance(r, PartitionChange)})
     return json_model(api_models.ElectionResult(
         metadata_offset=committed.last_offset,
         elected=[views.partition_view(image.partition(t, p)) for t, p in changed]))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import signal
@@ -82,7 +83,16 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                         "of a minority); none: page cache only (survives kill -9)")
     p.add_argument("--metadata-window-records", type=int, default=20_000,
                    help="recent records kept for brokers' fetches; further behind gets the whole image")
-    p.add_argument("--rebalance-interval-ms", type=int, default=300_000)
+    p.add_argument("--rebalance-interval-ms", type=int, default=300_000,
+                   help="how often every partition's leadership moves back to its preferred replica "
+                        "(default 300000)")
+    p.add_argument("--leader-imbalance-check-interval-ms", type=int, default=5_000,
+                   help="how often the leader-imbalance check runs (Kafka's "
+                        "leader.imbalance.check.interval.seconds; default 5000, 0 turns it off)")
+    p.add_argument("--leader-imbalance-per-broker-percentage", type=int, default=10,
+                   help="a broker that does not lead more than this share of the partitions it "
+                        "prefers gets them back at the next check (Kafka's "
+                        "leader.imbalance.per.broker.percentage; default 10)")
     p.add_argument("--snapshot-dir", help="default: DATA_DIR/snapshots")
     p.add_argument("--snapshot-interval-ms", type=int, default=60_000)
     p.add_argument("--log-level", default="WARNING", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
@@ -122,7 +132,7 @@ def resolve_nodes(args: argparse.Namespace) -> tuple[list[ControllerNode], Contr
 
 async def serve(args: argparse.Namespace) -> int:
     from controller.api import make_app
-    from controller.commands import Decisions
+    from controller.decisions import LeaderSettings
     from controller.raft import RaftNode, RaftSettings
     from controller.replicated import MetadataStateMachine
     from controller.service import ControllerService
@@ -149,9 +159,19 @@ async def serve(args: argparse.Namespace) -> int:
         return RaftNode(settings=settings, state=MetadataStateMachine(), loop=loop,
                         on_applied=on_applied, on_reset=on_reset, on_role_change=on_role_change)
 
+    try:
+        leader_settings = LeaderSettings(
+            session_timeout_ms=args.session_timeout_ms, rebalance_interval_ms=args.rebalance_interval_ms,
+            leader_imbalance_check_interval_ms=args.leader_imbalance_check_interval_ms,
+            leader_imbalance_per_broker_percentage=args.leader_imbalance_per_broker_percentage)
+    except ValueError as exc:
+        # The settings name their fields; the user typed flags.
+        message = str(exc)
+        for field in dataclasses.fields(LeaderSettings):
+            message = message.replace(field.name, "--" + field.name.replace("_", "-"))
+        raise UsageError(message) from None
     service = ControllerService(node_id=me.node_id, nodes=nodes, raft_factory=raft_factory,
-                                decisions=Decisions(rebalance_interval_ms=args.rebalance_interval_ms),
-                                session_timeout_ms=args.session_timeout_ms,
+                                leader_settings=leader_settings,
                                 metadata_window_records=args.metadata_window_records)
     app = make_app(service, admin_token=args.admin_token, cluster_secret=args.cluster_secret)
 
@@ -162,7 +182,7 @@ async def serve(args: argparse.Namespace) -> int:
     add_snapshot_routes(app, lambda: snapshotter)
     for route in app.router.routes():
         if route.method == "GET" and route.resource is not None and route.resource.canonical == "/v1/snapshots":
-            route.handler.leader_only = True   # the files live on the leader that wrote them
+            setattr(route.handler, "leader_only", True)   # the files live on the leader that wrote them
     app["on_ready"].append(lambda app: snapshotter.start())
 
     async def stop_snapshots(app: web.Application) -> None:

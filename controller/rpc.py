@@ -22,6 +22,7 @@ from typing import Awaitable, Callable
 from aiohttp import web
 
 from common.errors import BiplaneError, ErrorCode
+from common.metadata import ProducerIdBlock
 from common.requests import (
     AllocateProducerIdsRequest,
     AlterIsrRequest,
@@ -29,6 +30,7 @@ from common.requests import (
     HeartbeatRequest,
     RegisterBrokerRequest,
 )
+from controller import decisions as d
 from controller.api import EarlyResponse, error_from_exception, error_response, read_model
 from controller.service import ControllerService, NotControllerError
 from controller.views import partition_view
@@ -52,7 +54,8 @@ def not_leader(service: ControllerService) -> web.Response:
 def add_rpc_routes(app: web.Application, service: ControllerService, *, cluster_secret: str | None) -> None:
     secret = cluster_secret.encode() if cluster_secret else None
 
-    def guarded(handler: Callable[[web.Request], Awaitable[web.Response]]):
+    def guarded(handler: Callable[[web.Request], Awaitable[web.Response]]
+                ) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def wrapper(request: web.Request) -> web.Response:
             if secret is not None:
                 given = request.headers.get(SECRET_HEADER, "").encode()
@@ -74,12 +77,10 @@ def add_rpc_routes(app: web.Application, service: ControllerService, *, cluster_
                 return error_response(500, ErrorCode.UNKNOWN, f"internal error: {type(exc).__name__}: {exc}")
         return wrapper
 
-    d = service.decisions
-
     async def register(request: web.Request) -> web.Response:
         body = await read_model(request, RegisterBrokerRequest)
         now_ms = service.clock_ms()
-        committed = await service.decide(lambda image: d.register_broker(image, body, now_ms=now_ms))
+        committed = await service.decide(lambda image: d.register_broker(image, body, now_ms))
         if service.state is not None:
             service.state.sessions.heartbeat(body.broker_id, body.incarnation_id, now_ms, -1)
         return web.json_response({"broker_id": body.broker_id,
@@ -89,17 +90,17 @@ def add_rpc_routes(app: web.Application, service: ControllerService, *, cluster_
 
     async def heartbeat(request: web.Request) -> web.Response:
         body = await read_model(request, HeartbeatRequest)
-        image = service.require_leader()
+        image, state = service.require_leader_state()
         d.check_heartbeat(image, body)
         now_ms = service.clock_ms()
-        service.state.sessions.heartbeat(body.broker_id, body.incarnation_id, now_ms, body.metadata_offset,
-                                         want_shutdown=body.want_shutdown)
+        state.sessions.heartbeat(body.broker_id, body.incarnation_id, now_ms, body.metadata_offset,
+                                 want_shutdown=body.want_shutdown)
         service.broker_offsets[body.broker_id] = body.metadata_offset
         if body.usage is not None:
             service.usage[body.broker_id] = body.usage
         if body.want_shutdown and not image.brokers[body.broker_id].fenced:
             # Now, not at the next periodic pass: the broker waits on this answer to stop.
-            sessions = service.state.sessions
+            sessions = state.sessions
             await service.decide(lambda image: d.fence_shutting_down(image, sessions, now_ms))
             image = service.require_leader()
         info = image.brokers[body.broker_id]
@@ -116,12 +117,13 @@ def add_rpc_routes(app: web.Application, service: ControllerService, *, cluster_
 
     async def election_report(request: web.Request) -> web.Response:
         body = await read_model(request, ElectionReport)
-        image = service.require_leader()
-        why = service.state.tracker.add(image, body)
+        image, state = service.require_leader_state()
+        why = state.tracker.add(image, body)
         if why is not None:
             return web.json_response({"accepted": False, "reason": why, "elected": False,
                                       "metadata_offset": service.committed.offset})
-        committed = await service.decide(lambda image: d.elect_leaders(image, service.state))
+        tracker = state.tracker
+        committed = await service.decide(lambda image: d.elect_leaders(image, tracker))
         return web.json_response({"accepted": True, "elected": bool(committed.records),
                                   "metadata_offset": committed.last_offset})
 
@@ -129,6 +131,7 @@ def add_rpc_routes(app: web.Application, service: ControllerService, *, cluster_
         body = await read_model(request, AllocateProducerIdsRequest)
         committed = await service.decide(lambda image: d.allocate_producer_ids(image, body))
         block = committed.records[0]
+        assert isinstance(block, ProducerIdBlock), block
         return web.json_response({"broker_id": block.broker_id, "first_id": block.first_id,
                                   "size": block.size, "metadata_offset": committed.last_offset})
 
@@ -147,7 +150,7 @@ def add_rpc_routes(app: web.Application, service: ControllerService, *, cluster_
         if result.image is not None:
             return web.json_response({"offset": result.offset, "image": result.image})
         return web.json_response({"offset": result.offset,
-                                  "records": [{"offset": o, "record": r} for o, r in result.records]})
+                                  "records": [{"offset": o, "record": r} for o, r in result.records or []]})
 
     for path, handler in (("register", register), ("heartbeat", heartbeat), ("alter-isr", alter_isr),
                           ("election-report", election_report),

@@ -19,16 +19,21 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import itertools
 import logging
 import time
 from collections import deque
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from common.errors import BiplaneError, ErrorCode
-from common.metadata import MetadataImage, RecordRejected, dump_record
+from common.metadata import MetadataImage, Record, RecordRejected, dump_record
 from common.usage import BrokerUsage
+from controller.decisions import ControllerState, LeaderSettings
 from controller.replicated import Outcome, batch_command, marker_command
+
+if TYPE_CHECKING:
+    from controller.views import LatencyStats
 
 log = logging.getLogger("biplane.controller")
 
@@ -37,6 +42,7 @@ class NotControllerError(BiplaneError):
     """This node cannot decide now: it is not the trusted leader. Retry at `leader`."""
 
     code = ErrorCode.NOT_CONTROLLER
+    leader: ControllerNode | None = None
 
 
 class CommitFailedError(BiplaneError):
@@ -60,7 +66,7 @@ class Committed:
     """Offsets a staged group of records got; `rejected` holds the ones pending refused."""
 
     offsets: tuple[int, ...]
-    records: tuple = ()
+    records: tuple[Record, ...] = ()
     rejected: tuple[str, ...] = ()
 
     @property
@@ -71,8 +77,10 @@ class Committed:
 @dataclasses.dataclass
 class _Batch:
     expected_offset: int
-    records: list = dataclasses.field(default_factory=list)
-    waiters: list = dataclasses.field(default_factory=list)   # (future, first_index, count, rejected)
+    records: list[Record] = dataclasses.field(default_factory=list)
+    # (future, first_index, count, rejected)
+    waiters: list[tuple[asyncio.Future[Committed], int, int, tuple[str, ...]]] = dataclasses.field(
+        default_factory=list)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -84,13 +92,49 @@ class FetchResult:
     image: dict | None = None
 
 
+class RaftSettingsView(Protocol):
+    @property
+    def self_address(self) -> str: ...
+
+
+class RaftStatusView(Protocol):
+    """What the service reads of a Raft node's status (controller.raft.RaftStatus)."""
+
+    @property
+    def is_leader(self) -> bool: ...
+    @property
+    def leader_address(self) -> str | None: ...
+    @property
+    def term(self) -> int: ...
+    @property
+    def connected_peers(self) -> tuple[str, ...]: ...
+
+
+class RaftHandle(Protocol):
+    """The Raft node the service drives (controller.raft.RaftNode, or a test's stand-in)."""
+
+    @property
+    def settings(self) -> RaftSettingsView: ...
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+    def status(self) -> RaftStatusView: ...
+    def propose(self, command_json: str) -> "asyncio.Future[Outcome]": ...
+
+
+class RaftFactory(Protocol):
+    """Builds the Raft node once the loop runs; the callbacks run on that loop."""
+
+    def __call__(self, *, loop: asyncio.AbstractEventLoop, on_applied: Callable[[Outcome], None],
+                 on_reset: Callable[[dict], None], on_role_change: Callable[[], None]) -> RaftHandle: ...
+
+
 def wall_clock_ms() -> int:
     return int(time.time() * 1000)
 
 
 class ControllerService:
-    def __init__(self, *, node_id: int, nodes: list[ControllerNode], raft_factory: Callable[..., Any],
-                 decisions: Any, session_timeout_ms: int = 1500, periodic_interval_ms: int = 75,
+    def __init__(self, *, node_id: int, nodes: list[ControllerNode], raft_factory: RaftFactory,
+                 leader_settings: LeaderSettings = LeaderSettings(), periodic_interval_ms: int = 75,
                  inflight_batches_max: int = 16, batch_records_max: int = 2000,
                  metadata_window_records: int = 20_000, commit_timeout_ms: int = 5000,
                  clock_ms: Callable[[], int] = wall_clock_ms) -> None:
@@ -100,8 +144,8 @@ class ControllerService:
             raise ValueError(f"node id {node_id} is not in the cluster {sorted(self.nodes)}")
         self._by_raft = {n.raft_address: n for n in nodes}
         self._raft_factory = raft_factory
-        self.decisions = decisions
-        self.session_timeout_ms = session_timeout_ms
+        self.leader_settings = leader_settings
+        self.session_timeout_ms = leader_settings.session_timeout_ms
         self.periodic_interval_ms = periodic_interval_ms
         self.inflight_batches_max = inflight_batches_max
         self.batch_records_max = batch_records_max
@@ -114,20 +158,20 @@ class ControllerService:
         self.usage: dict[int, BrokerUsage] = {}
         self.broker_offsets: dict[int, int] = {}
         self.pending: MetadataImage | None = None
-        self.state: Any = None     # the leader's unreplicated state: sessions, election reports
+        self.state: ControllerState | None = None   # the leader's unreplicated state (with `pending`)
         self.trusted_term: int | None = None
-        self.raft: Any = None
-        self.api_stats: Any = None
+        self.raft: RaftHandle | None = None
+        self.api_stats: LatencyStats | None = None
         self.stats = {"records_committed": 0, "batches_committed": 0, "batches_failed": 0,
                       "leader_elections_won": 0, "records_rejected": 0}
 
         self._open: deque[_Batch] = deque()    # staged, not yet proposed; each <= batch_records_max
         self._flush_scheduled = False
-        self._inflight: deque[tuple[_Batch, asyncio.Future]] = deque()
+        self._inflight: deque[tuple[_Batch, asyncio.Future[Outcome]]] = deque()
         self._marker: tuple[int, float] | None = None   # (term, monotonic start) of the marker in flight
         self._marker_nonce = itertools.count(1)
         self._advanced = asyncio.Event()
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
         self._stopped = False
 
     # ------------------------------------------------------------ lifecycle
@@ -181,6 +225,12 @@ class ControllerService:
             raise err
         return self.pending
 
+    def require_leader_state(self) -> tuple[MetadataImage, ControllerState]:
+        """The pending image and the leader's in-memory state; NotControllerError unless trusted."""
+        image = self.require_leader()
+        assert self.state is not None, "a trusted leader has its state"
+        return image, self.state
+
     def _untrust(self, why: str) -> None:
         if self.pending is not None:
             log.info("controller %d drops its leader view: %s", self.node_id, why)
@@ -199,7 +249,7 @@ class ControllerService:
     def _trust(self, term: int) -> None:
         self.pending = self.committed.copy()
         self.trusted_term = term
-        self.state = self.decisions.new_state(session_timeout_ms=self.session_timeout_ms)
+        self.state = ControllerState(self.leader_settings)
         self.stats["leader_elections_won"] += 1
         log.info("controller %d leads in term %d at offset %d", self.node_id, term, self.pending.offset)
 
@@ -220,13 +270,15 @@ class ControllerService:
                 log.exception("controller role change handling failed")
 
     def _tick(self) -> None:
+        assert self.raft is not None, "started"
         status = self.raft.status()
         if self.pending is not None and (not status.is_leader or status.term != self.trusted_term):
             self._untrust(f"raft is now {'leader' if status.is_leader else 'follower'} in term {status.term}")
         if status.is_leader and self.pending is None and self._marker_due(status.term):
             self._propose_marker(status.term)
         if self.pending is not None:
-            records = self.decisions.periodic(self.pending, self.state, self.clock_ms())
+            image, state = self.require_leader_state()
+            records = state.periodic(image, self.clock_ms())
             if records:
                 self.stage(records)
 
@@ -239,16 +291,18 @@ class ControllerService:
         return marker_term != term or time.monotonic() - started > self.commit_timeout_ms / 1000
 
     def _propose_marker(self, term: int) -> None:
+        raft = self.raft
+        assert raft is not None, "started"
         self._marker = marker = (term, time.monotonic())
-        fut = self.raft.propose(marker_command(node=self.raft.settings.self_address, term=term,
-                                               nonce=next(self._marker_nonce)))
+        fut = raft.propose(marker_command(node=raft.settings.self_address, term=term,
+                                          nonce=next(self._marker_nonce)))
 
-        def done(f: asyncio.Future) -> None:
+        def done(f: asyncio.Future[Outcome]) -> None:
             if self._marker is marker:
                 self._marker = None
             if f.cancelled() or f.exception() is not None:
                 return
-            status = self.raft.status()
+            status = raft.status()
             if status.is_leader and status.term == term and self.pending is None and not self._stopped:
                 self._trust(term)
 
@@ -256,7 +310,7 @@ class ControllerService:
 
     # ------------------------------------------------------------ command path
 
-    def stage(self, records: list) -> asyncio.Future:
+    def stage(self, records: list[Record]) -> asyncio.Future[Committed]:
         """Apply records to `pending` now and queue them for the next Raft command.
 
         Returns a future with a `Committed`. Records `pending` rejects are not
@@ -264,7 +318,7 @@ class ControllerService:
         the loop with no await between the decision and this call.
         """
         pending = self.require_leader()
-        fut = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[Committed] = asyncio.get_running_loop().create_future()
         if not self._open or len(self._open[-1].records) >= self.batch_records_max:
             # One decision's records stay in one command; a full command starts the next.
             self._open.append(_Batch(expected_offset=pending.offset))
@@ -285,11 +339,11 @@ class ControllerService:
             asyncio.get_running_loop().call_soon(self._flush)
         return fut
 
-    async def commit(self, records: list) -> Committed:
+    async def commit(self, records: list[Record]) -> Committed:
         fut = self.stage(records)
         return await fut
 
-    async def decide(self, decision: Callable[[MetadataImage], list]) -> Committed:
+    async def decide(self, decision: Callable[[MetadataImage], list[Record]]) -> Committed:
         """Run a pure decision on the pending image, stage its records, await their commit.
 
         The decision raises BiplaneError on bad input; nothing is staged then.
@@ -305,16 +359,17 @@ class ControllerService:
             if not batch.records:
                 _resolve_waiters(batch, ())
                 continue
+            assert self.raft is not None, "started"
             fut = self.raft.propose(batch_command(expected_offset=batch.expected_offset, records=batch.records))
             self._inflight.append((batch, fut))
-            fut.add_done_callback(lambda f, b=batch: self._on_proposal_done(b, f))
+            fut.add_done_callback(functools.partial(self._on_proposal_done, batch))
             asyncio.get_running_loop().call_later(self.commit_timeout_ms / 1000, self._check_timeout, fut)
 
-    def _check_timeout(self, fut: asyncio.Future) -> None:
+    def _check_timeout(self, fut: asyncio.Future[Outcome]) -> None:
         if not fut.done() and any(f is fut for _, f in self._inflight):
             self._untrust(f"a proposal did not commit within {self.commit_timeout_ms} ms")
 
-    def _on_proposal_done(self, batch: _Batch, fut: asyncio.Future) -> None:
+    def _on_proposal_done(self, batch: _Batch, fut: asyncio.Future[Outcome]) -> None:
         if not self._inflight or self._inflight[0][1] is not fut:
             return  # already failed by _untrust
         self._inflight.popleft()

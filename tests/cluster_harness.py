@@ -17,17 +17,19 @@ import asyncio
 import concurrent.futures
 import json
 import os
+import re
 import signal
 import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
+import log_check
 from common.batch import build_batch, iter_batches, read_records
 from common.wire import WireClient
 from common.wire import messages as wire
 from controller_harness import (
-    BIPLANE, REPO, Controller, http, make_specs, wait_leader, wait_until, free_port,
+    BIPLANE, REPO, SECRET, Controller, http, make_specs, wait_leader, wait_until, free_port,
 )
 
 
@@ -44,6 +46,8 @@ class BrokerProcess:
         self.log_path = data_dir.parent / f"broker-{broker_id}.log"
         self.ports_path = data_dir.parent / "ports.json"
         self.paused = False
+        self.sigterm_at_s: float | None = None
+        self.exited_at_s: float | None = None
 
     def start(self) -> "BrokerProcess":
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -53,6 +57,7 @@ class BrokerProcess:
         for url in self.controller_urls:
             args += ["--controller", url]
         log = open(self.log_path, "ab")
+        log_check.watch(self.log_path)   # checked for errors after every test (conftest.py)
         self.proc = subprocess.Popen(args + self.extra, stdout=log, stderr=log, cwd=str(REPO))
         log.close()
         self.paused = False
@@ -83,14 +88,17 @@ class BrokerProcess:
         self.paused = False
 
     def stop(self) -> None:
+        """SIGTERM and wait for the exit; `sigterm_at_s` and `exited_at_s` (time.time()) say when."""
         if self.alive():
             self.resume()
+            self.sigterm_at_s = time.time()
             os.kill(self.proc.pid, signal.SIGTERM)
             try:
                 self.proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 os.kill(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(timeout=10)
+            self.exited_at_s = time.time()
 
     def pause(self) -> None:
         if self.alive():
@@ -107,6 +115,24 @@ class BrokerProcess:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return ""
+
+    def log_lines(self, text: str) -> list[tuple[float, str]]:
+        """(time.time() it was written, line) of every log line containing `text`."""
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return []
+        return [(log_line_time_s(line), line) for line in lines if text in line and LOG_TIME.match(line)]
+
+
+LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) ")
+
+
+def log_line_time_s(line: str) -> float:
+    """The time a server log line was written (its local-time stamp) as time.time() would say."""
+    m = LOG_TIME.match(line)
+    assert m is not None, line
+    return time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")) + int(m.group(2)) / 1000
 
 
 class Cluster:
@@ -159,6 +185,13 @@ class Cluster:
             unfenced = {b["broker_id"] for b in r.body["brokers"] if not b["fenced"]}
             return r.status == 200 and set(broker_ids) <= unfenced
         wait_until(check, timeout_s, f"brokers {broker_ids} registered and unfenced", interval_s=0.1)
+
+    def metadata_records(self, after_offset: int = -1) -> list[dict]:
+        """Committed metadata records after `after_offset`, as brokers fetch them (leader's window)."""
+        r = http("GET", self.api_url + f"/rpc/v1/metadata?after_offset={after_offset}&max_wait_ms=0",
+                 token=None, secret=SECRET)
+        assert r.status == 200 and "records" in r.body, r.body
+        return [entry["record"] for entry in r.body["records"]]
 
     def broker_info(self, broker_id: int) -> dict | None:
         """The controller's view of a broker (GET /v1/brokers), None if not registered."""

@@ -14,6 +14,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Callable
 
+import log_check
+
 REPO = Path(__file__).resolve().parent.parent
 BIPLANE = str(REPO / ".venv" / "bin" / "biplane")
 TOKEN = "test-admin-token"
@@ -71,6 +73,7 @@ class Controller:
             args += ["--raft-address", self.spec.raft_address, "--api-address", f"127.0.0.1:{self.spec.api_port}",
                      "--priority", str(self.spec.priority)]
         log = open(self.log_path, "ab")
+        log_check.watch(self.log_path)   # checked for errors after every test (conftest.py)
         self.proc = subprocess.Popen(args + self.extra, stdout=log, stderr=log, cwd=str(REPO))
         log.close()
         return self

@@ -130,6 +130,29 @@ def test_broker_that_stops_heartbeating_is_fenced_and_loses_leadership(cluster):
     wait_until(lambda: not brokers.fenced(4), 10, "broker 4 unfenced again")
 
 
+def test_heartbeat_asking_for_shutdown_is_answered_fenced_with_leaderships_moved(cluster):
+    """Controlled shutdown: the heartbeat with want_shutdown is answered only once the fence
+    (and the leadership move) has committed, so its answer already says fenced, and the
+    metadata up to its offset has the new leader."""
+    c, brokers = cluster
+    brokers.register(5)
+    wait_until(lambda: not brokers.fenced(5), 10, "broker 5 unfenced")
+    r = http("POST", c.spec.api_url + "/v1/topics", {"name": "shut-me", "replica_assignment": [[5, 1]]})
+    assert r.status == 201 and r.body["partitions"][0]["leader"] == 5, r.body
+    brokers.alive.discard(5)
+    offset = http("GET", brokers.url + "/v1/health", token=None).body["metadata_offset"]
+    answer = brokers.rpc("heartbeat", {"broker_id": 5, "incarnation_id": "inc-5", "metadata_offset": offset,
+                                       "want_shutdown": True})
+    assert answer.status == 200 and answer.body["fenced"] is True, answer.body
+    p = http("GET", c.spec.api_url + "/v1/topics/shut-me/partitions").body["partitions"][0]
+    assert p["leader"] == 1 and p["isr"] == [1], p
+    assert answer.body["metadata_offset"] > offset
+    # Asked once, it stays fenced: a later heartbeat without the flag does not unfence it.
+    brokers.heartbeat(5, "inc-5")
+    time.sleep(0.3)
+    assert brokers.fenced(5)
+
+
 def test_alter_isr_with_stale_epochs_is_refused_and_current_one_applies(cluster):
     c, brokers = cluster
     r = http("POST", c.spec.api_url + "/v1/topics", {"name": "isr", "replica_assignment": [[1, 2, 3]]})

@@ -9,7 +9,8 @@ import pytest
 
 from common.metadata.errors import TopicExistsError
 from common.requests import CreateTopicRequest, RegisterBrokerRequest
-from controller.commands import Decisions
+from controller import decisions as d
+from controller.decisions import LeaderSettings
 from controller.replicated import MetadataStateMachine
 from controller.service import CommitFailedError, ControllerNode, ControllerService, NotControllerError
 
@@ -81,7 +82,7 @@ def make_service(**kw) -> ControllerService:
         return rafts[-1]
     service = ControllerService(node_id=1, nodes=[ControllerNode(node_id=1, raft_address="127.0.0.1:1",
                                                                  api_url="http://127.0.0.1:2")],
-                                raft_factory=factory, decisions=Decisions(), session_timeout_ms=60_000,
+                                raft_factory=factory, leader_settings=LeaderSettings(session_timeout_ms=60_000),
                                 periodic_interval_ms=10, clock_ms=lambda: 1_000, **kw)
     service.fake = lambda: rafts[0]
     return service
@@ -127,12 +128,12 @@ def test_decisions_see_uncommitted_records_and_one_loop_turn_is_one_command():
     async def run():
         service = await started()
         raft = service.fake()
-        await service.decide(lambda im: service.decisions.register_broker(im, register(1), now_ms=1))
+        await service.decide(lambda im: d.register_broker(im, register(1), 1))
         before = len(raft.proposals)
-        first = service.stage(service.decisions.create_topic(service.pending, topic("a"), now_ms=1))
-        second = service.stage(service.decisions.create_topic(service.pending, topic("b"), now_ms=1))
+        first = service.stage(d.create_topic(service.pending, topic("a"), 1))
+        second = service.stage(d.create_topic(service.pending, topic("b"), 1))
         with pytest.raises(TopicExistsError):   # the pending view already holds "a"
-            service.decisions.create_topic(service.pending, topic("a"), now_ms=1)
+            d.create_topic(service.pending, topic("a"), 1)
         a, b = await first, await second
         assert len(raft.proposals) == before + 1
         assert a.offsets[-1] < b.offsets[0]
@@ -145,11 +146,11 @@ def test_commands_pipeline_up_to_the_in_flight_limit_then_group():
     async def run():
         service = await started(inflight_batches_max=2)
         raft = service.fake()
-        await service.decide(lambda im: service.decisions.register_broker(im, register(1), now_ms=1))
+        await service.decide(lambda im: d.register_broker(im, register(1), 1))
         raft.hold = True
         futures = []
         for i in range(5):
-            futures.append(service.stage(service.decisions.create_topic(service.pending, topic(f"t{i}"), now_ms=1)))
+            futures.append(service.stage(d.create_topic(service.pending, topic(f"t{i}"), 1)))
             await asyncio.sleep(0)   # one loop turn per request
         assert len(raft.held) == 2   # two in flight, the rest wait in one open batch
         raft.hold = False
@@ -166,10 +167,10 @@ def test_a_failed_proposal_fails_its_callers_and_the_view_is_rebuilt_from_commit
     async def run():
         service = await started()
         raft = service.fake()
-        await service.decide(lambda im: service.decisions.register_broker(im, register(1), now_ms=1))
+        await service.decide(lambda im: d.register_broker(im, register(1), 1))
         raft.fail_next = True
         with pytest.raises(CommitFailedError):
-            await service.decide(lambda im: service.decisions.create_topic(im, topic("lost"), now_ms=1))
+            await service.decide(lambda im: d.create_topic(im, topic("lost"), 1))
         assert not service.is_leader
         for _ in range(100):
             if service.is_leader:
@@ -177,7 +178,7 @@ def test_a_failed_proposal_fails_its_callers_and_the_view_is_rebuilt_from_commit
             await asyncio.sleep(0.01)
         assert service.is_leader and "lost" not in service.pending.topics
         assert service.pending == service.committed
-        await service.decide(lambda im: service.decisions.create_topic(im, topic("lost"), now_ms=1))
+        await service.decide(lambda im: d.create_topic(im, topic("lost"), 1))
         assert "lost" in service.committed.topics
         await service.stop()
     asyncio.run(run())
@@ -187,11 +188,11 @@ def test_a_batch_that_commits_stale_drops_the_leader_view():
     async def run():
         service = await started()
         raft = service.fake()
-        await service.decide(lambda im: service.decisions.register_broker(im, register(1), now_ms=1))
+        await service.decide(lambda im: d.register_broker(im, register(1), 1))
         # Someone else's record lands first: our next batch was computed at an older offset.
         raft.state.apply_command('{"expected_offset": %d, "records": [{"type": "noop"}]}' % raft.state.image.offset)
         with pytest.raises(CommitFailedError, match="diverged"):
-            await service.decide(lambda im: service.decisions.create_topic(im, topic("x"), now_ms=1))
+            await service.decide(lambda im: d.create_topic(im, topic("x"), 1))
         assert not service.is_leader
         await service.stop()
     asyncio.run(run())
@@ -201,10 +202,10 @@ def test_losing_raft_leadership_fails_in_flight_requests_with_a_retriable_error(
     async def run():
         service = await started()
         raft = service.fake()
-        await service.decide(lambda im: service.decisions.register_broker(im, register(1), now_ms=1))
+        await service.decide(lambda im: d.register_broker(im, register(1), 1))
         raft.hold = True
         waiting = asyncio.ensure_future(service.decide(
-            lambda im: service.decisions.create_topic(im, topic("y"), now_ms=1)))
+            lambda im: d.create_topic(im, topic("y"), 1)))
         await asyncio.sleep(0)
         raft.leader = False
         service._tick()
@@ -220,12 +221,12 @@ def test_losing_raft_leadership_fails_in_flight_requests_with_a_retriable_error(
 def test_metadata_fetch_waits_for_records_and_sends_the_image_when_too_far_behind():
     async def run():
         service = await started(metadata_window_records=2)
-        await service.decide(lambda im: service.decisions.register_broker(im, register(1), now_ms=1))
+        await service.decide(lambda im: d.register_broker(im, register(1), 1))
         offset = service.committed.offset
         poll = asyncio.ensure_future(service.fetch_metadata(after_offset=offset, wait_ms=2000))
         await asyncio.sleep(0.01)
         assert not poll.done()
-        await service.decide(lambda im: service.decisions.create_topic(im, topic("z"), now_ms=1))
+        await service.decide(lambda im: d.create_topic(im, topic("z"), 1))
         result = await poll
         assert [o for o, _ in result.records] == [offset + 1, offset + 2]
         assert result.records[0][1]["type"] == "create_topic"
@@ -263,9 +264,9 @@ def test_staged_records_are_cut_into_commands_of_at_most_batch_records_max():
     async def run():
         service = await started(batch_records_max=3, inflight_batches_max=1)
         raft = service.fake()
-        await service.decide(lambda im: service.decisions.register_broker(im, register(1), now_ms=1))
+        await service.decide(lambda im: d.register_broker(im, register(1), 1))
         raft.hold = True
-        futures = [service.stage(service.decisions.create_topic(service.pending, topic(f"c{i}"), now_ms=1))
+        futures = [service.stage(d.create_topic(service.pending, topic(f"c{i}"), 1))
                    for i in range(4)]   # 2 records each
         await asyncio.sleep(0)
         assert len(raft.held) == 1 and len(service._open) == 1   # c0+c1 in flight, c2+c3 waiting

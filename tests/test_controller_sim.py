@@ -15,6 +15,10 @@ ISR ⊆ replicas and non-empty; an isr-topic leader came from the previous ISR
 led by a fenced broker; no partition is led by a dead broker for longer than
 the session timeout plus one tick; and the periodic decisions, called again
 at the same time on the image with their records applied, return nothing.
+After the liveness phase, a handback phase: every broker back in every ISR, the
+full rebalance off; within a few leader-imbalance checks every broker leads its
+ideal partitions again up to the per-broker threshold (only quorum partitions,
+whose election the preferred replica can lose, may stay elsewhere).
 At the end, replaying the accepted records from JSON rebuilds the same image.
 """
 from __future__ import annotations
@@ -41,12 +45,15 @@ from common.requests import (
 )
 from controller.decisions import (
     ControllerState,
-    RebalanceTimer,
+    LeaderImbalanceCheck,
+    LeaderSettings,
     alter_isr,
     cancel_reassignment,
     create_topic,
     delete_topic,
     elect_preferred,
+    ideal_leader,
+    leader_imbalance,
     register_broker,
     start_reassignment,
 )
@@ -56,6 +63,9 @@ SESSION_TIMEOUT_MS = 1500
 BROKERS_MAX = 6
 TOPICS_MAX = 6
 STEPS = 150
+SETTINGS = LeaderSettings(session_timeout_ms=SESSION_TIMEOUT_MS, rebalance_interval_ms=3000,
+                          leader_imbalance_check_interval_ms=1000,
+                          leader_imbalance_per_broker_percentage=10)
 
 
 @dataclass
@@ -74,8 +84,7 @@ class Simulation:
         self.now_ms = 0
         self.image = MetadataImage()
         self.history: list[MetadataImage] = []
-        self.state = ControllerState(session_timeout_ms=SESSION_TIMEOUT_MS,
-                                     rebalance_interval_ms=3000)
+        self.state = ControllerState(SETTINGS)
         self.controller_started_ms = 0
         self.brokers = {b: SimBroker(b) for b in range(1, BROKERS_MAX + 1)}
         self.topic_seq = 0
@@ -249,8 +258,7 @@ class Simulation:
 
     def failover(self) -> None:
         """A new controller leader: in-memory sessions and reports are gone."""
-        self.state = ControllerState(session_timeout_ms=SESSION_TIMEOUT_MS,
-                                     rebalance_interval_ms=3000)
+        self.state = ControllerState(SETTINGS)
         self.controller_started_ms = self.now_ms
 
     def stale_proposal(self) -> None:
@@ -356,7 +364,8 @@ class Simulation:
             self.step()
         # Liveness phase: every broker back, no more faults and no rebalance (for quorum
         # topics a rebalance is itself a fence); every partition gets a leader.
-        self.state.rebalance_timer = RebalanceTimer(rebalance_interval_ms=10**9)
+        self.state.rebalance_timer = None
+        self.state.imbalance_check = None
         for b in self.brokers.values():
             if not b.alive:
                 self.start_broker_id(b)
@@ -366,6 +375,7 @@ class Simulation:
         for p in self.image.partitions():
             if p.leader is None:
                 self.fail(f"{p.topic}-{p.partition} still leaderless after recovery: {p}")
+        self.hand_back()
         # A broker replaying the accepted records (as JSON) builds the same image.
         learner = MetadataImage()
         for offset, r in enumerate(self.log):
@@ -375,6 +385,48 @@ class Simulation:
         if MetadataImage.from_dict(json.loads(json.dumps(self.image.to_dict()))) != self.image:
             self.fail("to_dict/from_dict changed the image")
         return self
+
+    def expand_isrs(self) -> None:
+        """Every leader adds its caught-up followers (all live ones, here) to the ISR."""
+        for p in list(self.image.partitions()):
+            if p.leader is None:
+                continue
+            isr = p.isr + tuple(b for b in p.replicas if b not in p.isr and self.brokers[b].alive)
+            if isr != p.isr:
+                self.propose(alter_isr(self.image, AlterIsrRequest(
+                    broker_id=p.leader, topic=p.topic, partition=p.partition, leader_epoch=p.leader_epoch,
+                    partition_epoch=p.partition_epoch, new_isr=isr)))
+
+    def hand_back(self) -> None:
+        """Handback phase: every broker is back and in every ISR, the full rebalance is off, and
+        within a few imbalance checks (1 s apart) each broker leads its ideal partitions again,
+        up to the per-broker threshold; only quorum partitions may stay elsewhere (the
+        preferred replica can lose their election). Then the check stops and every pending
+        election completes."""
+        self.state.imbalance_check = LeaderImbalanceCheck(
+            check_interval_ms=1000, per_broker_percentage=SETTINGS.leader_imbalance_per_broker_percentage,
+            quorum_retry_ms=SETTINGS.quorum_preferred_retry_ms)
+        for _ in range(30):
+            self.expand_isrs()
+            self.send_reports()
+            self.tick()
+        self.state.imbalance_check = None
+        for _ in range(20):
+            self.send_reports()
+            self.tick()
+        threshold = SETTINGS.leader_imbalance_per_broker_percentage
+        for b, imbalance in leader_imbalance(self.image).items():
+            if not imbalance.exceeds(threshold):
+                continue
+            elsewhere = [p for p in self.image.partitions()
+                         if ideal_leader(self.image, p) == b and p.leader != b
+                         and self.image.topics[p.topic].config.commit_policy == "isr"]
+            if elsewhere:
+                self.fail(f"broker {b} does not lead {imbalance.not_led} of its {imbalance.ideal} "
+                          f"partitions after the handback phase, isr ones among them: {elsewhere}")
+        for p in self.image.partitions():
+            if p.leader is None:
+                self.fail(f"{p.topic}-{p.partition} leaderless after the handback phase: {p}")
 
     def start_broker_id(self, b: SimBroker) -> None:
         b.alive = True

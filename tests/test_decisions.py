@@ -48,7 +48,9 @@ from controller.decisions import (
     BrokerSessions,
     ControllerState,
     QuorumElectionTracker,
-    RebalanceTimer,
+    IntervalTimer,
+    LeaderImbalanceCheck,
+    LeaderSettings,
     allocate_producer_ids,
     alter_config,
     alter_isr,
@@ -56,6 +58,7 @@ from controller.decisions import (
     check_heartbeat,
     create_topic,
     delete_topic,
+    elect_imbalanced,
     elect_isr_leader,
     elect_leaders,
     elect_preferred,
@@ -63,6 +66,8 @@ from controller.decisions import (
     fence_expired,
     fence_for_election,
     fence_shutting_down,
+    ideal_leader,
+    leader_imbalance,
     move_fenced_leaders,
     periodic,
     place_replicas,
@@ -711,7 +716,7 @@ def test_periodic_is_idempotent_once_its_records_are_applied():
     image = cluster(3)
     add_topic(image, "t", [[1, 2, 3]])
     add_topic(image, "q", [[1, 2, 3]], commit_policy="quorum")
-    state = ControllerState(session_timeout_ms=100, rebalance_interval_ms=1000)
+    state = ControllerState(LeaderSettings(session_timeout_ms=100, rebalance_interval_ms=1000))
     heartbeat_all(image, state.sessions, 0)
     heartbeat_all(image, state.sessions, 150, skip=(1,))
     first = state.periodic(image, 150)
@@ -722,6 +727,138 @@ def test_periodic_is_idempotent_once_its_records_are_applied():
 
 
 def test_rebalance_timer_fires_once_per_interval():
-    timer = RebalanceTimer(rebalance_interval_ms=100)
+    timer = IntervalTimer(interval_ms=100)
     assert [timer.due(t) for t in (0, 50, 100, 150, 199, 200)] == \
         [False, False, True, False, False, True]
+
+
+# ---- leader imbalance (Kafka's leader.imbalance.per.broker.percentage) -------------
+
+def moved_to(image, records):
+    return sorted((r.partition, r.leader) for r in records)
+
+
+def test_imbalance_check_moves_back_only_above_the_per_broker_threshold():
+    """Broker 1 ideally leads 10 partitions. Leading 9 (10% not led) is within a 10%
+    threshold; leading 8 (20%) is above it, and both move back, to broker 1."""
+    image = cluster(3)
+    add_topic(image, "t", [[1, 2, 3]] * 10)
+    apply(image, [PartitionChange(topic="t", partition=3, leader=2)])
+    assert leader_imbalance(image)[1].not_led == 1
+    assert elect_imbalanced(image, per_broker_percentage=10) == []
+    assert moved_to(image, elect_imbalanced(image, per_broker_percentage=9)) == [(3, 1)]
+    apply(image, [PartitionChange(topic="t", partition=7, leader=3)])
+    records = elect_imbalanced(image, per_broker_percentage=10)
+    assert moved_to(image, records) == [(3, 1), (7, 1)]
+    assert all("leader imbalance" in r.reason for r in records)
+    apply(image, records)
+    assert elect_imbalanced(image, per_broker_percentage=0) == []
+
+
+def test_imbalance_check_moves_only_what_the_broker_can_lead_now():
+    """Not in the ISR, fenced, or a leaderless partition: nothing moves there."""
+    image = cluster(3)
+    add_topic(image, "t", [[1, 2, 3]] * 4)
+    for partition in range(4):
+        apply(image, [PartitionChange(topic="t", partition=partition, leader=2)])
+    isr_change(image, ("t", 0), [2, 3])
+    apply(image, [PartitionChange(topic="t", partition=1, leader=-1)])
+    assert moved_to(image, elect_imbalanced(image, per_broker_percentage=10)) == [(2, 1), (3, 1)]
+    apply(image, [FenceBroker(broker_id=1, at_ms=0)])
+    assert elect_imbalanced(image, per_broker_percentage=0) == []
+
+
+def test_imbalance_uses_the_priority_aware_ideal_leader():
+    image = cluster(3, priorities={3: 9})
+    add_topic(image, "t", [[1, 2, 3]] * 3)
+    assert [ideal_leader(image, p) for p in image.partitions()] == [3, 3, 3]
+    apply(image, [PartitionChange(topic="t", partition=0, leader=1)])
+    assert moved_to(image, elect_imbalanced(image, per_broker_percentage=10)) == [(0, 3)]
+    assert 1 not in leader_imbalance(image)   # ideal for nothing, never over the threshold
+
+
+def test_imbalance_matches_a_naive_oracle_on_random_images():
+    """elect_imbalanced against Kafka's rule spelled out with fractions, seeds 0..199."""
+    from fractions import Fraction
+    for seed in range(200):
+        rnd = random.Random(seed)
+        image = cluster(4, priorities={b: rnd.choice([0, 0, 3]) for b in range(1, 5)})
+        rf = rnd.randint(1, 3)
+        assignment = [rnd.sample([1, 2, 3, 4], rf) for _ in range(rnd.randint(1, 12))]
+        add_topic(image, "t", assignment)
+        for p in list(image.partitions()):
+            isr = [b for b in p.replicas if rnd.random() < 0.7] or [p.replicas[0]]
+            leader = rnd.choice(isr + [-1]) if rnd.random() < 0.9 else -1
+            if (tuple(isr), leader) != (p.isr, p.leader if p.leader is not None else -1):
+                apply(image, [PartitionChange(topic="t", partition=p.partition, isr=tuple(isr), leader=leader)])
+        for b in range(1, 5):
+            if rnd.random() < 0.15:
+                apply(image, [FenceBroker(broker_id=b, at_ms=0)])
+        threshold = rnd.choice([0, 10, 25, 50])
+        want = []
+        for b in range(1, 5):
+            ideal = [p for p in image.partitions()
+                     if max(p.replicas, key=lambda r: (image.priority(r), -p.replicas.index(r))) == b]
+            not_led = [p for p in ideal if p.leader != b]
+            if not ideal or Fraction(len(not_led), len(ideal)) <= Fraction(threshold, 100):
+                continue
+            if not image.is_unfenced(b):
+                continue
+            want += [(p.partition, b) for p in not_led if p.leader is not None and b in p.isr]
+        got = elect_imbalanced(image, per_broker_percentage=threshold)
+        assert moved_to(image, got) == sorted(want), f"seed={seed}"
+
+
+def test_imbalance_check_runs_each_interval_and_fences_a_quorum_partition_once_per_retry_window():
+    """A quorum move is an election the preferred replica may lose; the check does not fence
+    the same partition again until `quorum_retry_ms` has passed."""
+    image = cluster(3)
+    add_topic(image, "q", [[1, 2, 3]], commit_policy="quorum")
+    check = LeaderImbalanceCheck(check_interval_ms=1000, per_broker_percentage=10, quorum_retry_ms=5000)
+    apply(image, [PartitionChange(topic="q", partition=0, leader=2)])
+    assert check.run(image, 0) == []          # the first call starts the clock
+    assert check.run(image, 999) == []
+    (fence,) = check.run(image, 1000)
+    assert fence.fenced_for_election
+    apply(image, [fence])
+    apply(image, [PartitionChange(topic="q", partition=0, leader=2)])   # broker 2 won the election
+    assert check.run(image, 2000) == [] and check.run(image, 5000) == []
+    (again,) = check.run(image, 6000)
+    assert again.fenced_for_election
+
+
+def test_leader_settings_are_checked():
+    with pytest.raises(ValueError, match="leader_imbalance_per_broker_percentage"):
+        LeaderSettings(leader_imbalance_per_broker_percentage=101)
+    with pytest.raises(ValueError, match="leader_imbalance_check_interval_ms"):
+        LeaderSettings(leader_imbalance_check_interval_ms=-1)
+    assert ControllerState(LeaderSettings(leader_imbalance_check_interval_ms=0)).imbalance_check is None
+
+
+def test_a_returning_broker_gets_its_leaderships_back_at_the_next_imbalance_check():
+    """Through the periodic pass: broker 1 misses its session and is fenced (its 4
+    leaderships move); it returns, is unfenced, rejoins the ISRs; the next imbalance check
+    (1 s here; the full rebalance is 5 minutes away) hands all 4 back to it."""
+    image = cluster(3)
+    add_topic(image, "t", [[1, 2, 3]] * 4 + [[2, 3, 1]] * 4)
+    state = ControllerState(LeaderSettings(session_timeout_ms=1000, leader_imbalance_check_interval_ms=1000))
+    heartbeat_all(image, state.sessions, 0)
+    apply(image, state.periodic(image, 0))
+    heartbeat_all(image, state.sessions, 1500, skip=(1,))
+    apply(image, state.periodic(image, 1500))
+    assert image.brokers[1].fenced and [p.leader for p in image.partitions()][:4] == [2, 2, 2, 2]
+    heartbeat_all(image, state.sessions, 1600)
+    apply(image, state.periodic(image, 1600))
+    assert not image.brokers[1].fenced
+    for p in list(image.partitions()):
+        if 1 not in p.isr:
+            apply(image, alter_isr(image, AlterIsrRequest(
+                broker_id=p.leader, topic=p.topic, partition=p.partition, leader_epoch=p.leader_epoch,
+                partition_epoch=p.partition_epoch, new_isr=p.isr + (1,))))
+    heartbeat_all(image, state.sessions, 2400)   # the last check ran at 1500
+    assert state.periodic(image, 2400) == []
+    heartbeat_all(image, state.sessions, 2500)
+    records = state.periodic(image, 2500)
+    assert sorted((r.partition, r.leader) for r in records) == [(0, 1), (1, 1), (2, 1), (3, 1)]
+    apply(image, records)
+    assert [p.leader for p in image.partitions()] == [1, 1, 1, 1, 2, 2, 2, 2]

@@ -9,6 +9,8 @@ image is rejected when applied rather than misapplied.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from common.metadata.image import MetadataImage
 from common.metadata.records import Record
 from controller.decisions.elections import (
@@ -28,8 +30,21 @@ from controller.decisions.reassignment import (
     progress_reassignments,
     start_reassignment,
 )
-from controller.decisions.rebalance import RebalanceTimer, elect_preferred
+from controller.decisions.rebalance import (
+    LEADER_IMBALANCE_CHECK_INTERVAL_MS,
+    LEADER_IMBALANCE_PER_BROKER_PERCENTAGE,
+    QUORUM_PREFERRED_RETRY_MS,
+    REBALANCE_INTERVAL_MS,
+    BrokerImbalance,
+    IntervalTimer,
+    LeaderImbalanceCheck,
+    elect_imbalanced,
+    elect_preferred,
+    ideal_leader,
+    leader_imbalance,
+)
 from controller.decisions.sessions import (
+    SESSION_TIMEOUT_MS,
     BrokerSessions,
     check_heartbeat,
     fence_broker,
@@ -41,25 +56,29 @@ from controller.decisions.sessions import (
 from controller.decisions.topics import alter_config, create_topic, delete_topic
 
 __all__ = [
-    "periodic", "ControllerState", "BrokerSessions", "QuorumElectionTracker", "RebalanceTimer",
+    "periodic", "ControllerState", "LeaderSettings", "BrokerSessions", "QuorumElectionTracker",
+    "IntervalTimer", "LeaderImbalanceCheck", "BrokerImbalance",
     "alter_config", "alter_isr", "allocate_producer_ids", "cancel_reassignment",
-    "check_heartbeat", "create_topic", "delete_topic", "elect_isr_leader", "elect_leaders",
+    "check_heartbeat", "create_topic", "delete_topic", "elect_imbalanced", "elect_isr_leader", "elect_leaders",
     "elect_preferred", "elect_quorum", "fence_broker", "fence_expired", "fence_shutting_down", "fence_for_election",
+    "ideal_leader", "leader_imbalance",
     "move_fenced_leaders", "place_replicas", "progress_reassignments", "register_broker", "start_reassignment",
     "unfence_ready",
 ]
 
 
 def periodic(image: MetadataImage, sessions: BrokerSessions, tracker: QuorumElectionTracker,
-             now_ms: int, *, rebalance_timer: RebalanceTimer | None = None) -> list[Record]:
+             now_ms: int, *, rebalance_timer: IntervalTimer | None = None,
+             imbalance_check: LeaderImbalanceCheck | None = None) -> list[Record]:
     """What the controller leader should append now, in this fixed order:
     fence expired brokers and brokers in a controlled shutdown (moving their
     leaderships, shrinking ISRs); unfence
     brokers that heartbeat and caught up; move any leadership a fenced broker
     still holds (only after a stale proposal); elect leaders for leaderless
     partitions (quorum: fence step, then from the tracker's reports); progress
-    reassignments; and, when `rebalance_timer` says it is due, preferred-leader
-    rebalance. Each step sees the records of the steps before it.
+    reassignments; when `rebalance_timer` says it is due, preferred-leader
+    rebalance; and when `imbalance_check` is due, the leader-imbalance check.
+    Each step sees the records of the steps before it.
 
     Idempotent: called again on the image with these records applied, it
     returns nothing new for the same facts (a fence is not emitted twice).
@@ -73,20 +92,57 @@ def periodic(image: MetadataImage, sessions: BrokerSessions, tracker: QuorumElec
     plan.extend(progress_reassignments(plan.image))
     if rebalance_timer is not None and rebalance_timer.due(now_ms):
         plan.extend(elect_preferred(plan.image))
+    if imbalance_check is not None:
+        plan.extend(imbalance_check.run(plan.image, now_ms))
     tracker.forget_stale(image)
     return plan.records
 
 
+@dataclass(frozen=True, kw_only=True)
+class LeaderSettings:
+    """How the controller leader runs its periodic decisions (`biplane controller` flags).
+
+    `leader_imbalance_check_interval_ms` = 0 turns the imbalance check off (Kafka's
+    auto.leader.rebalance.enable=false leaves only the full rebalance here).
+    """
+
+    session_timeout_ms: int = SESSION_TIMEOUT_MS
+    rebalance_interval_ms: int = REBALANCE_INTERVAL_MS
+    leader_imbalance_check_interval_ms: int = LEADER_IMBALANCE_CHECK_INTERVAL_MS
+    leader_imbalance_per_broker_percentage: int = LEADER_IMBALANCE_PER_BROKER_PERCENTAGE
+    quorum_preferred_retry_ms: int = QUORUM_PREFERRED_RETRY_MS
+
+    def __post_init__(self) -> None:
+        for name in ("session_timeout_ms", "rebalance_interval_ms"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0 ms, got {getattr(self, name)}")
+        if self.leader_imbalance_check_interval_ms < 0:
+            raise ValueError("leader_imbalance_check_interval_ms must be >= 0 ms (0 turns the check off), "
+                             f"got {self.leader_imbalance_check_interval_ms}")
+        if not 0 <= self.leader_imbalance_per_broker_percentage <= 100:
+            raise ValueError("leader_imbalance_per_broker_percentage must be in 0..100, "
+                             f"got {self.leader_imbalance_per_broker_percentage}")
+        if self.quorum_preferred_retry_ms < 0:
+            raise ValueError(f"quorum_preferred_retry_ms must be >= 0 ms, got {self.quorum_preferred_retry_ms}")
+
+
 class ControllerState:
     """The controller leader's in-memory (unreplicated) state, bundled: broker sessions,
-    quorum election reports and the rebalance timer. A new leader starts a fresh one."""
+    quorum election reports, the rebalance timer and the leader-imbalance check.
+    A new leader starts a fresh one."""
 
-    def __init__(self, *, session_timeout_ms: int = 1500,
-                 rebalance_interval_ms: int = 300_000) -> None:
-        self.sessions = BrokerSessions(session_timeout_ms=session_timeout_ms)
+    def __init__(self, settings: LeaderSettings = LeaderSettings()) -> None:
+        self.settings = settings
+        self.sessions = BrokerSessions(session_timeout_ms=settings.session_timeout_ms)
         self.tracker = QuorumElectionTracker()
-        self.rebalance_timer = RebalanceTimer(rebalance_interval_ms=rebalance_interval_ms)
+        self.rebalance_timer: IntervalTimer | None = IntervalTimer(interval_ms=settings.rebalance_interval_ms)
+        self.imbalance_check: LeaderImbalanceCheck | None = None
+        if settings.leader_imbalance_check_interval_ms > 0:
+            self.imbalance_check = LeaderImbalanceCheck(
+                check_interval_ms=settings.leader_imbalance_check_interval_ms,
+                per_broker_percentage=settings.leader_imbalance_per_broker_percentage,
+                quorum_retry_ms=settings.quorum_preferred_retry_ms)
 
     def periodic(self, image: MetadataImage, now_ms: int) -> list[Record]:
         return periodic(image, self.sessions, self.tracker, now_ms,
-                        rebalance_timer=self.rebalance_timer)
+                        rebalance_timer=self.rebalance_timer, imbalance_check=self.imbalance_check)

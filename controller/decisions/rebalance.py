@@ -15,14 +15,18 @@ lagging one does not cost an election for nothing.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Iterable
 
 from common.metadata.errors import UnknownTopicOrPartitionError
 from common.metadata.image import MetadataImage, PartitionInfo
-from common.metadata.records import Record
-from controller.decisions.plan import change, choose_leader, fence_for_election, is_quorum
+from common.metadata.records import PartitionChange, Record
+from controller.decisions.plan import change, choice_key, choose_leader, fence_for_election, is_quorum
 
 REBALANCE_INTERVAL_MS = 300_000
+LEADER_IMBALANCE_CHECK_INTERVAL_MS = 5_000
+LEADER_IMBALANCE_PER_BROKER_PERCENTAGE = 10
+QUORUM_PREFERRED_RETRY_MS = 60_000
 
 
 def preferred_leader(image: MetadataImage, p: PartitionInfo) -> int | None:
@@ -58,13 +62,81 @@ def elect_preferred(image: MetadataImage,
     return records
 
 
-class RebalanceTimer:
-    """Says when the periodic preferred-leader rebalance is due (leader memory only)."""
+def ideal_leader(image: MetadataImage, p: PartitionInfo) -> int:
+    """The replica that leads `p` when every replica is in sync and unfenced: the highest
+    priority, ties by replica order (Kafka's preferred replica, the first, at equal priorities)."""
+    return max(p.replicas, key=lambda b: choice_key(image, p, b))
 
-    def __init__(self, *, rebalance_interval_ms: int = REBALANCE_INTERVAL_MS) -> None:
-        if rebalance_interval_ms <= 0:
-            raise ValueError(f"rebalance_interval_ms must be > 0, got {rebalance_interval_ms}")
-        self.rebalance_interval_ms = rebalance_interval_ms
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BrokerImbalance:
+    """One broker's leadership imbalance: of the partitions it ideally leads, how many it does not."""
+
+    broker_id: int
+    ideal: int
+    not_led: int
+
+    def exceeds(self, per_broker_percentage: int) -> bool:
+        """Kafka's test: not_led / ideal > percentage / 100 (in integers, no rounding)."""
+        return self.not_led * 100 > per_broker_percentage * self.ideal
+
+
+def leader_imbalance(image: MetadataImage) -> dict[int, BrokerImbalance]:
+    """Per broker that is the ideal leader of at least one partition, its imbalance."""
+    ideal: dict[int, int] = {}
+    not_led: dict[int, int] = {}
+    for p in image.partitions():
+        b = ideal_leader(image, p)
+        ideal[b] = ideal.get(b, 0) + 1
+        if p.leader != b:
+            not_led[b] = not_led.get(b, 0) + 1
+    return {b: BrokerImbalance(broker_id=b, ideal=n, not_led=not_led.get(b, 0))
+            for b, n in sorted(ideal.items())}
+
+
+def elect_imbalanced(image: MetadataImage, *, per_broker_percentage: int,
+                     skip: frozenset[tuple[str, int]] = frozenset()) -> list[Record]:
+    """The leader-imbalance check: for every broker whose imbalance exceeds
+    `per_broker_percentage`, move to it each of its ideal partitions it can lead now
+    (it is unfenced and in the ISR; the partition has a leader; not in `skip`).
+
+    `isr` partitions move in one record, `quorum` ones are fenced for an election,
+    as in `elect_preferred`. Idempotent: with these records applied, it returns nothing.
+    """
+    if not 0 <= per_broker_percentage <= 100:
+        raise ValueError(f"per_broker_percentage must be in 0..100, got {per_broker_percentage}")
+    over = {b: i for b, i in leader_imbalance(image).items()
+            if i.exceeds(per_broker_percentage) and image.is_unfenced(b)}
+    records: list[Record] = []
+    if not over:
+        return records
+    for p in image.partitions():
+        if p.leader is None or p.tp in skip:
+            continue
+        b = ideal_leader(image, p)
+        if b not in over or b == p.leader or b not in p.isr:
+            continue
+        i = over[b]
+        reason = (f"preferred leader {b}: leader imbalance, it leads {i.ideal - i.not_led} of its "
+                  f"{i.ideal} partitions (threshold {per_broker_percentage}%)")
+        records.append(_move_to_preferred(image, p, b, reason=reason))
+    return records
+
+
+def _move_to_preferred(image: MetadataImage, p: PartitionInfo, preferred: int, *,
+                       reason: str) -> PartitionChange:
+    if is_quorum(image, p):
+        return fence_for_election(image, p, reason=reason)
+    return change(p, leader=preferred, reason=reason)
+
+
+class IntervalTimer:
+    """Says when a periodic step is due (leader memory only)."""
+
+    def __init__(self, *, interval_ms: int) -> None:
+        if interval_ms <= 0:
+            raise ValueError(f"interval_ms must be > 0, got {interval_ms}")
+        self.interval_ms = interval_ms
         self._last_ms: int | None = None
 
     def due(self, now_ms: int) -> bool:
@@ -72,7 +144,42 @@ class RebalanceTimer:
         if self._last_ms is None:
             self._last_ms = now_ms
             return False
-        if now_ms - self._last_ms >= self.rebalance_interval_ms:
+        if now_ms - self._last_ms >= self.interval_ms:
             self._last_ms = now_ms
             return True
         return False
+
+
+class LeaderImbalanceCheck:
+    """Runs `elect_imbalanced` every `check_interval_ms` (leader memory only).
+
+    A quorum partition's move is an election the preferred replica can lose (a
+    replica with a longer flushed log wins); such a partition is not fenced again
+    by this check for `quorum_retry_ms`, so a busy partition is not re-elected every
+    few seconds. Bounded: at most one remembered attempt per partition.
+    """
+
+    def __init__(self, *, check_interval_ms: int = LEADER_IMBALANCE_CHECK_INTERVAL_MS,
+                 per_broker_percentage: int = LEADER_IMBALANCE_PER_BROKER_PERCENTAGE,
+                 quorum_retry_ms: int = QUORUM_PREFERRED_RETRY_MS) -> None:
+        if not 0 <= per_broker_percentage <= 100:
+            raise ValueError(f"per_broker_percentage must be in 0..100, got {per_broker_percentage}")
+        if quorum_retry_ms < 0:
+            raise ValueError(f"quorum_retry_ms must be >= 0, got {quorum_retry_ms}")
+        self.timer = IntervalTimer(interval_ms=check_interval_ms)
+        self.per_broker_percentage = per_broker_percentage
+        self.quorum_retry_ms = quorum_retry_ms
+        self._quorum_tried_ms: dict[tuple[str, int], int] = {}
+
+    def run(self, image: MetadataImage, now_ms: int) -> list[Record]:
+        if not self.timer.due(now_ms):
+            return []
+        self._quorum_tried_ms = {tp: at for tp, at in self._quorum_tried_ms.items()
+                                 if now_ms - at < self.quorum_retry_ms
+                                 and image.get_partition(*tp) is not None}
+        records = elect_imbalanced(image, per_broker_percentage=self.per_broker_percentage,
+                                   skip=frozenset(self._quorum_tried_ms))
+        for r in records:
+            if isinstance(r, PartitionChange) and r.fenced_for_election:
+                self._quorum_tried_ms[(r.topic, r.partition)] = now_ms
+        return records

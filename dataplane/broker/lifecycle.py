@@ -119,7 +119,8 @@ class Lifecycle:
         if not self.registered.is_set():
             return False
         self.want_shutdown = True
-        deadline = time.monotonic() + timeout_ms / 1000
+        started = time.monotonic()
+        deadline = started + timeout_ms / 1000
         while time.monotonic() < deadline:
             try:
                 answer = await asyncio.wait_for(self.control.heartbeat(self._heartbeat()),
@@ -129,8 +130,9 @@ class Lifecycle:
                             extra={"event": "broker.controlled_shutdown_failed"})
                 return False
             if answer.get("fenced") and self.metadata_offset() >= int(answer.get("metadata_offset", 0)):
-                log.info("controlled shutdown: leaderships moved off broker %d", self.broker_id,
-                         extra={"event": "broker.controlled_shutdown"})
+                took_ms = int((time.monotonic() - started) * 1000)
+                log.info("controlled shutdown: leaderships moved off broker %d in %d ms", self.broker_id,
+                         took_ms, extra={"event": "broker.controlled_shutdown", "took_ms": took_ms})
                 return True
             await asyncio.sleep(poll_ms / 1000)
         log.warning("controlled shutdown did not complete within %d ms; stopping without it", timeout_ms,
