@@ -13,11 +13,17 @@ The driver performs them in this order (etcd-raft's Ready contract):
 from __future__ import annotations
 
 import dataclasses
+from typing import TypeVar, dataclass_transform
 
 from common.errors import ErrorCode
 
 
-def _frozen(cls):
+_T = TypeVar("_T")
+
+
+@dataclass_transform(frozen_default=True, kw_only_default=True)
+def _frozen(cls: type[_T]) -> type[_T]:
+    """A frozen, keyword-only, slotted dataclass (declared so type checkers see its fields)."""
     return dataclasses.dataclass(frozen=True, kw_only=True, slots=True)(cls)
 
 

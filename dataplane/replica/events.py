@@ -8,6 +8,7 @@ on the receiving side and the payload of a `Send` action on the sending side.
 from __future__ import annotations
 
 import dataclasses
+from typing import TypeVar, dataclass_transform
 
 from common.errors import ErrorCode
 from dataplane.replica.state import PartitionState, ReplicationConfig
@@ -17,7 +18,12 @@ NO_EPOCH = -1
 NO_OFFSET = -1
 
 
-def _frozen(cls):
+_T = TypeVar("_T")
+
+
+@dataclass_transform(frozen_default=True, kw_only_default=True)
+def _frozen(cls: type[_T]) -> type[_T]:
+    """A frozen, keyword-only, slotted dataclass (declared so type checkers see its fields)."""
     return dataclasses.dataclass(frozen=True, kw_only=True, slots=True)(cls)
 
 
