@@ -16,6 +16,7 @@ import dataclasses
 from typing import TypeVar, dataclass_transform
 
 from common.errors import ErrorCode
+from dataplane.replica.events import AppendEntries, AppendEntriesReply, FetchRequest, FetchResponse
 
 
 _T = TypeVar("_T")
@@ -34,7 +35,7 @@ class Append:
     leader's offsets and epochs and start at base_offset."""
 
     as_leader: bool
-    records: bytes
+    records: bytes | memoryview
     base_offset: int
     last_offset: int
     leader_epoch: int
@@ -64,7 +65,7 @@ class Flush:
 @_frozen
 class Send:
     to_broker: int
-    message: object
+    message: FetchRequest | FetchResponse | AppendEntries | AppendEntriesReply
 
 
 @_frozen
@@ -118,15 +119,21 @@ class Rejected:
     reason: str = ""
 
 
+PersistAction = Append | Truncate | TruncateFully | Flush
+SendAction = Send | ProposeIsr | ReportElection
+NoteAction = RefreshMetadata | StopLeading | Rejected
+Action = PersistAction | SendAction | ReleaseProduce | NoteAction
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class Ready:
-    persist: tuple = ()
-    send: tuple = ()
-    release: tuple = ()
-    notes: tuple = ()
+    persist: tuple[PersistAction, ...] = ()
+    send: tuple[SendAction, ...] = ()
+    release: tuple[ReleaseProduce, ...] = ()
+    notes: tuple[NoteAction, ...] = ()
 
     @property
-    def actions(self) -> tuple:
+    def actions(self) -> tuple[Action, ...]:
         return self.persist + self.send + self.release + self.notes
 
     def __bool__(self) -> bool:

@@ -64,7 +64,7 @@ class FetchResponse:
     fetch_offset: int
     last_fetched_epoch: int
     error: ErrorCode = ErrorCode.NONE
-    records: bytes = b""
+    records: bytes | memoryview = b""  # as the leader's log read it
     high_watermark: int = 0
     log_end_offset: int = 0
     diverging_epoch: int = NO_EPOCH
@@ -103,7 +103,7 @@ class NewMetadata:
 
     partition: PartitionState
     config: ReplicationConfig
-    fenced_replicas: frozenset = frozenset()
+    fenced_replicas: frozenset[int] = frozenset()
 
 
 @_frozen
@@ -131,7 +131,7 @@ class AppendEntries:
     leader_epoch: int
     prev_offset: int
     prev_epoch: int
-    records: bytes
+    records: bytes | memoryview  # as the leader's log read it
     high_watermark: int
     log_end_offset: int = 0
     flush_after_append: bool = False
