@@ -569,14 +569,14 @@ class BatchBuilder:
             raise InvalidRequestError(f"timestamp_ms {timestamp_ms} out of range [-1, {MAX_TIMESTAMP_MS})")
         return _as_bytes("value", value), _as_bytes("key", key), timestamp_ms
 
-    def has_room_for(self, value: bytes | None, *, key: bytes | None = None,
+    def has_room_for(self, value: Buffer | None, *, key: Buffer | None = None,
                      headers: Sequence[tuple[str, bytes | str | None]] = (), timestamp_ms: int = 0) -> bool:
         value, key, timestamp_ms = self._checked(value, key, timestamp_ms)
         header_bytes = encode_headers(headers) if headers else NO_HEADERS
         writer = self._writer
         return writer.size_bytes + writer.record_size_bytes(value, key, header_bytes, timestamp_ms) <= self._limit_bytes
 
-    def append(self, value: bytes | None, *, key: bytes | None = None,
+    def append(self, value: Buffer | None, *, key: Buffer | None = None,
                headers: Sequence[tuple[str, bytes | str | None]] = (), timestamp_ms: int) -> None:
         value, key, timestamp_ms = self._checked(value, key, timestamp_ms)
         header_bytes = encode_headers(headers) if headers else NO_HEADERS

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TypeVar, dataclass_transform
 
+from common.batch import Buffer
 from common.errors import ErrorCode
 from dataplane.replica.events import AppendEntries, AppendEntriesReply, FetchRequest, FetchResponse
 
@@ -35,7 +36,7 @@ class Append:
     leader's offsets and epochs and start at base_offset."""
 
     as_leader: bool
-    records: bytes | memoryview
+    records: Buffer
     base_offset: int
     last_offset: int
     leader_epoch: int

@@ -37,7 +37,7 @@ import enum
 from collections.abc import Callable
 from typing import Any
 
-from common.batch import BatchHeader, build_batch, iter_batches
+from common.batch import BatchHeader, Buffer, build_batch, iter_batches
 from common.errors import CorruptBatchError, ErrorCode
 from dataplane.replica.actions import (
     Append, Flush, NoteAction, PersistAction, ProposeIsr, Ready, RefreshMetadata, Rejected, ReleaseProduce,
@@ -510,7 +510,7 @@ class Replica(PushMixin):
         self._notes.append(Rejected(event="ProduceRequest", error=error, their_epoch=their_epoch,
                                     our_epoch=self.leader_epoch, reason=reason))
 
-    def _append_as_leader(self, records: bytes | memoryview) -> tuple[int, int]:
+    def _append_as_leader(self, records: Buffer) -> tuple[int, int]:
         count = sum(h.record_count for _, h in iter_batches(records, validate=False))
         base = self.log_end_offset
         last = base + count - 1
@@ -867,7 +867,7 @@ class Replica(PushMixin):
         self._reported_flushed = min(self._reported_flushed, offset)
         self._unflushed_since_ms = None
 
-    def _append_as_follower(self, records: bytes | memoryview) -> bool:
+    def _append_as_follower(self, records: Buffer) -> bool:
         try:
             headers = [h for _, h in iter_batches(records)]
         except CorruptBatchError as exc:

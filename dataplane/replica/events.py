@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TypeVar, dataclass_transform
 
+from common.batch import Buffer
 from common.errors import ErrorCode
 from dataplane.replica.state import PartitionState, ReplicationConfig
 
@@ -64,7 +65,7 @@ class FetchResponse:
     fetch_offset: int
     last_fetched_epoch: int
     error: ErrorCode = ErrorCode.NONE
-    records: bytes | memoryview = b""  # as the leader's log read it
+    records: Buffer = b""  # as the leader's log read it (a view of the frame, on the wire path)
     high_watermark: int = 0
     log_end_offset: int = 0
     diverging_epoch: int = NO_EPOCH
@@ -131,7 +132,7 @@ class AppendEntries:
     leader_epoch: int
     prev_offset: int
     prev_epoch: int
-    records: bytes | memoryview  # as the leader's log read it
+    records: Buffer  # as the leader's log read it (a view of the frame, on the wire path)
     high_watermark: int
     log_end_offset: int = 0
     flush_after_append: bool = False

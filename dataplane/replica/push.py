@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from common.batch import iter_batches
+from common.batch import Buffer, iter_batches
 from common.errors import CorruptBatchError, ErrorCode
 from dataplane.replica.actions import NoteAction, Rejected, Send, SendAction
 from dataplane.replica.events import AppendEntries, AppendEntriesReply
@@ -74,7 +74,7 @@ class PushMixin:
         def _following(self, leader_id: int) -> bool: ...
         def _truncate_diverging(self, leader_epoch: int, leader_end: int) -> None: ...
         def _cut_to(self, offset: int) -> None: ...
-        def _append_as_follower(self, records: bytes | memoryview) -> bool: ...
+        def _append_as_follower(self, records: Buffer) -> bool: ...
         def _request_flush(self) -> None: ...
 
     # ------------------------------------------------------------ leader
@@ -216,7 +216,7 @@ class PushMixin:
     def _answers_our_log(self, ev: AppendEntries) -> bool:
         return (ev.prev_offset, ev.prev_epoch) == (self.log_end_offset, self.last_epoch)
 
-    def _apply_pushed(self, prev_offset: int, records: bytes | memoryview) -> int | None:
+    def _apply_pushed(self, prev_offset: int, records: Buffer) -> int | None:
         """Append what we lack after prev_offset; batches we already hold in the same epoch
         are the same batches (one leader per epoch) and stay; the first batch of another
         epoch and everything after it is cut. Returns the end of the verified prefix."""
