@@ -40,7 +40,7 @@ import enum
 import struct
 import zlib
 from dataclasses import dataclass
-from typing import Iterator, Sequence, Union
+from typing import Iterator, Sequence, TypedDict, Union, Unpack
 
 from crc32c import crc32c
 
@@ -477,10 +477,39 @@ def _gzip_records_bytes_max(max_batch_bytes: int) -> int:
 
 def _as_bytes(name: str, data: object) -> Buffer | None:
     if data is None or type(data) is bytes:
-        return data  # type: ignore[return-value]
+        return data
     if isinstance(data, (bytes, bytearray, memoryview)):
         return bytes(data)  # a memoryview's len() may count items, not bytes
     raise InvalidRequestError(f"{name} must be bytes or None, got {type(data).__name__}")
+
+
+class _SealFields(TypedDict):
+    """BatchWriter.seal's arguments, checked once by BatchBuilder."""
+
+    base_offset: int
+    leader_epoch: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    compression: Compression
+    gzip_level: int
+    is_control: bool
+    is_transactional: bool
+
+
+class BatchFields(TypedDict, total=False):
+    """BatchBuilder's keyword arguments, as build_batch passes them on."""
+
+    base_offset: int
+    leader_epoch: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    compression: Compression | int
+    is_control: bool
+    is_transactional: bool
+    max_batch_bytes: int
+    gzip_level: int
 
 
 class BatchBuilder:
@@ -499,20 +528,19 @@ class BatchBuilder:
                  compression: Compression | int = Compression.NONE, is_control: bool = False,
                  is_transactional: bool = False, max_batch_bytes: int = BUILDER_MAX_BATCH_BYTES,
                  gzip_level: int = GZIP_LEVEL) -> None:
-        seal = {
-            "base_offset": _check_int("base_offset", base_offset, 0, _INT64_MAX),
-            "leader_epoch": _check_int("leader_epoch", leader_epoch, -1, _INT32_MAX),
-            "producer_id": _check_int("producer_id", producer_id, -1, _INT64_MAX),
-            "producer_epoch": _check_int("producer_epoch", producer_epoch, -1, _INT16_MAX),
-            "base_sequence": _check_int("base_sequence", base_sequence, -1, _INT32_MAX),
-        }
+        checked_base_offset = _check_int("base_offset", base_offset, 0, _INT64_MAX)
+        checked_leader_epoch = _check_int("leader_epoch", leader_epoch, -1, _INT32_MAX)
+        checked_producer_id = _check_int("producer_id", producer_id, -1, _INT64_MAX)
+        checked_producer_epoch = _check_int("producer_epoch", producer_epoch, -1, _INT16_MAX)
+        checked_base_sequence = _check_int("base_sequence", base_sequence, -1, _INT32_MAX)
         if compression not in _KNOWN_CODECS:
             raise InvalidRequestError(f"compression {compression!r} is not supported (use Compression.NONE or GZIP)")
-        self._compression = seal["compression"] = Compression(compression)
-        seal["gzip_level"] = _check_int("gzip_level", gzip_level, 1, 9)
-        seal["is_control"] = bool(is_control)
-        seal["is_transactional"] = bool(is_transactional)
-        self._seal = seal
+        self._compression = Compression(compression)
+        self._seal = _SealFields(
+            base_offset=checked_base_offset, leader_epoch=checked_leader_epoch, producer_id=checked_producer_id,
+            producer_epoch=checked_producer_epoch, base_sequence=checked_base_sequence,
+            compression=self._compression, gzip_level=_check_int("gzip_level", gzip_level, 1, 9),
+            is_control=bool(is_control), is_transactional=bool(is_transactional))
         self._max_batch_bytes = _check_int("max_batch_bytes", max_batch_bytes,
                                            HEADER_SIZE + MIN_RECORD_BYTES, _INT32_MAX)
         # The writer's own limit on its size (header + uncompressed records) that keeps the
@@ -536,19 +564,19 @@ class BatchBuilder:
 
     def _checked(self, value: object, key: object, timestamp_ms: object) -> tuple[Buffer | None, Buffer | None, int]:
         if type(timestamp_ms) is not int:
-            _check_int("timestamp_ms", timestamp_ms, NO_TIMESTAMP, MAX_TIMESTAMP_MS)
-        if not NO_TIMESTAMP <= timestamp_ms < MAX_TIMESTAMP_MS:  # type: ignore[operator]
+            timestamp_ms = _check_int("timestamp_ms", timestamp_ms, NO_TIMESTAMP, MAX_TIMESTAMP_MS)
+        if not NO_TIMESTAMP <= timestamp_ms < MAX_TIMESTAMP_MS:
             raise InvalidRequestError(f"timestamp_ms {timestamp_ms} out of range [-1, {MAX_TIMESTAMP_MS})")
-        return _as_bytes("value", value), _as_bytes("key", key), timestamp_ms  # type: ignore[return-value]
+        return _as_bytes("value", value), _as_bytes("key", key), timestamp_ms
 
-    def has_room_for(self, value: bytes | None, *, key: bytes | None = None,
+    def has_room_for(self, value: Buffer | None, *, key: Buffer | None = None,
                      headers: Sequence[tuple[str, bytes | str | None]] = (), timestamp_ms: int = 0) -> bool:
         value, key, timestamp_ms = self._checked(value, key, timestamp_ms)
         header_bytes = encode_headers(headers) if headers else NO_HEADERS
         writer = self._writer
         return writer.size_bytes + writer.record_size_bytes(value, key, header_bytes, timestamp_ms) <= self._limit_bytes
 
-    def append(self, value: bytes | None, *, key: bytes | None = None,
+    def append(self, value: Buffer | None, *, key: Buffer | None = None,
                headers: Sequence[tuple[str, bytes | str | None]] = (), timestamp_ms: int) -> None:
         value, key, timestamp_ms = self._checked(value, key, timestamp_ms)
         header_bytes = encode_headers(headers) if headers else NO_HEADERS
@@ -567,12 +595,12 @@ class BatchBuilder:
 
 
 def build_batch(values: Sequence[bytes | None], *, keys: Sequence[bytes | None] | None = None,
-                timestamp_ms: int, **header_fields: object) -> bytes:
+                timestamp_ms: int, **header_fields: Unpack[BatchFields]) -> bytes:
     """One batch of `values` (and `keys`, same length) all stamped `timestamp_ms`."""
     if keys is not None and len(keys) != len(values):
         raise InvalidRequestError(f"keys has {len(keys)} items but values has {len(values)}")
     header_fields.setdefault("max_batch_bytes", MAX_BATCH_BYTES)
-    builder = BatchBuilder(**header_fields)  # type: ignore[arg-type]
+    builder = BatchBuilder(**header_fields)
     for i, value in enumerate(values):
         builder.append(value, key=None if keys is None else keys[i], timestamp_ms=timestamp_ms)
     return builder.build()

@@ -131,9 +131,16 @@ class ControlClient:
                            f"({last_error})", code=ErrorCode.NOT_CONTROLLER)
 
 
-def _error_of(error: dict, status: int) -> BiplaneError:
+class ControllerError(BiplaneError):
+    """The controller refused a request; `field` names the request field it blames, if any."""
+
+    def __init__(self, message: str, *, code: ErrorCode | None = None, field: str | None = None) -> None:
+        super().__init__(message, code=code)
+        self.field = field
+
+
+def _error_of(error: dict[str, Any], status: int) -> ControllerError:
     name = error.get("code", "UNKNOWN")
     code = ErrorCode.__members__.get(name, ErrorCode.UNKNOWN)
-    exc = BiplaneError(error.get("message", f"controller answered HTTP {status}"), code=code)
-    exc.field = error.get("field")
-    return exc
+    return ControllerError(error.get("message", f"controller answered HTTP {status}"), code=code,
+                           field=error.get("field"))

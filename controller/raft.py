@@ -204,7 +204,7 @@ class _SyncingTransport(TCPTransport):
 class _ReplicatedObject(SyncObj):
     def __init__(self, self_address: str, peers: list[str], conf: SyncObjConf,
                  on_apply: Callable[[str], Any]) -> None:
-        self._biplane_journal = None
+        self._biplane_journal: _SyncedJournal | None = None  # set by RaftNode.start
         self._biplane_on_apply = on_apply
         super().__init__(self_address, peers, conf, transportClass=_SyncingTransport)
 
@@ -340,6 +340,13 @@ class RaftNode:
         self._thread = threading.Thread(target=self._run, name="raft-tick", daemon=True)
         self._thread.start()
 
+    def _started(self) -> tuple[_ReplicatedObject, _SyncedJournal]:
+        """The node and its journal; only after start()."""
+        obj = self._obj
+        if obj is None or obj._biplane_journal is None:
+            raise RuntimeError("RaftNode is not started")
+        return obj, obj._biplane_journal
+
     def stop(self) -> None:
         """Idempotent. Stops the tick thread and closes the journal (flushed)."""
         self._stopping.set()
@@ -348,8 +355,7 @@ class RaftNode:
             self._thread = None
 
     def _run(self) -> None:
-        obj = self._obj
-        assert obj is not None
+        obj, journal = self._started()
         while not self._stopping.is_set():
             try:
                 while self._calls:
@@ -361,7 +367,7 @@ class RaftNode:
                 log.exception("raft tick failed; retrying")
                 time.sleep(0.05)
         try:
-            obj._biplane_journal.sync()
+            journal.sync()
             obj.destroy()
         except Exception:
             log.exception("raft shutdown failed")
@@ -374,13 +380,13 @@ class RaftNode:
             self._loop.call_soon_threadsafe(self._on_role_change)
 
     def _sync_journal(self) -> None:
-        self._obj._biplane_journal.sync()
+        self._started()[1].sync()
 
     def _wake_lone_node(self) -> None:
         # Runs at the end of each tick, just before pysyncobj polls its sockets. A lone
         # node commits what it appended only in the next tick, and no socket will wake
         # that poll: wake it through pysyncobj's own pipe instead of sleeping 20 ms.
-        obj = self._obj
+        obj = self._started()[0]
         if obj.raftCommitIndex < obj._SyncObj__getCurrentLogIndex():
             obj._SyncObj__pipeNotifier.notify()
 
@@ -393,7 +399,7 @@ class RaftNode:
         if now - self._last_ping < PEER_PING_S:
             return
         self._last_ping = now
-        transport = self._obj._SyncObj__transport
+        transport = self._started()[0]._SyncObj__transport
         for node in self._peer_nodes:
             transport.send(node, {"type": "biplane_ping"})
 
@@ -429,7 +435,7 @@ class RaftNode:
     # -- leadership transfer (Raft thread)
 
     def _maybe_transfer(self) -> None:
-        obj = self._obj
+        obj = self._started()[0]
         now = time.monotonic()
         if not obj._isLeader():
             self._leader_since = 0.0
@@ -456,11 +462,11 @@ class RaftNode:
         def done(result: Any, error: int) -> None:
             loop.call_soon_threadsafe(_resolve, fut, result, error)
 
-        self._obj.apply_json(command_json, callback=done)
+        self._started()[0].apply_json(command_json, callback=done)
         return fut
 
     def status(self) -> RaftStatus:
-        obj = self._obj
+        obj = self._started()[0]
         leader = obj._getLeader()
         return RaftStatus(
             self_address=self.settings.self_address,
@@ -474,7 +480,7 @@ class RaftNode:
         )
 
     def journal_syncs(self) -> int:
-        return self._obj._biplane_journal.syncs if self._obj else 0
+        return self._obj._biplane_journal.syncs if self._obj and self._obj._biplane_journal else 0
 
 
 def _resolve(fut: asyncio.Future, result: Any, error: int) -> None:

@@ -14,6 +14,7 @@ works on `SnapshotRows`, plain tuples in the column order of snapshot_schema.
 """
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import datetime as dt
 import json
@@ -195,7 +196,7 @@ def write_snapshot_file(directory: Path, rows: SnapshotRows) -> Path:
             db.execute("PRAGMA synchronous=OFF")
             with db.conn:
                 for table, (columns, pk) in TABLES.items():
-                    db[table].create(dict(columns), pk=pk if len(pk) > 1 else pk[0])
+                    db.table(table).create(dict(columns), pk=pk if len(pk) > 1 else pk[0])
                     if table == "broker_totals":
                         db.conn.execute(BROKER_TOTALS_SQL)
                         continue
@@ -258,7 +259,7 @@ class SnapshotStore:
                     continue
         return sorted(infos, key=lambda info: (info.time_ms, info.metadata_offset, info.name))
 
-    def prune(self, now_ms: int) -> list[str]:
+    def prune(self, now_ms: int) -> builtins.list[str]:  # `list` here is the method above
         """Remove files beyond keep_count or older than keep_age_ms; returns removed names."""
         infos = self.list()
         newest = infos[-1:] if infos else []

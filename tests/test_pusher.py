@@ -145,3 +145,27 @@ def test_append_entries_reach_the_follower_in_submission_order_across_the_connec
     assert arrived == list(range(n))
     assert delivered == [i + 1 for i in range(n)]
     assert tasks_after == 0  # connected: nothing waits in a task
+
+
+def test_follower_without_address_is_backed_off_not_stuck():
+    """Claim: when no address is known for a follower, its queued append-entries are dropped
+    and the follower is backed off like any failed connect, so a later submit connects again.
+    Regression: the error raised named an ErrorCode that does not exist (BROKER_NOT_AVAILABLE),
+    so an AttributeError escaped the connect task and the queue was never cleared: nothing was
+    pushed to that follower again (found by the type check)."""
+    async def main():
+        pusher = Pusher(broker_id=1, address_of=lambda b: None, deliver=lambda tp, reply: None,
+                        reconnect_backoff_ms=0)
+        ev = AppendEntries(leader_id=1, leader_epoch=1, prev_offset=0, prev_epoch=-1, records=b"",
+                           high_watermark=0, partition=TP)
+        try:
+            pusher.submit(2, TP, ev)
+            for _ in range(20):
+                await asyncio.sleep(0)
+            return dict(pusher._waiting), set(pusher._tasks)
+        finally:
+            await pusher.close()
+
+    waiting, tasks = asyncio.run(main())
+    assert waiting == {}
+    assert tasks == set()

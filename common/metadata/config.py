@@ -57,9 +57,10 @@ class TopicConfig(BaseModel):
     @model_validator(mode="after")
     def _check_relations(self) -> "TopicConfig":
         rf = self.replication_factor
-        if self.quorum_required_acks is None:
-            object.__setattr__(self, "quorum_required_acks", rf // 2 + 1)
         q = self.quorum_required_acks
+        if q is None:
+            q = rf // 2 + 1
+            object.__setattr__(self, "quorum_required_acks", q)
         if self.commit_policy == "quorum" and not 1 < q <= rf:
             raise ValueError(
                 f"quorum_required_acks={q} must satisfy 1 < quorum_required_acks <= "

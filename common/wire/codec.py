@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterable, TypeVar, Union, dataclass_transform
 from common.errors import ErrorCode, InvalidRequestError, ProtocolError
 
 Records = Union[bytes, bytearray, memoryview]
+Parts = list[Records]  # an encoded message: bytes-like parts, joined or written as they are
 T = TypeVar("T")
 
 
@@ -52,7 +53,14 @@ class FieldType:
     min_size: int = 0
     fmt: str | None = None  # set for fixed-size scalars
 
-    def encode(self, value: Any, out: list) -> None:  # pragma: no cover - interface
+    @property
+    def fixed_fmt(self) -> str:
+        """The struct format code of a fixed-size type."""
+        if self.fmt is None:
+            raise TypeError(f"{self.name} is not a fixed-size type")
+        return self.fmt
+
+    def encode(self, value: Any, out: Parts) -> None:  # pragma: no cover - interface
         raise NotImplementedError
 
     def decode(self, buf: memoryview, pos: int, end: int) -> tuple[Any, int]:  # pragma: no cover
@@ -73,7 +81,7 @@ class _Scalar(FieldType):
         self._struct = struct.Struct(">" + fmt)
         self.min_size = self._struct.size
 
-    def encode(self, value: Any, out: list) -> None:
+    def encode(self, value: Any, out: Parts) -> None:
         out.append(self._struct.pack(value))
 
     def decode(self, buf: memoryview, pos: int, end: int) -> tuple[Any, int]:
@@ -115,7 +123,7 @@ class _String(FieldType):
         self.name = "nullable_string" if nullable else "string"
         self.min_size = 2
 
-    def encode(self, value: Any, out: list) -> None:
+    def encode(self, value: Any, out: Parts) -> None:
         if value is None:
             if not self.nullable:
                 raise TypeError("string field is not nullable")
@@ -150,7 +158,7 @@ class _Bytes(FieldType):
         self.zero_copy = zero_copy
         self.min_size = 4
 
-    def encode(self, value: Any, out: list) -> None:
+    def encode(self, value: Any, out: Parts) -> None:
         if value is None:
             out.append(b"\xff\xff\xff\xff")
             return
@@ -187,7 +195,7 @@ class Array(FieldType):
         self.name = f"array[{self.item.name}]"
         self.min_size = 4
 
-    def encode(self, value: Any, out: list) -> None:
+    def encode(self, value: Any, out: Parts) -> None:
         if value is None:
             if not self.nullable:
                 raise TypeError("array field is not nullable")
@@ -226,12 +234,12 @@ class _Fixed:
     def __init__(self, names: list[str], types: list[FieldType]) -> None:
         self.names = names
         self.types = types
-        self.struct = struct.Struct(">" + "".join(t.fmt for t in types))  # type: ignore[misc]
+        self.struct = struct.Struct(">" + "".join(t.fixed_fmt for t in types))
         getter = operator.attrgetter(*names)
-        self.get: Callable[[Any], tuple] = getter if len(names) > 1 else (lambda v: (getter(v),))
+        self.get: Callable[[Any], tuple[Any, ...]] = getter if len(names) > 1 else (lambda v: (getter(v),))
         ends, total = [], 0
         for t in types:
-            total += struct.calcsize(">" + t.fmt)  # type: ignore[operator]
+            total += struct.calcsize(">" + t.fixed_fmt)
             ends.append(total)
         self.ends = ends
         self.converting = [(i, t) for i, t in enumerate(types) if type(t).convert is not FieldType.convert]
@@ -260,7 +268,7 @@ class StructCodec(FieldType):
             steps.append(_Fixed(run_names, run_types))
         self.steps = steps
 
-    def encode(self, value: Any, out: list) -> None:
+    def encode(self, value: Any, out: Parts) -> None:
         if type(value) is not self.cls:
             raise InvalidRequestError(f"expected {self.name}, got {type(value).__name__}")
         for step in self.steps:
@@ -278,10 +286,10 @@ class StructCodec(FieldType):
                     raise InvalidRequestError(f"{self.name}.{name}: cannot encode "
                                               f"{getattr(value, name)!r} as {ftype.name}: {exc}") from None
 
-    def _explain_pack_failure(self, step: _Fixed, values: tuple) -> None:
+    def _explain_pack_failure(self, step: _Fixed, values: tuple[Any, ...]) -> None:
         for name, ftype, v in zip(step.names, step.types, values):
             try:
-                struct.pack(">" + ftype.fmt, v)  # type: ignore[operator]
+                struct.pack(">" + ftype.fixed_fmt, v)
             except struct.error:
                 raise InvalidRequestError(f"{self.name}.{name}: value {v!r} does not fit {ftype.name}") from None
         raise AssertionError(f"{self.name}: struct pack failed but no single field does")
@@ -322,7 +330,7 @@ def codec_of(t: FieldType | type) -> FieldType:
     if isinstance(t, FieldType):
         return t
     codec = getattr(t, "__wire_codec__", None)
-    if codec is None:
+    if not isinstance(codec, FieldType):
         raise TypeError(f"{t!r} is neither a field type nor a wire_struct class")
     return codec
 
@@ -332,20 +340,23 @@ def wire_struct(**table: FieldType | type) -> Callable[[type[T]], type[T]]:
     """Make `cls` a frozen keyword-only slotted dataclass with a wire layout."""
 
     def wrap(cls: type[T]) -> type[T]:
-        new_cls = dataclass(frozen=True, kw_only=True, slots=True)(cls)
-        names = [f.name for f in dataclass_fields(new_cls)]
+        # Any: a class being made into a dataclass and given a codec attribute, which no
+        # static type describes; the caller sees the type[T] it passed in.
+        made: Any = dataclass(frozen=True, kw_only=True, slots=True)(cls)
+        names = [f.name for f in dataclass_fields(made)]
         if names != list(table):
             raise TypeError(f"{cls.__name__}: wire table {list(table)} must list the dataclass fields "
                             f"{names} in the same order")
-        new_cls.__wire_codec__ = StructCodec(new_cls, table)  # type: ignore[attr-defined]
+        made.__wire_codec__ = StructCodec(made, table)
+        new_cls: type[T] = made
         return new_cls
 
     return wrap
 
 
-def encode_parts(value: Any, out: list | None = None) -> list:
+def encode_parts(value: Any, out: Parts | None = None) -> Parts:
     """Encode a wire_struct value into a list of bytes-like parts (record blobs are not copied)."""
-    parts: list = [] if out is None else out
+    parts: Parts = [] if out is None else out
     codec_of(type(value)).encode(value, parts)
     return parts
 
@@ -360,6 +371,7 @@ def decode(cls: type[T], buf: bytes | bytearray | memoryview, pos: int = 0, *, c
     view = buf if isinstance(buf, memoryview) else memoryview(buf)
     end = len(view)
     where = context or codec.name
+    value: T  # the codec of cls decodes a cls
     try:
         value, pos = codec.decode(view, pos, end)
     except _FieldError as exc:
@@ -374,4 +386,7 @@ def decode(cls: type[T], buf: bytes | bytearray | memoryview, pos: int = 0, *, c
 
 def struct_fields(cls: type) -> Iterable[tuple[str, FieldType]]:
     """The (name, field type) table of a wire_struct class, for tools and tests."""
-    return tuple(codec_of(cls).fields)  # type: ignore[attr-defined]
+    codec = codec_of(cls)
+    if not isinstance(codec, StructCodec):
+        raise TypeError(f"{cls!r} is not a wire_struct class")
+    return tuple(codec.fields)

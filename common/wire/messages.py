@@ -416,7 +416,7 @@ class InitProducerIdResponse:
 # ---------------------------------------------------------------------- registry
 
 
-REQUEST_TYPES: dict[ApiKey, type] = {
+REQUEST_TYPES: dict[ApiKey, type[object]] = {
     ApiKey.PRODUCE: ProduceRequest,
     ApiKey.FETCH: FetchRequest,
     ApiKey.LIST_OFFSETS: ListOffsetsRequest,
@@ -425,7 +425,7 @@ REQUEST_TYPES: dict[ApiKey, type] = {
     ApiKey.APPEND_ENTRIES: AppendEntriesRequest,
     ApiKey.INIT_PRODUCER_ID: InitProducerIdRequest,
 }
-RESPONSE_TYPES: dict[ApiKey, type] = {
+RESPONSE_TYPES: dict[ApiKey, type[object]] = {
     ApiKey.PRODUCE: ProduceResponse,
     ApiKey.FETCH: FetchResponse,
     ApiKey.LIST_OFFSETS: ListOffsetsResponse,
@@ -471,7 +471,7 @@ def encode_request(request: Any, *, correlation_id: int, api_version: int = 0) -
     key = api_key_of(request)
     if type(request) is not REQUEST_TYPES[key]:
         raise TypeError(f"{type(request).__name__} is a response, not a request")
-    parts: list = [request_header_bytes(key, api_version, correlation_id)]
+    parts: list[BytesLike] = [request_header_bytes(key, api_version, correlation_id)]
     return encode_frame(codec.encode_parts(request, parts))
 
 
@@ -480,24 +480,24 @@ def encode_response(response: Any, *, correlation_id: int) -> list[BytesLike]:
     key = api_key_of(response)
     if type(response) is not RESPONSE_TYPES[key]:
         raise TypeError(f"{type(response).__name__} is a request, not a response")
-    parts: list = [response_header_bytes(correlation_id)]
+    parts: list[BytesLike] = [response_header_bytes(correlation_id)]
     return encode_frame(codec.encode_parts(response, parts))
 
 
-def decode_request(payload: BytesLike) -> tuple[RequestHeader, Any]:
+def decode_request(payload: BytesLike) -> tuple[RequestHeader, object]:
     """Decode a request frame payload (without its size prefix)."""
     header, pos = read_request_header(payload)
     key = _api(header.api_key, header.api_version, f"request {header.correlation_id}")
-    request = codec.decode(REQUEST_TYPES[key], payload, pos,
+    request: object = codec.decode(REQUEST_TYPES[key], payload, pos,
                            context=f"{key.name} v{header.api_version} request")
     return header, request
 
 
-def decode_response(payload: BytesLike, api_key: int, api_version: int = 0) -> tuple[int, Any]:
+def decode_response(payload: BytesLike, api_key: int, api_version: int = 0) -> tuple[int, object]:
     """Decode a response payload; the caller knows the api from the correlation id."""
     correlation_id, pos = read_response_header(payload)
     key = _api(api_key, api_version, f"response {correlation_id}")
-    response = codec.decode(RESPONSE_TYPES[key], payload, pos, context=f"{key.name} v{api_version} response")
+    response: object = codec.decode(RESPONSE_TYPES[key], payload, pos, context=f"{key.name} v{api_version} response")
     return correlation_id, response
 
 

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from typing import Callable
+from typing import Callable, cast
 
 from common.errors import ProtocolError
-from common.wire.frames import SIZE_BYTES, check_frame_size
+from common.wire.frames import SIZE_BYTES, BytesLike, check_frame_size
 
 _SIZE = struct.Struct(">i")
 RECEIVE_BUFFER_BYTES = 256 * 1024
@@ -54,7 +54,9 @@ class FrameStream(asyncio.BufferedProtocol):
     # ------------------------------------------------------------------ protocol
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        # A stream connection's transport is a Transport (asyncio's or uvloop's); the
+        # Protocol method is declared with the base class.
+        self.transport = cast(asyncio.Transport, transport)
         self._closed = asyncio.get_running_loop().create_future()
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else str(peer)
@@ -141,7 +143,7 @@ class FrameStream(asyncio.BufferedProtocol):
             self._done = True
             self._on_close(self._close_reason)
 
-    def write(self, parts: list) -> None:
+    def write(self, parts: list[BytesLike]) -> None:
         """Queue one or more frames' parts (from encode_request / encode_response)."""
         if self.transport is None or self.transport.is_closing():
             raise ConnectionResetError(f"connection to {self.peer} is closed")

@@ -118,7 +118,7 @@ class QuorumElectionTracker:
         return len(self._rounds)
 
 
-def _report_key(image: MetadataImage, p: PartitionInfo, r: ElectionReport):
+def _report_key(image: MetadataImage, p: PartitionInfo, r: ElectionReport) -> tuple[int, int, int, int]:
     return (r.last_epoch, r.end_offset) + choice_key(image, p, r.broker_id)
 
 

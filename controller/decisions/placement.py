@@ -109,10 +109,12 @@ def _find_chain(assignment: list[tuple[int, ...]], leaders: Counter[int], starts
                 if leaders[b] <= busiest - 2:
                     path = []
                     node: int = b
-                    while came_from[node] is not None:
-                        prev, part = came_from[node]  # type: ignore[misc]
+                    step = came_from[node]
+                    while step is not None:
+                        prev, part = step
                         path.append((part, node))
                         node = prev
+                        step = came_from[node]
                     return list(reversed(path))
                 queue.append(b)
     return None

@@ -1,10 +1,26 @@
 """Helpers every decision shares: a scratch plan of records, and the leader choice."""
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, TypedDict, Unpack
 
 from common.metadata.image import MetadataImage, PartitionInfo
 from common.metadata.records import NO_LEADER, PartitionChange, Record
+
+
+class ReplicaSetFields(TypedDict, total=False):
+    """The replica-set fields of a PartitionChange a decision may set with a fence."""
+
+    isr: tuple[int, ...]
+    replicas: tuple[int, ...]
+    adding: tuple[int, ...]
+    removing: tuple[int, ...]
+
+
+class ChangeFields(ReplicaSetFields, total=False):
+    """PartitionChange's fields a decision may set; unset ones stay as they are."""
+
+    leader: int
+    fenced_for_election: bool
 
 
 class Plan:
@@ -44,14 +60,14 @@ def choose_leader(image: MetadataImage, p: PartitionInfo,
     return max(eligible, key=lambda b: choice_key(image, p, b))
 
 
-def change(p: PartitionInfo, *, reason: str, **fields) -> PartitionChange:
+def change(p: PartitionInfo, *, reason: str, **fields: Unpack[ChangeFields]) -> PartitionChange:
     """A PartitionChange for `p` that only applies at p's current partition epoch."""
     return PartitionChange(topic=p.topic, partition=p.partition,
                            expected_partition_epoch=p.partition_epoch, reason=reason, **fields)
 
 
 def fence_for_election(image: MetadataImage, p: PartitionInfo, *,
-                       reason: str = "quorum election", **fields) -> PartitionChange:
+                       reason: str = "quorum election", **fields: Unpack[ReplicaSetFields]) -> PartitionChange:
     """Step one of a quorum election: no leader, leader epoch e+1, replicas stop taking <= e."""
     return change(p, fenced_for_election=True, leader=NO_LEADER, reason=reason, **fields)
 
@@ -72,14 +88,14 @@ def without_broker(image: MetadataImage, p: PartitionInfo, broker_id: int, *,
     isr = p.isr
     if leave_isr and broker_id in isr and len(isr) > 1:
         isr = tuple(b for b in isr if b != broker_id)
-    fields: dict = {}
+    fields: ReplicaSetFields = {}
     if isr != p.isr:
         fields["isr"] = isr
     if p.leader == broker_id:
         if is_quorum(image, p):
             return fence_for_election(image, p, reason=reason, **fields)
         leader = choose_leader(image, p, (b for b in isr if b != broker_id))
-        fields["leader"] = NO_LEADER if leader is None else leader
+        return change(p, reason=reason, leader=NO_LEADER if leader is None else leader, **fields)
     if not fields:
         return None
     return change(p, reason=reason, **fields)

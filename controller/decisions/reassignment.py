@@ -17,7 +17,7 @@ from common.metadata.errors import InvalidFieldError, UnknownBrokerError
 from common.metadata.image import MetadataImage, PartitionInfo
 from common.metadata.records import NO_LEADER, PartitionChange, Record
 from common.requests import ReassignmentRequest
-from controller.decisions.plan import change, choose_leader, fence_for_election, is_quorum
+from controller.decisions.plan import ReplicaSetFields, change, choose_leader, fence_for_election, is_quorum
 
 
 def start_reassignment(image: MetadataImage, request: ReassignmentRequest) -> list[Record]:
@@ -49,12 +49,12 @@ def _shrink(image: MetadataImage, p: PartitionInfo, target: tuple[int, ...],
             reason: str) -> PartitionChange:
     isr = tuple(b for b in p.isr if b in target)
     assert isr, f"{p.topic}-{p.partition}: shrink with no target replica in isr"
-    fields: dict = dict(replicas=target, isr=isr, adding=(), removing=())
+    fields = ReplicaSetFields(replicas=target, isr=isr, adding=(), removing=())
     if p.leader is not None and p.leader not in target:
         if is_quorum(image, p):
             return fence_for_election(image, p, reason=f"{reason}; leader leaves", **fields)
         leader = choose_leader(image, p, isr)
-        fields["leader"] = NO_LEADER if leader is None else leader
+        return change(p, reason=reason, leader=NO_LEADER if leader is None else leader, **fields)
     return change(p, reason=reason, **fields)
 
 

@@ -18,8 +18,9 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pyarrow as pa
@@ -114,7 +115,16 @@ def to_pandas(frame: DataFrame) -> pd.DataFrame:
     """Collect a (small, already aggregated) result with 64-bit integers kept exact: plain
     `toPandas()` turns an integer column with a null into float64, which rounds byte counts
     past 2**53 and prints broker ids as 1.0."""
-    return frame.toArrow().to_pandas(types_mapper={pa.int64(): pd.Int64Dtype()}.get)
+    return frame.toArrow().to_pandas(types_mapper=_exact_int64)
+
+
+def _exact_int64(arrow_type: pa.DataType) -> pd.api.extensions.ExtensionDtype | None:
+    return pd.Int64Dtype() if arrow_type == pa.int64() else None
+
+
+def _rows(frame: pd.DataFrame) -> Iterable[Any]:
+    """A frame's rows as namedtuples. Any: their fields are typed by the data, not statically."""
+    return frame.itertuples(index=False)
 
 
 def forecast(series: DataFrame, latest_ms: int, options: ReportOptions) -> pd.DataFrame:
@@ -147,9 +157,8 @@ def forecast(series: DataFrame, latest_ms: int, options: ReportOptions) -> pd.Da
         )
         .orderBy("broker_id")
     )
-    fitted = to_pandas(fitted)
     rows = []
-    for r in fitted.itertuples(index=False):
+    for r in _rows(to_pandas(fitted)):
         span_ms = int(r.last_ms - r.first_ms)
         enough = r.points >= options.forecast_snapshots_min and span_ms >= options.forecast_span_ms_min
         slope = None if not enough or _nan(r.slope_bytes_per_day) else float(r.slope_bytes_per_day)
@@ -194,10 +203,10 @@ def placement_from_latest(placement: pd.DataFrame, latest_series: pd.DataFrame
         planning.BrokerSlot(broker_id=int(r.broker_id), rack=None if pd.isna(r.rack) else r.rack,
                             live=r.state == "unfenced", capacity_bytes=_int(r.disk_total_bytes),
                             used_bytes=_int(r.disk_used_bytes))
-        for r in latest_series.sort_values("broker_id").itertuples(index=False)
+        for r in _rows(latest_series.sort_values("broker_id"))
     ]
     grouped: dict[tuple[str, int], list] = {}
-    for r in placement.itertuples(index=False):
+    for r in _rows(placement):
         grouped.setdefault((r.topic, int(r.partition)), []).append(r)
     partitions = []
     for (topic, partition), rows in sorted(grouped.items()):
@@ -295,7 +304,7 @@ def plan_reports(brokers, partitions, options: ReportOptions) -> tuple[dict[str,
         rf = topic_rf[topic] + 1 if topic_rf[topic] < live else topic_rf[topic] - 1
     else:  # nothing to change, or a single live broker: no other replication factor fits
         topic, rf = None, None
-    if topic is not None:
+    if topic is not None and rf is not None:
         rf_plan = planning.change_replication_factor(brokers, partitions, topic, rf)
         tables["whatif_replication_factor"] = outlook_frame(brokers, partitions, rf_plan.partitions)
         before = sum(l.replica_bytes for l in planning.broker_loads(brokers, partitions))
@@ -344,7 +353,7 @@ def run_capacity_report(spark: SparkSession, inputs: list[str], out_dir: Path, o
     series_all = read_table(spark, "broker_series", paths, splits).cache()
     collected = to_pandas(series_all.orderBy("snapshot_time_ms", "broker_id"))
     errors = collected[collected["error"].notna()]
-    for r in errors.itertuples(index=False):
+    for r in _rows(errors):
         warnings.append((r.file, f"unreadable snapshot: {r.error}"))
         progress.note(f"warning: skipping {r.file}: {r.error}")
     series_pd = collected[collected["error"].isna()].drop(columns=["error"]).reset_index(drop=True)
@@ -372,11 +381,12 @@ def run_capacity_report(spark: SparkSession, inputs: list[str], out_dir: Path, o
         "span_hours": round(span_ms / 3_600_000, 2), "fit_days": options.fit_days,
     }
     if len(good_paths) < options.forecast_snapshots_min or span_ms < options.forecast_span_ms_min:
-        summary["forecast_note"] = (
+        forecast_note = (
             f"History too short for a forecast: {len(good_paths)} snapshots spanning "
             f"{span_ms / 60_000:.0f} minutes; a forecast needs at least {options.forecast_snapshots_min} snapshots "
             f"over {options.forecast_span_ms_min / 60_000:.0f} minutes.")
-        progress.note(summary["forecast_note"])
+        summary["forecast_note"] = forecast_note
+        progress.note(forecast_note)
 
     progress(f"planning on the latest snapshot {summary['latest_file']}")
     placement = to_pandas(read_table(spark, "placement", [latest["file"]], 1))
@@ -388,8 +398,9 @@ def run_capacity_report(spark: SparkSession, inputs: list[str], out_dir: Path, o
     series_pd = series_pd.drop(columns=["file"])
     series_pd.insert(0, "snapshot_time", [iso_utc(int(t)) for t in series_pd["snapshot_time_ms"]])
     tables = {
-        "files": files.assign(snapshot_time=[None if pd.isna(t) else iso_utc(int(t))
-                                             for t in files["snapshot_time_ms"]]),
+        "files": files.assign(snapshot_time=pd.Series([None if pd.isna(t) else iso_utc(int(t))
+                                                       for t in files["snapshot_time_ms"]],
+                                                      index=files.index, dtype=object)),
         "warnings": pd.DataFrame(warnings, columns=["file", "reason"]),
         "broker_timeseries": series_pd,
         "forecast": forecast_pd,

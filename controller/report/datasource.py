@@ -28,7 +28,8 @@ import json
 import logging
 import os
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import BooleanType, DoubleType, LongType, StringType, StructField, StructType
@@ -159,7 +160,7 @@ class SnapshotDataSource(DataSource):
 
 
 class SnapshotReader(DataSourceReader):
-    def __init__(self, options: dict[str, str]) -> None:
+    def __init__(self, options: Mapping[str, str]) -> None:
         self.table = options.get("table", "cluster")
         table_schema(self.table)  # fail on the driver for an unknown table
         self.paths: list[str] = json.loads(options.get("paths", "[]"))
@@ -168,7 +169,9 @@ class SnapshotReader(DataSourceReader):
     def partitions(self) -> list[FileGroup]:
         return [FileGroup(i, group) for i, group in enumerate(group_files(self.paths, self.splits))]
 
-    def read(self, partition: FileGroup) -> Iterator[tuple]:
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        if not isinstance(partition, FileGroup):  # Spark hands back what partitions() made
+            raise TypeError(f"expected a FileGroup from partitions(), got {type(partition).__name__}")
         for path in partition.paths:
             if self.table == "files":
                 yield check_file(path)

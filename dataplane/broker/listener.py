@@ -20,6 +20,7 @@ from typing import Any, Awaitable, Callable
 
 from common.errors import ProtocolError
 from common.wire import RequestHeader, decode_request, encode_response
+from common.wire.frames import BytesLike
 from common.wire.stream import FrameStream
 
 log = logging.getLogger("biplane.wire")
@@ -34,9 +35,9 @@ class PipelinedConnection:
         self._start = start
         self.inflight_requests_max = inflight_requests_max
         self.stream = FrameStream(max_frame_bytes=max_frame_bytes, on_frame=self._on_frame, on_close=self._on_close)
-        self._answers: collections.deque[tuple[int, asyncio.Future]] = collections.deque()
-        self._arrived: asyncio.Event | None = None
-        self._writer: asyncio.Task | None = None
+        self._answers: collections.deque[tuple[int, asyncio.Future[Any]]] = collections.deque()
+        self._arrived = asyncio.Event()  # set when an answer is queued for the writer
+        self._writer: asyncio.Task[None] | None = None
         self._reading_paused = False
 
     def _on_frame(self, payload: bytearray) -> None:
@@ -68,7 +69,7 @@ class PipelinedConnection:
         """Send answers in request order. Answers that are ready together (one HW move
         releases several acks=all produce requests) go out in one write: one syscall and
         one wake-up of the peer instead of one each."""
-        parts: list = []
+        parts: list[BytesLike] = []
         try:
             while True:
                 if not self._answers:

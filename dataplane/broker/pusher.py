@@ -48,7 +48,7 @@ def to_wire(tp: TopicPartition, follower_id: int, ev: AppendEntries) -> wire.App
 
 def from_wire(req: wire.AppendEntriesRequest) -> AppendEntries:
     return AppendEntries(leader_id=req.leader_id, leader_epoch=req.leader_epoch, prev_offset=req.prev_log_offset,
-                         prev_epoch=req.prev_log_epoch, records=req.records.toreadonly() if req.records else b"",
+                         prev_epoch=req.prev_log_epoch, records=memoryview(req.records).toreadonly() if req.records else b"",
                          high_watermark=req.high_watermark, log_end_offset=req.log_end_offset,
                          flush_after_append=req.flush_after_append, diverging_epoch=req.truncate_epoch,
                          diverging_end_offset=req.truncate_end_offset, partition=(req.topic, req.partition))
@@ -165,7 +165,7 @@ class Pusher:
     async def _connect(self, follower_id: int) -> WireClient:
         address = self.address_of(follower_id)
         if address is None:
-            raise BiplaneError(f"no address known for broker {follower_id}", code=ErrorCode.BROKER_NOT_AVAILABLE)
+            raise BiplaneError(f"no address known for broker {follower_id}", code=ErrorCode.NETWORK_EXCEPTION)
         client = await WireClient.connect(*address, max_frame_bytes=self.max_frame_bytes,
                                           inflight_requests_max=self.inflight_requests_max)
         self._clients[follower_id] = client

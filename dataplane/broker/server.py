@@ -185,7 +185,9 @@ class RequestHandler:
                                                        f"exceeds max_message_bytes={max_bytes}")
         try:
             # The records view into the request's own frame is patched in place by the log: no copy.
-            future = driver.submit_produce(records, acks=acks, timeout_ms=timeout_ms,
+            # partition.py (being reworked) declares bytearray; it takes any writable buffer, and
+            # the decoder hands it a writable memoryview of the frame. Remove once it says so.
+            future = driver.submit_produce(records, acks=acks, timeout_ms=timeout_ms,  # type: ignore[arg-type]
                                            record_count=sum(h.record_count for h in headers))
         except BiplaneError as exc:
             return refuse(exc.code, str(exc))
@@ -219,7 +221,7 @@ class RequestHandler:
                             answers[tp] = answer
                             ready = True
                             continue
-                        if same_position:
+                        if same_position and latest is not None:
                             # A request overtaken by a newer one from the same position carries an
                             # older flushed offset; counting it would hold the HW back.
                             flushed = max(flushed, latest[2])

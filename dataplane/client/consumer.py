@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import time
 from typing import Any, AsyncIterator, Iterable, Sequence
@@ -175,7 +176,7 @@ class Consumer:
     def _drop_buffered(self, tp: TopicPartition) -> None:
         self._buffer = collections.deque(r for r in self._buffer if (r.topic, r.partition) != tp)
 
-    def _assigned(self, tp: TopicPartition) -> TopicPartition:
+    def _assigned(self, tp: TopicPartition | tuple[str, int]) -> TopicPartition:
         tp = TopicPartition(*tp)
         if tp not in self.assignment():
             raise ValueError(f"{tp} is not assigned to this consumer (assigned: "
@@ -202,7 +203,7 @@ class Consumer:
             raise ValueError(f"timestamp_ms {timestamp_ms!r} must be a non-negative integer (ms since the epoch)")
         await self._seek_to(tps, timestamp_ms)
 
-    async def _seek_to(self, tps: Sequence[TopicPartition], timestamp: int) -> None:
+    async def _seek_to(self, tps: Sequence[TopicPartition | tuple[str, int]], timestamp: int) -> None:
         targets = [self._assigned(tp) for tp in tps] if tps else list(self.assignment())
         for tp in targets:
             self._positions.pop(tp, None)
@@ -326,7 +327,7 @@ class Consumer:
         return self._take(max_records)
 
     def _take(self, max_records: int | None) -> list[ConsumerRecord]:
-        out = []
+        out: list[ConsumerRecord] = []
         while self._buffer and (max_records is None or len(out) < max_records):
             record = self._buffer.popleft()
             tp = TopicPartition(record.topic, record.partition)
@@ -366,7 +367,11 @@ class Consumer:
         for broker, tps in by_broker.items():
             task = asyncio.get_running_loop().create_task(self._fetch(broker, tps))
             self._fetches[broker] = task
-            task.add_done_callback(lambda t, b=broker: self._fetches.pop(b, None) if self._fetches.get(b) is t else None)
+            task.add_done_callback(functools.partial(self._forget_fetch, broker))
+
+    def _forget_fetch(self, broker: int, task: asyncio.Task[None]) -> None:
+        if self._fetches.get(broker) is task:
+            del self._fetches[broker]
 
     def _spawn_refresh(self) -> None:
         if self._refresh is None or self._refresh.done():

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import math
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from common.errors import BiplaneError, ErrorCode
@@ -22,7 +23,7 @@ from dataplane.client.metadata import ClusterMetadata, metadata_refresh_due_ms
 log = logging.getLogger("biplane.client")
 
 
-def parse_bootstrap(bootstrap: str | list[str] | tuple[str, ...]) -> list[tuple[str, int]]:
+def parse_bootstrap(bootstrap: str | Sequence[str]) -> list[tuple[str, int]]:
     items = bootstrap.split(",") if isinstance(bootstrap, str) else list(bootstrap)
     out = []
     for item in (i.strip() for i in items):

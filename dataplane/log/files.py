@@ -32,7 +32,7 @@ def write_atomically(path: str, data: bytes) -> None:
         raise storage_error(f"cannot write {path}", exc) from exc
 
 
-def write_all(fd: int, data, position: int) -> None:
+def write_all(fd: int, data: bytes | bytearray | memoryview, position: int) -> None:
     """pwrite until every byte is written (a short write is retried, not ignored)."""
     view = memoryview(data)
     while view:

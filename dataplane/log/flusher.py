@@ -28,7 +28,7 @@ class LogTruncatedError(StorageError):
 
 
 Settle = Callable[[int | None, BaseException | None], None]
-Waiter = Union[asyncio.Future, Settle]
+Waiter = Union["asyncio.Future[int]", Settle]
 
 
 class FlushCoalescer:
@@ -132,6 +132,7 @@ class FlushCoalescer:
             settled = [(w, None, exc) for _, w in waiters]
             # Waiters that arrived during the failed run retry in a fresh run.
         else:
+            assert flushed is not None, "a flush that raised nothing returns the flushed offset"
             self.flush_count += 1
             log_end_offset = self._log.log_end_offset
             remaining = []
@@ -178,4 +179,5 @@ def _settle(waiter: Waiter, value: int | None, exc: BaseException | None) -> Non
     elif exc is not None:
         waiter.set_exception(exc)
     else:
+        assert value is not None, "a waiter settled without an error gets the flushed offset"
         waiter.set_result(value)

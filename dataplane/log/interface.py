@@ -32,7 +32,7 @@ read's own buffer), valid as long as the caller keeps it.
 from __future__ import annotations
 
 import dataclasses
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeGuard, runtime_checkable
 
 from common.errors import BiplaneError, ErrorCode, InvalidRequestError, StorageError
 
@@ -80,7 +80,7 @@ __all__ = [
 ]
 
 
-def patchable(buf: object) -> bool:
+def patchable(buf: object) -> TypeGuard[bytearray | memoryview]:
     """Whether append_as_leader may patch `buf` in place (see Buffers above): a bytearray
     or a writable memoryview; anything else is copied once."""
     return isinstance(buf, bytearray) or (isinstance(buf, memoryview) and not buf.readonly)

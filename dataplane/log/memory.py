@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+from collections.abc import Iterator
 
-from common.batch import MAX_BATCH_BYTES, iter_batches, set_base_offset, set_leader_epoch
+from common.batch import MAX_BATCH_BYTES, BatchHeader, Buffer, iter_batches, set_base_offset, set_leader_epoch
 from common.errors import InvalidRequestError, StorageError
 
 from .epoch_cache import EpochCache
@@ -82,7 +83,7 @@ class MemoryLog:
     def segment_base_offsets(self) -> list[int]:
         return [s.base_offset for s in self._segments]
 
-    def _batches(self):
+    def _batches(self) -> Iterator[_Batch]:
         for segment in self._segments:
             yield from segment.batches
 
@@ -131,7 +132,7 @@ class MemoryLog:
                               data=bytes(batches[position:position + header.size_bytes])))
         return self._store(new, now_ms)
 
-    def _validate(self, buf, *, crc: bool):
+    def _validate(self, buf: Buffer, *, crc: bool) -> list[tuple[int, BatchHeader]]:
         limit = min(self.config.segment_bytes, MAX_BATCH_BYTES)
         found = list(iter_batches(buf, validate=crc, max_batch_bytes=limit))
         if not found:

@@ -13,8 +13,13 @@ from __future__ import annotations
 
 import bisect
 import collections
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from common.batch import HEADER_SIZE
+from common.batch import HEADER_SIZE, Buffer
+
+if TYPE_CHECKING:
+    from .segment import BatchSpan
 
 
 class TailCache:
@@ -34,7 +39,7 @@ class TailCache:
     def end_offset(self) -> int | None:
         return self._entries[-1][1] if self._entries else None
 
-    def add(self, buf, spans) -> None:
+    def add(self, buf: Buffer, spans: Sequence[BatchSpan]) -> None:
         """Cache batches `spans` (BatchSpan, contiguous offsets) that sit in `buf` and were
         just appended at the log's end. `buf` must never change afterwards; the view
         kept is read-only, so a caller's later read cannot change it either."""

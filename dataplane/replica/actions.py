@@ -13,11 +13,19 @@ The driver performs them in this order (etcd-raft's Ready contract):
 from __future__ import annotations
 
 import dataclasses
+from typing import TypeVar, dataclass_transform
 
+from common.batch import Buffer
 from common.errors import ErrorCode
+from dataplane.replica.events import AppendEntries, AppendEntriesReply, FetchRequest, FetchResponse
 
 
-def _frozen(cls):
+_T = TypeVar("_T")
+
+
+@dataclass_transform(frozen_default=True, kw_only_default=True)
+def _frozen(cls: type[_T]) -> type[_T]:
+    """A frozen, keyword-only, slotted dataclass (declared so type checkers see its fields)."""
     return dataclasses.dataclass(frozen=True, kw_only=True, slots=True)(cls)
 
 
@@ -28,7 +36,7 @@ class Append:
     leader's offsets and epochs and start at base_offset."""
 
     as_leader: bool
-    records: bytes
+    records: Buffer
     base_offset: int
     last_offset: int
     leader_epoch: int
@@ -58,7 +66,7 @@ class Flush:
 @_frozen
 class Send:
     to_broker: int
-    message: object
+    message: FetchRequest | FetchResponse | AppendEntries | AppendEntriesReply
 
 
 @_frozen
@@ -112,15 +120,21 @@ class Rejected:
     reason: str = ""
 
 
+PersistAction = Append | Truncate | TruncateFully | Flush
+SendAction = Send | ProposeIsr | ReportElection
+NoteAction = RefreshMetadata | StopLeading | Rejected
+Action = PersistAction | SendAction | ReleaseProduce | NoteAction
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class Ready:
-    persist: tuple = ()
-    send: tuple = ()
-    release: tuple = ()
-    notes: tuple = ()
+    persist: tuple[PersistAction, ...] = ()
+    send: tuple[SendAction, ...] = ()
+    release: tuple[ReleaseProduce, ...] = ()
+    notes: tuple[NoteAction, ...] = ()
 
     @property
-    def actions(self) -> tuple:
+    def actions(self) -> tuple[Action, ...]:
         return self.persist + self.send + self.release + self.notes
 
     def __bool__(self) -> bool:

@@ -34,12 +34,14 @@ from __future__ import annotations
 import collections
 import dataclasses
 import enum
+from collections.abc import Callable
+from typing import Any
 
-from common.batch import build_batch, iter_batches
+from common.batch import BatchHeader, Buffer, build_batch, iter_batches
 from common.errors import CorruptBatchError, ErrorCode
 from dataplane.replica.actions import (
-    Append, Flush, ProposeIsr, Ready, RefreshMetadata, Rejected, ReleaseProduce, ReportElection,
-    Send, StopLeading, Truncate, TruncateFully,
+    Append, Flush, NoteAction, PersistAction, ProposeIsr, Ready, RefreshMetadata, Rejected, ReleaseProduce,
+    ReportElection, Send, SendAction, StopLeading, Truncate, TruncateFully,
 )
 from dataplane.replica.events import (
     CONSUMER_REPLICA_ID, AppendEntries, AppendEntriesReply, FetchRequest, FetchResponse, FlushDone,
@@ -81,7 +83,7 @@ class FollowerProgress:
     # Push mode (push.py): next offset to send, requests out as (end offset, sent at),
     # whether it is in recovery (one chunk at a time), when we last sent anything.
     push_next: int = -1
-    push_inflight: collections.deque = dataclasses.field(default_factory=collections.deque)
+    push_inflight: collections.deque[tuple[int, int]] = dataclasses.field(default_factory=collections.deque)
     push_recovering: bool = True
     push_last_sent_ms: int = -1
     # The leader's ISR generation at its last fetch: only a fetch made since the last ISR
@@ -171,18 +173,18 @@ class Replica(PushMixin):
         self._pending_isr_sent_ms = 0
         self._isr_generation = 0
         self._isr_refused_ms: int | None = None
-        self.fenced_replicas: frozenset = frozenset()
+        self.fenced_replicas: frozenset[int] = frozenset()
         self.pending: dict[int, PendingProduce] = {}
         # Backpressure: produce requests waiting for room (arrival order), and the bytes this
         # leader appended as (next offset, running total) so the HW tells what is replicated.
-        self._backlog: dict[int, tuple] = {}
+        self._backlog: dict[int, tuple[ProduceRequest, list[BatchHeader], int]] = {}
         self._backlog_bytes = 0
-        self._append_sizes: collections.deque = collections.deque()
+        self._append_sizes: collections.deque[tuple[int, int]] = collections.deque()
         self._appended_bytes = 0
         self._replicated_bytes = 0
         # Request ids per acks value in offset order: each is released in that order, so
         # releasing is O(released), not O(pending). Ids already gone are skipped.
-        self._waiting: dict[int, collections.deque] = {a: collections.deque() for a in VALID_ACKS}
+        self._waiting: dict[int, collections.deque[int]] = {a: collections.deque() for a in VALID_ACKS}
         # Follower state.
         self.leader_id: int | None = None
         self._fetch_inflight = False
@@ -193,10 +195,10 @@ class Replica(PushMixin):
         # Election state.
         self._report_sent_ms: int | None = None
 
-        self._persist: list = []
-        self._send: list = []
-        self._release: list = []
-        self._notes: list = []
+        self._persist: list[PersistAction] = []
+        self._send: list[SendAction] = []
+        self._release: list[ReleaseProduce] = []
+        self._notes: list[NoteAction] = []
 
     # ------------------------------------------------------------------ entry
 
@@ -425,7 +427,7 @@ class Replica(PushMixin):
             return
         self._admit(ev, headers, deadline_ms)
 
-    def _admit(self, ev: ProduceRequest, headers: list, deadline_ms: int) -> None:
+    def _admit(self, ev: ProduceRequest, headers: list[BatchHeader], deadline_ms: int) -> None:
         if (ev.acks == -1 and self.config.commit_policy == "isr" and self.state is not None
                 and len(self.state.isr) < self.config.min_insync_replicas):
             self._refuse_produce(ev, ErrorCode.NOT_ENOUGH_REPLICAS,
@@ -476,13 +478,14 @@ class Replica(PushMixin):
             self._backlog_bytes -= len(ev.records)
             self._admit(ev, headers, deadline_ms)
 
-    def _check_producer_sequence(self, headers: list) -> tuple[ErrorCode, str, tuple[int, int] | None]:
+    def _check_producer_sequence(self, headers: list[BatchHeader]) -> tuple[ErrorCode, str, tuple[int, int] | None]:
         """(error, reason, duplicate span): a request made only of batches already written is a
         duplicate answered with their offsets; any other batch must pass the sequence rules."""
         checks = [self.producer_state.check(h) for h in headers]
-        if all(c.duplicate is not None for c in checks):
-            return ErrorCode.NONE, "", (min(c.duplicate.base_offset for c in checks),
-                                        max(c.duplicate.last_offset for c in checks))
+        duplicates = [c.duplicate for c in checks if c.duplicate is not None]
+        if len(duplicates) == len(checks):
+            return ErrorCode.NONE, "", (min(d.base_offset for d in duplicates),
+                                        max(d.last_offset for d in duplicates))
         # Batches of one producer later in the same request follow the earlier ones.
         previous: dict[int, tuple[int, int]] = {}
         for h, c in zip(headers, checks):
@@ -507,7 +510,7 @@ class Replica(PushMixin):
         self._notes.append(Rejected(event="ProduceRequest", error=error, their_epoch=their_epoch,
                                     our_epoch=self.leader_epoch, reason=reason))
 
-    def _append_as_leader(self, records: bytes) -> tuple[int, int]:
+    def _append_as_leader(self, records: Buffer) -> tuple[int, int]:
         count = sum(h.record_count for _, h in iter_batches(records, validate=False))
         base = self.log_end_offset
         last = base + count - 1
@@ -562,7 +565,7 @@ class Replica(PushMixin):
                               match_offset=req.fetch_offset, flushed_offset=req.flushed_offset)
         self._advance_high_watermark()
         max_bytes = min(self.fetch_max_bytes, req.max_bytes or self.fetch_max_bytes)
-        records = b""
+        records: bytes | memoryview = b""
         if req.fetch_offset < self.log_end_offset:
             records = self.log.read(req.fetch_offset, max_bytes=max_bytes).records
         self._answer(req, records=records)
@@ -589,7 +592,7 @@ class Replica(PushMixin):
             return (-1, self.log.log_start_offset)
         return (epoch, end)
 
-    def _answer(self, req: FetchRequest, *, error: ErrorCode = ErrorCode.NONE, records: bytes = b"",
+    def _answer(self, req: FetchRequest, *, error: ErrorCode = ErrorCode.NONE, records: bytes | memoryview = b"",
                 diverging_epoch: int = -1, diverging_end_offset: int = -1) -> None:
         flush = False
         if records and self.config.durability == "fsync":
@@ -626,7 +629,7 @@ class Replica(PushMixin):
         if req.fetch_offset > self.log_end_offset or req.fetch_offset < self.log.log_start_offset:
             self._answer(req, error=ErrorCode.OFFSET_OUT_OF_RANGE)
             return
-        records = b""
+        records: bytes | memoryview = b""
         if req.fetch_offset < self.high_watermark:
             max_bytes = min(self.fetch_max_bytes, req.max_bytes or self.fetch_max_bytes)
             records = self.log.read(req.fetch_offset, max_bytes=max_bytes, max_offset=self.high_watermark).records
@@ -864,7 +867,7 @@ class Replica(PushMixin):
         self._reported_flushed = min(self._reported_flushed, offset)
         self._unflushed_since_ms = None
 
-    def _append_as_follower(self, records: bytes) -> bool:
+    def _append_as_follower(self, records: Buffer) -> bool:
         try:
             headers = [h for _, h in iter_batches(records)]
         except CorruptBatchError as exc:
@@ -911,6 +914,7 @@ class Replica(PushMixin):
             # The leader may be holding acks=all for this flush: tell it now rather than
             # on the next (possibly long-polling) fetch.
             if self._pushing:
+                assert self.leader_id is not None  # a follower knows its leader
                 self._reported_flushed = self.flushed_offset
                 self._reply_append_entries(self.leader_id)
             elif self.config.durability == "fsync":
@@ -941,10 +945,10 @@ class Replica(PushMixin):
                 if self.now_ms >= p.deadline_ms:
                     del self.pending[p.request_id]
                     self._release.append(ReleaseProduce(request_id=p.request_id, error=ErrorCode.REQUEST_TIMED_OUT))
-            for request_id, (ev, _, deadline_ms) in list(self._backlog.items()):
+            for request_id, (request, _, deadline_ms) in list(self._backlog.items()):
                 if self.now_ms >= deadline_ms:
                     del self._backlog[request_id]
-                    self._backlog_bytes -= len(ev.records)
+                    self._backlog_bytes -= len(request.records)
                     self._release.append(ReleaseProduce(request_id=request_id, error=ErrorCode.REQUEST_TIMED_OUT))
             if self._pushing:
                 self._push_timeouts()
@@ -975,7 +979,9 @@ class Replica(PushMixin):
             self._become_stopped(f"leader epoch {epoch} seen in {source}")
 
 
-_HANDLERS = {
+# One handler per event type; `step` looks the handler up by the event's exact type, so each
+# handler gets the type it declares (Any: the table's value type cannot say which).
+_HANDLERS: dict[type, Callable[[Replica, Any], None]] = {
     NewMetadata: Replica._on_new_metadata,
     ProduceRequest: Replica._on_produce,
     FetchRequest: Replica._on_fetch_request,

@@ -8,7 +8,9 @@ on the receiving side and the payload of a `Send` action on the sending side.
 from __future__ import annotations
 
 import dataclasses
+from typing import TypeVar, dataclass_transform
 
+from common.batch import Buffer
 from common.errors import ErrorCode
 from dataplane.replica.state import PartitionState, ReplicationConfig
 
@@ -17,7 +19,12 @@ NO_EPOCH = -1
 NO_OFFSET = -1
 
 
-def _frozen(cls):
+_T = TypeVar("_T")
+
+
+@dataclass_transform(frozen_default=True, kw_only_default=True)
+def _frozen(cls: type[_T]) -> type[_T]:
+    """A frozen, keyword-only, slotted dataclass (declared so type checkers see its fields)."""
     return dataclasses.dataclass(frozen=True, kw_only=True, slots=True)(cls)
 
 
@@ -58,7 +65,7 @@ class FetchResponse:
     fetch_offset: int
     last_fetched_epoch: int
     error: ErrorCode = ErrorCode.NONE
-    records: bytes = b""
+    records: Buffer = b""  # as the leader's log read it (a view of the frame, on the wire path)
     high_watermark: int = 0
     log_end_offset: int = 0
     diverging_epoch: int = NO_EPOCH
@@ -97,7 +104,7 @@ class NewMetadata:
 
     partition: PartitionState
     config: ReplicationConfig
-    fenced_replicas: frozenset = frozenset()
+    fenced_replicas: frozenset[int] = frozenset()
 
 
 @_frozen
@@ -125,7 +132,7 @@ class AppendEntries:
     leader_epoch: int
     prev_offset: int
     prev_epoch: int
-    records: bytes
+    records: Buffer  # as the leader's log read it (a view of the frame, on the wire path)
     high_watermark: int
     log_end_offset: int = 0
     flush_after_append: bool = False

@@ -7,16 +7,20 @@ view shows is the log as the core asked for it.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 
 class EpochEntryView(Protocol):
-    epoch: int
-    start_offset: int
+    @property
+    def epoch(self) -> int: ...
+    @property
+    def start_offset(self) -> int: ...
 
 
 class ReadResultView(Protocol):
-    records: bytes
+    @property
+    def records(self) -> bytes | memoryview: ...  # whole batches; never changes
 
 
 class LogView(Protocol):
@@ -26,7 +30,7 @@ class LogView(Protocol):
     def log_end_offset(self) -> int: ...
     @property
     def flushed_offset(self) -> int: ...
-    def epoch_entries(self) -> list: ...
+    def epoch_entries(self) -> Sequence[EpochEntryView]: ...
     def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]: ...
     def read(self, start_offset: int, *, max_bytes: int, max_offset: int | None = None) -> ReadResultView: ...
     def offset_for_timestamp(self, timestamp_ms: int) -> int | None: ...

@@ -23,28 +23,70 @@ Replies feed the same progress tracking (`_record_progress`) and HW as fetches.
 """
 from __future__ import annotations
 
-from common.batch import iter_batches
+from typing import TYPE_CHECKING
+
+from common.batch import Buffer, iter_batches
 from common.errors import CorruptBatchError, ErrorCode
-from dataplane.replica.actions import Rejected, Send
+from dataplane.replica.actions import NoteAction, Rejected, Send, SendAction
 from dataplane.replica.events import AppendEntries, AppendEntriesReply
 from dataplane.replica.fencing import EpochCheck, check_epoch
-from dataplane.replica.logview import epoch_before
+from dataplane.replica.logview import LogView, epoch_before
+from dataplane.replica.state import ReplicationConfig
+
+if TYPE_CHECKING:
+    from dataplane.replica.core import FollowerProgress
 
 # A follower's answer when (prev offset, prev epoch) is not in its log: a gap or another epoch.
 MISMATCH = ErrorCode.OFFSET_OUT_OF_RANGE
 
 
 class PushMixin:
+    # What the mixin uses of `core.Replica`, declared so it is type-checked against it
+    # (annotations only: Replica's __init__ sets them).
+    replica_id: int
+    partition: object
+    log: LogView
+    config: ReplicationConfig
+    now_ms: int
+    leader_epoch: int
+    high_watermark: int
+    log_end_offset: int
+    last_epoch: int
+    flushed_offset: int
+    unclean_start: bool
+    epoch_durable: bool
+    epoch_start_offset: int
+    progress: dict[int, FollowerProgress]
+    fetch_max_bytes: int
+    fetch_timeout_ms: int
+    push_inflight_max: int
+    push_heartbeat_ms: int
+    _push_match: int
+    _send: list[SendAction]
+    _notes: list[NoteAction]
+
+    if TYPE_CHECKING:
+        def _divergence(self, fetch_offset: int, last_fetched_epoch: int) -> tuple[int, int] | None: ...
+        def _acks_all_waiting_in(self, lo: int, hi: int) -> bool: ...
+        def _record_progress(self, replica_id: int, *, log_end_offset: int, match_offset: int,
+                             flushed_offset: int) -> None: ...
+        def _saw_newer_epoch(self, epoch: int, source: str) -> None: ...
+        def _following(self, leader_id: int) -> bool: ...
+        def _truncate_diverging(self, leader_epoch: int, leader_end: int) -> None: ...
+        def _cut_to(self, offset: int) -> None: ...
+        def _append_as_follower(self, records: Buffer) -> bool: ...
+        def _request_flush(self) -> None: ...
+
     # ------------------------------------------------------------ leader
 
     def _push_all(self) -> None:
         if not self.epoch_durable:
             return  # serve nothing of this epoch before its start is durable (see _become_leader)
-        chunks: dict[int, tuple[bytes, int]] = {}  # followers at the same offset get the same read
+        chunks: dict[int, tuple[bytes | memoryview, int]] = {}  # followers at the same offset get the same read
         for replica_id in self.progress:
             self._push_to(replica_id, chunks)
 
-    def _push_to(self, replica_id: int, chunks: dict[int, tuple[bytes, int]]) -> None:
+    def _push_to(self, replica_id: int, chunks: dict[int, tuple[bytes | memoryview, int]]) -> None:
         p = self.progress[replica_id]
         end = self.log.log_end_offset  # what is in the log now, not what this step appends
         if p.push_next < 0:
@@ -84,7 +126,7 @@ class PushMixin:
             self._send_append_entries(replica_id, prev_offset=p.push_next, records=b"", end=p.push_next,
                                       flush=False)
 
-    def _send_append_entries(self, replica_id: int, *, prev_offset: int, records: bytes, end: int,
+    def _send_append_entries(self, replica_id: int, *, prev_offset: int, records: bytes | memoryview, end: int,
                              flush: bool, diverging: tuple[int, int] = (-1, -1), prev_epoch: int | None = None) -> None:
         p = self.progress[replica_id]
         p.push_inflight.append((end, self.now_ms))
@@ -174,7 +216,7 @@ class PushMixin:
     def _answers_our_log(self, ev: AppendEntries) -> bool:
         return (ev.prev_offset, ev.prev_epoch) == (self.log_end_offset, self.last_epoch)
 
-    def _apply_pushed(self, prev_offset: int, records: bytes) -> int | None:
+    def _apply_pushed(self, prev_offset: int, records: Buffer) -> int | None:
         """Append what we lack after prev_offset; batches we already hold in the same epoch
         are the same batches (one leader per epoch) and stay; the first batch of another
         epoch and everything after it is cut. Returns the end of the verified prefix."""

@@ -6,10 +6,44 @@ nothing but numbers; `from_info` / `from_topic_config` convert from the image.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
+from typing import Protocol
 
 from dataplane.replica.watermark import COMMIT_POLICIES, DURABILITIES
 
 REPLICATION_MODES = ("pull", "push")
+
+
+class PartitionInfoView(Protocol):
+    """The image's partition fields the core takes (common.metadata.image.PartitionInfo)."""
+
+    @property
+    def replicas(self) -> Iterable[int]: ...
+    @property
+    def isr(self) -> Iterable[int]: ...
+    @property
+    def leader(self) -> int | None: ...
+    @property
+    def leader_epoch(self) -> int: ...
+    @property
+    def partition_epoch(self) -> int: ...
+
+
+class TopicConfigView(Protocol):
+    """The topic settings the core takes (common.metadata.config.TopicConfig)."""
+
+    @property
+    def commit_policy(self) -> str: ...
+    @property
+    def quorum_required_acks(self) -> int | None: ...
+    @property
+    def min_insync_replicas(self) -> int: ...
+    @property
+    def durability(self) -> str: ...
+    @property
+    def replica_lag_time_max_ms(self) -> int: ...
+    @property
+    def replication_mode(self) -> str: ...
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -38,10 +72,10 @@ class PartitionState:
                              f"partition_epoch={self.partition_epoch}")
 
     @classmethod
-    def from_info(cls, info: object) -> "PartitionState":
+    def from_info(cls, info: PartitionInfoView) -> "PartitionState":
         """From anything with the image's partition fields (common.metadata.image.PartitionInfo)."""
-        return cls(replicas=tuple(info.replicas), isr=tuple(info.isr), leader=info.leader,  # type: ignore[attr-defined]
-                   leader_epoch=info.leader_epoch, partition_epoch=info.partition_epoch,  # type: ignore[attr-defined]
+        return cls(replicas=tuple(info.replicas), isr=tuple(info.isr), leader=info.leader,
+                   leader_epoch=info.leader_epoch, partition_epoch=info.partition_epoch,
                    fenced_for_election=bool(getattr(info, "fenced_for_election", False)))
 
 
@@ -70,11 +104,14 @@ class ReplicationConfig:
             raise ValueError(f"replica_lag_time_max_ms must be >= 1, got {self.replica_lag_time_max_ms}")
 
     @classmethod
-    def from_topic_config(cls, config: object) -> "ReplicationConfig":
+    def from_topic_config(cls, config: TopicConfigView) -> "ReplicationConfig":
         """From common.metadata.config.TopicConfig (quorum_required_acks already resolved)."""
-        return cls(commit_policy=config.commit_policy,  # type: ignore[attr-defined]
-                   quorum_required_acks=int(config.quorum_required_acks),  # type: ignore[attr-defined]
-                   min_insync_replicas=config.min_insync_replicas,  # type: ignore[attr-defined]
-                   durability=config.durability,  # type: ignore[attr-defined]
-                   replica_lag_time_max_ms=config.replica_lag_time_max_ms,  # type: ignore[attr-defined]
-                   replication_mode=config.replication_mode)  # type: ignore[attr-defined]
+        quorum_required_acks = config.quorum_required_acks
+        if quorum_required_acks is None:
+            raise ValueError("quorum_required_acks is unresolved; a validated TopicConfig always sets it")
+        return cls(commit_policy=config.commit_policy,
+                   quorum_required_acks=int(quorum_required_acks),
+                   min_insync_replicas=config.min_insync_replicas,
+                   durability=config.durability,
+                   replica_lag_time_max_ms=config.replica_lag_time_max_ms,
+                   replication_mode=config.replication_mode)
