@@ -55,16 +55,14 @@ def test_missing_method_is_caught(tmp_path: Path) -> None:
     assert '"Replica" has no attribute "fence_shutting_down"' in run.stdout, run.stdout
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 12: controller.commands.Decisions lacks fence_shutting_down, which controller/rpc.py "
-    "calls; the commands/rpc rework adds it. Once it lands this passes: remove this marker and "
-    "type ControllerService's `decisions` as controller.facades.DecisionsFacade."))
-def test_decisions_facade_has_every_method_the_handlers_call(tmp_path: Path) -> None:
-    """The decisions facade the controller runs with has every method of DecisionsFacade, the
-    Protocol listing what the service and its HTTP handlers call."""
+def test_missing_decision_is_caught(tmp_path: Path) -> None:
+    """The controller's handlers call the decisions package directly, so a decision that does not
+    exist (issue 12's `fence_shutting_down` on a facade that lacked it) is a type error."""
     run = _check_snippet(tmp_path, (
-        "from controller.commands import Decisions\n"
-        "from controller.facades import DecisionsFacade\n"
-        "facade: DecisionsFacade = Decisions()\n"
+        "from controller import decisions as d\n"
+        "from common.metadata.image import MetadataImage\n"
+        "def fence(image: MetadataImage) -> None:\n"
+        "    d.fence_shutting_downs(image)\n"
     ))
-    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert 'Module has no attribute "fence_shutting_downs"' in run.stdout, run.stdout
