@@ -198,6 +198,22 @@ def test_segment_roll_and_clean_close_write_snapshots_and_reopen_reads_no_log(tm
     asyncio.run(scenario())
 
 
+def test_a_captured_table_serializes_as_snapshot_entries_and_ignores_later_changes(tmp_path):
+    """Claim: capture() (taken on the loop) gives, through plain_entries (in a thread), exactly
+    snapshot_entries() at capture time, however the table changes afterwards."""
+    from dataplane.broker.producer_state import BrokerProducerState, plain_entries
+    t = BrokerProducerState()
+    for pid in range(30):
+        for seq in range(7):
+            t.record(next(iter_batches(build_batch([b"a"], timestamp_ms=seq, producer_id=pid, producer_epoch=0,
+                                                   base_sequence=seq)))[1], base_offset=pid * 10 + seq)
+    expected = t.snapshot_entries()
+    captured = t.capture()
+    t.record(next(iter_batches(build_batch([b"a"], timestamp_ms=99, producer_id=3, producer_epoch=1,
+                                           base_sequence=0)))[1], base_offset=1000)
+    assert plain_entries(captured) == expected != t.snapshot_entries()
+
+
 def test_loop_stalls_accounting_and_the_watchdog_logs_a_stall(caplog):
     """Claim: LoopStalls keeps the max, counts lags over its threshold and fills cumulative
     buckets; the watchdog sees a callback that blocks the loop and logs a structured warning."""

@@ -24,7 +24,7 @@ from typing import Protocol
 
 from common.errors import BiplaneError, ErrorCode, InvalidRequestError, StorageError
 from dataplane.broker.budget import ProduceBudget
-from dataplane.broker.producer_state import BrokerProducerState
+from dataplane.broker.producer_state import BrokerProducerState, plain_entries
 from dataplane.log.flusher import FlushCoalescer, LogTruncatedError
 from dataplane.log.interface import LogConfig
 from dataplane.log.log import PartitionLog
@@ -184,9 +184,9 @@ class PartitionDriver:
         snapshots = self.log.producer_snapshots
         generation = snapshots.generation
         offset = self.log.log_end_offset
-        entries = self.producer_state.snapshot_entries()
+        captured = self.producer_state.capture()
         future = asyncio.get_running_loop().run_in_executor(
-            None, lambda: snapshots.write(offset, entries, generation=generation))
+            None, lambda: snapshots.write(offset, plain_entries(captured), generation=generation))
 
         def written(f: asyncio.Future[bool]) -> None:
             if f.cancelled():

