@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+import urllib.request
 
 import pytest
 
@@ -78,3 +79,11 @@ def test_idempotence_state_survives_a_clean_restart_via_the_snapshot(tmp_path):
                 values, _ = await fetch_values(c, TOPIC, 0)
                 assert [v for _, v in values].count(b"seq-5") == 1 and [v for _, v in values].count(b"seq-1") == 1
         run(after())
+
+        # The event loop's stalls are exported (values are figures, not asserted).
+        port = cluster.brokers[1].metrics_port
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        for family in ("biplane_broker_event_loop_stall_max_seconds", "biplane_broker_event_loop_stalls_total",
+                       'biplane_broker_event_loop_lag_seconds_bucket{le="+Inf"}',
+                       f'biplane_partition_producer_state_rebuilds_total{{topic="{TOPIC}",partition="0"}}'):
+            assert family in body, family

@@ -36,7 +36,7 @@ def _labels(**kv: Any) -> str:
 def render_metrics(broker: BrokerMetricsSource) -> str:
     lines: list[str] = []
 
-    def family(name: str, kind: str, help_text: str, samples: list[tuple[dict, float]]) -> None:
+    def family(name: str, kind: str, help_text: str, samples: list[tuple[dict[str, Any], float]]) -> None:
         lines.append(f"# HELP {name} {help_text}")
         lines.append(f"# TYPE {name} {kind}")
         for labels, value in samples:
@@ -53,7 +53,9 @@ def render_metrics(broker: BrokerMetricsSource) -> str:
         lines.append(f"{name}_count {count}")
 
     drivers = sorted(broker.partition_drivers.items())
-    part = lambda tp: {"topic": tp[0], "partition": tp[1]}  # noqa: E731
+
+    def part(tp: TopicPartition) -> dict[str, Any]:
+        return {"topic": tp[0], "partition": tp[1]}
     family("biplane_broker_metadata_offset", "gauge", "metadata offset applied by this broker",
            [({}, broker.metadata_offset)])
     family("biplane_broker_fenced", "gauge", "1 while the controller has this broker fenced",

@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Callable, Protocol
 
-from common.batch import iter_batches
+from common.batch import BatchHeader, iter_batches
 from common.errors import ErrorCode, StorageError
 from dataplane.log.interface import OffsetOutOfRangeError, ReadResult
 from dataplane.log.producer_snapshots import ProducerSnapshots
@@ -118,7 +118,7 @@ def load_table(table: ProducerStateTable, log: SnapshotLog, up_to: int) -> LoadI
 CapturedTable = list[tuple[int, int, int, tuple[BatchEntry, ...]]]
 
 
-def plain_entries(captured: CapturedTable) -> list:
+def plain_entries(captured: CapturedTable) -> list[tuple[int, int, int, tuple[tuple[int, int, int, int], ...]]]:
     """The captured table as snapshot_entries() gives it (plain values, for the snapshot file)."""
     return [(pid, epoch, ts, tuple((b.base_sequence, b.last_sequence, b.base_offset, b.last_offset) for b in batches))
             for pid, epoch, ts, batches in captured]
@@ -155,7 +155,7 @@ class BrokerProducerState(ProducerStateTable):
         self.last_load = info
         return info
 
-    def rebuild(self, log: SnapshotLog, *, chunk_bytes: int = 0) -> None:  # type: ignore[override]
+    def rebuild(self, log: SnapshotLog, *, chunk_bytes: int = 0) -> None:
         """After a truncation (called by the core, on the loop): rebuild in a worker thread.
         Without a running loop (a tool, a test without asyncio) it loads inline."""
         try:
@@ -186,7 +186,7 @@ class BrokerProducerState(ProducerStateTable):
         future = loop.run_in_executor(None, work)
         future.add_done_callback(lambda f: self._finished(f, loop, log, generation, up_to, passes, first))
 
-    def _finished(self, future: asyncio.Future, loop: asyncio.AbstractEventLoop, log: SnapshotLog,
+    def _finished(self, future: asyncio.Future[tuple[ProducerStateTable, LoadInfo]], loop: asyncio.AbstractEventLoop, log: SnapshotLog,
                   generation: int, up_to: int, passes: int, first: LoadInfo | None) -> None:
         if generation != self._generation or self._closed:
             return  # a newer truncation (or close) superseded this rebuild
@@ -231,13 +231,13 @@ class BrokerProducerState(ProducerStateTable):
 
     # ------------------------------------------------------------ rules while loading
 
-    def check(self, header) -> SequenceCheck:  # type: ignore[no-untyped-def]
+    def check(self, header: BatchHeader) -> SequenceCheck:
         if self.loading and header.producer_id >= 0 and not header.is_control:
             return SequenceCheck(error=ErrorCode.LEADER_NOT_AVAILABLE,
                                  reason=f"{self.name}: producer state is being rebuilt after a truncation; retry")
         return super().check(header)
 
-    def record(self, header, *, base_offset: int) -> None:  # type: ignore[no-untyped-def]
+    def record(self, header: BatchHeader, *, base_offset: int) -> None:
         if self.loading:
             return  # in the log already (the driver appends it in this step): the rebuild reads it
         super().record(header, base_offset=base_offset)
