@@ -1,17 +1,20 @@
 """Producer-state rebuild: how long it takes and how long it stalls the broker's event loop.
 
-    PYTHONPATH=$PWD python scripts/bench_producer_rebuild.py [--producers 2000] [--batches 200000]
+    PYTHONPATH=$PWD python scripts/bench_producer_rebuild.py [--producers 2000] [--batches 200000] \
+        [--partitions 1] [--no-snapshots]
 
 Builds one partition log on disk with `--batches` one-record batches from `--producers`
 idempotent producers (segments of `--segment-mb`), then measures:
 - full_rebuild_s: ProducerStateTable.rebuild over the whole log (the old path, at open
   and after every truncation);
-- open_s: a PartitionDriver opened on the log (after a clean close, so with the
-  producer snapshot written at close where the code writes one);
-- truncation: the driver is made a follower, its log cut a few batches from the end
-  the way the core cuts it after a divergence, and the next step run on an event loop
-  whose longest stall a watchdog measures (callback every 5 ms), until the producer
-  state is complete again: loop_stall_max_ms and truncation_rebuild_s.
+- open_s_per_partition: a PartitionDriver opened on the log (snapshots at each roll
+  where the code has them, as the driver writes them);
+- truncation: `--partitions` copies of the log, each cut `--cut-batches` from its end
+  the way the core cuts it after a divergence (all at once, as after a leader change),
+  then the next step of each run on an event loop whose longest stall a watchdog
+  measures (callback every 5 ms) until every producer table is complete again:
+  truncate_loop_stall_ms (the truncations themselves), rebuild_loop_stall_max_ms and
+  truncation_rebuild_s. `--no-snapshots` deletes the snapshots first (full scans).
 Figures only: nothing here is asserted.
 """
 from __future__ import annotations
@@ -80,7 +83,9 @@ def _append(log: PartitionLog, records: bytes, table: ProducerStateTable, snapsh
     return log.segment_base_offsets[-1]
 
 
-async def measure_truncation(driver: PartitionDriver, cut_batches: int, interval_ms: float) -> dict:
+async def measure_truncation(drivers: list[PartitionDriver], cut_batches: int, interval_ms: float,
+                             drop_snapshots: bool) -> dict:
+    """Cut every driver's log at once (as after a leader change), then measure the rebuilds."""
     stall_max_ms = 0.0
     stop = False
 
@@ -94,28 +99,33 @@ async def measure_truncation(driver: PartitionDriver, cut_batches: int, interval
     task = asyncio.get_running_loop().create_task(watchdog())
     await asyncio.sleep(0.05)
     stall_max_ms = 0.0
-    # The core's own cut (Replica._cut_to): truncate the log, mark producer state stale.
-    end = driver.log.log_end_offset
-    driver.replica._cut_to(end - cut_batches)  # noqa: SLF001 - a measurement, not an API
-    driver._perform(_ready_of(driver))  # noqa: SLF001 - performs the Truncate (fsyncs, on the loop)
+    for driver in drivers:
+        snapshots = getattr(driver.log, "producer_snapshots", None)
+        if drop_snapshots and snapshots is not None:
+            snapshots.delete_above(-1)
+        # The core's own cut (Replica._cut_to): truncate the log, mark producer state stale.
+        end = driver.log.log_end_offset
+        driver.replica._cut_to(end - cut_batches)  # noqa: SLF001 - a measurement, not an API
+        driver._perform(_ready_of(driver))  # noqa: SLF001 - performs the Truncate (fsyncs, on the loop)
     await asyncio.sleep(0.05)
     truncate_stall_ms = stall_max_ms
     stall_max_ms = 0.0
     started = time.perf_counter()
-    driver.tick(now_ms())  # the next step rebuilds (old path) or starts the rebuild (new)
-    table = driver.replica.producer_state
-    while getattr(table, "loading", False):
+    for driver in drivers:
+        driver.tick(now_ms())  # the next step rebuilds (old path) or starts the rebuild (new)
+    tables = [d.replica.producer_state for d in drivers]
+    while any(getattr(t, "loading", False) for t in tables):
         await asyncio.sleep(0.001)
     rebuild_s = time.perf_counter() - started
     await asyncio.sleep(0.05)
     stop = True
     await task
-    last = getattr(table, "last_load", None)
+    last = getattr(tables[0], "last_load", None)
     return {"truncate_loop_stall_ms": round(truncate_stall_ms, 1),
             "truncation_rebuild_s": round(rebuild_s, 3), "rebuild_loop_stall_max_ms": round(stall_max_ms, 1),
             "rebuild_scanned_bytes": last.scanned_bytes if last else None,
             "rebuild_snapshot_offset": last.snapshot_offset if last else None,
-            "producers_after": len(table)}
+            "producers_after": len(tables[0])}
 
 
 def _ready_of(driver: PartitionDriver):
@@ -126,19 +136,21 @@ def _ready_of(driver: PartitionDriver):
     return ready
 
 
-async def main_async(args: argparse.Namespace, directory: str) -> dict:
+async def main_async(args: argparse.Namespace, directories: list[str]) -> dict:
     out: dict = {}
     loop = asyncio.get_running_loop()
+    config = LogConfig(segment_bytes=args.segment_mb * 1024 * 1024, segment_ms=None, retention_ms=None)
     started = time.perf_counter()
-    driver = await loop.run_in_executor(None, lambda: PartitionDriver(
-        broker_id=1, tp=("bench", 0), directory=directory, log_config=LogConfig(
-            segment_bytes=args.segment_mb * 1024 * 1024, segment_ms=None, retention_ms=None),
-        hooks=NoHooks(), unclean_start=False))
-    out["open_s"] = round(time.perf_counter() - started, 3)
-    last = getattr(driver.replica.producer_state, "last_load", None)
+    drivers = []
+    for i, directory in enumerate(directories):
+        drivers.append(await loop.run_in_executor(None, lambda d=directory, i=i: PartitionDriver(
+            broker_id=1, tp=("bench", i), directory=d, log_config=config, hooks=NoHooks(), unclean_start=False)))
+    out["open_s_per_partition"] = round((time.perf_counter() - started) / len(directories), 3)
+    last = getattr(drivers[0].replica.producer_state, "last_load", None)
     out["open_scanned_bytes"] = last.scanned_bytes if last else None
-    out.update(await measure_truncation(driver, args.cut_batches, args.interval_ms))
-    await driver.close()
+    out.update(await measure_truncation(drivers, args.cut_batches, args.interval_ms, args.no_snapshots))
+    for driver in drivers:
+        await driver.close()
     return out
 
 
@@ -149,6 +161,8 @@ def main() -> None:
     p.add_argument("--segment-mb", type=int, default=4)
     p.add_argument("--cut-batches", type=int, default=10)
     p.add_argument("--interval-ms", type=float, default=5.0)
+    p.add_argument("--partitions", type=int, default=1, help="copies of the log, all cut at once")
+    p.add_argument("--no-snapshots", action="store_true", help="delete snapshots before the cut: full scans")
     args = p.parse_args()
     root = tempfile.mkdtemp(prefix="bench-rebuild-")
     try:
@@ -163,7 +177,12 @@ def main() -> None:
         log.close()
         out = {"log_bytes": size, "batches": args.batches, "producers": args.producers,
                "full_rebuild_s": round(full_s, 3)}
-        out.update(asyncio.run(main_async(args, directory)))
+        directories = [directory]
+        for i in range(1, args.partitions):
+            directories.append(os.path.join(root, f"bench-{i}"))
+            shutil.copytree(directory, directories[-1])
+        out["partitions"] = args.partitions
+        out.update(asyncio.run(main_async(args, directories)))
         print(json.dumps(out))
     finally:
         shutil.rmtree(root, ignore_errors=True)
