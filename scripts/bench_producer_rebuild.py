@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import shutil
@@ -96,6 +97,16 @@ async def measure_truncation(drivers: list[PartitionDriver], cut_batches: int, i
             await asyncio.sleep(interval_ms / 1000)
             stall_max_ms = max(stall_max_ms, (time.perf_counter() - before) * 1000 - interval_ms)
 
+    gc_pause_max_ms = 0.0
+    gc_started = 0.0
+
+    def on_gc(phase: str, info: dict) -> None:  # a collection holds the GIL: every thread waits
+        nonlocal gc_started, gc_pause_max_ms
+        if phase == "start":
+            gc_started = time.perf_counter()
+        else:
+            gc_pause_max_ms = max(gc_pause_max_ms, (time.perf_counter() - gc_started) * 1000)
+
     task = asyncio.get_running_loop().create_task(watchdog())
     await asyncio.sleep(0.05)
     stall_max_ms = 0.0
@@ -110,6 +121,7 @@ async def measure_truncation(drivers: list[PartitionDriver], cut_batches: int, i
     await asyncio.sleep(0.05)
     truncate_stall_ms = stall_max_ms
     stall_max_ms = 0.0
+    gc.callbacks.append(on_gc)
     started = time.perf_counter()
     for driver in drivers:
         driver.tick(now_ms())  # the next step rebuilds (old path) or starts the rebuild (new)
@@ -117,12 +129,14 @@ async def measure_truncation(drivers: list[PartitionDriver], cut_batches: int, i
     while any(getattr(t, "loading", False) for t in tables):
         await asyncio.sleep(0.001)
     rebuild_s = time.perf_counter() - started
+    gc.callbacks.remove(on_gc)
     await asyncio.sleep(0.05)
     stop = True
     await task
     last = getattr(tables[0], "last_load", None)
     return {"truncate_loop_stall_ms": round(truncate_stall_ms, 1),
             "truncation_rebuild_s": round(rebuild_s, 3), "rebuild_loop_stall_max_ms": round(stall_max_ms, 1),
+            "rebuild_gc_pause_max_ms": round(gc_pause_max_ms, 1),
             "rebuild_scanned_bytes": last.scanned_bytes if last else None,
             "rebuild_snapshot_offset": last.snapshot_offset if last else None,
             "producers_after": len(tables[0])}

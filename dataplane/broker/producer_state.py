@@ -18,6 +18,7 @@ where the table comes from:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import logging
 import threading
@@ -35,6 +36,21 @@ _logger = logging.getLogger("biplane.broker.producer_state")
 SCAN_CHUNK_BYTES = 1024 * 1024  # one read of the log per chunk (the log's lock is held per read)
 FOLLOW_UP_PASSES_MAX = 100       # follow-up passes for batches appended during a rebuild
 RETRY_DELAY_S = 1.0              # a rebuild that failed (I/O error) is tried again after this
+# Rebuilds of all partitions share this many threads. A rebuild is Python work that holds
+# the GIL between switches: with one thread the loop alternates with it; with several
+# (many partitions cut at once after a leader change) the loop waits behind all of them.
+REBUILD_THREADS = 1
+_rebuild_executor: concurrent.futures.ThreadPoolExecutor | None = None
+_rebuild_executor_lock = threading.Lock()
+
+
+def rebuild_executor() -> concurrent.futures.ThreadPoolExecutor:
+    global _rebuild_executor
+    with _rebuild_executor_lock:
+        if _rebuild_executor is None:
+            _rebuild_executor = concurrent.futures.ThreadPoolExecutor(
+                max_workers=REBUILD_THREADS, thread_name_prefix="producer-state")
+        return _rebuild_executor
 
 
 class SnapshotLog(Protocol):
@@ -183,7 +199,7 @@ class BrokerProducerState(ProducerStateTable):
                                    scanned_bytes=scanned, elapsed_s=time.perf_counter() - started,
                                    thread_name=threading.current_thread().name)
 
-        future = loop.run_in_executor(None, work)
+        future = loop.run_in_executor(rebuild_executor(), work)
         future.add_done_callback(lambda f: self._finished(f, loop, log, generation, up_to, passes, first))
 
     def _finished(self, future: asyncio.Future[tuple[ProducerStateTable, LoadInfo]], loop: asyncio.AbstractEventLoop, log: SnapshotLog,
