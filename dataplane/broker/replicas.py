@@ -273,8 +273,15 @@ class ReplicaManager:
             self._closed = True
             for task in list(self._tasks):
                 task.cancel()
-            for driver in list(self.drivers.values()):
-                await driver.close()
+            # Together: each close flushes its log and writes a producer snapshot (fsyncs
+            # in worker threads), so one after the other would add up with many partitions.
+            drivers = list(self.drivers.values())
+            results = await asyncio.gather(*(d.close() for d in drivers), return_exceptions=True)
+            for driver, result in zip(drivers, results):
+                if isinstance(result, BaseException):
+                    log.error("%s-%d: close failed: %r", *driver.tp, result,
+                              extra={"event": "partition.close_failed", "topic": driver.tp[0],
+                                     "partition": driver.tp[1]})
 
 
 def _prepare_dir(directory: str, topic_id: str) -> bool:
