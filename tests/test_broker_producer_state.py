@@ -198,6 +198,31 @@ def test_segment_roll_and_clean_close_write_snapshots_and_reopen_reads_no_log(tm
     asyncio.run(scenario())
 
 
+def test_a_close_right_after_a_truncation_writes_no_stale_snapshot(tmp_path):
+    """Claim: closing between a truncation and the step that starts its rebuild writes no
+    snapshot of the uncut table (it would hold producers whose batches were cut, and the
+    next open would trust it): the reopened table is what the log says."""
+    directory = str(tmp_path / "t-0")
+    write_log(directory, batches=200)
+
+    async def scenario() -> None:
+        hooks = Hooks()
+        loop = asyncio.get_running_loop()
+        driver = await loop.run_in_executor(None, open_driver, directory, hooks)
+        follow(driver)
+        start = driver.log.log_end_offset
+        append_as_follower(driver, list(range(7000, 7020)))
+        diverge(driver, start + 10)  # cuts producers 7010..7019; no step after it
+        assert driver.log.log_end_offset == start + 10 and not driver.producer_state.loading
+        await driver.close()
+        again = await loop.run_in_executor(None, open_driver, directory, hooks)
+        assert 7015 not in again.producer_state.producers and 7005 in again.producer_state.producers
+        assert again.producer_state.snapshot_entries() == oracle(again.log)
+        await again.close()
+
+    asyncio.run(scenario())
+
+
 def test_a_captured_table_serializes_as_snapshot_entries_and_ignores_later_changes(tmp_path):
     """Claim: capture() (taken on the loop) gives, through plain_entries (in a thread), exactly
     snapshot_entries() at capture time, however the table changes afterwards."""

@@ -124,7 +124,7 @@ class PartitionDriver:
         ready = self.replica.step(event)
         answers = self._perform(ready) if ready else []
         if self.log.active_segment_base_offset != self._snapshot_segment_base:
-            self._on_roll(ready)
+            self._on_roll()
         if self.budget is not None:
             self.budget.update(self.tp, self.replica.held_bytes() if self.is_leader else 0)
         self._notify_if_changed()
@@ -167,12 +167,11 @@ class PartitionDriver:
 
     # ------------------------------------------------------------ producer snapshots
 
-    def _on_roll(self, ready: Ready) -> None:
+    def _on_roll(self) -> None:
         """The active segment changed: snapshot the producer table at the log end, unless a
-        truncation in this Ready (or one still being rebuilt) means the table does not
-        describe the log right now."""
+        truncation (pending or being rebuilt) means the table does not describe the log."""
         self._snapshot_segment_base = self.log.active_segment_base_offset
-        if self.producer_state.loading or any(isinstance(a, (Truncate, TruncateFully)) for a in ready.persist):
+        if not self.producer_state.current:
             return
         if self._snapshot_write is not None and not self._snapshot_write.done():
             log.debug("%s-%d: a producer snapshot is still being written; skipping this roll's", *self.tp)
@@ -287,6 +286,7 @@ class PartitionDriver:
                     log.info("%s-%d truncates its log from %d to %d (diverged from the leader)", *self.tp,
                              self.log.log_end_offset, action.offset,
                              extra={"event": "partition.truncated", "topic": self.tp[0], "partition": self.tp[1]})
+                    self.producer_state.truncated = True  # no snapshot until the core rebuilds it
                     self.log.truncate_to(action.offset)
                     if self.log.log_end_offset != action.offset:
                         raise AssertionError(f"truncate_to({action.offset}) left log end "
@@ -296,6 +296,7 @@ class PartitionDriver:
                              *self.tp, self.log.log_end_offset, action.offset,
                              extra={"event": "partition.truncated_fully", "topic": self.tp[0],
                                     "partition": self.tp[1]})
+                    self.producer_state.truncated = True
                     self.log.truncate_fully_and_start_at(action.offset)
                 elif isinstance(action, Flush):
                     # Started now (no task in between): the fsync is on its thread before the sends.
@@ -413,7 +414,7 @@ class PartitionDriver:
         await self.coalescer.close()
         if self._snapshot_write is not None:
             await asyncio.gather(self._snapshot_write, return_exceptions=True)
-        if self.failed is None and not self.producer_state.loading:
+        if self.failed is None and self.producer_state.current:
             # Clean shutdown: the next open reads no log at all for producer state.
             await asyncio.gather(self._write_snapshot(), return_exceptions=True)
         self.producer_state.close()

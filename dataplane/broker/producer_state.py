@@ -148,6 +148,9 @@ class BrokerProducerState(ProducerStateTable):
         super().__init__(producers_max=producers_max, producer_idle_ms_max=producer_idle_ms_max)
         self.name = name
         self.loading = False
+        # Set by the driver when it truncates the log, cleared when the core asks for the
+        # rebuild (its next step): in between the table still holds cut batches.
+        self.truncated = False
         self.on_loaded: Callable[[], None] | None = None
         self.last_load: LoadInfo | None = None
         self.rebuilds = 0
@@ -157,6 +160,12 @@ class BrokerProducerState(ProducerStateTable):
     def _fresh(self) -> ProducerStateTable:
         return ProducerStateTable(producers_max=self.producers_max, producer_idle_ms_max=self.producer_idle_ms_max,
                                   batches_per_producer=self.batches_per_producer)
+
+    @property
+    def current(self) -> bool:
+        """The table describes the log as it is (no truncation pending or being rebuilt):
+        only then may it be snapshotted."""
+        return not self.loading and not self.truncated
 
     def capture(self) -> CapturedTable:
         """The table now, cheaply (no per-batch conversion: that is plain_entries' job, off
@@ -178,10 +187,12 @@ class BrokerProducerState(ProducerStateTable):
             loop = asyncio.get_running_loop()
         except RuntimeError:
             self.load(log)
+            self.truncated = False
             return
         self._generation += 1
         self.rebuilds += 1
         self.loading = True
+        self.truncated = False
         self.clear()
         self._start(loop, log, self._generation, table=None, start_offset=-1, passes=0, first=None)
 
