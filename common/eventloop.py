@@ -3,10 +3,14 @@
 uvloop is optional: it serves the same asyncio API with less interpreter work per
 socket event, which matters to a broker moving hundreds of MB/s on few cores.
 BIPLANE_EVENT_LOOP=asyncio forces the standard loop (to compare, or to rule it out).
+
+LoopWatchdog measures how long the loop is kept from running its callbacks (the
+stalls that starve heartbeats and fetch sessions); processes export what it sees.
 """
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from typing import Any, Callable, Coroutine, TypeVar
 
@@ -33,3 +37,86 @@ def run(main: Coroutine[Any, Any, T]) -> T:
     """asyncio.run(main) on the loop chosen above."""
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
         return runner.run(main)
+
+
+# ---------------------------------------------------------------- stall watchdog
+
+# Upper bounds (ms) of the lag histogram's buckets; a lag past the last is counted in +Inf.
+LAG_BUCKETS_MS: tuple[float, ...] = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000)
+
+
+class LoopStalls:
+    """What a LoopWatchdog saw, as plain numbers (pure: it is handed lags, reads no clock).
+
+    A lag is how late a callback ran after it was due: the time the loop spent in other
+    callbacks meanwhile. `stall_max_ms` is the largest seen; `stalls_total` counts lags of
+    at least `stall_ms_min`; `bucket_counts[i]` counts lags <= LAG_BUCKETS_MS[i]
+    (cumulative, as a Prometheus histogram), `lag_count` and `lag_sum_ms` all of them."""
+
+    def __init__(self, *, stall_ms_min: float = 100.0, buckets_ms: tuple[float, ...] = LAG_BUCKETS_MS) -> None:
+        if list(buckets_ms) != sorted(buckets_ms) or not buckets_ms:
+            raise ValueError(f"buckets_ms must be non-empty and ascending, got {buckets_ms!r}")
+        self.stall_ms_min = stall_ms_min
+        self.buckets_ms = buckets_ms
+        self.bucket_counts = [0] * len(buckets_ms)
+        self.lag_count = 0
+        self.lag_sum_ms = 0.0
+        self.stall_max_ms = 0.0
+        self.stalls_total = 0
+
+    def observe(self, lag_ms: float) -> None:
+        lag_ms = max(lag_ms, 0.0)
+        self.lag_count += 1
+        self.lag_sum_ms += lag_ms
+        for i, bound in enumerate(self.buckets_ms):
+            if lag_ms <= bound:
+                self.bucket_counts[i] += 1
+        if lag_ms >= self.stall_ms_min:
+            self.stalls_total += 1
+        self.stall_max_ms = max(self.stall_max_ms, lag_ms)
+
+
+class LoopWatchdog:
+    """Measures the event loop's longest stalls: a callback due every `interval_ms` notes
+    how late it runs (LoopStalls) and logs a structured WARNING (event "loop.stall") for a
+    lag of `stall_warn_ms` or more. It costs one timer callback per interval.
+
+        watchdog = LoopWatchdog(name="broker 1"); watchdog.start()   # on the running loop
+        watchdog.stalls.stall_max_ms; watchdog.stop()                 # stop is idempotent
+    """
+
+    def __init__(self, *, name: str = "", interval_ms: float = 20.0, stall_warn_ms: float = 250.0,
+                 stall_ms_min: float = 100.0, logger: logging.Logger | None = None) -> None:
+        if interval_ms <= 0 or stall_warn_ms <= 0:
+            raise ValueError(f"interval_ms ({interval_ms}) and stall_warn_ms ({stall_warn_ms}) must be > 0")
+        self.name = name
+        self.interval_ms = interval_ms
+        self.stall_warn_ms = stall_warn_ms
+        self.stalls = LoopStalls(stall_ms_min=stall_ms_min)
+        self.logger = logger or logging.getLogger("biplane.eventloop")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._handle: asyncio.TimerHandle | None = None
+        self._due = 0.0
+
+    def start(self) -> None:
+        if self._handle is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        self._due = self._loop.time() + self.interval_ms / 1000
+        self._handle = self._loop.call_at(self._due, self._tick)
+
+    def _tick(self) -> None:
+        assert self._loop is not None
+        now = self._loop.time()
+        lag_ms = (now - self._due) * 1000
+        self.stalls.observe(lag_ms)
+        if lag_ms >= self.stall_warn_ms:
+            self.logger.warning("%s: event loop stalled for %.0f ms (a callback ran that long)", self.name,
+                                lag_ms, extra={"event": "loop.stall", "stall_ms": round(lag_ms, 1)})
+        self._due = now + self.interval_ms / 1000
+        self._handle = self._loop.call_at(self._due, self._tick)
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None

@@ -17,6 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from common.control_client import ControlClient
+from common.eventloop import LoopStalls, LoopWatchdog
 from common.errors import BiplaneError
 from common.usage import BrokerUsage
 from dataplane.broker.config import BrokerConfig
@@ -25,14 +26,19 @@ from dataplane.broker.listener import start_pipelined_server
 from dataplane.broker.lifecycle import Lifecycle, take_clean_shutdown_marker, write_clean_shutdown_marker
 from dataplane.broker.metadata import MetadataLearner
 from dataplane.broker.metrics import render_metrics
-from dataplane.broker.partition import now_ms
+from dataplane.broker.partition import PartitionDriver, TopicPartition, now_ms
 from dataplane.broker.producer_ids import ProducerIds
 from dataplane.broker.pusher import Pusher
 from dataplane.broker.replicas import ReplicaManager
-from dataplane.broker.server import RequestHandler
+from dataplane.broker.budget import ProduceBudget
+from dataplane.broker.server import Counters, RequestHandler
 from dataplane.log.lock import DirectoryLock
 
 log = logging.getLogger("biplane.broker")
+
+# A stall this long is logged (WARNING, event "loop.stall"): a sixth of the session
+# timeout (1.5 s), so a few of them in a row show before the controller fences us.
+LOOP_STALL_WARN_MS = 250.0
 
 
 class Broker:
@@ -53,6 +59,12 @@ class Broker:
         self.pusher: Pusher | None = None
         self.replicas: ReplicaManager | None = None
         self.lifecycle: Lifecycle | None = None
+        self.learner: MetadataLearner | None = None
+        self.handler: RequestHandler | None = None
+        # Heartbeats and fetch sessions share this loop with every partition: how long it
+        # stalls is measured and exported (biplane_broker_event_loop_*), and logged.
+        self.watchdog = LoopWatchdog(name=f"broker {config.broker_id}",
+                                     stall_warn_ms=LOOP_STALL_WARN_MS)
 
     async def __aenter__(self) -> "Broker":
         await self.start()
@@ -66,6 +78,7 @@ class Broker:
             return
         self._started = True
         self._stop_event = asyncio.Event()
+        self.watchdog.start()
         c = self.config
         os.makedirs(c.data_dir, exist_ok=True)
         # One broker per data dir: a second one would find every partition log locked.
@@ -73,7 +86,8 @@ class Broker:
         clean = take_clean_shutdown_marker(c.data_dir)
         self.control = ControlClient(list(c.controller_urls), secret=c.cluster_secret,
                                      request_timeout_ms=c.request_timeout_ms)
-        self.learner = MetadataLearner(self.control, data_dir=c.data_dir, wait_ms_max=c.metadata_wait_ms_max)
+        self.learner = learner = MetadataLearner(self.control, data_dir=c.data_dir,
+                                                 wait_ms_max=c.metadata_wait_ms_max)
         self.fetcher = Fetcher(broker_id=c.broker_id, address_of=self._address_of, deliver=self._deliver,
                                fetch_wait_ms_max=c.fetch_wait_ms_max, fetch_max_bytes=c.fetch_max_bytes,
                                fetch_error_backoff_ms=c.fetch_error_backoff_ms,
@@ -85,7 +99,7 @@ class Broker:
                                        send_fetch=self.fetcher.submit, send_append_entries=self.pusher.submit,
                                        refresh_metadata=self.learner.refresh_soon)
         self.producer_ids = ProducerIds(self.control, broker_id=c.broker_id, block_size=c.producer_id_block_size)
-        self.handler = RequestHandler(broker_id=c.broker_id, image=lambda: self.learner.image,
+        self.handler = RequestHandler(broker_id=c.broker_id, image=lambda: learner.image,
                                       replicas=self.replicas, producer_ids=self.producer_ids,
                                       refresh_metadata=self.learner.refresh_soon,
                                       fetch_wait_ms_max=c.fetch_wait_ms_max)
@@ -96,7 +110,7 @@ class Broker:
             await self._start_metrics(c.metrics_port)
         self.lifecycle = Lifecycle(self.control, broker_id=c.broker_id, host=c.client_host, port=self.port,
                                    rack=c.rack, priority=c.priority, clean_shutdown=clean,
-                                   metadata_offset=lambda: self.learner.offset, usage=self.usage,
+                                   metadata_offset=lambda: learner.offset, usage=self.usage,
                                    heartbeat_interval_ms=c.heartbeat_interval_ms,
                                    usage_interval_ms=c.usage_interval_ms)
         self.learner.add_listener(self.replicas.on_metadata)
@@ -155,6 +169,7 @@ class Broker:
             await self.control.close()
         if self._metrics_runner is not None:
             await self._metrics_runner.cleanup()
+        self.watchdog.stop()
         if self._dir_lock is not None:
             if clean and self.replicas is not None:
                 write_clean_shutdown_marker(self.config.data_dir)
@@ -164,11 +179,13 @@ class Broker:
     # ------------------------------------------------------------ glue
 
     def _address_of(self, broker_id: int) -> tuple[str, int] | None:
+        if self.learner is None:
+            return None
         info = self.learner.image.brokers.get(broker_id)
         return (info.host, info.port) if info is not None else None
 
     def _deliver(self, tp: tuple[str, int], event) -> None:
-        driver = self.replicas.get(*tp)
+        driver = self.replicas.get(*tp) if self.replicas is not None else None
         if driver is None:
             return
         try:
@@ -181,7 +198,36 @@ class Broker:
         except Exception:  # our bug: loud, but the session must go on serving other partitions
             log.exception("%s-%d: applying a fetch answer failed", *tp)
 
+    # ------------------------------------------------------------ metrics (BrokerMetricsSource)
+
+    @property
+    def metadata_offset(self) -> int:
+        return self.learner.offset if self.learner is not None else -1
+
+    @property
+    def fenced(self) -> bool:
+        return self.lifecycle.fenced if self.lifecycle is not None else True
+
+    @property
+    def partition_drivers(self) -> dict[TopicPartition, PartitionDriver]:
+        return self.replicas.drivers if self.replicas is not None else {}
+
+    @property
+    def produce_budget(self) -> ProduceBudget:
+        assert self.replicas is not None, "metrics are served only once start() built the replica manager"
+        return self.replicas.budget
+
+    @property
+    def request_counters(self) -> Counters:
+        assert self.handler is not None, "metrics are served only once start() built the request handler"
+        return self.handler.counters
+
+    @property
+    def loop_stalls(self) -> LoopStalls:
+        return self.watchdog.stalls
+
     def usage(self) -> BrokerUsage:
+        assert self.replicas is not None, "usage is reported only once start() built the replica manager"
         disk = shutil.disk_usage(self.config.data_dir)
         return BrokerUsage(broker_id=self.config.broker_id, at_ms=int(time.time() * 1000),
                            disk_total_bytes=disk.total, disk_used_bytes=disk.used, disk_free_bytes=disk.free,

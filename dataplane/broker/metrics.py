@@ -1,7 +1,30 @@
-"""Prometheus text exposition of a broker's state: per-partition offsets and roles, request counts."""
+"""Prometheus text exposition of a broker's state: per-partition offsets and roles, request
+counts, and the event loop's stalls."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping, Protocol
+
+from common.eventloop import LoopStalls
+from dataplane.broker.budget import ProduceBudget
+from dataplane.broker.partition import PartitionDriver, TopicPartition
+from dataplane.broker.server import Counters
+
+
+class BrokerMetricsSource(Protocol):
+    """What render_metrics reads of a broker (Broker satisfies it once started)."""
+
+    @property
+    def metadata_offset(self) -> int: ...
+    @property
+    def fenced(self) -> bool: ...
+    @property
+    def partition_drivers(self) -> Mapping[TopicPartition, PartitionDriver]: ...
+    @property
+    def produce_budget(self) -> ProduceBudget: ...
+    @property
+    def request_counters(self) -> Counters: ...
+    @property
+    def loop_stalls(self) -> LoopStalls: ...
 
 
 def _labels(**kv: Any) -> str:
@@ -10,22 +33,44 @@ def _labels(**kv: Any) -> str:
     return "{" + inner + "}"
 
 
-def render_metrics(broker: Any) -> str:
+def render_metrics(broker: BrokerMetricsSource) -> str:
     lines: list[str] = []
 
-    def family(name: str, kind: str, help_text: str, samples: list[tuple[dict, float]]) -> None:
+    def family(name: str, kind: str, help_text: str, samples: list[tuple[dict[str, Any], float]]) -> None:
         lines.append(f"# HELP {name} {help_text}")
         lines.append(f"# TYPE {name} {kind}")
         for labels, value in samples:
             lines.append(f"{name}{_labels(**labels) if labels else ''} {value}")
 
-    drivers = sorted(broker.replicas.drivers.items())
-    part = lambda tp: {"topic": tp[0], "partition": tp[1]}  # noqa: E731
+    def histogram(name: str, help_text: str, bounds: tuple[float, ...], cumulative: list[int],
+                  count: int, total: float) -> None:
+        lines.append(f"# HELP {name} {help_text}")
+        lines.append(f"# TYPE {name} histogram")
+        for bound, n in zip(bounds, cumulative):
+            lines.append(f"{name}_bucket{_labels(le=bound)} {n}")
+        lines.append(f'{name}_bucket{_labels(le="+Inf")} {count}')
+        lines.append(f"{name}_sum {total}")
+        lines.append(f"{name}_count {count}")
+
+    drivers = sorted(broker.partition_drivers.items())
+
+    def part(tp: TopicPartition) -> dict[str, Any]:
+        return {"topic": tp[0], "partition": tp[1]}
     family("biplane_broker_metadata_offset", "gauge", "metadata offset applied by this broker",
-           [({}, broker.learner.offset)])
+           [({}, broker.metadata_offset)])
     family("biplane_broker_fenced", "gauge", "1 while the controller has this broker fenced",
-           [({}, int(broker.lifecycle.fenced))])
-    budget = broker.replicas.budget
+           [({}, int(broker.fenced))])
+    stalls = broker.loop_stalls
+    family("biplane_broker_event_loop_stall_max_seconds", "gauge",
+           "longest time the event loop was kept from running a due callback, since start",
+           [({}, stalls.stall_max_ms / 1000)])
+    family("biplane_broker_event_loop_stalls_total", "counter",
+           f"event-loop lags of at least {stalls.stall_ms_min / 1000:g} s",
+           [({}, stalls.stalls_total)])
+    histogram("biplane_broker_event_loop_lag_seconds", "how late the watchdog's periodic callback ran",
+              tuple(b / 1000 for b in stalls.buckets_ms), list(stalls.bucket_counts), stalls.lag_count,
+              stalls.lag_sum_ms / 1000)
+    budget = broker.produce_budget
     family("biplane_broker_unreplicated_bytes", "gauge", "produce bytes this broker's leaders hold unreplicated",
            [({}, budget.total_bytes)])
     family("biplane_broker_unreplicated_bytes_peak", "gauge", "highest biplane_broker_unreplicated_bytes seen",
@@ -49,7 +94,13 @@ def render_metrics(broker: Any) -> str:
     family("biplane_partition_produced_bytes_total", "counter", "batch bytes acknowledged by this leader",
            [(part(tp), d.produce_bytes) for tp, d in drivers])
     family("biplane_broker_requests_total", "counter", "data-plane requests by type",
-           [({"request": k}, v) for k, v in sorted(broker.handler.counters.requests.items())])
+           [({"request": k}, v) for k, v in sorted(broker.request_counters.requests.items())])
     family("biplane_broker_errors_total", "counter", "error answers by code",
-           [({"code": k}, v) for k, v in sorted(broker.handler.counters.errors.items())])
+           [({"code": k}, v) for k, v in sorted(broker.request_counters.errors.items())])
+    family("biplane_partition_producer_snapshots_written_total", "counter",
+           "producer-state snapshots this replica wrote (segment rolls)",
+           [(part(tp), d.producer_snapshots_written) for tp, d in drivers])
+    family("biplane_partition_producer_state_rebuilds_total", "counter",
+           "producer-state rebuilds after a truncation (each in a worker thread)",
+           [(part(tp), d.producer_state.rebuilds) for tp, d in drivers])
     return "\n".join(lines) + "\n"

@@ -24,6 +24,7 @@ from typing import Protocol
 
 from common.errors import BiplaneError, ErrorCode, InvalidRequestError, StorageError
 from dataplane.broker.budget import ProduceBudget
+from dataplane.broker.producer_state import BrokerProducerState, plain_entries
 from dataplane.log.flusher import FlushCoalescer, LogTruncatedError
 from dataplane.log.interface import LogConfig
 from dataplane.log.log import PartitionLog
@@ -71,13 +72,29 @@ class PartitionDriver:
         self.hooks = hooks
         self.log = PartitionLog(directory, config=log_config)
         self.coalescer = FlushCoalescer(self.log, debounce_ms=flush_debounce_ms)
+        # Idempotent producers: from the newest snapshot plus the log past it (the
+        # constructor runs in a worker thread: ReplicaManager._open); after a truncation
+        # the table rebuilds itself in a worker thread (producer_state.py).
+        self.producer_state = BrokerProducerState(name=f"{tp[0]}-{tp[1]}")
+        loaded = self.producer_state.load(self.log)
+        log.info("%s-%d producer state: %d producers from snapshot at %d and %d bytes of log from %d to %d "
+                 "(%.3f s)", *tp, len(self.producer_state), loaded.snapshot_offset, loaded.scanned_bytes,
+                 loaded.scan_start_offset, loaded.up_to_offset, loaded.elapsed_s,
+                 extra={"event": "partition.producer_state_loaded", "topic": tp[0], "partition": tp[1],
+                        "snapshot_offset": loaded.snapshot_offset, "scanned_bytes": loaded.scanned_bytes})
+        self.producer_state.on_loaded = self._on_room  # parked produce requests go on
+        # A snapshot is written at each segment roll (and at a clean close), one at a time.
+        self._snapshot_segment_base = self.log.active_segment_base_offset
+        self._snapshot_write: asyncio.Future[bool] | None = None
+        self.producer_snapshots_written = 0
         # fetch_backoff_ms=0: the fetcher long-polls, so an empty answer already waited;
         # the fetcher itself backs off after errors. Push followers, which nothing long-polls
         # for, hear from an idle leader every push_heartbeat_ms.
         self.replica = Replica(replica_id=broker_id, log=self.log, partition=tp, now_ms=now_ms(),
                                fetch_backoff_ms=0, fetch_max_bytes=fetch_max_bytes, unclean_start=unclean_start,
                                push_heartbeat_ms=push_heartbeat_ms,
-                               push_capable=True)  # this driver carries append-entries (pusher.py)
+                               push_capable=True,  # this driver carries append-entries (pusher.py)
+                               producer_state=self.producer_state)
         self.failed: str | None = None
         self.closed = False
         self._request_ids = itertools.count(1)
@@ -106,6 +123,8 @@ class PartitionDriver:
             raise PartitionOfflineError(f"partition {self.tp[0]}-{self.tp[1]} is offline: {self.failed}")
         ready = self.replica.step(event)
         answers = self._perform(ready) if ready else []
+        if self.log.active_segment_base_offset != self._snapshot_segment_base:
+            self._on_roll()
         if self.budget is not None:
             self.budget.update(self.tp, self.replica.held_bytes() if self.is_leader else 0)
         self._notify_if_changed()
@@ -142,7 +161,44 @@ class PartitionDriver:
     def _must_wait(self) -> bool:
         if not self.is_leader:
             return False  # parked requests are answered NOT_LEADER_OR_FOLLOWER, new ones refused by the core
+        if self.producer_state.loading:
+            return True  # its sequence checks need the table a truncation is rebuilding
         return not self.replica.epoch_durable or (self.budget is not None and not self.budget.has_room())
+
+    # ------------------------------------------------------------ producer snapshots
+
+    def _on_roll(self) -> None:
+        """The active segment changed: snapshot the producer table at the log end, unless a
+        truncation (pending or being rebuilt) means the table does not describe the log."""
+        self._snapshot_segment_base = self.log.active_segment_base_offset
+        if not self.producer_state.current:
+            return
+        if self._snapshot_write is not None and not self._snapshot_write.done():
+            log.debug("%s-%d: a producer snapshot is still being written; skipping this roll's", *self.tp)
+            return
+        self._snapshot_write = self._write_snapshot()
+
+    def _write_snapshot(self) -> asyncio.Future[bool]:
+        """Capture the table on the loop (it must match the log end exactly), write it in a thread."""
+        snapshots = self.log.producer_snapshots
+        generation = snapshots.generation
+        offset = self.log.log_end_offset
+        captured = self.producer_state.capture()
+        future = asyncio.get_running_loop().run_in_executor(
+            None, lambda: snapshots.write(offset, plain_entries(captured), generation=generation))
+
+        def written(f: asyncio.Future[bool]) -> None:
+            if f.cancelled():
+                return
+            exc = f.exception()
+            if exc is not None:
+                log.warning("%s-%d: producer snapshot at %d not written: %s", *self.tp, offset, exc,
+                            extra={"event": "partition.producer_snapshot_failed", "topic": self.tp[0],
+                                   "partition": self.tp[1]})
+            elif f.result():
+                self.producer_snapshots_written += 1
+        future.add_done_callback(written)
+        return future
 
     def _on_room(self) -> None:
         if self._parked and not self._releasing and not self.closed and self.failed is None:
@@ -230,6 +286,7 @@ class PartitionDriver:
                     log.info("%s-%d truncates its log from %d to %d (diverged from the leader)", *self.tp,
                              self.log.log_end_offset, action.offset,
                              extra={"event": "partition.truncated", "topic": self.tp[0], "partition": self.tp[1]})
+                    self.producer_state.truncated = True  # no snapshot until the core rebuilds it
                     self.log.truncate_to(action.offset)
                     if self.log.log_end_offset != action.offset:
                         raise AssertionError(f"truncate_to({action.offset}) left log end "
@@ -239,6 +296,7 @@ class PartitionDriver:
                              *self.tp, self.log.log_end_offset, action.offset,
                              extra={"event": "partition.truncated_fully", "topic": self.tp[0],
                                     "partition": self.tp[1]})
+                    self.producer_state.truncated = True
                     self.log.truncate_fully_and_start_at(action.offset)
                 elif isinstance(action, Flush):
                     # Started now (no task in between): the fsync is on its thread before the sends.
@@ -354,4 +412,10 @@ class PartitionDriver:
         if self._changed is not None and not self._changed.done():
             self._changed.set_result(None)
         await self.coalescer.close()
+        if self._snapshot_write is not None:
+            await asyncio.gather(self._snapshot_write, return_exceptions=True)
+        if self.failed is None and self.producer_state.current:
+            # Clean shutdown: the next open reads no log at all for producer state.
+            await asyncio.gather(self._write_snapshot(), return_exceptions=True)
+        self.producer_state.close()
         await asyncio.get_running_loop().run_in_executor(None, self.log.close)

@@ -38,6 +38,10 @@ from dataplane.replica.state import PartitionState, ReplicationConfig
 log = logging.getLogger("biplane.broker.replicas")
 
 TOPIC_ID_FILE = "topic_id"
+# Passes over every partition on the event loop (metadata, ticks) yield to it after this
+# many partitions, so heartbeats and fetch sessions run between slices however many
+# partitions the broker holds.
+PARTITIONS_PER_SLICE = 64
 
 
 def partition_dir(data_dir: str, tp: TopicPartition) -> str:
@@ -83,9 +87,13 @@ class ReplicaManager:
             if self._closed:
                 return
             hosted: set[TopicPartition] = set()
+            fed = 0
             for info in image.partitions():
                 if self.broker_id not in info.replicas:
                     continue
+                fed += 1
+                if fed % PARTITIONS_PER_SLICE == 0:
+                    await asyncio.sleep(0)
                 topic = image.topics[info.topic]
                 hosted.add(info.tp)
                 driver = self.drivers.get(info.tp)
@@ -206,7 +214,10 @@ class ReplicaManager:
         while True:
             await asyncio.sleep(interval)
             now = now_ms()
-            for tp, driver in list(self.drivers.items()):
+            for i, (tp, driver) in enumerate(list(self.drivers.items())):
+                if i and i % PARTITIONS_PER_SLICE == 0:
+                    await asyncio.sleep(0)
+                    now = now_ms()
                 try:
                     driver.tick(now)
                 except BiplaneError as exc:
@@ -262,8 +273,15 @@ class ReplicaManager:
             self._closed = True
             for task in list(self._tasks):
                 task.cancel()
-            for driver in list(self.drivers.values()):
-                await driver.close()
+            # Together: each close flushes its log and writes a producer snapshot (fsyncs
+            # in worker threads), so one after the other would add up with many partitions.
+            drivers = list(self.drivers.values())
+            results = await asyncio.gather(*(d.close() for d in drivers), return_exceptions=True)
+            for driver, result in zip(drivers, results):
+                if isinstance(result, BaseException):
+                    log.error("%s-%d: close failed: %r", *driver.tp, result,
+                              extra={"event": "partition.close_failed", "topic": driver.tp[0],
+                                     "partition": driver.tp[1]})
 
 
 def _prepare_dir(directory: str, topic_id: str) -> bool:

@@ -6,6 +6,7 @@ Layout of a log directory:
   recovery-point                          an offset below which everything was fsynced
   clean-shutdown                          present only while the log is closed cleanly
   truncate-fully                          intent of an unfinished truncate_fully_and_start_at
+  <offset:020d>.producer-snapshot         producer-state snapshots (producer_snapshots.py)
   .lock                                   flock held by the process that has it open
 
 The contract (durability, buffer ownership) is in interface.py. Threads: every
@@ -28,6 +29,7 @@ from .epoch_cache import EpochCache
 from .interface import (AppendInfo, DeletedSegment, EpochEntry, LogConfig, OffsetMismatchError,
                         OffsetOutOfRangeError, ReadResult, StaleEpochError, patchable)
 from .lock import DirectoryLock
+from .producer_snapshots import ProducerSnapshots
 from .segment import BatchSpan, Segment
 from .tail import TailCache
 
@@ -68,7 +70,11 @@ class PartitionLog:
         self._tail = TailCache(size_bytes_max=self.config.tail_cache_bytes or 0)
         self.recovered_bytes_cut = 0  # bytes of torn/corrupt tail removed on open
         try:
+            self.producer_snapshots = ProducerSnapshots(self.directory)
             self._open()
+            # Snapshots past the end describe batches a crash (or an interrupted
+            # truncation) removed: the log may grow back past them with others.
+            self.producer_snapshots.delete_above(self.log_end_offset)
         except BaseException:
             for segment in self._segments:
                 segment.close()
@@ -93,6 +99,7 @@ class PartitionLog:
             if ext in (".index", ".timeindex") and stem.isdigit() and int(stem) not in bases:
                 os.unlink(self._path(name))
         if truncate_fully is not None:
+            self.producer_snapshots.delete_above(-1)  # they describe the log being emptied
             self._finish_truncate_fully(bases, truncate_fully)
             bases = [truncate_fully]
         if not bases:
@@ -234,6 +241,11 @@ class PartitionLog:
     @property
     def segment_base_offsets(self) -> list[int]:
         return list(self._bases)
+
+    @property
+    def active_segment_base_offset(self) -> int:
+        """Base offset of the segment appends go to; it changes when the log rolls."""
+        return self._bases[-1]
 
     # ------------------------------------------------------------------ append
 
@@ -570,6 +582,7 @@ class PartitionLog:
     def _truncate_fully_locked(self, offset: int) -> None:
         try:
             files.write_atomically(self._path(TRUNCATE_FULLY), b"%d\n" % offset)
+            self.producer_snapshots.delete_above(-1)
             self._delete_segments_from(0)
             self._finish_truncate_fully([], offset)
             self._add_segment(Segment(self.directory, offset,
@@ -586,6 +599,7 @@ class PartitionLog:
     def _after_truncation(self) -> None:
         self._truncations += 1
         end = self.log_end_offset
+        self.producer_snapshots.delete_above(end)
         self._tail.truncate_to(end)
         self._tail.drop_before(self.log_start_offset)
         self._flushed_offset = max(min(self._flushed_offset, end), self.log_start_offset)

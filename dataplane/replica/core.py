@@ -110,7 +110,8 @@ class Replica(PushMixin):
                  pending_produce_max: int = 10_000, unreplicated_bytes_max: int = 8 * 1024 * 1024,
                  push_inflight_max: int = 4, push_heartbeat_ms: int | None = None,
                  push_capable: bool = False, producers_max: int = 10_000,
-                 producer_idle_ms_max: int = 7 * 24 * 3600 * 1000, unclean_start: bool = False) -> None:
+                 producer_idle_ms_max: int = 7 * 24 * 3600 * 1000, unclean_start: bool = False,
+                 producer_state: ProducerStateTable | None = None) -> None:
         for name, value in (("fetch_max_bytes", fetch_max_bytes), ("flush_debounce_ms", flush_debounce_ms),
                             ("fetch_backoff_ms", fetch_backoff_ms), ("fetch_timeout_ms", fetch_timeout_ms),
                             ("isr_proposal_retry_ms", isr_proposal_retry_ms),
@@ -142,9 +143,14 @@ class Replica(PushMixin):
         # fetching (every replica of a partition runs the same driver code, so they agree).
         self.push_capable = push_capable
         # Idempotent producers' state, rebuilt from the log's batch headers on every replica.
-        self.producer_state = ProducerStateTable(producers_max=producers_max,
-                                                 producer_idle_ms_max=producer_idle_ms_max)
-        self.producer_state.rebuild(log)
+        # A driver may hand in a table it already loaded for this log (from a snapshot and
+        # the log past it) whose rebuild() after a truncation it performs off its event
+        # loop (dataplane/broker/producer_state.py); the rules stay the table's.
+        if producer_state is None:
+            producer_state = ProducerStateTable(producers_max=producers_max,
+                                                producer_idle_ms_max=producer_idle_ms_max)
+            producer_state.rebuild(log)
+        self.producer_state = producer_state
         self._producer_state_stale = False
 
         self.now_ms = now_ms

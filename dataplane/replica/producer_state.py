@@ -169,6 +169,39 @@ class ProducerStateTable:
                 break  # nothing readable there (a gap the log reports as empty)
             offset = nxt
 
+    # ------------------------------------------------------------ snapshots
+    # Serialization only (the rules above are untouched): the table as plain values, in
+    # its least-recently-written-first order, so a snapshot plus the log past it rebuilds
+    # exactly the table a scan of the whole log would (dataplane/log/producer_snapshots.py
+    # stores it).
+
+    def snapshot_entries(self) -> list[tuple[int, int, int, tuple[tuple[int, int, int, int], ...]]]:
+        """[(producer_id, epoch, last_timestamp_ms, ((base_seq, last_seq, base_offset, last_offset), ...))]."""
+        return [(pid, e.epoch, e.last_timestamp_ms,
+                 tuple((b.base_sequence, b.last_sequence, b.base_offset, b.last_offset) for b in e.batches))
+                for pid, e in self.producers.items()]
+
+    def load_entries(self, entries: list) -> None:
+        """Replace the table with `entries` (as snapshot_entries gives them); ValueError on a
+        malformed entry, leaving the table empty. The table's own bounds apply."""
+        self.clear()
+        try:
+            for pid, epoch, last_timestamp_ms, batches in entries:
+                for value in (pid, epoch, last_timestamp_ms):
+                    if type(value) is not int:
+                        raise ValueError(f"producer entry field {value!r} is not an int")
+                entry = ProducerEntry(epoch=epoch, last_timestamp_ms=last_timestamp_ms,
+                                      batches=collections.deque(maxlen=self.batches_per_producer))
+                for base_sequence, last_seq, base_offset, last_offset in batches:
+                    entry.batches.append(BatchEntry(base_sequence=int(base_sequence), last_sequence=int(last_seq),
+                                                    base_offset=int(base_offset), last_offset=int(last_offset)))
+                self.producers[int(pid)] = entry
+                while len(self.producers) > self.producers_max:
+                    self.producers.popitem(last=False)
+        except (TypeError, ValueError) as exc:
+            self.clear()
+            raise ValueError(f"malformed producer snapshot entry: {exc}") from exc
+
 
 def _before(a: int, b: int) -> bool:
     """a comes strictly before b in wrapping sequence space (within half the range)."""
