@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import itertools
 import logging
 import time
 from typing import Protocol
 
+from common.batch import Buffer
 from common.errors import BiplaneError, ErrorCode, InvalidRequestError, StorageError
 from dataplane.broker.budget import ProduceBudget
 from dataplane.broker.producer_state import BrokerProducerState, plain_entries
@@ -115,7 +117,7 @@ class PartitionDriver:
 
     # ------------------------------------------------------------------ inputs
 
-    def step(self, event: object) -> list[FetchResponse]:
+    def step(self, event: object) -> list[FetchResponse | AppendEntriesReply]:
         """Feed one event to the core and perform its Ready; returns fetch answers it produced."""
         if self.closed:
             return []
@@ -136,7 +138,7 @@ class PartitionDriver:
         if not self.closed and self.failed is None:
             self.step(Tick(now_ms=max(now, self.replica.now_ms)))
 
-    def submit_produce(self, records: bytearray, *, acks: int, timeout_ms: int,
+    def submit_produce(self, records: Buffer, *, acks: int, timeout_ms: int,
                        record_count: int) -> asyncio.Future[ReleaseProduce]:
         """Step the produce into the core now (so requests keep their arrival order);
         the future resolves when the core releases it.
@@ -227,13 +229,11 @@ class PartitionDriver:
                 else:
                     inner = self._submit_now(records, acks=acks, timeout_ms=max(1, deadline_ms - now_ms()),
                                              record_count=record_count)
-                    inner.add_done_callback(lambda f, outer=outer: outer.done() or outer.set_result(
-                        f.result() if not f.cancelled() else ReleaseProduce(
-                            request_id=-1, error=ErrorCode.NOT_LEADER_OR_FOLLOWER)))
+                    inner.add_done_callback(functools.partial(_pass_on, outer))
         finally:
             self._releasing = False
 
-    def _submit_now(self, records: bytearray, *, acks: int, timeout_ms: int,
+    def _submit_now(self, records: Buffer, *, acks: int, timeout_ms: int,
                     record_count: int) -> asyncio.Future[ReleaseProduce]:
         request_id = next(self._request_ids)
         future: asyncio.Future[ReleaseProduce] = asyncio.get_running_loop().create_future()
@@ -275,7 +275,7 @@ class PartitionDriver:
 
     # ------------------------------------------------------------------ Ready
 
-    def _perform(self, ready: Ready) -> list[FetchResponse]:
+    def _perform(self, ready: Ready) -> list[FetchResponse | AppendEntriesReply]:
         last_written = None
         try:
             for action in ready.persist:
@@ -304,22 +304,22 @@ class PartitionDriver:
         except (StorageError, OSError) as exc:
             self._fail(f"{type(exc).__name__}: {exc}")
             raise PartitionOfflineError(f"partition {self.tp[0]}-{self.tp[1]} went offline: {exc}") from exc
-        answers: list[FetchResponse] = []
-        for action in ready.send:
-            if isinstance(action, Send):
-                message = action.message
+        answers: list[FetchResponse | AppendEntriesReply] = []
+        for sent in ready.send:
+            if isinstance(sent, Send):
+                message = sent.message
                 if isinstance(message, FetchRequest):
-                    self.hooks.send_fetch(action.to_broker, self.tp, message)
+                    self.hooks.send_fetch(sent.to_broker, self.tp, message)
                 elif isinstance(message, AppendEntries):
-                    self.hooks.send_append_entries(action.to_broker, self.tp, message)
+                    self.hooks.send_append_entries(sent.to_broker, self.tp, message)
                 elif isinstance(message, (FetchResponse, AppendEntriesReply)):
                     answers.append(message)  # to the fetch / append-entries being answered
                 else:
                     raise AssertionError(f"core sent {type(message).__name__}: no transport for it")
-            elif isinstance(action, ProposeIsr):
-                self.hooks.propose_isr(self.tp, action)
-            elif isinstance(action, ReportElection):
-                self.hooks.report_election(self.tp, action)
+            elif isinstance(sent, ProposeIsr):
+                self.hooks.propose_isr(self.tp, sent)
+            elif isinstance(sent, ReportElection):
+                self.hooks.report_election(self.tp, sent)
         for release in ready.release:
             future = self._produce_waiters.pop(release.request_id, None)
             if future is not None and not future.done():
@@ -419,3 +419,11 @@ class PartitionDriver:
             await asyncio.gather(self._write_snapshot(), return_exceptions=True)
         self.producer_state.close()
         await asyncio.get_running_loop().run_in_executor(None, self.log.close)
+
+
+def _pass_on(outer: asyncio.Future[ReleaseProduce], inner: asyncio.Future[ReleaseProduce]) -> None:
+    """Settle a produce that waited (outer) with the answer of its submission (inner)."""
+    if outer.done():
+        return
+    outer.set_result(inner.result() if not inner.cancelled()
+                     else ReleaseProduce(request_id=-1, error=ErrorCode.NOT_LEADER_OR_FOLLOWER))

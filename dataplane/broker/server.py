@@ -187,7 +187,7 @@ class RequestHandler:
             # The records view into the request's own frame is patched in place by the log: no copy.
             # partition.py (being reworked) declares bytearray; it takes any writable buffer, and
             # the decoder hands it a writable memoryview of the frame. Remove once it says so.
-            future = driver.submit_produce(records, acks=acks, timeout_ms=timeout_ms,  # type: ignore[arg-type]
+            future = driver.submit_produce(records, acks=acks, timeout_ms=timeout_ms,
                                            record_count=sum(h.record_count for h in headers))
         except BiplaneError as exc:
             return refuse(exc.code, str(exc))

@@ -20,7 +20,7 @@ import bisect
 import os
 import threading
 
-from common.batch import MAX_BATCH_BYTES, iter_batches, set_base_offset, set_leader_epoch
+from common.batch import MAX_BATCH_BYTES, Buffer, iter_batches, set_base_offset, set_leader_epoch
 from common.durable import fsync_dir
 from common.errors import InvalidRequestError, StorageError
 
@@ -301,7 +301,7 @@ class PartitionLog:
                 expected = span.next_offset
             return self._write(batches, spans, now_ms)
 
-    def _validate(self, buf, *, crc: bool) -> list[BatchSpan]:
+    def _validate(self, buf: Buffer, *, crc: bool) -> list[BatchSpan]:
         limit = min(self.config.segment_bytes, MAX_BATCH_BYTES)
         spans = []
         for position, header in iter_batches(buf, validate=crc, max_batch_bytes=limit):
@@ -319,7 +319,7 @@ class PartitionLog:
             raise StorageError(f"log {self.directory} is offline after an I/O error ({self._failed}); "
                                f"reopen it to recover")
 
-    def _write(self, buf, spans: list[BatchSpan], now_ms: int | None) -> AppendInfo:
+    def _write(self, buf: Buffer, spans: list[BatchSpan], now_ms: int | None) -> AppendInfo:
         """Write validated spans with final offsets; all or nothing."""
         old_end = self.log_end_offset
         old_count = len(self._segments)
@@ -686,7 +686,7 @@ class PartitionLog:
     def __enter__(self) -> PartitionLog:
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
 

@@ -7,10 +7,11 @@ only; records are never decoded. Not thread-safe: PartitionLog serialises calls.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 import os
 import struct
 
-from common.batch import HEADER_SIZE, MAX_BATCH_BYTES, read_header, scan_valid_prefix
+from common.batch import HEADER_SIZE, MAX_BATCH_BYTES, Buffer, read_header, scan_valid_prefix
 from common.errors import CorruptBatchError
 
 from .files import write_all
@@ -113,9 +114,10 @@ class Segment:
             chunk = os.pread(self.fd, min(_RECOVERY_CHUNK_BYTES, file_size - position), position)
             valid_bytes, headers = scan_valid_prefix(chunk)
             if not headers:
-                chunk = _whole_batch_larger_than(chunk, self.fd, position, file_size)
-                if chunk is None:
+                whole = _whole_batch_larger_than(chunk, self.fd, position, file_size)
+                if whole is None:
                     break
+                chunk = whole
                 valid_bytes, headers = scan_valid_prefix(chunk)
                 if not headers:
                     break
@@ -157,7 +159,7 @@ class Segment:
 
     # ------------------------------------------------------------------ writing
 
-    def append(self, buf, spans: list[BatchSpan]) -> None:
+    def append(self, buf: Buffer, spans: list[BatchSpan]) -> None:
         """Write spans (contiguous in buf) at the end. On OSError the file is cut back
         to its old size (if that fails too, the OSError from ftruncate is raised) and
         nothing in memory changes."""
@@ -240,7 +242,8 @@ class Segment:
 
     # ------------------------------------------------------------------ reading
 
-    def walk(self, position: int, end: int | None = None, *, chunk_bytes: int = _WALK_CHUNK_BYTES):
+    def walk(self, position: int, end: int | None = None, *,
+             chunk_bytes: int = _WALK_CHUNK_BYTES) -> Iterator[BatchSpan]:
         """Yield a BatchSpan per batch header from `position` (a batch start) to `end`
         (default: the size when the walk starts), reading chunk_bytes at a time."""
         end = self.size_bytes if end is None else end
@@ -291,7 +294,7 @@ class Segment:
         want = min(max(max_bytes, HEADER_SIZE), self.size_bytes - position)
         data = os.pread(self.fd, want, position)
         cut = 0
-        next_offset = None
+        next_offset = -1
         while cut + HEADER_SIZE <= len(data):
             base, length = _BASE_AND_LENGTH.unpack_from(data, cut)
             delta = _DELTA_AND_TIMES.unpack_from(data, cut + 23)[0]

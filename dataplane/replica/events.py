@@ -33,7 +33,7 @@ class ProduceRequest:
     """A client's batch(es) for this partition. `leader_epoch` None: the client did not say."""
 
     request_id: int
-    records: bytes
+    records: Buffer  # patched in place by the log when writable (see dataplane/log/interface.py)
     acks: int
     timeout_ms: int
     leader_epoch: int | None = None
