@@ -1,4 +1,4 @@
-"""Replica core, one test per claim of DESIGN.md §3 (leader, follower, fencing, ISR, elections).
+"""Replica core, one test per claim of docs/design.md#protocol-rules-and-where-they-live (leader, follower, fencing, ISR, elections).
 
 Each test drives `Replica.step` by hand over MemoryLogs; `Node` applies the
 persist actions the way the broker will, and time only moves through Tick.

@@ -1,4 +1,4 @@
-"""High-watermark arithmetic against a naive oracle, plus the rules stated in DESIGN.md §3."""
+"""High-watermark arithmetic against a naive oracle, plus the rules stated in docs/design.md#high-watermark-and-commit-rules."""
 from __future__ import annotations
 
 import itertools

@@ -4,7 +4,7 @@
 ties by replica order; one record. Outside the ISR (unclean) only when the
 topic allows it, and then the ISR restarts as just the new leader.
 
-`quorum` topics (KIP-250 with the two corrections DESIGN.md states):
+`quorum` topics (KIP-250 with the two corrections in docs/design.md#elections):
 1. `fence_for_election` appends a change with no leader at leader epoch e+1;
    replicas that learn it stop accepting epoch <= e, flush, and report the
    (last batch epoch, end offset) of their flushed log.

@@ -1,1 +1,1 @@
-"""The asyncio broker process: a thin driver around the replica cores (DESIGN.md §3)."""
+"""The asyncio broker process: a thin driver around the replica cores (docs/design.md#driver-contracts)."""

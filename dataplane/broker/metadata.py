@@ -1,6 +1,6 @@
 """The metadata learner: long-polls a controller and applies records in order to a local image.
 
-Brokers pull (DESIGN.md §2): records after our offset, or the whole image when
+Brokers pull (docs/design.md#processes-and-what-travels-between-them): records after our offset, or the whole image when
 we are too far behind. The image is saved to `metadata.json` in the data dir
 (atomically, after each applied batch) so a restarted broker starts from what
 it knew; it still catches up with the controller before it acts on anything

@@ -1,6 +1,6 @@
 """One partition replica as leader or follower: `step(event) -> Ready`, no I/O.
 
-The core owns the protocol (DESIGN.md §3): offsets are assigned through Append
+The core owns the protocol (docs/design.md#protocol-rules-and-where-they-live): offsets are assigned through Append
 actions, followers are tracked through epoch-checked fetches, the high
 watermark (HW) follows `watermark.py`, produce requests are released through
 one path whatever their acks, ISR changes are proposed to the controller, and

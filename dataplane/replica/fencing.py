@@ -1,4 +1,4 @@
-"""The one epoch comparison every handler makes before touching state (STYLE.md item 3)."""
+"""The one epoch comparison every handler makes before touching state (docs/style.md#fence-first)."""
 from __future__ import annotations
 
 import enum

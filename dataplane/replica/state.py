@@ -48,7 +48,7 @@ class TopicConfigView(Protocol):
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class PartitionState:
-    """One partition as the controller last decided it (DESIGN.md §1 field names)."""
+    """One partition as the controller last decided it (docs/design.md#metadata-records-and-image)."""
 
     replicas: tuple[int, ...]
     isr: tuple[int, ...]

@@ -1,6 +1,6 @@
 """Invariant checkers, kept apart from the fault injector: they only read the cluster.
 
-Checked after EVERY simulation step (DESIGN.md §6):
+Checked after EVERY simulation step (docs/design.md#testing):
 
 1. hw_monotonic — a leader's HW never moves back within its term
    (one term = one (replica, incarnation, leader epoch)).
