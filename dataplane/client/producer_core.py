@@ -236,30 +236,44 @@ class ProducerCore(Generic[B]):
         flight.attempts += 1
         flight.in_flight = True
 
-    def next_retry(self, tp: Hashable, now_ms: int) -> tuple[B, Stamp] | None:
-        """A batch of tp to send again now (same stamp, or new numbers if it was never
-        appended and the partition took a new epoch), counted in flight; None: nothing due."""
+    def retry_due(self, tp: Hashable, now_ms: int) -> B | None:
+        """The batch of tp to send again now, if any (a query: `resend` sends it). Retries go
+        one at a time and in order, so a retried batch is never overtaken."""
+        flight = self._retry_candidate(tp, now_ms)
+        return None if flight is None else flight.batch
+
+    def _retry_candidate(self, tp: Hashable, now_ms: int) -> _Flight[B] | None:
         part = self.partitions.get(tp)
         if part is None:
             return None
         for flight in part.outstanding:
-            if flight.in_flight or flight.done:
-                if flight.in_flight:
-                    return None   # retries go one at a time, in order: never overtake
+            if flight.in_flight:
+                return None
+            if flight.done:
                 continue
             if now_ms < flight.retry_at_ms:
                 return None
             if flight.stamp is None:
-                if self.producer_id < 0 or part.numbered():
+                # Never appended, waiting for new numbers: only under a new identity, and only
+                # once nothing numbered is outstanding.
+                if self.producer_id < 0 or part.numbered() or (self._current(part) and part.needs_new_epoch):
                     return None
-                if self._current(part) and part.needs_new_epoch:
-                    return None
-                part.needs_new_epoch = False
-                self._number(part, flight)
-            self._launch(flight)
-            assert flight.stamp is not None
-            return flight.batch, flight.stamp
+            return flight
         return None
+
+    def resend(self, tp: Hashable, batch: B, *, now_ms: int) -> Stamp:
+        """Send `batch` again (the one retry_due named): its stamp, new only if it was never
+        appended and the partition moved to a new identity; counted in flight."""
+        flight = self._retry_candidate(tp, now_ms)
+        if flight is None or flight.batch is not batch:
+            raise RuntimeError(f"resend({tp}) of a batch retry_due did not name")
+        part = self._partition(tp)
+        if flight.stamp is None:
+            part.needs_new_epoch = False
+            self._number(part, flight)
+        self._launch(flight)
+        assert flight.stamp is not None
+        return flight.stamp
 
     def next_due_ms(self) -> int | None:
         """The earliest time a retry's backoff or a delivery timeout ends (None: none pending)."""
