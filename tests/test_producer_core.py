@@ -196,3 +196,19 @@ def test_without_idempotence_batches_carry_no_numbers_and_go_one_at_a_time():
     assert not c.may_send_new(TP)
     c.no_answer("a", now_ms=1)
     assert resend(c, 11)[0] == "a"
+
+
+def test_the_window_keeps_acknowledged_batches_behind_an_unfinished_one():
+    """Rule: a retry must be among the leader's last 5 batches of the producer, or it cannot be
+    answered with its offset (DUPLICATE_SEQUENCE). Batches acknowledged after an unfinished one
+    therefore stay in the window until it finishes."""
+    c = core(in_flight_per_partition_max=5)
+    for i in range(5):
+        send(c, f"b{i}")
+    c.no_answer("b0", now_ms=1)          # b0 was appended, its answer lost
+    resend(c, 20)                        # its retry is in flight
+    for i in range(1, 5):
+        c.answered(f"b{i}", error=ErrorCode.NONE, base_offset=i, now_ms=21)
+    assert not c.may_send_new(TP)        # 4 more now would push b0 out of the leader's memory
+    assert c.answered("b0", error=ErrorCode.NONE, base_offset=0, now_ms=22) == [Acknowledge(batch="b0", base_offset=0)]
+    assert c.may_send_new(TP) and c.outstanding(TP) == 0

@@ -24,8 +24,11 @@ Rules (Kafka's idempotent producer, KIP-98/360/679; DESIGN.md §3):
   outstanding, a later acknowledged sequence proves it was written (leaders append in sequence
   order only), otherwise the partition takes a new epoch.
 - A duplicate is answered by the leader with the original offsets (error NONE); that is what
-  the caller gets. DUPLICATE_SEQUENCE (older than the leader's last 5 batches) cannot happen to
-  a batch still awaited while at most 5 are outstanding, which the constructor enforces.
+  the caller gets. The leader remembers a producer's last 5 batches, so the window of batches
+  sent since the oldest unfinished one (finished ones inside it included) is at most 5: a
+  retry is then always among the batches the leader can answer with their offsets.
+  DUPLICATE_SEQUENCE (older than those 5) is still taken as success, with the offset the
+  answer carries (-1: unknown), as Kafka's producer does; within the window it cannot come.
 """
 from __future__ import annotations
 
@@ -112,7 +115,8 @@ class _Partition(Generic[B]):
     outstanding: list[_Flight[B]] = dataclasses.field(default_factory=list)  # send order
 
     def numbered(self) -> list[_Flight[B]]:
-        return [f for f in self.outstanding if f.stamp is not None]
+        """Numbered batches whose outcome may still change the leader's sequence state."""
+        return [f for f in self.outstanding if f.stamp is not None and (not f.done or f.in_flight)]
 
 
 class ProducerCore(Generic[B]):
@@ -176,7 +180,8 @@ class ProducerCore(Generic[B]):
         return 0 if part is None else sum(1 for f in part.outstanding if f.in_flight)
 
     def outstanding(self, tp: Hashable | None = None) -> int:
-        """Batches not yet finished (awaiting an answer, a retry or new numbers)."""
+        """Batches in the window: from the oldest not finished (awaiting an answer, a retry or
+        new numbers) to the newest sent, finished ones between them included."""
         if tp is not None:
             part = self.partitions.get(tp)
             return 0 if part is None else len(part.outstanding)
@@ -387,8 +392,12 @@ class ProducerCore(Generic[B]):
 
     def _finish(self, part: _Partition[B], flight: _Flight[B]) -> None:
         flight.done = True
-        part.outstanding.remove(flight)
         del self._flights[flight.batch]
+        # A finished batch leaves the window only once every batch sent before it finished:
+        # the window spans the sequences a retry may still need the leader to recognise.
+        outstanding = part.outstanding
+        while outstanding and outstanding[0].done and not outstanding[0].in_flight:
+            outstanding.pop(0)
 
     def _partition_of(self, flight: _Flight[B]) -> _Partition[B]:
         for part in self.partitions.values():
