@@ -3,10 +3,12 @@
     async with Producer() as producer:               # finds a `biplane up` cluster
         meta = await producer.send_and_wait("events", b"hello", key=b"user-1")
 
-One sender task drains the accumulator (dataplane/client/accumulator.py holds the
-rules) into one PRODUCE request per leader broker, on a connection used for produce
-only, and feeds each partition's answer back. Retriable errors refresh metadata when
-they say it is stale, then the batch is resent with the same sequence. The sender also
+One sender task drains the accumulator (dataplane/client/accumulator.py: batching) into
+one PRODUCE request per leader broker, on a connection used for produce only, and feeds
+each partition's answer back to the producer core (dataplane/client/producer_core.py: the
+protocol — numbers, retries, epochs, outcomes; this module only performs what it decides).
+Retriable errors refresh metadata when they say it is stale, then the batch is resent with
+the same numbers. The sender also
 refreshes metadata once it is metadata_max_age_ms old, so partitions added to a topic,
 new brokers and moved leaders are used without an error first pointing at them.
 
@@ -117,9 +119,12 @@ class Producer:
     off otherwise (it needs acks="all"); batch_size_bytes; linger_ms; buffer_memory_bytes and
     max_block_ms (send() waits that long for buffer space, then raises BufferFullTimeoutError);
     compression: "none" or "gzip"; request_timeout_ms; delivery_timeout_ms (a record's whole
-    budget, retries included); retry_backoff_ms; in_flight_per_partition_max (default 5: leaders
-    check idempotent sequences and refuse a batch whose predecessor is missing, so a retried
-    batch is never overtaken; without idempotence it is always 1);
+    budget, retries included; a record sent but not acknowledged by then fails with
+    OutcomeUnknownError, a DeliveryTimeoutError saying it may be in the log); retry_backoff_ms;
+    in_flight_per_partition_max (default 5, at most 5 with idempotence, the batches a leader
+    remembers per producer: leaders check idempotent sequences and refuse a batch whose
+    predecessor is missing, so a retried batch is never overtaken; without idempotence it is
+    always 1);
     unknown_topic_wait_ms (how long send() waits for a topic the cluster does not know yet);
     metadata_max_age_ms (default 300000, Kafka's metadata.max.age.ms: cached metadata older
     than this is fetched again in the background although no error asked for it; the
