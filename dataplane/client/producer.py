@@ -583,9 +583,9 @@ class Producer:
                     if code in (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.FENCED_LEADER_EPOCH) \
                             and meta.leader(batch.tp) == broker:
                         meta.forget_leader(batch.tp)
-                if not outcomes:
-                    self.retries += 1
-                    log.debug("retrying %s (attempt %d): %s", batch.tp, batch.attempts, code.name)
+            if not outcomes:
+                self.retries += 1
+                log.debug("retrying %s (attempt %d): %s", batch.tp, batch.attempts, message)
             for outcome in outcomes:
                 self._settle(outcome, message)
         if stale:
