@@ -55,6 +55,8 @@ class SimProducer:
         self.requests: dict[int, SimBatch] = {}   # request id -> batch, until answered or timed out
         self.acked: dict[int, int] = {}            # batch index -> base offset
         self.failed: dict[int, Fail[SimBatch]] = {}
+        self.counts = {"timeouts": 0, "resends": 0, "renumbered": 0}   # what the run exercised
+        self.stamps: dict[int, set[tuple[int, int, int]]] = {}          # batch index -> stamps used
 
     def make_batch(self, now_ms: int) -> SimBatch | None:
         if len(self.queue) >= QUEUED_MAX:
@@ -78,12 +80,16 @@ class SimProducer:
             retry = core.retry_due(tp, now_ms)
             if retry is not None:
                 batch, stamp = retry, core.resend(tp, retry, now_ms=now_ms)
+                self.counts["resends"] += 1
             elif self.queue and core.may_send_new(tp):
                 batch = self.queue.pop(0)
                 stamp = core.send_new(tp, batch, record_count=len(batch.values), created_ms=batch.created_ms,
                                       now_ms=now_ms)
             else:
                 break
+            used = self.stamps.setdefault(batch.index, set())
+            used.add((stamp.producer_id, stamp.producer_epoch, stamp.base_sequence))
+            self.counts["renumbered"] += len(used) > 1 and retry is not None
             rid = next_request_id()
             self.requests[rid] = batch
             out.append(Send(request_id=rid, batch=batch,
@@ -100,6 +106,7 @@ class SimProducer:
         batch = self.requests.pop(request_id, None)
         if batch is None:
             return []
+        self.counts["timeouts"] += 1
         return self._note(self.core.no_answer(batch, now_ms=now_ms, reason="request timeout"))
 
     def expire(self, now_ms: int) -> list[Outcome[SimBatch]]:
