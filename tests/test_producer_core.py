@@ -212,3 +212,16 @@ def test_the_window_keeps_acknowledged_batches_behind_an_unfinished_one():
     assert not c.may_send_new(TP)        # 4 more now would push b0 out of the leader's memory
     assert c.answered("b0", error=ErrorCode.NONE, base_offset=0, now_ms=22) == [Acknowledge(batch="b0", base_offset=0)]
     assert c.may_send_new(TP) and c.outstanding(TP) == 0
+
+
+def test_a_retry_waiting_for_an_earlier_answer_sets_no_timer():
+    """A retry blocked behind a batch in flight has no due time: a driver sleeping until its
+    backoff ended would wake to nothing and spin until the answer came."""
+    c = core()
+    send(c, "a")
+    send(c, "b")
+    c.no_answer("a", now_ms=1)
+    resend(c, 11)                                   # "a" in flight again
+    c.answered("b", error=ErrorCode.NOT_LEADER_OR_FOLLOWER, base_offset=-1, now_ms=12)
+    assert c.retry_due(TP, 100) is None
+    assert c.next_due_ms() == 1000                  # the delivery timeout, not b's backoff (22)

@@ -249,15 +249,16 @@ class ProducerCore(Generic[B]):
 
     def _retry_candidate(self, tp: Hashable, now_ms: int) -> _Flight[B] | None:
         part = self.partitions.get(tp)
-        if part is None:
-            return None
+        flight = None if part is None else self._retry_head(part)
+        return flight if flight is not None and now_ms >= flight.retry_at_ms else None
+
+    def _retry_head(self, part: _Partition[B]) -> _Flight[B] | None:
+        """The batch to send again next, once its backoff ends (None: it waits for an answer)."""
         for flight in part.outstanding:
             if flight.in_flight:
                 return None
             if flight.done:
                 continue
-            if now_ms < flight.retry_at_ms:
-                return None
             if flight.stamp is None:
                 # Never appended, waiting for new numbers: only under a new identity, and only
                 # once nothing numbered is outstanding.
@@ -281,16 +282,15 @@ class ProducerCore(Generic[B]):
         return flight.stamp
 
     def next_due_ms(self) -> int | None:
-        """The earliest time a retry's backoff or a delivery timeout ends (None: none pending)."""
-        best: int | None = None
-        for flight in self._flights.values():
-            if flight.done:
-                continue
-            at = flight.created_ms + self.delivery_timeout_ms
-            if not flight.in_flight:
-                at = min(at, flight.retry_at_ms)
-            best = at if best is None else min(best, at)
-        return best
+        """The earliest time a retry's backoff or a delivery timeout ends (None: none pending).
+        A retry waiting for an earlier batch's answer has no time of its own: a driver that
+        slept until its backoff ended would wake to nothing and spin."""
+        times = [f.created_ms + self.delivery_timeout_ms for f in self._flights.values() if not f.done]
+        for part in self.partitions.values():
+            head = self._retry_head(part)
+            if head is not None:
+                times.append(head.retry_at_ms)
+        return min(times, default=None)
 
     # ------------------------------------------------------------ answers
 
