@@ -225,3 +225,35 @@ def test_a_retry_waiting_for_an_earlier_answer_sets_no_timer():
     c.answered("b", error=ErrorCode.NOT_LEADER_OR_FOLLOWER, base_offset=-1, now_ms=12)
     assert c.retry_due(TP, 100) is None
     assert c.next_due_ms() == 1000                  # the delivery timeout, not b's backoff (22)
+
+
+def test_a_batch_awaiting_its_retry_keeps_its_numbers_when_an_earlier_one_fails():
+    """The issue's bug, at unit scale: "a" fails by delivery timeout while "b" (sent, answer
+    lost, so perhaps appended) waits for its retry. The old producer took a new epoch as soon as
+    no request was in flight and renumbered "b": the leader then appended it a second time.
+    Rule: "b" goes again with its own numbers; the new epoch waits for its outcome."""
+    c = core()
+    send(c, "a", now_ms=0)
+    b = send(c, "b", now_ms=500)
+    c.no_answer("a", now_ms=600)
+    (fail,) = c.expire(1000)
+    assert fail.batch == "a" and fail.outcome_unknown
+    c.no_answer("b", now_ms=1001)                   # nothing in flight now
+    assert resend(c, 1100) == ("b", b) and c.producer_epoch == 0
+    c.answered("b", error=ErrorCode.NONE, base_offset=5, now_ms=1101)   # proves "a" written too
+    assert c.producer_epoch == 0 and send(c, "c", now_ms=1102).base_sequence == 2
+
+
+@pytest.mark.parametrize("mutant,test", [
+    ("producer_renumbers_sent_batches", test_a_batch_awaiting_its_retry_keeps_its_numbers_when_an_earlier_one_fails),
+    ("producer_renumbers_unknown_refused",
+     test_an_unanswered_batch_refused_later_is_failed_as_outcome_unknown_never_renumbered),
+])
+def test_the_rule_tests_fail_on_the_simulation_s_mutants(mutant, test):
+    """Claim: these unit tests are not vacuous: with the rule patched out (tests/sim/mutants.py,
+    the same mutants the simulation's regression seeds catch) the named test fails."""
+    from sim import mutants
+    with mutants.MUTANTS[mutant]():
+        with pytest.raises((AssertionError, ValueError)):   # a failed check or a missing outcome
+            test()
+    test()
