@@ -89,6 +89,7 @@ Outcome = Acknowledge[B] | Fail[B]
 @dataclasses.dataclass(eq=False, slots=True)
 class _Flight(Generic[B]):
     batch: B
+    tp: Hashable
     record_count: int
     created_ms: int
     stamp: Stamp | None = None      # None: unsent (or refused before any append) and to be numbered
@@ -213,7 +214,7 @@ class ProducerCore(Generic[B]):
         if batch in self._flights:
             raise RuntimeError(f"send_new({tp}) of a batch already sent")
         part = self._partition(tp)
-        flight = _Flight(batch=batch, record_count=record_count, created_ms=created_ms)
+        flight = _Flight(batch=batch, tp=tp, record_count=record_count, created_ms=created_ms)
         self._flights[batch] = flight
         part.outstanding.append(flight)
         self._number(part, flight)
@@ -296,10 +297,9 @@ class ProducerCore(Generic[B]):
 
     def answered(self, batch: B, *, error: ErrorCode, base_offset: int, now_ms: int) -> list[Outcome[B]]:
         """The leader answered the request carrying `batch`."""
-        flight = self._flights[batch]
-        assert flight.in_flight, "an answer comes only for a batch in flight"
+        flight = self._in_flight(batch, "answered")
         flight.in_flight = False
-        part = self._partition_of(flight)
+        part = self.partitions[flight.tp]
         out: list[Outcome[B]] = []
         if error in (ErrorCode.NONE, ErrorCode.DUPLICATE_SEQUENCE):
             if flight.stamp is not None and flight.stamp.producer_id == part.producer_id \
@@ -318,11 +318,10 @@ class ProducerCore(Generic[B]):
     def no_answer(self, batch: B, *, now_ms: int, reason: str = "no answer") -> list[Outcome[B]]:
         """The request carrying `batch` ended without an answer (timeout, connection lost):
         the batch may have been appended."""
-        flight = self._flights[batch]
-        assert flight.in_flight, "no_answer comes only for a batch in flight"
+        flight = self._in_flight(batch, "no_answer")
         flight.in_flight = False
         flight.maybe_written = True
-        part = self._partition_of(flight)
+        part = self.partitions[flight.tp]
         out = self._after_error(part, flight, ErrorCode.NETWORK_EXCEPTION, now_ms, reason=reason)
         self._advance(part)
         return out
@@ -399,11 +398,11 @@ class ProducerCore(Generic[B]):
         while outstanding and outstanding[0].done and not outstanding[0].in_flight:
             outstanding.pop(0)
 
-    def _partition_of(self, flight: _Flight[B]) -> _Partition[B]:
-        for part in self.partitions.values():
-            if flight in part.outstanding:
-                return part
-        raise AssertionError("a tracked batch belongs to a partition")
+    def _in_flight(self, batch: B, event: str) -> _Flight[B]:
+        flight = self._flights.get(batch)
+        if flight is None or not flight.in_flight:
+            raise RuntimeError(f"{event}() for a batch that is not in flight: {batch!r} (answer each request once)")
+        return flight
 
     def _advance(self, part: _Partition[B]) -> None:
         """Settle what waits for nothing numbered to be outstanding: resolve or take a new epoch."""
