@@ -39,15 +39,14 @@ class ProducerBatch:
     tp: TopicPartition
     created_ms: int
     writer: BatchWriter = field(default_factory=BatchWriter)
-    outcome: BatchOutcome | None = None
+    outcome: BatchOutcome = field(init=False)
     buffer_bytes: int = 0      # what it holds of the buffer memory, returned when it completes
     stamp: Stamp | None = None
     payload: bytes | bytearray | None = None
     attempts: int = 0
 
     def __post_init__(self) -> None:
-        if self.outcome is None:
-            self.outcome = BatchOutcome(self.tp)
+        self.outcome = BatchOutcome(self.tp)
 
     @property
     def base_sequence(self) -> int:
@@ -141,9 +140,11 @@ class Accumulator:
 
     def _partitions_with_work(self) -> list[TopicPartition]:
         tps = [tp for tp, state in self.partitions.items() if state.queue]
-        tps += [tp for tp in self.core.partitions if self.core.outstanding(tp)
-                and not (tp in self.partitions and self.partitions[tp].queue)]
-        return tps   # type: ignore[return-value]  # the core is keyed by the same TopicPartitions
+        for tp in self.core.partitions:
+            if isinstance(tp, TopicPartition) and self.core.outstanding(tp) \
+                    and not (tp in self.partitions and self.partitions[tp].queue):
+                tps.append(tp)
+        return tps
 
     def drain(self, now_ms: int, leader_of: Callable[[TopicPartition], int | None], *,
               request_bytes_max: int = 1024 * 1024, closing: bool = False) -> dict[int, list[ProducerBatch]]:

@@ -170,7 +170,8 @@ class Producer:
         self.unknown_topic_wait_ms = unknown_topic_wait_ms
         self.metadata_max_age_ms = check_metadata_max_age_ms(metadata_max_age_ms)
         self.client_id = client_id
-        self._network = Network(parse_bootstrap(bootstrap), request_timeout_ms=request_timeout_ms,
+        addresses = parse_bootstrap(bootstrap if isinstance(bootstrap, str) else list(bootstrap))
+        self._network = Network(addresses, request_timeout_ms=request_timeout_ms,
                                 metadata_max_age_ms=metadata_max_age_ms)
         self._topics_metadata = self._network.metadata.topics  # updated in place, never replaced
         self._partitioner = StickyPartitioner()
@@ -184,7 +185,7 @@ class Producer:
         self._tps: dict[str, tuple[Any, list[TopicPartition]]] = {}
         self._flush_holds = 0
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._wakeup: asyncio.Event | None = None
+        self._wakeup = asyncio.Event()   # binds to no loop until awaited
         self._changed = _Signal()   # memory freed, batches finished, the sender stopped
         self._sender: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()
@@ -222,7 +223,6 @@ class Producer:
         if self._started:
             return self
         self._loop = asyncio.get_running_loop()
-        self._wakeup = asyncio.Event()
         self._started = True
         if self.idempotent:
             await self._init_producer_id()
@@ -521,8 +521,7 @@ class Producer:
     def _aged_refresh_done(self, task: asyncio.Task) -> None:
         if not task.cancelled() and task.exception() is not None:
             log.debug("periodic metadata refresh failed: %s", task.exception())
-        if self._wakeup is not None:
-            self._wakeup.set()   # the sender drains with the new leaders and sets its next deadline
+        self._wakeup.set()   # the sender drains with the new leaders and sets its next deadline
 
     async def _refresh_quietly(self) -> None:
         try:
