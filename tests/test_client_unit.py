@@ -13,6 +13,7 @@ from dataplane.client import (
     ClientClosedError,
     Consumer,
     DeliveryTimeoutError,
+    OutcomeUnknownError,
     Producer,
     TopicPartition,
     UnknownTopicError,
@@ -182,6 +183,28 @@ async def produce_all(broker: FakeBroker, values: list[bytes], **options) -> lis
     async with Producer(bootstrap=broker.bootstrap, **options) as producer:
         futures = [await producer.send("t", v, partition=0) for v in values]
         return await asyncio.gather(*futures, return_exceptions=True)
+
+
+def test_a_written_record_whose_answer_never_comes_fails_unknown_and_is_written_once():
+    """Issue 12 at the SDK's level: the leader writes "a0" but its answer never comes (the
+    request times out). The record fails by delivery timeout with OutcomeUnknownError (it may
+    be in the log); it is never sent again under new numbers, and the records after it go under
+    a new epoch once its request has ended: the log holds each record once."""
+    async def main():
+        async with FakeBroker({"t": 1}) as broker:
+            broker.inject("t", 0, ("delay", 2.0))
+            async with Producer(bootstrap=broker.bootstrap, linger_ms=0, request_timeout_ms=100,
+                                delivery_timeout_ms=300, retry_backoff_ms=10) as producer:
+                first = await producer.send("t", b"a0")
+                with pytest.raises(OutcomeUnknownError, match="may be in the log"):
+                    await first
+                await asyncio.sleep(1.0)   # the request itself ends (times out) after 1.1 s
+                later = [await producer.send_and_wait("t", b"b%d" % i) for i in range(3)]
+                assert producer.producer_epoch == 1
+            assert broker.partitions[("t", 0)].values() == [b"a0", b"b0", b"b1", b"b2"]
+            assert [m.offset for m in later] == [1, 2, 3]
+            assert [s[2] for s in broker.sequences_seen] == [0, 0, 1, 2]   # a0 never sent again
+    run(main())
 
 
 def test_producer_assigns_offsets_in_order():
