@@ -13,6 +13,7 @@ from dataplane.client import (
     ClientClosedError,
     Consumer,
     DeliveryTimeoutError,
+    OutcomeUnknownError,
     Producer,
     TopicPartition,
     UnknownTopicError,
@@ -68,8 +69,14 @@ def test_key_partition_rejects_zero_partitions():
 
 
 # ------------------------------------------------------------------ accumulator (pure)
+# Batching only; the protocol after a batch's first send is tests/test_producer_core.py's.
 
 VALUE = b"x" * 100
+
+
+def accumulator(**options) -> Accumulator:
+    """An accumulator whose producer core already holds producer id 5, epoch 0."""
+    return Accumulator(producer_id=5, producer_epoch=0, **options)
 
 
 def add(acc: Accumulator, tp: TopicPartition, *, now_ms: int, value: bytes = VALUE):
@@ -78,7 +85,7 @@ def add(acc: Accumulator, tp: TopicPartition, *, now_ms: int, value: bytes = VAL
 
 
 def test_linger_holds_a_partial_batch_until_its_deadline():
-    acc = Accumulator(batch_size_bytes=10_000, linger_ms=50)
+    acc = accumulator(batch_size_bytes=10_000, linger_ms=50)
     add(acc, TP, now_ms=1000)
     assert acc.drain(1049, lambda tp: 1) == {}
     assert acc.next_ready_ms(1000) == 1050
@@ -87,7 +94,7 @@ def test_linger_holds_a_partial_batch_until_its_deadline():
 
 
 def test_full_batch_goes_without_waiting_and_batches_are_bounded_by_size():
-    acc = Accumulator(batch_size_bytes=1000, linger_ms=10_000)
+    acc = accumulator(batch_size_bytes=1000, linger_ms=10_000)
     for _ in range(25):
         add(acc, TP, now_ms=0)
     state = acc.partitions[TP]
@@ -98,7 +105,7 @@ def test_full_batch_goes_without_waiting_and_batches_are_bounded_by_size():
 
 
 def test_buffer_memory_is_bounded_and_released_on_completion():
-    acc = Accumulator(batch_size_bytes=500, linger_ms=0, buffer_memory_bytes=1000)
+    acc = accumulator(batch_size_bytes=500, linger_ms=0, buffer_memory_bytes=1000)
     size = record_size_bytes(VALUE, None, b"\x00")
     while acc.has_memory_for(size):
         add(acc, TP, now_ms=0)
@@ -114,8 +121,7 @@ def test_buffer_memory_is_bounded_and_released_on_completion():
 
 
 def test_sequences_are_assigned_per_partition_at_first_drain():
-    acc = Accumulator(batch_size_bytes=300, linger_ms=0, producer_id=5, producer_epoch=0,
-                      in_flight_per_partition_max=5)
+    acc = accumulator(batch_size_bytes=300, linger_ms=0, in_flight_per_partition_max=5)
     other = TopicPartition("t", 1)
     for _ in range(4):
         add(acc, TP, now_ms=0)
@@ -129,66 +135,46 @@ def test_sequences_are_assigned_per_partition_at_first_drain():
     assert [s[1] for s in seqs if s[0] == 1] == [0]
 
 
-def test_retry_keeps_sequence_and_never_overtakes_earlier_batches():
-    """After a retriable failure the failed batch is resent first, with the same bytes, and
-    later batches wait: one in flight at a time until the partition recovers."""
-    acc = Accumulator(batch_size_bytes=300, linger_ms=0, in_flight_per_partition_max=5,
-                      producer_id=5, producer_epoch=0, retry_backoff_ms=10)
-    for _ in range(6):
+def test_a_retried_batch_goes_again_as_the_same_bytes_before_any_queued_batch():
+    """Claim: after a retriable error the failed batch is resent first, with the very bytes
+    (and so the same producer id, epoch and sequence) it was sent with."""
+    acc = accumulator(batch_size_bytes=300, linger_ms=0, retry_backoff_ms=10)
+    for _ in range(4):
         add(acc, TP, now_ms=0)
-    sent = []
-    for _ in range(3):
-        sent += acc.drain(0, lambda tp: 1).get(1, [])
-    assert len(sent) == 3
-    first_payload = sent[0].payload
-    assert acc.complete(sent[0], error_code=ErrorCode.NOT_LEADER_OR_FOLLOWER, base_offset=-1, now_ms=1).kind == "retry"
-    assert acc.complete(sent[1], error_code=ErrorCode.NOT_LEADER_OR_FOLLOWER, base_offset=-1, now_ms=1).kind == "retry"
-    assert acc.drain(100, lambda tp: 1) == {}  # sent[2] still in flight: wait for it
-    assert acc.complete(sent[2], error_code=ErrorCode.OUT_OF_ORDER_SEQUENCE, base_offset=-1, now_ms=2).kind == "retry"
-    assert not acc.epoch_bump_needed   # earlier batches are being retried: the gap is theirs
-    order = []
-    for step in range(10):
-        batches = acc.drain(100 + step, lambda tp: 1).get(1, [])
-        assert len(batches) <= 1
-        for b in batches:
-            order.append(b.base_sequence)
-            assert acc.partitions[TP].in_flight == [b]
-            acc.complete(b, error_code=ErrorCode.NONE, base_offset=0, now_ms=100 + step)
-    assert order == sorted(order) and order[:3] == [b.base_sequence for b in sent]
-    assert sent[0].payload is first_payload
-    assert not acc.partitions[TP].retrying
+    (first,) = acc.drain(0, lambda tp: 1)[1]
+    payload = bytes(first.payload)
+    assert acc.complete(first, error_code=ErrorCode.NOT_LEADER_OR_FOLLOWER, base_offset=-1, now_ms=1) == []
+    assert acc.drain(5, lambda tp: 1) == {}         # backoff: and no queued batch overtakes it
+    (again,) = acc.drain(11, lambda tp: 1)[1]
+    assert again is first and bytes(again.payload) == payload
 
 
-def test_non_retriable_error_fails_and_asks_for_a_new_epoch():
-    acc = Accumulator(linger_ms=0, producer_id=5, producer_epoch=0)
+def test_no_producer_id_means_no_drain_for_an_idempotent_producer():
+    acc = Accumulator(linger_ms=0)
     add(acc, TP, now_ms=0)
-    (b,) = acc.drain(0, lambda tp: 1)[1]
-    out = acc.complete(b, error_code=ErrorCode.MESSAGE_TOO_LARGE, base_offset=-1, now_ms=0)
-    assert out.kind == "failed" and acc.epoch_bump_needed
-    add(acc, TP, now_ms=0)
-    assert acc.drain(0, lambda tp: 1) == {}  # nothing goes out until the epoch is bumped
-    acc.reset_sequences(producer_id=5, producer_epoch=1)
-    (b2,) = acc.drain(0, lambda tp: 1)[1]
-    assert b2.base_sequence == 0
-
-
-def test_retries_stop_at_delivery_timeout():
-    acc = Accumulator(linger_ms=0, delivery_timeout_ms=1000, producer_id=5, producer_epoch=0)
-    add(acc, TP, now_ms=0)
-    (b,) = acc.drain(0, lambda tp: 1)[1]
-    out = acc.complete(b, error_code=ErrorCode.REQUEST_TIMED_OUT, base_offset=-1, now_ms=1000)
-    assert out.kind == "failed" and out.error_code == ErrorCode.REQUEST_TIMED_OUT
+    assert acc.drain(10, lambda tp: 1) == {}
+    assert acc.core.producer_id_wanted
 
 
 def test_no_leader_means_no_drain():
-    acc = Accumulator(linger_ms=0)
+    acc = accumulator(linger_ms=0)
     add(acc, TP, now_ms=0)
     assert acc.drain(10, lambda tp: None) == {}
+
+
+def test_a_queued_batch_past_its_delivery_timeout_fails_as_not_written():
+    acc = accumulator(linger_ms=0, delivery_timeout_ms=1000)
+    add(acc, TP, now_ms=0)
+    (fail,) = acc.expire(1000)
+    assert fail.outcome_unknown is False and fail.error is ErrorCode.REQUEST_TIMED_OUT
+    assert acc.buffer_used_bytes == 0 and acc.pending_batches() == 0
 
 
 def test_bad_limits_are_rejected_with_their_name():
     with pytest.raises(ValueError, match="linger_ms"):
         Accumulator(linger_ms=-1)
+    with pytest.raises(ValueError, match="in_flight_per_partition_max=6 is above 5"):
+        Accumulator(in_flight_per_partition_max=6)
 
 
 # ------------------------------------------------------------------ producer against the fake broker
@@ -197,6 +183,28 @@ async def produce_all(broker: FakeBroker, values: list[bytes], **options) -> lis
     async with Producer(bootstrap=broker.bootstrap, **options) as producer:
         futures = [await producer.send("t", v, partition=0) for v in values]
         return await asyncio.gather(*futures, return_exceptions=True)
+
+
+def test_a_written_record_whose_answer_never_comes_fails_unknown_and_is_written_once():
+    """Issue 12 at the SDK's level: the leader writes "a0" but its answer never comes (the
+    request times out). The record fails by delivery timeout with OutcomeUnknownError (it may
+    be in the log); it is never sent again under new numbers, and the records after it go under
+    a new epoch once its request has ended: the log holds each record once."""
+    async def main():
+        async with FakeBroker({"t": 1}) as broker:
+            broker.inject("t", 0, ("delay", 2.0))
+            async with Producer(bootstrap=broker.bootstrap, linger_ms=0, request_timeout_ms=100,
+                                delivery_timeout_ms=300, retry_backoff_ms=10) as producer:
+                first = await producer.send("t", b"a0")
+                with pytest.raises(OutcomeUnknownError, match="may be in the log"):
+                    await first
+                await asyncio.sleep(1.0)   # the request itself ends (times out) after 1.1 s
+                later = [await producer.send_and_wait("t", b"b%d" % i) for i in range(3)]
+                assert producer.producer_epoch == 1
+            assert broker.partitions[("t", 0)].values() == [b"a0", b"b0", b"b1", b"b2"]
+            assert [m.offset for m in later] == [1, 2, 3]
+            assert [s[2] for s in broker.sequences_seen] == [0, 0, 1, 2]   # a0 never sent again
+    run(main())
 
 
 def test_producer_assigns_offsets_in_order():
@@ -414,13 +422,13 @@ def test_a_finally_failed_batch_bumps_the_epoch_and_later_records_still_go():
 
 
 def test_a_partition_at_its_in_flight_limit_sets_no_timer():
-    """Waiting for answers is not a deadline: the sender must sleep until one arrives, not spin."""
-    acc = Accumulator(batch_size_bytes=300, linger_ms=5, in_flight_per_partition_max=1)
+    """Waiting for answers is not a deadline: the sender must sleep until one arrives (or the
+    delivery timeout), not spin."""
+    acc = accumulator(batch_size_bytes=300, linger_ms=5, in_flight_per_partition_max=1)
     for _ in range(4):
         add(acc, TP, now_ms=0)
-    assert acc.drain(10, lambda tp: 1)
-    assert acc.next_ready_ms(10) is None
-    (batch,) = acc.partitions[TP].in_flight
+    (batch,) = acc.drain(10, lambda tp: 1)[1]
+    assert acc.next_ready_ms(10) == acc.delivery_timeout_ms
     acc.complete(batch, error_code=ErrorCode.NONE, base_offset=0, now_ms=11)
     assert acc.next_ready_ms(11) == 5   # the next batch is overdue: send at once
 
@@ -452,7 +460,8 @@ def test_producer_follows_a_leader_move_after_not_leader():
 
 def test_a_leader_without_the_producer_state_gets_a_new_epoch_from_sequence_zero():
     """OUT_OF_ORDER_SEQUENCE for a partition's oldest outstanding batch cannot heal by waiting:
-    the producer takes a new epoch and resends from sequence 0."""
+    the producer takes a new epoch and resends from sequence 0 (allowed because the leader
+    refused the batch's only attempt before appending it)."""
     from fake_broker import ClusterView
 
     async def main():
@@ -464,7 +473,9 @@ def test_a_leader_without_the_producer_state_gets_a_new_epoch_from_sequence_zero
             async with Producer(bootstrap=a.bootstrap, linger_ms=0, retry_backoff_ms=5) as producer:
                 await producer.send_and_wait("t", b"a0")
                 view.leaders[("t", 0)] = (2, 1)   # b has an empty log and knows no producer
+                await producer._network.refresh_metadata()
                 meta = await producer.send_and_wait("t", b"b0")
+                assert producer.producer_epoch == 1   # bumped by the producer itself
             assert meta.offset == 0 and b.partitions[("t", 0)].values() == [b"b0"]
             assert [s[2] for s in b.sequences_seen] == [1, 0]
     run(main())

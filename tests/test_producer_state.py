@@ -22,9 +22,9 @@ def header(pid=7, epoch=0, seq=0, count=1, ts=0):
 def test_sequence_rules_duplicate_gap_fenced_epoch_and_new_epoch():
     """Claim: the next sequence is accepted; a repeat of one of the last 5 batches is a duplicate with
     its offsets; a gap is OUT_OF_ORDER_SEQUENCE; an older epoch is INVALID_PRODUCER_EPOCH; a newer
-    epoch must restart at 0; an unknown producer must start at 0."""
+    epoch must restart at 0; an unknown producer must start at 0 (else UNKNOWN_PRODUCER_ID)."""
     t = ProducerStateTable()
-    assert t.check(header(seq=3)).error is ErrorCode.OUT_OF_ORDER_SEQUENCE
+    assert t.check(header(seq=3)).error is ErrorCode.UNKNOWN_PRODUCER_ID
     assert t.check(header(seq=0)).error is ErrorCode.NONE
     t.record(header(seq=0, count=2), base_offset=10)
     assert t.check(header(seq=2)).error is ErrorCode.NONE and t.check(header(seq=2)).duplicate is None

@@ -10,6 +10,7 @@ from dataplane.client.errors import (
     DeliveryTimeoutError,
     NoBrokersError,
     NoClusterError,
+    OutcomeUnknownError,
     UnknownTopicError,
 )
 from dataplane.client.producer import Producer
@@ -26,4 +27,5 @@ def __getattr__(name: str):
 
 __all__ = ["Producer", "Consumer", "AdminClient", "TopicPartition", "RecordMetadata", "ConsumerRecord",
            "ClientError", "BrokerResponseError", "BufferFullTimeoutError", "ClientClosedError",
-           "DeliveryTimeoutError", "NoBrokersError", "NoClusterError", "UnknownTopicError", "AdminError"]
+           "DeliveryTimeoutError", "NoBrokersError", "NoClusterError", "OutcomeUnknownError",
+           "UnknownTopicError", "AdminError"]

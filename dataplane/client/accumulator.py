@@ -1,23 +1,15 @@
-"""The producer's batching and sequencing rules, without sockets or clocks.
+"""The producer's batching, without sockets or clocks; its protocol is the producer core.
 
 Records are encoded into the open batch of their partition's queue as they are appended
-(common.batch.BatchWriter), so a batch is bytes from the start; `drain(now_ms, ...)`
-says which batches to send to which broker; `complete(...)` takes each
-partition's answer and says what happened (acknowledged, queued for retry, or
-failed). Time is an argument everywhere.
+(common.batch.BatchWriter), so a batch is bytes from the start. This module owns what is
+not yet sent: the queues, linger, batch size and buffer memory. Everything after a batch's
+first send (its numbers, retries, in-flight limits, epochs, delivery timeout of what was
+sent) is dataplane/client/producer_core.py, which `drain`, `complete`, `no_answer` and
+`expire` consult. Time is an argument everywhere.
 
-Ordering rules (idempotent or not):
-- a batch gets its base sequence when it is first drained, and its header is
-  sealed then and never rewritten (until a new producer epoch), so a retry resends
-  exactly the same bytes and sequence;
-- at most `in_flight_per_partition_max` batches of one partition are in flight;
-- after a retriable failure the partition enters retry mode: the failed batch
-  goes back to the head of the queue in sequence order, and until every batch
-  that was in flight at that point has been acknowledged the partition sends one
-  batch at a time, so a retry never overtakes an earlier batch;
-- a batch that finally fails in idempotent mode leaves a gap in the sequence the
-  broker would reject for ever: `epoch_bump_needed` turns true and the driver
-  asks for a new producer epoch, then calls `reset_sequences`.
+- a batch is sealed (its header stamped) when it is first drained; it is sealed again only
+  when the core gives it new numbers, which it does only for a batch never appended;
+- a partition's queued batches leave in order, after any batch the core must send again.
 """
 from __future__ import annotations
 
@@ -28,6 +20,7 @@ from typing import Callable
 from common.batch import HEADER_SIZE, BatchWriter, Compression
 from common.errors import ErrorCode
 from dataplane.client.futures import BatchOutcome
+from dataplane.client.producer_core import Acknowledge, Fail, Outcome, ProducerCore, Stamp
 from dataplane.client.records import TopicPartition
 
 RECORD_OVERHEAD_BYTES = 24  # varints, attributes and deltas of one record, an upper bound for sizing
@@ -46,17 +39,18 @@ class ProducerBatch:
     tp: TopicPartition
     created_ms: int
     writer: BatchWriter = field(default_factory=BatchWriter)
-    outcome: BatchOutcome | None = None
+    outcome: BatchOutcome = field(init=False)
     buffer_bytes: int = 0      # what it holds of the buffer memory, returned when it completes
-    base_sequence: int = -1
+    stamp: Stamp | None = None
     payload: bytes | bytearray | None = None
     attempts: int = 0
-    retry_at_ms: int = 0
-    in_flight: bool = False
 
     def __post_init__(self) -> None:
-        if self.outcome is None:
-            self.outcome = BatchOutcome(self.tp)
+        self.outcome = BatchOutcome(self.tp)
+
+    @property
+    def base_sequence(self) -> int:
+        return -1 if self.stamp is None else self.stamp.base_sequence
 
     @property
     def record_count(self) -> int:
@@ -67,28 +61,14 @@ class ProducerBatch:
         return self.writer.size_bytes
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Outcome:
-    """What `complete` decided. kind: "acked", "retry" or "failed"."""
-
-    kind: str
-    batch: ProducerBatch
-    base_offset: int = -1
-    error_code: ErrorCode = ErrorCode.NONE
-
-
 class PartitionState:
-    __slots__ = ("queue", "next_sequence", "in_flight", "retrying")
+    __slots__ = ("queue",)
 
     def __init__(self) -> None:
-        self.queue: collections.deque[ProducerBatch] = collections.deque()
-        self.next_sequence = 0
-        self.in_flight: list[ProducerBatch] = []   # in sequence (drain) order
-        self.retrying = False
+        self.queue: collections.deque[ProducerBatch] = collections.deque()   # never sent, oldest first
 
     def __repr__(self) -> str:
-        return (f"PartitionState(queued={len(self.queue)}, in_flight={len(self.in_flight)}, "
-                f"next_sequence={self.next_sequence}, retrying={self.retrying})")
+        return f"PartitionState(queued={len(self.queue)})"
 
 
 class Accumulator:
@@ -99,28 +79,25 @@ class Accumulator:
                  compression: Compression = Compression.NONE, producer_id: int = -1, producer_epoch: int = -1,
                  on_batch_closed: Callable[[TopicPartition], None] | None = None) -> None:
         for name, value, low in (("batch_size_bytes", batch_size_bytes, HEADER_SIZE + RECORD_OVERHEAD_BYTES),
-                                 ("linger_ms", linger_ms, 0), ("buffer_memory_bytes", buffer_memory_bytes, 1),
-                                 ("in_flight_per_partition_max", in_flight_per_partition_max, 1),
-                                 ("retries_max", retries_max, 0), ("retry_backoff_ms", retry_backoff_ms, 0),
-                                 ("delivery_timeout_ms", delivery_timeout_ms, 1)):
+                                 ("linger_ms", linger_ms, 0), ("buffer_memory_bytes", buffer_memory_bytes, 1)):
             if not isinstance(value, int) or value < low:
                 raise ValueError(f"{name}={value!r} must be an integer >= {low}")
+        self.core: ProducerCore[ProducerBatch] = ProducerCore(
+            idempotent=idempotent, in_flight_per_partition_max=in_flight_per_partition_max,
+            retry_backoff_ms=retry_backoff_ms, delivery_timeout_ms=delivery_timeout_ms, retries_max=retries_max)
+        if idempotent and producer_id >= 0:
+            self.core.set_producer_id(producer_id=producer_id, producer_epoch=max(producer_epoch, 0))
         self.batch_size_bytes = batch_size_bytes
         self.linger_ms = linger_ms
         self.buffer_memory_bytes = buffer_memory_bytes
-        self.in_flight_per_partition_max = in_flight_per_partition_max
-        self.retries_max = retries_max
-        self.retry_backoff_ms = retry_backoff_ms
+        self.in_flight_per_partition_max = self.core.in_flight_per_partition_max
         self.delivery_timeout_ms = delivery_timeout_ms
         self.idempotent = idempotent
         self.compression = compression
-        self.producer_id = producer_id
-        self.producer_epoch = producer_epoch
         self.on_batch_closed = on_batch_closed
         self.partitions: dict[TopicPartition, PartitionState] = {}
         self.buffer_used_bytes = 0
         self.flushing = False
-        self.epoch_bump_needed = False
 
     # ------------------------------------------------------------ appending
 
@@ -140,15 +117,14 @@ class Accumulator:
         queue = state.queue
         if queue:
             batch = queue[-1]
-            if batch.payload is None and not batch.attempts:   # still open for appends
-                writer = batch.writer
-                added = writer.append(value, key, headers, timestamp_ms, self.batch_size_bytes)
-                if added:
-                    batch.buffer_bytes += added
-                    self.buffer_used_bytes += added
-                    return batch, writer.record_count - 1
-                if self.on_batch_closed:
-                    self.on_batch_closed(tp)
+            writer = batch.writer
+            added = writer.append(value, key, headers, timestamp_ms, self.batch_size_bytes)
+            if added:
+                batch.buffer_bytes += added
+                self.buffer_used_bytes += added
+                return batch, writer.record_count - 1
+            if self.on_batch_closed:
+                self.on_batch_closed(tp)
         batch = ProducerBatch(tp=tp, created_ms=now_ms)
         queue.append(batch)
         added = batch.writer.append(value, key, headers, timestamp_ms)
@@ -159,163 +135,138 @@ class Accumulator:
     # ------------------------------------------------------------ draining
 
     def _ready(self, state: PartitionState, batch: ProducerBatch, now_ms: int, closing: bool) -> bool:
-        if batch.attempts > 0:
-            return now_ms >= batch.retry_at_ms
         return (len(state.queue) > 1 or batch.size_bytes >= self.batch_size_bytes or self.flushing or closing
                 or now_ms >= batch.created_ms + self.linger_ms)
+
+    def _partitions_with_work(self) -> list[TopicPartition]:
+        tps = [tp for tp, state in self.partitions.items() if state.queue]
+        for tp in self.core.partitions:
+            if isinstance(tp, TopicPartition) and self.core.outstanding(tp) \
+                    and not (tp in self.partitions and self.partitions[tp].queue):
+                tps.append(tp)
+        return tps
 
     def drain(self, now_ms: int, leader_of: Callable[[TopicPartition], int | None], *,
               request_bytes_max: int = 1024 * 1024, closing: bool = False) -> dict[int, list[ProducerBatch]]:
         """Batches to send now, grouped by leader broker id, at most one batch per partition
-        per call and at most `request_bytes_max` per broker (the first batch always goes)."""
+        per call and at most `request_bytes_max` per broker (the first batch always goes).
+        A batch the core must send again goes before the partition's queue."""
         out: dict[int, list[ProducerBatch]] = {}
         sizes: dict[int, int] = {}
-        if self.epoch_bump_needed:
-            return out
-        for tp, state in self.partitions.items():
-            if not state.queue:
-                continue
-            limit = 1 if state.retrying else self.in_flight_per_partition_max
-            if len(state.in_flight) >= limit:
-                continue
-            batch = state.queue[0]
-            if not self._ready(state, batch, now_ms, closing):
-                continue
+        core = self.core
+        for tp in self._partitions_with_work():
+            retry = core.retry_due(tp, now_ms)
+            state = self.partitions.get(tp)
+            if retry is None:
+                if state is None or not state.queue or not core.may_send_new(tp):
+                    continue
+                batch = state.queue[0]
+                if not self._ready(state, batch, now_ms, closing):
+                    continue
+            else:
+                batch = retry
             leader = leader_of(tp)
             if leader is None:
                 continue
             size = batch.size_bytes
             if leader in sizes and sizes[leader] + size > request_bytes_max:
                 continue
-            state.queue.popleft()
-            if batch.payload is None:
-                self._seal(state, batch)
+            if retry is None:
+                assert state is not None
+                state.queue.popleft()
                 if self.on_batch_closed and not state.queue:
                     self.on_batch_closed(tp)
-            batch.in_flight = True
+                stamp = core.send_new(tp, batch, record_count=batch.record_count, created_ms=batch.created_ms,
+                                      now_ms=now_ms)
+            else:
+                stamp = core.resend(tp, batch, now_ms=now_ms)
+            if stamp != batch.stamp or batch.payload is None:
+                batch.stamp = stamp
+                batch.payload = batch.writer.seal(producer_id=stamp.producer_id, producer_epoch=stamp.producer_epoch,
+                                                  base_sequence=stamp.base_sequence, compression=self.compression)
             batch.attempts += 1
-            state.in_flight.append(batch)
             out.setdefault(leader, []).append(batch)
             sizes[leader] = sizes.get(leader, 0) + size
         return out
 
-    def _seal(self, state: PartitionState, batch: ProducerBatch) -> None:
-        if self.idempotent:
-            batch.base_sequence = state.next_sequence
-            state.next_sequence = (state.next_sequence + batch.record_count) & 0x7FFFFFFF
-        batch.payload = batch.writer.seal(producer_id=self.producer_id if self.idempotent else -1,
-                                          producer_epoch=self.producer_epoch if self.idempotent else -1,
-                                          base_sequence=batch.base_sequence, compression=self.compression)
-
     def next_ready_ms(self, now_ms: int) -> int | None:
-        """The earliest time a queued batch becomes ready by linger or backoff (None: nothing will
-        by time alone). A partition at its in-flight limit waits for an answer, not for a time."""
-        best: int | None = None
-        for state in self.partitions.values():
-            if not state.queue or self.epoch_bump_needed:
+        """The earliest time a batch becomes ready by linger, backoff or delivery timeout (None:
+        nothing will by time alone). A partition at its in-flight limit waits for an answer."""
+        best = self.core.next_due_ms()
+        for tp, state in self.partitions.items():
+            if not state.queue or not self.core.may_send_new(tp):
                 continue
-            if len(state.in_flight) >= (1 if state.retrying else self.in_flight_per_partition_max):
-                continue
-            batch = state.queue[0]
-            at = batch.retry_at_ms if batch.attempts > 0 else batch.created_ms + self.linger_ms
+            at = state.queue[0].created_ms + self.linger_ms
             best = at if best is None else min(best, at)
+        for state in self.partitions.values():
+            if state.queue:
+                at = state.queue[0].created_ms + self.delivery_timeout_ms
+                best = at if best is None else min(best, at)
         return best
 
     # ------------------------------------------------------------ answers
 
-    def complete(self, batch: ProducerBatch, *, error_code: ErrorCode, base_offset: int, now_ms: int) -> Outcome:
-        state = self.partitions[batch.tp]
-        assert batch.in_flight, "a batch completes only while in flight"
-        was_first_in_flight = state.in_flight[0] is batch
-        state.in_flight.remove(batch)
-        batch.in_flight = False
-        if error_code in (ErrorCode.NONE, ErrorCode.DUPLICATE_SEQUENCE):
-            self._release(batch)
-            if state.retrying and not state.in_flight and not any(b.attempts for b in state.queue):
-                state.retrying = False
-            return Outcome(kind="acked", batch=batch, base_offset=base_offset if error_code == ErrorCode.NONE else -1,
-                           error_code=error_code)
-        retriable = error_code.retriable or (self.idempotent and error_code == ErrorCode.OUT_OF_ORDER_SEQUENCE)
-        expired = now_ms - batch.created_ms >= self.delivery_timeout_ms
-        if (self.idempotent and error_code == ErrorCode.OUT_OF_ORDER_SEQUENCE and was_first_in_flight
-                and not any(b.attempts and 0 <= b.base_sequence < batch.base_sequence for b in state.queue)
-                and not expired and batch.attempts <= self.retries_max):
-            # Nothing earlier is outstanding, yet the leader expected another sequence: it lost
-            # this producer's state (or never had it). Waiting will not help; a new producer
-            # epoch restarts every partition at sequence 0 and the batch goes again.
-            batch.retry_at_ms = now_ms + self.retry_backoff_ms
-            self._requeue(state, batch)
-            state.retrying = True
-            self.epoch_bump_needed = True
-            return Outcome(kind="retry", batch=batch, error_code=error_code)
-        if retriable and batch.attempts <= self.retries_max and not expired:
-            batch.retry_at_ms = now_ms + self.retry_backoff_ms
-            self._requeue(state, batch)
-            state.retrying = True
-            return Outcome(kind="retry", batch=batch, error_code=error_code)
-        self._release(batch)
-        if self.idempotent and batch.base_sequence >= 0:
-            self.epoch_bump_needed = True
-        return Outcome(kind="failed", batch=batch, error_code=error_code if not expired or not retriable
-                       else ErrorCode.REQUEST_TIMED_OUT)
+    def complete(self, batch: ProducerBatch, *, error_code: ErrorCode, base_offset: int,
+                 now_ms: int) -> list[Outcome[ProducerBatch]]:
+        """The leader's answer for `batch`: the outcomes to give callers (none: it is retried)."""
+        return self._released(self.core.answered(batch, error=error_code, base_offset=base_offset, now_ms=now_ms))
 
-    def _requeue(self, state: PartitionState, batch: ProducerBatch) -> None:
-        # Sealed batches go back in sequence (drain) order, ahead of every unsealed one.
-        index = 0
-        for queued in state.queue:
-            if queued.payload is None or (batch.base_sequence >= 0 and queued.base_sequence > batch.base_sequence):
-                break
-            if batch.base_sequence < 0 and queued.created_ms > batch.created_ms:
-                break
-            index += 1
-        state.queue.insert(index, batch)
+    def no_answer(self, batch: ProducerBatch, *, now_ms: int, reason: str) -> list[Outcome[ProducerBatch]]:
+        """The request carrying `batch` ended unanswered: it may have been appended."""
+        return self._released(self.core.no_answer(batch, now_ms=now_ms, reason=reason))
+
+    def _released(self, outcomes: list[Outcome[ProducerBatch]]) -> list[Outcome[ProducerBatch]]:
+        for outcome in outcomes:
+            self._release(outcome.batch)
+        return outcomes
 
     def _release(self, batch: ProducerBatch) -> None:
         self.buffer_used_bytes -= batch.buffer_bytes
         batch.buffer_bytes = 0  # released once
         assert self.buffer_used_bytes >= 0, "buffer accounting went negative"
 
-    def expire(self, now_ms: int) -> list[ProducerBatch]:
-        """Remove and return queued (not in-flight) batches older than delivery_timeout_ms.
-        A queue is in creation order (retries go back in sequence order, which is creation
-        order), so only its front is looked at: this runs on every turn of the sender."""
-        expired: list[ProducerBatch] = []
+    def expire(self, now_ms: int) -> list[Outcome[ProducerBatch]]:
+        """Fail batches older than delivery_timeout_ms: queued ones (never sent, so not written)
+        and, through the core, sent ones. A queue is in creation order, so only its front is
+        looked at: this runs on every turn of the sender."""
+        expired: list[Outcome[ProducerBatch]] = []
         cutoff = now_ms - self.delivery_timeout_ms
         for state in self.partitions.values():
             queue = state.queue
             while queue and queue[0].created_ms <= cutoff:
                 batch = queue.popleft()
-                expired.append(batch)
-                self._release(batch)
-                if self.idempotent and batch.base_sequence >= 0:
-                    self.epoch_bump_needed = True
-        return expired
+                expired.append(Fail(batch=batch, error=ErrorCode.REQUEST_TIMED_OUT, outcome_unknown=False,
+                                    reason=f"not sent within delivery_timeout_ms={self.delivery_timeout_ms} "
+                                           "(no leader reachable?)"))
+        expired += self.core.expire(now_ms)
+        return self._released(expired)
 
     def in_flight_count(self) -> int:
-        return sum(len(s.in_flight) for s in self.partitions.values())
-
-    def reset_sequences(self, *, producer_id: int, producer_epoch: int) -> None:
-        """After a new producer epoch (nothing in flight): every partition restarts at sequence 0
-        and queued batches are rebuilt with the new epoch."""
-        assert self.in_flight_count() == 0, "sequences reset only with nothing in flight"
-        self.producer_id = producer_id
-        self.producer_epoch = producer_epoch
-        for state in self.partitions.values():
-            state.next_sequence = 0
-            state.retrying = False
-            for batch in state.queue:
-                batch.payload = None
-                batch.base_sequence = -1
-        self.epoch_bump_needed = False
+        return self.core.in_flight_total()
 
     def pending_batches(self) -> int:
-        return sum(len(s.queue) + len(s.in_flight) for s in self.partitions.values())
+        return sum(len(s.queue) for s in self.partitions.values()) + self.core.outstanding()
 
-    def fail_all_queued(self) -> list[ProducerBatch]:
-        out = []
+    def fail_queued(self) -> list[ProducerBatch]:
+        """Take every never-sent batch (the sender stopped; sent ones still get their answers)."""
+        out: list[ProducerBatch] = []
         for state in self.partitions.values():
-            while state.queue:
-                batch = state.queue.popleft()
-                self._release(batch)
-                out.append(batch)
+            out.extend(state.queue)
+            state.queue.clear()
+        for batch in out:
+            self._release(batch)
         return out
+
+    def fail_all(self) -> list[ProducerBatch]:
+        """Take every batch whose caller was not told yet, queued or sent (the producer closes)."""
+        out: list[ProducerBatch] = []
+        for state in self.partitions.values():
+            out.extend(state.queue)
+            state.queue.clear()
+        out += self.core.abandon()
+        for batch in out:
+            self._release(batch)
+        return out
+
+
+__all__ = ["Accumulator", "Acknowledge", "Fail", "ProducerBatch", "RECORD_OVERHEAD_BYTES", "record_size_bytes"]

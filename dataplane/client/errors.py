@@ -46,6 +46,27 @@ class DeliveryTimeoutError(ClientError):
     code = ErrorCode.REQUEST_TIMED_OUT
 
 
+class OutcomeUnknownError(DeliveryTimeoutError):
+    """A record was not acknowledged, and it MAY be in the log: a request carrying it went
+    unanswered (request timeout, connection lost), so the producer cannot tell whether a leader
+    appended it. The producer never sends it again under new numbers (that could write it twice).
+    Read the partition to find out, or send it again yourself if a duplicate is acceptable."""
+
+    code = ErrorCode.REQUEST_TIMED_OUT
+
+    def __init__(self, message: str, *, code: ErrorCode = ErrorCode.REQUEST_TIMED_OUT) -> None:
+        super().__init__(message, code=code)
+
+    @property
+    def outcome_unknown(self) -> bool:
+        return True
+
+    @property
+    def retriable(self) -> bool:
+        # Sending it again may write it twice: that is the caller's call, not a retry.
+        return False
+
+
 class NoBrokersError(ClientError):
     """None of the bootstrap or known brokers answered."""
 

@@ -3,10 +3,12 @@
     async with Producer() as producer:               # finds a `biplane up` cluster
         meta = await producer.send_and_wait("events", b"hello", key=b"user-1")
 
-One sender task drains the accumulator (dataplane/client/accumulator.py holds the
-rules) into one PRODUCE request per leader broker, on a connection used for produce
-only, and feeds each partition's answer back. Retriable errors refresh metadata when
-they say it is stale, then the batch is resent with the same sequence. The sender also
+One sender task drains the accumulator (dataplane/client/accumulator.py: batching) into
+one PRODUCE request per leader broker, on a connection used for produce only, and feeds
+each partition's answer back to the producer core (dataplane/client/producer_core.py: the
+protocol — numbers, retries, epochs, outcomes; this module only performs what it decides).
+Retriable errors refresh metadata when they say it is stale, then the batch is resent with
+the same numbers. The sender also
 refreshes metadata once it is metadata_max_age_ms old, so partitions added to a topic,
 new brokers and moved leaders are used without an error first pointing at them.
 
@@ -36,7 +38,6 @@ from common.wire import (
 from dataplane.client.accumulator import (
     RECORD_OVERHEAD_BYTES,
     Accumulator,
-    Outcome,
     ProducerBatch,
     record_size_bytes,
 )
@@ -46,9 +47,11 @@ from dataplane.client.errors import (
     ClientClosedError,
     ClientError,
     DeliveryTimeoutError,
+    OutcomeUnknownError,
     UnknownTopicError,
     error_for,
 )
+from dataplane.client.producer_core import Acknowledge, Fail, Outcome
 from dataplane.client.network import Network, check_metadata_max_age_ms, parse_bootstrap
 from dataplane.client.partitioner import StickyPartitioner
 from dataplane.client.futures import RecordFuture
@@ -116,9 +119,12 @@ class Producer:
     off otherwise (it needs acks="all"); batch_size_bytes; linger_ms; buffer_memory_bytes and
     max_block_ms (send() waits that long for buffer space, then raises BufferFullTimeoutError);
     compression: "none" or "gzip"; request_timeout_ms; delivery_timeout_ms (a record's whole
-    budget, retries included); retry_backoff_ms; in_flight_per_partition_max (default 5: leaders
-    check idempotent sequences and refuse a batch whose predecessor is missing, so a retried
-    batch is never overtaken; without idempotence it is always 1);
+    budget, retries included; a record sent but not acknowledged by then fails with
+    OutcomeUnknownError, a DeliveryTimeoutError saying it may be in the log); retry_backoff_ms;
+    in_flight_per_partition_max (default 5, at most 5 with idempotence, the batches a leader
+    remembers per producer: leaders check idempotent sequences and refuse a batch whose
+    predecessor is missing, so a retried batch is never overtaken; without idempotence it is
+    always 1);
     unknown_topic_wait_ms (how long send() waits for a topic the cluster does not know yet);
     metadata_max_age_ms (default 300000, Kafka's metadata.max.age.ms: cached metadata older
     than this is fetched again in the background although no error asked for it; the
@@ -164,7 +170,8 @@ class Producer:
         self.unknown_topic_wait_ms = unknown_topic_wait_ms
         self.metadata_max_age_ms = check_metadata_max_age_ms(metadata_max_age_ms)
         self.client_id = client_id
-        self._network = Network(parse_bootstrap(bootstrap), request_timeout_ms=request_timeout_ms,
+        addresses = parse_bootstrap(bootstrap if isinstance(bootstrap, str) else list(bootstrap))
+        self._network = Network(addresses, request_timeout_ms=request_timeout_ms,
                                 metadata_max_age_ms=metadata_max_age_ms)
         self._topics_metadata = self._network.metadata.topics  # updated in place, never replaced
         self._partitioner = StickyPartitioner()
@@ -178,7 +185,7 @@ class Producer:
         self._tps: dict[str, tuple[Any, list[TopicPartition]]] = {}
         self._flush_holds = 0
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._wakeup: asyncio.Event | None = None
+        self._wakeup = asyncio.Event()   # binds to no loop until awaited
         self._changed = _Signal()   # memory freed, batches finished, the sender stopped
         self._sender: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()
@@ -187,10 +194,16 @@ class Producer:
         self._closed = False
         self._fatal: BaseException | None = None
         self._refusing = False   # closing, closed or failed: send() raises (one check per record)
-        self.producer_id = -1
-        self.producer_epoch = -1
         self.records_sent = 0
         self.retries = 0
+
+    @property
+    def producer_id(self) -> int:
+        return self._acc.core.producer_id
+
+    @property
+    def producer_epoch(self) -> int:
+        return self._acc.core.producer_epoch
 
     @property
     def batch_size_bytes(self) -> int:
@@ -210,7 +223,6 @@ class Producer:
         if self._started:
             return self
         self._loop = asyncio.get_running_loop()
-        self._wakeup = asyncio.Event()
         self._started = True
         if self.idempotent:
             await self._init_producer_id()
@@ -240,28 +252,21 @@ class Producer:
         raise ClientError(f"no broker answered {type(message).__name__} before the deadline: {last}",
                           code=ErrorCode.REQUEST_TIMED_OUT)
 
-    async def _init_producer_id(self, *, bump: bool = False) -> None:
+    async def _init_producer_id(self) -> None:
+        """A fresh producer id (at start, or once the core ran out of epochs for the old one).
+        Epoch bumps themselves are taken by the core, without asking a broker."""
         deadline = time.monotonic() + self.max_block_ms / 1000
-        request = InitProducerIdRequest(producer_id=self.producer_id if bump else -1,
-                                        producer_epoch=self.producer_epoch if bump else -1,
-                                        transaction_timeout_ms=60_000)
+        request = InitProducerIdRequest(producer_id=-1, producer_epoch=-1, transaction_timeout_ms=60_000)
         while True:
             response = await self._any_broker_request(request, deadline)
             if response.error_code == ErrorCode.NONE:
                 break
-            if bump and not response.error_code.retriable:
-                # The epoch could not be bumped (the id expired, say): a fresh id serves as well,
-                # since every partition restarts at sequence 0 either way.
-                request = InitProducerIdRequest(producer_id=-1, producer_epoch=-1, transaction_timeout_ms=60_000)
-                bump = False
-                continue
             if not response.error_code.retriable or time.monotonic() >= deadline:
                 raise ClientError(f"could not get a producer id: {response.error_code.name}",
                                   code=response.error_code)
             await asyncio.sleep(0.1)
-        self.producer_id, self.producer_epoch = response.producer_id, response.producer_epoch
-        self._acc.reset_sequences(producer_id=self.producer_id, producer_epoch=self.producer_epoch)
-        log.debug("producer id %d epoch %d", self.producer_id, self.producer_epoch)
+        self._acc.core.set_producer_id(producer_id=response.producer_id, producer_epoch=response.producer_epoch)
+        log.debug("producer id %d epoch %d", response.producer_id, response.producer_epoch)
 
     async def flush(self) -> None:
         """Send everything queued now (ignoring linger) and wait until each record is acknowledged or failed."""
@@ -298,12 +303,10 @@ class Producer:
             for task in list(self._tasks):
                 task.cancel()
             await asyncio.gather(self._sender, *self._tasks, return_exceptions=True)
-            closed = ClientClosedError("the producer was closed before this record was acknowledged")
-            for batch in self._acc.fail_all_queued():
+            closed = ClientClosedError("the producer was closed before this record was acknowledged; "
+                                       "if it had been sent, it may be in the log")
+            for batch in self._acc.fail_all():
                 self._fail_batch(batch, closed)
-            for state in self._acc.partitions.values():
-                for batch in list(state.in_flight):
-                    self._fail_batch(batch, closed)
         self._closed = True
         await self._network.close()
 
@@ -417,7 +420,7 @@ class Producer:
         """Send what is ready at once, from the caller's turn of the loop, rather than a turn
         later from the sender task (a synchronous send pays no extra hop)."""
         acc = self._acc
-        if not acc.epoch_bump_needed and self._sender is not None and self._fatal is None:
+        if self._sender is not None and self._fatal is None and not acc.core.producer_id_wanted:
             drained = acc.drain(_now_ms(), self._network.metadata.leader, request_bytes_max=self.request_bytes_max,
                                 closing=self._closing)
             for broker, batches in drained.items():
@@ -469,12 +472,10 @@ class Producer:
         try:
             while True:
                 now = _now_ms()
-                for batch in self._acc.expire(now):
-                    self._fail_batch(batch, DeliveryTimeoutError(
-                        f"{batch.record_count} record(s) for {batch.tp} not sent within "
-                        f"delivery_timeout_ms={self._acc.delivery_timeout_ms} (no leader reachable?)"))
-                if self._acc.epoch_bump_needed and self._acc.in_flight_count() == 0:
-                    await self._init_producer_id(bump=True)
+                for outcome in self._acc.expire(now):
+                    self._settle(outcome, None)
+                if self._acc.core.producer_id_wanted:
+                    await self._init_producer_id()
                 drained = self._acc.drain(now, self._network.metadata.leader,
                                           request_bytes_max=self.request_bytes_max, closing=self._closing)
                 for broker, batches in drained.items():
@@ -507,19 +508,20 @@ class Producer:
             log.exception("producer sender stopped")
             self._fatal = exc
             self._refusing = True
-            for batch in self._acc.fail_all_queued():
+            for batch in self._acc.fail_queued():
                 self._fail_batch(batch, ClientClosedError(f"producer stopped: {exc}"))
             self._changed.notify()
 
     def _needs_metadata(self) -> bool:
         meta = self._network.metadata
-        return any(state.queue and meta.leader(tp) is None for tp, state in self._acc.partitions.items())
+        return any(state.queue and meta.leader(tp) is None for tp, state in self._acc.partitions.items()) \
+            or any(self._acc.core.outstanding(tp) and meta.leader(tp) is None  # type: ignore[arg-type]
+                   for tp in self._acc.core.partitions)
 
     def _aged_refresh_done(self, task: asyncio.Task) -> None:
         if not task.cancelled() and task.exception() is not None:
             log.debug("periodic metadata refresh failed: %s", task.exception())
-        if self._wakeup is not None:
-            self._wakeup.set()   # the sender drains with the new leaders and sets its next deadline
+        self._wakeup.set()   # the sender drains with the new leaders and sets its next deadline
 
     async def _refresh_quietly(self) -> None:
         try:
@@ -543,6 +545,7 @@ class Producer:
         request = ProduceRequest(acks=int(self.acks), timeout_ms=self.request_timeout_ms,
                                  topics=tuple(ProduceTopic(topic=t, partitions=tuple(ps)) for t, ps in by_topic.items()))
         answers: dict[TopicPartition, tuple[ErrorCode, int, str | None]] = {}
+        unanswered: str | None = None
         try:
             if self.acks == Acks.NONE:
                 await self._network.send_only(broker, request, purpose="produce")
@@ -557,47 +560,55 @@ class Producer:
                         if p.current_leader.leader_id >= 0:
                             meta.note_leader(tp, p.current_leader.leader_id, p.current_leader.leader_epoch)
         except BiplaneError as exc:
-            code = exc.code if exc.code.retriable else ErrorCode.NETWORK_EXCEPTION
-            answers = {b.tp: (code, -1, str(exc)) for b in batches}
+            # Sent or not, answered or not: we cannot tell, so the batches may be in the log.
+            unanswered = f"{exc.code.name}: {exc}"
         except asyncio.CancelledError:
             raise
-        stale = False
+        stale = unanswered is not None
         now = _now_ms()
         for batch in batches:
-            code, base_offset, message = answers.get(
-                batch.tp, (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, -1, "the broker's answer left this partition out"))
-            outcome = self._acc.complete(batch, error_code=code, base_offset=base_offset, now_ms=now)
-            if code.invalid_metadata or code == ErrorCode.NETWORK_EXCEPTION:
-                stale = True
-                if code in (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.FENCED_LEADER_EPOCH,
-                            ErrorCode.NETWORK_EXCEPTION):
-                    if meta.leader(batch.tp) == broker:
+            if unanswered is not None:
+                outcomes = self._acc.no_answer(batch, now_ms=now, reason=unanswered)
+                message: str | None = unanswered
+                if meta.leader(batch.tp) == broker:
+                    meta.forget_leader(batch.tp)
+            else:
+                code, base_offset, message = answers.get(
+                    batch.tp, (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, -1,
+                               "the broker's answer left this partition out"))
+                outcomes = self._acc.complete(batch, error_code=code, base_offset=base_offset, now_ms=now)
+                if code.invalid_metadata:
+                    stale = True
+                    if code in (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.FENCED_LEADER_EPOCH) \
+                            and meta.leader(batch.tp) == broker:
                         meta.forget_leader(batch.tp)
-            self._settle(outcome, message)
+            if not outcomes:
+                self.retries += 1
+                log.debug("retrying %s (attempt %d): %s", batch.tp, batch.attempts, message)
+            for outcome in outcomes:
+                self._settle(outcome, message)
         if stale:
             await self._refresh_quietly()
         self._changed.notify()
         self._wakeup.set()
 
-    def _settle(self, outcome: Outcome, message: str | None) -> None:
+    def _settle(self, outcome: Outcome[ProducerBatch], message: str | None) -> None:
         batch = outcome.batch
-        if outcome.kind == "acked":
+        if isinstance(outcome, Acknowledge):
             self.records_sent += batch.record_count
             batch.outcome.resolve(outcome.base_offset)
-        elif outcome.kind == "retry":
-            self.retries += 1
-            log.debug("retrying %s (attempt %d): %s", batch.tp, batch.attempts, outcome.error_code.name)
+            return
+        assert isinstance(outcome, Fail)
+        where = f"{batch.record_count} record(s) for {batch.tp}"
+        error: BiplaneError
+        if outcome.outcome_unknown:
+            error = OutcomeUnknownError(f"{where}: {outcome.reason}", code=outcome.error)
+        elif outcome.error == ErrorCode.REQUEST_TIMED_OUT:
+            error = DeliveryTimeoutError(f"{where}: {outcome.reason}")
         else:
-            if (outcome.error_code == ErrorCode.REQUEST_TIMED_OUT
-                    and _now_ms() - batch.created_ms >= self._acc.delivery_timeout_ms):
-                error: BiplaneError = DeliveryTimeoutError(
-                    f"{batch.record_count} record(s) for {batch.tp} not acknowledged within "
-                    f"delivery_timeout_ms={self._acc.delivery_timeout_ms} after {batch.attempts} attempts "
-                    f"(last error: {message})")
-            else:
-                error = error_for(outcome.error_code, topic=batch.tp.topic, partition=batch.tp.partition,
-                                  message=message, what="produce")
-            self._fail_batch(batch, error)
+            error = error_for(outcome.error, topic=batch.tp.topic, partition=batch.tp.partition,
+                              message=message or outcome.reason, what="produce")
+        self._fail_batch(batch, error)
 
     @staticmethod
     def _fail_batch(batch: ProducerBatch, error: BaseException) -> None:

@@ -13,8 +13,11 @@ Rules for a batch of an idempotent producer (producer_id >= 0) on the leader
   batches: a duplicate; the caller answers it with that batch's offsets;
 - a batch older than all of those: DUPLICATE_SEQUENCE (already written long ago);
 - otherwise it must follow the last sequence exactly, else OUT_OF_ORDER_SEQUENCE.
-An unknown producer must start at sequence 0: its state may have expired, and
-guessing would let a retried batch in twice.
+An unknown producer must start at sequence 0, else UNKNOWN_PRODUCER_ID: its state may
+have expired, and guessing would let a retried batch in twice. (Kafka's leaders since
+KIP-360 accept any sequence there; the error keeps the stricter rule while telling the
+producer, as Kafka's own code does, that this leader has no state for it: the producer
+then takes a new epoch, dataplane/client/producer_core.py.)
 """
 from __future__ import annotations
 
@@ -93,7 +96,7 @@ class ProducerStateTable:
         last = last_sequence(base, header.record_count)
         if entry is None:
             if base != 0:
-                return SequenceCheck(error=ErrorCode.OUT_OF_ORDER_SEQUENCE,
+                return SequenceCheck(error=ErrorCode.UNKNOWN_PRODUCER_ID,
                                      reason=f"producer {header.producer_id} is unknown here; its first "
                                             f"batch must have sequence 0, got {base}")
             return ACCEPT

@@ -20,9 +20,15 @@ Checked after EVERY simulation step (docs/design.md#testing):
    (it may have lost written data; faults.py allows one such replica).
 6. consumer_reads_committed — every batch a leader returns to a consumer
    (replica id -1) is a committed batch: consumers never read past the HW.
-8. idempotent_once_in_order — a batch of the idempotent producer (retried with
-   the same sequence after errors and lost answers) is committed at most once,
-   and its committed batches are in sequence order.
+8. idempotent_once_in_order — a batch of an idempotent producer (the SDK's producer
+   core: retried after errors, lost answers and client timeouts, under new epochs
+   after gaps) is committed at most once, and each producer's committed batches are
+   in the order it made them.
+9. no_record_twice — no replica's log ever holds a batch of an idempotent producer
+   twice (committed or not; a batch is known by its record bytes, which stay the same
+   under any producer id, epoch and sequence it is sent with).
+10. acked_at_offset — a batch the producer core acknowledged at offset o (first
+   answer or a duplicate's original offset) is the committed batch at o.
 7. acked_not_lost — every acks=all record released with success by a leader of
    epoch e is, at its offset, in the log of every replica acting as leader in an
    epoch >= e (leader completeness; within the faults faults.py tolerates).
@@ -48,10 +54,12 @@ class Checker:
         self.acked_checked: dict[tuple, int] = {}           # leader term -> index in acked checked
         self.verified: dict[tuple, int] = {}                # (node, incarnation) -> shadow entries verified
         self.checks = 0
-        self.idem_seq: dict[bytes, int] = {}                # idempotent batch ident -> its sequence
-        self.idem_bases: list[int] = []                     # committed idempotent batches, by offset
-        self.idem_seq_at: dict[int, int] = {}               # their base offset -> sequence
+        self.idem_seq: dict[bytes, tuple[str, int]] = {}   # idempotent batch ident -> (producer, send order)
+        self.idem_bases: dict[str, list[int]] = {}          # per producer: committed batches, by offset
+        self.idem_seq_at: dict[int, int] = {}               # their base offset -> send order
         self.idem_base_of: dict[bytes, int] = {}
+        self.producer_acks: list[tuple[str, int, int, int, bytes]] = []  # (producer, index, base, next, ident)
+        self.producer_acks_checked = 0
 
     def fail(self, what: str) -> None:
         raise InvariantViolation(what)
@@ -60,21 +68,41 @@ class Checker:
     def record_ack(self, *, base_offset: int, next_offset: int, ident: bytes, epoch: int) -> None:
         self.acked.append((base_offset, next_offset, ident, epoch))
 
+    # Called by the simulation when a producer core acknowledges a batch at base_offset.
+    def record_producer_ack(self, *, producer: str, index: int, base_offset: int, next_offset: int,
+                            ident: bytes) -> None:
+        self.producer_acks.append((producer, index, base_offset, next_offset, ident))
+
     def _check_idempotent(self, base: int, ident: bytes) -> None:
-        seq = self.idem_seq[ident]
+        producer, seq = self.idem_seq[ident]
         other = self.idem_base_of.get(ident)
         if other is not None and other != base:
-            self.fail(f"idempotent_once_in_order: idempotent sequence {seq} committed twice, at {other} and {base}")
+            self.fail(f"idempotent_once_in_order: producer {producer} batch {seq} committed twice, "
+                      f"at {other} and {base}")
         self.idem_base_of[ident] = base
-        i = bisect.bisect_left(self.idem_bases, base)
-        if i > 0 and self.idem_seq_at[self.idem_bases[i - 1]] >= seq:
-            self.fail(f"idempotent_once_in_order: sequence {seq} at {base} after sequence "
-                      f"{self.idem_seq_at[self.idem_bases[i - 1]]} at {self.idem_bases[i - 1]}")
-        if i < len(self.idem_bases) and self.idem_seq_at[self.idem_bases[i]] <= seq:
-            self.fail(f"idempotent_once_in_order: sequence {seq} at {base} before sequence "
-                      f"{self.idem_seq_at[self.idem_bases[i]]} at {self.idem_bases[i]}")
-        self.idem_bases.insert(i, base)
+        bases = self.idem_bases.setdefault(producer, [])
+        i = bisect.bisect_left(bases, base)
+        if i > 0 and self.idem_seq_at[bases[i - 1]] >= seq:
+            self.fail(f"idempotent_once_in_order: producer {producer} batch {seq} at {base} after its batch "
+                      f"{self.idem_seq_at[bases[i - 1]]} at {bases[i - 1]}")
+        if i < len(bases) and self.idem_seq_at[bases[i]] <= seq:
+            self.fail(f"idempotent_once_in_order: producer {producer} batch {seq} at {base} before its batch "
+                      f"{self.idem_seq_at[bases[i]]} at {bases[i]}")
+        bases.insert(i, base)
         self.idem_seq_at[base] = seq
+
+    def _check_producer_acks(self) -> None:
+        for producer, index, base, nxt, ident in self.producer_acks[self.producer_acks_checked:]:
+            if self.committed.get(base) != (nxt, ident):
+                self.fail(f"acked_at_offset: producer {producer} batch {index} was acknowledged at offset {base}, "
+                          f"where the committed batch is another one (or none)")
+        self.producer_acks_checked = len(self.producer_acks)
+
+    def _check_no_record_twice(self, node) -> None:
+        doubled = [ident for ident in node.doubled if ident in self.idem_seq]
+        if doubled:
+            producer, index = self.idem_seq[doubled[0]]
+            self.fail(f"no_record_twice: replica {node.node_id} holds producer {producer} batch {index} twice")
 
     def committed_end(self) -> int:
         return max((nxt for nxt, _ in self.committed.values()), default=0)
@@ -100,6 +128,9 @@ class Checker:
             if r.role is Role.LEADER:
                 self._check_leader(node)
             self._check_below_hw(node)
+        for node in nodes:   # crashed replicas' logs count too
+            self._check_no_record_twice(node)
+        self._check_producer_acks()
 
     def _check_leader(self, node) -> None:
         r = node.replica

@@ -25,9 +25,12 @@ from dataplane.replica.events import (
     Tick, WriteDone,
 )
 
+from dataplane.client.producer_core import Acknowledge, Outcome
+
 from sim.checkers import Checker, InvariantViolation
 from sim.controller import SimController
 from sim.faults import CONTROLLER_ID, FaultInjector, FaultRates
+from sim.producer import SimBatch, SimProducer
 
 CLIENT_ID = 100
 TICK_MS = 25
@@ -38,8 +41,6 @@ METADATA_RESEND_MS = 300
 SESSION_TIMEOUT_MS = 250
 REPLICA_LAG_TIME_MAX_MS = 250
 PRODUCE_TIMEOUT_MS = 1500
-IDEM_PRODUCER_ID = 5000
-IDEM_INFLIGHT_MAX = 3
 FLUSH_MS_MAX = 25
 QUIET_MS = 400  # no produce at the end of the liveness phase, so replicas converge
 SETTLE_MS = 1000  # after the faults stop, acks=all must succeed from here on
@@ -67,6 +68,8 @@ class SimNode:
         self.shadow: list[tuple[int, int, int, bytes]] = []  # (base, next, epoch, ident)
         self.bases: list[int] = []
         self.by_base: dict[int, tuple[int, bytes]] = {}
+        self.copies: dict[bytes, int] = {}   # ident -> how many times this log holds it
+        self.doubled: set[bytes] = set()     # idents held more than once
 
     def shadow_range(self, lo: int, hi: int):
         i = bisect.bisect_left(self.bases, lo)
@@ -79,12 +82,18 @@ class SimNode:
         self.shadow.append((base, nxt, epoch, ident))
         self.bases.append(base)
         self.by_base[base] = (nxt, ident)
+        copies = self.copies[ident] = self.copies.get(ident, 0) + 1
+        if copies > 1:
+            self.doubled.add(ident)
 
     def shadow_truncate(self, offset: int) -> None:
         while self.shadow and self.shadow[-1][1] > offset:
-            base = self.shadow.pop()[0]
+            base, _, _, ident = self.shadow.pop()
             self.bases.pop()
             del self.by_base[base]
+            self.copies[ident] -= 1
+            if self.copies[ident] <= 1:
+                self.doubled.discard(ident)
 
 
 @dataclasses.dataclass
@@ -142,12 +151,17 @@ class Simulation:
         self.sent_changes = -1
         self.last_leader: int | None = None
         self.consumed_batches = 0
-        # One idempotent producer (acks=all, up to IDEM_INFLIGHT_MAX batches out) that retries a
-        # batch with the same sequence after an error or a lost answer, as the SDK does.
+        # One or two idempotent producers (acks=all) on the SDK's producer core, with client
+        # request timeouts that are often shorter than the leader's produce timeout.
         self.idem_rng = random.Random(f"{seed}-{policy}-{durability}-idem")
-        self.idem_next_seq = 0
-        self.idem_out: dict[int, dict] = {}  # sequence -> {"records", "rid", "retry_ms"}
-        self.idem_acked = 0
+        self.producers: dict[str, SimProducer] = {}
+        for k in range(self.idem_rng.choice((1, 1, 2))):
+            name = f"{seed}:p{k}"
+            self.producers[name] = SimProducer(
+                name=name, rng=random.Random(f"{seed}-{policy}-{durability}-idem-{k}"),
+                request_timeout_ms=(request_timeout_ms := self.idem_rng.choice((60, 150, 400, 1000))),
+                delivery_timeout_ms=request_timeout_ms + self.idem_rng.choice((100, 500, 2000)),
+                in_flight_max=self.idem_rng.choice((1, 3, 5)), retry_backoff_ms=self.idem_rng.randint(5, 50))
         self._trace("Config", replicas=list(self.node_ids), policy=policy, durability=durability,
                     mode=self.mode, quorum_required_acks=q, min_insync_replicas=2)
         for i in self.node_ids:
@@ -277,8 +291,9 @@ class Simulation:
         # never hides a success for the same id.
         if req is None or req.get("base_offset") is not None:
             return
-        if "idem_seq" in req:
-            self._on_idem_release(req, release)
+        if "producer" in req:
+            self._on_producer_release(node, req, release)
+            return
         if release.error is ErrorCode.NONE:
             req["base_offset"] = release.base_offset
             if req["acks"] == -1:
@@ -363,8 +378,11 @@ class Simulation:
         elif kind == "produce":
             if now < self.safety_ms + self.liveness_ms - QUIET_MS:
                 self._produce()
-                self._produce_idempotent()
-                self._at(now + self.rng.randint(5, 40), "produce", None)
+            self._produce_idempotent()   # retries go on through the quiet end
+            self._at(now + self.rng.randint(5, 40), "produce", None)
+        elif kind == "request_timeout":
+            name, rid = arg
+            self._producer_outcomes(self.producers[name].timed_out(rid, now), None)
         else:
             raise AssertionError(f"unknown event kind {kind}")
 
@@ -421,40 +439,58 @@ class Simulation:
                 self._trace("Heal")
 
     def _produce_idempotent(self) -> None:
-        """Send the next batch if the window allows, and retry batches whose answer was an error
-        or never came (same bytes, same sequence, new request id)."""
+        """Each producer core: fail what passed its delivery timeout, maybe queue a new batch,
+        and send what the core allows (a retry first, as the SDK's drain does)."""
         leader = self.controller.leader()
-        if leader is None:
-            return
-        for seq, out in sorted(self.idem_out.items()):
-            if self.now_ms >= out["retry_ms"]:
-                self._send_idempotent(seq, out["records"], leader)
-        if len(self.idem_out) < IDEM_INFLIGHT_MAX and self.idem_rng.random() < 0.5:
-            seq = self.idem_next_seq
-            self.idem_next_seq += 1
-            records = build_batch([f"{self.seed}:idem:{seq}".encode()], timestamp_ms=self.now_ms,
-                                  producer_id=IDEM_PRODUCER_ID, producer_epoch=0, base_sequence=seq)
-            self.checker.idem_seq[bytes(records[HEADER_SIZE:])] = seq
-            self._send_idempotent(seq, records, leader)
+        producing = self.now_ms < self.safety_ms + self.liveness_ms - QUIET_MS
+        for name, producer in self.producers.items():
+            if producer.core.producer_id_wanted:
+                producer.core.set_producer_id(producer_id=self.controller.allocate_producer_id(), producer_epoch=0)
+            self._producer_outcomes(producer.expire(self.now_ms), None)
+            if producing and producer.rng.random() < 0.5:
+                batch = producer.make_batch(self.now_ms)
+                if batch is not None:
+                    self.checker.idem_seq[batch.ident] = (name, batch.index)
+            self._producer_send(name, producer)
 
-    def _send_idempotent(self, seq: int, records: bytes, leader: int) -> None:
+    def _producer_send(self, name: str, producer: SimProducer) -> None:
+        leader = self.controller.leader()
+        if leader is not None:
+            for send in producer.sends(self.now_ms, self._new_request_id):
+                self.requests[send.request_id] = {
+                    "acks": -1, "ident": send.batch.ident, "sent_ms": self.now_ms, "to": leader, "error": None,
+                    "base_offset": None, "producer": name}
+                self._at(self.now_ms + producer.request_timeout_ms, "request_timeout", (name, send.request_id))
+                self._send(CLIENT_ID, leader, ProduceRequest(request_id=send.request_id, records=send.records,
+                                                             acks=-1, timeout_ms=PRODUCE_TIMEOUT_MS))
+
+    def _new_request_id(self) -> int:
         rid = self.next_request_id
         self.next_request_id += 1
-        self.idem_out[seq] = {"records": records, "rid": rid, "retry_ms": self.now_ms + PRODUCE_TIMEOUT_MS + 200}
-        self.requests[rid] = {"acks": -1, "ident": records[HEADER_SIZE:], "sent_ms": self.now_ms, "to": leader,
-                              "error": None, "base_offset": None, "idem_seq": seq}
-        self._send(CLIENT_ID, leader, ProduceRequest(request_id=rid, records=records, acks=-1,
-                                                     timeout_ms=PRODUCE_TIMEOUT_MS))
+        return rid
 
-    def _on_idem_release(self, req: dict, release: ReleaseProduce) -> None:
-        out = self.idem_out.get(req["idem_seq"])
-        if out is None:
-            return
-        if release.error in (ErrorCode.NONE, ErrorCode.DUPLICATE_SEQUENCE):
-            del self.idem_out[req["idem_seq"]]
-            self.idem_acked += 1
-        elif out["rid"] == release.request_id:  # an answer to an older attempt changes nothing
-            out["retry_ms"] = min(out["retry_ms"], self.now_ms + self.idem_rng.randint(10, 60))
+    def _on_producer_release(self, node: SimNode, req: dict, release: ReleaseProduce) -> None:
+        if release.error is ErrorCode.INVALID_REQUEST:
+            return   # a duplicated copy of the request refused while the original waits (no TCP here)
+        if release.error is ErrorCode.NONE:
+            req["base_offset"] = release.base_offset
+        req["released_ms"] = self.now_ms
+        producer = self.producers[req["producer"]]
+        self._producer_outcomes(producer.answered(release.request_id, release.error, release.base_offset,
+                                                  self.now_ms), node)
+        self._producer_send(req["producer"], producer)   # as the SDK's sender: drain on an answer
+
+    def _producer_outcomes(self, outcomes: list[Outcome[SimBatch]], node: SimNode | None) -> None:
+        for outcome in outcomes:
+            if isinstance(outcome, Acknowledge):
+                assert node is not None and node.replica is not None, "only a leader's answer acknowledges"
+                batch = outcome.batch
+                base = outcome.base_offset
+                self.checker.record_ack(base_offset=base, next_offset=base + len(batch.values), ident=batch.ident,
+                                        epoch=node.replica.leader_epoch)
+                self.checker.record_producer_ack(producer=batch.producer, index=batch.index, base_offset=base,
+                                                 next_offset=base + len(batch.values), ident=batch.ident)
+                self._trace_node("AckAll", node, base_offset=base)
 
     def _produce(self, acks: int | None = None) -> int | None:
         leader = self.controller.leader()
@@ -516,15 +552,15 @@ class Simulation:
             if self.now_ms - req["sent_ms"] > PRODUCE_TIMEOUT_MS + 500 and "released_ms" not in req \
                     and req["to"] == leader_id and req["sent_ms"] > self.safety_ms:
                 return f"produce request {rid} to the leader was never released"
-        # The idempotent producer's requests may be refused (OUT_OF_ORDER while an earlier batch
-        # is retried): its retries, not each request, must succeed; see idem_acked.
+        # The idempotent producers' requests may be refused (OUT_OF_ORDER while an earlier batch
+        # is retried): their batches, not each request, must succeed; checked below.
         settled = [rid for rid, req in self.requests.items()
-                   if req["acks"] == -1 and req["sent_ms"] >= self.safety_ms + SETTLE_MS and "idem_seq" not in req]
+                   if req["acks"] == -1 and req["sent_ms"] >= self.safety_ms + SETTLE_MS and "producer" not in req]
         if not settled:
             return "no acks=all request was sent after the cluster settled"
         late = [rid for rid, req in self.requests.items()
                 if req["acks"] == -1 and req["sent_ms"] >= self.safety_ms + SETTLE_MS and req["to"] == leader_id
-                and self.now_ms - req["sent_ms"] > 300 and req["base_offset"] is None and "idem_seq" not in req]
+                and self.now_ms - req["sent_ms"] > 300 and req["base_offset"] is None and "producer" not in req]
         if late:
             return f"acks=all requests {late[:5]} sent to a healed cluster were not acknowledged"
         for node in self.nodes.values():
@@ -546,6 +582,25 @@ class Simulation:
         for base, nxt, ident, epoch in self.checker.acked:
             if reference.by_base.get(base) != (nxt, ident):
                 return f"acknowledged record at {base} missing from the final leader"
+        for name, producer in self.producers.items():
+            # A request lost in the safety phase holds its partition until it times out.
+            settled_ms = self.safety_ms + max(SETTLE_MS, producer.request_timeout_ms + 200)
+            late = [b for b in range(producer.created) if producer.created_ms[b] >= settled_ms]
+            if late and not any(b in producer.acked for b in late):
+                return f"producer {name}: none of its batches made after the cluster settled was acknowledged"
+            # Every batch gets an outcome by its delivery timeout (plus the request in flight then).
+            due_ms = producer.core.delivery_timeout_ms + producer.request_timeout_ms
+            hanging = [b for b in range(producer.created) if b not in producer.acked and b not in producer.failed
+                       and producer.created_ms[b] + due_ms < self.now_ms]
+            if hanging:
+                return f"producer {name}: batches {hanging[:5]} have no outcome past their delivery timeout"
+            # With client timeouts longer than a healed cluster's acks=all latency, nothing fails
+            # (batches still queued at the end are slow, not failed: one in flight is slow).
+            if producer.request_timeout_ms >= 400 and producer.core.delivery_timeout_ms >= 2000:
+                failed = [b for b in late if b in producer.failed]
+                if failed:
+                    return (f"producer {name}: batches {failed[:5]} made after the cluster settled failed: "
+                            f"{producer.failed[failed[0]].reason}")
         return None
 
 

@@ -11,9 +11,10 @@ from common.errors import BiplaneError
 from common.metadata.config import TopicConfig
 from common.metadata.image import MetadataImage
 from common.metadata.records import CreateTopic, PartitionRecord, RegisterBroker, UnfenceBroker
-from common.requests import AlterIsrRequest, ElectionReport, RegisterBrokerRequest
+from common.requests import AllocateProducerIdsRequest, AlterIsrRequest, ElectionReport, RegisterBrokerRequest
 from controller.decisions.elections import QuorumElectionTracker, elect_leaders
 from controller.decisions.isr import alter_isr
+from controller.decisions.producer_ids import allocate_producer_ids
 from controller.decisions.sessions import fence_broker, register_broker
 from dataplane.replica.actions import ProposeIsr, ReportElection
 from dataplane.replica.state import PartitionState, ReplicationConfig
@@ -43,6 +44,13 @@ class SimController:
                                        leader=replicas[0], leader_epoch=0, partition_epoch=0))
         self._apply(records)
         self.config = ReplicationConfig.from_topic_config(topic_config)
+
+    def allocate_producer_id(self) -> int:
+        """One producer id from the metadata log (the decision brokers ask for in blocks)."""
+        broker = min(self.image.brokers)
+        (record,) = allocate_producer_ids(self.image, AllocateProducerIdsRequest(broker_id=broker, count=1))
+        self._apply([record])
+        return record.first_id
 
     def _apply(self, records: list) -> None:
         for r in records:

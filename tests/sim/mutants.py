@@ -1,7 +1,8 @@
-"""Known-bad variants of the replica core, to show the simulation catches them.
+"""Known-bad variants of the replica core and of the producer core, to show the simulation
+catches them.
 
 Each mutant is a context manager that patches one rule out of
-`dataplane.replica.core.Replica` (and undoes it). A regression seed is kept
+`dataplane.replica.core.Replica` or `dataplane.client.producer_core.ProducerCore` (and undoes it). A regression seed is kept
 together with the mutant that reintroduces its bug: the seed must fail with the
 mutant and pass without it, which proves the seed still drives the scenario
 after any change to the simulation's draws.
@@ -10,17 +11,18 @@ from __future__ import annotations
 
 import contextlib
 
+from dataplane.client.producer_core import ProducerCore
 from dataplane.replica import core
 
 
 @contextlib.contextmanager
-def _patched(name: str, value):
-    old = getattr(core.Replica, name)
-    setattr(core.Replica, name, value)
+def _patched(name: str, value, cls=core.Replica):
+    old = getattr(cls, name)
+    setattr(cls, name, value)
     try:
         yield
     finally:
-        setattr(core.Replica, name, old)
+        setattr(cls, name, old)
 
 
 def serve_before_epoch_durable():
@@ -88,7 +90,44 @@ def push_stale_divergence():
     return _patched("_answers_our_log", lambda self, ev: True)
 
 
+def producer_renumbers_sent_batches():
+    """The issue-12 bug put back: once a batch failed (a delivery timeout, say), the producer
+    took a new epoch as soon as no request was in flight and renumbered every batch it still
+    held, including batches already sent and perhaps appended whose answer was lost."""
+    def advance(self, part):
+        if not self.idempotent:
+            return
+        if part.unresolved_through >= 0 and part.last_acked_sequence >= part.unresolved_through:
+            part.unresolved_through = -1
+        if any(f.in_flight for f in part.outstanding):   # waited for requests, not for outcomes
+            return
+        if part.unresolved_through >= 0:
+            part.unresolved_through = -1
+            part.needs_new_epoch = True
+        if part.needs_new_epoch and self.producer_id >= 0 and self._current(part):
+            self._bump_epoch()
+            for flight in part.outstanding:
+                flight.stamp, flight.sequence, flight.maybe_written = None, -1, False
+        if part.needs_new_epoch and not self._current(part):
+            part.needs_new_epoch = False
+    return _patched("_advance", advance, ProducerCore)
+
+
+def producer_renumbers_unknown_refused():
+    """A batch that may be in the log (an attempt went unanswered) is renumbered under a new
+    epoch when a leader later refuses it as out of order, instead of failing as outcome unknown."""
+    original = ProducerCore._after_error
+
+    def after_error(self, part, flight, error, now_ms, reason=""):
+        if error in (core.ErrorCode.OUT_OF_ORDER_SEQUENCE, core.ErrorCode.UNKNOWN_PRODUCER_ID):
+            flight.maybe_written = False
+        return original(self, part, flight, error, now_ms, reason)
+    return _patched("_after_error", after_error, ProducerCore)
+
+
 MUTANTS = {
+    "producer_renumbers_sent_batches": producer_renumbers_sent_batches,
+    "producer_renumbers_unknown_refused": producer_renumbers_unknown_refused,
     "push_stale_divergence": push_stale_divergence,
     "no_duplicate_detection": no_duplicate_detection,
     "accept_sequence_gaps": accept_sequence_gaps,
