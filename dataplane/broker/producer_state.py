@@ -23,13 +23,14 @@ import dataclasses
 import logging
 import threading
 import time
-from typing import Callable, Protocol
+from typing import Callable, Protocol, cast
 
 from common.batch import BatchHeader, iter_batches
 from common.errors import ErrorCode, StorageError
 from dataplane.log.interface import OffsetOutOfRangeError, ReadResult
 from dataplane.log.producer_snapshots import ProducerSnapshots
 from dataplane.replica.producer_state import BatchEntry, ProducerStateTable, SequenceCheck
+from dataplane.replica.logview import LogView
 
 _logger = logging.getLogger("biplane.broker.producer_state")
 
@@ -180,9 +181,12 @@ class BrokerProducerState(ProducerStateTable):
         self.last_load = info
         return info
 
-    def rebuild(self, log: SnapshotLog, *, chunk_bytes: int = 0) -> None:
+    def rebuild(self, view: LogView, *, chunk_bytes: int = 0) -> None:
         """After a truncation (called by the core, on the loop): rebuild in a worker thread.
         Without a running loop (a tool, a test without asyncio) it loads inline."""
+        # The core sees its log as a LogView; the broker hands it a PartitionLog, which has
+        # the snapshots too.
+        log = cast(SnapshotLog, view)
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:

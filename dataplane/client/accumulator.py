@@ -17,7 +17,7 @@ import collections
 from dataclasses import dataclass, field
 from typing import Callable
 
-from common.batch import HEADER_SIZE, BatchWriter, Compression
+from common.batch import HEADER_SIZE, BatchWriter, Buffer, Compression
 from common.errors import ErrorCode
 from dataplane.client.futures import BatchOutcome
 from dataplane.client.producer_core import Acknowledge, Fail, Outcome, ProducerCore, Stamp
@@ -26,7 +26,7 @@ from dataplane.client.records import TopicPartition
 RECORD_OVERHEAD_BYTES = 24  # varints, attributes and deltas of one record, an upper bound for sizing
 
 
-def record_size_bytes(value: bytes | None, key: bytes | None, headers: bytes) -> int:
+def record_size_bytes(value: Buffer | None, key: Buffer | None, headers: bytes) -> int:
     """An upper bound on the bytes a record takes in a batch (before it is encoded)."""
     return RECORD_OVERHEAD_BYTES + (len(value) if value is not None else 0) + (len(key) if key is not None else 0) \
         + len(headers)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+from types import TracebackType
 from typing import Any, Callable
 
 from dataplane.client.records import RecordMetadata, TopicPartition
@@ -33,13 +34,18 @@ class BatchOutcome:
         self.state = _PENDING
         self.base_offset = -1
         self.error: BaseException | None = None
-        self.error_traceback = None
+        self.error_traceback: TracebackType | None = None
         # (record future, callback, context), in registration order
         self.callbacks: list[tuple[RecordFuture, Callable[[Any], Any], contextvars.Context | None]] | None = None
 
     @property
     def done(self) -> bool:
         return self.state == _DONE
+
+    def bound_loop(self) -> asyncio.AbstractEventLoop:
+        """The loop of this outcome's futures: set before the first future is made."""
+        assert self.loop is not None, "a record future was made before its batch had a loop"
+        return self.loop
 
     def resolve(self, base_offset: int) -> None:
         """Acknowledged: record i landed at base_offset + i (-1 when nobody said where)."""
@@ -59,7 +65,7 @@ class BatchOutcome:
         callbacks, self.callbacks = self.callbacks, None
         if not callbacks:
             return
-        loop = self.loop
+        loop = self.bound_loop()
         for future, callback, context in callbacks:
             if not future._cancelled:
                 loop.call_soon(callback, future, context=context)
@@ -80,7 +86,7 @@ class RecordFuture:
 
     @property
     def _loop(self) -> asyncio.AbstractEventLoop:
-        return self._outcome.loop
+        return self._outcome.bound_loop()
 
     # ------------------------------------------------------------ state
 
@@ -111,7 +117,7 @@ class RecordFuture:
         return self._outcome.error
 
     def get_loop(self) -> asyncio.AbstractEventLoop:
-        return self._outcome.loop
+        return self._outcome.bound_loop()
 
     # ------------------------------------------------------------ callbacks
 

@@ -24,7 +24,13 @@ from __future__ import annotations
 import collections
 import dataclasses
 
+from typing import TYPE_CHECKING
+
 from common.errors import ErrorCode
+
+if TYPE_CHECKING:
+    from common.batch import BatchHeader
+    from dataplane.replica.logview import LogView
 
 SEQUENCE_MASK = 0x7FFFFFFF  # sequences are non-negative int32s that wrap
 BATCHES_PER_PRODUCER = 5    # what the SDK may keep in flight per partition
@@ -46,7 +52,7 @@ class BatchEntry:
 class ProducerEntry:
     epoch: int
     last_timestamp_ms: int
-    batches: collections.deque  # of BatchEntry, oldest first, at most batches_per_producer
+    batches: collections.deque[BatchEntry]  # oldest first, at most batches_per_producer
 
     @property
     def last_sequence(self) -> int:
@@ -87,7 +93,7 @@ class ProducerStateTable:
     def clear(self) -> None:
         self.producers.clear()
 
-    def check(self, header) -> SequenceCheck:
+    def check(self, header: BatchHeader) -> SequenceCheck:
         """The leader's verdict on one batch header (a BatchHeader-like object)."""
         if header.producer_id < 0 or header.is_control:
             return ACCEPT
@@ -124,7 +130,7 @@ class ProducerStateTable:
         return SequenceCheck(error=ErrorCode.OUT_OF_ORDER_SEQUENCE,
                              reason=f"producer {header.producer_id} sent sequence {base}, expected {expected}")
 
-    def record(self, header, *, base_offset: int) -> None:
+    def record(self, header: BatchHeader, *, base_offset: int) -> None:
         """A batch is in the log at base_offset (leader write, follower append, or scan)."""
         if header.producer_id < 0 or header.is_control:
             return
@@ -155,7 +161,7 @@ class ProducerStateTable:
             gone += 1
         return gone
 
-    def rebuild(self, log, *, chunk_bytes: int = 4 * 1024 * 1024) -> None:
+    def rebuild(self, log: LogView, *, chunk_bytes: int = 4 * 1024 * 1024) -> None:
         """From the log's batch headers (start to end), in chunks; no record is decoded."""
         from common.batch import iter_batches  # local: keeps this module's import light for tests
 
@@ -184,7 +190,7 @@ class ProducerStateTable:
                  tuple((b.base_sequence, b.last_sequence, b.base_offset, b.last_offset) for b in e.batches))
                 for pid, e in self.producers.items()]
 
-    def load_entries(self, entries: list) -> None:
+    def load_entries(self, entries: list[tuple[int, int, int, tuple[tuple[int, int, int, int], ...]]]) -> None:
         """Replace the table with `entries` (as snapshot_entries gives them); ValueError on a
         malformed entry, leaving the table empty. The table's own bounds apply."""
         self.clear()
