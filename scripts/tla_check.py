@@ -42,6 +42,7 @@ MODELS = [
     Model(name="Controller", spec="Controller"),
     Model(name="ControllerQuorum", spec="Controller"),
     Model(name="Producer", spec="Producer"),
+    Model(name="ProducerTwo", spec="Producer"),
 ]
 
 # Larger bounds for longer runs (not in CI): `tla-check --long`.

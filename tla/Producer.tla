@@ -328,6 +328,9 @@ Next ==
 
 Spec == Init /\ [][Next]_vars
 
+\* Producers are interchangeable (a record id names its producer).
+Symmetry == Permutations(Producers)
+
 ---------------------------------------------------------------------------
 (* Invariants.                                                             *)
 
