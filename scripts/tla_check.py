@@ -76,6 +76,8 @@ BROKEN = [
           expected_violation="LeaderComplete"),
     Model(name="Producer_restamp_unknown", spec="Producer",
           expected_violation="NoDuplicate"),
+    Model(name="Producer_restamp_rejected", spec="Producer",
+          expected_violation="NoDuplicate"),
     Model(name="Producer_dup_without_offset", spec="Producer",
           expected_violation="AckedAtOffset"),
     Model(name="Producer_no_gap_check", spec="Producer",

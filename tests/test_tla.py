@@ -46,6 +46,7 @@ EXPECTED_BREAKS = {
     "Controller_shrink_early": "IsrComplete",
     "Controller_few_reports": "LeaderComplete",
     "Producer_restamp_unknown": "NoDuplicate",
+    "Producer_restamp_rejected": "NoDuplicate",
     "Producer_dup_without_offset": "AckedAtOffset",
     "Producer_no_gap_check": "SendOrder",
     "Producer_no_rebuild": "AckedAtOffset",
@@ -56,6 +57,7 @@ EXPECTED_BREAKS = {
 # counterexample is the mistake's and not the bounds'.
 SAME_BOUNDS = {
     "Producer_restamp_unknown": "Producer",
+    "Producer_restamp_rejected": "Producer",
     "Producer_dup_without_offset": "Producer",
     "Producer_no_rebuild": "Producer",
 }

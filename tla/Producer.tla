@@ -44,8 +44,8 @@ CONSTANTS
     MaxDups,          \* bound on deliveries that keep their request (duplication)
     Bug               \* "none" or one of BugNames
 
-BugNames == {"none", "restamp_unknown", "dup_without_offset", "no_gap_check",
-             "no_rebuild", "dupseq_as_written"}
+BugNames == {"none", "restamp_unknown", "restamp_rejected", "dup_without_offset",
+             "no_gap_check", "no_rebuild", "dupseq_as_written"}
 
 ASSUME /\ NumRecords \in Nat \ {0}
        /\ MaxInFlight \in Nat \ {0}
@@ -64,8 +64,10 @@ Records == Producers \X (1..NumRecords)
 \*              or answered with a retriable error; it keeps its numbers
 \*   "acked"    acknowledged with an offset
 \*   "written"  reported written without an offset (Bug = "dupseq_as_written")
+\*   "rejected" answered OUT_OF_ORDER_SEQUENCE, waiting for a new epoch to be
+\*              re-stamped (Bug = "restamp_rejected")
 \*   "failed"   given up: failed to the caller (it may be in the log)
-States == {"queued", "inflight", "unknown", "acked", "written", "failed"}
+States == {"queued", "inflight", "unknown", "rejected", "acked", "written", "failed"}
 
 VARIABLES
     bstate,     \* bstate[r]: the state of record r's batch at its producer
@@ -92,7 +94,7 @@ Max(S) == CHOOSE x \in S : \A y \in S : y <= x
 Min(S) == CHOOSE x \in S : \A y \in S : x <= y
 Kinds == {"ok", "oos", "fenced", "dupseq"}
 
-Unresolved(p) == {r \in Records : r[1] = p /\ bstate[r] \in {"inflight", "unknown"}}
+Unresolved(p) == {r \in Records : r[1] = p /\ bstate[r] \in {"inflight", "unknown", "rejected"}}
 \* Offsets in l holding record r.
 At(l, r) == {i \in 1..Len(l) : l[i].rec = r}
 
@@ -157,14 +159,14 @@ Timeout(r) ==
 
 \* A retry keeps the batch's numbers.
 Retry(r) ==
-    /\ bstate[r] = "unknown"
+    /\ bstate[r] \in {"unknown", "rejected"}
     /\ bstate' = [bstate EXCEPT ![r] = "inflight"]
     /\ req' = req \cup {[rec |-> r, pe |-> bnum[r][1], seq |-> bnum[r][2]]}
     /\ UNCHANGED <<bnum, boff, pepoch, nextSeq, resp, dups, leaderVars>>
 
 \* Delivery timeout: the batch is failed to the caller as "outcome unknown".
 GiveUp(r) ==
-    /\ bstate[r] = "unknown"
+    /\ bstate[r] \in {"unknown", "rejected"}
     /\ bstate' = [bstate EXCEPT ![r] = "failed"]
     /\ Resolved(r)
     /\ UNCHANGED <<boff, pepoch, nextSeq, req, dups, leaderVars>>
@@ -175,16 +177,19 @@ GiveUp(r) ==
 \* while batches of unknown outcome remain and re-stamps them: they return
 \* to the queue and are sent again under the new epoch from sequence 0,
 \* although one may already be in the log with its reply lost.
+\* BROKEN (restamp_rejected): a batch answered OUT_OF_ORDER_SEQUENCE with
+\* nothing before it unresolved is re-stamped under a new epoch, as if the
+\* answer proved it absent; but another send of it may still be in the
+\* network.
+Restampable == CASE Bug = "restamp_unknown" -> {"unknown"}
+                 [] Bug = "restamp_rejected" -> {"rejected"}
+                 [] OTHER -> {}
+
 BumpEpoch(p) ==
     /\ pepoch[p] < MaxProducerEpoch
-    /\ IF Bug = "restamp_unknown"
-         THEN /\ \A r \in Unresolved(p) : bstate[r] = "unknown"
-              /\ bstate' = [r \in Records |->
-                              IF r \in Unresolved(p) THEN "queued" ELSE bstate[r]]
-              /\ bnum' = [r \in Records |->
-                              IF r \in Unresolved(p) THEN <<0, 0>> ELSE bnum[r]]
-         ELSE /\ Unresolved(p) = {}
-              /\ UNCHANGED <<bstate, bnum>>
+    /\ \A r \in Unresolved(p) : bstate[r] \in Restampable
+    /\ bstate' = [r \in Records |-> IF r \in Unresolved(p) THEN "queued" ELSE bstate[r]]
+    /\ bnum' = [r \in Records |-> IF r \in Unresolved(p) THEN <<0, 0>> ELSE bnum[r]]
     /\ pepoch' = [pepoch EXCEPT ![p] = pepoch[p] + 1]
     /\ nextSeq' = [nextSeq EXCEPT ![p] = 0]
     /\ UNCHANGED <<boff, netVars, leaderVars>>
@@ -209,7 +214,9 @@ Receive(m) ==
                      /\ Resolved(r)
                 [] OTHER ->
                      \* OUT_OF_ORDER_SEQUENCE, fenced: retriable, numbers kept
-                     /\ bstate' = [bstate EXCEPT ![r] = "unknown"]
+                     /\ bstate' = [bstate EXCEPT ![r] =
+                          IF Bug = "restamp_rejected" /\ m.kind = "oos" THEN "rejected"
+                                                                       ELSE "unknown"]
                      /\ resp' = resp \ {m}
                      /\ UNCHANGED <<bnum, boff>>
          ELSE /\ resp' = resp \ {m}
