@@ -41,6 +41,8 @@ MODELS = [
     Model(name="DataPlaneLive", spec="DataPlane"),
     Model(name="Controller", spec="Controller"),
     Model(name="ControllerQuorum", spec="Controller"),
+    Model(name="Producer", spec="Producer"),
+    Model(name="ProducerTwo", spec="Producer"),
 ]
 
 # Larger bounds for longer runs (not in CI): `tla-check --long`.
@@ -48,6 +50,7 @@ LONG = [
     Model(name="DataPlaneWide", spec="DataPlane"),
     Model(name="DataPlaneFig8", spec="DataPlane"),
     Model(name="DataPlaneLiveLong", spec="DataPlane"),
+    Model(name="ProducerWide", spec="Producer"),
 ]
 
 BROKEN = [
@@ -71,6 +74,18 @@ BROKEN = [
           expected_violation="IsrComplete"),
     Model(name="Controller_few_reports", spec="Controller",
           expected_violation="LeaderComplete"),
+    Model(name="Producer_restamp_unknown", spec="Producer",
+          expected_violation="NoDuplicate"),
+    Model(name="Producer_restamp_rejected", spec="Producer",
+          expected_violation="NoDuplicate"),
+    Model(name="Producer_dup_without_offset", spec="Producer",
+          expected_violation="AckedAtOffset"),
+    Model(name="Producer_no_gap_check", spec="Producer",
+          expected_violation="SendOrder"),
+    Model(name="Producer_no_rebuild", spec="Producer",
+          expected_violation="AckedAtOffset"),
+    Model(name="Producer_dupseq_as_written", spec="Producer",
+          expected_violation="WrittenCommitted"),
 ]
 
 

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 import subprocess
+import sys
 
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "scripts" / "tla-check"
+TLA = ROOT / "tla"
+# scripts/tla-check runs this file with .venv's Python; the test runs it with its own.
+SCRIPT = [sys.executable, str(ROOT / "scripts" / "tla_check.py")]
 
 # Distinct states TLC finds in each safe model (symmetry reduced).
 EXPECTED_STATES = {
@@ -25,6 +29,8 @@ EXPECTED_STATES = {
     "DataPlaneLive": 762,
     "Controller": 248_285,
     "ControllerQuorum": 103_353,
+    "Producer": 28_544,
+    "ProducerTwo": 38_785,
 }
 
 # The invariant each broken variant must violate.
@@ -39,11 +45,26 @@ EXPECTED_BREAKS = {
     "Controller_stale_isr": "LeaderInIsr",
     "Controller_shrink_early": "IsrComplete",
     "Controller_few_reports": "LeaderComplete",
+    "Producer_restamp_unknown": "NoDuplicate",
+    "Producer_restamp_rejected": "NoDuplicate",
+    "Producer_dup_without_offset": "AckedAtOffset",
+    "Producer_no_gap_check": "SendOrder",
+    "Producer_no_rebuild": "AckedAtOffset",
+    "Producer_dupseq_as_written": "WrittenCommitted",
+}
+
+# Broken variants with the very bounds of a safe model: only `Bug` differs, so the
+# counterexample is the mistake's and not the bounds'.
+SAME_BOUNDS = {
+    "Producer_restamp_unknown": "Producer",
+    "Producer_restamp_rejected": "Producer",
+    "Producer_dup_without_offset": "Producer",
+    "Producer_no_rebuild": "Producer",
 }
 
 
 def run_check(*args: str, tmp_path: pathlib.Path) -> tuple[int, dict[str, dict]]:
-    proc = subprocess.run([str(SCRIPT), "--json", "--log-dir", str(tmp_path), *args],
+    proc = subprocess.run([*SCRIPT, "--json", "--log-dir", str(tmp_path), *args],
                           capture_output=True, text=True, timeout=1700)
     results = {}
     for line in proc.stdout.splitlines():
@@ -53,7 +74,7 @@ def run_check(*args: str, tmp_path: pathlib.Path) -> tuple[int, dict[str, dict]]
 
 
 def list_models() -> tuple[list[str], list[str]]:
-    proc = subprocess.run([str(SCRIPT), "--list"], capture_output=True, text=True,
+    proc = subprocess.run([*SCRIPT, "--list"], capture_output=True, text=True,
                           check=True, timeout=60)
     safe, broken = [], []
     for line in proc.stdout.splitlines():
@@ -67,6 +88,42 @@ def test_every_model_has_an_expectation():
     safe, broken = list_models()
     assert sorted(safe) == sorted(EXPECTED_STATES)
     assert sorted(broken) == sorted(EXPECTED_BREAKS)
+
+
+def _cfg_without_comments(name: str) -> dict[str, str]:
+    text = "\n".join(line for line in (TLA / f"{name}.cfg").read_text().splitlines()
+                     if not line.lstrip().startswith("\\*"))
+    return dict(re.findall(r"^\s*(\w+)\s*=\s*(.+?)\s*$", text, flags=re.M)) | {
+        "_checks": " ".join(re.findall(r"^(?:INVARIANTS|PROPERTIES|SPECIFICATION).*$", text, flags=re.M))}
+
+
+@pytest.mark.parametrize("broken,safe", sorted(SAME_BOUNDS.items()))
+def test_broken_variant_differs_from_its_safe_model_only_by_bug(broken, safe):
+    """The variant switches its mistake on and changes nothing else: same constants,
+    same invariants and properties checked."""
+    b, s = _cfg_without_comments(broken), _cfg_without_comments(safe)
+    assert s.pop("Bug") == '"none"'
+    assert b.pop("Bug") != '"none"'
+    assert b == s
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_producer_restamp_yields_a_duplicate_and_the_correct_producer_does_not(tmp_path):
+    """The bug of issue 12: re-stamping a batch whose outcome is unknown under a new
+    producer epoch appends a record twice (NoDuplicate); the producer that keeps a
+    batch's numbers and bumps only with nothing unresolved passes every invariant."""
+    code, results = run_check("--model", "Producer", "--model", "Producer_restamp_unknown",
+                              tmp_path=tmp_path)
+    bad = results["Producer_restamp_unknown"]
+    assert bad["violation"] == "NoDuplicate", f"TLC output in {tmp_path}"
+    assert bad["trace_length"] >= 5
+    trace = (tmp_path / "Producer_restamp_unknown.out").read_text()
+    assert "BumpEpoch" in trace, "the counterexample goes through an epoch bump"
+    good = results["Producer"]
+    assert good["completed"] and good["violation"] is None, f"TLC output in {tmp_path}"
+    assert good["distinct_states"] == EXPECTED_STATES["Producer"]
+    assert code == 0
 
 
 @pytest.mark.slow
@@ -96,7 +153,7 @@ def test_broken_variants_each_yield_their_counterexample(tmp_path):
 
 def test_check_refuses_an_unknown_model(tmp_path):
     """Asking for a model that does not exist is an error naming the known ones."""
-    proc = subprocess.run([str(SCRIPT), "--model", "NoSuchModel"], capture_output=True,
+    proc = subprocess.run([*SCRIPT, "--model", "NoSuchModel"], capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 2
     assert "NoSuchModel" in proc.stderr and "DataPlane" in proc.stderr
