@@ -469,7 +469,7 @@ MsgConstraint == Cardinality(msgs) <= MaxMsgs
 Symmetry == Permutations(Replicas) \cup Permutations(Values)
 
 ---------------------------------------------------------------------------
-(* Invariants (DESIGN.md section 6) *)
+(* Invariants (docs/design.md, "Testing") *)
 
 \* No acknowledged record is lost: it stays durable somewhere ...
 NoAckedLoss ==
