@@ -1,0 +1,199 @@
+"""The workload: idempotent acks=all producers (the real SDK) writing to every partition at a
+fixed rate, tailing consumers, and the final read-back. Everything they observe becomes the
+history's sends and seen lists. Bounded: a producer keeps at most `outstanding_max` records
+without an outcome per partition, and a consumer remembers each (partition, offset) once.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from dataplane.client import Consumer, Producer, TopicPartition
+from tests.chaos.history import Seen, Send, record_value, tp_key
+
+OUTSTANDING_MAX = 400
+READ_BACK_S_MAX = 90.0
+CLOSE_S_MAX = 30.0
+
+
+def error_name(exc: BaseException) -> str:
+    code = getattr(exc, "code", None)
+    name = type(exc).__name__
+    return f"{name}:{getattr(code, 'name', code)}" if code is not None else name
+
+
+class Workload:
+    def __init__(self, *, bootstrap: str, topics: list[str], partitions: int, producers: int, consumers: int,
+                 interval_s: float, t0: float, request_timeout_ms: int, delivery_timeout_ms: int) -> None:
+        self.bootstrap = bootstrap
+        self.topics = topics
+        self.partitions = partitions
+        self.producer_names = [f"p{i}" for i in range(1, producers + 1)]
+        self.consumer_count = consumers
+        self.interval_s = interval_s
+        self.t0 = t0
+        self.request_timeout_ms = request_timeout_ms
+        self.delivery_timeout_ms = delivery_timeout_ms
+        self.sends: list[Send] = []
+        self.seen: list[Seen] = []
+        self._seen_keys: dict[tuple[str, int], str] = {}
+        self._producers: list[Producer] = []
+        self._consumers: list[Consumer] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stop_sending = asyncio.Event()
+        self._stop_consuming = asyncio.Event()
+        self._pending: set[asyncio.Future[Any]] = set()
+        self.errors: list[str] = []   # workload-side exceptions (not record outcomes)
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    async def start(self) -> None:
+        for name in self.producer_names:
+            producer = Producer(bootstrap=self.bootstrap, acks="all", enable_idempotence=True, linger_ms=5,
+                                request_timeout_ms=self.request_timeout_ms,
+                                delivery_timeout_ms=self.delivery_timeout_ms, max_block_ms=5_000,
+                                client_id=f"chaos-{name}")
+            await producer.start()
+            self._producers.append(producer)
+            for topic in self.topics:
+                for partition in range(self.partitions):
+                    self._tasks.append(asyncio.create_task(self._produce(name, producer, topic, partition)))
+        for i in range(self.consumer_count):
+            mine = [t for j, t in enumerate(self.topics) if j % self.consumer_count == i]
+            consumer = Consumer(bootstrap=self.bootstrap, from_beginning=True, fetch_max_wait_ms=200,
+                                request_timeout_ms=self.request_timeout_ms)
+            await consumer.start()
+            await consumer.assign([TopicPartition(t, p) for t in mine for p in range(self.partitions)])
+            self._consumers.append(consumer)
+            self._tasks.append(asyncio.create_task(self._consume(f"k{i + 1}", consumer)))
+
+    async def _produce(self, name: str, producer: Producer, topic: str, partition: int) -> None:
+        tp = tp_key(topic, partition)
+        outstanding: set[int] = set()
+        seq = 0
+        next_at = time.monotonic()
+        while not self._stop_sending.is_set():
+            if len(outstanding) >= OUTSTANDING_MAX:
+                await asyncio.sleep(0.05)
+                continue
+            value = record_value(name, topic, partition, seq)
+            sent_s = self.now()
+            index = len(self.sends)
+            self.sends.append(Send(producer=name, tp=tp, seq=seq, value=value, sent_s=sent_s, done_s=None,
+                                   offset=None, error=None))
+            outstanding.add(seq)
+            seq += 1
+            try:
+                future = await producer.send(topic, value, partition=partition)
+            except Exception as exc:  # noqa: BLE001 - a refused send is an outcome of the record
+                self._settle(index, None, exc)
+                outstanding.discard(seq - 1)
+            else:
+                waiter = asyncio.ensure_future(self._await_record(index, future, outstanding, seq - 1))
+                self._pending.add(waiter)
+                waiter.add_done_callback(self._pending.discard)
+            next_at += self.interval_s
+            delay = next_at - time.monotonic()
+            if delay > 0:
+                try:
+                    await asyncio.wait_for(self._stop_sending.wait(), delay)
+                except asyncio.TimeoutError:
+                    pass
+            else:
+                next_at = time.monotonic()
+
+    async def _await_record(self, index: int, future: Any, outstanding: set[int], seq: int) -> None:
+        try:
+            metadata = await future
+        except Exception as exc:  # noqa: BLE001 - every failure is recorded by name
+            self._settle(index, None, exc)
+        else:
+            self._settle(index, int(metadata.offset), None)
+        finally:
+            outstanding.discard(seq)
+
+    def _settle(self, index: int, offset: int | None, exc: BaseException | None) -> None:
+        s = self.sends[index]
+        self.sends[index] = Send(producer=s.producer, tp=s.tp, seq=s.seq, value=s.value, sent_s=s.sent_s,
+                                 done_s=self.now(), offset=offset if exc is None else None,
+                                 error=None if exc is None else error_name(exc))
+
+    async def _consume(self, name: str, consumer: Consumer) -> None:
+        while not self._stop_consuming.is_set():
+            try:
+                records = await consumer.poll(timeout_ms=300)
+            except Exception as exc:  # noqa: BLE001 - keep tailing; note what happened
+                self.errors.append(f"consumer {name}: {error_name(exc)}: {exc}")
+                await asyncio.sleep(0.3)
+                continue
+            at = self.now()
+            for r in records:
+                key = (tp_key(r.topic, r.partition), r.offset)
+                value = r.value.decode(errors="replace") if r.value is not None else "<null>"
+                if self._seen_keys.get(key) == value:
+                    continue
+                self._seen_keys[key] = value
+                self.seen.append(Seen(consumer=name, tp=key[0], offset=r.offset, value=value, at_s=at))
+
+    async def stop_sending(self) -> None:
+        """Stop new sends, then wait (bounded) for every outstanding record's outcome."""
+        self._stop_sending.set()
+        deadline = time.monotonic() + self.delivery_timeout_ms / 1000 + CLOSE_S_MAX
+        while self._pending and time.monotonic() < deadline:
+            await asyncio.wait(set(self._pending), timeout=max(0.1, deadline - time.monotonic()))
+        for producer in self._producers:
+            try:
+                await asyncio.wait_for(producer.close(timeout_ms=5_000), 10)
+            except Exception as exc:  # noqa: BLE001
+                self.errors.append(f"producer close: {error_name(exc)}: {exc}")
+
+    async def stop_consuming(self) -> None:
+        self._stop_consuming.set()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for consumer in self._consumers:
+            try:
+                await asyncio.wait_for(consumer.close(), 10)
+            except Exception as exc:  # noqa: BLE001
+                self.errors.append(f"consumer close: {error_name(exc)}: {exc}")
+
+
+async def read_back(*, bootstrap: str, topics: list[str], partitions: int,
+                    request_timeout_ms: int) -> tuple[dict[str, list[tuple[int, str]]], dict[str, int], list[str]]:
+    """Every partition from its start to its high watermark (asked once, before reading)."""
+    by_offset: dict[str, dict[int, str]] = {}
+    hws: dict[str, int] = {}
+    notes: list[str] = []
+    consumer = Consumer(bootstrap=bootstrap, from_beginning=True, fetch_max_wait_ms=100,
+                        request_timeout_ms=request_timeout_ms)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(t, p) for t in topics for p in range(partitions)]
+        await consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        ends = await consumer.end_offsets(tps)
+        for tp in tps:
+            hws[tp_key(tp.topic, tp.partition)] = int(ends[tp])
+            by_offset[tp_key(tp.topic, tp.partition)] = {}
+        deadline = time.monotonic() + READ_BACK_S_MAX
+        left = {tp for tp in tps if ends[tp] > 0}
+        while left and time.monotonic() < deadline:
+            for r in await consumer.poll(timeout_ms=500):
+                tp = TopicPartition(r.topic, r.partition)
+                if r.offset < ends[tp]:
+                    value = r.value.decode(errors="replace") if r.value is not None else "<null>"
+                    by_offset[tp_key(r.topic, r.partition)][r.offset] = value
+            for tp in list(left):
+                position = consumer.position(tp)
+                if position is not None and position >= ends[tp]:
+                    left.discard(tp)
+        if left:
+            notes.append(f"read-back did not reach the high watermark of {sorted(map(str, left))} "
+                         f"within {READ_BACK_S_MAX:.0f} s")
+    finally:
+        await consumer.close()
+    reads = {tp: sorted(values.items()) for tp, values in by_offset.items()}
+    return reads, hws, notes
