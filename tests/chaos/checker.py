@@ -134,10 +134,12 @@ def figures(history: History) -> dict[str, Any]:
         assert s.done_s is not None
         ack_times[s.tp].append(s.done_s)
     first_send_s = min((s.sent_s for s in history.sends), default=0.0)
+    last_send_s = max((s.sent_s for s in history.sends), default=0.0)
     gap_by_tp: dict[str, float] = {}
     for tp in sorted({s.tp for s in history.sends}):
         times = sorted(ack_times.get(tp, []))
-        edges = [first_send_s, *times]
+        # from the first send to the last: a partition that stops acknowledging has its gap counted
+        edges = [first_send_s, *times, max(last_send_s, *times) if times else last_send_s]
         longest = 0.0
         for a, b in zip(edges, edges[1:]):
             longest = max(longest, _outside(windows, a, b))

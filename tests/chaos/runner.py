@@ -250,6 +250,7 @@ class Run:
                                             partitions=o.partitions, request_timeout_ms=o.request_timeout_ms)
         self.notes += notes
         end_s = self.now()
+        self.notes += await asyncio.to_thread(self.partition_states, list(topics))
         _log("stopping every process; decoding segment files")
         await asyncio.to_thread(self.cluster.stop_all)
         replica_logs: dict[str, dict[str, list[tuple[int, str]]]] = {}
@@ -262,6 +263,20 @@ class Run:
         return History(seed=o.seed, topics=topics, sends=workload.sends, seen=workload.seen, faults=self.faults,
                        final_reads=reads, high_watermarks=hws, replicas=replica_logs, last_heal_s=last_heal_s,
                        end_s=end_s, notes=self.notes)
+
+    def partition_states(self, topics: list[str]) -> list[str]:
+        """One note per partition whose state is not whole at the end: leader and ISR."""
+        notes = []
+        for t in topics:
+            try:
+                parts = self.cluster.api_get(f"/v1/topics/{t}/partitions")["partitions"]
+            except Exception as exc:  # noqa: BLE001 - a note, not a verdict
+                return [f"partition states: {exc}"]
+            for p in parts:
+                if p["leader"] is None or len(p["isr"]) < len(p["replicas"]):
+                    notes.append(f"at the end {t}/{p['partition']}: leader {p['leader']}, isr {p['isr']}, "
+                                 f"replicas {p['replicas']}")
+        return notes
 
     def setup(self) -> None:
         self.o.work_dir.mkdir(parents=True, exist_ok=True)
