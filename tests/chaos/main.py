@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"scripts/chaos: seed={seed}, results in {out}", flush=True)
     deadline_s = args.duration + 420.0
     try:
-        history, report, run_problems = execute(options, deadline_s)
+        result, report, run_problems = execute(options, deadline_s)
     except Interrupted as exc:
         print(f"scripts/chaos: interrupted ({exc}); cleaned up. seed={seed}", file=sys.stderr)
         return 2
@@ -206,11 +206,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"scripts/chaos: the run failed: {type(exc).__name__}: {exc} (seed={seed}; trace in "
               f"{out / 'error.txt'}; process logs in {out / 'logs'})", file=sys.stderr)
         return 2
-    if history is None or report is None:
+    if result is None or report is None:
         for problem in run_problems:
             print(f"scripts/chaos: {problem} (seed={seed})", file=sys.stderr)
         return 2
-    code = report_and_exit_code(history, report, run_problems, out)
+    code = report_and_exit_code(result, report, run_problems, out)
     print(f"seed={seed}; history in {out / 'history.json'}; process logs in {out / 'logs'}")
     return code
 

@@ -1,5 +1,6 @@
 """Read each broker's partition logs straight from its segment files (after every process
-stopped): decode batches and records into (offset, "e<leader epoch>|<value>") entries.
+stopped): decode batches and records into (offset, "e<leader epoch>|pid<id>:<epoch>:<seq>|<value>")
+entries (the producer part is "-" for a batch without a producer id).
 Batches without records (a new leader's epoch-start batch, control batches) become one entry
 "e<epoch>|<control>" at their base offset, so two replicas compare entry for entry.
 """
@@ -34,9 +35,11 @@ def read_partition_dir(directory: Path) -> tuple[list[tuple[int, str]], list[str
             if header.is_control or not records:
                 entries.append((header.base_offset, f"e{header.leader_epoch}|<control>"))
                 continue
-            for r in records:
+            for i, r in enumerate(records):
                 value = r.value.decode(errors="replace") if r.value is not None else "<null>"
-                entries.append((r.offset, f"e{header.leader_epoch}|{value}"))
+                producer = (f"pid{header.producer_id}:{header.producer_epoch}:{header.base_sequence + i}"
+                            if header.has_producer_id else "-")
+                entries.append((r.offset, f"e{header.leader_epoch}|{producer}|{value}"))
     return entries, notes
 
 

@@ -15,6 +15,7 @@ from tests.chaos.history import Seen, Send, record_value, tp_key
 OUTSTANDING_MAX = 400
 READ_BACK_S_MAX = 90.0
 CLOSE_S_MAX = 30.0
+START_S_MAX = 60.0
 
 
 def error_name(exc: BaseException) -> str:
@@ -62,12 +63,28 @@ class Workload:
                     self._tasks.append(asyncio.create_task(self._produce(name, producer, topic, partition)))
         for i in range(self.consumer_count):
             mine = [t for j, t in enumerate(self.topics) if j % self.consumer_count == i]
-            consumer = Consumer(bootstrap=self.bootstrap, from_beginning=True, fetch_max_wait_ms=200,
-                                request_timeout_ms=self.request_timeout_ms)
-            await consumer.start()
-            await consumer.assign([TopicPartition(t, p) for t in mine for p in range(self.partitions)])
+            consumer = await self._assigned_consumer([TopicPartition(t, p) for t in mine
+                                                      for p in range(self.partitions)])
             self._consumers.append(consumer)
             self._tasks.append(asyncio.create_task(self._consume(f"k{i + 1}", consumer)))
+
+    async def _assigned_consumer(self, tps: list[TopicPartition]) -> Consumer:
+        """A started consumer reading tps from their start; retried (bounded) while the
+        cluster is slow to answer its first offset look-up."""
+        deadline = time.monotonic() + START_S_MAX
+        while True:
+            consumer = Consumer(bootstrap=self.bootstrap, from_beginning=True, fetch_max_wait_ms=200,
+                                request_timeout_ms=self.request_timeout_ms)
+            try:
+                await consumer.start()
+                await consumer.assign(tps)
+                return consumer
+            except Exception as exc:  # noqa: BLE001 - retried, and noted
+                self.errors.append(f"consumer start at {self.now():.1f} s: {error_name(exc)}: {exc}")
+                await consumer.close()
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(1.0)
 
     async def _produce(self, name: str, producer: Producer, topic: str, partition: int) -> None:
         tp = tp_key(topic, partition)
