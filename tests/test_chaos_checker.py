@@ -276,3 +276,20 @@ def test_every_kind_is_scheduled_with_valid_targets() -> None:
 def test_schedule_refuses_unknown_kinds() -> None:
     with pytest.raises(ValueError, match="unknown fault kinds"):
         make_schedule(seed=1, duration_s=10, kinds=("meteor",))
+
+
+def test_unreadable_partition_is_checked_on_the_replicas_disks() -> None:
+    """Claim: when a partition cannot be read back, the check does not call every acknowledged
+    record lost; it looks for them on the replicas' disks, and it reports the partition as a
+    liveness failure."""
+    h = clean_history()
+    tp = tp_key(TOPIC, 0)
+    del h.final_reads[tp]
+    h.unreadable = [tp]
+    report = check(h)
+    assert report.safe, report.counts
+    assert not report.ok and report.liveness["unreadable_partitions"] == [tp]
+    victim = acked(h, tp)[2]
+    for broker in h.replicas[tp]:
+        h.replicas[tp][broker] = [(o, e) for o, e in h.replicas[tp][broker] if not e.endswith(victim.value)]
+    assert check(h).counts["lost"] == 1

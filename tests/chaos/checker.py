@@ -7,6 +7,9 @@ Violations (each a list of small dicts, so a report can show examples):
   reordered   per producer and partition, a record sits at a lower offset than one sent before it
   vanished    a record a consumer was handed is not at that offset in the final read
   diverged    two replicas hold different entries at an offset below the high watermark
+Liveness failures, reported apart: partitions that could not be read back after the heal
+(their acknowledged records are then looked for on the replicas' disks), and partitions
+that never acknowledged again after the last heal.
 Figures: acks and failures by error, faults by kind, the longest acks=all gap per partition
 outside faults that remove a quorum, and the time to the first acknowledgement after the last
 heal per partition.
@@ -28,10 +31,17 @@ class Report:
     violations: dict[str, list[dict[str, Any]]]
     counts: dict[str, int]
     figures: dict[str, Any]
+    # liveness failures (not safety): partitions that could not be read back after the heal,
+    # partitions that never acknowledged again after the last heal
+    liveness: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+
+    @property
+    def safe(self) -> bool:
+        return not any(self.counts.values())
 
     @property
     def ok(self) -> bool:
-        return not any(self.counts.values())
+        return self.safe and not any(self.liveness.values())
 
 
 def check(history: History) -> Report:
@@ -44,9 +54,28 @@ def check(history: History) -> Report:
             at[value].append(offset)
         positions[tp] = at
 
-    # lost, misplaced: acknowledged records against the final read
+    # lost, misplaced: acknowledged records against the final read. A partition that could
+    # not be read back is checked against its replicas' disks instead: an acknowledged record
+    # must be on at least one, at its offset.
+    unreadable = set(history.unreadable)
+    on_disk: dict[str, dict[str, set[int]]] = {}
+    for tp in unreadable:
+        at_disk: dict[str, set[int]] = collections.defaultdict(set)
+        for entries in history.replicas.get(tp, {}).values():
+            for offset, entry in entries:
+                at_disk[entry.rsplit("|", 1)[-1]].add(offset)
+        on_disk[tp] = at_disk
     for s in history.sends:
         if s.offset is None:
+            continue
+        if s.tp in unreadable:
+            disk_offsets = on_disk[s.tp].get(s.value, set())
+            if not disk_offsets:
+                violations["lost"].append({"tp": s.tp, "value": s.value, "offset": s.offset, "acked_s": s.done_s,
+                                           "checked": "replica disks (partition unreadable)"})
+            elif s.offset not in disk_offsets:
+                violations["misplaced"].append({"tp": s.tp, "value": s.value, "acked_offset": s.offset,
+                                                "found_at": sorted(disk_offsets), "checked": "replica disks"})
             continue
         offsets = positions.get(s.tp, {}).get(s.value, [])
         if not offsets:
@@ -80,6 +109,8 @@ def check(history: History) -> Report:
 
     # vanished: what a consumer was handed stays where it was
     for seen in history.seen:
+        if seen.tp in unreadable:
+            continue
         if final_by_tp.get(seen.tp, {}).get(seen.offset) != seen.value:
             violations["vanished"].append({"tp": seen.tp, "offset": seen.offset, "value": seen.value,
                                            "consumer": seen.consumer,
@@ -102,8 +133,11 @@ def check(history: History) -> Report:
                                                                                        maps[b][bad[0]]]})
 
     counts = {k: len(v) for k, v in violations.items()}
+    figs = figures(history)
+    liveness = {"unreadable_partitions": sorted(unreadable),
+                "partitions_never_reacked": list(figs["partitions_never_reacked"])}
     return Report(violations={k: v[:EXAMPLES_MAX] for k, v in violations.items()}, counts=counts,
-                  figures=figures(history))
+                  figures=figs, liveness=liveness)
 
 
 def _quorum_windows(history: History) -> list[tuple[float, float]]:
@@ -157,6 +191,7 @@ def figures(history: History) -> dict[str, Any]:
         "faults": len(history.faults), "faults_by_kind": dict(sorted(faults.items())),
         "faults_removing_quorum": sum(1 for f in history.faults if f.removes_quorum),
         "seen_by_consumers": len(history.seen),
+        "process_exits": len(history.exits),
         "longest_ack_gap_s": max(gap_by_tp.values(), default=0.0),
         "longest_ack_gap_s_by_partition": gap_by_tp,
         "reack_after_last_heal_s": (max((v for v in reack_by_tp.values() if v is not None), default=None)

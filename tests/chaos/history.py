@@ -81,6 +81,8 @@ class History:
     last_heal_s: float | None = None
     end_s: float = 0.0
     notes: list[str] = dataclasses.field(default_factory=list)
+    exits: list[str] = dataclasses.field(default_factory=list)   # processes that died with no fault killing them
+    unreadable: list[TopicPartitionKey] = dataclasses.field(default_factory=list)   # no read-back possible
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -92,6 +94,7 @@ class History:
             "high_watermarks": self.high_watermarks,
             "replicas": {k: {b: [list(r) for r in log] for b, log in v.items()} for k, v in self.replicas.items()},
             "last_heal_s": self.last_heal_s, "end_s": self.end_s, "notes": self.notes,
+            "exits": self.exits, "unreadable": self.unreadable,
         }
 
     @classmethod
@@ -106,7 +109,8 @@ class History:
             replicas={k: {b: [(int(o), str(v)) for o, v in log] for b, log in bs.items()}
                       for k, bs in data["replicas"].items()},
             last_heal_s=data.get("last_heal_s"), end_s=float(data.get("end_s", 0.0)),
-            notes=list(data.get("notes", [])),
+            notes=list(data.get("notes", [])), exits=list(data.get("exits", [])),
+            unreadable=list(data.get("unreadable", [])),
         )
 
     def dump(self, path: str) -> None:

@@ -5,7 +5,7 @@
     scripts/chaos --check RESULTS/history.json # re-check a saved history
     scripts/chaos --cleanup                    # remove what a killed run left behind
 
-Exit codes: 0 no violation; 1 violations found; 2 the harness could not run (capability,
+Exit codes: 0 no violation; 1 violations or liveness failures found; 2 the harness could not run (capability,
 start-up, or bound exceeded); the reason is printed, never a traceback.
 """
 from __future__ import annotations
@@ -91,7 +91,9 @@ def cleanup_leftovers() -> list[str]:
 
 def summary(history: History, report: Report, problems: list[str]) -> dict[str, Any]:
     return {"seed": history.seed, "ok": report.ok and not problems, "violations": report.counts,
+            "liveness_failures": report.liveness,
             "figures": report.figures, "problems": problems, "notes": history.notes[:30],
+            "process_exits": history.exits[:30],
             "examples": {k: v for k, v in report.violations.items() if v}}
 
 
@@ -103,8 +105,10 @@ def table(s: dict[str, Any]) -> str:
              ("records sent", str(f["sends"])), ("acknowledged (acks=all)", str(f["acked"])),
              ("failed", str(f["failed"])), ("no outcome", str(f["no_outcome"]))]
     rows += [(f"  {k}", str(v)) for k, v in f["failures_by_error"].items()]
-    rows += [("seen by tailing consumers", str(f["seen_by_consumers"]))]
+    rows += [("seen by tailing consumers", str(f["seen_by_consumers"])),
+             ("processes that exited on their own", str(f["process_exits"]))]
     rows += [(f"violations: {k}", str(s["violations"][k])) for k in VIOLATION_KINDS]
+    rows += [(f"liveness: {k.replace('_', ' ')}", str(len(v))) for k, v in s["liveness_failures"].items()]
     rows += [("longest acks=all gap outside quorum loss (s)", str(f["longest_ack_gap_s"])),
              ("time to ack again after last heal, worst (s)", str(f["reack_after_last_heal_s"])),
              ("partitions never acknowledging after last heal", str(len(f["partitions_never_reacked"])))]
@@ -117,7 +121,9 @@ def table(s: dict[str, Any]) -> str:
     for tp in sorted(gaps):
         lines.append(f"{tp.ljust(24)} {gaps[tp]:>14} {str(reacks.get(tp)):>10}")
     lines.append("")
-    lines.append("verdict: " + ("OK" if s["ok"] else "VIOLATIONS" if any(s["violations"].values()) else "PROBLEMS"))
+    verdict = ("OK" if s["ok"] else "VIOLATIONS" if any(s["violations"].values())
+               else "LIVENESS FAILURES" if any(s["liveness_failures"].values()) else "PROBLEMS")
+    lines.append(f"verdict: {verdict}")
     return "\n".join(lines)
 
 
@@ -129,7 +135,7 @@ def report_and_exit_code(history: History, report: Report, problems: list[str], 
     print(text)
     print()
     print(table(s))
-    if any(report.counts.values()):
+    if not report.ok:
         return 1
     return 2 if problems else 0
 

@@ -55,6 +55,16 @@ class RunOptions:
     keep_data: bool = False
 
 
+def last_error(node: Node) -> str:
+    """The last ERROR line of a process's log (what a reader wants next to "it exited")."""
+    try:
+        lines = node.log_path.read_text(errors="replace").splitlines()[-200:]
+    except OSError:
+        return "(no log)"
+    errors = [line for line in lines if " level=ERROR " in line or line.startswith("biplane ")]
+    return (errors[-1] if errors else "(no error line)")[:300]
+
+
 def _log(message: str) -> None:
     print(f"[chaos {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
@@ -167,7 +177,7 @@ class Run:
         for n in self.cluster.nodes.values():
             if n.name not in self.expected_down and not n.alive():
                 code = n.proc.returncode if n.proc else None
-                self.exits.append(f"{n.name} exited (code {code}) at {self.now():.1f} s")
+                self.exits.append(f"{n.name} exited (code {code}) at {self.now():.1f} s: {last_error(n)}")
                 _log(f"{n.name} exited on its own (code {code}); restarting it")
                 n.start()
         self.write_manifest()
@@ -246,8 +256,9 @@ class Run:
         await workload.stop_consuming()
         self.notes += workload.errors[:50]
         _log("reading every partition back to its high watermark")
-        reads, hws, notes = await read_back(bootstrap=self.cluster.bootstrap, topics=list(topics),
-                                            partitions=o.partitions, request_timeout_ms=o.request_timeout_ms)
+        reads, hws, unreadable, notes = await read_back(bootstrap=self.cluster.bootstrap, topics=list(topics),
+                                                        partitions=o.partitions,
+                                                        request_timeout_ms=o.request_timeout_ms)
         self.notes += notes
         end_s = self.now()
         self.notes += await asyncio.to_thread(self.partition_states, list(topics))
@@ -259,10 +270,9 @@ class Run:
             self.notes += more
             for tp, entries in logs.items():
                 replica_logs.setdefault(tp, {})[b.name] = entries
-        self.notes += self.exits
         return History(seed=o.seed, topics=topics, sends=workload.sends, seen=workload.seen, faults=self.faults,
                        final_reads=reads, high_watermarks=hws, replicas=replica_logs, last_heal_s=last_heal_s,
-                       end_s=end_s, notes=self.notes)
+                       end_s=end_s, notes=self.notes, exits=self.exits, unreadable=unreadable)
 
     def partition_states(self, topics: list[str]) -> list[str]:
         """One note per partition whose state is not whole at the end: leader and ISR."""

@@ -13,7 +13,7 @@ from dataplane.client import Consumer, Producer, TopicPartition
 from tests.chaos.history import Seen, Send, record_value, tp_key
 
 OUTSTANDING_MAX = 400
-READ_BACK_S_MAX = 90.0
+READ_BACK_S_MAX = 120.0
 CLOSE_S_MAX = 30.0
 START_S_MAX = 60.0
 
@@ -178,39 +178,56 @@ class Workload:
                 self.errors.append(f"consumer close: {error_name(exc)}: {exc}")
 
 
-async def read_back(*, bootstrap: str, topics: list[str], partitions: int,
-                    request_timeout_ms: int) -> tuple[dict[str, list[tuple[int, str]]], dict[str, int], list[str]]:
-    """Every partition from its start to its high watermark (asked once, before reading)."""
-    by_offset: dict[str, dict[int, str]] = {}
+async def read_back(*, bootstrap: str, topics: list[str], partitions: int, request_timeout_ms: int
+                    ) -> tuple[dict[str, list[tuple[int, str]]], dict[str, int], list[str], list[str]]:
+    """Every partition from its start to its high watermark (asked once per partition, before
+    reading it). A partition that cannot be read (no leader answers) is tried again until
+    READ_BACK_S_MAX; then it is left out of the reads and named in the third list."""
+    reads: dict[str, list[tuple[int, str]]] = {}
     hws: dict[str, int] = {}
     notes: list[str] = []
+    pending = [TopicPartition(t, p) for t in topics for p in range(partitions)]
+    deadline = time.monotonic() + READ_BACK_S_MAX
+    attempt = 0
+    while pending and time.monotonic() < deadline:
+        attempt += 1
+        for tp in list(pending):
+            key = tp_key(tp.topic, tp.partition)
+            try:
+                reads[key], hws[key] = await _read_partition(bootstrap, tp, request_timeout_ms,
+                                                             max(1.0, deadline - time.monotonic()))
+                pending.remove(tp)
+            except Exception as exc:  # noqa: BLE001 - tried again; noted
+                if attempt <= 2 or not pending:
+                    notes.append(f"read-back of {key}, attempt {attempt}: {error_name(exc)}: {exc}")
+        if pending:
+            await asyncio.sleep(2.0)
+    unreadable = [tp_key(tp.topic, tp.partition) for tp in pending]
+    if unreadable:
+        notes.append(f"read-back: {unreadable} unreadable for {READ_BACK_S_MAX:.0f} s after the last heal")
+    return reads, hws, unreadable, notes
+
+
+async def _read_partition(bootstrap: str, tp: TopicPartition, request_timeout_ms: int,
+                          time_s_max: float) -> tuple[list[tuple[int, str]], int]:
     consumer = Consumer(bootstrap=bootstrap, from_beginning=True, fetch_max_wait_ms=100,
                         request_timeout_ms=request_timeout_ms)
-    await consumer.start()
     try:
-        tps = [TopicPartition(t, p) for t in topics for p in range(partitions)]
-        await consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        ends = await consumer.end_offsets(tps)
-        for tp in tps:
-            hws[tp_key(tp.topic, tp.partition)] = int(ends[tp])
-            by_offset[tp_key(tp.topic, tp.partition)] = {}
-        deadline = time.monotonic() + READ_BACK_S_MAX
-        left = {tp for tp in tps if ends[tp] > 0}
-        while left and time.monotonic() < deadline:
+        await consumer.start()
+        await consumer.assign([tp])
+        await consumer.seek_to_beginning(tp)
+        end = int((await consumer.end_offsets([tp]))[tp])
+        by_offset: dict[int, str] = {}
+        deadline = time.monotonic() + time_s_max
+        while end > 0 and time.monotonic() < deadline:
             for r in await consumer.poll(timeout_ms=500):
-                tp = TopicPartition(r.topic, r.partition)
-                if r.offset < ends[tp]:
-                    value = r.value.decode(errors="replace") if r.value is not None else "<null>"
-                    by_offset[tp_key(r.topic, r.partition)][r.offset] = value
-            for tp in list(left):
-                position = consumer.position(tp)
-                if position is not None and position >= ends[tp]:
-                    left.discard(tp)
-        if left:
-            notes.append(f"read-back did not reach the high watermark of {sorted(map(str, left))} "
-                         f"within {READ_BACK_S_MAX:.0f} s")
+                if r.offset < end:
+                    by_offset[r.offset] = r.value.decode(errors="replace") if r.value is not None else "<null>"
+            position = consumer.position(tp)
+            if position is not None and position >= end:
+                return sorted(by_offset.items()), end
+        if end > 0:
+            raise TimeoutError(f"read only to {consumer.position(tp)} of high watermark {end}")
+        return [], end
     finally:
         await consumer.close()
-    reads = {tp: sorted(values.items()) for tp, values in by_offset.items()}
-    return reads, hws, notes
