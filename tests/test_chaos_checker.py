@@ -293,3 +293,14 @@ def test_unreadable_partition_is_checked_on_the_replicas_disks() -> None:
     for broker in h.replicas[tp]:
         h.replicas[tp][broker] = [(o, e) for o, e in h.replicas[tp][broker] if not e.endswith(victim.value)]
     assert check(h).counts["lost"] == 1
+
+
+def test_only_replicas_in_the_final_isr_are_compared() -> None:
+    h = clean_history()
+    tamper_diverged(h)   # b2 differs below the HW
+    tp = tp_key(TOPIC, 0)
+    assert check(h).counts["diverged"] == 2   # pairs (b1, b2) and (b2, b3)
+    h.isr_at_end = {tp: ["b1", "b3"]}
+    assert check(h).counts["diverged"] == 0
+    h.isr_at_end = {tp: ["b1", "b2", "b3"]}
+    assert check(h).counts["diverged"] == 2

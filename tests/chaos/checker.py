@@ -116,12 +116,15 @@ def check(history: History) -> Report:
                                            "consumer": seen.consumer,
                                            "now": final_by_tp.get(seen.tp, {}).get(seen.offset)})
 
-    # diverged: replicas agree below the high watermark
+    # diverged: replicas agree below the high watermark. Only replicas in the final ISR are
+    # compared when it is known: one outside it may still hold an old epoch's tail below the
+    # leader's HW (its own HW is lower), which it truncates when it catches up.
     for tp, logs in history.replicas.items():
         hw = history.high_watermarks.get(tp)
         if hw is None:
             continue
-        brokers = sorted(logs)
+        in_sync = history.isr_at_end.get(tp)
+        brokers = sorted(b for b in logs if in_sync is None or b in in_sync)
         maps = {b: dict(logs[b]) for b in brokers}
         for i, a in enumerate(brokers):
             for b in brokers[i + 1:]:

@@ -83,6 +83,8 @@ class History:
     notes: list[str] = dataclasses.field(default_factory=list)
     exits: list[str] = dataclasses.field(default_factory=list)   # processes that died with no fault killing them
     unreadable: list[TopicPartitionKey] = dataclasses.field(default_factory=list)   # no read-back possible
+    # the controller's ISR of each partition after the read-back ("b1"...); absent: unknown
+    isr_at_end: dict[TopicPartitionKey, list[str]] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -95,6 +97,7 @@ class History:
             "replicas": {k: {b: [list(r) for r in log] for b, log in v.items()} for k, v in self.replicas.items()},
             "last_heal_s": self.last_heal_s, "end_s": self.end_s, "notes": self.notes,
             "exits": self.exits, "unreadable": self.unreadable,
+            "isr_at_end": self.isr_at_end,
         }
 
     @classmethod
@@ -111,6 +114,7 @@ class History:
             last_heal_s=data.get("last_heal_s"), end_s=float(data.get("end_s", 0.0)),
             notes=list(data.get("notes", [])), exits=list(data.get("exits", [])),
             unreadable=list(data.get("unreadable", [])),
+            isr_at_end={k: list(v) for k, v in data.get("isr_at_end", {}).items()},
         )
 
     def dump(self, path: str) -> None:

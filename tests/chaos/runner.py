@@ -261,7 +261,8 @@ class Run:
                                                         request_timeout_ms=o.request_timeout_ms)
         self.notes += notes
         end_s = self.now()
-        self.notes += await asyncio.to_thread(self.partition_states, list(topics))
+        state_notes, isr_at_end = await asyncio.to_thread(self.partition_states, list(topics))
+        self.notes += state_notes
         _log("stopping every process; decoding segment files")
         await asyncio.to_thread(self.cluster.stop_all)
         replica_logs: dict[str, dict[str, list[tuple[int, str]]]] = {}
@@ -272,21 +273,25 @@ class Run:
                 replica_logs.setdefault(tp, {})[b.name] = entries
         return History(seed=o.seed, topics=topics, sends=workload.sends, seen=workload.seen, faults=self.faults,
                        final_reads=reads, high_watermarks=hws, replicas=replica_logs, last_heal_s=last_heal_s,
-                       end_s=end_s, notes=self.notes, exits=self.exits, unreadable=unreadable)
+                       end_s=end_s, notes=self.notes, exits=self.exits, unreadable=unreadable,
+                       isr_at_end=isr_at_end)
 
-    def partition_states(self, topics: list[str]) -> list[str]:
-        """One note per partition whose state is not whole at the end: leader and ISR."""
+    def partition_states(self, topics: list[str]) -> tuple[list[str], dict[str, list[str]]]:
+        """The ISR of every partition at the end ("b1"...), and one note per partition whose
+        state is not whole: leader and ISR."""
         notes = []
+        isr: dict[str, list[str]] = {}
         for t in topics:
             try:
                 parts = self.cluster.api_get(f"/v1/topics/{t}/partitions")["partitions"]
             except Exception as exc:  # noqa: BLE001 - a note, not a verdict
-                return [f"partition states: {exc}"]
+                return [f"partition states: {exc}"], isr
             for p in parts:
+                isr[f"{t}/{p['partition']}"] = [f"b{b}" for b in p["isr"]]
                 if p["leader"] is None or len(p["isr"]) < len(p["replicas"]):
                     notes.append(f"at the end {t}/{p['partition']}: leader {p['leader']}, isr {p['isr']}, "
                                  f"replicas {p['replicas']}")
-        return notes
+        return notes, isr
 
     def setup(self) -> None:
         self.o.work_dir.mkdir(parents=True, exist_ok=True)
