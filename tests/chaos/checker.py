@@ -195,6 +195,7 @@ def figures(history: History) -> dict[str, Any]:
         "faults_removing_quorum": sum(1 for f in history.faults if f.removes_quorum),
         "seen_by_consumers": len(history.seen),
         "process_exits": len(history.exits),
+        "producer_restarts": len(history.producer_restarts),
         "longest_ack_gap_s": max(gap_by_tp.values(), default=0.0),
         "longest_ack_gap_s_by_partition": gap_by_tp,
         "reack_after_last_heal_s": (max((v for v in reack_by_tp.values() if v is not None), default=None)

@@ -83,6 +83,7 @@ class History:
     notes: list[str] = dataclasses.field(default_factory=list)
     exits: list[str] = dataclasses.field(default_factory=list)   # processes that died with no fault killing them
     unreadable: list[TopicPartitionKey] = dataclasses.field(default_factory=list)   # no read-back possible
+    producer_restarts: list[str] = dataclasses.field(default_factory=list)   # SDK producers replaced after a fatal error
     # the controller's ISR of each partition after the read-back ("b1"...); absent: unknown
     isr_at_end: dict[TopicPartitionKey, list[str]] = dataclasses.field(default_factory=dict)
 
@@ -97,6 +98,7 @@ class History:
             "replicas": {k: {b: [list(r) for r in log] for b, log in v.items()} for k, v in self.replicas.items()},
             "last_heal_s": self.last_heal_s, "end_s": self.end_s, "notes": self.notes,
             "exits": self.exits, "unreadable": self.unreadable,
+            "producer_restarts": self.producer_restarts,
             "isr_at_end": self.isr_at_end,
         }
 
@@ -114,6 +116,7 @@ class History:
             last_heal_s=data.get("last_heal_s"), end_s=float(data.get("end_s", 0.0)),
             notes=list(data.get("notes", [])), exits=list(data.get("exits", [])),
             unreadable=list(data.get("unreadable", [])),
+            producer_restarts=list(data.get("producer_restarts", [])),
             isr_at_end={k: list(v) for k, v in data.get("isr_at_end", {}).items()},
         )
 

@@ -93,7 +93,7 @@ def summary(history: History, report: Report, problems: list[str]) -> dict[str, 
     return {"seed": history.seed, "ok": report.ok and not problems, "violations": report.counts,
             "liveness_failures": report.liveness,
             "figures": report.figures, "problems": problems, "notes": history.notes[:30],
-            "process_exits": history.exits[:30],
+            "process_exits": history.exits[:30], "producer_restarts": history.producer_restarts[:30],
             "examples": {k: v for k, v in report.violations.items() if v}}
 
 
@@ -106,7 +106,8 @@ def table(s: dict[str, Any]) -> str:
              ("failed", str(f["failed"])), ("no outcome", str(f["no_outcome"]))]
     rows += [(f"  {k}", str(v)) for k, v in f["failures_by_error"].items()]
     rows += [("seen by tailing consumers", str(f["seen_by_consumers"])),
-             ("processes that exited on their own", str(f["process_exits"]))]
+             ("processes that exited on their own", str(f["process_exits"])),
+             ("SDK producers replaced after a fatal error", str(f["producer_restarts"]))]
     rows += [(f"violations: {k}", str(s["violations"][k])) for k in VIOLATION_KINDS]
     rows += [(f"liveness: {k.replace('_', ' ')}", str(len(v))) for k, v in s["liveness_failures"].items()]
     rows += [("longest acks=all gap outside quorum loss (s)", str(f["longest_ack_gap_s"])),

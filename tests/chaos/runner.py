@@ -56,13 +56,16 @@ class RunOptions:
 
 
 def last_error(node: Node) -> str:
-    """The last ERROR line of a process's log (what a reader wants next to "it exited")."""
+    """The first ERROR line of the process's latest start in its log (what a reader wants
+    next to "it exited"; later ones are usually the shutdown's echoes)."""
     try:
-        lines = node.log_path.read_text(errors="replace").splitlines()[-200:]
+        lines = node.log_path.read_text(errors="replace").splitlines()
     except OSError:
         return "(no log)"
+    starts = [i for i, line in enumerate(lines) if line.startswith("==== chaos: start")]
+    lines = lines[starts[-1] if starts else 0:]
     errors = [line for line in lines if " level=ERROR " in line or line.startswith("biplane ")]
-    return (errors[-1] if errors else "(no error line)")[:300]
+    return (errors[0] if errors else "(no error line)")[:300]
 
 
 def _log(message: str) -> None:
@@ -274,6 +277,7 @@ class Run:
         return History(seed=o.seed, topics=topics, sends=workload.sends, seen=workload.seen, faults=self.faults,
                        final_reads=reads, high_watermarks=hws, replicas=replica_logs, last_heal_s=last_heal_s,
                        end_s=end_s, notes=self.notes, exits=self.exits, unreadable=unreadable,
+                       producer_restarts=workload.producer_restarts,
                        isr_at_end=isr_at_end)
 
     def partition_states(self, topics: list[str]) -> tuple[list[str], dict[str, list[str]]]:

@@ -9,7 +9,7 @@ import asyncio
 import time
 from typing import Any
 
-from dataplane.client import Consumer, Producer, TopicPartition
+from dataplane.client import ClientClosedError, Consumer, Producer, TopicPartition
 from tests.chaos.history import Seen, Send, record_value, tp_key
 
 OUTSTANDING_MAX = 400
@@ -22,6 +22,46 @@ def error_name(exc: BaseException) -> str:
     code = getattr(exc, "code", None)
     name = type(exc).__name__
     return f"{name}:{getattr(code, 'name', code)}" if code is not None else name
+
+
+class ProducerSlot:
+    """One logical producer of the workload: an SDK producer, replaced by a new one (a new
+    producer id, a new label) when it stops on a fatal error, as an application would."""
+
+    def __init__(self, *, name: str, factory: Any) -> None:
+        self.name = name
+        self.factory = factory
+        self.incarnation = 0
+        self.producer: Producer = factory(f"chaos-{name}")
+        self._lock = asyncio.Lock()
+
+    @property
+    def label(self) -> str:
+        return self.name if self.incarnation == 0 else f"{self.name}r{self.incarnation}"
+
+    async def start(self) -> None:
+        await self.producer.start()
+
+    async def replace(self, failed: Producer, at_s: float) -> str | None:
+        """Replace `failed` (once, however many tasks saw it fail); returns a note, or None if
+        another task already replaced it."""
+        async with self._lock:
+            if self.producer is not failed:
+                return None
+            cause = getattr(failed, "_fatal", None)
+            try:
+                await asyncio.wait_for(failed.close(timeout_ms=0), 5)
+            except Exception:  # noqa: BLE001 - it failed already; closing is best effort
+                pass
+            self.incarnation += 1
+            self.producer = self.factory(f"chaos-{self.label}")
+            try:
+                await self.producer.start()
+            except Exception as exc:  # noqa: BLE001 - its sends will fail and say why
+                cause = f"{cause}; the new one did not start: {error_name(exc)}: {exc}"
+            return (f"producer {self.name} stopped at {at_s:.1f} s after a fatal error "
+                    f"({type(cause).__name__ if isinstance(cause, BaseException) else ''}: {cause}); "
+                    f"replaced by {self.label}")
 
 
 class Workload:
@@ -39,7 +79,8 @@ class Workload:
         self.sends: list[Send] = []
         self.seen: list[Seen] = []
         self._seen_keys: dict[tuple[str, int], str] = {}
-        self._producers: list[Producer] = []
+        self._slots: list[ProducerSlot] = []
+        self.producer_restarts: list[str] = []
         self._consumers: list[Consumer] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._stop_sending = asyncio.Event()
@@ -52,15 +93,12 @@ class Workload:
 
     async def start(self) -> None:
         for name in self.producer_names:
-            producer = Producer(bootstrap=self.bootstrap, acks="all", enable_idempotence=True, linger_ms=5,
-                                request_timeout_ms=self.request_timeout_ms,
-                                delivery_timeout_ms=self.delivery_timeout_ms, max_block_ms=5_000,
-                                client_id=f"chaos-{name}")
-            await producer.start()
-            self._producers.append(producer)
+            slot = ProducerSlot(name=name, factory=self._new_producer)
+            await slot.start()
+            self._slots.append(slot)
             for topic in self.topics:
                 for partition in range(self.partitions):
-                    self._tasks.append(asyncio.create_task(self._produce(name, producer, topic, partition)))
+                    self._tasks.append(asyncio.create_task(self._produce(slot, topic, partition)))
         for i in range(self.consumer_count):
             mine = [t for j, t in enumerate(self.topics) if j % self.consumer_count == i]
             consumer = await self._assigned_consumer([TopicPartition(t, p) for t in mine
@@ -86,29 +124,46 @@ class Workload:
                     raise
                 await asyncio.sleep(1.0)
 
-    async def _produce(self, name: str, producer: Producer, topic: str, partition: int) -> None:
+    def _new_producer(self, client_id: str) -> Producer:
+        return Producer(bootstrap=self.bootstrap, acks="all", enable_idempotence=True, linger_ms=5,
+                        request_timeout_ms=self.request_timeout_ms, delivery_timeout_ms=self.delivery_timeout_ms,
+                        max_block_ms=5_000, client_id=client_id)
+
+    async def _produce(self, slot: "ProducerSlot", topic: str, partition: int) -> None:
+        """One partition's sends from one producer slot. Values carry the producer's
+        incarnation ("p1", then "p1r1" after the SDK producer stopped on a fatal error and was
+        replaced), and each incarnation numbers its sends from 0."""
         tp = tp_key(topic, partition)
         outstanding: set[int] = set()
+        incarnation = -1
         seq = 0
         next_at = time.monotonic()
         while not self._stop_sending.is_set():
+            if slot.incarnation != incarnation:
+                incarnation, seq = slot.incarnation, 0
             if len(outstanding) >= OUTSTANDING_MAX:
                 await asyncio.sleep(0.05)
                 continue
+            name = slot.label
             value = record_value(name, topic, partition, seq)
             sent_s = self.now()
             index = len(self.sends)
             self.sends.append(Send(producer=name, tp=tp, seq=seq, value=value, sent_s=sent_s, done_s=None,
                                    offset=None, error=None))
-            outstanding.add(seq)
+            outstanding.add(index)
             seq += 1
+            producer = slot.producer
             try:
                 future = await producer.send(topic, value, partition=partition)
             except Exception as exc:  # noqa: BLE001 - a refused send is an outcome of the record
                 self._settle(index, None, exc)
-                outstanding.discard(seq - 1)
+                outstanding.discard(index)
+                if isinstance(exc, ClientClosedError) and not self._stop_sending.is_set():
+                    note = await slot.replace(producer, self.now())
+                    if note:
+                        self.producer_restarts.append(note)
             else:
-                waiter = asyncio.ensure_future(self._await_record(index, future, outstanding, seq - 1))
+                waiter = asyncio.ensure_future(self._await_record(index, future, outstanding, index))
                 self._pending.add(waiter)
                 waiter.add_done_callback(self._pending.discard)
             next_at += self.interval_s
@@ -121,7 +176,7 @@ class Workload:
             else:
                 next_at = time.monotonic()
 
-    async def _await_record(self, index: int, future: Any, outstanding: set[int], seq: int) -> None:
+    async def _await_record(self, index: int, future: Any, outstanding: set[int], key: int) -> None:
         try:
             metadata = await future
         except Exception as exc:  # noqa: BLE001 - every failure is recorded by name
@@ -129,7 +184,7 @@ class Workload:
         else:
             self._settle(index, int(metadata.offset), None)
         finally:
-            outstanding.discard(seq)
+            outstanding.discard(key)
 
     def _settle(self, index: int, offset: int | None, exc: BaseException | None) -> None:
         s = self.sends[index]
@@ -160,9 +215,9 @@ class Workload:
         deadline = time.monotonic() + self.delivery_timeout_ms / 1000 + CLOSE_S_MAX
         while self._pending and time.monotonic() < deadline:
             await asyncio.wait(set(self._pending), timeout=max(0.1, deadline - time.monotonic()))
-        for producer in self._producers:
+        for slot in self._slots:
             try:
-                await asyncio.wait_for(producer.close(timeout_ms=5_000), 10)
+                await asyncio.wait_for(slot.producer.close(timeout_ms=5_000), 10)
             except Exception as exc:  # noqa: BLE001
                 self.errors.append(f"producer close: {error_name(exc)}: {exc}")
 
