@@ -137,6 +137,12 @@ def check(history: History) -> Report:
 
     counts = {k: len(v) for k, v in violations.items()}
     figs = figures(history)
+    by_topic: dict[str, dict[str, int]] = {}
+    for kind, found in violations.items():
+        per = collections.Counter(str(v["tp"]).rsplit("/", 1)[0] for v in found)
+        if per:
+            by_topic[kind] = dict(sorted(per.items()))
+    figs["violations_by_topic"] = by_topic
     liveness = {"unreadable_partitions": sorted(unreadable),
                 "partitions_never_reacked": list(figs["partitions_never_reacked"])}
     return Report(violations={k: v[:EXAMPLES_MAX] for k, v in violations.items()}, counts=counts,

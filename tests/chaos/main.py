@@ -109,6 +109,8 @@ def table(s: dict[str, Any]) -> str:
              ("processes that exited on their own", str(f["process_exits"])),
              ("SDK producers replaced after a fatal error", str(f["producer_restarts"]))]
     rows += [(f"violations: {k}", str(s["violations"][k])) for k in VIOLATION_KINDS]
+    rows += [(f"  {kind} in {topic}", str(n)) for kind, per in f.get("violations_by_topic", {}).items()
+             for topic, n in per.items()]
     rows += [(f"liveness: {k.replace('_', ' ')}", str(len(v))) for k, v in s["liveness_failures"].items()]
     rows += [("longest acks=all gap outside quorum loss (s)", str(f["longest_ack_gap_s"])),
              ("time to ack again after last heal, worst (s)", str(f["reack_after_last_heal_s"])),
