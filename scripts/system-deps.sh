@@ -15,9 +15,9 @@ SYSTEM_DEPS_COMMANDS=(
   "tc:iproute2"
   "nft:nftables"
   "faketime:faketime"
-  "mkfs.ext4:e2fsprogs"
-  "losetup:mount"
+  "sysctl:procps"
   "mount:mount"
+  "umount:mount"
 )
 # libraries checked by path (the faketime command needs the preload library)
 SYSTEM_DEPS_FILES=(
