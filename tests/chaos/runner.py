@@ -294,7 +294,9 @@ class Run:
                 isr[f"{t}/{p['partition']}"] = [f"b{b}" for b in p["isr"]]
                 if p["leader"] is None or len(p["isr"]) < len(p["replicas"]):
                     notes.append(f"at the end {t}/{p['partition']}: leader {p['leader']}, isr {p['isr']}, "
-                                 f"replicas {p['replicas']}")
+                                 f"replicas {p['replicas']}, leader epoch {p.get('leader_epoch')}, "
+                                 f"partition epoch {p.get('partition_epoch')}, "
+                                 f"fenced for election {p.get('fenced_for_election')}")
         return notes, isr
 
     def setup(self) -> None:
