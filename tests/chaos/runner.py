@@ -235,7 +235,9 @@ class Run:
                             producers=o.producers, consumers=o.consumers, interval_s=o.interval_s, t0=self.t0,
                             request_timeout_ms=o.request_timeout_ms, delivery_timeout_ms=o.delivery_timeout_ms)
         await workload.start()
-        schedule = make_schedule(seed=o.seed, duration_s=o.duration_s, start_s=o.warmup_s, kinds=o.kinds)
+        # faults start a warm-up after the workload runs (its consumers may take a while to start)
+        schedule = make_schedule(seed=o.seed, duration_s=o.duration_s, start_s=round(self.now() + o.warmup_s, 3),
+                                 kinds=o.kinds)
         _log(f"{len(schedule)} faults over {o.duration_s:.0f} s")
         for fault in schedule:
             await self.sleep_until(fault.start_s)
