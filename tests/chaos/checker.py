@@ -1,0 +1,211 @@
+"""The history checker: history in, violations and figures out. Pure: no clock, no I/O.
+
+Violations (each a list of small dicts, so a report can show examples):
+  lost        an acknowledged record is not in the final read of its partition
+  duplicated  a value this harness wrote is in a partition's final read more than once
+  misplaced   an acknowledged record is in the final read, but never at its acknowledged offset
+  reordered   per producer and partition, a record sits at a lower offset than one sent before it
+  vanished    a record a consumer was handed is not at that offset in the final read
+  diverged    two replicas hold different entries at an offset below the high watermark
+Liveness failures, reported apart: partitions that could not be read back after the heal
+(their acknowledged records are then looked for on the replicas' disks), and partitions
+that never acknowledged again after the last heal.
+Figures: acks and failures by error, faults by kind, the longest acks=all gap per partition
+outside faults that remove a quorum, and the time to the first acknowledgement after the last
+heal per partition.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Any
+
+from tests.chaos.history import History, parse_value
+
+VIOLATION_KINDS = ("lost", "duplicated", "misplaced", "reordered", "vanished", "diverged")
+EXAMPLES_MAX = 10
+
+
+@dataclasses.dataclass(kw_only=True)
+class Report:
+    violations: dict[str, list[dict[str, Any]]]
+    counts: dict[str, int]
+    figures: dict[str, Any]
+    # liveness failures (not safety): partitions that could not be read back after the heal,
+    # partitions that never acknowledged again after the last heal
+    liveness: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+
+    @property
+    def safe(self) -> bool:
+        return not any(self.counts.values())
+
+    @property
+    def ok(self) -> bool:
+        return self.safe and not any(self.liveness.values())
+
+
+def check(history: History) -> Report:
+    violations: dict[str, list[dict[str, Any]]] = {k: [] for k in VIOLATION_KINDS}
+    final_by_tp: dict[str, dict[int, str]] = {tp: dict(rs) for tp, rs in history.final_reads.items()}
+    positions: dict[str, dict[str, list[int]]] = {}   # tp -> value -> offsets in the final read
+    for tp, rs in history.final_reads.items():
+        at: dict[str, list[int]] = collections.defaultdict(list)
+        for offset, value in rs:
+            at[value].append(offset)
+        positions[tp] = at
+
+    # lost, misplaced: acknowledged records against the final read. A partition that could
+    # not be read back is checked against its replicas' disks instead: an acknowledged record
+    # must be on at least one, at its offset.
+    unreadable = set(history.unreadable)
+    on_disk: dict[str, dict[str, set[int]]] = {}
+    for tp in unreadable:
+        at_disk: dict[str, set[int]] = collections.defaultdict(set)
+        for entries in history.replicas.get(tp, {}).values():
+            for offset, entry in entries:
+                at_disk[entry.rsplit("|", 1)[-1]].add(offset)
+        on_disk[tp] = at_disk
+    for s in history.sends:
+        if s.offset is None:
+            continue
+        if s.tp in unreadable:
+            disk_offsets = on_disk[s.tp].get(s.value, set())
+            if not disk_offsets:
+                violations["lost"].append({"tp": s.tp, "value": s.value, "offset": s.offset, "acked_s": s.done_s,
+                                           "checked": "replica disks (partition unreadable)"})
+            elif s.offset not in disk_offsets:
+                violations["misplaced"].append({"tp": s.tp, "value": s.value, "acked_offset": s.offset,
+                                                "found_at": sorted(disk_offsets), "checked": "replica disks"})
+            continue
+        offsets = positions.get(s.tp, {}).get(s.value, [])
+        if not offsets:
+            violations["lost"].append({"tp": s.tp, "value": s.value, "offset": s.offset, "acked_s": s.done_s})
+        elif s.offset not in offsets:
+            violations["misplaced"].append({"tp": s.tp, "value": s.value, "acked_offset": s.offset,
+                                            "found_at": offsets})
+
+    # duplicated: any value of ours more than once in a partition
+    for tp, at in positions.items():
+        for value, offsets in at.items():
+            if len(offsets) > 1 and parse_value(value) is not None:
+                violations["duplicated"].append({"tp": tp, "value": value, "offsets": sorted(offsets)})
+
+    # reordered: per producer and partition, sequence numbers rise with the offset
+    for tp, rs in history.final_reads.items():
+        last: dict[str, tuple[int, int]] = {}   # producer -> (seq, offset) of the last record seen
+        earlier: set[str] = set()
+        for offset, value in sorted(rs):
+            parsed = parse_value(value)
+            if parsed is None or parsed[1] != tp or value in earlier:
+                continue   # not ours, or a later copy (counted as duplicated)
+            earlier.add(value)
+            producer, _, seq = parsed
+            if producer in last and seq < last[producer][0]:
+                prev_seq, prev_offset = last[producer]
+                violations["reordered"].append({"tp": tp, "producer": producer, "seq": seq, "offset": offset,
+                                                "after_seq": prev_seq, "after_offset": prev_offset})
+            if producer not in last or seq > last[producer][0]:
+                last[producer] = (seq, offset)
+
+    # vanished: what a consumer was handed stays where it was
+    for seen in history.seen:
+        if seen.tp in unreadable:
+            continue
+        if final_by_tp.get(seen.tp, {}).get(seen.offset) != seen.value:
+            violations["vanished"].append({"tp": seen.tp, "offset": seen.offset, "value": seen.value,
+                                           "consumer": seen.consumer,
+                                           "now": final_by_tp.get(seen.tp, {}).get(seen.offset)})
+
+    # diverged: replicas agree below the high watermark. Only replicas in the final ISR are
+    # compared when it is known: one outside it may still hold an old epoch's tail below the
+    # leader's HW (its own HW is lower), which it truncates when it catches up.
+    for tp, logs in history.replicas.items():
+        hw = history.high_watermarks.get(tp)
+        if hw is None:
+            continue
+        in_sync = history.isr_at_end.get(tp)
+        brokers = sorted(b for b in logs if in_sync is None or b in in_sync)
+        maps = {b: dict(logs[b]) for b in brokers}
+        for i, a in enumerate(brokers):
+            for b in brokers[i + 1:]:
+                common = set(maps[a]) & set(maps[b])
+                bad = sorted(o for o in common if o < hw and maps[a][o] != maps[b][o])
+                if bad:
+                    violations["diverged"].append({"tp": tp, "replicas": [a, b], "offsets": len(bad),
+                                                   "first_offset": bad[0], "entries": [maps[a][bad[0]],
+                                                                                       maps[b][bad[0]]]})
+
+    counts = {k: len(v) for k, v in violations.items()}
+    figs = figures(history)
+    by_topic: dict[str, dict[str, int]] = {}
+    for kind, found in violations.items():
+        per = collections.Counter(str(v["tp"]).rsplit("/", 1)[0] for v in found)
+        if per:
+            by_topic[kind] = dict(sorted(per.items()))
+    figs["violations_by_topic"] = by_topic
+    liveness = {"unreadable_partitions": sorted(unreadable),
+                "partitions_never_reacked": list(figs["partitions_never_reacked"])}
+    return Report(violations={k: v[:EXAMPLES_MAX] for k, v in violations.items()}, counts=counts,
+                  figures=figs, liveness=liveness)
+
+
+def _quorum_windows(history: History) -> list[tuple[float, float]]:
+    return sorted((f.start_s, f.end_s) for f in history.faults if f.removes_quorum)
+
+
+def _outside(windows: list[tuple[float, float]], start: float, end: float) -> float:
+    """Length of [start, end] not covered by any window."""
+    covered = 0.0
+    cursor = start
+    for w_start, w_end in windows:
+        lo, hi = max(w_start, cursor), min(w_end, end)
+        if hi > lo:
+            covered += hi - lo
+            cursor = hi
+    return max(0.0, (end - start) - covered)
+
+
+def figures(history: History) -> dict[str, Any]:
+    acked = [s for s in history.sends if s.offset is not None]
+    failures = collections.Counter(s.error for s in history.sends if s.error is not None)
+    pending = sum(1 for s in history.sends if s.done_s is None)
+    faults = collections.Counter(f.kind for f in history.faults)
+
+    windows = _quorum_windows(history)
+    ack_times: dict[str, list[float]] = collections.defaultdict(list)
+    for s in acked:
+        assert s.done_s is not None
+        ack_times[s.tp].append(s.done_s)
+    first_send_s = min((s.sent_s for s in history.sends), default=0.0)
+    last_send_s = max((s.sent_s for s in history.sends), default=0.0)
+    gap_by_tp: dict[str, float] = {}
+    for tp in sorted({s.tp for s in history.sends}):
+        times = sorted(ack_times.get(tp, []))
+        # from the first send to the last: a partition that stops acknowledging has its gap counted
+        edges = [first_send_s, *times, max(last_send_s, *times) if times else last_send_s]
+        longest = 0.0
+        for a, b in zip(edges, edges[1:]):
+            longest = max(longest, _outside(windows, a, b))
+        gap_by_tp[tp] = round(longest, 3)
+
+    reack_by_tp: dict[str, float | None] = {}
+    if history.last_heal_s is not None:
+        for tp in sorted({s.tp for s in history.sends}):
+            after = [t for t in ack_times.get(tp, []) if t >= history.last_heal_s]
+            reack_by_tp[tp] = round(min(after) - history.last_heal_s, 3) if after else None
+
+    return {
+        "sends": len(history.sends), "acked": len(acked), "failed": sum(failures.values()), "no_outcome": pending,
+        "failures_by_error": dict(sorted(failures.items())),
+        "faults": len(history.faults), "faults_by_kind": dict(sorted(faults.items())),
+        "faults_removing_quorum": sum(1 for f in history.faults if f.removes_quorum),
+        "seen_by_consumers": len(history.seen),
+        "process_exits": len(history.exits),
+        "producer_restarts": len(history.producer_restarts),
+        "longest_ack_gap_s": max(gap_by_tp.values(), default=0.0),
+        "longest_ack_gap_s_by_partition": gap_by_tp,
+        "reack_after_last_heal_s": (max((v for v in reack_by_tp.values() if v is not None), default=None)
+                                    if reack_by_tp else None),
+        "reack_after_last_heal_s_by_partition": reack_by_tp,
+        "partitions_never_reacked": sorted(tp for tp, v in reack_by_tp.items() if v is None),
+    }

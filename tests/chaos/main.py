@@ -1,0 +1,228 @@
+"""`scripts/chaos`: one seeded fault run against a real cluster, its summary, and its verdict.
+
+    scripts/chaos --duration 150 --seed 7      # the short run CI takes (~3 minutes)
+    scripts/chaos --duration 3600 --seed 42    # the long run
+    scripts/chaos --check RESULTS/history.json # re-check a saved history
+    scripts/chaos --cleanup                    # remove what a killed run left behind
+
+Exit codes: 0 no violation; 1 violations or liveness failures found; 2 the harness could not run (capability,
+start-up, or bound exceeded); the reason is printed, never a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from tests.chaos.checker import VIOLATION_KINDS, Report, check
+from tests.chaos.history import History
+from tests.chaos.schedule import FAULT_WEIGHTS
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+RESULTS_ROOT = Path("/tmp/biplane-chaos")
+
+
+class Interrupted(Exception):
+    pass
+
+
+def capability_problems() -> list[str]:
+    problems = []
+    if os.geteuid() != 0:
+        problems.append("not root: namespaces, nftables, tc and tmpfs mounts need root; run it as root "
+                        "(CI does)")
+    for tool, package in (("ip", "iproute2"), ("tc", "iproute2"), ("nft", "nftables"), ("mount", "mount"),
+                          ("umount", "mount")):
+        if shutil.which(tool) is None and not Path(f"/usr/sbin/{tool}").exists():
+            problems.append(f"{tool} is missing: run scripts/system-deps.sh as root (apt-get install {package})")
+    from tests.chaos.cluster import faketime_library
+    if faketime_library() is None:
+        problems.append("libfaketime is missing: run scripts/system-deps.sh as root (apt-get install libfaketime)")
+    if not problems:
+        probe = f"bpcprobe{os.getpid() % 10000}"
+        done = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+        if done.returncode != 0:
+            problems.append(f"cannot create a network namespace ({done.stderr.strip()}); the harness needs "
+                            "CAP_SYS_ADMIN and CAP_NET_ADMIN (a privileged container or a VM)")
+        else:
+            subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return problems
+
+
+def cleanup_leftovers() -> list[str]:
+    """Kill, unmount and delete what runs that died left (by their manifests). Returns actions."""
+    from tests.chaos.cluster import Node  # noqa: F401 - keeps the import graph obvious
+    from tests.chaos.net import run as net_run
+    actions = []
+    for manifest_path in sorted(RESULTS_ROOT.glob("*/manifest.json")):
+        try:
+            m = json.loads(manifest_path.read_text())
+        except (OSError, ValueError):
+            continue
+        if m.get("pid") and Path(f"/proc/{m['pid']}").exists() and m["pid"] != os.getpid():
+            continue   # that run is still going
+        for name, pid in (m.get("pids") or {}).items():
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"common.cli" in cmdline:
+                os.kill(pid, signal.SIGKILL)
+                actions.append(f"killed {name} (pid {pid})")
+        for mount in m.get("mounts") or []:
+            if net_run(["umount", "-l", mount], check=False).returncode == 0:
+                actions.append(f"unmounted {mount}")
+        for ns in m.get("namespaces") or []:
+            if net_run(["ip", "netns", "del", ns], check=False).returncode == 0:
+                actions.append(f"deleted namespace {ns}")
+        m.update({"namespaces": [], "mounts": [], "pids": {}})
+        manifest_path.write_text(json.dumps(m, indent=1))
+    return actions
+
+
+def summary(history: History, report: Report, problems: list[str]) -> dict[str, Any]:
+    return {"seed": history.seed, "ok": report.ok and not problems, "violations": report.counts,
+            "liveness_failures": report.liveness,
+            "figures": report.figures, "problems": problems, "notes": history.notes[:30],
+            "process_exits": history.exits[:30], "producer_restarts": history.producer_restarts[:30],
+            "examples": {k: v for k, v in report.violations.items() if v}}
+
+
+def table(s: dict[str, Any]) -> str:
+    f = s["figures"]
+    rows: list[tuple[str, str]] = [("seed", str(s["seed"])), ("faults", str(f["faults"]))]
+    rows += [(f"  {k}", str(v)) for k, v in f["faults_by_kind"].items()]
+    rows += [("faults removing a quorum", str(f["faults_removing_quorum"])),
+             ("records sent", str(f["sends"])), ("acknowledged (acks=all)", str(f["acked"])),
+             ("failed", str(f["failed"])), ("no outcome", str(f["no_outcome"]))]
+    rows += [(f"  {k}", str(v)) for k, v in f["failures_by_error"].items()]
+    rows += [("seen by tailing consumers", str(f["seen_by_consumers"])),
+             ("processes that exited on their own", str(f["process_exits"])),
+             ("SDK producers replaced after a fatal error", str(f["producer_restarts"]))]
+    rows += [(f"violations: {k}", str(s["violations"][k])) for k in VIOLATION_KINDS]
+    rows += [(f"  {kind} in {topic}", str(n)) for kind, per in f.get("violations_by_topic", {}).items()
+             for topic, n in per.items()]
+    rows += [(f"liveness: {k.replace('_', ' ')}", str(len(v))) for k, v in s["liveness_failures"].items()]
+    rows += [("longest acks=all gap outside quorum loss (s)", str(f["longest_ack_gap_s"])),
+             ("time to ack again after last heal, worst (s)", str(f["reack_after_last_heal_s"])),
+             ("partitions never acknowledging after last heal", str(len(f["partitions_never_reacked"])))]
+    width = max(len(k) for k, _ in rows)
+    lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
+    gaps = f["longest_ack_gap_s_by_partition"]
+    reacks = f["reack_after_last_heal_s_by_partition"]
+    lines.append("")
+    lines.append(f"{'partition'.ljust(24)} {'longest gap s':>14} {'re-ack s':>10}")
+    for tp in sorted(gaps):
+        lines.append(f"{tp.ljust(24)} {gaps[tp]:>14} {str(reacks.get(tp)):>10}")
+    lines.append("")
+    verdict = ("OK" if s["ok"] else "VIOLATIONS" if any(s["violations"].values())
+               else "LIVENESS FAILURES" if any(s["liveness_failures"].values()) else "PROBLEMS")
+    lines.append(f"verdict: {verdict}")
+    return "\n".join(lines)
+
+
+def report_and_exit_code(history: History, report: Report, problems: list[str], out: Path | None) -> int:
+    s = summary(history, report, problems)
+    text = json.dumps(s, indent=1, sort_keys=True)
+    if out is not None:
+        (out / "summary.json").write_text(text + "\n")
+    print(text)
+    print()
+    print(table(s))
+    if not report.ok:
+        return 1
+    return 2 if problems else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="scripts/chaos", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seed", type=int, help="the schedule's seed (default: a random one, printed)")
+    p.add_argument("--duration", type=float, default=150.0, help="seconds of faults (default 150: a ~3 minute run)")
+    p.add_argument("--out", type=Path, help="results directory (default /tmp/biplane-chaos/seed-N-TIME)")
+    p.add_argument("--partitions", type=int, default=2, help="partitions per topic (8 topics, one per mode)")
+    p.add_argument("--interval-ms", type=int, default=100, help="each producer sends one record per partition this often")
+    p.add_argument("--kinds", help=f"comma-separated fault kinds (default all: {','.join(FAULT_WEIGHTS)})")
+    p.add_argument("--settle", type=float, default=10.0, help="seconds of producing after the last heal")
+    p.add_argument("--keep-data", action="store_true", help="copy the brokers' data out of their tmpfs before unmount")
+    p.add_argument("--check", type=Path, metavar="HISTORY", help="only check a saved history.json")
+    p.add_argument("--cleanup", action="store_true", help="remove what killed runs left (processes, mounts, namespaces)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.check:
+        try:
+            history = History.load(str(args.check))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"scripts/chaos: cannot read {args.check}: {exc}", file=sys.stderr)
+            return 2
+        return report_and_exit_code(history, check(history), [], None)
+    problems = capability_problems()
+    if problems:
+        for problem in problems:
+            print(f"scripts/chaos: {problem}", file=sys.stderr)
+        return 2
+    if args.cleanup:
+        for action in cleanup_leftovers() or ["nothing left behind"]:
+            print(action)
+        return 0
+    kinds = tuple(k.strip() for k in args.kinds.split(",")) if args.kinds else None
+    if kinds:
+        unknown = [k for k in kinds if k not in FAULT_WEIGHTS]
+        if unknown:
+            print(f"scripts/chaos: unknown fault kinds {unknown}; known: {', '.join(FAULT_WEIGHTS)}", file=sys.stderr)
+            return 2
+    if not 10 <= args.duration <= 24 * 3600:
+        print(f"scripts/chaos: --duration {args.duration} must be between 10 and 86400 seconds", file=sys.stderr)
+        return 2
+    seed = args.seed if args.seed is not None else random.randrange(1, 1 << 31)
+    out = args.out or RESULTS_ROOT / f"seed-{seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+    cleaned = cleanup_leftovers()
+    for action in cleaned:
+        print(f"scripts/chaos: left by an earlier run: {action}", file=sys.stderr)
+
+    from tests.chaos.runner import RunOptions, execute
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        raise Interrupted(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    options = RunOptions(seed=seed, duration_s=args.duration, work_dir=out.resolve(), repo_root=REPO_ROOT,
+                         partitions=args.partitions, interval_s=args.interval_ms / 1000, settle_s=args.settle,
+                         kinds=kinds, keep_data=args.keep_data)
+    print(f"scripts/chaos: seed={seed}, results in {out}", flush=True)
+    deadline_s = args.duration + 420.0
+    try:
+        result, report, run_problems = execute(options, deadline_s)
+    except Interrupted as exc:
+        print(f"scripts/chaos: interrupted ({exc}); cleaned up. seed={seed}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # noqa: BLE001 - the user gets the reason, the log keeps the trace
+        import traceback
+        (out / "error.txt").write_text(traceback.format_exc())
+        print(f"scripts/chaos: the run failed: {type(exc).__name__}: {exc} (seed={seed}; trace in "
+              f"{out / 'error.txt'}; process logs in {out / 'logs'})", file=sys.stderr)
+        return 2
+    if result is None or report is None:
+        for problem in run_problems:
+            print(f"scripts/chaos: {problem} (seed={seed})", file=sys.stderr)
+        return 2
+    code = report_and_exit_code(result, report, run_problems, out)
+    print(f"seed={seed}; history in {out / 'history.json'}; process logs in {out / 'logs'}")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,306 @@
+"""The fault harness's own self-test: the history checker is right on a clean history, and
+every check fires on a tampered copy of it; the fault schedule is a pure function of the seed.
+
+No processes, no namespaces: these run in the ordinary suite in well under a second.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import os
+import random
+
+import pytest
+
+from tests.chaos.checker import VIOLATION_KINDS, check
+from tests.chaos.history import FaultRun, History, Seen, Send, parse_value, record_value, tp_key
+from tests.chaos.schedule import FAULT_WEIGHTS, QUORUM_REMOVING, make_schedule
+
+TOPIC = "pull-isr-fsync"
+
+
+def clean_history(seed: int = 1, per_partition: int = 40) -> History:
+    """A history as a correct cluster would leave it: two producers interleaving on two
+    partitions, some sends failed (never written), consumers seeing a prefix, three replicas
+    agreeing below the HW (one longer above it), an epoch-start control entry in each log."""
+    rng = random.Random(seed)
+    sends: list[Send] = []
+    final: dict[str, list[tuple[int, str]]] = {}
+    seen: list[Seen] = []
+    replicas: dict[str, dict[str, list[tuple[int, str]]]] = {}
+    hws: dict[str, int] = {}
+    t = 0.0
+    for partition in range(2):
+        tp = tp_key(TOPIC, partition)
+        log: list[tuple[int, str]] = []
+        entries = [(0, "e1|<control>")]
+        offset = 1
+        seqs = {"p1": 0, "p2": 0}
+        for _ in range(per_partition):
+            producer = rng.choice(["p1", "p2"])
+            seq = seqs[producer]
+            seqs[producer] += 1
+            value = record_value(producer, TOPIC, partition, seq)
+            t += 0.01
+            if rng.random() < 0.1:   # failed, never appended
+                sends.append(Send(producer=producer, tp=tp, seq=seq, value=value, sent_s=t, done_s=t + 1,
+                                  offset=None, error="DeliveryTimeoutError:REQUEST_TIMED_OUT"))
+                continue
+            sends.append(Send(producer=producer, tp=tp, seq=seq, value=value, sent_s=t, done_s=t + 0.05,
+                              offset=offset, error=None))
+            log.append((offset, value))
+            entries.append((offset, f"e1|{value}"))
+            offset += 1
+        final[tp] = log
+        hws[tp] = offset
+        seen += [Seen(consumer="k1", tp=tp, offset=o, value=v, at_s=1.0) for o, v in log[: len(log) // 2]]
+        replicas[tp] = {"b1": list(entries), "b2": list(entries), "b3": entries + [(offset, "e1|beyond-hw")]}
+    faults = [FaultRun(index=0, kind="kill_broker", targets=("b1",), start_s=0.1, end_s=0.2, removes_quorum=False)]
+    return History(seed=seed, topics={TOPIC: {}}, sends=sends, seen=seen, faults=faults, final_reads=final,
+                   high_watermarks=hws, replicas=replicas, last_heal_s=0.2, end_s=t + 1)
+
+
+def acked(h: History, tp: str) -> list[Send]:
+    return [s for s in h.sends if s.tp == tp and s.offset is not None]
+
+
+def test_clean_history_has_no_violation() -> None:
+    """Claim: a history a correct cluster leaves passes every check (no false alarm)."""
+    for seed in range(20):
+        report = check(clean_history(seed))
+        assert report.ok, f"seed={seed}: {report.counts} {report.violations}"
+
+
+def test_history_round_trips_through_json() -> None:
+    h = clean_history()
+    again = History.from_json(json.loads(json.dumps(h.to_json())))
+    assert again.to_json() == h.to_json()
+    assert check(again).counts == check(h).counts
+
+
+def tamper_lost(h: History) -> None:
+    tp = tp_key(TOPIC, 0)
+    victim = acked(h, tp)[3]
+    h.final_reads[tp] = [(o, v) for o, v in h.final_reads[tp] if v != victim.value]
+
+
+def tamper_duplicated(h: History) -> None:
+    tp = tp_key(TOPIC, 1)
+    log = h.final_reads[tp]
+    log.append((log[-1][0] + 1, log[2][1]))   # an earlier record appended again (the re-stamp bug)
+
+
+def tamper_misplaced(h: History) -> None:
+    tp = tp_key(TOPIC, 0)
+    log = h.final_reads[tp]
+    log[-1] = (log[-1][0] + 5, log[-1][1])    # the last record sits elsewhere than acknowledged
+
+
+def tamper_reordered(h: History) -> None:
+    tp = tp_key(TOPIC, 1)
+    log = h.final_reads[tp]
+    # swap the values at two offsets holding the same producer's records
+    by_producer: dict[str, list[int]] = {}
+    for i, (_, v) in enumerate(log):
+        parsed = parse_value(v)
+        assert parsed is not None
+        by_producer.setdefault(parsed[0], []).append(i)
+    i, j = next(ix for ix in by_producer.values() if len(ix) >= 2)[:2]
+    (oi, vi), (oj, vj) = log[i], log[j]
+    log[i], log[j] = (oi, vj), (oj, vi)
+
+
+def tamper_vanished(h: History) -> None:
+    seen = h.seen[0]
+    h.final_reads[seen.tp] = [(o, v) for o, v in h.final_reads[seen.tp] if o != seen.offset]
+
+
+def tamper_diverged(h: History) -> None:
+    tp = tp_key(TOPIC, 0)
+    log = h.replicas[tp]["b2"]
+    offset, _ = log[5]
+    log[5] = (offset, "e2|something-else")
+
+
+TAMPERS = {"lost": tamper_lost, "duplicated": tamper_duplicated, "misplaced": tamper_misplaced,
+           "reordered": tamper_reordered, "vanished": tamper_vanished, "diverged": tamper_diverged}
+
+
+@pytest.mark.parametrize("kind", VIOLATION_KINDS)
+def test_each_check_fires_on_a_tampered_copy(kind: str) -> None:
+    """Claim: each kind of violation, put into a copy of a clean history, is reported, and
+    under its own name."""
+    original = clean_history()
+    tampered = copy.deepcopy(original)
+    TAMPERS[kind](tampered)
+    report = check(tampered)
+    assert report.counts[kind] >= 1, f"{kind} not detected: {report.counts}"
+    assert check(original).ok   # the original was not touched
+
+
+def test_divergence_above_the_high_watermark_is_allowed() -> None:
+    h = clean_history()
+    tp = tp_key(TOPIC, 0)
+    hw = h.high_watermarks[tp]
+    h.replicas[tp]["b1"].append((hw, "e3|uncommitted"))
+    h.replicas[tp]["b2"].append((hw, "e4|other-uncommitted"))
+    assert check(h).counts["diverged"] == 0
+
+
+def test_a_duplicate_is_not_also_called_a_reorder() -> None:
+    h = clean_history()
+    tamper_duplicated(h)
+    counts = check(h).counts
+    assert counts["duplicated"] == 1 and counts["reordered"] == 0, counts
+
+
+def test_failed_sends_may_be_absent_or_present_once() -> None:
+    """A failed send's outcome is unknown: absent is fine, once is fine (only twice is not)."""
+    h = clean_history()
+    failed = next(s for s in h.sends if s.offset is None)
+    log = h.final_reads[failed.tp]
+    # present once, at the end (its producer sent later records, so it must be its latest)
+    h.sends = [s for s in h.sends if not (s.tp == failed.tp and s.producer == failed.producer and s.seq > failed.seq)]
+    kept = {s.value for s in h.sends}
+    h.final_reads[failed.tp] = [(o, v) for o, v in log if v in kept] + [(log[-1][0] + 1, failed.value)]
+    h.seen, h.replicas = [], {}
+    assert check(h).counts["duplicated"] == 0
+
+
+def test_gap_figures_skip_quorum_loss_and_count_a_stall_to_the_end() -> None:
+    h = clean_history()
+    tp = tp_key(TOPIC, 0)
+    base = [s for s in h.sends if s.tp != tp]
+    sends = [Send(producer="p1", tp=tp, seq=i, value=record_value("p1", TOPIC, 0, i), sent_s=float(i),
+                  done_s=float(i) + 0.1, offset=i, error=None) for i in range(10)]
+    # acks stop between 4.1 and 9.1 except for a quorum-removing fault covering 5..8
+    sends = [dataclasses.replace(s, done_s=9.1) if 5 <= s.seq <= 8 else s for s in sends]
+    h.sends = base + sends
+    h.faults = [FaultRun(index=0, kind="kill_broker_pair", targets=("b1", "b2"), start_s=5.0, end_s=8.0,
+                         removes_quorum=True)]
+    gaps = check(h).figures["longest_ack_gap_s_by_partition"]
+    assert gaps[tp] == pytest.approx(2.0, abs=0.01)   # 4.1..9.1 is 5 s, 3 s of it under quorum loss
+    stalled = [dataclasses.replace(s, offset=None, error="X", done_s=None) if s.seq >= 3 else s for s in sends]
+    h.sends, h.faults = base + stalled, []
+    assert check(h).figures["longest_ack_gap_s_by_partition"][tp] == pytest.approx(9 - 2.1, abs=0.01)
+
+
+def test_saved_history_from_a_real_run_when_given() -> None:
+    """With BIPLANE_CHAOS_HISTORY=path/history.json, tamper with a copy of a real run's history
+    and show every check firing on it too."""
+    path = os.environ.get("BIPLANE_CHAOS_HISTORY")
+    if not path:
+        pytest.skip("set BIPLANE_CHAOS_HISTORY to a history.json from scripts/chaos")
+    original = History.load(path)
+    before = check(original).counts
+    for kind, tamper in (("lost", _tamper_real_lost), ("duplicated", _tamper_real_duplicated),
+                         ("misplaced", _tamper_real_misplaced), ("vanished", _tamper_real_vanished),
+                         ("diverged", _tamper_real_diverged)):
+        h = copy.deepcopy(original)
+        tamper(h)
+        assert check(h).counts[kind] > before[kind], kind
+
+
+def _real_tp(h: History) -> str:
+    return next(tp for tp, log in h.final_reads.items() if len(log) > 5 and any(
+        s.tp == tp and s.offset is not None for s in h.sends))
+
+
+def _tamper_real_lost(h: History) -> None:
+    tp = _real_tp(h)
+    victim = next(s for s in h.sends if s.tp == tp and s.offset is not None)
+    h.final_reads[tp] = [(o, v) for o, v in h.final_reads[tp] if v != victim.value]
+
+
+def _tamper_real_duplicated(h: History) -> None:
+    tp = _real_tp(h)
+    log = h.final_reads[tp]
+    log.append((log[-1][0] + 1, log[0][1]))
+
+
+def _tamper_real_misplaced(h: History) -> None:
+    tp = _real_tp(h)
+    victim = next(s for s in h.sends if s.tp == tp and s.offset is not None)
+    h.final_reads[tp] = [(o + 1000 if v == victim.value else o, v) for o, v in h.final_reads[tp]]
+
+
+def _tamper_real_vanished(h: History) -> None:
+    seen = h.seen[0]
+    h.final_reads[seen.tp] = [(o, v) for o, v in h.final_reads[seen.tp] if o != seen.offset]
+
+
+def _tamper_real_diverged(h: History) -> None:
+    tp = next(tp for tp, logs in h.replicas.items() if len(logs) >= 2 and all(len(l) > 2 for l in logs.values()))
+    broker = sorted(h.replicas[tp])[0]
+    offset, _ = h.replicas[tp][broker][1]
+    h.replicas[tp][broker][1] = (offset, "e999|tampered")
+    h.high_watermarks[tp] = max(h.high_watermarks.get(tp, 0), offset + 1)
+
+
+# ---------------------------------------------------------------------- the schedule
+
+def test_schedule_is_a_pure_function_of_the_seed() -> None:
+    a = make_schedule(seed=42, duration_s=600)
+    b = make_schedule(seed=42, duration_s=600)
+    c = make_schedule(seed=43, duration_s=600)
+    assert a == b
+    assert a != c
+
+
+def test_short_run_has_at_least_50_faults_and_faults_do_not_overlap() -> None:
+    """Claim: the CI run's length (150 s of faults) gives at least 50 faults for any seed,
+    run one at a time."""
+    for seed in range(200):
+        faults = make_schedule(seed=seed, duration_s=150, start_s=4.0)
+        assert len(faults) >= 50, f"seed={seed}: {len(faults)} faults"
+        for f, g in zip(faults, faults[1:]):
+            assert f.end_s < g.start_s, f"seed={seed}: {f} overlaps {g}"
+        assert faults[-1].end_s <= 154.0
+
+
+def test_every_kind_is_scheduled_with_valid_targets() -> None:
+    faults = make_schedule(seed=5, duration_s=3600)
+    kinds = {f.kind for f in faults}
+    assert kinds == set(FAULT_WEIGHTS)
+    names = {"b1", "b2", "b3", "c1", "c2", "c3", "leader"}
+    for f in faults:
+        assert f.targets and set(f.targets) <= names, f
+        assert f.removes_quorum == (f.kind in QUORUM_REMOVING)
+        if f.kind == "cut_one_way":
+            assert f.targets[0] != f.targets[1]
+        if f.kind.endswith("_pair"):
+            assert len(set(f.targets)) == 2
+
+
+def test_schedule_refuses_unknown_kinds() -> None:
+    with pytest.raises(ValueError, match="unknown fault kinds"):
+        make_schedule(seed=1, duration_s=10, kinds=("meteor",))
+
+
+def test_unreadable_partition_is_checked_on_the_replicas_disks() -> None:
+    """Claim: when a partition cannot be read back, the check does not call every acknowledged
+    record lost; it looks for them on the replicas' disks, and it reports the partition as a
+    liveness failure."""
+    h = clean_history()
+    tp = tp_key(TOPIC, 0)
+    del h.final_reads[tp]
+    h.unreadable = [tp]
+    report = check(h)
+    assert report.safe, report.counts
+    assert not report.ok and report.liveness["unreadable_partitions"] == [tp]
+    victim = acked(h, tp)[2]
+    for broker in h.replicas[tp]:
+        h.replicas[tp][broker] = [(o, e) for o, e in h.replicas[tp][broker] if not e.endswith(victim.value)]
+    assert check(h).counts["lost"] == 1
+
+
+def test_only_replicas_in_the_final_isr_are_compared() -> None:
+    h = clean_history()
+    tamper_diverged(h)   # b2 differs below the HW
+    tp = tp_key(TOPIC, 0)
+    assert check(h).counts["diverged"] == 2   # pairs (b1, b2) and (b2, b3)
+    h.isr_at_end = {tp: ["b1", "b3"]}
+    assert check(h).counts["diverged"] == 0
+    h.isr_at_end = {tp: ["b1", "b2", "b3"]}
+    assert check(h).counts["diverged"] == 2
