@@ -302,6 +302,8 @@ class RaftNode:
         conf = SyncObjConf(
             password=s.password,
             autoTick=False,
+            # pysyncobj binds 0.0.0.0 unless told: the Raft port belongs on the node's own address only.
+            bindAddress=s.self_address,
             journalFile=self.journal_path,
             fullDumpFile=self.dump_path,
             serializer=self._serialize,

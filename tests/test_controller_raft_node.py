@@ -118,6 +118,35 @@ def test_acks_leave_only_with_a_flushed_journal_and_the_leader_flushes_before_ap
     assert not any(acks), f"{sum(acks)} of {len(acks)} acks left with unflushed entries"
 
 
+def _listening_hosts(port: int) -> set[str]:
+    """Hex local addresses of IPv4 sockets listening on `port`, from /proc/net/tcp."""
+    hosts = set()
+    for line in open("/proc/net/tcp").read().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        host, hex_port = local.split(":")
+        if state == "0A" and int(hex_port, 16) == port:   # 0A: LISTEN
+            hosts.add(host)
+    return hosts
+
+
+def test_raft_port_listens_on_the_nodes_own_address_only(tmp_path):
+    """Claim: the Raft port is bound to the node's address (127.0.0.1 here), not 0.0.0.0."""
+    async def run():
+        loop = asyncio.get_running_loop()
+        port = free_port()
+        settings = RaftSettings(self_address=f"127.0.0.1:{port}", peer_addresses=(),
+                                data_dir=str(tmp_path / "solo"))
+        node = RaftNode(settings=settings, state=MetadataStateMachine(), loop=loop,
+                        on_applied=lambda o: None, on_reset=lambda s: None)
+        node.start()
+        try:
+            await leader_of([node])
+            return _listening_hosts(port)
+        finally:
+            node.stop()
+    assert asyncio.run(run()) == {"0100007F"}   # 127.0.0.1, little-endian hex; 0.0.0.0 is 00000000
+
+
 def test_dump_is_json_and_a_restarted_node_restores_dump_plus_journal(tmp_path):
     """Claim: the full dump pysyncobj writes is our JSON, and a node restarted on the same
     data dir rebuilds the same image from dump + journal."""
