@@ -273,13 +273,17 @@ class Producer:
             reason = f"no broker answered InitProducerIdRequest: {exc}"
         except asyncio.CancelledError:
             raise
+        except Exception as exc:  # unexpected: still ends the request, or no id would ever be asked for again
+            log.exception("InitProducerId request failed unexpectedly")
+            error, reason = ErrorCode.NETWORK_EXCEPTION, f"{type(exc).__name__}: {exc}"
         now = _now_ms()
         if error == ErrorCode.NONE:
             self._acc.core.set_producer_id(producer_id=response.producer_id, producer_epoch=response.producer_epoch)
             log.debug("producer id %d epoch %d", response.producer_id, response.producer_epoch)
         else:
-            log.info("could not get a producer id (%s, %s); asking again in %d ms", error.name, reason,
-                     self._acc.core.retry_backoff_ms)
+            log.log(logging.DEBUG if error.retriable else logging.WARNING,
+                    "could not get a producer id (%s, %s); retry_backoff_ms=%d", error.name, reason,
+                    self._acc.core.retry_backoff_ms)
             for outcome in self._acc.producer_id_failed(error=error, now_ms=now, reason=reason):
                 self._settle(outcome, None)
             if self._acc.core.fatal_error is not None:
