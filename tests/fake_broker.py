@@ -6,6 +6,10 @@ Faults (per partition, consumed in order by PRODUCE): an ErrorCode to answer ins
 writing; ("write_then", code) to write the batch and still answer the error (a lost
 acknowledgement, so the client retries a batch the log already holds); ("delay", seconds)
 to hold the answer (a timeout); ("close",) to drop the connection without answering.
+
+INIT_PRODUCER_ID: while `init_answering` is clear, requests get no answer (held until it is
+set, then their connection is dropped); `init_errors` are answered first, one per request;
+ids are handed out with epoch `init_epoch`.
 """
 from __future__ import annotations
 
@@ -81,6 +85,11 @@ class FakeBroker:
         self.hold = asyncio.Event()
         self.hold.set()
         self.next_producer_id = 1000
+        self.init_answering = asyncio.Event()
+        self.init_answering.set()
+        self.init_errors: collections.deque = collections.deque()
+        self.init_epoch = 0
+        self.init_requests = 0
         self.fetch_sizes: list[int] = []   # partitions per FETCH request
         self.metadata_requests = 0
         self._metadata_answered = asyncio.Event()
@@ -139,8 +148,14 @@ class FakeBroker:
                     if t in self.topics else MetadataTopic(topic=t, error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
                     for t in names))
         if isinstance(request, InitProducerIdRequest):
+            self.init_requests += 1
+            if not self.init_answering.is_set():
+                await self.init_answering.wait()   # its client gave up long ago: never answer it
+                raise ConnectionResetError("fault: InitProducerId held, then the connection dropped")
+            if self.init_errors:
+                return InitProducerIdResponse(error_code=self.init_errors.popleft())
             self.next_producer_id += 1
-            return InitProducerIdResponse(producer_id=self.next_producer_id, producer_epoch=0)
+            return InitProducerIdResponse(producer_id=self.next_producer_id, producer_epoch=self.init_epoch)
         if isinstance(request, ProduceRequest):
             return await self.produce(request)
         if isinstance(request, FetchRequest):

@@ -605,3 +605,95 @@ def test_random_records_under_random_faults_land_once_in_order_at_their_offsets(
                 assert [(r.offset, r.value, r.key, list(r.headers)) for r in log] == \
                     [(o, v, k, h) for o, v, k, h in mine], f"seed={seed} partition={p}"
     run(main())
+
+
+def test_sends_wait_through_an_unanswered_init_producer_id_and_go_once_it_answers():
+    """The chaos run's bug: InitProducerId unanswered past the deadline stopped the producer
+    for good (every later send raised ClientClosedError). Now the request is asked again after
+    retry_backoff_ms; start() and send() do not fail, and records sent meanwhile are written
+    once it answers: all of them, in order, once each."""
+    async def main():
+        async with FakeBroker({"t": 1}) as broker:
+            broker.init_answering.clear()
+            async with Producer(bootstrap=broker.bootstrap, linger_ms=0, request_timeout_ms=150,
+                                retry_backoff_ms=20, max_block_ms=300, delivery_timeout_ms=10_000) as producer:
+                assert producer.producer_id == -1
+                futures = [await producer.send("t", b"v%d" % i) for i in range(20)]
+                await asyncio.sleep(0.6)
+                assert broker.init_requests >= 3 and broker.partitions[("t", 0)].values() == []
+                assert not any(f.done() for f in futures)
+                broker.init_answering.set()
+                metas = await asyncio.gather(*futures)
+                more = await producer.send_and_wait("t", b"after")
+            assert [m.offset for m in metas] == list(range(20)) and more.offset == 20
+            assert broker.partitions[("t", 0)].values() == [b"v%d" % i for i in range(20)] + [b"after"]
+            covered = [seq for _, _, base, count in broker.sequences_seen for seq in range(base, base + count)]
+            assert covered == list(range(21))   # each record sent once
+    run(main())
+
+
+def test_records_waiting_for_a_producer_id_fail_by_delivery_timeout_not_closed():
+    """While no producer id comes, a record fails by its own delivery timeout, as never sent
+    (DeliveryTimeoutError, not OutcomeUnknownError); the producer stays usable."""
+    async def main():
+        async with FakeBroker({"t": 1}) as broker:
+            broker.init_answering.clear()
+            async with Producer(bootstrap=broker.bootstrap, linger_ms=0, request_timeout_ms=100,
+                                retry_backoff_ms=20, max_block_ms=200, delivery_timeout_ms=400) as producer:
+                first = await producer.send("t", b"lost")
+                with pytest.raises(DeliveryTimeoutError, match="producer id") as caught:
+                    await first
+                assert not isinstance(caught.value, OutcomeUnknownError)
+                broker.init_answering.set()
+                assert (await producer.send_and_wait("t", b"kept")).offset == 0
+            assert broker.partitions[("t", 0)].values() == [b"kept"]
+    run(main())
+
+
+def test_a_refused_init_producer_id_fails_the_waiting_records_but_not_the_producer():
+    """A non-retriable answer (UNAUTHORIZED) fails the records waiting for an identity with that
+    error, as never sent; the producer asks again for the next ones and is not closed."""
+    async def main():
+        async with FakeBroker({"t": 1}) as broker:
+            broker.init_answering.clear()
+            async with Producer(bootstrap=broker.bootstrap, linger_ms=0, request_timeout_ms=100,
+                                retry_backoff_ms=20, max_block_ms=200) as producer:
+                refused = await producer.send("t", b"refused")
+                broker.init_errors.extend([ErrorCode.NOT_CONTROLLER, ErrorCode.UNAUTHORIZED])
+                broker.init_answering.set()
+                with pytest.raises(Exception, match="UNAUTHORIZED") as caught:
+                    await refused
+                assert not isinstance(caught.value, (ClientClosedError, DeliveryTimeoutError))
+                assert (await producer.send_and_wait("t", b"later")).offset == 0
+            assert broker.partitions[("t", 0)].values() == [b"later"]
+    run(main())
+
+
+def test_a_fresh_producer_id_after_the_last_epoch_is_waited_for_not_fatal():
+    """The path the chaos run hit: the sender needs a new producer id (here: the epoch ran out
+    after a refused batch) and InitProducerId goes unanswered longer than max_block_ms. The old
+    sender stopped and every later send() raised ClientClosedError; now sends issued meanwhile
+    wait and are written once it answers, in order, under the new id."""
+    from dataplane.client.producer_core import PRODUCER_EPOCH_MAX
+
+    async def main():
+        async with FakeBroker({"t": 1}) as broker:
+            broker.init_epoch = PRODUCER_EPOCH_MAX
+            broker.inject("t", 0, ErrorCode.MESSAGE_TOO_LARGE)
+            async with Producer(bootstrap=broker.bootstrap, linger_ms=0, request_timeout_ms=100,
+                                retry_backoff_ms=20, max_block_ms=200, delivery_timeout_ms=10_000) as producer:
+                first_id = producer.producer_id
+                broker.init_answering.clear()
+                with pytest.raises(Exception, match="MESSAGE_TOO_LARGE"):
+                    await producer.send_and_wait("t", b"rejected")
+                futures = [await producer.send("t", b"w%d" % i) for i in range(10)]
+                await asyncio.sleep(0.6)
+                assert producer.producer_id == -1 and not any(f.done() for f in futures)
+                broker.init_answering.set()
+                metas = await asyncio.gather(*futures)
+                assert producer.producer_id not in (-1, first_id)
+            assert [m.offset for m in metas] == list(range(10))
+            assert broker.partitions[("t", 0)].values() == [b"w%d" % i for i in range(10)]
+            covered = [seq for _, _, base, count in broker.sequences_seen[1:] for seq in range(base, base + count)]
+            assert covered == list(range(10))   # each record sent once, from sequence 0 of the new id
+    run(main())

@@ -177,6 +177,66 @@ def test_the_last_epoch_asks_for_a_fresh_producer_id():
     assert send(c, "b") == Stamp(producer_id=8, producer_epoch=0, base_sequence=0)
 
 
+def test_a_failed_id_request_is_asked_again_after_the_backoff_and_batches_wait_for_it():
+    """The chaos run's bug: InitProducerId unanswered stopped the producer for good. Rule: a
+    failed request (no answer, or a retriable error) fails nothing and is asked again after
+    retry_backoff_ms, one at a time; batches waiting for the identity are numbered only once it
+    comes (here: the epoch ran out, so "a", refused before any append, waits for a fresh id)."""
+    c: ProducerCore = ProducerCore(retry_backoff_ms=10, delivery_timeout_ms=1000)
+    c.set_producer_id(producer_id=7, producer_epoch=PRODUCER_EPOCH_MAX)
+    send(c, "a")
+    assert c.answered("a", error=ErrorCode.OUT_OF_ORDER_SEQUENCE, base_offset=-1, now_ms=1) == []
+    assert c.producer_id_wanted and c.id_request_due(1)
+    for error, now in ((ErrorCode.REQUEST_TIMED_OUT, 100), (ErrorCode.NOT_CONTROLLER, 200)):
+        c.id_request_sent(now - 50)
+        assert not c.id_request_due(now - 50) and c.next_due_ms() == 1000   # one request out at a time
+        assert c.id_request_failed(error=error, now_ms=now) == []             # nothing fails
+        assert not c.id_request_due(now + 9) and c.next_due_ms() == now + 10  # the backoff
+        assert c.retry_due(TP, now + 10) is None and not c.may_send_new(TP)   # no numbers yet
+        assert c.expire(now + 10) == [] and c.fatal_error is None
+    c.id_request_sent(210)
+    c.set_producer_id(producer_id=8, producer_epoch=0)
+    assert not c.id_request_due(10_000) and c.id_request_due_ms() is None
+    assert resend(c, 220) == ("a", Stamp(producer_id=8, producer_epoch=0, base_sequence=0))
+    assert c.answered("a", error=ErrorCode.NONE, base_offset=3, now_ms=221) == [Acknowledge(batch="a", base_offset=3)]
+    assert send(c, "b", now_ms=222).base_sequence == 1
+
+
+def test_a_batch_waiting_for_an_id_fails_by_its_own_delivery_timeout_as_never_sent():
+    """Rule: the id request is retried for as long as batches wait; each fails by its own
+    delivery timeout, as not written (it was never sent under the identity it waits for)."""
+    c: ProducerCore = ProducerCore(retry_backoff_ms=10, delivery_timeout_ms=1000)
+    c.set_producer_id(producer_id=7, producer_epoch=PRODUCER_EPOCH_MAX)
+    send(c, "a")
+    c.answered("a", error=ErrorCode.OUT_OF_ORDER_SEQUENCE, base_offset=-1, now_ms=1)
+    now = 1
+    while now < 1000:
+        c.id_request_sent(now)
+        c.id_request_failed(error=ErrorCode.NETWORK_EXCEPTION, now_ms=now + 5)
+        now += 15
+    (fail,) = c.expire(1000)
+    assert isinstance(fail, Fail) and fail.batch == "a" and not fail.outcome_unknown
+    assert fail.error == ErrorCode.REQUEST_TIMED_OUT and c.id_request_due_ms() is not None   # still asking
+
+
+def test_a_refused_id_request_fails_waiting_batches_and_a_fatal_one_stops_asking():
+    """Not retriable (UNAUTHORIZED): the batches waiting for numbers fail with it, as never
+    sent, and the request goes again after the backoff for later ones. Fatal (fenced): the
+    same, and the core asks no more."""
+    c: ProducerCore = ProducerCore(retry_backoff_ms=10, delivery_timeout_ms=1000)
+    c.set_producer_id(producer_id=7, producer_epoch=PRODUCER_EPOCH_MAX)
+    send(c, "a")
+    c.answered("a", error=ErrorCode.OUT_OF_ORDER_SEQUENCE, base_offset=-1, now_ms=1)
+    c.id_request_sent(1)
+    (fail,) = c.id_request_failed(error=ErrorCode.UNAUTHORIZED, now_ms=2)
+    assert isinstance(fail, Fail) and fail.batch == "a" and fail.error == ErrorCode.UNAUTHORIZED
+    assert not fail.outcome_unknown and "InitProducerId answered UNAUTHORIZED" in fail.reason
+    assert c.outstanding(TP) == 0 and c.fatal_error is None and c.id_request_due(12)
+    c.id_request_sent(12)
+    assert c.id_request_failed(error=ErrorCode.INVALID_PRODUCER_EPOCH, now_ms=13) == []
+    assert c.fatal_error == ErrorCode.INVALID_PRODUCER_EPOCH and c.id_request_due_ms() is None
+
+
 def test_at_most_five_batches_outstanding_per_partition():
     """The leader keeps a producer's last 5 batches: more outstanding could not be recognised as
     duplicates on retry, so the core refuses the setting and holds the window."""

@@ -20,7 +20,7 @@ from typing import Callable
 from common.batch import HEADER_SIZE, BatchWriter, Buffer, Compression
 from common.errors import ErrorCode
 from dataplane.client.futures import BatchOutcome
-from dataplane.client.producer_core import Acknowledge, Fail, Outcome, ProducerCore, Stamp
+from dataplane.client.producer_core import Acknowledge, Fail, Outcome, ProducerCore, Stamp, id_error_kind
 from dataplane.client.records import TopicPartition
 
 RECORD_OVERHEAD_BYTES = 24  # varints, attributes and deltas of one record, an upper bound for sizing
@@ -215,6 +215,18 @@ class Accumulator:
         """The request carrying `batch` ended unanswered: it may have been appended."""
         return self._released(self.core.no_answer(batch, now_ms=now_ms, reason=reason))
 
+    def producer_id_failed(self, *, error: ErrorCode, now_ms: int, reason: str) -> list[Outcome[ProducerBatch]]:
+        """InitProducerId failed (the core decides what that means and when to ask again). When
+        the error is not retriable, the batches waiting for an identity fail with it: the core's
+        and every queued one (none was sent, so none is in the log)."""
+        outcomes = self.core.id_request_failed(error=error, now_ms=now_ms, reason=reason)
+        if id_error_kind(error) != "retry":
+            why = f"no producer id: InitProducerId answered {error.name}; not sent" + (f": {reason}" if reason else "")
+            for state in self.partitions.values():
+                outcomes += [Fail(batch=b, error=error, outcome_unknown=False, reason=why) for b in state.queue]
+                state.queue.clear()
+        return self._released(outcomes)
+
     def _released(self, outcomes: list[Outcome[ProducerBatch]]) -> list[Outcome[ProducerBatch]]:
         for outcome in outcomes:
             self._release(outcome.batch)
@@ -237,7 +249,8 @@ class Accumulator:
                 batch = queue.popleft()
                 expired.append(Fail(batch=batch, error=ErrorCode.REQUEST_TIMED_OUT, outcome_unknown=False,
                                     reason=f"not sent within delivery_timeout_ms={self.delivery_timeout_ms} "
-                                           "(no leader reachable?)"))
+                                           + ("(waiting for a producer id: no broker gave one)"
+                                              if self.core.producer_id_wanted else "(no leader reachable?)")))
         expired += self.core.expire(now_ms)
         return self._released(expired)
 

@@ -47,6 +47,7 @@ from dataplane.client.errors import (
     ClientClosedError,
     ClientError,
     DeliveryTimeoutError,
+    NoBrokersError,
     OutcomeUnknownError,
     UnknownTopicError,
     error_for,
@@ -220,13 +221,22 @@ class Producer:
     # ------------------------------------------------------------ lifecycle
 
     async def start(self) -> "Producer":
+        """Start the sender. With idempotence it asks for a producer id at once, and start()
+        waits (at most max_block_ms) for that first request to end, without failing: if it
+        failed, the sender keeps asking after retry_backoff_ms while records wait, each bounded
+        by its delivery_timeout_ms."""
         if self._started:
             return self
         self._loop = asyncio.get_running_loop()
         self._started = True
-        if self.idempotent:
-            await self._init_producer_id()
         self._sender = asyncio.get_running_loop().create_task(self._run_sender())
+        if self.idempotent:
+            core = self._acc.core
+            try:
+                await self._changed.wait_for(lambda: not core.producer_id_wanted or core.id_requests_failed > 0
+                                             or self._fatal is not None, self.max_block_ms / 1000)
+            except TimeoutError:
+                pass
         return self
 
     async def __aenter__(self) -> "Producer":
@@ -235,38 +245,53 @@ class Producer:
     async def __aexit__(self, *exc_info: Any) -> None:
         await self.close()
 
-    async def _any_broker_request(self, message: Any, deadline: float) -> Any:
-        last: BaseException | None = None
-        while time.monotonic() < deadline:
-            try:
-                if not self._network.metadata.brokers:
-                    await self._network.refresh_metadata()
-                for broker in list(self._network.metadata.brokers):
-                    try:
-                        return await self._network.request(broker, message)
-                    except BiplaneError as exc:
-                        last = exc
-            except BiplaneError as exc:
-                last = exc
-            await asyncio.sleep(0.2)
-        raise ClientError(f"no broker answered {type(message).__name__} before the deadline: {last}",
-                          code=ErrorCode.REQUEST_TIMED_OUT)
+    def _maybe_request_producer_id(self, now_ms: int) -> None:
+        """Send InitProducerId when the core says it is due (it owns when, and the backoff)."""
+        core = self._acc.core
+        if core.id_request_due(now_ms):
+            core.id_request_sent(now_ms)
+            self._spawn(self._request_producer_id())
 
-    async def _init_producer_id(self) -> None:
-        """A fresh producer id (at start, or once the core ran out of epochs for the old one).
-        Epoch bumps themselves are taken by the core, without asking a broker."""
-        deadline = time.monotonic() + self.max_block_ms / 1000
+    async def _request_producer_id(self) -> None:
+        """One InitProducerId request to one broker (the next known one each time); its end goes
+        to the core: an identity, or a failure the core retries after its backoff."""
         request = InitProducerIdRequest(producer_id=-1, producer_epoch=-1, transaction_timeout_ms=60_000)
-        while True:
-            response = await self._any_broker_request(request, deadline)
-            if response.error_code == ErrorCode.NONE:
-                break
-            if not response.error_code.retriable or time.monotonic() >= deadline:
-                raise ClientError(f"could not get a producer id: {response.error_code.name}",
-                                  code=response.error_code)
-            await asyncio.sleep(0.1)
-        self._acc.core.set_producer_id(producer_id=response.producer_id, producer_epoch=response.producer_epoch)
-        log.debug("producer id %d epoch %d", response.producer_id, response.producer_epoch)
+        error, reason = ErrorCode.NONE, ""
+        response: Any = None
+        try:
+            if not self._network.metadata.brokers:
+                await self._network.refresh_metadata()
+            brokers = sorted(self._network.metadata.brokers)
+            if not brokers:
+                raise NoBrokersError("the metadata names no broker")
+            broker = brokers[self._acc.core.id_requests_failed % len(brokers)]
+            response = await self._network.request(broker, request)
+            error = response.error_code
+            reason = f"broker {broker}"
+        except BiplaneError as exc:   # no answer: retriable, whatever the cause
+            error = exc.code if exc.code.retriable else ErrorCode.NETWORK_EXCEPTION
+            reason = f"no broker answered InitProducerIdRequest: {exc}"
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # unexpected: still ends the request, or no id would ever be asked for again
+            log.exception("InitProducerId request failed unexpectedly")
+            error, reason = ErrorCode.NETWORK_EXCEPTION, f"{type(exc).__name__}: {exc}"
+        now = _now_ms()
+        if error == ErrorCode.NONE:
+            self._acc.core.set_producer_id(producer_id=response.producer_id, producer_epoch=response.producer_epoch)
+            log.debug("producer id %d epoch %d", response.producer_id, response.producer_epoch)
+        else:
+            log.log(logging.DEBUG if error.retriable else logging.WARNING,
+                    "could not get a producer id (%s, %s); retry_backoff_ms=%d", error.name, reason,
+                    self._acc.core.retry_backoff_ms)
+            for outcome in self._acc.producer_id_failed(error=error, now_ms=now, reason=reason):
+                self._settle(outcome, None)
+            if self._acc.core.fatal_error is not None:
+                self._stop(ClientError(f"could not get a producer id: {error.name} ({reason})", code=error))
+                if self._sender is not None:
+                    self._sender.cancel()
+        self._changed.notify()
+        self._wakeup.set()
 
     async def flush(self) -> None:
         """Send everything queued now (ignoring linger) and wait until each record is acknowledged or failed."""
@@ -474,8 +499,7 @@ class Producer:
                 now = _now_ms()
                 for outcome in self._acc.expire(now):
                     self._settle(outcome, None)
-                if self._acc.core.producer_id_wanted:
-                    await self._init_producer_id()
+                self._maybe_request_producer_id(now)
                 drained = self._acc.drain(now, self._network.metadata.leader,
                                           request_bytes_max=self.request_bytes_max, closing=self._closing)
                 for broker, batches in drained.items():
@@ -504,13 +528,18 @@ class Producer:
                     pass
         except asyncio.CancelledError:
             raise
-        except BaseException as exc:  # a bug or a fatal answer: every waiter must hear of it
+        except BaseException as exc:  # a bug: every waiter must hear of it
             log.exception("producer sender stopped")
-            self._fatal = exc
-            self._refusing = True
-            for batch in self._acc.fail_queued():
-                self._fail_batch(batch, ClientClosedError(f"producer stopped: {exc}"))
-            self._changed.notify()
+            self._stop(exc)
+
+    def _stop(self, exc: BaseException) -> None:
+        """The producer cannot go on (a bug, or a fatal InitProducerId answer): send() refuses
+        from now on and every queued record fails."""
+        self._fatal = exc
+        self._refusing = True
+        for batch in self._acc.fail_queued():
+            self._fail_batch(batch, ClientClosedError(f"producer stopped: {exc}"))
+        self._changed.notify()
 
     def _needs_metadata(self) -> bool:
         meta = self._network.metadata

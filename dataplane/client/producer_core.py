@@ -5,7 +5,10 @@ The driver (dataplane/client/producer.py, or tests/sim) owns batching and I/O. I
 `may_send_new(tp)` before taking a never-sent batch off its queue and `send_new` to number it;
 `next_retry(tp)` hands back a batch to send again; every request ends in exactly one of
 `answered(...)` (the leader's error code and base offset) or `no_answer(...)` (request timeout,
-connection lost); `expire(now_ms)` runs the delivery timeout. Each returns the outcomes to give
+connection lost); `expire(now_ms)` runs the delivery timeout. The producer identity is asked
+for when `id_request_due(now_ms)` says so (`id_request_sent`, then `set_producer_id` or
+`id_request_failed`: a failure is asked again after the backoff; the producer never stops on one
+unless the answer is fatal). Each returns the outcomes to give
 to callers: `Acknowledge(batch, base_offset)` or `Fail(batch, error, outcome_unknown, reason)`.
 
 Rules (Kafka's idempotent producer, KIP-98/360/679; DESIGN.md §3):
@@ -51,6 +54,21 @@ REFUSED_BEFORE_APPEND = frozenset({
 _SEQUENCE_REFUSALS = frozenset({
     ErrorCode.OUT_OF_ORDER_SEQUENCE, ErrorCode.UNKNOWN_PRODUCER_ID, ErrorCode.INVALID_PRODUCER_EPOCH,
 })
+
+# InitProducerId answers that end the producer, as Kafka's are fatal for it: fenced by a newer
+# instance, or a broker without idempotence support. Other refusals (UNAUTHORIZED, INVALID_CONFIG,
+# ...) fail only the batches waiting for an identity; retriable ones fail nothing.
+ID_FATAL = frozenset({ErrorCode.INVALID_PRODUCER_EPOCH, ErrorCode.UNSUPPORTED_VERSION})
+
+
+def id_error_kind(error: ErrorCode) -> str:
+    """"retry", "refused" or "fatal": what an InitProducerId failure with `error` means."""
+    if error in ID_FATAL:
+        return "fatal"
+    if error.retriable or error in (ErrorCode.NETWORK_EXCEPTION, ErrorCode.REQUEST_TIMED_OUT):
+        return "retry"
+    return "refused"
+
 
 B = TypeVar("B", bound=Hashable)
 
@@ -147,6 +165,10 @@ class ProducerCore(Generic[B]):
         self.producer_epoch = -1
         self.partitions: dict[Hashable, _Partition[B]] = {}
         self._flights: dict[B, _Flight[B]] = {}
+        self._id_request_out = False     # an InitProducerId request awaits its end
+        self._id_retry_at_ms = 0         # when the next one may go (after a failure: backoff)
+        self.id_requests_failed = 0
+        self.fatal_error: ErrorCode | None = None   # an InitProducerId answer that ends the producer
 
     # ------------------------------------------------------------ identity
 
@@ -155,10 +177,58 @@ class ProducerCore(Generic[B]):
         """The driver must fetch a producer id (InitProducerId) and call set_producer_id."""
         return self.idempotent and self.producer_id < 0
 
+    def id_request_due_ms(self) -> int | None:
+        """When the driver should send InitProducerId (None: not now: none wanted, one is out,
+        or a fatal answer came). Failed requests are asked again after retry_backoff_ms, for as
+        long as the producer lives: waiting batches are bounded by their own delivery timeout."""
+        if not self.producer_id_wanted or self._id_request_out or self.fatal_error is not None:
+            return None
+        return self._id_retry_at_ms
+
+    def id_request_due(self, now_ms: int) -> bool:
+        due = self.id_request_due_ms()
+        return due is not None and now_ms >= due
+
+    def id_request_sent(self, now_ms: int) -> None:
+        """The driver sent InitProducerId (id_request_due said so); it ends in set_producer_id
+        or id_request_failed."""
+        if not self.id_request_due(now_ms):
+            raise RuntimeError("id_request_sent() while id_request_due is false")
+        self._id_request_out = True
+
     def set_producer_id(self, *, producer_id: int, producer_epoch: int) -> None:
         if producer_id < 0 or not 0 <= producer_epoch <= PRODUCER_EPOCH_MAX:
             raise ValueError(f"producer id {producer_id} / epoch {producer_epoch} is not a valid identity")
         self.producer_id, self.producer_epoch = producer_id, producer_epoch
+        self._id_request_out = False
+        self._id_retry_at_ms = 0
+
+    def id_request_failed(self, *, error: ErrorCode, now_ms: int, reason: str = "") -> list[Outcome[B]]:
+        """InitProducerId ended without an identity: `error` is the answer's code, or
+        NETWORK_EXCEPTION / REQUEST_TIMED_OUT when no broker answered. Retriable: asked again
+        after retry_backoff_ms, nothing fails. Refused (not retriable, e.g. UNAUTHORIZED): the
+        batches waiting here for numbers fail with it (never sent: not outcome-unknown) and the
+        request is still asked again after the backoff, for later batches (Kafka's producer
+        returns to "uninitialized"). Fatal (id_error_kind): the same, and fatal_error is set:
+        the driver stops the producer."""
+        if not self._id_request_out:
+            raise RuntimeError("id_request_failed() without a request out (answer each request once)")
+        self._id_request_out = False
+        self.id_requests_failed += 1
+        self._id_retry_at_ms = now_ms + self.retry_backoff_ms
+        kind = id_error_kind(error)
+        if kind == "retry":
+            return []
+        if kind == "fatal":
+            self.fatal_error = error
+        why = f"no producer id: InitProducerId answered {error.name}; not sent" + (f": {reason}" if reason else "")
+        out: list[Outcome[B]] = []
+        for part in self.partitions.values():
+            for flight in list(part.outstanding):
+                if flight.stamp is None and not flight.done and not flight.in_flight:
+                    out.append(Fail(batch=flight.batch, error=error, outcome_unknown=False, reason=why))
+                    self._finish(part, flight)
+        return out
 
     def _bump_epoch(self) -> None:
         # Local, as Kafka's idempotent producer does (KIP-360): leaders accept a newer epoch
@@ -287,6 +357,9 @@ class ProducerCore(Generic[B]):
         A retry waiting for an earlier batch's answer has no time of its own: a driver that
         slept until its backoff ended would wake to nothing and spin."""
         times = [f.created_ms + self.delivery_timeout_ms for f in self._flights.values() if not f.done]
+        id_due = self.id_request_due_ms()
+        if id_due is not None:
+            times.append(id_due)
         for part in self.partitions.values():
             head = self._retry_head(part)
             if head is not None:

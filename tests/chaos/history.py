@@ -83,7 +83,7 @@ class History:
     notes: list[str] = dataclasses.field(default_factory=list)
     exits: list[str] = dataclasses.field(default_factory=list)   # processes that died with no fault killing them
     unreadable: list[TopicPartitionKey] = dataclasses.field(default_factory=list)   # no read-back possible
-    producer_restarts: list[str] = dataclasses.field(default_factory=list)   # SDK producers replaced after a fatal error
+    producer_restarts: list[str] = dataclasses.field(default_factory=list)   # SDK producers that stopped (send() raised ClientClosedError); not replaced
     # the controller's ISR of each partition after the read-back ("b1"...); absent: unknown
     isr_at_end: dict[TopicPartitionKey, list[str]] = dataclasses.field(default_factory=dict)
 

@@ -107,7 +107,7 @@ def table(s: dict[str, Any]) -> str:
     rows += [(f"  {k}", str(v)) for k, v in f["failures_by_error"].items()]
     rows += [("seen by tailing consumers", str(f["seen_by_consumers"])),
              ("processes that exited on their own", str(f["process_exits"])),
-             ("SDK producers replaced after a fatal error", str(f["producer_restarts"]))]
+             ("SDK producers that stopped (not replaced)", str(f["producer_restarts"]))]
     rows += [(f"violations: {k}", str(s["violations"][k])) for k in VIOLATION_KINDS]
     rows += [(f"  {kind} in {topic}", str(n)) for kind, per in f.get("violations_by_topic", {}).items()
              for topic, n in per.items()]

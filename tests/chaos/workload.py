@@ -25,43 +25,29 @@ def error_name(exc: BaseException) -> str:
 
 
 class ProducerSlot:
-    """One logical producer of the workload: an SDK producer, replaced by a new one (a new
-    producer id, a new label) when it stops on a fatal error, as an application would."""
+    """One logical producer of the workload: one SDK producer for the whole run. The SDK keeps a
+    producer usable through every fault (failed requests are retried, records fail by their own
+    delivery timeout), so one that stops (send() raises ClientClosedError) is a finding: it is
+    not replaced (that would hide it); its death is noted once, with its cause, and every send
+    it then refuses counts as a failed record."""
 
     def __init__(self, *, name: str, factory: Any) -> None:
         self.name = name
-        self.factory = factory
-        self.incarnation = 0
+        self.label = name
         self.producer: Producer = factory(f"chaos-{name}")
-        self._lock = asyncio.Lock()
-
-    @property
-    def label(self) -> str:
-        return self.name if self.incarnation == 0 else f"{self.name}r{self.incarnation}"
+        self.died_at_s: float | None = None
 
     async def start(self) -> None:
         await self.producer.start()
 
-    async def replace(self, failed: Producer, at_s: float) -> str | None:
-        """Replace `failed` (once, however many tasks saw it fail); returns a note, or None if
-        another task already replaced it."""
-        async with self._lock:
-            if self.producer is not failed:
-                return None
-            cause = getattr(failed, "_fatal", None)
-            try:
-                await asyncio.wait_for(failed.close(timeout_ms=0), 5)
-            except Exception:  # noqa: BLE001 - it failed already; closing is best effort
-                pass
-            self.incarnation += 1
-            self.producer = self.factory(f"chaos-{self.label}")
-            try:
-                await self.producer.start()
-            except Exception as exc:  # noqa: BLE001 - its sends will fail and say why
-                cause = f"{cause}; the new one did not start: {error_name(exc)}: {exc}"
-            return (f"producer {self.name} stopped at {at_s:.1f} s after a fatal error "
-                    f"({type(cause).__name__ if isinstance(cause, BaseException) else ''}: {cause}); "
-                    f"replaced by {self.label}")
+    def note_death(self, exc: BaseException, at_s: float) -> str | None:
+        """The note for the first refused send after the producer stopped; None after that."""
+        if self.died_at_s is not None:
+            return None
+        self.died_at_s = at_s
+        cause = getattr(self.producer, "_fatal", None)
+        return (f"SDK producer {self.name} stopped at {at_s:.1f} s (send() raised {error_name(exc)}: {exc}; "
+                f"cause: {type(cause).__name__ if cause is not None else 'closed'}: {cause}); not replaced")
 
 
 class Workload:
@@ -130,17 +116,12 @@ class Workload:
                         max_block_ms=5_000, client_id=client_id)
 
     async def _produce(self, slot: "ProducerSlot", topic: str, partition: int) -> None:
-        """One partition's sends from one producer slot. Values carry the producer's
-        incarnation ("p1", then "p1r1" after the SDK producer stopped on a fatal error and was
-        replaced), and each incarnation numbers its sends from 0."""
+        """One partition's sends from one producer slot, numbered from 0."""
         tp = tp_key(topic, partition)
         outstanding: set[int] = set()
-        incarnation = -1
         seq = 0
         next_at = time.monotonic()
         while not self._stop_sending.is_set():
-            if slot.incarnation != incarnation:
-                incarnation, seq = slot.incarnation, 0
             if len(outstanding) >= OUTSTANDING_MAX:
                 await asyncio.sleep(0.05)
                 continue
@@ -159,7 +140,7 @@ class Workload:
                 self._settle(index, None, exc)
                 outstanding.discard(index)
                 if isinstance(exc, ClientClosedError) and not self._stop_sending.is_set():
-                    note = await slot.replace(producer, self.now())
+                    note = slot.note_death(exc, self.now())
                     if note:
                         self.producer_restarts.append(note)
             else:
