@@ -280,7 +280,9 @@ class ControllerService:
             image, state = self.require_leader_state()
             records = state.periodic(image, self.clock_ms())
             if records:
-                self.stage(records)
+                # Nobody awaits the periodic pass: a lost leadership fails it, and the pass
+                # of whichever controller leads next decides again from the committed image.
+                self.stage(records).add_done_callback(_note_periodic_outcome)
 
     def _marker_due(self, term: int) -> bool:
         # pysyncobj may never call back for an entry a lost leadership left behind, so a
@@ -454,6 +456,12 @@ class ControllerService:
                 for n in sorted(self.nodes.values(), key=lambda n: n.node_id)
             ],
         }
+
+
+def _note_periodic_outcome(fut: asyncio.Future[Committed]) -> None:
+    if not fut.cancelled() and fut.exception() is not None:
+        log.info("periodic decisions not committed: %s", fut.exception(),
+                 extra={"event": "controller.periodic_not_committed"})
 
 
 def _fail_waiters(batch: _Batch, error: BaseException) -> None:
