@@ -304,3 +304,14 @@ def test_only_replicas_in_the_final_isr_are_compared() -> None:
     assert check(h).counts["diverged"] == 0
     h.isr_at_end = {tp: ["b1", "b2", "b3"]}
     assert check(h).counts["diverged"] == 2
+
+
+def test_a_process_that_exits_unasked_fails_the_run() -> None:
+    """Claim: a process that died with no fault killing it makes the run fail, though the
+    harness restarted it and no record was harmed."""
+    h = clean_history()
+    assert check(h).ok
+    h.exits = ["b2 exited (code 1) at 12.0 s: OSError(28, 'No space left on device')"]
+    report = check(h)
+    assert report.safe and not report.ok
+    assert report.liveness["processes_exited"] == h.exits

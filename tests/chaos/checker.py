@@ -32,7 +32,7 @@ class Report:
     counts: dict[str, int]
     figures: dict[str, Any]
     # liveness failures (not safety): partitions that could not be read back after the heal,
-    # partitions that never acknowledged again after the last heal
+    # partitions that never acknowledged again after the last heal, processes that died unasked
     liveness: dict[str, list[str]] = dataclasses.field(default_factory=dict)
 
     @property
@@ -143,8 +143,11 @@ def check(history: History) -> Report:
         if per:
             by_topic[kind] = dict(sorted(per.items()))
     figs["violations_by_topic"] = by_topic
+    # A process that dies with no fault killing it (a crash on a full disk, say) is a failure
+    # even when the harness's restart hides its effect on the records.
     liveness = {"unreadable_partitions": sorted(unreadable),
-                "partitions_never_reacked": list(figs["partitions_never_reacked"])}
+                "partitions_never_reacked": list(figs["partitions_never_reacked"]),
+                "processes_exited": list(history.exits)}
     return Report(violations={k: v[:EXAMPLES_MAX] for k, v in violations.items()}, counts=counts,
                   figures=figs, liveness=liveness)
 
