@@ -1,4 +1,4 @@
-"""The pieces every process shares: one epoch comparison, one TopicPartition."""
+"""The pieces every process shares: one epoch comparison, one TopicPartition, one atomic write."""
 from common.epochs import EpochCheck, check_epoch, leader_epoch_error
 from common.errors import ErrorCode
 
@@ -22,3 +22,42 @@ def test_topic_partition_is_one_class_and_equals_the_plain_pair():
     from dataplane.client import TopicPartition as ClientTopicPartition
     assert ClientTopicPartition is TopicPartition
     assert {("t", 0): 1}[TopicPartition("t", 0)] == 1 and str(TopicPartition("t", 0)) == "t[0]"
+
+
+def test_write_atomically_replaces_whole_and_keeps_a_secret_private(tmp_path):
+    """Claim: the atomic write leaves the new content, no temporary file, and a mode of
+    0o600 even over a leftover world-readable temporary file."""
+    import os
+    import stat
+
+    from common.durable import temp_path, write_atomically
+    path = tmp_path / "state.json"
+    write_atomically(path, b"old")
+    with open(temp_path(path), "wb") as leftover:
+        leftover.write(b"half")
+    os.chmod(temp_path(path), 0o644)
+    write_atomically(path, b"new", mode=0o600)
+    assert path.read_bytes() == b"new" and not os.path.exists(temp_path(path))
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_write_atomically_leaves_the_old_file_when_the_write_fails(tmp_path):
+    """Claim: an I/O error removes the temporary file and leaves the old content."""
+    import os
+
+    import pytest
+
+    from common import durable
+    path = tmp_path / "f"
+    durable.write_atomically(path, b"old")
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise OSError(28, "No space left on device")
+    original = durable.replace_durably
+    durable.replace_durably = broken
+    try:
+        with pytest.raises(OSError):
+            durable.write_atomically(path, b"new")
+    finally:
+        durable.replace_durably = original
+    assert path.read_bytes() == b"old" and not os.path.exists(durable.temp_path(path))

@@ -14,7 +14,7 @@ import struct
 from common.batch import HEADER_SIZE, MAX_BATCH_BYTES, Buffer, read_header, scan_valid_prefix
 from common.errors import CorruptBatchError
 
-from .files import write_all
+from common.durable import write_all
 from .index import OffsetIndex, TimeIndex
 
 # Header fields read without building a BatchHeader (the bytes were validated on the way in).
