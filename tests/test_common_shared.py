@@ -1,4 +1,5 @@
-"""The pieces every process shares: one epoch comparison, one TopicPartition, one atomic write."""
+"""The pieces every process shares: one epoch comparison, one TopicPartition, one atomic
+write, one way to stop tasks."""
 from common.epochs import EpochCheck, check_epoch, leader_epoch_error
 from common.errors import ErrorCode
 
@@ -61,3 +62,37 @@ def test_write_atomically_leaves_the_old_file_when_the_write_fails(tmp_path):
     finally:
         durable.replace_durably = original
     assert path.read_bytes() == b"old" and not os.path.exists(durable.temp_path(path))
+
+
+def test_cancel_and_wait_returns_after_every_finally_ran():
+    """Claim: cancel_and_wait returns only once each task has ended (its finally ran), skips
+    None and finished tasks, and returns the exceptions tasks ended with, cancellation aside."""
+    import asyncio
+
+    from common.tasks import TaskOwner, cancel_and_wait
+    cleaned = []
+
+    async def slow_cleanup(name: str) -> None:
+        try:
+            await asyncio.sleep(60)
+        finally:
+            await asyncio.sleep(0.01)
+            cleaned.append(name)
+
+    async def fails() -> None:
+        raise ValueError("boom")
+
+    async def main() -> None:
+        owner = TaskOwner()
+        a = owner.spawn(slow_cleanup("a"))
+        b = asyncio.get_running_loop().create_task(slow_cleanup("b"))
+        bad = owner.spawn(fails())
+        await asyncio.sleep(0)
+        errors = await cancel_and_wait(a, b, None, bad)
+        assert sorted(cleaned) == ["a", "b"] and [type(e) for e in errors] == [ValueError]
+        assert len(owner) == 0   # ended tasks leave the owner
+        owner.spawn(slow_cleanup("c"))
+        await asyncio.sleep(0)
+        assert await owner.cancel_and_wait() == [] and cleaned[-1] == "c"
+
+    asyncio.run(main())

@@ -25,6 +25,7 @@ from typing import Any, AsyncIterator, Iterable, Sequence
 
 from common.batch import read_records, scan_valid_prefix, validate_batch
 from common.errors import BiplaneError, ErrorCode
+from common.tasks import cancel_and_wait
 from common.wire import (
     EARLIEST_TIMESTAMP,
     LATEST_TIMESTAMP,
@@ -111,9 +112,7 @@ class Consumer:
         if self._closed:
             return
         self._closed = True
-        for task in self._fetches.values():
-            task.cancel()
-        await asyncio.gather(*self._fetches.values(), return_exceptions=True)
+        await cancel_and_wait(*self._fetches.values())
         self._fetches.clear()
         await self._network.close()
 

@@ -28,6 +28,7 @@ from typing import Any, Sequence
 
 from common.batch import NO_HEADERS, Compression, encode_headers
 from common.errors import BiplaneError, ErrorCode
+from common.tasks import TaskOwner, cancel_and_wait
 from common.wire import (
     Acks,
     InitProducerIdRequest,
@@ -188,7 +189,7 @@ class Producer:
         self._wakeup = asyncio.Event()   # binds to no loop until awaited
         self._changed = _Signal()   # memory freed, batches finished, the sender stopped
         self._sender: asyncio.Task | None = None
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks = TaskOwner()   # requests and refreshes the sender started
         self._started = False
         self._closing = False
         self._closed = False
@@ -299,10 +300,7 @@ class Producer:
                                               else self._acc.delivery_timeout_ms) / 1000)
             except TimeoutError:
                 pass
-            self._sender.cancel()
-            for task in list(self._tasks):
-                task.cancel()
-            await asyncio.gather(self._sender, *self._tasks, return_exceptions=True)
+            await cancel_and_wait(self._sender, *self._tasks)
             closed = ClientClosedError("the producer was closed before this record was acknowledged; "
                                        "if it had been sent, it may be in the log")
             for batch in self._acc.fail_all():
@@ -424,7 +422,7 @@ class Producer:
             drained = acc.drain(_now_ms(), self._network.metadata.leader, request_bytes_max=self.request_bytes_max,
                                 closing=self._closing)
             for broker, batches in drained.items():
-                self._spawn(self._send_batches(broker, batches))
+                self._tasks.spawn(self._send_batches(broker, batches))
         self._wakeup.set()   # the sender recomputes its deadlines (and handles what could not go)
 
     async def _partition_count(self, topic: str, deadline: float) -> int:
@@ -479,10 +477,10 @@ class Producer:
                 drained = self._acc.drain(now, self._network.metadata.leader,
                                           request_bytes_max=self.request_bytes_max, closing=self._closing)
                 for broker, batches in drained.items():
-                    self._spawn(self._send_batches(broker, batches))
+                    self._tasks.spawn(self._send_batches(broker, batches))
                 self._changed.notify()
                 if self._needs_metadata():
-                    self._spawn(self._refresh_quietly())
+                    self._tasks.spawn(self._refresh_quietly())
                 elif now >= self._network.metadata_refresh_due_ms():
                     self._network.start_refresh().add_done_callback(self._aged_refresh_done)
                 next_ms = self._acc.next_ready_ms(now)
@@ -529,11 +527,6 @@ class Producer:
         except BiplaneError as exc:
             log.debug("metadata refresh failed: %s", exc)
         self._wakeup.set()
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     async def _send_batches(self, broker: int, batches: list[ProducerBatch]) -> None:
         meta = self._network.metadata
