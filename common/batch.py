@@ -44,7 +44,7 @@ from typing import Iterator, Sequence, TypedDict, Union, Unpack
 
 from crc32c import crc32c
 
-from common.errors import BiplaneError, CorruptBatchError, ErrorCode, InvalidRequestError
+from common.errors import BatchFullError, CorruptBatchError, InvalidRequestError
 
 Buffer = Union[bytes, bytearray, memoryview]
 
@@ -99,12 +99,6 @@ _UINT32 = struct.Struct(">I")
 _LENGTH_AND_EPOCH_MAGIC = struct.Struct(">iib")  # batch_length, leader_epoch, magic at 8
 assert _HEADER.size == HEADER_SIZE
 assert _HEAD.size + _TAIL.size == HEADER_SIZE
-
-
-class BatchFullError(BiplaneError):
-    """The record does not fit in the batch under its `max_batch_bytes`."""
-
-    code = ErrorCode.MESSAGE_TOO_LARGE
 
 
 @dataclass(frozen=True, slots=True)

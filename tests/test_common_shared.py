@@ -1,5 +1,5 @@
 """The pieces every process shares: one epoch comparison, one TopicPartition, one atomic
-write, one way to stop tasks."""
+write, one way to stop tasks, one error hierarchy."""
 from common.epochs import EpochCheck, check_epoch, leader_epoch_error
 from common.errors import ErrorCode
 
@@ -96,3 +96,43 @@ def test_cancel_and_wait_returns_after_every_finally_ran():
         assert await owner.cancel_and_wait() == [] and cleaned[-1] == "c"
 
     asyncio.run(main())
+
+
+def test_one_error_hierarchy_that_every_old_module_names():
+    """Claim: each error class is defined once, in common.errors; the metadata, log, wire and
+    SDK modules name the same classes, and there is one StaleEpochError."""
+    import common.errors as errors
+    import common.metadata.errors as metadata_errors
+    import common.wire as wire
+    import dataplane.client as client
+    import dataplane.client.errors as client_errors
+    import dataplane.log as log
+    for module in (metadata_errors, client_errors, log, wire, client):
+        for name in dir(module):
+            thing = getattr(module, name)
+            if isinstance(thing, type) and issubclass(thing, BaseException) and name.endswith("Error"):
+                assert thing.__module__ == "common.errors" and getattr(errors, name) is thing, name
+    assert metadata_errors.StaleEpochError is log.StaleEpochError is errors.StaleEpochError
+
+
+def test_stale_epoch_error_names_both_epochs_for_the_controller_and_the_log():
+    """Claim: the one StaleEpochError carries field, ours and theirs; made without a message it
+    says what to do; the log's is still an InvalidRequestError (a refused append)."""
+    from common.errors import ErrorCode, InvalidRequestError, StaleEpochError
+    from dataplane.log.epoch_cache import EpochCache
+
+    exc = StaleEpochError(field="partition_epoch", expected=4, actual=3, what="ISR change for t-0",
+                          code=ErrorCode.INVALID_UPDATE_VERSION)
+    assert str(exc) == ("ISR change for t-0: partition_epoch 3 is not current (current is 4); "
+                        "refresh metadata and retry")
+    assert exc.code is ErrorCode.INVALID_UPDATE_VERSION and (exc.expected, exc.actual) == (4, 3)
+    cache = EpochCache()
+    cache.assign(5, 0)
+    try:
+        cache.check_epoch(4)
+    except StaleEpochError as refused:
+        assert isinstance(refused, InvalidRequestError)
+        assert (refused.field, refused.expected, refused.actual) == ("leader_epoch", 5, 4)
+        assert refused.code is ErrorCode.FENCED_LEADER_EPOCH
+    else:
+        raise AssertionError("an older epoch was not refused")

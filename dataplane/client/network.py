@@ -15,10 +15,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from common.errors import BiplaneError, ErrorCode
+from common.errors import BiplaneError, ErrorCode, NoBrokersError
 from common.tasks import cancel_and_wait
 from common.wire import ConnectionClosedError, MetadataRequest, WireClient
-from dataplane.client.errors import NoBrokersError
 from dataplane.client.metadata import ClusterMetadata, metadata_refresh_due_ms
 
 log = logging.getLogger("biplane.client")

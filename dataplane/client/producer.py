@@ -27,7 +27,18 @@ import time
 from typing import Any, Sequence
 
 from common.batch import NO_HEADERS, Compression, encode_headers
-from common.errors import BiplaneError, ErrorCode
+from common.errors import (
+    BiplaneError,
+    BrokerResponseError,
+    BufferFullTimeoutError,
+    ClientClosedError,
+    ClientError,
+    DeliveryTimeoutError,
+    ErrorCode,
+    OutcomeUnknownError,
+    UnknownTopicError,
+    error_for,
+)
 from common.tasks import TaskOwner, cancel_and_wait
 from common.wire import (
     Acks,
@@ -41,16 +52,6 @@ from dataplane.client.accumulator import (
     Accumulator,
     ProducerBatch,
     record_size_bytes,
-)
-from dataplane.client.errors import (
-    BrokerResponseError,
-    BufferFullTimeoutError,
-    ClientClosedError,
-    ClientError,
-    DeliveryTimeoutError,
-    OutcomeUnknownError,
-    UnknownTopicError,
-    error_for,
 )
 from dataplane.client.producer_core import Acknowledge, Fail, Outcome
 from dataplane.client.network import Network, check_metadata_max_age_ms, parse_bootstrap

@@ -22,12 +22,12 @@ import threading
 
 from common.batch import MAX_BATCH_BYTES, Buffer, iter_batches, set_base_offset, set_leader_epoch
 from common.durable import fsync_dir
-from common.errors import InvalidRequestError, StorageError
+from common.errors import (InvalidRequestError, OffsetMismatchError, OffsetOutOfRangeError,
+                           StaleEpochError, StorageError)
 
 from . import files
 from .epoch_cache import EpochCache
-from .interface import (AppendInfo, DeletedSegment, EpochEntry, LogConfig, OffsetMismatchError,
-                        OffsetOutOfRangeError, ReadResult, StaleEpochError, patchable)
+from .interface import AppendInfo, DeletedSegment, EpochEntry, LogConfig, ReadResult, patchable
 from .lock import DirectoryLock
 from .producer_snapshots import ProducerSnapshots
 from .segment import BatchSpan, Segment
@@ -296,7 +296,7 @@ class PartitionLog:
                         f"follower append: batch at offset {span.base_offset} has leader epoch "
                         f"{span.leader_epoch}, older than epoch {latest_epoch} before it; "
                         f"truncate to where the epochs diverge first",
-                        epoch=span.leader_epoch, latest_epoch=latest_epoch)
+                        field="leader_epoch", expected=latest_epoch, actual=span.leader_epoch)
                 latest_epoch = max(latest_epoch, span.leader_epoch)
                 expected = span.next_offset
             return self._write(batches, spans, now_ms)

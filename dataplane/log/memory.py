@@ -13,11 +13,11 @@ import dataclasses
 from collections.abc import Iterator
 
 from common.batch import MAX_BATCH_BYTES, BatchHeader, Buffer, iter_batches, set_base_offset, set_leader_epoch
-from common.errors import InvalidRequestError, StorageError
+from common.errors import (InvalidRequestError, OffsetMismatchError, OffsetOutOfRangeError,
+                           StaleEpochError, StorageError)
 
 from .epoch_cache import EpochCache
-from .interface import (AppendInfo, DeletedSegment, EpochEntry, LogConfig, OffsetMismatchError,
-                        OffsetOutOfRangeError, ReadResult, StaleEpochError, patchable)
+from .interface import AppendInfo, DeletedSegment, EpochEntry, LogConfig, ReadResult, patchable
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -124,7 +124,7 @@ class MemoryLog:
                 raise StaleEpochError(
                     f"follower append: batch at offset {header.base_offset} has leader epoch "
                     f"{header.leader_epoch}, older than epoch {latest} before it",
-                    epoch=header.leader_epoch, latest_epoch=latest)
+                    field="leader_epoch", expected=latest, actual=header.leader_epoch)
             latest = header.leader_epoch
             expected = header.next_offset
             new.append(_Batch(base_offset=header.base_offset, next_offset=header.next_offset,
