@@ -20,7 +20,7 @@ import bisect
 import os
 import threading
 
-from common.batch import MAX_BATCH_BYTES, Buffer, iter_batches, set_base_offset, set_leader_epoch
+from common.batch import BATCH_BYTES_MAX, Buffer, iter_batches, set_base_offset, set_leader_epoch
 from common.durable import fsync_dir
 from common.errors import (InvalidRequestError, OffsetMismatchError, OffsetOutOfRangeError,
                            StaleEpochError, StorageError)
@@ -302,7 +302,7 @@ class PartitionLog:
             return self._write(batches, spans, now_ms)
 
     def _validate(self, buf: Buffer, *, crc: bool) -> list[BatchSpan]:
-        limit = min(self.config.segment_bytes, MAX_BATCH_BYTES)
+        limit = min(self.config.segment_bytes, BATCH_BYTES_MAX)
         spans = []
         for position, header in iter_batches(buf, validate=crc, max_batch_bytes=limit):
             spans.append(BatchSpan(position=position, size_bytes=header.size_bytes,

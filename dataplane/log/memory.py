@@ -12,7 +12,7 @@ import bisect
 import dataclasses
 from collections.abc import Iterator
 
-from common.batch import MAX_BATCH_BYTES, BatchHeader, Buffer, iter_batches, set_base_offset, set_leader_epoch
+from common.batch import BATCH_BYTES_MAX, BatchHeader, Buffer, iter_batches, set_base_offset, set_leader_epoch
 from common.errors import (InvalidRequestError, OffsetMismatchError, OffsetOutOfRangeError,
                            StaleEpochError, StorageError)
 
@@ -133,7 +133,7 @@ class MemoryLog:
         return self._store(new, now_ms)
 
     def _validate(self, buf: Buffer, *, crc: bool) -> list[tuple[int, BatchHeader]]:
-        limit = min(self.config.segment_bytes, MAX_BATCH_BYTES)
+        limit = min(self.config.segment_bytes, BATCH_BYTES_MAX)
         found = list(iter_batches(buf, validate=crc, max_batch_bytes=limit))
         if not found:
             raise InvalidRequestError("append with no record batches; send at least one batch")
