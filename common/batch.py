@@ -44,7 +44,7 @@ from typing import Iterator, Sequence, TypedDict, Union, Unpack
 
 from crc32c import crc32c
 
-from common.errors import BiplaneError, CorruptBatchError, ErrorCode, InvalidRequestError
+from common.errors import BatchFullError, CorruptBatchError, InvalidRequestError
 
 Buffer = Union[bytes, bytearray, memoryview]
 
@@ -57,17 +57,17 @@ CRC_START = 21
 
 # Readers accept batches up to this size unless told otherwise; producers
 # build smaller ones (BatchBuilder's default).
-MAX_BATCH_BYTES = 16 * 1024 * 1024
-BUILDER_MAX_BATCH_BYTES = 1024 * 1024
+BATCH_BYTES_MAX = 16 * 1024 * 1024
+BUILDER_BATCH_BYTES_MAX = 1024 * 1024
 # A compressed records region may not inflate past this (decompression bomb guard).
-MAX_DECOMPRESSED_BYTES = 64 * 1024 * 1024
+DECOMPRESSED_BYTES_MAX = 64 * 1024 * 1024
 # zlib's default level; BatchBuilder(gzip_level=1) trades ratio for build speed.
 GZIP_LEVEL = 6
 
 # Timestamps are milliseconds; -1 is "no timestamp". The bound keeps every
 # delta inside an int64 varlong.
 NO_TIMESTAMP = -1
-MAX_TIMESTAMP_MS = 1 << 62
+TIMESTAMP_MS_MAX = 1 << 62
 
 _INT16_MAX = (1 << 15) - 1
 _INT32_MAX = (1 << 31) - 1
@@ -99,12 +99,6 @@ _UINT32 = struct.Struct(">I")
 _LENGTH_AND_EPOCH_MAGIC = struct.Struct(">iib")  # batch_length, leader_epoch, magic at 8
 assert _HEADER.size == HEADER_SIZE
 assert _HEAD.size + _TAIL.size == HEADER_SIZE
-
-
-class BatchFullError(BiplaneError):
-    """The record does not fit in the batch under its `max_batch_bytes`."""
-
-    code = ErrorCode.MESSAGE_TOO_LARGE
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,7 +162,7 @@ def _corrupt(pos: int, message: str) -> CorruptBatchError:
 # ---------------------------------------------------------------- header reads
 
 
-def read_header(buf: Buffer, pos: int = 0, *, max_batch_bytes: int = MAX_BATCH_BYTES) -> BatchHeader:
+def read_header(buf: Buffer, pos: int = 0, *, max_batch_bytes: int = BATCH_BYTES_MAX) -> BatchHeader:
     """Parse and sanity-check the header at `pos`; the CRC is not checked.
 
     Only the 61 header bytes need to be present, so a log can index a batch
@@ -204,7 +198,7 @@ def read_header(buf: Buffer, pos: int = 0, *, max_batch_bytes: int = MAX_BATCH_B
     return BatchHeader(*fields)
 
 
-def validate_batch(buf: Buffer, pos: int = 0, *, max_batch_bytes: int = MAX_BATCH_BYTES) -> BatchHeader:
+def validate_batch(buf: Buffer, pos: int = 0, *, max_batch_bytes: int = BATCH_BYTES_MAX) -> BatchHeader:
     """Check the header, that the whole batch is present, and its CRC32C."""
     header = read_header(buf, pos, max_batch_bytes=max_batch_bytes)
     end = pos + header.batch_length + LENGTH_FIELD_END
@@ -217,7 +211,7 @@ def validate_batch(buf: Buffer, pos: int = 0, *, max_batch_bytes: int = MAX_BATC
 
 
 def iter_batches(buf: Buffer, *, validate: bool = True,
-                 max_batch_bytes: int = MAX_BATCH_BYTES) -> Iterator[tuple[int, BatchHeader]]:
+                 max_batch_bytes: int = BATCH_BYTES_MAX) -> Iterator[tuple[int, BatchHeader]]:
     """Yield (position, header) for each batch in a concatenation of batches.
 
     With `validate=False` the CRC is skipped (for bytes this process already
@@ -236,7 +230,7 @@ def iter_batches(buf: Buffer, *, validate: bool = True,
         pos = end
 
 
-def scan_valid_prefix(buf: Buffer, *, max_batch_bytes: int = MAX_BATCH_BYTES) -> tuple[int, list[BatchHeader]]:
+def scan_valid_prefix(buf: Buffer, *, max_batch_bytes: int = BATCH_BYTES_MAX) -> tuple[int, list[BatchHeader]]:
     """Return (bytes of whole valid batches at the front, their headers); never raises
     CorruptBatchError. Log recovery truncates everything after the returned length."""
     pos = 0
@@ -526,7 +520,7 @@ class BatchBuilder:
     def __init__(self, *, base_offset: int = 0, leader_epoch: int = -1, producer_id: int = -1,
                  producer_epoch: int = -1, base_sequence: int = -1,
                  compression: Compression | int = Compression.NONE, is_control: bool = False,
-                 is_transactional: bool = False, max_batch_bytes: int = BUILDER_MAX_BATCH_BYTES,
+                 is_transactional: bool = False, max_batch_bytes: int = BUILDER_BATCH_BYTES_MAX,
                  gzip_level: int = GZIP_LEVEL) -> None:
         checked_base_offset = _check_int("base_offset", base_offset, 0, _INT64_MAX)
         checked_leader_epoch = _check_int("leader_epoch", leader_epoch, -1, _INT32_MAX)
@@ -564,9 +558,9 @@ class BatchBuilder:
 
     def _checked(self, value: object, key: object, timestamp_ms: object) -> tuple[Buffer | None, Buffer | None, int]:
         if type(timestamp_ms) is not int:
-            timestamp_ms = _check_int("timestamp_ms", timestamp_ms, NO_TIMESTAMP, MAX_TIMESTAMP_MS)
-        if not NO_TIMESTAMP <= timestamp_ms < MAX_TIMESTAMP_MS:
-            raise InvalidRequestError(f"timestamp_ms {timestamp_ms} out of range [-1, {MAX_TIMESTAMP_MS})")
+            timestamp_ms = _check_int("timestamp_ms", timestamp_ms, NO_TIMESTAMP, TIMESTAMP_MS_MAX)
+        if not NO_TIMESTAMP <= timestamp_ms < TIMESTAMP_MS_MAX:
+            raise InvalidRequestError(f"timestamp_ms {timestamp_ms} out of range [-1, {TIMESTAMP_MS_MAX})")
         return _as_bytes("value", value), _as_bytes("key", key), timestamp_ms
 
     def has_room_for(self, value: Buffer | None, *, key: Buffer | None = None,
@@ -599,7 +593,7 @@ def build_batch(values: Sequence[bytes | None], *, keys: Sequence[bytes | None] 
     """One batch of `values` (and `keys`, same length) all stamped `timestamp_ms`."""
     if keys is not None and len(keys) != len(values):
         raise InvalidRequestError(f"keys has {len(keys)} items but values has {len(values)}")
-    header_fields.setdefault("max_batch_bytes", MAX_BATCH_BYTES)
+    header_fields.setdefault("max_batch_bytes", BATCH_BYTES_MAX)
     builder = BatchBuilder(**header_fields)
     for i, value in enumerate(values):
         builder.append(value, key=None if keys is None else keys[i], timestamp_ms=timestamp_ms)
@@ -624,8 +618,8 @@ def _gunzip(data: bytes, limit: int, pos: int) -> bytes:
     return out
 
 
-def read_records(buf: Buffer, pos: int = 0, *, max_batch_bytes: int = MAX_BATCH_BYTES,
-                 max_decompressed_bytes: int = MAX_DECOMPRESSED_BYTES) -> list[Record]:
+def read_records(buf: Buffer, pos: int = 0, *, max_batch_bytes: int = BATCH_BYTES_MAX,
+                 max_decompressed_bytes: int = DECOMPRESSED_BYTES_MAX) -> list[Record]:
     """Validate the batch at `pos`, decompress it and decode every record."""
     header = validate_batch(buf, pos, max_batch_bytes=max_batch_bytes)
     end = pos + header.batch_length + LENGTH_FIELD_END

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from common.metadata import NoOp
-from common.metadata.errors import TopicExistsError
+from common.errors import TopicExistsError
 from common.requests import CreateTopicRequest, RegisterBrokerRequest
 from controller import decisions as d
 from controller.decisions import LeaderSettings

@@ -29,13 +29,8 @@ from dataclasses import dataclass
 
 import pytest
 
+from common.errors import IneligibleReplicaError, InvalidFieldError, NotLeaderError, StaleEpochError
 from common.metadata import MetadataImage, Record, RecordRejected, dump_record, parse_record
-from common.metadata.errors import (
-    IneligibleReplicaError,
-    InvalidFieldError,
-    NotLeaderError,
-    StaleEpochError,
-)
 from common.requests import (
     AlterIsrRequest,
     CreateTopicRequest,

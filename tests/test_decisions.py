@@ -6,7 +6,20 @@ from collections import Counter
 
 import pytest
 
-from common.errors import ErrorCode
+from common.errors import (
+    ErrorCode,
+    IneligibleReplicaError,
+    InvalidConfigError,
+    InvalidFieldError,
+    InvalidReplicationFactorError,
+    InvalidTopicError,
+    NotLeaderError,
+    StaleBrokerError,
+    StaleEpochError,
+    TopicExistsError,
+    UnknownBrokerError,
+    UnknownTopicOrPartitionError,
+)
 from common.metadata import (
     AlterTopicConfig,
     ConfigChange,
@@ -20,19 +33,6 @@ from common.metadata import (
     RecordRejected,
     RegisterBroker,
     UnfenceBroker,
-)
-from common.metadata.errors import (
-    IneligibleReplicaError,
-    InvalidConfigError,
-    InvalidFieldError,
-    InvalidReplicationFactorError,
-    InvalidTopicError,
-    NotLeaderError,
-    StaleBrokerError,
-    StaleEpochError,
-    TopicExistsError,
-    UnknownBrokerError,
-    UnknownTopicOrPartitionError,
 )
 from common.requests import (
     AllocateProducerIdsRequest,

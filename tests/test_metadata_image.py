@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from common.errors import UnknownTopicOrPartitionError
 from common.metadata import (
     NO_LEADER,
     ConfigChange,
@@ -24,7 +25,6 @@ from common.metadata import (
     UnfenceBroker,
     UnregisterBroker,
 )
-from common.metadata.errors import UnknownTopicOrPartitionError
 from metadata_builders import add_broker, add_topic, apply, cluster
 
 

@@ -518,7 +518,7 @@ def test_unknown_event_is_a_clear_error():
 
 def test_check_epoch_orders_stale_current_newer():
     """Claim: the one fencing comparison says stale / current / newer by epoch alone."""
-    from dataplane.replica.fencing import EpochCheck, check_epoch
+    from common.epochs import EpochCheck, check_epoch
     assert check_epoch(theirs=3, ours=4) is EpochCheck.STALE
     assert check_epoch(theirs=4, ours=4) is EpochCheck.CURRENT
     assert check_epoch(theirs=5, ours=4) is EpochCheck.NEWER

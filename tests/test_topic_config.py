@@ -5,10 +5,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from common.errors import ErrorCode, InvalidRequestError
+from common.errors import ErrorCode, InvalidConfigError, InvalidRequestError, InvalidTopicError
 from common.metadata import TopicConfig, apply_config_changes, make_topic_config, validate_topic_name
 from common.metadata.config import VALID_KEYS
-from common.metadata.errors import InvalidConfigError, InvalidTopicError
 
 
 def test_defaults_follow_the_design():

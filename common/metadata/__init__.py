@@ -1,6 +1,6 @@
 """Metadata shared by controllers and brokers: records, the image, topic config."""
+from common.errors import RecordRejected
 from common.metadata.config import TopicConfig, apply_config_changes, make_topic_config, validate_topic_name
-from common.metadata.errors import RecordRejected
 from common.metadata.image import BrokerInfo, MetadataImage, PartitionInfo, TopicInfo
 from common.metadata.records import (
     NO_CHANGE,

@@ -13,7 +13,7 @@ from typing import Any, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from common.metadata.errors import (
+from common.errors import (
     InvalidConfigError,
     InvalidFieldError,
     InvalidPartitionsError,

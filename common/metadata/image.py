@@ -29,8 +29,8 @@ from typing import Any, Iterator, Mapping
 
 from pydantic import ValidationError
 
+from common.errors import InvalidFieldError, RecordRejected, UnknownTopicOrPartitionError
 from common.metadata.config import TopicConfig, apply_config_changes, validate_topic_name
-from common.metadata.errors import InvalidFieldError, RecordRejected, UnknownTopicOrPartitionError
 from common.metadata.records import (
     NO_CHANGE,
     NO_LEADER,

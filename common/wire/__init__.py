@@ -19,7 +19,8 @@ from common.wire.codec import (
     struct_fields,
     wire_struct,
 )
-from common.wire.connection import ConnectionClosedError, Handler, WireClient, serve_connection, start_server
+from common.errors import ConnectionClosedError
+from common.wire.connection import Handler, WireClient, serve_connection, start_server
 from common.wire.frames import (
     DEFAULT_MAX_FRAME_BYTES,
     FrameDecoder,

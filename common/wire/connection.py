@@ -12,7 +12,7 @@ import itertools
 import logging
 from typing import Any, Awaitable, Callable
 
-from common.errors import BiplaneError, ErrorCode, ProtocolError
+from common.errors import BiplaneError, ConnectionClosedError, ProtocolError
 from common.wire.frames import DEFAULT_MAX_FRAME_BYTES, RequestHeader, read_frame, read_response_header
 from common.wire.messages import ApiKey, api_key_of, decode_request, decode_response, encode_request, encode_response
 from common.wire.stream import FrameStream
@@ -21,12 +21,6 @@ log = logging.getLogger("biplane.wire")
 
 # handler(header, request) -> response, or None to send nothing (acks=0 produce).
 Handler = Callable[[RequestHeader, Any], Awaitable[Any]]
-
-
-class ConnectionClosedError(BiplaneError):
-    """The connection went away before the response arrived."""
-
-    code = ErrorCode.NETWORK_EXCEPTION
 
 
 def _peer(writer: asyncio.StreamWriter) -> str:

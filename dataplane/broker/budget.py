@@ -7,14 +7,13 @@ driver reports each leader partition's `replica.held_bytes()` after stepping it.
 While the total is at or above `unreplicated_bytes_max`, a driver parks new produce
 requests in order (it does not refuse them) and registers `call_when_room`; the
 budget calls it back, from the event loop, once a partition's HW frees room.
-`wait_for_room` is the same wait for code that can await.
+`wait_for_room` is the same wait for code that can await. Partitions are keyed by
+`(topic, partition)`: a `common.topic_partition.TopicPartition` or the plain pair.
 """
 from __future__ import annotations
 
 import asyncio
 from typing import Callable
-
-TopicPartition = tuple[str, int]
 
 
 class ProduceBudget:
@@ -22,18 +21,18 @@ class ProduceBudget:
         if not isinstance(unreplicated_bytes_max, int) or unreplicated_bytes_max < 1:
             raise ValueError(f"unreplicated_bytes_max must be a positive int, got {unreplicated_bytes_max!r}")
         self.unreplicated_bytes_max = unreplicated_bytes_max
-        self._by_partition: dict[TopicPartition, int] = {}
+        self._by_partition: dict[tuple[str, int], int] = {}
         self.total_bytes = 0
         self.peak_total_bytes = 0  # highest total seen (metrics, tests of the bound)
         self._room: asyncio.Event | None = None
         # Partitions with parked requests, in the order they began waiting (insertion order).
-        self._callbacks: dict[TopicPartition, Callable[[], None]] = {}
+        self._callbacks: dict[tuple[str, int], Callable[[], None]] = {}
         self._wake_scheduled = False
 
     def has_room(self) -> bool:
         return self.total_bytes < self.unreplicated_bytes_max
 
-    def update(self, tp: TopicPartition, held_bytes: int) -> None:
+    def update(self, tp: tuple[str, int], held_bytes: int) -> None:
         old = self._by_partition.pop(tp, 0)
         if held_bytes > 0:
             self._by_partition[tp] = held_bytes
@@ -49,11 +48,11 @@ class ProduceBudget:
                 self._wake_scheduled = True
                 asyncio.get_running_loop().call_soon(self._wake)
 
-    def forget(self, tp: TopicPartition) -> None:
+    def forget(self, tp: tuple[str, int]) -> None:
         self._callbacks.pop(tp, None)
         self.update(tp, 0)
 
-    def call_when_room(self, tp: TopicPartition, callback: Callable[[], None]) -> None:
+    def call_when_room(self, tp: tuple[str, int], callback: Callable[[], None]) -> None:
         """Call `callback()` once, soon after the total is below the bound. A partition
         registered already keeps its place in line."""
         self._callbacks.setdefault(tp, callback)

@@ -11,6 +11,7 @@ import sys
 from pydantic import ValidationError
 
 from common import eventloop, heap
+from common.durable import write_atomically
 from common.errors import StorageError
 from common.logs import configure_logging
 from dataplane.broker.broker import Broker
@@ -65,10 +66,8 @@ async def serve(config: BrokerConfig, ports_file: str | None) -> int:
     try:
         await broker.start()
         if ports_file:
-            tmp = ports_file + ".tmp"
-            with open(tmp, "w") as f:
-                json.dump({"port": broker.port, "metrics_port": broker.metrics_port, "pid": os.getpid()}, f)
-            os.replace(tmp, ports_file)
+            ports = {"port": broker.port, "metrics_port": broker.metrics_port, "pid": os.getpid()}
+            write_atomically(ports_file, json.dumps(ports).encode())
         print(f"broker {config.broker_id} listening on {config.host}:{broker.port}", flush=True)
         await broker.wait_stopped()
     finally:

@@ -26,8 +26,8 @@ import time
 from typing import Callable, Protocol, cast
 
 from common.batch import BatchHeader, iter_batches
-from common.errors import ErrorCode, StorageError
-from dataplane.log.interface import OffsetOutOfRangeError, ReadResult
+from common.errors import ErrorCode, OffsetOutOfRangeError, StorageError
+from dataplane.log.interface import ReadResult
 from dataplane.log.producer_snapshots import ProducerSnapshots
 from dataplane.replica.producer_state import BatchEntry, ProducerStateTable, SequenceCheck
 from dataplane.replica.logview import LogView

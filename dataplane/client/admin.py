@@ -34,7 +34,7 @@ from common.api_models import (
     TopicDetail,
     TopicList,
 )
-from dataplane.client.errors import AdminError, NoBrokersError
+from common.errors import AdminError, NoBrokersError
 
 T = TypeVar("T")
 REDIRECTS_MAX = 3

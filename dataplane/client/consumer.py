@@ -24,7 +24,15 @@ import time
 from typing import Any, AsyncIterator, Iterable, Sequence
 
 from common.batch import read_records, scan_valid_prefix, validate_batch
-from common.errors import BiplaneError, ErrorCode
+from common.errors import (
+    BiplaneError,
+    ClientClosedError,
+    ClientError,
+    ErrorCode,
+    UnknownTopicError,
+    error_for,
+)
+from common.tasks import cancel_and_wait
 from common.wire import (
     EARLIEST_TIMESTAMP,
     LATEST_TIMESTAMP,
@@ -35,7 +43,6 @@ from common.wire import (
     ListOffsetsRequest,
     ListOffsetsTopic,
 )
-from dataplane.client.errors import ClientClosedError, ClientError, UnknownTopicError, error_for
 from dataplane.client.network import Network, check_metadata_max_age_ms, parse_bootstrap
 from dataplane.client.records import ConsumerRecord, TopicPartition
 
@@ -111,9 +118,7 @@ class Consumer:
         if self._closed:
             return
         self._closed = True
-        for task in self._fetches.values():
-            task.cancel()
-        await asyncio.gather(*self._fetches.values(), return_exceptions=True)
+        await cancel_and_wait(*self._fetches.values())
         self._fetches.clear()
         await self._network.close()
 

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from dataplane.client.errors import NoClusterError
+from common.errors import NoClusterError
 
 CLUSTER_FILE = "cluster.json"
 DEFAULT_DATA_DIR = ".biplane"

@@ -15,9 +15,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from common.errors import BiplaneError, ErrorCode
+from common.errors import BiplaneError, ErrorCode, NoBrokersError
+from common.tasks import cancel_and_wait
 from common.wire import ConnectionClosedError, MetadataRequest, WireClient
-from dataplane.client.errors import NoBrokersError
 from dataplane.client.metadata import ClusterMetadata, metadata_refresh_due_ms
 
 log = logging.getLogger("biplane.client")
@@ -174,8 +174,7 @@ class Network:
         raise NoBrokersError("no broker answered a metadata request: " + "; ".join(errors[-3:]))
 
     async def close(self) -> None:
-        if self._refresh_task is not None and not self._refresh_task.done():
-            self._refresh_task.cancel()
+        await cancel_and_wait(self._refresh_task)
         clients, self._clients = list(self._clients.values()), {}
         for client in clients:
             await client.close()

@@ -27,7 +27,20 @@ import time
 from typing import Any, Sequence
 
 from common.batch import NO_HEADERS, Compression, encode_headers
-from common.errors import BiplaneError, ErrorCode
+from common.errors import (
+    BiplaneError,
+    BrokerResponseError,
+    BufferFullTimeoutError,
+    ClientClosedError,
+    ClientError,
+    DeliveryTimeoutError,
+    ErrorCode,
+    NoBrokersError,
+    OutcomeUnknownError,
+    UnknownTopicError,
+    error_for,
+)
+from common.tasks import TaskOwner, cancel_and_wait
 from common.wire import (
     Acks,
     InitProducerIdRequest,
@@ -40,17 +53,6 @@ from dataplane.client.accumulator import (
     Accumulator,
     ProducerBatch,
     record_size_bytes,
-)
-from dataplane.client.errors import (
-    BrokerResponseError,
-    BufferFullTimeoutError,
-    ClientClosedError,
-    ClientError,
-    DeliveryTimeoutError,
-    NoBrokersError,
-    OutcomeUnknownError,
-    UnknownTopicError,
-    error_for,
 )
 from dataplane.client.producer_core import Acknowledge, Fail, Outcome
 from dataplane.client.network import Network, check_metadata_max_age_ms, parse_bootstrap
@@ -189,7 +191,7 @@ class Producer:
         self._wakeup = asyncio.Event()   # binds to no loop until awaited
         self._changed = _Signal()   # memory freed, batches finished, the sender stopped
         self._sender: asyncio.Task | None = None
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks = TaskOwner()   # requests and refreshes the sender started
         self._started = False
         self._closing = False
         self._closed = False
@@ -250,7 +252,7 @@ class Producer:
         core = self._acc.core
         if core.id_request_due(now_ms):
             core.id_request_sent(now_ms)
-            self._spawn(self._request_producer_id())
+            self._tasks.spawn(self._request_producer_id())
 
     async def _request_producer_id(self) -> None:
         """One InitProducerId request to one broker (the next known one each time); its end goes
@@ -324,10 +326,7 @@ class Producer:
                                               else self._acc.delivery_timeout_ms) / 1000)
             except TimeoutError:
                 pass
-            self._sender.cancel()
-            for task in list(self._tasks):
-                task.cancel()
-            await asyncio.gather(self._sender, *self._tasks, return_exceptions=True)
+            await cancel_and_wait(self._sender, *self._tasks)
             closed = ClientClosedError("the producer was closed before this record was acknowledged; "
                                        "if it had been sent, it may be in the log")
             for batch in self._acc.fail_all():
@@ -449,7 +448,7 @@ class Producer:
             drained = acc.drain(_now_ms(), self._network.metadata.leader, request_bytes_max=self.request_bytes_max,
                                 closing=self._closing)
             for broker, batches in drained.items():
-                self._spawn(self._send_batches(broker, batches))
+                self._tasks.spawn(self._send_batches(broker, batches))
         self._wakeup.set()   # the sender recomputes its deadlines (and handles what could not go)
 
     async def _partition_count(self, topic: str, deadline: float) -> int:
@@ -503,10 +502,10 @@ class Producer:
                 drained = self._acc.drain(now, self._network.metadata.leader,
                                           request_bytes_max=self.request_bytes_max, closing=self._closing)
                 for broker, batches in drained.items():
-                    self._spawn(self._send_batches(broker, batches))
+                    self._tasks.spawn(self._send_batches(broker, batches))
                 self._changed.notify()
                 if self._needs_metadata():
-                    self._spawn(self._refresh_quietly())
+                    self._tasks.spawn(self._refresh_quietly())
                 elif now >= self._network.metadata_refresh_due_ms():
                     self._network.start_refresh().add_done_callback(self._aged_refresh_done)
                 next_ms = self._acc.next_ready_ms(now)
@@ -558,11 +557,6 @@ class Producer:
         except BiplaneError as exc:
             log.debug("metadata refresh failed: %s", exc)
         self._wakeup.set()
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     async def _send_batches(self, broker: int, batches: list[ProducerBatch]) -> None:
         meta = self._network.metadata

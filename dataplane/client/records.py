@@ -4,13 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-
-class TopicPartition(NamedTuple):
-    topic: str
-    partition: int
-
-    def __str__(self) -> str:
-        return f"{self.topic}[{self.partition}]"
+from common.topic_partition import TopicPartition as TopicPartition
 
 
 class RecordMetadata(NamedTuple):

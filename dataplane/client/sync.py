@@ -18,9 +18,9 @@ import threading
 import time
 from typing import Any, Coroutine, Iterator, TypeVar
 
+from common.errors import BufferFullTimeoutError
 from dataplane.client import consumer as _consumer
 from dataplane.client import producer as _producer
-from dataplane.client.errors import BufferFullTimeoutError
 from dataplane.client.records import ConsumerRecord, RecordMetadata, TopicPartition
 
 T = TypeVar("T")

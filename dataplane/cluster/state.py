@@ -9,6 +9,8 @@ import secrets
 from pathlib import Path
 from typing import Any
 
+from common.durable import write_atomically
+
 CLUSTER_FILE = "cluster.json"
 
 
@@ -27,10 +29,8 @@ def read_state(data_dir: Path) -> dict[str, Any] | None:
 
 def write_state(data_dir: Path, state: dict[str, Any]) -> None:
     path = data_dir / CLUSTER_FILE
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
-    os.chmod(tmp, 0o600)   # it holds the admin token and the cluster secret
-    os.replace(tmp, path)
+    # 0o600: it holds the admin token and the cluster secret.
+    write_atomically(path, (json.dumps(state, indent=2, sort_keys=True) + "\n").encode(), mode=0o600)
 
 
 def new_secret() -> str:

@@ -588,7 +588,7 @@ def parse_topics(specs: list[str], brokers: int) -> list[tuple[str, int, int]]:
 
 def create_topics(state: dict[str, Any], topics: list[tuple[str, int, int]]) -> None:
     from dataplane.client.admin import SyncAdminClient
-    from dataplane.client.errors import AdminError
+    from common.errors import AdminError
     with SyncAdminClient([c["api_url"] for c in state["controllers"].values()], state["admin_token"]) as admin:
         for name, partitions, rf in topics:
             try:

@@ -4,7 +4,9 @@
 Protocol both satisfy (the contract is in interface.py), `FlushCoalescer` the
 asyncio driver that shares fsyncs between waiters.
 """
-from .flusher import FlushCoalescer, LogTruncatedError
+from common.errors import LogTruncatedError
+
+from .flusher import FlushCoalescer
 from .interface import (UNDEFINED_EPOCH, UNDEFINED_OFFSET, AppendInfo, DeletedSegment, EpochEntry, Log,
                         LogConfig, OffsetMismatchError, OffsetOutOfRangeError, ReadResult,
                         StaleEpochError)

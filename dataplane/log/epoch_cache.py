@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import bisect
 
-from common.errors import CorruptBatchError
+from common.errors import CorruptBatchError, StaleEpochError
 
-from .interface import UNDEFINED_EPOCH, UNDEFINED_OFFSET, EpochEntry, StaleEpochError
+from .interface import UNDEFINED_EPOCH, UNDEFINED_OFFSET, EpochEntry
 
 _FORMAT_VERSION = 0
 
@@ -40,7 +40,7 @@ class EpochCache:
             raise StaleEpochError(
                 f"leader epoch {epoch} is older than the log's latest epoch {self.latest_epoch}; "
                 f"truncate the log before writing an older epoch's batches",
-                epoch=epoch, latest_epoch=self.latest_epoch)
+                field="leader_epoch", expected=self.latest_epoch, actual=epoch)
 
     def assign(self, epoch: int, start_offset: int) -> bool:
         """Record that `epoch` starts at `start_offset`; returns True when the cache changed."""
@@ -51,7 +51,7 @@ class EpochCache:
             raise StaleEpochError(
                 f"epoch {epoch} cannot start at offset {start_offset}, before epoch "
                 f"{self._epochs[-1]}'s start offset {self._starts[-1]}",
-                epoch=epoch, latest_epoch=self.latest_epoch)
+                field="leader_epoch", expected=self.latest_epoch, actual=epoch)
         if self._starts and start_offset == self._starts[-1]:
             # The previous epoch never got a batch; a later epoch replaces it.
             self._epochs[-1] = epoch

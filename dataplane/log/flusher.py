@@ -18,13 +18,10 @@ import concurrent.futures
 import logging
 from typing import Callable, Union
 
-from common.errors import InvalidRequestError, StorageError
+# LogTruncatedError is common/errors.py's, named here too for older imports.
+from common.errors import InvalidRequestError, LogTruncatedError as LogTruncatedError, StorageError
 
 from .interface import Log
-
-
-class LogTruncatedError(StorageError):
-    """The offset a waiter wanted flushed was truncated away before it became durable."""
 
 
 Settle = Callable[[int | None, BaseException | None], None]

@@ -34,43 +34,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Protocol, TypeGuard, runtime_checkable
 
-from common.errors import BiplaneError, ErrorCode, InvalidRequestError, StorageError
+# The log's errors are common/errors.py's; listed in __all__ so `dataplane.log` offers them.
+from common.errors import (InvalidRequestError, OffsetMismatchError, OffsetOutOfRangeError,
+                           StaleEpochError, StorageError)
 
 # Kafka's answer when no epoch is known (empty cache).
 UNDEFINED_EPOCH = -1
 UNDEFINED_OFFSET = -1
-
-
-class OffsetOutOfRangeError(BiplaneError):
-    """A read asked for an offset below log_start_offset or above log_end_offset."""
-
-    code = ErrorCode.OFFSET_OUT_OF_RANGE
-
-    def __init__(self, message: str, *, offset: int, log_start_offset: int, log_end_offset: int) -> None:
-        super().__init__(message)
-        self.offset = offset
-        self.log_start_offset = log_start_offset
-        self.log_end_offset = log_end_offset
-
-
-class OffsetMismatchError(InvalidRequestError):
-    """A follower append does not start at log_end_offset, or its batches are not contiguous."""
-
-    def __init__(self, message: str, *, expected_offset: int, actual_offset: int) -> None:
-        super().__init__(message)
-        self.expected_offset = expected_offset
-        self.actual_offset = actual_offset
-
-
-class StaleEpochError(InvalidRequestError):
-    """An append carries a leader epoch older than the latest epoch already in the log."""
-
-    code = ErrorCode.FENCED_LEADER_EPOCH
-
-    def __init__(self, message: str, *, epoch: int, latest_epoch: int) -> None:
-        super().__init__(message)
-        self.epoch = epoch
-        self.latest_epoch = latest_epoch
 
 
 __all__ = [

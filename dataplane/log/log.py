@@ -20,14 +20,14 @@ import bisect
 import os
 import threading
 
-from common.batch import MAX_BATCH_BYTES, Buffer, iter_batches, set_base_offset, set_leader_epoch
+from common.batch import BATCH_BYTES_MAX, Buffer, iter_batches, set_base_offset, set_leader_epoch
 from common.durable import fsync_dir
-from common.errors import InvalidRequestError, StorageError
+from common.errors import (InvalidRequestError, OffsetMismatchError, OffsetOutOfRangeError,
+                           StaleEpochError, StorageError)
 
 from . import files
 from .epoch_cache import EpochCache
-from .interface import (AppendInfo, DeletedSegment, EpochEntry, LogConfig, OffsetMismatchError,
-                        OffsetOutOfRangeError, ReadResult, StaleEpochError, patchable)
+from .interface import AppendInfo, DeletedSegment, EpochEntry, LogConfig, ReadResult, patchable
 from .lock import DirectoryLock
 from .producer_snapshots import ProducerSnapshots
 from .segment import BatchSpan, Segment
@@ -296,13 +296,13 @@ class PartitionLog:
                         f"follower append: batch at offset {span.base_offset} has leader epoch "
                         f"{span.leader_epoch}, older than epoch {latest_epoch} before it; "
                         f"truncate to where the epochs diverge first",
-                        epoch=span.leader_epoch, latest_epoch=latest_epoch)
+                        field="leader_epoch", expected=latest_epoch, actual=span.leader_epoch)
                 latest_epoch = max(latest_epoch, span.leader_epoch)
                 expected = span.next_offset
             return self._write(batches, spans, now_ms)
 
     def _validate(self, buf: Buffer, *, crc: bool) -> list[BatchSpan]:
-        limit = min(self.config.segment_bytes, MAX_BATCH_BYTES)
+        limit = min(self.config.segment_bytes, BATCH_BYTES_MAX)
         spans = []
         for position, header in iter_batches(buf, validate=crc, max_batch_bytes=limit):
             spans.append(BatchSpan(position=position, size_bytes=header.size_bytes,

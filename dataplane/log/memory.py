@@ -12,12 +12,12 @@ import bisect
 import dataclasses
 from collections.abc import Iterator
 
-from common.batch import MAX_BATCH_BYTES, BatchHeader, Buffer, iter_batches, set_base_offset, set_leader_epoch
-from common.errors import InvalidRequestError, StorageError
+from common.batch import BATCH_BYTES_MAX, BatchHeader, Buffer, iter_batches, set_base_offset, set_leader_epoch
+from common.errors import (InvalidRequestError, OffsetMismatchError, OffsetOutOfRangeError,
+                           StaleEpochError, StorageError)
 
 from .epoch_cache import EpochCache
-from .interface import (AppendInfo, DeletedSegment, EpochEntry, LogConfig, OffsetMismatchError,
-                        OffsetOutOfRangeError, ReadResult, StaleEpochError, patchable)
+from .interface import AppendInfo, DeletedSegment, EpochEntry, LogConfig, ReadResult, patchable
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -124,7 +124,7 @@ class MemoryLog:
                 raise StaleEpochError(
                     f"follower append: batch at offset {header.base_offset} has leader epoch "
                     f"{header.leader_epoch}, older than epoch {latest} before it",
-                    epoch=header.leader_epoch, latest_epoch=latest)
+                    field="leader_epoch", expected=latest, actual=header.leader_epoch)
             latest = header.leader_epoch
             expected = header.next_offset
             new.append(_Batch(base_offset=header.base_offset, next_offset=header.next_offset,
@@ -133,7 +133,7 @@ class MemoryLog:
         return self._store(new, now_ms)
 
     def _validate(self, buf: Buffer, *, crc: bool) -> list[tuple[int, BatchHeader]]:
-        limit = min(self.config.segment_bytes, MAX_BATCH_BYTES)
+        limit = min(self.config.segment_bytes, BATCH_BYTES_MAX)
         found = list(iter_batches(buf, validate=crc, max_batch_bytes=limit))
         if not found:
             raise InvalidRequestError("append with no record batches; send at least one batch")

@@ -34,6 +34,7 @@ from typing import Any
 
 from crc32c import crc32c
 
+from common import durable
 from common.durable import fsync_dir
 from . import files
 
@@ -115,14 +116,11 @@ class ProducerSnapshots:
         (nothing is installed then either)."""
         data = encode(offset, entries)
         path = self._path(offset)
-        tmp = path + ".tmp"
+        tmp = durable.temp_path(path)
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-            try:
-                files.write_all(fd, data, 0)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            # common/durable.py's atomic write, split: the rename waits for the lock
+            # and the generation check, and one directory fsync covers it and the pruning.
+            durable.write_synced(tmp, data)
             with self._lock:
                 if generation != self._generation:
                     os.unlink(tmp)

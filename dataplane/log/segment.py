@@ -11,10 +11,10 @@ from collections.abc import Iterator
 import os
 import struct
 
-from common.batch import HEADER_SIZE, MAX_BATCH_BYTES, Buffer, read_header, scan_valid_prefix
+from common.batch import BATCH_BYTES_MAX, HEADER_SIZE, Buffer, read_header, scan_valid_prefix
 from common.errors import CorruptBatchError
 
-from .files import write_all
+from common.durable import write_all
 from .index import OffsetIndex, TimeIndex
 
 # Header fields read without building a BatchHeader (the bytes were validated on the way in).
@@ -340,7 +340,7 @@ def _read_file(path: str) -> bytes | None:
 def _whole_batch_larger_than(chunk: bytes, fd: int, position: int, file_size: int) -> bytes | None:
     """When a valid batch is larger than the recovery chunk, read it whole; else None."""
     try:
-        header = read_header(chunk, max_batch_bytes=MAX_BATCH_BYTES)
+        header = read_header(chunk, max_batch_bytes=BATCH_BYTES_MAX)
     except CorruptBatchError:
         return None
     if header.size_bytes <= len(chunk) or position + header.size_bytes > file_size:
