@@ -122,6 +122,10 @@ class ElectionReport(_Request):
     fenced_epoch: int = Field(ge=0)
     last_epoch: int = Field(ge=-1)  # -1: empty log
     end_offset: int = Field(ge=0)
+    # durability=write only: the replica restarted after a crash and has not caught up with a
+    # leader since, so a committed record it counted may be gone from it. Such a report is
+    # not one of the n - q + 1 an election needs; it counts only when every replica reported.
+    unclean: bool = False
 
 
 class AllocateProducerIdsRequest(_Request):

@@ -41,6 +41,7 @@ MODELS = [
     Model(name="DataPlaneLive", spec="DataPlane"),
     Model(name="Controller", spec="Controller"),
     Model(name="ControllerQuorum", spec="Controller"),
+    Model(name="ControllerQuorumWrite", spec="Controller"),
     Model(name="Producer", spec="Producer"),
     Model(name="ProducerTwo", spec="Producer"),
 ]
@@ -74,6 +75,10 @@ BROKEN = [
           expected_violation="IsrComplete"),
     Model(name="Controller_few_reports", spec="Controller",
           expected_violation="LeaderComplete"),
+    Model(name="Controller_count_unclean", spec="Controller",
+          expected_violation="LeaderComplete"),
+    Model(name="Controller_silent_unclean", spec="Controller",
+          expected_violation="ElectionLive"),
     Model(name="Producer_restamp_unknown", spec="Producer",
           expected_violation="NoDuplicate"),
     Model(name="Producer_restamp_rejected", spec="Producer",

@@ -400,9 +400,9 @@ def quorum_image(n=3, **cfg):
     return image
 
 
-def report(b, epoch, last_epoch, end_offset, topic="q"):
+def report(b, epoch, last_epoch, end_offset, topic="q", unclean=False):
     return ElectionReport(broker_id=b, topic=topic, partition=0, fenced_epoch=epoch,
-                          last_epoch=last_epoch, end_offset=end_offset)
+                          last_epoch=last_epoch, end_offset=end_offset, unclean=unclean)
 
 
 def test_quorum_leader_loss_fences_first():
@@ -468,6 +468,50 @@ def test_quorum_reports_from_fenced_replicas_do_not_count():
     p = image.partition("q", 0)
     assert elect_quorum(image, p, [report(3, 1, 9, 9), report(2, 1, 0, 0)]) is None
     assert elect_quorum(image, p, [report(1, 1, 0, 0), report(2, 1, 0, 1)]).leader == 2
+
+
+def test_quorum_unclean_reports_count_only_when_every_replica_reported():
+    """durability=write: replicas 1 and 2 restarted after a crash and cannot catch up (no
+    leader during the election). Their reports say so. With replica 3 alone clean, an
+    election among {3, 1} could drop a record committed on {1, 2} and lost in 1's crash
+    while 2 is down: no leader. Once all three reported, no replica holds more than the
+    best of them, and waiting could never make one clean: the best is elected."""
+    image = quorum_image(n=3)  # q = 2: n - q + 1 = 2 reports
+    apply(image, [fence_for_election(image, image.partition("q", 0))])
+    p = image.partition("q", 0)
+    tracker = QuorumElectionTracker()
+    assert tracker.add(image, report(3, 1, 0, 40)) is None
+    assert tracker.add(image, report(1, 1, 0, 50, unclean=True)) is None
+    assert elect_quorum(image, p, tracker.reports(p)) is None
+    assert elect_leaders(image, tracker) == []
+    assert tracker.add(image, report(2, 1, 0, 45, unclean=True)) is None
+    c = elect_quorum(image, p, tracker.reports(p))
+    assert (c.leader, c.isr) == (1, (1, 2, 3)) and "2 unclean" in c.reason
+    assert elect_leaders(image, tracker) == [c]
+
+
+def test_quorum_clean_reports_suffice_and_an_unclean_one_may_win():
+    """n - q + 1 clean reports elect as before; an unclean report beside them is compared
+    too (its flushed log is a real log: if it is the greatest, it holds what the clean
+    holder of every committed record holds)."""
+    image = quorum_image(n=5, quorum_required_acks=3)  # 3 clean reports needed
+    apply(image, [fence_for_election(image, image.partition("q", 0))])
+    p = image.partition("q", 0)
+    clean = [report(b, 1, 0, 10) for b in (3, 4)]
+    unclean = [report(b, 1, 0, 20, unclean=True) for b in (1, 2)]
+    assert elect_quorum(image, p, clean + unclean) is None  # 2 clean + 2 unclean of 5
+    c = elect_quorum(image, p, clean + unclean[:1] + [report(5, 1, 0, 10)])
+    assert (c.leader, c.isr) == (1, (1, 3, 4, 5))
+    assert elect_quorum(image, p, clean + unclean + [report(5, 1, 0, 10, unclean=True)]).leader == 1
+
+
+def test_quorum_unclean_reports_from_fenced_replicas_do_not_complete_the_set():
+    image = quorum_image(n=3)
+    apply(image, [fence_for_election(image, image.partition("q", 0)),
+                  FenceBroker(broker_id=2, at_ms=0)])
+    p = image.partition("q", 0)
+    reports = [report(1, 1, 0, 5, unclean=True), report(2, 1, 0, 9, unclean=True), report(3, 1, 0, 1)]
+    assert elect_quorum(image, p, reports) is None
 
 
 def test_quorum_ties_break_by_priority_then_replica_order():

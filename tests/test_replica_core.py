@@ -27,10 +27,10 @@ class Node:
     """A replica with its log; completes writes (and flushes, if auto_flush) at once."""
 
     def __init__(self, replica_id: int, *, log: MemoryLog | None = None, auto_flush: bool = True,
-                 fetch_max_bytes: int = 1024 * 1024) -> None:
+                 fetch_max_bytes: int = 1024 * 1024, unclean_start: bool = False) -> None:
         self.log = log if log is not None else MemoryLog()
         self.replica = Replica(replica_id=replica_id, log=self.log, fetch_backoff_ms=10, flush_debounce_ms=5,
-                               fetch_max_bytes=fetch_max_bytes)
+                               fetch_max_bytes=fetch_max_bytes, unclean_start=unclean_start)
         self.auto_flush = auto_flush
         self.actions: list = []
 
@@ -505,6 +505,71 @@ def test_election_report_names_only_the_flushed_prefix():
     node2 = Node(2, log=log, auto_flush=False)
     node2.step(NewMetadata(partition=state(leader=None, epoch=2, fence=True), config=cfg))
     assert node2.take(ReportElection) == [ReportElection(replica_id=2, fenced_epoch=2, last_epoch=1, end_offset=1)]
+
+
+def test_unclean_write_replica_reports_marked_unclean_until_it_caught_up_or_led():
+    """Claim: under durability=write a replica restarted after a crash still reports in a quorum
+    election (there is no leader to catch up with during one), marked `unclean`; under fsync, or
+    once it caught up with a leader, or once it led an epoch, its reports are clean."""
+    fence = state(leader=None, epoch=2, fence=True)
+    for durability, unclean in (("write", True), ("fsync", False)):
+        cfg = config(commit_policy="quorum", quorum_required_acks=2, durability=durability)
+        log = MemoryLog()
+        log.append_as_leader(batch(), leader_epoch=1)
+        log.flush()
+        node = Node(2, log=log, unclean_start=True)
+        node.step(NewMetadata(partition=fence, config=cfg))
+        assert node.take(ReportElection) == [ReportElection(replica_id=2, fenced_epoch=2, last_epoch=1,
+                                                            end_offset=1, unclean=unclean)], durability
+        assert not node.take(Rejected)
+    cfg = config(commit_policy="quorum", quorum_required_acks=2, durability="write")
+    nodes = cluster(cfg, st=state(epoch=3))
+    produce(nodes[1], 1, -1, b"a")
+    pump(nodes)
+    nodes[2] = Node(2, log=nodes[2].log, unclean_start=True)  # crashed and restarted
+    nodes[2].step(NewMetadata(partition=state(epoch=3), config=cfg))
+    assert nodes[2].replica.unclean_start
+    pump(nodes)  # caught up with leader 1
+    assert not nodes[2].replica.unclean_start
+    nodes[3] = Node(3, log=nodes[3].log, unclean_start=True)
+    nodes[3].step(NewMetadata(partition=state(leader=3, epoch=4, isr=(3,)), config=cfg))
+    assert nodes[3].replica.role is Role.LEADER and not nodes[3].replica.unclean_start
+
+
+def test_quorum_write_partition_elects_once_every_replica_reports_after_unclean_restarts():
+    """Claim (regression, the chaos harness's kill_broker run): leader 1 and follower 2 of a
+    quorum + write partition both restart after a crash before either caught up with a leader.
+    Only replica 3 is clean, so n - q + 1 = 2 clean reports never come, and without a leader
+    nobody can become clean: the partition stayed leaderless for good. Every replica up
+    and reporting (two of them unclean) is enough for the controller's election."""
+    from controller.decisions import QuorumElectionTracker, elect_leaders, fence_for_election
+    from common.requests import ElectionReport
+    from metadata_builders import add_topic, apply, cluster as image_cluster
+
+    image = image_cluster(3)
+    add_topic(image, "q", [[1, 2, 3]], commit_policy="quorum", durability="write")
+    cfg = config(commit_policy="quorum", quorum_required_acks=2, durability="write")
+    nodes = cluster(cfg, st=state(epoch=0))  # the image's partition: leader 1, epochs 0
+    produce(nodes[1], 1, -1, b"a")
+    pump(nodes)
+    assert nodes[1].released()[1].error is ErrorCode.NONE
+    for i in (1, 2):  # both crash (losing what was not flushed) and restart
+        nodes[i].log.crash()
+        nodes[i] = Node(i, log=nodes[i].log, unclean_start=True)
+    assert [n.log.log_end_offset for n in nodes.values()] == [1, 0, 2]  # the record: only on 3
+    apply(image, [fence_for_election(image, image.partition("q", 0))])
+    p = image.partition("q", 0)
+    tracker = QuorumElectionTracker()
+    for i, n in nodes.items():
+        n.step(NewMetadata(partition=state(leader=None, epoch=p.leader_epoch, pepoch=p.partition_epoch,
+                                           fence=True), config=cfg))
+        for r in n.take(ReportElection):
+            assert tracker.add(image, ElectionReport(
+                broker_id=r.replica_id, topic="q", partition=0, fenced_epoch=r.fenced_epoch,
+                last_epoch=r.last_epoch, end_offset=r.end_offset, unclean=r.unclean)) is None
+    assert [(r.broker_id, r.unclean) for r in tracker.reports(p)] == [(1, True), (2, True), (3, False)]
+    [elected] = elect_leaders(image, tracker)
+    assert elected.leader == 3 and elected.isr == (1, 2, 3)  # 3 holds the acknowledged record
 
 
 def test_unknown_event_is_a_clear_error():

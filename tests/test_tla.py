@@ -29,6 +29,7 @@ EXPECTED_STATES = {
     "DataPlaneLive": 762,
     "Controller": 248_285,
     "ControllerQuorum": 103_353,
+    "ControllerQuorumWrite": 400_623,
     "Producer": 28_544,
     "ProducerTwo": 38_785,
 }
@@ -45,6 +46,8 @@ EXPECTED_BREAKS = {
     "Controller_stale_isr": "LeaderInIsr",
     "Controller_shrink_early": "IsrComplete",
     "Controller_few_reports": "LeaderComplete",
+    "Controller_count_unclean": "LeaderComplete",
+    "Controller_silent_unclean": "ElectionLive",
     "Producer_restamp_unknown": "NoDuplicate",
     "Producer_restamp_rejected": "NoDuplicate",
     "Producer_dup_without_offset": "AckedAtOffset",
@@ -60,6 +63,8 @@ SAME_BOUNDS = {
     "Producer_restamp_rejected": "Producer",
     "Producer_dup_without_offset": "Producer",
     "Producer_no_rebuild": "Producer",
+    "Controller_count_unclean": "ControllerQuorumWrite",
+    "Controller_silent_unclean": "ControllerQuorumWrite",
 }
 
 

@@ -8,6 +8,11 @@
 (* up sets it. DataPlane.tla shows that the greatest flushed (last epoch,  *)
 (* end offset) report has every committed record; here the quorum election *)
 (* is reduced to "a reporter that has them wins, if any reporter does".    *)
+(* Durability = "write" adds Crash(b): b restarts having lost what it had  *)
+(* not flushed, which the commit rule counted (has[b] is cleared), and it  *)
+(* stays unclean until it catches up with a leader or leads. An unclean    *)
+(* replica reports too, but its report is not one of the n - q + 1: the    *)
+(* election needs n - q + 1 clean reports or a report from every replica.  *)
 (***************************************************************************)
 EXTENDS Naturals, FiniteSets, TLC
 
@@ -20,10 +25,14 @@ CONSTANTS
     MinIsr,        \* min_insync_replicas
     Policy,        \* "isr" | "quorum"
     MaxEpoch,      \* bound on the partition epoch
+    Durability,    \* "fsync" | "write" (write: quorum policy only)
     Bug            \* "none" | "stale_isr" | "shrink_early" | "few_reports"
+                   \* | "count_unclean" | "silent_unclean"
 
 ASSUME /\ Policy \in {"isr", "quorum"}
-       /\ Bug \in {"none", "stale_isr", "shrink_early", "few_reports"}
+       /\ Durability \in {"fsync", "write"}
+       /\ Durability = "write" => Policy = "quorum"
+       /\ Bug \in {"none", "stale_isr", "shrink_early", "few_reports", "count_unclean", "silent_unclean"}
        /\ InitReplicas \subseteq Brokers
        /\ Nil \notin Brokers
 
@@ -39,10 +48,11 @@ VARIABLES
     lview,      \* the leader's view: [le, pe, isr] of its last accepted state
     proposals,  \* AlterPartition requests in flight: [le, pe, isr]
     pending,    \* the ISR the leader proposed and awaits (or lview.isr)
-    has         \* has[b]: b holds every committed record
+    has,        \* has[b]: b holds every committed record
+    unclean     \* write: restarted after a crash, not caught up with a leader since
 
 vars == <<fenced, replicas, target, isr, leader, lepoch, pepoch, reports, lview,
-          proposals, pending, has>>
+          proposals, pending, has, unclean>>
 
 N == Cardinality(InitReplicas)
 
@@ -54,6 +64,7 @@ TypeOK ==
     /\ lepoch \in Nat /\ pepoch \in 0..MaxEpoch
     /\ reports \subseteq Brokers
     /\ has \in [Brokers -> BOOLEAN]
+    /\ unclean \subseteq Brokers
 
 Init ==
     /\ fenced = {}
@@ -67,6 +78,7 @@ Init ==
     /\ proposals = {}
     /\ pending = InitReplicas
     /\ has = [b \in Brokers |-> TRUE]
+    /\ unclean = {}
 
 \* A new leader (or none) at the next epochs; the leader's view restarts.
 NewLeader(l) ==
@@ -86,12 +98,12 @@ IsrCandidates(excl) == (isr \ fenced) \ {excl}
 ---------------------------------------------------------------------------
 (* Broker lifecycle *)
 
-\* Session timeout: the broker is fenced, leaves every ISR (but the last
+\* Session timeout, or registering again after a crash: the broker is fenced, leaves every ISR (but the last
 \* member stays so that the ISR still names who holds the data) and loses
 \* its leadership. isr: one record electing from the ISR. quorum: the
 \* record fences the partition at e+1 with no leader (the two-step election).
-FenceBroker(b) ==
-    /\ b \notin fenced /\ pepoch < MaxEpoch
+Fence(b) ==
+    /\ pepoch < MaxEpoch
     /\ fenced' = fenced \cup {b}
     /\ isr' = IF isr = {b} THEN isr ELSE isr \ {b}
     /\ pepoch' = pepoch + 1
@@ -103,13 +115,25 @@ FenceBroker(b) ==
                 ELSE NewLeader(Nil)
          ELSE UNCHANGED <<leader, lepoch, lview, pending, proposals>>
     /\ reports' = {}
-    /\ UNCHANGED <<replicas, target, has>>
+    /\ UNCHANGED <<replicas, target>>
+
+\* Session timeout.
+FenceBroker(b) == b \notin fenced /\ Fence(b) /\ UNCHANGED <<has, unclean>>
+
+\* write: kill -9 and restart. The broker registers again (fenced, out of the
+\* ISR, leadership lost: the same record as a fence) and what it had not
+\* flushed is gone: it may miss committed records.
+Crash(b) ==
+    /\ Durability = "write" /\ b \in replicas
+    /\ Fence(b)
+    /\ has' = [has EXCEPT ![b] = FALSE]
+    /\ unclean' = unclean \cup {b}
 
 Unfence(b) ==
     /\ b \in fenced
     /\ fenced' = fenced \ {b}
     /\ UNCHANGED <<replicas, target, isr, leader, lepoch, pepoch, reports, lview,
-                   proposals, pending, has>>
+                   proposals, pending, has, unclean>>
 
 ---------------------------------------------------------------------------
 (* Data plane, abstracted *)
@@ -124,11 +148,14 @@ Commit ==
                               ELSE Cardinality(S) >= Q
          /\ has' = [b \in Brokers |-> b \in S]
     /\ UNCHANGED <<fenced, replicas, target, isr, leader, lepoch, pepoch, reports, lview,
-                   proposals, pending>>
+                   proposals, pending, unclean>>
 
+\* From the leader, which can only pass on what it has.
 CatchUp(b) ==
-    /\ leader # Nil /\ b \in replicas /\ b \notin fenced /\ ~has[b]
+    /\ leader # Nil /\ has[leader] /\ b \in replicas /\ b \notin fenced
+    /\ ~has[b] \/ b \in unclean
     /\ has' = [has EXCEPT ![b] = TRUE]
+    /\ unclean' = unclean \ {b}
     /\ UNCHANGED <<fenced, replicas, target, isr, leader, lepoch, pepoch, reports, lview,
                    proposals, pending>>
 
@@ -140,7 +167,7 @@ Propose(newIsr) ==
     /\ newIsr # lview.isr /\ leader \in newIsr
     /\ pending' = newIsr
     /\ proposals' = proposals \cup {[le |-> lview.le, pe |-> lview.pe, isr |-> newIsr]}
-    /\ UNCHANGED <<fenced, replicas, target, isr, leader, lepoch, pepoch, reports, lview, has>>
+    /\ UNCHANGED <<fenced, replicas, target, isr, leader, lepoch, pepoch, reports, lview, has, unclean>>
 
 \* Shrink: a follower fell behind (replica_lag_time_max).
 ProposeShrink(b) == b \in lview.isr /\ b # leader /\ Propose(lview.isr \ {b})
@@ -169,7 +196,7 @@ AlterIsr ==
                      THEN /\ lview' = [le |-> lepoch, pe |-> pepoch, isr |-> isr]
                           /\ pending' = isr
                      ELSE UNCHANGED <<lview, pending>>
-      /\ UNCHANGED <<fenced, replicas, target, leader, lepoch, reports, has>>
+      /\ UNCHANGED <<fenced, replicas, target, leader, lepoch, reports, has, unclean>>
 
 \* One request in flight at a time (the current or an earlier leader's) keeps
 \* the model small; the stale-request case needs no more.
@@ -178,18 +205,30 @@ ProposalBound == Cardinality(proposals) <= 1
 ---------------------------------------------------------------------------
 (* quorum: the two-step election *)
 
+\* An unclean replica reports as well (it is unclean in reports \cap unclean:
+\* it cannot turn clean while there is no leader). The silent_unclean bug is
+\* the rule before: it reports only once it has caught up with a leader.
 Report(b) ==
     /\ Policy = "quorum" /\ leader = Nil
     /\ b \in replicas /\ b \notin fenced /\ b \notin reports
+    /\ Bug = "silent_unclean" => b \notin unclean
     /\ reports' = reports \cup {b}
     /\ UNCHANGED <<fenced, replicas, target, isr, leader, lepoch, pepoch, lview,
-                   proposals, pending, has>>
+                   proposals, pending, has, unclean>>
 
-\* n - q + 1 reports intersect every commit quorum of q; the few_reports bug
-\* elects after n - q.
+\* n - q + 1 clean reports intersect every commit quorum of q in a replica
+\* that kept the record. A report from every replica: none holds more than
+\* the best reporter. The few_reports bug elects after n - q reports, the
+\* count_unclean bug counts unclean reports among the n - q + 1.
+EnoughReports ==
+    CASE Bug = "few_reports"   -> Cardinality(reports) >= N - Q
+      [] Bug = "count_unclean" -> Cardinality(reports) >= N - Q + 1
+      [] OTHER -> Cardinality(reports \ unclean) >= N - Q + 1 \/ replicas \subseteq reports
+
+\* The elected replica's log is the one all follow: it is clean from now on.
 ElectQuorum ==
     /\ Policy = "quorum" /\ leader = Nil /\ pepoch < MaxEpoch
-    /\ Cardinality(reports) >= (IF Bug = "few_reports" THEN N - Q ELSE N - Q + 1)
+    /\ EnoughReports
     /\ \E l \in reports :
          /\ has[l] \/ \A r \in reports : ~has[r]
          /\ isr' = isr
@@ -197,6 +236,7 @@ ElectQuorum ==
          /\ leader' = l
          /\ lview' = [le |-> lepoch, pe |-> pepoch + 1, isr |-> isr]
          /\ pending' = isr
+         /\ unclean' = unclean \ {l}
     /\ reports' = {}
     /\ UNCHANGED <<fenced, replicas, target, lepoch, proposals, has>>
 
@@ -208,7 +248,7 @@ Grow(t) ==
     /\ target' = t
     /\ replicas' = replicas \cup t
     /\ pepoch' = pepoch + 1
-    /\ UNCHANGED <<fenced, isr, leader, lepoch, reports, lview, proposals, pending, has>>
+    /\ UNCHANGED <<fenced, isr, leader, lepoch, reports, lview, proposals, pending, has, unclean>>
 
 \* Shrink once every target replica is in the ISR; re-elect if the leader leaves.
 Shrink ==
@@ -220,11 +260,11 @@ Shrink ==
     /\ IF leader \in target
          THEN UNCHANGED <<leader, lepoch, lview, pending, proposals>>
          ELSE \E l \in (isr' \ fenced) : NewLeader(l)
-    /\ UNCHANGED <<fenced, reports, has>>
+    /\ UNCHANGED <<fenced, reports, has, unclean>>
 
 ---------------------------------------------------------------------------
 Next ==
-    \/ \E b \in Brokers : FenceBroker(b) \/ Unfence(b) \/ CatchUp(b) \/ Report(b)
+    \/ \E b \in Brokers : FenceBroker(b) \/ Crash(b) \/ Unfence(b) \/ CatchUp(b) \/ Report(b)
                           \/ ProposeShrink(b) \/ ProposeExpand(b)
     \/ Commit \/ AlterIsr \/ ElectQuorum \/ Shrink
     \/ \E t \in Targets : Grow(t)
@@ -239,8 +279,20 @@ Symmetry == Permutations(Brokers)
 \* The ISR the controller elects from holds every committed record.
 IsrComplete == Policy = "isr" => \A b \in isr : has[b]
 
-\* Leader completeness: a leader holds every committed record.
-LeaderComplete == leader # Nil => has[leader]
+\* Every committed record is gone from every replica: only under write, after
+\* crashes of every replica that held it (beyond what write promises).
+Lost == \A b \in Brokers : ~has[b]
+
+\* Leader completeness: a leader holds every committed record (unless no
+\* replica does any more).
+LeaderComplete == leader # Nil => has[leader] \/ Lost
+
+\* An election is never stuck: with every replica unfenced (up and connected)
+\* and every report that can be made made, a leader can be elected.
+ElectionLive ==
+    (Policy = "quorum" /\ leader = Nil /\ pepoch < MaxEpoch /\ replicas \cap fenced = {}
+     /\ ~\E b \in Brokers : ENABLED Report(b))
+    => ENABLED ElectQuorum
 
 LeaderInIsr == Policy = "isr" /\ leader # Nil => leader \in isr
 

@@ -17,6 +17,12 @@ topic allows it, and then the ISR restarts as just the new leader.
    The new leader's ISR is the set of unfenced replicas that reported: they are
    known to be alive; the leader re-grows it as others catch up.
    The leader takes epoch e+2 (any leader change bumps the epoch).
+   Under durability=write a replica restarted after a crash and not caught up
+   since reports `unclean`: a committed record it counted may be gone from it,
+   so it is not one of the n − q + 1. Unclean reports count only once every
+   replica has reported: then no replica can hold more than the winner, and
+   waiting would only leave the partition leaderless for good (nobody can catch
+   up without a leader).
 """
 from __future__ import annotations
 
@@ -37,7 +43,7 @@ from controller.decisions.plan import (
 
 __all__ = [
     "elect_isr_leader", "fence_for_election", "QuorumElectionTracker", "elect_quorum",
-    "quorum_reports_needed", "best_report", "best_report_oracle", "elect_leaders",
+    "quorum_reports_needed", "quorum_reports_enough", "best_report", "best_report_oracle", "elect_leaders",
     "move_fenced_leaders",
 ]
 
@@ -60,6 +66,14 @@ def quorum_reports_needed(image: MetadataImage, p: PartitionInfo) -> int:
     """n − q + 1: any q replicas holding a record intersect any n − q + 1 reporters."""
     q = image.topics[p.topic].config.quorum_acks
     return len(p.replicas) - min(q, len(p.replicas)) + 1
+
+
+def quorum_reports_enough(image: MetadataImage, p: PartitionInfo, reports: Iterable[ElectionReport]) -> bool:
+    """n − q + 1 clean reports (one of them holds every committed record), or a report from
+    every replica (none holds more than the best of them). `reports`: one per replica."""
+    reports = list(reports)
+    clean = sum(1 for r in reports if not r.unclean)
+    return clean >= quorum_reports_needed(image, p) or len(reports) >= len(p.replicas)
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,14 +175,16 @@ def elect_quorum(image: MetadataImage, p: PartitionInfo,
              if r.fenced_epoch == p.leader_epoch and r.broker_id in p.replicas
              and image.is_unfenced(r.broker_id)]
     by_broker = {r.broker_id: r for r in valid}  # one per replica
-    if len(by_broker) < quorum_reports_needed(image, p):
+    if not quorum_reports_enough(image, p, by_broker.values()):
         return None
     winner = best_report(image, p, by_broker.values())
     assert winner is not None
     isr = tuple(b for b in p.replicas if b in by_broker)
     assert winner.broker_id in isr
+    unclean = sum(1 for r in by_broker.values() if r.unclean)
     return change(p, leader=winner.broker_id, isr=isr,
-                  reason=f"quorum election: {len(by_broker)} reports, best "
+                  reason=f"quorum election: {len(by_broker)} reports"
+                         f"{f' ({unclean} unclean)' if unclean else ''}, best "
                          f"(epoch {winner.last_epoch}, offset {winner.end_offset})")
 
 

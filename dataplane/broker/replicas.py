@@ -200,7 +200,8 @@ class ReplicaManager:
         try:
             await self.control.election_report(ElectionReport(
                 broker_id=self.broker_id, topic=tp[0], partition=tp[1], fenced_epoch=report.fenced_epoch,
-                last_epoch=report.last_epoch, end_offset=max(report.end_offset, 0)))
+                last_epoch=report.last_epoch, end_offset=max(report.end_offset, 0),
+                unclean=report.unclean))
         except BiplaneError as exc:
             log.info("%s-%d election report failed: %s", *tp, exc)
 

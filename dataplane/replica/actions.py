@@ -81,12 +81,16 @@ class ProposeIsr:
 
 @_frozen
 class ReportElection:
-    """To the controller during a quorum election: (last epoch, end offset) of the FLUSHED log."""
+    """To the controller during a quorum election: (last epoch, end offset) of the FLUSHED log.
+
+    `unclean`: durability=write, restarted after a crash and not caught up with a leader
+    since; the log may lack a committed record it once counted."""
 
     replica_id: int
     fenced_epoch: int
     last_epoch: int
     end_offset: int
+    unclean: bool = False
 
 
 @_frozen

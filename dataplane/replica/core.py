@@ -156,7 +156,8 @@ class Replica(PushMixin):
         self.now_ms = now_ms
         # After an unclean shutdown, data this replica wrote but had not flushed may be
         # gone. Under durability=write the commit rule counted it, so until the replica
-        # has caught up with a leader again its log cannot vouch for it in an election.
+        # has caught up with a leader again (or leads) its log cannot vouch for it in an
+        # election: its reports say `unclean`.
         self.unclean_start = unclean_start
         self.role = Role.UNATTACHED
         self.state: PartitionState | None = None
@@ -313,6 +314,9 @@ class Replica(PushMixin):
             return
         self._leave_role(ErrorCode.NOT_LEADER_OR_FOLLOWER)
         self.role = Role.LEADER
+        # Elected, our log is the one every replica now follows: nothing it lost in the
+        # crash can be asked of it any more (the election chose it knowing that).
+        self.unclean_start = False
         self.high_watermark = min(self.high_watermark, self.log_end_offset)
         self.epoch_start_offset = self.log_end_offset
         assert self.state is not None
@@ -352,15 +356,15 @@ class Replica(PushMixin):
             self._report_election()
 
     def _report_election(self) -> None:
+        # An unclean report still goes: during the election there is no leader to catch up
+        # with, so a replica that stayed silent could never be counted, and a partition
+        # whose up replicas are all unclean would wait forever. The controller counts it
+        # only when every replica has reported (decisions/elections.elect_quorum).
         self._report_sent_ms = self.now_ms
-        if self.unclean_start and self.config.durability == "write":
-            self._notes.append(Rejected(event="ReportElection", error=ErrorCode.INELIGIBLE_REPLICA,
-                                        their_epoch=self.leader_epoch, our_epoch=self.leader_epoch,
-                                        reason="restarted uncleanly and not caught up since"))
-            return
         self._send.append(ReportElection(replica_id=self.replica_id, fenced_epoch=self.leader_epoch,
                                          last_epoch=epoch_before(self.log, self.flushed_offset),
-                                         end_offset=self.flushed_offset))
+                                         end_offset=self.flushed_offset,
+                                         unclean=self.unclean_start and self.config.durability == "write"))
 
     def _leader_metadata_update(self, old_isr: tuple[int, ...]) -> None:
         st = self.state

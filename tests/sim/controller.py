@@ -97,7 +97,8 @@ class SimController:
     def report(self, report: ReportElection, now_ms: int) -> str | None:
         why = self.tracker.add(self.image, ElectionReport(
             broker_id=report.replica_id, topic=TOPIC, partition=0, fenced_epoch=report.fenced_epoch,
-            last_epoch=report.last_epoch, end_offset=report.end_offset))
+            last_epoch=report.last_epoch, end_offset=report.end_offset,
+            unclean=report.unclean))
         self._elect()
         return why
 
