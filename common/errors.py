@@ -52,6 +52,7 @@ class ErrorCode(enum.IntEnum):
     UNKNOWN_LEADER_EPOCH = 75
     UNKNOWN_PRODUCER_ID = 59
     STALE_BROKER_EPOCH = 77
+    OFFSET_NOT_AVAILABLE = 78  # a new leader's HW is still below its epoch start (KIP-207)
     INVALID_UPDATE_VERSION = 95  # stale partition epoch on an ISR change
     FENCED_INSTANCE = 82
     INELIGIBLE_REPLICA = 107
@@ -72,6 +73,7 @@ class ErrorCode(enum.IntEnum):
 
 _RETRIABLE = frozenset({
     ErrorCode.LEADER_NOT_AVAILABLE,
+    ErrorCode.OFFSET_NOT_AVAILABLE,
     ErrorCode.NOT_LEADER_OR_FOLLOWER,
     ErrorCode.REQUEST_TIMED_OUT,
     ErrorCode.NETWORK_EXCEPTION,

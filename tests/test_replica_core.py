@@ -647,6 +647,28 @@ def test_list_offsets_earliest_latest_and_time_stay_below_hw():
     assert nodes[2].replica.list_offset(-1)[0] is ErrorCode.NOT_LEADER_OR_FOLLOWER
 
 
+def test_a_new_leader_answers_offset_not_available_until_its_hw_passes_its_epoch_start():
+    """Claim: list-offsets (latest, or by time) on a leader whose HW is still below its epoch
+    start answers OFFSET_NOT_AVAILABLE (retriable) rather than an HW consumers may already be
+    past; the log start is always known; once the followers store the epoch start, the HW is."""
+    logs = {i: MemoryLog() for i in (1, 2, 3)}
+    for log in logs.values():
+        log.append_as_leader(batch(b"old"), leader_epoch=1)
+        log.flush()
+    nodes = {i: Node(i, log=logs[i]) for i in (1, 2, 3)}
+    for n in nodes.values():
+        n.step(NewMetadata(partition=state(leader=1, epoch=2), config=config()))
+    leader = nodes[1].replica
+    assert leader.high_watermark < leader.epoch_start_offset == 1
+    assert leader.list_offset(-1) == (ErrorCode.OFFSET_NOT_AVAILABLE, -1)
+    assert leader.list_offset(100) == (ErrorCode.OFFSET_NOT_AVAILABLE, -1)
+    assert leader.list_offset(-2) == (ErrorCode.NONE, 0)
+    assert ErrorCode.OFFSET_NOT_AVAILABLE.retriable
+    pump(nodes, now_ms=0)  # ticks let the leader flush its epoch-start batch (debounced)
+    assert leader.high_watermark >= leader.epoch_start_offset
+    assert leader.list_offset(-1) == (ErrorCode.NONE, leader.high_watermark)
+
+
 def _figure_8(monkeypatch, *, epoch_start_rule: bool) -> tuple[int, int]:
     """Raft's figure 8 on quorum q=2 of 3, elections by the controller's rule (greatest
     (last epoch, end offset) of flushed-log reports). Returns (A's HW after B stored the

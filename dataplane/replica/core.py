@@ -652,6 +652,10 @@ class Replica(PushMixin):
             return ErrorCode.NOT_LEADER_OR_FOLLOWER, -1
         if timestamp_ms == EARLIEST_TIMESTAMP:
             return ErrorCode.NONE, self.log.log_start_offset
+        if self.high_watermark < self.epoch_start_offset:
+            # A new leader learns the HW only as followers catch up; until it passes the epoch
+            # start it may be below offsets consumers already read (Kafka's KIP-207 answer).
+            return ErrorCode.OFFSET_NOT_AVAILABLE, -1
         if timestamp_ms == LATEST_TIMESTAMP:
             return ErrorCode.NONE, self.high_watermark
         if timestamp_ms < 0:
