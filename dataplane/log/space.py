@@ -117,7 +117,7 @@ class DiskSpace:
     def _start(self, reason: str) -> None:
         self._full_reason = reason
         self.full_count += 1
-        log.warning("disk full on %s: %s. Produce to partitions stored there is refused with "
+        log.warning("disk full on the filesystem mounted at %s: %s. Produce to partitions stored there is refused with "
                     "KAFKA_STORAGE_ERROR and followers stop applying data; reads go on. Free space "
                     "(delete files, lower retention, grow the volume): writes resume by themselves.",
                     self.directory, reason,
@@ -156,8 +156,19 @@ def for_directory(directory: str) -> DiskSpace:
     with _by_device_lock:
         space = _by_device.get(device)
         if space is None:
-            space = _by_device[device] = DiskSpace(directory)
+            space = _by_device[device] = DiskSpace(_mount_point(directory))
         return space
+
+
+def _mount_point(directory: str) -> str:
+    """The mount point holding `directory` (what an operator frees space on)."""
+    path = os.path.abspath(directory)
+    while not os.path.ismount(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return path
 
 
 def note_full_at(directory: str, what: str) -> None:
