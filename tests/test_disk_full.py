@@ -90,11 +90,12 @@ def test_disk_space_is_full_after_enospc_or_low_statvfs_logs_once_and_clears(tmp
     assert s.has_room(1000) and not s.full
     fs.free = 100 << 10  # statvfs alone notices a disk going below the reserve
     assert not s.has_room()
-    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 2 and all("disk full on the filesystem mounted at" in r.getMessage() for r in warnings)
-    assert "append to p0 failed with ENOSPC" in warnings[0].getMessage()
-    assert "writes resume by themselves" in warnings[0].getMessage()
-    assert [r.getMessage() for r in caplog.records if r.levelno == logging.INFO][0].startswith("disk space is back")
+    full = [r for r in caplog.records if getattr(r, "event", "") == "disk.full"]
+    assert len(full) == 2 and all("disk full on the filesystem mounted at" in r.getMessage() for r in full)
+    assert "append to p0 failed with ENOSPC" in full[0].getMessage()
+    assert "writes resume by themselves" in full[0].getMessage()
+    back = [r for r in caplog.records if getattr(r, "event", "") == "disk.space_back"]
+    assert len(back) == 1 and back[0].getMessage().startswith("disk space is back")
     assert s.full_count == 2
 
 

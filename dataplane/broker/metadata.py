@@ -9,7 +9,7 @@ it knew; it still catches up with the controller before it acts on anything
 A save that fails (a full disk) changes nothing in memory: the learner goes on
 applying records and tries the save again on its next pass (at most every
 `save_retry_ms`), logging the failure once (WARNING, event
-`metadata.save_failed`) and the recovery once (INFO, `metadata.saved`). Only a
+`metadata.save_failed`) and the recovery once (WARNING too, `metadata.saved`). Only a
 restart meanwhile would start from the older file, and it catches up anyway.
 """
 from __future__ import annotations
@@ -99,7 +99,7 @@ class MetadataLearner:
             self.save_failed = str(exc)
             return False
         if self.save_failed is not None:
-            log.info("metadata image saved to %s again at offset %d (after %d failed saves)", self.path,
+            log.warning("metadata image saved to %s again at offset %d (after %d failed saves)", self.path,
                      self.image.offset, self.save_failures,
                      extra={"event": "metadata.saved", "path": self.path, "offset": self.image.offset})
             self.save_failed = None

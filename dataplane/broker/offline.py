@@ -111,7 +111,7 @@ class OfflineRecovery:
             if ok:
                 back += 1
                 self.reopened += 1
-                log.info("%s-%d is back online: reopened from disk after %d attempt(s) (it was offline: %s)",
+                log.warning("%s-%d is back online: reopened from disk after %d attempt(s) (it was offline: %s)",
                          *tp, attempts.count, reason,
                          extra={"event": "partition.online", "topic": tp[0], "partition": tp[1]})
                 del self._attempts[tp]

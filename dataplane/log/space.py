@@ -12,7 +12,7 @@ itself once space is back.
 
 One instance per filesystem (`for_directory`), shared by every partition on it, so the
 condition is logged once: a WARNING (event `disk.full`) when it starts, naming what
-failed and what to do, and an INFO (event `disk.space_back`) when it ends.
+failed and what to do, and another (event `disk.space_back`) when it ends (WARNING too: brokers log at WARNING by default).
 Threads: every method may be called from any thread.
 """
 from __future__ import annotations
@@ -110,7 +110,7 @@ class DiskSpace:
             self._start(f"{free} bytes free, below the {reserve}-byte reserve")
         elif self._full_reason is not None and free >= reserve:
             reason, self._full_reason = self._full_reason, None
-            log.info("disk space is back on %s (%d bytes free; it was full: %s); writes resume",
+            log.warning("disk space is back on %s (%d bytes free; it was full: %s); writes resume",
                      self.directory, free, reason,
                      extra={"event": "disk.space_back", "path": self.directory, "free_bytes": free})
 
