@@ -366,3 +366,46 @@ def test_follower_leaves_fetched_data_unapplied_while_the_disk_is_full(tmp_path)
         await driver.close()
 
     asyncio.run(scenario())
+
+
+def test_flush_enospc_fails_waiting_producers_with_storage_error_and_the_partition_comes_back(tmp_path,
+                                                                                             monkeypatch):
+    """The fsync under an acks=all produce fails (the flusher's thread): the waiting producer
+    gets KAFKA_STORAGE_ERROR, nothing escapes the loop, and the partition reopens with its log."""
+    image = cluster(1)
+    add_topic(image, "t", [[1]], min_insync_replicas=1)
+
+    async def scenario():
+        manager = _manager(tmp_path)
+        await manager.on_metadata(image)
+        driver = manager.get("t", 0)
+        assert driver is not None
+        await until(lambda: driver.replica.epoch_durable, "the leader serving", driver)
+        ok = await asyncio.wait_for(driver.submit_produce(batch(b"durable"), acks=-1, timeout_ms=5000,
+                                                          record_count=1), 5)
+        assert ok.error is ErrorCode.NONE
+        real_fsync = os.fsync
+        monkeypatch.setattr(os, "fsync", enospc)
+        release = await asyncio.wait_for(driver.submit_produce(batch(b"unflushed"), acks=-1, timeout_ms=5000,
+                                                               record_count=1), 5)
+        assert release.error is ErrorCode.KAFKA_STORAGE_ERROR
+        assert driver.failed is not None and "disk full" in driver.failed
+        monkeypatch.setattr(os, "fsync", real_fsync)
+        recovery = OfflineRecovery(manager, lambda: image, data_dir=manager.config.data_dir, retry_ms=1)
+        space.for_directory(manager.config.data_dir).probe_interval_s = 0.0
+        assert await recovery.pass_once() == 1
+        reopened = manager.get("t", 0)
+        assert reopened is not None and reopened.failed is None
+        assert reopened.log.log_end_offset == driver.log.log_end_offset  # written, now fsynced by recovery
+        await manager.close()
+
+    asyncio.run(scenario())
+
+
+def test_clean_shutdown_marker_on_a_full_disk_is_a_warning_and_the_next_start_is_unclean(tmp_path,
+                                                                                        monkeypatch):
+    from dataplane.broker.lifecycle import take_clean_shutdown_marker, write_clean_shutdown_marker
+    monkeypatch.setattr(os, "fsync", enospc)
+    assert write_clean_shutdown_marker(str(tmp_path)) is False
+    monkeypatch.undo()
+    assert take_clean_shutdown_marker(str(tmp_path)) is False
