@@ -30,7 +30,7 @@ log = logging.getLogger("biplane.log.space")
 
 RESERVE_BYTES_MAX = 1 << 20     # refuse produce with less than this free ...
 RESERVE_FRACTION = 0.02         # ... or this fraction of the filesystem, whichever is smaller
-PROBE_INTERVAL_S = 0.25         # statvfs at most this often
+PROBE_INTERVAL_S = 0.01         # statvfs at most this often (a syscall of a few µs)
 
 _DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
