@@ -409,3 +409,29 @@ def test_clean_shutdown_marker_on_a_full_disk_is_a_warning_and_the_next_start_is
     assert write_clean_shutdown_marker(str(tmp_path)) is False
     monkeypatch.undo()
     assert take_clean_shutdown_marker(str(tmp_path)) is False
+
+
+def test_recovery_opens_a_partition_whose_open_failed_but_leaves_one_being_opened_alone(tmp_path):
+    """A partition the metadata assigns here but that is not open (its open failed on a full
+    disk) is opened by the recovery pass; not before the broker caught up with the
+    controller, and not at the first pass that sees it missing (the metadata listener may be
+    opening it right then)."""
+    image = cluster(1)
+    add_topic(image, "t", [[1]], min_insync_replicas=1)
+
+    async def scenario():
+        manager = _manager(tmp_path)
+        caught_up = {"yes": False}
+        recovery = OfflineRecovery(manager, lambda: image, data_dir=manager.config.data_dir,
+                                   ready=lambda: caught_up["yes"], retry_ms=1)
+        assert await recovery.pass_once() == 0 and manager.get("t", 0) is None
+        caught_up["yes"] = True
+        assert await recovery.pass_once() == 0 and manager.get("t", 0) is None, "first sight: left alone"
+        assert await recovery.pass_once() == 1
+        driver = manager.get("t", 0)
+        assert driver is not None and driver.failed is None
+        assert ("t", 0) not in manager.reopening, "never offline: its start is the broker's own"
+        assert await recovery.pass_once() == 0 and manager.get("t", 0) is driver
+        await manager.close()
+
+    asyncio.run(scenario())

@@ -116,7 +116,8 @@ class Broker:
                                    usage_interval_ms=c.usage_interval_ms)
         self.learner.add_listener(self.replicas.on_metadata)
         loop = asyncio.get_running_loop()
-        offline = OfflineRecovery(self.replicas, lambda: learner.image, data_dir=c.data_dir)
+        offline = OfflineRecovery(self.replicas, lambda: learner.image, data_dir=c.data_dir,
+                                  ready=learner.caught_up.is_set)
         for coro in (self.learner.run(), self.lifecycle.run(), self.replicas.run_ticks(),
                      self.replicas.run_retention(), offline.run()):
             task = loop.create_task(coro)

@@ -44,29 +44,38 @@ class _Attempts:
 
 class OfflineRecovery:
     def __init__(self, replicas: ReplicaManager, image: Callable[[], MetadataImage], *, data_dir: str,
-                 retry_ms: int = 1000, retry_ms_max: int = 30_000, attempts_max: int = 100,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 ready: Callable[[], bool] = lambda: True, retry_ms: int = 1000, retry_ms_max: int = 30_000,
+                 attempts_max: int = 100, clock: Callable[[], float] = time.monotonic) -> None:
         self.replicas = replicas
         self.image = image
+        self.ready = ready  # the broker acts on metadata only once caught up with the controller
         self.data_dir = data_dir
         self.retry_s = retry_ms / 1000
         self.retry_s_max = retry_ms_max / 1000
         self.attempts_max = attempts_max
         self._clock = clock
         self._attempts: dict[TopicPartition, _Attempts] = {}
+        self._missing: set[TopicPartition] = set()  # assigned, not open at the previous pass
         self.reopened = 0  # partitions brought back (tests, metrics)
 
     def _wanted(self, image: MetadataImage) -> list[TopicPartition]:
-        """Partitions assigned here that are offline or not open (an open that failed: a full
-        disk when the metadata arrived; reopen() leaves one being opened meanwhile alone)."""
+        """Partitions assigned here that are offline, or still not open at a second pass in a
+        row (an open that failed: a full disk when the metadata arrived; a first pass may see
+        one the metadata listener is opening right now)."""
         broker_id = self.replicas.broker_id
         out = []
+        missing = set()
         for info in image.partitions():
             if broker_id not in info.replicas:
                 continue
             driver = self.replicas.drivers.get(info.tp)
-            if driver is None or (driver.failed is not None and not driver.closed):
+            if driver is None:
+                missing.add(info.tp)
+                if info.tp in self._missing:
+                    out.append(info.tp)
+            elif driver.failed is not None and not driver.closed:
                 out.append(info.tp)
+        self._missing = missing
         return out
 
     def _has_room(self) -> bool:
@@ -87,6 +96,8 @@ class OfflineRecovery:
 
     async def pass_once(self) -> int:
         """One pass: reopen every offline partition that is due; how many came back."""
+        if not self.ready():
+            return 0
         image = self.image()
         wanted = self._wanted(image)
         for tp in list(self._attempts):
@@ -97,12 +108,14 @@ class OfflineRecovery:
         now = self._clock()
         back = 0
         for tp in wanted:
+            driver = self.replicas.drivers.get(tp)
+            if driver is not None and driver.failed is None:
+                continue  # opened meanwhile (by the metadata listener)
             attempts = self._attempts.setdefault(tp, _Attempts())
             if attempts.gave_up or now < attempts.next_at:
                 continue
             attempts.count += 1
-            driver = self.replicas.drivers.get(tp)
-            reason = driver.failed if driver is not None else "it could not be opened"
+            reason = driver.failed if driver is not None else "an earlier open failed"
             try:
                 ok = await self.replicas.reopen(tp, image)
                 error = None if ok else "the open failed (logged above)"
