@@ -26,6 +26,7 @@ from dataplane.broker.listener import start_pipelined_server
 from dataplane.broker.lifecycle import Lifecycle, take_clean_shutdown_marker, write_clean_shutdown_marker
 from dataplane.broker.metadata import MetadataLearner
 from dataplane.broker.metrics import render_metrics
+from dataplane.broker.offline import OfflineRecovery
 from dataplane.broker.partition import PartitionDriver, TopicPartition, now_ms
 from dataplane.broker.producer_ids import ProducerIds
 from dataplane.broker.pusher import Pusher
@@ -115,8 +116,10 @@ class Broker:
                                    usage_interval_ms=c.usage_interval_ms)
         self.learner.add_listener(self.replicas.on_metadata)
         loop = asyncio.get_running_loop()
+        offline = OfflineRecovery(self.replicas, lambda: learner.image, data_dir=c.data_dir,
+                                  ready=learner.caught_up.is_set)
         for coro in (self.learner.run(), self.lifecycle.run(), self.replicas.run_ticks(),
-                     self.replicas.run_retention()):
+                     self.replicas.run_retention(), offline.run()):
             task = loop.create_task(coro)
             task.add_done_callback(self._task_ended)
             self._tasks.append(task)

@@ -44,13 +44,26 @@ def take_clean_shutdown_marker(data_dir: str) -> bool:
     return True
 
 
-def write_clean_shutdown_marker(data_dir: str) -> None:
+def write_clean_shutdown_marker(data_dir: str) -> bool:
+    """Write the marker; False (and a warning) if the disk refuses it (a full disk): the next
+    start is then treated as unclean, which is only more careful."""
     path = os.path.join(data_dir, CLEAN_SHUTDOWN_MARKER)
-    with open(path, "w") as f:
-        f.write(f"{int(time.time() * 1000)}\n")
-        f.flush()
-        os.fsync(f.fileno())
-    fsync_dir(data_dir)
+    try:
+        with open(path, "w") as f:
+            f.write(f"{int(time.time() * 1000)}\n")
+            f.flush()
+            os.fsync(f.fileno())
+        fsync_dir(data_dir)
+    except OSError as exc:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        log.warning("cannot write the clean-shutdown marker %s (%s); the next start is treated as "
+                    "unclean (this broker leaves every ISR until it catches up)", path, exc,
+                    extra={"event": "broker.clean_marker_failed"})
+        return False
+    return True
 
 
 

@@ -5,6 +5,12 @@ we are too far behind. The image is saved to `metadata.json` in the data dir
 (atomically, after each applied batch) so a restarted broker starts from what
 it knew; it still catches up with the controller before it acts on anything
 (`caught_up` is set after the first successful fetch of this process).
+
+A save that fails (a full disk) changes nothing in memory: the learner goes on
+applying records and tries the save again on its next pass (at most every
+`save_retry_ms`), logging the failure once (WARNING, event
+`metadata.save_failed`) and the recovery once (WARNING too, `metadata.saved`). Only a
+restart meanwhile would start from the older file, and it catches up anyway.
 """
 from __future__ import annotations
 
@@ -19,6 +25,7 @@ from common.errors import BiplaneError
 from common.metadata.errors import RecordRejected
 from common.metadata.image import MetadataImage
 from common.metadata.records import parse_record
+from dataplane.log import space
 
 log = logging.getLogger("biplane.broker.metadata")
 
@@ -27,11 +34,14 @@ Listener = Callable[[MetadataImage], Awaitable[None] | None]
 
 class MetadataLearner:
     def __init__(self, control: ControlClient, *, data_dir: str, wait_ms_max: int = 5000,
-                 error_backoff_ms: int = 200) -> None:
+                 error_backoff_ms: int = 200, save_retry_ms: int = 1000) -> None:
         self.control = control
         self.path = os.path.join(data_dir, "metadata.json")
         self.wait_ms_max = wait_ms_max
         self.error_backoff_ms = error_backoff_ms
+        self.save_retry_ms = save_retry_ms
+        self.save_failed: str | None = None  # why the newest image is not on disk yet
+        self.save_failures = 0
         self.image = self._load()
         self.caught_up = asyncio.Event()
         self.changed = asyncio.Event()  # set after every applied batch; waiters clear it
@@ -67,10 +77,42 @@ class MetadataLearner:
             json.dump(self.image.to_dict(), f)
         os.replace(tmp, self.path)
 
+    def _save_or_report(self) -> bool:
+        """Save the image; on an I/O error report it (once per condition) and return False."""
+        try:
+            self._save()
+        except OSError as exc:
+            self.save_failures += 1
+            try:
+                os.unlink(self.path + ".tmp")
+            except OSError:
+                pass
+            if space.is_disk_full(exc):
+                space.note_full_at(os.path.dirname(self.path) or ".", f"saving {self.path}")
+            if self.save_failed is None:
+                log.warning("cannot save the metadata image to %s (%s); the broker keeps applying metadata in "
+                            "memory and saves again every %d ms. %s", self.path, exc, self.save_retry_ms,
+                            "Free space on that disk." if space.is_disk_full(exc)
+                            else "Check the data directory's disk and permissions.",
+                            extra={"event": "metadata.save_failed", "path": self.path,
+                                   "offset": self.image.offset})
+            self.save_failed = str(exc)
+            return False
+        if self.save_failed is not None:
+            log.warning("metadata image saved to %s again at offset %d (after %d failed saves)", self.path,
+                     self.image.offset, self.save_failures,
+                     extra={"event": "metadata.saved", "path": self.path, "offset": self.image.offset})
+            self.save_failed = None
+        return True
+
     async def run(self) -> None:
         """Until cancelled."""
+        loop = asyncio.get_running_loop()
         while True:
             wait_ms = self.wait_ms_max if self.caught_up.is_set() else 0
+            if self.save_failed is not None:
+                # The newest image is not on disk: poll no longer than the retry interval.
+                wait_ms = min(wait_ms, self.save_retry_ms)
             try:
                 batch = await self._fetch(wait_ms)
             except BiplaneError as exc:
@@ -82,8 +124,9 @@ class MetadataLearner:
             changed = self._apply(batch)
             first = not self.caught_up.is_set()
             self.caught_up.set()
+            if changed or first or self.save_failed is not None:
+                await loop.run_in_executor(None, self._save_or_report)
             if changed or first:
-                await asyncio.get_running_loop().run_in_executor(None, self._save)
                 await self._notify()
 
     async def _fetch(self, wait_ms: int):
@@ -135,6 +178,12 @@ class MetadataLearner:
 
     async def _notify(self) -> None:
         for listener in self._listeners:
-            result = listener(self.image)
-            if asyncio.iscoroutine(result):
-                await result
+            try:
+                result = listener(self.image)
+                if asyncio.iscoroutine(result):
+                    await result
+            except (OSError, BiplaneError) as exc:
+                # A disk error while acting on metadata (opening a partition on a full disk):
+                # not a reason to stop learning. The next image tries again.
+                log.warning("acting on metadata at offset %d failed: %s", self.image.offset, exc,
+                            extra={"event": "metadata.listener_failed", "offset": self.image.offset})

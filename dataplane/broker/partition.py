@@ -30,6 +30,7 @@ from dataplane.broker.producer_state import BrokerProducerState, plain_entries
 from dataplane.log.flusher import FlushCoalescer, LogTruncatedError
 from dataplane.log.interface import LogConfig
 from dataplane.log.log import PartitionLog
+from dataplane.log.space import offline_hint
 from dataplane.replica.actions import (
     Append, Flush, ProposeIsr, Ready, RefreshMetadata, Rejected, ReleaseProduce, ReportElection, Send,
     StopLeading, Truncate, TruncateFully,
@@ -123,6 +124,12 @@ class PartitionDriver:
             return []
         if self.failed is not None:
             raise PartitionOfflineError(f"partition {self.tp[0]}-{self.tp[1]} is offline: {self.failed}")
+        if isinstance(event, (FetchResponse, AppendEntries)) and event.records and not self.log.space.has_room(
+                len(event.records)):
+            # Disk full: leave replicated data unapplied (as if lost), rather than fail the append.
+            if isinstance(event, AppendEntries):
+                self.log.space.check_room(len(event.records), f"append-entries to {self.tp[0]}-{self.tp[1]}")
+            return []
         ready = self.replica.step(event)
         answers = self._perform(ready) if ready else []
         if self.log.active_segment_base_offset != self._snapshot_segment_base:
@@ -149,6 +156,10 @@ class PartitionDriver:
         in order and stepped then (or answered REQUEST_TIMED_OUT at their timeout),
         rather than refused: a producer with several batches in flight would otherwise
         see a refused batch overtaken by a later accepted one."""
+        if self.failed is not None:
+            raise PartitionOfflineError(f"partition {self.tp[0]}-{self.tp[1]} is offline: {self.failed}")
+        if self.is_leader:  # disk full: StorageError (KAFKA_STORAGE_ERROR) before the core sees it
+            self.log.space.check_room(len(records), f"produce to {self.tp[0]}-{self.tp[1]}")
         if self._parked or self._must_wait():
             future: asyncio.Future[ReleaseProduce] = asyncio.get_running_loop().create_future()
             if len(self._parked) >= self.parked_max:
@@ -368,7 +379,7 @@ class PartitionDriver:
     def _fail(self, reason: str) -> None:
         if self.failed is None:
             self.failed = reason
-            log.error("%s-%d is offline: %s", *self.tp, reason,
+            log.error("%s-%d is offline: %s; %s", *self.tp, reason, offline_hint(reason),
                       extra={"event": "partition.offline", "topic": self.tp[0], "partition": self.tp[1]})
         self._fail_waiters(ErrorCode.KAFKA_STORAGE_ERROR)
         if self.budget is not None:

@@ -31,6 +31,7 @@ from dataplane.broker.budget import ProduceBudget
 from dataplane.broker.config import BrokerConfig
 from dataplane.broker.partition import PartitionDriver, TopicPartition, now_ms
 from dataplane.log.interface import LogConfig
+from dataplane.log.space import is_disk_full
 from dataplane.replica.actions import ProposeIsr, ReportElection
 from dataplane.replica.events import AppendEntries, FetchRequest, IsrChangeRefused, NewMetadata
 from dataplane.replica.state import PartitionState, ReplicationConfig
@@ -76,6 +77,7 @@ class ReplicaManager:
         self._lock = asyncio.Lock()
         self._closed = False
         self._swept = False
+        self.reopening: set[TopicPartition] = set()  # offline partitions opened again (offline.py)
 
     def get(self, topic: str, partition: int) -> PartitionDriver | None:
         return self.drivers.get((topic, partition))
@@ -127,22 +129,43 @@ class ReplicaManager:
     async def _open(self, topic: TopicInfo, info: PartitionInfo) -> PartitionDriver | None:
         directory = partition_dir(self.config.data_dir, info.tp)
         loop = asyncio.get_running_loop()
-        existed = await loop.run_in_executor(None, _prepare_dir, directory, topic.topic_id)
         try:
+            existed = await loop.run_in_executor(None, _prepare_dir, directory, topic.topic_id)
             driver = await loop.run_in_executor(None, lambda: PartitionDriver(
                 broker_id=self.broker_id, tp=info.tp, directory=directory, log_config=log_config_of(topic),
-                hooks=self, unclean_start=existed and not self.clean_start,
+                hooks=self, unclean_start=(existed and not self.clean_start) or info.tp in self.reopening,
                 flush_debounce_ms=self.config.flush_debounce_ms,
                 fetch_max_bytes=self.config.partition_fetch_max_bytes,
                 push_heartbeat_ms=self.config.push_heartbeat_ms, budget=self.budget))
         except (BiplaneError, OSError) as exc:
-            log.error("cannot open %s-%d in %s: %s", *info.tp, directory, exc,
-                      extra={"event": "partition.open_failed", "topic": info.topic, "partition": info.partition})
+            # A full disk is logged once for the whole filesystem (dataplane/log/space.py) and
+            # the open is tried again (dataplane/broker/offline.py): a warning here.
+            log_fn = log.warning if is_disk_full(exc) else log.error
+            log_fn("cannot open %s-%d in %s: %s", *info.tp, directory, exc,
+                   extra={"event": "partition.open_failed", "topic": info.topic, "partition": info.partition})
             return None
         self.drivers[info.tp] = driver
         log.info("opened %s-%d at log end %d", *info.tp, driver.log.log_end_offset,
                  extra={"event": "partition.opened", "topic": info.topic, "partition": info.partition})
         return driver
+
+    async def reopen(self, tp: TopicPartition, image: MetadataImage) -> bool:
+        """Close a partition whose log went offline and open it again from disk, with the
+        log's recovery; the core starts afresh from the log and `image`. True if it is open."""
+        async with self._lock:
+            driver = self.drivers.get(tp)
+            if driver is not None and driver.failed is None:
+                return True  # not offline (opened meanwhile)
+            if driver is not None:
+                del self.drivers[tp]
+                self._fed.pop(tp, None)
+                self.reopening.add(tp)  # its log was not closed by a clean stop of this broker
+        try:
+            if driver is not None:
+                await driver.close()
+        finally:
+            await self.on_metadata(image)
+        return tp in self.drivers
 
     async def _remove(self, tp: TopicPartition, image: MetadataImage) -> None:
         driver = self.drivers.pop(tp)

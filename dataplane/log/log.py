@@ -25,7 +25,7 @@ from common.durable import fsync_dir
 from common.errors import (InvalidRequestError, OffsetMismatchError, OffsetOutOfRangeError,
                            StaleEpochError, StorageError)
 
-from . import files
+from . import files, space
 from .epoch_cache import EpochCache
 from .interface import AppendInfo, DeletedSegment, EpochEntry, LogConfig, ReadResult, patchable
 from .lock import DirectoryLock
@@ -57,6 +57,8 @@ class PartitionLog:
         self.directory = os.path.abspath(directory)
         self.config = config or LogConfig()
         os.makedirs(self.directory, exist_ok=True)
+        # Shared by every log on this filesystem: told of each ENOSPC, asked before produce.
+        self.space = space.for_directory(self.directory)
         self._lock = threading.Lock()        # all state below
         self._flush_lock = threading.Lock()  # one flush at a time; truncations wait for it
         self._dir_lock = DirectoryLock(self.directory)
@@ -312,6 +314,10 @@ class PartitionLog:
             raise InvalidRequestError("append with no record batches; send at least one batch")
         return spans
 
+    def _note_if_full(self, exc: BaseException, what: str) -> None:
+        if space.is_disk_full(exc):
+            self.space.note_full(what)
+
     def _check_writable(self) -> None:
         if self._closed:
             raise StorageError(f"log {self.directory} is closed")
@@ -324,7 +330,11 @@ class PartitionLog:
         old_end = self.log_end_offset
         old_count = len(self._segments)
         old_active = self._segments[-1]
-        self._record_epochs(spans)
+        try:
+            self._record_epochs(spans)
+        except StorageError as exc:
+            self._note_if_full(exc, f"epoch checkpoint write in {self.directory}")
+            raise
         try:
             for roll_first, run in self._runs_by_segment(spans, now_ms):
                 if roll_first:
@@ -333,6 +343,7 @@ class PartitionLog:
                 segment.append(buf, run)
                 self._dirty[id(segment)] = segment
         except OSError as exc:
+            self._note_if_full(exc, f"append to {self.directory}")
             self._undo_append(old_end, old_count, old_active, exc)
             raise files.storage_error(
                 f"append of offsets {old_end}..{spans[-1].next_offset - 1} to {self.directory} "
@@ -425,6 +436,7 @@ class PartitionLog:
             try:
                 self._roll_locked(self.log_end_offset)
             except OSError as exc:
+                self._note_if_full(exc, f"segment roll in {self.directory}")
                 raise files.storage_error(f"cannot roll a new segment in {self.directory}", exc) from exc
 
     # ------------------------------------------------------------------ read
@@ -505,6 +517,7 @@ class PartitionLog:
                         if segment.fd >= 0:
                             self._dirty[id(segment)] = segment
                     self._dir_dirty |= dir_dirty
+                self._note_if_full(exc, f"flush of {self.directory}")
                 raise files.storage_error(f"flush of {self.directory} failed", exc) from exc
             for segment, end in drops:
                 try:
@@ -517,7 +530,12 @@ class PartitionLog:
                 flushed = self._flushed_offset
                 checkpoint_due = self._segment_index(flushed) != self._segment_index(self._recovery_point)
             if checkpoint_due:
-                self._write_recovery_point(flushed)
+                try:
+                    self._write_recovery_point(flushed)
+                except StorageError as exc:
+                    # The data is durable; only the checkpoint is older (the file is replaced
+                    # atomically), so the next open recovers a little more. Not a failure.
+                    self._note_if_full(exc, f"recovery-point write in {self.directory}")
             return flushed
 
     def _drop_behind_ends(self, segments: list[Segment]) -> list[tuple[Segment, int]]:
@@ -650,7 +668,11 @@ class PartitionLog:
                     self._tail.drop_before(start)
                     self._flushed_offset = max(self._flushed_offset, start)
                     if self._epochs.truncate_from_start(start):
-                        files.write_atomically(self._path(EPOCH_CHECKPOINT), self._epochs.encode())
+                        try:
+                            files.write_atomically(self._path(EPOCH_CHECKPOINT), self._epochs.encode())
+                        except StorageError as exc:
+                            # The old file names epochs below the new start too: open() trims them.
+                            self._note_if_full(exc, f"epoch checkpoint write in {self.directory}")
                     fsync_dir(self.directory)
         return deleted
 
@@ -675,6 +697,11 @@ class PartitionLog:
                     fsync_dir(self.directory)
                     files.write_atomically(self._path(RECOVERY_POINT), b"%d\n" % self.log_end_offset)
                     files.write_atomically(self._path(CLEAN_SHUTDOWN), b"")
+            except StorageError as exc:
+                if not space.is_disk_full(exc):
+                    raise
+                # Everything is fsynced; without the marker the next open only recovers more.
+                self.space.note_full(f"clean close of {self.directory}")
             finally:
                 with self._lock:
                     self._closed = True

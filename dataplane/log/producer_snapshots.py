@@ -36,7 +36,7 @@ from crc32c import crc32c
 
 from common import durable
 from common.durable import fsync_dir
-from . import files
+from . import files, space
 
 log = logging.getLogger("biplane.log.producer_snapshots")
 
@@ -136,6 +136,8 @@ class ProducerSnapshots:
             fsync_dir(self.directory)
         except OSError as exc:
             _unlink(tmp)
+            if space.is_disk_full(exc):
+                space.note_full_at(self.directory, f"producer snapshot {path}")
             raise files.storage_error(f"cannot write producer snapshot {path}", exc) from exc
         return True
 
