@@ -34,14 +34,7 @@ from common.requests import (
     ReassignmentRequest,
 )
 from controller import core, rpc, views
-from controller.http_edge import (  # noqa: F401  (error helpers: re-exported for older imports)
-    EarlyResponse,
-    error_from_exception,
-    error_response,
-    http_status,
-    read_model,
-    validation_error,
-)
+from controller.http_edge import EarlyResponse, error_from_exception, error_response, read_model
 from controller.service import ControllerService, NotControllerError
 
 log = logging.getLogger("biplane.controller.api")

@@ -7,9 +7,10 @@ brokers' metadata fetches, and answers reads from it.
 The leader trusts its view only after a marker it proposed in the current term
 has committed: by then every command of earlier terms is applied, so
 `pending = committed.copy()` is the whole truth. From then on a single
-sequential command path (the event loop itself: decisions, staging and
+sequential command path (the event loop itself: the core's step, staging and
 applying to `pending` happen with no await in between) turns requests and the
-periodic timer into records, applies them to `pending` (so the next decision
+periodic timer into records (`execute`: the leader's `ControllerCore` decides,
+this service holds no rules), applies them to `pending` (so the next decision
 sees them), and groups what was staged in one loop turn into one Raft command
 `{"expected_offset", "records"}`. Several commands may be in flight. If any of
 them fails or commits differently from `pending`, the view is dropped and
