@@ -163,5 +163,6 @@ def _parse(model: type[AnswerT], call: str, doc: Any) -> AnswerT:
         return model.model_validate(doc)
     except ValidationError as exc:
         # A controller of another version, or a proxy in between: say which call and field.
-        raise BiplaneError(f"the controller's answer to {call} is not a {model.__name__}: {exc}",
-                           code=ErrorCode.UNKNOWN) from exc
+        fields = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'answer'}: {e['msg']}" for e in exc.errors()[:5])
+        raise BiplaneError(f"the controller's answer to {call} is not a {model.__name__} ({fields}); "
+                           "is the controller of another version?", code=ErrorCode.UNKNOWN) from exc

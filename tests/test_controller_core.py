@@ -300,3 +300,14 @@ def test_the_controller_package_has_no_import_cycle():
         return False
     cycles = sorted(m for m in graph if reaches(m, m, set()))
     assert cycles == [], {m: sorted(graph[m]) for m in cycles}
+
+
+def test_a_broker_told_an_answer_that_does_not_fit_learns_which_call_and_field():
+    from common.control_client import _parse
+    from common.errors import BiplaneError
+
+    with pytest.raises(BiplaneError, match=r"answer to heartbeat is not a HeartbeatAnswer.*fenced"):
+        _parse(HeartbeatAnswer, "heartbeat", {"broker_id": 1, "metadata_offset": 3, "session_timeout_ms": 1500})
+    # A field it does not know (a newer controller) is ignored.
+    assert _parse(HeartbeatAnswer, "heartbeat", {"broker_id": 1, "fenced": False, "metadata_offset": 3,
+                                                 "session_timeout_ms": 1500, "later": 1}).fenced is False
