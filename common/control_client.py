@@ -2,8 +2,12 @@
 
     async with ControlClient(["http://c1:8080", "http://c2:8080"], secret=s) as cc:
         await cc.register(RegisterBrokerRequest(...))
-        beat = await cc.heartbeat(HeartbeatRequest(...))
+        beat = await cc.heartbeat(HeartbeatRequest(...))      # a HeartbeatAnswer: beat.fenced
         batch = await cc.fetch_metadata(after_offset=41, max_wait_ms=500)
+
+Every answer is parsed into its model from `common/requests.py`, the same one the
+controller answers with (`controller/rpc.py`); an answer that does not fit is a
+`BiplaneError` naming the call, never a KeyError later.
 
 Any controller may be asked: a follower answers 421 with the leader's URL and
 the client retries there (or the next URL while an election runs), up to
@@ -15,19 +19,27 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from common.errors import BiplaneError, ErrorCode
 from common.requests import (
     AllocateProducerIdsRequest,
+    AlterIsrAnswer,
     AlterIsrRequest,
     ElectionReport,
+    ElectionReportAnswer,
+    HeartbeatAnswer,
     HeartbeatRequest,
+    MetadataAnswer,
+    ProducerIdsAnswer,
+    RegisterBrokerAnswer,
     RegisterBrokerRequest,
 )
+
+AnswerT = TypeVar("AnswerT", bound=BaseModel)
 
 SECRET_HEADER = "X-Biplane-Secret"
 
@@ -68,32 +80,32 @@ class ControlClient:
 
     # ---- calls
 
-    async def register(self, request: RegisterBrokerRequest) -> dict:
-        return await self._call("POST", "register", request)
+    async def register(self, request: RegisterBrokerRequest) -> RegisterBrokerAnswer:
+        return _parse(RegisterBrokerAnswer, "register", await self._call("POST", "register", request))
 
-    async def heartbeat(self, request: HeartbeatRequest) -> dict:
-        """{"fenced": bool, "metadata_offset": int, "session_timeout_ms": int}."""
-        return await self._call("POST", "heartbeat", request)
+    async def heartbeat(self, request: HeartbeatRequest) -> HeartbeatAnswer:
+        return _parse(HeartbeatAnswer, "heartbeat", await self._call("POST", "heartbeat", request))
 
-    async def alter_isr(self, request: AlterIsrRequest) -> dict:
-        """{"partition": {...new state...}, "metadata_offset": int}."""
-        return await self._call("POST", "alter-isr", request)
+    async def alter_isr(self, request: AlterIsrRequest) -> AlterIsrAnswer:
+        """The partition as the controller now has it; raises when the change is refused."""
+        return _parse(AlterIsrAnswer, "alter-isr", await self._call("POST", "alter-isr", request))
 
-    async def election_report(self, report: ElectionReport) -> dict:
-        return await self._call("POST", "election-report", report)
+    async def election_report(self, report: ElectionReport) -> ElectionReportAnswer:
+        return _parse(ElectionReportAnswer, "election-report", await self._call("POST", "election-report", report))
 
-    async def allocate_producer_ids(self, request: AllocateProducerIdsRequest) -> tuple[int, int]:
-        """(first_id, size) of a block of producer ids now owned by the broker."""
-        doc = await self._call("POST", "allocate-producer-ids", request)
-        return doc["first_id"], doc["size"]
+    async def allocate_producer_ids(self, request: AllocateProducerIdsRequest) -> ProducerIdsAnswer:
+        """A block of producer ids now owned by the broker: `first_id` .. `first_id + size`."""
+        return _parse(ProducerIdsAnswer, "allocate-producer-ids",
+                      await self._call("POST", "allocate-producer-ids", request))
 
     async def fetch_metadata(self, *, after_offset: int, max_wait_ms: int) -> MetadataBatch:
         doc = await self._call("GET", f"metadata?after_offset={after_offset}&max_wait_ms={max_wait_ms}", None,
                                extra_timeout_ms=max_wait_ms)
-        if "image" in doc:
-            return MetadataBatch(offset=doc["offset"], image=doc["image"])
-        return MetadataBatch(offset=doc["offset"],
-                             records=tuple((r["offset"], r["record"]) for r in doc["records"]))
+        answer = _parse(MetadataAnswer, "metadata", doc)
+        if answer.image is not None:
+            return MetadataBatch(offset=answer.offset, image=answer.image)
+        return MetadataBatch(offset=answer.offset,
+                             records=tuple((r.offset, r.record) for r in answer.records or ()))
 
     # ---- transport
 
@@ -144,3 +156,13 @@ def _error_of(error: dict[str, Any], status: int) -> ControllerError:
     code = ErrorCode.__members__.get(name, ErrorCode.UNKNOWN)
     return ControllerError(error.get("message", f"controller answered HTTP {status}"), code=code,
                            field=error.get("field"))
+
+
+def _parse(model: type[AnswerT], call: str, doc: Any) -> AnswerT:
+    try:
+        return model.model_validate(doc)
+    except ValidationError as exc:
+        # A controller of another version, or a proxy in between: say which call and field.
+        fields = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'answer'}: {e['msg']}" for e in exc.errors()[:5])
+        raise BiplaneError(f"the controller's answer to {call} is not a {model.__name__} ({fields}); "
+                           "is the controller of another version?", code=ErrorCode.UNKNOWN) from exc

@@ -1,14 +1,18 @@
-"""Request models shared by the admin API, the CLI, brokers and the controller's decisions.
+"""Request models shared by the admin API, the CLI, brokers and the controller's decisions,
+and the control RPC's answers, shared by the controller (`controller/rpc.py`) and the
+broker's client (`common/control_client.py`).
 
-Every model is frozen and forbids unknown fields, so a typo in a request is an
-error that names the field rather than a silently ignored value.
+Every request model is frozen and forbids unknown fields, so a typo in a request is an
+error that names the field rather than a silently ignored value. Answers ignore fields
+they do not know, so a broker keeps reading a newer controller's answers.
 """
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from common.api_models import PartitionView
 from common.usage import BrokerUsage
 
 BrokerId = Annotated[int, Field(ge=0)]
@@ -131,3 +135,58 @@ class ElectionReport(_Request):
 class AllocateProducerIdsRequest(_Request):
     broker_id: BrokerId
     count: int = Field(default=1000, ge=1, le=1_000_000)
+
+
+# ---- control answers (controller -> broker) -------------------------------------
+#
+# The controller sends only the fields it set (`model_dump_json(exclude_unset=True)`),
+# so a refused election report carries a `reason` and an accepted one does not, and a
+# metadata answer carries either `records` or `image`.
+
+class _Answer(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+
+class RegisterBrokerAnswer(_Answer):
+    broker_id: int
+    metadata_offset: int           # the registration's offset (or the committed one for a retry)
+    session_timeout_ms: int
+
+
+class HeartbeatAnswer(_Answer):
+    broker_id: int
+    fenced: bool
+    metadata_offset: int           # committed offset when answered: a controlled shutdown waits to apply it
+    session_timeout_ms: int
+
+
+class AlterIsrAnswer(_Answer):
+    partition: PartitionView       # the partition as the leader now sees it
+    metadata_offset: int | None    # None: the ISR already was that, nothing was written
+
+
+class ElectionReportAnswer(_Answer):
+    accepted: bool
+    elected: bool = False
+    reason: str | None = None      # why a report was not kept
+    metadata_offset: int | None = None
+
+
+class ProducerIdsAnswer(_Answer):
+    broker_id: int
+    first_id: int
+    size: int
+    metadata_offset: int | None = None
+
+
+class MetadataEntry(_Answer):
+    offset: int
+    record: dict[str, Any]         # a record as `common.metadata.dump_record` writes it
+
+
+class MetadataAnswer(_Answer):
+    """Committed records after the asked offset, or (too far behind) the whole image."""
+
+    offset: int                    # the committed offset this answer reflects
+    records: list[MetadataEntry] | None = None
+    image: dict[str, Any] | None = None   # MetadataImage.to_dict()

@@ -15,112 +15,31 @@ leader only (a follower redirects).
 from __future__ import annotations
 
 import hmac
-import json
 import logging
 import time
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any, Awaitable, Callable
 
 from aiohttp import web
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from common import api_models
 from common.errors import BiplaneError, ErrorCode
 from common.metadata import MetadataImage, PartitionChange, validate_topic_name
-from common.metadata.errors import InvalidFieldError, UnknownTopicOrPartitionError
+from common.metadata.errors import UnknownTopicOrPartitionError
 from common.requests import (
     AlterConfigRequest,
     CreateTopicRequest,
     PreferredElectionRequest,
     ReassignmentRequest,
 )
-from controller import decisions as d
-from controller import views
+from controller import core, rpc, views
+from controller.http_edge import EarlyResponse, error_from_exception, error_response, read_model
 from controller.service import ControllerService, NotControllerError
-
-ModelT = TypeVar("ModelT", bound=BaseModel)
 
 log = logging.getLogger("biplane.controller.api")
 
-_STATUS = {
-    ErrorCode.TOPIC_ALREADY_EXISTS: 409,
-    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION: 404,
-    ErrorCode.NOT_FOUND: 404,
-    ErrorCode.UNAUTHORIZED: 401,
-    ErrorCode.NOT_CONTROLLER: 503,
-    ErrorCode.REQUEST_TIMED_OUT: 504,
-    ErrorCode.STALE_BROKER_EPOCH: 409,
-    ErrorCode.FENCED_LEADER_EPOCH: 409,
-    ErrorCode.UNKNOWN_LEADER_EPOCH: 409,
-    ErrorCode.INVALID_UPDATE_VERSION: 409,
-    ErrorCode.NOT_LEADER_OR_FOLLOWER: 409,
-    ErrorCode.INELIGIBLE_REPLICA: 409,
-    ErrorCode.UNKNOWN: 500,
-    ErrorCode.KAFKA_STORAGE_ERROR: 500,
-}
 _PUBLIC_PATHS = {"/v1/health"}
-
-
-def http_status(code: ErrorCode) -> int:
-    return _STATUS.get(code, 400)
-
-
-def error_response(status: int, code: ErrorCode | str, message: str, *, field: str | None = None,
-                   headers: dict | None = None, extra: dict | None = None) -> web.Response:
-    name = code.name if isinstance(code, ErrorCode) else code
-    body: dict[str, Any] = {"code": name, "message": message,
-                            "retriable": code.retriable if isinstance(code, ErrorCode) else False}
-    if field is not None:
-        body["field"] = field
-    doc: dict[str, Any] = {"error": body}
-    if extra:
-        doc.update(extra)
-    return web.json_response(doc, status=status, headers=headers)
-
-
-def error_from_exception(exc: BiplaneError) -> web.Response:
-    field = getattr(exc, "field", None) if isinstance(exc, InvalidFieldError) else None
-    return error_response(http_status(exc.code), exc.code, str(exc), field=field)
-
-
-def validation_error(exc: ValidationError, what: str) -> web.Response:
-    errors = exc.errors()
-    first = errors[0]
-    field = ".".join(str(p) for p in first.get("loc", ())) or what
-    parts = []
-    for e in errors[:5]:
-        loc = ".".join(str(p) for p in e.get("loc", ())) or what
-        msg = e.get("msg", "invalid")
-        if e.get("type") == "extra_forbidden":
-            msg = "unknown field"
-        elif "input" in e and e.get("type") != "missing":
-            msg = f"{msg} (got {e['input']!r})"
-        parts.append(f"{loc}: {msg}")
-    return error_response(400, ErrorCode.INVALID_REQUEST, f"invalid {what}: " + "; ".join(parts), field=field)
-
-
-async def read_model(request: web.Request, model: type[ModelT]) -> ModelT:
-    """The body as `model`; raises a ready 400 response (web.HTTPException) otherwise."""
-    raw = await request.read()
-    try:
-        data = json.loads(raw) if raw else {}
-    except ValueError as exc:
-        raise EarlyResponse(error_response(400, ErrorCode.INVALID_REQUEST,
-                                    f"request body is not JSON: {exc}", field="body"))
-    if not isinstance(data, dict):
-        raise EarlyResponse(error_response(400, ErrorCode.INVALID_REQUEST,
-                                    f"request body must be a JSON object, got {type(data).__name__}",
-                                    field="body"))
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise EarlyResponse(validation_error(exc, model.__name__))
-
-
-class EarlyResponse(Exception):
-    def __init__(self, response: web.Response) -> None:
-        super().__init__(response.status)
-        self.response = response
 
 
 # ---------------------------------------------------------------- routes
@@ -187,7 +106,8 @@ async def post_topic(request: web.Request) -> web.Response:
     body = await read_model(request, CreateTopicRequest)
     s = svc(request)
     now_ms = s.clock_ms()
-    committed = await s.decide(lambda image: d.create_topic(image, body, now_ms))
+    _, committed = await s.execute(core.CreateTopic(request=body, now_ms=now_ms))
+    assert committed is not None, "a write waits for its commit"
     return json_model(views.topic_detail(s.pending or s.committed, body.name,
                                          metadata_offset=committed.last_offset), status=201)
 
@@ -205,7 +125,8 @@ async def get_topic(request: web.Request) -> web.Response:
 async def delete_topic(request: web.Request) -> web.Response:
     name = topic_name(request)
     s = svc(request)
-    committed = await s.decide(lambda image: d.delete_topic(image, name))
+    _, committed = await s.execute(core.DeleteTopic(name=name))
+    assert committed is not None, "a write waits for its commit"
     return json_model(api_models.Done(result=f"topic {name} deleted", metadata_offset=committed.last_offset))
 
 
@@ -215,7 +136,8 @@ async def patch_config(request: web.Request) -> web.Response:
     name = topic_name(request)
     body = await read_model(request, AlterConfigRequest)
     s = svc(request)
-    committed = await s.decide(lambda image: d.alter_config(image, name, body))
+    _, committed = await s.execute(core.AlterConfig(name=name, request=body))
+    assert committed is not None, "a write waits for its commit"
     return json_model(views.topic_detail(s.pending or s.committed, name,
                                          metadata_offset=committed.last_offset))
 
@@ -235,7 +157,8 @@ async def get_partitions(request: web.Request) -> web.Response:
 async def post_reassignment(request: web.Request) -> web.Response:
     body = await read_model(request, ReassignmentRequest)
     s = svc(request)
-    committed = await s.decide(lambda image: d.start_reassignment(image, body))
+    _, committed = await s.execute(core.StartReassignment(request=body))
+    assert committed is not None, "a write waits for its commit"
     image = s.pending or s.committed
     return json_model(api_models.PartitionList(topic=body.topic, metadata_offset=committed.last_offset,
                                                partitions=[views.partition_view(
@@ -256,8 +179,9 @@ async def get_reassignments(request: web.Request) -> web.Response:
 async def post_preferred_election(request: web.Request) -> web.Response:
     body = await read_model(request, PreferredElectionRequest)
     s = svc(request)
-    wanted = None if body.partitions is None else [(ref.topic, ref.partition) for ref in body.partitions]
-    committed = await s.decide(lambda image: d.elect_preferred(image, wanted))
+    wanted = None if body.partitions is None else tuple((ref.topic, ref.partition) for ref in body.partitions)
+    _, committed = await s.execute(core.ElectPreferred(partitions=wanted))
+    assert committed is not None, "a write waits for its commit"
     image = s.pending or s.committed
     changed = sorted({(r.topic, r.partition) for r in committed.records if isinstance(r, PartitionChange)})
     return json_model(api_models.ElectionResult(
@@ -350,8 +274,6 @@ def not_leader_response(s: ControllerService, path_qs: str) -> web.Response:
 
 def make_app(service: ControllerService, *, admin_token: str, cluster_secret: str | None) -> web.Application:
     """The aiohttp app: admin API, broker RPC, and the hooks described in the module doc."""
-    from controller import rpc
-
     if not admin_token:
         raise ValueError("an admin token is required (--admin-token or BIPLANE_ADMIN_TOKEN)")
     app = web.Application(middlewares=[make_middleware(admin_token)], client_max_size=4 * 1024 * 1024)

@@ -5,13 +5,16 @@ single controller started without a secret accepts any caller). Only the
 trusted leader answers; the others say 421 with `{"leader": {"node_id",
 "api_url"}}` (or no leader while an election runs) so brokers retry there.
 
-    POST /rpc/v1/register               RegisterBrokerRequest -> {"metadata_offset"}
-    POST /rpc/v1/heartbeat              HeartbeatRequest -> {"fenced", "metadata_offset", ...}
-    POST /rpc/v1/alter-isr              AlterIsrRequest -> {"partition": {...}}
-    POST /rpc/v1/election-report        ElectionReport -> {"accepted", "metadata_offset"}
-    POST /rpc/v1/allocate-producer-ids  AllocateProducerIdsRequest -> {"first_id", "size"}
-    GET  /rpc/v1/metadata?after_offset=N&max_wait_ms=M
-         -> {"offset", "records": [{"offset", "record"}]}  or  {"offset", "image"}
+    POST /rpc/v1/register               RegisterBrokerRequest -> RegisterBrokerAnswer
+    POST /rpc/v1/heartbeat              HeartbeatRequest -> HeartbeatAnswer
+    POST /rpc/v1/alter-isr              AlterIsrRequest -> AlterIsrAnswer
+    POST /rpc/v1/election-report        ElectionReport -> ElectionReportAnswer
+    POST /rpc/v1/allocate-producer-ids  AllocateProducerIdsRequest -> ProducerIdsAnswer
+    GET  /rpc/v1/metadata?after_offset=N&max_wait_ms=M -> MetadataAnswer
+
+The models are in `common/requests.py`, shared with the broker's `ControlClient`.
+Each handler parses, steps the leader's core (`ControllerService.execute`,
+`controller/core.py`) and answers; the rules are all in the core.
 """
 from __future__ import annotations
 
@@ -25,13 +28,20 @@ from common.errors import BiplaneError, ErrorCode
 from common.metadata import ProducerIdBlock
 from common.requests import (
     AllocateProducerIdsRequest,
+    AlterIsrAnswer,
     AlterIsrRequest,
     ElectionReport,
+    ElectionReportAnswer,
+    HeartbeatAnswer,
     HeartbeatRequest,
+    MetadataAnswer,
+    MetadataEntry,
+    ProducerIdsAnswer,
+    RegisterBrokerAnswer,
     RegisterBrokerRequest,
 )
-from controller import decisions as d
-from controller.api import EarlyResponse, error_from_exception, error_response, read_model
+from controller import core
+from controller.http_edge import EarlyResponse, answer, error_from_exception, error_response, read_model
 from controller.service import ControllerService, NotControllerError
 from controller.views import partition_view
 
@@ -79,61 +89,46 @@ def add_rpc_routes(app: web.Application, service: ControllerService, *, cluster_
 
     async def register(request: web.Request) -> web.Response:
         body = await read_model(request, RegisterBrokerRequest)
-        now_ms = service.clock_ms()
-        committed = await service.decide(lambda image: d.register_broker(image, body, now_ms))
-        if service.state is not None:
-            service.state.sessions.heartbeat(body.broker_id, body.incarnation_id, now_ms, -1)
-        return web.json_response({"broker_id": body.broker_id,
-                                  "metadata_offset": committed.last_offset
-                                  if committed.last_offset is not None else service.committed.offset,
-                                  "session_timeout_ms": service.session_timeout_ms})
+        _, committed = await service.execute(core.RegisterBroker(request=body, now_ms=service.clock_ms()))
+        assert committed is not None, "a registration waits for its commit"
+        return answer(RegisterBrokerAnswer(
+            broker_id=body.broker_id,
+            metadata_offset=committed.last_offset if committed.last_offset is not None else service.committed.offset,
+            session_timeout_ms=service.session_timeout_ms))
 
     async def heartbeat(request: web.Request) -> web.Response:
         body = await read_model(request, HeartbeatRequest)
-        image, state = service.require_leader_state()
-        d.check_heartbeat(image, body)
-        now_ms = service.clock_ms()
-        state.sessions.heartbeat(body.broker_id, body.incarnation_id, now_ms, body.metadata_offset,
-                                 want_shutdown=body.want_shutdown)
-        service.broker_offsets[body.broker_id] = body.metadata_offset
-        if body.usage is not None:
-            service.usage[body.broker_id] = body.usage
-        if body.want_shutdown and not image.brokers[body.broker_id].fenced:
-            # Now, not at the next periodic pass: the broker waits on this answer to stop.
-            sessions = state.sessions
-            await service.decide(lambda image: d.fence_shutting_down(image, sessions, now_ms))
-            image = service.require_leader()
-        info = image.brokers[body.broker_id]
-        return web.json_response({"broker_id": body.broker_id, "fenced": info.fenced,
-                                  "metadata_offset": service.committed.offset,
-                                  "session_timeout_ms": service.session_timeout_ms})
+        await service.execute(core.Heartbeat(request=body, now_ms=service.clock_ms()))
+        service.note_heartbeat(body.broker_id, body.metadata_offset, body.usage)
+        return answer(HeartbeatAnswer(broker_id=body.broker_id,
+                                      fenced=service.require_leader().brokers[body.broker_id].fenced,
+                                      metadata_offset=service.committed.offset,
+                                      session_timeout_ms=service.session_timeout_ms))
 
     async def alter_isr(request: web.Request) -> web.Response:
         body = await read_model(request, AlterIsrRequest)
-        committed = await service.decide(lambda image: d.alter_isr(image, body))
+        _, committed = await service.execute(core.AlterIsr(request=body))
+        assert committed is not None, "an ISR change waits for its commit"
         p = (service.pending or service.committed).partition(body.topic, body.partition)
-        return web.json_response({"partition": partition_view(p).model_dump(mode="json"),
-                                  "metadata_offset": committed.last_offset})
+        return answer(AlterIsrAnswer(partition=partition_view(p), metadata_offset=committed.last_offset))
 
     async def election_report(request: web.Request) -> web.Response:
         body = await read_model(request, ElectionReport)
-        image, state = service.require_leader_state()
-        why = state.tracker.add(image, body)
-        if why is not None:
-            return web.json_response({"accepted": False, "reason": why, "elected": False,
-                                      "metadata_offset": service.committed.offset})
-        tracker = state.tracker
-        committed = await service.decide(lambda image: d.elect_leaders(image, tracker))
-        return web.json_response({"accepted": True, "elected": bool(committed.records),
-                                  "metadata_offset": committed.last_offset})
+        step, committed = await service.execute(core.ReportElection(report=body))
+        if step.refused is not None or committed is None:
+            return answer(ElectionReportAnswer(accepted=False, reason=step.refused, elected=False,
+                                               metadata_offset=service.committed.offset))
+        return answer(ElectionReportAnswer(accepted=True, elected=bool(committed.records),
+                                           metadata_offset=committed.last_offset))
 
     async def allocate_producer_ids(request: web.Request) -> web.Response:
         body = await read_model(request, AllocateProducerIdsRequest)
-        committed = await service.decide(lambda image: d.allocate_producer_ids(image, body))
+        _, committed = await service.execute(core.AllocateProducerIds(request=body))
+        assert committed is not None, "an allocation waits for its commit"
         block = committed.records[0]
         assert isinstance(block, ProducerIdBlock), block
-        return web.json_response({"broker_id": block.broker_id, "first_id": block.first_id,
-                                  "size": block.size, "metadata_offset": committed.last_offset})
+        return answer(ProducerIdsAnswer(broker_id=block.broker_id, first_id=block.first_id,
+                                        size=block.size, metadata_offset=committed.last_offset))
 
     async def metadata(request: web.Request) -> web.Response:
         try:
@@ -148,9 +143,9 @@ def add_rpc_routes(app: web.Application, service: ControllerService, *, cluster_
                                   f"got {after} and {wait_ms}", field="max_wait_ms" if after >= -1 else "after_offset")
         result = await service.fetch_metadata(after_offset=after, wait_ms=wait_ms)
         if result.image is not None:
-            return web.json_response({"offset": result.offset, "image": result.image})
-        return web.json_response({"offset": result.offset,
-                                  "records": [{"offset": o, "record": r} for o, r in result.records or []]})
+            return answer(MetadataAnswer(offset=result.offset, image=result.image))
+        return answer(MetadataAnswer(offset=result.offset,
+                                     records=[MetadataEntry(offset=o, record=r) for o, r in result.records or []]))
 
     for path, handler in (("register", register), ("heartbeat", heartbeat), ("alter-isr", alter_isr),
                           ("election-report", election_report),

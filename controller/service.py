@@ -7,9 +7,10 @@ brokers' metadata fetches, and answers reads from it.
 The leader trusts its view only after a marker it proposed in the current term
 has committed: by then every command of earlier terms is applied, so
 `pending = committed.copy()` is the whole truth. From then on a single
-sequential command path (the event loop itself: decisions, staging and
+sequential command path (the event loop itself: the core's step, staging and
 applying to `pending` happen with no await in between) turns requests and the
-periodic timer into records, applies them to `pending` (so the next decision
+periodic timer into records (`execute`: the leader's `ControllerCore` decides,
+this service holds no rules), applies them to `pending` (so the next decision
 sees them), and groups what was staged in one loop turn into one Raft command
 `{"expected_offset", "records"}`. Several commands may be in flight. If any of
 them fails or commits differently from `pending`, the view is dropped and
@@ -29,7 +30,8 @@ from typing import TYPE_CHECKING, Callable, Protocol
 from common.errors import BiplaneError, ErrorCode
 from common.metadata import MetadataImage, Record, RecordRejected, dump_record
 from common.usage import BrokerUsage
-from controller.decisions import ControllerState, LeaderSettings
+from controller.core import ControllerCore, Event, Step, Tick
+from controller.decisions import LeaderSettings
 from controller.replicated import Outcome, batch_command, marker_command
 
 if TYPE_CHECKING:
@@ -158,7 +160,7 @@ class ControllerService:
         self.usage: dict[int, BrokerUsage] = {}
         self.broker_offsets: dict[int, int] = {}
         self.pending: MetadataImage | None = None
-        self.state: ControllerState | None = None   # the leader's unreplicated state (with `pending`)
+        self.core: ControllerCore | None = None   # the leader's decisions and unreplicated state (with `pending`)
         self.trusted_term: int | None = None
         self.raft: RaftHandle | None = None
         self.api_stats: LatencyStats | None = None
@@ -225,18 +227,18 @@ class ControllerService:
             raise err
         return self.pending
 
-    def require_leader_state(self) -> tuple[MetadataImage, ControllerState]:
-        """The pending image and the leader's in-memory state; NotControllerError unless trusted."""
+    def require_core(self) -> tuple[MetadataImage, ControllerCore]:
+        """The pending image and the leader's core; NotControllerError unless trusted."""
         image = self.require_leader()
-        assert self.state is not None, "a trusted leader has its state"
-        return image, self.state
+        assert self.core is not None, "a trusted leader has its core"
+        return image, self.core
 
     def _untrust(self, why: str) -> None:
         if self.pending is not None:
             log.info("controller %d drops its leader view: %s", self.node_id, why)
         self.pending = None
         self.trusted_term = None
-        self.state = None
+        self.core = None
         error = CommitFailedError(f"controller {self.node_id} lost its leader view ({why}); "
                                   "the request may or may not take effect: check and retry")
         while self._open:
@@ -249,7 +251,7 @@ class ControllerService:
     def _trust(self, term: int) -> None:
         self.pending = self.committed.copy()
         self.trusted_term = term
-        self.state = ControllerState(self.leader_settings)
+        self.core = ControllerCore(self.leader_settings)
         self.stats["leader_elections_won"] += 1
         log.info("controller %d leads in term %d at offset %d", self.node_id, term, self.pending.offset)
 
@@ -277,12 +279,12 @@ class ControllerService:
         if status.is_leader and self.pending is None and self._marker_due(status.term):
             self._propose_marker(status.term)
         if self.pending is not None:
-            image, state = self.require_leader_state()
-            records = state.periodic(image, self.clock_ms())
-            if records:
+            image, core = self.require_core()
+            step = core.step(image, Tick(now_ms=self.clock_ms()))
+            if step.records:
                 # Nobody awaits the periodic pass: a lost leadership fails it, and the pass
                 # of whichever controller leads next decides again from the committed image.
-                self.stage(records).add_done_callback(_note_periodic_outcome)
+                self.stage(list(step.records)).add_done_callback(_note_periodic_outcome)
 
     def _marker_due(self, term: int) -> bool:
         # pysyncobj may never call back for an entry a lost leadership left behind, so a
@@ -345,9 +347,23 @@ class ControllerService:
         fut = self.stage(records)
         return await fut
 
+    async def execute(self, event: Event) -> tuple[Step, Committed | None]:
+        """Step the leader's core with `event` on the pending image, stage what it decided,
+        and await the commit when the step says so (else the commit is None).
+
+        The one way the RPC and API handlers change the leader's state. The core raises
+        BiplaneError on bad input; nothing is changed or staged then.
+        """
+        image, core = self.require_core()
+        step = core.step(image, event)
+        if not step.wait_for_commit:
+            return step, None
+        return step, await self.commit(list(step.records))
+
     async def decide(self, decision: Callable[[MetadataImage], list[Record]]) -> Committed:
         """Run a pure decision on the pending image, stage its records, await their commit.
 
+        For tests and tools that write records of their own; handlers use `execute`.
         The decision raises BiplaneError on bad input; nothing is staged then.
         """
         records = decision(self.require_leader())
@@ -393,6 +409,13 @@ class ControllerService:
         if self._open and not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
+
+    def note_heartbeat(self, broker_id: int, metadata_offset: int, usage: BrokerUsage | None) -> None:
+        """Keep what a heartbeat reports for the views (/v1/brokers, snapshots). Not leader
+        state: no decision reads it, and it outlives this node's leadership."""
+        self.broker_offsets[broker_id] = metadata_offset
+        if usage is not None:
+            self.usage[broker_id] = usage
 
     # ------------------------------------------------------------ committed mirror
 

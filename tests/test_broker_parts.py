@@ -12,6 +12,7 @@ from common.control_client import MetadataBatch
 from common.errors import ErrorCode
 from common.metadata.config import TopicConfig
 from common.metadata.records import CreateTopic, PartitionRecord, RegisterBroker, dump_record
+from common.requests import HeartbeatAnswer, ProducerIdsAnswer
 from common.wire import messages as wire
 from dataplane.broker.config import BrokerConfig
 from dataplane.broker.fetcher import Fetcher
@@ -56,7 +57,8 @@ class FakeControl:
         self.asked_after: list[int] = []
 
     async def allocate_producer_ids(self, request):
-        return self.blocks.pop(0)
+        first_id, size = self.blocks.pop(0)
+        return ProducerIdsAnswer(broker_id=request.broker_id, first_id=first_id, size=size)
 
     async def fetch_metadata(self, *, after_offset: int, max_wait_ms: int) -> MetadataBatch:
         self.asked_after.append(after_offset)
@@ -193,7 +195,7 @@ def test_heartbeat_refused_as_stale_registers_again():
             self.calls.append("heartbeat")
             if self.calls.count("heartbeat") == 2:
                 raise BiplaneError("incarnation is stale", code=ErrorCode.STALE_BROKER_EPOCH)
-            return {"fenced": False}
+            return HeartbeatAnswer(broker_id=1, fenced=False, metadata_offset=3, session_timeout_ms=1500)
 
     async def scenario():
         control = Control()

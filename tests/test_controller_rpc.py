@@ -250,10 +250,11 @@ def test_control_client_speaks_the_rpc_and_raises_the_controllers_codes(cluster)
             assert first.image is not None or first.records
             beat = await cc.heartbeat(HeartbeatRequest(broker_id=9, incarnation_id="inc-9",
                                                        metadata_offset=first.offset))
-            assert set(beat) >= {"fenced", "metadata_offset"}
+            assert set(beat.model_dump()) >= {"fenced", "metadata_offset"}
             later = await cc.fetch_metadata(after_offset=first.offset, max_wait_ms=50)
             assert all(o > first.offset for o, _ in later.records) and later.offset >= first.offset
-            start, size = await cc.allocate_producer_ids(AllocateProducerIdsRequest(broker_id=9, count=7))
+            block = await cc.allocate_producer_ids(AllocateProducerIdsRequest(broker_id=9, count=7))
+            start, size = block.first_id, block.size
             assert size == 7 and start >= 0
             with pytest.raises(BiplaneError) as info:
                 await cc.heartbeat(HeartbeatRequest(broker_id=9, incarnation_id="old", metadata_offset=0))

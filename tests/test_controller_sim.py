@@ -1,4 +1,4 @@
-"""Seeded simulation of the controller's decisions.
+"""Seeded simulation of the controller's core and decisions.
 
 One seed reproduces a whole run: brokers join, die (stop heartbeating), come
 back cleanly or after an unclean shutdown; topics (isr and quorum) are
@@ -38,18 +38,17 @@ from common.requests import (
     ReassignmentRequest,
     RegisterBrokerRequest,
 )
+from controller import core
+from controller.core import ControllerCore
 from controller.decisions import (
-    ControllerState,
     LeaderImbalanceCheck,
     LeaderSettings,
-    alter_isr,
     cancel_reassignment,
     create_topic,
     delete_topic,
     elect_preferred,
     ideal_leader,
     leader_imbalance,
-    register_broker,
     start_reassignment,
 )
 
@@ -79,7 +78,8 @@ class Simulation:
         self.now_ms = 0
         self.image = MetadataImage()
         self.history: list[MetadataImage] = []
-        self.state = ControllerState(SETTINGS)
+        self.core = ControllerCore(SETTINGS)
+        self.state = self.core.state   # the leader memory the core keeps; the faults below reach into it
         self.controller_started_ms = 0
         self.brokers = {b: SimBroker(b) for b in range(1, BROKERS_MAX + 1)}
         self.topic_seq = 0
@@ -147,9 +147,8 @@ class Simulation:
                                     rack=f"r{b.broker_id % 3}", priority=self.rnd.choice([0, 0, 5]),
                                     clean_shutdown=clean)
         was_in_isr = [p.tp for p in self.image.partitions() if b.broker_id in p.isr]
-        records = register_broker(self.image, req, self.now_ms)
-        self.propose(records)
-        self.state.sessions.heartbeat(b.broker_id, f"i{b.incarnation}", self.now_ms, -1)
+        records = self.core.step(self.image, core.RegisterBroker(request=req, now_ms=self.now_ms)).records
+        self.propose(list(records))
         if not clean:
             for tp in was_in_isr:
                 p = self.image.get_partition(*tp)
@@ -240,7 +239,7 @@ class Simulation:
         current = (view.leader_epoch, view.partition_epoch) == (p.leader_epoch,
                                                                  p.partition_epoch)
         try:
-            records = alter_isr(self.image, req)
+            records = list(self.core.step(self.image, core.AlterIsr(request=req)).records)
         except (StaleEpochError, NotLeaderError):
             if current and view.leader == p.leader:
                 self.fail(f"current ISR change refused: {req}")
@@ -253,7 +252,8 @@ class Simulation:
 
     def failover(self) -> None:
         """A new controller leader: in-memory sessions and reports are gone."""
-        self.state = ControllerState(SETTINGS)
+        self.core = ControllerCore(SETTINGS)
+        self.state = self.core.state
         self.controller_started_ms = self.now_ms
 
     def stale_proposal(self) -> None:
@@ -262,7 +262,7 @@ class Simulation:
         if not self.history:
             return
         old = self.rnd.choice(self.history)
-        records = self.state.periodic(old, self.now_ms)
+        records = self.core.step(old, core.Tick(now_ms=self.now_ms)).records
         self.stale_applied += 1
         before = self.image.copy()
         for r in records:
@@ -303,8 +303,8 @@ class Simulation:
                 offset = self.image.offset - (3 if lag else 0)
                 self.state.sessions.heartbeat(b.broker_id, f"i{b.incarnation}", self.now_ms,
                                               offset)
-        self.propose(self.state.periodic(self.image, self.now_ms))
-        again = self.state.periodic(self.image, self.now_ms)
+        self.propose(list(self.core.step(self.image, core.Tick(now_ms=self.now_ms)).records))
+        again = self.core.step(self.image, core.Tick(now_ms=self.now_ms)).records
         if again:
             self.fail(f"periodic not idempotent: a second call at the same time gave {again}")
         self.history = (self.history + [self.image.copy()])[-8:]
@@ -388,9 +388,9 @@ class Simulation:
                 continue
             isr = p.isr + tuple(b for b in p.replicas if b not in p.isr and self.brokers[b].alive)
             if isr != p.isr:
-                self.propose(alter_isr(self.image, AlterIsrRequest(
+                self.propose(list(self.core.step(self.image, core.AlterIsr(request=AlterIsrRequest(
                     broker_id=p.leader, topic=p.topic, partition=p.partition, leader_epoch=p.leader_epoch,
-                    partition_epoch=p.partition_epoch, new_isr=isr)))
+                    partition_epoch=p.partition_epoch, new_isr=isr))).records))
 
     def hand_back(self) -> None:
         """Handback phase: every broker is back and in every ISR, the full rebalance is off, and
@@ -426,10 +426,9 @@ class Simulation:
     def start_broker_id(self, b: SimBroker) -> None:
         b.alive = True
         b.incarnation += 1
-        self.propose(register_broker(self.image, RegisterBrokerRequest(
+        self.propose(list(self.core.step(self.image, core.RegisterBroker(request=RegisterBrokerRequest(
             broker_id=b.broker_id, incarnation_id=f"i{b.incarnation}", host="127.0.0.1",
-            port=9000 + b.broker_id), self.now_ms))
-        self.state.sessions.heartbeat(b.broker_id, f"i{b.incarnation}", self.now_ms, -1)
+            port=9000 + b.broker_id), now_ms=self.now_ms)).records))
 
 
 SEEDS_PER_CHUNK = 50

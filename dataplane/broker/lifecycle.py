@@ -111,7 +111,7 @@ class Lifecycle:
             started = time.monotonic()
             try:
                 answer = await self.control.heartbeat(self._heartbeat())
-                fenced = bool(answer.get("fenced", True))
+                fenced = answer.fenced
                 if fenced != self.fenced:
                     log.info("broker %d %s", self.broker_id, "fenced" if fenced else "unfenced",
                              extra={"event": "broker.fencing", "fenced": fenced})
@@ -142,7 +142,7 @@ class Lifecycle:
                 log.warning("controlled shutdown not acknowledged (%s); stopping without it", exc,
                             extra={"event": "broker.controlled_shutdown_failed"})
                 return False
-            if answer.get("fenced") and self.metadata_offset() >= int(answer.get("metadata_offset", 0)):
+            if answer.fenced and self.metadata_offset() >= answer.metadata_offset:
                 took_ms = int((time.monotonic() - started) * 1000)
                 log.info("controlled shutdown: leaderships moved off broker %d in %d ms", self.broker_id,
                          took_ms, extra={"event": "broker.controlled_shutdown", "took_ms": took_ms})

@@ -32,9 +32,9 @@ class ProducerIds:
     async def _fresh(self) -> int:
         async with self._lock:
             if self._next >= self._end:
-                first, size = await self.control.allocate_producer_ids(
+                block = await self.control.allocate_producer_ids(
                     AllocateProducerIdsRequest(broker_id=self.broker_id, count=self.block_size))
-                self._next, self._end = first, first + size
+                self._next, self._end = block.first_id, block.first_id + block.size
             pid = self._next
             self._next += 1
             return pid
