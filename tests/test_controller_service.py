@@ -12,6 +12,7 @@ from common.metadata import NoOp
 from common.errors import TopicExistsError
 from common.requests import CreateTopicRequest, RegisterBrokerRequest
 from controller import decisions as d
+from controller.core import Step
 from controller.decisions import LeaderSettings
 from controller.replicated import MetadataStateMachine
 from controller.service import CommitFailedError, ControllerNode, ControllerService, NotControllerError
@@ -229,8 +230,8 @@ def test_a_periodic_pass_cut_short_by_a_lost_leadership_leaves_no_unretrieved_er
         service = await started()
         raft = service.fake()
         raft.hold = True
-        assert service.state is not None
-        monkeypatch.setattr(type(service.state), "periodic", lambda self, image, now_ms: [NoOp(reason="pass")])
+        assert service.core is not None
+        monkeypatch.setattr(type(service.core), "step", lambda self, image, event: Step(records=(NoOp(reason="pass"),)))
         service._tick()           # stages the pass's records; the proposal is held
         await asyncio.sleep(0)
         raft.leader = False
