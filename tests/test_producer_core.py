@@ -54,6 +54,37 @@ def test_an_unanswered_batch_refused_later_is_failed_as_outcome_unknown_never_re
     assert c.retry_due(TP, 10_000) is None and c.outstanding(TP) == 0
 
 
+def test_duplicate_sequence_fails_as_outcome_unknown_never_as_written():
+    """Rule: DUPLICATE_SEQUENCE (a sequence older than the leader's window) is answered at once,
+    before the HW passes the batch and with no offset: the records were appended but may not be
+    committed (tla/Producer_dupseq_as_written.cfg). The caller hears "outcome unknown", not
+    "written at -1"; the batch is not sent again, and with nothing numbered left the partition
+    takes a new epoch."""
+    c = core()
+    send(c, "a")
+    c.no_answer("a", now_ms=5)
+    resend(c, 20)
+    (fail,) = c.answered("a", error=ErrorCode.DUPLICATE_SEQUENCE, base_offset=-1, now_ms=21)
+    assert isinstance(fail, Fail), fail
+    assert fail.outcome_unknown and fail.error is ErrorCode.DUPLICATE_SEQUENCE
+    assert "may be in the log" in fail.reason and "DUPLICATE_SEQUENCE" in fail.reason
+    assert c.retry_due(TP, 10_000) is None and c.outstanding(TP) == 0
+    assert send(c, "b", now_ms=22) == Stamp(producer_id=7, producer_epoch=1, base_sequence=0)
+
+
+def test_duplicate_sequence_proven_written_by_a_later_ack_needs_no_new_epoch():
+    """As for any batch failed as outcome unknown: a later sequence acknowledged proves the
+    DUPLICATE_SEQUENCE batch committed, so the partition keeps its epoch."""
+    c = core()
+    send(c, "a")
+    send(c, "b")
+    (fail,) = c.answered("a", error=ErrorCode.DUPLICATE_SEQUENCE, base_offset=-1, now_ms=1)
+    assert isinstance(fail, Fail) and fail.outcome_unknown
+    assert not c.may_send_new(TP)                   # unresolved until b's outcome is known
+    assert c.answered("b", error=ErrorCode.NONE, base_offset=9, now_ms=2) == [Acknowledge(batch="b", base_offset=9)]
+    assert c.producer_epoch == 0 and send(c, "c", now_ms=3).base_sequence == 2
+
+
 def test_delivery_timeout_while_in_flight_fails_unknown_and_takes_no_epoch_under_it():
     """The issue's bug: after a delivery timeout the producer took a new epoch and renumbered
     every queued batch, including one already appended whose answer was lost. Rule: the batch
