@@ -13,7 +13,11 @@ Rules (Kafka's idempotent producer, KIP-98/360/679; DESIGN.md §3):
 - A batch that may be in the log (an attempt went unanswered, or was answered with an error
   given after an append) is never numbered again: it is retried as it is, or failed to its
   caller with outcome_unknown=True. Only a batch whose every attempt was refused before any
-  append (the sequence refusals below) counts as unsent and may take new numbers.
+  append (the sequence refusals below) counts as unsent and may take new numbers. That needs a
+  transport delivering each attempt at most once (TCP; a retry is a new attempt): then no copy
+  of such a batch is left to land later. TLC checks it (tla/ProducerRefused.cfg passes;
+  tla/Producer_renumber_refused_dup.cfg, the same over a network that duplicates requests,
+  does not; tla/README.md).
 - A partition takes a new epoch (or producer id) only when none of its numbered batches is
   outstanding, and only unsent batches are numbered under it. Without that, a re-numbered copy
   of an appended batch is a new batch to the leader: a duplicate.
