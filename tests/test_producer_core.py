@@ -163,6 +163,30 @@ def test_out_of_order_at_the_head_takes_a_new_epoch_and_renumbers_a_refused_batc
     assert resend(c, 20) == ("b", Stamp(producer_id=7, producer_epoch=1, base_sequence=0))
 
 
+def test_the_model_s_restamp_trace_a_refused_retry_of_an_unanswered_batch_is_not_renumbered():
+    """tla/Producer_restamp_rejected.cfg's counterexample, step by step: "a" and "b" are sent;
+    "a" goes unanswered and fails by delivery timeout; "b"'s first attempt goes unanswered (it
+    may still be appended) and its retry is refused OUT_OF_ORDER_SEQUENCE ("a" is missing).
+    Renumbering "b" under a new epoch would let both copies land. Rule: "b" fails as outcome
+    unknown; the new epoch numbers only never-sent batches."""
+    c = core()
+    send(c, "a", now_ms=0)
+    b = send(c, "b", now_ms=500)
+    c.no_answer("a", now_ms=100)
+    assert resend(c, 110)[0] == "a"
+    c.no_answer("a", now_ms=200)
+    assert resend(c, 210)[0] == "a"
+    c.no_answer("b", now_ms=300)                    # b's first attempt: unanswered
+    (fail_a,) = c.expire(1000)                      # a is still in flight: fails, stays counted
+    assert fail_a.batch == "a" and fail_a.outcome_unknown
+    c.no_answer("a", now_ms=1001)
+    assert resend(c, 1010) == ("b", b)              # b goes again as it is
+    (fail_b,) = c.answered("b", error=ErrorCode.OUT_OF_ORDER_SEQUENCE, base_offset=-1, now_ms=1011)
+    assert isinstance(fail_b, Fail) and fail_b.outcome_unknown and "may be in the log" in fail_b.reason
+    assert c.retry_due(TP, 10_000) is None
+    assert send(c, "c", now_ms=1012) == Stamp(producer_id=7, producer_epoch=1, base_sequence=0)
+
+
 def test_a_definite_refusal_leaves_a_gap_closed_by_a_new_epoch():
     """Rule: a batch refused for good (never appended) leaves its sequence unwritten; the
     partition's later batches go under a new epoch from sequence 0."""
@@ -279,6 +303,8 @@ def test_a_batch_awaiting_its_retry_keeps_its_numbers_when_an_earlier_one_fails(
     ("producer_renumbers_sent_batches", test_a_batch_awaiting_its_retry_keeps_its_numbers_when_an_earlier_one_fails),
     ("producer_renumbers_unknown_refused",
      test_an_unanswered_batch_refused_later_is_failed_as_outcome_unknown_never_renumbered),
+    ("producer_renumbers_unknown_refused",
+     test_the_model_s_restamp_trace_a_refused_retry_of_an_unanswered_batch_is_not_renumbered),
 ])
 def test_the_rule_tests_fail_on_the_simulation_s_mutants(mutant, test):
     """Claim: these unit tests are not vacuous: with the rule patched out (tests/sim/mutants.py,
