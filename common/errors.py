@@ -355,7 +355,9 @@ class DeliveryTimeoutError(ClientError):
 class OutcomeUnknownError(DeliveryTimeoutError):
     """A record was not acknowledged, and it MAY be in the log: a request carrying it went
     unanswered (request timeout, connection lost), so the producer cannot tell whether a leader
-    appended it. The producer never sends it again under new numbers (that could write it twice).
+    appended it; or the leader answered DUPLICATE_SEQUENCE (it appended the record earlier but
+    no longer knows its offset, and it may not be committed: a leader change can still drop it).
+    The producer never sends it again under new numbers (that could write it twice).
     Read the partition to find out, or send it again yourself if a duplicate is acceptable."""
 
     code = ErrorCode.REQUEST_TIMED_OUT

@@ -44,6 +44,7 @@ MODELS = [
     Model(name="ControllerQuorumWrite", spec="Controller"),
     Model(name="Producer", spec="Producer"),
     Model(name="ProducerTwo", spec="Producer"),
+    Model(name="ProducerRefused", spec="Producer"),
 ]
 
 # Larger bounds for longer runs (not in CI): `tla-check --long`.
@@ -83,6 +84,8 @@ BROKEN = [
           expected_violation="NoDuplicate"),
     Model(name="Producer_restamp_rejected", spec="Producer",
           expected_violation="NoDuplicate"),
+    Model(name="Producer_renumber_refused_dup", spec="Producer",
+          expected_violation="NotWrittenAbsent"),
     Model(name="Producer_dup_without_offset", spec="Producer",
           expected_violation="AckedAtOffset"),
     Model(name="Producer_no_gap_check", spec="Producer",

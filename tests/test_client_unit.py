@@ -207,6 +207,26 @@ def test_a_written_record_whose_answer_never_comes_fails_unknown_and_is_written_
     run(main())
 
 
+def test_duplicate_sequence_fails_the_record_as_outcome_unknown():
+    """A leader answers DUPLICATE_SEQUENCE for a batch older than its window of 5, at once and
+    with no offset: the record was appended but may be uncommitted. The SDK used to resolve the
+    record's future with offset -1 (reported written); it now fails it with
+    OutcomeUnknownError, whose message says the record may be in the log."""
+    async def main():
+        async with FakeBroker({"t": 1}) as broker:
+            broker.inject("t", 0, ("write_then", ErrorCode.DUPLICATE_SEQUENCE))
+            async with Producer(bootstrap=broker.bootstrap, linger_ms=0, retry_backoff_ms=10) as producer:
+                first = await producer.send("t", b"a0", partition=0)
+                with pytest.raises(OutcomeUnknownError, match="may be in the log") as caught:
+                    await first
+                assert caught.value.code is ErrorCode.DUPLICATE_SEQUENCE
+                later = await producer.send_and_wait("t", b"b0", partition=0)
+            assert broker.partitions[("t", 0)].values() == [b"a0", b"b0"]
+            assert later.offset == 1
+            assert [s[2] for s in broker.sequences_seen] == [0, 0]   # a0 sent once; b0 under a new epoch
+    run(main())
+
+
 def test_producer_assigns_offsets_in_order():
     async def main():
         async with FakeBroker({"t": 2}) as broker:

@@ -54,6 +54,37 @@ def test_an_unanswered_batch_refused_later_is_failed_as_outcome_unknown_never_re
     assert c.retry_due(TP, 10_000) is None and c.outstanding(TP) == 0
 
 
+def test_duplicate_sequence_fails_as_outcome_unknown_never_as_written():
+    """Rule: DUPLICATE_SEQUENCE (a sequence older than the leader's window) is answered at once,
+    before the HW passes the batch and with no offset: the records were appended but may not be
+    committed (tla/Producer_dupseq_as_written.cfg). The caller hears "outcome unknown", not
+    "written at -1"; the batch is not sent again, and with nothing numbered left the partition
+    takes a new epoch."""
+    c = core()
+    send(c, "a")
+    c.no_answer("a", now_ms=5)
+    resend(c, 20)
+    (fail,) = c.answered("a", error=ErrorCode.DUPLICATE_SEQUENCE, base_offset=-1, now_ms=21)
+    assert isinstance(fail, Fail), fail
+    assert fail.outcome_unknown and fail.error is ErrorCode.DUPLICATE_SEQUENCE
+    assert "may be in the log" in fail.reason and "DUPLICATE_SEQUENCE" in fail.reason
+    assert c.retry_due(TP, 10_000) is None and c.outstanding(TP) == 0
+    assert send(c, "b", now_ms=22) == Stamp(producer_id=7, producer_epoch=1, base_sequence=0)
+
+
+def test_duplicate_sequence_proven_written_by_a_later_ack_needs_no_new_epoch():
+    """As for any batch failed as outcome unknown: a later sequence acknowledged proves the
+    DUPLICATE_SEQUENCE batch committed, so the partition keeps its epoch."""
+    c = core()
+    send(c, "a")
+    send(c, "b")
+    (fail,) = c.answered("a", error=ErrorCode.DUPLICATE_SEQUENCE, base_offset=-1, now_ms=1)
+    assert isinstance(fail, Fail) and fail.outcome_unknown
+    assert not c.may_send_new(TP)                   # unresolved until b's outcome is known
+    assert c.answered("b", error=ErrorCode.NONE, base_offset=9, now_ms=2) == [Acknowledge(batch="b", base_offset=9)]
+    assert c.producer_epoch == 0 and send(c, "c", now_ms=3).base_sequence == 2
+
+
 def test_delivery_timeout_while_in_flight_fails_unknown_and_takes_no_epoch_under_it():
     """The issue's bug: after a delivery timeout the producer took a new epoch and renumbered
     every queued batch, including one already appended whose answer was lost. Rule: the batch
@@ -130,6 +161,30 @@ def test_out_of_order_at_the_head_takes_a_new_epoch_and_renumbers_a_refused_batc
     send(c, "b")
     assert c.answered("b", error=ErrorCode.OUT_OF_ORDER_SEQUENCE, base_offset=-1, now_ms=2) == []
     assert resend(c, 20) == ("b", Stamp(producer_id=7, producer_epoch=1, base_sequence=0))
+
+
+def test_the_model_s_restamp_trace_a_refused_retry_of_an_unanswered_batch_is_not_renumbered():
+    """tla/Producer_restamp_rejected.cfg's counterexample, step by step: "a" and "b" are sent;
+    "a" goes unanswered and fails by delivery timeout; "b"'s first attempt goes unanswered (it
+    may still be appended) and its retry is refused OUT_OF_ORDER_SEQUENCE ("a" is missing).
+    Renumbering "b" under a new epoch would let both copies land. Rule: "b" fails as outcome
+    unknown; the new epoch numbers only never-sent batches."""
+    c = core()
+    send(c, "a", now_ms=0)
+    b = send(c, "b", now_ms=500)
+    c.no_answer("a", now_ms=100)
+    assert resend(c, 110)[0] == "a"
+    c.no_answer("a", now_ms=200)
+    assert resend(c, 210)[0] == "a"
+    c.no_answer("b", now_ms=300)                    # b's first attempt: unanswered
+    (fail_a,) = c.expire(1000)                      # a is still in flight: fails, stays counted
+    assert fail_a.batch == "a" and fail_a.outcome_unknown
+    c.no_answer("a", now_ms=1001)
+    assert resend(c, 1010) == ("b", b)              # b goes again as it is
+    (fail_b,) = c.answered("b", error=ErrorCode.OUT_OF_ORDER_SEQUENCE, base_offset=-1, now_ms=1011)
+    assert isinstance(fail_b, Fail) and fail_b.outcome_unknown and "may be in the log" in fail_b.reason
+    assert c.retry_due(TP, 10_000) is None
+    assert send(c, "c", now_ms=1012) == Stamp(producer_id=7, producer_epoch=1, base_sequence=0)
 
 
 def test_a_definite_refusal_leaves_a_gap_closed_by_a_new_epoch():
@@ -308,6 +363,8 @@ def test_a_batch_awaiting_its_retry_keeps_its_numbers_when_an_earlier_one_fails(
     ("producer_renumbers_sent_batches", test_a_batch_awaiting_its_retry_keeps_its_numbers_when_an_earlier_one_fails),
     ("producer_renumbers_unknown_refused",
      test_an_unanswered_batch_refused_later_is_failed_as_outcome_unknown_never_renumbered),
+    ("producer_renumbers_unknown_refused",
+     test_the_model_s_restamp_trace_a_refused_retry_of_an_unanswered_batch_is_not_renumbered),
 ])
 def test_the_rule_tests_fail_on_the_simulation_s_mutants(mutant, test):
     """Claim: these unit tests are not vacuous: with the rule patched out (tests/sim/mutants.py,

@@ -30,8 +30,9 @@ EXPECTED_STATES = {
     "Controller": 248_285,
     "ControllerQuorum": 103_353,
     "ControllerQuorumWrite": 400_623,
-    "Producer": 28_544,
-    "ProducerTwo": 38_785,
+    "Producer": 84_584,
+    "ProducerTwo": 106_617,
+    "ProducerRefused": 15_733,
 }
 
 # The invariant each broken variant must violate.
@@ -50,6 +51,7 @@ EXPECTED_BREAKS = {
     "Controller_silent_unclean": "ElectionLive",
     "Producer_restamp_unknown": "NoDuplicate",
     "Producer_restamp_rejected": "NoDuplicate",
+    "Producer_renumber_refused_dup": "NotWrittenAbsent",
     "Producer_dup_without_offset": "AckedAtOffset",
     "Producer_no_gap_check": "SendOrder",
     "Producer_no_rebuild": "AckedAtOffset",
@@ -60,7 +62,7 @@ EXPECTED_BREAKS = {
 # counterexample is the mistake's and not the bounds'.
 SAME_BOUNDS = {
     "Producer_restamp_unknown": "Producer",
-    "Producer_restamp_rejected": "Producer",
+    "Producer_restamp_rejected": "ProducerRefused",
     "Producer_dup_without_offset": "Producer",
     "Producer_no_rebuild": "Producer",
     "Controller_count_unclean": "ControllerQuorumWrite",
@@ -110,6 +112,40 @@ def test_broken_variant_differs_from_its_safe_model_only_by_bug(broken, safe):
     assert s.pop("Bug") == '"none"'
     assert b.pop("Bug") != '"none"'
     assert b == s
+
+
+def test_renumbering_refused_batches_differs_from_its_models_only_where_named():
+    """ProducerRefused is Producer with the SDK's renumbering rule over a transport that
+    delivers each attempt at most once; Producer_renumber_refused_dup puts duplicated delivery
+    back and changes nothing else."""
+    good, dup, base = (_cfg_without_comments(n) for n in
+                       ("ProducerRefused", "Producer_renumber_refused_dup", "Producer"))
+    assert (good.pop("MaxDups"), good.pop("RenumberRefused")) == ("0", "TRUE")
+    assert (dup.pop("MaxDups"), dup.pop("RenumberRefused")) == ("1", "TRUE")
+    assert (base.pop("MaxDups"), base.pop("RenumberRefused")) == ("1", "FALSE")
+    assert good == dup == base
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_renumbering_a_batch_every_attempt_of_which_was_refused_is_safe_only_over_tcp(tmp_path):
+    """Issue 12's second disagreement, decided by TLC: the SDK renumbers under a new epoch a
+    sent batch whose every attempt was refused before any append. With each attempt delivered
+    at most once (TCP) that passes every invariant; renumbering once the last attempt was
+    refused while an earlier one went unanswered writes a record twice (the simulation's
+    mutant producer_renumbers_unknown_refused); and over a network that duplicates requests
+    the rule itself fails (a refused copy does not cover the other copy)."""
+    code, results = run_check("--model", "ProducerRefused", "--model", "Producer_restamp_rejected",
+                              "--model", "Producer_renumber_refused_dup", tmp_path=tmp_path)
+    good = results["ProducerRefused"]
+    assert good["completed"] and good["violation"] is None, f"TLC output in {tmp_path}"
+    assert good["distinct_states"] == EXPECTED_STATES["ProducerRefused"]
+    bad = results["Producer_restamp_rejected"]
+    assert bad["violation"] == "NoDuplicate", f"TLC output in {tmp_path}"
+    trace = (tmp_path / "Producer_restamp_rejected.out").read_text()
+    assert "BumpEpoch" in trace and "Timeout" in trace, "an unanswered attempt, then a renumbering"
+    assert results["Producer_renumber_refused_dup"]["violation"] == "NotWrittenAbsent"
+    assert code == 0
 
 
 @pytest.mark.slow

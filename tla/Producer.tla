@@ -7,12 +7,24 @@
 (* numbers its batches per partition with sequences when it first sends    *)
 (* them. A batch is one record here, identified by a record id <<p, n>>;   *)
 (* n is the order in which the application handed it to the producer.     *)
-(* Requests are retried as they are, time out (outcome unknown: the        *)
-(* request may still be in the network and be appended later), and a      *)
+(* Requests are retried as they are (each retry is a new attempt, a      *)
+(* request of its own), time out (outcome unknown: the request may still  *)
+(* be in the network and be appended later), and a                        *)
 (* batch whose outcome is unknown may be failed to the caller ("outcome    *)
 (* unknown": it may be in the log). A new producer epoch is taken only     *)
 (* when no batch of the partition is in flight or unresolved, and only     *)
-(* never-sent batches are numbered under it.                               *)
+(* never-sent batches are numbered under it. With RenumberRefused (the    *)
+(* SDK's rule), a sent batch counts as never sent, and may be numbered     *)
+(* under the new epoch, once every attempt of it was answered with a       *)
+(* refusal given before any append (OUT_OF_ORDER_SEQUENCE, fenced): an     *)
+(* attempt timed out might still be appended.                              *)
+(*                                                                         *)
+(* Network: requests and replies are lost and reordered. MaxDups bounds    *)
+(* deliveries that keep a request for another delivery (duplication); with *)
+(* MaxDups = 0 each attempt reaches the leader at most once, as over TCP   *)
+(* (a retry is a new request, on a new connection after a loss). A reply   *)
+(* is taken only for the attempt in flight: an attempt that timed out has  *)
+(* lost its connection, and its reply goes nowhere.                        *)
 (*                                                                         *)
 (* Leader side (dataplane/replica/producer_state.py): the producer state   *)
 (* is a function of the log (every replica feeds its table from the       *)
@@ -42,6 +54,7 @@ CONSTANTS
     MaxProducerEpoch, \* bound on producer epochs (0..MaxProducerEpoch)
     MaxLeaderChanges, \* bound on leader changes
     MaxDups,          \* bound on deliveries that keep their request (duplication)
+    RenumberRefused,  \* a sent batch whose every attempt was refused may take new numbers
     Bug               \* "none" or one of BugNames
 
 BugNames == {"none", "restamp_unknown", "restamp_rejected", "dup_without_offset",
@@ -53,6 +66,7 @@ ASSUME /\ NumRecords \in Nat \ {0}
        /\ MaxProducerEpoch \in Nat
        /\ MaxLeaderChanges \in Nat
        /\ MaxDups \in Nat
+       /\ RenumberRefused \in BOOLEAN
        /\ Bug \in BugNames
 
 Records == Producers \X (1..NumRecords)
@@ -64,27 +78,31 @@ Records == Producers \X (1..NumRecords)
 \*              or answered with a retriable error; it keeps its numbers
 \*   "acked"    acknowledged with an offset
 \*   "written"  reported written without an offset (Bug = "dupseq_as_written")
-\*   "rejected" answered OUT_OF_ORDER_SEQUENCE, waiting for a new epoch to be
-\*              re-stamped (Bug = "restamp_rejected")
+\*   "rejected" every attempt refused before any append (RenumberRefused), or
+\*              the last one refused (Bug = "restamp_rejected"): it may take new
+\*              numbers under a new epoch
 \*   "failed"   given up: failed to the caller (it may be in the log)
-States == {"queued", "inflight", "unknown", "rejected", "acked", "written", "failed"}
+\*   "notwritten" given up while "rejected" with every attempt refused: failed
+\*              to the caller as not written
+States == {"queued", "inflight", "unknown", "rejected", "acked", "written", "failed", "notwritten"}
 
 VARIABLES
     bstate,     \* bstate[r]: the state of record r's batch at its producer
     bnum,       \* bnum[r]: <<producer epoch, sequence>> of r's batch (<<0, 0>> while queued)
     boff,       \* boff[r]: the offset r was acknowledged with (0: none)
+    brefused,   \* brefused[r]: every attempt of r under its numbers was answered with a refusal
     pepoch,     \* pepoch[p]: p's current producer epoch
     nextSeq,    \* nextSeq[p]: the next sequence p hands out under pepoch[p]
-    req,        \* requests in the network: [rec, pe, seq] (a set: reordering)
-    resp,       \* replies in the network: [rec, pe, seq, kind, off]
+    req,        \* requests in the network: [rec, pe, seq, cur] (a set: reordering)
+    resp,       \* replies in the network: [rec, pe, seq, cur, kind, off]
     dups,       \* deliveries that kept their request for another delivery
     log,        \* the leader's log: sequence of [rec, pe, seq]; offsets start at 1
     tlog,       \* the log the leader's producer table was built from (= log unless Bug = "no_rebuild")
     hw,         \* high watermark: log[1..hw] is committed
-    pending,    \* replies waiting for the HW: [rec, pe, seq, off]
+    pending,    \* replies waiting for the HW: [rec, pe, seq, cur, off]
     lchanges    \* leader changes so far
 
-producerVars == <<bstate, bnum, boff, pepoch, nextSeq>>
+producerVars == <<bstate, bnum, boff, brefused, pepoch, nextSeq>>
 netVars == <<req, resp, dups>>
 leaderVars == <<log, tlog, hw, pending, lchanges>>
 vars == <<producerVars, netVars, leaderVars>>
@@ -103,6 +121,7 @@ TypeOK ==
     /\ bstate \in [Records -> States]
     /\ bnum \in [Records -> (0..MaxProducerEpoch) \X (0..NumRecords)]
     /\ boff \in [Records -> 0..MaxLen]
+    /\ brefused \in [Records -> BOOLEAN]
     /\ pepoch \in [Producers -> 0..MaxProducerEpoch]
     /\ nextSeq \in [Producers -> 0..NumRecords]
     /\ \A m \in req : m.rec \in Records
@@ -116,6 +135,7 @@ Init ==
     /\ bstate = [r \in Records |-> "queued"]
     /\ bnum = [r \in Records |-> <<0, 0>>]
     /\ boff = [r \in Records |-> 0]
+    /\ brefused = [r \in Records |-> TRUE]
     /\ pepoch = [p \in Producers |-> 0]
     /\ nextSeq = [p \in Producers |-> 0]
     /\ req = {}
@@ -136,6 +156,16 @@ Resolved(r) ==
     /\ bnum' = [bnum EXCEPT ![r] = <<0, 0>>]
     /\ resp' = {x \in resp : x.rec # r}
 
+\* r's attempt in flight ended without its reply being taken (a timeout, or
+\* a reply taken): every request of r still in the network is a stale
+\* attempt, whose reply would go nowhere; replies for r are dropped. Stale
+\* attempts with the same numbers are one message (a set).
+StaleReqs(r) == {IF x.rec = r THEN [x EXCEPT !.cur = FALSE] ELSE x : x \in req}
+Stale(r) ==
+    /\ req' = StaleReqs(r)
+    /\ resp' = {x \in resp : x.rec # r}
+    /\ pending' = {x \in pending : x.rec # r}
+
 \* p sends its next queued batch, numbering it under its current epoch.
 \* Batches leave the queue in order; at most MaxInFlight are unresolved.
 Send(p) ==
@@ -146,30 +176,36 @@ Send(p) ==
        /\ nextSeq[p] < NumRecords
        /\ bstate' = [bstate EXCEPT ![r] = "inflight"]
        /\ bnum' = [bnum EXCEPT ![r] = <<pepoch[p], nextSeq[p]>>]
+       /\ brefused' = [brefused EXCEPT ![r] = TRUE]
        /\ nextSeq' = [nextSeq EXCEPT ![p] = nextSeq[p] + 1]
-       /\ req' = req \cup {[rec |-> r, pe |-> pepoch[p], seq |-> nextSeq[p]]}
+       /\ req' = req \cup {[rec |-> r, pe |-> pepoch[p], seq |-> nextSeq[p], cur |-> TRUE]}
        /\ UNCHANGED <<boff, pepoch, resp, dups, leaderVars>>
 
 \* The request times out: the outcome is unknown (the request may still be
-\* in the network, or appended with its reply lost or not yet sent).
+\* in the network, or appended with its reply lost or not yet sent). Not
+\* every attempt of r is refused now.
 Timeout(r) ==
     /\ bstate[r] = "inflight"
     /\ bstate' = [bstate EXCEPT ![r] = "unknown"]
-    /\ UNCHANGED <<bnum, boff, pepoch, nextSeq, netVars, leaderVars>>
+    /\ brefused' = [brefused EXCEPT ![r] = FALSE]
+    /\ Stale(r)
+    /\ UNCHANGED <<bnum, boff, pepoch, nextSeq, dups, log, tlog, hw, lchanges>>
 
-\* A retry keeps the batch's numbers.
+\* A retry keeps the batch's numbers; it is a new attempt.
 Retry(r) ==
     /\ bstate[r] \in {"unknown", "rejected"}
     /\ bstate' = [bstate EXCEPT ![r] = "inflight"]
-    /\ req' = req \cup {[rec |-> r, pe |-> bnum[r][1], seq |-> bnum[r][2]]}
-    /\ UNCHANGED <<bnum, boff, pepoch, nextSeq, resp, dups, leaderVars>>
+    /\ req' = req \cup {[rec |-> r, pe |-> bnum[r][1], seq |-> bnum[r][2], cur |-> TRUE]}
+    /\ UNCHANGED <<bnum, boff, brefused, pepoch, nextSeq, resp, dups, leaderVars>>
 
-\* Delivery timeout: the batch is failed to the caller as "outcome unknown".
+\* Delivery timeout: the batch is failed to the caller as "outcome unknown",
+\* or as "not written" if every attempt of it was refused.
 GiveUp(r) ==
     /\ bstate[r] \in {"unknown", "rejected"}
-    /\ bstate' = [bstate EXCEPT ![r] = "failed"]
+    /\ bstate' = [bstate EXCEPT ![r] =
+                     IF bstate[r] = "rejected" /\ brefused[r] THEN "notwritten" ELSE "failed"]
     /\ Resolved(r)
-    /\ UNCHANGED <<boff, pepoch, nextSeq, req, dups, leaderVars>>
+    /\ UNCHANGED <<boff, brefused, pepoch, nextSeq, req, dups, leaderVars>>
 
 \* A new producer epoch; sequences restart at 0. Correct: only when no
 \* batch is unresolved, so only never-sent batches get numbers under it.
@@ -177,12 +213,12 @@ GiveUp(r) ==
 \* while batches of unknown outcome remain and re-stamps them: they return
 \* to the queue and are sent again under the new epoch from sequence 0,
 \* although one may already be in the log with its reply lost.
-\* BROKEN (restamp_rejected): a batch answered OUT_OF_ORDER_SEQUENCE with
-\* nothing before it unresolved is re-stamped under a new epoch, as if the
-\* answer proved it absent; but another send of it may still be in the
-\* network.
+\* With RenumberRefused, a "rejected" batch (every attempt refused) is
+\* numbered again under the new epoch (the SDK's rule).
+\* BROKEN (restamp_rejected): a batch is "rejected" once its last attempt is
+\* refused, though an earlier attempt timed out and may still be appended.
 Restampable == CASE Bug = "restamp_unknown" -> {"unknown"}
-                 [] Bug = "restamp_rejected" -> {"rejected"}
+                 [] Bug = "restamp_rejected" \/ RenumberRefused -> {"rejected"}
                  [] OTHER -> {}
 
 BumpEpoch(p) ==
@@ -192,36 +228,42 @@ BumpEpoch(p) ==
     /\ bnum' = [r \in Records |-> IF r \in Unresolved(p) THEN <<0, 0>> ELSE bnum[r]]
     /\ pepoch' = [pepoch EXCEPT ![p] = pepoch[p] + 1]
     /\ nextSeq' = [nextSeq EXCEPT ![p] = 0]
-    /\ UNCHANGED <<boff, netVars, leaderVars>>
+    /\ UNCHANGED <<boff, brefused, netVars, leaderVars>>
 
 \* A reply applies to the batch only while its request is outstanding and
-\* only if it answers the batch's current numbers; other replies are
-\* dropped (a timed-out request's connection is gone).
+\* only if it answers the attempt in flight; other replies are dropped (a
+\* timed-out request's connection is gone).
 Receive(m) ==
     /\ m \in resp
     /\ LET r == m.rec IN
-       IF bstate[r] = "inflight" /\ bnum[r] = <<m.pe, m.seq>>
+       IF bstate[r] = "inflight" /\ bnum[r] = <<m.pe, m.seq>> /\ m.cur
          THEN CASE m.kind = "ok" ->
                      /\ bstate' = [bstate EXCEPT ![r] = "acked"]
                      /\ boff' = [boff EXCEPT ![r] = m.off]
                      /\ Resolved(r)
+                     /\ UNCHANGED <<req, pending>>
                 [] m.kind = "dupseq" ->
                      \* older than the leader's window: the caller gets "outcome
                      \* unknown". BROKEN (dupseq_as_written): taken as written.
                      /\ bstate' = [bstate EXCEPT ![r] =
                                       IF Bug = "dupseq_as_written" THEN "written" ELSE "failed"]
-                     /\ UNCHANGED boff
+                     /\ UNCHANGED <<boff, req, pending>>
                      /\ Resolved(r)
                 [] OTHER ->
-                     \* OUT_OF_ORDER_SEQUENCE, fenced: retriable, numbers kept
+                     \* OUT_OF_ORDER_SEQUENCE (or UNKNOWN_PRODUCER_ID), fenced:
+                     \* refused before any append; retriable, numbers kept, or
+                     \* "rejected" (new numbers at the next epoch) when every
+                     \* attempt was refused. BROKEN (restamp_rejected): when
+                     \* this one was, whatever became of the earlier ones.
                      /\ bstate' = [bstate EXCEPT ![r] =
-                          IF Bug = "restamp_rejected" /\ m.kind = "oos" THEN "rejected"
-                                                                       ELSE "unknown"]
-                     /\ resp' = resp \ {m}
+                          IF \/ RenumberRefused /\ brefused[r]
+                             \/ Bug = "restamp_rejected" /\ m.kind = "oos"
+                          THEN "rejected" ELSE "unknown"]
+                     /\ Stale(r)
                      /\ UNCHANGED <<bnum, boff>>
          ELSE /\ resp' = resp \ {m}
-              /\ UNCHANGED <<bstate, bnum, boff>>
-    /\ UNCHANGED <<pepoch, nextSeq, req, dups, leaderVars>>
+              /\ UNCHANGED <<bstate, bnum, boff, req, pending>>
+    /\ UNCHANGED <<brefused, pepoch, nextSeq, dups, log, tlog, hw, lchanges>>
 
 ---------------------------------------------------------------------------
 (* The leader.                                                             *)
@@ -266,22 +308,22 @@ Handle(m) ==
                  /\ log' = Append(log, e)
                  /\ tlog' = Append(tlog, e)
                  /\ pending' = pending \cup {[rec |-> m.rec, pe |-> m.pe, seq |-> m.seq,
-                                              off |-> Len(log) + 1]}
+                                              cur |-> m.cur, off |-> Len(log) + 1]}
                  /\ UNCHANGED resp
             [] c.kind = "dup" ->
                  \* BROKEN (dup_without_offset): a duplicate is answered at once
                  \* without its offset (the SDK resolved it with offset -1)
                  /\ IF Bug = "dup_without_offset"
                       THEN /\ resp' = resp \cup {[rec |-> m.rec, pe |-> m.pe, seq |-> m.seq,
-                                                   kind |-> "ok", off |-> 0]}
+                                                   cur |-> m.cur, kind |-> "ok", off |-> 0]}
                            /\ UNCHANGED pending
                       ELSE /\ pending' = pending \cup {[rec |-> m.rec, pe |-> m.pe, seq |-> m.seq,
-                                                        off |-> c.off]}
+                                                        cur |-> m.cur, off |-> c.off]}
                            /\ UNCHANGED resp
                  /\ UNCHANGED <<log, tlog>>
             [] OTHER ->
                  /\ resp' = resp \cup {[rec |-> m.rec, pe |-> m.pe, seq |-> m.seq,
-                                        kind |-> c.kind, off |-> 0]}
+                                        cur |-> m.cur, kind |-> c.kind, off |-> 0]}
                  /\ UNCHANGED <<log, tlog, pending>>
     /\ UNCHANGED <<producerVars, hw, lchanges>>
 
@@ -296,7 +338,8 @@ Reply(d) ==
     /\ d \in pending
     /\ d.off <= hw
     /\ pending' = pending \ {d}
-    /\ resp' = resp \cup {[rec |-> d.rec, pe |-> d.pe, seq |-> d.seq, kind |-> "ok", off |-> d.off]}
+    /\ resp' = resp \cup {[rec |-> d.rec, pe |-> d.pe, seq |-> d.seq, cur |-> d.cur,
+                          kind |-> "ok", off |-> d.off]}
     /\ UNCHANGED <<producerVars, req, dups, log, tlog, hw, lchanges>>
 
 \* A new leader: its log holds the committed prefix and any part of the old
@@ -356,6 +399,11 @@ AckedAtOffset ==
 \* A record reported written without an offset is committed.
 WrittenCommitted ==
     \A r \in Records : bstate[r] = "written" => \E i \in 1..hw : log[i].rec = r
+
+\* A record failed to its caller as not written is not in the log (and,
+\* checked in every state, never gets there later).
+NotWrittenAbsent ==
+    \A r \in Records : bstate[r] = "notwritten" => At(log, r) = {}
 
 \* Per producer, log order is send order (the order records were handed to it).
 SendOrder ==

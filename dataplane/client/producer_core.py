@@ -16,7 +16,11 @@ Rules (Kafka's idempotent producer, KIP-98/360/679; DESIGN.md §3):
 - A batch that may be in the log (an attempt went unanswered, or was answered with an error
   given after an append) is never numbered again: it is retried as it is, or failed to its
   caller with outcome_unknown=True. Only a batch whose every attempt was refused before any
-  append (the sequence refusals below) counts as unsent and may take new numbers.
+  append (the sequence refusals below) counts as unsent and may take new numbers. That needs a
+  transport delivering each attempt at most once (TCP; a retry is a new attempt): then no copy
+  of such a batch is left to land later. TLC checks it (tla/ProducerRefused.cfg passes;
+  tla/Producer_renumber_refused_dup.cfg, the same over a network that duplicates requests,
+  does not; tla/README.md).
 - A partition takes a new epoch (or producer id) only when none of its numbered batches is
   outstanding, and only unsent batches are numbered under it. Without that, a re-numbered copy
   of an appended batch is a new batch to the leader: a duplicate.
@@ -26,12 +30,15 @@ Rules (Kafka's idempotent producer, KIP-98/360/679; DESIGN.md §3):
 - A batch failed while it may be in the log leaves the partition "unresolved": once nothing is
   outstanding, a later acknowledged sequence proves it was written (leaders append in sequence
   order only), otherwise the partition takes a new epoch.
-- A duplicate is answered by the leader with the original offsets (error NONE); that is what
-  the caller gets. The leader remembers a producer's last 5 batches, so the window of batches
-  sent since the oldest unfinished one (finished ones inside it included) is at most 5: a
-  retry is then always among the batches the leader can answer with their offsets.
-  DUPLICATE_SEQUENCE (older than those 5) is still taken as success, with the offset the
-  answer carries (-1: unknown), as Kafka's producer does; within the window it cannot come.
+- A duplicate is answered by the leader with the original offsets (error NONE), once its HW
+  passes them; that is what the caller gets. The leader remembers a producer's last 5 batches,
+  so the window of batches sent since the oldest unfinished one (finished ones inside it
+  included) is at most 5: a retry is then always among the batches the leader can answer with
+  their offsets. DUPLICATE_SEQUENCE (a sequence older than those 5) is answered at once, with
+  no offset and without waiting for the HW: the batch was appended but may be uncommitted (a
+  leader change can still drop it). It is not a success: the batch fails with
+  outcome_unknown=True (tla/Producer_dupseq_as_written.cfg is the model of taking it as
+  written). Within the window it cannot come.
 """
 from __future__ import annotations
 
@@ -93,7 +100,8 @@ class Acknowledge(Generic[B]):
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class Fail(Generic[B]):
-    """outcome_unknown: the records may be in the log (an attempt went unanswered)."""
+    """outcome_unknown: the records may be in the log (an attempt went unanswered, or the
+    leader answered DUPLICATE_SEQUENCE: appended earlier, perhaps not committed)."""
 
     batch: B
     error: ErrorCode
@@ -374,7 +382,16 @@ class ProducerCore(Generic[B]):
         flight.in_flight = False
         part = self.partitions[flight.tp]
         out: list[Outcome[B]] = []
-        if error in (ErrorCode.NONE, ErrorCode.DUPLICATE_SEQUENCE):
+        if error is ErrorCode.DUPLICATE_SEQUENCE and self.idempotent:
+            # Appended once, perhaps not committed, offset forgotten: outcome unknown.
+            flight.maybe_written = True
+            if flight.done:
+                self._finish(part, flight)
+            else:
+                out.append(self._fail(part, flight, error, now_ms, why=(
+                    "the leader answered DUPLICATE_SEQUENCE: it appended these records earlier, "
+                    "but no longer knows their offset and they may not be committed yet")))
+        elif error in (ErrorCode.NONE, ErrorCode.DUPLICATE_SEQUENCE):
             if flight.stamp is not None and flight.stamp.producer_id == part.producer_id \
                     and flight.stamp.producer_epoch == part.producer_epoch:
                 part.last_acked_sequence = max(part.last_acked_sequence, flight.last_sequence)
@@ -437,14 +454,18 @@ class ProducerCore(Generic[B]):
         flight.retry_at_ms = now_ms + self.retry_backoff_ms
 
     def _fail(self, part: _Partition[B], flight: _Flight[B], error: ErrorCode, now_ms: int,
-              reason: str) -> Fail[B]:
+              reason: str = "", *, why: str = "") -> Fail[B]:
         expired = now_ms >= flight.created_ms + self.delivery_timeout_ms
         if flight.maybe_written:
-            why = (f"not acknowledged within delivery_timeout_ms={self.delivery_timeout_ms}"
-                   if expired else f"gave up after {flight.attempts} attempt(s) ({error.name})")
+            if why:
+                expired = False
+            else:
+                why = (f"not acknowledged within delivery_timeout_ms={self.delivery_timeout_ms}"
+                       if expired else f"gave up after {flight.attempts} attempt(s) ({error.name})"
+                       ) + "; an attempt went unanswered"
             fail = Fail(batch=flight.batch, error=ErrorCode.REQUEST_TIMED_OUT if expired else error,
                         outcome_unknown=True,
-                        reason=f"{why}; an attempt went unanswered, so the records may be in the log "
+                        reason=f"{why}, so the records may be in the log "
                                f"(read the partition to know){': ' + reason if reason else ''}")
         else:
             fail = Fail(batch=flight.batch, error=ErrorCode.REQUEST_TIMED_OUT if expired else error,

@@ -115,7 +115,9 @@ def producer_renumbers_sent_batches():
 
 def producer_renumbers_unknown_refused():
     """A batch that may be in the log (an attempt went unanswered) is renumbered under a new
-    epoch when a leader later refuses it as out of order, instead of failing as outcome unknown."""
+    epoch when a leader later refuses it as out of order, instead of failing as outcome unknown.
+    tla/Producer_restamp_rejected.cfg is this mistake; its 14-state trace is replayed by
+    tests/test_producer_core.py (the_model_s_restamp_trace)."""
     original = ProducerCore._after_error
 
     def after_error(self, part, flight, error, now_ms, reason=""):
