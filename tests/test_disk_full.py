@@ -15,6 +15,7 @@ import types
 
 import pytest
 
+from common import durable
 from common.batch import build_batch
 from common.control_client import MetadataBatch
 from common.errors import ErrorCode, StorageError
@@ -125,7 +126,7 @@ def test_log_close_and_recovery_point_on_a_full_disk_do_not_raise_and_the_next_o
     log = PartitionLog(directory, config=LogConfig(segment_bytes=1024))
     for i in range(6):  # several segments: the flushes below move the recovery point
         log.append_as_leader(build_batch([b"v%d" % i + b"x" * 400], timestamp_ms=1), leader_epoch=0)
-    monkeypatch.setattr(files, "write_all", enospc)
+    monkeypatch.setattr(durable, "write_all", enospc)
     assert log.flush() == 6  # the recovery-point write failed: not a flush failure
     log.append_as_leader(build_batch([b"after"], timestamp_ms=1), leader_epoch=0)
     log.close()  # the clean-shutdown marker cannot be written: no exception
@@ -139,7 +140,7 @@ def test_log_close_and_recovery_point_on_a_full_disk_do_not_raise_and_the_next_o
 def test_producer_snapshot_enospc_is_a_storage_error_and_marks_the_disk_full(tmp_path, monkeypatch):
     snapshots = ProducerSnapshots(str(tmp_path))
     s = use_fs(str(tmp_path), FakeFs(free=50 << 20))
-    monkeypatch.setattr(files, "write_all", enospc)
+    monkeypatch.setattr(durable, "write_all", enospc)
     with pytest.raises(StorageError, match="disk full: cannot write producer snapshot") as err:
         snapshots.write(10, [], generation=snapshots.generation)
     assert err.value.code is ErrorCode.KAFKA_STORAGE_ERROR
