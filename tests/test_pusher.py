@@ -36,10 +36,9 @@ class Driver:
         written, flushes = apply_persist(self.log, ready)
         out = []
         for s in ready.send:
-            if isinstance(s, Send) and isinstance(s.message, AppendEntriesReply):
-                out.append(s.message)
-            elif isinstance(s, Send):
+            if isinstance(s, Send):
                 self.on_send(s.to_broker, s.message)
+        out += [s.message for s in ready.answers if isinstance(s.message, AppendEntriesReply)]
         for r in ready.release:
             self.released[r.request_id] = r
         if written:

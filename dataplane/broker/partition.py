@@ -1,17 +1,18 @@
-"""PartitionDriver: one local replica — its on-disk log, its pure core, and the Ready executor.
+"""PartitionDriver: one local replica — its on-disk log, its pure core, and the effects of its Readies.
 
-The core decides; this driver performs each Ready in the core's written order
-(dataplane/replica/actions.py): persist (Append and Truncate inline on the log,
-Flush through the FlushCoalescer in a thread), then send, then release, then
-notes; a WriteDone goes back into the core once the appends are written, and
-a FlushDone when a flush completes. Appends run inline on the event loop: a
+The core decides; `perform` (dataplane/replica/perform.py, shared with the
+simulation) performs each Ready in the core's written order: persist (Append and
+Truncate inline on the log, Flush through the FlushCoalescer in a thread), then
+send, answers, release, notes; a WriteDone goes back into the core once the
+appends are written, and a FlushDone when a flush completes. This driver supplies
+the effects (`persisted`, `flush`, `send_*`, `answer`, `release`, `note`). Appends run inline on the event loop: a
 1 MiB append is a memcpy into the page cache (well under a millisecond), and
 keeping it inline keeps the "applied before the next step" rule trivially true.
 
 Messages the core sends to other brokers are handed to `hooks` (fetch requests
-to the fetcher, ISR proposals and election reports to the controller); fetch
-answers addressed to a fetcher (a follower or a consumer) are returned by
-`fetch()` to the server that is answering that fetch.
+to the fetcher, ISR proposals and election reports to the controller); the
+core's answers (Ready.answers) are returned by `step()` to the server that is
+answering that fetch or append-entries.
 """
 from __future__ import annotations
 
@@ -31,13 +32,14 @@ from dataplane.log.flusher import FlushCoalescer, LogTruncatedError
 from dataplane.log.interface import LogConfig
 from dataplane.log.log import PartitionLog
 from dataplane.replica.actions import (
-    Append, Flush, ProposeIsr, Ready, RefreshMetadata, Rejected, ReleaseProduce, ReportElection, Send,
+    NoteAction, PersistAction, ProposeIsr, Ready, RefreshMetadata, Rejected, ReleaseProduce, ReportElection, Send,
     StopLeading, Truncate, TruncateFully,
 )
 from dataplane.replica.core import Replica, Role
 from dataplane.replica.events import (
     AppendEntries, AppendEntriesReply, FetchRequest, FetchResponse, FlushDone, ProduceRequest, Tick, WriteDone,
 )
+from dataplane.replica.perform import perform
 
 log = logging.getLogger("biplane.broker.partition")
 
@@ -101,6 +103,8 @@ class PartitionDriver:
         self.closed = False
         self._request_ids = itertools.count(1)
         self._produce_waiters: dict[int, asyncio.Future[ReleaseProduce]] = {}
+        # Answers of the step being performed (Ready.answers), returned by step().
+        self._answers: list[FetchResponse | AppendEntriesReply] = []
         # The broker-wide bound on produce bytes held by its leaders (None: only the core's own).
         self.budget = budget
         # Produce requests waiting, in order, for a new leader's epoch start to be flushed
@@ -124,7 +128,13 @@ class PartitionDriver:
         if self.failed is not None:
             raise PartitionOfflineError(f"partition {self.tp[0]}-{self.tp[1]} is offline: {self.failed}")
         ready = self.replica.step(event)
-        answers = self._perform(ready) if ready else []
+        outer, self._answers = self._answers, []
+        try:
+            if ready:
+                self._perform(ready)
+            answers = self._answers
+        finally:
+            self._answers = outer
         if self.log.active_segment_base_offset != self._snapshot_segment_base:
             self._on_roll()
         if self.budget is not None:
@@ -275,78 +285,68 @@ class PartitionDriver:
 
     # ------------------------------------------------------------------ Ready
 
-    def _perform(self, ready: Ready) -> list[FetchResponse | AppendEntriesReply]:
-        last_written = None
+    def _perform(self, ready: Ready) -> None:
         try:
-            for action in ready.persist:
-                if isinstance(action, Append):
-                    self._append(action)
-                    last_written = action.last_offset
-                elif isinstance(action, Truncate):
-                    log.info("%s-%d truncates its log from %d to %d (diverged from the leader)", *self.tp,
-                             self.log.log_end_offset, action.offset,
-                             extra={"event": "partition.truncated", "topic": self.tp[0], "partition": self.tp[1]})
-                    self.producer_state.truncated = True  # no snapshot until the core rebuilds it
-                    self.log.truncate_to(action.offset)
-                    if self.log.log_end_offset != action.offset:
-                        raise AssertionError(f"truncate_to({action.offset}) left log end "
-                                             f"{self.log.log_end_offset}")
-                elif isinstance(action, TruncateFully):
-                    log.info("%s-%d empties its log at %d and starts it at %d (the leader's log starts there)",
-                             *self.tp, self.log.log_end_offset, action.offset,
-                             extra={"event": "partition.truncated_fully", "topic": self.tp[0],
-                                    "partition": self.tp[1]})
-                    self.producer_state.truncated = True
-                    self.log.truncate_fully_and_start_at(action.offset)
-                elif isinstance(action, Flush):
-                    # Started now (no task in between): the fsync is on its thread before the sends.
-                    self.coalescer.when_flushed(min(action.up_to, self.log.log_end_offset), self._flushed)
+            perform(ready, self.log, self)
+        except PartitionOfflineError:
+            raise
         except (StorageError, OSError) as exc:
             self._fail(f"{type(exc).__name__}: {exc}")
             raise PartitionOfflineError(f"partition {self.tp[0]}-{self.tp[1]} went offline: {exc}") from exc
-        answers: list[FetchResponse | AppendEntriesReply] = []
-        for sent in ready.send:
-            if isinstance(sent, Send):
-                message = sent.message
-                if isinstance(message, FetchRequest):
-                    self.hooks.send_fetch(sent.to_broker, self.tp, message)
-                elif isinstance(message, AppendEntries):
-                    self.hooks.send_append_entries(sent.to_broker, self.tp, message)
-                elif isinstance(message, (FetchResponse, AppendEntriesReply)):
-                    answers.append(message)  # to the fetch / append-entries being answered
-                else:
-                    raise AssertionError(f"core sent {type(message).__name__}: no transport for it")
-            elif isinstance(sent, ProposeIsr):
-                self.hooks.propose_isr(self.tp, sent)
-            elif isinstance(sent, ReportElection):
-                self.hooks.report_election(self.tp, sent)
-        for release in ready.release:
-            future = self._produce_waiters.pop(release.request_id, None)
-            if future is not None and not future.done():
-                future.set_result(release)
-        for note in ready.notes:
-            if isinstance(note, RefreshMetadata):
-                self.hooks.refresh_metadata(self.tp, note.reason)
-            elif isinstance(note, StopLeading):
-                log.info("%s-%d stops leading epoch %d: %s", *self.tp, note.leader_epoch, note.reason,
-                         extra={"event": "partition.stop_leading", "topic": self.tp[0], "partition": self.tp[1]})
-            elif isinstance(note, Rejected):
-                log.debug("%s-%d rejected %s: %s %s", *self.tp, note.event, note.error.name, note.reason)
-        if last_written is not None:
-            answers += self.step(WriteDone(last_offset=last_written))
-        return answers
 
-    def _append(self, action: Append) -> None:
-        # crc_checked: the core validated these very bytes (CRC included) before it asked for
-        # the Append, on every path (produce, fetch answer, append-entries).
-        if action.as_leader:
-            # The log patches a bytearray or writable view (the request's frame) in place, copies the rest.
-            info = self.log.append_as_leader(action.records, leader_epoch=action.leader_epoch, crc_checked=True)
-        else:
-            info = self.log.append_as_follower(action.records, crc_checked=True)
-        if (info.base_offset, info.last_offset) != (action.base_offset, action.last_offset):
-            raise AssertionError(f"{self.tp}: log stored {info.base_offset}..{info.last_offset}, "
-                                 f"core expected {action.base_offset}..{action.last_offset}")
+    # Effects (dataplane/replica/perform.py): what a Ready does outside the core.
+
+    def persisted(self, action: PersistAction, previous_end: int) -> None:
+        if isinstance(action, Truncate):
+            log.info("%s-%d truncates its log from %d to %d (diverged from the leader)", *self.tp,
+                     previous_end, action.offset,
+                     extra={"event": "partition.truncated", "topic": self.tp[0], "partition": self.tp[1]})
+            self.producer_state.truncated = True  # no snapshot until the core rebuilds it
+        elif isinstance(action, TruncateFully):
+            log.info("%s-%d empties its log at %d and starts it at %d (the leader's log starts there)",
+                     *self.tp, previous_end, action.offset,
+                     extra={"event": "partition.truncated_fully", "topic": self.tp[0], "partition": self.tp[1]})
+            self.producer_state.truncated = True
+
+    def flush(self, up_to: int) -> None:
+        # Started now (no task in between): the fsync is on its thread before the sends.
+        self.coalescer.when_flushed(min(up_to, self.log.log_end_offset), self._flushed)
+
+    def send_fetch(self, leader_id: int, request: FetchRequest) -> None:
+        self.hooks.send_fetch(leader_id, self.tp, request)
+
+    def send_append_entries(self, follower_id: int, message: AppendEntries) -> None:
+        self.hooks.send_append_entries(follower_id, self.tp, message)
+
+    def propose_isr(self, proposal: ProposeIsr) -> None:
+        self.hooks.propose_isr(self.tp, proposal)
+
+    def report_election(self, report: ReportElection) -> None:
+        self.hooks.report_election(self.tp, report)
+
+    def answer(self, answer: Send) -> None:
+        # To the fetch / append-entries being answered (fetch(), pusher.answer_append_entries).
+        message = answer.message
+        if not isinstance(message, (FetchResponse, AppendEntriesReply)):
+            raise AssertionError(f"core answered with {type(message).__name__}")
+        self._answers.append(message)
+
+    def release(self, release: ReleaseProduce) -> None:
+        future = self._produce_waiters.pop(release.request_id, None)
+        if future is not None and not future.done():
+            future.set_result(release)
+
+    def note(self, note: NoteAction) -> None:
+        if isinstance(note, RefreshMetadata):
+            self.hooks.refresh_metadata(self.tp, note.reason)
+        elif isinstance(note, StopLeading):
+            log.info("%s-%d stops leading epoch %d: %s", *self.tp, note.leader_epoch, note.reason,
+                     extra={"event": "partition.stop_leading", "topic": self.tp[0], "partition": self.tp[1]})
+        elif isinstance(note, Rejected):
+            log.debug("%s-%d rejected %s: %s %s", *self.tp, note.event, note.error.name, note.reason)
+
+    def written(self, done: WriteDone) -> None:
+        self._answers += self.step(done)
 
     def _flushed(self, flushed: int | None, exc: BaseException | None) -> None:
         """A Flush the core asked for is done: step FlushDone (or take the partition offline)."""

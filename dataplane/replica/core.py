@@ -20,14 +20,14 @@ Roles:
 - ELECTION: a quorum-election fence is known; serve nothing, flush, report;
 - STOPPED: no leader, not a replica, or a newer epoch was seen: wait for metadata.
 
-The driver's contract (the broker, or tests/sim):
+The driver's contract (the broker, or tests/sim; both through `perform.perform`):
 - perform each Ready in order: persist (Append/Truncate applied to the log before
   the next step; WriteDone when written; Flush asynchronous, FlushDone with the
-  log's flushed offset when it completes), then send, then release;
+  log's flushed offset when it completes), then send, answers, release, notes;
 - build a fresh Replica after a restart (`unclean_start=True` when the shutdown was
   not clean) and feed it metadata learned after the restart; a Replica never acts
   before its first NewMetadata;
-- consumers' fetches come in with replica_id -1; their answer is a Send to -1.
+- consumers' fetches come in with replica_id -1; their answer is in `Ready.answers`, to -1.
 """
 from __future__ import annotations
 
@@ -203,6 +203,7 @@ class Replica(PushMixin):
 
         self._persist: list[PersistAction] = []
         self._send: list[SendAction] = []
+        self._answers: list[Send] = []
         self._release: list[ReleaseProduce] = []
         self._notes: list[NoteAction] = []
 
@@ -216,9 +217,9 @@ class Replica(PushMixin):
         self._sync_from_log()
         handler(self, event)
         self._after_event()
-        ready = Ready(persist=tuple(self._persist), send=tuple(self._send),
+        ready = Ready(persist=tuple(self._persist), send=tuple(self._send), answers=tuple(self._answers),
                       release=tuple(self._release), notes=tuple(self._notes))
-        self._persist, self._send, self._release, self._notes = [], [], [], []
+        self._persist, self._send, self._answers, self._release, self._notes = [], [], [], [], []
         return ready
 
     def _sync_from_log(self) -> None:
@@ -606,7 +607,7 @@ class Replica(PushMixin):
             for _, h in iter_batches(records, validate=False):
                 new_end = h.next_offset
             flush = self._acks_all_waiting_in(req.flushed_offset, new_end)
-        self._send.append(Send(to_broker=req.replica_id, message=FetchResponse(
+        self._answers.append(Send(to_broker=req.replica_id, message=FetchResponse(
             leader_id=self.replica_id, leader_epoch=self.leader_epoch, fetch_offset=req.fetch_offset,
             last_fetched_epoch=req.last_fetched_epoch, error=error, records=records,
             high_watermark=self.high_watermark, log_end_offset=self.log_end_offset,
@@ -627,8 +628,7 @@ class Replica(PushMixin):
         return high >= lo
 
     def _answer_consumer(self, req: FetchRequest) -> None:
-        # Consumers are answered by the driver directly (no Send target); the Send goes
-        # to CONSUMER_REPLICA_ID and carries only data below the HW.
+        # The answer names CONSUMER_REPLICA_ID and carries only data below the HW.
         if self.role is not Role.LEADER:
             self._answer(req, error=ErrorCode.NOT_LEADER_OR_FOLLOWER)
             return

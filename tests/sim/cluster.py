@@ -17,11 +17,13 @@ from common.errors import ErrorCode
 from common.metadata.config import TopicConfig
 from dataplane.log.memory import MemoryLog
 from dataplane.replica.actions import (
-    Append, Flush, ProposeIsr, RefreshMetadata, ReleaseProduce, ReportElection, Send, Truncate, TruncateFully,
+    Append, NoteAction, PersistAction, ProposeIsr, RefreshMetadata, ReleaseProduce, ReportElection, Send, Truncate,
+    TruncateFully,
 )
 from dataplane.replica.core import Replica, Role
+from dataplane.replica.perform import perform
 from dataplane.replica.events import (
-    CONSUMER_REPLICA_ID, FetchRequest, FetchResponse, FlushDone, IsrChangeRefused, NewMetadata, ProduceRequest,
+    CONSUMER_REPLICA_ID, AppendEntries, FetchRequest, FetchResponse, FlushDone, IsrChangeRefused, NewMetadata, ProduceRequest,
     Tick, WriteDone,
 )
 
@@ -94,6 +96,50 @@ class SimNode:
             self.copies[ident] -= 1
             if self.copies[ident] <= 1:
                 self.doubled.discard(ident)
+
+
+class NodeEffects:
+    """One node's effects for `perform` (dataplane/replica/perform.py): the simulated disk,
+    network and clients instead of the broker's coalescer, sockets and futures."""
+
+    def __init__(self, sim: "Simulation", node: SimNode) -> None:
+        self.sim, self.node = sim, node
+
+    def persisted(self, action: PersistAction, previous_end: int) -> None:
+        self.sim._persisted(self.node, action)
+
+    def flush(self, up_to: int) -> None:
+        sim, node = self.sim, self.node
+        sim._at(sim.now_ms + sim.disk_rng.randint(1, FLUSH_MS_MAX), "flush_done", (node.node_id, node.incarnation))
+
+    def send_fetch(self, leader_id: int, request: FetchRequest) -> None:
+        self.sim._send(self.node.node_id, leader_id, request)
+
+    def send_append_entries(self, follower_id: int, message: AppendEntries) -> None:
+        self.sim._send(self.node.node_id, follower_id, message)
+
+    def propose_isr(self, proposal: ProposeIsr) -> None:
+        self.sim._trace_node("ProposeIsr", self.node, new_isr=list(proposal.new_isr))
+        self.sim._send(self.node.node_id, CONTROLLER_ID, proposal)
+
+    def report_election(self, report: ReportElection) -> None:
+        self.sim._trace_node("ReportElection", self.node, fenced_epoch=report.fenced_epoch,
+                             last_epoch=report.last_epoch, end_offset=report.end_offset)
+        self.sim._send(self.node.node_id, CONTROLLER_ID, report)
+
+    def answer(self, answer: Send) -> None:
+        to = CLIENT_ID if answer.to_broker == CONSUMER_REPLICA_ID else answer.to_broker
+        self.sim._send(self.node.node_id, to, answer.message)
+
+    def release(self, release: ReleaseProduce) -> None:
+        self.sim._on_release(self.node, release)
+
+    def note(self, note: NoteAction) -> None:
+        if isinstance(note, RefreshMetadata):
+            self.sim._send(self.node.node_id, CONTROLLER_ID, MetadataRequest(self.node.node_id))
+
+    def written(self, done: WriteDone) -> None:
+        self.sim.step_node(self.node, done)
 
 
 @dataclasses.dataclass
@@ -226,51 +272,23 @@ class Simulation:
             self._trace_node("Flush", node, previous=flushed_before)
         if self.trace is not None and node.replica.high_watermark != hw_before:
             self._trace_node("AdvanceHighWatermark", node, previous=hw_before)
-        written: list[int] = []
-        for action in ready.persist:
-            if isinstance(action, Append):
-                self._apply_append(node, action)
-                written.append(action.last_offset)
-            elif isinstance(action, Truncate):
-                node.log.truncate_to(action.offset)
-                assert node.log.log_end_offset == action.offset
-                node.shadow_truncate(action.offset)
-                self.checker.on_truncate(node)
-                self._trace_node("Truncate", node, offset=action.offset)
-            elif isinstance(action, TruncateFully):
-                # The sim applies no retention, so a leader's log always starts at 0 and this
-                # never comes; performed anyway as the broker does, untraced.
-                node.log.truncate_fully_and_start_at(action.offset)
-                node.shadow_truncate(0)
-                self.checker.on_truncate(node)
-            elif isinstance(action, Flush):
-                self._at(self.now_ms + self.disk_rng.randint(1, FLUSH_MS_MAX), "flush_done", (node.node_id, node.incarnation))
-        for action in ready.send:
-            if isinstance(action, Send):
-                to = CLIENT_ID if action.to_broker == CONSUMER_REPLICA_ID else action.to_broker
-                self._send(node.node_id, to, action.message)
-            elif isinstance(action, ProposeIsr):
-                self._trace_node("ProposeIsr", node, new_isr=list(action.new_isr))
-                self._send(node.node_id, CONTROLLER_ID, action)
-            elif isinstance(action, ReportElection):
-                self._trace_node("ReportElection", node, fenced_epoch=action.fenced_epoch,
-                                 last_epoch=action.last_epoch, end_offset=action.end_offset)
-                self._send(node.node_id, CONTROLLER_ID, action)
-        for action in ready.release:
-            self._on_release(node, action)
-        for action in ready.notes:
-            if isinstance(action, RefreshMetadata):
-                self._send(node.node_id, CONTROLLER_ID, MetadataRequest(node.node_id))
-        if written:
-            self.step_node(node, WriteDone(last_offset=written[-1]))
+        # The broker's own executor: persist on the log, send, answer, release, WriteDone.
+        perform(ready, node.log, NodeEffects(self, node))
 
-    def _apply_append(self, node: SimNode, action: Append) -> None:
-        log = node.log
-        if action.as_leader:
-            info = log.append_as_leader(action.records, leader_epoch=action.leader_epoch)
-        else:
-            info = log.append_as_follower(action.records)
-        assert (info.base_offset, info.last_offset) == (action.base_offset, action.last_offset), (info, action)
+    def _persisted(self, node: SimNode, action: PersistAction) -> None:
+        if isinstance(action, Append):
+            self._shadow_append(node, action)
+        elif isinstance(action, Truncate):
+            node.shadow_truncate(action.offset)
+            self.checker.on_truncate(node)
+            self._trace_node("Truncate", node, offset=action.offset)
+        elif isinstance(action, TruncateFully):
+            # The sim applies no retention, so a leader's log always starts at 0 and this
+            # never comes; performed anyway as the broker does, untraced.
+            node.shadow_truncate(0)
+            self.checker.on_truncate(node)
+
+    def _shadow_append(self, node: SimNode, action: Append) -> None:
         base = action.base_offset
         batches = []  # [base, next, epoch] per batch, for the trace
         for pos, h in iter_batches(action.records, validate=False):
