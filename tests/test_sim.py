@@ -83,26 +83,34 @@ def test_push_mode_runs_replicate_by_append_entries_with_recovery_and_divergence
     import collections
     from sim import cluster as sim_cluster
     counts: collections.Counter = collections.Counter()
-    original = sim_cluster.Simulation._send
+    # Counted where each node's core hands a message to the network (before the wire codec).
+    effects = sim_cluster.NodeEffects
+    originals = (effects.send_append_entries, effects.answer, effects.send_fetch)
 
-    def send(self, src, dst, msg):
-        name = type(msg).__name__
-        counts[name] += 1
-        if name == "AppendEntriesReply" and msg.error.name == "OFFSET_OUT_OF_RANGE":
-            counts["mismatch"] += 1
-        if name == "AppendEntries" and msg.diverging_end_offset >= 0:
+    def send_append_entries(self, follower_id, msg):
+        counts["AppendEntries"] += 1
+        if msg.diverging_end_offset >= 0:
             counts["diverging"] += 1
-        if name == "FetchRequest" and msg.replica_id >= 0:
-            counts["follower_fetch"] += 1
-        return original(self, src, dst, msg)
+        return originals[0](self, follower_id, msg)
 
-    sim_cluster.Simulation._send = send
+    def answer(self, sent):
+        msg = sent.message
+        if type(msg).__name__ == "AppendEntriesReply" and msg.error.name == "OFFSET_OUT_OF_RANGE":
+            counts["mismatch"] += 1
+        return originals[1](self, sent)
+
+    def send_fetch(self, leader_id, msg):
+        if msg.replica_id >= 0:
+            counts["follower_fetch"] += 1
+        return originals[2](self, leader_id, msg)
+
+    effects.send_append_entries, effects.answer, effects.send_fetch = send_append_entries, answer, send_fetch
     try:
         for seed in range(5):
             result = run_simulation(seed=seed, policy="quorum", durability="fsync", mode="push")
             assert result.violation is None and result.liveness_error is None, f"seed={seed}"
     finally:
-        sim_cluster.Simulation._send = original
+        effects.send_append_entries, effects.answer, effects.send_fetch = originals
     assert counts["AppendEntries"] >= 500 and counts["mismatch"] >= 5 and counts["diverging"] >= 1
     assert counts["follower_fetch"] == 0
 

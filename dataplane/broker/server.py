@@ -21,6 +21,7 @@ racing the producer's next request.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from typing import Any, Awaitable, Callable
 
@@ -29,11 +30,11 @@ from common.errors import BiplaneError, CorruptBatchError, ErrorCode
 from common.metadata.image import MetadataImage
 from common.wire import RequestHeader
 from common.wire import messages as wire
+from dataplane.broker.codec import append_refusal, fetch_answer_to_wire, fetch_from_wire, fetch_refusal
 from dataplane.broker.partition import PartitionDriver
 from dataplane.broker.producer_ids import ProducerIds
 from dataplane.broker.pusher import answer_append_entries
 from dataplane.broker.replicas import ReplicaManager
-from dataplane.replica.events import FetchRequest
 from dataplane.replica.fencing import EpochCheck, check_epoch
 
 log = logging.getLogger("biplane.broker.server")
@@ -262,8 +263,7 @@ class RequestHandler:
         """(answer, driver to wait on, whether to answer now)."""
         def refuse(code: ErrorCode):
             self.counters.error(code)
-            return wire.FetchPartitionResponse(partition=p.partition, error_code=code,
-                                               current_leader=self._current_leader(*tp)), None, True
+            return fetch_refusal(p.partition, code, self._current_leader(*tp)), None, True
 
         driver, error = self._locate(*tp)
         if driver is None:
@@ -273,19 +273,15 @@ class RequestHandler:
             if error is not ErrorCode.NONE:
                 return refuse(error)
         try:
-            a = driver.fetch(FetchRequest(
-                replica_id=replica_id, fetch_offset=p.fetch_offset, last_fetched_epoch=p.last_fetched_epoch,
-                flushed_offset=flushed_offset, current_leader_epoch=p.current_leader_epoch,
-                max_bytes=max_bytes, partition=tp))
+            request = fetch_from_wire(replica_id, tp, p, max_bytes=max_bytes)
+            if flushed_offset != request.flushed_offset:
+                request = dataclasses.replace(request, flushed_offset=flushed_offset)
+            a = driver.fetch(request)
         except BiplaneError as exc:
             return refuse(exc.code)
-        answer = wire.FetchPartitionResponse(
-            partition=p.partition, error_code=a.error, high_watermark=a.high_watermark,
-            last_stable_offset=a.high_watermark, log_start_offset=driver.log.log_start_offset,
-            diverging_epoch=wire.EpochEndOffset(epoch=a.diverging_epoch, end_offset=a.diverging_end_offset),
-            current_leader=(wire.LeaderIdAndEpoch(leader_id=a.leader_id, leader_epoch=a.leader_epoch)
-                            if a.error is ErrorCode.NONE else self._current_leader(*tp)),
-            log_end_offset=a.log_end_offset, flush_after_append=a.flush_after_append, records=a.records)
+        answer = fetch_answer_to_wire(p.partition, a, log_start_offset=driver.log.log_start_offset,
+                                      leader_if_error=self._current_leader(*tp) if a.error is not ErrorCode.NONE
+                                      else wire.NO_LEADER)
         now = bool(a.records) or a.error is not ErrorCode.NONE or a.diverging
         if a.error is not ErrorCode.NONE:
             self.counters.error(a.error)
@@ -308,15 +304,13 @@ class RequestHandler:
         driver, error = self._locate(request.topic, request.partition)
         if driver is None:
             self.counters.error(error)
-            return wire.AppendEntriesResponse(follower_id=self.broker_id, leader_epoch=-1, topic=request.topic,
-                                              partition=request.partition, error_code=error)
+            return append_refusal(request, error, replica_id=self.broker_id, leader_epoch=-1)
         try:
             return await answer_append_entries(request, driver.step, flushed=driver.flushed_to)
         except BiplaneError as exc:
             self.counters.error(exc.code)
-            return wire.AppendEntriesResponse(follower_id=self.broker_id, leader_epoch=driver.replica.leader_epoch,
-                                              topic=request.topic, partition=request.partition,
-                                              error_code=exc.code)
+            return append_refusal(request, exc.code, replica_id=self.broker_id,
+                                  leader_epoch=driver.replica.leader_epoch)
 
     # ------------------------------------------------------------ list offsets
 

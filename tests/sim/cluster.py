@@ -15,6 +15,8 @@ import random
 from common.batch import HEADER_SIZE, build_batch, iter_batches
 from common.errors import ErrorCode
 from common.metadata.config import TopicConfig
+from common.wire import messages as wire
+from dataplane.broker import codec
 from dataplane.log.memory import MemoryLog
 from dataplane.replica.actions import (
     Append, NoteAction, PersistAction, ProposeIsr, RefreshMetadata, ReleaseProduce, ReportElection, Send, Truncate,
@@ -23,7 +25,7 @@ from dataplane.replica.actions import (
 from dataplane.replica.core import Replica, Role
 from dataplane.replica.perform import perform
 from dataplane.replica.events import (
-    CONSUMER_REPLICA_ID, AppendEntries, FetchRequest, FetchResponse, FlushDone, IsrChangeRefused, NewMetadata, ProduceRequest,
+    CONSUMER_REPLICA_ID, AppendEntries, AppendEntriesReply, FetchRequest, FetchResponse, FlushDone, IsrChangeRefused, NewMetadata, ProduceRequest,
     Tick, WriteDone,
 )
 
@@ -57,6 +59,29 @@ class Heartbeat:
 @dataclasses.dataclass(frozen=True)
 class MetadataRequest:
     broker_id: int
+
+
+# Replication travels as the brokers' wire messages, translated by the broker's own codec
+# (dataplane/broker/codec.py). A fetch carries the request the fetcher remembers for its
+# answer (`asked`), as FetchSession's batch does: the wire answer does not repeat it.
+@dataclasses.dataclass(frozen=True)
+class WireFetch:
+    replica_id: int
+    asked: FetchRequest
+    partition: wire.FetchPartition
+
+
+@dataclasses.dataclass(frozen=True)
+class WireFetchAnswer:
+    asked: FetchRequest
+    partition: wire.FetchPartitionResponse
+
+
+TP = ("sim", 0)
+
+
+def wire_fetch(replica_id: int, request: FetchRequest) -> WireFetch:
+    return WireFetch(replica_id=replica_id, asked=request, partition=codec.fetch_to_wire(TP[1], request))
 
 
 class SimNode:
@@ -102,8 +127,8 @@ class NodeEffects:
     """One node's effects for `perform` (dataplane/replica/perform.py): the simulated disk,
     network and clients instead of the broker's coalescer, sockets and futures."""
 
-    def __init__(self, sim: "Simulation", node: SimNode) -> None:
-        self.sim, self.node = sim, node
+    def __init__(self, sim: "Simulation", node: SimNode, asked: FetchRequest | None) -> None:
+        self.sim, self.node, self.asked = sim, node, asked
 
     def persisted(self, action: PersistAction, previous_end: int) -> None:
         self.sim._persisted(self.node, action)
@@ -113,10 +138,10 @@ class NodeEffects:
         sim._at(sim.now_ms + sim.disk_rng.randint(1, FLUSH_MS_MAX), "flush_done", (node.node_id, node.incarnation))
 
     def send_fetch(self, leader_id: int, request: FetchRequest) -> None:
-        self.sim._send(self.node.node_id, leader_id, request)
+        self.sim._send(self.node.node_id, leader_id, wire_fetch(self.node.node_id, request))
 
     def send_append_entries(self, follower_id: int, message: AppendEntries) -> None:
-        self.sim._send(self.node.node_id, follower_id, message)
+        self.sim._send(self.node.node_id, follower_id, codec.append_entries_to_wire(TP, follower_id, message))
 
     def propose_isr(self, proposal: ProposeIsr) -> None:
         self.sim._trace_node("ProposeIsr", self.node, new_isr=list(proposal.new_isr))
@@ -129,7 +154,17 @@ class NodeEffects:
 
     def answer(self, answer: Send) -> None:
         to = CLIENT_ID if answer.to_broker == CONSUMER_REPLICA_ID else answer.to_broker
-        self.sim._send(self.node.node_id, to, answer.message)
+        message = answer.message
+        if isinstance(message, AppendEntriesReply):
+            self.sim._send(self.node.node_id, to, codec.append_reply_to_wire(TP, message))
+            return
+        assert isinstance(message, FetchResponse) and self.asked is not None, message
+        replica = self.node.replica
+        assert replica is not None
+        # The core's view of the leader stands in for the broker's metadata on an error.
+        leader = wire.LeaderIdAndEpoch(leader_id=self.node.node_id, leader_epoch=replica.leader_epoch)
+        self.sim._send(self.node.node_id, to, WireFetchAnswer(asked=self.asked, partition=codec.fetch_answer_to_wire(
+            TP[1], message, log_start_offset=self.node.log.log_start_offset, leader_if_error=leader)))
 
     def release(self, release: ReleaseProduce) -> None:
         self.sim._on_release(self.node, release)
@@ -260,7 +295,9 @@ class Simulation:
 
     # ------------------------------------------------------------ stepping
 
-    def step_node(self, node: SimNode, event) -> None:
+    def step_node(self, node: SimNode, event, asked: FetchRequest | None = None) -> None:
+        """Step `event` into the node's core and perform the Ready; `asked`: the fetch
+        request being answered, when `event` came as one (its answer echoes it)."""
         if node.replica is None:
             return
         self.dirty = True
@@ -273,7 +310,7 @@ class Simulation:
         if self.trace is not None and node.replica.high_watermark != hw_before:
             self._trace_node("AdvanceHighWatermark", node, previous=hw_before)
         # The broker's own executor: persist on the log, send, answer, release, WriteDone.
-        perform(ready, node.log, NodeEffects(self, node))
+        perform(ready, node.log, NodeEffects(self, node, asked))
 
     def _persisted(self, node: SimNode, action: PersistAction) -> None:
         if isinstance(action, Append):
@@ -323,6 +360,21 @@ class Simulation:
             req["error"] = release.error
         req["released_ms"] = self.now_ms
 
+    def _receive(self, src: int, node: SimNode, msg) -> None:
+        """A message from the network: wire messages through the broker's codec, the rest as is."""
+        if isinstance(msg, WireFetch):
+            request = codec.fetch_from_wire(msg.replica_id, TP, msg.partition,
+                                            max_bytes=msg.partition.partition_max_bytes)
+            self.step_node(node, request, asked=msg.asked)
+        elif isinstance(msg, WireFetchAnswer):
+            self.step_node(node, codec.fetch_answer_from_wire(src, msg.asked, msg.partition, TP))
+        elif isinstance(msg, wire.AppendEntriesRequest):
+            self.step_node(node, codec.append_entries_from_wire(msg))
+        elif isinstance(msg, wire.AppendEntriesResponse):
+            self.step_node(node, codec.append_reply_from_wire(msg))
+        else:
+            self.step_node(node, msg)
+
     def _consumed(self, src: int, resp: FetchResponse) -> None:
         if resp.error is not ErrorCode.NONE or not resp.records:
             return
@@ -358,9 +410,9 @@ class Simulation:
             if dst == CONTROLLER_ID:
                 self._controller_message(src, msg)
             elif dst in self.nodes:
-                self.step_node(self.nodes[dst], msg)
-            elif dst == CLIENT_ID and isinstance(msg, FetchResponse):
-                self._consumed(src, msg)
+                self._receive(src, self.nodes[dst], msg)
+            elif dst == CLIENT_ID and isinstance(msg, WireFetchAnswer):
+                self._consumed(src, codec.fetch_answer_from_wire(src, msg.asked, msg.partition, TP))
         elif kind == "tick":
             node = self.nodes[arg]
             self.step_node(node, Tick(now_ms=now))
@@ -391,7 +443,8 @@ class Simulation:
             leader = self.controller.leader()
             if leader is not None:
                 offset = self.rng.randint(0, max(self.checker.committed_end(), 0))
-                self._send(CLIENT_ID, leader, FetchRequest(replica_id=CONSUMER_REPLICA_ID, fetch_offset=offset))
+                self._send(CLIENT_ID, leader, wire_fetch(CONSUMER_REPLICA_ID,
+                                                         FetchRequest(replica_id=CONSUMER_REPLICA_ID, fetch_offset=offset)))
             self._at(now + self.rng.randint(20, 80), "consume", None)
         elif kind == "produce":
             if now < self.safety_ms + self.liveness_ms - QUIET_MS:
