@@ -47,6 +47,7 @@ from dataplane.replica.events import (
     CONSUMER_REPLICA_ID, AppendEntries, AppendEntriesReply, FetchRequest, FetchResponse, FlushDone,
     IsrChangeRefused, NewMetadata, ProduceRequest, Tick, WriteDone,
 )
+from dataplane.replica import invariants
 from dataplane.replica.fencing import EpochCheck, check_epoch
 from dataplane.replica.logview import LogView, epoch_before
 from dataplane.replica.producer_state import ProducerStateTable
@@ -111,7 +112,7 @@ class Replica(PushMixin):
                  push_inflight_max: int = 4, push_heartbeat_ms: int | None = None,
                  push_capable: bool = False, producers_max: int = 10_000,
                  producer_idle_ms_max: int = 7 * 24 * 3600 * 1000, unclean_start: bool = False,
-                 producer_state: ProducerStateTable | None = None) -> None:
+                 producer_state: ProducerStateTable | None = None, check_invariants: bool | None = None) -> None:
         for name, value in (("fetch_max_bytes", fetch_max_bytes), ("flush_debounce_ms", flush_debounce_ms),
                             ("fetch_backoff_ms", fetch_backoff_ms), ("fetch_timeout_ms", fetch_timeout_ms),
                             ("isr_proposal_retry_ms", isr_proposal_retry_ms),
@@ -201,6 +202,10 @@ class Replica(PushMixin):
         # Election state.
         self._report_sent_ms: int | None = None
 
+        # Our own rules checked after every step (invariants.py): on in tests and the
+        # simulation, off in production unless BIPLANE_CORE_ASSERTIONS says so.
+        self.check_invariants = invariants.enabled_by_default() if check_invariants is None else check_invariants
+
         self._persist: list[PersistAction] = []
         self._send: list[SendAction] = []
         self._answers: list[Send] = []
@@ -215,8 +220,11 @@ class Replica(PushMixin):
             raise TypeError(f"Replica.step got {type(event).__name__}; expected one of "
                             f"{sorted(t.__name__ for t in _HANDLERS)}")
         self._sync_from_log()
+        was = invariants.before(self) if self.check_invariants else None
         handler(self, event)
         self._after_event()
+        if was is not None:
+            invariants.check(self, was, event)
         ready = Ready(persist=tuple(self._persist), send=tuple(self._send), answers=tuple(self._answers),
                       release=tuple(self._release), notes=tuple(self._notes))
         self._persist, self._send, self._answers, self._release, self._notes = [], [], [], [], []

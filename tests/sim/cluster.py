@@ -282,7 +282,7 @@ class Simulation:
                                fetch_max_bytes=self.fetch_max_bytes,
                                fetch_timeout_ms=200, flush_debounce_ms=15, isr_proposal_retry_ms=200,
                                election_report_retry_ms=200, unreplicated_bytes_max=self.unreplicated_bytes_max, push_capable=True,
-                               unclean_start=unclean)
+                               unclean_start=unclean, check_invariants=True)
         self._send(node.node_id, CONTROLLER_ID, Heartbeat(node.node_id, f"{node.node_id}-{node.incarnation}"))
         self._send(CONTROLLER_ID, node.node_id, self._metadata())
 
