@@ -848,3 +848,29 @@ def test_follower_ending_below_the_leaders_log_start_starts_over_there_and_rejoi
     assert batches_from(follower, start) == batches_from(leader, start)
     assert nodes[3].replica.high_watermark == nodes[1].replica.high_watermark
     assert [p.new_isr for p in nodes[1].take(ProposeIsr)] == [(1, 2, 3)]
+
+
+def test_an_overtaken_fetch_from_the_same_position_keeps_the_newest_flushed_offset():
+    """Claim: a follower's fetch that a newer one from the same position overtook (its long-poll,
+    after an express fetch said more) cannot lower the flushed offset the leader counts; a fetch
+    from another position reports its own."""
+    nodes = cluster(config(durability="fsync"), auto_flush=False)
+    leader = nodes[1]
+    leader.step(FlushDone(flushed_offset=leader.log.flush()))
+    produce(leader, 1, -1, b"a")
+    leader.step(FlushDone(flushed_offset=leader.log.flush()))
+    end = leader.log.log_end_offset
+
+    def fetch(replica_id, offset, flushed):
+        leader.step(FetchRequest(replica_id=replica_id, fetch_offset=offset, last_fetched_epoch=1,
+                                 flushed_offset=flushed, current_leader_epoch=1))
+        return leader.replica.progress[replica_id]
+
+    assert fetch(2, end, end).flushed_offset == end        # express: flushed up to the end
+    assert fetch(2, end, 1).flushed_offset == end          # the overtaken long-poll: older news
+    assert leader.replica.progress[2].fetches == 2
+    assert fetch(2, 1, 1).flushed_offset == 1              # another position: its own report
+    assert not leader.replica.fetched_since(2, 3, end, 1)  # nothing stepped since the third
+    assert leader.replica.fetched_since(2, 2, end, 1)      # moved on from `end` since the second
+    assert not leader.replica.fetched_since(2, 2, 1, 1)    # ... but not from the position it is at
+    assert leader.replica.fetch_count(4) == -1

@@ -21,7 +21,6 @@ racing the producer's next request.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 from typing import Any, Awaitable, Callable
 
@@ -64,10 +63,6 @@ class RequestHandler:
         self.refresh_metadata = refresh_metadata
         self.fetch_wait_ms_max = fetch_wait_ms_max
         self.counters = Counters()
-        # Bumped whenever a follower's fetch of a partition is stepped into its core.
-        self._fetch_gen: dict[tuple[int, TopicPartition], int] = {}
-        # (fetch_offset, last_fetched_epoch, flushed_offset) of the latest stepped follower fetch.
-        self._latest_fetch: dict[tuple[int, TopicPartition], tuple[int, int, int]] = {}
 
     def start(self, header: RequestHeader, request: Any) -> Awaitable[Any]:
         """Begin handling in arrival order; produce requests reach their cores before this returns."""
@@ -201,7 +196,7 @@ class RequestHandler:
         wait_s = max(0, min(request.max_wait_ms, self.fetch_wait_ms_max)) / 1000
         deadline = loop.time() + wait_s
         follower = request.replica_id >= 0
-        stepped: dict[TopicPartition, int] = {}  # generation of our own step of each partition
+        stepped: dict[TopicPartition, int] = {}  # the core's fetch count after our own step of each partition
         while True:
             answers: dict[TopicPartition, wire.FetchPartitionResponse] = {}
             changes: list[asyncio.Future] = []
@@ -210,30 +205,19 @@ class RequestHandler:
             for t in request.topics:
                 for p in t.partitions:
                     tp = (t.topic, p.partition)
-                    key = (request.replica_id, tp)
-                    flushed = max(p.flushed_offset, 0)
-                    if follower:
-                        latest = self._latest_fetch.get(key)
-                        same_position = latest is not None and latest[:2] == (p.fetch_offset, p.last_fetched_epoch)
-                        if tp in stepped and self._fetch_gen.get(key) != stepped[tp] and not same_position:
-                            # The follower has fetched from elsewhere since (express) and moved on:
-                            # this long-poll is old news. End it, so its newer request can come.
-                            answer, driver = self._state_answer(tp, p.partition)
-                            answers[tp] = answer
-                            ready = True
-                            continue
-                        if same_position and latest is not None:
-                            # A request overtaken by a newer one from the same position carries an
-                            # older flushed offset; counting it would hold the HW back.
-                            flushed = max(flushed, latest[2])
+                    if follower and tp in stepped and self._fetched_since(request.replica_id, tp, stepped[tp], p):
+                        # The follower has fetched from elsewhere since (express) and moved on:
+                        # this long-poll is old news. End it, so its newer request can come.
+                        answer, driver = self._state_answer(tp, p.partition)
+                        answers[tp] = answer
+                        ready = True
+                        continue
                     # The response stays near max_bytes: once it is spent, each further
                     # partition carries at most its first batch (a reader must progress).
                     answer, driver, now = self._fetch_partition(request.replica_id, tp, p,
-                                                                max(1, min(budget, p.partition_max_bytes)),
-                                                                flushed)
+                                                                max(1, min(budget, p.partition_max_bytes)))
                     if follower:
-                        stepped[tp] = self._fetch_gen[key] = self._fetch_gen.get(key, 0) + 1
-                        self._latest_fetch[key] = (p.fetch_offset, p.last_fetched_epoch, flushed)
+                        stepped[tp] = driver.replica.fetch_count(request.replica_id) if driver is not None else -1
                     budget -= len(answer.records or b"")
                     answers[tp] = answer
                     ready = ready or now
@@ -245,6 +229,11 @@ class RequestHandler:
             if ready or remaining <= 0 or not changes:
                 return self._fetch_response(request, answers)
             await asyncio.wait(changes, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+
+    def _fetched_since(self, replica_id: int, tp: TopicPartition, fetches: int, p: wire.FetchPartition) -> bool:
+        driver = self.replicas.get(*tp)
+        return driver is not None and driver.replica.fetched_since(replica_id, fetches, p.fetch_offset,
+                                                                   p.last_fetched_epoch)
 
     def _state_answer(self, tp: TopicPartition, partition: int
                       ) -> tuple[wire.FetchPartitionResponse, PartitionDriver | None]:
@@ -258,8 +247,8 @@ class RequestHandler:
             log_start_offset=driver.log.log_start_offset, log_end_offset=driver.log.log_end_offset,
             current_leader=wire.LeaderIdAndEpoch(leader_id=self.broker_id, leader_epoch=r.leader_epoch)), driver
 
-    def _fetch_partition(self, replica_id: int, tp: TopicPartition, p: wire.FetchPartition, max_bytes: int,
-                         flushed_offset: int) -> tuple[wire.FetchPartitionResponse, PartitionDriver | None, bool]:
+    def _fetch_partition(self, replica_id: int, tp: TopicPartition, p: wire.FetchPartition,
+                         max_bytes: int) -> tuple[wire.FetchPartitionResponse, PartitionDriver | None, bool]:
         """(answer, driver to wait on, whether to answer now)."""
         def refuse(code: ErrorCode):
             self.counters.error(code)
@@ -273,10 +262,7 @@ class RequestHandler:
             if error is not ErrorCode.NONE:
                 return refuse(error)
         try:
-            request = fetch_from_wire(replica_id, tp, p, max_bytes=max_bytes)
-            if flushed_offset != request.flushed_offset:
-                request = dataclasses.replace(request, flushed_offset=flushed_offset)
-            a = driver.fetch(request)
+            a = driver.fetch(fetch_from_wire(replica_id, tp, p, max_bytes=max_bytes))
         except BiplaneError as exc:
             return refuse(exc.code)
         answer = fetch_answer_to_wire(p.partition, a, log_start_offset=driver.log.log_start_offset,

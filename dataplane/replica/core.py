@@ -90,6 +90,13 @@ class FollowerProgress:
     # The leader's ISR generation at its last fetch: only a fetch made since the last ISR
     # change (or refusal) may bring it back into the ISR, never stale progress.
     fetch_generation: int = -1
+    # Every fetch request stepped from it, over any of its connections (a broker's fetcher
+    # has a long-poll and an "express" one), counted, and the newest one's position and
+    # flushed offset, whatever its answer (see Replica._remember_fetch).
+    fetches: int = 0
+    asked_offset: int = -1
+    asked_epoch: int = -1
+    asked_flushed: int = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -554,6 +561,7 @@ class Replica(PushMixin):
         if req.replica_id == CONSUMER_REPLICA_ID:
             self._answer_consumer(req)
             return
+        req = self._remember_fetch(req)
         check = check_epoch(theirs=req.current_leader_epoch, ours=self.leader_epoch)
         if check is EpochCheck.STALE:
             self._notes.append(Rejected(event="FetchRequest", error=ErrorCode.FENCED_LEADER_EPOCH,
@@ -584,6 +592,33 @@ class Replica(PushMixin):
         if req.fetch_offset < self.log_end_offset:
             records = self.log.read(req.fetch_offset, max_bytes=max_bytes).records
         self._answer(req, records=records)
+
+    def _remember_fetch(self, req: FetchRequest) -> FetchRequest:
+        """Count a follower's fetch and keep its position; a request overtaken by a newer one
+        from the same position carries an older flushed offset (a follower sends its news on
+        a second connection while a long-poll waits), and counting it would hold the HW back,
+        so it counts the newest flushed offset reported from that position."""
+        p = self.progress.get(req.replica_id)
+        if p is None:
+            return req
+        p.fetches += 1
+        if ((p.asked_offset, p.asked_epoch) == (req.fetch_offset, req.last_fetched_epoch)
+                and p.asked_flushed > req.flushed_offset):
+            req = dataclasses.replace(req, flushed_offset=p.asked_flushed)
+        p.asked_offset, p.asked_epoch, p.asked_flushed = req.fetch_offset, req.last_fetched_epoch, req.flushed_offset
+        return req
+
+    def fetched_since(self, replica_id: int, fetches: int, fetch_offset: int, last_fetched_epoch: int) -> bool:
+        """Has this follower fetched again, from another position, since its `fetches`-th fetch?
+        A long-poll from the old position is then old news (its connection's driver ends it)."""
+        p = self.progress.get(replica_id)
+        return (p is not None and p.fetches != fetches
+                and (p.asked_offset, p.asked_epoch) != (fetch_offset, last_fetched_epoch))
+
+    def fetch_count(self, replica_id: int) -> int:
+        """How many fetches of this follower were stepped in this leadership (-1: not a follower of ours)."""
+        p = self.progress.get(replica_id)
+        return -1 if p is None else p.fetches
 
     def _divergence(self, fetch_offset: int, last_fetched_epoch: int) -> tuple[int, int] | None:
         """None if the follower's log up to fetch_offset equals ours, else where its epoch ends here.
