@@ -874,3 +874,45 @@ def test_an_overtaken_fetch_from_the_same_position_keeps_the_newest_flushed_offs
     assert leader.replica.fetched_since(2, 2, end, 1)      # moved on from `end` since the second
     assert not leader.replica.fetched_since(2, 2, 1, 1)    # ... but not from the position it is at
     assert leader.replica.fetch_count(4) == -1
+
+
+def test_produce_admission_checks_role_then_client_epoch_then_acks_and_batch_size():
+    """Claim (admission.py): a non-leader refuses NOT_LEADER_OR_FOLLOWER whatever epoch the client
+    names; a leader refuses a stale client epoch FENCED_LEADER_EPOCH, bad acks INVALID_REQUIRED_ACKS
+    and a batch above batch_bytes_max MESSAGE_TOO_LARGE, saying why; a good request's release
+    carries its record count."""
+    nodes = cluster(st=state(epoch=3))
+    leader, follower = nodes[1], nodes[2]
+    follower.step(ProduceRequest(request_id=1, records=batch(), acks=1, timeout_ms=1000, leader_epoch=1))
+    assert follower.released()[1].error is ErrorCode.NOT_LEADER_OR_FOLLOWER
+    leader.step(ProduceRequest(request_id=2, records=batch(), acks=1, timeout_ms=1000, leader_epoch=2))
+    leader.step(ProduceRequest(request_id=3, records=batch(), acks=2, timeout_ms=1000, leader_epoch=3))
+    big = batch(b"x" * 200)
+    leader.step(ProduceRequest(request_id=4, records=big, acks=1, timeout_ms=1000, batch_bytes_max=100))
+    leader.step(ProduceRequest(request_id=5, records=batch(b"a", b"b"), acks=1, timeout_ms=1000,
+                               batch_bytes_max=len(big)))
+    released = leader.released()
+    assert released[2].error is ErrorCode.FENCED_LEADER_EPOCH
+    assert released[3].error is ErrorCode.INVALID_REQUIRED_ACKS and "acks=2" in released[3].reason
+    assert released[4].error is ErrorCode.MESSAGE_TOO_LARGE and "max_message_bytes=100" in released[4].reason
+    assert released[5].error is ErrorCode.NONE and released[5].record_count == 2
+
+
+def test_consumers_and_list_offsets_answer_for_the_clients_epoch_in_the_core():
+    """Claim: a consumer's fetch naming an older epoch is answered FENCED_LEADER_EPOCH, a newer one
+    UNKNOWN_LEADER_EPOCH with a metadata refresh (the leader keeps leading); list_offset says the
+    same, and LEADER_NOT_AVAILABLE until the epoch start is flushed."""
+    nodes = cluster(st=state(epoch=3), auto_flush=False)
+    leader = nodes[1]
+    assert leader.replica.list_offset(-1) == (ErrorCode.LEADER_NOT_AVAILABLE, -1)
+    leader.step(FlushDone(flushed_offset=leader.log.flush()))
+    leader.step(FetchRequest(replica_id=-1, fetch_offset=0, current_leader_epoch=2))
+    assert leader.sent()[-1].error is ErrorCode.FENCED_LEADER_EPOCH
+    leader.step(FetchRequest(replica_id=-1, fetch_offset=0, current_leader_epoch=4))
+    assert leader.sent()[-1].error is ErrorCode.UNKNOWN_LEADER_EPOCH and leader.take(RefreshMetadata)
+    assert leader.replica.role is Role.LEADER
+    leader.step(FetchRequest(replica_id=-1, fetch_offset=0, current_leader_epoch=3))
+    assert leader.sent()[-1].error is ErrorCode.NONE
+    assert leader.replica.list_offset(-1, 2) == (ErrorCode.FENCED_LEADER_EPOCH, -1)
+    assert leader.replica.list_offset(-1, 4) == (ErrorCode.UNKNOWN_LEADER_EPOCH, -1)
+    assert leader.replica.list_offset(-2, 3) == (ErrorCode.NONE, 0)

@@ -148,8 +148,8 @@ class PartitionDriver:
         if not self.closed and self.failed is None:
             self.step(Tick(now_ms=max(now, self.replica.now_ms)))
 
-    def submit_produce(self, records: Buffer, *, acks: int, timeout_ms: int,
-                       record_count: int) -> asyncio.Future[ReleaseProduce]:
+    def submit_produce(self, records: Buffer, *, acks: int, timeout_ms: int, leader_epoch: int | None = None,
+                       batch_bytes_max: int | None = None) -> asyncio.Future[ReleaseProduce]:
         """Step the produce into the core now (so requests keep their arrival order);
         the future resolves when the core releases it.
 
@@ -164,11 +164,12 @@ class PartitionDriver:
             if len(self._parked) >= self.parked_max:
                 future.set_result(ReleaseProduce(request_id=-1, error=ErrorCode.LEADER_NOT_AVAILABLE))
                 return future
-            self._parked.append((records, acks, timeout_ms, record_count, now_ms() + timeout_ms, future))
+            self._parked.append((records, acks, leader_epoch, batch_bytes_max, now_ms() + timeout_ms, future))
             if len(self._parked) == 1 and not self._releasing:
                 self._release_parked()  # the budget may have room already: keep the callback armed
             return future
-        return self._submit_now(records, acks=acks, timeout_ms=timeout_ms, record_count=record_count)
+        return self._submit_now(records, acks=acks, timeout_ms=timeout_ms, leader_epoch=leader_epoch,
+                                batch_bytes_max=batch_bytes_max)
 
     def _must_wait(self) -> bool:
         if not self.is_leader:
@@ -223,7 +224,7 @@ class PartitionDriver:
         self._releasing = True
         try:
             while self._parked:
-                records, acks, timeout_ms, record_count, deadline_ms, outer = self._parked[0]
+                records, acks, leader_epoch, batch_bytes_max, deadline_ms, outer = self._parked[0]
                 waiting = self._must_wait()
                 if waiting and now_ms() < deadline_ms:
                     if self.budget is not None and self.replica.epoch_durable:
@@ -238,25 +239,26 @@ class PartitionDriver:
                     outer.set_result(ReleaseProduce(request_id=-1, error=ErrorCode.NOT_LEADER_OR_FOLLOWER))
                 else:
                     inner = self._submit_now(records, acks=acks, timeout_ms=max(1, deadline_ms - now_ms()),
-                                             record_count=record_count)
+                                             leader_epoch=leader_epoch, batch_bytes_max=batch_bytes_max)
                     inner.add_done_callback(functools.partial(_pass_on, outer))
         finally:
             self._releasing = False
 
-    def _submit_now(self, records: Buffer, *, acks: int, timeout_ms: int,
-                    record_count: int) -> asyncio.Future[ReleaseProduce]:
+    def _submit_now(self, records: Buffer, *, acks: int, timeout_ms: int, leader_epoch: int | None,
+                    batch_bytes_max: int | None) -> asyncio.Future[ReleaseProduce]:
         request_id = next(self._request_ids)
         future: asyncio.Future[ReleaseProduce] = asyncio.get_running_loop().create_future()
         self._produce_waiters[request_id] = future
         try:
-            self.step(ProduceRequest(request_id=request_id, records=records, acks=acks, timeout_ms=timeout_ms))
+            self.step(ProduceRequest(request_id=request_id, records=records, acks=acks, timeout_ms=timeout_ms,
+                                     leader_epoch=leader_epoch, batch_bytes_max=batch_bytes_max))
         except BaseException:
             self._produce_waiters.pop(request_id, None)
             raise
 
         def count(f: asyncio.Future[ReleaseProduce]) -> None:
             if not f.cancelled() and f.result().error is ErrorCode.NONE:
-                self.produce_records += record_count
+                self.produce_records += f.result().record_count
                 self.produce_bytes += len(records)
         future.add_done_callback(count)
         return future

@@ -3,11 +3,10 @@
 Every partition is answered on its own: an unknown partition, a stale or
 future epoch, a corrupt or oversized batch gets its error code and the other
 partitions of the same request (and every other connection) are served as
-usual. Batch headers and sizes are checked here, before the core sees them; the
-CRC is checked by the core (CORRUPT_MESSAGE).
-
-A client's leader epoch is compared here, before the core: a client that
-knows a newer epoch than ours gets UNKNOWN_LEADER_EPOCH and makes us refresh
+usual. Produce requests are checked by the core alone (dataplane/replica/admission.py:
+role, the client's leader epoch, acks, batch headers, CRC and sizes); so are a
+consumer's leader epoch and list-offsets (`Replica.client_epoch_error`): a client
+that knows a newer epoch than ours gets UNKNOWN_LEADER_EPOCH and makes us refresh
 metadata, but never makes the leader stop (only a replica's word can do that).
 
 FETCH long-polls up to min(max_wait_ms, fetch_wait_ms_max): it answers at
@@ -24,8 +23,7 @@ import asyncio
 import logging
 from typing import Any, Awaitable, Callable
 
-from common.batch import iter_batches
-from common.errors import BiplaneError, CorruptBatchError, ErrorCode
+from common.errors import BiplaneError, ErrorCode
 from common.metadata.image import MetadataImage
 from common.wire import RequestHeader
 from common.wire import messages as wire
@@ -34,7 +32,6 @@ from dataplane.broker.partition import PartitionDriver
 from dataplane.broker.producer_ids import ProducerIds
 from dataplane.broker.pusher import answer_append_entries
 from dataplane.broker.replicas import ReplicaManager
-from dataplane.replica.fencing import EpochCheck, check_epoch
 
 log = logging.getLogger("biplane.broker.server")
 
@@ -109,17 +106,6 @@ class RequestHandler:
             return None, ErrorCode.KAFKA_STORAGE_ERROR
         return driver, ErrorCode.NONE
 
-    def _client_epoch_error(self, driver: PartitionDriver, epoch: int) -> ErrorCode:
-        if epoch < 0:
-            return ErrorCode.NONE
-        check = check_epoch(theirs=epoch, ours=driver.replica.leader_epoch)
-        if check is EpochCheck.STALE:
-            return ErrorCode.FENCED_LEADER_EPOCH
-        if check is EpochCheck.NEWER:
-            self.refresh_metadata()
-            return ErrorCode.UNKNOWN_LEADER_EPOCH
-        return ErrorCode.NONE
-
     # ------------------------------------------------------------ produce
 
     def start_produce(self, request: wire.ProduceRequest) -> Awaitable[wire.ProduceResponse | None]:
@@ -140,7 +126,8 @@ class RequestHandler:
                               if release.error is ErrorCode.NONE else self._current_leader(topic, partition))
                     item = wire.ProducePartitionResponse(
                         partition=partition, error_code=release.error, base_offset=release.base_offset,
-                        log_start_offset=driver.log.log_start_offset, current_leader=leader)
+                        log_start_offset=driver.log.log_start_offset, current_leader=leader,
+                        error_message=release.reason or None)
                 by_topic.setdefault(topic, []).append(item)
             if acks == 0:
                 return None
@@ -149,7 +136,8 @@ class RequestHandler:
         return answer()
 
     def _submit_partition(self, topic: str, p: wire.ProducePartition, acks: int, timeout_ms: int):
-        """A refusal (ProducePartitionResponse), or (driver, future of the core's release)."""
+        """A refusal (ProducePartitionResponse), or (driver, future of the core's release).
+        Every check of the request is the core's (dataplane/replica/admission.py)."""
         def refuse(code: ErrorCode, message: str) -> wire.ProducePartitionResponse:
             self.counters.error(code)
             return wire.ProducePartitionResponse(partition=p.partition, error_code=code, error_message=message,
@@ -158,33 +146,13 @@ class RequestHandler:
         driver, error = self._locate(topic, p.partition)
         if driver is None:
             return refuse(error, f"{topic}-{p.partition}: {error.name} on broker {self.broker_id}")
-        if not driver.is_leader:
-            return refuse(ErrorCode.NOT_LEADER_OR_FOLLOWER, f"broker {self.broker_id} does not lead {topic}-{p.partition}")
-        error = self._client_epoch_error(driver, p.current_leader_epoch)
-        if error is not ErrorCode.NONE:
-            return refuse(error, f"{topic}-{p.partition}: request epoch {p.current_leader_epoch}, "
-                                 f"leader epoch {driver.replica.leader_epoch}")
-        if acks not in (0, 1, -1):
-            return refuse(ErrorCode.INVALID_REQUIRED_ACKS, f"acks={acks}; use 0, 1 or -1 (all)")
-        records = p.records
-        if not records:
-            return refuse(ErrorCode.INVALID_REQUEST, f"{topic}-{p.partition}: no records in the request")
         topic_info = self.image().topics.get(topic)
-        max_bytes = topic_info.config.max_message_bytes if topic_info is not None else len(records)
-        try:
-            headers = [h for _, h in iter_batches(records, validate=False)]  # the core checks CRCs
-        except CorruptBatchError as exc:
-            return refuse(ErrorCode.CORRUPT_MESSAGE, f"{topic}-{p.partition}: {exc}")
-        too_big = [h.size_bytes for h in headers if h.size_bytes > max_bytes]
-        if too_big:
-            return refuse(ErrorCode.MESSAGE_TOO_LARGE, f"{topic}-{p.partition}: batch of {too_big[0]} bytes "
-                                                       f"exceeds max_message_bytes={max_bytes}")
         try:
             # The records view into the request's own frame is patched in place by the log: no copy.
-            # partition.py (being reworked) declares bytearray; it takes any writable buffer, and
-            # the decoder hands it a writable memoryview of the frame. Remove once it says so.
-            future = driver.submit_produce(records, acks=acks, timeout_ms=timeout_ms,
-                                           record_count=sum(h.record_count for h in headers))
+            future = driver.submit_produce(
+                p.records if p.records is not None else b"", acks=acks, timeout_ms=timeout_ms,
+                leader_epoch=p.current_leader_epoch,
+                batch_bytes_max=topic_info.config.max_message_bytes if topic_info is not None else None)
         except BiplaneError as exc:
             return refuse(exc.code, str(exc))
         return driver, future
@@ -257,10 +225,6 @@ class RequestHandler:
         driver, error = self._locate(*tp)
         if driver is None:
             return refuse(error)
-        if replica_id < 0:
-            error = self._client_epoch_error(driver, p.current_leader_epoch)
-            if error is not ErrorCode.NONE:
-                return refuse(error)
         try:
             a = driver.fetch(fetch_from_wire(replica_id, tp, p, max_bytes=max_bytes))
         except BiplaneError as exc:
@@ -308,14 +272,11 @@ class RequestHandler:
                 driver, error = self._locate(t.topic, p.partition)
                 offset, epoch = -1, -1
                 if driver is not None:
-                    error = self._client_epoch_error(driver, p.current_leader_epoch)
-                    if error is ErrorCode.NONE and driver.is_leader and not driver.replica.epoch_durable:
-                        # A new leader's epoch marker is not flushed yet: it serves nothing of
-                        # this epoch, and its HW may still be below what consumers saw before.
-                        error = ErrorCode.LEADER_NOT_AVAILABLE
+                    error, offset = driver.replica.list_offset(p.timestamp, p.current_leader_epoch)
                     if error is ErrorCode.NONE:
-                        error, offset = driver.replica.list_offset(p.timestamp)
                         epoch = driver.replica.leader_epoch
+                    elif error is ErrorCode.UNKNOWN_LEADER_EPOCH:
+                        self.refresh_metadata()  # list_offset is read-only: it asks through us
                 if error is not ErrorCode.NONE:
                     self.counters.error(error)
                 parts.append(wire.ListOffsetsPartitionResponse(partition=p.partition, error_code=error,

@@ -98,9 +98,14 @@ class ReportElection:
 
 @_frozen
 class ReleaseProduce:
+    """The answer to a produce request: its base offset, or an error and why (`reason`).
+    `record_count`: records the request carried (for a driver's counters)."""
+
     request_id: int
     error: ErrorCode = ErrorCode.NONE
     base_offset: int = -1
+    reason: str = ""
+    record_count: int = 0
 
 
 @_frozen

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import enum
 from collections.abc import Callable
 from typing import Any
 
@@ -51,24 +50,17 @@ from dataplane.replica import invariants
 from dataplane.replica.fencing import EpochCheck, check_epoch
 from dataplane.replica.logview import LogView, epoch_before
 from dataplane.replica.producer_state import ProducerStateTable
+from dataplane.replica.admission import VALID_ACKS, PendingProduce, ProduceAdmission
 from dataplane.replica.push import PushMixin
 from dataplane.replica.state import PartitionState, ReplicationConfig
+from dataplane.replica.state import Role as Role  # the core's roles, imported from here by its users
 from dataplane.replica.watermark import follower_stored_offset, next_high_watermark, stored_offset
 
-VALID_ACKS = (0, 1, -1)
 # Refusals that say our epochs are old, not that the proposal was judged and declined.
 _STALE_ISR_REFUSALS = frozenset({ErrorCode.FENCED_LEADER_EPOCH, ErrorCode.UNKNOWN_LEADER_EPOCH,
                                  ErrorCode.INVALID_UPDATE_VERSION, ErrorCode.NOT_LEADER_OR_FOLLOWER})
 EARLIEST_TIMESTAMP = -2
 LATEST_TIMESTAMP = -1
-
-
-class Role(enum.Enum):
-    UNATTACHED = "unattached"
-    LEADER = "leader"
-    FOLLOWER = "follower"
-    ELECTION = "election"
-    STOPPED = "stopped"
 
 
 @dataclasses.dataclass(slots=True)
@@ -99,16 +91,7 @@ class FollowerProgress:
     asked_flushed: int = 0
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class PendingProduce:
-    request_id: int
-    acks: int
-    base_offset: int
-    last_offset: int
-    deadline_ms: int
-
-
-class Replica(PushMixin):
+class Replica(ProduceAdmission, PushMixin):
     """The replica core. Limits are constructor arguments with units last."""
 
     def __init__(self, *, replica_id: int, log: LogView, partition: object = None, now_ms: int = 0,
@@ -399,141 +382,9 @@ class Replica(PushMixin):
                     self._release.append(ReleaseProduce(request_id=p.request_id,
                                                         error=ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND))
 
-    # -------------------------------------------------------------- produce
-
-    def _on_produce(self, ev: ProduceRequest) -> None:
-        if ev.leader_epoch is not None and ev.leader_epoch >= 0:
-            check = check_epoch(theirs=ev.leader_epoch, ours=self.leader_epoch)
-            if check is EpochCheck.STALE:
-                self._refuse_produce(ev, ErrorCode.FENCED_LEADER_EPOCH, their_epoch=ev.leader_epoch)
-                return
-            if check is EpochCheck.NEWER:
-                # A client's metadata may be ahead of ours (or simply wrong): unlike a
-                # replica's, its epoch is no proof that we were deposed, so keep leading.
-                self._notes.append(RefreshMetadata(seen_epoch=ev.leader_epoch, known_epoch=self.leader_epoch,
-                                                   reason="newer leader epoch in a produce request"))
-                self._refuse_produce(ev, ErrorCode.UNKNOWN_LEADER_EPOCH, their_epoch=ev.leader_epoch)
-                return
-        if self.role is not Role.LEADER:
-            self._refuse_produce(ev, ErrorCode.NOT_LEADER_OR_FOLLOWER)
-            return
-        if not self.epoch_durable:
-            self._refuse_produce(ev, ErrorCode.LEADER_NOT_AVAILABLE, reason="epoch start not flushed yet")
-            return
-        if ev.acks not in VALID_ACKS:
-            self._refuse_produce(ev, ErrorCode.INVALID_REQUIRED_ACKS, reason=f"acks={ev.acks}")
-            return
-        try:
-            headers = [h for _, h in iter_batches(ev.records)]
-        except CorruptBatchError as exc:
-            self._refuse_produce(ev, ErrorCode.CORRUPT_MESSAGE, reason=str(exc))
-            return
-        if not headers:
-            self._refuse_produce(ev, ErrorCode.INVALID_REQUEST, reason="no record batch in produce request")
-            return
-        if ev.request_id in self.pending or ev.request_id in self._backlog:
-            self._refuse_produce(ev, ErrorCode.INVALID_REQUEST,
-                                 reason=f"request id {ev.request_id} is already waiting; ids must be unique")
-            return
-        if len(self.pending) + len(self._backlog) >= self.pending_produce_max:
-            # The bound on requests held at all (memory); within it, requests wait for room.
-            self._refuse_produce(ev, ErrorCode.REQUEST_TIMED_OUT,
-                                 reason=f"pending_produce_max={self.pending_produce_max} reached")
-            return
-        deadline_ms = self.now_ms + ev.timeout_ms
-        if self._backlog or self.unreplicated_bytes() >= self.unreplicated_bytes_max:
-            # Backpressure: bytes written here but not yet on the required set are bounded;
-            # the request waits (in arrival order) until the HW makes room, or its timeout.
-            self._backlog[ev.request_id] = (ev, headers, deadline_ms)
-            self._backlog_bytes += len(ev.records)
-            return
-        self._admit(ev, headers, deadline_ms)
-
-    def _admit(self, ev: ProduceRequest, headers: list[BatchHeader], deadline_ms: int) -> None:
-        if (ev.acks == -1 and self.config.commit_policy == "isr" and self.state is not None
-                and len(self.state.isr) < self.config.min_insync_replicas):
-            self._refuse_produce(ev, ErrorCode.NOT_ENOUGH_REPLICAS,
-                                 reason=f"isr={list(self.state.isr)} < min_insync_replicas="
-                                        f"{self.config.min_insync_replicas}")
-            return
-        error, reason, duplicate = self._check_producer_sequence(headers)
-        if error is not ErrorCode.NONE:
-            self._refuse_produce(ev, error, reason=reason)
-            return
-        if duplicate is not None:
-            # A retry of batches already in the log: answer with their offsets once they
-            # reach what this request's acks asks for; write nothing.
-            base, last = duplicate
-            self.pending[ev.request_id] = PendingProduce(request_id=ev.request_id, acks=ev.acks, base_offset=base,
-                                                         last_offset=last, deadline_ms=deadline_ms)
-            self._waiting[ev.acks].append(ev.request_id)
-            return
-        base, last = self._append_as_leader(ev.records)
-        offset = base
-        for h in headers:
-            self.producer_state.record(h, base_offset=offset)
-            offset += h.record_count
-        self._appended_bytes += len(ev.records)
-        self._append_sizes.append((last + 1, self._appended_bytes))
-        self.pending[ev.request_id] = PendingProduce(request_id=ev.request_id, acks=ev.acks, base_offset=base,
-                                                     last_offset=last, deadline_ms=deadline_ms)
-        self._waiting[ev.acks].append(ev.request_id)
-        if ev.acks == -1 and self.config.durability == "fsync":
-            self._request_flush()
-
-    def unreplicated_bytes(self) -> int:
-        """Bytes of produce requests this leader wrote in its epoch that the HW has not passed."""
-        sizes = self._append_sizes
-        while sizes and sizes[0][0] <= self.high_watermark:
-            self._replicated_bytes = sizes.popleft()[1]
-        return self._appended_bytes - self._replicated_bytes if sizes else 0
-
-    def held_bytes(self) -> int:
-        """Produce bytes this leader holds in memory: written but not yet passed by the HW,
-        plus requests waiting for room (what a broker-wide bound must count)."""
-        return self.unreplicated_bytes() + self._backlog_bytes
-
-    def _admit_backlog(self) -> None:
-        while self._backlog and (self.unreplicated_bytes() < self.unreplicated_bytes_max):
-            request_id = next(iter(self._backlog))
-            ev, headers, deadline_ms = self._backlog.pop(request_id)
-            self._backlog_bytes -= len(ev.records)
-            self._admit(ev, headers, deadline_ms)
-
-    def _check_producer_sequence(self, headers: list[BatchHeader]) -> tuple[ErrorCode, str, tuple[int, int] | None]:
-        """(error, reason, duplicate span): a request made only of batches already written is a
-        duplicate answered with their offsets; any other batch must pass the sequence rules."""
-        checks = [self.producer_state.check(h) for h in headers]
-        duplicates = [c.duplicate for c in checks if c.duplicate is not None]
-        if len(duplicates) == len(checks):
-            return ErrorCode.NONE, "", (min(d.base_offset for d in duplicates),
-                                        max(d.last_offset for d in duplicates))
-        # Batches of one producer later in the same request follow the earlier ones.
-        previous: dict[int, tuple[int, int]] = {}
-        for h, c in zip(headers, checks):
-            if h.producer_id < 0 or h.is_control:
-                continue
-            before = previous.get(h.producer_id)
-            if before is not None:
-                if h.producer_epoch != before[0] or h.base_sequence != (before[1] + 1) & 0x7FFFFFFF:
-                    return (ErrorCode.OUT_OF_ORDER_SEQUENCE,
-                            f"producer {h.producer_id}: batches in one request are not consecutive", None)
-            elif c.error is not ErrorCode.NONE:
-                return c.error, c.reason, None
-            elif c.duplicate is not None:
-                return (ErrorCode.OUT_OF_ORDER_SEQUENCE,
-                        f"producer {h.producer_id}: a request mixes written and new batches", None)
-            previous[h.producer_id] = (h.producer_epoch, (h.base_sequence + h.record_count - 1) & 0x7FFFFFFF)
-        return ErrorCode.NONE, "", None
-
-    def _refuse_produce(self, ev: ProduceRequest, error: ErrorCode, *, their_epoch: int = -1,
-                        reason: str = "") -> None:
-        self._release.append(ReleaseProduce(request_id=ev.request_id, error=error))
-        self._notes.append(Rejected(event="ProduceRequest", error=error, their_epoch=their_epoch,
-                                    our_epoch=self.leader_epoch, reason=reason))
-
-    def _append_as_leader(self, records: Buffer) -> tuple[int, int]:
-        count = sum(h.record_count for _, h in iter_batches(records, validate=False))
+    def _append_as_leader(self, records: Buffer, record_count: int | None = None) -> tuple[int, int]:
+        count = (sum(h.record_count for _, h in iter_batches(records, validate=False))
+                 if record_count is None else record_count)
         base = self.log_end_offset
         last = base + count - 1
         self._persist.append(Append(as_leader=True, records=records, base_offset=base, last_offset=last,
@@ -552,7 +403,8 @@ class Replica(PushMixin):
                     if reached[acks] <= p.last_offset:
                         break
                     del self.pending[p.request_id]
-                    self._release.append(ReleaseProduce(request_id=p.request_id, base_offset=p.base_offset))
+                    self._release.append(ReleaseProduce(request_id=p.request_id, base_offset=p.base_offset,
+                                                        record_count=p.record_count))
                 queue.popleft()
 
     # ------------------------------------------------------- leader: fetches
@@ -672,6 +524,10 @@ class Replica(PushMixin):
 
     def _answer_consumer(self, req: FetchRequest) -> None:
         # The answer names CONSUMER_REPLICA_ID and carries only data below the HW.
+        epoch_error = self._check_client_epoch(req.current_leader_epoch, "a consumer's fetch")
+        if epoch_error is not ErrorCode.NONE:
+            self._answer(req, error=epoch_error)
+            return
         if self.role is not Role.LEADER:
             self._answer(req, error=ErrorCode.NOT_LEADER_OR_FOLLOWER)
             return
@@ -684,11 +540,19 @@ class Replica(PushMixin):
             records = self.log.read(req.fetch_offset, max_bytes=max_bytes, max_offset=self.high_watermark).records
         self._answer(req, records=records)
 
-    def list_offset(self, timestamp_ms: int) -> tuple[ErrorCode, int]:
+    def list_offset(self, timestamp_ms: int, leader_epoch: int = -1) -> tuple[ErrorCode, int]:
         """A consumer's list-offsets: EARLIEST (-2), LATEST (-1, the HW) or the first offset
-        with a timestamp >= timestamp_ms, never past the HW. Read-only; leaders only."""
+        with a timestamp >= timestamp_ms, never past the HW. Read-only; leaders only, and
+        only once the epoch-start batch is flushed (the HW may still be below what
+        consumers saw before). `leader_epoch`: the client's (`client_epoch_error`); a
+        read-only call emits no note, so on UNKNOWN_LEADER_EPOCH its caller refreshes."""
+        epoch_error = self.client_epoch_error(leader_epoch)
+        if epoch_error is not ErrorCode.NONE:
+            return epoch_error, -1
         if self.role is not Role.LEADER:
             return ErrorCode.NOT_LEADER_OR_FOLLOWER, -1
+        if not self.epoch_durable:
+            return ErrorCode.LEADER_NOT_AVAILABLE, -1
         if timestamp_ms == EARLIEST_TIMESTAMP:
             return ErrorCode.NONE, self.log.log_start_offset
         if timestamp_ms == LATEST_TIMESTAMP:

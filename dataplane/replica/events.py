@@ -30,13 +30,17 @@ def _frozen(cls: type[_T]) -> type[_T]:
 
 @_frozen
 class ProduceRequest:
-    """A client's batch(es) for this partition. `leader_epoch` None: the client did not say."""
+    """A client's batch(es) for this partition. `leader_epoch` None: the client did not say.
+    Every check of it is the core's (admission.py); a driver only translates."""
 
     request_id: int
     records: Buffer  # patched in place by the log when writable (see dataplane/log/interface.py)
     acks: int
     timeout_ms: int
     leader_epoch: int | None = None
+    # The topic's max_message_bytes as the driver's metadata says now: no batch may be
+    # larger (MESSAGE_TOO_LARGE). None: no bound.
+    batch_bytes_max: int | None = None
 
 
 @_frozen

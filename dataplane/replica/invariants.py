@@ -16,6 +16,8 @@ import dataclasses
 import os
 from typing import TYPE_CHECKING
 
+from dataplane.replica.state import Role
+
 if TYPE_CHECKING:
     from dataplane.replica.core import Replica
 
@@ -48,8 +50,6 @@ def before(r: Replica) -> Before:
 
 def check(r: Replica, was: Before, event: object) -> None:
     """Raise InvariantBroken, naming the event, if the step that just ran broke a rule."""
-    from dataplane.replica.core import Role
-
     def fail(what: str) -> None:
         raise InvariantBroken(f"replica {r.replica_id} after {type(event).__name__}: {what}")
 
