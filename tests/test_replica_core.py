@@ -916,3 +916,33 @@ def test_consumers_and_list_offsets_answer_for_the_clients_epoch_in_the_core():
     assert leader.replica.list_offset(-1, 2) == (ErrorCode.FENCED_LEADER_EPOCH, -1)
     assert leader.replica.list_offset(-1, 4) == (ErrorCode.UNKNOWN_LEADER_EPOCH, -1)
     assert leader.replica.list_offset(-2, 3) == (ErrorCode.NONE, 0)
+
+
+def test_a_leader_holding_produce_takes_it_in_order_once_its_epoch_start_is_flushed_and_room_returns():
+    """Claim (admission.py, held_produce_max > 0 as the broker runs it): requests arriving before
+    the epoch start is flushed, or while the broker-wide budget (BrokerBudget) has no room, are
+    held in arrival order, written nothing, then taken in that order; one held past its timeout
+    is answered REQUEST_TIMED_OUT; beyond held_produce_max a request is refused."""
+    from dataplane.replica.events import BrokerBudget
+    node = Node(1, auto_flush=False)
+    node.replica = Replica(replica_id=1, log=node.log, held_produce_max=3)
+    node.step(NewMetadata(partition=state(isr=(1,), replicas=(1,)), config=config()))
+    end = node.log.log_end_offset
+    for rid in (1, 2, 3, 4):
+        produce(node, rid, 1, b"v%d" % rid)
+    assert node.released()[4].error is ErrorCode.LEADER_NOT_AVAILABLE  # only three are held
+    assert node.log.log_end_offset == end
+    node.step(BrokerBudget(others_bytes=100, bytes_max=100))    # the others hold it all
+    node.step(FlushDone(flushed_offset=node.log.flush()))        # the epoch start is durable
+    assert node.log.log_end_offset == end and not node.released()
+    node.step(Tick(now_ms=999))
+    node.step(BrokerBudget(others_bytes=0, bytes_max=10_000))   # room
+    released = node.released()
+    assert [released[r].base_offset for r in (1, 2, 3)] == [end, end + 1, end + 2]
+    node.step(BrokerBudget(others_bytes=10_000, bytes_max=10_000))
+    produce(node, 5, 1, timeout_ms=50)
+    node.step(Tick(now_ms=1100))
+    assert node.released()[5].error is ErrorCode.REQUEST_TIMED_OUT
+    produce(node, 6, 1)
+    node.step(NewMetadata(partition=state(leader=2, epoch=2, isr=(1, 2), replicas=(1, 2)), config=config()))
+    assert node.released()[6].error is ErrorCode.NOT_LEADER_OR_FOLLOWER

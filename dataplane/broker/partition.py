@@ -17,8 +17,6 @@ answering that fetch or append-entries.
 from __future__ import annotations
 
 import asyncio
-import collections
-import functools
 import itertools
 import logging
 import time
@@ -37,7 +35,8 @@ from dataplane.replica.actions import (
 )
 from dataplane.replica.core import Replica, Role
 from dataplane.replica.events import (
-    AppendEntries, AppendEntriesReply, FetchRequest, FetchResponse, FlushDone, ProduceRequest, Tick, WriteDone,
+    AppendEntries, AppendEntriesReply, BrokerBudget, FetchRequest, FetchResponse, FlushDone, ProduceRequest, Tick,
+    WriteDone,
 )
 from dataplane.replica.perform import perform
 
@@ -69,7 +68,7 @@ def now_ms() -> int:
 class PartitionDriver:
     def __init__(self, *, broker_id: int, tp: TopicPartition, directory: str, log_config: LogConfig,
                  hooks: DriverHooks, unclean_start: bool, flush_debounce_ms: int = 0,
-                 fetch_max_bytes: int = 1024 * 1024, push_heartbeat_ms: int = 100, parked_max: int = 1000,
+                 fetch_max_bytes: int = 1024 * 1024, push_heartbeat_ms: int = 100, held_produce_max: int = 1000,
                  budget: ProduceBudget | None = None) -> None:
         self.tp = tp
         self.directory = directory
@@ -86,7 +85,7 @@ class PartitionDriver:
                  loaded.scan_start_offset, loaded.up_to_offset, loaded.elapsed_s,
                  extra={"event": "partition.producer_state_loaded", "topic": tp[0], "partition": tp[1],
                         "snapshot_offset": loaded.snapshot_offset, "scanned_bytes": loaded.scanned_bytes})
-        self.producer_state.on_loaded = self._on_room  # parked produce requests go on
+        self.producer_state.on_loaded = self._on_room  # held produce requests go on
         # A snapshot is written at each segment roll (and at a clean close), one at a time.
         self._snapshot_segment_base = self.log.active_segment_base_offset
         self._snapshot_write: asyncio.Future[bool] | None = None
@@ -98,20 +97,21 @@ class PartitionDriver:
                                fetch_backoff_ms=0, fetch_max_bytes=fetch_max_bytes, unclean_start=unclean_start,
                                push_heartbeat_ms=push_heartbeat_ms,
                                push_capable=True,  # this driver carries append-entries (pusher.py)
-                               producer_state=self.producer_state)
+                               producer_state=self.producer_state,
+                               # Produce requests wait in the core, in order, for the epoch start,
+                               # a loading producer table or broker-wide room (admission.py).
+                               held_produce_max=held_produce_max)
         self.failed: str | None = None
         self.closed = False
         self._request_ids = itertools.count(1)
         self._produce_waiters: dict[int, asyncio.Future[ReleaseProduce]] = {}
         # Answers of the step being performed (Ready.answers), returned by step().
         self._answers: list[FetchResponse | AppendEntriesReply] = []
-        # The broker-wide bound on produce bytes held by its leaders (None: only the core's own).
+        # The broker-wide bound on produce bytes held by its leaders (None: only the core's own);
+        # it enters the core as BrokerBudget events (what the others hold, the bound).
         self.budget = budget
-        # Produce requests waiting, in order, for a new leader's epoch start to be flushed
-        # or for room in the broker-wide budget.
-        self._parked: collections.deque = collections.deque()
-        self._releasing = False
-        self.parked_max = parked_max
+        self._reported_bytes = 0  # what this partition last reported to the budget
+        self._told_budget: tuple[int, int] | None = None
         self._changed: asyncio.Future[None] | None = None
         self._seen = self._observed()
         # Counters for usage reports and /metrics.
@@ -138,10 +138,11 @@ class PartitionDriver:
         if self.log.active_segment_base_offset != self._snapshot_segment_base:
             self._on_roll()
         if self.budget is not None:
-            self.budget.update(self.tp, self.replica.held_bytes() if self.is_leader else 0)
+            self._reported_bytes = self.replica.held_bytes() if self.is_leader else 0
+            self.budget.update(self.tp, self._reported_bytes)
+            if self.replica.waiting_for_room():
+                self.budget.call_when_room(self.tp, self._on_room)
         self._notify_if_changed()
-        if self._parked and not self._releasing:
-            self._release_parked()
         return answers
 
     def tick(self, now: int) -> None:
@@ -150,33 +151,36 @@ class PartitionDriver:
 
     def submit_produce(self, records: Buffer, *, acks: int, timeout_ms: int, leader_epoch: int | None = None,
                        batch_bytes_max: int | None = None) -> asyncio.Future[ReleaseProduce]:
-        """Step the produce into the core now (so requests keep their arrival order);
-        the future resolves when the core releases it.
+        """Step the produce into the core now (so requests keep their arrival order); the
+        future resolves when the core releases it. The core decides everything, including
+        holding it while a new leader's epoch start is unflushed, its producer table loads
+        or the broker's leaders together hold `budget.unreplicated_bytes_max`."""
+        self._tell_budget()
+        request_id = next(self._request_ids)
+        future: asyncio.Future[ReleaseProduce] = asyncio.get_running_loop().create_future()
+        self._produce_waiters[request_id] = future
+        try:
+            self.step(ProduceRequest(request_id=request_id, records=records, acks=acks, timeout_ms=timeout_ms,
+                                     leader_epoch=leader_epoch, batch_bytes_max=batch_bytes_max))
+        except BaseException:
+            self._produce_waiters.pop(request_id, None)
+            raise
 
-        A new leader serves nothing until its epoch-start batch is flushed (a few ms),
-        and no leader takes more while the broker's leaders together hold
-        `budget.unreplicated_bytes_max`; produce requests arriving meanwhile are parked
-        in order and stepped then (or answered REQUEST_TIMED_OUT at their timeout),
-        rather than refused: a producer with several batches in flight would otherwise
-        see a refused batch overtaken by a later accepted one."""
-        if self._parked or self._must_wait():
-            future: asyncio.Future[ReleaseProduce] = asyncio.get_running_loop().create_future()
-            if len(self._parked) >= self.parked_max:
-                future.set_result(ReleaseProduce(request_id=-1, error=ErrorCode.LEADER_NOT_AVAILABLE))
-                return future
-            self._parked.append((records, acks, leader_epoch, batch_bytes_max, now_ms() + timeout_ms, future))
-            if len(self._parked) == 1 and not self._releasing:
-                self._release_parked()  # the budget may have room already: keep the callback armed
-            return future
-        return self._submit_now(records, acks=acks, timeout_ms=timeout_ms, leader_epoch=leader_epoch,
-                                batch_bytes_max=batch_bytes_max)
+        def count(f: asyncio.Future[ReleaseProduce]) -> None:
+            if not f.cancelled() and f.result().error is ErrorCode.NONE:
+                self.produce_records += f.result().record_count
+                self.produce_bytes += len(records)
+        future.add_done_callback(count)
+        return future
 
-    def _must_wait(self) -> bool:
-        if not self.is_leader:
-            return False  # parked requests are answered NOT_LEADER_OR_FOLLOWER, new ones refused by the core
-        if self.producer_state.loading:
-            return True  # its sequence checks need the table a truncation is rebuilding
-        return not self.replica.epoch_durable or (self.budget is not None and not self.budget.has_room())
+    def _tell_budget(self) -> None:
+        """Step what the broker's other leaders hold into the core, when it changed."""
+        if self.budget is None or self.closed or self.failed is not None:
+            return
+        told = (self.budget.total_bytes - self._reported_bytes, self.budget.unreplicated_bytes_max)
+        if told != self._told_budget:
+            self._told_budget = told
+            self.step(BrokerBudget(others_bytes=told[0], bytes_max=told[1]))
 
     # ------------------------------------------------------------ producer snapshots
 
@@ -214,54 +218,11 @@ class PartitionDriver:
         return future
 
     def _on_room(self) -> None:
-        if self._parked and not self._releasing and not self.closed and self.failed is None:
-            self._release_parked()
-
-    def _release_parked(self) -> None:
-        """Step parked produce requests, in order, once this leader serves its epoch and
-        the budget has room. Runs at every step of this partition (ticks included, so
-        timeouts are seen) and when the budget frees room."""
-        self._releasing = True
-        try:
-            while self._parked:
-                records, acks, leader_epoch, batch_bytes_max, deadline_ms, outer = self._parked[0]
-                waiting = self._must_wait()
-                if waiting and now_ms() < deadline_ms:
-                    if self.budget is not None and self.replica.epoch_durable:
-                        self.budget.call_when_room(self.tp, self._on_room)
-                    return
-                self._parked.popleft()
-                if outer.done():
-                    continue
-                if waiting:
-                    outer.set_result(ReleaseProduce(request_id=-1, error=ErrorCode.REQUEST_TIMED_OUT))
-                elif not self.is_leader:
-                    outer.set_result(ReleaseProduce(request_id=-1, error=ErrorCode.NOT_LEADER_OR_FOLLOWER))
-                else:
-                    inner = self._submit_now(records, acks=acks, timeout_ms=max(1, deadline_ms - now_ms()),
-                                             leader_epoch=leader_epoch, batch_bytes_max=batch_bytes_max)
-                    inner.add_done_callback(functools.partial(_pass_on, outer))
-        finally:
-            self._releasing = False
-
-    def _submit_now(self, records: Buffer, *, acks: int, timeout_ms: int, leader_epoch: int | None,
-                    batch_bytes_max: int | None) -> asyncio.Future[ReleaseProduce]:
-        request_id = next(self._request_ids)
-        future: asyncio.Future[ReleaseProduce] = asyncio.get_running_loop().create_future()
-        self._produce_waiters[request_id] = future
-        try:
-            self.step(ProduceRequest(request_id=request_id, records=records, acks=acks, timeout_ms=timeout_ms,
-                                     leader_epoch=leader_epoch, batch_bytes_max=batch_bytes_max))
-        except BaseException:
-            self._produce_waiters.pop(request_id, None)
-            raise
-
-        def count(f: asyncio.Future[ReleaseProduce]) -> None:
-            if not f.cancelled() and f.result().error is ErrorCode.NONE:
-                self.produce_records += f.result().record_count
-                self.produce_bytes += len(records)
-        future.add_done_callback(count)
-        return future
+        """The budget has room, or the producer table has loaded: held requests may go on."""
+        if self.closed or self.failed is not None:
+            return
+        self._tell_budget()
+        self.tick(now_ms())  # an event, so the core takes what it holds (Replica._after_event)
 
     def fetch(self, request: FetchRequest) -> FetchResponse:
         """Answer one fetch (a follower's or a consumer's) as the core decides, right now."""
@@ -381,10 +342,6 @@ class PartitionDriver:
             if not future.done():
                 future.set_result(ReleaseProduce(request_id=request_id, error=error))
         self._produce_waiters.clear()
-        while self._parked:
-            future = self._parked.popleft()[-1]
-            if not future.done():
-                future.set_result(ReleaseProduce(request_id=-1, error=error))
 
     def _observed(self) -> tuple:
         r = self.replica
@@ -421,11 +378,3 @@ class PartitionDriver:
             await asyncio.gather(self._write_snapshot(), return_exceptions=True)
         self.producer_state.close()
         await asyncio.get_running_loop().run_in_executor(None, self.log.close)
-
-
-def _pass_on(outer: asyncio.Future[ReleaseProduce], inner: asyncio.Future[ReleaseProduce]) -> None:
-    """Settle a produce that waited (outer) with the answer of its submission (inner)."""
-    if outer.done():
-        return
-    outer.set_result(inner.result() if not inner.cancelled()
-                     else ReleaseProduce(request_id=-1, error=ErrorCode.NOT_LEADER_OR_FOLLOWER))

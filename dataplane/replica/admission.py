@@ -2,20 +2,28 @@
 
 Mixed into `core.Replica`. A request is checked in this order, the first failure
 answering it (`_on_produce`): this replica leads (NOT_LEADER_OR_FOLLOWER); the
-client's leader epoch, when it names one (older: FENCED_LEADER_EPOCH; newer:
-UNKNOWN_LEADER_EPOCH and a metadata refresh, but we keep leading, since a client's
-word is no proof we were deposed); the epoch-start batch is flushed
-(LEADER_NOT_AVAILABLE); acks is 0, 1 or -1 (INVALID_REQUIRED_ACKS); the batches
-parse and pass their CRC (CORRUPT_MESSAGE), parsed here once for the whole path;
-the request id is new; fewer than `pending_produce_max` requests are held. Then
-backpressure: while the bytes this leader wrote in its epoch and the HW has not
-passed reach `unreplicated_bytes_max`, requests wait in arrival order in the
-backlog (`_admit_backlog` admits them as the HW makes room, `_on_tick` times them
-out). `_admit` applies min.insync.replicas for acks=all and the idempotent
-producer rules (producer_state.py), and appends.
+client's leader epoch, when it names one (`client_epoch_error`, also used for
+consumers' fetches and list-offsets: older FENCED_LEADER_EPOCH; newer
+UNKNOWN_LEADER_EPOCH and a metadata refresh, but we keep leading, since a
+client's word is no proof we were deposed). Then, while this leader cannot take
+requests at all (`_may_take_more`: its epoch-start batch unflushed, its producer
+table loading, or no room in the broker-wide budget, which enters as the
+BrokerBudget event), requests are held in arrival order (`held_produce_max`;
+0 refuses them LEADER_NOT_AVAILABLE before the epoch start is flushed) and taken
+after each event once it can (`_admit_held`). Taking one (`_take_produce`): acks
+is 0, 1 or -1 (INVALID_REQUIRED_ACKS); the batches parse and pass their CRC
+(CORRUPT_MESSAGE), their headers parsed here once for the whole path; no batch
+above `batch_bytes_max` (MESSAGE_TOO_LARGE); the request id is new; fewer than
+`pending_produce_max` requests are pending. Then backpressure: while the bytes
+this leader wrote in its epoch and the HW has not passed reach
+`unreplicated_bytes_max`, requests wait in arrival order in the backlog
+(`_admit_backlog` admits them as the HW makes room, `_on_tick` times them out).
+`_admit` applies min.insync.replicas for acks=all and the idempotent producer
+rules (producer_state.py), and appends.
 
-The broker's request handler checks none of this again: it finds the partition
-and checks only what the topic's config says of a batch's size.
+The broker checks none of this: its request handler finds the partition and
+passes the client's epoch and the topic's max_message_bytes on; its driver keeps
+no queue.
 """
 from __future__ import annotations
 
@@ -26,7 +34,7 @@ from typing import TYPE_CHECKING
 from common.batch import BatchHeader, Buffer, iter_batches
 from common.errors import CorruptBatchError, ErrorCode
 from dataplane.replica.actions import NoteAction, Rejected, RefreshMetadata, ReleaseProduce
-from dataplane.replica.events import ProduceRequest
+from dataplane.replica.events import BrokerBudget, ProduceRequest
 from dataplane.replica.fencing import EpochCheck, check_epoch
 from dataplane.replica.producer_state import ProducerStateTable
 from dataplane.replica.state import PartitionState, ReplicationConfig, Role
@@ -66,6 +74,10 @@ class ProduceAdmission:
     _replicated_bytes: int
     _release: list[ReleaseProduce]
     _notes: list[NoteAction]
+    held_produce_max: int
+    _held: dict[int, tuple[ProduceRequest, int]]
+    broker_bytes_max: int | None
+    _broker_others_bytes: int
 
     if TYPE_CHECKING:
         def _append_as_leader(self, records: Buffer, record_count: int | None = None) -> tuple[int, int]: ...
@@ -79,9 +91,59 @@ class ProduceAdmission:
         if epoch_error is not ErrorCode.NONE:
             self._refuse_produce(ev, epoch_error, their_epoch=ev.leader_epoch if ev.leader_epoch is not None else -1)
             return
-        if not self.epoch_durable:
-            self._refuse_produce(ev, ErrorCode.LEADER_NOT_AVAILABLE, reason="epoch start not flushed yet")
-            return
+        if self._held or not self._may_take_more():
+            if self.held_produce_max > 0:
+                # Held in arrival order until this leader can take them (`_admit_held`),
+                # rather than refused: a producer with several batches in flight would
+                # otherwise see a refused batch overtaken by a later accepted one.
+                if len(self._held) >= self.held_produce_max:
+                    self._refuse_produce(ev, ErrorCode.LEADER_NOT_AVAILABLE,
+                                         reason=f"held_produce_max={self.held_produce_max} reached")
+                elif ev.request_id in self._held:
+                    self._refuse_produce(ev, ErrorCode.INVALID_REQUEST,
+                                         reason=f"request id {ev.request_id} is already waiting; ids must be unique")
+                else:
+                    self._held[ev.request_id] = (ev, self.now_ms + ev.timeout_ms)
+                return
+            if not self.epoch_durable:
+                self._refuse_produce(ev, ErrorCode.LEADER_NOT_AVAILABLE, reason="epoch start not flushed yet")
+                return
+        self._take_produce(ev)
+
+    def _may_take_more(self) -> bool:
+        """Can this leader take a produce request now? Not before its epoch start is flushed,
+        nor while its producer table is being rebuilt (a driver's table may load off the
+        event loop: dataplane/broker/producer_state.py), nor while the broker's leaders
+        together hold `broker_bytes_max` (the bytes the others hold come in BrokerBudget)."""
+        if not self.epoch_durable or getattr(self.producer_state, "loading", False):
+            return False
+        return (self.broker_bytes_max is None
+                or self._broker_others_bytes + self.held_bytes() < self.broker_bytes_max)
+
+    def waiting_for_room(self) -> bool:
+        """Requests are held, and only broker-wide room would let them in (a driver then asks
+        its budget to call back)."""
+        return bool(self._held) and self.epoch_durable and not getattr(self.producer_state, "loading", False)
+
+    def _admit_held(self) -> None:
+        """Take held requests, in arrival order, while this leader can (after every event)."""
+        while self._held and self._may_take_more():
+            request_id = next(iter(self._held))
+            ev, deadline_ms = self._held.pop(request_id)
+            self._take_produce(dataclasses.replace(ev, timeout_ms=max(1, deadline_ms - self.now_ms)))
+
+    def _time_out_held(self) -> None:
+        for request_id, (_, deadline_ms) in list(self._held.items()):
+            if self.now_ms >= deadline_ms:
+                del self._held[request_id]
+                self._release.append(ReleaseProduce(request_id=request_id, error=ErrorCode.REQUEST_TIMED_OUT,
+                                                    reason="held past its timeout"))
+
+    def _on_broker_budget(self, ev: BrokerBudget) -> None:
+        self._broker_others_bytes = ev.others_bytes
+        self.broker_bytes_max = ev.bytes_max
+
+    def _take_produce(self, ev: ProduceRequest) -> None:
         if ev.acks not in VALID_ACKS:
             self._refuse_produce(ev, ErrorCode.INVALID_REQUIRED_ACKS, reason=f"acks={ev.acks}")
             return

@@ -43,7 +43,7 @@ from dataplane.replica.actions import (
     ReportElection, Send, SendAction, StopLeading, Truncate, TruncateFully,
 )
 from dataplane.replica.events import (
-    CONSUMER_REPLICA_ID, AppendEntries, AppendEntriesReply, FetchRequest, FetchResponse, FlushDone,
+    CONSUMER_REPLICA_ID, AppendEntries, AppendEntriesReply, BrokerBudget, FetchRequest, FetchResponse, FlushDone,
     IsrChangeRefused, NewMetadata, ProduceRequest, Tick, WriteDone,
 )
 from dataplane.replica import invariants
@@ -102,14 +102,15 @@ class Replica(ProduceAdmission, PushMixin):
                  push_inflight_max: int = 4, push_heartbeat_ms: int | None = None,
                  push_capable: bool = False, producers_max: int = 10_000,
                  producer_idle_ms_max: int = 7 * 24 * 3600 * 1000, unclean_start: bool = False,
-                 producer_state: ProducerStateTable | None = None, check_invariants: bool | None = None) -> None:
+                 producer_state: ProducerStateTable | None = None, check_invariants: bool | None = None,
+                 held_produce_max: int = 0) -> None:
         for name, value in (("fetch_max_bytes", fetch_max_bytes), ("flush_debounce_ms", flush_debounce_ms),
                             ("fetch_backoff_ms", fetch_backoff_ms), ("fetch_timeout_ms", fetch_timeout_ms),
                             ("isr_proposal_retry_ms", isr_proposal_retry_ms),
                             ("election_report_retry_ms", election_report_retry_ms),
                             ("pending_produce_max", pending_produce_max),
                             ("unreplicated_bytes_max", unreplicated_bytes_max),
-                            ("push_inflight_max", push_inflight_max),
+                            ("push_inflight_max", push_inflight_max), ("held_produce_max", held_produce_max),
                             ("push_heartbeat_ms", fetch_backoff_ms if push_heartbeat_ms is None
                              else push_heartbeat_ms)):
             if not isinstance(value, int) or value < 0:
@@ -176,6 +177,13 @@ class Replica(ProduceAdmission, PushMixin):
         # leader appended as (next offset, running total) so the HW tells what is replicated.
         self._backlog: dict[int, tuple[ProduceRequest, list[BatchHeader], int]] = {}
         self._backlog_bytes = 0
+        # Requests held (arrival order, not counted in held_bytes) until this leader can take
+        # them at all: its epoch start flushed, its producer table loaded, broker-wide room
+        # (admission.py). 0: none are held; before the epoch start is flushed they are refused.
+        self.held_produce_max = held_produce_max
+        self._held: dict[int, tuple[ProduceRequest, int]] = {}
+        self.broker_bytes_max: int | None = None
+        self._broker_others_bytes = 0
         self._append_sizes: collections.deque[tuple[int, int]] = collections.deque()
         self._appended_bytes = 0
         self._replicated_bytes = 0
@@ -238,6 +246,7 @@ class Replica(ProduceAdmission, PushMixin):
         if self.role is Role.LEADER:
             self._advance_high_watermark()
             self._admit_backlog()
+            self._admit_held()
             self._release_ready()
             if self._pushing:
                 self._push_all()
@@ -277,8 +286,9 @@ class Replica(ProduceAdmission, PushMixin):
             self._become_follower(st.leader)
 
     def _leave_role(self, error: ErrorCode) -> None:
-        for request_id in self._backlog:
+        for request_id in [*self._held, *self._backlog]:
             self._release.append(ReleaseProduce(request_id=request_id, error=error))
+        self._held.clear()
         self._backlog.clear()
         self._backlog_bytes = 0
         self._append_sizes.clear()
@@ -858,6 +868,7 @@ class Replica(ProduceAdmission, PushMixin):
                 if self.now_ms >= p.deadline_ms:
                     del self.pending[p.request_id]
                     self._release.append(ReleaseProduce(request_id=p.request_id, error=ErrorCode.REQUEST_TIMED_OUT))
+            self._time_out_held()
             for request_id, (request, _, deadline_ms) in list(self._backlog.items()):
                 if self.now_ms >= deadline_ms:
                     del self._backlog[request_id]
@@ -897,6 +908,7 @@ class Replica(ProduceAdmission, PushMixin):
 _HANDLERS: dict[type, Callable[[Replica, Any], None]] = {
     NewMetadata: Replica._on_new_metadata,
     ProduceRequest: Replica._on_produce,
+    BrokerBudget: Replica._on_broker_budget,
     FetchRequest: Replica._on_fetch_request,
     FetchResponse: Replica._on_fetch_response,
     AppendEntries: Replica._on_append_entries,

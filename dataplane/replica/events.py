@@ -83,6 +83,16 @@ class FetchResponse:
 
 
 @_frozen
+class BrokerBudget:
+    """The broker-wide bound on produce bytes its leaders hold (`bytes_max`) and what the
+    other leaders hold now (`others_bytes`): this leader takes produce requests only
+    while the two and its own `held_bytes()` stay below the bound."""
+
+    others_bytes: int
+    bytes_max: int
+
+
+@_frozen
 class WriteDone:
     """The driver wrote the appended batches up to `last_offset` (inclusive) to the OS."""
 
@@ -166,5 +176,5 @@ class AppendEntriesReply:
     partition: object = None
 
 
-Event = (ProduceRequest | FetchRequest | FetchResponse | WriteDone | FlushDone | Tick
+Event = (ProduceRequest | BrokerBudget | FetchRequest | FetchResponse | WriteDone | FlushDone | Tick
          | NewMetadata | AppendEntries | AppendEntriesReply | IsrChangeRefused)
