@@ -70,7 +70,7 @@ class Side:
                 task = asyncio.ensure_future(self._flush(a.up_to))
                 self.tasks.add(task)
                 task.add_done_callback(self.tasks.discard)
-        self.outbox += [s.message for s in ready.send if isinstance(s, Send)]
+        self.outbox += [s.message for s in ready.send + ready.answers if isinstance(s, Send)]
         if last is not None:
             self.step(WriteDone(last_offset=last))
 

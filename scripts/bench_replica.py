@@ -49,7 +49,7 @@ def main(argv: list[str]) -> int:
                 last = info.last_offset
             elif isinstance(a, Flush):
                 flush = True
-        for a in ready.send:
+        for a in ready.send + ready.answers:  # answers: the fetch answers, to their askers
             if isinstance(a, Send):
                 inbox.append((a.to_broker, a.message))
         released += len(ready.release)

@@ -10,12 +10,17 @@ A failure names each file, line and entry (tests/log_check.py).
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
 import log_check
+
+# The replica cores check their own invariants after every step in the whole suite,
+# including the brokers it starts (dataplane/replica/invariants.py).
+os.environ.setdefault("BIPLANE_CORE_ASSERTIONS", "1")
 
 
 def pytest_configure(config: pytest.Config) -> None:

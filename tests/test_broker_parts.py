@@ -235,7 +235,7 @@ def test_produce_to_a_leader_not_yet_serving_its_epoch_waits_in_order(tmp_path):
                                                          partition_epoch=1), config=ReplicationConfig()))
         assert driver.is_leader and not driver.replica.epoch_durable
         futures = [driver.submit_produce(bytearray(build_batch([b"v%d" % i], timestamp_ms=1)), acks=-1,
-                                         timeout_ms=10_000, record_count=1) for i in range(3)]
+                                         timeout_ms=10_000) for i in range(3)]
         releases = await asyncio.wait_for(asyncio.gather(*futures), 10)
         await driver.close()
         return releases
@@ -291,13 +291,12 @@ def test_produce_beyond_the_broker_wide_budget_waits_in_order_until_a_follower_c
         await _until_serving(a)
         await _until_serving(b)
         batch = lambda v: bytearray(build_batch([v], timestamp_ms=1))  # noqa: E731
-        first = await asyncio.wait_for(a.submit_produce(batch(b"a0"), acks=1, timeout_ms=10_000,
-                                                        record_count=1), 5)
+        first = await asyncio.wait_for(a.submit_produce(batch(b"a0"), acks=1, timeout_ms=10_000), 5)
         assert first.error is ErrorCode.NONE
         assert budget.total_bytes == len(batch(b"a0")), "a's unreplicated acks=1 bytes count in the budget"
-        b_futures = [b.submit_produce(batch(b"b%d" % i), acks=-1, timeout_ms=10_000, record_count=1)
+        b_futures = [b.submit_produce(batch(b"b%d" % i), acks=-1, timeout_ms=10_000)
                      for i in range(3)]
-        a_future = a.submit_produce(batch(b"a1"), acks=1, timeout_ms=10_000, record_count=1)
+        a_future = a.submit_produce(batch(b"a1"), acks=1, timeout_ms=10_000)
         await asyncio.sleep(0.1)
         assert not any(f.done() for f in b_futures + [a_future]), "requests beyond the budget wait"
         assert b.log.log_end_offset == 1 and a.log.log_end_offset == 2  # epoch starts (+ a0): nothing stepped
@@ -336,15 +335,14 @@ def test_produce_parked_for_the_budget_times_out_with_request_timed_out_and_late
         await _until_serving(b)
         budget.update(("elsewhere", 0), 1000)  # another partition holds the whole budget
         end = b.log.log_end_offset
-        timed = b.submit_produce(bytearray(build_batch([b"x"], timestamp_ms=1)), acks=-1, timeout_ms=50,
-                                 record_count=1)
+        timed = b.submit_produce(bytearray(build_batch([b"x"], timestamp_ms=1)), acks=-1, timeout_ms=50)
         while not timed.done():
             await asyncio.sleep(0.01)
             b.tick(now_ms())  # the broker ticks every partition; ticks see the timeout
         assert b.log.log_end_offset == end, "a timed-out request wrote nothing"
         budget.update(("elsewhere", 0), 0)
         later = await asyncio.wait_for(b.submit_produce(bytearray(build_batch([b"y"], timestamp_ms=1)), acks=-1,
-                                                        timeout_ms=10_000, record_count=1), 5)
+                                                        timeout_ms=10_000), 5)
         await b.close()
         return timed.result(), later, end
     timed, later, end = asyncio.run(scenario())
@@ -384,7 +382,7 @@ def test_a_follower_long_poll_ends_for_records_not_for_a_new_high_watermark(tmp_
         for r in (2, 3):  # both followers at the log end: the HW is there too
             await asyncio.wait_for(fetch(r, end, wait_ms=0), 5)
         produced = driver.submit_produce(bytearray(build_batch([b"v"], timestamp_ms=1)), acks=-1,
-                                         timeout_ms=10_000, record_count=1)
+                                         timeout_ms=10_000)
         got2 = part(await asyncio.wait_for(fetch(2, end), 5))
         got3 = part(await asyncio.wait_for(fetch(3, end), 5))
         assert got2.records and got3.records
@@ -395,8 +393,7 @@ def test_a_follower_long_poll_ends_for_records_not_for_a_new_high_watermark(tmp_
         assert release.error is ErrorCode.NONE and driver.replica.high_watermark == end + 1
         await asyncio.sleep(0.2)
         assert not poll2.done() and not poll3.done(), "a new HW alone ended a follower's long-poll"
-        driver.submit_produce(bytearray(build_batch([b"w"], timestamp_ms=1)), acks=1, timeout_ms=10_000,
-                              record_count=1)
+        driver.submit_produce(bytearray(build_batch([b"w"], timestamp_ms=1)), acks=1, timeout_ms=10_000)
         answers = [part(a) for a in await asyncio.wait_for(asyncio.gather(poll2, poll3), 5)]
         await driver.close()
         return answers, end
@@ -424,8 +421,7 @@ def test_epoch_start_batch_and_producer_expiry_use_wall_clock_time(tmp_path):
         state = driver.replica.producer_state
         batch = build_batch([b"v"], timestamp_ms=before - state.producer_idle_ms_max - 1000,
                             producer_id=7, producer_epoch=0, base_sequence=0)
-        release = await asyncio.wait_for(driver.submit_produce(bytearray(batch), acks=1, timeout_ms=5000,
-                                                               record_count=1), 10)
+        release = await asyncio.wait_for(driver.submit_produce(bytearray(batch), acks=1, timeout_ms=5000), 10)
         had = 7 in state.producers
         driver.step(Tick(now_ms=driver.replica.now_ms + 60_000))
         await driver.close()

@@ -122,7 +122,7 @@ def test_stale_epoch_append_entries_is_fenced():
     nodes = push_cluster(st=state(epoch=3))
     ready = nodes[2].replica.step(AppendEntries(leader_id=1, leader_epoch=2, prev_offset=0, prev_epoch=-1,
                                                 records=build_batch([b"x"], timestamp_ms=0), high_watermark=0))
-    replies = [s.message for s in ready.send if isinstance(s.message, AppendEntriesReply)]
+    replies = [s.message for s in ready.answers if isinstance(s.message, AppendEntriesReply)]
     assert [r.error for r in replies] == [ErrorCode.FENCED_LEADER_EPOCH] and ready.persist == ()
 
 

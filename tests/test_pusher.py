@@ -8,7 +8,10 @@ import asyncio
 from common.batch import build_batch
 from common.errors import ErrorCode
 from common.wire.connection import start_server
-from dataplane.broker.pusher import Pusher, answer_append_entries, from_wire, reply_from_wire, reply_to_wire, to_wire
+from dataplane.broker.codec import (
+    append_entries_from_wire, append_entries_to_wire, append_reply_from_wire, append_reply_to_wire,
+)
+from dataplane.broker.pusher import Pusher, answer_append_entries
 from dataplane.log.memory import MemoryLog
 from dataplane.replica.actions import Send
 from dataplane.replica.core import Replica
@@ -36,10 +39,9 @@ class Driver:
         written, flushes = apply_persist(self.log, ready)
         out = []
         for s in ready.send:
-            if isinstance(s, Send) and isinstance(s.message, AppendEntriesReply):
-                out.append(s.message)
-            elif isinstance(s, Send):
+            if isinstance(s, Send):
                 self.on_send(s.to_broker, s.message)
+        out += [s.message for s in ready.answers if isinstance(s.message, AppendEntriesReply)]
         for r in ready.release:
             self.released[r.request_id] = r
         if written:
@@ -54,10 +56,10 @@ def test_wire_conversions_keep_every_field():
     ev = AppendEntries(leader_id=1, leader_epoch=3, prev_offset=10, prev_epoch=2, records=b"", high_watermark=7,
                        log_end_offset=12, flush_after_append=True, diverging_epoch=2, diverging_end_offset=9,
                        partition=TP)
-    assert from_wire(to_wire(TP, 2, ev)) == ev
+    assert append_entries_from_wire(append_entries_to_wire(TP, 2, ev)) == ev
     reply = AppendEntriesReply(replica_id=2, leader_epoch=3, error=ErrorCode.OFFSET_OUT_OF_RANGE, log_end_offset=5,
                                flushed_offset=4, match_offset=5, last_epoch=1, partition=TP)
-    assert reply_from_wire(reply_to_wire(TP, reply)) == reply
+    assert append_reply_from_wire(append_reply_to_wire(TP, reply)) == reply
 
 
 def test_leader_pushes_to_a_follower_over_loopback_and_acks_all_completes():

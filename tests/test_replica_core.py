@@ -935,3 +935,101 @@ def test_follower_ending_below_the_leaders_log_start_starts_over_there_and_rejoi
     assert batches_from(follower, start) == batches_from(leader, start)
     assert nodes[3].replica.high_watermark == nodes[1].replica.high_watermark
     assert [p.new_isr for p in nodes[1].take(ProposeIsr)] == [(1, 2, 3)]
+
+
+def test_an_overtaken_fetch_from_the_same_position_keeps_the_newest_flushed_offset():
+    """Claim: a follower's fetch that a newer one from the same position overtook (its long-poll,
+    after an express fetch said more) cannot lower the flushed offset the leader counts; a fetch
+    from another position reports its own."""
+    nodes = cluster(config(durability="fsync"), auto_flush=False)
+    leader = nodes[1]
+    leader.step(FlushDone(flushed_offset=leader.log.flush()))
+    produce(leader, 1, -1, b"a")
+    leader.step(FlushDone(flushed_offset=leader.log.flush()))
+    end = leader.log.log_end_offset
+
+    def fetch(replica_id, offset, flushed):
+        leader.step(FetchRequest(replica_id=replica_id, fetch_offset=offset, last_fetched_epoch=1,
+                                 flushed_offset=flushed, current_leader_epoch=1))
+        return leader.replica.progress[replica_id]
+
+    assert fetch(2, end, end).flushed_offset == end        # express: flushed up to the end
+    assert fetch(2, end, 1).flushed_offset == end          # the overtaken long-poll: older news
+    assert leader.replica.progress[2].fetches == 2
+    assert fetch(2, 1, 1).flushed_offset == 1              # another position: its own report
+    assert not leader.replica.fetched_since(2, 3, end, 1)  # nothing stepped since the third
+    assert leader.replica.fetched_since(2, 2, end, 1)      # moved on from `end` since the second
+    assert not leader.replica.fetched_since(2, 2, 1, 1)    # ... but not from the position it is at
+    assert leader.replica.fetch_count(4) == -1
+
+
+def test_produce_admission_checks_role_then_client_epoch_then_acks_and_batch_size():
+    """Claim (admission.py): a non-leader refuses NOT_LEADER_OR_FOLLOWER whatever epoch the client
+    names; a leader refuses a stale client epoch FENCED_LEADER_EPOCH, bad acks INVALID_REQUIRED_ACKS
+    and a batch above batch_bytes_max MESSAGE_TOO_LARGE, saying why; a good request's release
+    carries its record count."""
+    nodes = cluster(st=state(epoch=3))
+    leader, follower = nodes[1], nodes[2]
+    follower.step(ProduceRequest(request_id=1, records=batch(), acks=1, timeout_ms=1000, leader_epoch=1))
+    assert follower.released()[1].error is ErrorCode.NOT_LEADER_OR_FOLLOWER
+    leader.step(ProduceRequest(request_id=2, records=batch(), acks=1, timeout_ms=1000, leader_epoch=2))
+    leader.step(ProduceRequest(request_id=3, records=batch(), acks=2, timeout_ms=1000, leader_epoch=3))
+    big = batch(b"x" * 200)
+    leader.step(ProduceRequest(request_id=4, records=big, acks=1, timeout_ms=1000, batch_bytes_max=100))
+    leader.step(ProduceRequest(request_id=5, records=batch(b"a", b"b"), acks=1, timeout_ms=1000,
+                               batch_bytes_max=len(big)))
+    released = leader.released()
+    assert released[2].error is ErrorCode.FENCED_LEADER_EPOCH
+    assert released[3].error is ErrorCode.INVALID_REQUIRED_ACKS and "acks=2" in released[3].reason
+    assert released[4].error is ErrorCode.MESSAGE_TOO_LARGE and "max_message_bytes=100" in released[4].reason
+    assert released[5].error is ErrorCode.NONE and released[5].record_count == 2
+
+
+def test_consumers_and_list_offsets_answer_for_the_clients_epoch_in_the_core():
+    """Claim: a consumer's fetch naming an older epoch is answered FENCED_LEADER_EPOCH, a newer one
+    UNKNOWN_LEADER_EPOCH with a metadata refresh (the leader keeps leading); list_offset says the
+    same, and LEADER_NOT_AVAILABLE until the epoch start is flushed."""
+    nodes = cluster(st=state(epoch=3), auto_flush=False)
+    leader = nodes[1]
+    assert leader.replica.list_offset(-1) == (ErrorCode.LEADER_NOT_AVAILABLE, -1)
+    leader.step(FlushDone(flushed_offset=leader.log.flush()))
+    leader.step(FetchRequest(replica_id=-1, fetch_offset=0, current_leader_epoch=2))
+    assert leader.sent()[-1].error is ErrorCode.FENCED_LEADER_EPOCH
+    leader.step(FetchRequest(replica_id=-1, fetch_offset=0, current_leader_epoch=4))
+    assert leader.sent()[-1].error is ErrorCode.UNKNOWN_LEADER_EPOCH and leader.take(RefreshMetadata)
+    assert leader.replica.role is Role.LEADER
+    leader.step(FetchRequest(replica_id=-1, fetch_offset=0, current_leader_epoch=3))
+    assert leader.sent()[-1].error is ErrorCode.NONE
+    assert leader.replica.list_offset(-1, 2) == (ErrorCode.FENCED_LEADER_EPOCH, -1)
+    assert leader.replica.list_offset(-1, 4) == (ErrorCode.UNKNOWN_LEADER_EPOCH, -1)
+    assert leader.replica.list_offset(-2, 3) == (ErrorCode.NONE, 0)
+
+
+def test_a_leader_holding_produce_takes_it_in_order_once_its_epoch_start_is_flushed_and_room_returns():
+    """Claim (admission.py, held_produce_max > 0 as the broker runs it): requests arriving before
+    the epoch start is flushed, or while the broker-wide budget (BrokerBudget) has no room, are
+    held in arrival order, written nothing, then taken in that order; one held past its timeout
+    is answered REQUEST_TIMED_OUT; beyond held_produce_max a request is refused."""
+    from dataplane.replica.events import BrokerBudget
+    node = Node(1, auto_flush=False)
+    node.replica = Replica(replica_id=1, log=node.log, held_produce_max=3)
+    node.step(NewMetadata(partition=state(isr=(1,), replicas=(1,)), config=config()))
+    end = node.log.log_end_offset
+    for rid in (1, 2, 3, 4):
+        produce(node, rid, 1, b"v%d" % rid)
+    assert node.released()[4].error is ErrorCode.LEADER_NOT_AVAILABLE  # only three are held
+    assert node.log.log_end_offset == end
+    node.step(BrokerBudget(others_bytes=100, bytes_max=100))    # the others hold it all
+    node.step(FlushDone(flushed_offset=node.log.flush()))        # the epoch start is durable
+    assert node.log.log_end_offset == end and not node.released()
+    node.step(Tick(now_ms=999))
+    node.step(BrokerBudget(others_bytes=0, bytes_max=10_000))   # room
+    released = node.released()
+    assert [released[r].base_offset for r in (1, 2, 3)] == [end, end + 1, end + 2]
+    node.step(BrokerBudget(others_bytes=10_000, bytes_max=10_000))
+    produce(node, 5, 1, timeout_ms=50)
+    node.step(Tick(now_ms=1100))
+    assert node.released()[5].error is ErrorCode.REQUEST_TIMED_OUT
+    produce(node, 6, 1)
+    node.step(NewMetadata(partition=state(leader=2, epoch=2, isr=(1, 2), replicas=(1, 2)), config=config()))
+    assert node.released()[6].error is ErrorCode.NOT_LEADER_OR_FOLLOWER

@@ -83,26 +83,34 @@ def test_push_mode_runs_replicate_by_append_entries_with_recovery_and_divergence
     import collections
     from sim import cluster as sim_cluster
     counts: collections.Counter = collections.Counter()
-    original = sim_cluster.Simulation._send
+    # Counted where each node's core hands a message to the network (before the wire codec).
+    effects = sim_cluster.NodeEffects
+    originals = (effects.send_append_entries, effects.answer, effects.send_fetch)
 
-    def send(self, src, dst, msg):
-        name = type(msg).__name__
-        counts[name] += 1
-        if name == "AppendEntriesReply" and msg.error.name == "OFFSET_OUT_OF_RANGE":
-            counts["mismatch"] += 1
-        if name == "AppendEntries" and msg.diverging_end_offset >= 0:
+    def send_append_entries(self, follower_id, msg):
+        counts["AppendEntries"] += 1
+        if msg.diverging_end_offset >= 0:
             counts["diverging"] += 1
-        if name == "FetchRequest" and msg.replica_id >= 0:
-            counts["follower_fetch"] += 1
-        return original(self, src, dst, msg)
+        return originals[0](self, follower_id, msg)
 
-    sim_cluster.Simulation._send = send
+    def answer(self, sent):
+        msg = sent.message
+        if type(msg).__name__ == "AppendEntriesReply" and msg.error.name == "OFFSET_OUT_OF_RANGE":
+            counts["mismatch"] += 1
+        return originals[1](self, sent)
+
+    def send_fetch(self, leader_id, msg):
+        if msg.replica_id >= 0:
+            counts["follower_fetch"] += 1
+        return originals[2](self, leader_id, msg)
+
+    effects.send_append_entries, effects.answer, effects.send_fetch = send_append_entries, answer, send_fetch
     try:
         for seed in range(5):
             result = run_simulation(seed=seed, policy="quorum", durability="fsync", mode="push")
             assert result.violation is None and result.liveness_error is None, f"seed={seed}"
     finally:
-        sim_cluster.Simulation._send = original
+        effects.send_append_entries, effects.answer, effects.send_fetch = originals
     assert counts["AppendEntries"] >= 500 and counts["mismatch"] >= 5 and counts["diverging"] >= 1
     assert counts["follower_fetch"] == 0
 
@@ -127,3 +135,41 @@ def test_producers_on_the_core_meet_timeouts_retries_new_epochs_and_unknown_outc
     assert totals["timeouts"] >= 50 and totals["resends"] >= 50, totals
     assert totals["unknown"] >= 5 and totals["epochs"] >= 5 and totals["acked"] >= 500, totals
     assert totals["renumbered"] >= 1, totals
+
+
+def test_runs_go_through_the_brokers_executor_and_codec(monkeypatch):
+    """Claim: a simulation run (seed 3, isr/fsync, pull and push) performs every Ready with the
+    broker's `perform` and carries fetches and append-entries as wire messages through the broker's
+    codec, in both directions, with the cores checking their own invariants."""
+    import collections
+    from dataplane.broker import codec
+    from sim import cluster as sim_cluster
+    calls: collections.Counter = collections.Counter()
+
+    def counted(name, function):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return function(*args, **kwargs)
+        return wrapper
+
+    for name in ("fetch_to_wire", "fetch_from_wire", "fetch_answer_to_wire", "fetch_answer_from_wire",
+                 "append_entries_to_wire", "append_entries_from_wire", "append_reply_to_wire",
+                 "append_reply_from_wire"):
+        monkeypatch.setattr(codec, name, counted(name, getattr(codec, name)))
+    monkeypatch.setattr(sim_cluster, "perform", counted("perform", sim_cluster.perform))
+    checked = []
+    original_start = sim_cluster.Simulation._start
+
+    def start(self, node, *, unclean):
+        original_start(self, node, unclean=unclean)
+        checked.append(node.replica.check_invariants)
+    monkeypatch.setattr(sim_cluster.Simulation, "_start", start)
+    for mode in ("pull", "push"):
+        result = run_simulation(seed=3, policy="isr", durability="fsync", mode=mode)
+        assert result.violation is None and result.liveness_error is None, f"seed=3 mode={mode}"
+    assert calls["perform"] >= result.steps // 2
+    for name in ("fetch_to_wire", "fetch_from_wire", "fetch_answer_to_wire", "fetch_answer_from_wire",
+                 "append_entries_to_wire", "append_entries_from_wire", "append_reply_to_wire",
+                 "append_reply_from_wire"):
+        assert calls[name] >= 50, (name, calls[name])
+    assert checked and all(checked)

@@ -3,7 +3,7 @@
 The cores say what to fetch (a FetchRequest per partition, the latest one
 wins); a session batches them into one wire FETCH that long-polls the leader
 for up to `fetch_wait_ms_max`, and feeds each partition's answer back into its
-core as a FetchResponse.
+core as a FetchResponse (translations: codec.py).
 
 A connection answers requests in order, so while the long-poll waits a
 follower's fresh news (its flushed offset moved: the leader may be holding
@@ -28,6 +28,7 @@ from typing import Callable
 from common.errors import BiplaneError, ErrorCode
 from common.wire import WireClient
 from common.wire import messages as wire
+from dataplane.broker.codec import fetch_answer_from_wire, fetch_failed, fetch_to_wire
 from dataplane.replica.events import FetchRequest, FetchResponse
 
 log = logging.getLogger("biplane.broker.fetcher")
@@ -193,10 +194,7 @@ class FetchSession:
     def _wire_request(self, batch: dict[TopicPartition, FetchRequest], wait_ms: int) -> wire.FetchRequest:
         topics: dict[str, list[wire.FetchPartition]] = {}
         for (topic, partition), r in batch.items():
-            topics.setdefault(topic, []).append(wire.FetchPartition(
-                partition=partition, current_leader_epoch=r.current_leader_epoch, fetch_offset=r.fetch_offset,
-                last_fetched_epoch=r.last_fetched_epoch, partition_max_bytes=r.max_bytes or 1024 * 1024,
-                flushed_offset=r.flushed_offset))
+            topics.setdefault(topic, []).append(fetch_to_wire(partition, r))
         return wire.FetchRequest(
             replica_id=self.fetcher.broker_id, max_wait_ms=wait_ms, min_bytes=1,
             max_bytes=self.limits["fetch_max_bytes"],
@@ -210,7 +208,7 @@ class FetchSession:
             if p is None:
                 failed[tp] = request
                 continue
-            event = _core_response(self.leader_id, request, p, tp)
+            event = fetch_answer_from_wire(self.leader_id, request, p, tp)
             if event.error is not ErrorCode.NONE:
                 self._deliver_later({tp: request}, {tp: event})
                 continue
@@ -222,10 +220,7 @@ class FetchSession:
                        *, error: ErrorCode = ErrorCode.UNKNOWN) -> None:
         def later() -> None:
             for tp, request in batch.items():
-                event = events.get(tp) or FetchResponse(
-                    leader_id=self.leader_id, leader_epoch=request.current_leader_epoch,
-                    fetch_offset=request.fetch_offset, last_fetched_epoch=request.last_fetched_epoch,
-                    error=error, partition=tp)
+                event = events.get(tp) or fetch_failed(self.leader_id, request, error, tp)
                 self.fetcher.deliver(tp, event)
         asyncio.get_running_loop().call_later(self.limits["fetch_error_backoff_ms"] / 1000, later)
 
@@ -274,16 +269,3 @@ class FetchSession:
 def _position(request: FetchRequest) -> tuple[int, int, int]:
     return (request.fetch_offset, request.last_fetched_epoch, request.flushed_offset)
 
-
-def _core_response(leader_id: int, request: FetchRequest, p: wire.FetchPartitionResponse,
-                   tp: TopicPartition) -> FetchResponse:
-    epoch = p.current_leader.leader_epoch
-    if epoch < 0:
-        epoch = request.current_leader_epoch
-    return FetchResponse(
-        leader_id=leader_id,
-        leader_epoch=epoch, fetch_offset=request.fetch_offset, last_fetched_epoch=request.last_fetched_epoch,
-        error=p.error_code, records=p.records if p.records is not None else b"",
-        high_watermark=max(p.high_watermark, 0), log_end_offset=max(p.log_end_offset, 0),
-        diverging_epoch=p.diverging_epoch.epoch, diverging_end_offset=p.diverging_epoch.end_offset,
-        flush_after_append=p.flush_after_append, partition=tp)

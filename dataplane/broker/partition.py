@@ -1,23 +1,22 @@
-"""PartitionDriver: one local replica — its on-disk log, its pure core, and the Ready executor.
+"""PartitionDriver: one local replica — its on-disk log, its pure core, and the effects of its Readies.
 
-The core decides; this driver performs each Ready in the core's written order
-(dataplane/replica/actions.py): persist (Append and Truncate inline on the log,
-Flush through the FlushCoalescer in a thread), then send, then release, then
-notes; a WriteDone goes back into the core once the appends are written, and
-a FlushDone when a flush completes. Appends run inline on the event loop: a
+The core decides; `perform` (dataplane/replica/perform.py, shared with the
+simulation) performs each Ready in the core's written order: persist (Append and
+Truncate inline on the log, Flush through the FlushCoalescer in a thread), then
+send, answers, release, notes; a WriteDone goes back into the core once the
+appends are written, and a FlushDone when a flush completes. This driver supplies
+the effects (`persisted`, `flush`, `send_*`, `answer`, `release`, `note`). Appends run inline on the event loop: a
 1 MiB append is a memcpy into the page cache (well under a millisecond), and
 keeping it inline keeps the "applied before the next step" rule trivially true.
 
 Messages the core sends to other brokers are handed to `hooks` (fetch requests
-to the fetcher, ISR proposals and election reports to the controller); fetch
-answers addressed to a fetcher (a follower or a consumer) are returned by
-`fetch()` to the server that is answering that fetch.
+to the fetcher, ISR proposals and election reports to the controller); the
+core's answers (Ready.answers) are returned by `step()` to the server that is
+answering that fetch or append-entries.
 """
 from __future__ import annotations
 
 import asyncio
-import collections
-import functools
 import itertools
 import logging
 import time
@@ -32,13 +31,15 @@ from dataplane.log.interface import LogConfig
 from dataplane.log.log import PartitionLog
 from dataplane.log.space import offline_hint
 from dataplane.replica.actions import (
-    Append, Flush, ProposeIsr, Ready, RefreshMetadata, Rejected, ReleaseProduce, ReportElection, Send,
+    NoteAction, PersistAction, ProposeIsr, Ready, RefreshMetadata, Rejected, ReleaseProduce, ReportElection, Send,
     StopLeading, Truncate, TruncateFully,
 )
 from dataplane.replica.core import Replica, Role
 from dataplane.replica.events import (
-    AppendEntries, AppendEntriesReply, FetchRequest, FetchResponse, FlushDone, ProduceRequest, Tick, WriteDone,
+    AppendEntries, AppendEntriesReply, BrokerBudget, FetchRequest, FetchResponse, FlushDone, ProduceRequest, Tick,
+    WriteDone,
 )
+from dataplane.replica.perform import perform
 
 log = logging.getLogger("biplane.broker.partition")
 
@@ -68,7 +69,7 @@ def now_ms() -> int:
 class PartitionDriver:
     def __init__(self, *, broker_id: int, tp: TopicPartition, directory: str, log_config: LogConfig,
                  hooks: DriverHooks, unclean_start: bool, flush_debounce_ms: int = 0,
-                 fetch_max_bytes: int = 1024 * 1024, push_heartbeat_ms: int = 100, parked_max: int = 1000,
+                 fetch_max_bytes: int = 1024 * 1024, push_heartbeat_ms: int = 100, held_produce_max: int = 1000,
                  budget: ProduceBudget | None = None) -> None:
         self.tp = tp
         self.directory = directory
@@ -85,7 +86,7 @@ class PartitionDriver:
                  loaded.scan_start_offset, loaded.up_to_offset, loaded.elapsed_s,
                  extra={"event": "partition.producer_state_loaded", "topic": tp[0], "partition": tp[1],
                         "snapshot_offset": loaded.snapshot_offset, "scanned_bytes": loaded.scanned_bytes})
-        self.producer_state.on_loaded = self._on_room  # parked produce requests go on
+        self.producer_state.on_loaded = self._on_room  # held produce requests go on
         # A snapshot is written at each segment roll (and at a clean close), one at a time.
         self._snapshot_segment_base = self.log.active_segment_base_offset
         self._snapshot_write: asyncio.Future[bool] | None = None
@@ -97,18 +98,21 @@ class PartitionDriver:
                                fetch_backoff_ms=0, fetch_max_bytes=fetch_max_bytes, unclean_start=unclean_start,
                                push_heartbeat_ms=push_heartbeat_ms,
                                push_capable=True,  # this driver carries append-entries (pusher.py)
-                               producer_state=self.producer_state)
+                               producer_state=self.producer_state,
+                               # Produce requests wait in the core, in order, for the epoch start,
+                               # a loading producer table or broker-wide room (admission.py).
+                               held_produce_max=held_produce_max)
         self.failed: str | None = None
         self.closed = False
         self._request_ids = itertools.count(1)
         self._produce_waiters: dict[int, asyncio.Future[ReleaseProduce]] = {}
-        # The broker-wide bound on produce bytes held by its leaders (None: only the core's own).
+        # Answers of the step being performed (Ready.answers), returned by step().
+        self._answers: list[FetchResponse | AppendEntriesReply] = []
+        # The broker-wide bound on produce bytes held by its leaders (None: only the core's own);
+        # it enters the core as BrokerBudget events (what the others hold, the bound).
         self.budget = budget
-        # Produce requests waiting, in order, for a new leader's epoch start to be flushed
-        # or for room in the broker-wide budget.
-        self._parked: collections.deque = collections.deque()
-        self._releasing = False
-        self.parked_max = parked_max
+        self._reported_bytes = 0  # what this partition last reported to the budget
+        self._told_budget: tuple[int, int] | None = None
         self._changed: asyncio.Future[None] | None = None
         self._seen = self._observed()
         # Counters for usage reports and /metrics.
@@ -131,52 +135,63 @@ class PartitionDriver:
                 self.log.space.check_room(len(event.records), f"append-entries to {self.tp[0]}-{self.tp[1]}")
             return []
         ready = self.replica.step(event)
-        answers = self._perform(ready) if ready else []
+        outer, self._answers = self._answers, []
+        try:
+            if ready:
+                self._perform(ready)
+            answers = self._answers
+        finally:
+            self._answers = outer
         if self.log.active_segment_base_offset != self._snapshot_segment_base:
             self._on_roll()
         if self.budget is not None:
-            self.budget.update(self.tp, self.replica.held_bytes() if self.is_leader else 0)
+            self._reported_bytes = self.replica.held_bytes() if self.is_leader else 0
+            self.budget.update(self.tp, self._reported_bytes)
+            if self.replica.waiting_for_room():
+                self.budget.call_when_room(self.tp, self._on_room)
         self._notify_if_changed()
-        if self._parked and not self._releasing:
-            self._release_parked()
         return answers
 
     def tick(self, now: int) -> None:
         if not self.closed and self.failed is None:
             self.step(Tick(now_ms=max(now, self.replica.now_ms)))
 
-    def submit_produce(self, records: Buffer, *, acks: int, timeout_ms: int,
-                       record_count: int) -> asyncio.Future[ReleaseProduce]:
-        """Step the produce into the core now (so requests keep their arrival order);
-        the future resolves when the core releases it.
-
-        A new leader serves nothing until its epoch-start batch is flushed (a few ms),
-        and no leader takes more while the broker's leaders together hold
-        `budget.unreplicated_bytes_max`; produce requests arriving meanwhile are parked
-        in order and stepped then (or answered REQUEST_TIMED_OUT at their timeout),
-        rather than refused: a producer with several batches in flight would otherwise
-        see a refused batch overtaken by a later accepted one."""
+    def submit_produce(self, records: Buffer, *, acks: int, timeout_ms: int, leader_epoch: int | None = None,
+                       batch_bytes_max: int | None = None) -> asyncio.Future[ReleaseProduce]:
+        """Step the produce into the core now (so requests keep their arrival order); the
+        future resolves when the core releases it. The core decides everything, including
+        holding it while a new leader's epoch start is unflushed, its producer table loads
+        or the broker's leaders together hold `budget.unreplicated_bytes_max`."""
         if self.failed is not None:
             raise PartitionOfflineError(f"partition {self.tp[0]}-{self.tp[1]} is offline: {self.failed}")
         if self.is_leader:  # disk full: StorageError (KAFKA_STORAGE_ERROR) before the core sees it
             self.log.space.check_room(len(records), f"produce to {self.tp[0]}-{self.tp[1]}")
-        if self._parked or self._must_wait():
-            future: asyncio.Future[ReleaseProduce] = asyncio.get_running_loop().create_future()
-            if len(self._parked) >= self.parked_max:
-                future.set_result(ReleaseProduce(request_id=-1, error=ErrorCode.LEADER_NOT_AVAILABLE))
-                return future
-            self._parked.append((records, acks, timeout_ms, record_count, now_ms() + timeout_ms, future))
-            if len(self._parked) == 1 and not self._releasing:
-                self._release_parked()  # the budget may have room already: keep the callback armed
-            return future
-        return self._submit_now(records, acks=acks, timeout_ms=timeout_ms, record_count=record_count)
+        self._tell_budget()
+        request_id = next(self._request_ids)
+        future: asyncio.Future[ReleaseProduce] = asyncio.get_running_loop().create_future()
+        self._produce_waiters[request_id] = future
+        try:
+            self.step(ProduceRequest(request_id=request_id, records=records, acks=acks, timeout_ms=timeout_ms,
+                                     leader_epoch=leader_epoch, batch_bytes_max=batch_bytes_max))
+        except BaseException:
+            self._produce_waiters.pop(request_id, None)
+            raise
 
-    def _must_wait(self) -> bool:
-        if not self.is_leader:
-            return False  # parked requests are answered NOT_LEADER_OR_FOLLOWER, new ones refused by the core
-        if self.producer_state.loading:
-            return True  # its sequence checks need the table a truncation is rebuilding
-        return not self.replica.epoch_durable or (self.budget is not None and not self.budget.has_room())
+        def count(f: asyncio.Future[ReleaseProduce]) -> None:
+            if not f.cancelled() and f.result().error is ErrorCode.NONE:
+                self.produce_records += f.result().record_count
+                self.produce_bytes += len(records)
+        future.add_done_callback(count)
+        return future
+
+    def _tell_budget(self) -> None:
+        """Step what the broker's other leaders hold into the core, when it changed."""
+        if self.budget is None or self.closed or self.failed is not None:
+            return
+        told = (self.budget.total_bytes - self._reported_bytes, self.budget.unreplicated_bytes_max)
+        if told != self._told_budget:
+            self._told_budget = told
+            self.step(BrokerBudget(others_bytes=told[0], bytes_max=told[1]))
 
     # ------------------------------------------------------------ producer snapshots
 
@@ -214,53 +229,11 @@ class PartitionDriver:
         return future
 
     def _on_room(self) -> None:
-        if self._parked and not self._releasing and not self.closed and self.failed is None:
-            self._release_parked()
-
-    def _release_parked(self) -> None:
-        """Step parked produce requests, in order, once this leader serves its epoch and
-        the budget has room. Runs at every step of this partition (ticks included, so
-        timeouts are seen) and when the budget frees room."""
-        self._releasing = True
-        try:
-            while self._parked:
-                records, acks, timeout_ms, record_count, deadline_ms, outer = self._parked[0]
-                waiting = self._must_wait()
-                if waiting and now_ms() < deadline_ms:
-                    if self.budget is not None and self.replica.epoch_durable:
-                        self.budget.call_when_room(self.tp, self._on_room)
-                    return
-                self._parked.popleft()
-                if outer.done():
-                    continue
-                if waiting:
-                    outer.set_result(ReleaseProduce(request_id=-1, error=ErrorCode.REQUEST_TIMED_OUT))
-                elif not self.is_leader:
-                    outer.set_result(ReleaseProduce(request_id=-1, error=ErrorCode.NOT_LEADER_OR_FOLLOWER))
-                else:
-                    inner = self._submit_now(records, acks=acks, timeout_ms=max(1, deadline_ms - now_ms()),
-                                             record_count=record_count)
-                    inner.add_done_callback(functools.partial(_pass_on, outer))
-        finally:
-            self._releasing = False
-
-    def _submit_now(self, records: Buffer, *, acks: int, timeout_ms: int,
-                    record_count: int) -> asyncio.Future[ReleaseProduce]:
-        request_id = next(self._request_ids)
-        future: asyncio.Future[ReleaseProduce] = asyncio.get_running_loop().create_future()
-        self._produce_waiters[request_id] = future
-        try:
-            self.step(ProduceRequest(request_id=request_id, records=records, acks=acks, timeout_ms=timeout_ms))
-        except BaseException:
-            self._produce_waiters.pop(request_id, None)
-            raise
-
-        def count(f: asyncio.Future[ReleaseProduce]) -> None:
-            if not f.cancelled() and f.result().error is ErrorCode.NONE:
-                self.produce_records += record_count
-                self.produce_bytes += len(records)
-        future.add_done_callback(count)
-        return future
+        """The budget has room, or the producer table has loaded: held requests may go on."""
+        if self.closed or self.failed is not None:
+            return
+        self._tell_budget()
+        self.tick(now_ms())  # an event, so the core takes what it holds (Replica._after_event)
 
     def fetch(self, request: FetchRequest) -> FetchResponse:
         """Answer one fetch (a follower's or a consumer's) as the core decides, right now."""
@@ -286,78 +259,68 @@ class PartitionDriver:
 
     # ------------------------------------------------------------------ Ready
 
-    def _perform(self, ready: Ready) -> list[FetchResponse | AppendEntriesReply]:
-        last_written = None
+    def _perform(self, ready: Ready) -> None:
         try:
-            for action in ready.persist:
-                if isinstance(action, Append):
-                    self._append(action)
-                    last_written = action.last_offset
-                elif isinstance(action, Truncate):
-                    log.info("%s-%d truncates its log from %d to %d (diverged from the leader)", *self.tp,
-                             self.log.log_end_offset, action.offset,
-                             extra={"event": "partition.truncated", "topic": self.tp[0], "partition": self.tp[1]})
-                    self.producer_state.truncated = True  # no snapshot until the core rebuilds it
-                    self.log.truncate_to(action.offset)
-                    if self.log.log_end_offset != action.offset:
-                        raise AssertionError(f"truncate_to({action.offset}) left log end "
-                                             f"{self.log.log_end_offset}")
-                elif isinstance(action, TruncateFully):
-                    log.info("%s-%d empties its log at %d and starts it at %d (the leader's log starts there)",
-                             *self.tp, self.log.log_end_offset, action.offset,
-                             extra={"event": "partition.truncated_fully", "topic": self.tp[0],
-                                    "partition": self.tp[1]})
-                    self.producer_state.truncated = True
-                    self.log.truncate_fully_and_start_at(action.offset)
-                elif isinstance(action, Flush):
-                    # Started now (no task in between): the fsync is on its thread before the sends.
-                    self.coalescer.when_flushed(min(action.up_to, self.log.log_end_offset), self._flushed)
+            perform(ready, self.log, self)
+        except PartitionOfflineError:
+            raise
         except (StorageError, OSError) as exc:
             self._fail(f"{type(exc).__name__}: {exc}")
             raise PartitionOfflineError(f"partition {self.tp[0]}-{self.tp[1]} went offline: {exc}") from exc
-        answers: list[FetchResponse | AppendEntriesReply] = []
-        for sent in ready.send:
-            if isinstance(sent, Send):
-                message = sent.message
-                if isinstance(message, FetchRequest):
-                    self.hooks.send_fetch(sent.to_broker, self.tp, message)
-                elif isinstance(message, AppendEntries):
-                    self.hooks.send_append_entries(sent.to_broker, self.tp, message)
-                elif isinstance(message, (FetchResponse, AppendEntriesReply)):
-                    answers.append(message)  # to the fetch / append-entries being answered
-                else:
-                    raise AssertionError(f"core sent {type(message).__name__}: no transport for it")
-            elif isinstance(sent, ProposeIsr):
-                self.hooks.propose_isr(self.tp, sent)
-            elif isinstance(sent, ReportElection):
-                self.hooks.report_election(self.tp, sent)
-        for release in ready.release:
-            future = self._produce_waiters.pop(release.request_id, None)
-            if future is not None and not future.done():
-                future.set_result(release)
-        for note in ready.notes:
-            if isinstance(note, RefreshMetadata):
-                self.hooks.refresh_metadata(self.tp, note.reason)
-            elif isinstance(note, StopLeading):
-                log.info("%s-%d stops leading epoch %d: %s", *self.tp, note.leader_epoch, note.reason,
-                         extra={"event": "partition.stop_leading", "topic": self.tp[0], "partition": self.tp[1]})
-            elif isinstance(note, Rejected):
-                log.debug("%s-%d rejected %s: %s %s", *self.tp, note.event, note.error.name, note.reason)
-        if last_written is not None:
-            answers += self.step(WriteDone(last_offset=last_written))
-        return answers
 
-    def _append(self, action: Append) -> None:
-        # crc_checked: the core validated these very bytes (CRC included) before it asked for
-        # the Append, on every path (produce, fetch answer, append-entries).
-        if action.as_leader:
-            # The log patches a bytearray or writable view (the request's frame) in place, copies the rest.
-            info = self.log.append_as_leader(action.records, leader_epoch=action.leader_epoch, crc_checked=True)
-        else:
-            info = self.log.append_as_follower(action.records, crc_checked=True)
-        if (info.base_offset, info.last_offset) != (action.base_offset, action.last_offset):
-            raise AssertionError(f"{self.tp}: log stored {info.base_offset}..{info.last_offset}, "
-                                 f"core expected {action.base_offset}..{action.last_offset}")
+    # Effects (dataplane/replica/perform.py): what a Ready does outside the core.
+
+    def persisted(self, action: PersistAction, previous_end: int) -> None:
+        if isinstance(action, Truncate):
+            log.info("%s-%d truncates its log from %d to %d (diverged from the leader)", *self.tp,
+                     previous_end, action.offset,
+                     extra={"event": "partition.truncated", "topic": self.tp[0], "partition": self.tp[1]})
+            self.producer_state.truncated = True  # no snapshot until the core rebuilds it
+        elif isinstance(action, TruncateFully):
+            log.info("%s-%d empties its log at %d and starts it at %d (the leader's log starts there)",
+                     *self.tp, previous_end, action.offset,
+                     extra={"event": "partition.truncated_fully", "topic": self.tp[0], "partition": self.tp[1]})
+            self.producer_state.truncated = True
+
+    def flush(self, up_to: int) -> None:
+        # Started now (no task in between): the fsync is on its thread before the sends.
+        self.coalescer.when_flushed(min(up_to, self.log.log_end_offset), self._flushed)
+
+    def send_fetch(self, leader_id: int, request: FetchRequest) -> None:
+        self.hooks.send_fetch(leader_id, self.tp, request)
+
+    def send_append_entries(self, follower_id: int, message: AppendEntries) -> None:
+        self.hooks.send_append_entries(follower_id, self.tp, message)
+
+    def propose_isr(self, proposal: ProposeIsr) -> None:
+        self.hooks.propose_isr(self.tp, proposal)
+
+    def report_election(self, report: ReportElection) -> None:
+        self.hooks.report_election(self.tp, report)
+
+    def answer(self, answer: Send) -> None:
+        # To the fetch / append-entries being answered (fetch(), pusher.answer_append_entries).
+        message = answer.message
+        if not isinstance(message, (FetchResponse, AppendEntriesReply)):
+            raise AssertionError(f"core answered with {type(message).__name__}")
+        self._answers.append(message)
+
+    def release(self, release: ReleaseProduce) -> None:
+        future = self._produce_waiters.pop(release.request_id, None)
+        if future is not None and not future.done():
+            future.set_result(release)
+
+    def note(self, note: NoteAction) -> None:
+        if isinstance(note, RefreshMetadata):
+            self.hooks.refresh_metadata(self.tp, note.reason)
+        elif isinstance(note, StopLeading):
+            log.info("%s-%d stops leading epoch %d: %s", *self.tp, note.leader_epoch, note.reason,
+                     extra={"event": "partition.stop_leading", "topic": self.tp[0], "partition": self.tp[1]})
+        elif isinstance(note, Rejected):
+            log.debug("%s-%d rejected %s: %s %s", *self.tp, note.event, note.error.name, note.reason)
+
+    def written(self, done: WriteDone) -> None:
+        self._answers += self.step(done)
 
     def _flushed(self, flushed: int | None, exc: BaseException | None) -> None:
         """A Flush the core asked for is done: step FlushDone (or take the partition offline)."""
@@ -390,10 +353,6 @@ class PartitionDriver:
             if not future.done():
                 future.set_result(ReleaseProduce(request_id=request_id, error=error))
         self._produce_waiters.clear()
-        while self._parked:
-            future = self._parked.popleft()[-1]
-            if not future.done():
-                future.set_result(ReleaseProduce(request_id=-1, error=error))
 
     def _observed(self) -> tuple:
         r = self.replica
@@ -430,11 +389,3 @@ class PartitionDriver:
             await asyncio.gather(self._write_snapshot(), return_exceptions=True)
         self.producer_state.close()
         await asyncio.get_running_loop().run_in_executor(None, self.log.close)
-
-
-def _pass_on(outer: asyncio.Future[ReleaseProduce], inner: asyncio.Future[ReleaseProduce]) -> None:
-    """Settle a produce that waited (outer) with the answer of its submission (inner)."""
-    if outer.done():
-        return
-    outer.set_result(inner.result() if not inner.cancelled()
-                     else ReleaseProduce(request_id=-1, error=ErrorCode.NOT_LEADER_OR_FOLLOWER))

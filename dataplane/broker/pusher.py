@@ -2,7 +2,7 @@
 
 The core decides what to send and how much is in flight (push.py: at most
 `push_inflight_max` per follower, recovery one chunk at a time); this module only
-carries it. One pipelined connection per follower broker carries every partition
+carries it (translations: codec.py). One pipelined connection per follower broker carries every partition
 pushed there, so requests of one partition arrive in the order the core sent
 them (a connection answers in order). Each answer is stepped back into the
 partition's core as an AppendEntriesReply.
@@ -28,6 +28,9 @@ from typing import Awaitable, Callable
 from common.errors import BiplaneError, ErrorCode
 from common.wire import WireClient
 from common.wire import messages as wire
+from dataplane.broker.codec import (
+    append_entries_from_wire, append_entries_to_wire, append_refusal, append_reply_from_wire, append_reply_to_wire,
+)
 from dataplane.replica.events import AppendEntries, AppendEntriesReply
 
 log = logging.getLogger("biplane.broker.pusher")
@@ -35,37 +38,6 @@ log = logging.getLogger("biplane.broker.pusher")
 TopicPartition = tuple[str, int]
 AddressOf = Callable[[int], "tuple[str, int] | None"]
 Deliver = Callable[[TopicPartition, AppendEntriesReply], None]
-
-
-def to_wire(tp: TopicPartition, follower_id: int, ev: AppendEntries) -> wire.AppendEntriesRequest:
-    return wire.AppendEntriesRequest(
-        leader_id=ev.leader_id, follower_id=follower_id, leader_epoch=ev.leader_epoch, topic=tp[0],
-        partition=tp[1], prev_log_offset=ev.prev_offset, prev_log_epoch=ev.prev_epoch,
-        high_watermark=ev.high_watermark, flush_after_append=ev.flush_after_append, records=ev.records,
-        log_end_offset=ev.log_end_offset, truncate_epoch=ev.diverging_epoch,
-        truncate_end_offset=ev.diverging_end_offset)
-
-
-def from_wire(req: wire.AppendEntriesRequest) -> AppendEntries:
-    return AppendEntries(leader_id=req.leader_id, leader_epoch=req.leader_epoch, prev_offset=req.prev_log_offset,
-                         prev_epoch=req.prev_log_epoch, records=memoryview(req.records).toreadonly() if req.records else b"",
-                         high_watermark=req.high_watermark, log_end_offset=req.log_end_offset,
-                         flush_after_append=req.flush_after_append, diverging_epoch=req.truncate_epoch,
-                         diverging_end_offset=req.truncate_end_offset, partition=(req.topic, req.partition))
-
-
-def reply_to_wire(tp: TopicPartition, reply: AppendEntriesReply) -> wire.AppendEntriesResponse:
-    return wire.AppendEntriesResponse(
-        follower_id=reply.replica_id, leader_epoch=reply.leader_epoch, topic=tp[0], partition=tp[1],
-        error_code=reply.error, log_end_offset=reply.log_end_offset, flushed_offset=reply.flushed_offset,
-        last_epoch=reply.last_epoch, match_offset=reply.match_offset)
-
-
-def reply_from_wire(resp: wire.AppendEntriesResponse) -> AppendEntriesReply:
-    return AppendEntriesReply(replica_id=resp.follower_id, leader_epoch=resp.leader_epoch, error=resp.error_code,
-                              log_end_offset=resp.log_end_offset, flushed_offset=resp.flushed_offset,
-                              match_offset=max(resp.match_offset, 0), last_epoch=resp.last_epoch,
-                              partition=(resp.topic, resp.partition))
 
 
 class Pusher:
@@ -93,7 +65,7 @@ class Pusher:
         loop = asyncio.get_running_loop()
         if loop.time() < self._down_until.get(follower_id, 0.0):
             return  # reconnecting later; the core's window times out and it recovers
-        request = to_wire(tp, follower_id, ev)
+        request = append_entries_to_wire(tp, follower_id, ev)
         client = self._clients.get(follower_id)
         if client is not None and not client.closed and follower_id not in self._waiting:
             self._write(client, follower_id, tp, request)  # inside the step that made it
@@ -135,7 +107,7 @@ class Pusher:
         if exc is not None:
             self._failed(follower_id, tp, exc)
             return
-        self.deliver(tp, reply_from_wire(answer.result()))
+        self.deliver(tp, append_reply_from_wire(answer.result()))
 
     def _failed(self, follower_id: int, tp: TopicPartition, exc: BaseException) -> None:
         if self._closed:
@@ -189,12 +161,12 @@ async def answer_append_entries(req: wire.AppendEntriesRequest,
     log is flushed up to offset and returns the log's flushed offset (used only when the
     leader asked for flush_after_append, i.e. acks=all requests wait on this range)."""
     tp = (req.topic, req.partition)
-    replies = [r for r in step(from_wire(req)) if isinstance(r, AppendEntriesReply)]
+    replies = [r for r in step(append_entries_from_wire(req)) if isinstance(r, AppendEntriesReply)]
     if not replies:
         # The core ignored it (a late copy computed from another state of our log): an error
         # the leader's core ignores too; its window times out and recovery takes over.
-        return wire.AppendEntriesResponse(follower_id=req.follower_id, leader_epoch=req.leader_epoch, topic=tp[0],
-                                          partition=tp[1], error_code=ErrorCode.INVALID_REQUEST)
+        return append_refusal(req, ErrorCode.INVALID_REQUEST, replica_id=req.follower_id,
+                              leader_epoch=req.leader_epoch)
     reply = replies[-1]
     if (req.flush_after_append and flushed is not None and reply.error is ErrorCode.NONE
             and reply.flushed_offset < reply.log_end_offset):
@@ -203,4 +175,4 @@ async def answer_append_entries(req: wire.AppendEntriesRequest,
             replica_id=reply.replica_id, leader_epoch=reply.leader_epoch, error=reply.error,
             log_end_offset=reply.log_end_offset, flushed_offset=min(now_flushed, reply.log_end_offset),
             match_offset=reply.match_offset, last_epoch=reply.last_epoch, partition=reply.partition)
-    return reply_to_wire(tp, reply)
+    return append_reply_to_wire(tp, reply)

@@ -3,11 +3,10 @@
 Every partition is answered on its own: an unknown partition, a stale or
 future epoch, a corrupt or oversized batch gets its error code and the other
 partitions of the same request (and every other connection) are served as
-usual. Batch headers and sizes are checked here, before the core sees them; the
-CRC is checked by the core (CORRUPT_MESSAGE).
-
-A client's leader epoch is compared here, before the core: a client that
-knows a newer epoch than ours gets UNKNOWN_LEADER_EPOCH and makes us refresh
+usual. Produce requests are checked by the core alone (dataplane/replica/admission.py:
+role, the client's leader epoch, acks, batch headers, CRC and sizes); so are a
+consumer's leader epoch and list-offsets (`Replica.client_epoch_error`): a client
+that knows a newer epoch than ours gets UNKNOWN_LEADER_EPOCH and makes us refresh
 metadata, but never makes the leader stop (only a replica's word can do that).
 
 FETCH long-polls up to min(max_wait_ms, fetch_wait_ms_max): it answers at
@@ -24,17 +23,15 @@ import asyncio
 import logging
 from typing import Any, Awaitable, Callable
 
-from common.batch import iter_batches
-from common.errors import BiplaneError, CorruptBatchError, ErrorCode
+from common.errors import BiplaneError, ErrorCode
 from common.metadata.image import MetadataImage
 from common.wire import RequestHeader
 from common.wire import messages as wire
+from dataplane.broker.codec import append_refusal, fetch_answer_to_wire, fetch_from_wire, fetch_refusal
 from dataplane.broker.partition import PartitionDriver
 from dataplane.broker.producer_ids import ProducerIds
 from dataplane.broker.pusher import answer_append_entries
 from dataplane.broker.replicas import ReplicaManager
-from dataplane.replica.events import FetchRequest
-from dataplane.replica.fencing import EpochCheck, check_epoch
 
 log = logging.getLogger("biplane.broker.server")
 
@@ -63,10 +60,6 @@ class RequestHandler:
         self.refresh_metadata = refresh_metadata
         self.fetch_wait_ms_max = fetch_wait_ms_max
         self.counters = Counters()
-        # Bumped whenever a follower's fetch of a partition is stepped into its core.
-        self._fetch_gen: dict[tuple[int, TopicPartition], int] = {}
-        # (fetch_offset, last_fetched_epoch, flushed_offset) of the latest stepped follower fetch.
-        self._latest_fetch: dict[tuple[int, TopicPartition], tuple[int, int, int]] = {}
 
     def start(self, header: RequestHeader, request: Any) -> Awaitable[Any]:
         """Begin handling in arrival order; produce requests reach their cores before this returns."""
@@ -113,17 +106,6 @@ class RequestHandler:
             return None, ErrorCode.KAFKA_STORAGE_ERROR
         return driver, ErrorCode.NONE
 
-    def _client_epoch_error(self, driver: PartitionDriver, epoch: int) -> ErrorCode:
-        if epoch < 0:
-            return ErrorCode.NONE
-        check = check_epoch(theirs=epoch, ours=driver.replica.leader_epoch)
-        if check is EpochCheck.STALE:
-            return ErrorCode.FENCED_LEADER_EPOCH
-        if check is EpochCheck.NEWER:
-            self.refresh_metadata()
-            return ErrorCode.UNKNOWN_LEADER_EPOCH
-        return ErrorCode.NONE
-
     # ------------------------------------------------------------ produce
 
     def start_produce(self, request: wire.ProduceRequest) -> Awaitable[wire.ProduceResponse | None]:
@@ -144,7 +126,8 @@ class RequestHandler:
                               if release.error is ErrorCode.NONE else self._current_leader(topic, partition))
                     item = wire.ProducePartitionResponse(
                         partition=partition, error_code=release.error, base_offset=release.base_offset,
-                        log_start_offset=driver.log.log_start_offset, current_leader=leader)
+                        log_start_offset=driver.log.log_start_offset, current_leader=leader,
+                        error_message=release.reason or None)
                 by_topic.setdefault(topic, []).append(item)
             if acks == 0:
                 return None
@@ -153,7 +136,8 @@ class RequestHandler:
         return answer()
 
     def _submit_partition(self, topic: str, p: wire.ProducePartition, acks: int, timeout_ms: int):
-        """A refusal (ProducePartitionResponse), or (driver, future of the core's release)."""
+        """A refusal (ProducePartitionResponse), or (driver, future of the core's release).
+        Every check of the request is the core's (dataplane/replica/admission.py)."""
         def refuse(code: ErrorCode, message: str) -> wire.ProducePartitionResponse:
             self.counters.error(code)
             return wire.ProducePartitionResponse(partition=p.partition, error_code=code, error_message=message,
@@ -162,33 +146,13 @@ class RequestHandler:
         driver, error = self._locate(topic, p.partition)
         if driver is None:
             return refuse(error, f"{topic}-{p.partition}: {error.name} on broker {self.broker_id}")
-        if not driver.is_leader:
-            return refuse(ErrorCode.NOT_LEADER_OR_FOLLOWER, f"broker {self.broker_id} does not lead {topic}-{p.partition}")
-        error = self._client_epoch_error(driver, p.current_leader_epoch)
-        if error is not ErrorCode.NONE:
-            return refuse(error, f"{topic}-{p.partition}: request epoch {p.current_leader_epoch}, "
-                                 f"leader epoch {driver.replica.leader_epoch}")
-        if acks not in (0, 1, -1):
-            return refuse(ErrorCode.INVALID_REQUIRED_ACKS, f"acks={acks}; use 0, 1 or -1 (all)")
-        records = p.records
-        if not records:
-            return refuse(ErrorCode.INVALID_REQUEST, f"{topic}-{p.partition}: no records in the request")
         topic_info = self.image().topics.get(topic)
-        max_bytes = topic_info.config.max_message_bytes if topic_info is not None else len(records)
-        try:
-            headers = [h for _, h in iter_batches(records, validate=False)]  # the core checks CRCs
-        except CorruptBatchError as exc:
-            return refuse(ErrorCode.CORRUPT_MESSAGE, f"{topic}-{p.partition}: {exc}")
-        too_big = [h.size_bytes for h in headers if h.size_bytes > max_bytes]
-        if too_big:
-            return refuse(ErrorCode.MESSAGE_TOO_LARGE, f"{topic}-{p.partition}: batch of {too_big[0]} bytes "
-                                                       f"exceeds max_message_bytes={max_bytes}")
         try:
             # The records view into the request's own frame is patched in place by the log: no copy.
-            # partition.py (being reworked) declares bytearray; it takes any writable buffer, and
-            # the decoder hands it a writable memoryview of the frame. Remove once it says so.
-            future = driver.submit_produce(records, acks=acks, timeout_ms=timeout_ms,
-                                           record_count=sum(h.record_count for h in headers))
+            future = driver.submit_produce(
+                p.records if p.records is not None else b"", acks=acks, timeout_ms=timeout_ms,
+                leader_epoch=p.current_leader_epoch,
+                batch_bytes_max=topic_info.config.max_message_bytes if topic_info is not None else None)
         except BiplaneError as exc:
             return refuse(exc.code, str(exc))
         return driver, future
@@ -200,7 +164,7 @@ class RequestHandler:
         wait_s = max(0, min(request.max_wait_ms, self.fetch_wait_ms_max)) / 1000
         deadline = loop.time() + wait_s
         follower = request.replica_id >= 0
-        stepped: dict[TopicPartition, int] = {}  # generation of our own step of each partition
+        stepped: dict[TopicPartition, int] = {}  # the core's fetch count after our own step of each partition
         while True:
             answers: dict[TopicPartition, wire.FetchPartitionResponse] = {}
             changes: list[asyncio.Future] = []
@@ -209,30 +173,19 @@ class RequestHandler:
             for t in request.topics:
                 for p in t.partitions:
                     tp = (t.topic, p.partition)
-                    key = (request.replica_id, tp)
-                    flushed = max(p.flushed_offset, 0)
-                    if follower:
-                        latest = self._latest_fetch.get(key)
-                        same_position = latest is not None and latest[:2] == (p.fetch_offset, p.last_fetched_epoch)
-                        if tp in stepped and self._fetch_gen.get(key) != stepped[tp] and not same_position:
-                            # The follower has fetched from elsewhere since (express) and moved on:
-                            # this long-poll is old news. End it, so its newer request can come.
-                            answer, driver = self._state_answer(tp, p.partition)
-                            answers[tp] = answer
-                            ready = True
-                            continue
-                        if same_position and latest is not None:
-                            # A request overtaken by a newer one from the same position carries an
-                            # older flushed offset; counting it would hold the HW back.
-                            flushed = max(flushed, latest[2])
+                    if follower and tp in stepped and self._fetched_since(request.replica_id, tp, stepped[tp], p):
+                        # The follower has fetched from elsewhere since (express) and moved on:
+                        # this long-poll is old news. End it, so its newer request can come.
+                        answer, driver = self._state_answer(tp, p.partition)
+                        answers[tp] = answer
+                        ready = True
+                        continue
                     # The response stays near max_bytes: once it is spent, each further
                     # partition carries at most its first batch (a reader must progress).
                     answer, driver, now = self._fetch_partition(request.replica_id, tp, p,
-                                                                max(1, min(budget, p.partition_max_bytes)),
-                                                                flushed)
+                                                                max(1, min(budget, p.partition_max_bytes)))
                     if follower:
-                        stepped[tp] = self._fetch_gen[key] = self._fetch_gen.get(key, 0) + 1
-                        self._latest_fetch[key] = (p.fetch_offset, p.last_fetched_epoch, flushed)
+                        stepped[tp] = driver.replica.fetch_count(request.replica_id) if driver is not None else -1
                     budget -= len(answer.records or b"")
                     answers[tp] = answer
                     ready = ready or now
@@ -244,6 +197,11 @@ class RequestHandler:
             if ready or remaining <= 0 or not changes:
                 return self._fetch_response(request, answers)
             await asyncio.wait(changes, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+
+    def _fetched_since(self, replica_id: int, tp: TopicPartition, fetches: int, p: wire.FetchPartition) -> bool:
+        driver = self.replicas.get(*tp)
+        return driver is not None and driver.replica.fetched_since(replica_id, fetches, p.fetch_offset,
+                                                                   p.last_fetched_epoch)
 
     def _state_answer(self, tp: TopicPartition, partition: int
                       ) -> tuple[wire.FetchPartitionResponse, PartitionDriver | None]:
@@ -257,35 +215,23 @@ class RequestHandler:
             log_start_offset=driver.log.log_start_offset, log_end_offset=driver.log.log_end_offset,
             current_leader=wire.LeaderIdAndEpoch(leader_id=self.broker_id, leader_epoch=r.leader_epoch)), driver
 
-    def _fetch_partition(self, replica_id: int, tp: TopicPartition, p: wire.FetchPartition, max_bytes: int,
-                         flushed_offset: int) -> tuple[wire.FetchPartitionResponse, PartitionDriver | None, bool]:
+    def _fetch_partition(self, replica_id: int, tp: TopicPartition, p: wire.FetchPartition,
+                         max_bytes: int) -> tuple[wire.FetchPartitionResponse, PartitionDriver | None, bool]:
         """(answer, driver to wait on, whether to answer now)."""
         def refuse(code: ErrorCode):
             self.counters.error(code)
-            return wire.FetchPartitionResponse(partition=p.partition, error_code=code,
-                                               current_leader=self._current_leader(*tp)), None, True
+            return fetch_refusal(p.partition, code, self._current_leader(*tp)), None, True
 
         driver, error = self._locate(*tp)
         if driver is None:
             return refuse(error)
-        if replica_id < 0:
-            error = self._client_epoch_error(driver, p.current_leader_epoch)
-            if error is not ErrorCode.NONE:
-                return refuse(error)
         try:
-            a = driver.fetch(FetchRequest(
-                replica_id=replica_id, fetch_offset=p.fetch_offset, last_fetched_epoch=p.last_fetched_epoch,
-                flushed_offset=flushed_offset, current_leader_epoch=p.current_leader_epoch,
-                max_bytes=max_bytes, partition=tp))
+            a = driver.fetch(fetch_from_wire(replica_id, tp, p, max_bytes=max_bytes))
         except BiplaneError as exc:
             return refuse(exc.code)
-        answer = wire.FetchPartitionResponse(
-            partition=p.partition, error_code=a.error, high_watermark=a.high_watermark,
-            last_stable_offset=a.high_watermark, log_start_offset=driver.log.log_start_offset,
-            diverging_epoch=wire.EpochEndOffset(epoch=a.diverging_epoch, end_offset=a.diverging_end_offset),
-            current_leader=(wire.LeaderIdAndEpoch(leader_id=a.leader_id, leader_epoch=a.leader_epoch)
-                            if a.error is ErrorCode.NONE else self._current_leader(*tp)),
-            log_end_offset=a.log_end_offset, flush_after_append=a.flush_after_append, records=a.records)
+        answer = fetch_answer_to_wire(p.partition, a, log_start_offset=driver.log.log_start_offset,
+                                      leader_if_error=self._current_leader(*tp) if a.error is not ErrorCode.NONE
+                                      else wire.NO_LEADER)
         now = bool(a.records) or a.error is not ErrorCode.NONE or a.diverging
         if a.error is not ErrorCode.NONE:
             self.counters.error(a.error)
@@ -308,15 +254,13 @@ class RequestHandler:
         driver, error = self._locate(request.topic, request.partition)
         if driver is None:
             self.counters.error(error)
-            return wire.AppendEntriesResponse(follower_id=self.broker_id, leader_epoch=-1, topic=request.topic,
-                                              partition=request.partition, error_code=error)
+            return append_refusal(request, error, replica_id=self.broker_id, leader_epoch=-1)
         try:
             return await answer_append_entries(request, driver.step, flushed=driver.flushed_to)
         except BiplaneError as exc:
             self.counters.error(exc.code)
-            return wire.AppendEntriesResponse(follower_id=self.broker_id, leader_epoch=driver.replica.leader_epoch,
-                                              topic=request.topic, partition=request.partition,
-                                              error_code=exc.code)
+            return append_refusal(request, exc.code, replica_id=self.broker_id,
+                                  leader_epoch=driver.replica.leader_epoch)
 
     # ------------------------------------------------------------ list offsets
 
@@ -328,14 +272,11 @@ class RequestHandler:
                 driver, error = self._locate(t.topic, p.partition)
                 offset, epoch = -1, -1
                 if driver is not None:
-                    error = self._client_epoch_error(driver, p.current_leader_epoch)
-                    if error is ErrorCode.NONE and driver.is_leader and not driver.replica.epoch_durable:
-                        # A new leader's epoch marker is not flushed yet: it serves nothing of
-                        # this epoch, and its HW may still be below what consumers saw before.
-                        error = ErrorCode.LEADER_NOT_AVAILABLE
+                    error, offset = driver.replica.list_offset(p.timestamp, p.current_leader_epoch)
                     if error is ErrorCode.NONE:
-                        error, offset = driver.replica.list_offset(p.timestamp)
                         epoch = driver.replica.leader_epoch
+                    elif error is ErrorCode.UNKNOWN_LEADER_EPOCH:
+                        self.refresh_metadata()  # list_offset is read-only: it asks through us
                 if error is not ErrorCode.NONE:
                     self.counters.error(error)
                 parts.append(wire.ListOffsetsPartitionResponse(partition=p.partition, error_code=error,

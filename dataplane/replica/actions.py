@@ -6,9 +6,16 @@ The driver performs them in this order (etcd-raft's Ready contract):
    completion is reported back with WriteDone; a Flush is asynchronous and
    completes with FlushDone.
 2. `send` — messages to other brokers and to the controller.
-3. `release` — answer produce requests.
-4. `notes` — things the driver should know (metadata refresh, leadership lost,
+3. `answers` — the core's answers to a fetch or an append-entries it was just
+   stepped with (FetchResponse, AppendEntriesReply, as a Send naming the asker;
+   -1 is a consumer). A driver answering over the asker's own connection takes
+   them from here; one that answers nobody (e.g. after a FlushDone) drops them.
+4. `release` — answer produce requests.
+5. `notes` — things the driver should know (metadata refresh, leadership lost,
    rejected input); no effect on the log.
+
+`dataplane/replica/perform.py` performs a Ready in this order for the broker and
+the simulation alike.
 """
 from __future__ import annotations
 
@@ -95,9 +102,14 @@ class ReportElection:
 
 @_frozen
 class ReleaseProduce:
+    """The answer to a produce request: its base offset, or an error and why (`reason`).
+    `record_count`: records the request carried (for a driver's counters)."""
+
     request_id: int
     error: ErrorCode = ErrorCode.NONE
     base_offset: int = -1
+    reason: str = ""
+    record_count: int = 0
 
 
 @_frozen
@@ -134,12 +146,13 @@ Action = PersistAction | SendAction | ReleaseProduce | NoteAction
 class Ready:
     persist: tuple[PersistAction, ...] = ()
     send: tuple[SendAction, ...] = ()
+    answers: tuple[Send, ...] = ()
     release: tuple[ReleaseProduce, ...] = ()
     notes: tuple[NoteAction, ...] = ()
 
     @property
     def actions(self) -> tuple[Action, ...]:
-        return self.persist + self.send + self.release + self.notes
+        return self.persist + self.send + self.answers + self.release + self.notes
 
     def __bool__(self) -> bool:
-        return bool(self.persist or self.send or self.release or self.notes)
+        return bool(self.persist or self.send or self.answers or self.release or self.notes)

@@ -20,20 +20,19 @@ Roles:
 - ELECTION: a quorum-election fence is known; serve nothing, flush, report;
 - STOPPED: no leader, not a replica, or a newer epoch was seen: wait for metadata.
 
-The driver's contract (the broker, or tests/sim):
+The driver's contract (the broker, or tests/sim; both through `perform.perform`):
 - perform each Ready in order: persist (Append/Truncate applied to the log before
   the next step; WriteDone when written; Flush asynchronous, FlushDone with the
-  log's flushed offset when it completes), then send, then release;
+  log's flushed offset when it completes), then send, answers, release, notes;
 - build a fresh Replica after a restart (`unclean_start=True` when the shutdown was
   not clean) and feed it metadata learned after the restart; a Replica never acts
   before its first NewMetadata;
-- consumers' fetches come in with replica_id -1; their answer is a Send to -1.
+- consumers' fetches come in with replica_id -1; their answer is in `Ready.answers`, to -1.
 """
 from __future__ import annotations
 
 import collections
 import dataclasses
-import enum
 from collections.abc import Callable
 from typing import Any
 
@@ -44,30 +43,24 @@ from dataplane.replica.actions import (
     ReportElection, Send, SendAction, StopLeading, Truncate, TruncateFully,
 )
 from dataplane.replica.events import (
-    CONSUMER_REPLICA_ID, AppendEntries, AppendEntriesReply, FetchRequest, FetchResponse, FlushDone,
+    CONSUMER_REPLICA_ID, AppendEntries, AppendEntriesReply, BrokerBudget, FetchRequest, FetchResponse, FlushDone,
     IsrChangeRefused, NewMetadata, ProduceRequest, Tick, WriteDone,
 )
+from dataplane.replica import invariants
 from dataplane.replica.fencing import EpochCheck, check_epoch
 from dataplane.replica.logview import LogView, epoch_before
 from dataplane.replica.producer_state import ProducerStateTable
+from dataplane.replica.admission import VALID_ACKS, PendingProduce, ProduceAdmission
 from dataplane.replica.push import PushMixin
 from dataplane.replica.state import PartitionState, ReplicationConfig
+from dataplane.replica.state import Role as Role  # the core's roles, imported from here by its users
 from dataplane.replica.watermark import follower_stored_offset, next_high_watermark, stored_offset
 
-VALID_ACKS = (0, 1, -1)
 # Refusals that say our epochs are old, not that the proposal was judged and declined.
 _STALE_ISR_REFUSALS = frozenset({ErrorCode.FENCED_LEADER_EPOCH, ErrorCode.UNKNOWN_LEADER_EPOCH,
                                  ErrorCode.INVALID_UPDATE_VERSION, ErrorCode.NOT_LEADER_OR_FOLLOWER})
 EARLIEST_TIMESTAMP = -2
 LATEST_TIMESTAMP = -1
-
-
-class Role(enum.Enum):
-    UNATTACHED = "unattached"
-    LEADER = "leader"
-    FOLLOWER = "follower"
-    ELECTION = "election"
-    STOPPED = "stopped"
 
 
 @dataclasses.dataclass(slots=True)
@@ -89,18 +82,16 @@ class FollowerProgress:
     # The leader's ISR generation at its last fetch: only a fetch made since the last ISR
     # change (or refusal) may bring it back into the ISR, never stale progress.
     fetch_generation: int = -1
+    # Every fetch request stepped from it, over any of its connections (a broker's fetcher
+    # has a long-poll and an "express" one), counted, and the newest one's position and
+    # flushed offset, whatever its answer (see Replica._remember_fetch).
+    fetches: int = 0
+    asked_offset: int = -1
+    asked_epoch: int = -1
+    asked_flushed: int = 0
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class PendingProduce:
-    request_id: int
-    acks: int
-    base_offset: int
-    last_offset: int
-    deadline_ms: int
-
-
-class Replica(PushMixin):
+class Replica(ProduceAdmission, PushMixin):
     """The replica core. Limits are constructor arguments with units last."""
 
     def __init__(self, *, replica_id: int, log: LogView, partition: object = None, now_ms: int = 0,
@@ -111,14 +102,15 @@ class Replica(PushMixin):
                  push_inflight_max: int = 4, push_heartbeat_ms: int | None = None,
                  push_capable: bool = False, producers_max: int = 10_000,
                  producer_idle_ms_max: int = 7 * 24 * 3600 * 1000, unclean_start: bool = False,
-                 producer_state: ProducerStateTable | None = None) -> None:
+                 producer_state: ProducerStateTable | None = None, check_invariants: bool | None = None,
+                 held_produce_max: int = 0) -> None:
         for name, value in (("fetch_max_bytes", fetch_max_bytes), ("flush_debounce_ms", flush_debounce_ms),
                             ("fetch_backoff_ms", fetch_backoff_ms), ("fetch_timeout_ms", fetch_timeout_ms),
                             ("isr_proposal_retry_ms", isr_proposal_retry_ms),
                             ("election_report_retry_ms", election_report_retry_ms),
                             ("pending_produce_max", pending_produce_max),
                             ("unreplicated_bytes_max", unreplicated_bytes_max),
-                            ("push_inflight_max", push_inflight_max),
+                            ("push_inflight_max", push_inflight_max), ("held_produce_max", held_produce_max),
                             ("push_heartbeat_ms", fetch_backoff_ms if push_heartbeat_ms is None
                              else push_heartbeat_ms)):
             if not isinstance(value, int) or value < 0:
@@ -186,6 +178,13 @@ class Replica(PushMixin):
         # leader appended as (next offset, running total) so the HW tells what is replicated.
         self._backlog: dict[int, tuple[ProduceRequest, list[BatchHeader], int]] = {}
         self._backlog_bytes = 0
+        # Requests held (arrival order, not counted in held_bytes) until this leader can take
+        # them at all: its epoch start flushed, its producer table loaded, broker-wide room
+        # (admission.py). 0: none are held; before the epoch start is flushed they are refused.
+        self.held_produce_max = held_produce_max
+        self._held: dict[int, tuple[ProduceRequest, int]] = {}
+        self.broker_bytes_max: int | None = None
+        self._broker_others_bytes = 0
         self._append_sizes: collections.deque[tuple[int, int]] = collections.deque()
         self._appended_bytes = 0
         self._replicated_bytes = 0
@@ -202,8 +201,13 @@ class Replica(PushMixin):
         # Election state.
         self._report_sent_ms: int | None = None
 
+        # Our own rules checked after every step (invariants.py): on in tests and the
+        # simulation, off in production unless BIPLANE_CORE_ASSERTIONS says so.
+        self.check_invariants = invariants.enabled_by_default() if check_invariants is None else check_invariants
+
         self._persist: list[PersistAction] = []
         self._send: list[SendAction] = []
+        self._answers: list[Send] = []
         self._release: list[ReleaseProduce] = []
         self._notes: list[NoteAction] = []
 
@@ -215,11 +219,14 @@ class Replica(PushMixin):
             raise TypeError(f"Replica.step got {type(event).__name__}; expected one of "
                             f"{sorted(t.__name__ for t in _HANDLERS)}")
         self._sync_from_log()
+        was = invariants.before(self) if self.check_invariants else None
         handler(self, event)
         self._after_event()
-        ready = Ready(persist=tuple(self._persist), send=tuple(self._send),
+        if was is not None:
+            invariants.check(self, was, event)
+        ready = Ready(persist=tuple(self._persist), send=tuple(self._send), answers=tuple(self._answers),
                       release=tuple(self._release), notes=tuple(self._notes))
-        self._persist, self._send, self._release, self._notes = [], [], [], []
+        self._persist, self._send, self._answers, self._release, self._notes = [], [], [], [], []
         return ready
 
     def _sync_from_log(self) -> None:
@@ -240,6 +247,7 @@ class Replica(PushMixin):
         if self.role is Role.LEADER:
             self._advance_high_watermark()
             self._admit_backlog()
+            self._admit_held()
             self._release_ready()
             if self._pushing:
                 self._push_all()
@@ -279,8 +287,9 @@ class Replica(PushMixin):
             self._become_follower(st.leader)
 
     def _leave_role(self, error: ErrorCode) -> None:
-        for request_id in self._backlog:
+        for request_id in [*self._held, *self._backlog]:
             self._release.append(ReleaseProduce(request_id=request_id, error=error))
+        self._held.clear()
         self._backlog.clear()
         self._backlog_bytes = 0
         self._append_sizes.clear()
@@ -387,141 +396,9 @@ class Replica(PushMixin):
                     self._release.append(ReleaseProduce(request_id=p.request_id,
                                                         error=ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND))
 
-    # -------------------------------------------------------------- produce
-
-    def _on_produce(self, ev: ProduceRequest) -> None:
-        if ev.leader_epoch is not None and ev.leader_epoch >= 0:
-            check = check_epoch(theirs=ev.leader_epoch, ours=self.leader_epoch)
-            if check is EpochCheck.STALE:
-                self._refuse_produce(ev, ErrorCode.FENCED_LEADER_EPOCH, their_epoch=ev.leader_epoch)
-                return
-            if check is EpochCheck.NEWER:
-                # A client's metadata may be ahead of ours (or simply wrong): unlike a
-                # replica's, its epoch is no proof that we were deposed, so keep leading.
-                self._notes.append(RefreshMetadata(seen_epoch=ev.leader_epoch, known_epoch=self.leader_epoch,
-                                                   reason="newer leader epoch in a produce request"))
-                self._refuse_produce(ev, ErrorCode.UNKNOWN_LEADER_EPOCH, their_epoch=ev.leader_epoch)
-                return
-        if self.role is not Role.LEADER:
-            self._refuse_produce(ev, ErrorCode.NOT_LEADER_OR_FOLLOWER)
-            return
-        if not self.epoch_durable:
-            self._refuse_produce(ev, ErrorCode.LEADER_NOT_AVAILABLE, reason="epoch start not flushed yet")
-            return
-        if ev.acks not in VALID_ACKS:
-            self._refuse_produce(ev, ErrorCode.INVALID_REQUIRED_ACKS, reason=f"acks={ev.acks}")
-            return
-        try:
-            headers = [h for _, h in iter_batches(ev.records)]
-        except CorruptBatchError as exc:
-            self._refuse_produce(ev, ErrorCode.CORRUPT_MESSAGE, reason=str(exc))
-            return
-        if not headers:
-            self._refuse_produce(ev, ErrorCode.INVALID_REQUEST, reason="no record batch in produce request")
-            return
-        if ev.request_id in self.pending or ev.request_id in self._backlog:
-            self._refuse_produce(ev, ErrorCode.INVALID_REQUEST,
-                                 reason=f"request id {ev.request_id} is already waiting; ids must be unique")
-            return
-        if len(self.pending) + len(self._backlog) >= self.pending_produce_max:
-            # The bound on requests held at all (memory); within it, requests wait for room.
-            self._refuse_produce(ev, ErrorCode.REQUEST_TIMED_OUT,
-                                 reason=f"pending_produce_max={self.pending_produce_max} reached")
-            return
-        deadline_ms = self.now_ms + ev.timeout_ms
-        if self._backlog or self.unreplicated_bytes() >= self.unreplicated_bytes_max:
-            # Backpressure: bytes written here but not yet on the required set are bounded;
-            # the request waits (in arrival order) until the HW makes room, or its timeout.
-            self._backlog[ev.request_id] = (ev, headers, deadline_ms)
-            self._backlog_bytes += len(ev.records)
-            return
-        self._admit(ev, headers, deadline_ms)
-
-    def _admit(self, ev: ProduceRequest, headers: list[BatchHeader], deadline_ms: int) -> None:
-        if (ev.acks == -1 and self.config.commit_policy == "isr" and self.state is not None
-                and len(self.state.isr) < self.config.min_insync_replicas):
-            self._refuse_produce(ev, ErrorCode.NOT_ENOUGH_REPLICAS,
-                                 reason=f"isr={list(self.state.isr)} < min_insync_replicas="
-                                        f"{self.config.min_insync_replicas}")
-            return
-        error, reason, duplicate = self._check_producer_sequence(headers)
-        if error is not ErrorCode.NONE:
-            self._refuse_produce(ev, error, reason=reason)
-            return
-        if duplicate is not None:
-            # A retry of batches already in the log: answer with their offsets once they
-            # reach what this request's acks asks for; write nothing.
-            base, last = duplicate
-            self.pending[ev.request_id] = PendingProduce(request_id=ev.request_id, acks=ev.acks, base_offset=base,
-                                                         last_offset=last, deadline_ms=deadline_ms)
-            self._waiting[ev.acks].append(ev.request_id)
-            return
-        base, last = self._append_as_leader(ev.records)
-        offset = base
-        for h in headers:
-            self.producer_state.record(h, base_offset=offset)
-            offset += h.record_count
-        self._appended_bytes += len(ev.records)
-        self._append_sizes.append((last + 1, self._appended_bytes))
-        self.pending[ev.request_id] = PendingProduce(request_id=ev.request_id, acks=ev.acks, base_offset=base,
-                                                     last_offset=last, deadline_ms=deadline_ms)
-        self._waiting[ev.acks].append(ev.request_id)
-        if ev.acks == -1 and self.config.durability == "fsync":
-            self._request_flush()
-
-    def unreplicated_bytes(self) -> int:
-        """Bytes of produce requests this leader wrote in its epoch that the HW has not passed."""
-        sizes = self._append_sizes
-        while sizes and sizes[0][0] <= self.high_watermark:
-            self._replicated_bytes = sizes.popleft()[1]
-        return self._appended_bytes - self._replicated_bytes if sizes else 0
-
-    def held_bytes(self) -> int:
-        """Produce bytes this leader holds in memory: written but not yet passed by the HW,
-        plus requests waiting for room (what a broker-wide bound must count)."""
-        return self.unreplicated_bytes() + self._backlog_bytes
-
-    def _admit_backlog(self) -> None:
-        while self._backlog and (self.unreplicated_bytes() < self.unreplicated_bytes_max):
-            request_id = next(iter(self._backlog))
-            ev, headers, deadline_ms = self._backlog.pop(request_id)
-            self._backlog_bytes -= len(ev.records)
-            self._admit(ev, headers, deadline_ms)
-
-    def _check_producer_sequence(self, headers: list[BatchHeader]) -> tuple[ErrorCode, str, tuple[int, int] | None]:
-        """(error, reason, duplicate span): a request made only of batches already written is a
-        duplicate answered with their offsets; any other batch must pass the sequence rules."""
-        checks = [self.producer_state.check(h) for h in headers]
-        duplicates = [c.duplicate for c in checks if c.duplicate is not None]
-        if len(duplicates) == len(checks):
-            return ErrorCode.NONE, "", (min(d.base_offset for d in duplicates),
-                                        max(d.last_offset for d in duplicates))
-        # Batches of one producer later in the same request follow the earlier ones.
-        previous: dict[int, tuple[int, int]] = {}
-        for h, c in zip(headers, checks):
-            if h.producer_id < 0 or h.is_control:
-                continue
-            before = previous.get(h.producer_id)
-            if before is not None:
-                if h.producer_epoch != before[0] or h.base_sequence != (before[1] + 1) & 0x7FFFFFFF:
-                    return (ErrorCode.OUT_OF_ORDER_SEQUENCE,
-                            f"producer {h.producer_id}: batches in one request are not consecutive", None)
-            elif c.error is not ErrorCode.NONE:
-                return c.error, c.reason, None
-            elif c.duplicate is not None:
-                return (ErrorCode.OUT_OF_ORDER_SEQUENCE,
-                        f"producer {h.producer_id}: a request mixes written and new batches", None)
-            previous[h.producer_id] = (h.producer_epoch, (h.base_sequence + h.record_count - 1) & 0x7FFFFFFF)
-        return ErrorCode.NONE, "", None
-
-    def _refuse_produce(self, ev: ProduceRequest, error: ErrorCode, *, their_epoch: int = -1,
-                        reason: str = "") -> None:
-        self._release.append(ReleaseProduce(request_id=ev.request_id, error=error))
-        self._notes.append(Rejected(event="ProduceRequest", error=error, their_epoch=their_epoch,
-                                    our_epoch=self.leader_epoch, reason=reason))
-
-    def _append_as_leader(self, records: Buffer) -> tuple[int, int]:
-        count = sum(h.record_count for _, h in iter_batches(records, validate=False))
+    def _append_as_leader(self, records: Buffer, record_count: int | None = None) -> tuple[int, int]:
+        count = (sum(h.record_count for _, h in iter_batches(records, validate=False))
+                 if record_count is None else record_count)
         base = self.log_end_offset
         last = base + count - 1
         self._persist.append(Append(as_leader=True, records=records, base_offset=base, last_offset=last,
@@ -540,7 +417,8 @@ class Replica(PushMixin):
                     if reached[acks] <= p.last_offset:
                         break
                     del self.pending[p.request_id]
-                    self._release.append(ReleaseProduce(request_id=p.request_id, base_offset=p.base_offset))
+                    self._release.append(ReleaseProduce(request_id=p.request_id, base_offset=p.base_offset,
+                                                        record_count=p.record_count))
                 queue.popleft()
 
     # ------------------------------------------------------- leader: fetches
@@ -549,6 +427,7 @@ class Replica(PushMixin):
         if req.replica_id == CONSUMER_REPLICA_ID:
             self._answer_consumer(req)
             return
+        req = self._remember_fetch(req)
         check = check_epoch(theirs=req.current_leader_epoch, ours=self.leader_epoch)
         if check is EpochCheck.STALE:
             self._notes.append(Rejected(event="FetchRequest", error=ErrorCode.FENCED_LEADER_EPOCH,
@@ -580,6 +459,33 @@ class Replica(PushMixin):
             records = self.log.read(req.fetch_offset, max_bytes=max_bytes).records
         self._answer(req, records=records)
 
+    def _remember_fetch(self, req: FetchRequest) -> FetchRequest:
+        """Count a follower's fetch and keep its position; a request overtaken by a newer one
+        from the same position carries an older flushed offset (a follower sends its news on
+        a second connection while a long-poll waits), and counting it would hold the HW back,
+        so it counts the newest flushed offset reported from that position."""
+        p = self.progress.get(req.replica_id)
+        if p is None:
+            return req
+        p.fetches += 1
+        if ((p.asked_offset, p.asked_epoch) == (req.fetch_offset, req.last_fetched_epoch)
+                and p.asked_flushed > req.flushed_offset):
+            req = dataclasses.replace(req, flushed_offset=p.asked_flushed)
+        p.asked_offset, p.asked_epoch, p.asked_flushed = req.fetch_offset, req.last_fetched_epoch, req.flushed_offset
+        return req
+
+    def fetched_since(self, replica_id: int, fetches: int, fetch_offset: int, last_fetched_epoch: int) -> bool:
+        """Has this follower fetched again, from another position, since its `fetches`-th fetch?
+        A long-poll from the old position is then old news (its connection's driver ends it)."""
+        p = self.progress.get(replica_id)
+        return (p is not None and p.fetches != fetches
+                and (p.asked_offset, p.asked_epoch) != (fetch_offset, last_fetched_epoch))
+
+    def fetch_count(self, replica_id: int) -> int:
+        """How many fetches of this follower were stepped in this leadership (-1: not a follower of ours)."""
+        p = self.progress.get(replica_id)
+        return -1 if p is None else p.fetches
+
     def _divergence(self, fetch_offset: int, last_fetched_epoch: int) -> tuple[int, int] | None:
         """None if the follower's log up to fetch_offset equals ours, else where its epoch ends here.
 
@@ -610,7 +516,7 @@ class Replica(PushMixin):
             for _, h in iter_batches(records, validate=False):
                 new_end = h.next_offset
             flush = self._acks_all_waiting_in(req.flushed_offset, new_end)
-        self._send.append(Send(to_broker=req.replica_id, message=FetchResponse(
+        self._answers.append(Send(to_broker=req.replica_id, message=FetchResponse(
             leader_id=self.replica_id, leader_epoch=self.leader_epoch, fetch_offset=req.fetch_offset,
             last_fetched_epoch=req.last_fetched_epoch, error=error, records=records,
             high_watermark=self.high_watermark, log_end_offset=self.log_end_offset,
@@ -631,8 +537,11 @@ class Replica(PushMixin):
         return high >= lo
 
     def _answer_consumer(self, req: FetchRequest) -> None:
-        # Consumers are answered by the driver directly (no Send target); the Send goes
-        # to CONSUMER_REPLICA_ID and carries only data below the HW.
+        # The answer names CONSUMER_REPLICA_ID and carries only data below the HW.
+        epoch_error = self._check_client_epoch(req.current_leader_epoch, "a consumer's fetch")
+        if epoch_error is not ErrorCode.NONE:
+            self._answer(req, error=epoch_error)
+            return
         if self.role is not Role.LEADER:
             self._answer(req, error=ErrorCode.NOT_LEADER_OR_FOLLOWER)
             return
@@ -645,11 +554,19 @@ class Replica(PushMixin):
             records = self.log.read(req.fetch_offset, max_bytes=max_bytes, max_offset=self.high_watermark).records
         self._answer(req, records=records)
 
-    def list_offset(self, timestamp_ms: int) -> tuple[ErrorCode, int]:
+    def list_offset(self, timestamp_ms: int, leader_epoch: int = -1) -> tuple[ErrorCode, int]:
         """A consumer's list-offsets: EARLIEST (-2), LATEST (-1, the HW) or the first offset
-        with a timestamp >= timestamp_ms, never past the HW. Read-only; leaders only."""
+        with a timestamp >= timestamp_ms, never past the HW. Read-only; leaders only, and
+        only once the epoch-start batch is flushed (the HW may still be below what
+        consumers saw before). `leader_epoch`: the client's (`client_epoch_error`); a
+        read-only call emits no note, so on UNKNOWN_LEADER_EPOCH its caller refreshes."""
+        epoch_error = self.client_epoch_error(leader_epoch)
+        if epoch_error is not ErrorCode.NONE:
+            return epoch_error, -1
         if self.role is not Role.LEADER:
             return ErrorCode.NOT_LEADER_OR_FOLLOWER, -1
+        if not self.epoch_durable:
+            return ErrorCode.LEADER_NOT_AVAILABLE, -1
         if timestamp_ms == EARLIEST_TIMESTAMP:
             return ErrorCode.NONE, self.log.log_start_offset
         if self.high_watermark < self.epoch_start_offset:
@@ -959,6 +876,7 @@ class Replica(PushMixin):
                 if self.now_ms >= p.deadline_ms:
                     del self.pending[p.request_id]
                     self._release.append(ReleaseProduce(request_id=p.request_id, error=ErrorCode.REQUEST_TIMED_OUT))
+            self._time_out_held()
             for request_id, (request, _, deadline_ms) in list(self._backlog.items()):
                 if self.now_ms >= deadline_ms:
                     del self._backlog[request_id]
@@ -998,6 +916,7 @@ class Replica(PushMixin):
 _HANDLERS: dict[type, Callable[[Replica, Any], None]] = {
     NewMetadata: Replica._on_new_metadata,
     ProduceRequest: Replica._on_produce,
+    BrokerBudget: Replica._on_broker_budget,
     FetchRequest: Replica._on_fetch_request,
     FetchResponse: Replica._on_fetch_response,
     AppendEntries: Replica._on_append_entries,

@@ -30,13 +30,17 @@ def _frozen(cls: type[_T]) -> type[_T]:
 
 @_frozen
 class ProduceRequest:
-    """A client's batch(es) for this partition. `leader_epoch` None: the client did not say."""
+    """A client's batch(es) for this partition. `leader_epoch` None: the client did not say.
+    Every check of it is the core's (admission.py); a driver only translates."""
 
     request_id: int
     records: Buffer  # patched in place by the log when writable (see dataplane/log/interface.py)
     acks: int
     timeout_ms: int
     leader_epoch: int | None = None
+    # The topic's max_message_bytes as the driver's metadata says now: no batch may be
+    # larger (MESSAGE_TOO_LARGE). None: no bound.
+    batch_bytes_max: int | None = None
 
 
 @_frozen
@@ -76,6 +80,16 @@ class FetchResponse:
     @property
     def diverging(self) -> bool:
         return self.diverging_end_offset >= 0
+
+
+@_frozen
+class BrokerBudget:
+    """The broker-wide bound on produce bytes its leaders hold (`bytes_max`) and what the
+    other leaders hold now (`others_bytes`): this leader takes produce requests only
+    while the two and its own `held_bytes()` stay below the bound."""
+
+    others_bytes: int
+    bytes_max: int
 
 
 @_frozen
@@ -162,5 +176,5 @@ class AppendEntriesReply:
     partition: object = None
 
 
-Event = (ProduceRequest | FetchRequest | FetchResponse | WriteDone | FlushDone | Tick
+Event = (ProduceRequest | BrokerBudget | FetchRequest | FetchResponse | WriteDone | FlushDone | Tick
          | NewMetadata | AppendEntries | AppendEntriesReply | IsrChangeRefused)

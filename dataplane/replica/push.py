@@ -63,6 +63,7 @@ class PushMixin:
     push_heartbeat_ms: int
     _push_match: int
     _send: list[SendAction]
+    _answers: list[Send]
     _notes: list[NoteAction]
 
     if TYPE_CHECKING:
@@ -250,7 +251,7 @@ class PushMixin:
         return epoch_before(self.log, offset + 1)
 
     def _reply_append_entries(self, leader_id: int, *, error: ErrorCode = ErrorCode.NONE) -> None:
-        self._send.append(Send(to_broker=leader_id, message=AppendEntriesReply(
+        self._answers.append(Send(to_broker=leader_id, message=AppendEntriesReply(
             replica_id=self.replica_id, leader_epoch=self.leader_epoch, error=error,
             log_end_offset=self.log_end_offset, flushed_offset=self.flushed_offset,
             match_offset=min(self._push_match, self.log_end_offset), last_epoch=self.last_epoch,

@@ -6,6 +6,7 @@ nothing but numbers; `from_info` / `from_topic_config` convert from the image.
 from __future__ import annotations
 
 import dataclasses
+import enum
 from collections.abc import Iterable
 from typing import Protocol
 
@@ -115,3 +116,11 @@ class ReplicationConfig:
                    durability=config.durability,
                    replica_lag_time_max_ms=config.replica_lag_time_max_ms,
                    replication_mode=config.replication_mode)
+
+
+class Role(enum.Enum):
+    UNATTACHED = "unattached"
+    LEADER = "leader"
+    FOLLOWER = "follower"
+    ELECTION = "election"
+    STOPPED = "stopped"

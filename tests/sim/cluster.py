@@ -15,13 +15,17 @@ import random
 from common.batch import HEADER_SIZE, build_batch, iter_batches
 from common.errors import ErrorCode
 from common.metadata.config import TopicConfig
+from common.wire import messages as wire
+from dataplane.broker import codec
 from dataplane.log.memory import MemoryLog
 from dataplane.replica.actions import (
-    Append, Flush, ProposeIsr, RefreshMetadata, ReleaseProduce, ReportElection, Send, Truncate, TruncateFully,
+    Append, NoteAction, PersistAction, ProposeIsr, RefreshMetadata, ReleaseProduce, ReportElection, Send, Truncate,
+    TruncateFully,
 )
 from dataplane.replica.core import Replica, Role
+from dataplane.replica.perform import perform
 from dataplane.replica.events import (
-    CONSUMER_REPLICA_ID, FetchRequest, FetchResponse, FlushDone, IsrChangeRefused, NewMetadata, ProduceRequest,
+    CONSUMER_REPLICA_ID, AppendEntries, AppendEntriesReply, FetchRequest, FetchResponse, FlushDone, IsrChangeRefused, NewMetadata, ProduceRequest,
     Tick, WriteDone,
 )
 
@@ -55,6 +59,29 @@ class Heartbeat:
 @dataclasses.dataclass(frozen=True)
 class MetadataRequest:
     broker_id: int
+
+
+# Replication travels as the brokers' wire messages, translated by the broker's own codec
+# (dataplane/broker/codec.py). A fetch carries the request the fetcher remembers for its
+# answer (`asked`), as FetchSession's batch does: the wire answer does not repeat it.
+@dataclasses.dataclass(frozen=True)
+class WireFetch:
+    replica_id: int
+    asked: FetchRequest
+    partition: wire.FetchPartition
+
+
+@dataclasses.dataclass(frozen=True)
+class WireFetchAnswer:
+    asked: FetchRequest
+    partition: wire.FetchPartitionResponse
+
+
+TP = ("sim", 0)
+
+
+def wire_fetch(replica_id: int, request: FetchRequest) -> WireFetch:
+    return WireFetch(replica_id=replica_id, asked=request, partition=codec.fetch_to_wire(TP[1], request))
 
 
 class SimNode:
@@ -94,6 +121,60 @@ class SimNode:
             self.copies[ident] -= 1
             if self.copies[ident] <= 1:
                 self.doubled.discard(ident)
+
+
+class NodeEffects:
+    """One node's effects for `perform` (dataplane/replica/perform.py): the simulated disk,
+    network and clients instead of the broker's coalescer, sockets and futures."""
+
+    def __init__(self, sim: "Simulation", node: SimNode, asked: FetchRequest | None) -> None:
+        self.sim, self.node, self.asked = sim, node, asked
+
+    def persisted(self, action: PersistAction, previous_end: int) -> None:
+        self.sim._persisted(self.node, action)
+
+    def flush(self, up_to: int) -> None:
+        sim, node = self.sim, self.node
+        sim._at(sim.now_ms + sim.disk_rng.randint(1, FLUSH_MS_MAX), "flush_done", (node.node_id, node.incarnation))
+
+    def send_fetch(self, leader_id: int, request: FetchRequest) -> None:
+        self.sim._send(self.node.node_id, leader_id, wire_fetch(self.node.node_id, request))
+
+    def send_append_entries(self, follower_id: int, message: AppendEntries) -> None:
+        self.sim._send(self.node.node_id, follower_id, codec.append_entries_to_wire(TP, follower_id, message))
+
+    def propose_isr(self, proposal: ProposeIsr) -> None:
+        self.sim._trace_node("ProposeIsr", self.node, new_isr=list(proposal.new_isr))
+        self.sim._send(self.node.node_id, CONTROLLER_ID, proposal)
+
+    def report_election(self, report: ReportElection) -> None:
+        self.sim._trace_node("ReportElection", self.node, fenced_epoch=report.fenced_epoch,
+                             last_epoch=report.last_epoch, end_offset=report.end_offset)
+        self.sim._send(self.node.node_id, CONTROLLER_ID, report)
+
+    def answer(self, answer: Send) -> None:
+        to = CLIENT_ID if answer.to_broker == CONSUMER_REPLICA_ID else answer.to_broker
+        message = answer.message
+        if isinstance(message, AppendEntriesReply):
+            self.sim._send(self.node.node_id, to, codec.append_reply_to_wire(TP, message))
+            return
+        assert isinstance(message, FetchResponse) and self.asked is not None, message
+        replica = self.node.replica
+        assert replica is not None
+        # The core's view of the leader stands in for the broker's metadata on an error.
+        leader = wire.LeaderIdAndEpoch(leader_id=self.node.node_id, leader_epoch=replica.leader_epoch)
+        self.sim._send(self.node.node_id, to, WireFetchAnswer(asked=self.asked, partition=codec.fetch_answer_to_wire(
+            TP[1], message, log_start_offset=self.node.log.log_start_offset, leader_if_error=leader)))
+
+    def release(self, release: ReleaseProduce) -> None:
+        self.sim._on_release(self.node, release)
+
+    def note(self, note: NoteAction) -> None:
+        if isinstance(note, RefreshMetadata):
+            self.sim._send(self.node.node_id, CONTROLLER_ID, MetadataRequest(self.node.node_id))
+
+    def written(self, done: WriteDone) -> None:
+        self.sim.step_node(self.node, done)
 
 
 @dataclasses.dataclass
@@ -201,7 +282,7 @@ class Simulation:
                                fetch_max_bytes=self.fetch_max_bytes,
                                fetch_timeout_ms=200, flush_debounce_ms=15, isr_proposal_retry_ms=200,
                                election_report_retry_ms=200, unreplicated_bytes_max=self.unreplicated_bytes_max, push_capable=True,
-                               unclean_start=unclean)
+                               unclean_start=unclean, check_invariants=True)
         self._send(node.node_id, CONTROLLER_ID, Heartbeat(node.node_id, f"{node.node_id}-{node.incarnation}"))
         self._send(CONTROLLER_ID, node.node_id, self._metadata())
 
@@ -214,7 +295,9 @@ class Simulation:
 
     # ------------------------------------------------------------ stepping
 
-    def step_node(self, node: SimNode, event) -> None:
+    def step_node(self, node: SimNode, event, asked: FetchRequest | None = None) -> None:
+        """Step `event` into the node's core and perform the Ready; `asked`: the fetch
+        request being answered, when `event` came as one (its answer echoes it)."""
         if node.replica is None:
             return
         self.dirty = True
@@ -226,51 +309,23 @@ class Simulation:
             self._trace_node("Flush", node, previous=flushed_before)
         if self.trace is not None and node.replica.high_watermark != hw_before:
             self._trace_node("AdvanceHighWatermark", node, previous=hw_before)
-        written: list[int] = []
-        for action in ready.persist:
-            if isinstance(action, Append):
-                self._apply_append(node, action)
-                written.append(action.last_offset)
-            elif isinstance(action, Truncate):
-                node.log.truncate_to(action.offset)
-                assert node.log.log_end_offset == action.offset
-                node.shadow_truncate(action.offset)
-                self.checker.on_truncate(node)
-                self._trace_node("Truncate", node, offset=action.offset)
-            elif isinstance(action, TruncateFully):
-                # The sim applies no retention, so a leader's log always starts at 0 and this
-                # never comes; performed anyway as the broker does, untraced.
-                node.log.truncate_fully_and_start_at(action.offset)
-                node.shadow_truncate(0)
-                self.checker.on_truncate(node)
-            elif isinstance(action, Flush):
-                self._at(self.now_ms + self.disk_rng.randint(1, FLUSH_MS_MAX), "flush_done", (node.node_id, node.incarnation))
-        for action in ready.send:
-            if isinstance(action, Send):
-                to = CLIENT_ID if action.to_broker == CONSUMER_REPLICA_ID else action.to_broker
-                self._send(node.node_id, to, action.message)
-            elif isinstance(action, ProposeIsr):
-                self._trace_node("ProposeIsr", node, new_isr=list(action.new_isr))
-                self._send(node.node_id, CONTROLLER_ID, action)
-            elif isinstance(action, ReportElection):
-                self._trace_node("ReportElection", node, fenced_epoch=action.fenced_epoch,
-                                 last_epoch=action.last_epoch, end_offset=action.end_offset)
-                self._send(node.node_id, CONTROLLER_ID, action)
-        for action in ready.release:
-            self._on_release(node, action)
-        for action in ready.notes:
-            if isinstance(action, RefreshMetadata):
-                self._send(node.node_id, CONTROLLER_ID, MetadataRequest(node.node_id))
-        if written:
-            self.step_node(node, WriteDone(last_offset=written[-1]))
+        # The broker's own executor: persist on the log, send, answer, release, WriteDone.
+        perform(ready, node.log, NodeEffects(self, node, asked))
 
-    def _apply_append(self, node: SimNode, action: Append) -> None:
-        log = node.log
-        if action.as_leader:
-            info = log.append_as_leader(action.records, leader_epoch=action.leader_epoch)
-        else:
-            info = log.append_as_follower(action.records)
-        assert (info.base_offset, info.last_offset) == (action.base_offset, action.last_offset), (info, action)
+    def _persisted(self, node: SimNode, action: PersistAction) -> None:
+        if isinstance(action, Append):
+            self._shadow_append(node, action)
+        elif isinstance(action, Truncate):
+            node.shadow_truncate(action.offset)
+            self.checker.on_truncate(node)
+            self._trace_node("Truncate", node, offset=action.offset)
+        elif isinstance(action, TruncateFully):
+            # The sim applies no retention, so a leader's log always starts at 0 and this
+            # never comes; performed anyway as the broker does, untraced.
+            node.shadow_truncate(0)
+            self.checker.on_truncate(node)
+
+    def _shadow_append(self, node: SimNode, action: Append) -> None:
         base = action.base_offset
         batches = []  # [base, next, epoch] per batch, for the trace
         for pos, h in iter_batches(action.records, validate=False):
@@ -304,6 +359,21 @@ class Simulation:
         else:
             req["error"] = release.error
         req["released_ms"] = self.now_ms
+
+    def _receive(self, src: int, node: SimNode, msg) -> None:
+        """A message from the network: wire messages through the broker's codec, the rest as is."""
+        if isinstance(msg, WireFetch):
+            request = codec.fetch_from_wire(msg.replica_id, TP, msg.partition,
+                                            max_bytes=msg.partition.partition_max_bytes)
+            self.step_node(node, request, asked=msg.asked)
+        elif isinstance(msg, WireFetchAnswer):
+            self.step_node(node, codec.fetch_answer_from_wire(src, msg.asked, msg.partition, TP))
+        elif isinstance(msg, wire.AppendEntriesRequest):
+            self.step_node(node, codec.append_entries_from_wire(msg))
+        elif isinstance(msg, wire.AppendEntriesResponse):
+            self.step_node(node, codec.append_reply_from_wire(msg))
+        else:
+            self.step_node(node, msg)
 
     def _consumed(self, src: int, resp: FetchResponse) -> None:
         if resp.error is not ErrorCode.NONE or not resp.records:
@@ -340,9 +410,9 @@ class Simulation:
             if dst == CONTROLLER_ID:
                 self._controller_message(src, msg)
             elif dst in self.nodes:
-                self.step_node(self.nodes[dst], msg)
-            elif dst == CLIENT_ID and isinstance(msg, FetchResponse):
-                self._consumed(src, msg)
+                self._receive(src, self.nodes[dst], msg)
+            elif dst == CLIENT_ID and isinstance(msg, WireFetchAnswer):
+                self._consumed(src, codec.fetch_answer_from_wire(src, msg.asked, msg.partition, TP))
         elif kind == "tick":
             node = self.nodes[arg]
             self.step_node(node, Tick(now_ms=now))
@@ -373,7 +443,8 @@ class Simulation:
             leader = self.controller.leader()
             if leader is not None:
                 offset = self.rng.randint(0, max(self.checker.committed_end(), 0))
-                self._send(CLIENT_ID, leader, FetchRequest(replica_id=CONSUMER_REPLICA_ID, fetch_offset=offset))
+                self._send(CLIENT_ID, leader, wire_fetch(CONSUMER_REPLICA_ID,
+                                                         FetchRequest(replica_id=CONSUMER_REPLICA_ID, fetch_offset=offset)))
             self._at(now + self.rng.randint(20, 80), "consume", None)
         elif kind == "produce":
             if now < self.safety_ms + self.liveness_ms - QUIET_MS:
