@@ -258,19 +258,18 @@ def test_produce_on_a_full_disk_gets_storage_error_the_partition_reopens_when_sp
         fs = FakeFs(free=50 << 20)
         s = use_fs(driver.directory, fs)
         await until(lambda: driver.replica.epoch_durable, "the leader serving", driver)
-        first = await asyncio.wait_for(driver.submit_produce(batch(b"kept"), acks=-1, timeout_ms=5000,
-                                                             record_count=1), 5)
+        first = await asyncio.wait_for(driver.submit_produce(batch(b"kept"), acks=-1, timeout_ms=5000), 5)
         assert first.error is ErrorCode.NONE
         # The disk fills between the last look at statvfs and this append.
         monkeypatch.setattr(os, "pwrite", _failing_pwrite(os.pwrite))
         with pytest.raises(PartitionOfflineError) as err:
-            driver.submit_produce(batch(b"lost"), acks=-1, timeout_ms=5000, record_count=1)
+            driver.submit_produce(batch(b"lost"), acks=-1, timeout_ms=5000)
         assert err.value.code is ErrorCode.KAFKA_STORAGE_ERROR and driver.failed and "disk full" in driver.failed
         monkeypatch.undo()
         fs.free = 0
         assert s.full
         with pytest.raises(StorageError, match="t-0 is offline") as err2:
-            driver.submit_produce(batch(b"refused"), acks=-1, timeout_ms=5000, record_count=1)
+            driver.submit_produce(batch(b"refused"), acks=-1, timeout_ms=5000)
         assert err2.value.code is ErrorCode.KAFKA_STORAGE_ERROR
         recovery = OfflineRecovery(manager, lambda: image, data_dir=manager.config.data_dir, retry_ms=1)
         assert await recovery.pass_once() == 0, "no room yet: nothing reopened"
@@ -289,8 +288,7 @@ def test_produce_on_a_full_disk_gets_storage_error_the_partition_reopens_when_sp
         apply(image, [change(image.partition("t", 0), leader=1, reason="test")])
         await manager.on_metadata(image)
         await until(lambda: reopened.is_leader and reopened.replica.epoch_durable, "leading again", reopened)
-        release = await asyncio.wait_for(reopened.submit_produce(batch(b"back"), acks=-1, timeout_ms=5000,
-                                                                 record_count=1), 5)
+        release = await asyncio.wait_for(reopened.submit_produce(batch(b"back"), acks=-1, timeout_ms=5000), 5)
         assert release.error is ErrorCode.NONE
         await manager.close()
         return reopened
@@ -332,7 +330,7 @@ def test_becoming_leader_on_a_full_disk_goes_offline_then_leads_after_reopen(tmp
         assert driver is not None and driver.failed is not None and "disk full" in driver.failed
         fs.free = 0
         with pytest.raises(PartitionOfflineError):
-            driver.submit_produce(batch(b"x"), acks=-1, timeout_ms=1000, record_count=1)
+            driver.submit_produce(batch(b"x"), acks=-1, timeout_ms=1000)
         monkeypatch.undo()
         recovery = OfflineRecovery(manager, lambda: image, data_dir=manager.config.data_dir, retry_ms=1)
         assert await recovery.pass_once() == 0  # still full (the failure said so)
@@ -342,8 +340,7 @@ def test_becoming_leader_on_a_full_disk_goes_offline_then_leads_after_reopen(tmp
         reopened = manager.get("t", 0)
         assert reopened is not None
         await until(lambda: reopened.is_leader and reopened.replica.epoch_durable, "leading again", reopened)
-        release = await asyncio.wait_for(reopened.submit_produce(batch(b"back"), acks=-1, timeout_ms=5000,
-                                                                 record_count=1), 5)
+        release = await asyncio.wait_for(reopened.submit_produce(batch(b"back"), acks=-1, timeout_ms=5000), 5)
         assert release.error is ErrorCode.NONE
         await manager.close()
 
@@ -382,13 +379,11 @@ def test_flush_enospc_fails_waiting_producers_with_storage_error_and_the_partiti
         driver = manager.get("t", 0)
         assert driver is not None
         await until(lambda: driver.replica.epoch_durable, "the leader serving", driver)
-        ok = await asyncio.wait_for(driver.submit_produce(batch(b"durable"), acks=-1, timeout_ms=5000,
-                                                          record_count=1), 5)
+        ok = await asyncio.wait_for(driver.submit_produce(batch(b"durable"), acks=-1, timeout_ms=5000), 5)
         assert ok.error is ErrorCode.NONE
         real_fsync = os.fsync
         monkeypatch.setattr(os, "fsync", enospc)
-        release = await asyncio.wait_for(driver.submit_produce(batch(b"unflushed"), acks=-1, timeout_ms=5000,
-                                                               record_count=1), 5)
+        release = await asyncio.wait_for(driver.submit_produce(batch(b"unflushed"), acks=-1, timeout_ms=5000), 5)
         assert release.error is ErrorCode.KAFKA_STORAGE_ERROR
         assert driver.failed is not None and "disk full" in driver.failed
         monkeypatch.setattr(os, "fsync", real_fsync)
