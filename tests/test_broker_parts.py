@@ -60,7 +60,7 @@ class FakeControl:
         first_id, size = self.blocks.pop(0)
         return ProducerIdsAnswer(broker_id=request.broker_id, first_id=first_id, size=size)
 
-    async def fetch_metadata(self, *, after_offset: int, max_wait_ms: int) -> MetadataBatch:
+    async def fetch_metadata(self, *, after_offset: int, wait_ms_max: int) -> MetadataBatch:
         self.asked_after.append(after_offset)
         if not self.batches:
             await asyncio.sleep(3600)

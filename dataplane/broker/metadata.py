@@ -133,7 +133,7 @@ class MetadataLearner:
         """One long-poll, cut short by refresh_soon(); None when cut short."""
         self._wake.clear()
         fetch = asyncio.ensure_future(self.control.fetch_metadata(after_offset=self.image.offset,
-                                                                   max_wait_ms=wait_ms))
+                                                                   wait_ms_max=wait_ms))
         if fetch.done() or wait_ms == 0:
             return await fetch
         woke = asyncio.ensure_future(self._wake.wait())
