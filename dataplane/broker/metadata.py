@@ -21,6 +21,7 @@ import os
 from typing import Awaitable, Callable
 
 from common.control_client import ControlClient
+from common.durable import write_atomically
 from common.errors import BiplaneError
 from common.metadata.errors import RecordRejected
 from common.metadata.image import MetadataImage
@@ -72,21 +73,14 @@ class MetadataLearner:
             return MetadataImage()
 
     def _save(self) -> None:
-        tmp = self.path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(self.image.to_dict(), f)
-        os.replace(tmp, self.path)
+        write_atomically(self.path, json.dumps(self.image.to_dict()).encode())
 
     def _save_or_report(self) -> bool:
         """Save the image; on an I/O error report it (once per condition) and return False."""
         try:
             self._save()
         except OSError as exc:
-            self.save_failures += 1
-            try:
-                os.unlink(self.path + ".tmp")
-            except OSError:
-                pass
+            self.save_failures += 1  # write_atomically removed its temporary file
             if space.is_disk_full(exc):
                 space.note_full_at(os.path.dirname(self.path) or ".", f"saving {self.path}")
             if self.save_failed is None:
