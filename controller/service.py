@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Callable, Protocol
 
 from common.errors import BiplaneError, ErrorCode
 from common.metadata import MetadataImage, Record, RecordRejected, dump_record
+from common.tasks import cancel_and_wait
 from common.usage import BrokerUsage
 from controller.core import ControllerCore, Event, Step, Tick
 from controller.decisions import LeaderSettings
@@ -190,15 +191,12 @@ class ControllerService:
         if self._stopped:
             return
         self._stopped = True
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        errors = await cancel_and_wait(self._task)
         self._untrust("controller is shutting down")
         if self.raft is not None:
             await asyncio.to_thread(self.raft.stop)
+        if errors:
+            raise errors[0]  # the timer failed: say so, after closing the rest
 
     # ------------------------------------------------------------ roles
 

@@ -24,6 +24,7 @@ from typing import Any
 from aiohttp import web
 
 from common.errors import BiplaneError, ErrorCode, InvalidRequestError
+from common.tasks import cancel_and_wait
 from common.usage import BrokerUsage
 from controller.snapshots import SnapshotInfo, SnapshotStore, rows_from_image
 
@@ -97,12 +98,9 @@ class Snapshotter:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+        errors = await cancel_and_wait(task)
+        if errors:
+            raise errors[0]  # the snapshot loop had failed
 
     async def _run(self) -> None:
         started_ms = self._clock_ms()

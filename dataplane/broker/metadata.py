@@ -26,6 +26,7 @@ from common.errors import BiplaneError
 from common.metadata.errors import RecordRejected
 from common.metadata.image import MetadataImage
 from common.metadata.records import parse_record
+from common.tasks import cancel_and_wait
 from dataplane.log import space
 
 log = logging.getLogger("biplane.broker.metadata")
@@ -133,15 +134,15 @@ class MetadataLearner:
         woke = asyncio.ensure_future(self._wake.wait())
         try:
             await asyncio.wait({fetch, woke}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            woke.cancel()
+        except BaseException:
+            await cancel_and_wait(fetch, woke)  # run() stopped mid-poll: neither outlives it
+            raise
+        await cancel_and_wait(woke)
         if fetch.done():
             return fetch.result()
-        fetch.cancel()
-        try:
-            await fetch
-        except (asyncio.CancelledError, BiplaneError):
-            pass
+        for error in await cancel_and_wait(fetch):  # cut short by refresh_soon()
+            if not isinstance(error, BiplaneError):
+                raise error
         return None
 
     def _apply(self, batch) -> bool:
