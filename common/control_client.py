@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import aiohttp
 from pydantic import BaseModel, ValidationError
 
-from common.errors import BiplaneError, ErrorCode
+from common.errors import BiplaneError, ControllerError, ErrorCode
 from common.requests import (
     AllocateProducerIdsRequest,
     AlterIsrAnswer,
@@ -142,14 +142,6 @@ class ControlClient:
                 await asyncio.sleep(self.retry_backoff_ms / 1000)
         raise BiplaneError(f"no controller leader answered after {self.attempts_max} attempts "
                            f"({last_error})", code=ErrorCode.NOT_CONTROLLER)
-
-
-class ControllerError(BiplaneError):
-    """The controller refused a request; `field` names the request field it blames, if any."""
-
-    def __init__(self, message: str, *, code: ErrorCode | None = None, field: str | None = None) -> None:
-        super().__init__(message, code=code)
-        self.field = field
 
 
 def _error_of(error: dict[str, Any], status: int) -> ControllerError:

@@ -308,6 +308,36 @@ class OffsetMismatchError(InvalidRequestError):
         self.actual_offset = actual_offset
 
 
+# ------------------------------------------------------------ the controller
+
+
+class NotControllerError(BiplaneError):
+    """This node cannot decide now: it is not the trusted leader. Retry at `leader`."""
+
+    code = ErrorCode.NOT_CONTROLLER
+    leader: object | None = None  # the leader's ControllerNode (controller/service.py) when known
+
+
+class CommitFailedError(BiplaneError):
+    """A proposal did not commit here; it may or may not take effect under the next leader.
+
+    The outcome is unknown, like a timeout: the caller should check, then retry."""
+
+    code = ErrorCode.REQUEST_TIMED_OUT
+
+
+class NotSnapshotLeaderError(BiplaneError):
+    code = ErrorCode.NOT_CONTROLLER
+
+
+class ControllerError(BiplaneError):
+    """The controller refused a request; `field` names the request field it blames, if any."""
+
+    def __init__(self, message: str, *, code: ErrorCode | None = None, field: str | None = None) -> None:
+        super().__init__(message, code=code)
+        self.field = field
+
+
 # ---------------------------------------------------------------- the client SDK
 
 

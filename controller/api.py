@@ -24,7 +24,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from common import api_models
-from common.errors import BiplaneError, ErrorCode
+from common.errors import BiplaneError, ErrorCode, NotControllerError
 from common.metadata import MetadataImage, PartitionChange, validate_topic_name
 from common.metadata.errors import UnknownTopicOrPartitionError
 from common.requests import (
@@ -35,7 +35,7 @@ from common.requests import (
 )
 from controller import core, rpc, views
 from controller.http_edge import EarlyResponse, error_from_exception, error_response, read_model
-from controller.service import ControllerService, NotControllerError
+from controller.service import ControllerService
 
 log = logging.getLogger("biplane.controller.api")
 

@@ -24,7 +24,7 @@ from typing import Awaitable, Callable
 
 from aiohttp import web
 
-from common.errors import BiplaneError, ErrorCode
+from common.errors import BiplaneError, ErrorCode, NotControllerError
 from common.metadata import ProducerIdBlock
 from common.requests import (
     AllocateProducerIdsRequest,
@@ -42,7 +42,7 @@ from common.requests import (
 )
 from controller import core
 from controller.http_edge import EarlyResponse, answer, error_from_exception, error_response, read_model
-from controller.service import ControllerService, NotControllerError
+from controller.service import ControllerService
 from controller.views import partition_view
 
 log = logging.getLogger("biplane.controller.rpc")

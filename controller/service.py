@@ -27,7 +27,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Callable, Protocol
 
-from common.errors import BiplaneError, ErrorCode
+from common.errors import CommitFailedError, NotControllerError
 from common.metadata import MetadataImage, Record, RecordRejected, dump_record
 from common.tasks import cancel_and_wait
 from common.usage import BrokerUsage
@@ -39,21 +39,6 @@ if TYPE_CHECKING:
     from controller.views import LatencyStats
 
 log = logging.getLogger("biplane.controller")
-
-
-class NotControllerError(BiplaneError):
-    """This node cannot decide now: it is not the trusted leader. Retry at `leader`."""
-
-    code = ErrorCode.NOT_CONTROLLER
-    leader: ControllerNode | None = None
-
-
-class CommitFailedError(BiplaneError):
-    """A proposal did not commit here; it may or may not take effect under the next leader.
-
-    The outcome is unknown, like a timeout: the caller should check, then retry."""
-
-    code = ErrorCode.REQUEST_TIMED_OUT
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
