@@ -24,9 +24,8 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from common import api_models
-from common.errors import BiplaneError, ErrorCode, NotControllerError
+from common.errors import BiplaneError, ErrorCode, NotControllerError, UnknownTopicOrPartitionError
 from common.metadata import MetadataImage, PartitionChange, validate_topic_name
-from common.metadata.errors import UnknownTopicOrPartitionError
 from common.requests import (
     AlterConfigRequest,
     CreateTopicRequest,

@@ -13,8 +13,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
-from common.errors import BiplaneError, ErrorCode
-from common.metadata.errors import InvalidFieldError
+from common.errors import BiplaneError, ErrorCode, InvalidFieldError
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 

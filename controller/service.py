@@ -27,8 +27,8 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Callable, Protocol
 
-from common.errors import CommitFailedError, NotControllerError
-from common.metadata import MetadataImage, Record, RecordRejected, dump_record
+from common.errors import CommitFailedError, NotControllerError, RecordRejected
+from common.metadata import MetadataImage, Record, dump_record
 from common.tasks import cancel_and_wait
 from common.usage import BrokerUsage
 from controller.core import ControllerCore, Event, Step, Tick

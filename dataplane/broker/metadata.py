@@ -22,8 +22,7 @@ from typing import Awaitable, Callable
 
 from common.control_client import ControlClient
 from common.durable import write_atomically
-from common.errors import BiplaneError
-from common.metadata.errors import RecordRejected
+from common.errors import BiplaneError, RecordRejected
 from common.metadata.image import MetadataImage
 from common.metadata.records import parse_record
 from common.tasks import cancel_and_wait
