@@ -148,7 +148,7 @@ def _error_of(error: dict[str, Any], status: int) -> ControllerError:
     name = error.get("code", "UNKNOWN")
     code = ErrorCode.__members__.get(name, ErrorCode.UNKNOWN)
     return ControllerError(error.get("message", f"controller answered HTTP {status}"), code=code,
-                           field=error.get("field"))
+                           field=error.get("field"), code_name=name)
 
 
 def _parse(model: type[AnswerT], call: str, doc: Any) -> AnswerT:

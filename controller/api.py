@@ -219,11 +219,11 @@ def make_middleware(admin_token: str):
             if path not in _PUBLIC_PATHS:
                 token = _bearer(request)
                 if token is None:
-                    return error_response(401, ErrorCode.UNAUTHORIZED,
+                    return error_response(401, "UNAUTHORIZED",
                                           "missing bearer token: send 'Authorization: Bearer <admin token>'",
                                           headers={"WWW-Authenticate": "Bearer"})
                 if not hmac.compare_digest(token.encode(), admin_token.encode()):
-                    return error_response(401, ErrorCode.UNAUTHORIZED, "bad bearer token",
+                    return error_response(401, "UNAUTHORIZED", "bad bearer token",
                                           headers={"WWW-Authenticate": "Bearer"})
             route_info = request.match_info.route
             writes = getattr(route_info.handler, "writes", False) or getattr(route_info.handler, "leader_only", False)

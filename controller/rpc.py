@@ -70,7 +70,7 @@ def add_rpc_routes(app: web.Application, service: ControllerService, *, cluster_
             if secret is not None:
                 given = request.headers.get(SECRET_HEADER, "").encode()
                 if not hmac.compare_digest(given, secret):
-                    return error_response(401, ErrorCode.UNAUTHORIZED,
+                    return error_response(401, "UNAUTHORIZED",
                                           f"missing or bad cluster secret in {SECRET_HEADER}")
             if not service.is_leader:
                 return not_leader(service)

@@ -262,5 +262,5 @@ def test_control_client_speaks_the_rpc_and_raises_the_controllers_codes(cluster)
         async with ControlClient([c.spec.api_url], secret="wrong", attempts_max=2) as bad:
             with pytest.raises(BiplaneError) as info:
                 await bad.allocate_producer_ids(AllocateProducerIdsRequest(broker_id=9, count=1))
-            assert info.value.code.name == "UNAUTHORIZED"
+            assert info.value.code_name == "UNAUTHORIZED"  # an HTTP-only answer: not an ErrorCode
     asyncio.run(run())
