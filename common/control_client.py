@@ -3,7 +3,7 @@
     async with ControlClient(["http://c1:8080", "http://c2:8080"], secret=s) as cc:
         await cc.register(RegisterBrokerRequest(...))
         beat = await cc.heartbeat(HeartbeatRequest(...))      # a HeartbeatAnswer: beat.fenced
-        batch = await cc.fetch_metadata(after_offset=41, max_wait_ms=500)
+        batch = await cc.fetch_metadata(after_offset=41, wait_ms_max=500)
 
 Every answer is parsed into its model from `common/requests.py`, the same one the
 controller answers with (`controller/rpc.py`); an answer that does not fit is a
@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import aiohttp
 from pydantic import BaseModel, ValidationError
 
-from common.errors import BiplaneError, ErrorCode
+from common.errors import BiplaneError, ControllerError, ErrorCode
 from common.requests import (
     AllocateProducerIdsRequest,
     AlterIsrAnswer,
@@ -98,9 +98,10 @@ class ControlClient:
         return _parse(ProducerIdsAnswer, "allocate-producer-ids",
                       await self._call("POST", "allocate-producer-ids", request))
 
-    async def fetch_metadata(self, *, after_offset: int, max_wait_ms: int) -> MetadataBatch:
-        doc = await self._call("GET", f"metadata?after_offset={after_offset}&max_wait_ms={max_wait_ms}", None,
-                               extra_timeout_ms=max_wait_ms)
+    async def fetch_metadata(self, *, after_offset: int, wait_ms_max: int) -> MetadataBatch:
+        # The query parameter keeps its wire name, max_wait_ms.
+        doc = await self._call("GET", f"metadata?after_offset={after_offset}&max_wait_ms={wait_ms_max}", None,
+                               extra_timeout_ms=wait_ms_max)
         answer = _parse(MetadataAnswer, "metadata", doc)
         if answer.image is not None:
             return MetadataBatch(offset=answer.offset, image=answer.image)
@@ -143,19 +144,11 @@ class ControlClient:
                            f"({last_error})", code=ErrorCode.NOT_CONTROLLER)
 
 
-class ControllerError(BiplaneError):
-    """The controller refused a request; `field` names the request field it blames, if any."""
-
-    def __init__(self, message: str, *, code: ErrorCode | None = None, field: str | None = None) -> None:
-        super().__init__(message, code=code)
-        self.field = field
-
-
 def _error_of(error: dict[str, Any], status: int) -> ControllerError:
     name = error.get("code", "UNKNOWN")
     code = ErrorCode.__members__.get(name, ErrorCode.UNKNOWN)
     return ControllerError(error.get("message", f"controller answered HTTP {status}"), code=code,
-                           field=error.get("field"))
+                           field=error.get("field"), code_name=name)
 
 
 def _parse(model: type[AnswerT], call: str, doc: Any) -> AnswerT:

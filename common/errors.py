@@ -6,7 +6,7 @@ exception is a `BiplaneError` carrying a code, so a handler answers any of them
 the same way. The classes live here, in one hierarchy, and nowhere else: the
 SDK re-exports its part (`dataplane/client/errors.py`), the log and the wire
 re-export theirs. How an error looks over HTTP is the HTTP edge's business
-(`controller/api.py`, `http_status`), not the code's.
+(`controller/http_edge.py`, `http_status`), not the code's.
 
 Blame decides the class (docs/style.md#blame-decides-the-error): the caller's
 input (`InvalidRequestError`, `InvalidFieldError` naming the field), a stale
@@ -56,10 +56,8 @@ class ErrorCode(enum.IntEnum):
     INVALID_UPDATE_VERSION = 95  # stale partition epoch on an ISR change
     FENCED_INSTANCE = 82
     INELIGIBLE_REPLICA = 107
-    # The two below are HTTP answers of the admin API, not wire codes; they go once
-    # controller/api.py and controller/rpc.py send them as plain code names.
-    UNAUTHORIZED = 401
-    NOT_FOUND = 404
+    # HTTP-only answers of the admin API and the broker RPC ("UNAUTHORIZED", "NOT_FOUND")
+    # are not codes: the HTTP edge sends them as plain names (controller/http_edge.py).
 
     @property
     def retriable(self) -> bool:
@@ -306,6 +304,41 @@ class OffsetMismatchError(InvalidRequestError):
         super().__init__(message)
         self.expected_offset = expected_offset
         self.actual_offset = actual_offset
+
+
+# ------------------------------------------------------------ the controller
+
+
+class NotControllerError(BiplaneError):
+    """This node cannot decide now: it is not the trusted leader. Retry at `leader`."""
+
+    code = ErrorCode.NOT_CONTROLLER
+    leader: object | None = None  # the leader's ControllerNode (controller/service.py) when known
+
+
+class CommitFailedError(BiplaneError):
+    """A proposal did not commit here; it may or may not take effect under the next leader.
+
+    The outcome is unknown, like a timeout: the caller should check, then retry."""
+
+    code = ErrorCode.REQUEST_TIMED_OUT
+
+
+class NotSnapshotLeaderError(BiplaneError):
+    code = ErrorCode.NOT_CONTROLLER
+
+
+class ControllerError(BiplaneError):
+    """The controller refused a request; `field` names the request field it blames, if any.
+
+    `code_name` is the code as the controller named it: an ErrorCode's name, or an answer
+    only HTTP gives (e.g. UNAUTHORIZED), for which `code` is UNKNOWN."""
+
+    def __init__(self, message: str, *, code: ErrorCode | None = None, field: str | None = None,
+                 code_name: str | None = None) -> None:
+        super().__init__(message, code=code)
+        self.field = field
+        self.code_name = code_name if code_name is not None else self.code.name
 
 
 # ---------------------------------------------------------------- the client SDK

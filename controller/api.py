@@ -24,9 +24,8 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from common import api_models
-from common.errors import BiplaneError, ErrorCode
+from common.errors import BiplaneError, ErrorCode, NotControllerError, UnknownTopicOrPartitionError
 from common.metadata import MetadataImage, PartitionChange, validate_topic_name
-from common.metadata.errors import UnknownTopicOrPartitionError
 from common.requests import (
     AlterConfigRequest,
     CreateTopicRequest,
@@ -35,7 +34,7 @@ from common.requests import (
 )
 from controller import core, rpc, views
 from controller.http_edge import EarlyResponse, error_from_exception, error_response, read_model
-from controller.service import ControllerService, NotControllerError
+from controller.service import ControllerService
 
 log = logging.getLogger("biplane.controller.api")
 
@@ -220,11 +219,11 @@ def make_middleware(admin_token: str):
             if path not in _PUBLIC_PATHS:
                 token = _bearer(request)
                 if token is None:
-                    return error_response(401, ErrorCode.UNAUTHORIZED,
+                    return error_response(401, "UNAUTHORIZED",
                                           "missing bearer token: send 'Authorization: Bearer <admin token>'",
                                           headers={"WWW-Authenticate": "Bearer"})
                 if not hmac.compare_digest(token.encode(), admin_token.encode()):
-                    return error_response(401, ErrorCode.UNAUTHORIZED, "bad bearer token",
+                    return error_response(401, "UNAUTHORIZED", "bad bearer token",
                                           headers={"WWW-Authenticate": "Bearer"})
             route_info = request.match_info.route
             writes = getattr(route_info.handler, "writes", False) or getattr(route_info.handler, "leader_only", False)

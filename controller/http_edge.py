@@ -13,16 +13,13 @@ from typing import Any, TypeVar
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
-from common.errors import BiplaneError, ErrorCode
-from common.metadata.errors import InvalidFieldError
+from common.errors import BiplaneError, ErrorCode, InvalidFieldError
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
 _STATUS = {
     ErrorCode.TOPIC_ALREADY_EXISTS: 409,
     ErrorCode.UNKNOWN_TOPIC_OR_PARTITION: 404,
-    ErrorCode.NOT_FOUND: 404,
-    ErrorCode.UNAUTHORIZED: 401,
     ErrorCode.NOT_CONTROLLER: 503,
     ErrorCode.REQUEST_TIMED_OUT: 504,
     ErrorCode.STALE_BROKER_EPOCH: 409,
@@ -50,6 +47,8 @@ class EarlyResponse(Exception):
 
 def error_response(status: int, code: ErrorCode | str, message: str, *, field: str | None = None,
                    headers: dict | None = None, extra: dict | None = None) -> web.Response:
+    """An error answer. `code` is an ErrorCode, or the plain name of an answer that only HTTP
+    gives ("UNAUTHORIZED", "NOT_FOUND"): those are not wire codes and never retriable."""
     name = code.name if isinstance(code, ErrorCode) else code
     body: dict[str, Any] = {"code": name, "message": message,
                             "retriable": code.retriable if isinstance(code, ErrorCode) else False}

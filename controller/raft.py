@@ -295,7 +295,7 @@ class RaftNode:
         lo, hi = election_timeouts_s(priority=s.priority,
                                      priorities=list(self._priorities.values()) + [s.priority],
                                      base_min_s=s.election_timeout_ms_min / 1000,
-                                     base_max_s=s.election_timeout_ms_max / 1000)
+                                     base_s_max=s.election_timeout_ms_max / 1000)
         if not s.peer_addresses:
             # Nobody to compete with: become leader as soon as pysyncobj allows.
             lo, hi = 4 * s.heartbeat_ms / 1000, 5 * s.heartbeat_ms / 1000

@@ -14,7 +14,7 @@ DUMP_FORMAT = 1
 
 
 def election_timeouts_s(*, priority: int, priorities: list[int], base_min_s: float,
-                        base_max_s: float) -> tuple[float, float]:
+                        base_s_max: float) -> tuple[float, float]:
     """Raft election timeout range of a node: higher priority, earlier and disjoint band.
 
     With one priority level (all equal) every node draws from the base range,
@@ -24,11 +24,11 @@ def election_timeouts_s(*, priority: int, priorities: list[int], base_min_s: flo
     overlap, so the best priority still alive times out first and no
     lower-priority node splits its vote.
     """
-    if base_min_s <= 0 or base_max_s <= base_min_s:
-        raise ValueError(f"election timeout range [{base_min_s}, {base_max_s}] s is not a valid range")
+    if base_min_s <= 0 or base_s_max <= base_min_s:
+        raise ValueError(f"election timeout range [{base_min_s}, {base_s_max}] s is not a valid range")
     levels = sorted(set(priorities) | {priority}, reverse=True)
     if len(levels) == 1:
-        return base_min_s, base_max_s
+        return base_min_s, base_s_max
     rank = levels.index(priority)
     band = 0.5 * base_min_s / (len(levels) - 1)
     low = base_min_s * 0.5 + rank * band

@@ -24,7 +24,8 @@ import json
 import logging
 from typing import Any
 
-from common.metadata import MetadataImage, RecordRejected, dump_record, parse_record
+from common.errors import RecordRejected
+from common.metadata import MetadataImage, dump_record, parse_record
 
 log = logging.getLogger("biplane.controller.state")
 

@@ -24,7 +24,7 @@ from typing import Awaitable, Callable
 
 from aiohttp import web
 
-from common.errors import BiplaneError, ErrorCode
+from common.errors import BiplaneError, ErrorCode, NotControllerError
 from common.metadata import ProducerIdBlock
 from common.requests import (
     AllocateProducerIdsRequest,
@@ -42,7 +42,7 @@ from common.requests import (
 )
 from controller import core
 from controller.http_edge import EarlyResponse, answer, error_from_exception, error_response, read_model
-from controller.service import ControllerService, NotControllerError
+from controller.service import ControllerService
 from controller.views import partition_view
 
 log = logging.getLogger("biplane.controller.rpc")
@@ -70,7 +70,7 @@ def add_rpc_routes(app: web.Application, service: ControllerService, *, cluster_
             if secret is not None:
                 given = request.headers.get(SECRET_HEADER, "").encode()
                 if not hmac.compare_digest(given, secret):
-                    return error_response(401, ErrorCode.UNAUTHORIZED,
+                    return error_response(401, "UNAUTHORIZED",
                                           f"missing or bad cluster secret in {SECRET_HEADER}")
             if not service.is_leader:
                 return not_leader(service)

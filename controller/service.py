@@ -27,8 +27,9 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Callable, Protocol
 
-from common.errors import BiplaneError, ErrorCode
-from common.metadata import MetadataImage, Record, RecordRejected, dump_record
+from common.errors import CommitFailedError, NotControllerError, RecordRejected
+from common.metadata import MetadataImage, Record, dump_record
+from common.tasks import cancel_and_wait
 from common.usage import BrokerUsage
 from controller.core import ControllerCore, Event, Step, Tick
 from controller.decisions import LeaderSettings
@@ -38,21 +39,6 @@ if TYPE_CHECKING:
     from controller.views import LatencyStats
 
 log = logging.getLogger("biplane.controller")
-
-
-class NotControllerError(BiplaneError):
-    """This node cannot decide now: it is not the trusted leader. Retry at `leader`."""
-
-    code = ErrorCode.NOT_CONTROLLER
-    leader: ControllerNode | None = None
-
-
-class CommitFailedError(BiplaneError):
-    """A proposal did not commit here; it may or may not take effect under the next leader.
-
-    The outcome is unknown, like a timeout: the caller should check, then retry."""
-
-    code = ErrorCode.REQUEST_TIMED_OUT
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -190,15 +176,12 @@ class ControllerService:
         if self._stopped:
             return
         self._stopped = True
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        errors = await cancel_and_wait(self._task)
         self._untrust("controller is shutting down")
         if self.raft is not None:
             await asyncio.to_thread(self.raft.stop)
+        if errors:
+            raise errors[0]  # the timer failed: say so, after closing the rest
 
     # ------------------------------------------------------------ roles
 

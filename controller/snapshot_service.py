@@ -23,7 +23,8 @@ from typing import Any
 
 from aiohttp import web
 
-from common.errors import BiplaneError, ErrorCode, InvalidRequestError
+from common.errors import ErrorCode, InvalidRequestError, NotSnapshotLeaderError
+from common.tasks import cancel_and_wait
 from common.usage import BrokerUsage
 from controller.snapshots import SnapshotInfo, SnapshotStore, rows_from_image
 
@@ -40,10 +41,6 @@ def next_snapshot_due_ms(last_taken_ms: int | None, started_ms: int, snapshot_in
     """When the next periodic snapshot is due: one interval after the last one taken
     (periodic or on demand), or after start when none was taken yet."""
     return (started_ms if last_taken_ms is None else last_taken_ms) + snapshot_interval_ms
-
-
-class NotSnapshotLeaderError(BiplaneError):
-    code = ErrorCode.NOT_CONTROLLER
 
 
 class Snapshotter:
@@ -97,12 +94,9 @@ class Snapshotter:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+        errors = await cancel_and_wait(task)
+        if errors:
+            raise errors[0]  # the snapshot loop had failed
 
     async def _run(self) -> None:
         started_ms = self._clock_ms()

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import sqlite_utils
 
-from common.durable import fsync_dir, fsync_path
+from common.durable import fsync_dir, fsync_path, replace_durably
 from common.errors import InvalidRequestError
 from common.usage import BrokerUsage
 from controller.snapshot_schema import BROKER_TOTALS_SQL, FILE_NAME_RE, SCHEMA_VERSION, TABLES, TEMP_PREFIX, column_names
@@ -207,11 +207,10 @@ def write_snapshot_file(directory: Path, rows: SnapshotRows) -> Path:
         finally:
             db.close()
         fsync_path(temp)
-        os.replace(temp, final)
+        replace_durably(temp, final)  # renamed, then the directory fsynced
     except BaseException:
-        temp.unlink(missing_ok=True)
+        temp.unlink(missing_ok=True)  # gone already once renamed
         raise
-    fsync_dir(directory)
     return final
 
 

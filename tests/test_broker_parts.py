@@ -60,7 +60,7 @@ class FakeControl:
         first_id, size = self.blocks.pop(0)
         return ProducerIdsAnswer(broker_id=request.broker_id, first_id=first_id, size=size)
 
-    async def fetch_metadata(self, *, after_offset: int, max_wait_ms: int) -> MetadataBatch:
+    async def fetch_metadata(self, *, after_offset: int, wait_ms_max: int) -> MetadataBatch:
         self.asked_after.append(after_offset)
         if not self.batches:
             await asyncio.sleep(3600)
@@ -95,7 +95,8 @@ def test_learner_applies_in_order_saves_and_restarts_from_its_image(tmp_path):
         learner.add_listener(lambda image: seen.append(image.offset))
         task = asyncio.create_task(learner.run())
         for _ in range(100):
-            if learner.offset == 2:
+            # The image is saved (fsynced) before listeners hear of it: wait for both.
+            if learner.offset == 2 and seen[-1:] == [2]:
                 break
             await asyncio.sleep(0.01)
         task.cancel()

@@ -671,7 +671,7 @@ def test_records_waiting_for_a_producer_id_fail_by_delivery_timeout_not_closed()
 
 
 def test_a_refused_init_producer_id_fails_the_waiting_records_but_not_the_producer():
-    """A non-retriable answer (UNAUTHORIZED) fails the records waiting for an identity with that
+    """A non-retriable answer (INVALID_CONFIG) fails the records waiting for an identity with that
     error, as never sent; the producer asks again for the next ones and is not closed."""
     async def main():
         async with FakeBroker({"t": 1}) as broker:
@@ -679,9 +679,9 @@ def test_a_refused_init_producer_id_fails_the_waiting_records_but_not_the_produc
             async with Producer(bootstrap=broker.bootstrap, linger_ms=0, request_timeout_ms=100,
                                 retry_backoff_ms=20, max_block_ms=200) as producer:
                 refused = await producer.send("t", b"refused")
-                broker.init_errors.extend([ErrorCode.NOT_CONTROLLER, ErrorCode.UNAUTHORIZED])
+                broker.init_errors.extend([ErrorCode.NOT_CONTROLLER, ErrorCode.INVALID_CONFIG])
                 broker.init_answering.set()
-                with pytest.raises(Exception, match="UNAUTHORIZED") as caught:
+                with pytest.raises(Exception, match="INVALID_CONFIG") as caught:
                     await refused
                 assert not isinstance(caught.value, (ClientClosedError, DeliveryTimeoutError))
                 assert (await producer.send_and_wait("t", b"later")).offset == 0

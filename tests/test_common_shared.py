@@ -99,20 +99,30 @@ def test_cancel_and_wait_returns_after_every_finally_ran():
 
 
 def test_one_error_hierarchy_that_every_old_module_names():
-    """Claim: each error class is defined once, in common.errors; the metadata, log, wire and
-    SDK modules name the same classes, and there is one StaleEpochError."""
+    """Claim: each error class is defined once, in common.errors; the log, wire, SDK, control
+    client and controller modules name the same classes, and there is one StaleEpochError."""
+    import importlib.util
+
+    import common.control_client as control_client
     import common.errors as errors
-    import common.metadata.errors as metadata_errors
     import common.wire as wire
+    import controller.service as controller_service
+    import controller.snapshot_service as snapshot_service
     import dataplane.client as client
     import dataplane.client.errors as client_errors
     import dataplane.log as log
-    for module in (metadata_errors, client_errors, log, wire, client):
+    for module in (client_errors, log, wire, client):
         for name in dir(module):
             thing = getattr(module, name)
             if isinstance(thing, type) and issubclass(thing, BaseException) and name.endswith("Error"):
                 assert thing.__module__ == "common.errors" and getattr(errors, name) is thing, name
-    assert metadata_errors.StaleEpochError is log.StaleEpochError is errors.StaleEpochError
+    for module in (control_client, controller_service, snapshot_service):  # these also name pydantic's
+        for name in dir(module):
+            thing = getattr(module, name)
+            if isinstance(thing, type) and issubclass(thing, errors.BiplaneError):
+                assert thing.__module__ == "common.errors" and getattr(errors, name) is thing, name
+    assert log.StaleEpochError is errors.StaleEpochError
+    assert importlib.util.find_spec("common.metadata.errors") is None  # the old look-alike module is gone
 
 
 def test_stale_epoch_error_names_both_epochs_for_the_controller_and_the_log():

@@ -20,7 +20,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from common.metadata import MetadataImage, dump_record
-from common.metadata.errors import StaleBrokerError
+from common.errors import StaleBrokerError
 from common.requests import (
     AllocateProducerIdsRequest,
     AlterConfigRequest,

@@ -87,20 +87,20 @@ def test_dump_of_unknown_format_is_refused():
 
 
 def test_higher_priority_gets_an_earlier_disjoint_election_timeout_band():
-    bands = [election_timeouts_s(priority=p, priorities=[1, 5, 9], base_min_s=1.0, base_max_s=1.6)
+    bands = [election_timeouts_s(priority=p, priorities=[1, 5, 9], base_min_s=1.0, base_s_max=1.6)
              for p in (9, 5, 1)]
     assert bands == [(0.5, 0.75), (0.75, 1.0), (1.0, 1.25)]
     for (lo_hi, hi_hi), (lo_lo, _) in zip(bands, bands[1:]):
         assert lo_hi < hi_hi <= lo_lo
-    assert election_timeouts_s(priority=3, priorities=[3, 3], base_min_s=1.0, base_max_s=1.6) == (1.0, 1.6)
-    five = [election_timeouts_s(priority=p, priorities=[1, 2, 3, 4, 5], base_min_s=1.0, base_max_s=1.6)
+    assert election_timeouts_s(priority=3, priorities=[3, 3], base_min_s=1.0, base_s_max=1.6) == (1.0, 1.6)
+    five = [election_timeouts_s(priority=p, priorities=[1, 2, 3, 4, 5], base_min_s=1.0, base_s_max=1.6)
             for p in (5, 4, 3, 2, 1)]
     assert all(a[1] <= b[0] for a, b in zip(five, five[1:])) and all(lo < hi for lo, hi in five)
 
 
 def test_bad_timeout_range_is_refused():
     with pytest.raises(ValueError, match="election timeout"):
-        election_timeouts_s(priority=1, priorities=[1], base_min_s=2.0, base_max_s=1.0)
+        election_timeouts_s(priority=1, priorities=[1], base_min_s=2.0, base_s_max=1.0)
 
 
 def test_transfer_goes_to_highest_connected_priority_above_ours():

@@ -9,13 +9,13 @@ import json
 import pytest
 
 from common.metadata import NoOp
-from common.errors import TopicExistsError
+from common.errors import CommitFailedError, NotControllerError, TopicExistsError
 from common.requests import CreateTopicRequest, RegisterBrokerRequest
 from controller import decisions as d
 from controller.core import Step
 from controller.decisions import LeaderSettings
 from controller.replicated import MetadataStateMachine
-from controller.service import CommitFailedError, ControllerNode, ControllerService, NotControllerError
+from controller.service import ControllerNode, ControllerService
 
 
 @dataclasses.dataclass

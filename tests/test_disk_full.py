@@ -153,12 +153,12 @@ def test_producer_snapshot_enospc_is_a_storage_error_and_marks_the_disk_full(tmp
 
 
 class PollingControl(FakeControl):
-    """A long-poll with nothing new answers empty after max_wait_ms, as the controller does."""
+    """A long-poll with nothing new answers empty after wait_ms_max, as the controller does."""
 
-    async def fetch_metadata(self, *, after_offset: int, max_wait_ms: int) -> MetadataBatch:
+    async def fetch_metadata(self, *, after_offset: int, wait_ms_max: int) -> MetadataBatch:
         self.asked_after.append(after_offset)
         if not self.batches:
-            await asyncio.sleep(max_wait_ms / 1000)
+            await asyncio.sleep(wait_ms_max / 1000)
             return MetadataBatch(offset=after_offset, records=())
         return self.batches.pop(0)
 

@@ -275,7 +275,7 @@ def test_a_batch_waiting_for_an_id_fails_by_its_own_delivery_timeout_as_never_se
 
 
 def test_a_refused_id_request_fails_waiting_batches_and_a_fatal_one_stops_asking():
-    """Not retriable (UNAUTHORIZED): the batches waiting for numbers fail with it, as never
+    """Not retriable (INVALID_CONFIG): the batches waiting for numbers fail with it, as never
     sent, and the request goes again after the backoff for later ones. Fatal (fenced): the
     same, and the core asks no more."""
     c: ProducerCore = ProducerCore(retry_backoff_ms=10, delivery_timeout_ms=1000)
@@ -283,9 +283,9 @@ def test_a_refused_id_request_fails_waiting_batches_and_a_fatal_one_stops_asking
     send(c, "a")
     c.answered("a", error=ErrorCode.OUT_OF_ORDER_SEQUENCE, base_offset=-1, now_ms=1)
     c.id_request_sent(1)
-    (fail,) = c.id_request_failed(error=ErrorCode.UNAUTHORIZED, now_ms=2)
-    assert isinstance(fail, Fail) and fail.batch == "a" and fail.error == ErrorCode.UNAUTHORIZED
-    assert not fail.outcome_unknown and "InitProducerId answered UNAUTHORIZED" in fail.reason
+    (fail,) = c.id_request_failed(error=ErrorCode.INVALID_CONFIG, now_ms=2)
+    assert isinstance(fail, Fail) and fail.batch == "a" and fail.error == ErrorCode.INVALID_CONFIG
+    assert not fail.outcome_unknown and "InitProducerId answered INVALID_CONFIG" in fail.reason
     assert c.outstanding(TP) == 0 and c.fatal_error is None and c.id_request_due(12)
     c.id_request_sent(12)
     assert c.id_request_failed(error=ErrorCode.INVALID_PRODUCER_EPOCH, now_ms=13) == []

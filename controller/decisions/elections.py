@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
+from common.epochs import EpochCheck, check_epoch
 from common.metadata.image import MetadataImage, PartitionInfo
 from common.metadata.records import PartitionChange, Record
 from common.requests import ElectionReport
@@ -98,7 +99,7 @@ class QuorumElectionTracker:
             return f"unknown partition {report.topic}-{report.partition}"
         if not p.fenced_for_election:
             return f"{report.topic}-{report.partition} is not waiting for an election"
-        if report.fenced_epoch != p.leader_epoch:
+        if check_epoch(theirs=report.fenced_epoch, ours=p.leader_epoch) is not EpochCheck.CURRENT:
             return (f"report for fenced epoch {report.fenced_epoch}, election is at "
                     f"{p.leader_epoch}")
         if report.broker_id not in p.replicas:

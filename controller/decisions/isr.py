@@ -8,8 +8,9 @@ changes too: there the ISR is for monitoring (and names the reporters' peers).
 """
 from __future__ import annotations
 
-from common.errors import ErrorCode
-from common.metadata.errors import (
+from common.epochs import EpochCheck, check_epoch, leader_epoch_error
+from common.errors import (
+    ErrorCode,
     IneligibleReplicaError,
     InvalidFieldError,
     NotLeaderError,
@@ -25,14 +26,13 @@ def alter_isr(image: MetadataImage, request: AlterIsrRequest) -> list[Record]:
     """The record for an accepted ISR change ([] if the ISR is already that); raises otherwise."""
     p = image.partition(request.topic, request.partition)
     what = f"ISR change for {p.topic}-{p.partition}"
-    if request.leader_epoch != p.leader_epoch:
-        code = (ErrorCode.FENCED_LEADER_EPOCH if request.leader_epoch < p.leader_epoch
-                else ErrorCode.UNKNOWN_LEADER_EPOCH)
+    check = check_epoch(theirs=request.leader_epoch, ours=p.leader_epoch)
+    if check is not EpochCheck.CURRENT:
         raise StaleEpochError(field="leader_epoch", expected=p.leader_epoch,
-                              actual=request.leader_epoch, what=what, code=code)
+                              actual=request.leader_epoch, what=what, code=leader_epoch_error(check))
     if p.leader != request.broker_id:
         raise NotLeaderError(what=what, expected=p.leader, actual=request.broker_id)
-    if request.partition_epoch != p.partition_epoch:
+    if check_epoch(theirs=request.partition_epoch, ours=p.partition_epoch) is not EpochCheck.CURRENT:
         raise StaleEpochError(field="partition_epoch", expected=p.partition_epoch,
                               actual=request.partition_epoch, what=what,
                               code=ErrorCode.INVALID_UPDATE_VERSION)

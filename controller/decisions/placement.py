@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 from collections import Counter
 
-from common.metadata.errors import InvalidReplicationFactorError
+from common.errors import InvalidReplicationFactorError
 from common.metadata.image import MetadataImage
 
 

@@ -1,7 +1,7 @@
 """Producer-id blocks, allocated from the metadata log so no two brokers share an id."""
 from __future__ import annotations
 
-from common.metadata.errors import UnknownBrokerError
+from common.errors import UnknownBrokerError
 from common.metadata.image import MetadataImage
 from common.metadata.records import ProducerIdBlock, Record
 from common.requests import AllocateProducerIdsRequest

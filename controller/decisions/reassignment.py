@@ -13,7 +13,7 @@ A leaderless partition does not progress (its election comes first).
 """
 from __future__ import annotations
 
-from common.metadata.errors import InvalidFieldError, UnknownBrokerError
+from common.errors import InvalidFieldError, UnknownBrokerError
 from common.metadata.image import MetadataImage, PartitionInfo
 from common.metadata.records import NO_LEADER, PartitionChange, Record
 from common.requests import ReassignmentRequest

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from common.metadata.errors import UnknownTopicOrPartitionError
+from common.errors import UnknownTopicOrPartitionError
 from common.metadata.image import MetadataImage, PartitionInfo
 from common.metadata.records import PartitionChange, Record
 from controller.decisions.plan import change, choice_key, choose_leader, fence_for_election, is_quorum

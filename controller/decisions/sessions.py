@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common.metadata.errors import StaleBrokerError, UnknownBrokerError
+from common.errors import StaleBrokerError, UnknownBrokerError
 from common.metadata.image import MetadataImage
 from common.metadata.records import FenceBroker, Record, RegisterBroker, UnfenceBroker
 from common.requests import HeartbeatRequest, RegisterBrokerRequest

@@ -12,7 +12,7 @@ from common.metadata.config import (
     normalize_key,
     validate_topic_name,
 )
-from common.metadata.errors import (
+from common.errors import (
     InvalidConfigError,
     InvalidPartitionsError,
     InvalidReplicationFactorError,

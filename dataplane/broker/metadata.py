@@ -21,10 +21,11 @@ import os
 from typing import Awaitable, Callable
 
 from common.control_client import ControlClient
-from common.errors import BiplaneError
-from common.metadata.errors import RecordRejected
+from common.durable import write_atomically
+from common.errors import BiplaneError, RecordRejected
 from common.metadata.image import MetadataImage
 from common.metadata.records import parse_record
+from common.tasks import cancel_and_wait
 from dataplane.log import space
 
 log = logging.getLogger("biplane.broker.metadata")
@@ -72,21 +73,14 @@ class MetadataLearner:
             return MetadataImage()
 
     def _save(self) -> None:
-        tmp = self.path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(self.image.to_dict(), f)
-        os.replace(tmp, self.path)
+        write_atomically(self.path, json.dumps(self.image.to_dict()).encode())
 
     def _save_or_report(self) -> bool:
         """Save the image; on an I/O error report it (once per condition) and return False."""
         try:
             self._save()
         except OSError as exc:
-            self.save_failures += 1
-            try:
-                os.unlink(self.path + ".tmp")
-            except OSError:
-                pass
+            self.save_failures += 1  # write_atomically removed its temporary file
             if space.is_disk_full(exc):
                 space.note_full_at(os.path.dirname(self.path) or ".", f"saving {self.path}")
             if self.save_failed is None:
@@ -133,21 +127,21 @@ class MetadataLearner:
         """One long-poll, cut short by refresh_soon(); None when cut short."""
         self._wake.clear()
         fetch = asyncio.ensure_future(self.control.fetch_metadata(after_offset=self.image.offset,
-                                                                   max_wait_ms=wait_ms))
+                                                                   wait_ms_max=wait_ms))
         if fetch.done() or wait_ms == 0:
             return await fetch
         woke = asyncio.ensure_future(self._wake.wait())
         try:
             await asyncio.wait({fetch, woke}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            woke.cancel()
+        except BaseException:
+            await cancel_and_wait(fetch, woke)  # run() stopped mid-poll: neither outlives it
+            raise
+        await cancel_and_wait(woke)
         if fetch.done():
             return fetch.result()
-        fetch.cancel()
-        try:
-            await fetch
-        except (asyncio.CancelledError, BiplaneError):
-            pass
+        for error in await cancel_and_wait(fetch):  # cut short by refresh_soon()
+            if not isinstance(error, BiplaneError):
+                raise error
         return None
 
     def _apply(self, batch) -> bool:
