@@ -127,7 +127,26 @@ def producer_renumbers_unknown_refused():
     return _patched("_after_error", after_error, ProducerCore)
 
 
+def producer_retry_blocked_behind_unnumbered():
+    """The seed-291 bug put back: a batch waiting for new numbers (refused at the head) blocks
+    the retries of the numbered batches behind it, whose outcome its new epoch waits for; the
+    partition sends nothing until those batches reach their delivery timeout."""
+    def retry_head(self, part):
+        for flight in part.outstanding:
+            if flight.in_flight:
+                return None
+            if flight.done:
+                continue
+            if flight.stamp is None:
+                if self.producer_id < 0 or part.numbered() or (self._current(part) and part.needs_new_epoch):
+                    return None
+            return flight
+        return None
+    return _patched("_retry_head", retry_head, ProducerCore)
+
+
 MUTANTS = {
+    "producer_retry_blocked_behind_unnumbered": producer_retry_blocked_behind_unnumbered,
     "producer_renumbers_sent_batches": producer_renumbers_sent_batches,
     "producer_renumbers_unknown_refused": producer_renumbers_unknown_refused,
     "push_stale_divergence": push_stale_divergence,
