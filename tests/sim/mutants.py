@@ -145,8 +145,25 @@ def producer_retry_blocked_behind_unnumbered():
     return _patched("_retry_head", retry_head, ProducerCore)
 
 
+def producer_never_takes_new_epoch():
+    """A partition that needs a new epoch never gets one: once a batch failed while it may be in
+    the log (a delivery timeout, say), the partition waits forever and its batches expire unsent."""
+    return _patched("_bump_epoch", lambda self: None, ProducerCore)
+
+
+def producer_expires_early():
+    """Batches fail by their delivery timeout at half of it (a producer giving up too soon)."""
+    original = ProducerCore.expire
+
+    def expire(self, now_ms):
+        return original(self, now_ms + self.delivery_timeout_ms // 2)
+    return _patched("expire", expire, ProducerCore)
+
+
 MUTANTS = {
     "producer_retry_blocked_behind_unnumbered": producer_retry_blocked_behind_unnumbered,
+    "producer_never_takes_new_epoch": producer_never_takes_new_epoch,
+    "producer_expires_early": producer_expires_early,
     "producer_renumbers_sent_batches": producer_renumbers_sent_batches,
     "producer_renumbers_unknown_refused": producer_renumbers_unknown_refused,
     "push_stale_divergence": push_stale_divergence,
