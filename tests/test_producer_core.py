@@ -359,12 +359,42 @@ def test_a_batch_awaiting_its_retry_keeps_its_numbers_when_an_earlier_one_fails(
     assert c.producer_epoch == 0 and send(c, "c", now_ms=1102).base_sequence == 2
 
 
+def test_a_batch_waiting_for_new_numbers_lets_the_numbered_ones_behind_it_go_first():
+    """Found by the simulation (seed 291 isr/write): "b" and "c" were refused out of order behind
+    "a" and waited, numbered, for their retry; "a" failed by its delivery timeout, then "b"'s
+    retry was refused at the head. "b" then waited for new numbers until nothing numbered was
+    outstanding, while "c", numbered, waited behind "b" for its retry: neither went until "b"'s
+    own delivery timeout. Rule: "c" goes first as it is (it cannot be appended: "b"'s sequence
+    never was), is refused, and the new epoch numbers "b" then "c"."""
+    c = core()
+    send(c, "a", now_ms=0)
+    send(c, "b", now_ms=500)
+    send(c, "c", now_ms=500)
+    c.no_answer("a", now_ms=510)
+    assert c.answered("b", error=ErrorCode.OUT_OF_ORDER_SEQUENCE, base_offset=-1, now_ms=511) == []
+    assert c.answered("c", error=ErrorCode.OUT_OF_ORDER_SEQUENCE, base_offset=-1, now_ms=512) == []
+    (fail,) = c.expire(1000)
+    assert fail.batch == "a" and fail.outcome_unknown
+    assert resend(c, 1000) == ("b", Stamp(producer_id=7, producer_epoch=0, base_sequence=1))
+    assert c.answered("b", error=ErrorCode.OUT_OF_ORDER_SEQUENCE, base_offset=-1, now_ms=1001) == []
+    assert c.next_due_ms() == 522                   # c's retry is due, not b's delivery timeout (1500)
+    assert resend(c, 1020) == ("c", Stamp(producer_id=7, producer_epoch=0, base_sequence=2))
+    assert c.answered("c", error=ErrorCode.OUT_OF_ORDER_SEQUENCE, base_offset=-1, now_ms=1021) == []
+    assert c.producer_epoch == 1
+    assert resend(c, 1031) == ("b", Stamp(producer_id=7, producer_epoch=1, base_sequence=0))
+    assert c.retry_due(TP, 1100) is None            # one at a time, in order
+    assert c.answered("b", error=ErrorCode.NONE, base_offset=9, now_ms=1032) == [Acknowledge(batch="b", base_offset=9)]
+    assert resend(c, 1033) == ("c", Stamp(producer_id=7, producer_epoch=1, base_sequence=1))
+
+
 @pytest.mark.parametrize("mutant,test", [
     ("producer_renumbers_sent_batches", test_a_batch_awaiting_its_retry_keeps_its_numbers_when_an_earlier_one_fails),
     ("producer_renumbers_unknown_refused",
      test_an_unanswered_batch_refused_later_is_failed_as_outcome_unknown_never_renumbered),
     ("producer_renumbers_unknown_refused",
      test_the_model_s_restamp_trace_a_refused_retry_of_an_unanswered_batch_is_not_renumbered),
+    ("producer_retry_blocked_behind_unnumbered",
+     test_a_batch_waiting_for_new_numbers_lets_the_numbered_ones_behind_it_go_first),
 ])
 def test_the_rule_tests_fail_on_the_simulation_s_mutants(mutant, test):
     """Claim: these unit tests are not vacuous: with the rule patched out (tests/sim/mutants.py,

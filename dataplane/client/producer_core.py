@@ -322,7 +322,8 @@ class ProducerCore(Generic[B]):
 
     def retry_due(self, tp: Hashable, now_ms: int) -> B | None:
         """The batch of tp to send again now, if any (a query: `resend` sends it). Retries go
-        one at a time and in order, so a retried batch is never overtaken."""
+        one at a time and in order, so a retried batch is never overtaken (a batch waiting for
+        new numbers lets the numbered ones behind it go first; see _retry_head)."""
         flight = self._retry_candidate(tp, now_ms)
         return None if flight is None else flight.batch
 
@@ -340,9 +341,12 @@ class ProducerCore(Generic[B]):
                 continue
             if flight.stamp is None:
                 # Never appended, waiting for new numbers: only under a new identity, and only
-                # once nothing numbered is outstanding.
+                # once nothing numbered is outstanding. Numbered batches behind it go first, as
+                # they are: the new epoch waits for their outcome, and they cannot overtake it
+                # (their sequences follow one it was refused before any append, so no leader
+                # appends them under the old identity; they are refused and follow it).
                 if self.producer_id < 0 or part.numbered() or (self._current(part) and part.needs_new_epoch):
-                    return None
+                    continue
             return flight
         return None
 

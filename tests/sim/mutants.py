@@ -127,7 +127,43 @@ def producer_renumbers_unknown_refused():
     return _patched("_after_error", after_error, ProducerCore)
 
 
+def producer_retry_blocked_behind_unnumbered():
+    """The seed-291 bug put back: a batch waiting for new numbers (refused at the head) blocks
+    the retries of the numbered batches behind it, whose outcome its new epoch waits for; the
+    partition sends nothing until those batches reach their delivery timeout."""
+    def retry_head(self, part):
+        for flight in part.outstanding:
+            if flight.in_flight:
+                return None
+            if flight.done:
+                continue
+            if flight.stamp is None:
+                if self.producer_id < 0 or part.numbered() or (self._current(part) and part.needs_new_epoch):
+                    return None
+            return flight
+        return None
+    return _patched("_retry_head", retry_head, ProducerCore)
+
+
+def producer_never_takes_new_epoch():
+    """A partition that needs a new epoch never gets one: once a batch failed while it may be in
+    the log (a delivery timeout, say), the partition waits forever and its batches expire unsent."""
+    return _patched("_bump_epoch", lambda self: None, ProducerCore)
+
+
+def producer_expires_early():
+    """Batches fail by their delivery timeout at half of it (a producer giving up too soon)."""
+    original = ProducerCore.expire
+
+    def expire(self, now_ms):
+        return original(self, now_ms + self.delivery_timeout_ms // 2)
+    return _patched("expire", expire, ProducerCore)
+
+
 MUTANTS = {
+    "producer_retry_blocked_behind_unnumbered": producer_retry_blocked_behind_unnumbered,
+    "producer_never_takes_new_epoch": producer_never_takes_new_epoch,
+    "producer_expires_early": producer_expires_early,
     "producer_renumbers_sent_batches": producer_renumbers_sent_batches,
     "producer_renumbers_unknown_refused": producer_renumbers_unknown_refused,
     "push_stale_divergence": push_stale_divergence,

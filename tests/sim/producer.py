@@ -18,6 +18,7 @@ from common.errors import ErrorCode
 from dataplane.client.producer_core import Acknowledge, Fail, Outcome, ProducerCore
 
 QUEUED_MAX = 8   # never-sent batches a producer holds (the SDK's buffer memory, in miniature)
+PRODUCE_TICK_MAX_MS = 40   # the longest gap between two produce ticks of the simulation (cluster.py)
 
 
 @dataclasses.dataclass(eq=False)
@@ -57,6 +58,14 @@ class SimProducer:
         self.failed: dict[int, Fail[SimBatch]] = {}
         self.counts = {"timeouts": 0, "resends": 0, "renumbered": 0}   # what the run exercised
         self.stamps: dict[int, set[tuple[int, int, int]]] = {}          # batch index -> stamps used
+        self.sent: dict[int, SimBatch] = {}         # request id -> batch, kept after the request ended
+        self.answers: dict[int, ErrorCode] = {}     # request id -> the leader's answer (late ones too)
+        self.failed_ms: dict[int, int] = {}         # batch index -> when it failed
+        # batch index -> when a leader answered success for it after the producer had stopped
+        # waiting (the request had timed out, or the batch had already failed by its delivery timeout)
+        self.late_successes: dict[int, int] = {}
+        # Spans with a batch lacking an outcome and no request out: (start, end); end None while open.
+        self.idle: list[list[int | None]] = []
 
     def make_batch(self, now_ms: int) -> SimBatch | None:
         if len(self.queue) >= QUEUED_MAX:
@@ -68,6 +77,7 @@ class SimProducer:
         batch = SimBatch(producer=self.name, index=index, values=values, created_ms=now_ms)
         batch.ident = bytes(batch.records(-1, -1, -1)[HEADER_SIZE:])
         self.queue.append(batch)
+        self._watch_idle(now_ms)
         return batch
 
     def sends(self, now_ms: int, next_request_id) -> list[Send]:
@@ -92,22 +102,34 @@ class SimProducer:
             self.counts["renumbered"] += len(used) > 1 and retry is not None
             rid = next_request_id()
             self.requests[rid] = batch
+            self.sent[rid] = batch
             out.append(Send(request_id=rid, batch=batch,
                             records=batch.records(stamp.producer_id, stamp.producer_epoch, stamp.base_sequence)))
+        self._watch_idle(now_ms)
         return out
 
     def answered(self, request_id: int, error: ErrorCode, base_offset: int, now_ms: int) -> list[Outcome[SimBatch]]:
+        self.answers.setdefault(request_id, error)
         batch = self.requests.pop(request_id, None)
         if batch is None:
-            return []   # a late answer: the request already timed out on the client
-        return self._note(self.core.answered(batch, error=error, base_offset=base_offset, now_ms=now_ms))
+            # A late answer: the request already timed out on the client.
+            late = self.sent.get(request_id)
+            if late is not None and error is ErrorCode.NONE and late.index not in self.acked:
+                self.late_successes.setdefault(late.index, now_ms)
+            return []
+        outcomes = self._note(self.core.answered(batch, error=error, base_offset=base_offset, now_ms=now_ms),
+                              now_ms)
+        if error is ErrorCode.NONE and batch.index in self.failed:
+            # Answered in time for the request, but the batch had passed its delivery timeout.
+            self.late_successes.setdefault(batch.index, now_ms)
+        return outcomes
 
     def timed_out(self, request_id: int, now_ms: int) -> list[Outcome[SimBatch]]:
         batch = self.requests.pop(request_id, None)
         if batch is None:
             return []
         self.counts["timeouts"] += 1
-        return self._note(self.core.no_answer(batch, now_ms=now_ms, reason="request timeout"))
+        return self._note(self.core.no_answer(batch, now_ms=now_ms, reason="request timeout"), now_ms)
 
     def expire(self, now_ms: int) -> list[Outcome[SimBatch]]:
         out: list[Outcome[SimBatch]] = []
@@ -115,12 +137,71 @@ class SimProducer:
             batch = self.queue.pop(0)
             out.append(Fail(batch=batch, error=ErrorCode.REQUEST_TIMED_OUT, outcome_unknown=False,
                             reason="never sent"))
-        return self._note(out + self.core.expire(now_ms))
+        return self._note(out + self.core.expire(now_ms), now_ms)
 
-    def _note(self, outcomes: list[Outcome[SimBatch]]) -> list[Outcome[SimBatch]]:
+    def _note(self, outcomes: list[Outcome[SimBatch]], now_ms: int) -> list[Outcome[SimBatch]]:
         for outcome in outcomes:
             if isinstance(outcome, Acknowledge):
                 self.acked[outcome.batch.index] = outcome.base_offset
             else:
                 self.failed[outcome.batch.index] = outcome
+                self.failed_ms[outcome.batch.index] = now_ms
+        self._watch_idle(now_ms)
         return outcomes
+
+    def _watch_idle(self, now_ms: int) -> None:
+        """Note when the producer holds a batch without an outcome and has no request out."""
+        idle = not self.requests and len(self.acked) + len(self.failed) < self.created
+        if idle and not (self.idle and self.idle[-1][1] is None):
+            self.idle.append([now_ms, None])
+        elif not idle and self.idle and self.idle[-1][1] is None:
+            self.idle[-1][1] = now_ms
+
+    def progress_problem(self, *, settled_ms: int, now_ms: int) -> str | None:
+        """Liveness once the cluster settled at settled_ms (tests/sim/README.md), or None.
+
+        The producer is never idle with work: no span, after settled_ms, holding a batch without
+        an outcome and no request out lasts longer than a retry backoff and the gap to the next
+        produce tick (a partition waiting forever: an epoch bump under an outcome that never
+        resolves, an in-flight slot never released, a backoff never due).
+
+        Some batch made after settled_ms is acknowledged, unless the producer gave up on them
+        legitimately: its timeouts are shorter than the healed cluster's acks=all latency under
+        its load (the queue's wait counts in the delivery timeout, as in Kafka). That is shown,
+        not assumed: every such batch that failed failed by its delivery timeout and no earlier,
+        and every one of them that was sent was committed, the leader answering success after the
+        producer had stopped waiting for it (or a request of it is still unanswered at the end:
+        the replicas' own check holds no request past its deadline)."""
+        idle, idle_at = self.longest_idle(since_ms=settled_ms, now_ms=now_ms)
+        idle_max = self.core.retry_backoff_ms + PRODUCE_TICK_MAX_MS
+        if idle > idle_max:
+            return (f"idle for {idle} ms from {idle_at} ms (more than {idle_max} ms) with batches lacking "
+                    f"an outcome and no request out")
+        late = [b for b in range(self.created) if self.created_ms[b] >= settled_ms]
+        if not late or any(b in self.acked for b in late):
+            return None
+        problem = "none of its batches made after the cluster settled was acknowledged"
+        unanswered = {batch.index for rid, batch in self.sent.items() if rid not in self.answers}
+        sent = {batch.index for batch in self.sent.values()}
+        for b in late:
+            fail = self.failed.get(b)
+            if fail is None:
+                continue
+            due_ms = self.created_ms[b] + self.core.delivery_timeout_ms
+            if fail.error is not ErrorCode.REQUEST_TIMED_OUT or self.failed_ms[b] < due_ms:
+                return f"{problem}, and batch {b} failed at {self.failed_ms[b]} ms ({fail.error.name}): {fail.reason}"
+            if b in sent and b not in self.late_successes and b not in unanswered:
+                return f"{problem}, and batch {b} was sent but no leader answered it with success"
+        if not any(b in self.late_successes for b in late):
+            return f"{problem}, and no leader answered any of them with success"
+        return None   # the cluster committed them all, later than this producer would wait
+
+    def longest_idle(self, *, since_ms: int, now_ms: int) -> tuple[int, int]:
+        """The longest idle span after since_ms (its length, its start), counting an open one to now_ms."""
+        longest = (0, since_ms)
+        for start, end in self.idle:
+            assert start is not None
+            end = now_ms if end is None else end
+            if end > since_ms:
+                longest = max(longest, (end - max(start, since_ms), max(start, since_ms)))
+        return longest
