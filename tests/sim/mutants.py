@@ -13,6 +13,7 @@ import contextlib
 
 from dataplane.client.producer_core import ProducerCore
 from dataplane.replica import core
+from dataplane.replica.events import Tick
 
 
 @contextlib.contextmanager
@@ -160,7 +161,25 @@ def producer_expires_early():
     return _patched("expire", expire, ProducerCore)
 
 
+@contextlib.contextmanager
+def backlog_taken_only_on_ticks():
+    """Requests waiting behind the backpressure bound are re-examined only on a tick, not after
+    the event that made room (a backlog released late)."""
+    original_step, original_admit = core.Replica.step, core.Replica._admit_backlog
+
+    def step(self, event):
+        self.mutant_ticking = isinstance(event, Tick)
+        return original_step(self, event)
+
+    def admit_backlog(self):
+        if getattr(self, "mutant_ticking", False):
+            original_admit(self)
+    with _patched("step", step), _patched("_admit_backlog", admit_backlog):
+        yield
+
+
 MUTANTS = {
+    "backlog_taken_only_on_ticks": backlog_taken_only_on_ticks,
     "producer_retry_blocked_behind_unnumbered": producer_retry_blocked_behind_unnumbered,
     "producer_never_takes_new_epoch": producer_never_takes_new_epoch,
     "producer_expires_early": producer_expires_early,
