@@ -15,24 +15,26 @@ from __future__ import annotations
 import asyncio
 from typing import Callable
 
+from common.topic_partition import TopicPartition
+
 
 class ProduceBudget:
     def __init__(self, *, unreplicated_bytes_max: int = 64 * 1024 * 1024) -> None:
         if not isinstance(unreplicated_bytes_max, int) or unreplicated_bytes_max < 1:
             raise ValueError(f"unreplicated_bytes_max must be a positive int, got {unreplicated_bytes_max!r}")
         self.unreplicated_bytes_max = unreplicated_bytes_max
-        self._by_partition: dict[tuple[str, int], int] = {}
+        self._by_partition: dict[TopicPartition, int] = {}
         self.total_bytes = 0
         self.peak_total_bytes = 0  # highest total seen (metrics, tests of the bound)
         self._room: asyncio.Event | None = None
         # Partitions with parked requests, in the order they began waiting (insertion order).
-        self._callbacks: dict[tuple[str, int], Callable[[], None]] = {}
+        self._callbacks: dict[TopicPartition, Callable[[], None]] = {}
         self._wake_scheduled = False
 
     def has_room(self) -> bool:
         return self.total_bytes < self.unreplicated_bytes_max
 
-    def update(self, tp: tuple[str, int], held_bytes: int) -> None:
+    def update(self, tp: TopicPartition, held_bytes: int) -> None:
         old = self._by_partition.pop(tp, 0)
         if held_bytes > 0:
             self._by_partition[tp] = held_bytes
@@ -48,11 +50,11 @@ class ProduceBudget:
                 self._wake_scheduled = True
                 asyncio.get_running_loop().call_soon(self._wake)
 
-    def forget(self, tp: tuple[str, int]) -> None:
+    def forget(self, tp: TopicPartition) -> None:
         self._callbacks.pop(tp, None)
         self.update(tp, 0)
 
-    def call_when_room(self, tp: tuple[str, int], callback: Callable[[], None]) -> None:
+    def call_when_room(self, tp: TopicPartition, callback: Callable[[], None]) -> None:
         """Call `callback()` once, soon after the total is below the bound. A partition
         registered already keeps its place in line."""
         self._callbacks.setdefault(tp, callback)

@@ -26,6 +26,7 @@ import logging
 from typing import Callable
 
 from common.errors import BiplaneError, ErrorCode
+from common.topic_partition import TopicPartition
 from common.wire import WireClient
 from common.wire import messages as wire
 from dataplane.broker.codec import fetch_answer_from_wire, fetch_failed, fetch_to_wire
@@ -33,7 +34,6 @@ from dataplane.replica.events import FetchRequest, FetchResponse
 
 log = logging.getLogger("biplane.broker.fetcher")
 
-TopicPartition = tuple[str, int]
 AddressOf = Callable[[int], "tuple[str, int] | None"]
 Deliver = Callable[[TopicPartition, FetchResponse], None]
 
@@ -185,7 +185,7 @@ class FetchSession:
         answered: dict[TopicPartition, wire.FetchPartitionResponse] = {}
         for t in response.topics:
             for p in t.partitions:
-                answered[(t.topic, p.partition)] = p
+                answered[TopicPartition(t.topic, p.partition)] = p
         self._deliver(batch, answered)
         return answered
 

@@ -24,6 +24,7 @@ from typing import Protocol
 
 from common.batch import Buffer
 from common.errors import BiplaneError, ErrorCode, InvalidRequestError, StorageError
+from common.topic_partition import TopicPartition
 from dataplane.broker.budget import ProduceBudget
 from dataplane.broker.producer_state import BrokerProducerState, plain_entries
 from dataplane.log.flusher import FlushCoalescer, LogTruncatedError
@@ -42,8 +43,6 @@ from dataplane.replica.events import (
 from dataplane.replica.perform import perform
 
 log = logging.getLogger("biplane.broker.partition")
-
-TopicPartition = tuple[str, int]
 
 
 class DriverHooks(Protocol):

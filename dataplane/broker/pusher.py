@@ -26,6 +26,7 @@ import logging
 from typing import Awaitable, Callable
 
 from common.errors import BiplaneError, ErrorCode
+from common.topic_partition import TopicPartition
 from common.wire import WireClient
 from common.wire import messages as wire
 from dataplane.broker.codec import (
@@ -35,7 +36,6 @@ from dataplane.replica.events import AppendEntries, AppendEntriesReply
 
 log = logging.getLogger("biplane.broker.pusher")
 
-TopicPartition = tuple[str, int]
 AddressOf = Callable[[int], "tuple[str, int] | None"]
 Deliver = Callable[[TopicPartition, AppendEntriesReply], None]
 
@@ -160,7 +160,7 @@ async def answer_append_entries(req: wire.AppendEntriesRequest,
     answered (AppendEntriesReply among them); `flushed(offset)`, when given, waits until the
     log is flushed up to offset and returns the log's flushed offset (used only when the
     leader asked for flush_after_append, i.e. acks=all requests wait on this range)."""
-    tp = (req.topic, req.partition)
+    tp = TopicPartition(req.topic, req.partition)
     replies = [r for r in step(append_entries_from_wire(req)) if isinstance(r, AppendEntriesReply)]
     if not replies:
         # The core ignored it (a late copy computed from another state of our log): an error

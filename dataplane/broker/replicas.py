@@ -26,10 +26,11 @@ from common.control_client import ControlClient
 from common.errors import BiplaneError, ErrorCode
 from common.metadata.image import MetadataImage, PartitionInfo, TopicInfo
 from common.requests import AlterIsrRequest, ElectionReport
+from common.topic_partition import TopicPartition
 from common.usage import ReplicaUsage
 from dataplane.broker.budget import ProduceBudget
 from dataplane.broker.config import BrokerConfig
-from dataplane.broker.partition import PartitionDriver, TopicPartition, now_ms
+from dataplane.broker.partition import PartitionDriver, now_ms
 from dataplane.log.interface import LogConfig
 from dataplane.log.space import is_disk_full
 from dataplane.replica.actions import ProposeIsr, ReportElection
@@ -80,7 +81,7 @@ class ReplicaManager:
         self.reopening: set[TopicPartition] = set()  # offline partitions opened again (offline.py)
 
     def get(self, topic: str, partition: int) -> PartitionDriver | None:
-        return self.drivers.get((topic, partition))
+        return self.drivers.get(TopicPartition(topic, partition))
 
     # ------------------------------------------------------------ metadata
 

@@ -25,6 +25,7 @@ from typing import Any, Awaitable, Callable
 
 from common.errors import BiplaneError, ErrorCode
 from common.metadata.image import MetadataImage
+from common.topic_partition import TopicPartition
 from common.wire import RequestHeader
 from common.wire import messages as wire
 from dataplane.broker.codec import append_refusal, fetch_answer_to_wire, fetch_from_wire, fetch_refusal
@@ -34,8 +35,6 @@ from dataplane.broker.pusher import answer_append_entries
 from dataplane.broker.replicas import ReplicaManager
 
 log = logging.getLogger("biplane.broker.server")
-
-TopicPartition = tuple[str, int]
 
 
 class Counters:
@@ -172,7 +171,7 @@ class RequestHandler:
             budget = max(1, request.max_bytes)
             for t in request.topics:
                 for p in t.partitions:
-                    tp = (t.topic, p.partition)
+                    tp = TopicPartition(t.topic, p.partition)
                     if follower and tp in stepped and self._fetched_since(request.replica_id, tp, stepped[tp], p):
                         # The follower has fetched from elsewhere since (express) and moved on:
                         # this long-poll is old news. End it, so its newer request can come.
