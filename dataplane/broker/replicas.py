@@ -23,6 +23,7 @@ import time
 from typing import Callable
 
 from common.control_client import ControlClient
+from common.durable import write_atomically
 from common.errors import BiplaneError, ErrorCode
 from common.metadata.image import MetadataImage, PartitionInfo, TopicInfo
 from common.requests import AlterIsrRequest, ElectionReport
@@ -323,12 +324,7 @@ def _prepare_dir(directory: str, topic_id: str) -> bool:
         log.warning("wiping %s: it holds topic id %r, metadata says %r", directory, found, topic_id)
         shutil.rmtree(directory)
     os.makedirs(directory)
-    tmp = marker + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(topic_id + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, marker)
+    write_atomically(marker, (topic_id + "\n").encode())
     return False
 
 
