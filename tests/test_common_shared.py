@@ -103,6 +103,31 @@ def test_cancel_and_wait_returns_after_every_finally_ran():
     asyncio.run(main())
 
 
+def test_task_owner_wait_lets_tasks_finish():
+    """Claim: TaskOwner.wait cancels nothing: a task spawned just before still runs its whole
+    body, and the exceptions tasks ended with are returned."""
+    import asyncio
+
+    from common.tasks import TaskOwner
+    closed = []
+
+    async def close(name: str) -> None:
+        await asyncio.sleep(0.01)
+        closed.append(name)
+
+    async def fails() -> None:
+        raise ValueError("boom")
+
+    async def main() -> None:
+        owner = TaskOwner()
+        owner.spawn(close("x"))
+        owner.spawn(fails())
+        errors = await owner.wait()
+        assert closed == ["x"] and [type(e) for e in errors] == [ValueError] and len(owner) == 0
+
+    asyncio.run(main())
+
+
 def test_one_error_hierarchy_that_every_old_module_names():
     """Claim: each error class is defined once, in common.errors; the log, wire, SDK, control
     client and controller modules name the same classes, and there is one StaleEpochError."""
