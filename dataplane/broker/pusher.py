@@ -57,7 +57,8 @@ class Pusher:
         self._connecting: dict[int, asyncio.Future] = {}
         self._down_until: dict[int, float] = {}
         self._waiting: dict[int, list] = {}  # per follower: (tp, request) queued while it connects
-        self._tasks = TaskOwner()  # connects, writes after a connect, closes of dropped clients
+        self._tasks = TaskOwner()    # connects, and writes after a connect
+        self._closing = TaskOwner()  # closes of dropped clients: they finish, never cancelled
         self._closed = False
 
     def submit(self, follower_id: int, tp: TopicPartition, ev: AppendEntries) -> None:
@@ -117,7 +118,7 @@ class Pusher:
         self._down_until[follower_id] = asyncio.get_running_loop().time() + self.reconnect_backoff_ms / 1000
         client = self._clients.pop(follower_id, None)
         if client is not None:
-            self._tasks.spawn(client.close())
+            self._closing.spawn(client.close())
 
     async def _client(self, follower_id: int) -> WireClient:
         client = self._clients.get(follower_id)
@@ -144,6 +145,7 @@ class Pusher:
         self._waiting.clear()
         # Connects in flight too: a connect finishing after close would keep its client.
         await self._tasks.cancel_and_wait()
+        await self._closing.wait()
         for client in list(self._clients.values()):
             await client.close()
         self._clients.clear()
