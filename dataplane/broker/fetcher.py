@@ -26,6 +26,7 @@ import logging
 from typing import Callable
 
 from common.errors import BiplaneError, ErrorCode
+from common.tasks import TaskOwner, cancel_and_wait
 from common.topic_partition import TopicPartition
 from common.wire import WireClient
 from common.wire import messages as wire
@@ -85,6 +86,7 @@ class FetchSession:
         self._wake_exp = asyncio.Event()  # the express loop's: something new arrived
         self._clients: dict[str, WireClient | None] = {"main": None, "express": None}
         self._backoff_ms = 0
+        self._closing = TaskOwner()  # closes of abandoned long-polls' connections: they finish
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._main_loop()), loop.create_task(self._express_loop())]
 
@@ -150,7 +152,7 @@ class FetchSession:
         client, self._clients["main"] = self._clients["main"], None
         if client is not None:
             self._restarting = True
-            asyncio.get_running_loop().create_task(client.close())
+            self._closing.spawn(client.close())
 
     async def _wake_express(self) -> None:
         self._wake_exp.clear()
@@ -253,13 +255,8 @@ class FetchSession:
         self._wake_exp.set()
 
     async def close(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            try:
-                await task
-            except (asyncio.CancelledError, Exception):
-                pass
+        await cancel_and_wait(*self._tasks)
+        await self._closing.wait()
         for which, client in list(self._clients.items()):
             if client is not None:
                 await client.close()
