@@ -27,6 +27,7 @@ from common.durable import write_atomically
 from common.errors import BiplaneError, ErrorCode
 from common.metadata.image import MetadataImage, PartitionInfo, TopicInfo
 from common.requests import AlterIsrRequest, ElectionReport
+from common.tasks import TaskOwner
 from common.topic_partition import TopicPartition
 from common.usage import ReplicaUsage
 from dataplane.broker.budget import ProduceBudget
@@ -75,7 +76,7 @@ class ReplicaManager:
         self._fed: dict[TopicPartition, tuple] = {}
         self._isr_inflight: set[TopicPartition] = set()
         self._last_usage: dict[TopicPartition, tuple[float, tuple[int, int, int]]] = {}
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks = TaskOwner()  # ISR proposals and election reports to the controller
         self._lock = asyncio.Lock()
         self._closed = False
         self._swept = False
@@ -193,7 +194,7 @@ class ReplicaManager:
         if tp in self._isr_inflight:
             return  # the core repeats its proposal on a timer until it is settled
         self._isr_inflight.add(tp)
-        self._spawn(self._alter_isr(tp, proposal))
+        self._tasks.spawn(self._alter_isr(tp, proposal))
 
     async def _alter_isr(self, tp: TopicPartition, proposal: ProposeIsr) -> None:
         try:
@@ -219,7 +220,7 @@ class ReplicaManager:
             self._isr_inflight.discard(tp)
 
     def report_election(self, tp: TopicPartition, report: ReportElection) -> None:
-        self._spawn(self._report(tp, report))
+        self._tasks.spawn(self._report(tp, report))
 
     async def _report(self, tp: TopicPartition, report: ReportElection) -> None:
         try:
@@ -289,16 +290,12 @@ class ReplicaManager:
                 produce_records_per_s=rates[1], fetch_bytes_per_s=rates[2]))
         return out
 
-    def _spawn(self, coro) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
     async def close(self) -> None:
         async with self._lock:
             self._closed = True
-            for task in list(self._tasks):
-                task.cancel()
+            # Ended before the drivers close: none of them steps a driver that is closing.
+            for exc in await self._tasks.cancel_and_wait():
+                log.warning("controller request ended with %r", exc)
             # Together: each close flushes its log and writes a producer snapshot (fsyncs
             # in worker threads), so one after the other would add up with many partitions.
             drivers = list(self.drivers.values())
