@@ -19,6 +19,7 @@ from aiohttp import web
 from common.control_client import ControlClient
 from common.eventloop import LoopStalls, LoopWatchdog
 from common.errors import BiplaneError
+from common.tasks import cancel_and_wait
 from common.topic_partition import TopicPartition
 from common.usage import BrokerUsage
 from dataplane.broker.config import BrokerConfig
@@ -156,13 +157,7 @@ class Broker:
             await self.lifecycle.controlled_shutdown()
         if self._server is not None:
             self._server.close()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            try:
-                await task
-            except (asyncio.CancelledError, Exception):
-                pass
+        await cancel_and_wait(*self._tasks)  # a task that failed was logged when it ended
         if self.fetcher is not None:
             await self.fetcher.close()
         if self.pusher is not None:
