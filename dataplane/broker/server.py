@@ -214,9 +214,10 @@ class RequestHandler:
             log_start_offset=driver.log.log_start_offset, log_end_offset=driver.log.log_end_offset,
             current_leader=wire.LeaderIdAndEpoch(leader_id=self.broker_id, leader_epoch=r.leader_epoch)), driver
 
-    def _fetch_partition(self, replica_id: int, tp: TopicPartition, p: wire.FetchPartition,
-                         max_bytes: int) -> tuple[wire.FetchPartitionResponse, PartitionDriver | None, bool]:
-        """(answer, driver to wait on, whether to answer now)."""
+    def _fetch_partition(self, replica_id: int, tp: TopicPartition, p: wire.FetchPartition, message_bytes_max: int
+                         ) -> tuple[wire.FetchPartitionResponse, PartitionDriver | None, bool]:
+        """(answer, driver to wait on, whether to answer now). `message_bytes_max`: this
+        partition's share of the request's byte budget."""
         def refuse(code: ErrorCode):
             self.counters.error(code)
             return fetch_refusal(p.partition, code, self._current_leader(*tp)), None, True
@@ -225,7 +226,7 @@ class RequestHandler:
         if driver is None:
             return refuse(error)
         try:
-            a = driver.fetch(fetch_from_wire(replica_id, tp, p, max_bytes=max_bytes))
+            a = driver.fetch(fetch_from_wire(replica_id, tp, p, max_bytes=message_bytes_max))
         except BiplaneError as exc:
             return refuse(exc.code)
         answer = fetch_answer_to_wire(p.partition, a, log_start_offset=driver.log.log_start_offset,
