@@ -4,9 +4,11 @@ required sets, or waiting in a core's backlog for room.
 Each partition's core bounds its own backlog (Replica.unreplicated_bytes_max); this
 bounds the sum, so many partitions cannot together hold unbounded memory. The
 driver reports each leader partition's `replica.held_bytes()` after stepping it.
-While the total is at or above `unreplicated_bytes_max`, a driver parks new produce
-requests in order (it does not refuse them) and registers `call_when_room`; the
-budget calls it back, from the event loop, once a partition's HW frees room.
+The total enters each leader's core as a BrokerBudget event; while it is at or above
+`unreplicated_bytes_max`, the core holds new produce requests in order (it does not
+refuse them; dataplane/replica/admission.py) and the driver registers `call_when_room`;
+the budget calls it back, from the event loop, once a partition's HW frees room, and the
+driver steps the core so that it takes what it holds.
 `wait_for_room` is the same wait for code that can await. Partitions are keyed by
 `(topic, partition)`: a `common.topic_partition.TopicPartition` or the plain pair.
 """
@@ -27,7 +29,7 @@ class ProduceBudget:
         self.total_bytes = 0
         self.peak_total_bytes = 0  # highest total seen (metrics, tests of the bound)
         self._room: asyncio.Event | None = None
-        # Partitions with parked requests, in the order they began waiting (insertion order).
+        # Partitions whose cores hold requests, in the order they began waiting (insertion order).
         self._callbacks: dict[TopicPartition, Callable[[], None]] = {}
         self._wake_scheduled = False
 
