@@ -285,6 +285,10 @@ class LogTruncatedError(StorageError):
     """The offset a waiter wanted flushed was truncated away before it became durable."""
 
 
+class PartitionOfflineError(StorageError):
+    """The partition's log failed (disk error); it serves nothing until the broker restarts."""
+
+
 class OffsetOutOfRangeError(BiplaneError):
     """A read asked for an offset below log_start_offset or above log_end_offset."""
 

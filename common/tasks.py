@@ -5,7 +5,8 @@ A cancelled task has not ended until it has run its `finally` blocks (closing a
 connection, releasing a lock); a stop that only cancels returns while they still
 run, and the process may close what they use under them. `cancel_and_wait` is the
 one way to stop tasks; `TaskOwner` keeps the tasks an object starts in the
-background so that its close reaches every one.
+background so that its close reaches every one (`wait` for those, like a connection's
+close, that must finish rather than be cancelled).
 """
 from __future__ import annotations
 
@@ -52,3 +53,11 @@ class TaskOwner:
     async def cancel_and_wait(self) -> list[BaseException]:
         """`cancel_and_wait` on every task started so far."""
         return await cancel_and_wait(*self._tasks)
+
+    async def wait(self) -> list[BaseException]:
+        """Wait, without cancelling, until every task started so far has ended; returns the
+        exceptions they ended with. For tasks that must run to their end, such as closing a
+        connection: a task cancelled before its first step runs none of its body."""
+        results = await asyncio.gather(*self._tasks, return_exceptions=True)
+        return [r for r in results
+                if isinstance(r, BaseException) and not isinstance(r, asyncio.CancelledError)]

@@ -11,10 +11,15 @@ def test_leader_epoch_error_answers_each_comparison():
     assert leader_epoch_error(check_epoch(theirs=5, ours=4)) is ErrorCode.UNKNOWN_LEADER_EPOCH
 
 
-def test_old_fencing_module_is_the_same_comparison():
-    """Claim: dataplane.replica.fencing re-exports common.epochs, so there is one enum."""
-    from dataplane.replica import fencing
-    assert fencing.EpochCheck is EpochCheck and fencing.check_epoch is check_epoch
+def test_the_epoch_comparison_has_one_module():
+    """Claim: the replica core fences with common.epochs, and the old re-export is gone,
+    so there is one enum."""
+    import importlib.util
+
+    from dataplane.replica import admission, core, push
+    assert core.EpochCheck is EpochCheck and core.check_epoch is check_epoch
+    assert push.check_epoch is check_epoch and admission.check_epoch is check_epoch
+    assert importlib.util.find_spec("dataplane.replica.fencing") is None
 
 
 def test_topic_partition_is_one_class_and_equals_the_plain_pair():
@@ -94,6 +99,31 @@ def test_cancel_and_wait_returns_after_every_finally_ran():
         owner.spawn(slow_cleanup("c"))
         await asyncio.sleep(0)
         assert await owner.cancel_and_wait() == [] and cleaned[-1] == "c"
+
+    asyncio.run(main())
+
+
+def test_task_owner_wait_lets_tasks_finish():
+    """Claim: TaskOwner.wait cancels nothing: a task spawned just before still runs its whole
+    body, and the exceptions tasks ended with are returned."""
+    import asyncio
+
+    from common.tasks import TaskOwner
+    closed = []
+
+    async def close(name: str) -> None:
+        await asyncio.sleep(0.01)
+        closed.append(name)
+
+    async def fails() -> None:
+        raise ValueError("boom")
+
+    async def main() -> None:
+        owner = TaskOwner()
+        owner.spawn(close("x"))
+        owner.spawn(fails())
+        errors = await owner.wait()
+        assert closed == ["x"] and [type(e) for e in errors] == [ValueError] and len(owner) == 0
 
     asyncio.run(main())
 

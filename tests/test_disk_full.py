@@ -18,12 +18,12 @@ import pytest
 from common import durable
 from common.batch import build_batch
 from common.control_client import MetadataBatch
-from common.errors import ErrorCode, StorageError
+from common.errors import ErrorCode, PartitionOfflineError, StorageError
 from common.metadata.records import dump_record
 from dataplane.broker.config import BrokerConfig
 from dataplane.broker.metadata import MetadataLearner
 from dataplane.broker.offline import OfflineRecovery
-from dataplane.broker.partition import PartitionDriver, PartitionOfflineError, now_ms
+from dataplane.broker.partition import PartitionDriver, now_ms
 from dataplane.broker.replicas import ReplicaManager
 from dataplane.log import files, space
 from dataplane.log.interface import LogConfig

@@ -48,6 +48,7 @@ from common.metadata.records import (
     UnfenceBroker,
     UnregisterBroker,
 )
+from common.topic_partition import TopicPartition
 
 IMAGE_FORMAT_VERSION = 1
 
@@ -103,8 +104,8 @@ class PartitionInfo:
         return bool(self.adding or self.removing)
 
     @property
-    def tp(self) -> tuple[str, int]:
-        return (self.topic, self.partition)
+    def tp(self) -> TopicPartition:
+        return TopicPartition(self.topic, self.partition)
 
 
 def _reject(record: Record, reason: str) -> RecordRejected:

@@ -19,6 +19,8 @@ from aiohttp import web
 from common.control_client import ControlClient
 from common.eventloop import LoopStalls, LoopWatchdog
 from common.errors import BiplaneError
+from common.tasks import cancel_and_wait
+from common.topic_partition import TopicPartition
 from common.usage import BrokerUsage
 from dataplane.broker.config import BrokerConfig
 from dataplane.broker.fetcher import Fetcher
@@ -27,7 +29,7 @@ from dataplane.broker.lifecycle import Lifecycle, take_clean_shutdown_marker, wr
 from dataplane.broker.metadata import MetadataLearner
 from dataplane.broker.metrics import render_metrics
 from dataplane.broker.offline import OfflineRecovery
-from dataplane.broker.partition import PartitionDriver, TopicPartition, now_ms
+from dataplane.broker.partition import PartitionDriver, now_ms
 from dataplane.broker.producer_ids import ProducerIds
 from dataplane.broker.pusher import Pusher
 from dataplane.broker.replicas import ReplicaManager
@@ -155,13 +157,7 @@ class Broker:
             await self.lifecycle.controlled_shutdown()
         if self._server is not None:
             self._server.close()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            try:
-                await task
-            except (asyncio.CancelledError, Exception):
-                pass
+        await cancel_and_wait(*self._tasks)  # a task that failed was logged when it ended
         if self.fetcher is not None:
             await self.fetcher.close()
         if self.pusher is not None:
@@ -187,7 +183,7 @@ class Broker:
         info = self.learner.image.brokers.get(broker_id)
         return (info.host, info.port) if info is not None else None
 
-    def _deliver(self, tp: tuple[str, int], event) -> None:
+    def _deliver(self, tp: TopicPartition, event) -> None:
         driver = self.replicas.get(*tp) if self.replicas is not None else None
         if driver is None:
             return

@@ -22,10 +22,10 @@ carries these wire messages on its simulated network.
 from __future__ import annotations
 
 from common.errors import ErrorCode
+from common.topic_partition import TopicPartition
 from common.wire import messages as wire
 from dataplane.replica.events import AppendEntries, AppendEntriesReply, FetchRequest, FetchResponse
 
-TopicPartition = tuple[str, int]
 
 # What a fetch asks per partition when the core names no bound (a consumer's request).
 PARTITION_MAX_BYTES_DEFAULT = 1024 * 1024

@@ -26,6 +26,8 @@ import logging
 from typing import Callable
 
 from common.errors import BiplaneError, ErrorCode
+from common.tasks import TaskOwner, cancel_and_wait
+from common.topic_partition import TopicPartition
 from common.wire import WireClient
 from common.wire import messages as wire
 from dataplane.broker.codec import fetch_answer_from_wire, fetch_failed, fetch_to_wire
@@ -33,7 +35,6 @@ from dataplane.replica.events import FetchRequest, FetchResponse
 
 log = logging.getLogger("biplane.broker.fetcher")
 
-TopicPartition = tuple[str, int]
 AddressOf = Callable[[int], "tuple[str, int] | None"]
 Deliver = Callable[[TopicPartition, FetchResponse], None]
 
@@ -85,6 +86,7 @@ class FetchSession:
         self._wake_exp = asyncio.Event()  # the express loop's: something new arrived
         self._clients: dict[str, WireClient | None] = {"main": None, "express": None}
         self._backoff_ms = 0
+        self._closing = TaskOwner()  # closes of abandoned long-polls' connections: they finish
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._main_loop()), loop.create_task(self._express_loop())]
 
@@ -150,7 +152,7 @@ class FetchSession:
         client, self._clients["main"] = self._clients["main"], None
         if client is not None:
             self._restarting = True
-            asyncio.get_running_loop().create_task(client.close())
+            self._closing.spawn(client.close())
 
     async def _wake_express(self) -> None:
         self._wake_exp.clear()
@@ -185,7 +187,7 @@ class FetchSession:
         answered: dict[TopicPartition, wire.FetchPartitionResponse] = {}
         for t in response.topics:
             for p in t.partitions:
-                answered[(t.topic, p.partition)] = p
+                answered[TopicPartition(t.topic, p.partition)] = p
         self._deliver(batch, answered)
         return answered
 
@@ -253,13 +255,8 @@ class FetchSession:
         self._wake_exp.set()
 
     async def close(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            try:
-                await task
-            except (asyncio.CancelledError, Exception):
-                pass
+        await cancel_and_wait(*self._tasks)
+        await self._closing.wait()
         for which, client in list(self._clients.items()):
             if client is not None:
                 await client.close()

@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any, Mapping, Protocol
 
 from common.eventloop import LoopStalls
+from common.topic_partition import TopicPartition
 from dataplane.broker.budget import ProduceBudget
-from dataplane.broker.partition import PartitionDriver, TopicPartition
+from dataplane.broker.partition import PartitionDriver
 from dataplane.broker.server import Counters
 
 

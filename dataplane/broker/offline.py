@@ -24,14 +24,13 @@ from typing import TYPE_CHECKING, Callable
 
 from common.errors import BiplaneError
 from common.metadata.image import MetadataImage
+from common.topic_partition import TopicPartition
 from dataplane.log import space
 
 if TYPE_CHECKING:
     from dataplane.broker.replicas import ReplicaManager
 
 log = logging.getLogger("biplane.broker.offline")
-
-TopicPartition = tuple[str, int]
 
 
 @dataclasses.dataclass

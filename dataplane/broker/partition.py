@@ -23,10 +23,12 @@ import time
 from typing import Protocol
 
 from common.batch import Buffer
-from common.errors import BiplaneError, ErrorCode, InvalidRequestError, StorageError
+from common.errors import (BiplaneError, ErrorCode, InvalidRequestError, LogTruncatedError,
+                           PartitionOfflineError, StorageError)
+from common.topic_partition import TopicPartition
 from dataplane.broker.budget import ProduceBudget
 from dataplane.broker.producer_state import BrokerProducerState, plain_entries
-from dataplane.log.flusher import FlushCoalescer, LogTruncatedError
+from dataplane.log.flusher import FlushCoalescer
 from dataplane.log.interface import LogConfig
 from dataplane.log.log import PartitionLog
 from dataplane.log.space import offline_hint
@@ -43,8 +45,6 @@ from dataplane.replica.perform import perform
 
 log = logging.getLogger("biplane.broker.partition")
 
-TopicPartition = tuple[str, int]
-
 
 class DriverHooks(Protocol):
     def send_fetch(self, leader_id: int, tp: TopicPartition, request: FetchRequest) -> None: ...
@@ -52,10 +52,6 @@ class DriverHooks(Protocol):
     def propose_isr(self, tp: TopicPartition, proposal: ProposeIsr) -> None: ...
     def report_election(self, tp: TopicPartition, report: ReportElection) -> None: ...
     def refresh_metadata(self, tp: TopicPartition, reason: str) -> None: ...
-
-
-class PartitionOfflineError(StorageError):
-    """The partition's log failed (disk error); it serves nothing until the broker restarts."""
 
 
 def now_ms() -> int:

@@ -11,9 +11,10 @@ where the table comes from:
   thread-safe: dataplane/log/log.py). Batches the log gains meanwhile are read by a
   follow-up pass when the thread is done; the table is swapped in on the loop once it
   covers the whole log, and `on_loaded` is called. While loading, the table refuses
-  idempotent batches with LEADER_NOT_AVAILABLE (retriable, written nothing); the
-  driver parks produce requests instead of stepping them (PartitionDriver._must_wait),
-  so that answer is a safety net. A newer truncation supersedes a running rebuild.
+  idempotent batches with LEADER_NOT_AVAILABLE (retriable, written nothing); the core
+  holds produce requests while the table loads (dataplane/replica/admission.py,
+  `_may_take_more`) and takes them once `on_loaded` steps it, so that answer is a
+  safety net. A newer truncation supersedes a running rebuild.
 """
 from __future__ import annotations
 

@@ -26,6 +26,8 @@ import logging
 from typing import Awaitable, Callable
 
 from common.errors import BiplaneError, ErrorCode
+from common.tasks import TaskOwner
+from common.topic_partition import TopicPartition
 from common.wire import WireClient
 from common.wire import messages as wire
 from dataplane.broker.codec import (
@@ -35,7 +37,6 @@ from dataplane.replica.events import AppendEntries, AppendEntriesReply
 
 log = logging.getLogger("biplane.broker.pusher")
 
-TopicPartition = tuple[str, int]
 AddressOf = Callable[[int], "tuple[str, int] | None"]
 Deliver = Callable[[TopicPartition, AppendEntriesReply], None]
 
@@ -56,7 +57,8 @@ class Pusher:
         self._connecting: dict[int, asyncio.Future] = {}
         self._down_until: dict[int, float] = {}
         self._waiting: dict[int, list] = {}  # per follower: (tp, request) queued while it connects
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks = TaskOwner()    # connects, and writes after a connect
+        self._closing = TaskOwner()  # closes of dropped clients: they finish, never cancelled
         self._closed = False
 
     def submit(self, follower_id: int, tp: TopicPartition, ev: AppendEntries) -> None:
@@ -75,7 +77,7 @@ class Pusher:
         waiting = self._waiting.get(follower_id)
         if waiting is None:
             waiting = self._waiting[follower_id] = []
-            self._spawn(self._connect_then_write(follower_id))
+            self._tasks.spawn(self._connect_then_write(follower_id))
         waiting.append((tp, request))
 
     def _write(self, client: WireClient, follower_id: int, tp: TopicPartition,
@@ -116,12 +118,7 @@ class Pusher:
         self._down_until[follower_id] = asyncio.get_running_loop().time() + self.reconnect_backoff_ms / 1000
         client = self._clients.pop(follower_id, None)
         if client is not None:
-            self._spawn(client.close())
-
-    def _spawn(self, coro) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+            self._closing.spawn(client.close())
 
     async def _client(self, follower_id: int) -> WireClient:
         client = self._clients.get(follower_id)
@@ -129,7 +126,7 @@ class Pusher:
             return client
         pending = self._connecting.get(follower_id)
         if pending is None:
-            pending = asyncio.ensure_future(self._connect(follower_id))
+            pending = self._tasks.spawn(self._connect(follower_id))
             self._connecting[follower_id] = pending
             pending.add_done_callback(lambda _: self._connecting.pop(follower_id, None))
         return await asyncio.shield(pending)
@@ -146,8 +143,9 @@ class Pusher:
     async def close(self) -> None:
         self._closed = True
         self._waiting.clear()
-        for task in list(self._tasks):
-            task.cancel()
+        # Connects in flight too: a connect finishing after close would keep its client.
+        await self._tasks.cancel_and_wait()
+        await self._closing.wait()
         for client in list(self._clients.values()):
             await client.close()
         self._clients.clear()
@@ -160,7 +158,7 @@ async def answer_append_entries(req: wire.AppendEntriesRequest,
     answered (AppendEntriesReply among them); `flushed(offset)`, when given, waits until the
     log is flushed up to offset and returns the log's flushed offset (used only when the
     leader asked for flush_after_append, i.e. acks=all requests wait on this range)."""
-    tp = (req.topic, req.partition)
+    tp = TopicPartition(req.topic, req.partition)
     replies = [r for r in step(append_entries_from_wire(req)) if isinstance(r, AppendEntriesReply)]
     if not replies:
         # The core ignored it (a late copy computed from another state of our log): an error

@@ -23,13 +23,16 @@ import time
 from typing import Callable
 
 from common.control_client import ControlClient
+from common.durable import write_atomically
 from common.errors import BiplaneError, ErrorCode
 from common.metadata.image import MetadataImage, PartitionInfo, TopicInfo
 from common.requests import AlterIsrRequest, ElectionReport
+from common.tasks import TaskOwner
+from common.topic_partition import TopicPartition
 from common.usage import ReplicaUsage
 from dataplane.broker.budget import ProduceBudget
 from dataplane.broker.config import BrokerConfig
-from dataplane.broker.partition import PartitionDriver, TopicPartition, now_ms
+from dataplane.broker.partition import PartitionDriver, now_ms
 from dataplane.log.interface import LogConfig
 from dataplane.log.space import is_disk_full
 from dataplane.replica.actions import ProposeIsr, ReportElection
@@ -73,14 +76,14 @@ class ReplicaManager:
         self._fed: dict[TopicPartition, tuple] = {}
         self._isr_inflight: set[TopicPartition] = set()
         self._last_usage: dict[TopicPartition, tuple[float, tuple[int, int, int]]] = {}
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks = TaskOwner()  # ISR proposals and election reports to the controller
         self._lock = asyncio.Lock()
         self._closed = False
         self._swept = False
         self.reopening: set[TopicPartition] = set()  # offline partitions opened again (offline.py)
 
     def get(self, topic: str, partition: int) -> PartitionDriver | None:
-        return self.drivers.get((topic, partition))
+        return self.drivers.get(TopicPartition(topic, partition))
 
     # ------------------------------------------------------------ metadata
 
@@ -191,7 +194,7 @@ class ReplicaManager:
         if tp in self._isr_inflight:
             return  # the core repeats its proposal on a timer until it is settled
         self._isr_inflight.add(tp)
-        self._spawn(self._alter_isr(tp, proposal))
+        self._tasks.spawn(self._alter_isr(tp, proposal))
 
     async def _alter_isr(self, tp: TopicPartition, proposal: ProposeIsr) -> None:
         try:
@@ -217,7 +220,7 @@ class ReplicaManager:
             self._isr_inflight.discard(tp)
 
     def report_election(self, tp: TopicPartition, report: ReportElection) -> None:
-        self._spawn(self._report(tp, report))
+        self._tasks.spawn(self._report(tp, report))
 
     async def _report(self, tp: TopicPartition, report: ReportElection) -> None:
         try:
@@ -287,16 +290,12 @@ class ReplicaManager:
                 produce_records_per_s=rates[1], fetch_bytes_per_s=rates[2]))
         return out
 
-    def _spawn(self, coro) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
     async def close(self) -> None:
         async with self._lock:
             self._closed = True
-            for task in list(self._tasks):
-                task.cancel()
+            # Ended before the drivers close: none of them steps a driver that is closing.
+            for exc in await self._tasks.cancel_and_wait():
+                log.warning("controller request ended with %r", exc)
             # Together: each close flushes its log and writes a producer snapshot (fsyncs
             # in worker threads), so one after the other would add up with many partitions.
             drivers = list(self.drivers.values())
@@ -322,12 +321,7 @@ def _prepare_dir(directory: str, topic_id: str) -> bool:
         log.warning("wiping %s: it holds topic id %r, metadata says %r", directory, found, topic_id)
         shutil.rmtree(directory)
     os.makedirs(directory)
-    tmp = marker + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(topic_id + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, marker)
+    write_atomically(marker, (topic_id + "\n").encode())
     return False
 
 

@@ -25,6 +25,7 @@ from typing import Any, Awaitable, Callable
 
 from common.errors import BiplaneError, ErrorCode
 from common.metadata.image import MetadataImage
+from common.topic_partition import TopicPartition
 from common.wire import RequestHeader
 from common.wire import messages as wire
 from dataplane.broker.codec import append_refusal, fetch_answer_to_wire, fetch_from_wire, fetch_refusal
@@ -34,8 +35,6 @@ from dataplane.broker.pusher import answer_append_entries
 from dataplane.broker.replicas import ReplicaManager
 
 log = logging.getLogger("biplane.broker.server")
-
-TopicPartition = tuple[str, int]
 
 
 class Counters:
@@ -172,7 +171,7 @@ class RequestHandler:
             budget = max(1, request.max_bytes)
             for t in request.topics:
                 for p in t.partitions:
-                    tp = (t.topic, p.partition)
+                    tp = TopicPartition(t.topic, p.partition)
                     if follower and tp in stepped and self._fetched_since(request.replica_id, tp, stepped[tp], p):
                         # The follower has fetched from elsewhere since (express) and moved on:
                         # this long-poll is old news. End it, so its newer request can come.
@@ -215,9 +214,10 @@ class RequestHandler:
             log_start_offset=driver.log.log_start_offset, log_end_offset=driver.log.log_end_offset,
             current_leader=wire.LeaderIdAndEpoch(leader_id=self.broker_id, leader_epoch=r.leader_epoch)), driver
 
-    def _fetch_partition(self, replica_id: int, tp: TopicPartition, p: wire.FetchPartition,
-                         max_bytes: int) -> tuple[wire.FetchPartitionResponse, PartitionDriver | None, bool]:
-        """(answer, driver to wait on, whether to answer now)."""
+    def _fetch_partition(self, replica_id: int, tp: TopicPartition, p: wire.FetchPartition, message_bytes_max: int
+                         ) -> tuple[wire.FetchPartitionResponse, PartitionDriver | None, bool]:
+        """(answer, driver to wait on, whether to answer now). `message_bytes_max`: this
+        partition's share of the request's byte budget."""
         def refuse(code: ErrorCode):
             self.counters.error(code)
             return fetch_refusal(p.partition, code, self._current_leader(*tp)), None, True
@@ -226,7 +226,7 @@ class RequestHandler:
         if driver is None:
             return refuse(error)
         try:
-            a = driver.fetch(fetch_from_wire(replica_id, tp, p, max_bytes=max_bytes))
+            a = driver.fetch(fetch_from_wire(replica_id, tp, p, max_bytes=message_bytes_max))
         except BiplaneError as exc:
             return refuse(exc.code)
         answer = fetch_answer_to_wire(p.partition, a, log_start_offset=driver.log.log_start_offset,

@@ -63,7 +63,7 @@ _SEQUENCE_REFUSALS = frozenset({
 })
 
 # InitProducerId answers that end the producer, as Kafka's are fatal for it: fenced by a newer
-# instance, or a broker without idempotence support. Other refusals (UNAUTHORIZED, INVALID_CONFIG,
+# instance, or a broker without idempotence support. Other non-retriable refusals (INVALID_CONFIG,
 # ...) fail only the batches waiting for an identity; retriable ones fail nothing.
 ID_FATAL = frozenset({ErrorCode.INVALID_PRODUCER_EPOCH, ErrorCode.UNSUPPORTED_VERSION})
 
@@ -214,7 +214,7 @@ class ProducerCore(Generic[B]):
     def id_request_failed(self, *, error: ErrorCode, now_ms: int, reason: str = "") -> list[Outcome[B]]:
         """InitProducerId ended without an identity: `error` is the answer's code, or
         NETWORK_EXCEPTION / REQUEST_TIMED_OUT when no broker answered. Retriable: asked again
-        after retry_backoff_ms, nothing fails. Refused (not retriable, e.g. UNAUTHORIZED): the
+        after retry_backoff_ms, nothing fails. Refused (not retriable, e.g. INVALID_CONFIG): the
         batches waiting here for numbers fail with it (never sent: not outcome-unknown) and the
         request is still asked again after the backoff, for later batches (Kafka's producer
         returns to "uninitialized"). Fatal (id_error_kind): the same, and fatal_error is set:

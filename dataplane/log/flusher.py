@@ -18,8 +18,7 @@ import concurrent.futures
 import logging
 from typing import Callable, Union
 
-# LogTruncatedError is common/errors.py's, named here too for older imports.
-from common.errors import InvalidRequestError, LogTruncatedError as LogTruncatedError, StorageError
+from common.errors import InvalidRequestError, LogTruncatedError, StorageError
 
 from .interface import Log
 

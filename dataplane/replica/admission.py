@@ -32,10 +32,10 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from common.batch import BatchHeader, Buffer, iter_batches
+from common.epochs import check_epoch, leader_epoch_error
 from common.errors import CorruptBatchError, ErrorCode
 from dataplane.replica.actions import NoteAction, Rejected, RefreshMetadata, ReleaseProduce
 from dataplane.replica.events import BrokerBudget, ProduceRequest
-from dataplane.replica.fencing import EpochCheck, check_epoch
 from dataplane.replica.producer_state import ProducerStateTable
 from dataplane.replica.state import PartitionState, ReplicationConfig, Role
 
@@ -187,12 +187,7 @@ class ProduceAdmission:
         deposed, so a newer one never stops us leading; it only makes us refresh metadata."""
         if epoch is None or epoch < 0:
             return ErrorCode.NONE
-        check = check_epoch(theirs=epoch, ours=self.leader_epoch)
-        if check is EpochCheck.STALE:
-            return ErrorCode.FENCED_LEADER_EPOCH
-        if check is EpochCheck.NEWER:
-            return ErrorCode.UNKNOWN_LEADER_EPOCH
-        return ErrorCode.NONE
+        return leader_epoch_error(check_epoch(theirs=epoch, ours=self.leader_epoch))
 
     def _check_client_epoch(self, epoch: int | None, source: str) -> ErrorCode:
         error = self.client_epoch_error(epoch)

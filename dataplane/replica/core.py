@@ -47,7 +47,7 @@ from dataplane.replica.events import (
     IsrChangeRefused, NewMetadata, ProduceRequest, Tick, WriteDone,
 )
 from dataplane.replica import invariants
-from dataplane.replica.fencing import EpochCheck, check_epoch
+from common.epochs import EpochCheck, check_epoch
 from dataplane.replica.logview import LogView, epoch_before
 from dataplane.replica.producer_state import ProducerStateTable
 from dataplane.replica.admission import VALID_ACKS, PendingProduce, ProduceAdmission

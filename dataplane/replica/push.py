@@ -29,7 +29,7 @@ from common.batch import Buffer, iter_batches
 from common.errors import CorruptBatchError, ErrorCode
 from dataplane.replica.actions import NoteAction, Rejected, Send, SendAction
 from dataplane.replica.events import AppendEntries, AppendEntriesReply
-from dataplane.replica.fencing import EpochCheck, check_epoch
+from common.epochs import EpochCheck, check_epoch
 from dataplane.replica.logview import LogView, epoch_before
 from dataplane.replica.state import ReplicationConfig
 
