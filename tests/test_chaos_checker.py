@@ -315,3 +315,25 @@ def test_a_process_that_exits_unasked_fails_the_run() -> None:
     report = check(h)
     assert report.safe and not report.ok
     assert report.liveness["processes_exited"] == h.exits
+
+
+def test_liveness_advisory_gates_on_violations_and_crashes_only(capsys: pytest.CaptureFixture[str]) -> None:
+    """Claim: with --liveness-advisory a run whose only failures are liveness ones exits 0, while
+    a safety violation or a process that died unasked still exits 1; without it, any failure is 1."""
+    from tests.chaos.main import report_and_exit_code
+    h = clean_history()
+    tp = tp_key(TOPIC, 0)
+    del h.final_reads[tp]
+    h.unreadable = [tp]                       # a liveness failure only
+    report = check(h)
+    assert report.safe and not report.ok
+    assert report_and_exit_code(h, report, [], None) == 1
+    assert report_and_exit_code(h, report, [], None, liveness_advisory=True) == 0
+    h.exits = ["b1 exited (code 1) at 3.0 s: boom"]
+    assert report_and_exit_code(h, check(h), [], None, liveness_advisory=True) == 1
+    h.exits = []
+    victim = acked(h, tp)[2]
+    for broker in h.replicas[tp]:
+        h.replicas[tp][broker] = [(o, e) for o, e in h.replicas[tp][broker] if not e.endswith(victim.value)]
+    assert report_and_exit_code(h, check(h), [], None, liveness_advisory=True) == 1
+    capsys.readouterr()

@@ -130,7 +130,8 @@ def table(s: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def report_and_exit_code(history: History, report: Report, problems: list[str], out: Path | None) -> int:
+def report_and_exit_code(history: History, report: Report, problems: list[str], out: Path | None,
+                         *, liveness_advisory: bool = False) -> int:
     s = summary(history, report, problems)
     text = json.dumps(s, indent=1, sort_keys=True)
     if out is not None:
@@ -138,8 +139,12 @@ def report_and_exit_code(history: History, report: Report, problems: list[str], 
     print(text)
     print()
     print(table(s))
-    if not report.ok:
+    crashed = bool(report.liveness.get("processes_exited"))
+    if not report.safe or crashed or (not report.ok and not liveness_advisory):
         return 1
+    if not report.ok:
+        print("liveness failures above are reported, not counted (--liveness-advisory): "
+              "no safety violation and no process died unasked")
     return 2 if problems else 0
 
 
@@ -155,6 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--settle", type=float, default=10.0, help="seconds of producing after the last heal")
     p.add_argument("--keep-data", action="store_true", help="copy the brokers' data out of their tmpfs before unmount")
     p.add_argument("--check", type=Path, metavar="HISTORY", help="only check a saved history.json")
+    p.add_argument("--liveness-advisory", action="store_true",
+                   help="exit 0 when the only failures are liveness ones (partitions slow to acknowledge or "
+                        "read back); violations and processes that died unasked still exit 1")
     p.add_argument("--cleanup", action="store_true", help="remove what killed runs left (processes, mounts, namespaces)")
     return p
 
@@ -167,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, ValueError, KeyError, TypeError) as exc:
             print(f"scripts/chaos: cannot read {args.check}: {exc}", file=sys.stderr)
             return 2
-        return report_and_exit_code(history, check(history), [], None)
+        return report_and_exit_code(history, check(history), [], None, liveness_advisory=args.liveness_advisory)
     problems = capability_problems()
     if problems:
         for problem in problems:
@@ -219,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         for problem in run_problems:
             print(f"scripts/chaos: {problem} (seed={seed})", file=sys.stderr)
         return 2
-    code = report_and_exit_code(result, report, run_problems, out)
+    code = report_and_exit_code(result, report, run_problems, out, liveness_advisory=args.liveness_advisory)
     print(f"seed={seed}; history in {out / 'history.json'}; process logs in {out / 'logs'}")
     return code
 
