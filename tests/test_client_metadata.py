@@ -9,8 +9,7 @@ import math
 import pytest
 
 from dataplane.client import Consumer, Producer, TopicPartition
-from common.wire import MetadataBroker, MetadataPartition, MetadataResponse, MetadataTopic
-from dataplane.client.metadata import ClusterMetadata, metadata_refresh_due_ms
+from dataplane.client.metadata import metadata_refresh_due_ms
 from fake_broker import ClusterView, FakeBroker
 
 
@@ -153,27 +152,3 @@ def test_consumer_moves_its_fetches_to_a_new_leader_without_any_error():
             assert [r.offset for r in got] == list(range(6))
             assert len(a.fetch_sizes) <= a_fetches + 1   # at most the fetch already out
     run(main())
-
-
-def _answer(leader: int, epoch: int) -> MetadataResponse:
-    return MetadataResponse(
-        brokers=tuple(MetadataBroker(node_id=i, host="127.0.0.1", port=9000 + i) for i in (1, 2, 3)),
-        topics=(MetadataTopic(topic="t", partitions=(MetadataPartition(
-            partition=0, leader_id=leader, leader_epoch=epoch, replicas=(1, 2, 3), isr=(1, 2, 3)),)),))
-
-
-def test_a_leader_that_denied_leading_is_not_believed_again_from_a_lagging_broker():
-    """Claim: once broker 3 said it does not lead t-0 at epoch 5, metadata from a broker whose
-    image still names (3, epoch 5) leaves the leader unknown (so the client keeps refreshing),
-    while a newer epoch or another leader is taken at once."""
-    meta = ClusterMetadata()
-    tp = TopicPartition("t", 0)
-    meta.update(_answer(3, 5))
-    assert meta.leader(tp) == 3
-    meta.forget_leader(tp)
-    meta.update(_answer(3, 5))            # a lagging broker's view
-    assert meta.leader(tp) is None
-    meta.update(_answer(1, 6))            # the new leader
-    assert meta.leader(tp) == 1
-    meta.update(_answer(3, 5))            # older than what is known: ignored as before
-    assert meta.leader(tp) == 1

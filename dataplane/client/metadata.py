@@ -28,9 +28,6 @@ class ClusterMetadata:
         self.topics: dict[str, dict[int, PartitionInfo]] = {}
         self.unknown_topics: set[str] = set()
         self.topic_errors: dict[str, ErrorCode] = {}
-        # (leader, epoch) a broker denied leading: a lagging broker's metadata naming that same
-        # pair again is not believed; only a newer epoch, or another leader, is.
-        self._denied: dict[TopicPartition, tuple[int, int]] = {}
 
     def update(self, response: MetadataResponse) -> None:
         if response.brokers:
@@ -53,14 +50,6 @@ class ClusterMetadata:
                 prev = old.get(p.partition)
                 if prev is not None and prev.leader_epoch > info.leader_epoch:
                     info = prev
-                tp = TopicPartition(topic.topic, p.partition)
-                denied = self._denied.get(tp)
-                if denied is not None:
-                    if denied == (info.leader_id, info.leader_epoch):
-                        info = PartitionInfo(leader_id=-1, leader_epoch=info.leader_epoch,
-                                             replicas=info.replicas, isr=info.isr)
-                    elif info.leader_epoch > denied[1] or info.leader_id != denied[0]:
-                        del self._denied[tp]
                 new[p.partition] = info
             self.topics[topic.topic] = new
 
@@ -86,8 +75,6 @@ class ClusterMetadata:
         parts = self.topics.get(tp.topic)
         if parts and tp.partition in parts:
             info = parts[tp.partition]
-            if info.leader_id >= 0:
-                self._denied[TopicPartition(tp.topic, tp.partition)] = (info.leader_id, info.leader_epoch)
             parts[tp.partition] = PartitionInfo(leader_id=-1, leader_epoch=info.leader_epoch,
                                                 replicas=info.replicas, isr=info.isr)
 
