@@ -333,7 +333,6 @@ def test_consumer_follows_a_preferred_leader_election(cluster):
             # loaded machine a session may expire and move leadership again before the end).
             tp = TopicPartition("moving", 0)
             assert consumer._network.metadata.leader_epoch(tp) >= elected_epoch
-            assert consumer._network.metadata.leader(tp) is not None
             return got
     got = run(main())
     assert [r.value for r in got] == [b"m%03d" % i for i in range(100)]
