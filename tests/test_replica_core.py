@@ -247,8 +247,8 @@ def test_consumers_read_only_below_the_high_watermark():
     assert nodes[1].sent()[-1].records == b""
 
 
-def test_epoch_start_rule_holds_hw_until_the_new_epoch_is_stored():
-    """Claim: a new leader's HW does not count old-epoch data until a required set stores its epoch start."""
+def epoch_two_over_a_flushed_epoch_one() -> dict[int, Node]:
+    """Three replicas holding one flushed epoch-1 batch, told that replica 1 leads epoch 2."""
     logs = {i: MemoryLog() for i in (1, 2, 3)}
     for log in logs.values():
         log.append_as_leader(batch(b"old"), leader_epoch=1)
@@ -256,6 +256,12 @@ def test_epoch_start_rule_holds_hw_until_the_new_epoch_is_stored():
     nodes = {i: Node(i, log=logs[i]) for i in (1, 2, 3)}
     for n in nodes.values():
         n.step(NewMetadata(partition=state(leader=1, epoch=2), config=config()))
+    return nodes
+
+
+def test_epoch_start_rule_holds_hw_until_the_new_epoch_is_stored():
+    """Claim: a new leader's HW does not count old-epoch data until a required set stores its epoch start."""
+    nodes = epoch_two_over_a_flushed_epoch_one()
     assert nodes[1].replica.epoch_start_offset == 1
     leader = nodes[1]
     # Followers report offset 1 (all of epoch 1) before fetching the epoch-start batch.
@@ -651,13 +657,7 @@ def test_a_new_leader_answers_offset_not_available_until_its_hw_passes_its_epoch
     """Claim: list-offsets (latest, or by time) on a leader whose HW is still below its epoch
     start answers OFFSET_NOT_AVAILABLE (retriable) rather than an HW consumers may already be
     past; the log start is always known; once the followers store the epoch start, the HW is."""
-    logs = {i: MemoryLog() for i in (1, 2, 3)}
-    for log in logs.values():
-        log.append_as_leader(batch(b"old"), leader_epoch=1)
-        log.flush()
-    nodes = {i: Node(i, log=logs[i]) for i in (1, 2, 3)}
-    for n in nodes.values():
-        n.step(NewMetadata(partition=state(leader=1, epoch=2), config=config()))
+    nodes = epoch_two_over_a_flushed_epoch_one()
     leader = nodes[1].replica
     assert leader.high_watermark < leader.epoch_start_offset == 1
     assert leader.list_offset(-1) == (ErrorCode.OFFSET_NOT_AVAILABLE, -1)
