@@ -460,6 +460,30 @@ def test_refused_isr_change_clears_the_pending_set_and_is_not_resent_at_once():
     assert leader.take(ProposeIsr) == []
 
 
+@pytest.mark.parametrize("error", [ErrorCode.REQUEST_TIMED_OUT, ErrorCode.NOT_CONTROLLER, ErrorCode.UNKNOWN])
+def test_isr_expansion_with_an_unknown_outcome_still_counts_the_joiner(error):
+    """Claim (regression, lost records under controller churn): an answer that does not say the
+    controller declined the expansion (a controller that lost its leadership before the commit
+    answers REQUEST_TIMED_OUT; the next leader may still commit it) keeps the joiner in the HW's
+    required set, so the joiner, elected later, holds every acknowledged record."""
+    cfg = config()
+    nodes = cluster(cfg, st=state(isr=(1, 2)))
+    leader = nodes[1]
+    pump(nodes)
+    assert leader.take(ProposeIsr)[-1].new_isr == (1, 2, 3)
+    leader.step(IsrChangeRefused(leader_epoch=1, partition_epoch=1, new_isr=(1, 2, 3), error=error,
+                                 reason="controller 2 lost its leader view; the request may or may not take effect"))
+    assert leader.replica.pending_isr == (1, 2, 3)
+    assert leader.replica.required_isr() == frozenset({1, 2, 3})
+    produce(leader, 1, -1)
+    pump(nodes, now_ms=0, rounds=6, drop=(3,))
+    assert 1 not in leader.released()  # 3 may already be in the committed ISR: it must hold the record
+    # The committed change arrives by metadata and settles the proposal.
+    leader.step(NewMetadata(partition=state(isr=(1, 2, 3), pepoch=2), config=cfg))
+    assert leader.replica.pending_isr is None
+    assert leader.replica.required_isr() == frozenset({1, 2, 3})
+
+
 def test_client_with_a_newer_leader_epoch_does_not_stop_the_leader():
     """Claim (regression): a produce with a newer leader_epoch is refused UNKNOWN_LEADER_EPOCH and
     the leader keeps leading; only a replica's newer epoch stops it."""

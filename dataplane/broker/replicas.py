@@ -24,7 +24,7 @@ from typing import Callable
 
 from common.control_client import ControlClient
 from common.durable import write_atomically
-from common.errors import BiplaneError, ErrorCode
+from common.errors import BiplaneError
 from common.metadata.image import MetadataImage, PartitionInfo, TopicInfo
 from common.requests import AlterIsrRequest, ElectionReport
 from common.tasks import TaskOwner
@@ -207,9 +207,9 @@ class ReplicaManager:
             log.info("%s-%d ISR -> %s refused: %s", *tp, list(proposal.new_isr), exc,
                      extra={"event": "partition.isr_refused", "topic": tp[0], "partition": tp[1]})
             driver = self.drivers.get(tp)
-            if exc.code is not ErrorCode.NOT_CONTROLLER and driver is not None:
-                # The controller decided (it was not just unreachable): the core settles its
-                # proposal (it ignores refusals judged at stale epochs on purpose).
+            if driver is not None:
+                # The core tells a declined proposal from an unknown outcome (its rule is
+                # in IsrChangeRefused): every answer goes to it as it came.
                 try:
                     driver.step(IsrChangeRefused(leader_epoch=proposal.leader_epoch,
                                                  partition_epoch=proposal.partition_epoch,

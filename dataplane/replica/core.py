@@ -56,9 +56,13 @@ from dataplane.replica.state import PartitionState, ReplicationConfig
 from dataplane.replica.state import Role as Role  # the core's roles, imported from here by its users
 from dataplane.replica.watermark import follower_stored_offset, next_high_watermark, stored_offset
 
-# Refusals that say our epochs are old, not that the proposal was judged and declined.
-_STALE_ISR_REFUSALS = frozenset({ErrorCode.FENCED_LEADER_EPOCH, ErrorCode.UNKNOWN_LEADER_EPOCH,
-                                 ErrorCode.INVALID_UPDATE_VERSION, ErrorCode.NOT_LEADER_OR_FOLLOWER})
+# The controller judged the proposal at its own epochs and declined it: nothing of it was
+# committed. Every other answer leaves the proposal open: a stale-epoch refusal (an earlier
+# copy may have been accepted) and an unknown outcome (a controller that lost its leadership
+# before the commit, a timeout, an internal error: the next controller leader may still
+# commit it). Only a newer partition epoch from metadata settles those.
+_DECLINED_ISR_REFUSALS = frozenset({ErrorCode.INELIGIBLE_REPLICA, ErrorCode.INVALID_REQUEST,
+                                    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION})
 EARLIEST_TIMESTAMP = -2
 LATEST_TIMESTAMP = -1
 
@@ -679,8 +683,11 @@ class Replica(ProduceAdmission, PushMixin):
         if (self.role is not Role.LEADER or self.pending_isr is None or tuple(ev.new_isr) != self.pending_isr
                 or (ev.leader_epoch, ev.partition_epoch) != (self.leader_epoch, self.partition_epoch)):
             return  # refuses a proposal we no longer hold: ours is still open (or settled)
-        if ev.error in _STALE_ISR_REFUSALS:
-            return  # an earlier copy may have been accepted: keep counting the union
+        if ev.error not in _DECLINED_ISR_REFUSALS:
+            # It may be (or become) the ISR: keep counting the union. Settling here once let
+            # an expansion that committed under the next controller leader go uncounted, and
+            # the joiner, elected later, lacked acknowledged records.
+            return
         self._notes.append(Rejected(event="ProposeIsr", error=ev.error,
                                     their_epoch=ev.leader_epoch, our_epoch=self.leader_epoch,
                                     reason=f"ISR -> {list(ev.new_isr)} refused: {ev.reason}"))

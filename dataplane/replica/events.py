@@ -123,12 +123,14 @@ class NewMetadata:
 
 @_frozen
 class IsrChangeRefused:
-    """The controller refused this leader's ISR proposal with `error` (the controller's
-    ErrorCode, e.g. INELIGIBLE_REPLICA for a fenced broker). A refusal judged at the
-    proposal's own epochs clears the matching pending proposal, so the HW is counted over
-    the real ISR again. A stale-epoch refusal (FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH,
-    INVALID_UPDATE_VERSION, NOT_LEADER_OR_FOLLOWER) is ignored: an earlier copy of the same
-    proposal may have been accepted, so only new metadata can settle it."""
+    """The controller answered this leader's ISR proposal with `error` instead of accepting it.
+
+    Only a refusal the controller judged at the proposal's own epochs (INELIGIBLE_REPLICA
+    for a fenced broker, INVALID_REQUEST, UNKNOWN_TOPIC_OR_PARTITION) clears the matching
+    pending proposal, so the HW is counted over the real ISR again. Any other error is
+    ignored: a stale-epoch refusal may follow an earlier copy that was accepted, and an
+    unknown outcome (REQUEST_TIMED_OUT from a controller that lost its leadership, NOT_CONTROLLER,
+    UNKNOWN) may still commit; only new metadata can settle those."""
 
     leader_epoch: int
     partition_epoch: int

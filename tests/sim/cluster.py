@@ -236,6 +236,10 @@ class Simulation:
         # One or two idempotent producers (acks=all) on the SDK's producer core, with client
         # request timeouts that are often shorter than the leader's produce timeout.
         self.idem_rng = random.Random(f"{seed}-{policy}-{durability}-idem")
+        # Controller leadership moves: an accepted ISR change answered as an unknown outcome,
+        # and the proposer's metadata lagging behind the controller that committed it.
+        self.isr_answer_rng = random.Random(f"{seed}-{policy}-{durability}-isr-answer")
+        self.metadata_lag_until: dict[int, int] = {}
         self.producers: dict[str, SimProducer] = {}
         for k in range(self.idem_rng.choice((1, 1, 2))):
             name = f"{seed}:p{k}"
@@ -275,7 +279,11 @@ class Simulation:
                     high_watermark=r.high_watermark, **fields)
 
     def _send(self, src: int, dst: int, msg) -> None:
-        for delay in self.faults.delivery_delays(src, dst):
+        delays = self.faults.delivery_delays(src, dst)
+        lag = self.metadata_lag_until.get(dst, 0) - self.now_ms
+        if src == CONTROLLER_ID and lag > 0 and isinstance(msg, NewMetadata):
+            delays = [max(d, lag) for d in delays]
+        for delay in delays:
             self._at(self.now_ms + delay, "deliver", (src, dst, msg))
 
     def _start(self, node: SimNode, *, unclean: bool) -> None:
@@ -472,6 +480,15 @@ class Simulation:
             self.controller.heartbeat(msg.broker_id, msg.incarnation_id, self.now_ms)
         elif isinstance(msg, ProposeIsr):
             refusal = self.controller.propose_isr(msg)
+            if (refusal is None and self.faults.active
+                    and self.isr_answer_rng.random() < self.faults.rates.isr_answer_unknown):
+                # The real controller's CommitFailedError: its leadership moved before it could
+                # answer, and the next leader committed the change. The proposer hears "timed
+                # out" and learns the new ISR only when its metadata catches up.
+                refusal = (ErrorCode.REQUEST_TIMED_OUT,
+                           "controller lost its leader view; the request may or may not take effect")
+                self.metadata_lag_until[src] = self.now_ms + self.isr_answer_rng.randint(
+                    50, self.faults.rates.metadata_lag_ms_max)
             if refusal is not None:
                 code, reason = refusal
                 self._trace("IsrRefused", replica=src, new_isr=list(msg.new_isr), error=code.name)

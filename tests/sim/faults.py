@@ -2,7 +2,9 @@
 
 Decisions draw from random streams seeded from the simulation's seed (one for
 node faults, one for the network), so a seed replays exactly. Faults: message loss, duplication, delay (hence
-reordering), crashes that drop unflushed data, restarts, network partitions.
+reordering), crashes that drop unflushed data, restarts, network partitions, an
+accepted ISR change answered as an unknown outcome with the proposer's metadata lagging
+(controller leadership moving).
 
 Tolerance (what the checkers may then demand):
 - durability=fsync: any number of replicas may be down or cut off at once;
@@ -33,6 +35,8 @@ class FaultRates:
     partition_ms_max: int = 500
     new_leader_crash: float = 0.3   # chance a freshly elected leader crashes within new_leader_crash_ms_max
     new_leader_crash_ms_max: int = 40
+    isr_answer_unknown: float = 0.2  # share of accepted ISR changes answered REQUEST_TIMED_OUT
+    metadata_lag_ms_max: int = 400   # how long the proposer's metadata then lags
 
 
 class FaultInjector:

@@ -178,7 +178,24 @@ def backlog_taken_only_on_ticks():
         yield
 
 
+@contextlib.contextmanager
+def isr_settled_by_unknown_outcome():
+    """A leader drops its ISR proposal on any answer but a stale-epoch one, including an unknown
+    outcome (a controller that lost its leadership before the commit): an expansion that the next
+    controller leader commits is not counted by the HW (the long fault run's lost records)."""
+    from common.errors import ErrorCode
+    old = core._DECLINED_ISR_REFUSALS
+    core._DECLINED_ISR_REFUSALS = frozenset(ErrorCode) - {
+        ErrorCode.FENCED_LEADER_EPOCH, ErrorCode.UNKNOWN_LEADER_EPOCH,
+        ErrorCode.INVALID_UPDATE_VERSION, ErrorCode.NOT_LEADER_OR_FOLLOWER}
+    try:
+        yield
+    finally:
+        core._DECLINED_ISR_REFUSALS = old
+
+
 MUTANTS = {
+    "isr_settled_by_unknown_outcome": isr_settled_by_unknown_outcome,
     "backlog_taken_only_on_ticks": backlog_taken_only_on_ticks,
     "producer_retry_blocked_behind_unnumbered": producer_retry_blocked_behind_unnumbered,
     "producer_never_takes_new_epoch": producer_never_takes_new_epoch,
