@@ -22,6 +22,7 @@ from common.errors import ErrorCode, PartitionOfflineError, StorageError
 from common.metadata.records import dump_record
 from dataplane.broker.config import BrokerConfig
 from dataplane.broker.metadata import MetadataLearner
+from dataplane.broker import replicas as replicas_module
 from dataplane.broker.offline import OfflineRecovery
 from dataplane.broker.partition import PartitionDriver, now_ms
 from dataplane.broker.replicas import ReplicaManager
@@ -407,27 +408,46 @@ def test_clean_shutdown_marker_on_a_full_disk_is_a_warning_and_the_next_start_is
     assert take_clean_shutdown_marker(str(tmp_path)) is False
 
 
-def test_recovery_opens_a_partition_whose_open_failed_but_leaves_one_being_opened_alone(tmp_path):
-    """A partition the metadata assigns here but that is not open (its open failed on a full
-    disk) is opened by the recovery pass; not before the broker caught up with the
-    controller, and not at the first pass that sees it missing (the metadata listener may be
-    opening it right then)."""
+def test_recovery_opens_a_partition_whose_open_failed_but_leaves_one_being_opened_alone(tmp_path, monkeypatch,
+                                                                                         caplog):
+    """A partition the metadata assigns here whose open failed (a full disk) is opened by the
+    recovery pass, not before the broker caught up with the controller; one that is merely not
+    open yet (the metadata listener is still opening it, as at start-up with many partitions) is
+    left alone, however many passes see it, and nothing says it came "back online"."""
     image = cluster(1)
     add_topic(image, "t", [[1]], min_insync_replicas=1)
+    real_prepare = replicas_module._prepare_dir
+    fail = {"open": True}
+
+    def prepare(directory, topic_id):
+        if fail["open"]:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_prepare(directory, topic_id)
+    monkeypatch.setattr(replicas_module, "_prepare_dir", prepare)
 
     async def scenario():
         manager = _manager(tmp_path)
         caught_up = {"yes": False}
         recovery = OfflineRecovery(manager, lambda: image, data_dir=manager.config.data_dir,
                                    ready=lambda: caught_up["yes"], retry_ms=1)
-        assert await recovery.pass_once() == 0 and manager.get("t", 0) is None
         caught_up["yes"] = True
-        assert await recovery.pass_once() == 0 and manager.get("t", 0) is None, "first sight: left alone"
+        for _ in range(3):
+            assert await recovery.pass_once() == 0 and manager.get("t", 0) is None, "not failed: left alone"
+        caplog.clear()
+        await manager.on_metadata(image)
+        assert manager.get("t", 0) is None and ("t", 0) in manager.open_failures
+        fail["open"] = False
+        caught_up["yes"] = False
+        assert await recovery.pass_once() == 0 and manager.get("t", 0) is None, "not caught up yet"
+        caught_up["yes"] = True
         assert await recovery.pass_once() == 1
         driver = manager.get("t", 0)
         assert driver is not None and driver.failed is None
+        assert ("t", 0) not in manager.open_failures
         assert ("t", 0) not in manager.reopening, "never offline: its start is the broker's own"
         assert await recovery.pass_once() == 0 and manager.get("t", 0) is driver
+        back = [r.getMessage() for r in caplog.records if "back online" in r.getMessage()]
+        assert len(back) == 1 and "No space left" in back[0], back
         await manager.close()
 
     asyncio.run(scenario())

@@ -54,27 +54,22 @@ class OfflineRecovery:
         self.attempts_max = attempts_max
         self._clock = clock
         self._attempts: dict[TopicPartition, _Attempts] = {}
-        self._missing: set[TopicPartition] = set()  # assigned, not open at the previous pass
         self.reopened = 0  # partitions brought back (tests, metrics)
 
     def _wanted(self, image: MetadataImage) -> list[TopicPartition]:
-        """Partitions assigned here that are offline, or still not open at a second pass in a
-        row (an open that failed: a full disk when the metadata arrived; a first pass may see
-        one the metadata listener is opening right now)."""
+        """Partitions assigned here that went offline, or whose open failed (a full disk when
+        the metadata arrived). One the metadata listener is still opening is neither."""
         broker_id = self.replicas.broker_id
         out = []
-        missing = set()
         for info in image.partitions():
             if broker_id not in info.replicas:
                 continue
             driver = self.replicas.drivers.get(info.tp)
             if driver is None:
-                missing.add(info.tp)
-                if info.tp in self._missing:
+                if info.tp in self.replicas.open_failures:
                     out.append(info.tp)
             elif driver.failed is not None and not driver.closed:
                 out.append(info.tp)
-        self._missing = missing
         return out
 
     def _has_room(self) -> bool:
@@ -114,7 +109,7 @@ class OfflineRecovery:
             if attempts.gave_up or now < attempts.next_at:
                 continue
             attempts.count += 1
-            reason = driver.failed if driver is not None else "an earlier open failed"
+            reason = driver.failed if driver is not None else self.replicas.open_failures.get(tp, "its open failed")
             try:
                 ok = await self.replicas.reopen(tp, image)
                 error = None if ok else "the open failed (logged above)"

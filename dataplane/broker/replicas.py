@@ -81,6 +81,8 @@ class ReplicaManager:
         self._closed = False
         self._swept = False
         self.reopening: set[TopicPartition] = set()  # offline partitions opened again (offline.py)
+        # Assigned partitions whose open failed, with why (offline.py tries them again).
+        self.open_failures: dict[TopicPartition, str] = {}
 
     def get(self, topic: str, partition: int) -> PartitionDriver | None:
         return self.drivers.get(TopicPartition(topic, partition))
@@ -146,7 +148,9 @@ class ReplicaManager:
             log_fn = log.warning if is_disk_full(exc) else log.error
             log_fn("cannot open %s-%d in %s: %s", *info.tp, directory, exc,
                    extra={"event": "partition.open_failed", "topic": info.topic, "partition": info.partition})
+            self.open_failures[info.tp] = f"opening it failed: {exc}"
             return None
+        self.open_failures.pop(info.tp, None)
         self.drivers[info.tp] = driver
         log.info("opened %s-%d at log end %d", *info.tp, driver.log.log_end_offset,
                  extra={"event": "partition.opened", "topic": info.topic, "partition": info.partition})
@@ -171,6 +175,7 @@ class ReplicaManager:
         return tp in self.drivers
 
     async def _remove(self, tp: TopicPartition, image: MetadataImage) -> None:
+        self.open_failures.pop(tp, None)
         driver = self.drivers.pop(tp)
         self._fed.pop(tp, None)
         info = image.get_partition(*tp)
