@@ -80,6 +80,8 @@ BROKEN = [
           expected_violation="LeaderComplete"),
     Model(name="Controller_silent_unclean", spec="Controller",
           expected_violation="ElectionLive"),
+    Model(name="Controller_settle_unknown", spec="Controller",
+          expected_violation="IsrComplete"),
     Model(name="Producer_restamp_unknown", spec="Producer",
           expected_violation="NoDuplicate"),
     Model(name="Producer_restamp_rejected", spec="Producer",

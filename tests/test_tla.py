@@ -27,9 +27,9 @@ EXPECTED_STATES = {
     "DataPlaneIsr": 24_264,
     "DataPlanePush": 7_753,
     "DataPlaneLive": 762,
-    "Controller": 248_285,
-    "ControllerQuorum": 103_353,
-    "ControllerQuorumWrite": 400_623,
+    "Controller": 438_523,
+    "ControllerQuorum": 121_425,
+    "ControllerQuorumWrite": 443_943,
     "Producer": 84_584,
     "ProducerTwo": 106_617,
     "ProducerRefused": 15_733,
@@ -49,6 +49,7 @@ EXPECTED_BREAKS = {
     "Controller_few_reports": "LeaderComplete",
     "Controller_count_unclean": "LeaderComplete",
     "Controller_silent_unclean": "ElectionLive",
+    "Controller_settle_unknown": "IsrComplete",
     "Producer_restamp_unknown": "NoDuplicate",
     "Producer_restamp_rejected": "NoDuplicate",
     "Producer_renumber_refused_dup": "NotWrittenAbsent",
@@ -67,6 +68,7 @@ SAME_BOUNDS = {
     "Producer_no_rebuild": "Producer",
     "Controller_count_unclean": "ControllerQuorumWrite",
     "Controller_silent_unclean": "ControllerQuorumWrite",
+    "Controller_settle_unknown": "Controller",
 }
 
 

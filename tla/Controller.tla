@@ -27,12 +27,13 @@ CONSTANTS
     MaxEpoch,      \* bound on the partition epoch
     Durability,    \* "fsync" | "write" (write: quorum policy only)
     Bug            \* "none" | "stale_isr" | "shrink_early" | "few_reports"
-                   \* | "count_unclean" | "silent_unclean"
+                   \* | "count_unclean" | "silent_unclean" | "settle_unknown"
 
 ASSUME /\ Policy \in {"isr", "quorum"}
        /\ Durability \in {"fsync", "write"}
        /\ Durability = "write" => Policy = "quorum"
-       /\ Bug \in {"none", "stale_isr", "shrink_early", "few_reports", "count_unclean", "silent_unclean"}
+       /\ Bug \in {"none", "stale_isr", "shrink_early", "few_reports", "count_unclean", "silent_unclean",
+                  "settle_unknown"}
        /\ InitReplicas \subseteq Brokers
        /\ Nil \notin Brokers
 
@@ -198,6 +199,29 @@ AlterIsr ==
                      ELSE UNCHANGED <<lview, pending>>
       /\ UNCHANGED <<fenced, replicas, target, leader, lepoch, reports, has, unclean>>
 
+\* Accepted, but the answer says only "timed out": the controller lost its
+\* leadership before answering, and the next one committed the change. The
+\* leader's view stays as it was and it keeps counting its proposal until
+\* metadata brings the outcome (LearnMetadata). The settle_unknown bug takes
+\* the answer for a refusal and counts the old ISR alone: the joiner, now in
+\* the controller's ISR, may miss what the leader commits.
+AlterIsrUnknown ==
+    \E p \in proposals :
+      /\ p.le = lepoch /\ p.pe = pepoch /\ pepoch < MaxEpoch
+      /\ proposals' = proposals \ {p}
+      /\ isr' = p.isr \cap replicas
+      /\ pepoch' = pepoch + 1
+      /\ IF Bug = "settle_unknown" THEN pending' = lview.isr ELSE UNCHANGED pending
+      /\ UNCHANGED <<fenced, replicas, target, leader, lepoch, reports, lview, has, unclean>>
+
+\* Metadata reaches the leader: a newer partition epoch settles any proposal
+\* (accepted, or overtaken), and the leader counts the controller's ISR.
+LearnMetadata ==
+    /\ leader # Nil /\ lview.le = lepoch /\ lview.pe < pepoch
+    /\ lview' = [le |-> lepoch, pe |-> pepoch, isr |-> isr]
+    /\ pending' = isr
+    /\ UNCHANGED <<fenced, replicas, target, isr, leader, lepoch, pepoch, reports, proposals, has, unclean>>
+
 \* One request in flight at a time (the current or an earlier leader's) keeps
 \* the model small; the stale-request case needs no more.
 ProposalBound == Cardinality(proposals) <= 1
@@ -266,7 +290,7 @@ Shrink ==
 Next ==
     \/ \E b \in Brokers : FenceBroker(b) \/ Crash(b) \/ Unfence(b) \/ CatchUp(b) \/ Report(b)
                           \/ ProposeShrink(b) \/ ProposeExpand(b)
-    \/ Commit \/ AlterIsr \/ ElectQuorum \/ Shrink
+    \/ Commit \/ AlterIsr \/ AlterIsrUnknown \/ LearnMetadata \/ ElectQuorum \/ Shrink
     \/ \E t \in Targets : Grow(t)
 
 Spec == Init /\ [][Next]_vars
