@@ -13,6 +13,7 @@ from common.errors import ErrorCode
 from common.metadata.config import TopicConfig
 from common.metadata.records import CreateTopic, PartitionRecord, RegisterBroker, dump_record
 from common.requests import HeartbeatAnswer, ProducerIdsAnswer
+from common.tasks import cancel_and_wait
 from common.wire import messages as wire
 from dataplane.broker.config import BrokerConfig
 from dataplane.broker.fetcher import Fetcher
@@ -107,6 +108,58 @@ def test_learner_applies_in_order_saves_and_restarts_from_its_image(tmp_path):
     assert learner.image.partition("t", 0).replicas == (1,)
     again = MetadataLearner(FakeControl(), data_dir=str(tmp_path))
     assert again.offset == 2 and again.image == learner.image
+
+
+def test_learner_keeps_learning_while_a_listener_is_slow_and_hands_it_the_newest_image(tmp_path):
+    """Claim (the long fault run's fenced brokers): a listener still busy with an earlier image
+    (the replica manager opening partitions after a restart) does not hold up fetching and
+    applying metadata, so heartbeats report the newer offset; the listener then gets the newest
+    image, not every one in between."""
+    recs = _records()
+    control = FakeControl([MetadataBatch(offset=0, records=((0, dump_record(recs[0])),)),
+                           MetadataBatch(offset=1, records=((1, dump_record(recs[1])),)),
+                           MetadataBatch(offset=2, records=((2, dump_record(recs[2])),))])
+    seen: list[int] = []
+
+    async def scenario():
+        release = asyncio.Event()
+
+        async def slow_listener(image):
+            seen.append(image.offset)
+            if len(seen) == 1:
+                await release.wait()  # opening partitions
+        learner = MetadataLearner(control, data_dir=str(tmp_path))
+        learner.add_listener(slow_listener)
+        task = asyncio.create_task(learner.run())
+        for _ in range(200):
+            if learner.offset == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert learner.offset == 2 and seen == [0], (learner.offset, seen)
+        release.set()
+        for _ in range(200):
+            if seen[-1:] == [2]:
+                break
+            await asyncio.sleep(0.01)
+        await cancel_and_wait(task)
+    asyncio.run(scenario())
+    assert seen == [0, 2]
+
+
+def test_learner_run_fails_when_a_listener_fails_unexpectedly(tmp_path):
+    """A listener bug is not swallowed by its task: run() raises it (the broker stops, loudly)."""
+    recs = _records()
+    control = FakeControl([MetadataBatch(offset=0, records=((0, dump_record(recs[0])),))])
+
+    def broken(image):
+        raise KeyError("bug")
+
+    async def scenario():
+        learner = MetadataLearner(control, data_dir=str(tmp_path))
+        learner.add_listener(broken)
+        await asyncio.wait_for(learner.run(), 5)
+    with pytest.raises(KeyError):
+        asyncio.run(scenario())
 
 
 def test_learner_that_drifted_starts_over_from_scratch(tmp_path):
