@@ -17,7 +17,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from common.batch import build_batch  # noqa: E402
 from dataplane.log import LogConfig, PartitionLog  # noqa: E402
 
-CONFIG = LogConfig(segment_bytes=64 * 1024, index_interval_bytes=1024, segment_ms=None, retention_ms=None)
+# Small checkpoint intervals: most kills land after a recovery checkpoint of the active segment.
+CONFIG = LogConfig(segment_bytes=64 * 1024, index_interval_bytes=1024, segment_ms=None, retention_ms=None,
+                   checkpoint_interval_bytes=4096, checkpoint_interval_offsets=16)
 
 
 def records_in(i: int) -> int:

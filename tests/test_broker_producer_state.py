@@ -198,6 +198,41 @@ def test_segment_roll_and_clean_close_write_snapshots_and_reopen_reads_no_log(tm
     asyncio.run(scenario())
 
 
+def test_snapshots_between_rolls_bound_what_a_start_after_a_crash_scans(tmp_path, monkeypatch):
+    """Claim (the long fault run's slow restarts): without a segment roll, a snapshot is written
+    once the log moved SNAPSHOT_EVERY_OFFSETS past the last one, at most every
+    SNAPSHOT_INTERVAL_S; a start after a crash then scans only the log past it."""
+    from dataplane.broker import partition as partition_module
+    monkeypatch.setattr(partition_module, "SNAPSHOT_EVERY_OFFSETS", 50)
+    directory = str(tmp_path / "t-0")
+    write_log(directory, batches=10)
+
+    async def scenario() -> None:
+        hooks = Hooks()
+        loop = asyncio.get_running_loop()
+        driver = await loop.run_in_executor(None, open_driver, directory, hooks)
+        follow(driver)
+        append_as_follower(driver, list(range(8000, 8060)))
+        assert driver._snapshot_write is not None  # noqa: SLF001
+        assert await driver._snapshot_write  # noqa: SLF001
+        assert driver.log.producer_snapshots.offsets()[-1] == 70
+        append_as_follower(driver, list(range(9000, 9060)))  # due again, but too soon
+        assert driver.log.producer_snapshots.offsets()[-1] == 70 and driver.producer_snapshots_written == 1
+        entries = driver.producer_state.snapshot_entries()
+        # A crash: no close, so no snapshot at the end.
+        await driver.coalescer.close()
+        for segment in driver.log._segments:  # noqa: SLF001
+            segment.close()
+        driver.log._dir_lock.release()  # noqa: SLF001
+        again = await loop.run_in_executor(None, open_driver, directory, hooks)
+        info = again.producer_state.last_load
+        assert info is not None and info.snapshot_offset == 70 and info.scan_start_offset == 70
+        assert again.producer_state.snapshot_entries() == entries
+        await again.close()
+
+    asyncio.run(scenario())
+
+
 def test_a_close_right_after_a_truncation_writes_no_stale_snapshot(tmp_path):
     """Claim: closing between a truncation and the step that starts its rebuild writes no
     snapshot of the uncut table (it would hold producers whose batches were cut, and the

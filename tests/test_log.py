@@ -15,7 +15,7 @@ from common.batch import HEADER_SIZE, build_batch, iter_batches, read_records, v
 from common.errors import CorruptBatchError, StorageError
 from dataplane.log import (FlushCoalescer, Log, LogConfig, LogTruncatedError, MemoryLog,
                            OffsetMismatchError, OffsetOutOfRangeError, PartitionLog, StaleEpochError)
-from dataplane.log.log import CLEAN_SHUTDOWN, RECOVERY_POINT
+from dataplane.log.log import ACTIVE_CHECKPOINT, CLEAN_SHUTDOWN, RECOVERY_POINT
 
 SMALL = LogConfig(segment_bytes=2048, index_interval_bytes=256, segment_ms=None, retention_ms=None)
 
@@ -561,6 +561,91 @@ def test_unclean_open_validates_from_the_recovery_point_on(tmp_log, tmp_path):
     assert log.log_end_offset == 108 and log.segment_base_offsets == bases
     with pytest.raises(CorruptBatchError):  # trusted, so the old damage was not cut
         validate_batch(log.read(0, max_bytes=1).records)
+
+
+CHECKPOINTED = LogConfig(segment_bytes=1 << 20, index_interval_bytes=256, segment_ms=None, retention_ms=None,
+                         checkpoint_interval_bytes=1 << 20, checkpoint_interval_offsets=30)
+
+
+def test_unclean_open_validates_only_past_the_active_segments_checkpoint(tmp_log, tmp_path):
+    """Claim (the long fault run's slow restarts): a flush that moved the active segment on by
+    checkpoint_interval_offsets saves its indexes and names its fsynced prefix; after a crash
+    that prefix is trusted (its damage is not found, as below the recovery point) and only the
+    bytes after it are validated, while reads, lookups by offset and time, and appends work."""
+    log = tmp_log(CHECKPOINTED)
+    for i in range(40):
+        log.append_as_leader(batch(3, ts=1_000 + i, tag=f"k{i}"), leader_epoch=0)
+    log.flush()
+    base, position, next_offset, epoch = (int(x) for x in (tmp_path / "p0" / ACTIVE_CHECKPOINT).read_text().split())
+    assert (base, next_offset, epoch) == (0, 120, 0) and position > 0
+    log.append_as_leader(batch(3, ts=5_000, tag="late"), leader_epoch=1)  # written, not flushed
+    full = read_all(log)
+    crash(log)
+    segment = tmp_path / "p0" / f"{0:020d}.log"
+    data = bytearray(segment.read_bytes())
+    data[100] ^= 0x55  # inside the trusted prefix
+    segment.write_bytes(bytes(data))
+    with open(segment, "ab") as f:
+        f.write(b"torn")
+    log = tmp_log(CHECKPOINTED)
+    assert log.recovered_bytes_trusted == position
+    assert log.recovered_bytes_cut == 4
+    assert log.log_end_offset == 123
+    with pytest.raises(CorruptBatchError):  # trusted, so the damage was not cut
+        validate_batch(log.read(0, max_bytes=1).records)
+    assert read_all(log, 3) == full[3:]
+    assert log.read(61, max_bytes=1).first_offset == 60
+    assert log.offset_for_timestamp(1_030) == 90 and log.offset_for_timestamp(4_000) == 120
+    assert log.end_offset_for_epoch(0) == (0, 120) and log.end_offset_for_epoch(1) == (1, 123)
+    assert log.append_as_leader(batch(), leader_epoch=1).base_offset == 123
+
+
+def test_a_checkpoint_at_the_segments_end_keeps_the_segment_when_only_a_torn_tail_follows(tmp_log, tmp_path):
+    """Regression (the crash test): with the checkpoint at the very end of the active segment,
+    recovery validates no batch after it; cutting a torn tail must not take the segment for
+    an empty one and delete it with every offset the checkpoint holds."""
+    config = LogConfig(segment_bytes=2048, index_interval_bytes=256, segment_ms=None, retention_ms=None,
+                       checkpoint_interval_offsets=3)
+    log = tmp_log(config)
+    for i in range(40):
+        log.append_as_leader(batch(3, tag=f"e{i}"), leader_epoch=0)
+    log.flush()
+    bases = log.segment_base_offsets
+    assert len(bases) > 1
+    full = read_all(log)
+    crash(log)
+    with open(tmp_path / "p0" / f"{bases[-1]:020d}.log", "ab") as f:
+        f.write(b"torn tail")
+    log = tmp_log(config)
+    assert log.recovered_bytes_trusted > 0 and log.recovered_bytes_cut == 9
+    assert log.log_end_offset == 120 and read_all(log) == full
+    assert log.segment_base_offsets == bases
+
+
+def test_a_truncation_drops_the_checkpoint_and_a_bad_one_falls_back_to_a_full_recovery(tmp_log, tmp_path):
+    """Claim: a checkpoint never outlives a truncation that cut below it (the log grows back
+    with other batches), and index files that do not fit it make the open validate all."""
+    log = tmp_log(CHECKPOINTED)
+    for i in range(40):
+        log.append_as_leader(batch(3, tag=f"a{i}"), leader_epoch=0)
+    log.flush()
+    assert (tmp_path / "p0" / ACTIVE_CHECKPOINT).exists()
+    assert log.truncate_to(30) == 30
+    assert not (tmp_path / "p0" / ACTIVE_CHECKPOINT).exists()
+    for i in range(50):
+        log.append_as_leader(batch(1, tag=f"b{i}", size=10), leader_epoch=1)
+    full = read_all(log)
+    crash(log)
+    log = tmp_log(CHECKPOINTED)
+    assert log.recovered_bytes_trusted == 0 and read_all(log) == full
+    for i in range(40):
+        log.append_as_leader(batch(3, tag=f"c{i}"), leader_epoch=1)
+    log.flush()
+    full = read_all(log)
+    crash(log)
+    (tmp_path / "p0" / f"{0:020d}.index").write_bytes(b"\xff" * 16)  # not sane
+    log = tmp_log(CHECKPOINTED)
+    assert log.recovered_bytes_trusted == 0 and read_all(log) == full
 
 
 def test_clean_shutdown_marker_is_removed_while_open(tmp_log, tmp_path):

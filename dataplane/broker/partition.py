@@ -45,6 +45,10 @@ from dataplane.replica.perform import perform
 
 log = logging.getLogger("biplane.broker.partition")
 
+# Producer snapshots between segment rolls (see PartitionDriver.__init__).
+SNAPSHOT_EVERY_OFFSETS = 2048
+SNAPSHOT_INTERVAL_S = 10.0
+
 
 class DriverHooks(Protocol):
     def send_fetch(self, leader_id: int, tp: TopicPartition, request: FetchRequest) -> None: ...
@@ -83,9 +87,13 @@ class PartitionDriver:
                  extra={"event": "partition.producer_state_loaded", "topic": tp[0], "partition": tp[1],
                         "snapshot_offset": loaded.snapshot_offset, "scanned_bytes": loaded.scanned_bytes})
         self.producer_state.on_loaded = self._on_room  # held produce requests go on
-        # A snapshot is written at each segment roll (and at a clean close), one at a time.
+        # A snapshot is written at each segment roll (and at a clean close), one at a time,
+        # and between rolls once the log moved on by SNAPSHOT_EVERY_OFFSETS (at most every
+        # SNAPSHOT_INTERVAL_S): a start after a crash then scans that much, not a segment.
         self._snapshot_segment_base = self.log.active_segment_base_offset
         self._snapshot_write: asyncio.Future[bool] | None = None
+        self._snapshot_offset = loaded.snapshot_offset if loaded.snapshot_offset >= 0 else self.log.log_start_offset
+        self._snapshot_at_s = -SNAPSHOT_INTERVAL_S
         self.producer_snapshots_written = 0
         # fetch_backoff_ms=0: the fetcher long-polls, so an empty answer already waited;
         # the fetcher itself backs off after errors. Push followers, which nothing long-polls
@@ -140,6 +148,8 @@ class PartitionDriver:
             self._answers = outer
         if self.log.active_segment_base_offset != self._snapshot_segment_base:
             self._on_roll()
+        elif self.log.log_end_offset - self._snapshot_offset >= SNAPSHOT_EVERY_OFFSETS:
+            self._maybe_snapshot_between_rolls()
         if self.budget is not None:
             self._reported_bytes = self.replica.held_bytes() if self.is_leader else 0
             self.budget.update(self.tp, self._reported_bytes)
@@ -202,11 +212,18 @@ class PartitionDriver:
             return
         self._snapshot_write = self._write_snapshot()
 
+    def _maybe_snapshot_between_rolls(self) -> None:
+        if (not self.producer_state.current or time.monotonic() - self._snapshot_at_s < SNAPSHOT_INTERVAL_S
+                or (self._snapshot_write is not None and not self._snapshot_write.done())):
+            return
+        self._snapshot_write = self._write_snapshot()
+
     def _write_snapshot(self) -> asyncio.Future[bool]:
         """Capture the table on the loop (it must match the log end exactly), write it in a thread."""
         snapshots = self.log.producer_snapshots
         generation = snapshots.generation
         offset = self.log.log_end_offset
+        self._snapshot_offset, self._snapshot_at_s = offset, time.monotonic()
         captured = self.producer_state.capture()
         future = asyncio.get_running_loop().run_in_executor(
             None, lambda: snapshots.write(offset, plain_entries(captured), generation=generation))

@@ -40,6 +40,14 @@ class OffsetIndex:
             return 0, 0
         return self.relative_offsets[i], self.positions[i]
 
+    def copy_below(self, position: int) -> OffsetIndex:
+        """A copy of the entries at file positions below `position`."""
+        keep = bisect.bisect_left(self.positions, position)
+        copy = OffsetIndex()
+        copy.relative_offsets = self.relative_offsets[:keep]
+        copy.positions = self.positions[:keep]
+        return copy
+
     def truncate_to_position(self, position: int) -> None:
         """Drop entries at or after a file position (the log was cut there)."""
         keep = bisect.bisect_left(self.positions, position)
@@ -99,6 +107,14 @@ class TimeIndex:
         """
         i = bisect.bisect_left(self.timestamps, timestamp) - 1
         return self.relative_offsets[i] if i >= 0 else None
+
+    def copy_below(self, relative_offset: int) -> TimeIndex:
+        """A copy of the entries for batches below `relative_offset`."""
+        keep = bisect.bisect_left(self.relative_offsets, relative_offset)
+        copy = TimeIndex()
+        copy.timestamps = self.timestamps[:keep]
+        copy.relative_offsets = self.relative_offsets[:keep]
+        return copy
 
     def truncate_to_relative_offset(self, relative_offset: int) -> None:
         keep = bisect.bisect_left(self.relative_offsets, relative_offset)

@@ -76,6 +76,12 @@ class LogConfig:
     # per partition: a broker leading many busy partitions holds up to this much for each.
     # A follower further behind than this reads from the file (page cache) as before.
     tail_cache_bytes: int | None = 8 * 1024 * 1024
+    # After a crash only the active segment's bytes past its last recovery checkpoint are
+    # validated again (the rest was fsynced and its indexes saved). A flush writes a new
+    # checkpoint once this many bytes or offsets were flushed since the last one: small
+    # batches cost a scan per batch, so offsets count as well as bytes.
+    checkpoint_interval_bytes: int = 1024 * 1024
+    checkpoint_interval_offsets: int = 2048
 
     def __post_init__(self) -> None:
         # Positions in the offset index are 32-bit, so a segment must stay below 2 GiB.

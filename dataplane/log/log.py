@@ -4,6 +4,8 @@ Layout of a log directory:
   <base:020d>.log / .index / .timeindex   segments (see segment.py)
   leader-epoch-checkpoint                 epoch -> start offset, replaced atomically
   recovery-point                          an offset below which everything was fsynced
+  active-segment-checkpoint               "base position next_offset epoch": the active
+                                          segment's fsynced prefix, its indexes saved
   clean-shutdown                          present only while the log is closed cleanly
   truncate-fully                          intent of an unfinished truncate_fully_and_start_at
   <offset:020d>.producer-snapshot         producer-state snapshots (producer_snapshots.py)
@@ -37,6 +39,7 @@ EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
 RECOVERY_POINT = "recovery-point"
 CLEAN_SHUTDOWN = "clean-shutdown"
 TRUNCATE_FULLY = "truncate-fully"
+ACTIVE_CHECKPOINT = "active-segment-checkpoint"
 
 # Relative offsets in the index are 32-bit.
 _RELATIVE_OFFSET_MAX = 2**32 - 1
@@ -71,6 +74,9 @@ class PartitionLog:
         self._closed = False
         self._tail = TailCache(size_bytes_max=self.config.tail_cache_bytes or 0)
         self.recovered_bytes_cut = 0  # bytes of torn/corrupt tail removed on open
+        self.recovered_bytes_trusted = 0  # bytes a recovery checkpoint spared from validation
+        # (segment base, position, next offset) of the newest recovery checkpoint written.
+        self._checkpoint: tuple[int, int, int] | None = None
         try:
             self.producer_snapshots = ProducerSnapshots(self.directory)
             self._open()
@@ -115,6 +121,8 @@ class PartitionLog:
             if recovery_point is not None:
                 first_to_recover = max(bisect.bisect_right(bases, recovery_point) - 1, 0)
         recovered: list[BatchSpan] = []
+        checkpoint = None if clean else self._read_checkpoint()
+        trusted_epoch: int | None = None  # the newest epoch a trusted prefix may hold
         for i, base in enumerate(bases):
             if self._segments and base != self._segments[-1].next_offset:
                 # A gap or overlap between segments: keep the contiguous prefix.
@@ -125,17 +133,25 @@ class PartitionLog:
             if i < first_to_recover:
                 self.recovered_bytes_cut += segment.load()
                 continue
-            cut, spans = segment.recover()
+            resumed = None
+            if checkpoint is not None and checkpoint[0] == base:
+                resumed = segment.resume_recovery(checkpoint[1], checkpoint[2])
+            if resumed is not None and checkpoint is not None:
+                self.recovered_bytes_trusted += checkpoint[1]
+                trusted_epoch = checkpoint[3]
+                cut, spans = resumed
+            else:
+                cut, spans = segment.recover()
             recovered += spans
             if cut:
                 self.recovered_bytes_cut += cut
-                if not spans and len(self._segments) > 1:
+                if segment.size_bytes == 0 and len(self._segments) > 1:
                     self._remove_last_segment()
                 self._delete_files_of(bases[i + 1:])
                 break
         for segment in self._segments[:-1]:
             segment.sealed = True
-        self._load_epoch_cache(recovered, clean)
+        self._load_epoch_cache(recovered, clean, trusted_epoch=trusted_epoch)
         if not clean:
             for segment in self._segments[first_to_recover:]:
                 segment.fsync()
@@ -146,10 +162,61 @@ class PartitionLog:
         self._flushed_offset = self.log_end_offset
         self._recovery_point = self._flushed_offset
         files.write_atomically(self._path(RECOVERY_POINT), b"%d\n" % self._recovery_point)
+        if not clean:
+            # Everything is fsynced now: a crash soon after validates only what comes next.
+            self._write_checkpoint(*self._checkpoint_of_active())
         if os.path.exists(self._path(CLEAN_SHUTDOWN)):
             # From now on a crash must be detected as one.
             os.unlink(self._path(CLEAN_SHUTDOWN))
             fsync_dir(self.directory)
+
+    # ------------------------------------------------------------------ recovery checkpoints
+
+    def _read_checkpoint(self) -> tuple[int, int, int, int] | None:
+        data = _read_bytes(self._path(ACTIVE_CHECKPOINT))
+        try:
+            base, position, next_offset, epoch = (int(x) for x in (data or b"").split())
+        except ValueError:
+            return None  # missing or not ours: recover the whole segment
+        return base, position, next_offset, epoch
+
+    def _checkpoint_of_active(self) -> tuple[int, int, int, int]:
+        active = self._segments[-1]
+        return active.base_offset, active.size_bytes, active.next_offset, self._epochs.latest_epoch
+
+    def _write_checkpoint(self, base: int, position: int, next_offset: int, epoch: int,
+                          indexes: tuple[bytes, bytes] | None = None) -> None:
+        """Save the indexes of the active segment's prefix [0, position) and then name it
+        in ACTIVE_CHECKPOINT. The prefix must be fsynced already."""
+        if position == 0:
+            return
+        segment = self._segments[self._segment_index(base)]
+        if indexes is None:
+            indexes = segment.indexes_below(position, next_offset)
+        try:
+            segment.save_checkpoint_indexes(*indexes)
+        except OSError as exc:
+            raise files.storage_error(f"cannot write the indexes of {segment.log_path}", exc) from exc
+        files.write_atomically(self._path(ACTIVE_CHECKPOINT), b"%d %d %d %d\n" % (base, position, next_offset, epoch))
+        self._checkpoint = (base, position, next_offset)
+
+    def _drop_checkpoint(self) -> None:
+        """Before a truncation: the checkpoint may name bytes it removes. Durable with the
+        directory fsync the truncation does."""
+        self._checkpoint = None
+        try:
+            os.unlink(self._path(ACTIVE_CHECKPOINT))
+        except FileNotFoundError:
+            pass
+
+    def _checkpoint_due(self, base: int, position: int, next_offset: int) -> bool:
+        if position == 0:
+            return False
+        if self._checkpoint is None or self._checkpoint[0] != base:
+            return True
+        _, last_position, last_offset = self._checkpoint
+        return (position - last_position >= self.config.checkpoint_interval_bytes
+                or next_offset - last_offset >= self.config.checkpoint_interval_offsets)
 
     def _delete_files_of(self, bases: list[int]) -> None:
         for base in sorted(bases, reverse=True):
@@ -182,7 +249,7 @@ class PartitionLog:
         os.unlink(self._path(TRUNCATE_FULLY))
         fsync_dir(self.directory)
 
-    def _load_epoch_cache(self, recovered: list[BatchSpan], clean: bool) -> None:
+    def _load_epoch_cache(self, recovered: list[BatchSpan], clean: bool, *, trusted_epoch: int | None) -> None:
         path = self._path(EPOCH_CHECKPOINT)
         data = _read_bytes(path)
         cache = None
@@ -191,6 +258,9 @@ class PartitionLog:
                 cache = EpochCache.decode(data, path=path)
             except Exception:
                 cache = None
+        if cache is not None and trusted_epoch is not None and cache.latest_epoch < trusted_epoch:
+            # A prefix recovery did not read may start an epoch the file does not name.
+            cache = None
         changed = False
         if cache is None:
             # Missing or unreadable: rebuild it from every batch header.
@@ -501,6 +571,8 @@ class PartitionLog:
             with self._lock:
                 self._check_writable()
                 target = self.log_end_offset
+                active = self._segments[-1]
+                active_end = (active.base_offset, active.size_bytes, active.next_offset)
                 segments = list(self._dirty.values())
                 self._dirty.clear()
                 dir_dirty, self._dir_dirty = self._dir_dirty, False
@@ -529,13 +601,21 @@ class PartitionLog:
                     self._flushed_offset = target
                 flushed = self._flushed_offset
                 checkpoint_due = self._segment_index(flushed) != self._segment_index(self._recovery_point)
-            if checkpoint_due:
-                try:
+                # No truncation can run meanwhile (it waits for the flush lock): the active
+                # segment's bytes below active_end are fsynced and stay as they are.
+                active_due = (truncations == self._truncations and self._checkpoint_due(*active_end))
+                indexes = (self._segments[self._segment_index(active_end[0])].indexes_below(*active_end[1:])
+                           if active_due else None)
+                epoch = self._epochs.latest_epoch
+            try:
+                if checkpoint_due:
                     self._write_recovery_point(flushed)
-                except StorageError as exc:
-                    # The data is durable; only the checkpoint is older (the file is replaced
-                    # atomically), so the next open recovers a little more. Not a failure.
-                    self._note_if_full(exc, f"recovery-point write in {self.directory}")
+                if indexes is not None:
+                    self._write_checkpoint(*active_end, epoch, indexes)
+            except StorageError as exc:
+                # The data is durable; only a checkpoint is older (each file is replaced
+                # atomically), so the next open recovers a little more. Not a failure.
+                self._note_if_full(exc, f"recovery checkpoint write in {self.directory}")
             return flushed
 
     def _drop_behind_ends(self, segments: list[Segment]) -> list[tuple[Segment, int]]:
@@ -571,6 +651,7 @@ class PartitionLog:
                     self._truncate_fully_locked(offset)
                     return offset
                 try:
+                    self._drop_checkpoint()
                     i = self._segment_index(offset)
                     if self._segments[i].base_offset == offset:
                         i -= 1  # offset starts a segment: drop it whole, keep the one before
@@ -599,6 +680,7 @@ class PartitionLog:
 
     def _truncate_fully_locked(self, offset: int) -> None:
         try:
+            self._drop_checkpoint()
             files.write_atomically(self._path(TRUNCATE_FULLY), b"%d\n" % offset)
             self.producer_snapshots.delete_above(-1)
             self._delete_segments_from(0)

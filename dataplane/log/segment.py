@@ -105,11 +105,47 @@ class Segment:
     def recover(self) -> tuple[int, list[BatchSpan]]:
         """Validate every batch by CRC and offset continuity; cut the file at the first bad
         byte. Returns (bytes cut, spans of the batches kept) and rebuilds the indexes."""
-        file_size = os.fstat(self.fd).st_size
         self._reset()
+        return self._validate_from(0, self.base_offset)
+
+    def resume_recovery(self, position: int, next_offset: int) -> tuple[int, list[BatchSpan]] | None:
+        """`recover`, trusting [0, position): bytes fsynced at a checkpoint that also saved
+        this segment's indexes for them (`save_indexes(up_to_position=...)`). The indexes
+        are taken from their files, the headers after their last entry are walked up to
+        `position`, and only what follows is validated. None when the checkpoint does not
+        fit the files (missing or insane indexes, a walk that does not end at `position`
+        with `next_offset`): the caller recovers the whole segment then. The spans returned
+        are the validated ones only."""
+        file_size = os.fstat(self.fd).st_size
+        if not 0 < position <= file_size or next_offset <= self.base_offset:
+            return None
+        index_bytes = _read_file(self.index_path)
+        time_bytes = _read_file(self.time_index_path)
+        if index_bytes is None or time_bytes is None:
+            return None
+        index = OffsetIndex.decode(index_bytes, log_size=position)
+        times = TimeIndex.decode(time_bytes, next_relative_offset=next_offset - self.base_offset)
+        if index is None or times is None:
+            return None
+        self._reset()
+        self.index, self.time_index = index, times
+        if len(times):
+            self.max_timestamp = times.timestamps[-1]
+            self._offset_of_max_timestamp = self.base_offset + times.relative_offsets[-1]
+        rel, start = index.lookup(2**32 - 1)
+        self.size_bytes, self.next_offset = start, self.base_offset + rel
+        for span in self.walk(start, position):
+            if span.base_offset != self.next_offset:
+                return None
+            self._track(span, index_it=True)
+        if self.size_bytes != position or self.next_offset != next_offset:
+            return None
+        self._read_rolling_timestamp()
+        return self._validate_from(position, next_offset)
+
+    def _validate_from(self, position: int, expected: int) -> tuple[int, list[BatchSpan]]:
+        file_size = os.fstat(self.fd).st_size
         kept: list[BatchSpan] = []
-        position = 0
-        expected = self.base_offset
         while position < file_size:
             chunk = os.pread(self.fd, min(_RECOVERY_CHUNK_BYTES, file_size - position), position)
             valid_bytes, headers = scan_valid_prefix(chunk)
@@ -212,6 +248,25 @@ class Segment:
                 write_all(fd, data, 0)
             finally:
                 os.close(fd)
+
+    def indexes_below(self, position: int, next_offset: int) -> tuple[bytes, bytes]:
+        """Both index files' contents for the batches below `position` (a batch start whose
+        offset is `next_offset`): what a recovery checkpoint saves (`save_checkpoint_indexes`)."""
+        index = self.index.copy_below(position)
+        times = self.time_index.copy_below(next_offset - self.base_offset)
+        return index.encode(), times.encode()
+
+    def save_checkpoint_indexes(self, index_bytes: bytes, time_bytes: bytes) -> None:
+        """Replace both index files atomically, without fsync: whatever survives a crash
+        is checked by `resume_recovery`, which falls back to `recover`."""
+        for path, data in ((self.index_path, index_bytes), (self.time_index_path, time_bytes)):
+            temporary = path + ".tmp"
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+            try:
+                write_all(fd, data, 0)
+            finally:
+                os.close(fd)
+            os.replace(temporary, path)
 
     def fsync(self) -> None:
         os.fsync(self.fd)
