@@ -89,6 +89,7 @@ class RegisterBrokerRequest(_Request):
     rack: str | None = Field(default=None, max_length=255)
     priority: int = Field(default=0, ge=0, le=1000)
     clean_shutdown: bool = True
+    kafka_port: int | None = Field(default=None, ge=1, le=65535)
 
 
 class HeartbeatRequest(_Request):

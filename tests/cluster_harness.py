@@ -42,6 +42,7 @@ class BrokerProcess:
         self.controller_urls = controller_urls
         self.extra = extra
         self.port = free_port()
+        self.kafka_port = free_port()  # every broker also serves the Kafka API
         self.proc: subprocess.Popen | None = None
         self.log_path = data_dir.parent / f"broker-{broker_id}.log"
         self.ports_path = data_dir.parent / "ports.json"
@@ -53,6 +54,7 @@ class BrokerProcess:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         args = [BIPLANE, "broker", "--broker-id", str(self.broker_id), "--data-dir", str(self.data_dir),
                 "--port", str(self.port), "--metrics-port", "0", "--ports-file", str(self.ports_path),
+                "--kafka-port", str(self.kafka_port),
                 "--log-level", "INFO"]
         for url in self.controller_urls:
             args += ["--controller", url]
@@ -230,6 +232,11 @@ class Cluster:
 
     def address(self, broker_id: int) -> tuple[str, int]:
         return ("127.0.0.1", self.brokers[broker_id].port)
+
+    @property
+    def kafka_bootstrap(self) -> str:
+        """Kafka clients' bootstrap.servers: every broker's Kafka API listener."""
+        return ",".join(f"127.0.0.1:{b.kafka_port}" for b in self.brokers.values())
 
     def wait_leader(self, topic: str, partition: int, timeout_s: float = 30, *,
                     not_broker: int | None = None) -> int:

@@ -69,6 +69,7 @@ class BrokerInfo:
     # Offset of the record that fenced it (its registration, or a FenceBroker):
     # it is unfenced only once it has applied metadata up to there.
     fenced_offset: int | None = None
+    kafka_port: int | None = None  # the broker's Kafka API listener (None: it has none)
     fence_reason: str = ""
 
 
@@ -228,7 +229,8 @@ class MetadataImage:
             broker_id=r.broker_id, incarnation_id=r.incarnation_id, host=r.host, port=r.port,
             rack=r.rack, priority=r.priority, fenced=True, clean_shutdown=r.clean_shutdown,
             registered_offset=self._offset + 1, registered_at_ms=r.at_ms,
-            fenced_at_ms=r.at_ms, fenced_offset=self._offset + 1, fence_reason="registered")
+            fenced_at_ms=r.at_ms, fenced_offset=self._offset + 1, fence_reason="registered",
+            kafka_port=r.kafka_port)
 
     def _fence_broker(self, r: FenceBroker) -> None:
         info = self._brokers.get(r.broker_id)

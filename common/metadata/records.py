@@ -39,6 +39,7 @@ class RegisterBroker(_Record):
     priority: int = Field(default=0, ge=0, le=1000)
     clean_shutdown: bool = True
     at_ms: int = Field(ge=0)
+    kafka_port: int | None = Field(default=None, ge=1, le=65535)  # its Kafka API listener, if any
 
 
 class FenceBroker(_Record):

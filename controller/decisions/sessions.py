@@ -115,7 +115,7 @@ def register_broker(image: MetadataImage, request: RegisterBrokerRequest,
     plan.add(RegisterBroker(
         broker_id=request.broker_id, incarnation_id=request.incarnation_id,
         host=request.host, port=request.port, rack=request.rack, priority=request.priority,
-        clean_shutdown=request.clean_shutdown, at_ms=now_ms))
+        clean_shutdown=request.clean_shutdown, at_ms=now_ms, kafka_port=request.kafka_port))
     reason = ("registered after unclean shutdown" if not request.clean_shutdown
               else "registered")
     for p in list(plan.image.partitions()):

@@ -34,6 +34,8 @@ from dataplane.broker.producer_ids import ProducerIds
 from dataplane.broker.pusher import Pusher
 from dataplane.broker.replicas import ReplicaManager
 from dataplane.broker.budget import ProduceBudget
+from dataplane.kafka.handlers import KafkaRequests
+from dataplane.kafka.listener import start_kafka_server
 from dataplane.broker.server import Counters, RequestHandler
 from dataplane.log.lock import DirectoryLock
 
@@ -49,11 +51,13 @@ class Broker:
         self.config = config
         self.port: int | None = None
         self.metrics_port: int | None = None
+        self.kafka_port: int | None = None
         self._started = False
         self._stopped = False
         self._stop_event: asyncio.Event | None = None
         self._tasks: list[asyncio.Task] = []
         self._server: asyncio.AbstractServer | None = None
+        self._kafka_server: asyncio.AbstractServer | None = None
         self._metrics_runner: web.AppRunner | None = None
         self._dir_lock: DirectoryLock | None = None
         # Built by start(); stop() closes whichever exist (start may fail half way).
@@ -109,9 +113,14 @@ class Broker:
         self._server = await start_pipelined_server(self.handler.start, c.host, c.port,
                                                     max_frame_bytes=c.max_frame_bytes)
         self.port = self._server.sockets[0].getsockname()[1]
+        if c.kafka_port is not None:
+            self._kafka_server = await start_kafka_server(KafkaRequests(self.handler), c.host, c.kafka_port,
+                                                          max_frame_bytes=c.max_frame_bytes)
+            self.kafka_port = self._kafka_server.sockets[0].getsockname()[1]
         if c.metrics_port is not None:
             await self._start_metrics(c.metrics_port)
         self.lifecycle = Lifecycle(self.control, broker_id=c.broker_id, host=c.client_host, port=self.port,
+                                   kafka_port=self.kafka_port,
                                    rack=c.rack, priority=c.priority, clean_shutdown=clean,
                                    metadata_offset=lambda: learner.offset, usage=self.usage,
                                    heartbeat_interval_ms=c.heartbeat_interval_ms,
@@ -155,8 +164,9 @@ class Broker:
             # Still serving: leaderships move while this broker answers, so clients and
             # followers are redirected instead of waiting out its session.
             await self.lifecycle.controlled_shutdown()
-        if self._server is not None:
-            self._server.close()
+        for server in (self._server, self._kafka_server):
+            if server is not None:
+                server.close()
         await cancel_and_wait(*self._tasks)  # a task that failed was logged when it ended
         if self.fetcher is not None:
             await self.fetcher.close()

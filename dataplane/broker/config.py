@@ -14,6 +14,7 @@ class BrokerConfig(BaseModel):
     port: int = Field(default=0, ge=0, le=65535)  # 0: pick a free port and report it
     advertised_host: str | None = None  # what clients are told; default: host
     metrics_port: int | None = Field(default=None, ge=0, le=65535)  # None: no /metrics listener
+    kafka_port: int | None = Field(default=None, ge=0, le=65535)  # None: no Kafka API listener; 0: a free port
     cluster_secret: str | None = None
     rack: str | None = None
     priority: int = Field(default=0, ge=0, le=1000)

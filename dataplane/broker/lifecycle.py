@@ -70,6 +70,7 @@ def write_clean_shutdown_marker(data_dir: str) -> bool:
 class Lifecycle:
     def __init__(self, control: ControlClient, *, broker_id: int, host: str, port: int, rack: str | None,
                  priority: int, clean_shutdown: bool, metadata_offset: Callable[[], int],
+                 kafka_port: int | None = None,
                  usage: Callable[[], BrokerUsage], heartbeat_interval_ms: int = 150,
                  usage_interval_ms: int = 1000, retry_backoff_ms: int = 200) -> None:
         self.control = control
@@ -78,6 +79,7 @@ class Lifecycle:
         self.host, self.port, self.rack, self.priority = host, port, rack, priority
         self.clean_shutdown = clean_shutdown
         self.metadata_offset = metadata_offset
+        self.kafka_port = kafka_port
         self.usage = usage
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self.usage_interval_ms = usage_interval_ms
@@ -91,7 +93,7 @@ class Lifecycle:
         """Register until a controller accepts (retrying while none answers)."""
         request = RegisterBrokerRequest(broker_id=self.broker_id, incarnation_id=self.incarnation_id,
                                         host=self.host, port=self.port, rack=self.rack, priority=self.priority,
-                                        clean_shutdown=self.clean_shutdown)
+                                        clean_shutdown=self.clean_shutdown, kafka_port=self.kafka_port)
         while True:
             try:
                 await self.control.register(request)

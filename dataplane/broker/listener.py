@@ -35,15 +35,23 @@ class PipelinedConnection:
         self._start = start
         self.inflight_requests_max = inflight_requests_max
         self.stream = FrameStream(max_frame_bytes=max_frame_bytes, on_frame=self._on_frame, on_close=self._on_close)
-        self._answers: collections.deque[tuple[int, asyncio.Future[Any]]] = collections.deque()
+        self._answers: collections.deque[tuple[Any, asyncio.Future[Any]]] = collections.deque()
         self._arrived = asyncio.Event()  # set when an answer is queued for the writer
         self._writer: asyncio.Task[None] | None = None
         self._reading_paused = False
 
     def _on_frame(self, payload: bytearray) -> None:
         header, request = decode_request(payload)
-        answer = asyncio.ensure_future(self._start(header, request))
-        self._answers.append((header.correlation_id, answer))
+        self._queue(header.correlation_id, self._start(header, request))
+
+    def _encode(self, key: Any, response: Any) -> list[BytesLike]:
+        """The frame parts answering the request queued under `key` (its correlation id)."""
+        return encode_response(response, correlation_id=key)
+
+    def _queue(self, key: Any, answer_of: Awaitable[Any]) -> None:
+        """A started request's answer, to be sent after those queued before it."""
+        answer = asyncio.ensure_future(answer_of)
+        self._answers.append((key, answer))
         if self._writer is None:
             self._arrived = asyncio.Event()
             self._writer = asyncio.get_running_loop().create_task(self._write_answers())
@@ -81,7 +89,7 @@ class PipelinedConnection:
                         self._arrived.clear()
                         await self._arrived.wait()
                         continue
-                correlation_id, answer = self._answers[0]
+                key, answer = self._answers[0]
                 if parts and not answer.done():
                     self.stream.write(parts)  # what is ready goes now; do not hold it for a slow one
                     parts = []
@@ -92,7 +100,7 @@ class PipelinedConnection:
                     self._reading_paused = False
                     self.stream.resume_reading()
                 if response is not None:
-                    parts += encode_response(response, correlation_id=correlation_id)
+                    parts += self._encode(key, response)
         except asyncio.CancelledError:
             raise
         except ConnectionError:

@@ -29,6 +29,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=0, help="listen port (0: a free one, reported)")
     p.add_argument("--advertised-host", help="address clients and peers are told (default --host)")
     p.add_argument("--metrics-port", type=int, help="serve /metrics here (0: a free port)")
+    p.add_argument("--kafka-port", type=int,
+                   help="serve the Kafka API here, for Kafka clients (0: a free port; default: not served)")
     p.add_argument("--cluster-secret", default=env("BIPLANE_CLUSTER_SECRET"))
     p.add_argument("--rack")
     p.add_argument("--priority", type=int, default=0)
@@ -51,6 +53,7 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
     urls = tuple(u.strip() for arg in args.controller for u in arg.split(",") if u.strip())
     return BrokerConfig(broker_id=args.broker_id, data_dir=args.data_dir, controller_urls=urls, host=args.host,
                         port=args.port, advertised_host=args.advertised_host, metrics_port=args.metrics_port,
+                        kafka_port=args.kafka_port,
                         cluster_secret=args.cluster_secret, rack=args.rack, priority=args.priority,
                         heartbeat_interval_ms=args.heartbeat_interval_ms, fetch_wait_ms_max=args.fetch_wait_ms_max,
                         max_frame_bytes=args.max_frame_bytes, flush_debounce_ms=args.flush_debounce_ms,
@@ -66,9 +69,11 @@ async def serve(config: BrokerConfig, ports_file: str | None) -> int:
     try:
         await broker.start()
         if ports_file:
-            ports = {"port": broker.port, "metrics_port": broker.metrics_port, "pid": os.getpid()}
+            ports = {"port": broker.port, "metrics_port": broker.metrics_port, "kafka_port": broker.kafka_port,
+                     "pid": os.getpid()}
             write_atomically(ports_file, json.dumps(ports).encode())
-        print(f"broker {config.broker_id} listening on {config.host}:{broker.port}", flush=True)
+        print(f"broker {config.broker_id} listening on {config.host}:{broker.port}"
+              + (f" (Kafka API on port {broker.kafka_port})" if broker.kafka_port else ""), flush=True)
         await broker.wait_stopped()
     finally:
         await broker.stop()

@@ -63,6 +63,10 @@ from dataplane.replica.watermark import follower_stored_offset, next_high_waterm
 # commit it). Only a newer partition epoch from metadata settles those.
 _DECLINED_ISR_REFUSALS = frozenset({ErrorCode.INELIGIBLE_REPLICA, ErrorCode.INVALID_REQUEST,
                                     ErrorCode.UNKNOWN_TOPIC_OR_PARTITION})
+# The epoch-start batch's one control record is keyed as Kafka's control records are
+# (version int16, type int16), with type LEADER_CHANGE (2), as KRaft starts each epoch of
+# its log: Kafka clients parse control keys (librdkafka refuses a batch without one).
+EPOCH_START_CONTROL_KEY = b"\x00\x00\x00\x02"
 EARLIEST_TIMESTAMP = -2
 LATEST_TIMESTAMP = -1
 
@@ -337,7 +341,8 @@ class Replica(ProduceAdmission, PushMixin):
                          for r in self.state.replicas if r != self.replica_id}
         # Raft's rule: the HW only counts offsets of our own epoch, so the epoch
         # starts with a batch of ours (a control batch consumers skip).
-        marker = build_batch([b""], timestamp_ms=self.now_ms, is_control=True, leader_epoch=self.leader_epoch)
+        marker = build_batch([b""], keys=[EPOCH_START_CONTROL_KEY], timestamp_ms=self.now_ms, is_control=True,
+                             leader_epoch=self.leader_epoch)
         self._append_as_leader(marker)
         # Serve nothing of this epoch until the marker is flushed: after a crash the log
         # then shows we led it, and a restarted incarnation handed the same epoch by
