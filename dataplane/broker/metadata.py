@@ -141,9 +141,13 @@ class MetadataLearner:
                 self._unheard.set()
 
     async def _tell_listeners(self) -> None:
+        told: MetadataImage | None = None
         while True:
             await self._unheard.wait()
             self._unheard.clear()
+            if self.image is told:
+                continue  # already handed over (it was learned while the last call ran)
+            told = self.image
             await self._notify()  # with the newest image: images learned meanwhile coalesce
 
     async def _fetch(self, wait_ms: int):

@@ -25,6 +25,7 @@ Threads: every method may be called from any thread.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -84,6 +85,9 @@ def decode(data: bytes, *, offset: int) -> SnapshotEntries:
     return entries
 
 
+_write_ids = itertools.count()
+
+
 class ProducerSnapshots:
     """The snapshot files of one log directory."""
 
@@ -116,7 +120,9 @@ class ProducerSnapshots:
         (nothing is installed then either)."""
         data = encode(offset, entries)
         path = self._path(offset)
-        tmp = durable.temp_path(path)
+        # Two writes of one offset may overlap (a periodic one and a clean close's): each has
+        # its own temporary file (".tmp" last, so opening the log removes leftovers).
+        tmp = f"{path}.{next(_write_ids)}.tmp"
         try:
             # common/durable.py's atomic write, split: the rename waits for the lock
             # and the generation check, and one directory fsync covers it and the pruning.
