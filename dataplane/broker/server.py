@@ -167,7 +167,7 @@ class RequestHandler:
         while True:
             answers: dict[TopicPartition, wire.FetchPartitionResponse] = {}
             changes: list[asyncio.Future] = []
-            ready = False
+            ready = False  # an answer that cannot wait (an error, a divergence, a stale long-poll)
             budget = max(1, request.max_bytes)
             for t in request.topics:
                 for p in t.partitions:
@@ -187,13 +187,15 @@ class RequestHandler:
                         stepped[tp] = driver.replica.fetch_count(request.replica_id) if driver is not None else -1
                     budget -= len(answer.records or b"")
                     answers[tp] = answer
-                    ready = ready or now
+                    ready = ready or (now and not answer.records)
                     if driver is not None:
                         changes.append(driver.changed())
             remaining = deadline - loop.time()
             if remaining <= 0 and wait_s > 0 and follower and log.isEnabledFor(logging.DEBUG):
                 log.debug("fetch from replica %d waited %.0f ms for nothing", request.replica_id, wait_s * 1000)
-            if ready or remaining <= 0 or not changes:
+            # min_bytes: the long-poll ends once that much is there (at least one byte).
+            found_bytes = max(1, request.max_bytes) - budget
+            if ready or found_bytes >= max(1, request.min_bytes) or remaining <= 0 or not changes:
                 return self._fetch_response(request, answers)
             await asyncio.wait(changes, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
 
@@ -284,6 +286,20 @@ class RequestHandler:
                                                                leader_epoch=epoch))
             topics.append(wire.ListOffsetsTopicResponse(topic=t.topic, partitions=tuple(parts)))
         return wire.ListOffsetsResponse(topics=tuple(topics))
+
+    def end_offset_for_epoch(self, topic: str, partition: int, epoch: int,
+                             current_leader_epoch: int) -> tuple[ErrorCode, int, int]:
+        """(error, epoch, end offset) of a client's OffsetForLeaderEpoch (the core's answer)."""
+        driver, error = self._locate(topic, partition)
+        if driver is None:
+            self.counters.error(error)
+            return error, -1, -1
+        error, found, end = driver.replica.end_offset_for_epoch(epoch, current_leader_epoch)
+        if error is ErrorCode.UNKNOWN_LEADER_EPOCH:
+            self.refresh_metadata()  # read-only in the core: it asks through us
+        if error is not ErrorCode.NONE:
+            self.counters.error(error)
+        return error, found, end
 
     # ------------------------------------------------------------ metadata
 
