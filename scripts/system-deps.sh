@@ -18,6 +18,7 @@ SYSTEM_DEPS_COMMANDS=(
   "sysctl:procps"
   "mount:mount"
   "umount:mount"
+  "kcat:kcat"   # tests/test_kafka_clients.py drives the Kafka port with it
 )
 # libraries checked by path (the faketime command needs the preload library)
 SYSTEM_DEPS_FILES=(
