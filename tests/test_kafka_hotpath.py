@@ -33,7 +33,7 @@ def _produce_frame(version: int, transactional_id: str | None, acks: int, timeou
        acks=st.sampled_from([-1, 0, 1]), timeout_ms=st.integers(0, 2**31 - 1), topics=produce_topics)
 def test_produce_reader_reads_what_kio_wrote(version, transactional_id, acks, timeout_ms, topics):
     frame, start = _produce_frame(version, transactional_id, acks, timeout_ms, topics)
-    body = hotpath.read_produce(frame, start)
+    body = hotpath.read_produce(frame, start, version)
     assert (body.transactional_id, body.acks, body.timeout_ms) == (transactional_id, acks, timeout_ms)
     assert [(t.name, [(p.index, None if p.records is None else bytes(p.records)) for p in t.partition_data])
             for t in body.topic_data] == topics
@@ -42,7 +42,7 @@ def test_produce_reader_reads_what_kio_wrote(version, transactional_id, acks, ti
 def test_produce_records_are_views_into_the_frame():
     """Zero copy: a write into the frame shows through the records the reader returned."""
     frame, start = _produce_frame(8, None, -1, 1000, [("t", [(0, b"abcdef")])])
-    view = hotpath.read_produce(frame, start).topic_data[0].partition_data[0].records
+    view = hotpath.read_produce(frame, start, 8).topic_data[0].partition_data[0].records
     assert view is not None and view.obj is frame and not view.readonly
     frame[-1] = ord("Z")
     assert bytes(view) == b"abcdeZ"
@@ -52,15 +52,15 @@ def test_produce_reader_refuses_every_truncation_and_trailing_bytes():
     frame, start = _produce_frame(7, "tx", 1, 10, [("topic", [(0, b"x" * 30), (1, None)])])
     for cut in range(start, len(frame)):
         with pytest.raises(hotpath.BodyError):
-            hotpath.read_produce(frame[:cut], start)
+            hotpath.read_produce(frame[:cut], start, 7)
     with pytest.raises(hotpath.BodyError, match="1 bytes after"):
-        hotpath.read_produce(frame + b"\0", start)
+        hotpath.read_produce(frame + b"\0", start, 7)
 
 
 def test_produce_reader_does_not_believe_a_huge_array_count():
     frame = bytearray(b"\xff\xff" + b"\xff\xff" + b"\0\0\0\1" + b"\x7f\xff\xff\xff")
     with pytest.raises(hotpath.BodyError, match="cannot fit"):
-        hotpath.read_produce(frame, 0)
+        hotpath.read_produce(frame, 0, 8)
 
 
 fetch_partitions = st.lists(st.builds(

@@ -40,7 +40,7 @@ class ProduceTopicData:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ProduceBody:
-    """A Produce request v3–8 (those versions share one layout)."""
+    """A Produce request v0–8 (one layout; v3 added the transactional id)."""
 
     transactional_id: str | None
     acks: int
@@ -100,10 +100,10 @@ class _Reader:
         return count
 
 
-def read_produce(frame: bytearray, offset: int) -> ProduceBody:
-    """The Produce request body (v3–8) starting at `offset` of its frame, which it must end."""
+def read_produce(frame: bytearray, offset: int, version: int) -> ProduceBody:
+    """The Produce request body (v0–8) starting at `offset` of its frame, which it must end."""
     r = _Reader(frame, offset)
-    transactional_id = r.nullable_string("transactional_id")
+    transactional_id = r.nullable_string("transactional_id") if version >= 3 else None
     acks = r.i16("acks")
     timeout_ms = r.i32("timeout_ms")
     topics = []
@@ -122,6 +122,23 @@ def read_produce(frame: bytearray, offset: int) -> ProduceBody:
 def _string(value: str) -> bytes:
     data = value.encode()
     return _I16.pack(len(data)) + data
+
+
+def old_produce_refusal(version: int, body: ProduceBody, error_code: int) -> list[BytesLike]:
+    """A Produce response v0–2 refusing every partition (kio has no schema for these
+    versions; they are advertised for old librdkafka's sake and never served)."""
+    if not 0 <= version <= 2:
+        raise ValueError(f"produce response version {version}: only 0..2 are written here")
+    out = bytearray(_I32.pack(len(body.topic_data)))
+    for t in body.topic_data:
+        out += _string(t.name) + _I32.pack(len(t.partition_data))
+        for p in t.partition_data:
+            out += _I32.pack(p.index) + _I16.pack(error_code) + _I64.pack(-1)  # base_offset
+            if version >= 2:
+                out += _I64.pack(-1)  # log_append_time
+    if version >= 1:
+        out += _I32.pack(0)  # throttle_time_ms
+    return [bytes(out)]
 
 
 def fetch_response(version: int, done: wire.FetchResponse) -> list[BytesLike]:

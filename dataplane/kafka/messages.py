@@ -17,7 +17,9 @@ import io
 import typing
 from typing import Any, Mapping
 
-from kio.index import load_request_schema, load_response_schema
+from kio.index import UnknownEntity, load_request_schema, load_response_schema
+from kio.schema.request_header.v1.header import RequestHeader as RequestHeaderV1
+from kio.schema.response_header.v0.header import ResponseHeader as ResponseHeaderV0
 from kio.schema.errors import ErrorCode as KioErrorCode
 from kio.serial import entity_reader, entity_writer
 from kio.static import primitive
@@ -36,8 +38,26 @@ def request_schema(api_key: int, version: int) -> Any:
 
 
 @functools.cache
+def request_header_schema(api_key: int, version: int) -> Any:
+    try:
+        return request_schema(api_key, version).__header_schema__
+    except UnknownEntity:
+        # kio has no schema for some old versions (Produce 0-2); they predate flexible
+        # versions, so their header is v1.
+        return RequestHeaderV1
+
+
+@functools.cache
 def response_schema(api_key: int, version: int) -> Any:
     return load_response_schema(api_key, version)
+
+
+@functools.cache
+def response_header_schema(api_key: int, version: int) -> Any:
+    try:
+        return response_schema(api_key, version).__header_schema__
+    except UnknownEntity:
+        return ResponseHeaderV0  # as for request_header_schema: an old, non-flexible version
 
 
 @functools.cache

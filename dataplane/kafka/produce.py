@@ -14,7 +14,7 @@ from typing import Any, Awaitable
 from common.errors import ErrorCode
 from common.wire import messages as wire
 from dataplane.kafka import hotpath, messages
-from dataplane.kafka.registry import Answer, Context, Request, register
+from dataplane.kafka.registry import Answer, Context, Encoded, Request, register
 
 PRODUCE = 0
 
@@ -42,8 +42,12 @@ def _refused(request: Request, code: ErrorCode, why: str) -> Awaitable[Answer]:
 def produce(request: Request, context: Context) -> Awaitable[Answer]:
     body = request.body
     if not request.served:
-        return _refused(request, ErrorCode.UNSUPPORTED_VERSION,
-                        f"produce version {request.version} (message format v0/v1) is not served; use 3 to 8")
+        async def refused() -> Answer:
+            # These versions have no error message: the code says it.
+            if body.acks == 0:
+                return None
+            return Encoded(hotpath.old_produce_refusal(request.version, body, int(ErrorCode.UNSUPPORTED_VERSION)))
+        return refused()
     if body.transactional_id is not None:
         return _refused(request, ErrorCode.INVALID_REQUEST,
                         f"transactional id {body.transactional_id!r}: transactions are not supported; "

@@ -41,27 +41,26 @@ def decode_request(frame: bytearray) -> Request:
                          f"served: {sorted(APIS)}")
     low, high = api.versions
     if low <= version <= high:
-        body, client_id = _decode(api_key, version, frame, served=True)
+        body, client_id = _decode(api_key, version, frame)
         return Request(api_key, version, correlation_id, client_id, body, served=True)
     if api_key == API_VERSIONS:
         # Kafka's rule: answer at v0 with UNSUPPORTED_VERSION and the list, never hang up.
         return Request(api_key, version, correlation_id, None, None, served=False)
     if api.advertised_from <= version < low:
-        body, client_id = _decode(api_key, version, frame, served=False)
+        body, client_id = _decode(api_key, version, frame)
         return Request(api_key, version, correlation_id, client_id, body, served=False)
     raise FrameError(f"API key {api_key} ({api.name}) version {version} is not served; "
                      f"versions {api.advertised_from}..{high} are")
 
 
-def _decode(api_key: int, version: int, frame: bytearray, *, served: bool) -> tuple[Any, str | None]:
-    schema = messages.request_schema(api_key, version)
-    read_body = APIS[api_key].read_body if served else None
+def _decode(api_key: int, version: int, frame: bytearray) -> tuple[Any, str | None]:
+    read_body = APIS[api_key].read_body
     view = memoryview(frame).toreadonly()  # kio's reader takes read-only buffers (no copy)
     try:
-        header, used = messages.decode(schema.__header_schema__, view, 0)
+        header, used = messages.decode(messages.request_header_schema(api_key, version), view, 0)
         if read_body is not None:
-            return read_body(frame, used), header.client_id
-        body, size = messages.decode(schema, view, used)
+            return read_body(frame, used, version), header.client_id
+        body, size = messages.decode(messages.request_schema(api_key, version), view, used)
     except Exception as exc:  # kio's native reader raises several kinds for bad bytes
         raise FrameError(f"API key {api_key} version {version}: the request does not parse "
                          f"({type(exc).__name__}: {exc})") from exc
@@ -73,8 +72,8 @@ def _decode(api_key: int, version: int, frame: bytearray, *, served: bool) -> tu
 
 def encode_response(api_key: int, version: int, correlation_id: int, body: Any) -> list[BytesLike]:
     """The frame parts (size prefix first) answering one request."""
-    schema = messages.response_schema(api_key, version)
-    header = messages.encode(messages.build(schema.__header_schema__, {"correlation_id": correlation_id}))
+    header_schema = messages.response_header_schema(api_key, version)
+    header = messages.encode(messages.build(header_schema, {"correlation_id": correlation_id}))
     parts = body.parts if isinstance(body, Encoded) else [messages.encode(body)]
     size = len(header) + sum(len(p) for p in parts)
     return [struct.pack(">i", size) + header, *parts]

@@ -48,8 +48,8 @@ class Encoded:
 # A kio response entity, an Encoded body, or None (nothing to send: acks=0 produce).
 Answer = Any
 Handler = Callable[[Request, Context], Awaitable[Answer]]
-# Reads a body by hand (frame, offset of the body) instead of kio.
-BodyReader = Callable[[bytearray, int], Any]
+# Reads a body by hand (frame, offset of the body, version) instead of kio.
+BodyReader = Callable[[bytearray, int, int], Any]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
