@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs the Debian packages the fault harness (scripts/chaos) needs, only those missing.
+# Installs the Debian packages the fault harness (scripts/chaos) and the Kafka client tests need, only those missing.
 # Idempotent: a second run installs nothing. Needs root (apt-get); without root it only says
 # what is missing and how to install it, and exits 2.
 #
