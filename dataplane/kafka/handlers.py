@@ -13,4 +13,7 @@ from dataplane.kafka.registry import APIS, Answer, Context, Request
 
 def start(request: Request, context: Context) -> Awaitable[Answer]:
     """Begin handling now (produce: the cores have it on return); await the answer."""
-    return APIS[request.api_key].handle(request, context)
+    api = APIS[request.api_key]
+    # Counted by version too: /metrics then shows which versions the clients in use negotiate.
+    context.requests.counters.request(f"Kafka{api.name}v{request.version}")
+    return api.handle(request, context)
