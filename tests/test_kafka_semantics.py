@@ -11,7 +11,7 @@ import pytest
 
 from cluster_harness import Cluster, make_batch
 from common.batch import build_batch
-from test_kafka_bad_input import KafkaSocket
+from kafka_socket import KafkaSocket
 
 pytestmark = pytest.mark.slow
 
