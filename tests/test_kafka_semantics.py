@@ -86,6 +86,13 @@ def test_fetch_checks_the_clients_leader_epoch_and_long_polls(cluster: Cluster, 
     started = time.monotonic()
     p = fetch(11, epoch, base + 2, max_wait=400)
     assert time.monotonic() - started >= 0.35 and p.error_code == 0 and not p.records
+    # min_bytes: records below it wait out max_wait (then come anyway); at or above it, at once.
+    started = time.monotonic()
+    p = fetch(11, epoch, base, max_wait=400, min_bytes=1 << 16)  # the broker caps waits at 500 ms
+    assert time.monotonic() - started >= 0.35 and p.records is not None and b"a" in p.records
+    started = time.monotonic()
+    p = fetch(11, epoch, base, max_wait=5000, min_bytes=len(p.records))
+    assert time.monotonic() - started < 2 and b"a" in p.records
 
 
 def test_list_offsets_and_offset_for_leader_epoch(cluster: Cluster, leader: KafkaSocket) -> None:
