@@ -9,6 +9,7 @@ Consumers assign partitions by hand: group APIs are not served yet (issue 15).
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import subprocess
 import time
@@ -188,3 +189,10 @@ def test_kcat_list_produce_consume(cluster: Cluster) -> None:
     assert consumed.returncode == 0, consumed.stderr
     first = int(consumed.stdout.split()[0])
     assert consumed.stdout.splitlines() == [f"{first + i} line {i}" for i in range(50)]
+
+
+def test_ports_file_names_the_kafka_port(cluster: Cluster) -> None:
+    """The broker's ports file (what `--kafka-port 0` callers read) has the Kafka listener's port."""
+    for b in cluster.brokers.values():
+        ports = json.loads(b.ports_path.read_text())
+        assert ports["kafka_port"] == b.kafka_port and ports["port"] == b.port
