@@ -4,6 +4,7 @@ long-poll, ListOffsets, OffsetForLeaderEpoch, and UNKNOWN_PRODUCER_ID for a prod
 the partition has never seen."""
 from __future__ import annotations
 
+import struct
 import time
 from typing import Iterator
 
@@ -11,6 +12,7 @@ import pytest
 
 from cluster_harness import Cluster, make_batch
 from common.batch import build_batch
+from dataplane.kafka import messages
 from kafka_socket import KafkaSocket
 
 pytestmark = pytest.mark.slow
@@ -129,3 +131,28 @@ def test_an_unknown_idempotent_producer_gets_unknown_producer_id(cluster: Cluste
     assert produce(leader, batch(5))[0] == 59  # UNKNOWN_PRODUCER_ID: its state is not here
     assert produce(leader, batch(0))[0] == 0
     assert produce(leader, batch(2))[0] == 45  # OUT_OF_ORDER_SEQUENCE_NUMBER
+
+
+def test_pipelined_requests_are_answered_in_order(cluster: Cluster, leader: KafkaSocket) -> None:
+    """A long-poll fetch, then requests that are ready at once, on one connection: the
+    answers come in request order (Kafka's rule), the quick ones after the slow one."""
+    epoch = cluster.partition("t", 0)["leader_epoch"]
+    _, base = produce(leader, make_batch([b"p"]))
+    fetch = messages.encode(messages.build(messages.request_schema(1, 11), {
+        "replica_id": -1, "max_wait": 400, "min_bytes": 1, "max_bytes": 1 << 20, "topics": [
+            {"topic": "t", "partitions": [{"partition": 0, "current_leader_epoch": epoch, "fetch_offset": base + 1,
+                                           "log_start_offset": -1, "partition_max_bytes": 1 << 20}]}]}))
+    metadata = messages.encode(messages.build(messages.request_schema(3, 8), {"topics": None}))
+    versions = messages.encode(messages.build(messages.request_schema(18, 0), {}))
+    sent = []
+    for api_key, version, body in ((1, 11, fetch), (3, 8, metadata), (18, 0, versions)):
+        leader.send_frame(leader.header(api_key, version) + body)
+        sent.append(leader.correlation_id)
+    started = time.monotonic()
+    answered = []
+    for _ in sent:
+        payload = leader.read_frame()
+        assert payload is not None
+        answered.append((struct.unpack_from(">i", payload)[0], time.monotonic() - started))
+    assert [c for c, _ in answered] == sent
+    assert answered[0][1] >= 0.3  # the fetch did long-poll, and the others waited behind it
