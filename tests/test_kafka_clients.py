@@ -196,3 +196,13 @@ def test_ports_file_names_the_kafka_port(cluster: Cluster) -> None:
     for b in cluster.brokers.values():
         ports = json.loads(b.ports_path.read_text())
         assert ports["kafka_port"] == b.kafka_port and ports["port"] == b.port
+
+
+def test_a_transactional_producer_is_told_transactions_are_not_supported(cluster: Cluster) -> None:
+    """Transaction APIs are not advertised, so librdkafka refuses init_transactions itself,
+    at once and clearly, instead of retrying against a broker that cannot serve them."""
+    producer = confluent_kafka.Producer({"bootstrap.servers": cluster.kafka_bootstrap, "transactional.id": "tx"})
+    with pytest.raises(confluent_kafka.KafkaException) as refused:
+        producer.init_transactions(20)
+    error = refused.value.args[0]
+    assert error.code() == confluent_kafka.KafkaError._UNSUPPORTED_FEATURE and error.fatal()
