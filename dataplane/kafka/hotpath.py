@@ -69,13 +69,13 @@ class _Reader:
         return value
 
     def nullable_string(self, what: str) -> str | None:
-        if _I16.unpack_from(self.view, self._take(2, what))[0] == -1:
-            return None
-        self.offset -= 2
-        return self.string(what)
+        size = self.i16(what)
+        return None if size == -1 else self._text(size, what)
 
     def string(self, what: str) -> str:
-        size = self.i16(what)
+        return self._text(self.i16(what), what)
+
+    def _text(self, size: int, what: str) -> str:
         if size < 0:
             raise BodyError(f"{what}: string length {size}")
         start = self._take(size, what)
