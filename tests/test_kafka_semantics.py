@@ -156,3 +156,25 @@ def test_pipelined_requests_are_answered_in_order(cluster: Cluster, leader: Kafk
         answered.append((struct.unpack_from(">i", payload)[0], time.monotonic() - started))
     assert [c for c, _ in answered] == sent
     assert answered[0][1] >= 0.3  # the fetch did long-poll, and the others waited behind it
+
+
+def test_an_acks_0_produce_refused_closes_its_connection(cluster: Cluster, leader: KafkaSocket) -> None:
+    """Kafka's rule: acks=0 gets no answer, so a refusal (here: not the leader) closes the
+    connection, and the producer refreshes its metadata; an accepted one keeps it open."""
+    def acks_0(s: KafkaSocket) -> None:
+        s.send_frame(s.header(0, 8) + messages.encode(messages.build(messages.request_schema(0, 8), {
+            "acks": 0, "timeout": 1000, "topic_data": [
+                {"name": "t", "partition_data": [{"index": 0, "records": make_batch([b"zero"])}]}]})))
+
+    acks_0(leader)
+    assert leader.call(18, 0, {}).error_code == 0  # still open, and no answer came before this one
+    follower_id = next(b for b in cluster.brokers if b != cluster.wait_leader("t", 0))
+    follower = KafkaSocket(cluster.brokers[follower_id].kafka_port)
+    try:
+        assert follower.call(18, 0, {}).error_code == 0
+        acks_0(follower)
+        assert follower.closed_by_broker()
+    finally:
+        follower.close()
+    log = cluster.brokers[follower_id].log_path.read_text()
+    assert "acks=0 produce refused: t-0: NOT_LEADER_OR_FOLLOWER" in log

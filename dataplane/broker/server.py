@@ -107,8 +107,10 @@ class RequestHandler:
 
     # ------------------------------------------------------------ produce
 
-    def start_produce(self, request: wire.ProduceRequest) -> Awaitable[wire.ProduceResponse | None]:
-        """Check and submit every partition now, in request order; the awaitable gives the answer."""
+    def start_produce(self, request: wire.ProduceRequest, *, answer_acks_0: bool = False
+                      ) -> Awaitable[wire.ProduceResponse | None]:
+        """Check and submit every partition now, in request order; the awaitable gives the answer
+        (None for acks=0, unless `answer_acks_0`: the Kafka listener acts on its errors)."""
         acks, timeout_ms = request.acks, request.timeout_ms
         parts = [(t.topic, p.partition, self._submit_partition(t.topic, p, acks, timeout_ms))
                  for t in request.topics for p in t.partitions]
@@ -128,7 +130,7 @@ class RequestHandler:
                         log_start_offset=driver.log.log_start_offset, current_leader=leader,
                         error_message=release.reason or None)
                 by_topic.setdefault(topic, []).append(item)
-            if acks == 0:
+            if acks == 0 and not answer_acks_0:
                 return None
             return wire.ProduceResponse(topics=tuple(
                 wire.ProduceTopicResponse(topic=t, partitions=tuple(ps)) for t, ps in by_topic.items()))

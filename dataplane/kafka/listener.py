@@ -11,13 +11,16 @@ own connection with a WARNING naming the peer and why; every other connection go
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from common.errors import ProtocolError
 from common.wire.frames import BytesLike
 from dataplane.broker.listener import PipelinedConnection
 from dataplane.kafka import handlers, protocol
-from dataplane.kafka.registry import Context, Request
+from dataplane.kafka.registry import Close, Context, Request
+
+log = logging.getLogger("biplane.kafka")
 
 
 class KafkaConnection(PipelinedConnection):
@@ -34,6 +37,12 @@ class KafkaConnection(PipelinedConnection):
 
     def _encode(self, key: Any, response: Any) -> list[BytesLike]:
         request: Request = key
+        if isinstance(response, Close):
+            log.info("closing Kafka connection from %s (client %r): %s", self.stream.peer, request.client_id,
+                     response.reason)
+            # After the answers already queued are written: close() sends what is buffered.
+            asyncio.get_running_loop().call_soon(self.stream.close)
+            return []
         # A refused ApiVersions is answered at v0, which every client can read.
         version = 0 if request.api_key == protocol.API_VERSIONS and not request.served else request.version
         return protocol.encode_response(request.api_key, version, request.correlation_id, response)

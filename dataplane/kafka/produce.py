@@ -14,7 +14,7 @@ from typing import Any, Awaitable
 from common.errors import ErrorCode
 from common.wire import messages as wire
 from dataplane.kafka import hotpath, messages
-from dataplane.kafka.registry import Answer, Context, Encoded, Request, register
+from dataplane.kafka.registry import Answer, Close, Context, Encoded, Request, register
 
 PRODUCE = 0
 
@@ -56,12 +56,17 @@ def produce(request: Request, context: Context) -> Awaitable[Answer]:
         wire.ProduceTopic(topic=t.name, partitions=tuple(
             wire.ProducePartition(partition=p.index, records=p.records) for p in t.partition_data))
         for t in body.topic_data))
-    pending = context.requests.start_produce(internal)
+    pending = context.requests.start_produce(internal, answer_acks_0=True)
 
     async def answer() -> Answer:
         done = await pending
-        if done is None:
-            return None
+        assert done is not None, "answer_acks_0 gives every produce an answer"
+        if body.acks == 0:
+            refused = [f"{t.topic}-{p.partition}: {p.error_code.name}" for t in done.topics for p in t.partitions
+                       if p.error_code is not ErrorCode.NONE]
+            # Kafka closes an acks=0 producer's connection when a partition refuses: it gets
+            # no answer, so that is how it learns to refresh its metadata and reconnect.
+            return Close("acks=0 produce refused: " + ", ".join(refused)) if refused else None
         return _answer(request, [
             {"name": t.topic, "partition_responses": [
                 {"index": p.partition, "error_code": int(p.error_code), "base_offset": p.base_offset,

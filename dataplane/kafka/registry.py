@@ -45,7 +45,15 @@ class Encoded:
     parts: list[BytesLike]
 
 
-# A kio response entity, an Encoded body, or None (nothing to send: acks=0 produce).
+@dataclasses.dataclass(frozen=True, slots=True)
+class Close:
+    """No answer: close the connection once the answers before it are sent (Kafka's way of
+    telling an acks=0 producer that a partition refused its records)."""
+
+    reason: str
+
+
+# A kio response entity, an Encoded body, Close, or None (nothing to send: acks=0 produce).
 Answer = Any
 Handler = Callable[[Request, Context], Awaitable[Answer]]
 # Reads a body by hand (frame, offset of the body, version) instead of kio.
