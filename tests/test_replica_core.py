@@ -693,6 +693,25 @@ def test_a_new_leader_answers_offset_not_available_until_its_hw_passes_its_epoch
     assert leader.list_offset(-1) == (ErrorCode.NONE, leader.high_watermark)
 
 
+def test_end_offset_for_epoch_answers_a_client_from_the_leaders_log():
+    """Claim: a client's OffsetForLeaderEpoch gets where each epoch ends in the leader's log
+    (the next epoch's start; the log end for the latest), after the client's own epoch is
+    checked; a follower answers NOT_LEADER_OR_FOLLOWER."""
+    nodes = epoch_two_over_a_flushed_epoch_one()
+    pump(nodes, now_ms=0)
+    leader = nodes[1]
+    leader.step(ProduceRequest(request_id=1, records=batch(b"new"), acks=1, timeout_ms=99))
+    r = leader.replica
+    assert r.epoch_start_offset == 1 and leader.log.log_end_offset == 3
+    assert r.end_offset_for_epoch(1) == (ErrorCode.NONE, 1, 1)  # epoch 1 ends where epoch 2 starts
+    assert r.end_offset_for_epoch(2, 2) == (ErrorCode.NONE, 2, 3)
+    assert r.end_offset_for_epoch(5) == (ErrorCode.NONE, 2, 3)  # the largest epoch at or below it
+    assert r.end_offset_for_epoch(0) == (ErrorCode.NONE, 0, 0)  # before the first: where that starts (Kafka's)
+    assert r.end_offset_for_epoch(2, 1)[0] is ErrorCode.FENCED_LEADER_EPOCH
+    assert r.end_offset_for_epoch(2, 3)[0] is ErrorCode.UNKNOWN_LEADER_EPOCH
+    assert nodes[2].replica.end_offset_for_epoch(2)[0] is ErrorCode.NOT_LEADER_OR_FOLLOWER
+
+
 def _figure_8(monkeypatch, *, epoch_start_rule: bool) -> tuple[int, int]:
     """Raft's figure 8 on quorum q=2 of 3, elections by the controller's rule (greatest
     (last epoch, end offset) of flushed-log reports). Returns (A's HW after B stored the

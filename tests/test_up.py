@@ -276,6 +276,20 @@ def produce_one(cluster: DetachedCluster, value: bytes) -> None:
             producer.send_and_wait("served", value, partition=partition)
 
 
+def test_kafka_clients_reach_the_brokers_kafka_ports_from_cluster_json(detached):
+    """`biplane up` opens a Kafka API port per broker and records it in cluster.json: a
+    Kafka client bootstrapped from there lists the brokers by those ports and the topic."""
+    kafka_admin = pytest.importorskip("confluent_kafka.admin")
+    state = detached.state()
+    kafka = {int(b["broker_id"]): b["kafka_port"] for b in state["brokers"].values()}
+    assert all(isinstance(p, int) for p in kafka.values())
+    bootstrap = ",".join(b["kafka_address"] for b in state["brokers"].values())
+    admin = kafka_admin.AdminClient({"bootstrap.servers": bootstrap})
+    listing = admin.list_topics(timeout=20)
+    assert {b.id: b.port for b in listing.brokers.values()} == kafka
+    assert len(listing.topics["served"].partitions) == 2
+
+
 def test_a_broker_killed_with_sigkill_is_restarted_and_logged(detached):
     """kill -9 of a broker: the supervisor starts it again (a new pid in cluster.json, on the same
     port), logs the exit and the restart with both pids, and the cluster serves again (every broker

@@ -34,8 +34,8 @@ from dataplane.broker.producer_ids import ProducerIds
 from dataplane.broker.pusher import Pusher
 from dataplane.broker.replicas import ReplicaManager
 from dataplane.broker.budget import ProduceBudget
-from dataplane.kafka.handlers import KafkaRequests
 from dataplane.kafka.listener import start_kafka_server
+from dataplane.kafka.registry import Context as KafkaContext
 from dataplane.broker.server import Counters, RequestHandler
 from dataplane.log.lock import DirectoryLock
 
@@ -114,8 +114,10 @@ class Broker:
                                                     max_frame_bytes=c.max_frame_bytes)
         self.port = self._server.sockets[0].getsockname()[1]
         if c.kafka_port is not None:
-            self._kafka_server = await start_kafka_server(KafkaRequests(self.handler), c.host, c.kafka_port,
-                                                          max_frame_bytes=c.max_frame_bytes)
+            self._kafka_server = await start_kafka_server(
+                KafkaContext(requests=self.handler, control=self.control, broker_id=c.broker_id,
+                             cluster_id="biplane"),
+                c.host, c.kafka_port, max_frame_bytes=c.max_frame_bytes)
             self.kafka_port = self._kafka_server.sockets[0].getsockname()[1]
         if c.metrics_port is not None:
             await self._start_metrics(c.metrics_port)

@@ -107,8 +107,10 @@ class RequestHandler:
 
     # ------------------------------------------------------------ produce
 
-    def start_produce(self, request: wire.ProduceRequest) -> Awaitable[wire.ProduceResponse | None]:
-        """Check and submit every partition now, in request order; the awaitable gives the answer."""
+    def start_produce(self, request: wire.ProduceRequest, *, answer_acks_0: bool = False
+                      ) -> Awaitable[wire.ProduceResponse | None]:
+        """Check and submit every partition now, in request order; the awaitable gives the answer
+        (None for acks=0, unless `answer_acks_0`: the Kafka listener acts on its errors)."""
         acks, timeout_ms = request.acks, request.timeout_ms
         parts = [(t.topic, p.partition, self._submit_partition(t.topic, p, acks, timeout_ms))
                  for t in request.topics for p in t.partitions]
@@ -128,7 +130,7 @@ class RequestHandler:
                         log_start_offset=driver.log.log_start_offset, current_leader=leader,
                         error_message=release.reason or None)
                 by_topic.setdefault(topic, []).append(item)
-            if acks == 0:
+            if acks == 0 and not answer_acks_0:
                 return None
             return wire.ProduceResponse(topics=tuple(
                 wire.ProduceTopicResponse(topic=t, partitions=tuple(ps)) for t, ps in by_topic.items()))
@@ -167,7 +169,7 @@ class RequestHandler:
         while True:
             answers: dict[TopicPartition, wire.FetchPartitionResponse] = {}
             changes: list[asyncio.Future] = []
-            ready = False
+            ready = False  # an answer that cannot wait (an error, a divergence, a stale long-poll)
             budget = max(1, request.max_bytes)
             for t in request.topics:
                 for p in t.partitions:
@@ -187,13 +189,15 @@ class RequestHandler:
                         stepped[tp] = driver.replica.fetch_count(request.replica_id) if driver is not None else -1
                     budget -= len(answer.records or b"")
                     answers[tp] = answer
-                    ready = ready or now
+                    ready = ready or (now and not answer.records)
                     if driver is not None:
                         changes.append(driver.changed())
             remaining = deadline - loop.time()
             if remaining <= 0 and wait_s > 0 and follower and log.isEnabledFor(logging.DEBUG):
                 log.debug("fetch from replica %d waited %.0f ms for nothing", request.replica_id, wait_s * 1000)
-            if ready or remaining <= 0 or not changes:
+            # min_bytes: the long-poll ends once that much is there (at least one byte).
+            found_bytes = max(1, request.max_bytes) - budget
+            if ready or found_bytes >= max(1, request.min_bytes) or remaining <= 0 or not changes:
                 return self._fetch_response(request, answers)
             await asyncio.wait(changes, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
 
@@ -284,6 +288,20 @@ class RequestHandler:
                                                                leader_epoch=epoch))
             topics.append(wire.ListOffsetsTopicResponse(topic=t.topic, partitions=tuple(parts)))
         return wire.ListOffsetsResponse(topics=tuple(topics))
+
+    def end_offset_for_epoch(self, topic: str, partition: int, epoch: int,
+                             current_leader_epoch: int) -> tuple[ErrorCode, int, int]:
+        """(error, epoch, end offset) of a client's OffsetForLeaderEpoch (the core's answer)."""
+        driver, error = self._locate(topic, partition)
+        if driver is None:
+            self.counters.error(error)
+            return error, -1, -1
+        error, found, end = driver.replica.end_offset_for_epoch(epoch, current_leader_epoch)
+        if error is ErrorCode.UNKNOWN_LEADER_EPOCH:
+            self.refresh_metadata()  # read-only in the core: it asks through us
+        if error is not ErrorCode.NONE:
+            self.counters.error(error)
+        return error, found, end
 
     # ------------------------------------------------------------ metadata
 

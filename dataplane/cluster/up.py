@@ -203,9 +203,8 @@ def controller_child(state: dict[str, Any], node: dict[str, Any], logs: Path) ->
 def broker_child(state: dict[str, Any], node: dict[str, Any], logs: Path) -> Child:
     urls = ",".join(c["api_url"] for c in state["controllers"].values())
     args = [sys.executable, "-m", "common.cli", "broker", "--broker-id", str(node["broker_id"]),
-            "--data-dir", node["data_dir"], "--controller", urls, "--host", "127.0.0.1", "--port", str(node["port"])]
-    if node.get("kafka_port"):
-        args += ["--kafka-port", str(node["kafka_port"])]
+            "--data-dir", node["data_dir"], "--controller", urls, "--host", "127.0.0.1", "--port", str(node["port"]),
+            "--kafka-port", str(node["kafka_port"])]
     return Child(f"broker {node['broker_id']}", args, child_env(state), logs / f"broker-{node['broker_id']}.log")
 
 
@@ -438,8 +437,8 @@ def banner(state: dict[str, Any], data_dir: Path) -> str:
              f"data in {shown}",
              f"  controllers  {', '.join(c['api_url'] for c in state['controllers'].values())}",
              f"  brokers      {brokers}",
-             f"  Kafka API    {','.join(b['kafka_address'] for b in state['brokers'].values() if b.get('kafka_address'))}"
-             " (bootstrap.servers for Kafka clients)",
+             f"  Kafka API    {','.join(b['kafka_address'] for b in state['brokers'].values())} "
+             "(bootstrap.servers for Kafka clients)",
              f"  admin token  {state['admin_token']}",
              f"  cluster file {os.path.join(shown, CLUSTER_FILE)} (the CLI and SDK use it when no address is given)",
              "Try it:",

@@ -17,14 +17,13 @@ import io
 import typing
 from typing import Any, Mapping
 
-from kio.index import load_request_schema, load_response_schema
+from kio.index import UnknownEntity, load_request_schema, load_response_schema
+from kio.schema.request_header.v1.header import RequestHeader as RequestHeaderV1
+from kio.schema.response_header.v0.header import ResponseHeader as ResponseHeaderV0
 from kio.schema.errors import ErrorCode as KioErrorCode
 from kio.serial import entity_reader, entity_writer
 from kio.static import primitive
 
-# Schema classes are looked up by API key and version at run time: to the type checker
-# they are Any (the one edge of this package where it is).
-Schema = Any
 
 _DURATIONS = (primitive.i32Timedelta, primitive.i64Timedelta)
 
@@ -39,12 +38,30 @@ def request_schema(api_key: int, version: int) -> Any:
 
 
 @functools.cache
+def request_header_schema(api_key: int, version: int) -> Any:
+    try:
+        return request_schema(api_key, version).__header_schema__
+    except UnknownEntity:
+        # kio has no schema for some old versions (Produce 0-2); they predate flexible
+        # versions, so their header is v1.
+        return RequestHeaderV1
+
+
+@functools.cache
 def response_schema(api_key: int, version: int) -> Any:
     return load_response_schema(api_key, version)
 
 
 @functools.cache
-def _hints(cls: Schema) -> dict[str, Any]:
+def response_header_schema(api_key: int, version: int) -> Any:
+    try:
+        return response_schema(api_key, version).__header_schema__
+    except UnknownEntity:
+        return ResponseHeaderV0  # as for request_header_schema: an old, non-flexible version
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
@@ -66,8 +83,7 @@ def _convert(hint: Any, value: Any) -> Any:
     if hint is primitive.TZAware:
         if value is None or value == -1:
             return None
-        aware: Any = primitive.TZAware
-        return aware(datetime.datetime.fromtimestamp(value / 1000, tz=datetime.timezone.utc))
+        return primitive.TZAware.parse(datetime.datetime.fromtimestamp(value / 1000, tz=datetime.timezone.utc))
     if hint is KioErrorCode:
         try:
             return KioErrorCode(int(value))
@@ -80,7 +96,7 @@ def _convert(hint: Any, value: Any) -> Any:
     return value
 
 
-def build(cls: Schema, values: Mapping[str, Any]) -> Any:
+def build(cls: Any, values: Mapping[str, Any]) -> Any:
     """An instance of schema class `cls` from plain values (see the module docstring)."""
     hints = _hints(cls)
     kwargs: dict[str, Any] = {}
@@ -127,7 +143,7 @@ def encode(obj: Any) -> bytes:
     return out.getvalue()
 
 
-def decode(cls: Schema, data: bytes | memoryview, offset: int = 0) -> tuple[Any, int]:
+def decode(cls: Any, data: bytes | memoryview, offset: int = 0) -> tuple[Any, int]:
     """(entity, bytes used) read from data at offset."""
     value, size = entity_reader(cls)(data, offset)
     return value, size

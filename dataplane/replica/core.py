@@ -591,6 +591,21 @@ class Replica(ProduceAdmission, PushMixin):
             return ErrorCode.NONE, self.high_watermark
         return ErrorCode.NONE, found
 
+    def end_offset_for_epoch(self, epoch: int, leader_epoch: int = -1) -> tuple[ErrorCode, int, int]:
+        """A client's OffsetForLeaderEpoch (KIP-320: a consumer checking whether the log
+        was truncated under it): (error, the largest epoch <= `epoch` in the log, where
+        it ends: the next epoch's start, or the log end offset for the latest). Read-only
+        and leaders only, like list_offset; (NONE, -1, -1) when the log holds no such epoch."""
+        epoch_error = self.client_epoch_error(leader_epoch)
+        if epoch_error is not ErrorCode.NONE:
+            return epoch_error, -1, -1
+        if self.role is not Role.LEADER:
+            return ErrorCode.NOT_LEADER_OR_FOLLOWER, -1, -1
+        found, end = self.log.end_offset_for_epoch(epoch)
+        if found < 0:
+            return ErrorCode.NONE, -1, -1
+        return ErrorCode.NONE, found, end
+
     def _on_append_entries_reply(self, ev: AppendEntriesReply) -> None:
         check = check_epoch(theirs=ev.leader_epoch, ours=self.leader_epoch)
         if check is EpochCheck.STALE:

@@ -1,0 +1,57 @@
+"""ApiVersions (0–3) and Metadata (0–8): what is served, and who leads what.
+
+Brokers are named by their Kafka port. The controller named is this broker, a live
+one (Biplane's controllers are not brokers; clients take -1 for "no controller",
+and some wait for one): admin requests sent to it are forwarded to the controller.
+"""
+from __future__ import annotations
+
+from common.wire import messages as wire
+from dataplane.kafka import messages
+from dataplane.kafka.protocol import API_VERSIONS
+from dataplane.kafka.registry import APIS, Answer, Context, Request, register
+
+METADATA = 3
+UNSUPPORTED_VERSION = 35
+_NO_AUTHORIZED_OPERATIONS = -2147483648  # Kafka's "not asked for"
+
+
+def api_versions_body(version: int, *, error_code: int = 0) -> Answer:
+    return messages.build(messages.response_schema(API_VERSIONS, version), {
+        "error_code": error_code,
+        "api_keys": [{"api_key": api.key, "min_version": api.advertised_from, "max_version": api.versions[1]}
+                     for api in sorted(APIS.values(), key=lambda a: a.key)],
+        "throttle_time": 0,
+    })
+
+
+@register(API_VERSIONS, "ApiVersions", (0, 3))
+async def api_versions(request: Request, context: Context) -> Answer:
+    if not request.served:
+        # Kafka's answer to a version it does not know: v0, error 35, and the list, so
+        # the client retries with a version from it.
+        return api_versions_body(0, error_code=UNSUPPORTED_VERSION)
+    return api_versions_body(request.version)
+
+
+@register(METADATA, "Metadata", (0, 8))
+async def metadata(request: Request, context: Context) -> Answer:
+    topics = request.body.topics
+    # v0: an empty list means all topics; from v1 that is None, and [] means none.
+    names = None if topics is None or (request.version == 0 and not topics) else tuple(t.name for t in topics)
+    done = context.requests.metadata(wire.MetadataRequest(topics=names))
+    image = context.requests.image()
+    brokers = [{"node_id": b.broker_id, "host": b.host, "port": b.kafka_port, "rack": b.rack}
+               for b in sorted(image.brokers.values(), key=lambda b: b.broker_id)
+               if not b.fenced and b.kafka_port is not None]
+    return messages.build(messages.response_schema(METADATA, request.version), {
+        "throttle_time": 0, "brokers": brokers, "cluster_id": context.cluster_id,
+        "controller_id": context.broker_id,
+        "topics": [{"error_code": int(t.error_code), "name": t.topic, "is_internal": False,
+                    "partitions": [{"error_code": int(p.error_code), "partition_index": p.partition,
+                                    "leader_id": p.leader_id, "leader_epoch": p.leader_epoch,
+                                    "replica_nodes": p.replicas, "isr_nodes": p.isr,
+                                    "offline_replicas": p.offline_replicas} for p in t.partitions],
+                    "topic_authorized_operations": _NO_AUTHORIZED_OPERATIONS}
+                   for t in done.topics],
+        "cluster_authorized_operations": _NO_AUTHORIZED_OPERATIONS})

@@ -1,0 +1,62 @@
+"""The Kafka listener's pure parts: the registry, request decoding and ApiVersions,
+and that every error code Biplane can send is one Kafka clients know."""
+from __future__ import annotations
+
+import struct
+
+import pytest
+from kio.schema.errors import ErrorCode as KafkaErrorCode
+
+from common.errors import ErrorCode
+from dataplane.kafka import handlers, messages, protocol  # noqa: F401  (handlers register the APIs)
+from dataplane.kafka.metadata import api_versions_body
+from dataplane.kafka.registry import APIS, register
+
+GROUP_AND_TRANSACTION_KEYS = {8, 9, 10, 11, 12, 13, 14, 15, 16, 24, 25, 26, 28, 42, 47, 61, 65, 66, 68, 69}
+
+
+def test_every_biplane_error_code_is_a_kafka_code_of_the_same_meaning() -> None:
+    for code in ErrorCode:
+        kafka = KafkaErrorCode(int(code))  # ValueError: a number Kafka clients do not know
+        assert kafka.name.upper().startswith(code.name.split("_")[0]), (code, kafka)
+
+
+def test_api_versions_advertises_what_is_registered_and_no_groups_or_transactions() -> None:
+    body = api_versions_body(3)
+    advertised = {k.api_key: (k.min_version, k.max_version) for k in body.api_keys}
+    assert advertised == {0: (0, 8), 1: (4, 11), 2: (1, 5), 3: (0, 8), 18: (0, 3), 22: (0, 1), 23: (2, 3)} | {
+        k: (a.advertised_from, a.versions[1]) for k, a in APIS.items() if k not in (0, 1, 2, 3, 18, 22, 23)}
+    assert not advertised.keys() & GROUP_AND_TRANSACTION_KEYS
+
+
+def test_register_refuses_a_second_handler_and_bad_ranges() -> None:
+    async def other(request, context):  # pragma: no cover - never called
+        return None
+    with pytest.raises(ValueError, match="registered twice"):
+        register(3, "Metadata", (0, 8))(other)
+    with pytest.raises(ValueError, match="advertised_from=5"):
+        register(1000, "X", (3, 4), advertised_from=5)
+    with pytest.raises(ValueError, match="lowest, highest"):
+        register(1000, "X", (4, 3))
+    assert 1000 not in APIS
+
+
+def header(api_key: int, version: int, *, flexible: bool) -> bytearray:
+    return bytearray(struct.pack(">hhih", api_key, version, 7, 3) + b"cli" + (b"\0" if flexible else b""))
+
+
+def test_decode_reads_v2_headers_and_refusals_by_version() -> None:
+    request = protocol.decode_request(header(18, 3, flexible=True) + b"\x02a\x021\0")
+    assert (request.client_id, request.served, request.body.client_software_name) == ("cli", True, "a")
+    unknown_version = protocol.decode_request(header(18, 77, flexible=True))
+    assert not unknown_version.served and unknown_version.correlation_id == 7
+    old_produce = protocol.decode_request(header(0, 2, flexible=False) + struct.pack(">hii", 1, 100, 0))
+    assert not old_produce.served and old_produce.body.acks == 1
+    with pytest.raises(protocol.FrameError, match="API key 10 .* not served"):
+        protocol.decode_request(header(10, 0, flexible=False))
+    with pytest.raises(protocol.FrameError, match="version 12 is not served; versions 4..11"):
+        protocol.decode_request(header(1, 12, flexible=True))
+    with pytest.raises(protocol.FrameError, match="does not parse"):
+        protocol.decode_request(header(3, 8, flexible=False) + b"\0")
+    with pytest.raises(protocol.FrameError, match="2 bytes after the request"):
+        protocol.decode_request(header(18, 0, flexible=False) + b"\0\0")
