@@ -29,6 +29,18 @@ def _distinct(values: tuple[int, ...], what: str) -> tuple[int, ...]:
     return values
 
 
+def _check_replica_lists(v: tuple[tuple[int, ...], ...] | None) -> tuple[tuple[int, ...], ...] | None:
+    if v is None:
+        return v
+    if not v:
+        raise ValueError("replica_assignment must list at least one partition")
+    for i, replicas in enumerate(v):
+        if not replicas:
+            raise ValueError(f"replica_assignment[{i}] is empty")
+        _distinct(replicas, f"replica_assignment[{i}]")
+    return v
+
+
 # ---- admin ------------------------------------------------------------------
 
 class CreateTopicRequest(_Request):
@@ -43,15 +55,20 @@ class CreateTopicRequest(_Request):
     @field_validator("replica_assignment")
     @classmethod
     def _check_assignment(cls, v: tuple[tuple[int, ...], ...] | None):
-        if v is None:
-            return v
-        if not v:
-            raise ValueError("replica_assignment must list at least one partition")
-        for i, replicas in enumerate(v):
-            if not replicas:
-                raise ValueError(f"replica_assignment[{i}] is empty")
-            _distinct(replicas, f"replica_assignment[{i}]")
-        return v
+        return _check_replica_lists(v)
+
+
+class AddPartitionsRequest(_Request):
+    """Grow a topic to `partitions` partitions in all (Kafka's CreatePartitions `count`)."""
+
+    partitions: int = Field(ge=1)  # its upper bound is the decision's, with a message saying what to do
+    # One replica list per new partition; when absent, placement chooses.
+    replica_assignment: tuple[tuple[BrokerId, ...], ...] | None = None
+
+    @field_validator("replica_assignment")
+    @classmethod
+    def _check_assignment(cls, v: tuple[tuple[int, ...], ...] | None):
+        return _check_replica_lists(v)
 
 
 class AlterConfigRequest(_Request):
