@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs the Debian packages the fault harness (scripts/chaos) needs, only those missing.
+# Installs the Debian packages the fault harness (scripts/chaos) and the Kafka client tests
+# (kcat) need, only those missing.
 # Idempotent: a second run installs nothing. Needs root (apt-get); without root it only says
 # what is missing and how to install it, and exits 2.
 #
@@ -18,6 +19,7 @@ SYSTEM_DEPS_COMMANDS=(
   "sysctl:procps"
   "mount:mount"
   "umount:mount"
+  "kcat:kcat"
 )
 # libraries checked by path (the faketime command needs the preload library)
 SYSTEM_DEPS_FILES=(

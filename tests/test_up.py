@@ -13,6 +13,8 @@ import json
 import os
 import re
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import time
@@ -134,6 +136,12 @@ def test_foreground_up_stops_every_child_on_ctrl_c(tmp_path):
         assert any("admin token" in line for line in lines)
         state = json.loads((data_dir / "cluster.json").read_text())
         assert state["status"] == "running" and state["supervisor"]["pid"] == proc.pid
+        assert any("Kafka API" in line for line in lines)
+        # Every broker serves the Kafka API on the port cluster.json names.
+        for b in state["brokers"].values():
+            with socket.create_connection(("127.0.0.1", b["kafka_port"]), timeout=5) as s:
+                s.sendall(struct.pack(">ihhih", 10, 18, 0, 42, -1))  # ApiVersions v0, correlation id 42
+                assert struct.unpack(">ii", s.recv(8))[1] == 42
         pids = all_pids(state)
         assert len(pids) == 4 and all(alive(p) for p in pids)
         from dataplane.cluster.up import Status

@@ -115,7 +115,9 @@ def plan(args: argparse.Namespace, data_dir: Path, previous: dict[str, Any] | No
     for i in range(1, brokers + 1):
         prev = prev_brokers.get(str(i), {})
         port = reuse_or_new(prev.get("port"), taken, f"broker {i}", notes)
+        kafka_port = reuse_or_new(prev.get("kafka_port"), taken, f"broker {i} Kafka API", notes)
         state["brokers"][str(i)] = {"broker_id": i, "port": port, "address": f"127.0.0.1:{port}",
+                                    "kafka_port": kafka_port, "kafka_address": f"127.0.0.1:{kafka_port}",
                                     "data_dir": str(data_dir / f"broker-{i}"), "pid": None}
     return state, notes
 
@@ -202,6 +204,8 @@ def broker_child(state: dict[str, Any], node: dict[str, Any], logs: Path) -> Chi
     urls = ",".join(c["api_url"] for c in state["controllers"].values())
     args = [sys.executable, "-m", "common.cli", "broker", "--broker-id", str(node["broker_id"]),
             "--data-dir", node["data_dir"], "--controller", urls, "--host", "127.0.0.1", "--port", str(node["port"])]
+    if node.get("kafka_port"):
+        args += ["--kafka-port", str(node["kafka_port"])]
     return Child(f"broker {node['broker_id']}", args, child_env(state), logs / f"broker-{node['broker_id']}.log")
 
 
@@ -434,6 +438,8 @@ def banner(state: dict[str, Any], data_dir: Path) -> str:
              f"data in {shown}",
              f"  controllers  {', '.join(c['api_url'] for c in state['controllers'].values())}",
              f"  brokers      {brokers}",
+             f"  Kafka API    {','.join(b['kafka_address'] for b in state['brokers'].values() if b.get('kafka_address'))}"
+             " (bootstrap.servers for Kafka clients)",
              f"  admin token  {state['admin_token']}",
              f"  cluster file {os.path.join(shown, CLUSTER_FILE)} (the CLI and SDK use it when no address is given)",
              "Try it:",

@@ -56,23 +56,17 @@ class KafkaRequests:
     def _start_produce(self, request: Request) -> Awaitable[Answer]:
         body = request.body
         acks = int(body.acks)
-        refusal: tuple[ErrorCode, str] | None = None
-        if not request.served:
-            refusal = (ErrorCode.UNSUPPORTED_VERSION,
-                       f"produce version {request.version} is not served (message format v0/v1); use 3 or later")
-        elif body.transactional_id is not None:
-            refusal = (ErrorCode.INVALID_REQUEST,
-                       f"transactional id {body.transactional_id!r}: transactions are not supported")
-        if refusal is not None:
-            code, why = refusal
+        if body.transactional_id is not None:
+            why = f"transactional id {body.transactional_id!r}: transactions are not supported"
 
             async def refused() -> Answer:
                 if acks == 0:
                     return None
                 return self._response(request, {"responses": [
                     {"name": t.name, "partition_responses": [
-                        {"index": p.index, "error_code": int(code), "base_offset": -1, "log_append_time": -1,
-                         "log_start_offset": -1, "error_message": why} for p in t.partition_data]}
+                        {"index": p.index, "error_code": int(ErrorCode.INVALID_REQUEST), "base_offset": -1,
+                         "log_append_time": -1, "log_start_offset": -1, "error_message": why}
+                        for p in t.partition_data]}
                     for t in body.topic_data]})
             return refused()
         internal = wire.ProduceRequest(acks=acks, timeout_ms=messages.field(body, "timeout"), topics=tuple(

@@ -15,14 +15,16 @@ import datetime
 import functools
 import io
 import typing
-from typing import Any, Mapping, TypeVar
+from typing import Any, Mapping
 
 from kio.index import load_request_schema, load_response_schema
 from kio.schema.errors import ErrorCode as KioErrorCode
 from kio.serial import entity_reader, entity_writer
 from kio.static import primitive
 
-E = TypeVar("E")
+# Schema classes are looked up by API key and version at run time: to the type checker
+# they are Any (the one edge of this package where it is).
+Schema = Any
 
 _DURATIONS = (primitive.i32Timedelta, primitive.i64Timedelta)
 
@@ -42,7 +44,7 @@ def response_schema(api_key: int, version: int) -> Any:
 
 
 @functools.cache
-def _hints(cls: type) -> dict[str, Any]:
+def _hints(cls: Schema) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
@@ -57,14 +59,15 @@ def _convert(hint: Any, value: Any) -> Any:
     if origin is tuple:
         item = args[0]
         return tuple(_convert(item, v) for v in (value or ()))
-    if dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return value if isinstance(value, hint) else build(hint, value)
     if hint in _DURATIONS:
         return hint(value if isinstance(value, datetime.timedelta) else datetime.timedelta(milliseconds=value))
     if hint is primitive.TZAware:
         if value is None or value == -1:
             return None
-        return hint(datetime.datetime.fromtimestamp(value / 1000, tz=datetime.timezone.utc))
+        aware: Any = primitive.TZAware
+        return aware(datetime.datetime.fromtimestamp(value / 1000, tz=datetime.timezone.utc))
     if hint is KioErrorCode:
         try:
             return KioErrorCode(int(value))
@@ -77,11 +80,11 @@ def _convert(hint: Any, value: Any) -> Any:
     return value
 
 
-def build(cls: type[E], values: Mapping[str, Any]) -> E:
+def build(cls: Schema, values: Mapping[str, Any]) -> Any:
     """An instance of schema class `cls` from plain values (see the module docstring)."""
     hints = _hints(cls)
     kwargs: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+    for f in dataclasses.fields(cls):
         if f.name in values:
             try:
                 kwargs[f.name] = _convert(hints[f.name], values[f.name])
@@ -124,7 +127,7 @@ def encode(obj: Any) -> bytes:
     return out.getvalue()
 
 
-def decode(cls: type[E], data: bytes | memoryview, offset: int = 0) -> tuple[E, int]:
+def decode(cls: Schema, data: bytes | memoryview, offset: int = 0) -> tuple[Any, int]:
     """(entity, bytes used) read from data at offset."""
     value, size = entity_reader(cls)(data, offset)
     return value, size

@@ -19,8 +19,8 @@ PRODUCE, FETCH, LIST_OFFSETS, METADATA = 0, 1, 2, 3
 API_VERSIONS, INIT_PRODUCER_ID = 18, 22
 
 # (lowest, highest) version answered. Produce is advertised from 0 (old librdkafka
-# enables idempotence only when it sees version 0 offered) and refused below 3, whose
-# message formats (v0/v1 message sets) Biplane does not store.
+# enables idempotence only when it sees version 0 offered); a request below 3 (message
+# formats v0/v1, which Biplane does not store) closes its connection with a WARNING.
 SERVED: dict[int, tuple[int, int]] = {
     PRODUCE: (3, 8),
     FETCH: (4, 11),
@@ -68,18 +68,16 @@ def decode_request(frame: bytes | bytearray | memoryview) -> Request:
         if api_key == API_VERSIONS:
             # Kafka's rule: answer at v0 with UNSUPPORTED_VERSION and the list, never hang up.
             return Request(api_key, version, correlation_id, None, None, served=False)
-        if api_key == PRODUCE and 0 <= version < SERVED[PRODUCE][0]:
-            body, client_id = _decode(api_key, version, frame)
-            return Request(api_key, version, correlation_id, client_id, body, served=False)
-        raise FrameError(f"API key {api_key} version {version} is not served; versions {low}..{high} are")
+        served_low = SERVED[api_key][0]
+        raise FrameError(f"API key {api_key} version {version} is not served; versions {served_low}..{high} are")
     body, client_id = _decode(api_key, version, frame)
     return Request(api_key, version, correlation_id, client_id, body, served=True)
 
 
 def _decode(api_key: int, version: int, frame: bytes | bytearray | memoryview) -> tuple[Any, str | None]:
-    schema = messages.request_schema(api_key, version)
     frame = memoryview(frame).toreadonly()  # kio's reader takes read-only buffers (no copy)
     try:
+        schema = messages.request_schema(api_key, version)
         header, used = messages.decode(schema.__header_schema__, frame, 0)
         body, size = messages.decode(schema, frame, used)
     except Exception as exc:  # kio's native reader raises several kinds for bad bytes
