@@ -26,7 +26,14 @@ from pydantic import BaseModel, ValidationError
 
 from common.errors import BiplaneError, ControllerError, ErrorCode
 from common.requests import (
+    AddPartitionsRequest,
+    AdminAnswer,
     AllocateProducerIdsRequest,
+    AlterConfigRequest,
+    CreateTopicRequest,
+    DeleteTopicRequest,
+    TopicConfigChange,
+    TopicPartitionsChange,
     AlterIsrAnswer,
     AlterIsrRequest,
     ElectionReport,
@@ -97,6 +104,23 @@ class ControlClient:
         """A block of producer ids now owned by the broker: `first_id` .. `first_id + size`."""
         return _parse(ProducerIdsAnswer, "allocate-producer-ids",
                       await self._call("POST", "allocate-producer-ids", request))
+
+    # ---- admin writes a broker forwards for a Kafka client (dataplane/kafka/admin.py)
+
+    async def create_topic(self, request: CreateTopicRequest) -> AdminAnswer:
+        return _parse(AdminAnswer, "create-topic", await self._call("POST", "admin/create-topic", request))
+
+    async def delete_topic(self, name: str) -> AdminAnswer:
+        return _parse(AdminAnswer, "delete-topic",
+                      await self._call("POST", "admin/delete-topic", DeleteTopicRequest(name=name)))
+
+    async def alter_config(self, name: str, change: AlterConfigRequest) -> AdminAnswer:
+        return _parse(AdminAnswer, "alter-config", await self._call(
+            "POST", "admin/alter-config", TopicConfigChange(name=name, change=change)))
+
+    async def add_partitions(self, name: str, change: AddPartitionsRequest) -> AdminAnswer:
+        return _parse(AdminAnswer, "add-partitions", await self._call(
+            "POST", "admin/add-partitions", TopicPartitionsChange(name=name, change=change)))
 
     async def fetch_metadata(self, *, after_offset: int, wait_ms_max: int) -> MetadataBatch:
         # The query parameter keeps its wire name, max_wait_ms.

@@ -76,6 +76,24 @@ class AlterConfigRequest(_Request):
     reset: list[str] = Field(default_factory=list)
 
 
+class DeleteTopicRequest(_Request):
+    name: str = Field(min_length=1, max_length=249)
+
+
+class TopicConfigChange(_Request):
+    """An AlterConfigRequest for a named topic (a broker forwarding a Kafka client's call)."""
+
+    name: str = Field(min_length=1, max_length=249)
+    change: AlterConfigRequest
+
+
+class TopicPartitionsChange(_Request):
+    """An AddPartitionsRequest for a named topic (a broker forwarding a Kafka client's call)."""
+
+    name: str = Field(min_length=1, max_length=249)
+    change: AddPartitionsRequest
+
+
 class ReassignmentRequest(_Request):
     topic: str = Field(min_length=1)
     partition: int = Field(ge=0)
@@ -194,6 +212,12 @@ class ProducerIdsAnswer(_Answer):
     broker_id: int
     first_id: int
     size: int
+    metadata_offset: int | None = None
+
+
+class AdminAnswer(_Answer):
+    """A forwarded admin write's answer: it committed at this metadata offset (None: it changed nothing)."""
+
     metadata_offset: int | None = None
 
 

@@ -114,7 +114,8 @@ class Broker:
                                                     max_frame_bytes=c.max_frame_bytes)
         self.port = self._server.sockets[0].getsockname()[1]
         if c.kafka_port is not None:
-            self._kafka_server = await start_kafka_server(KafkaRequests(self.handler), c.host, c.kafka_port,
+            kafka = KafkaRequests(self.handler, admin_port=self.control)  # admin calls go to the controller
+            self._kafka_server = await start_kafka_server(kafka, c.host, c.kafka_port,
                                                           max_frame_bytes=c.max_frame_bytes)
             self.kafka_port = self._kafka_server.sockets[0].getsockname()[1]
         if c.metrics_port is not None:

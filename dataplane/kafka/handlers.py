@@ -17,14 +17,15 @@ from typing import Any, Awaitable, Callable
 from common.errors import ErrorCode
 from common.wire import messages as wire
 from dataplane.broker.server import RequestHandler
-from dataplane.kafka import messages, protocol
+from dataplane.kafka import admin, messages, protocol
 from dataplane.kafka.protocol import Request
 
 Answer = Any  # a kio response entity, or None (acks=0 produce: no answer at all)
 
 
 class KafkaRequests:
-    def __init__(self, handler: RequestHandler, *, cluster_id: str = "biplane") -> None:
+    def __init__(self, handler: RequestHandler, *, admin_port: admin.AdminPort | None = None,
+                 cluster_id: str = "biplane") -> None:
         self.handler = handler
         self.cluster_id = cluster_id
         self._handlers: dict[int, Callable[[Request], Awaitable[Answer]]] = {
@@ -33,7 +34,16 @@ class KafkaRequests:
             protocol.METADATA: self._metadata,
             protocol.API_VERSIONS: self._api_versions,
             protocol.INIT_PRODUCER_ID: self._init_producer_id,
+            admin.DESCRIBE_CONFIGS: self._describe_configs,
         }
+        port: admin.AdminPort = admin_port if admin_port is not None else admin.NoAdminPort()
+        self._handlers.update({
+            admin.CREATE_TOPICS: lambda r: admin.create_topics(r, port),
+            admin.DELETE_TOPICS: lambda r: admin.delete_topics(r, port),
+            admin.CREATE_PARTITIONS: lambda r: admin.create_partitions(r, port),
+            admin.ALTER_CONFIGS: lambda r: admin.alter_configs(r, port),
+            admin.INCREMENTAL_ALTER_CONFIGS: lambda r: admin.incremental_alter_configs(r, port),
+        })
 
     def start(self, request: Request) -> Awaitable[Answer]:
         """Begin handling now (produce: the cores have it on return); await the answer."""
@@ -152,6 +162,9 @@ class KafkaRequests:
                         "topic_authorized_operations": -2147483648}
                        for t in done.topics],
             "cluster_authorized_operations": -2147483648})
+
+    async def _describe_configs(self, request: Request) -> Answer:
+        return admin.describe_configs(request, self.handler.image())
 
     # ------------------------------------------------------------ producer ids
 

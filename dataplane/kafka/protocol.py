@@ -12,7 +12,7 @@ import dataclasses
 import struct
 from typing import Any
 
-from dataplane.kafka import messages
+from dataplane.kafka import admin, messages
 
 # Kafka API keys served here.
 PRODUCE, FETCH, LIST_OFFSETS, METADATA = 0, 1, 2, 3
@@ -28,6 +28,7 @@ SERVED: dict[int, tuple[int, int]] = {
     METADATA: (0, 8),
     API_VERSIONS: (0, 3),
     INIT_PRODUCER_ID: (0, 1),
+    **admin.SERVED,  # forwarded to the controller (dataplane/kafka/admin.py)
 }
 ADVERTISED: dict[int, tuple[int, int]] = {**SERVED, PRODUCE: (0, 8)}
 
