@@ -262,6 +262,13 @@ def test_every_rpc_and_admin_write_steps_the_core_once_and_answers_typed(monkeyp
                        "StartReassignment", 202)
             await call("POST", "/v1/elections/preferred", {}, "ElectPreferred")
             await call("DELETE", "/v1/topics/q", None, "DeleteTopic")
+            # The same writes as a broker forwards them for a Kafka client (control RPC).
+            await call("POST", "/rpc/v1/admin/create-topic", {"name": "k", "partitions": 1}, "CreateTopic")
+            await call("POST", "/rpc/v1/admin/alter-config", {"name": "k", "change": {"set": {"retention_ms": 5}}},
+                       "AlterConfig")
+            await call("POST", "/rpc/v1/admin/add-partitions", {"name": "k", "change": {"partitions": 2}},
+                       "AddPartitions")
+            await call("POST", "/rpc/v1/admin/delete-topic", {"name": "k"}, "DeleteTopic")
 
             # Reads never step the core.
             stepped.clear()
