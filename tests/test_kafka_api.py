@@ -260,7 +260,7 @@ def test_leader_killed_under_an_idempotent_confluent_kafka_producer_loses_and_du
     with Cluster(tmp_path / "kill", brokers=3) as c:
         topic = "ck-kill"
         c.create_topic(topic, partitions=1, config={"min_insync_replicas": 2})
-        leader = c.wait_leader(topic, 0)
+        c.wait_leader(topic, 0)
         producer = confluent_kafka.Producer({"bootstrap.servers": c.kafka_bootstrap, "enable.idempotence": True,
                                              "linger.ms": 5, "message.timeout.ms": 60_000})
         acked: dict[bytes, int] = {}
@@ -274,11 +274,13 @@ def test_leader_killed_under_an_idempotent_confluent_kafka_producer_loses_and_du
         sent = 0
         deadline = time.monotonic() + 8
         killed = False
+        leader = -1
         while time.monotonic() < deadline:
             producer.produce(topic, value=f"r{sent}".encode(), on_delivery=on_delivery)
             sent += 1
             producer.poll(0.002)
-            if not killed and sent == 300:
+            if not killed and len(acked) >= 200:  # acknowledged under the first leader
+                leader = c.partition(topic, 0)["leader"]  # now: leadership may have moved since creation
                 c.brokers[leader].kill()
                 killed = True
         c.wait_leader(topic, 0, not_broker=leader)
