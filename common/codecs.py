@@ -23,6 +23,7 @@ XERIAL_MAGIC = b"\x82SNAPPY\x00"
 _XERIAL_HEADER = XERIAL_MAGIC + struct.pack(">ii", 1, 1)
 _XERIAL_BLOCK_BYTES = 32 * 1024   # the Java client's block size
 _INT32 = struct.Struct(">i")
+LZ4_LEVEL = 1
 
 
 class CodecError(ValueError):
@@ -38,7 +39,9 @@ def compress(codec: int, data: bytes | bytearray | memoryview) -> bytes:
             out += _INT32.pack(len(block)) + block
         return bytes(out)
     if codec == LZ4:
-        return bytes(cramjam.lz4.compress(bytes(data)))
+        # The fast mode, as librdkafka uses: cramjam's default level took 4x as long for a
+        # 1 MB batch here, to save a tenth of the bytes.
+        return bytes(cramjam.lz4.compress(bytes(data), level=LZ4_LEVEL))
     if codec == ZSTD:
         return bytes(cramjam.zstd.compress(bytes(data)))
     raise ValueError(f"codec {codec} is not snappy ({SNAPPY}), lz4 ({LZ4}) or zstd ({ZSTD})")
