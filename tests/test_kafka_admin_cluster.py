@@ -83,6 +83,7 @@ def test_admin_client_creates_describes_alters_grows_and_deletes_a_topic(tmp_pat
         with pytest.raises(confluent_kafka.KafkaException) as invalid:
             client.alter_configs([bad])[bad].result(20)
         assert invalid.value.args[0].code() == confluent_kafka.KafkaError.INVALID_CONFIG
+        assert "min.insync.replicas=9 exceeds" in invalid.value.args[0].str()
         assert controller_topic(c, "orders")["config"]["min_insync_replicas"] == 1
 
         client.create_partitions([NewPartitions("orders", 4)])["orders"].result(20)

@@ -121,3 +121,10 @@ def test_an_error_of_the_controllers_rules_names_the_kafka_config():
     assert kafka.code == ErrorCode.INVALID_CONFIG and kafka.field == "min.insync.replicas"
     assert "min.insync.replicas" in str(kafka) and "exceeds" in str(kafka)
     assert configs.kafka_name("commit_policy") == "biplane.commit.policy"
+
+
+def test_the_controllers_config_messages_are_told_in_kafka_names():
+    message = ("invalid value 9 for topic config 'min_insync_replicas': min_insync_replicas=9 exceeds "
+               "replication_factor (3)")
+    assert configs.kafka_words(message) == ("invalid value 9 for topic config 'min.insync.replicas': "
+                                            "min.insync.replicas=9 exceeds replication_factor (3)")

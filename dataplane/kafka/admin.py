@@ -8,8 +8,8 @@ the control RPC): the controller's decisions check them exactly as they check
 image. Config names and values are Kafka's, mapped by dataplane/kafka/configs.py.
 
 Each item of a request (a topic, a resource) gets its own error code and message:
-one bad topic does not fail the others. Errors the controller's rules raise name
-Biplane's config keys (min_insync_replicas), not Kafka's (min.insync.replicas). `validate_only` is refused with
+one bad topic does not fail the others. A config error of the controller's rules is
+told with the Kafka names of the keys it quotes (configs.kafka_words). `validate_only` is refused with
 INVALID_REQUEST rather than answered as if it had been checked: the controller has no
 dry run yet.
 """
@@ -89,7 +89,8 @@ def _outcome(exc: BaseException | None) -> dict[str, Any]:
     if exc is None:
         return {"error_code": 0, "error_message": None}
     if isinstance(exc, BiplaneError):
-        return {"error_code": int(exc.code), "error_message": str(exc)}
+        message = configs.kafka_words(str(exc)) if exc.code == ErrorCode.INVALID_CONFIG else str(exc)
+        return {"error_code": int(exc.code), "error_message": message}
     raise exc
 
 

@@ -268,6 +268,14 @@ def incremental_entries(ops: Iterable[tuple[str, int, str | None]]) -> dict[str,
     return entries
 
 
+def kafka_words(message: str) -> str:
+    """A message of the controller's config rules with Biplane's quoted keys ('min_insync_replicas')
+    spelt as the Kafka client named them ('min.insync.replicas')."""
+    for key, name in _BY_BIPLANE.items():
+        message = message.replace(f"'{key}'", f"'{name}'").replace(f"{key}=", f"{name}=")
+    return message
+
+
 def in_kafka_terms(exc: InvalidFieldError) -> InvalidConfigError:
     """A config error the controller's rules raised, naming Biplane's key, as Kafka's
     INVALID_CONFIG naming the config the Kafka client sent."""
