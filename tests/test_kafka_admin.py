@@ -70,12 +70,13 @@ def test_create_topics_sends_counts_configs_and_assignments_and_answers_per_topi
     assert codes["bad"][0] == ErrorCode.INVALID_CONFIG and "cleanup.policy='compact'" in codes["bad"][1]
 
 
-def test_a_count_the_request_model_refuses_is_invalid_request_naming_it():
+def test_a_count_the_request_model_refuses_gets_kafkas_code_for_it_and_names_it():
     answer = run(admin.create_topics(request(admin.CREATE_TOPICS, 2, {"timeout": 5000, "validate_only": False,
         "topics": [{"name": "z", "num_partitions": 0, "replication_factor": 1, "assignments": [], "configs": []}]}),
         FakePort()))
     (topic,) = answer.topics
-    assert int(topic.error_code) == ErrorCode.INVALID_REQUEST and "partitions" in topic.error_message
+    assert int(topic.error_code) == ErrorCode.INVALID_PARTITIONS and "partitions" in topic.error_message
+    assert "got 0" in topic.error_message
 
 
 def test_validate_only_is_refused_not_pretended():

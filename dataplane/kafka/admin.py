@@ -51,6 +51,10 @@ DEFAULT_PARTITIONS = 1
 DEFAULT_REPLICATION_FACTOR = 1
 
 
+_FIELD_CODES = {"partitions": ErrorCode.INVALID_PARTITIONS,
+                "replication_factor": ErrorCode.INVALID_REPLICATION_FACTOR}
+
+
 class AdminPort(Protocol):
     """The controller's admin writes (common/control_client.ControlClient has them)."""
 
@@ -134,14 +138,15 @@ async def create_topics(request: Request, port: AdminPort) -> Answer:
 
 
 async def _attempt_model(call: Callable[[], Awaitable[object]]) -> dict[str, Any]:
-    """As _attempt, with a request model's own check (pydantic) answered as INVALID_REQUEST."""
+    """As _attempt, with a request model's own check (pydantic) answered with Kafka's code for
+    the field (a count of 0 partitions is INVALID_PARTITIONS, as Kafka answers it)."""
     try:
         return await _attempt(call)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ()))
-        return {"error_code": int(ErrorCode.INVALID_REQUEST),
-                "error_message": f"{where}: {first.get('msg')} (got {first.get('input')!r})"}
+        code = _FIELD_CODES.get(where.split(".")[0], ErrorCode.INVALID_REQUEST)
+        return {"error_code": int(code), "error_message": f"{where}: {first.get('msg')} (got {first.get('input')!r})"}
 
 
 async def delete_topics(request: Request, port: AdminPort) -> Answer:
