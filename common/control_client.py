@@ -107,20 +107,24 @@ class ControlClient:
 
     # ---- admin writes a broker forwards for a Kafka client (dataplane/kafka/admin.py)
 
-    async def create_topic(self, request: CreateTopicRequest) -> AdminAnswer:
-        return _parse(AdminAnswer, "create-topic", await self._call("POST", "admin/create-topic", request))
+    async def create_topic(self, request: CreateTopicRequest, *, validate_only: bool = False) -> AdminAnswer:
+        return await self._admin("create-topic", request, validate_only)
 
-    async def delete_topic(self, name: str) -> AdminAnswer:
-        return _parse(AdminAnswer, "delete-topic",
-                      await self._call("POST", "admin/delete-topic", DeleteTopicRequest(name=name)))
+    async def delete_topic(self, name: str, *, validate_only: bool = False) -> AdminAnswer:
+        return await self._admin("delete-topic", DeleteTopicRequest(name=name), validate_only)
 
-    async def alter_config(self, name: str, change: AlterConfigRequest) -> AdminAnswer:
-        return _parse(AdminAnswer, "alter-config", await self._call(
-            "POST", "admin/alter-config", TopicConfigChange(name=name, change=change)))
+    async def alter_config(self, name: str, change: AlterConfigRequest, *,
+                           validate_only: bool = False) -> AdminAnswer:
+        return await self._admin("alter-config", TopicConfigChange(name=name, change=change), validate_only)
 
-    async def add_partitions(self, name: str, change: AddPartitionsRequest) -> AdminAnswer:
-        return _parse(AdminAnswer, "add-partitions", await self._call(
-            "POST", "admin/add-partitions", TopicPartitionsChange(name=name, change=change)))
+    async def add_partitions(self, name: str, change: AddPartitionsRequest, *,
+                             validate_only: bool = False) -> AdminAnswer:
+        return await self._admin("add-partitions", TopicPartitionsChange(name=name, change=change), validate_only)
+
+    async def _admin(self, call: str, body: BaseModel, validate_only: bool) -> AdminAnswer:
+        """validate_only: the controller decides and refuses as for the write, and stages nothing."""
+        path = f"admin/{call}" + ("?validate_only=1" if validate_only else "")
+        return _parse(AdminAnswer, call, await self._call("POST", path, body))
 
     async def fetch_metadata(self, *, after_offset: int, wait_ms_max: int) -> MetadataBatch:
         # The query parameter keeps its wire name, max_wait_ms.

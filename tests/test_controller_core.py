@@ -263,6 +263,9 @@ def test_every_rpc_and_admin_write_steps_the_core_once_and_answers_typed(monkeyp
             await call("POST", "/v1/elections/preferred", {}, "ElectPreferred")
             await call("DELETE", "/v1/topics/q", None, "DeleteTopic")
             # The same writes as a broker forwards them for a Kafka client (control RPC).
+            await call("POST", "/rpc/v1/admin/create-topic?validate_only=1", {"name": "k", "partitions": 1},
+                       "CreateTopic")
+            assert "k" not in service.committed.topics and "k" not in (service.pending or service.committed).topics
             await call("POST", "/rpc/v1/admin/create-topic", {"name": "k", "partitions": 1}, "CreateTopic")
             await call("POST", "/rpc/v1/admin/alter-config", {"name": "k", "change": {"set": {"retention_ms": 5}}},
                        "AlterConfig")

@@ -17,25 +17,29 @@ from metadata_builders import add_topic, cluster
 class FakePort:
     def __init__(self, *, refuse: dict[str, BiplaneError] | None = None) -> None:
         self.calls: list[tuple[str, Any]] = []
+        self.validate_only: list[bool] = []
         self.refuse = refuse or {}
 
-    async def _call(self, what: str, name: str, arg: Any) -> AdminAnswer:
+    async def _call(self, what: str, name: str, arg: Any, validate_only: bool) -> AdminAnswer:
         self.calls.append((what, arg))
+        self.validate_only.append(validate_only)
         if name in self.refuse:
             raise self.refuse[name]
         return AdminAnswer(metadata_offset=7)
 
-    async def create_topic(self, request: CreateTopicRequest) -> AdminAnswer:
-        return await self._call("create", request.name, request)
+    async def create_topic(self, request: CreateTopicRequest, *, validate_only: bool = False) -> AdminAnswer:
+        return await self._call("create", request.name, request, validate_only)
 
-    async def delete_topic(self, name: str) -> AdminAnswer:
-        return await self._call("delete", name, name)
+    async def delete_topic(self, name: str, *, validate_only: bool = False) -> AdminAnswer:
+        return await self._call("delete", name, name, validate_only)
 
-    async def alter_config(self, name: str, change: AlterConfigRequest) -> AdminAnswer:
-        return await self._call("alter", name, (name, change))
+    async def alter_config(self, name: str, change: AlterConfigRequest, *,
+                           validate_only: bool = False) -> AdminAnswer:
+        return await self._call("alter", name, (name, change), validate_only)
 
-    async def add_partitions(self, name: str, change: AddPartitionsRequest) -> AdminAnswer:
-        return await self._call("grow", name, (name, change))
+    async def add_partitions(self, name: str, change: AddPartitionsRequest, *,
+                             validate_only: bool = False) -> AdminAnswer:
+        return await self._call("grow", name, (name, change), validate_only)
 
 
 def request(api_key: int, version: int, values: dict[str, Any]) -> Request:
@@ -79,13 +83,21 @@ def test_a_count_the_request_model_refuses_gets_kafkas_code_for_it_and_names_it(
     assert "got 0" in topic.error_message
 
 
-def test_validate_only_is_refused_not_pretended():
-    port = FakePort()
+def test_validate_only_goes_to_the_controller_as_such():
+    port = FakePort(refuse={"b": TopicExistsError("b")})
     answer = run(admin.create_topics(request(admin.CREATE_TOPICS, 4, {"timeout": 5000, "validate_only": True,
-        "topics": [{"name": "a", "num_partitions": 1, "replication_factor": 1, "assignments": [], "configs": []}]}),
+        "topics": [{"name": n, "num_partitions": 1, "replication_factor": 1, "assignments": [], "configs": []}
+                   for n in ("a", "b")]}), port))
+    assert port.validate_only == [True, True]
+    assert [int(t.error_code) for t in answer.topics] == [0, ErrorCode.TOPIC_ALREADY_EXISTS]
+    run(admin.create_partitions(request(admin.CREATE_PARTITIONS, 1, {"timeout": 5000, "validate_only": True,
+        "topics": [{"name": "t", "count": 4, "assignments": None}]}), port))
+    run(admin.alter_configs(request(admin.ALTER_CONFIGS, 1, {"validate_only": True, "resources": [
+        {"resource_type": 2, "resource_name": "t", "configs": []}]}), port))
+    run(admin.create_topics(request(admin.CREATE_TOPICS, 4, {"timeout": 5000, "validate_only": False,
+        "topics": [{"name": "c", "num_partitions": 1, "replication_factor": 1, "assignments": [], "configs": []}]}),
         port))
-    assert port.calls == [] and int(answer.topics[0].error_code) == ErrorCode.INVALID_REQUEST
-    assert "validate_only is not served" in answer.topics[0].error_message
+    assert port.validate_only == [True, True, True, True, False]
 
 
 def test_delete_topics_answers_each_name():

@@ -43,6 +43,15 @@ def test_admin_client_creates_describes_alters_grows_and_deletes_a_topic(tmp_pat
     with Cluster(tmp_path, brokers=3) as c:
         client = AdminClient({"bootstrap.servers": c.kafka_bootstrap})
 
+        checked = client.create_topics([NewTopic("orders", num_partitions=2, replication_factor=3),
+                                        NewTopic("too-wide", num_partitions=1, replication_factor=4)],
+                                       validate_only=True)
+        checked["orders"].result(20)
+        with pytest.raises(confluent_kafka.KafkaException) as too_wide:
+            checked["too-wide"].result(20)
+        assert too_wide.value.args[0].code() == confluent_kafka.KafkaError.INVALID_REPLICATION_FACTOR
+        assert controller_topic(c, "orders") is None   # validate_only created nothing
+
         futures = client.create_topics([
             NewTopic("orders", num_partitions=2, replication_factor=3,
                      config={"retention.ms": "60000", "biplane.commit.policy": "quorum"}),

@@ -8,10 +8,9 @@ the control RPC): the controller's decisions check them exactly as they check
 image. Config names and values are Kafka's, mapped by dataplane/kafka/configs.py.
 
 Each item of a request (a topic, a resource) gets its own error code and message:
-one bad topic does not fail the others. A config error of the controller's rules is
-told with the Kafka names of the keys it quotes (configs.kafka_words). `validate_only` is refused with
-INVALID_REQUEST rather than answered as if it had been checked: the controller has no
-dry run yet.
+one bad topic does not fail the others. `validate_only` goes to the controller, which
+decides as for the write and applies nothing. A config error of the controller's rules
+is told with the Kafka names of the keys it quotes (configs.kafka_words).
 """
 from __future__ import annotations
 
@@ -56,12 +55,15 @@ _FIELD_CODES = {"partitions": ErrorCode.INVALID_PARTITIONS,
 
 
 class AdminPort(Protocol):
-    """The controller's admin writes (common/control_client.ControlClient has them)."""
+    """The controller's admin writes (common/control_client.ControlClient has them); with
+    validate_only the controller decides and refuses as for the write, and applies nothing."""
 
-    async def create_topic(self, request: CreateTopicRequest) -> AdminAnswer: ...
-    async def delete_topic(self, name: str) -> AdminAnswer: ...
-    async def alter_config(self, name: str, change: AlterConfigRequest) -> AdminAnswer: ...
-    async def add_partitions(self, name: str, change: AddPartitionsRequest) -> AdminAnswer: ...
+    async def create_topic(self, request: CreateTopicRequest, *, validate_only: bool = False) -> AdminAnswer: ...
+    async def delete_topic(self, name: str, *, validate_only: bool = False) -> AdminAnswer: ...
+    async def alter_config(self, name: str, change: AlterConfigRequest, *,
+                           validate_only: bool = False) -> AdminAnswer: ...
+    async def add_partitions(self, name: str, change: AddPartitionsRequest, *,
+                             validate_only: bool = False) -> AdminAnswer: ...
 
 
 class NoAdminPort:
@@ -71,16 +73,18 @@ class NoAdminPort:
         return BiplaneError("this Kafka listener forwards no admin calls (it was started without a controller "
                             "client); use `biplane topic ...` or the admin API", code=ErrorCode.NOT_CONTROLLER)
 
-    async def create_topic(self, request: CreateTopicRequest) -> AdminAnswer:
+    async def create_topic(self, request: CreateTopicRequest, *, validate_only: bool = False) -> AdminAnswer:
         raise self._refuse()
 
-    async def delete_topic(self, name: str) -> AdminAnswer:
+    async def delete_topic(self, name: str, *, validate_only: bool = False) -> AdminAnswer:
         raise self._refuse()
 
-    async def alter_config(self, name: str, change: AlterConfigRequest) -> AdminAnswer:
+    async def alter_config(self, name: str, change: AlterConfigRequest, *,
+                           validate_only: bool = False) -> AdminAnswer:
         raise self._refuse()
 
-    async def add_partitions(self, name: str, change: AddPartitionsRequest) -> AdminAnswer:
+    async def add_partitions(self, name: str, change: AddPartitionsRequest, *,
+                             validate_only: bool = False) -> AdminAnswer:
         raise self._refuse()
 
 
@@ -107,11 +111,6 @@ async def _attempt(call: Callable[[], Awaitable[object]]) -> dict[str, Any]:
     return _outcome(None)
 
 
-def _no_dry_run(what: str) -> BiplaneError:
-    return BiplaneError(f"validate_only is not served: {what} would be applied, not only checked; send it "
-                        "without validate_only", code=ErrorCode.INVALID_REQUEST)
-
-
 # ---------------------------------------------------------------- topics
 
 
@@ -120,8 +119,6 @@ async def create_topics(request: Request, port: AdminPort) -> Answer:
     results = []
     for topic in body.topics:
         async def create(topic: Any = topic) -> None:
-            if body.validate_only:
-                raise _no_dry_run(f"creating topic {topic.name!r}")
             config = configs.create_config({c.name: c.value for c in topic.configs})
             assignment = tuple(tuple(a.broker_ids) for a in sorted(topic.assignments,
                                                                    key=lambda a: a.partition_index))
@@ -132,7 +129,7 @@ async def create_topics(request: Request, port: AdminPort) -> Answer:
                 fields["partitions"] = DEFAULT_PARTITIONS if topic.num_partitions == -1 else topic.num_partitions
                 fields["replication_factor"] = (DEFAULT_REPLICATION_FACTOR if topic.replication_factor == -1
                                                 else topic.replication_factor)
-            await port.create_topic(CreateTopicRequest.model_validate(fields))
+            await port.create_topic(CreateTopicRequest.model_validate(fields), validate_only=body.validate_only)
         results.append({"name": topic.name, **await _attempt_model(create)})
     return _response(request, {"topics": results})
 
@@ -164,11 +161,10 @@ async def create_partitions(request: Request, port: AdminPort) -> Answer:
     results = []
     for topic in body.topics:
         async def grow(topic: Any = topic) -> None:
-            if body.validate_only:
-                raise _no_dry_run(f"adding partitions to {topic.name!r}")
             assignment = None if topic.assignments is None else tuple(tuple(a.broker_ids) for a in topic.assignments)
             await port.add_partitions(topic.name, AddPartitionsRequest(partitions=topic.count,
-                                                                       replica_assignment=assignment))
+                                                                       replica_assignment=assignment),
+                                      validate_only=body.validate_only)
         results.append({"name": topic.name, **await _attempt_model(grow)})
     return _response(request, {"results": results})
 
@@ -213,10 +209,8 @@ async def _alter(request: Request, port: AdminPort, entries_of: Callable[[Any], 
             error = _resource_error(resource)
             if error is not None:
                 raise error
-            if body.validate_only:
-                raise _no_dry_run(f"altering the configs of {resource.resource_name!r}")
             change = configs.alter_request(entries_of(resource), replace_all=replace_all)
-            await port.alter_config(resource.resource_name, change)
+            await port.alter_config(resource.resource_name, change, validate_only=body.validate_only)
         results.append({"resource_type": resource.resource_type, "resource_name": resource.resource_name,
                         **await _attempt(alter)})
     return _response(request, {"responses": results})
