@@ -44,6 +44,7 @@ from typing import Iterator, Sequence, TypedDict, Union, Unpack
 
 from crc32c import crc32c
 
+from common import codecs
 from common.errors import BatchFullError, CorruptBatchError, InvalidRequestError
 
 Buffer = Union[bytes, bytearray, memoryview]
@@ -84,8 +85,10 @@ MIN_RECORD_BYTES = 7
 
 class Compression(enum.IntEnum):
     NONE = 0
-    GZIP = 1
-    # zstd (4) is left out until the standard library ships it.
+    GZIP = 1      # zlib, the standard library's
+    SNAPPY = 2    # the others through cramjam (common/codecs.py)
+    LZ4 = 3
+    ZSTD = 4
 
 
 _KNOWN_CODECS = frozenset(int(c) for c in Compression)
@@ -191,7 +194,8 @@ def read_header(buf: Buffer, pos: int = 0, *, max_batch_bytes: int = BATCH_BYTES
         raise _corrupt(pos, f"base_offset {base_offset} + last_offset_delta {last_offset_delta} overflows int64")
     codec = attributes & ATTR_CODEC_MASK
     if codec not in _KNOWN_CODECS:
-        raise _corrupt(pos, f"compression codec {codec} is not supported (known: none=0, gzip=1)")
+        raise _corrupt(pos, f"compression codec {codec} is not supported "
+                            "(known: none=0, gzip=1, snappy=2, lz4=3, zstd=4)")
     if codec == 0 and record_count * MIN_RECORD_BYTES > batch_length - MIN_BATCH_LENGTH:
         raise _corrupt(pos, f"record_count {record_count} cannot fit in "
                             f"{batch_length - MIN_BATCH_LENGTH} bytes of records")
@@ -435,6 +439,9 @@ class BatchWriter:
         if compression == Compression.GZIP:
             out = bytearray(HEADER_SIZE)
             out += zlib.compress(memoryview(self.buffer)[HEADER_SIZE:], gzip_level, wbits=31)
+        elif compression != Compression.NONE:
+            out = bytearray(HEADER_SIZE)
+            out += codecs.compress(int(compression), memoryview(self.buffer)[HEADER_SIZE:])
         _TAIL.pack_into(out, CRC_START, attributes, self.record_count - 1, self.first_timestamp_ms,
                         self.max_timestamp_ms, producer_id, producer_epoch, base_sequence, self.record_count)
         crc = crc32c(memoryview(out)[CRC_START:])
@@ -456,13 +463,21 @@ def _gzip_bound(n: int) -> int:
     return n + (n >> 12) + (n >> 14) + (n >> 25) + 13 + 18
 
 
-def _gzip_records_bytes_max(max_batch_bytes: int) -> int:
-    """The most uncompressed record bytes whose gzip bound still fits in max_batch_bytes
-    (-1: none fit). _gzip_bound only grows, so a bisection finds it."""
+def _compressed_bound(compression: Compression, n: int) -> int:
+    if compression is Compression.NONE:
+        return n
+    if compression is Compression.GZIP:
+        return _gzip_bound(n)
+    return codecs.compressed_bytes_max(int(compression), n)
+
+
+def _records_bytes_max(compression: Compression, max_batch_bytes: int) -> int:
+    """The most uncompressed record bytes whose compressed bound still fits in max_batch_bytes
+    (-1: none fit). Every bound only grows, so a bisection finds it."""
     fits, too_big = -1, max_batch_bytes
     while too_big - fits > 1:
         mid = (fits + too_big) // 2
-        if HEADER_SIZE + _gzip_bound(mid) <= max_batch_bytes:
+        if HEADER_SIZE + _compressed_bound(compression, mid) <= max_batch_bytes:
             fits = mid
         else:
             too_big = mid
@@ -528,7 +543,8 @@ class BatchBuilder:
         checked_producer_epoch = _check_int("producer_epoch", producer_epoch, -1, _INT16_MAX)
         checked_base_sequence = _check_int("base_sequence", base_sequence, -1, _INT32_MAX)
         if compression not in _KNOWN_CODECS:
-            raise InvalidRequestError(f"compression {compression!r} is not supported (use Compression.NONE or GZIP)")
+            raise InvalidRequestError(f"compression {compression!r} is not supported "
+                                      "(use Compression.NONE, GZIP, SNAPPY, LZ4 or ZSTD)")
         self._compression = Compression(compression)
         self._seal = _SealFields(
             base_offset=checked_base_offset, leader_epoch=checked_leader_epoch, producer_id=checked_producer_id,
@@ -540,8 +556,8 @@ class BatchBuilder:
         # The writer's own limit on its size (header + uncompressed records) that keeps the
         # batch under max_batch_bytes after compression.
         self._limit_bytes = max_batch_bytes
-        if self._compression is Compression.GZIP:
-            self._limit_bytes = HEADER_SIZE + _gzip_records_bytes_max(max_batch_bytes)
+        if self._compression is not Compression.NONE:
+            self._limit_bytes = HEADER_SIZE + _records_bytes_max(self._compression, max_batch_bytes)
         self._writer = BatchWriter()
 
     @property
@@ -552,9 +568,7 @@ class BatchBuilder:
     def estimated_size_bytes(self) -> int:
         """Upper bound on the size `build()` would return now."""
         records_bytes = self._writer.size_bytes - HEADER_SIZE
-        if self._compression is Compression.GZIP:
-            return HEADER_SIZE + _gzip_bound(records_bytes)
-        return HEADER_SIZE + records_bytes
+        return HEADER_SIZE + _compressed_bound(self._compression, records_bytes)
 
     def _checked(self, value: object, key: object, timestamp_ms: object) -> tuple[Buffer | None, Buffer | None, int]:
         if type(timestamp_ms) is not int:
@@ -624,8 +638,15 @@ def read_records(buf: Buffer, pos: int = 0, *, max_batch_bytes: int = BATCH_BYTE
     header = validate_batch(buf, pos, max_batch_bytes=max_batch_bytes)
     end = pos + header.batch_length + LENGTH_FIELD_END
     data = bytes(memoryview(buf)[pos + HEADER_SIZE:end])
-    if header.attributes & ATTR_CODEC_MASK == Compression.GZIP:
+    codec = header.attributes & ATTR_CODEC_MASK
+    if codec == Compression.GZIP:
         data = _gunzip(data, max_decompressed_bytes, pos)
+    elif codec != Compression.NONE:
+        try:
+            data = codecs.decompress(codec, data, max_decompressed_bytes)
+        except codecs.CodecError as exc:
+            raise _corrupt(pos, f"{Compression(codec).name.lower()} records region {exc} "
+                                f"(max_decompressed_bytes={max_decompressed_bytes})") from None
     return _decode_records(data, header, pos)
 
 

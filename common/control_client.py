@@ -26,7 +26,14 @@ from pydantic import BaseModel, ValidationError
 
 from common.errors import BiplaneError, ControllerError, ErrorCode
 from common.requests import (
+    AddPartitionsRequest,
+    AdminAnswer,
     AllocateProducerIdsRequest,
+    AlterConfigRequest,
+    CreateTopicRequest,
+    DeleteTopicRequest,
+    TopicConfigChange,
+    TopicPartitionsChange,
     AlterIsrAnswer,
     AlterIsrRequest,
     ElectionReport,
@@ -97,6 +104,27 @@ class ControlClient:
         """A block of producer ids now owned by the broker: `first_id` .. `first_id + size`."""
         return _parse(ProducerIdsAnswer, "allocate-producer-ids",
                       await self._call("POST", "allocate-producer-ids", request))
+
+    # ---- admin writes a broker forwards for a Kafka client (dataplane/kafka/admin.py)
+
+    async def create_topic(self, request: CreateTopicRequest, *, validate_only: bool = False) -> AdminAnswer:
+        return await self._admin("create-topic", request, validate_only)
+
+    async def delete_topic(self, name: str, *, validate_only: bool = False) -> AdminAnswer:
+        return await self._admin("delete-topic", DeleteTopicRequest(name=name), validate_only)
+
+    async def alter_config(self, name: str, change: AlterConfigRequest, *,
+                           validate_only: bool = False) -> AdminAnswer:
+        return await self._admin("alter-config", TopicConfigChange(name=name, change=change), validate_only)
+
+    async def add_partitions(self, name: str, change: AddPartitionsRequest, *,
+                             validate_only: bool = False) -> AdminAnswer:
+        return await self._admin("add-partitions", TopicPartitionsChange(name=name, change=change), validate_only)
+
+    async def _admin(self, call: str, body: BaseModel, validate_only: bool) -> AdminAnswer:
+        """validate_only: the controller decides and refuses as for the write, and stages nothing."""
+        path = f"admin/{call}" + ("?validate_only=1" if validate_only else "")
+        return _parse(AdminAnswer, call, await self._call("POST", path, body))
 
     async def fetch_metadata(self, *, after_offset: int, wait_ms_max: int) -> MetadataBatch:
         # The query parameter keeps its wire name, max_wait_ms.

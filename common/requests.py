@@ -29,6 +29,18 @@ def _distinct(values: tuple[int, ...], what: str) -> tuple[int, ...]:
     return values
 
 
+def _check_replica_lists(v: tuple[tuple[int, ...], ...] | None) -> tuple[tuple[int, ...], ...] | None:
+    if v is None:
+        return v
+    if not v:
+        raise ValueError("replica_assignment must list at least one partition")
+    for i, replicas in enumerate(v):
+        if not replicas:
+            raise ValueError(f"replica_assignment[{i}] is empty")
+        _distinct(replicas, f"replica_assignment[{i}]")
+    return v
+
+
 # ---- admin ------------------------------------------------------------------
 
 class CreateTopicRequest(_Request):
@@ -43,20 +55,43 @@ class CreateTopicRequest(_Request):
     @field_validator("replica_assignment")
     @classmethod
     def _check_assignment(cls, v: tuple[tuple[int, ...], ...] | None):
-        if v is None:
-            return v
-        if not v:
-            raise ValueError("replica_assignment must list at least one partition")
-        for i, replicas in enumerate(v):
-            if not replicas:
-                raise ValueError(f"replica_assignment[{i}] is empty")
-            _distinct(replicas, f"replica_assignment[{i}]")
-        return v
+        return _check_replica_lists(v)
+
+
+class AddPartitionsRequest(_Request):
+    """Grow a topic to `partitions` partitions in all (Kafka's CreatePartitions `count`)."""
+
+    partitions: int = Field(ge=1)  # its upper bound is the decision's, with a message saying what to do
+    # One replica list per new partition; when absent, placement chooses.
+    replica_assignment: tuple[tuple[BrokerId, ...], ...] | None = None
+
+    @field_validator("replica_assignment")
+    @classmethod
+    def _check_assignment(cls, v: tuple[tuple[int, ...], ...] | None):
+        return _check_replica_lists(v)
 
 
 class AlterConfigRequest(_Request):
     set: dict[str, ConfigValue] = Field(default_factory=dict)
     reset: list[str] = Field(default_factory=list)
+
+
+class DeleteTopicRequest(_Request):
+    name: str = Field(min_length=1, max_length=249)
+
+
+class TopicConfigChange(_Request):
+    """An AlterConfigRequest for a named topic (a broker forwarding a Kafka client's call)."""
+
+    name: str = Field(min_length=1, max_length=249)
+    change: AlterConfigRequest
+
+
+class TopicPartitionsChange(_Request):
+    """An AddPartitionsRequest for a named topic (a broker forwarding a Kafka client's call)."""
+
+    name: str = Field(min_length=1, max_length=249)
+    change: AddPartitionsRequest
 
 
 class ReassignmentRequest(_Request):
@@ -177,6 +212,12 @@ class ProducerIdsAnswer(_Answer):
     broker_id: int
     first_id: int
     size: int
+    metadata_offset: int | None = None
+
+
+class AdminAnswer(_Answer):
+    """A forwarded admin write's answer: it committed at this metadata offset (None: it changed nothing)."""
+
     metadata_offset: int | None = None
 
 

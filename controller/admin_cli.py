@@ -2,6 +2,7 @@
 
     biplane topic create NAME [--partitions N] [--replication-factor R] [--config k=v ...]
     biplane topic list | describe NAME | delete NAME | alter NAME [--set k=v ...] [--reset k ...]
+    biplane topic add-partitions NAME --partitions N [--replica-assignment 1,2:2,3]
     biplane cluster status | brokers
     biplane reassign TOPIC PARTITION BROKER[,BROKER...]    |  biplane reassign --list
     biplane elect [TOPIC:PARTITION ...]
@@ -148,6 +149,14 @@ def parse_pairs(pairs: list[str], what: str) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- commands
 
+def parse_assignment(text: str) -> list[list[int]]:
+    try:
+        return [[int(b) for b in part.split(",")] for part in text.split(":")]
+    except ValueError:
+        raise CliError(f"--replica-assignment {text!r} is not like 1,2:2,3 (broker ids, ',' within a "
+                       "partition, ':' between partitions)") from None
+
+
 def local_cluster() -> tuple[str | None, str | None]:
     """Controller URLs and token of a `biplane up` cluster (./.biplane/cluster.json or
     $BIPLANE_CLUSTER), or (None, None) when there is none."""
@@ -196,7 +205,7 @@ def emit(args: argparse.Namespace, doc: Any, text: str) -> str:
 
 
 def topic_main(argv: list[str], prog: str) -> int:
-    parser = common_parser(prog, "Create, list, describe, alter or delete topics.")
+    parser = common_parser(prog, "Create, list, describe, alter or delete topics, or add partitions.")
     sub = parser.add_subparsers(dest="action", required=True)
     c = sub.add_parser("create", help="create a topic")
     c.add_argument("name")
@@ -213,8 +222,12 @@ def topic_main(argv: list[str], prog: str) -> int:
     a.add_argument("name")
     a.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     a.add_argument("--reset", action="append", default=[], metavar="KEY")
+    g = sub.add_parser("add-partitions", help="grow a topic to N partitions in all (never fewer)")
+    g.add_argument("name")
+    g.add_argument("--partitions", type=int, required=True, help="the new total, larger than today's")
+    g.add_argument("--replica-assignment", help="replica lists of the new partitions only: 1,2:2,3")
     # Let the shared options follow the action too: `biplane topic list --json`.
-    for sp in (c, d, x, a, sub.choices["list"]):
+    for sp in (c, d, x, a, g, sub.choices["list"]):
         sp.add_argument("--controller", default=argparse.SUPPRESS)
         sp.add_argument("--token", default=argparse.SUPPRESS)
         sp.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
@@ -225,11 +238,7 @@ def topic_main(argv: list[str], prog: str) -> int:
                                     "replication_factor": args.replication_factor,
                                     "config": parse_pairs(args.config, "--config")}
             if args.replica_assignment:
-                try:
-                    body["replica_assignment"] = [[int(b) for b in part.split(",")]
-                                                  for part in args.replica_assignment.split(":")]
-                except ValueError:
-                    raise CliError(f"--replica-assignment {args.replica_assignment!r} is not like 1,2:2,3")
+                body["replica_assignment"] = parse_assignment(args.replica_assignment)
                 body["partitions"] = len(body["replica_assignment"])
                 body["replication_factor"] = len(body["replica_assignment"][0])
             doc = api.call("POST", "/v1/topics", body)
@@ -249,6 +258,13 @@ def topic_main(argv: list[str], prog: str) -> int:
         if args.action == "delete":
             doc = api.call("DELETE", f"/v1/topics/{name}")
             return emit(args, doc, doc["result"])
+        if args.action == "add-partitions":
+            grow: dict[str, Any] = {"partitions": args.partitions}
+            if args.replica_assignment:
+                grow["replica_assignment"] = parse_assignment(args.replica_assignment)
+            doc = api.call("POST", f"/v1/topics/{name}/partitions", grow)
+            return emit(args, doc, f"topic {doc['name']} now has {len(doc['partitions'])} partitions "
+                                   f"(metadata offset {doc['metadata_offset']})")
         doc = api.call("PATCH", f"/v1/topics/{name}/config",
                        {"set": parse_pairs(args.set, "--set"), "reset": args.reset})
         return emit(args, doc, f"topic {doc['name']} config updated (metadata offset {doc['metadata_offset']})")

@@ -27,6 +27,7 @@ from common import api_models
 from common.errors import BiplaneError, ErrorCode, NotControllerError, UnknownTopicOrPartitionError
 from common.metadata import MetadataImage, PartitionChange, validate_topic_name
 from common.requests import (
+    AddPartitionsRequest,
     AlterConfigRequest,
     CreateTopicRequest,
     PreferredElectionRequest,
@@ -149,6 +150,19 @@ async def get_partitions(request: web.Request) -> web.Response:
     return json_model(api_models.PartitionList(topic=name, metadata_offset=image.offset,
                                                partitions=[views.partition_view(p)
                                                            for p in image.topic_partitions(name)]))
+
+
+@route("POST", "/v1/topics/{name}/partitions",
+       summary="add partitions to a topic: `partitions` is the new total, larger than today's",
+       request=AddPartitionsRequest, response=api_models.TopicDetail, writes=True)
+async def post_partitions(request: web.Request) -> web.Response:
+    name = topic_name(request)
+    body = await read_model(request, AddPartitionsRequest)
+    s = svc(request)
+    _, committed = await s.execute(core.AddPartitions(name=name, request=body))
+    assert committed is not None, "a write waits for its commit"
+    return json_model(views.topic_detail(s.pending or s.committed, name,
+                                         metadata_offset=committed.last_offset))
 
 
 @route("POST", "/v1/reassignments", summary="move a partition to target replicas",

@@ -26,6 +26,7 @@ from typing import Callable, Union
 from common.metadata.image import MetadataImage
 from common.metadata.records import Record
 from common.requests import (
+    AddPartitionsRequest,
     AllocateProducerIdsRequest,
     AlterConfigRequest,
     AlterIsrRequest,
@@ -83,6 +84,12 @@ class DeleteTopic:
 
 
 @dataclass(frozen=True, kw_only=True)
+class AddPartitions:
+    name: str
+    request: AddPartitionsRequest
+
+
+@dataclass(frozen=True, kw_only=True)
 class AlterConfig:
     name: str
     request: AlterConfigRequest
@@ -107,7 +114,7 @@ class Tick:
 
 
 Event = Union[RegisterBroker, Heartbeat, AlterIsr, ReportElection, AllocateProducerIds, CreateTopic,
-              DeleteTopic, AlterConfig, StartReassignment, ElectPreferred, Tick]
+              DeleteTopic, AddPartitions, AlterConfig, StartReassignment, ElectPreferred, Tick]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -192,6 +199,9 @@ class ControllerCore:
     def _delete_topic(self, image: MetadataImage, ev: DeleteTopic) -> Step:
         return Step(records=tuple(d.delete_topic(image, ev.name)))
 
+    def _add_partitions(self, image: MetadataImage, ev: AddPartitions) -> Step:
+        return Step(records=tuple(d.add_partitions(image, ev.name, ev.request)))
+
     def _alter_config(self, image: MetadataImage, ev: AlterConfig) -> Step:
         return Step(records=tuple(d.alter_config(image, ev.name, ev.request)))
 
@@ -217,6 +227,7 @@ _HANDLERS: dict[type, Callable[..., Step]] = {
     AllocateProducerIds: ControllerCore._allocate_producer_ids,
     CreateTopic: ControllerCore._create_topic,
     DeleteTopic: ControllerCore._delete_topic,
+    AddPartitions: ControllerCore._add_partitions,
     AlterConfig: ControllerCore._alter_config,
     StartReassignment: ControllerCore._start_reassignment,
     ElectPreferred: ControllerCore._elect_preferred,

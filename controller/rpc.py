@@ -11,6 +11,15 @@ trusted leader answers; the others say 421 with `{"leader": {"node_id",
     POST /rpc/v1/election-report        ElectionReport -> ElectionReportAnswer
     POST /rpc/v1/allocate-producer-ids  AllocateProducerIdsRequest -> ProducerIdsAnswer
     GET  /rpc/v1/metadata?after_offset=N&max_wait_ms=M -> MetadataAnswer
+    POST /rpc/v1/admin/create-topic     CreateTopicRequest -> AdminAnswer
+    POST /rpc/v1/admin/delete-topic     DeleteTopicRequest -> AdminAnswer
+    POST /rpc/v1/admin/alter-config     TopicConfigChange -> AdminAnswer
+    POST /rpc/v1/admin/add-partitions   TopicPartitionsChange -> AdminAnswer
+
+The admin calls are the admin API's writes for brokers forwarding a Kafka client's
+admin request (dataplane/kafka/admin.py): the same core events, behind the cluster
+secret instead of the admin token. With `?validate_only=1` the event is decided and
+nothing is staged (Kafka's validate_only): the answer is the refusal, or no offset.
 
 The models are in `common/requests.py`, shared with the broker's `ControlClient`.
 Each handler parses, steps the leader's core (`ControllerService.execute`,
@@ -27,7 +36,12 @@ from aiohttp import web
 from common.errors import BiplaneError, ErrorCode, NotControllerError
 from common.metadata import ProducerIdBlock
 from common.requests import (
+    AdminAnswer,
     AllocateProducerIdsRequest,
+    CreateTopicRequest,
+    DeleteTopicRequest,
+    TopicConfigChange,
+    TopicPartitionsChange,
     AlterIsrAnswer,
     AlterIsrRequest,
     ElectionReport,
@@ -147,8 +161,34 @@ def add_rpc_routes(app: web.Application, service: ControllerService, *, cluster_
         return answer(MetadataAnswer(offset=result.offset,
                                      records=[MetadataEntry(offset=o, record=r) for o, r in result.records or []]))
 
+    async def admin_write(event: core.Event, request: web.Request) -> web.Response:
+        if request.query.get("validate_only") == "1":
+            service.check(event)   # raises what the write would: nothing is staged
+            return answer(AdminAnswer(metadata_offset=None))
+        _, committed = await service.execute(event)
+        assert committed is not None, "an admin write waits for its commit"
+        return answer(AdminAnswer(metadata_offset=committed.last_offset))
+
+    async def create_topic(request: web.Request) -> web.Response:
+        body = await read_model(request, CreateTopicRequest)
+        return await admin_write(core.CreateTopic(request=body, now_ms=service.clock_ms()), request)
+
+    async def delete_topic(request: web.Request) -> web.Response:
+        body = await read_model(request, DeleteTopicRequest)
+        return await admin_write(core.DeleteTopic(name=body.name), request)
+
+    async def alter_config(request: web.Request) -> web.Response:
+        body = await read_model(request, TopicConfigChange)
+        return await admin_write(core.AlterConfig(name=body.name, request=body.change), request)
+
+    async def add_partitions(request: web.Request) -> web.Response:
+        body = await read_model(request, TopicPartitionsChange)
+        return await admin_write(core.AddPartitions(name=body.name, request=body.change), request)
+
     for path, handler in (("register", register), ("heartbeat", heartbeat), ("alter-isr", alter_isr),
                           ("election-report", election_report),
-                          ("allocate-producer-ids", allocate_producer_ids)):
+                          ("allocate-producer-ids", allocate_producer_ids),
+                          ("admin/create-topic", create_topic), ("admin/delete-topic", delete_topic),
+                          ("admin/alter-config", alter_config), ("admin/add-partitions", add_partitions)):
         app.router.add_post(f"/rpc/v1/{path}", guarded(handler))
     app.router.add_get("/rpc/v1/metadata", guarded(metadata))

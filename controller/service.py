@@ -31,7 +31,7 @@ from common.errors import CommitFailedError, NotControllerError, RecordRejected
 from common.metadata import MetadataImage, Record, dump_record
 from common.tasks import cancel_and_wait
 from common.usage import BrokerUsage
-from controller.core import ControllerCore, Event, Step, Tick
+from controller.core import AddPartitions, AlterConfig, ControllerCore, CreateTopic, DeleteTopic, Event, Step, Tick
 from controller.decisions import LeaderSettings
 from controller.replicated import Outcome, batch_command, marker_command
 
@@ -39,6 +39,8 @@ if TYPE_CHECKING:
     from controller.views import LatencyStats
 
 log = logging.getLogger("biplane.controller")
+
+_CHECKABLE = (CreateTopic, DeleteTopic, AlterConfig, AddPartitions)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -342,6 +344,15 @@ class ControllerService:
         if not step.wait_for_commit:
             return step, None
         return step, await self.commit(list(step.records))
+
+    def check(self, event: Event) -> Step:
+        """Decide `event` on the pending image and stage nothing: a dry run (Kafka's
+        validate_only). Only for the admin API's topic writes, whose steps change nothing
+        but the records they return; BiplaneError when the event would be refused."""
+        if not isinstance(event, _CHECKABLE):
+            raise TypeError(f"{type(event).__name__} cannot be checked without being applied")
+        image, core = self.require_core()
+        return core.step(image, event)
 
     async def decide(self, decision: Callable[[MetadataImage], list[Record]]) -> Committed:
         """Run a pure decision on the pending image, stage its records, await their commit.

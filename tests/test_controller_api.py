@@ -153,6 +153,44 @@ def test_alter_config_of_unknown_topic_is_404(controller):
     assert api(controller, "PATCH", "/v1/topics/ghost/config", {"set": {"retention_ms": 5}}).status == 404
 
 
+def test_add_partitions_grows_the_topic_and_shows_them(controller):
+    assert api(controller, "POST", "/v1/topics", {"name": "growing", "partitions": 2,
+                                                  "replication_factor": 2}).status == 201
+    r = api(controller, "POST", "/v1/topics/growing/partitions", {"partitions": 5})
+    assert r.status == 200, r.body
+    assert [p["partition"] for p in r.body["partitions"]] == [0, 1, 2, 3, 4]
+    assert r.body["config"]["partitions"] == 5
+    assert all(len(p["replicas"]) == 2 and p["leader"] == p["replicas"][0] for p in r.body["partitions"])
+    parts = api(controller, "GET", "/v1/topics/growing/partitions").body["partitions"]
+    assert len(parts) == 5
+    r = api(controller, "POST", "/v1/topics/growing/partitions", {"partitions": 6, "replica_assignment": [[3, 1]]})
+    assert r.status == 200 and r.body["partitions"][5]["replicas"] == [3, 1]
+
+
+@pytest.mark.parametrize("body, field, words", [
+    ({"partitions": 2}, "partitions", ["already has 2 partitions", "partitions 2 must be larger", "ask for 3"]),
+    ({"partitions": 1}, "partitions", ["already has 2 partitions", "never removed"]),
+    ({"partitions": 20_000}, "partitions", ["limit of 10000", "3..10000"]),
+    ({"partitions": 0}, "partitions", ["greater than or equal to 1", "got 0"]),
+    ({"partitions": 4, "replica_assignment": [[1, 2]]}, "replica_assignment", ["adds 2"]),
+    ({"partitions": 3, "replica_assignment": [[1, 2, 3]]}, "replica_assignment",
+     ["lists 3 replicas", "replication_factor 2"]),
+    ({"partitions": 3, "replica_assignment": [[1, 9]]}, "replica_assignment", ["9"]),
+    ({"count": 3}, "partitions", ["partitions: Field required", "count: unknown field"]),
+])
+def test_bad_add_partitions_requests_are_400_naming_field_and_value(controller, body, field, words):
+    api(controller, "POST", "/v1/topics", {"name": "fixed", "partitions": 2, "replication_factor": 2})
+    r = api(controller, "POST", "/v1/topics/fixed/partitions", body)
+    assert r.status == 400 and r.error["field"] == field, r.body
+    for word in words:
+        assert word in r.error["message"], r.error
+    assert len(api(controller, "GET", "/v1/topics/fixed/partitions").body["partitions"]) == 2
+
+
+def test_add_partitions_to_an_unknown_topic_is_404(controller):
+    assert api(controller, "POST", "/v1/topics/ghost/partitions", {"partitions": 3}).status == 404
+
+
 def test_reassignment_grows_the_replica_set_and_is_listed(controller):
     r = api(controller, "POST", "/v1/topics", {"name": "moving", "replica_assignment": [[1]]})
     assert r.status == 201, r.body
@@ -207,7 +245,8 @@ def test_openapi_describes_every_route_with_schemas(controller):
     for path, method in [("/v1/health", "get"), ("/v1/cluster", "get"), ("/v1/brokers", "get"),
                          ("/v1/topics", "get"), ("/v1/topics", "post"), ("/v1/topics/{name}", "get"),
                          ("/v1/topics/{name}", "delete"), ("/v1/topics/{name}/config", "patch"),
-                         ("/v1/topics/{name}/partitions", "get"), ("/v1/reassignments", "post"),
+                         ("/v1/topics/{name}/partitions", "get"), ("/v1/topics/{name}/partitions", "post"),
+                         ("/v1/reassignments", "post"),
                          ("/v1/reassignments", "get"), ("/v1/elections/preferred", "post"), ("/metrics", "get")]:
         assert method in paths[path], (path, method)
     schemas = doc["components"]["schemas"]

@@ -22,6 +22,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from common.metadata import MetadataImage, dump_record
 from common.errors import StaleBrokerError
 from common.requests import (
+    AddPartitionsRequest,
     AllocateProducerIdsRequest,
     AlterConfigRequest,
     AlterIsrAnswer,
@@ -89,6 +90,7 @@ SCRIPT: list[Callable[[MetadataImage], core.Event]] = [
     lambda im: isr_to(im, "a", 0, (1, 2)),
     lambda im: core.AllocateProducerIds(request=AllocateProducerIdsRequest(broker_id=2, count=10)),
     lambda im: core.AlterConfig(name="a", request=AlterConfigRequest(set={"retention_ms": 60_000})),
+    lambda im: core.AddPartitions(name="a", request=AddPartitionsRequest(partitions=3)),
     lambda im: beat(im, 1, 1_300, shutdown=True),                             # controlled shutdown: fenced now
     lambda im: report(im, "q", 2, 5), lambda im: report(im, "q", 2, 5),      # the second is a duplicate
     lambda im: report(im, "q", 3, 7),                                         # enough reports: elected
@@ -229,6 +231,7 @@ def test_every_rpc_and_admin_write_steps_the_core_once_and_answers_typed(monkeyp
             await call("POST", "/v1/topics", {"name": "q", "replica_assignment": [[1, 2, 3]],
                                               "config": {"commit_policy": "quorum"}}, "CreateTopic", 201)
             await call("PATCH", "/v1/topics/t/config", {"set": {"retention_ms": 60_000}}, "AlterConfig")
+            await call("POST", "/v1/topics/t/partitions", {"partitions": 3}, "AddPartitions")
             p = service.committed.partition("t", 0)
             isr = AlterIsrAnswer.model_validate(await call(
                 "POST", "/rpc/v1/alter-isr", {"broker_id": p.leader, "topic": "t", "partition": 0,
@@ -259,6 +262,16 @@ def test_every_rpc_and_admin_write_steps_the_core_once_and_answers_typed(monkeyp
                        "StartReassignment", 202)
             await call("POST", "/v1/elections/preferred", {}, "ElectPreferred")
             await call("DELETE", "/v1/topics/q", None, "DeleteTopic")
+            # The same writes as a broker forwards them for a Kafka client (control RPC).
+            await call("POST", "/rpc/v1/admin/create-topic?validate_only=1", {"name": "k", "partitions": 1},
+                       "CreateTopic")
+            assert "k" not in service.committed.topics and "k" not in (service.pending or service.committed).topics
+            await call("POST", "/rpc/v1/admin/create-topic", {"name": "k", "partitions": 1}, "CreateTopic")
+            await call("POST", "/rpc/v1/admin/alter-config", {"name": "k", "change": {"set": {"retention_ms": 5}}},
+                       "AlterConfig")
+            await call("POST", "/rpc/v1/admin/add-partitions", {"name": "k", "change": {"partitions": 2}},
+                       "AddPartitions")
+            await call("POST", "/rpc/v1/admin/delete-topic", {"name": "k"}, "DeleteTopic")
 
             # Reads never step the core.
             stepped.clear()

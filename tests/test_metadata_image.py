@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from common.errors import UnknownTopicOrPartitionError
 from common.metadata import (
     NO_LEADER,
+    AddPartitions,
     ConfigChange,
     CreateTopic,
     DeleteTopic,
@@ -108,6 +109,37 @@ def test_config_change_and_delete():
     assert image.topics["t"].config.retention_ms == 60000
     apply(image, [DeleteTopic(name="t", topic_id=image.topics["t"].topic_id)])
     assert "t" not in image.topics and list(image.partitions()) == []
+
+
+def test_add_partitions_raises_the_count_and_partition_records_fill_it():
+    image = base()
+    topic_id = image.topics["t"].topic_id
+    apply(image, [AddPartitions(topic="t", topic_id=topic_id, partitions=3),
+                  PartitionRecord(topic="t", partition=2, replicas=(3, 1, 2), isr=(3, 1, 2), leader=3)])
+    assert image.topics["t"].config.partitions == 3 and image.topics["t"].partition_count == 3
+    assert image.partition("t", 2).leader == 3
+    again = MetadataImage.from_dict(json.loads(json.dumps(image.to_dict())))
+    assert again == image
+
+
+@pytest.mark.parametrize("what, partitions, topic_id", [
+    ("same count", 2, None), ("fewer", 1, None), ("wrong topic id", 4, "other-id")])
+def test_add_partitions_that_does_not_grow_the_topic_is_rejected(what, partitions, topic_id):
+    image = base()
+    before = image.copy()
+    record = AddPartitions.model_construct(topic="t", topic_id=topic_id or image.topics["t"].topic_id,
+                                           partitions=partitions)
+    with pytest.raises(RecordRejected):
+        image.apply(record, image.offset + 1)
+    assert image == before
+
+
+def test_partition_record_beyond_the_added_count_is_rejected():
+    image = base()
+    apply(image, [AddPartitions(topic="t", topic_id=image.topics["t"].topic_id, partitions=3),
+                  PartitionRecord(topic="t", partition=2, replicas=(1,), isr=(1,), leader=1)])
+    with pytest.raises(RecordRejected, match="has 3 partitions"):
+        image.apply(PartitionRecord(topic="t", partition=3, replicas=(1,), isr=(1,), leader=1), image.offset + 1)
 
 
 REJECTED = [

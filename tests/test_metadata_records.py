@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from common.metadata import (
     NO_CHANGE,
     NO_LEADER,
+    AddPartitions,
     AlterTopicConfig,
     ConfigChange,
     CreateTopic,
@@ -43,6 +44,7 @@ records = st.one_of(
     st.builds(CreateTopic, name=names, topic_id=st.uuids().map(str),
               config=st.builds(TopicConfig, partitions=st.integers(1, 100),
                                replication_factor=st.integers(1, 5))),
+    st.builds(AddPartitions, topic=names, topic_id=st.uuids().map(str), partitions=st.integers(2, 10_000)),
     st.builds(PartitionRecord, topic=names, partition=st.integers(0, 100), replicas=replica_lists,
               isr=replica_lists, leader=st.none() | ids, leader_epoch=st.integers(0, 2**40),
               partition_epoch=st.integers(0, 2**40)),

@@ -29,8 +29,8 @@ DAY_MS = 24 * 3600 * 1000
 
 _TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 
-# Keys fixed at creation: changing them needs partitions or replicas to move,
-# which is what reassignment (and a future add-partitions call) is for.
+# Keys not altered as config: changing them needs partitions or replicas to move,
+# which is what add-partitions and reassignment are for.
 IMMUTABLE_KEYS = frozenset({"partitions", "replication_factor"})
 
 
@@ -167,9 +167,11 @@ def apply_config_changes(config: TopicConfig, changes: Mapping[str, Any]) -> Top
     _check_keys(normalized)
     for key in normalized:
         if key in IMMUTABLE_KEYS:
-            raise _error_class(key)(
-                f"topic config '{key}' cannot be altered; use reassignment to change "
-                f"replicas", field=key, value=normalized[key])
+            how = ("add partitions instead (`biplane topic add-partitions`, POST "
+                   "/v1/topics/{name}/partitions)" if key == "partitions"
+                   else "use reassignment to change replicas")
+            raise _error_class(key)(f"topic config '{key}' cannot be altered; {how}",
+                                    field=key, value=normalized[key])
     current = config.model_dump()
     for key, value in normalized.items():
         if value is None:

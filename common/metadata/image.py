@@ -34,6 +34,7 @@ from common.metadata.config import TopicConfig, apply_config_changes, validate_t
 from common.metadata.records import (
     NO_CHANGE,
     NO_LEADER,
+    AddPartitions,
     AlterTopicConfig,
     ConfigChange,
     CreateTopic,
@@ -279,6 +280,21 @@ class MetadataImage:
                                          partition_count=0, created_at_ms=r.at_ms)
         self._partitions[r.name] = ()
 
+    def _add_partitions(self, r: AddPartitions) -> None:
+        topic = self._topics.get(r.topic)
+        if topic is None:
+            raise _reject(r, f"unknown topic {r.topic!r}")
+        if topic.topic_id != r.topic_id:
+            raise _reject(r, f"topic {r.topic!r} has id {topic.topic_id!r}, not {r.topic_id!r}")
+        if topic.partition_count != topic.config.partitions:
+            raise _reject(r, f"topic {r.topic!r} has {topic.partition_count} of its "
+                             f"{topic.config.partitions} partitions; it is still being created")
+        if r.partitions <= topic.config.partitions:
+            raise _reject(r, f"topic {r.topic!r} has {topic.config.partitions} partitions; "
+                             f"a topic grows, it never shrinks (asked for {r.partitions})")
+        config = TopicConfig.model_validate({**topic.config.model_dump(), "partitions": r.partitions})
+        self._topics[r.topic] = replace(topic, config=config)
+
     def _partition_record(self, r: PartitionRecord) -> None:
         topic = self._topics.get(r.topic)
         if topic is None:
@@ -471,6 +487,7 @@ _HANDLERS: dict[type, Any] = {
     UnfenceBroker: MetadataImage._unfence_broker,
     UnregisterBroker: MetadataImage._unregister_broker,
     CreateTopic: MetadataImage._create_topic,
+    AddPartitions: MetadataImage._add_partitions,
     PartitionRecord: MetadataImage._partition_record,
     PartitionChange: MetadataImage._partition_change,
     DeleteTopic: MetadataImage._delete_topic,

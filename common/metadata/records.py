@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, Union, cast
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
-from common.metadata.config import TopicConfig
+from common.metadata.config import PARTITIONS_MAX, TopicConfig
 
 NO_LEADER = -1  # PartitionChange.leader: the partition has no leader afterwards
 NO_CHANGE = -2  # PartitionChange.leader: the leader stays as it is
@@ -79,6 +79,16 @@ class CreateTopic(_Record):
     topic_id: str = Field(min_length=1, max_length=64)
     config: TopicConfig
     at_ms: int = Field(default=0, ge=0)
+
+
+class AddPartitions(_Record):
+    """Grows a topic to `partitions` partitions (never fewer); the new ones follow as
+    PartitionRecords in the same batch, numbered on from the topic's last."""
+
+    type: Literal["add_partitions"] = "add_partitions"
+    topic: str
+    topic_id: str = Field(min_length=1, max_length=64)
+    partitions: int = Field(ge=2, le=PARTITIONS_MAX)
 
 
 class PartitionRecord(_Record):
@@ -172,14 +182,14 @@ class NoOp(_Record):
 
 Record = Annotated[
     Union[RegisterBroker, FenceBroker, UnfenceBroker, UnregisterBroker, CreateTopic,
-          PartitionRecord, PartitionChange, DeleteTopic, ConfigChange, AlterTopicConfig,
+          AddPartitions, PartitionRecord, PartitionChange, DeleteTopic, ConfigChange, AlterTopicConfig,
           ProducerIdBlock, NoOp],
     Field(discriminator="type"),
 ]
 
 RECORD_TYPES: tuple[type[BaseModel], ...] = (
     RegisterBroker, FenceBroker, UnfenceBroker, UnregisterBroker, CreateTopic,
-    PartitionRecord, PartitionChange, DeleteTopic, ConfigChange, AlterTopicConfig,
+    AddPartitions, PartitionRecord, PartitionChange, DeleteTopic, ConfigChange, AlterTopicConfig,
     ProducerIdBlock, NoOp)
 
 # cast: mypy with pydantic 2.14 takes an Annotated union for a special form, not a type.

@@ -53,12 +53,12 @@ from controller.decisions.sessions import (
     register_broker,
     unfence_ready,
 )
-from controller.decisions.topics import alter_config, create_topic, delete_topic
+from controller.decisions.topics import add_partitions, alter_config, create_topic, delete_topic
 
 __all__ = [
     "periodic", "ControllerState", "LeaderSettings", "BrokerSessions", "QuorumElectionTracker",
     "IntervalTimer", "LeaderImbalanceCheck", "BrokerImbalance",
-    "alter_config", "alter_isr", "allocate_producer_ids", "cancel_reassignment",
+    "add_partitions", "alter_config", "alter_isr", "allocate_producer_ids", "cancel_reassignment",
     "check_heartbeat", "create_topic", "delete_topic", "elect_imbalanced", "elect_isr_leader", "elect_leaders",
     "elect_preferred", "elect_quorum", "fence_broker", "fence_expired", "fence_shutting_down", "fence_for_election",
     "ideal_leader", "leader_imbalance",

@@ -1,4 +1,4 @@
-"""Replica placement for new topics: even, rack-aware, deterministic.
+"""Replica placement for new topics and new partitions: even, rack-aware, deterministic.
 
 Greedy over the unfenced brokers, counting the load already in the image so
 several topics together stay balanced:
@@ -25,8 +25,10 @@ def stable_hash(text: str) -> int:
 
 
 def place_replicas(image: MetadataImage, *, topic: str, partitions: int,
-                   replication_factor: int) -> list[tuple[int, ...]]:
-    """One replica list per partition, the preferred leader first."""
+                   replication_factor: int, first_partition: int = 0) -> list[tuple[int, ...]]:
+    """One replica list per partition, the preferred leader first. Partitions added to an
+    existing topic pass `first_partition` (its current count), so the rotation goes on
+    from where the topic's first partitions left it."""
     brokers = image.unfenced_broker_ids()
     if replication_factor > len(brokers):
         raise InvalidReplicationFactorError(
@@ -50,7 +52,7 @@ def place_replicas(image: MetadataImage, *, topic: str, partitions: int,
     start = stable_hash(topic) % n
     assignment: list[tuple[int, ...]] = []
     for partition in range(partitions):
-        shift = (start + partition) % n
+        shift = (start + first_partition + partition) % n
 
         def turn(b: int) -> int:
             return (position[b] - shift) % n

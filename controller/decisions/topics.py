@@ -1,4 +1,4 @@
-"""Topic creation, deletion and config changes."""
+"""Topic creation, deletion, config changes and added partitions."""
 from __future__ import annotations
 
 import hashlib
@@ -7,6 +7,7 @@ from typing import Any
 
 from common.metadata.config import (
     IMMUTABLE_KEYS,
+    PARTITIONS_MAX,
     apply_config_changes,
     make_topic_config,
     normalize_key,
@@ -22,6 +23,7 @@ from common.errors import (
 )
 from common.metadata.image import MetadataImage, PartitionInfo
 from common.metadata.records import (
+    AddPartitions,
     AlterTopicConfig,
     ConfigChange,
     CreateTopic,
@@ -29,7 +31,7 @@ from common.metadata.records import (
     PartitionRecord,
     Record,
 )
-from common.requests import AlterConfigRequest, CreateTopicRequest
+from common.requests import AddPartitionsRequest, AlterConfigRequest, CreateTopicRequest
 from controller.decisions.placement import place_replicas
 from controller.decisions.plan import choose_leader
 
@@ -60,11 +62,30 @@ def _assignment(image: MetadataImage, request: CreateTopicRequest) -> list[tuple
             f"replication_factor {request.replication_factor} disagrees with "
             f"replica_assignment ({rf} per partition)", field="replication_factor",
             value=request.replication_factor)
-    for replicas in given:
+    _check_registered(image, given)
+    return [tuple(r) for r in given]
+
+
+def _check_registered(image: MetadataImage, assignment: tuple[tuple[int, ...], ...]) -> None:
+    for replicas in assignment:
         for b in replicas:
             if b not in image.brokers:
                 raise UnknownBrokerError(b, field="replica_assignment")
-    return [tuple(r) for r in given]
+
+
+def _partition_records(image: MetadataImage, topic: str, first: int,
+                       assignment: list[tuple[int, ...]]) -> list[Record]:
+    """New partitions `first`, `first + 1`, ...: ISR the live replicas, leader the best of them."""
+    records: list[Record] = []
+    for index, replicas in enumerate(assignment, start=first):
+        live = tuple(b for b in replicas if image.is_unfenced(b))
+        probe = PartitionInfo(topic=topic, partition=index, replicas=replicas,
+                              isr=replicas, leader=None, leader_epoch=0, partition_epoch=0)
+        leader = choose_leader(image, probe, live)
+        records.append(PartitionRecord(topic=topic, partition=index, replicas=replicas,
+                                       isr=live or replicas, leader=leader,
+                                       leader_epoch=0, partition_epoch=0))
+    return records
 
 
 def create_topic(image: MetadataImage, request: CreateTopicRequest,
@@ -82,19 +103,53 @@ def create_topic(image: MetadataImage, request: CreateTopicRequest,
     assignment = _assignment(image, request)
     config = make_topic_config({**request.config, "partitions": len(assignment),
                                 "replication_factor": len(assignment[0])})
-    records: list[Record] = [CreateTopic(name=request.name,
-                                         topic_id=topic_id_for(request.name, now_ms,
-                                                               image.offset),
-                                         config=config, at_ms=now_ms)]
-    for index, replicas in enumerate(assignment):
-        live = tuple(b for b in replicas if image.is_unfenced(b))
-        probe = PartitionInfo(topic=request.name, partition=index, replicas=replicas,
-                              isr=replicas, leader=None, leader_epoch=0, partition_epoch=0)
-        leader = choose_leader(image, probe, live)
-        records.append(PartitionRecord(topic=request.name, partition=index, replicas=replicas,
-                                       isr=live or replicas, leader=leader,
-                                       leader_epoch=0, partition_epoch=0))
-    return records
+    created = CreateTopic(name=request.name,
+                          topic_id=topic_id_for(request.name, now_ms, image.offset),
+                          config=config, at_ms=now_ms)
+    return [created, *_partition_records(image, request.name, 0, assignment)]
+
+
+def add_partitions(image: MetadataImage, topic: str, request: AddPartitionsRequest) -> list[Record]:
+    """AddPartitions then one PartitionRecord per new partition, placed like a new topic's
+    (rack-aware, counting the cluster's load, preferred leaders evened out) and numbered on
+    from the topic's last. A topic only grows: its keyed records would move partition if it
+    shrank, and a removed partition's records would be lost."""
+    info = image.topics.get(topic)
+    if info is None:
+        raise UnknownTopicOrPartitionError(topic)
+    current = info.config.partitions
+    wanted = request.partitions
+    if wanted <= current:
+        raise InvalidPartitionsError(
+            f"topic '{topic}' already has {current} partitions; partitions {wanted} must be larger "
+            f"(a topic's partitions can be added, never removed): ask for {current + 1} or more",
+            field="partitions", value=wanted)
+    if wanted > PARTITIONS_MAX:
+        raise InvalidPartitionsError(
+            f"partitions {wanted} is above the limit of {PARTITIONS_MAX} per topic; ask for "
+            f"{current + 1}..{PARTITIONS_MAX}", field="partitions", value=wanted)
+    added = wanted - current
+    rf = info.config.replication_factor
+    given = request.replica_assignment
+    if given is None:
+        assignment = place_replicas(image, topic=topic, partitions=added, replication_factor=rf,
+                                    first_partition=current)
+    else:
+        if len(given) != added:
+            raise InvalidPartitionsError(
+                f"replica_assignment lists {len(given)} partitions but going from {current} to "
+                f"{wanted} adds {added}: give one replica list per new partition",
+                field="replica_assignment", value=given)
+        for i, replicas in enumerate(given):
+            if len(replicas) != rf:
+                raise InvalidReplicationFactorError(
+                    f"replica_assignment[{i}] lists {len(replicas)} replicas; topic '{topic}' has "
+                    f"replication_factor {rf}, so every new partition needs {rf}",
+                    field="replica_assignment", value=given)
+        _check_registered(image, given)
+        assignment = [tuple(r) for r in given]
+    grown = AddPartitions(topic=topic, topic_id=info.topic_id, partitions=wanted)
+    return [grown, *_partition_records(image, topic, current, assignment)]
 
 
 def delete_topic(image: MetadataImage, name: str) -> list[Record]:

@@ -168,6 +168,15 @@ class AdminClient:
         return TopicDetail.model_validate(await self.call(
             "PATCH", f"/v1/topics/{_topic(name)}/config", {"set": dict(set or {}), "reset": list(reset)}))
 
+    async def add_partitions(self, name: str, partitions: int, *,
+                             replica_assignment: Sequence[Sequence[int]] | None = None) -> TopicDetail:
+        """Grow topic `name` to `partitions` partitions in all (more than it has; never fewer).
+        `replica_assignment`, when given, lists the replicas of each new partition."""
+        body: dict[str, Any] = {"partitions": partitions}
+        if replica_assignment is not None:
+            body["replica_assignment"] = [list(r) for r in replica_assignment]
+        return TopicDetail.model_validate(await self.call("POST", f"/v1/topics/{_topic(name)}/partitions", body))
+
     async def reassign(self, topic: str, partition: int, target_replicas: Sequence[int]) -> PartitionList:
         return PartitionList.model_validate(await self.call(
             "POST", "/v1/reassignments",

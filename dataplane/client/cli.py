@@ -46,7 +46,7 @@ def produce_main(argv: list[str], prog: str) -> int:
     p.add_argument("--key-separator", help="split each line at the first SEP into key and value")
     p.add_argument("--acks", default="all", choices=("0", "1", "all"), help="default all")
     p.add_argument("--partition", type=int, help="send every record to this partition")
-    p.add_argument("--compression", default="none", choices=("none", "gzip"))
+    p.add_argument("--compression", default="none", choices=("none", "gzip", "snappy", "lz4", "zstd"))
     p.add_argument("--linger-ms", type=int, default=5)
     args = p.parse_args(argv)
     try:
@@ -216,7 +216,7 @@ def bench_main(argv: list[str], prog: str) -> int:
     p.add_argument("--in-flight", type=int, default=None, help="batches in flight per partition (producer default)")
     p.add_argument("--linger-ms", type=int, default=None, help="(producer default)")
     p.add_argument("--buffer-memory-bytes", type=int, default=None, help="(producer default)")
-    p.add_argument("--compression", default="none", choices=("none", "gzip"))
+    p.add_argument("--compression", default="none", choices=("none", "gzip", "snappy", "lz4", "zstd"))
     p.add_argument("--rate", type=float, help="send at most this many records/s (default: as fast as possible)")
     p.add_argument("--no-consume", action="store_true", help="skip the consumer phase")
     p.add_argument("--json", action="store_true", help="print the results as one JSON object")

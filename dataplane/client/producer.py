@@ -62,6 +62,10 @@ from dataplane.client.records import RecordMetadata, TopicPartition
 
 log = logging.getLogger("biplane.client.producer")
 
+# The `compression` setting, by Kafka's compression.type names.
+COMPRESSION = {"none": Compression.NONE, "gzip": Compression.GZIP, "snappy": Compression.SNAPPY,
+               "lz4": Compression.LZ4, "zstd": Compression.ZSTD}
+
 _ACKS = {"0": Acks.NONE, "1": Acks.LEADER, "all": Acks.ALL, "-1": Acks.ALL}
 
 
@@ -121,7 +125,8 @@ class Producer:
     acks: 0, 1 or "all" (default "all"); enable_idempotence: default on with acks="all",
     off otherwise (it needs acks="all"); batch_size_bytes; linger_ms; buffer_memory_bytes and
     max_block_ms (send() waits that long for buffer space, then raises BufferFullTimeoutError);
-    compression: "none" or "gzip"; request_timeout_ms; delivery_timeout_ms (a record's whole
+    compression: "none", "gzip", "snappy", "lz4" or "zstd" (Kafka's compression.type; brokers
+    keep batches compressed as sent and consumers decompress them); request_timeout_ms; delivery_timeout_ms (a record's whole
     budget, retries included; a record sent but not acknowledged by then fails with
     OutcomeUnknownError, a DeliveryTimeoutError saying it may be in the log); retry_backoff_ms;
     in_flight_per_partition_max (default 5, at most 5 with idempotence, the batches a leader
@@ -159,8 +164,10 @@ class Producer:
         if enable_idempotence and self.acks != Acks.ALL:
             raise ValueError(f"enable_idempotence=True needs acks='all' (got acks={acks!r}); "
                              "set acks='all' or enable_idempotence=False")
-        if compression not in ("none", "gzip"):
-            raise ValueError(f"compression={compression!r} is not 'none' or 'gzip'")
+        codec = COMPRESSION.get(compression) if isinstance(compression, str) else None
+        if codec is None:
+            raise ValueError(f"compression={compression!r} is not one of {', '.join(map(repr, COMPRESSION))} "
+                             "(Kafka's compression.type names)")
         for name, value in (("max_block_ms", max_block_ms), ("request_timeout_ms", request_timeout_ms),
                             ("unknown_topic_wait_ms", unknown_topic_wait_ms),
                             ("request_bytes_max", request_bytes_max)):
@@ -183,7 +190,7 @@ class Producer:
                                 in_flight_per_partition_max=in_flight_per_partition_max if self.idempotent else 1,
                                 retry_backoff_ms=retry_backoff_ms, delivery_timeout_ms=delivery_timeout_ms,
                                 idempotent=self.idempotent,
-                                compression=Compression.GZIP if compression == "gzip" else Compression.NONE,
+                                compression=codec,
                                 on_batch_closed=self._batch_closed)
         self._tps: dict[str, tuple[Any, list[TopicPartition]]] = {}
         self._flush_holds = 0

@@ -1,0 +1,107 @@
+"""confluent-kafka's AdminClient (librdkafka) against a real cluster's Kafka port: it creates,
+describes, alters, grows and deletes topics; each call is forwarded to the controller and
+shows in the controller's own view (the admin API), and refusals come back per topic with
+Kafka's error codes."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from cluster_harness import Cluster
+from controller_harness import http
+
+confluent_kafka = pytest.importorskip("confluent_kafka")
+from confluent_kafka.admin import (  # noqa: E402
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewPartitions,
+    NewTopic,
+)
+
+pytestmark = pytest.mark.slow
+
+
+def controller_topic(c: Cluster, name: str) -> dict | None:
+    r = http("GET", c.api_url + f"/v1/topics/{name}")
+    return r.body if r.status == 200 else None
+
+
+def wait(check, what: str, timeout_s: float = 20):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"not within {timeout_s} s: {what}")
+
+
+def test_admin_client_creates_describes_alters_grows_and_deletes_a_topic(tmp_path):
+    with Cluster(tmp_path, brokers=3) as c:
+        client = AdminClient({"bootstrap.servers": c.kafka_bootstrap})
+
+        checked = client.create_topics([NewTopic("orders", num_partitions=2, replication_factor=3),
+                                        NewTopic("too-wide", num_partitions=1, replication_factor=4)],
+                                       validate_only=True)
+        checked["orders"].result(20)
+        with pytest.raises(confluent_kafka.KafkaException) as too_wide:
+            checked["too-wide"].result(20)
+        assert too_wide.value.args[0].code() == confluent_kafka.KafkaError.INVALID_REPLICATION_FACTOR
+        assert controller_topic(c, "orders") is None   # validate_only created nothing
+
+        futures = client.create_topics([
+            NewTopic("orders", num_partitions=2, replication_factor=3,
+                     config={"retention.ms": "60000", "biplane.commit.policy": "quorum"}),
+            NewTopic("compacted", num_partitions=1, replication_factor=1, config={"cleanup.policy": "compact"})],
+            operation_timeout=15)
+        futures["orders"].result(20)
+        with pytest.raises(confluent_kafka.KafkaException) as refused:
+            futures["compacted"].result(20)
+        assert refused.value.args[0].code() == confluent_kafka.KafkaError.INVALID_CONFIG
+        assert "issue 15" in refused.value.args[0].str()
+        topic = controller_topic(c, "orders")
+        assert topic is not None and len(topic["partitions"]) == 2
+        assert topic["config"]["retention_ms"] == 60000 and topic["config"]["commit_policy"] == "quorum"
+        assert controller_topic(c, "compacted") is None
+
+        with pytest.raises(confluent_kafka.KafkaException) as exists:
+            client.create_topics([NewTopic("orders", 1, 1)])["orders"].result(20)
+        assert exists.value.args[0].code() == confluent_kafka.KafkaError.TOPIC_ALREADY_EXISTS
+
+        def described() -> dict:
+            resource = ConfigResource(ConfigResource.Type.TOPIC, "orders")
+            try:
+                return client.describe_configs([resource])[resource].result(20)
+            except confluent_kafka.KafkaException:
+                return {}   # the broker's metadata may not have the topic yet
+        configs = wait(described, "the broker describes the new topic")
+        assert configs["retention.ms"].value == "60000" and not configs["retention.ms"].is_default
+        assert configs["cleanup.policy"].value == "delete" and configs["segment.ms"].is_default
+        assert configs["biplane.commit.policy"].value == "quorum"
+
+        resource = ConfigResource(ConfigResource.Type.TOPIC, "orders", incremental_configs=[
+            ConfigEntry("retention.ms", "120000", incremental_operation=AlterConfigOpType.SET),
+            ConfigEntry("segment.ms", None, incremental_operation=AlterConfigOpType.DELETE)])
+        client.incremental_alter_configs([resource])[resource].result(20)
+        assert controller_topic(c, "orders")["config"]["retention_ms"] == 120000
+
+        bad = ConfigResource(ConfigResource.Type.TOPIC, "orders", set_config={"min.insync.replicas": "9"})
+        with pytest.raises(confluent_kafka.KafkaException) as invalid:
+            client.alter_configs([bad])[bad].result(20)
+        assert invalid.value.args[0].code() == confluent_kafka.KafkaError.INVALID_CONFIG
+        assert "min.insync.replicas=9 exceeds" in invalid.value.args[0].str()
+        assert controller_topic(c, "orders")["config"]["min_insync_replicas"] == 1
+
+        client.create_partitions([NewPartitions("orders", 4)])["orders"].result(20)
+        assert len(controller_topic(c, "orders")["partitions"]) == 4
+        c.wait_leader("orders", 3)
+        with pytest.raises(confluent_kafka.KafkaException) as shrink:
+            client.create_partitions([NewPartitions("orders", 2)])["orders"].result(20)
+        assert shrink.value.args[0].code() == confluent_kafka.KafkaError.INVALID_PARTITIONS
+        assert "already has 4 partitions" in shrink.value.args[0].str()
+
+        client.delete_topics(["orders"], operation_timeout=15)["orders"].result(20)
+        assert controller_topic(c, "orders") is None
