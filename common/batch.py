@@ -719,3 +719,15 @@ def _decode_records(data: bytes, header: BatchHeader, batch_pos: int) -> list[Re
     if p != size:
         raise _corrupt(batch_pos, f"{size - p} bytes of trailing garbage after {count} records")
     return records
+
+
+def first_record_at_or_after(buf: Buffer, timestamp_ms: int, pos: int = 0) -> tuple[int, int] | None:
+    """(offset, timestamp) of the batch's first record stamped at or after timestamp_ms, or None.
+
+    A lookup by time names a record, not its batch, as Kafka's does: a batch holds records of
+    many times (a producer's linger), and its base offset would hand a consumer records from
+    before the time it asked for."""
+    for record in read_records(buf, pos):
+        if record.timestamp_ms >= timestamp_ms:
+            return record.offset, record.timestamp_ms
+    return None

@@ -105,3 +105,42 @@ def test_admin_client_creates_describes_alters_grows_and_deletes_a_topic(tmp_pat
 
         client.delete_topics(["orders"], operation_timeout=15)["orders"].result(20)
         assert controller_topic(c, "orders") is None
+
+
+def test_auto_create_topics_makes_a_topic_a_client_names_with_the_brokers_defaults(tmp_path):
+    """--auto-create-topics (Kafka's auto.create.topics.enable): a Metadata request naming an
+    unknown topic creates it with --default-partitions and the default replication factor
+    (3 here: three live brokers), answered LEADER_NOT_AVAILABLE until its leaders are known;
+    a client that says no (Metadata v4+ allow_auto_topic_creation=false) creates nothing,
+    and an invalid name is refused with INVALID_TOPIC."""
+    from kafka_socket import KafkaSocket
+    with Cluster(tmp_path, brokers=3, broker_args=["--auto-create-topics", "--default-partitions", "2"]) as c:
+        port = c.brokers[1].kafka_port
+        sock = KafkaSocket(port)
+        try:
+            refused = sock.call(3, 8, {"topics": [{"name": "not-wanted"}], "allow_auto_topic_creation": False,
+                                       "include_cluster_authorized_operations": False,
+                                       "include_topic_authorized_operations": False})
+            assert [int(t.error_code) for t in refused.topics] == [3]  # UNKNOWN_TOPIC_OR_PARTITION
+            bad = sock.call(3, 8, {"topics": [{"name": "x" * 300}], "allow_auto_topic_creation": True,
+                                   "include_cluster_authorized_operations": False,
+                                   "include_topic_authorized_operations": False})
+            assert [int(t.error_code) for t in bad.topics] == [17]  # INVALID_TOPIC
+        finally:
+            sock.close()
+        assert controller_topic(c, "not-wanted") is None
+
+        delivered: list[tuple[int, int]] = []
+        producer = confluent_kafka.Producer({"bootstrap.servers": c.kafka_bootstrap, "acks": "all",
+                                             "allow.auto.create.topics": True})
+        for i in range(10):
+            producer.produce("auto", value=b"%d" % i, partition=i % 2,
+                             on_delivery=lambda err, msg: delivered.append((msg.partition(), msg.offset()))
+                             if err is None else None)
+        assert producer.flush(30) == 0
+        assert len(delivered) == 10
+        topic = controller_topic(c, "auto")
+        assert topic is not None and len(topic["partitions"]) == 2
+        assert all(len(p["replicas"]) == 3 for p in topic["partitions"])
+        for b in c.brokers.values():
+            assert "Traceback" not in b.log_tail(400)

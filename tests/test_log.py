@@ -11,7 +11,8 @@ import textwrap
 
 import pytest
 
-from common.batch import HEADER_SIZE, build_batch, iter_batches, read_records, validate_batch
+from common.batch import (HEADER_SIZE, BatchBuilder, Compression, build_batch, iter_batches, read_records,
+                          validate_batch)
 from common.errors import CorruptBatchError, StorageError
 from dataplane.log import (FlushCoalescer, Log, LogConfig, LogTruncatedError, MemoryLog,
                            OffsetMismatchError, OffsetOutOfRangeError, PartitionLog, StaleEpochError)
@@ -318,13 +319,29 @@ def test_offset_for_timestamp_uses_time_index(tmp_log):
     log = tmp_log()
     for i in range(40):
         log.append_as_leader(batch(3, ts=1_000 + 10 * i), leader_epoch=0)
-    assert log.offset_for_timestamp(0) == 0
-    assert log.offset_for_timestamp(1_000 + 10 * 25) == 75
-    assert log.offset_for_timestamp(1_000 + 10 * 25 - 5) == 75
+    assert log.offset_for_timestamp(0) == (0, 1_000)
+    assert log.offset_for_timestamp(1_000 + 10 * 25) == (75, 1_250)
+    assert log.offset_for_timestamp(1_000 + 10 * 25 - 5) == (75, 1_250)
     assert log.offset_for_timestamp(10_000) is None
     log.close()
     log = tmp_log()
-    assert log.offset_for_timestamp(1_000 + 10 * 39) == 117
+    assert log.offset_for_timestamp(1_000 + 10 * 39) == (117, 1_390)
+
+
+def test_offset_for_timestamp_names_the_record_inside_its_batch(tmp_log):
+    """Claim: a time lookup answers the first record stamped at or after the time, not the
+    base of its batch (which would return records from before that time), in compressed
+    batches too, on disk and in memory alike."""
+    builder = BatchBuilder(compression=Compression.ZSTD)
+    for i in range(10):
+        builder.append(b"v%d" % i, timestamp_ms=2_000 + 100 * i)
+    for log in (tmp_log(), MemoryLog(config=SMALL)):
+        log.append_as_leader(batch(2, ts=1_000), leader_epoch=0)  # offsets 0, 1
+        log.append_as_leader(builder.build(), leader_epoch=0)  # offsets 2..11
+        assert log.offset_for_timestamp(2_450) == (7, 2_500)
+        assert log.offset_for_timestamp(2_000) == (2, 2_000)
+        assert log.offset_for_timestamp(1_500) == (2, 2_000)
+        assert log.offset_for_timestamp(2_901) is None
 
 
 # ---------------------------------------------------------------- truncation
@@ -595,7 +612,7 @@ def test_unclean_open_validates_only_past_the_active_segments_checkpoint(tmp_log
         validate_batch(log.read(0, max_bytes=1).records)
     assert read_all(log, 3) == full[3:]
     assert log.read(61, max_bytes=1).first_offset == 60
-    assert log.offset_for_timestamp(1_030) == 90 and log.offset_for_timestamp(4_000) == 120
+    assert log.offset_for_timestamp(1_030) == (90, 1_030) and log.offset_for_timestamp(4_000) == (120, 5_000)
     assert log.end_offset_for_epoch(0) == (0, 120) and log.end_offset_for_epoch(1) == (1, 123)
     assert log.append_as_leader(batch(), leader_epoch=1).base_offset == 123
 

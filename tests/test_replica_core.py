@@ -661,7 +661,8 @@ def test_produce_with_bad_acks_or_corrupt_batch_is_refused_without_append():
 
 
 def test_list_offsets_earliest_latest_and_time_stay_below_hw():
-    """Claim: list-offsets gives the log start, the HW as latest, and a timestamp lookup capped at the HW."""
+    """Claim: list-offsets gives the log start, the HW as latest, and a timestamp lookup that
+    sees only records below the HW."""
     nodes = cluster()
     leader = nodes[1]
     leader.step(ProduceRequest(request_id=1, records=build_batch([b"a"], timestamp_ms=100), acks=-1, timeout_ms=99))
@@ -670,10 +671,11 @@ def test_list_offsets_earliest_latest_and_time_stay_below_hw():
     leader.step(ProduceRequest(request_id=3, records=build_batch([b"c"], timestamp_ms=300), acks=1, timeout_ms=99))
     r = leader.replica
     assert r.high_watermark == 2 and leader.log.log_end_offset == 4
-    assert r.list_offset(-2) == (ErrorCode.NONE, 0)
-    assert r.list_offset(-1) == (ErrorCode.NONE, 2)
-    assert r.list_offset(100) == (ErrorCode.NONE, 1)
-    assert r.list_offset(250) == (ErrorCode.NONE, 2)  # offset 3 matches but is above the HW
+    assert r.list_offset(-2) == (ErrorCode.NONE, 0, -1)
+    assert r.list_offset(-1) == (ErrorCode.NONE, 2, -1)
+    assert r.list_offset(100) == (ErrorCode.NONE, 1, 100)
+    # offset 3 matches but is above the HW: no record found, as Kafka answers (not the HW)
+    assert r.list_offset(250) == (ErrorCode.NONE, -1, -1)
     assert nodes[2].replica.list_offset(-1)[0] is ErrorCode.NOT_LEADER_OR_FOLLOWER
 
 
@@ -684,13 +686,13 @@ def test_a_new_leader_answers_offset_not_available_until_its_hw_passes_its_epoch
     nodes = epoch_two_over_a_flushed_epoch_one()
     leader = nodes[1].replica
     assert leader.high_watermark < leader.epoch_start_offset == 1
-    assert leader.list_offset(-1) == (ErrorCode.OFFSET_NOT_AVAILABLE, -1)
-    assert leader.list_offset(100) == (ErrorCode.OFFSET_NOT_AVAILABLE, -1)
-    assert leader.list_offset(-2) == (ErrorCode.NONE, 0)
+    assert leader.list_offset(-1) == (ErrorCode.OFFSET_NOT_AVAILABLE, -1, -1)
+    assert leader.list_offset(100) == (ErrorCode.OFFSET_NOT_AVAILABLE, -1, -1)
+    assert leader.list_offset(-2) == (ErrorCode.NONE, 0, -1)
     assert ErrorCode.OFFSET_NOT_AVAILABLE.retriable
     pump(nodes, now_ms=0)  # ticks let the leader flush its epoch-start batch (debounced)
     assert leader.high_watermark >= leader.epoch_start_offset
-    assert leader.list_offset(-1) == (ErrorCode.NONE, leader.high_watermark)
+    assert leader.list_offset(-1) == (ErrorCode.NONE, leader.high_watermark, -1)
 
 
 def test_end_offset_for_epoch_answers_a_client_from_the_leaders_log():
@@ -1034,7 +1036,7 @@ def test_consumers_and_list_offsets_answer_for_the_clients_epoch_in_the_core():
     same, and LEADER_NOT_AVAILABLE until the epoch start is flushed."""
     nodes = cluster(st=state(epoch=3), auto_flush=False)
     leader = nodes[1]
-    assert leader.replica.list_offset(-1) == (ErrorCode.LEADER_NOT_AVAILABLE, -1)
+    assert leader.replica.list_offset(-1) == (ErrorCode.LEADER_NOT_AVAILABLE, -1, -1)
     leader.step(FlushDone(flushed_offset=leader.log.flush()))
     leader.step(FetchRequest(replica_id=-1, fetch_offset=0, current_leader_epoch=2))
     assert leader.sent()[-1].error is ErrorCode.FENCED_LEADER_EPOCH
@@ -1043,9 +1045,9 @@ def test_consumers_and_list_offsets_answer_for_the_clients_epoch_in_the_core():
     assert leader.replica.role is Role.LEADER
     leader.step(FetchRequest(replica_id=-1, fetch_offset=0, current_leader_epoch=3))
     assert leader.sent()[-1].error is ErrorCode.NONE
-    assert leader.replica.list_offset(-1, 2) == (ErrorCode.FENCED_LEADER_EPOCH, -1)
-    assert leader.replica.list_offset(-1, 4) == (ErrorCode.UNKNOWN_LEADER_EPOCH, -1)
-    assert leader.replica.list_offset(-2, 3) == (ErrorCode.NONE, 0)
+    assert leader.replica.list_offset(-1, 2) == (ErrorCode.FENCED_LEADER_EPOCH, -1, -1)
+    assert leader.replica.list_offset(-1, 4) == (ErrorCode.UNKNOWN_LEADER_EPOCH, -1, -1)
+    assert leader.replica.list_offset(-2, 3) == (ErrorCode.NONE, 0, -1)
 
 
 def test_a_leader_holding_produce_takes_it_in_order_once_its_epoch_start_is_flushed_and_room_returns():

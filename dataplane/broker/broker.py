@@ -35,7 +35,7 @@ from dataplane.broker.pusher import Pusher
 from dataplane.broker.replicas import ReplicaManager
 from dataplane.broker.budget import ProduceBudget
 from dataplane.kafka.listener import start_kafka_server
-from dataplane.kafka.registry import Context as KafkaContext
+from dataplane.kafka.registry import Context as KafkaContext, TopicDefaults
 from dataplane.broker.server import Counters, RequestHandler
 from dataplane.log.lock import DirectoryLock
 
@@ -116,7 +116,10 @@ class Broker:
         if c.kafka_port is not None:
             self._kafka_server = await start_kafka_server(
                 KafkaContext(requests=self.handler, control=self.control, broker_id=c.broker_id,
-                             cluster_id="biplane"),
+                             cluster_id="biplane",
+                             topic_defaults=TopicDefaults(partitions=c.default_partitions,
+                                                          replication_factor=c.default_replication_factor,
+                                                          auto_create=c.auto_create_topics)),
                 c.host, c.kafka_port, max_frame_bytes=c.max_frame_bytes)
             self.kafka_port = self._kafka_server.sockets[0].getsockname()[1]
         if c.metrics_port is not None:

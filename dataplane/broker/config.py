@@ -15,6 +15,11 @@ class BrokerConfig(BaseModel):
     advertised_host: str | None = None  # what clients are told; default: host
     metrics_port: int | None = Field(default=None, ge=0, le=65535)  # None: no /metrics listener
     kafka_port: int | None = Field(default=None, ge=0, le=65535)  # None: no Kafka API listener; 0: a free port
+    # Kafka's auto.create.topics.enable, num.partitions and default.replication.factor, for
+    # the Kafka API (None: min(3, live brokers)).
+    auto_create_topics: bool = False
+    default_partitions: int = Field(default=1, ge=1, le=10_000)
+    default_replication_factor: int | None = Field(default=None, ge=1, le=100)
     cluster_secret: str | None = None
     rack: str | None = None
     priority: int = Field(default=0, ge=0, le=1000)

@@ -31,6 +31,16 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--metrics-port", type=int, help="serve /metrics here (0: a free port)")
     p.add_argument("--kafka-port", type=int,
                    help="serve the Kafka API here, for Kafka clients (0: a free port; default: not served)")
+    p.add_argument("--auto-create-topics", action="store_true",
+                   help="create a topic a Kafka client asks metadata for when it does not exist, with "
+                        "--default-partitions and --default-replication-factor (Kafka's "
+                        "auto.create.topics.enable; default: off)")
+    p.add_argument("--default-partitions", type=int, default=1,
+                   help="partitions of a topic a Kafka client leaves to the broker (CreateTopics with -1, "
+                        "auto-creation; Kafka's num.partitions; default 1)")
+    p.add_argument("--default-replication-factor", type=int,
+                   help="replication factor of a topic a Kafka client leaves to the broker "
+                        "(default: 3, or the number of live brokers if fewer)")
     p.add_argument("--cluster-secret", default=env("BIPLANE_CLUSTER_SECRET"))
     p.add_argument("--rack")
     p.add_argument("--priority", type=int, default=0)
@@ -53,7 +63,9 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
     urls = tuple(u.strip() for arg in args.controller for u in arg.split(",") if u.strip())
     return BrokerConfig(broker_id=args.broker_id, data_dir=args.data_dir, controller_urls=urls, host=args.host,
                         port=args.port, advertised_host=args.advertised_host, metrics_port=args.metrics_port,
-                        kafka_port=args.kafka_port,
+                        kafka_port=args.kafka_port, auto_create_topics=args.auto_create_topics,
+                        default_partitions=args.default_partitions,
+                        default_replication_factor=args.default_replication_factor,
                         cluster_secret=args.cluster_secret, rack=args.rack, priority=args.priority,
                         heartbeat_interval_ms=args.heartbeat_interval_ms, fetch_wait_ms_max=args.fetch_wait_ms_max,
                         max_frame_bytes=args.max_frame_bytes, flush_debounce_ms=args.flush_debounce_ms,

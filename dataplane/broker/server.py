@@ -274,9 +274,9 @@ class RequestHandler:
             parts = []
             for p in t.partitions:
                 driver, error = self._locate(t.topic, p.partition)
-                offset, epoch = -1, -1
+                offset, timestamp, epoch = -1, -1, -1
                 if driver is not None:
-                    error, offset = driver.replica.list_offset(p.timestamp, p.current_leader_epoch)
+                    error, offset, timestamp = driver.replica.list_offset(p.timestamp, p.current_leader_epoch)
                     if error is ErrorCode.NONE:
                         epoch = driver.replica.leader_epoch
                     elif error is ErrorCode.UNKNOWN_LEADER_EPOCH:
@@ -284,7 +284,7 @@ class RequestHandler:
                 if error is not ErrorCode.NONE:
                     self.counters.error(error)
                 parts.append(wire.ListOffsetsPartitionResponse(partition=p.partition, error_code=error,
-                                                               timestamp=p.timestamp, offset=offset,
+                                                               timestamp=timestamp, offset=offset,
                                                                leader_epoch=epoch))
             topics.append(wire.ListOffsetsTopicResponse(topic=t.topic, partitions=tuple(parts)))
         return wire.ListOffsetsResponse(topics=tuple(topics))

@@ -103,6 +103,8 @@ def plan(args: argparse.Namespace, data_dir: Path, previous: dict[str, Any] | No
         "admin_token": (previous or {}).get("admin_token") or new_secret(),
         "cluster_secret": (previous or {}).get("cluster_secret") or new_secret(),
         "controllers": {}, "brokers": {},
+        "auto_create_topics": (args.auto_create_topics if args.auto_create_topics is not None
+                               else bool((previous or {}).get("auto_create_topics", False))),
     }
     for i in range(1, controllers + 1):
         prev = prev_controllers.get(str(i), {})
@@ -205,6 +207,8 @@ def broker_child(state: dict[str, Any], node: dict[str, Any], logs: Path) -> Chi
     args = [sys.executable, "-m", "common.cli", "broker", "--broker-id", str(node["broker_id"]),
             "--data-dir", node["data_dir"], "--controller", urls, "--host", "127.0.0.1", "--port", str(node["port"]),
             "--kafka-port", str(node["kafka_port"])]
+    if state.get("auto_create_topics"):
+        args.append("--auto-create-topics")
     return Child(f"broker {node['broker_id']}", args, child_env(state), logs / f"broker-{node['broker_id']}.log")
 
 
@@ -456,6 +460,9 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--brokers", type=int, help="number of brokers (default 3, or as before)")
     p.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help="where data, logs and cluster.json live (default ./.biplane)")
     p.add_argument("--detach", action="store_true", help="run in the background; stop it with `biplane down`")
+    p.add_argument("--auto-create-topics", action=argparse.BooleanOptionalAction, default=None,
+                   help="brokers create a topic a Kafka client asks for by name when it does not exist "
+                        "(Kafka's auto.create.topics.enable; default: off, or as before)")
     p.add_argument("--timeout-s", type=float, default=90.0, help="how long to wait for a healthy cluster")
     p.add_argument("--status-interval-s", type=float, default=2.0, help="status line refresh period")
     p.add_argument("--topic", action="append", default=[], metavar="NAME[:PARTITIONS[:RF]]",

@@ -14,6 +14,7 @@ is told with the Kafka names of the keys it quotes (configs.kafka_words).
 """
 from __future__ import annotations
 
+import logging
 from typing import Any, Awaitable, Callable, Protocol
 
 from pydantic import ValidationError
@@ -26,6 +27,7 @@ from dataplane.kafka import configs, messages
 from dataplane.kafka.registry import Context, Request, register
 
 Answer = Any  # a kio response entity
+log = logging.getLogger("biplane.kafka")
 
 CREATE_TOPICS, DELETE_TOPICS, DESCRIBE_CONFIGS, ALTER_CONFIGS = 19, 20, 32, 33
 CREATE_PARTITIONS, INCREMENTAL_ALTER_CONFIGS = 37, 44
@@ -43,13 +45,10 @@ SERVED: dict[int, tuple[int, int]] = {
 TOPIC_RESOURCE = 2
 # DescribeConfigs' config_source: DYNAMIC_TOPIC_CONFIG and DEFAULT_CONFIG.
 _SOURCE = {"TOPIC": 1, "DEFAULT": 5}
-# CreateTopics v4: -1 asks for the broker's default (Kafka's num.partitions and
-# default.replication.factor, both 1 by default).
-DEFAULT_PARTITIONS = 1
-DEFAULT_REPLICATION_FACTOR = 1
 
 
-_FIELD_CODES = {"partitions": ErrorCode.INVALID_PARTITIONS,
+_FIELD_CODES = {"name": ErrorCode.INVALID_TOPIC,
+                "partitions": ErrorCode.INVALID_PARTITIONS,
                 "replication_factor": ErrorCode.INVALID_REPLICATION_FACTOR}
 
 
@@ -113,7 +112,8 @@ async def _attempt(call: Callable[[], Awaitable[object]]) -> dict[str, Any]:
 # ---------------------------------------------------------------- topics
 
 
-async def create_topics(request: Request, port: AdminPort) -> Answer:
+async def create_topics(request: Request, port: AdminPort, defaults: tuple[int, int] = (1, 1)) -> Answer:
+    """`defaults`: the (partitions, replication factor) a -1 count asks for (CreateTopics v4)."""
     body = request.body
     results = []
     for topic in body.topics:
@@ -125,8 +125,8 @@ async def create_topics(request: Request, port: AdminPort) -> Answer:
             if assignment:
                 fields["replica_assignment"] = assignment
             else:
-                fields["partitions"] = DEFAULT_PARTITIONS if topic.num_partitions == -1 else topic.num_partitions
-                fields["replication_factor"] = (DEFAULT_REPLICATION_FACTOR if topic.replication_factor == -1
+                fields["partitions"] = defaults[0] if topic.num_partitions == -1 else topic.num_partitions
+                fields["replication_factor"] = (defaults[1] if topic.replication_factor == -1
                                                 else topic.replication_factor)
             await port.create_topic(CreateTopicRequest.model_validate(fields), validate_only=body.validate_only)
         results.append({"name": topic.name, **await _attempt_model(create)})
@@ -143,6 +143,25 @@ async def _attempt_model(call: Callable[[], Awaitable[object]]) -> dict[str, Any
         where = ".".join(str(p) for p in first.get("loc", ()))
         code = _FIELD_CODES.get(where.split(".")[0], ErrorCode.INVALID_REQUEST)
         return {"error_code": int(code), "error_message": f"{where}: {first.get('msg')} (got {first.get('input')!r})"}
+
+
+async def auto_create(name: str, port: AdminPort, shape: tuple[int, int]) -> ErrorCode:
+    """Create a topic a client asked for by name (auto.create.topics.enable): the code its
+    metadata answer carries. LEADER_NOT_AVAILABLE (retriable) once the controller has it, or
+    had it already (another request created it first): its leaders are not known yet."""
+    partitions, replication_factor = shape
+
+    async def create() -> None:
+        await port.create_topic(CreateTopicRequest.model_validate(
+            {"name": name, "partitions": partitions, "replication_factor": replication_factor}))
+    code = ErrorCode((await _attempt_model(create))["error_code"])
+    if code in (ErrorCode.NONE, ErrorCode.TOPIC_ALREADY_EXISTS):
+        if code is ErrorCode.NONE:
+            log.info("auto-created topic %r (%d partitions, replication factor %d) for a Kafka client",
+                     name, partitions, replication_factor)
+        return ErrorCode.LEADER_NOT_AVAILABLE
+    log.warning("could not auto-create topic %r for a Kafka client: %s", name, code.name)
+    return code
 
 
 async def delete_topics(request: Request, port: AdminPort) -> Answer:
@@ -227,33 +246,33 @@ async def incremental_alter_configs(request: Request, port: AdminPort) -> Answer
 
 # ------------------------------------------------------------------ registration
 
-def _port(context: Context) -> AdminPort:
+def port_of(context: Context) -> AdminPort:
     return context.control if context.control is not None else NoAdminPort()
 
 
 @register(CREATE_TOPICS, "CreateTopics", SERVED[CREATE_TOPICS])
 async def _create_topics(request: Request, context: Context) -> Answer:
-    return await create_topics(request, _port(context))
+    return await create_topics(request, port_of(context), context.default_topic_shape())
 
 
 @register(DELETE_TOPICS, "DeleteTopics", SERVED[DELETE_TOPICS])
 async def _delete_topics(request: Request, context: Context) -> Answer:
-    return await delete_topics(request, _port(context))
+    return await delete_topics(request, port_of(context))
 
 
 @register(CREATE_PARTITIONS, "CreatePartitions", SERVED[CREATE_PARTITIONS])
 async def _create_partitions(request: Request, context: Context) -> Answer:
-    return await create_partitions(request, _port(context))
+    return await create_partitions(request, port_of(context))
 
 
 @register(ALTER_CONFIGS, "AlterConfigs", SERVED[ALTER_CONFIGS])
 async def _alter_configs(request: Request, context: Context) -> Answer:
-    return await alter_configs(request, _port(context))
+    return await alter_configs(request, port_of(context))
 
 
 @register(INCREMENTAL_ALTER_CONFIGS, "IncrementalAlterConfigs", SERVED[INCREMENTAL_ALTER_CONFIGS])
 async def _incremental_alter_configs(request: Request, context: Context) -> Answer:
-    return await incremental_alter_configs(request, _port(context))
+    return await incremental_alter_configs(request, port_of(context))
 
 
 @register(DESCRIBE_CONFIGS, "DescribeConfigs", SERVED[DESCRIBE_CONFIGS])

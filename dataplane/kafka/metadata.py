@@ -1,13 +1,16 @@
 """ApiVersions (0–3) and Metadata (0–8): what is served, and who leads what.
 
-Brokers are named by their Kafka port. The controller named is this broker, a live
+Brokers are named by their Kafka port. With auto.create.topics.enable (the broker's
+--auto-create-topics), a topic a client names that does not exist is created with the
+broker's defaults and answered LEADER_NOT_AVAILABLE until its leaders are known. The controller named is this broker, a live
 one (Biplane's controllers are not brokers; clients take -1 for "no controller",
 and some wait for one): admin requests sent to it are forwarded to the controller.
 """
 from __future__ import annotations
 
+from common.errors import ErrorCode
 from common.wire import messages as wire
-from dataplane.kafka import messages
+from dataplane.kafka import admin, messages
 from dataplane.kafka.protocol import API_VERSIONS
 from dataplane.kafka.registry import APIS, Answer, Context, Request, register
 
@@ -40,6 +43,14 @@ async def metadata(request: Request, context: Context) -> Answer:
     # v0: an empty list means all topics; from v1 that is None, and [] means none.
     names = None if topics is None or (request.version == 0 and not topics) else tuple(t.name for t in topics)
     done = context.requests.metadata(wire.MetadataRequest(topics=names))
+    codes = {t.topic: int(t.error_code) for t in done.topics}
+    # Before v4 a client could not say no; from v4 it says whether it wants topics created.
+    if context.topic_defaults.auto_create and messages.field(request.body, "allow_auto_topic_creation", True):
+        unknown = [t.topic for t in done.topics if t.error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION]
+        if unknown:
+            port, shape = admin.port_of(context), context.default_topic_shape()
+            for name in unknown:
+                codes[name] = int(await admin.auto_create(name, port, shape))
     image = context.requests.image()
     brokers = [{"node_id": b.broker_id, "host": b.host, "port": b.kafka_port, "rack": b.rack}
                for b in sorted(image.brokers.values(), key=lambda b: b.broker_id)
@@ -47,7 +58,7 @@ async def metadata(request: Request, context: Context) -> Answer:
     return messages.build(messages.response_schema(METADATA, request.version), {
         "throttle_time": 0, "brokers": brokers, "cluster_id": context.cluster_id,
         "controller_id": context.broker_id,
-        "topics": [{"error_code": int(t.error_code), "name": t.topic, "is_internal": False,
+        "topics": [{"error_code": codes[t.topic], "name": t.topic, "is_internal": False,
                     "partitions": [{"error_code": int(p.error_code), "partition_index": p.partition,
                                     "leader_id": p.leader_id, "leader_epoch": p.leader_epoch,
                                     "replica_nodes": p.replicas, "isr_nodes": p.isr,

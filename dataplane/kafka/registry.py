@@ -27,6 +27,24 @@ class Request:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class TopicDefaults:
+    """What a topic gets when a Kafka client leaves it to the broker: CreateTopics' -1 counts,
+    and topics created because a client asked for their metadata (Kafka's num.partitions,
+    default.replication.factor and auto.create.topics.enable)."""
+
+    partitions: int = 1
+    # None: min(3, live brokers), so a topic nobody sized still survives the loss of a broker
+    # (Kafka's own default, 1, would not).
+    replication_factor: int | None = None
+    auto_create: bool = False
+
+    def resolved(self, live_brokers: int) -> tuple[int, int]:
+        """(partitions, replication factor) for a cluster of `live_brokers`."""
+        rf = self.replication_factor if self.replication_factor is not None else max(1, min(3, live_brokers))
+        return self.partitions, rf
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Context:
     """What a handler may use: the broker's own request handler (the admission path, cores
     and error codes of Biplane's protocol) and its controller client (admin calls)."""
@@ -35,6 +53,11 @@ class Context:
     control: "ControlClient | None"
     broker_id: int
     cluster_id: str
+    topic_defaults: TopicDefaults = TopicDefaults()
+
+    def default_topic_shape(self) -> tuple[int, int]:
+        image = self.requests.image()
+        return self.topic_defaults.resolved(sum(1 for b in image.brokers.values() if not b.fenced))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -165,8 +165,8 @@ class Log(Protocol):
     def read(self, start_offset: int, *, max_bytes: int, max_offset: int | None = None) -> ReadResult:
         """Whole batches from the one containing start_offset, at most max_bytes unless the
         first batch alone is larger, only batches whose last offset is below max_offset."""
-    def offset_for_timestamp(self, timestamp_ms: int) -> int | None:
-        """Base offset of the first batch whose max timestamp is >= timestamp_ms, or None."""
+    def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first record stamped at or after timestamp_ms, or None."""
     def flush(self) -> int:
         """Make everything written so far durable; returns the new flushed_offset."""
     def truncate_to(self, offset: int) -> int:

@@ -555,11 +555,16 @@ class PartitionLog:
             return ReadResult(records=data, first_offset=first_offset, next_offset=next_offset,
                               log_start_offset=start, log_end_offset=end)
 
-    def offset_for_timestamp(self, timestamp_ms: int) -> int | None:
+    def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
         with self._lock:
             for segment in self._segments:
                 if segment.max_timestamp is not None and segment.max_timestamp >= timestamp_ms:
-                    return segment.position_for_timestamp(timestamp_ms)
+                    try:
+                        found = segment.record_for_timestamp(timestamp_ms)
+                    except OSError as exc:
+                        raise files.storage_error(f"timestamp lookup in {segment.log_path}", exc) from exc
+                    if found is not None:
+                        return found
             return None
 
     # ------------------------------------------------------------------ flush

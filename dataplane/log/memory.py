@@ -12,7 +12,8 @@ import bisect
 import dataclasses
 from collections.abc import Iterator
 
-from common.batch import BATCH_BYTES_MAX, BatchHeader, Buffer, iter_batches, set_base_offset, set_leader_epoch
+from common.batch import (BATCH_BYTES_MAX, BatchHeader, Buffer, first_record_at_or_after, iter_batches,
+                          set_base_offset, set_leader_epoch)
 from common.errors import (InvalidRequestError, OffsetMismatchError, OffsetOutOfRangeError,
                            StaleEpochError, StorageError)
 
@@ -208,10 +209,12 @@ class MemoryLog:
         return ReadResult(records=b"".join(b.data for b in taken), first_offset=taken[0].base_offset,
                           next_offset=taken[-1].next_offset, log_start_offset=start, log_end_offset=end)
 
-    def offset_for_timestamp(self, timestamp_ms: int) -> int | None:
+    def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
         for batch in self._batches():
             if batch.max_timestamp >= timestamp_ms:
-                return batch.base_offset
+                found = first_record_at_or_after(batch.data, timestamp_ms)
+                if found is not None:
+                    return found
         return None
 
     # ------------------------------------------------------------------ flush, crash

@@ -11,7 +11,8 @@ from collections.abc import Iterator
 import os
 import struct
 
-from common.batch import BATCH_BYTES_MAX, HEADER_SIZE, Buffer, read_header, scan_valid_prefix
+from common.batch import (BATCH_BYTES_MAX, HEADER_SIZE, Buffer, first_record_at_or_after, read_header,
+                          scan_valid_prefix)
 from common.errors import CorruptBatchError
 
 from common.durable import write_all
@@ -331,13 +332,15 @@ class Segment:
                 return span.position, span.base_offset
         raise AssertionError(f"offset {offset} not found in {self.log_path}")
 
-    def position_for_timestamp(self, timestamp_ms: int) -> int | None:
-        """Base offset of the first batch with max timestamp >= timestamp_ms, or None."""
+    def record_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first record stamped at or after timestamp_ms, or None."""
         rel = self.time_index.lookup_before(timestamp_ms)
         start = self.index.lookup(rel)[1] if rel is not None else 0
         for span in self.walk(start):
             if span.max_timestamp >= timestamp_ms:
-                return span.base_offset
+                found = first_record_at_or_after(os.pread(self.fd, span.size_bytes, span.position), timestamp_ms)
+                if found is not None:
+                    return found
         return None
 
     def read(self, position: int, *, max_bytes: int, max_offset: int | None) -> tuple[bytes | memoryview, int]:

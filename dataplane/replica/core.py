@@ -563,33 +563,36 @@ class Replica(ProduceAdmission, PushMixin):
             records = self.log.read(req.fetch_offset, max_bytes=max_bytes, max_offset=self.high_watermark).records
         self._answer(req, records=records)
 
-    def list_offset(self, timestamp_ms: int, leader_epoch: int = -1) -> tuple[ErrorCode, int]:
-        """A consumer's list-offsets: EARLIEST (-2), LATEST (-1, the HW) or the first offset
-        with a timestamp >= timestamp_ms, never past the HW. Read-only; leaders only, and
-        only once the epoch-start batch is flushed (the HW may still be below what
-        consumers saw before). `leader_epoch`: the client's (`client_epoch_error`); a
-        read-only call emits no note, so on UNKNOWN_LEADER_EPOCH its caller refreshes."""
+    def list_offset(self, timestamp_ms: int, leader_epoch: int = -1) -> tuple[ErrorCode, int, int]:
+        """A consumer's list-offsets: (error, offset, timestamp). EARLIEST (-2) is the log
+        start, LATEST (-1) the HW (timestamp -1 for both), and a time the first record below
+        the HW stamped at or after it, with that record's timestamp; no such record is
+        offset -1, timestamp -1, as Kafka answers (clients then read from the end).
+        Read-only; leaders only, and only once the epoch-start batch is flushed (the HW may
+        still be below what consumers saw before). `leader_epoch`: the client's
+        (`client_epoch_error`); a read-only call emits no note, so on UNKNOWN_LEADER_EPOCH
+        its caller refreshes."""
         epoch_error = self.client_epoch_error(leader_epoch)
         if epoch_error is not ErrorCode.NONE:
-            return epoch_error, -1
+            return epoch_error, -1, -1
         if self.role is not Role.LEADER:
-            return ErrorCode.NOT_LEADER_OR_FOLLOWER, -1
+            return ErrorCode.NOT_LEADER_OR_FOLLOWER, -1, -1
         if not self.epoch_durable:
-            return ErrorCode.LEADER_NOT_AVAILABLE, -1
+            return ErrorCode.LEADER_NOT_AVAILABLE, -1, -1
         if timestamp_ms == EARLIEST_TIMESTAMP:
-            return ErrorCode.NONE, self.log.log_start_offset
+            return ErrorCode.NONE, self.log.log_start_offset, -1
         if self.high_watermark < self.epoch_start_offset:
             # A new leader learns the HW only as followers catch up; until it passes the epoch
             # start it may be below offsets consumers already read (Kafka's KIP-207 answer).
-            return ErrorCode.OFFSET_NOT_AVAILABLE, -1
+            return ErrorCode.OFFSET_NOT_AVAILABLE, -1, -1
         if timestamp_ms == LATEST_TIMESTAMP:
-            return ErrorCode.NONE, self.high_watermark
+            return ErrorCode.NONE, self.high_watermark, -1
         if timestamp_ms < 0:
-            return ErrorCode.INVALID_REQUEST, -1
+            return ErrorCode.INVALID_REQUEST, -1, -1
         found = self.log.offset_for_timestamp(timestamp_ms)
-        if found is None or found >= self.high_watermark:
-            return ErrorCode.NONE, self.high_watermark
-        return ErrorCode.NONE, found
+        if found is None or found[0] >= self.high_watermark:
+            return ErrorCode.NONE, -1, -1
+        return ErrorCode.NONE, found[0], found[1]
 
     def end_offset_for_epoch(self, epoch: int, leader_epoch: int = -1) -> tuple[ErrorCode, int, int]:
         """A client's OffsetForLeaderEpoch (KIP-320: a consumer checking whether the log
