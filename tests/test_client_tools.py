@@ -13,11 +13,12 @@ from dataplane.client.cli import format_record, percentile
 from dataplane.client.errors import NoClusterError
 from dataplane.client.records import ConsumerRecord
 from dataplane.cluster.state import child_pids, pid_alive, read_state, write_state
-from dataplane.cluster.up import UpError, parse_topics, plan
+from dataplane.cluster.up import UpError, broker_child, parse_topics, plan
 
 
 def args(**kw) -> argparse.Namespace:
-    return argparse.Namespace(controllers=kw.get("controllers"), brokers=kw.get("brokers"))
+    return argparse.Namespace(controllers=kw.get("controllers"), brokers=kw.get("brokers"),
+                              auto_create_topics=kw.get("auto_create_topics"))
 
 
 def test_cluster_file_is_found_in_dot_biplane_then_through_the_env(tmp_path, monkeypatch):
@@ -59,6 +60,17 @@ def test_plan_defaults_and_resume_keeps_identity_and_free_ports(tmp_path):
     assert "broker 1: port" in notes[0]
     more, _ = plan(args(brokers=4), tmp_path, first)
     assert list(more["brokers"]) == ["1", "2", "3", "4"]
+
+
+def test_plan_keeps_auto_create_topics_as_before_unless_told(tmp_path):
+    first, _ = plan(args(auto_create_topics=True), tmp_path, None)
+    assert first["auto_create_topics"] is True
+    assert "--auto-create-topics" in broker_child(first, first["brokers"]["1"], tmp_path).args
+    again, _ = plan(args(), tmp_path, first)
+    assert again["auto_create_topics"] is True
+    off, _ = plan(args(auto_create_topics=False), tmp_path, again)
+    assert off["auto_create_topics"] is False
+    assert "--auto-create-topics" not in broker_child(off, off["brokers"]["1"], tmp_path).args
 
 
 def test_plan_rejects_bad_sizes_and_a_changed_quorum(tmp_path):
