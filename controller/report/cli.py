@@ -48,12 +48,23 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     return parser
 
 
+# What `pip install biplane` leaves out: the reports' packages come with the `reports` extra.
+REPORT_PACKAGES = ("pyspark", "pyarrow", "pandas", "matplotlib")
+
+
 def main(argv: list[str], prog: str) -> int:
     args = _parser(prog).parse_args(argv)
     try:
         if args.command == "generate-history":
             return _generate(args)
         return _capacity(args)
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] not in REPORT_PACKAGES:
+            raise
+        print(f"{prog}: the capacity reports need {exc.name}, which a plain `pip install biplane` leaves out; "
+              "install the reports extra: pip install 'biplane[reports]' (in a checkout: "
+              "pip install -e '.[reports]'; scripts/test and scripts/up install it)", file=sys.stderr)
+        return 2
     except ValueError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
