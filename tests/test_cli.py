@@ -161,14 +161,18 @@ def test_consume_max_records_stops_at_the_end_and_says_where_it_starts(up):
 
 # ---------------------------------------------------------------- signals and pipes
 
-def test_ctrl_c_and_sigterm_end_produce_and_consume_cleanly(up):
-    """SIGINT or SIGTERM to a produce reading an open stdin, or to a following consume: exit 130
-    or 143, no traceback and no 'Fatal Python error'; the produce first delivers what it read."""
+def test_ctrl_c_and_sigterm_end_produce_and_consume_cleanly(up, silent_port):
+    """SIGINT or SIGTERM to a produce reading an open stdin, to a following consume, or to an
+    admin command waiting on a controller: exit 130 or 143, no traceback and no 'Fatal Python
+    error'; the produce first delivers what it read."""
     create_topic(up, "signals")
     runs = []
     for command, signum in (("produce", signal.SIGINT), ("produce", signal.SIGTERM),
-                            ("consume", signal.SIGINT), ("consume", signal.SIGTERM)):
-        proc = subprocess.Popen([PYTHON, "-m", "common.cli", command, "signals", "--data-dir", str(up.data_dir)],
+                            ("consume", signal.SIGINT), ("consume", signal.SIGTERM),
+                            ("topic", signal.SIGINT), ("topic", signal.SIGTERM)):
+        args = ["list", "--controller", f"127.0.0.1:{silent_port}"] if command == "topic" else \
+            ["signals", "--data-dir", str(up.data_dir)]
+        proc = subprocess.Popen([PYTHON, "-m", "common.cli", command, *args],
                                 cwd=up.elsewhere, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, env=env_without_cluster())
         if command == "produce":

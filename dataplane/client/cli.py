@@ -314,7 +314,7 @@ def consume_main(argv: list[str], prog: str) -> int:
 
 
 def _describe_start(tps: list[TopicPartition], starts: dict[TopicPartition, int],
-                    ends: dict[TopicPartition, int], following: bool) -> str | None:
+                    ends: dict[TopicPartition, int]) -> str | None:
     """The stderr note for partitions that start at or past their end (None when none does)."""
     at_end = [tp for tp in tps if starts[tp] >= ends[tp]]
     if not at_end:
@@ -354,12 +354,12 @@ async def _consume(args: argparse.Namespace, prog: str, bootstrap: str) -> int:
                 await consumer.seek(tp, starts[tp])
             offset = args.offset
             note = _describe_start(tps, {tp: offset if offset > ends[tp] else starts[tp] for tp in tps},
-                                   ends, following)
+                                   ends)
         elif args.from_beginning:
             starts = await consumer.beginning_offsets(tps)
             for tp in tps:
                 await consumer.seek(tp, starts[tp])
-            note = _describe_start(tps, starts, ends, following)
+            note = _describe_start(tps, starts, ends)
         else:
             starts = dict(ends)
             for tp in tps:
