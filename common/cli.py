@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib
 import sys
 
+from common import cli_exit
+
 # command -> ("module:function", one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "controller": ("controller.main:main", "run one controller node of the quorum"),
@@ -29,6 +31,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("dataplane.client.cli:bench_main", "producer/consumer load generator: records/s, MB/s, latency"),
 }
 
+# Servers handle their own signals (a broker's SIGTERM is a controlled shutdown).
+OWN_SIGNALS = frozenset({"controller", "broker", "up"})
+
 
 def usage() -> str:
     width = max(len(name) for name in COMMANDS)
@@ -47,9 +52,21 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"biplane: unknown command {name!r}.\n\n{usage()}", file=sys.stderr)
         return 2
-    module_name, function_name = COMMANDS[name][0].split(":")
-    function = getattr(importlib.import_module(module_name), function_name)
-    return int(function(rest, f"biplane {name}") or 0)
+    if name not in OWN_SIGNALS:
+        cli_exit.install_sigterm()
+    try:
+        module_name, function_name = COMMANDS[name][0].split(":")
+        function = getattr(importlib.import_module(module_name), function_name)
+        code = int(function(rest, f"biplane {name}") or 0)
+        sys.stdout.flush()   # here, where a closed pipe can still be caught
+        return code
+    except KeyboardInterrupt:
+        return cli_exit.EXIT_INTERRUPTED
+    except cli_exit.Terminated:
+        return cli_exit.EXIT_TERMINATED
+    except BrokenPipeError:
+        cli_exit.silence_stdout()
+        return cli_exit.EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

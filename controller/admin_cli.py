@@ -10,14 +10,17 @@
 
 Every command takes --controller URL (env BIPLANE_CONTROLLER; several URLs may be
 given comma-separated, the first that answers is used), --token (env
-BIPLANE_ADMIN_TOKEN) and --json. Writes sent to a follower follow its redirect
-to the leader. Errors print the API's message and exit 1 (2 for usage errors).
+BIPLANE_ADMIN_TOKEN), --data-dir DIR (a `biplane up` cluster's directory, whose
+cluster.json holds both; env BIPLANE_CLUSTER; default ./.biplane), --timeout-ms and
+--json. Writes sent to a follower follow its redirect to the leader. Errors print
+the API's message and exit 1 (2 for usage errors).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import socket
 import sys
 import time
 import urllib.error
@@ -27,6 +30,7 @@ from typing import Any
 
 REDIRECTS_MAX = 3
 UNAVAILABLE_WAIT_S = 10.0
+TIMEOUT_MS_DEFAULT = 15_000
 
 
 class CliError(Exception):
@@ -34,18 +38,25 @@ class CliError(Exception):
 
 
 class ApiClient:
-    """A small synchronous client: JSON in and out, bearer token, manual redirects, retry on 503."""
+    """A small synchronous client: JSON in and out, bearer token, manual redirects, retry on 503.
 
-    def __init__(self, urls: list[str], token: str | None, *, timeout_s: float = 15.0) -> None:
+    `timeout_s` bounds a whole call, every URL and retry included, so an unreachable or hung
+    controller costs the user at most that long before a message says so. `hint` is what to
+    tell the user when no URL answers (how the URLs were found decides what to do about it)."""
+
+    def __init__(self, urls: list[str], token: str | None, *, timeout_s: float = TIMEOUT_MS_DEFAULT / 1000,
+                 hint: str = "") -> None:
         self.urls = [u.rstrip("/") for u in urls]
         self.token = token
         self.timeout_s = timeout_s
+        self.hint = hint
 
     def call(self, method: str, path: str, body: Any = None) -> Any:
-        deadline = time.monotonic() + UNAVAILABLE_WAIT_S
+        deadline = time.monotonic() + self.timeout_s
+        unavailable_deadline = time.monotonic() + min(UNAVAILABLE_WAIT_S, self.timeout_s)
         while True:
-            status, doc = self._call_any(method, path, body)
-            if status == 503 and time.monotonic() < deadline and _retriable(doc):
+            status, doc = self._call_any(method, path, body, deadline)
+            if status == 503 and time.monotonic() < unavailable_deadline and _retriable(doc):
                 # No leader yet (an election is running): nothing was done, so retry. A 504
                 # (outcome unknown) is not retried: the write may have happened.
                 time.sleep(0.25)
@@ -57,16 +68,20 @@ class ApiClient:
                 raise CliError(f"{err.get('code', 'HTTP_' + str(status))}: {message}{field}")
             return doc
 
-    def _call_any(self, method: str, path: str, body: Any) -> tuple[int, Any]:
-        last: Exception | None = None
+    def _call_any(self, method: str, path: str, body: Any, deadline: float) -> tuple[int, Any]:
+        failures = []
         for url in self.urls:
+            remaining_s = deadline - time.monotonic()
+            if remaining_s <= 0:
+                failures.append(f"{url}: not tried, the {self.timeout_s * 1000:.0f} ms timeout had passed")
+                continue
             try:
-                return self._call_one(method, url + path, body)
+                return self._call_one(method, url + path, body, remaining_s)
             except (urllib.error.URLError, OSError) as exc:
-                last = exc
-        raise CliError(f"cannot reach the controller at {', '.join(self.urls)}: {last}")
+                failures.append(f"{url}: {_reason(exc, remaining_s)}")
+        raise CliError(f"cannot reach the controller ({'; '.join(failures)}){self.hint}")
 
-    def _call_one(self, method: str, url: str, body: Any) -> tuple[int, Any]:
+    def _call_one(self, method: str, url: str, body: Any, timeout_s: float) -> tuple[int, Any]:
         data = json.dumps(body).encode() if body is not None else None
         for _ in range(REDIRECTS_MAX + 1):
             req = urllib.request.Request(url, data=data, method=method)
@@ -75,7 +90,7 @@ class ApiClient:
             if self.token:
                 req.add_header("Authorization", f"Bearer {self.token}")
             try:
-                with _OPENER.open(req, timeout=self.timeout_s) as resp:
+                with _OPENER.open(req, timeout=timeout_s) as resp:
                     return resp.status, _decode(resp.read())
             except urllib.error.HTTPError as exc:
                 payload = _decode(exc.read())
@@ -93,6 +108,18 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
 
 
 _OPENER = urllib.request.build_opener(_NoRedirect)
+
+
+def _reason(exc: BaseException, timeout_s: float) -> str:
+    """Why a URL did not answer, in a few words."""
+    reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+    if isinstance(reason, ConnectionRefusedError):
+        return "connection refused (nothing listens there)"
+    if isinstance(reason, (TimeoutError, socket.timeout)):
+        return f"no answer within {timeout_s * 1000:.0f} ms"
+    if isinstance(reason, socket.gaierror):
+        return f"unknown host ({reason.strerror})"
+    return str(reason)
 
 
 def _decode(payload: bytes) -> Any:
@@ -157,35 +184,81 @@ def parse_assignment(text: str) -> list[list[int]]:
                        "partition, ':' between partitions)") from None
 
 
-def local_cluster() -> tuple[str | None, str | None]:
-    """Controller URLs and token of a `biplane up` cluster (./.biplane/cluster.json or
-    $BIPLANE_CLUSTER), or (None, None) when there is none."""
-    from dataplane.client.discovery import load_cluster_file
-    from dataplane.client.errors import NoClusterError
-    try:
-        doc = load_cluster_file()
-        urls = [c["api_url"] for _, c in sorted(doc["controllers"].items(), key=lambda kv: int(kv[0]))]
-        return ",".join(urls), doc.get("admin_token")
-    except (NoClusterError, KeyError, TypeError, ValueError):
-        return None, None
-
-
 def common_parser(prog: str, description: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description=description)
-    env_url, env_token = os.environ.get("BIPLANE_CONTROLLER"), os.environ.get("BIPLANE_ADMIN_TOKEN")
-    local_url, local_token = local_cluster() if not (env_url and env_token) else (None, None)
-    p.add_argument("--controller", default=env_url or local_url or "http://127.0.0.1:8080",
-                   help="controller API URL(s), comma-separated (env BIPLANE_CONTROLLER; default: the "
-                        "`biplane up` cluster in ./.biplane/cluster.json, else http://127.0.0.1:8080)")
-    p.add_argument("--token", default=env_token or (local_token if not env_url or env_url == local_url else None),
-                   help="admin bearer token (env BIPLANE_ADMIN_TOKEN; default: the `biplane up` cluster's)")
-    p.add_argument("--json", action="store_true", help="print the API's JSON instead of a table")
+    p = argparse.ArgumentParser(prog=prog, description=description, epilog=ADDRESS_EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_address_args(p)
     return p
 
 
+ADDRESS_EPILOG = """\
+Which controller: --controller URL, else --data-dir DIR (the cluster.json `biplane up` wrote
+there), else $BIPLANE_CONTROLLER, else the cluster.json $BIPLANE_CLUSTER names (the file or
+its directory), else ./.biplane/cluster.json. The token: --token, else $BIPLANE_ADMIN_TOKEN,
+else that cluster file's."""
+
+
+def add_address_args(p: argparse.ArgumentParser, suppress: bool = False) -> None:
+    """The shared options; `suppress` for a subcommand's copy, so an option given before the
+    subcommand is not reset by the subcommand's default."""
+    def default(value: Any) -> Any:
+        return argparse.SUPPRESS if suppress else value
+    p.add_argument("--controller", default=default(None),
+                   help="controller API URL(s), comma-separated; the first that answers is used "
+                        "(env BIPLANE_CONTROLLER; default: the `biplane up` cluster's)")
+    p.add_argument("--token", default=default(None),
+                   help="admin bearer token (env BIPLANE_ADMIN_TOKEN; default: the `biplane up` cluster's)")
+    p.add_argument("--data-dir", default=default(None), metavar="DIR",
+                   help="the data directory of a `biplane up` cluster (its cluster.json gives the URLs and "
+                        "token; env BIPLANE_CLUSTER; default ./.biplane)")
+    p.add_argument("--timeout-ms", type=int, default=default(TIMEOUT_MS_DEFAULT),
+                   help="give up when the controller has not answered within this long, every URL and retry "
+                        f"included (default {TIMEOUT_MS_DEFAULT})")
+    p.add_argument("--json", action="store_true", default=default(False),
+                   help="print the API's JSON instead of a table")
+
+
+def resolve_controller(args: argparse.Namespace) -> tuple[list[str], str | None, str]:
+    """(URLs, token, what to tell the user when none answers), by the order ADDRESS_EPILOG gives."""
+    from dataplane.client.discovery import cluster_file_source, load_cluster_file
+    from dataplane.client.errors import NoClusterError
+    token = args.token or os.environ.get("BIPLANE_ADMIN_TOKEN")
+    given = args.controller or (None if args.data_dir else os.environ.get("BIPLANE_CONTROLLER"))
+    if given:
+        urls = [u if "://" in u else "http://" + u for u in (x.strip() for x in given.split(",")) if u]
+        if not urls:
+            raise CliError(f"--controller {given!r} names no URL; give one like http://127.0.0.1:8080")
+        if token is None:
+            # The cluster file's token, when it is the same cluster's: a token is never sent to
+            # controllers other than those the file names.
+            try:
+                doc = load_cluster_file()
+                local = {c["api_url"].rstrip("/") for c in doc["controllers"].values()}
+                if local & {u.rstrip("/") for u in urls}:
+                    token = doc.get("admin_token")
+            except (NoClusterError, KeyError, TypeError, AttributeError):
+                pass
+        return urls, token, "; is the controller running, and is that its address? A `biplane up` cluster " \
+                            "starts with `biplane up`, and --data-dir DIR finds it without an address"
+    try:
+        doc = load_cluster_file(args.data_dir)
+        urls = [c["api_url"] for _, c in sorted(doc["controllers"].items(), key=lambda kv: int(kv[0]))]
+    except NoClusterError as exc:
+        raise CliError(f"{exc} (for the admin API: --controller URL)") from None
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise CliError(f"{cluster_file_source(args.data_dir)[0]} lists no controllers' api_url; run "
+                       "`biplane up` again to rewrite it") from None
+    data_dir = cluster_file_source(args.data_dir)[0].parent
+    flag = "" if args.data_dir is None and not os.environ.get("BIPLANE_CLUSTER") else f" --data-dir {data_dir}"
+    return urls, token or doc.get("admin_token"), \
+        f"; is the cluster in {data_dir} running? Start it with `biplane up{flag} --detach`"
+
+
 def client_of(args: argparse.Namespace) -> ApiClient:
-    urls = [u.strip() for u in args.controller.split(",") if u.strip()]
-    return ApiClient([u if "://" in u else "http://" + u for u in urls], args.token)
+    if args.timeout_ms < 1:
+        raise CliError(f"--timeout-ms {args.timeout_ms} must be at least 1")
+    urls, token, hint = resolve_controller(args)
+    return ApiClient(urls, token, timeout_s=args.timeout_ms / 1000, hint=hint)
 
 
 def run(fn, argv: list[str], prog: str, parser: argparse.ArgumentParser) -> int:
@@ -204,33 +277,75 @@ def emit(args: argparse.Namespace, doc: Any, text: str) -> str:
     return json.dumps(doc, indent=2, sort_keys=True) if args.json else text
 
 
+# What each topic config key means, for `biplane topic create --help` (the README's table
+# says more); tests/test_cli.py checks that every key of TopicConfig is here.
+CONFIG_KEY_MEANINGS: dict[str, str] = {
+    "partitions": "partition count; fixed after creation (grow it with add-partitions)",
+    "replication_factor": "replicas per partition; fixed after creation (change it by reassignment)",
+    "replication_mode": "pull (followers fetch, Kafka) or push (the leader sends, Redpanda)",
+    "commit_policy": "isr (every in-sync replica stores it, Kafka) or quorum (any quorum_required_acks do)",
+    "quorum_required_acks": "q for quorum topics, 1 < q <= RF (default: a majority of RF)",
+    "min_insync_replicas": "isr topics refuse acks=all with NOT_ENOUGH_REPLICAS when the ISR is smaller",
+    "durability": "fsync (count only flushed records toward the high watermark) or write",
+    "unclean_leader_election": "isr topics may elect a replica outside the ISR (may lose acknowledged records)",
+    "retention_ms": "delete whole segments older than this; -1 keeps everything",
+    "retention_bytes": "delete the oldest whole segments beyond this size per partition; -1 unlimited",
+    "segment_bytes": "roll a segment at this size (>= 1024)",
+    "segment_ms": "roll a segment at this age",
+    "flush_debounce_ms": "how long a follower gathers writes before one fsync",
+    "max_message_bytes": "the largest record batch a producer may send",
+    "replica_lag_time_max_ms": "a follower not caught up for this long leaves the ISR",
+}
+
+
+def config_keys_help() -> str:
+    from common.metadata.config import TopicConfig
+    lines = ["topic config keys (--config KEY=VALUE, repeatable; Kafka's dotted names such as "
+             "min.insync.replicas work too):"]
+    for key, field in TopicConfig.model_fields.items():
+        default = "majority of RF" if field.default is None else field.default
+        lines.append(f"  {key:<24} default {default}: {CONFIG_KEY_MEANINGS.get(key, '')}")
+    lines.append("Change them later with `biplane topic alter NAME --set KEY=VALUE` (all but partitions and "
+                 "replication_factor).")
+    return "\n".join(lines)
+
+
 def topic_main(argv: list[str], prog: str) -> int:
     parser = common_parser(prog, "Create, list, describe, alter or delete topics, or add partitions.")
     sub = parser.add_subparsers(dest="action", required=True)
-    c = sub.add_parser("create", help="create a topic")
-    c.add_argument("name")
-    c.add_argument("--partitions", type=int, default=1)
-    c.add_argument("--replication-factor", type=int, default=1)
-    c.add_argument("--config", action="append", default=[], metavar="KEY=VALUE")
-    c.add_argument("--replica-assignment", help="per partition replica lists: 1,2:2,3:3,1")
-    sub.add_parser("list", help="list topics")
-    d = sub.add_parser("describe", help="a topic's config and partitions")
-    d.add_argument("name")
-    x = sub.add_parser("delete", help="delete a topic")
-    x.add_argument("name")
-    a = sub.add_parser("alter", help="set or reset config keys")
-    a.add_argument("name")
-    a.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    a.add_argument("--reset", action="append", default=[], metavar="KEY")
-    g = sub.add_parser("add-partitions", help="grow a topic to N partitions in all (never fewer)")
-    g.add_argument("name")
+    c = sub.add_parser("create", help="create a topic", description="Create topic NAME.",
+                       epilog=config_keys_help() + "\n\n" + ADDRESS_EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    c.add_argument("name", help="the topic's name: letters, digits, '.', '_' and '-', at most 249")
+    c.add_argument("--partitions", type=int, default=1, help="partition count (default 1)")
+    c.add_argument("--replication-factor", type=int, default=1,
+                   help="replicas per partition, at most the number of live brokers (default 1)")
+    c.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
+                   help="a topic config setting (repeatable); the keys are listed below")
+    c.add_argument("--replica-assignment", metavar="1,2:2,3",
+                   help="replica lists per partition, ':' between partitions, preferred leader first "
+                        "(sets the partition count and replication factor)")
+    sub.add_parser("list", help="list topics", description="List every topic.")
+    d = sub.add_parser("describe", help="a topic's config and partitions",
+                       description="Show a topic's config and each partition's leader, replicas and ISR.")
+    d.add_argument("name", help="the topic")
+    x = sub.add_parser("delete", help="delete a topic", description="Delete a topic and its data.")
+    x.add_argument("name", help="the topic")
+    a = sub.add_parser("alter", help="set or reset config keys",
+                       description="Set or reset a topic's config keys.",
+                       epilog=config_keys_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    a.add_argument("name", help="the topic")
+    a.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="set a key (repeatable)")
+    a.add_argument("--reset", action="append", default=[], metavar="KEY",
+                   help="return a key to its default (repeatable)")
+    g = sub.add_parser("add-partitions", help="grow a topic to N partitions in all (never fewer)",
+                       description="Grow a topic to N partitions in all (never fewer).")
+    g.add_argument("name", help="the topic")
     g.add_argument("--partitions", type=int, required=True, help="the new total, larger than today's")
     g.add_argument("--replica-assignment", help="replica lists of the new partitions only: 1,2:2,3")
     # Let the shared options follow the action too: `biplane topic list --json`.
     for sp in (c, d, x, a, g, sub.choices["list"]):
-        sp.add_argument("--controller", default=argparse.SUPPRESS)
-        sp.add_argument("--token", default=argparse.SUPPRESS)
-        sp.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
+        add_address_args(sp, suppress=True)
 
     def go(args: argparse.Namespace, api: ApiClient) -> str:
         if args.action == "create":
@@ -274,7 +389,8 @@ def topic_main(argv: list[str], prog: str) -> int:
 
 def cluster_main(argv: list[str], prog: str) -> int:
     parser = common_parser(prog, "Show the controller quorum and the brokers.")
-    parser.add_argument("action", choices=("status", "brokers"))
+    parser.add_argument("action", choices=("status", "brokers"),
+                        help="status: the controller quorum and its leader; brokers: every broker")
 
     def go(args: argparse.Namespace, api: ApiClient) -> str:
         if args.action == "status":
@@ -298,8 +414,8 @@ def cluster_main(argv: list[str], prog: str) -> int:
 
 def reassign_main(argv: list[str], prog: str) -> int:
     parser = common_parser(prog, "Move a partition's replicas to a target set, or list reassignments.")
-    parser.add_argument("topic", nargs="?")
-    parser.add_argument("partition", nargs="?", type=int)
+    parser.add_argument("topic", nargs="?", help="the topic of the partition to move")
+    parser.add_argument("partition", nargs="?", type=int, help="the partition number")
     parser.add_argument("replicas", nargs="?", help="target broker ids, comma-separated, preferred leader first")
     parser.add_argument("--list", action="store_true", help="list partitions being reassigned")
 
@@ -344,7 +460,8 @@ def elect_main(argv: list[str], prog: str) -> int:
 
 def snapshot_main(argv: list[str], prog: str) -> int:
     parser = common_parser(prog, "Take a controller snapshot now, or list the snapshot files.")
-    parser.add_argument("action", choices=("take", "list"))
+    parser.add_argument("action", choices=("take", "list"),
+                        help="take: write a snapshot now; list: the snapshot files")
 
     def go(args: argparse.Namespace, api: ApiClient) -> str:
         keys = ["name", "time", "metadata_offset", "size_bytes"]

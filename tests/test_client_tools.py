@@ -21,7 +21,9 @@ def args(**kw) -> argparse.Namespace:
                               auto_create_topics=kw.get("auto_create_topics"))
 
 
-def test_cluster_file_is_found_in_dot_biplane_then_through_the_env(tmp_path, monkeypatch):
+def test_cluster_file_is_found_by_data_dir_then_the_env_then_dot_biplane(tmp_path, monkeypatch):
+    """--data-dir (the `data_dir` argument) beats BIPLANE_CLUSTER, which beats ./.biplane; a place
+    named explicitly that holds no cluster is an error naming it, never a fall back to ./.biplane."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("BIPLANE_CLUSTER", raising=False)
     with pytest.raises(NoClusterError, match="scripts/up"):
@@ -33,12 +35,19 @@ def test_cluster_file_is_found_in_dot_biplane_then_through_the_env(tmp_path, mon
     (elsewhere / "cluster.json").write_text(json.dumps(doc))
     monkeypatch.setenv("BIPLANE_CLUSTER", str(elsewhere))          # a directory
     assert discovery.default_bootstrap() == "127.0.0.1:1,127.0.0.1:2"
+    assert discovery.default_data_dir() == elsewhere
     monkeypatch.setenv("BIPLANE_CLUSTER", str(elsewhere / "cluster.json"))  # or the file
     assert discovery.default_admin() == (["http://127.0.0.1:9"], "t")
     local = dict(doc, admin_token="local")
     (tmp_path / ".biplane").mkdir()
     (tmp_path / ".biplane" / "cluster.json").write_text(json.dumps(local))
-    assert discovery.default_admin()[1] == "local"                  # ./.biplane comes first
+    assert discovery.default_admin()[1] == "t"                      # the env comes before ./.biplane
+    assert discovery.default_admin(tmp_path / ".biplane")[1] == "local"   # and --data-dir before both
+    monkeypatch.setenv("BIPLANE_CLUSTER", str(tmp_path / "gone"))
+    with pytest.raises(NoClusterError, match=r"BIPLANE_CLUSTER=.*gone.*biplane up --data-dir"):
+        discovery.load_cluster_file()
+    monkeypatch.delenv("BIPLANE_CLUSTER")
+    assert discovery.default_admin()[1] == "local"
     (tmp_path / ".biplane" / "cluster.json").write_text("{broken")
     with pytest.raises(NoClusterError, match="not valid JSON"):
         discovery.load_cluster_file()

@@ -1,5 +1,5 @@
 """`scripts/up` as a newcomer meets it: a fresh `git clone` of this repository in a temporary
-directory, `scripts/up --detach`, the README's Python example run verbatim, `biplane down`,
+directory, `scripts/up --detach`, the README's Python example (example.py) run, `biplane down`,
 and then no process of the cluster is left. A second `scripts/up` on the same directory must
 resume the same cluster (same token and secret, the topic and its record still there).
 
@@ -84,7 +84,7 @@ def test_scripts_up_from_a_clean_clone(tmp_path):
                                capture_output=True, text=True, timeout=30).stdout
         assert which.startswith(str(clone)), which
         first = up()
-        (clone / "example.py").write_text(readme_example())
+        assert (clone / "example.py").read_text() == readme_example()
         r = subprocess.run([python, "example.py"], cwd=clone, env=env, capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stdout + r.stderr
         assert "RecordMetadata(topic='events'" in r.stdout and "b'hello'" in r.stdout, r.stdout + r.stderr

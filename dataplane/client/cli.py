@@ -5,8 +5,8 @@
     biplane consume events --from-beginning --max-records 10 --format json
     biplane bench --records 20000 --record-size 1024 --acks all
 
-Each takes --bootstrap HOST:PORT[,...] (env BIPLANE_BOOTSTRAP); without it they use the
-cluster `biplane up` wrote to ./.biplane/cluster.json (or $BIPLANE_CLUSTER).
+Each takes --bootstrap HOST:PORT[,...] (env BIPLANE_BOOTSTRAP) or --data-dir DIR; without
+them they use the cluster `biplane up` wrote to $BIPLANE_CLUSTER, else ./.biplane/cluster.json.
 """
 from __future__ import annotations
 
@@ -17,88 +17,232 @@ import json
 import math
 import os
 import sys
+import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
-from common import eventloop
-from common.errors import BiplaneError
+from common import cli_exit, eventloop
+from common.errors import BiplaneError, NoBrokersError, NoClusterError
+from common.wire import ConnectionClosedError
 from dataplane.client.consumer import Consumer
+from dataplane.client.futures import RecordFuture
 from dataplane.client.producer import Producer
 from dataplane.client.records import TopicPartition
 
+TIMEOUT_MS_DEFAULT = 30_000
+IDLE_TIMEOUT_MS_DEFAULT = 3_000     # consume --max-records: how long to wait at the end for more
+STALL_NOTICE_S = 5.0                # produce: say so when nothing was acknowledged for this long
+STDIN_CHUNK_BYTES = 65_536
+STDIN_QUEUE_CHUNKS_MAX = 64         # bounds what is read ahead of the producer: 4 MiB
 
-def _bootstrap_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--bootstrap", default=os.environ.get("BIPLANE_BOOTSTRAP"),
-                   help="broker addresses HOST:PORT[,...] (env BIPLANE_BOOTSTRAP; default: the `biplane up` cluster)")
+ADDRESS_EPILOG = """\
+Which brokers: --bootstrap, else --data-dir DIR (the cluster.json `biplane up` wrote there),
+else $BIPLANE_BOOTSTRAP, else the cluster.json $BIPLANE_CLUSTER names (the file or its
+directory), else ./.biplane/cluster.json."""
 
 
-def _fail(prog: str, exc: BaseException) -> int:
+@dataclass(frozen=True, kw_only=True)
+class Brokers:
+    bootstrap: str
+    hint: str   # what to do when none answers, for the error message
+
+
+def _address_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--bootstrap", metavar="HOST:PORT[,...]",
+                   help="broker addresses (env BIPLANE_BOOTSTRAP; default: the `biplane up` cluster's)")
+    p.add_argument("--data-dir", metavar="DIR",
+                   help="the data directory of a `biplane up` cluster, whose cluster.json names the brokers "
+                        "(env BIPLANE_CLUSTER; default ./.biplane)")
+
+
+def resolve_brokers(args: argparse.Namespace) -> Brokers:
+    """The bootstrap addresses by the order ADDRESS_EPILOG gives. Raises NoClusterError."""
+    from dataplane.client.discovery import cluster_file_source, default_bootstrap
+    given = args.bootstrap or (None if args.data_dir else os.environ.get("BIPLANE_BOOTSTRAP"))
+    if given:
+        return Brokers(bootstrap=given, hint="; is a broker running there? A `biplane up` cluster starts with "
+                                             "`biplane up`, and --data-dir DIR finds it without an address")
+    bootstrap = default_bootstrap(args.data_dir)
+    data_dir = cluster_file_source(args.data_dir)[0].parent
+    flag = "" if args.data_dir is None and not os.environ.get("BIPLANE_CLUSTER") else f" --data-dir {data_dir}"
+    return Brokers(bootstrap=bootstrap, hint=f"; is the cluster in {data_dir} running? Start it with "
+                                             f"`biplane up{flag} --detach`")
+
+
+def _check_timeout(p: argparse.ArgumentParser, name: str, value: int | None, low: int = 1) -> None:
+    if value is not None and value < low:
+        p.error(f"{name} {value} must be at least {low}")
+
+
+def _run(prog: str, main: Any, brokers_hint: str = "") -> int:
+    """Run a command's coroutine; the SDK's errors become one line on stderr and exit 1."""
+    try:
+        return int(cli_exit.run_async(main))
+    except (NoBrokersError, ConnectionClosedError) as exc:
+        return _fail(prog, f"{exc}{brokers_hint}")
+    except (BiplaneError, ValueError, TypeError) as exc:
+        return _fail(prog, exc)
+
+
+def _fail(prog: str, exc: BaseException | str) -> int:
     print(f"{prog}: {exc}", file=sys.stderr)
     return 1
+
+
+def _note(prog: str, text: str) -> None:
+    print(f"{prog}: {text}", file=sys.stderr, flush=True)
 
 
 # ------------------------------------------------------------------ produce
 
 def produce_main(argv: list[str], prog: str) -> int:
-    p = argparse.ArgumentParser(prog=prog, description="Send lines from stdin to TOPIC, one record per line.")
-    p.add_argument("topic")
-    _bootstrap_arg(p)
-    p.add_argument("--key-separator", help="split each line at the first SEP into key and value")
-    p.add_argument("--acks", default="all", choices=("0", "1", "all"), help="default all")
-    p.add_argument("--partition", type=int, help="send every record to this partition")
-    p.add_argument("--compression", default="none", choices=("none", "gzip", "snappy", "lz4", "zstd"))
-    p.add_argument("--linger-ms", type=int, default=5)
+    p = argparse.ArgumentParser(prog=prog, description="Send lines from stdin to TOPIC, one record per line, "
+                                "and wait for each to be acknowledged. Ctrl-C stops reading, sends what was "
+                                "read, and exits 130.", epilog=ADDRESS_EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("topic", help="the topic to send to (it must exist: `biplane topic create`)")
+    _address_args(p)
+    p.add_argument("--key-separator", metavar="SEP", help="split each line at the first SEP into key and value "
+                   "(a line without SEP has no key)")
+    p.add_argument("--acks", default="all", choices=("0", "1", "all"),
+                   help="0: no answer; 1: the leader wrote it; all: committed on the in-sync replicas (default all)")
+    p.add_argument("--partition", type=int, help="send every record to this partition (default: by key, or "
+                   "spread when there is none)")
+    p.add_argument("--compression", default="none", choices=("none", "gzip", "snappy", "lz4", "zstd"),
+                   help="compress batches with this codec (default none)")
+    p.add_argument("--linger-ms", type=int, default=5, help="how long a batch waits for more records before "
+                   "it is sent (default 5)")
+    p.add_argument("--timeout-ms", type=int, default=TIMEOUT_MS_DEFAULT,
+                   help="a record not acknowledged within this long fails, and so does a broker that does not "
+                        f"answer (default {TIMEOUT_MS_DEFAULT})")
     args = p.parse_args(argv)
+    _check_timeout(p, "--timeout-ms", args.timeout_ms)
+    _check_timeout(p, "--linger-ms", args.linger_ms, 0)
     try:
-        return eventloop.run(_produce(args, prog))
-    except (BiplaneError, ValueError, TypeError) as exc:
-        return _fail(prog, exc)
-    except KeyboardInterrupt:
-        return 130
+        brokers = resolve_brokers(args)
+    except NoClusterError as exc:
+        return _fail(prog, f"{exc} (for brokers: --bootstrap HOST:PORT)")
+    return _run(prog, _produce(args, prog, brokers.bootstrap), brokers.hint)
 
 
-async def _produce(args: argparse.Namespace, prog: str) -> int:
-    sent = failed = 0
-    async with Producer(bootstrap=args.bootstrap, acks=args.acks, compression=args.compression,
-                        linger_ms=args.linger_ms) as producer:
-        futures = []
-        loop = asyncio.get_running_loop()
-        sep = args.key_separator.encode() if args.key_separator is not None else None
-        lines: asyncio.Queue = asyncio.Queue(maxsize=10_000)
-        _start_stdin_reader(loop, lines)
-        while (line := await lines.get()) is not None:
-            line = line.rstrip(b"\r\n")
-            key = None
-            if sep is not None and sep in line:
-                key, line = line.split(sep, 1)
-            futures.append(await producer.send(args.topic, line, key=key, partition=args.partition))
-            if len(futures) >= 1000:
-                s, f = await _settle(futures, prog)
-                sent, failed, futures = sent + s, failed + f, []
-        s, f = await _settle(futures, prog)
-        sent, failed = sent + s, failed + f
-    print(f"{prog}: sent {sent} record(s) to {args.topic}" + (f", {failed} failed" if failed else ""), file=sys.stderr)
-    return 1 if failed else 0
+@dataclass(kw_only=True)
+class Tally:
+    sent: int = 0        # handed to the producer
+    acknowledged: int = 0
+    failed: int = 0
 
 
-def _start_stdin_reader(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue) -> None:
-    """Feed stdin's lines into `queue` from a thread (None at the end). The queue is bounded, so a
-    fast stdin waits for the producer instead of filling memory."""
-    import threading
+async def _produce(args: argparse.Namespace, prog: str, bootstrap: str) -> int:
+    tally = Tally()
+    futures: list[RecordFuture] = []
+    interrupted = failed_early = False
+
+    def settled(future: RecordFuture) -> None:
+        if future.cancelled() or future.exception() is not None:
+            tally.failed += 1
+        else:
+            tally.acknowledged += 1
+
+    # Each stage below is bounded by --timeout-ms: the first request for a producer id
+    # (max_block_ms), a request, and a record's whole delivery.
+    producer = Producer(bootstrap=bootstrap, acks=args.acks, compression=args.compression,
+                        linger_ms=args.linger_ms, max_block_ms=args.timeout_ms,
+                        request_timeout_ms=args.timeout_ms, delivery_timeout_ms=args.timeout_ms)
+    watcher: asyncio.Task | None = None
+    try:
+        async with producer:
+            watcher = asyncio.get_running_loop().create_task(_report_stalls(prog, tally, args.timeout_ms))
+            sep = args.key_separator.encode() if args.key_separator is not None else None
+            lines: asyncio.Queue[list[bytes] | None] = asyncio.Queue(maxsize=STDIN_QUEUE_CHUNKS_MAX)
+            _start_stdin_reader(asyncio.get_running_loop(), lines)
+            while (chunk := await lines.get()) is not None:
+                for line in chunk:
+                    key = None
+                    if sep is not None and sep in line:
+                        key, line = line.split(sep, 1)
+                    future = await producer.send(args.topic, line, key=key, partition=args.partition)
+                    future.add_done_callback(settled)
+                    futures.append(future)
+                    tally.sent += 1
+                if len(futures) >= 1000:
+                    await _settle(futures, prog)
+                    futures = []
+            await _settle(futures, prog)
+    except asyncio.CancelledError:
+        # Ctrl-C or SIGTERM: leaving `async with` above flushed what was read (bounded by
+        # --timeout-ms); say what became of it before the exit code says "interrupted".
+        interrupted = True
+        raise
+    except BaseException:
+        failed_early = tally.sent == 0   # then the error alone says it
+        raise
+    finally:
+        if watcher is not None:
+            watcher.cancel()
+        if not failed_early:
+            unsettled = tally.sent - tally.acknowledged - tally.failed
+            text = f"sent {tally.acknowledged} record(s) to {args.topic}"
+            text += f", {tally.failed} failed" if tally.failed else ""
+            text += f", {unsettled} not acknowledged" if unsettled else ""
+            _note(prog, text + (" (interrupted)" if interrupted else ""))
+    return 1 if tally.failed else 0
+
+
+async def _report_stalls(prog: str, tally: Tally, timeout_ms: int) -> None:
+    """Say so when records wait for acknowledgements with none coming, instead of a silence
+    that looks like a hang (a leader being elected, a broker that stopped answering)."""
+    last, stalled_s = tally.acknowledged + tally.failed, 0.0
+    while True:
+        await asyncio.sleep(STALL_NOTICE_S)
+        done = tally.acknowledged + tally.failed
+        waiting = tally.sent - done
+        if done != last or waiting == 0:
+            last, stalled_s = done, 0.0
+            continue
+        stalled_s += STALL_NOTICE_S
+        _note(prog, f"{waiting} record(s) have waited {stalled_s:.0f} s for the cluster's acknowledgement "
+                    f"(a leader election, or a broker not answering); each fails after --timeout-ms {timeout_ms}")
+
+
+def _start_stdin_reader(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[list[bytes] | None]) -> None:
+    """Feed stdin's lines, a chunk's worth at a time, into `queue` from a thread (None at the end).
+    The queue is bounded, so a fast stdin waits for the producer instead of filling memory.
+
+    The thread reads the file descriptor with os.read, not sys.stdin.buffer: a daemon thread
+    blocked in a buffered reader holds its lock, and the interpreter aborts at exit ("Fatal
+    Python error: could not acquire lock") when Ctrl-C ends the process during that read."""
+    fd = sys.stdin.fileno()
+
+    def put(item: list[bytes] | None) -> bool:
+        try:
+            asyncio.run_coroutine_threadsafe(queue.put(item), loop).result()
+            return True
+        except (RuntimeError, asyncio.CancelledError, Exception):
+            return False   # the loop is closing: the command is over
 
     def read() -> None:
-        for line in iter(sys.stdin.buffer.readline, b""):
-            asyncio.run_coroutine_threadsafe(queue.put(line), loop).result()
-        asyncio.run_coroutine_threadsafe(queue.put(None), loop).result()
+        pending = b""
+        while True:
+            try:
+                data = os.read(fd, STDIN_CHUNK_BYTES)
+            except OSError:
+                data = b""
+            if not data:
+                break
+            *complete, pending = (pending + data).split(b"\n")
+            if complete and not put([line.rstrip(b"\r") for line in complete]):
+                return
+        put([pending.rstrip(b"\r")] if pending else [])
+        put(None)
     threading.Thread(target=read, name="stdin-reader", daemon=True).start()
 
 
-async def _settle(futures: list, prog: str) -> tuple[int, int]:
+async def _settle(futures: list[RecordFuture], prog: str) -> None:
     results = await asyncio.gather(*futures, return_exceptions=True)
     errors = [r for r in results if isinstance(r, BaseException)]
     for e in errors[:3]:
-        print(f"{prog}: {e}", file=sys.stderr)
-    return len(results) - len(errors), len(errors)
+        _note(prog, str(e))
 
 
 # ------------------------------------------------------------------ consume
@@ -117,54 +261,147 @@ def format_record(record: Any, fmt: str, print_key: bool) -> str:
     return f"{_text(record.key)}\t{value}" if print_key else value
 
 
+CONSUME_EPILOG = f"""\
+When it stops: after --max-records records; or, with --max-records or --idle-timeout-ms, once
+it has read to the end of every partition it reads and nothing new came for the idle timeout
+(default {IDLE_TIMEOUT_MS_DEFAULT} ms with --max-records; 0 stops as soon as it is at the end);
+without either it follows the topic until Ctrl-C (exit 130). Starting at or past a partition's
+end is said on stderr.
+
+Offsets: the first offset of a new partition, and the first after each change of leader, holds
+the new leader's epoch-start control record (Kafka's LEADER_CHANGE control batch). Consumers
+skip control records, so a new partition's first record is at offset 1, and offsets may have
+such gaps later on.
+
+{ADDRESS_EPILOG}"""
+
+
 def consume_main(argv: list[str], prog: str) -> int:
-    p = argparse.ArgumentParser(prog=prog, description="Print TOPIC's records (committed ones: up to the high watermark).")
-    p.add_argument("topic")
-    _bootstrap_arg(p)
+    p = argparse.ArgumentParser(prog=prog, description="Print TOPIC's records (committed ones: up to the high "
+                                "watermark), one per line.", epilog=CONSUME_EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("topic", help="the topic to read")
+    _address_args(p)
     start = p.add_mutually_exclusive_group()
-    start.add_argument("--from-beginning", action="store_true", help="start at the earliest offset (default: the end)")
+    start.add_argument("--from-beginning", action="store_true",
+                       help="start at the earliest offset (default: the end, so only new records)")
     start.add_argument("--offset", type=int, help="start at this offset (in every partition read)")
-    p.add_argument("--partition", type=int, action="append", help="read only this partition (repeatable)")
-    p.add_argument("--max-records", type=int, help="stop after this many records")
-    p.add_argument("--idle-timeout-ms", type=int, help="stop when nothing arrives for this long")
-    p.add_argument("--format", default="text", choices=("text", "json"), help="text: the value per line; json: one object per line")
+    p.add_argument("--partition", type=int, action="append", help="read only this partition (repeatable; "
+                   "default: all)")
+    p.add_argument("--max-records", type=int, help="stop after this many records, or at the end (see below)")
+    p.add_argument("--idle-timeout-ms", type=int,
+                   help="stop once at the end and nothing new came for this long (default: follow forever; "
+                        f"{IDLE_TIMEOUT_MS_DEFAULT} with --max-records)")
+    p.add_argument("--timeout-ms", type=int, default=TIMEOUT_MS_DEFAULT,
+                   help=f"fail when the brokers do not answer within this long (default {TIMEOUT_MS_DEFAULT})")
+    p.add_argument("--format", default="text", choices=("text", "json"),
+                   help="text: the value per line; json: one object per line with every field")
     p.add_argument("--print-key", action="store_true", help="text format: print KEY<TAB>VALUE")
     args = p.parse_args(argv)
     if args.max_records is not None and args.max_records < 1:
         p.error(f"--max-records {args.max_records} must be at least 1")
     if args.offset is not None and args.offset < 0:
         p.error(f"--offset {args.offset} must be >= 0")
+    _check_timeout(p, "--idle-timeout-ms", args.idle_timeout_ms, 0)
+    _check_timeout(p, "--timeout-ms", args.timeout_ms)
+    if args.idle_timeout_ms is None and args.max_records is not None:
+        args.idle_timeout_ms = IDLE_TIMEOUT_MS_DEFAULT
     try:
-        return eventloop.run(_consume(args))
-    except (BiplaneError, ValueError) as exc:
-        return _fail(prog, exc)
-    except KeyboardInterrupt:
-        return 130
-    except BrokenPipeError:
-        return 0
+        brokers = resolve_brokers(args)
+    except NoClusterError as exc:
+        return _fail(prog, f"{exc} (for brokers: --bootstrap HOST:PORT)")
+    return _run(prog, _consume(args, prog, brokers.bootstrap), brokers.hint)
 
 
-async def _consume(args: argparse.Namespace) -> int:
+def _describe_start(tps: list[TopicPartition], starts: dict[TopicPartition, int],
+                    ends: dict[TopicPartition, int]) -> str | None:
+    """The stderr note for partitions that start at or past their end (None when none does)."""
+    at_end = [tp for tp in tps if starts[tp] >= ends[tp]]
+    if not at_end:
+        return None
+    shown = [f"{tp.topic}/{tp.partition} has no records from offset {starts[tp]} (end offset {ends[tp]})"
+             if starts[tp] == ends[tp] else
+             f"{tp.topic}/{tp.partition}: offset {starts[tp]} is past its end offset {ends[tp]}; reading from the end"
+             for tp in at_end[:4]]
+    if len(at_end) > 4:
+        shown.append(f"{len(at_end) - 4} more partition(s) of {tps[0].topic} are at their end")
+    return "partition " + "; ".join(shown)
+
+
+def _before(position: int | None, end: int) -> bool:
+    """Whether a partition has records past `position` (None: a seek not yet resolved)."""
+    return position is None or position < end
+
+
+async def _consume(args: argparse.Namespace, prog: str, bootstrap: str) -> int:
     count = 0
-    async with Consumer(bootstrap=args.bootstrap, from_beginning=args.from_beginning) as consumer:
+    following = args.idle_timeout_ms is None
+    async with Consumer(bootstrap=bootstrap, from_beginning=args.from_beginning,
+                        request_timeout_ms=args.timeout_ms) as consumer:
         if args.partition:
-            await consumer.assign([TopicPartition(args.topic, p) for p in args.partition])
+            tps = [TopicPartition(args.topic, p) for p in sorted(set(args.partition))]
+            await consumer.assign(tps)
         else:
-            await consumer.assign_topic(args.topic)
+            tps = sorted(await consumer.assign_topic(args.topic), key=lambda tp: tp.partition)
+        ends = await consumer.end_offsets(tps)
         if args.offset is not None:
-            for tp in consumer.assignment():
-                await consumer.seek(tp, args.offset)
-        idle_since = time.monotonic()
+            starts = {tp: args.offset for tp in tps}
+            beginnings = await consumer.beginning_offsets(tps)
+            for tp in tps:
+                # Below the log start (retention deleted it) the broker would answer out of range
+                # and the consumer reset to the end, skipping everything: start at the beginning.
+                starts[tp] = max(args.offset, beginnings[tp]) if args.offset <= ends[tp] else ends[tp]
+                await consumer.seek(tp, starts[tp])
+            offset = args.offset
+            note = _describe_start(tps, {tp: offset if offset > ends[tp] else starts[tp] for tp in tps},
+                                   ends)
+        elif args.from_beginning:
+            starts = await consumer.beginning_offsets(tps)
+            for tp in tps:
+                await consumer.seek(tp, starts[tp])
+            note = _describe_start(tps, starts, ends)
+        else:
+            starts = dict(ends)
+            for tp in tps:
+                await consumer.seek(tp, starts[tp])
+            note = None
+            _note(prog, f"reading {args.topic} from its end: only records produced from now on "
+                        "(--from-beginning for those already there)")
+        if note is not None:
+            _note(prog, note + ("; waiting for new ones" if following else
+                                f"; waiting {args.idle_timeout_ms} ms for new ones" if args.idle_timeout_ms
+                                else "; stopping (--idle-timeout-ms 0)"))
+        idle_since = progress_at = time.monotonic()
+        positions = {tp: consumer.position(tp) for tp in tps}
         while args.max_records is None or count < args.max_records:
             want = None if args.max_records is None else args.max_records - count
             records = await consumer.poll(500, max_records=want)
-            for record in records:
-                sys.stdout.write(format_record(record, args.format, args.print_key) + "\n")
-            sys.stdout.flush()
-            count += len(records)
+            now = time.monotonic()
             if records:
-                idle_since = time.monotonic()
-            elif args.idle_timeout_ms is not None and (time.monotonic() - idle_since) * 1000 >= args.idle_timeout_ms:
+                sys.stdout.write("".join(format_record(r, args.format, args.print_key) + "\n" for r in records))
+                sys.stdout.flush()
+                count += len(records)
+                idle_since = progress_at = now
+                continue
+            for tp in tps:
+                hw = consumer.highwater(tp)
+                if hw is not None:
+                    ends[tp] = hw
+            moved = {tp: consumer.position(tp) for tp in tps}
+            if moved != positions:
+                positions, progress_at = moved, now
+            behind = [tp for tp in tps if _before(positions[tp], ends[tp])]
+            if behind and (now - progress_at) * 1000 >= args.timeout_ms:
+                # The consumer retries failed fetches quietly; a partition that has records to
+                # give and gives none for this long has a leader that does not answer.
+                tp = behind[0]
+                raise ConnectionClosedError(
+                    f"partition {tp.topic}/{tp.partition} has records up to offset {ends[tp]} but none came from "
+                    f"offset {positions[tp]} within --timeout-ms {args.timeout_ms}: its leader does not answer")
+            if not following and not behind and (now - idle_since) * 1000 >= args.idle_timeout_ms:
+                if args.max_records is not None:
+                    _note(prog, f"read {count} of --max-records {args.max_records}: at the end of {args.topic} "
+                                f"and nothing new for {args.idle_timeout_ms} ms (--idle-timeout-ms)")
                 break
     return 0
 
@@ -204,35 +441,51 @@ class Progress:
 
 def bench_main(argv: list[str], prog: str) -> int:
     p = argparse.ArgumentParser(prog=prog, description="Load generator: produce (then consume) and print "
-                                "records/s, MB/s and send-to-ack latency percentiles.")
-    _bootstrap_arg(p)
+                                "records/s, MB/s and send-to-ack latency percentiles.", epilog=ADDRESS_EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    _address_args(p)
     p.add_argument("--topic", default="bench", help="default bench; created if missing")
-    p.add_argument("--records", type=int, default=50_000)
+    p.add_argument("--records", type=int, default=50_000, help="how many records to produce (default 50000)")
     p.add_argument("--record-size", type=int, default=1024, help="value bytes per record (default 1024)")
-    p.add_argument("--acks", default="all", choices=("0", "1", "all"))
+    p.add_argument("--acks", default="all", choices=("0", "1", "all"), help="the producer's acks (default all)")
     p.add_argument("--partitions", type=int, default=3, help="when creating the topic (default 3)")
     p.add_argument("--replication-factor", type=int, default=3, help="when creating the topic (default 3)")
-    p.add_argument("--batch-size-bytes", type=int, default=None, help="(producer default)")
-    p.add_argument("--in-flight", type=int, default=None, help="batches in flight per partition (producer default)")
-    p.add_argument("--linger-ms", type=int, default=None, help="(producer default)")
-    p.add_argument("--buffer-memory-bytes", type=int, default=None, help="(producer default)")
-    p.add_argument("--compression", default="none", choices=("none", "gzip", "snappy", "lz4", "zstd"))
+    p.add_argument("--batch-size-bytes", type=int, default=None,
+                   help="the largest batch (default: the producer's, 1048576)")
+    p.add_argument("--in-flight", type=int, default=None,
+                   help="batches in flight per partition (default: the producer's, 5)")
+    p.add_argument("--linger-ms", type=int, default=None,
+                   help="how long a batch waits for more records (default: the producer's, 5)")
+    p.add_argument("--buffer-memory-bytes", type=int, default=None,
+                   help="bytes queued and in flight before send() waits (default: the producer's, 33554432)")
+    p.add_argument("--compression", default="none", choices=("none", "gzip", "snappy", "lz4", "zstd"),
+                   help="compress batches with this codec (default none)")
     p.add_argument("--rate", type=float, help="send at most this many records/s (default: as fast as possible)")
     p.add_argument("--no-consume", action="store_true", help="skip the consumer phase")
     p.add_argument("--json", action="store_true", help="print the results as one JSON object")
     p.add_argument("--controller", help="admin API URL(s) for creating the topic (default: the `biplane up` cluster)")
-    p.add_argument("--token", default=os.environ.get("BIPLANE_ADMIN_TOKEN"))
+    p.add_argument("--token", default=os.environ.get("BIPLANE_ADMIN_TOKEN"),
+                   help="admin bearer token (env BIPLANE_ADMIN_TOKEN; default: the `biplane up` cluster's)")
     args = p.parse_args(argv)
     if args.records < 1 or args.record_size < 0:
         p.error("--records must be >= 1 and --record-size >= 0")
     if args.rate is not None and args.rate <= 0:
         p.error(f"--rate {args.rate} must be positive")
     try:
-        result = eventloop.run(_bench(args))
+        brokers = resolve_brokers(args)
+        if args.controller is None and (args.data_dir or not os.environ.get("BIPLANE_CONTROLLER")):
+            from dataplane.client.discovery import default_admin
+            urls, token = default_admin(args.data_dir)
+            args.controller, args.token = ",".join(urls), args.token or token
+    except NoClusterError as exc:
+        return _fail(prog, f"{exc} (or --bootstrap HOST:PORT and --controller URL)")
+    args.bootstrap = brokers.bootstrap
+    try:
+        result = cli_exit.run_async(_bench(args))
+    except (NoBrokersError, ConnectionClosedError) as exc:
+        return _fail(prog, f"{exc}{brokers.hint}")
     except (BiplaneError, ValueError) as exc:
         return _fail(prog, exc)
-    except KeyboardInterrupt:
-        return 130
     if args.json:
         print(json.dumps(result, sort_keys=True))
     else:

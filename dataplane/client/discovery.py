@@ -1,5 +1,9 @@
-"""Finding a local cluster started by `biplane up`: ./.biplane/cluster.json, then the
-file (or directory holding it) named by the BIPLANE_CLUSTER environment variable."""
+"""Finding a local cluster started by `biplane up` through its cluster.json.
+
+Where to look, first match wins: a data directory the caller names (the CLI's --data-dir);
+else the file, or the directory holding it, named by the BIPLANE_CLUSTER environment variable;
+else ./.biplane/cluster.json. A place named explicitly that holds no cluster is an error, not a
+reason to fall back to ./.biplane: that would talk to another cluster than the one asked for."""
 from __future__ import annotations
 
 import json
@@ -11,34 +15,62 @@ from common.errors import NoClusterError
 
 CLUSTER_FILE = "cluster.json"
 DEFAULT_DATA_DIR = ".biplane"
+CLUSTER_ENV = "BIPLANE_CLUSTER"
 
 
-def cluster_file_candidates() -> list[Path]:
-    out = [Path.cwd() / DEFAULT_DATA_DIR / CLUSTER_FILE]
-    env = os.environ.get("BIPLANE_CLUSTER")
+def cluster_file_of(path: str | Path) -> Path:
+    """cluster.json inside a data directory, or the path itself when it names a .json file."""
+    path = Path(path)
+    return path if path.suffix == ".json" and not path.is_dir() else path / CLUSTER_FILE
+
+
+def cluster_file_source(data_dir: str | Path | None = None) -> tuple[Path, str]:
+    """The cluster file to read and how it was chosen (for messages)."""
+    if data_dir is not None:
+        return cluster_file_of(data_dir), f"--data-dir {data_dir}"
+    env = os.environ.get(CLUSTER_ENV)
     if env:
-        path = Path(env)
-        out.append(path / CLUSTER_FILE if path.is_dir() else path)
-    return out
+        return cluster_file_of(env), f"{CLUSTER_ENV}={env}"
+    return Path.cwd() / DEFAULT_DATA_DIR / CLUSTER_FILE, f"./{DEFAULT_DATA_DIR}"
 
 
-def load_cluster_file() -> dict[str, Any]:
-    for path in cluster_file_candidates():
-        if path.is_file():
-            try:
-                return json.loads(path.read_text())
-            except ValueError as exc:
-                raise NoClusterError(f"{path} is not valid JSON ({exc}); remove it or run `biplane up` again") from None
-    tried = ", ".join(str(p) for p in cluster_file_candidates())
-    raise NoClusterError(f"no cluster address given and no cluster file found (looked at {tried}); "
-                         "start one with `scripts/up` (or `biplane up`), or pass the address explicitly")
+def default_data_dir() -> Path:
+    """The data directory `biplane up`/`down`/`stop` use without --data-dir: BIPLANE_CLUSTER's,
+    else ./.biplane."""
+    return cluster_file_source()[0].parent
 
 
-def default_bootstrap() -> str:
-    doc = load_cluster_file()
+def cluster_file_candidates(data_dir: str | Path | None = None) -> list[Path]:
+    return [cluster_file_source(data_dir)[0]]
+
+
+def load_cluster_file(data_dir: str | Path | None = None) -> dict[str, Any]:
+    path, source = cluster_file_source(data_dir)
+    if not path.is_file():
+        if data_dir is None and not os.environ.get(CLUSTER_ENV):
+            raise NoClusterError(
+                f"no cluster address given and no {DEFAULT_DATA_DIR}/{CLUSTER_FILE} here ({path}); start a cluster "
+                f"with `scripts/up` or `biplane up`, or name a running one with --data-dir DIR or {CLUSTER_ENV}=DIR")
+        raise NoClusterError(
+            f"no cluster file at {path} (from {source}); is that the --data-dir `biplane up` was given? "
+            f"Start a cluster there with `biplane up --data-dir {path.parent}`")
+    try:
+        doc = json.loads(path.read_text())
+    except ValueError as exc:
+        raise NoClusterError(f"{path} is not valid JSON ({exc}); remove it or run `biplane up` again") from None
+    except OSError as exc:
+        raise NoClusterError(f"cannot read {path}: {exc}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("brokers"), dict) \
+            or not isinstance(doc.get("controllers"), dict):
+        raise NoClusterError(f"{path} is not a cluster file of `biplane up` (no brokers and controllers in it)")
+    return doc
+
+
+def default_bootstrap(data_dir: str | Path | None = None) -> str:
+    doc = load_cluster_file(data_dir)
     return ",".join(doc["brokers"][k]["address"] for k in sorted(doc["brokers"], key=int))
 
 
-def default_admin() -> tuple[list[str], str]:
-    doc = load_cluster_file()
+def default_admin(data_dir: str | Path | None = None) -> tuple[list[str], str]:
+    doc = load_cluster_file(data_dir)
     return [c["api_url"] for _, c in sorted(doc["controllers"].items(), key=lambda kv: int(kv[0]))], doc["admin_token"]

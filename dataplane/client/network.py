@@ -48,6 +48,20 @@ def check_metadata_max_age_ms(value: Any) -> int:
     return value
 
 
+def broker_label(broker: int | tuple[str, int], address: tuple[str, int] | None) -> str:
+    """"broker 2 at 127.0.0.1:9092", or "127.0.0.1:9092" for a bootstrap address (no id known)."""
+    where = f"{address[0]}:{address[1]}" if address is not None else "an unknown address"
+    return where if isinstance(broker, tuple) else f"broker {broker} at {where}"
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused (nothing listens there)"
+    if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
+        return "no answer to the connection attempt"
+    return str(exc) or type(exc).__name__
+
+
 class Network:
     def __init__(self, bootstrap: list[tuple[str, int]], *, connect_timeout_ms: int = 5_000,
                  request_timeout_ms: int = 30_000, metadata_min_interval_ms: int = 50,
@@ -71,6 +85,9 @@ class Network:
     def address(self, broker_id: int) -> tuple[str, int] | None:
         return self.metadata.brokers.get(broker_id)
 
+    def _address_of(self, broker: int | tuple[str, int]) -> tuple[str, int] | None:
+        return broker if isinstance(broker, tuple) else self.address(broker)
+
     async def client(self, broker: int | tuple[str, int], purpose: str = "main") -> WireClient:
         key = (broker, purpose)
         existing = self._clients.get(key)
@@ -90,8 +107,7 @@ class Network:
             fut.set_result(client)
             return client
         except (OSError, asyncio.TimeoutError) as exc:
-            err = ConnectionClosedError(f"cannot connect to broker {broker} at {address[0]}:{address[1]}: "
-                                        f"{exc or type(exc).__name__}")
+            err = ConnectionClosedError(f"cannot connect to {broker_label(broker, address)}: {_reason(exc)}")
             fut.set_exception(err)
             fut.exception()  # retrieved: waiters get it through shield
             raise err from None
@@ -109,7 +125,7 @@ class Network:
                 return await client.request(message)
         except TimeoutError:
             await self.drop(broker, purpose)
-            raise ConnectionClosedError(f"request to broker {broker} timed out after "
+            raise ConnectionClosedError(f"request to {broker_label(broker, self._address_of(broker))} timed out after "
                                         f"{timeout_ms or self.request_timeout_ms} ms", code=ErrorCode.REQUEST_TIMED_OUT)
 
     async def send_only(self, broker: int, message: Any, *, purpose: str = "main") -> None:

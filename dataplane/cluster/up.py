@@ -40,6 +40,7 @@ from common.logs import LOG_FORMAT
 from dataplane.cluster.control import KINDS, Command, ControlError, ControlServer, Reply, send_command
 from dataplane.cluster.state import (CLUSTER_FILE, new_secret, pid_alive, proc_start_ticks, read_state, same_process,
                                      write_state)
+from dataplane.client.discovery import CLUSTER_ENV, cluster_file_source, default_data_dir
 from dataplane.cluster.supervision import (BACKOFF_INITIAL_S, BACKOFF_MAX_S, BACKOFF_STABLE_S, STOP_WAIT_S, Backoff,
                                            ChildView, CommandError, Kill, Note, Phase, Start, Supervision, Terminate)
 
@@ -433,10 +434,25 @@ def biplane_command() -> str:
     return "biplane"
 
 
+def data_dir_flag(data_dir: Path) -> str:
+    """` --data-dir DIR` for the commands we print, unless the CLI finds this cluster without it
+    (DIR is ./.biplane, or what BIPLANE_CLUSTER names): a printed command must work as printed."""
+    import shlex
+    if cluster_file_source()[0].parent.resolve() == data_dir.resolve():
+        return ""
+    return f" --data-dir {shlex.quote(shown_path(data_dir))}"
+
+
+def shown_path(data_dir: Path) -> str:
+    rel = os.path.relpath(data_dir)
+    return str(data_dir) if rel.startswith("..") else rel
+
+
 def banner(state: dict[str, Any], data_dir: Path) -> str:
-    shown = os.path.relpath(data_dir) if not os.path.relpath(data_dir).startswith("..") else str(data_dir)
+    shown = shown_path(data_dir)
     brokers = ",".join(b["address"] for b in state["brokers"].values())
     cmd = biplane_command()
+    flag = data_dir_flag(data_dir)
     lines = [f"Biplane is up: {len(state['controllers'])} controller(s), {len(state['brokers'])} broker(s); "
              f"data in {shown}",
              f"  controllers  {', '.join(c['api_url'] for c in state['controllers'].values())}",
@@ -444,21 +460,27 @@ def banner(state: dict[str, Any], data_dir: Path) -> str:
              f"  Kafka API    {','.join(b['kafka_address'] for b in state['brokers'].values())} "
              "(bootstrap.servers for Kafka clients)",
              f"  admin token  {state['admin_token']}",
-             f"  cluster file {os.path.join(shown, CLUSTER_FILE)} (the CLI and SDK use it when no address is given)",
+             f"  cluster file {os.path.join(shown, CLUSTER_FILE)} (the CLI and SDK use it when no address is given"
+             + (f"; elsewhere give --data-dir {shown}, or export {CLUSTER_ENV}={shown}" if flag else "") + ")",
              "Try it:",
              f"  {cmd} topic create events --partitions 3 --replication-factor "
-             f"{min(3, len(state['brokers']))} && echo hello | {cmd} produce events "
-             f"&& {cmd} consume events --from-beginning --max-records 1"]
+             f"{min(3, len(state['brokers']))}{flag} && echo hello | {cmd} produce events{flag} "
+             f"&& {cmd} consume events --from-beginning --max-records 1{flag}"]
     return "\n".join(lines)
 
 
 # ------------------------------------------------------------------ commands
 
+def resolve_data_dir(given: str | None) -> Path:
+    return Path(given).resolve() if given else default_data_dir().resolve()
+
+
 def build_parser(prog: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description="Start a local Biplane cluster on loopback.")
     p.add_argument("--controllers", type=int, help="controller quorum size: 1, 3 or 5 (default 3, or as before)")
     p.add_argument("--brokers", type=int, help="number of brokers (default 3, or as before)")
-    p.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help="where data, logs and cluster.json live (default ./.biplane)")
+    p.add_argument("--data-dir", help="where data, logs and cluster.json live (default: the directory "
+                   f"${CLUSTER_ENV} names if set, else ./.biplane)")
     p.add_argument("--detach", action="store_true", help="run in the background; stop it with `biplane down`")
     p.add_argument("--auto-create-topics", action=argparse.BooleanOptionalAction, default=None,
                    help="brokers create a topic a Kafka client asks for by name when it does not exist "
@@ -611,7 +633,7 @@ def create_topics(state: dict[str, Any], topics: list[tuple[str, int, int]]) -> 
 
 def main(argv: list[str], prog: str) -> int:
     args = build_parser(prog).parse_args(argv)
-    data_dir = Path(args.data_dir).resolve()
+    data_dir = resolve_data_dir(args.data_dir)
     try:
         if args.detach:
             return detach(args, argv, data_dir)
@@ -648,7 +670,7 @@ def detach(args: argparse.Namespace, argv: list[str], data_dir: Path) -> int:
                 and state.get("started_at", 0) >= started - 1):
             print(banner(state, data_dir))
             print(f"Running in the background (pid {proc.pid}); stop it with `{biplane_command()} down"
-                  f"{'' if args.data_dir == DEFAULT_DATA_DIR else ' --data-dir ' + args.data_dir}`.")
+                  f"{data_dir_flag(data_dir)}`.")
             return 0
         time.sleep(0.2)
     os.kill(proc.pid, signal.SIGTERM)
@@ -952,9 +974,10 @@ def down_main(argv: list[str], prog: str) -> int:
     p = argparse.ArgumentParser(prog=prog, description="Stop a local cluster started by `biplane up`: its "
                                 "supervisor first (so nothing is restarted), then every broker and controller "
                                 "the cluster file records.")
-    p.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help="the cluster's data directory (default ./.biplane)")
+    p.add_argument("--data-dir", help="the cluster's data directory (default: the directory "
+                   f"${CLUSTER_ENV} names if set, else ./.biplane)")
     args = p.parse_args(argv)
-    data_dir = Path(args.data_dir).resolve()
+    data_dir = resolve_data_dir(args.data_dir)
     state = read_state(data_dir) if data_dir.exists() else None
     if state is None:
         print(f"{prog}: no cluster in {data_dir} (no {CLUSTER_FILE}); give the cluster's --data-dir", file=sys.stderr)
@@ -1014,9 +1037,10 @@ def child_command(verb: str, argv: list[str], prog: str) -> int:
     p = argparse.ArgumentParser(prog=prog, description=what)
     p.add_argument("kind", choices=KINDS, help="broker or controller")
     p.add_argument("node_id", metavar="ID", help="the broker id or controller node id")
-    p.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help="the cluster's data directory (default ./.biplane)")
+    p.add_argument("--data-dir", help="the cluster's data directory (default: the directory "
+                   f"${CLUSTER_ENV} names if set, else ./.biplane)")
     args = p.parse_args(argv)
-    data_dir = Path(args.data_dir).resolve()
+    data_dir = resolve_data_dir(args.data_dir)
     try:
         reply = _send_child_command(verb, args.kind, args.node_id, data_dir)
     except UpError as exc:

@@ -1,0 +1,330 @@
+"""The `biplane` CLI as a user meets it, in subprocesses: Ctrl-C and SIGTERM end a command
+cleanly, a closed stdout ends it quietly, an unreachable controller or broker is named within
+the timeout with what to do, `--data-dir` and BIPLANE_CLUSTER find a cluster outside
+./.biplane (the banner's "Try it" line works as printed), `consume --max-records` stops at the
+end, and example.py runs as the README shows it.
+
+One `biplane up --detach` cluster (1 controller, 3 brokers, in a temporary directory, so never
+./.biplane) serves the whole module; the unreachable cases need none."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+
+pytestmark = pytest.mark.slow
+
+
+def env_without_cluster(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("BIPLANE_CLUSTER", "BIPLANE_BOOTSTRAP", "BIPLANE_CONTROLLER", "BIPLANE_ADMIN_TOKEN")}
+    env["PYTHONPATH"] = str(REPO)
+    env.update(extra)
+    return env
+
+
+def biplane(*args: str, cwd: Path, stdin: str | None = None, timeout_s: float = 60,
+            **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([PYTHON, "-m", "common.cli", *args], cwd=cwd, input=stdin, capture_output=True,
+                          text=True, timeout=timeout_s, env=env_without_cluster(**env))
+
+
+def assert_clean(stderr: str) -> None:
+    assert "Traceback" not in stderr and "Fatal Python error" not in stderr, stderr
+
+
+class UpCluster:
+    def __init__(self, data_dir: Path, banner: str, elsewhere: Path) -> None:
+        self.data_dir = data_dir
+        self.banner = banner
+        self.elsewhere = elsewhere   # a directory without .biplane, to run commands from
+
+    def cli(self, *args: str, stdin: str | None = None, timeout_s: float = 60) -> subprocess.CompletedProcess:
+        return biplane(*args, "--data-dir", str(self.data_dir), cwd=self.elsewhere, stdin=stdin, timeout_s=timeout_s)
+
+    def end_offset(self, topic: str, partition: int) -> int:
+        from dataplane.client.records import TopicPartition
+        from dataplane.client.sync import Consumer
+        tp = TopicPartition(topic, partition)
+        with Consumer(bootstrap=self.bootstrap()) as consumer:
+            return consumer.end_offsets([tp])[tp]
+
+    def bootstrap(self) -> str:
+        state = json.loads((self.data_dir / "cluster.json").read_text())
+        return ",".join(b["address"] for b in state["brokers"].values())
+
+
+@pytest.fixture(scope="module")
+def up(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli")
+    data_dir, elsewhere = root / "cluster", root / "elsewhere"
+    elsewhere.mkdir()
+    r = biplane("up", "--detach", "--data-dir", str(data_dir), "--controllers", "1", "--brokers", "3",
+                cwd=REPO, timeout_s=150)
+    assert r.returncode == 0, r.stdout + r.stderr
+    try:
+        yield UpCluster(data_dir, r.stdout, elsewhere)
+    finally:
+        down = biplane("down", "--data-dir", str(data_dir), cwd=REPO, timeout_s=90)
+        assert down.returncode == 0, down.stdout + down.stderr
+
+
+def create_topic(up: UpCluster, name: str, partitions: int = 1) -> None:
+    r = up.cli("topic", "create", name, "--partitions", str(partitions), "--replication-factor", "3")
+    assert r.returncode == 0, r.stderr
+
+
+# ---------------------------------------------------------------- discovery
+
+def test_the_banners_try_it_line_works_as_printed(up):
+    """`biplane up --data-dir DIR` prints "Try it" commands carrying `--data-dir DIR`; run as
+    printed from the checkout (which has no such cluster in ./.biplane) they create, produce and
+    read back a record."""
+    line = next(l for l in up.banner.splitlines() if "topic create events" in l).strip()
+    assert line.count("--data-dir") == 3, line
+    r = subprocess.run(line, shell=True, cwd=REPO, capture_output=True, text=True, timeout=90,
+                       env=env_without_cluster())
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.splitlines()[-1] == "hello", r.stdout + r.stderr
+    assert "stop it with" in up.banner and f"down --data-dir {up.data_dir}" in up.banner
+
+
+def test_banner_names_the_data_dir_only_where_the_cli_would_not_find_it(tmp_path, monkeypatch):
+    from dataplane.cluster.up import banner
+    state = {"controllers": {"1": {"api_url": "http://127.0.0.1:1"}},
+             "brokers": {"1": {"address": "127.0.0.1:2", "kafka_address": "127.0.0.1:3"}}, "admin_token": "t"}
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("BIPLANE_CLUSTER", raising=False)
+    assert "--data-dir" not in banner(state, tmp_path / ".biplane")
+    assert "produce events --data-dir other" in banner(state, tmp_path / "other")
+    monkeypatch.setenv("BIPLANE_CLUSTER", str(tmp_path / "other"))
+    assert "--data-dir" not in banner(state, tmp_path / "other")
+    assert "--data-dir .biplane" in banner(state, tmp_path / ".biplane")
+
+
+def test_admin_and_data_commands_follow_data_dir_and_biplane_cluster(up):
+    """The same cluster through --data-dir and through BIPLANE_CLUSTER (its directory or its
+    cluster.json), from a directory without ./.biplane; with neither, the error names where it
+    looked and what to do."""
+    create_topic(up, "found")
+    r = up.cli("produce", "found", stdin="x\n")
+    assert r.returncode == 0 and "sent 1 record(s)" in r.stderr, r.stderr
+    for where in (str(up.data_dir), str(up.data_dir / "cluster.json")):
+        r = biplane("topic", "list", cwd=up.elsewhere, BIPLANE_CLUSTER=where)
+        assert r.returncode == 0 and "found" in r.stdout, r.stderr
+        r = biplane("consume", "found", "--from-beginning", "--max-records", "1", cwd=up.elsewhere,
+                    BIPLANE_CLUSTER=where)
+        assert r.returncode == 0 and r.stdout == "x\n", r.stderr
+    r = biplane("topic", "list", cwd=up.elsewhere)
+    assert r.returncode == 1 and ".biplane/cluster.json" in r.stderr and "--data-dir" in r.stderr, r.stderr
+    r = biplane("consume", "found", cwd=up.elsewhere, BIPLANE_CLUSTER=str(up.elsewhere / "nothing"))
+    assert r.returncode == 1 and "BIPLANE_CLUSTER=" in r.stderr and "biplane up --data-dir" in r.stderr, r.stderr
+    assert_clean(r.stderr)
+
+
+# ---------------------------------------------------------------- consume
+
+def test_consume_max_records_stops_at_the_end_and_says_where_it_starts(up):
+    """--max-records N with fewer records: it stops once at the end and idle for
+    --idle-timeout-ms, saying how many it read; a start at or past the end is said on stderr;
+    offset 0 of a new partition is the leader's control record, so the first record is at 1."""
+    create_topic(up, "few")
+    r = up.cli("produce", "few", stdin="a\nb\nc\n")
+    assert r.returncode == 0, r.stderr
+    t0 = time.monotonic()
+    r = up.cli("consume", "few", "--from-beginning", "--max-records", "10", "--idle-timeout-ms", "500",
+               "--format", "json")
+    assert r.returncode == 0, r.stderr
+    docs = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [(d["offset"], d["value"]) for d in docs] == [(1, "a"), (2, "b"), (3, "c")]
+    assert "read 3 of --max-records 10" in r.stderr and time.monotonic() - t0 < 15, r.stderr
+    r = up.cli("consume", "few", "--offset", "4", "--max-records", "1", "--idle-timeout-ms", "0")
+    assert r.returncode == 0 and r.stdout == "", r.stderr
+    assert "partition few/0 has no records from offset 4 (end offset 4)" in r.stderr, r.stderr
+    r = up.cli("consume", "few", "--offset", "9", "--idle-timeout-ms", "0")
+    assert r.returncode == 0 and "offset 9 is past its end offset 4" in r.stderr, r.stderr
+    help_text = up.cli("consume", "--help").stdout
+    assert "control record" in help_text and "--idle-timeout-ms" in help_text
+
+
+# ---------------------------------------------------------------- signals and pipes
+
+def test_ctrl_c_and_sigterm_end_produce_and_consume_cleanly(up, silent_port):
+    """SIGINT or SIGTERM to a produce reading an open stdin, to a following consume, or to an
+    admin command waiting on a controller: exit 130 or 143, no traceback and no 'Fatal Python
+    error'; the produce first delivers what it read."""
+    create_topic(up, "signals")
+    runs = []
+    for command, signum in (("produce", signal.SIGINT), ("produce", signal.SIGTERM),
+                            ("consume", signal.SIGINT), ("consume", signal.SIGTERM),
+                            ("topic", signal.SIGINT), ("topic", signal.SIGTERM)):
+        args = ["list", "--controller", f"127.0.0.1:{silent_port}"] if command == "topic" else \
+            ["signals", "--data-dir", str(up.data_dir)]
+        proc = subprocess.Popen([PYTHON, "-m", "common.cli", command, *args],
+                                cwd=up.elsewhere, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, env=env_without_cluster())
+        if command == "produce":
+            assert proc.stdin is not None
+            proc.stdin.write(b"one\ntwo\n")
+            proc.stdin.flush()   # and left open: an interactive user who has not pressed Ctrl-D
+        runs.append((command, signum, proc))
+    deadline = time.monotonic() + 30
+    while up.end_offset("signals", 0) < 1 + 4 and time.monotonic() < deadline:
+        time.sleep(0.2)   # both producers' records are in: they are running and waiting on stdin
+    time.sleep(1.0)       # the consumers are past their start-up too
+    for _, signum, proc in runs:
+        proc.send_signal(signum)
+    for command, signum, proc in runs:
+        _, err = proc.communicate(timeout=30)
+        text = err.decode()
+        assert proc.returncode == 128 + signum, (command, signum, proc.returncode, text)
+        assert_clean(text)
+        if command == "produce":
+            assert "sent 2 record(s) to signals (interrupted)" in text, text
+
+
+def test_a_closed_stdout_ends_a_command_quietly(up):
+    """`consume | head -1` following a topic, whose next write after head is gone fails, and
+    `topic list` into a reader that is gone: exit 141 (a shell's code for SIGPIPE), nothing on
+    stderr. `topic list | head -1` (which may or may not outlive head) prints no error either."""
+    create_topic(up, "piped")
+    r = up.cli("produce", "piped", stdin="first\nsecond\n")
+    assert r.returncode == 0, r.stderr
+    base = [PYTHON, "-m", "common.cli"]
+    consume = " ".join(base + ["consume", "piped", "--from-beginning", "--data-dir", str(up.data_dir)])
+    pipeline = subprocess.Popen(f"{consume} | head -1; echo \"rc=${{PIPESTATUS[0]}}\"", shell=True,
+                                executable="/bin/bash", cwd=up.elsewhere, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=env_without_cluster())
+    assert pipeline.stdout is not None
+    assert pipeline.stdout.readline() == "first\n"   # head printed it and is gone
+    r = up.cli("produce", "piped", stdin="third\n")  # the consumer's next write finds no reader
+    assert r.returncode == 0, r.stderr
+    out, err = pipeline.communicate(timeout=30)
+    assert out.strip() == "rc=141" and err == "", (out, err)
+    for reader, codes in (("true", {"141"}), ("head -1", {"0", "141"})):
+        cmd = " ".join(base + ["topic", "list", "--data-dir", str(up.data_dir)])
+        r = subprocess.run(f"{cmd} | {reader}; echo \"rc=${{PIPESTATUS[0]}}\"", shell=True, executable="/bin/bash",
+                           cwd=up.elsewhere, capture_output=True, text=True, timeout=60, env=env_without_cluster())
+        assert r.stdout.strip().splitlines()[-1][3:] in codes and r.stderr == "", (reader, r.stdout, r.stderr)
+
+
+# ---------------------------------------------------------------- unreachable peers
+
+@pytest.fixture
+def silent_port():
+    """A port that accepts connections (the kernel's backlog does) and never answers."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(64)
+        yield s.getsockname()[1]
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_unreachable_controller_and_brokers_are_named_within_the_timeout(silent_port, tmp_path):
+    """A controller or broker that does not answer (--timeout-ms 1000) or refuses: exit 1 with
+    one line naming the address and what to do, within the timeout plus start-up, never a long
+    silence; no traceback."""
+    cases = [
+        (["topic", "list", "--controller", f"127.0.0.1:{silent_port}"], "no answer within 1000 ms"),
+        (["produce", "t", "--bootstrap", f"127.0.0.1:{silent_port}"], "timed out after 1000 ms"),
+        (["consume", "t", "--bootstrap", f"127.0.0.1:{silent_port}"], "timed out after 1000 ms"),
+        (["cluster", "status", "--controller", f"127.0.0.1:{closed_port()}"], "connection refused"),
+        (["produce", "t", "--bootstrap", f"127.0.0.1:{closed_port()}"], "connection refused"),
+    ]
+    started = []
+    for args, _ in cases:
+        proc = subprocess.Popen([PYTHON, "-m", "common.cli", *args, "--timeout-ms", "1000"], cwd=tmp_path,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=env_without_cluster())
+        started.append((time.monotonic(), proc))
+    for (args, expected), (t0, proc) in zip(cases, started):
+        _, err = proc.communicate("x\n", timeout=30)
+        elapsed_s = time.monotonic() - t0
+        port = re.search(r"127\.0\.0\.1:(\d+)", " ".join(args))
+        assert port is not None
+        assert proc.returncode == 1, (args, err)
+        assert f"127.0.0.1:{port.group(1)}" in err and expected in err and "biplane up" in err, (args, err)
+        assert len(err.strip().splitlines()) == 1, (args, err)
+        assert elapsed_s < 10, (args, elapsed_s)   # 1 s timeout; the rest is a loaded machine's start-up
+        assert_clean(err)
+
+
+# ---------------------------------------------------------------- help and the example
+
+def _parsers(main, prog: str, argv: list[str], monkeypatch) -> list[argparse.ArgumentParser]:
+    """The parser a command's main builds, and its subcommands' parsers."""
+    seen: list[argparse.ArgumentParser] = []
+
+    def capture(self, args=None, namespace=None):
+        seen.append(self)
+        raise SystemExit(0)
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", capture)
+    with pytest.raises(SystemExit):
+        main(argv, prog)
+    monkeypatch.undo()
+    out = list(seen)
+    for parser in seen:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                out += list(action.choices.values())
+    return out
+
+
+def test_every_flag_of_the_user_commands_has_help(monkeypatch):
+    from common.cli import COMMANDS
+    import importlib
+    users = ["topic", "cluster", "reassign", "elect", "snapshot", "produce", "consume", "bench", "down", "stop",
+             "start", "restart", "up"]
+    missing = []
+    for name in users:
+        module_name, function_name = COMMANDS[name][0].split(":")
+        main = getattr(importlib.import_module(module_name), function_name)
+        for parser in _parsers(main, f"biplane {name}", ["x"], monkeypatch):
+            for action in parser._actions:
+                if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
+                    continue
+                if not action.help:
+                    missing.append(f"{parser.prog} {'/'.join(action.option_strings) or action.dest}")
+    assert not missing, missing
+
+
+def test_topic_create_help_lists_every_config_key(capsys):
+    from common.metadata.config import VALID_KEYS
+    from controller.admin_cli import topic_main
+    with pytest.raises(SystemExit):
+        topic_main(["create", "--help"], "biplane topic")
+    text = capsys.readouterr().out
+    missing = [key for key in VALID_KEYS if not re.search(rf"^  {key}\s+default ", text, re.M)]
+    assert not missing, text
+
+
+def test_the_readme_shows_example_py_as_it_is():
+    text = (REPO / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert blocks and blocks[0] == (REPO / "example.py").read_text()
+
+
+def test_example_py_runs_against_the_cluster_biplane_cluster_names(up):
+    """example.py (created topic, acks=all send, read back from its offset), finding the cluster
+    through BIPLANE_CLUSTER from another directory, as a user of a non-default --data-dir would."""
+    r = subprocess.run([PYTHON, str(REPO / "example.py")], cwd=up.elsewhere, capture_output=True, text=True,
+                       timeout=60, env=env_without_cluster(BIPLANE_CLUSTER=str(up.data_dir)))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "RecordMetadata(topic='events'" in r.stdout and "[b'hello']" in r.stdout, r.stdout + r.stderr
