@@ -257,12 +257,12 @@ class IoThrottle:
         self.slept_s = 0.0
 
     def __call__(self, moved_bytes: int) -> None:
-        self._bytes += moved_bytes
         now = self._clock()
+        if self._bytes / self.bytes_per_second - (now - self._start) < -1.0:
+            # Idle time is not banked beyond a second: a burst after a pause stays throttled.
+            self._start, self._bytes = now, 0
+        self._bytes += moved_bytes
         ahead_s = self._bytes / self.bytes_per_second - (now - self._start)
         if ahead_s > 0:
             self._sleep(ahead_s)
             self.slept_s += ahead_s
-        elif ahead_s < -1.0:
-            # Idle time is not banked beyond a second: a burst after a pause stays throttled.
-            self._start, self._bytes = now, 0

@@ -171,6 +171,11 @@ class PartitionLog:
                 break
         for segment in self._segments[:-1]:
             segment.sealed = True
+            if not os.path.exists(segment.index_path):
+                # A swap finished above removed them; load() rebuilt them in memory.
+                segment.save_indexes()
+                segment.fsync()
+                self._dir_dirty = True
         self._load_epoch_cache(recovered, clean, trusted_epoch=trusted_epoch)
         if not clean:
             for segment in self._segments[first_to_recover:]:
