@@ -335,3 +335,52 @@ def test_a_segment_truncated_while_it_was_cleaned_is_left_alone(tmp_path):
 def test_build_batch_helper_is_plain():
     # A keyless batch reads back keyless: the cleaner keeps such records.
     assert read_records(build_batch([b"x"], timestamp_ms=1))[0].key is None
+
+
+# ---------------------------------------------------------------- admission and replication
+
+
+def test_a_keyless_record_is_refused_at_produce_on_a_compacted_topic_only():
+    """Claim (admission.py): with keys_required (cleanup_policy has compact) a batch holding
+    any record without a key is refused INVALID_RECORD, saying which and why, and nothing is
+    appended; keyed records pass; a delete-policy topic takes keyless ones."""
+    from dataplane.replica.events import ProduceRequest
+    from test_replica_core import cluster, config
+
+    nodes = cluster(config(keys_required=True))
+    leader = nodes[1]
+    end = leader.log.log_end_offset
+    mixed = keyed([(b"k", b"v"), (None, b"no key")])
+    leader.step(ProduceRequest(request_id=1, records=mixed, acks=1, timeout_ms=1000))
+    refused = leader.released()[1]
+    assert refused.error.name == "INVALID_RECORD" and refused.error.value == 87
+    assert "has no key" in refused.reason and "compacted" in refused.reason
+    assert leader.log.log_end_offset == end
+    leader.step(ProduceRequest(request_id=2, records=keyed([(b"k", b"v")]), acks=1, timeout_ms=1000))
+    assert leader.log.log_end_offset == end + 1
+    plain = cluster(config())[1]
+    plain.step(ProduceRequest(request_id=3, records=mixed, acks=1, timeout_ms=1000))
+    assert plain.log.log_end_offset > end
+
+
+def test_a_follower_copies_a_compacted_leader_across_its_gaps():
+    """A follower fetching from offsets the leader's compaction removed gets the next batch
+    and appends it at its own offset (a gap), ending with the leader's records."""
+    from test_replica_core import Node, config, pump, state
+    from dataplane.replica.events import NewMetadata, ProduceRequest
+
+    leader = Node(1, log=MemoryLog(config=SMALL))
+    leader.step(NewMetadata(partition=state(isr=(1,), replicas=(1,)), config=config(keys_required=True)))
+    for i in range(40):
+        leader.step(ProduceRequest(request_id=i, records=keyed([(b"k%d" % (i % 3), b"v" * 60)]), acks=1,
+                                   timeout_ms=1000))
+    leader.log.roll()
+    assert leader.log.clean(10**6, below_offset=leader.replica.high_watermark, config=EAGER) is not None
+    follower = Node(2, log=MemoryLog(config=SMALL))
+    everyone = state(isr=(1, 2), replicas=(1, 2), epoch=1)
+    for node in (leader, follower):
+        node.step(NewMetadata(partition=everyone, config=config(keys_required=True)))
+    pump({1: leader, 2: follower}, rounds=50)
+    assert follower.log.log_end_offset == leader.log.log_end_offset
+    assert [(r.offset, r.value) for r in records_of(follower.log)] == \
+        [(r.offset, r.value) for r in records_of(leader.log)]
