@@ -372,15 +372,15 @@ def test_a_follower_copies_a_compacted_leader_across_its_gaps():
     leader = Node(1, log=MemoryLog(config=SMALL))
     leader.step(NewMetadata(partition=state(isr=(1,), replicas=(1,)), config=config(keys_required=True)))
     for i in range(40):
-        leader.step(ProduceRequest(request_id=i, records=keyed([(b"k%d" % (i % 3), b"v" * 60)]), acks=1,
+        leader.step(ProduceRequest(request_id=i, records=keyed([(b"k%d" % (i % 3), b"v" * 60)]), acks=-1,
                                    timeout_ms=1000))
     leader.log.roll()
     assert leader.log.clean(10**6, below_offset=leader.replica.high_watermark, config=EAGER) is not None
     follower = Node(2, log=MemoryLog(config=SMALL))
-    everyone = state(isr=(1, 2), replicas=(1, 2), epoch=1)
+    everyone = state(isr=(1, 2), replicas=(1, 2), epoch=1, pepoch=2)
     for node in (leader, follower):
         node.step(NewMetadata(partition=everyone, config=config(keys_required=True)))
-    pump({1: leader, 2: follower}, rounds=50)
+    pump({1: leader, 2: follower}, rounds=200, now_ms=0)
     assert follower.log.log_end_offset == leader.log.log_end_offset
     assert [(r.offset, r.value) for r in records_of(follower.log)] == \
         [(r.offset, r.value) for r in records_of(leader.log)]

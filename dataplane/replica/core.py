@@ -844,7 +844,7 @@ class Replica(ProduceAdmission, PushMixin):
                                             reason=f"batch at {h.base_offset}, expected {expected} or above"))
                 return False
             expected = h.next_offset
-        self._persist.append(Append(as_leader=False, records=records, base_offset=self.log_end_offset,
+        self._persist.append(Append(as_leader=False, records=records, base_offset=headers[0].base_offset,
                                     last_offset=expected - 1, leader_epoch=headers[-1].leader_epoch))
         for h in headers:
             self.producer_state.record(h, base_offset=h.base_offset)
