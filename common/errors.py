@@ -53,6 +53,7 @@ class ErrorCode(enum.IntEnum):
     UNKNOWN_PRODUCER_ID = 59
     STALE_BROKER_EPOCH = 77
     OFFSET_NOT_AVAILABLE = 78  # a new leader's HW is still below its epoch start (KIP-207)
+    INVALID_RECORD = 87  # e.g. a record without a key for a compacted topic
     INVALID_UPDATE_VERSION = 95  # stale partition epoch on an ISR change
     FENCED_INSTANCE = 82
     INELIGIBLE_REPLICA = 107

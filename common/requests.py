@@ -16,7 +16,7 @@ from common.api_models import PartitionView
 from common.usage import BrokerUsage
 
 BrokerId = Annotated[int, Field(ge=0)]
-ConfigValue = str | int | bool
+ConfigValue = str | int | bool | float  # float: min_cleanable_dirty_ratio
 
 
 class _Request(BaseModel):

@@ -61,7 +61,7 @@ def test_create_topics_sends_counts_configs_and_assignments_and_answers_per_topi
          "configs": []},
         {"name": "taken", "num_partitions": 1, "replication_factor": 1, "assignments": [], "configs": []},
         {"name": "bad", "num_partitions": 1, "replication_factor": 1, "assignments": [],
-         "configs": [{"name": "cleanup.policy", "value": "compact"}]},
+         "configs": [{"name": "compression.type", "value": "zstd"}]},
     ]}), port))
     created = {r.name: r for _, r in port.calls}
     assert created["a"].partitions == 3 and created["a"].replication_factor == 2
@@ -71,7 +71,7 @@ def test_create_topics_sends_counts_configs_and_assignments_and_answers_per_topi
     codes = {t.name: (int(t.error_code), t.error_message) for t in answer.topics}
     assert codes["a"] == (0, None) and codes["b"] == (0, None)
     assert codes["taken"][0] == ErrorCode.TOPIC_ALREADY_EXISTS
-    assert codes["bad"][0] == ErrorCode.INVALID_CONFIG and "cleanup.policy='compact'" in codes["bad"][1]
+    assert codes["bad"][0] == ErrorCode.INVALID_CONFIG and "compression.type='zstd'" in codes["bad"][1]
 
 
 def test_a_count_the_request_model_refuses_gets_kafkas_code_for_it_and_names_it():

@@ -54,7 +54,7 @@ def test_kafka_strings_become_biplane_values():
                                "flush.messages": str(LONG_MAX), "cleanup.policy": "delete",
                                "compression.type": "producer"}) == \
         {"retention_ms": 1000, "unclean_leader_election": True, "commit_policy": "quorum",
-         "quorum_required_acks": 2, "durability": "write"}
+         "quorum_required_acks": 2, "durability": "write", "cleanup_policy": "delete"}
     assert configs.to_biplane({"flush.messages": "1"}) == {"durability": "fsync"}
     assert configs.to_biplane({"retention.ms": None}) == {"retention_ms": None}
 
@@ -63,8 +63,7 @@ def test_kafka_strings_become_biplane_values():
     ("colour", "red", ["unknown topic config 'colour'", "retention.ms"]),
     ("retention.ms", "soon", ["invalid value 'soon'", "'retention.ms'", "whole number"]),
     ("unclean.leader.election.enable", "yes", ["invalid value 'yes'", "true or false"]),
-    ("cleanup.policy", "compact", ["cleanup.policy='compact' is refused", "only cleanup.policy=delete",
-                                   "issue 15"]),
+    ("min.cleanable.dirty.ratio", "half", ["invalid value 'half'", "'min.cleanable.dirty.ratio'", "0.5"]),
     ("compression.type", "zstd", ["only compression.type=producer", "never recompress"]),
     ("message.timestamp.type", "LogAppendTime", ["only message.timestamp.type=CreateTime"]),
     ("flush.messages", "1000", ["invalid value '1000'", "biplane.durability"]),
@@ -79,6 +78,35 @@ def test_what_biplane_cannot_honour_is_refused_naming_key_and_value(name, value,
     assert exc.value.field == name and exc.value.value == value
     for word in words:
         assert word in str(exc.value), str(exc.value)
+
+
+def test_compaction_configs_map_onto_biplane_keys_and_describe_back():
+    changes = configs.to_biplane({"cleanup.policy": "delete,compact", "delete.retention.ms": "1000",
+                                  "min.cleanable.dirty.ratio": "0.1", "min.compaction.lag.ms": "5"})
+    config = make_topic_config(changes)
+    assert (config.cleanup_policy, config.delete_retention_ms, config.min_cleanable_dirty_ratio,
+            config.min_compaction_lag_ms) == ("compact,delete", 1000, 0.1, 5)
+    described = entries(config)
+    assert described["cleanup.policy"].value == "compact,delete"
+    assert described["cleanup.policy"].source == "TOPIC" and described["cleanup.policy"].config_type == configs.LIST
+    assert described["min.cleanable.dirty.ratio"].value == "0.1"
+    assert described["min.cleanable.dirty.ratio"].config_type == configs.DOUBLE
+    assert described["delete.retention.ms"].value == "1000"
+    assert entries(TopicConfig())["delete.retention.ms"].source == "DEFAULT"
+
+
+@pytest.mark.parametrize("name, value, words", [
+    ("cleanup.policy", "archive", ["'cleanup.policy'", "delete, compact or compact,delete"]),
+    ("min.cleanable.dirty.ratio", "1.5", ["'min.cleanable.dirty.ratio'", "less than or equal to 1"]),
+    ("delete.retention.ms", "-1", ["'delete.retention.ms'", "greater than or equal to 0"]),
+    ("min.compaction.lag.ms", "-5", ["'min.compaction.lag.ms'", "greater than or equal to 0"]),
+])
+def test_compaction_values_out_of_bounds_are_refused_by_the_controllers_rules(name, value, words):
+    with pytest.raises(InvalidFieldError) as exc:
+        make_topic_config(configs.to_biplane({name: value}))
+    message = str(configs.in_kafka_terms(exc.value))
+    for word in words:
+        assert word in message, message
 
 
 def test_two_kafka_names_for_one_biplane_key_must_agree():

@@ -141,7 +141,9 @@ def test_leader_append_patches_a_writable_memoryview_in_place(tmp_log):
     assert (header.base_offset, header.leader_epoch) == (0, 4)
 
 
-def test_follower_append_keeps_offsets_and_rejects_gap_and_overlap(tmp_log):
+def test_follower_append_keeps_offsets_accepts_a_gap_and_rejects_overlap(tmp_log):
+    """A gap is what a compacted leader serves (its removed offsets stay removed); an
+    overlap is refused with both offsets."""
     leader, follower = tmp_log(name="leader"), tmp_log(name="follower")
     for epoch in (1, 1, 2):
         leader.append_as_leader(batch(3), leader_epoch=epoch)
@@ -151,28 +153,33 @@ def test_follower_append_keeps_offsets_and_rejects_gap_and_overlap(tmp_log):
     assert follower.read(0, max_bytes=1 << 20).records == data
     assert follower.epoch_entries() == leader.epoch_entries()
 
+    overlap = leader.read(6, max_bytes=1 << 20).records
+    with pytest.raises(OffsetMismatchError, match="expected base offset 9 or above, got 6") as exc:
+        follower.append_as_follower(overlap)
+    assert (exc.value.expected_offset, exc.value.actual_offset) == (9, 6)
+    assert follower.log_end_offset == 9
     leader.append_as_leader(batch(2), leader_epoch=2)
     leader.append_as_leader(batch(2), leader_epoch=2)
     second = leader.read(11, max_bytes=1 << 20).records
-    with pytest.raises(OffsetMismatchError, match="expected base offset 9, got 11") as gap:
-        follower.append_as_follower(second)
-    assert (gap.value.expected_offset, gap.value.actual_offset) == (9, 11)
-    overlap = leader.read(6, max_bytes=1 << 20).records
-    with pytest.raises(OffsetMismatchError, match="expected base offset 9, got 6"):
-        follower.append_as_follower(overlap)
-    assert follower.log_end_offset == 9
-    follower.append_as_follower(leader.read(9, max_bytes=1 << 20).records)
-    assert read_all(follower) == read_all(leader)
+    gap = follower.append_as_follower(second)
+    assert (gap.base_offset, gap.log_end_offset) == (11, 13)
+    assert follower.read(9, max_bytes=1 << 20).first_offset == 11  # the next batch after the gap
+    assert [o for o, _ in read_all(follower)] == [o for o, _ in read_all(leader) if not 9 <= o < 11]
+    reopened_at = follower.log_end_offset
+    follower.close()
+    follower = PartitionLog(follower.directory, config=SMALL)
+    assert follower.log_end_offset == reopened_at
+    follower.close()
 
 
-def test_follower_rejects_batches_within_one_request_that_skip_offsets(tmp_log):
+def test_follower_rejects_batches_within_one_request_that_go_back(tmp_log):
     leader, follower = tmp_log(name="leader"), tmp_log(name="follower")
     for _ in range(3):
         leader.append_as_leader(batch(2), leader_epoch=0)
     first = leader.read(0, max_bytes=1).records
     third = leader.read(4, max_bytes=1).records
-    with pytest.raises(OffsetMismatchError, match="expected base offset 2, got 4"):
-        follower.append_as_follower(bytes(first) + bytes(third))
+    with pytest.raises(OffsetMismatchError, match="expected base offset 6 or above, got 0"):
+        follower.append_as_follower(bytes(first) + bytes(third) + bytes(first))
     assert follower.log_end_offset == 0
 
 

@@ -51,6 +51,10 @@ def test_min_insync_above_rf_is_refused_naming_both():
     ("durability", "maybe", "'fsync' or 'write'"),
     ("flush_debounce_ms", "soon", "valid integer"),
     ("unclean_leader_election", "perhaps", "valid boolean"),
+    ("cleanup_policy", "archive", "delete, compact or compact,delete"),
+    ("min_cleanable_dirty_ratio", "2", "less than or equal to 1"),
+    ("min_compaction_lag_ms", "-1", "greater than or equal to 0"),
+    ("delete_retention_ms", "never", "valid integer"),
 ])
 def test_bad_value_names_key_value_and_allowed(key, value, expect):
     with pytest.raises(InvalidConfigError) as exc:
@@ -62,9 +66,9 @@ def test_bad_value_names_key_value_and_allowed(key, value, expect):
 
 def test_unknown_key_names_it_and_lists_valid_keys():
     with pytest.raises(InvalidConfigError) as exc:
-        apply_config_changes(TopicConfig(), {"cleanup_policy": "compact"})
-    assert exc.value.field == "cleanup_policy"
-    assert "cleanup_policy" in str(exc.value)
+        apply_config_changes(TopicConfig(), {"cleanup_polcy": "compact"})
+    assert exc.value.field == "cleanup_polcy"
+    assert "cleanup_polcy" in str(exc.value)
     for key in VALID_KEYS:
         assert key in str(exc.value)
 
@@ -124,3 +128,11 @@ def test_illegal_topic_names_are_refused_with_the_reason(name, why):
                  retention_ms=st.integers(-1, 2**40), segment_bytes=st.integers(1024, 2**31 - 1)))
 def test_config_round_trips_through_its_dump(config):
     assert TopicConfig.model_validate(config.model_dump(mode="json")) == config
+
+
+def test_cleanup_policy_takes_kafkas_list_in_any_order_and_resets_to_delete():
+    config = apply_config_changes(TopicConfig(), {"cleanup.policy": "delete, compact"})
+    assert config.cleanup_policy == "compact,delete" and config.compacted and config.retention_deletes
+    compact = apply_config_changes(config, {"cleanup_policy": "compact"})
+    assert compact.compacted and not compact.retention_deletes
+    assert apply_config_changes(compact, {"cleanup_policy": None}).cleanup_policy == "delete"

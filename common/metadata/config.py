@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from common.errors import (
     InvalidConfigError,
@@ -53,6 +53,37 @@ class TopicConfig(BaseModel):
     flush_debounce_ms: int = Field(default=5, ge=0, le=60_000)
     max_message_bytes: int = Field(default=1024 * 1024 + 12, ge=1, le=2**31 - 1)
     replica_lag_time_max_ms: int = Field(default=10_000, ge=1)
+    # Kafka's cleanup.policy: which of retention (delete) and log compaction (compact) remove
+    # records. A compacted topic keeps at least the latest record of every key.
+    cleanup_policy: Literal["delete", "compact", "compact,delete"] = "delete"
+    # How long a tombstone (a keyed record with a null value) outlives the first cleaning of
+    # its segment, so a consumer that reads the topic more slowly than this still sees it.
+    delete_retention_ms: int = Field(default=DAY_MS, ge=0)
+    # Compaction of a partition starts once this share of its cleanable bytes is uncleaned.
+    min_cleanable_dirty_ratio: float = Field(default=0.5, ge=0.0, le=1.0)
+    # A record stays uncompacted at least this long after its timestamp.
+    min_compaction_lag_ms: int = Field(default=0, ge=0)
+
+    @field_validator("cleanup_policy", mode="before")
+    @classmethod
+    def _normalize_cleanup_policy(cls, value: Any) -> Any:
+        # Kafka takes a list in any order ("delete,compact", "[compact, delete]").
+        if not isinstance(value, str):
+            return value
+        words = {w.strip() for w in value.strip().strip("[]").split(",") if w.strip()}
+        if words == {"compact", "delete"}:
+            return "compact,delete"
+        if len(words) == 1 and words <= {"compact", "delete"}:
+            return words.pop()
+        raise ValueError("cleanup_policy takes delete, compact or compact,delete (both, comma-separated)")
+
+    @property
+    def compacted(self) -> bool:
+        return "compact" in self.cleanup_policy
+
+    @property
+    def retention_deletes(self) -> bool:
+        return "delete" in self.cleanup_policy
 
     @model_validator(mode="after")
     def _check_relations(self) -> "TopicConfig":

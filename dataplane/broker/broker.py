@@ -135,7 +135,7 @@ class Broker:
         offline = OfflineRecovery(self.replicas, lambda: learner.image, data_dir=c.data_dir,
                                   ready=learner.caught_up.is_set)
         for coro in (self.learner.run(), self.lifecycle.run(), self.replicas.run_ticks(),
-                     self.replicas.run_retention(), offline.run()):
+                     self.replicas.run_retention(), self.replicas.run_cleaner(), offline.run()):
             task = loop.create_task(coro)
             task.add_done_callback(self._task_ended)
             self._tasks.append(task)

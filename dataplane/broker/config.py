@@ -45,6 +45,11 @@ class BrokerConfig(BaseModel):
     max_frame_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, le=2**31 - 1)
     producer_id_block_size: int = Field(default=1000, ge=1, le=1_000_000)
     retention_check_interval_ms: int = Field(default=60_000, ge=100)
+    # Compacted topics: how often each partition is offered to the cleaner (one partition at
+    # a time, in a worker thread of its own), and the bytes a second it may read and write
+    # together, so produce traffic keeps the disk.
+    log_cleaner_interval_ms: int = Field(default=15_000, ge=100)
+    log_cleaner_io_bytes_per_second: int = Field(default=32 * 1024 * 1024, ge=1024)
 
     @field_validator("controller_urls")
     @classmethod

@@ -54,6 +54,10 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                         "(sum over partitions; beyond it produce requests wait; default 64 MiB)")
     p.add_argument("--retention-check-interval-ms", type=int, default=60_000,
                    help="how often segments past their topic's retention are deleted (default 60000)")
+    p.add_argument("--log-cleaner-interval-ms", type=int, default=15_000,
+                   help="how often compacted topics' partitions are offered to the cleaner (default 15000)")
+    p.add_argument("--log-cleaner-io-bytes-per-second", type=int, default=32 * 1024 * 1024,
+                   help="bytes a second the cleaner may read and write together (default 32 MiB)")
     p.add_argument("--ports-file", help="write {\"port\", \"metrics_port\"} as JSON here once listening")
     p.add_argument("--log-level", default="WARNING", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     return p
@@ -70,7 +74,9 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
                         heartbeat_interval_ms=args.heartbeat_interval_ms, fetch_wait_ms_max=args.fetch_wait_ms_max,
                         max_frame_bytes=args.max_frame_bytes, flush_debounce_ms=args.flush_debounce_ms,
                         unreplicated_bytes_max=args.unreplicated_bytes_max,
-                        retention_check_interval_ms=args.retention_check_interval_ms)
+                        retention_check_interval_ms=args.retention_check_interval_ms,
+                        log_cleaner_interval_ms=args.log_cleaner_interval_ms,
+                        log_cleaner_io_bytes_per_second=args.log_cleaner_io_bytes_per_second)
 
 
 async def serve(config: BrokerConfig, ports_file: str | None) -> int:

@@ -15,7 +15,9 @@ election reports.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
+import threading
 import logging
 import os
 import shutil
@@ -33,6 +35,7 @@ from common.usage import ReplicaUsage
 from dataplane.broker.budget import ProduceBudget
 from dataplane.broker.config import BrokerConfig
 from dataplane.broker.partition import PartitionDriver, now_ms
+from dataplane.log.cleaner import CompactionConfig, IoThrottle
 from dataplane.log.interface import LogConfig
 from dataplane.log.space import is_disk_full
 from dataplane.replica.actions import ProposeIsr, ReportElection
@@ -54,9 +57,21 @@ def partition_dir(data_dir: str, tp: TopicPartition) -> str:
 
 def log_config_of(topic: TopicInfo) -> LogConfig:
     c = topic.config
+    deletes = c.retention_deletes  # cleanup_policy=compact alone: retention deletes nothing
     return LogConfig(segment_bytes=c.segment_bytes, segment_ms=c.segment_ms,
-                     retention_bytes=None if c.retention_bytes < 0 else c.retention_bytes,
-                     retention_ms=None if c.retention_ms < 0 else c.retention_ms)
+                     retention_bytes=None if c.retention_bytes < 0 or not deletes else c.retention_bytes,
+                     retention_ms=None if c.retention_ms < 0 or not deletes else c.retention_ms)
+
+
+def compaction_config_of(topic: TopicInfo) -> CompactionConfig:
+    c = topic.config
+    return CompactionConfig(delete_retention_ms=c.delete_retention_ms,
+                            min_cleanable_dirty_ratio=c.min_cleanable_dirty_ratio,
+                            min_compaction_lag_ms=c.min_compaction_lag_ms)
+
+
+class CleanerStopped(Exception):
+    """Ends a cleaning pass in its worker thread when the broker stops."""
 
 
 class ReplicaManager:
@@ -83,6 +98,11 @@ class ReplicaManager:
         self.reopening: set[TopicPartition] = set()  # offline partitions opened again (offline.py)
         # Assigned partitions whose open failed, with why (offline.py tries them again).
         self.open_failures: dict[TopicPartition, str] = {}
+        # Each hosted partition's topic as of the newest image (the cleaner reads its config).
+        self._topics: dict[TopicPartition, TopicInfo] = {}
+        # One thread: one partition is cleaned at a time on this broker.
+        self._cleaner = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="log-cleaner")
+        self._cleaner_stop = threading.Event()
 
     def get(self, topic: str, partition: int) -> PartitionDriver | None:
         return self.drivers.get(TopicPartition(topic, partition))
@@ -103,6 +123,7 @@ class ReplicaManager:
                     await asyncio.sleep(0)
                 topic = image.topics[info.topic]
                 hosted.add(info.tp)
+                self._topics[info.tp] = topic
                 driver = self.drivers.get(info.tp)
                 if driver is None:
                     driver = await self._open(topic, info)
@@ -111,6 +132,8 @@ class ReplicaManager:
                 self._feed(driver, topic, info, image)
             for tp in [tp for tp in self.drivers if tp not in hosted]:
                 await self._remove(tp, image)
+            for tp in [tp for tp in self._topics if tp not in hosted]:
+                del self._topics[tp]
             if not self._swept:
                 # Replicas deleted or moved away while this broker was down.
                 self._swept = True
@@ -264,6 +287,9 @@ class ReplicaManager:
             for tp, driver in list(self.drivers.items()):
                 if driver.closed or driver.failed:
                     continue
+                topic = self._topics.get(tp)
+                if topic is not None and not topic.config.retention_deletes:
+                    continue  # cleanup_policy=compact: the cleaner alone removes records
                 # Only below the HW (Kafka's rule): a log start past uncommitted offsets would
                 # restart a follower at offsets the leader could still cut.
                 below = driver.replica.high_watermark
@@ -275,6 +301,48 @@ class ReplicaManager:
                     continue
                 if deleted:
                     log.info("%s-%d retention deleted %d segment(s)", *tp, len(deleted))
+
+    async def run_cleaner(self) -> None:
+        """Compact the partitions of compacted topics, one at a time in the cleaner's thread,
+        at most log_cleaner_io_bytes_per_second, each replica (leader or follower) below its
+        own HW. The topic's settings are read afresh for every pass."""
+        interval = self.config.log_cleaner_interval_ms / 1000
+        loop = asyncio.get_running_loop()
+        stop = self._cleaner_stop
+
+        def sleep(seconds: float) -> None:
+            if stop.wait(seconds):
+                raise CleanerStopped()
+        throttle = IoThrottle(self.config.log_cleaner_io_bytes_per_second, sleep=sleep)
+
+        def pace(moved_bytes: int) -> None:
+            if stop.is_set():
+                raise CleanerStopped()
+            throttle(moved_bytes)
+        while True:
+            await asyncio.sleep(interval)
+            for tp, driver in list(self.drivers.items()):
+                topic = self._topics.get(tp)
+                if topic is None or not topic.config.compacted or driver.closed or driver.failed:
+                    continue
+                wall_ms = int(time.time() * 1000)
+                below = max(driver.replica.high_watermark, 0)
+                try:
+                    result = await loop.run_in_executor(self._cleaner, functools.partial(
+                        driver.log.clean, wall_ms, below_offset=below, config=compaction_config_of(topic),
+                        throttle=pace))
+                except CleanerStopped:
+                    return
+                except (BiplaneError, OSError) as exc:
+                    if driver.closed:
+                        continue  # closed (moved away, stopping) under the pass: nothing lost
+                    log.warning("%s-%d compaction failed: %s", *tp, exc)
+                    continue
+                if result is not None and result.segments_cleaned:
+                    log.info("%s-%d compaction removed %d record(s) from %d segment(s), %d -> %d bytes", *tp,
+                             result.records_removed, result.segments_cleaned, result.bytes_before,
+                             result.bytes_after, extra={"event": "partition.compacted", "topic": tp[0],
+                                                        "partition": tp[1]})
 
     def usage(self) -> list[ReplicaUsage]:
         """Per replica: sizes, offsets, and rates since the previous call."""
@@ -298,6 +366,10 @@ class ReplicaManager:
     async def close(self) -> None:
         async with self._lock:
             self._closed = True
+            # A pass in progress stops at its next read or write; its .cleaned file is
+            # dropped when the log opens again.
+            self._cleaner_stop.set()
+            self._cleaner.shutdown(wait=False, cancel_futures=True)
             # Ended before the drivers close: none of them steps a driver that is closing.
             for exc in await self._tasks.cancel_and_wait():
                 log.warning("controller request ended with %r", exc)

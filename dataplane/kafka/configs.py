@@ -9,8 +9,7 @@ Three kinds of key:
 - Kafka's own names that Biplane honours (retention.ms, min.insync.replicas, ...),
   each onto one Biplane key, values as Kafka writes them ("true", "604800000");
 - Biplane's own settings as `biplane.*` keys (biplane.commit.policy, ...);
-- Kafka's names with one value Biplane honours (cleanup.policy=delete,
-  compression.type=producer, message.timestamp.type=CreateTime): that value is
+- Kafka's names with one value Biplane honours (compression.type=producer, message.timestamp.type=CreateTime): that value is
   accepted and changes nothing, any other is refused, never silently accepted.
 A name not listed here is refused with INVALID_CONFIG naming it.
 
@@ -30,7 +29,7 @@ LONG_MAX = 2**63 - 1
 BIPLANE_PREFIX = "biplane."
 
 # Kafka's DescribeConfigs config_type numbers.
-BOOLEAN, STRING, INT, LONG = 1, 2, 3, 5
+BOOLEAN, STRING, INT, LONG, DOUBLE, LIST = 1, 2, 3, 5, 6, 7
 
 Source = Literal["DEFAULT", "TOPIC"]
 
@@ -69,11 +68,13 @@ KAFKA_KEYS: dict[str, _Key] = {
     "min.insync.replicas": _Key(biplane="min_insync_replicas", config_type=INT),
     "max.message.bytes": _Key(biplane="max_message_bytes", config_type=INT),
     "unclean.leader.election.enable": _Key(biplane="unclean_leader_election", config_type=BOOLEAN),
+    "cleanup.policy": _Key(biplane="cleanup_policy", config_type=LIST),
+    "delete.retention.ms": _Key(biplane="delete_retention_ms", config_type=LONG),
+    "min.cleanable.dirty.ratio": _Key(biplane="min_cleanable_dirty_ratio", config_type=DOUBLE),
+    "min.compaction.lag.ms": _Key(biplane="min_compaction_lag_ms", config_type=LONG),
 }
 
 FIXED: dict[str, _Fixed] = {
-    "cleanup.policy": _Fixed(value="delete", why="log compaction is not served yet (issue 15); "
-                                                 "records are deleted by retention.ms and retention.bytes"),
     "compression.type": _Fixed(value="producer", why="brokers keep batches as the producer compressed them "
                                                      "and never recompress"),
     "message.timestamp.type": _Fixed(value="CreateTime", why="records keep the producer's timestamps"),
@@ -122,6 +123,8 @@ def _config_type(key: str) -> int:
         return BOOLEAN
     if annotation is int or annotation == (int | None):
         return LONG if key.endswith("_ms") else INT
+    if annotation is float:
+        return DOUBLE
     return STRING
 
 
@@ -173,6 +176,12 @@ def _parse(name: str, key: str, text: str) -> Any:
         return lowered == "true"
     if kind in (INT, LONG):
         return _whole(name, text)
+    if kind == DOUBLE:
+        try:
+            return float(text.strip())
+        except ValueError:
+            raise InvalidConfigError(f"invalid value {text!r} for topic config {name!r}: it takes a number "
+                                     "such as 0.5", field=name, value=text) from None
     return text.strip()
 
 
@@ -253,14 +262,14 @@ def alter_request(entries: Mapping[str, str | None], *, replace_all: bool) -> Al
 
 def incremental_entries(ops: Iterable[tuple[str, int, str | None]]) -> dict[str, str | None]:
     """IncrementalAlterConfigs' (name, operation, value) as entries; APPEND and SUBTRACT (for
-    list configs, of which Biplane has none) are refused."""
+    list configs: Biplane's one, cleanup.policy, is SET whole) are refused."""
     entries: dict[str, str | None] = {}
     for name, op, value in ops:
         operation = _OPERATIONS.get(op)
         if operation is None:
             raise InvalidConfigError(f"operation {op} on topic config {name!r} is refused: only SET (0) and "
-                                     "DELETE (1) apply, Biplane has no list configs to APPEND to or SUBTRACT "
-                                     "from", field=name, value=value)
+                                     "DELETE (1) apply; SET a list config such as cleanup.policy whole "
+                                     "(compact,delete)", field=name, value=value)
         if name in entries:
             raise InvalidConfigError(f"topic config {name!r} is altered twice in one request; give it once",
                                      field=name, value=value)

@@ -10,8 +10,8 @@ Durability when a call returns:
   operating system and readable by `read`; they survive a crash of this process
   but NOT a crash of the machine until a `flush()` covering them returns.
 - `flush()`: everything below the returned offset is on stable storage.
-- `truncate_to`, `truncate_fully_and_start_at`, `apply_retention`, and any change
-  of the leader-epoch cache: durable when the call returns (they are rare and a
+- `truncate_to`, `truncate_fully_and_start_at`, `apply_retention`, `clean`, and any
+  change of the leader-epoch cache: durable when the call returns (they are rare and a
   truncation undone by a crash could resurrect records of an old epoch).
 
 Validation: appends check every batch header; they check CRCs too unless the
@@ -32,11 +32,15 @@ read's own buffer), valid as long as the caller keeps it.
 from __future__ import annotations
 
 import dataclasses
-from typing import Protocol, TypeGuard, runtime_checkable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol, TypeGuard, runtime_checkable
 
 # The log's errors are common/errors.py's; listed in __all__ so `dataplane.log` offers them.
 from common.errors import (InvalidRequestError, OffsetMismatchError, OffsetOutOfRangeError,
                            StaleEpochError, StorageError)
+
+if TYPE_CHECKING:
+    from .cleaner import CleanResult, CompactionConfig
 
 # Kafka's answer when no epoch is known (empty cache).
 UNDEFINED_EPOCH = -1
@@ -181,5 +185,11 @@ class Log(Protocol):
     def apply_retention(self, now_ms: int, *, below_offset: int | None = None) -> list[DeletedSegment]:
         """Delete whole old segments past retention_bytes / retention_ms (never the active one,
         and, given `below_offset`, only segments that end at or below it: the HW)."""
+    def clean(self, now_ms: int, *, below_offset: int, config: CompactionConfig,
+              throttle: Callable[[int], None] | None = None) -> CleanResult | None:
+        """Compact closed segments wholly below `below_offset` (the HW) and flushed, keeping
+        the latest record of each key (cleaner.py); offsets never change, so gaps appear
+        between batches and a read from a removed offset starts at the next batch. None when
+        no pass is due (min_cleanable_dirty_ratio, min_compaction_lag_ms)."""
     def close(self) -> None:
         """Flush and release the log; idempotent."""

@@ -8,6 +8,10 @@ Layout of a log directory:
                                           segment's fsynced prefix, its indexes saved
   clean-shutdown                          present only while the log is closed cleanly
   truncate-fully                          intent of an unfinished truncate_fully_and_start_at
+  cleaner-checkpoint                      compaction's first dirty offset and when each segment
+                                          was first cleaned (cleaner.py)
+  <base:020d>.log.cleaned / .log.swap     a segment being rewritten by compaction: .cleaned is
+                                          dropped on open, .swap replaces the segment
   <offset:020d>.producer-snapshot         producer-state snapshots (producer_snapshots.py)
   .lock                                   flock held by the process that has it open
 
@@ -21,13 +25,17 @@ from __future__ import annotations
 import bisect
 import os
 import threading
+from collections.abc import Callable, Iterator
 
-from common.batch import BATCH_BYTES_MAX, Buffer, iter_batches, set_base_offset, set_leader_epoch
-from common.durable import fsync_dir
+from common.batch import (BATCH_BYTES_MAX, HEADER_SIZE, Buffer, BatchHeader, iter_batches, read_header,
+                          set_base_offset, set_leader_epoch)
+from common.durable import fsync_dir, write_all
 from common.errors import (InvalidRequestError, OffsetMismatchError, OffsetOutOfRangeError,
                            StaleEpochError, StorageError)
 
 from . import files, space
+from .cleaner import (CleanPlan, CleanResult, CompactionConfig, OffsetMap, SegmentSummary, clean_batch,
+                      drops_tombstones, map_batch, plan_clean)
 from .epoch_cache import EpochCache
 from .interface import AppendInfo, DeletedSegment, EpochEntry, LogConfig, ReadResult, patchable
 from .lock import DirectoryLock
@@ -40,6 +48,11 @@ RECOVERY_POINT = "recovery-point"
 CLEAN_SHUTDOWN = "clean-shutdown"
 TRUNCATE_FULLY = "truncate-fully"
 ACTIVE_CHECKPOINT = "active-segment-checkpoint"
+CLEANER_CHECKPOINT = "cleaner-checkpoint"
+CLEANED_SUFFIX = ".cleaned"
+SWAP_SUFFIX = ".swap"
+# A cleaning pass reads segments in chunks of this much.
+_CLEANER_READ_BYTES = 1024 * 1024
 
 # Relative offsets in the index are 32-bit.
 _RELATIVE_OFFSET_MAX = 2**32 - 1
@@ -77,6 +90,12 @@ class PartitionLog:
         self.recovered_bytes_trusted = 0  # bytes a recovery checkpoint spared from validation
         # (segment base, position, next offset) of the newest recovery checkpoint written.
         self._checkpoint: tuple[int, int, int] | None = None
+        # Compaction's state (cleaner-checkpoint): below this offset the log was cleaned...
+        self._first_dirty_offset = 0
+        # ...and segment base -> when a pass first cleaned it (tombstones count from there).
+        self._cleaned_at: dict[int, int] = {}
+        # Tests stop a cleaning pass at a named step here, as a crash would.
+        self.cleaner_kill_point: Callable[[str], None] | None = None
         try:
             self.producer_snapshots = ProducerSnapshots(self.directory)
             self._open()
@@ -96,8 +115,9 @@ class PartitionLog:
 
     def _open(self) -> None:
         for name in os.listdir(self.directory):
-            if name.endswith(".tmp"):
+            if name.endswith(".tmp") or name.endswith(".log" + CLEANED_SUFFIX):
                 os.unlink(self._path(name))
+        self._finish_swaps()
         clean = os.path.exists(self._path(CLEAN_SHUTDOWN))
         truncate_fully = _read_int(self._path(TRUNCATE_FULLY))
         bases = sorted(int(n[:-4]) for n in os.listdir(self.directory)
@@ -151,6 +171,11 @@ class PartitionLog:
                 break
         for segment in self._segments[:-1]:
             segment.sealed = True
+            if not os.path.exists(segment.index_path):
+                # A swap finished above removed them; load() rebuilt them in memory.
+                segment.save_indexes()
+                segment.fsync()
+                self._dir_dirty = True
         self._load_epoch_cache(recovered, clean, trusted_epoch=trusted_epoch)
         if not clean:
             for segment in self._segments[first_to_recover:]:
@@ -161,6 +186,7 @@ class PartitionLog:
             self._dir_dirty = False
         self._flushed_offset = self.log_end_offset
         self._recovery_point = self._flushed_offset
+        self._load_cleaner_checkpoint()
         files.write_atomically(self._path(RECOVERY_POINT), b"%d\n" % self._recovery_point)
         if not clean:
             # Everything is fsynced now: a crash soon after validates only what comes next.
@@ -169,6 +195,51 @@ class PartitionLog:
             # From now on a crash must be detected as one.
             os.unlink(self._path(CLEAN_SHUTDOWN))
             fsync_dir(self.directory)
+
+    def _finish_swaps(self) -> None:
+        """Complete a compaction swap a crash interrupted: a `.log.swap` was renamed from a
+        fsynced `.cleaned` file under the log's lock while its segment was unchanged, so it
+        replaces that segment; without the segment (truncated or deleted since) it goes."""
+        for name in os.listdir(self.directory):
+            if not name.endswith(".log" + SWAP_SUFFIX):
+                continue
+            log_name = name[:-len(SWAP_SUFFIX)]
+            stem = log_name[:-4]
+            if os.path.exists(self._path(log_name)):
+                # Indexes of the old bytes must not describe the new ones: load() rebuilds them.
+                for ext in (".index", ".timeindex"):
+                    try:
+                        os.unlink(self._path(stem + ext))
+                    except FileNotFoundError:
+                        pass
+                os.replace(self._path(name), self._path(log_name))
+            else:
+                os.unlink(self._path(name))
+            self._dir_dirty = True
+
+    def _load_cleaner_checkpoint(self) -> None:
+        data = _read_bytes(self._path(CLEANER_CHECKPOINT))
+        first_dirty, cleaned_at = 0, {}
+        try:
+            lines = (data or b"").decode().split("\n")
+            if lines and lines[0].startswith("dirty "):
+                first_dirty = int(lines[0].split()[1])
+                for line in lines[1:]:
+                    if line.strip():
+                        base, at = (int(x) for x in line.split())
+                        cleaned_at[base] = at
+        except (ValueError, UnicodeDecodeError):
+            first_dirty, cleaned_at = 0, {}  # unreadable: the next pass cleans from the start
+        bases = set(self._bases[:-1])
+        self._first_dirty_offset = min(first_dirty, self.log_end_offset)
+        self._cleaned_at = {b: at for b, at in cleaned_at.items() if b in bases}
+
+    def _write_cleaner_checkpoint(self) -> None:
+        bases = set(self._bases[:-1])
+        self._cleaned_at = {b: at for b, at in self._cleaned_at.items() if b in bases}
+        lines = [b"dirty %d" % self._first_dirty_offset]
+        lines += [b"%d %d" % (b, at) for b, at in sorted(self._cleaned_at.items())]
+        files.write_atomically(self._path(CLEANER_CHECKPOINT), b"\n".join(lines) + b"\n")
 
     # ------------------------------------------------------------------ recovery checkpoints
 
@@ -347,8 +418,9 @@ class PartitionLog:
     def append_as_follower(self, batches: bytes | bytearray | memoryview, *,
                            now_ms: int | None = None, crc_checked: bool = False) -> AppendInfo:
         """Validate (CRC too unless crc_checked) and store batches with the offsets and
-        epochs the leader gave them. They must start at log_end_offset and be contiguous
-        (OffsetMismatchError names the expected and actual base offset); epochs must not
+        epochs the leader gave them. They must start at or after log_end_offset, each at or
+        after the end of the one before (gaps are what compaction leaves; an overlap is an
+        OffsetMismatchError naming the expected and actual base offset); epochs must not
         go backwards (StaleEpochError)."""
         spans = self._validate(batches, crc=not crc_checked)
         with self._lock:
@@ -356,12 +428,11 @@ class PartitionLog:
             expected = self.log_end_offset
             latest_epoch = self._epochs.latest_epoch
             for i, span in enumerate(spans):
-                if span.base_offset != expected:
+                # A gap is what compaction leaves in the leader's log (offsets stay, records go).
+                if span.base_offset < expected:
                     raise OffsetMismatchError(
-                        f"follower append: expected base offset {expected}, got {span.base_offset} "
-                        f"(batch {i} of {len(spans)}); "
-                        + ("a gap: fetch from the expected offset" if span.base_offset > expected else
-                           "an overlap: truncate or fetch from log_end_offset"),
+                        f"follower append: expected base offset {expected} or above, got {span.base_offset} "
+                        f"(batch {i} of {len(spans)}); an overlap: truncate or fetch from log_end_offset",
                         expected_offset=expected, actual_offset=span.base_offset)
                 if span.leader_epoch < latest_epoch:
                     raise StaleEpochError(
@@ -408,7 +479,9 @@ class PartitionLog:
         try:
             for roll_first, run in self._runs_by_segment(spans, now_ms):
                 if roll_first:
-                    self._roll_locked(run[0].base_offset)
+                    # At the log end, not the batch: after a compaction gap the segment's
+                    # first batch starts later, and segments stay contiguous.
+                    self._roll_locked(self.log_end_offset)
                 segment = self._segments[-1]
                 segment.append(buf, run)
                 self._dirty[id(segment)] = segment
@@ -457,12 +530,14 @@ class PartitionLog:
         runs: list[tuple[bool, list[BatchSpan]]] = []
         current: list[BatchSpan] = []
         roll_first = False
+        end = active.next_offset
         for span in spans:
             if size and self._should_roll(size, base, rolling_ts, span, now_ms):
                 if current:
                     runs.append((roll_first, current))
                 current, roll_first = [], True
-                size, base, rolling_ts = 0, span.base_offset, None
+                size, base, rolling_ts = 0, end, None
+            end = span.next_offset
             if rolling_ts is None:
                 rolling_ts = span.max_timestamp
             current.append(span)
@@ -712,6 +787,12 @@ class PartitionLog:
             files.write_atomically(self._path(EPOCH_CHECKPOINT), self._epochs.encode())
         if self._recovery_point > end:
             self._write_recovery_point(end)
+        active = self.active_segment_base_offset
+        if self._first_dirty_offset > end or any(b >= active for b in self._cleaned_at):
+            # What was cut is appended afresh: dirty, and never cleaned.
+            self._first_dirty_offset = min(self._first_dirty_offset, end)
+            self._cleaned_at = {b: at for b, at in self._cleaned_at.items() if b < active}
+            self._write_cleaner_checkpoint()
 
     # ------------------------------------------------------------------ retention
 
@@ -763,6 +844,154 @@ class PartitionLog:
                     fsync_dir(self.directory)
         return deleted
 
+    # ------------------------------------------------------------------ compaction
+
+    def clean(self, now_ms: int, *, below_offset: int, config: CompactionConfig,
+              throttle: Callable[[int], None] | None = None) -> CleanResult | None:
+        """One compaction pass (cleaner.py decides what stays): rewrite the cleanable closed
+        segments wholly below `below_offset` (the HW this replica knows) and flushed, oldest
+        first, keeping the latest record of every key. None when no pass is due.
+
+        Appends and reads go on meanwhile: segments are read through their own descriptors
+        and each rewritten segment is written to `<base>.log.cleaned` and fsynced without
+        the log's lock; under it, if the segment is still there unchanged, the file is
+        renamed to `.log.swap` (from here a crash completes the swap on open), the old
+        indexes removed, the swap renamed over the segment, and the indexes rebuilt. A
+        segment truncated or deleted meanwhile is left alone. `throttle(n)` is told of every
+        n bytes read or written and may sleep. Durable on return."""
+        pace = throttle or _no_throttle
+        with self._lock:
+            self._check_writable()
+            summaries = [SegmentSummary(base_offset=s.base_offset, next_offset=s.next_offset,
+                                        size_bytes=s.size_bytes, max_timestamp=s.max_timestamp,
+                                        cleaned_at_ms=self._cleaned_at.get(s.base_offset))
+                         for s in self._segments]
+            plan = plan_clean(summaries, first_dirty_offset=self._first_dirty_offset,
+                              bound_offset=min(below_offset, self._flushed_offset), now_ms=now_ms, config=config)
+            if plan is None:
+                return None
+            chosen = self._segments[:len(plan.segments)]
+            truncations = self._truncations
+            fds: list[int] = []
+            try:
+                for segment in chosen:
+                    fds.append(os.open(segment.log_path, os.O_RDONLY | os.O_CLOEXEC))
+            except OSError as exc:
+                for fd in fds:
+                    os.close(fd)
+                raise files.storage_error(f"cleaner cannot open {self.directory}", exc) from exc
+        try:
+            return self._clean_segments(plan, chosen, fds, truncations, now_ms, config, pace)
+        except OSError as exc:
+            self._note_if_full(exc, f"compaction of {self.directory}")
+            raise files.storage_error(f"compaction of {self.directory}", exc) from exc
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def _clean_segments(self, plan: CleanPlan, chosen: list[Segment], fds: list[int], truncations: int,
+                        now_ms: int, config: CompactionConfig, pace: Callable[[int], None]) -> CleanResult | None:
+        offset_map = OffsetMap(keys_max=config.offset_map_keys_max)
+        producer_last: dict[int, int] = {}
+        count = len(chosen)
+        for i, (segment, fd) in enumerate(zip(chosen, fds)):
+            for header, data in _batches_of(fd, plan.segments[i].size_bytes, pace):
+                map_batch(header, data, offset_map=offset_map, producer_last=producer_last)
+            if offset_map.full():
+                count = i + 1  # a bounded map: this pass stops here, the next goes on
+                break
+        end_offset = plan.segments[count - 1].next_offset
+        pinned: set[bytes] = set()
+        cleaned = removed = before = after = 0
+        for i in range(count):
+            segment, summary = chosen[i], plan.segments[i]
+            drop = drops_tombstones(summary, now_ms=now_ms, config=config)
+            temporary = segment.log_path + CLEANED_SUFFIX
+            out = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+            written = gone = 0
+            try:
+                for header, data in _batches_of(fds[i], summary.size_bytes, pace):
+                    kept, n = clean_batch(header, data, segment_next_offset=summary.next_offset,
+                                          offset_map=offset_map, producer_last=producer_last,
+                                          drop_tombstones=drop, pinned=pinned)
+                    gone += n
+                    for part in kept:
+                        write_all(out, part, written)
+                        written += len(part)
+                        pace(len(part))
+                if gone:
+                    os.fsync(out)
+            finally:
+                os.close(out)
+            if not gone:
+                os.unlink(temporary)
+                continue
+            self._kill_point("cleaned-written")
+            if not self._swap(segment, summary.size_bytes, temporary, truncations):
+                os.unlink(temporary)
+                return None  # truncated, deleted or closed meanwhile: a later pass starts over
+            cleaned += 1
+            removed += gone
+            before += summary.size_bytes
+            after += written
+        self._kill_point("swapped-all")
+        with self._lock:
+            if self._closed or truncations != self._truncations:
+                return None
+            self._first_dirty_offset = max(self._first_dirty_offset, end_offset)
+            for summary in plan.segments[:count]:
+                self._cleaned_at.setdefault(summary.base_offset, now_ms)
+            self._write_cleaner_checkpoint()
+        return CleanResult(segments_cleaned=cleaned, records_removed=removed, bytes_before=before,
+                           bytes_after=after, end_offset=end_offset)
+
+    def _swap(self, segment: Segment, size_bytes: int, temporary: str, truncations: int) -> bool:
+        """Put the fsynced `temporary` in place of `segment` if it is still in the log as it
+        was read (size_bytes, no truncation since); False, changing nothing, if not."""
+        with self._flush_lock:
+            with self._lock:
+                if (self._closed or self._failed or truncations != self._truncations
+                        or not any(s is segment for s in self._segments[:-1])
+                        or segment.size_bytes != size_bytes):
+                    return False
+                swap = segment.log_path + SWAP_SUFFIX
+                try:
+                    os.rename(temporary, swap)
+                    fsync_dir(self.directory)
+                    self._kill_point("swap-renamed")
+                    for path in (segment.index_path, segment.time_index_path):
+                        try:
+                            os.unlink(path)
+                        except FileNotFoundError:
+                            pass
+                    self._kill_point("indexes-removed")
+                    os.replace(swap, segment.log_path)
+                    fsync_dir(self.directory)
+                    self._kill_point("replaced")
+                    fresh = Segment(self.directory, segment.base_offset,
+                                    index_interval_bytes=self.config.index_interval_bytes)
+                    fresh.rebuild_indexes()
+                    fresh.seal()
+                    fresh.fsync()
+                    fsync_dir(self.directory)
+                except OSError as exc:
+                    # The files are as a crash would leave them: the next open completes the swap.
+                    self._failed = f"compaction swap of {segment.log_path} failed: {exc}"
+                    raise
+                assert fresh.next_offset == segment.next_offset, (fresh.next_offset, segment.next_offset)
+                assert fresh.base_offset == segment.base_offset, (fresh.base_offset, segment.base_offset)
+                i = self._segment_index(segment.base_offset)
+                self._segments[i] = fresh
+                self._dirty.pop(id(segment), None)
+                segment.close()
+                # The cache may hold the old batches of this segment: serve them from the file.
+                self._tail.drop_before(fresh.next_offset)
+                return True
+
+    def _kill_point(self, step: str) -> None:
+        if self.cleaner_kill_point is not None:
+            self.cleaner_kill_point(step)
+
     # ------------------------------------------------------------------ close
 
     def close(self) -> None:
@@ -802,6 +1031,34 @@ class PartitionLog:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _no_throttle(moved_bytes: int) -> None:
+    pass
+
+
+def _batches_of(fd: int, size_bytes: int, pace: Callable[[int], None]) -> Iterator[tuple[BatchHeader, memoryview]]:
+    """Every batch in the first size_bytes of a segment file, read a chunk at a time."""
+    position = 0
+    while position < size_bytes:
+        chunk = os.pread(fd, min(_CLEANER_READ_BYTES, size_bytes - position), position)
+        pace(len(chunk))
+        view = memoryview(chunk)
+        p = 0
+        while p + HEADER_SIZE <= len(view):
+            header = read_header(view, p)
+            if p + header.size_bytes > len(view):
+                break
+            yield header, view[p:p + header.size_bytes]
+            p += header.size_bytes
+        if p == 0:
+            # A batch larger than a chunk: read it whole.
+            header = read_header(chunk)
+            whole = os.pread(fd, header.size_bytes, position)
+            pace(len(whole))
+            yield header, memoryview(whole)
+            p = header.size_bytes
+        position += p
 
 
 def _file_size(path: str) -> int:

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from common.batch import (BATCH_BYTES_MAX, BatchHeader, Buffer, first_record_at_or_after, iter_batches,
-                          set_base_offset, set_leader_epoch)
+                          read_header, set_base_offset, set_leader_epoch)
 from common.errors import (InvalidRequestError, OffsetMismatchError, OffsetOutOfRangeError,
                            StaleEpochError, StorageError)
 
+from .cleaner import (CleanResult, CompactionConfig, OffsetMap, SegmentSummary, clean_batches, drops_tombstones,
+                      map_batch, plan_clean)
 from .epoch_cache import EpochCache
 from .interface import AppendInfo, DeletedSegment, EpochEntry, LogConfig, ReadResult, patchable
 
@@ -55,6 +57,9 @@ class MemoryLog:
         self._epochs = EpochCache()
         self._flushed_offset = start_offset
         self._closed = False
+        # Compaction's state, as PartitionLog keeps it in cleaner-checkpoint.
+        self._first_dirty_offset = start_offset
+        self._cleaned_at: dict[int, int] = {}
 
     # ------------------------------------------------------------------ offsets
 
@@ -116,9 +121,9 @@ class MemoryLog:
         latest = self._epochs.latest_epoch
         new = []
         for i, (position, header) in enumerate(found):
-            if header.base_offset != expected:
+            if header.base_offset < expected:  # a gap is what compaction leaves
                 raise OffsetMismatchError(
-                    f"follower append: expected base offset {expected}, got {header.base_offset} "
+                    f"follower append: expected base offset {expected} or above, got {header.base_offset} "
                     f"(batch {i} of {len(found)})",
                     expected_offset=expected, actual_offset=header.base_offset)
             if header.leader_epoch < latest:
@@ -146,7 +151,8 @@ class MemoryLog:
                 self._epochs.assign(batch.leader_epoch, batch.base_offset)
             active = self._segments[-1]
             if active.batches and self._should_roll(active, batch, now_ms):
-                self._segments.append(_Segment(batches=[], base_offset=batch.base_offset))
+                # At the log end: after a compaction gap the batch starts later.
+                self._segments.append(_Segment(batches=[], base_offset=self.log_end_offset))
             self._segments[-1].batches.append(batch)
         return AppendInfo(base_offset=new[0].base_offset, last_offset=new[-1].next_offset - 1,
                           batch_count=len(new), size_bytes=sum(len(b.data) for b in new),
@@ -192,7 +198,9 @@ class MemoryLog:
             return empty
         bases = [s.base_offset for s in self._segments]
         segment = self._segments[bisect.bisect_right(bases, start_offset) - 1]
-        i = bisect.bisect_right([b.base_offset for b in segment.batches], start_offset) - 1
+        i = max(bisect.bisect_right([b.base_offset for b in segment.batches], start_offset) - 1, 0)
+        if segment.batches and segment.batches[i].next_offset <= start_offset:
+            i += 1  # start_offset is in a compaction gap: the next batch after it
         taken: list[_Batch] = []
         size = 0
         for batch in segment.batches[i:]:
@@ -249,6 +257,12 @@ class MemoryLog:
         end = self.log_end_offset
         self._flushed_offset = max(min(self._flushed_offset, end), self.log_start_offset)
         self._epochs.truncate_from_end(end)
+        self._forget_cleaning_from(end)
+
+    def _forget_cleaning_from(self, end: int) -> None:
+        active = self._segments[-1].base_offset
+        self._first_dirty_offset = min(self._first_dirty_offset, end)
+        self._cleaned_at = {b: at for b, at in self._cleaned_at.items() if b < active}
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
         self._check_open()
@@ -257,6 +271,7 @@ class MemoryLog:
         self._segments = [_Segment(batches=[], base_offset=offset)]
         self._epochs.clear()
         self._flushed_offset = offset
+        self._forget_cleaning_from(offset)
 
     def apply_retention(self, now_ms: int, *, below_offset: int | None = None) -> list[DeletedSegment]:
         self._check_open()
@@ -282,6 +297,59 @@ class MemoryLog:
             self._flushed_offset = max(self._flushed_offset, self.log_start_offset)
             self._epochs.truncate_from_start(self.log_start_offset)
         return deleted
+
+    def clean(self, now_ms: int, *, below_offset: int, config: CompactionConfig,
+              throttle: Callable[[int], None] | None = None) -> CleanResult | None:
+        """PartitionLog.clean's pass with the same decisions (cleaner.py), applied at once:
+        in memory a swap cannot be torn. `throttle` is told of the bytes as on disk."""
+        self._check_open()
+        pace = throttle or (lambda n: None)
+        summaries = [SegmentSummary(base_offset=s.base_offset, next_offset=s.next_offset, size_bytes=s.size_bytes,
+                                    max_timestamp=s.max_timestamp, cleaned_at_ms=self._cleaned_at.get(s.base_offset))
+                     for s in self._segments]
+        plan = plan_clean(summaries, first_dirty_offset=self._first_dirty_offset,
+                          bound_offset=min(below_offset, self._flushed_offset), now_ms=now_ms, config=config)
+        if plan is None:
+            return None
+        offset_map = OffsetMap(keys_max=config.offset_map_keys_max)
+        producer_last: dict[int, int] = {}
+        count = len(plan.segments)
+        for i, segment in enumerate(self._segments[:count]):
+            for batch in segment.batches:
+                pace(len(batch.data))
+                map_batch(read_header(batch.data), batch.data, offset_map=offset_map, producer_last=producer_last)
+            if offset_map.full():
+                count = i + 1
+                break
+        pinned: set[bytes] = set()
+        cleaned = removed = before = after = 0
+        for summary, segment in zip(plan.segments[:count], self._segments[:count]):
+            verdict = clean_batches([(read_header(b.data), b.data) for b in segment.batches],
+                                    segment_next_offset=summary.next_offset, offset_map=offset_map,
+                                    producer_last=producer_last,
+                                    drop_tombstones=drops_tombstones(summary, now_ms=now_ms, config=config),
+                                    pinned=pinned)
+            pace(summary.size_bytes)
+            if not verdict.changed:
+                continue
+            kept = []
+            for data in verdict.batches:
+                header = read_header(data)
+                kept.append(_Batch(base_offset=header.base_offset, next_offset=header.next_offset,
+                                   leader_epoch=header.leader_epoch, max_timestamp=header.max_timestamp,
+                                   data=bytes(data)))
+            assert kept[-1].next_offset == segment.next_offset, (kept[-1].next_offset, segment.next_offset)
+            segment.batches = kept
+            cleaned += 1
+            removed += verdict.records_removed
+            before += summary.size_bytes
+            after += segment.size_bytes
+        end_offset = plan.segments[count - 1].next_offset
+        self._first_dirty_offset = max(self._first_dirty_offset, end_offset)
+        for summary in plan.segments[:count]:
+            self._cleaned_at.setdefault(summary.base_offset, now_ms)
+        return CleanResult(segments_cleaned=cleaned, records_removed=removed, bytes_before=before,
+                           bytes_after=after, end_offset=end_offset)
 
     def _check_open(self) -> None:
         if self._closed:

@@ -1,7 +1,8 @@
 """One segment: `<base_offset:020d>.log` plus its `.index` and `.timeindex`.
 
-A segment only ever holds whole, validated batches with contiguous offsets
-starting at its base offset. Reads and index rebuilds look at batch headers
+A segment only ever holds whole, validated batches with increasing offsets at or
+above its base offset: contiguous until compaction removes records, which leaves
+gaps between batches (never inside one) but keeps the segment's last offset. Reads and index rebuilds look at batch headers
 only; records are never decoded. Not thread-safe: PartitionLog serialises calls.
 """
 from __future__ import annotations
@@ -136,7 +137,7 @@ class Segment:
         rel, start = index.lookup(2**32 - 1)
         self.size_bytes, self.next_offset = start, self.base_offset + rel
         for span in self.walk(start, position):
-            if span.base_offset != self.next_offset:
+            if span.base_offset < self.next_offset:
                 return None
             self._track(span, index_it=True)
         if self.size_bytes != position or self.next_offset != next_offset:
@@ -160,7 +161,9 @@ class Segment:
                     break
             broken = False
             for header in headers:
-                if header.base_offset != expected:
+                # Offsets only grow; a gap is what compaction (or a follower copying a
+                # compacted leader) leaves, an overlap is damage.
+                if header.base_offset < expected:
                     broken = True
                     break
                 span = BatchSpan(position=position, size_bytes=header.size_bytes,
@@ -202,7 +205,7 @@ class Segment:
         nothing in memory changes."""
         assert not self.sealed, self.log_path
         first, last = spans[0], spans[-1]
-        assert first.base_offset == self.next_offset, (first.base_offset, self.next_offset)
+        assert first.base_offset >= self.next_offset, (first.base_offset, self.next_offset)
         view = memoryview(buf)[first.position:last.position + last.size_bytes]
         try:
             write_all(self.fd, view, self.size_bytes)

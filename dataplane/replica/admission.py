@@ -13,7 +13,8 @@ BrokerBudget event), requests are held in arrival order (`held_produce_max`;
 after each event once it can (`_admit_held`). Taking one (`_take_produce`): acks
 is 0, 1 or -1 (INVALID_REQUIRED_ACKS); the batches parse and pass their CRC
 (CORRUPT_MESSAGE), their headers parsed here once for the whole path; no batch
-above `batch_bytes_max` (MESSAGE_TOO_LARGE); the request id is new; fewer than
+above `batch_bytes_max` (MESSAGE_TOO_LARGE); on a compacted topic every record has a
+key (INVALID_RECORD: the records are decoded for it); the request id is new; fewer than
 `pending_produce_max` requests are pending. Then backpressure: while the bytes
 this leader wrote in its epoch and the HW has not passed reach
 `unreplicated_bytes_max`, requests wait in arrival order in the backlog
@@ -31,7 +32,7 @@ import collections
 import dataclasses
 from typing import TYPE_CHECKING
 
-from common.batch import BatchHeader, Buffer, iter_batches
+from common.batch import BatchHeader, Buffer, iter_batches, read_records
 from common.epochs import check_epoch, leader_epoch_error
 from common.errors import CorruptBatchError, ErrorCode
 from dataplane.replica.actions import NoteAction, Rejected, RefreshMetadata, ReleaseProduce
@@ -162,6 +163,12 @@ class ProduceAdmission:
                                      reason=f"batch of {too_big[0]} bytes exceeds max_message_bytes="
                                             f"{ev.batch_bytes_max}")
                 return
+        if self.config.keys_required:
+            reason = _keyless_record(ev.records)
+            if reason is not None:
+                self._refuse_produce(ev, ErrorCode.INVALID_RECORD if reason[0] else ErrorCode.CORRUPT_MESSAGE,
+                                     reason=reason[1])
+                return
         if ev.request_id in self.pending or ev.request_id in self._backlog:
             self._refuse_produce(ev, ErrorCode.INVALID_REQUEST,
                                  reason=f"request id {ev.request_id} is already waiting; ids must be unique")
@@ -281,3 +288,18 @@ class ProduceAdmission:
         self._notes.append(Rejected(event="ProduceRequest", error=error, their_epoch=their_epoch,
                                     our_epoch=self.leader_epoch, reason=reason))
 
+
+
+def _keyless_record(records: Buffer) -> tuple[bool, str] | None:
+    """Why a compacted topic refuses `records` (True: a record has no key; False: they do
+    not decode), or None when every record has a key."""
+    try:
+        for i, (position, _) in enumerate(iter_batches(records, validate=False)):
+            for record in read_records(records, position):
+                if record.key is None:
+                    return True, (f"record at offset delta {record.offset} of batch {i} has no key; the topic is "
+                                  "compacted (cleanup_policy has compact), which keeps the latest record per key: "
+                                  "give every record a key")
+    except CorruptBatchError as exc:
+        return False, str(exc)
+    return None

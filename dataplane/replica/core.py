@@ -837,13 +837,14 @@ class Replica(ProduceAdmission, PushMixin):
             return False
         expected = self.log_end_offset
         for h in headers:
-            if h.base_offset != expected or h.leader_epoch > self.leader_epoch:
+            # Gaps are what compaction leaves in the leader's log; an overlap is an error.
+            if h.base_offset < expected or h.leader_epoch > self.leader_epoch:
                 self._notes.append(Rejected(event="FetchResponse", error=ErrorCode.INVALID_REQUEST,
                                             their_epoch=h.leader_epoch, our_epoch=self.leader_epoch,
-                                            reason=f"batch at {h.base_offset}, expected {expected}"))
+                                            reason=f"batch at {h.base_offset}, expected {expected} or above"))
                 return False
             expected = h.next_offset
-        self._persist.append(Append(as_leader=False, records=records, base_offset=self.log_end_offset,
+        self._persist.append(Append(as_leader=False, records=records, base_offset=headers[0].base_offset,
                                     last_offset=expected - 1, leader_epoch=headers[-1].leader_epoch))
         for h in headers:
             self.producer_state.record(h, base_offset=h.base_offset)

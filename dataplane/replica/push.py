@@ -231,10 +231,10 @@ class PushMixin:
             return None
         offset = prev_offset
         for i, (pos, h) in enumerate(found):
-            if h.base_offset != offset:
+            if h.base_offset < offset:  # a gap is what compaction leaves; an overlap is an error
                 self._notes.append(Rejected(event="AppendEntries", error=ErrorCode.INVALID_REQUEST,
                                             their_epoch=h.leader_epoch, our_epoch=self.leader_epoch,
-                                            reason=f"batch at {h.base_offset}, expected {offset}"))
+                                            reason=f"batch at {h.base_offset}, expected {offset} or above"))
                 return None
             if h.next_offset <= self.log_end_offset and epoch_before(self.log, h.next_offset) == h.leader_epoch \
                     and self._batch_epoch_at(h.base_offset) == h.leader_epoch:

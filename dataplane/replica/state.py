@@ -45,6 +45,8 @@ class TopicConfigView(Protocol):
     def replica_lag_time_max_ms(self) -> int: ...
     @property
     def replication_mode(self) -> str: ...
+    @property
+    def compacted(self) -> bool: ...
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -90,6 +92,9 @@ class ReplicationConfig:
     durability: str = "fsync"
     replica_lag_time_max_ms: int = 10_000
     replication_mode: str = "pull"
+    # A compacted topic (cleanup_policy has compact): compaction keeps the latest record per
+    # key, so a record without one is refused at produce (INVALID_RECORD), as Kafka does.
+    keys_required: bool = False
 
     def __post_init__(self) -> None:
         if self.commit_policy not in COMMIT_POLICIES:
@@ -115,7 +120,8 @@ class ReplicationConfig:
                    min_insync_replicas=config.min_insync_replicas,
                    durability=config.durability,
                    replica_lag_time_max_ms=config.replica_lag_time_max_ms,
-                   replication_mode=config.replication_mode)
+                   replication_mode=config.replication_mode,
+                   keys_required=config.compacted)
 
 
 class Role(enum.Enum):
