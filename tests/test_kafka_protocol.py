@@ -8,9 +8,10 @@ import pytest
 from kio.schema.errors import ErrorCode as KafkaErrorCode
 
 from common.errors import ErrorCode
-from dataplane.kafka import handlers, messages, protocol  # noqa: F401  (handlers register the APIs)
+from common.wire import messages as wire
+from dataplane.kafka import handlers, messages, offsets, protocol  # noqa: F401  (handlers register the APIs)
 from dataplane.kafka.metadata import api_versions_body
-from dataplane.kafka.registry import APIS, register
+from dataplane.kafka.registry import APIS, Request, register
 
 GROUP_AND_TRANSACTION_KEYS = {8, 9, 10, 11, 12, 13, 14, 15, 16, 24, 25, 26, 28, 42, 47, 61, 65, 66, 68, 69}
 
@@ -60,3 +61,58 @@ def test_decode_reads_v2_headers_and_refusals_by_version() -> None:
         protocol.decode_request(header(3, 8, flexible=False) + b"\0")
     with pytest.raises(protocol.FrameError, match="2 bytes after the request"):
         protocol.decode_request(header(18, 0, flexible=False) + b"\0\0")
+
+
+class FakeOffsets:
+    """The broker's list_offsets as the core answers it: earliest 0, latest the HW, a timestamp the
+    base offset of the first batch at or after it, or the HW when there is none; partition 1 is led
+    elsewhere."""
+
+    HIGH_WATERMARK = 10
+    BATCH_TIMES = {2: 100, 4: 200, 7: 300}   # base offset -> the batch's largest timestamp
+
+    def __init__(self) -> None:
+        self.asked: list[wire.ListOffsetsRequest] = []
+
+    def list_offsets(self, request: wire.ListOffsetsRequest) -> wire.ListOffsetsResponse:
+        self.asked.append(request)
+
+        def one(p: wire.ListOffsetsPartition) -> wire.ListOffsetsPartitionResponse:
+            if p.partition == 1:
+                return wire.ListOffsetsPartitionResponse(partition=1, error_code=ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                                                         timestamp=p.timestamp)
+            offset = {wire.EARLIEST_TIMESTAMP: 0, wire.LATEST_TIMESTAMP: self.HIGH_WATERMARK}.get(p.timestamp)
+            if offset is None:
+                offset = next((base for base, ts in self.BATCH_TIMES.items() if ts >= p.timestamp),
+                              self.HIGH_WATERMARK)
+            return wire.ListOffsetsPartitionResponse(partition=p.partition, timestamp=p.timestamp, offset=offset,
+                                                     leader_epoch=3)
+        return wire.ListOffsetsResponse(topics=tuple(
+            wire.ListOffsetsTopic(topic=t.topic, partitions=tuple(one(p) for p in t.partitions))
+            for t in request.topics))
+
+
+def test_list_offsets_answers_kafkas_none_and_timestamps() -> None:
+    """Claim: a timestamp with no record at or after it is offset -1, timestamp -1 (Kafka's answer,
+    which Java's offsetsForTimes turns into null; the core answers the HW, where Biplane's own
+    consumer seeks); earliest and latest carry timestamp -1; a found offset and errors pass as the
+    core gave them, each partition where it was asked, at every served version."""
+    import asyncio
+    from types import SimpleNamespace
+
+    asked = [(0, 250), (0, -2), (1, 150), (0, 999), (0, -1), (0, 100)]
+    for version in range(1, 6):
+        requests = FakeOffsets()
+        body = messages.build(messages.request_schema(offsets.LIST_OFFSETS, version), {
+            "replica_id": -1, "isolation_level": 0, "topics": [{"name": "t", "partitions": [
+                {"partition_index": p, "current_leader_epoch": -1, "timestamp": ts} for p, ts in asked]}]})
+        request = Request(offsets.LIST_OFFSETS, version, 1, "test", body, served=True)
+        context = SimpleNamespace(requests=requests)
+        answer = asyncio.run(offsets.list_offsets(request, context))  # type: ignore[arg-type]
+        got = [(p.partition_index, int(p.error_code), p.offset, p.timestamp) for p in answer.topics[0].partitions]
+        assert got == [(0, 0, 7, 250), (0, 0, 0, -1), (1, int(ErrorCode.NOT_LEADER_OR_FOLLOWER), -1, -1),
+                       (0, 0, -1, -1), (0, 0, FakeOffsets.HIGH_WATERMARK, -1), (0, 0, 2, 100)], version
+        epochs = [getattr(p, "leader_epoch", None) for p in answer.topics[0].partitions]
+        assert epochs[3] in (-1, None) and epochs[0] in (3, None)  # v4 adds leader_epoch
+        (internal,) = requests.asked  # one call to the core: a search and its latest see one moment
+        assert len(internal.topics[0].partitions) == len(asked) + 4
