@@ -142,7 +142,10 @@ class ControlClient:
         if self._session is None:
             self._session = aiohttp.ClientSession()
         headers = {SECRET_HEADER: self.secret} if self.secret else {}
-        payload = body.model_dump(mode="json") if body is not None else None
+        # Only the fields the caller set, as the controller answers: a forwarded admin request
+        # must mean what its client sent, and the controller's rules tell an omitted field from
+        # one given (a Kafka CreateTopics with a replica assignment gives no partition count).
+        payload = body.model_dump(mode="json", exclude_unset=True) if body is not None else None
         timeout = aiohttp.ClientTimeout(total=(self.request_timeout_ms + extra_timeout_ms) / 1000)
         candidates = self.urls
         last_error = "no attempt made"

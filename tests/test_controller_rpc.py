@@ -264,3 +264,20 @@ def test_control_client_speaks_the_rpc_and_raises_the_controllers_codes(cluster)
                 await bad.allocate_producer_ids(AllocateProducerIdsRequest(broker_id=9, count=1))
             assert info.value.code_name == "UNAUTHORIZED"  # an HTTP-only answer: not an ErrorCode
     asyncio.run(run())
+
+
+def test_a_forwarded_create_topic_sends_only_the_fields_its_caller_set(cluster):
+    """A broker forwards a Kafka client's CreateTopics with a replica assignment and no partition count
+    (kafka-topics --replica-assignment): the controller must not see the model's default count of 1,
+    which disagrees with the assignment's 2 partitions."""
+    c, _ = cluster
+    from common.control_client import ControlClient
+    from common.requests import CreateTopicRequest
+
+    async def run():
+        async with ControlClient([c.spec.api_url], secret=SECRET) as cc:
+            await cc.create_topic(CreateTopicRequest(name="forwarded-assignment",
+                                                     replica_assignment=((1, 2, 3), (2, 3, 1))))
+    asyncio.run(run())
+    topic = http("GET", c.spec.api_url + "/v1/topics/forwarded-assignment").body
+    assert [p["replicas"] for p in topic["partitions"]] == [[1, 2, 3], [2, 3, 1]]

@@ -83,6 +83,27 @@ def test_a_count_the_request_model_refuses_gets_kafkas_code_for_it_and_names_it(
     assert "got 0" in topic.error_message
 
 
+def test_an_assignment_comes_with_counts_of_minus_one_and_is_forwarded_without_counts():
+    """Kafka's rule (kafka-topics --replica-assignment sends -1 and -1): the assignment carries the counts,
+    so the controller gets no count of its own to check it against, and a count beside it is refused."""
+    port = FakePort()
+    assignment = [{"partition_index": 0, "broker_ids": [1, 2, 3]}, {"partition_index": 1, "broker_ids": [2, 3, 1]}]
+    answer = run(admin.create_topics(request(admin.CREATE_TOPICS, 4, {"timeout": 5000, "validate_only": False,
+        "topics": [{"name": "assigned", "num_partitions": -1, "replication_factor": -1, "assignments": assignment,
+                    "configs": []},
+                   {"name": "counted", "num_partitions": 2, "replication_factor": -1, "assignments": assignment,
+                    "configs": []},
+                   {"name": "replicated", "num_partitions": -1, "replication_factor": 3, "assignments": assignment,
+                    "configs": []}]}), port))
+    (sent,) = [r for _, r in port.calls]
+    assert sent.name == "assigned" and sent.replica_assignment == ((1, 2, 3), (2, 3, 1))
+    assert not {"partitions", "replication_factor"} & sent.model_fields_set
+    codes = {t.name: (int(t.error_code), t.error_message) for t in answer.topics}
+    assert codes["assigned"] == (0, None)
+    assert codes["counted"][0] == ErrorCode.INVALID_REQUEST and "must be -1, not 2" in codes["counted"][1]
+    assert codes["replicated"][0] == ErrorCode.INVALID_REQUEST and "must be -1, not 3" in codes["replicated"][1]
+
+
 def test_validate_only_goes_to_the_controller_as_such():
     port = FakePort(refuse={"b": TopicExistsError("b")})
     answer = run(admin.create_topics(request(admin.CREATE_TOPICS, 4, {"timeout": 5000, "validate_only": True,

@@ -8,9 +8,10 @@ import pytest
 from kio.schema.errors import ErrorCode as KafkaErrorCode
 
 from common.errors import ErrorCode
-from dataplane.kafka import handlers, messages, protocol  # noqa: F401  (handlers register the APIs)
+from common.wire import messages as wire
+from dataplane.kafka import handlers, messages, offsets, protocol  # noqa: F401  (handlers register the APIs)
 from dataplane.kafka.metadata import api_versions_body
-from dataplane.kafka.registry import APIS, register
+from dataplane.kafka.registry import APIS, Request, register
 
 GROUP_AND_TRANSACTION_KEYS = {8, 9, 10, 11, 12, 13, 14, 15, 16, 24, 25, 26, 28, 42, 47, 61, 65, 66, 68, 69}
 
@@ -60,3 +61,49 @@ def test_decode_reads_v2_headers_and_refusals_by_version() -> None:
         protocol.decode_request(header(3, 8, flexible=False) + b"\0")
     with pytest.raises(protocol.FrameError, match="2 bytes after the request"):
         protocol.decode_request(header(18, 0, flexible=False) + b"\0\0")
+
+
+class FakeOffsets:
+    """The broker's list_offsets as the core answers it (ReplicaCore.list_offset): earliest 0 and
+    latest the HW with timestamp -1; a timestamp the first record stamped at or after it with its
+    own timestamp, or -1/-1 when none is below the HW; partition 1 is led elsewhere."""
+
+    HIGH_WATERMARK = 10
+    RECORD_TIMES = {2: 100, 3: 150, 7: 300}   # offset -> the record's timestamp
+
+    def list_offsets(self, request: wire.ListOffsetsRequest) -> wire.ListOffsetsResponse:
+        def one(p: wire.ListOffsetsPartition) -> wire.ListOffsetsPartitionResponse:
+            if p.partition == 1:
+                return wire.ListOffsetsPartitionResponse(partition=1, error_code=ErrorCode.NOT_LEADER_OR_FOLLOWER)
+            if p.timestamp < 0:
+                offset = 0 if p.timestamp == wire.EARLIEST_TIMESTAMP else self.HIGH_WATERMARK
+                return wire.ListOffsetsPartitionResponse(partition=p.partition, offset=offset, leader_epoch=3)
+            found = next(((o, ts) for o, ts in self.RECORD_TIMES.items() if ts >= p.timestamp), None)
+            if found is None:
+                return wire.ListOffsetsPartitionResponse(partition=p.partition)
+            return wire.ListOffsetsPartitionResponse(partition=p.partition, offset=found[0], timestamp=found[1],
+                                                     leader_epoch=3)
+        return wire.ListOffsetsResponse(topics=tuple(
+            wire.ListOffsetsTopic(topic=t.topic, partitions=tuple(one(p) for p in t.partitions))
+            for t in request.topics))
+
+
+def test_list_offsets_answers_the_cores_offsets_and_record_timestamps() -> None:
+    """Claim: each partition's answer is the core's, where it was asked, at every served version:
+    a found record's offset and its own timestamp (not the time asked for), -1/-1 for none (Kafka's
+    answer, which Java's offsetsForTimes turns into null), timestamp -1 for earliest and latest."""
+    import asyncio
+    from types import SimpleNamespace
+
+    asked = [(0, 250), (0, -2), (1, 150), (0, 999), (0, -1), (0, 120)]
+    for version in range(1, 6):
+        body = messages.build(messages.request_schema(offsets.LIST_OFFSETS, version), {
+            "replica_id": -1, "isolation_level": 0, "topics": [{"name": "t", "partitions": [
+                {"partition_index": p, "current_leader_epoch": -1, "timestamp": ts} for p, ts in asked]}]})
+        request = Request(offsets.LIST_OFFSETS, version, 1, "test", body, served=True)
+        answer = asyncio.run(offsets.list_offsets(request, SimpleNamespace(requests=FakeOffsets())))  # type: ignore[arg-type]
+        got = [(p.partition_index, int(p.error_code), p.offset, p.timestamp) for p in answer.topics[0].partitions]
+        assert got == [(0, 0, 7, 300), (0, 0, 0, -1), (1, int(ErrorCode.NOT_LEADER_OR_FOLLOWER), -1, -1),
+                       (0, 0, -1, -1), (0, 0, FakeOffsets.HIGH_WATERMARK, -1), (0, 0, 3, 150)], version
+        epochs = [getattr(p, "leader_epoch", None) for p in answer.topics[0].partitions]
+        assert epochs[3] in (-1, None) and epochs[0] in (3, None)  # v4 adds leader_epoch

@@ -277,7 +277,7 @@ class RequestHandler:
                 offset, timestamp, epoch = -1, -1, -1
                 if driver is not None:
                     error, offset, timestamp = driver.replica.list_offset(p.timestamp, p.current_leader_epoch)
-                    if error is ErrorCode.NONE:
+                    if error is ErrorCode.NONE and offset >= 0:  # "none found" carries no epoch, as in Kafka
                         epoch = driver.replica.leader_epoch
                     elif error is ErrorCode.UNKNOWN_LEADER_EPOCH:
                         self.refresh_metadata()  # list_offset is read-only: it asks through us

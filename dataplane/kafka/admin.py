@@ -123,6 +123,16 @@ async def create_topics(request: Request, port: AdminPort, defaults: tuple[int, 
                                                                    key=lambda a: a.partition_index))
             fields: dict[str, Any] = {"name": topic.name, "config": config}
             if assignment:
+                # Kafka's rule: an assignment carries the counts, and a count given beside it
+                # is refused rather than checked against it.
+                if topic.replication_factor != -1:
+                    raise BiplaneError(f"topic {topic.name!r}: a manual partition assignment was given, so the "
+                                       f"replication factor must be -1, not {topic.replication_factor}",
+                                       code=ErrorCode.INVALID_REQUEST)
+                if topic.num_partitions != -1:
+                    raise BiplaneError(f"topic {topic.name!r}: a manual partition assignment was given, so the "
+                                       f"number of partitions must be -1, not {topic.num_partitions}",
+                                       code=ErrorCode.INVALID_REQUEST)
                 fields["replica_assignment"] = assignment
             else:
                 fields["partitions"] = defaults[0] if topic.num_partitions == -1 else topic.num_partitions
