@@ -95,12 +95,10 @@ def leader_imbalance(image: MetadataImage) -> dict[int, BrokerImbalance]:
 
 
 def elect_imbalanced(image: MetadataImage, *, per_broker_percentage: int,
-                     skip: frozenset[tuple[str, int]] = frozenset(),
-                     eligible: frozenset[int] | None = None) -> list[Record]:
+                     skip: frozenset[tuple[str, int]] = frozenset()) -> list[Record]:
     """The leader-imbalance check: for every broker whose imbalance exceeds
-    `per_broker_percentage` (and in `eligible`, when given), move to it each of its ideal
-    partitions it can lead now (it is unfenced and in the ISR; the partition has a leader;
-    not in `skip`).
+    `per_broker_percentage`, move to it each of its ideal partitions it can lead now
+    (it is unfenced and in the ISR; the partition has a leader; not in `skip`).
 
     `isr` partitions move in one record, `quorum` ones are fenced for an election,
     as in `elect_preferred`. Idempotent: with these records applied, it returns nothing.
@@ -108,7 +106,7 @@ def elect_imbalanced(image: MetadataImage, *, per_broker_percentage: int,
     if not 0 <= per_broker_percentage <= 100:
         raise ValueError(f"per_broker_percentage must be in 0..100, got {per_broker_percentage}")
     over = {b: i for b, i in leader_imbalance(image).items()
-            if i.exceeds(per_broker_percentage) and image.is_unfenced(b) and (eligible is None or b in eligible)}
+            if i.exceeds(per_broker_percentage) and image.is_unfenced(b)}
     records: list[Record] = []
     if not over:
         return records
@@ -155,14 +153,6 @@ class IntervalTimer:
 class LeaderImbalanceCheck:
     """Runs `elect_imbalanced` every `check_interval_ms` (leader memory only).
 
-    A broker is handed leaderships back only once it has stayed unfenced for
-    `settle_ms` (default two check intervals), as this leader saw it: a broker just
-    restarted is still opening its partitions and catching up, and one fenced for a
-    stalled event loop may stall again. The chaos harness found both taking
-    leaderships back within a second of rejoining the ISR and being fenced again,
-    each round trip a leader change, and a two-step election on quorum partitions.
-    A new controller leader sees every broker unfenced from its first look.
-
     A quorum partition's move is an election the preferred replica can lose (a
     replica with a longer flushed log wins); such a partition is not fenced again
     by this check for `quorum_retry_ms`, so a busy partition is not re-elected every
@@ -171,33 +161,24 @@ class LeaderImbalanceCheck:
 
     def __init__(self, *, check_interval_ms: int = LEADER_IMBALANCE_CHECK_INTERVAL_MS,
                  per_broker_percentage: int = LEADER_IMBALANCE_PER_BROKER_PERCENTAGE,
-                 quorum_retry_ms: int = QUORUM_PREFERRED_RETRY_MS, settle_ms: int | None = None) -> None:
+                 quorum_retry_ms: int = QUORUM_PREFERRED_RETRY_MS) -> None:
         if not 0 <= per_broker_percentage <= 100:
             raise ValueError(f"per_broker_percentage must be in 0..100, got {per_broker_percentage}")
         if quorum_retry_ms < 0:
             raise ValueError(f"quorum_retry_ms must be >= 0, got {quorum_retry_ms}")
-        if settle_ms is not None and settle_ms < 0:
-            raise ValueError(f"settle_ms must be >= 0, got {settle_ms}")
         self.timer = IntervalTimer(interval_ms=check_interval_ms)
         self.per_broker_percentage = per_broker_percentage
         self.quorum_retry_ms = quorum_retry_ms
-        self.settle_ms = 2 * check_interval_ms if settle_ms is None else settle_ms
         self._quorum_tried_ms: dict[tuple[str, int], int] = {}
-        # Broker -> when this leader first saw it unfenced (since its last fence). Bounded by
-        # the brokers in the image.
-        self._unfenced_since_ms: dict[int, int] = {}
 
     def run(self, image: MetadataImage, now_ms: int) -> list[Record]:
-        """Call on every periodic pass (not only when due): it notes when brokers unfence."""
-        self._unfenced_since_ms = {b: self._unfenced_since_ms.get(b, now_ms) for b in image.unfenced_broker_ids()}
         if not self.timer.due(now_ms):
             return []
-        settled = frozenset(b for b, since in self._unfenced_since_ms.items() if now_ms - since >= self.settle_ms)
         self._quorum_tried_ms = {tp: at for tp, at in self._quorum_tried_ms.items()
                                  if now_ms - at < self.quorum_retry_ms
                                  and image.get_partition(*tp) is not None}
         records = elect_imbalanced(image, per_broker_percentage=self.per_broker_percentage,
-                                   skip=frozenset(self._quorum_tried_ms), eligible=settled)
+                                   skip=frozenset(self._quorum_tried_ms))
         for r in records:
             if isinstance(r, PartitionChange) and r.fenced_for_election:
                 self._quorum_tried_ms[(r.topic, r.partition)] = now_ms
