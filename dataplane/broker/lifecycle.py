@@ -9,9 +9,10 @@ stats. A heartbeat answered STALE_BROKER_EPOCH (or unknown broker) registers aga
 Heartbeats go from a thread of their own (`HeartbeatThread`, with its own event loop and
 controller client), as Kafka's broker sends them from its lifecycle manager's thread, not
 its request handlers': on a loaded machine the broker's event loop was seen kept off the
-CPU for 1.5-5 s at a time, longer than the controller's 1.5 s session timeout, and every
-such stall fenced the broker, moved its leaderships and shrank its ISRs, and the
-imbalance check moved them back seconds later. The thread still stops heartbeating when
+CPU for 1.5-5 s at a time, longer than the controller's 1.5 s session timeout; such a
+stall fenced the broker (its leaderships moved, its ISR places given up) and the
+imbalance check moved the leaderships back seconds later. A thread needs the CPU too,
+but only for a moment per heartbeat. The thread still stops heartbeating when
 the event loop made no progress for `loop_stall_ms_max`: a broker whose loop is wedged
 is fenced, only later.
 
