@@ -11,7 +11,12 @@ controller answers with (`controller/rpc.py`); an answer that does not fit is a
 
 Any controller may be asked: a follower answers 421 with the leader's URL and
 the client retries there (or the next URL while an election runs), up to
-`attempts_max` times. An error the controller reports is raised as a
+`attempts_max` times. Each attempt has its own bound, so a controller that
+accepts the connection but does not answer (stopped, cut off, starved) costs
+one bound and the next URL is tried: `heartbeat_timeout_ms` for heartbeats,
+which must reach the controller leader within its session timeout or the
+broker is fenced; the long-poll's own wait plus `long_poll_slack_ms` for
+metadata; `request_timeout_ms` for the rest. An error the controller reports is raised as a
 `BiplaneError` with the controller's code (e.g. STALE_BROKER_EPOCH: register
 again; INVALID_UPDATE_VERSION: the ISR change was decided on a stale epoch).
 """
@@ -62,9 +67,16 @@ class MetadataBatch:
 
 class ControlClient:
     def __init__(self, urls: list[str], *, secret: str | None, request_timeout_ms: int = 10_000,
+                 heartbeat_timeout_ms: int = 1_000, long_poll_slack_ms: int = 2_000,
                  attempts_max: int = 20, retry_backoff_ms: int = 100) -> None:
         if not urls:
             raise ValueError("ControlClient needs at least one controller URL")
+        for name, value in (("request_timeout_ms", request_timeout_ms), ("heartbeat_timeout_ms", heartbeat_timeout_ms),
+                            ("long_poll_slack_ms", long_poll_slack_ms)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r} must be a positive integer (ms)")
+        self.heartbeat_timeout_ms = heartbeat_timeout_ms
+        self.long_poll_slack_ms = long_poll_slack_ms
         self.urls = [u.rstrip("/") for u in urls]
         self.secret = secret
         self.request_timeout_ms = request_timeout_ms
@@ -91,7 +103,10 @@ class ControlClient:
         return _parse(RegisterBrokerAnswer, "register", await self._call("POST", "register", request))
 
     async def heartbeat(self, request: HeartbeatRequest) -> HeartbeatAnswer:
-        return _parse(HeartbeatAnswer, "heartbeat", await self._call("POST", "heartbeat", request))
+        # Bounded well below the session timeout: one heartbeat stuck on a stopped or cut-off
+        # controller leader for request_timeout_ms got every broker fenced by the next leader.
+        return _parse(HeartbeatAnswer, "heartbeat", await self._call("POST", "heartbeat", request,
+                                                                     attempt_timeout_ms=self.heartbeat_timeout_ms))
 
     async def alter_isr(self, request: AlterIsrRequest) -> AlterIsrAnswer:
         """The partition as the controller now has it; raises when the change is refused."""
@@ -128,8 +143,10 @@ class ControlClient:
 
     async def fetch_metadata(self, *, after_offset: int, wait_ms_max: int) -> MetadataBatch:
         # The query parameter keeps its wire name, max_wait_ms.
+        # The controller answers by the end of the wait; past that, little slack: a long-poll
+        # stuck on a stopped controller kept the broker from learning new leaders meanwhile.
         doc = await self._call("GET", f"metadata?after_offset={after_offset}&max_wait_ms={wait_ms_max}", None,
-                               extra_timeout_ms=wait_ms_max)
+                               attempt_timeout_ms=wait_ms_max + self.long_poll_slack_ms)
         answer = _parse(MetadataAnswer, "metadata", doc)
         if answer.image is not None:
             return MetadataBatch(offset=answer.offset, image=answer.image)
@@ -138,7 +155,8 @@ class ControlClient:
 
     # ---- transport
 
-    async def _call(self, method: str, path: str, body: BaseModel | None, *, extra_timeout_ms: int = 0) -> dict:
+    async def _call(self, method: str, path: str, body: BaseModel | None, *,
+                    attempt_timeout_ms: int | None = None) -> dict:
         if self._session is None:
             self._session = aiohttp.ClientSession()
         headers = {SECRET_HEADER: self.secret} if self.secret else {}
@@ -146,7 +164,7 @@ class ControlClient:
         # must mean what its client sent, and the controller's rules tell an omitted field from
         # one given (a Kafka CreateTopics with a replica assignment gives no partition count).
         payload = body.model_dump(mode="json", exclude_unset=True) if body is not None else None
-        timeout = aiohttp.ClientTimeout(total=(self.request_timeout_ms + extra_timeout_ms) / 1000)
+        timeout = aiohttp.ClientTimeout(total=(attempt_timeout_ms or self.request_timeout_ms) / 1000)
         candidates = self.urls
         last_error = "no attempt made"
         for attempt in range(self.attempts_max):

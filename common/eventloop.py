@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from typing import Any, Callable, Coroutine, TypeVar
 
 T = TypeVar("T")
@@ -97,12 +98,18 @@ class LoopWatchdog:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._handle: asyncio.TimerHandle | None = None
         self._due = 0.0
+        self._cpu_s = 0.0
+        # time.monotonic() of the last tick: when the loop last ran callbacks. Read from other
+        # threads (the broker's heartbeat thread), so a plain float written whole.
+        self.last_progress_s = time.monotonic()
 
     def start(self) -> None:
         if self._handle is not None:
             return
         self._loop = asyncio.get_running_loop()
         self._due = self._loop.time() + self.interval_ms / 1000
+        self._cpu_s = time.thread_time()
+        self.last_progress_s = time.monotonic()
         self._handle = self._loop.call_at(self._due, self._tick)
 
     def _tick(self) -> None:
@@ -110,9 +117,19 @@ class LoopWatchdog:
         now = self._loop.time()
         lag_ms = (now - self._due) * 1000
         self.stalls.observe(lag_ms)
+        cpu_s = time.thread_time()
         if lag_ms >= self.stall_warn_ms:
-            self.logger.warning("%s: event loop stalled for %.0f ms (a callback ran that long)", self.name,
-                                lag_ms, extra={"event": "loop.stall", "stall_ms": round(lag_ms, 1)})
+            # The loop thread's own CPU time tells a long callback (CPU ~ the stall) from a
+            # thread kept off the CPU: a starved machine, the GIL held by another thread, or
+            # a blocking call. They need different remedies.
+            cpu_ms = (cpu_s - self._cpu_s) * 1000
+            self.logger.warning("%s: event loop stalled for %.0f ms (%.0f ms of it on the CPU in this thread: %s)",
+                                self.name, lag_ms, cpu_ms,
+                                "a callback ran that long" if cpu_ms >= lag_ms / 2 else "kept off the CPU",
+                                extra={"event": "loop.stall", "stall_ms": round(lag_ms, 1),
+                                       "cpu_ms": round(cpu_ms, 1)})
+        self._cpu_s = cpu_s
+        self.last_progress_s = time.monotonic()
         self._due = now + self.interval_ms / 1000
         self._handle = self._loop.call_at(self._due, self._tick)
 

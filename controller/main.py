@@ -20,6 +20,7 @@ import sys
 
 from aiohttp import web
 
+from common.eventloop import LoopWatchdog
 from common.logs import configure_logging
 from controller.service import ControllerNode
 
@@ -196,11 +197,15 @@ async def serve(args: argparse.Namespace) -> int:
     await site.start()
     logging.getLogger("biplane.controller").info(
         "controller %d serving API %s, raft %s, %d peer(s)", me.node_id, me.api_url, me.raft_address, len(peers))
+    # A stalled loop answers heartbeats late and decides fencing late: worth a log line.
+    watchdog = LoopWatchdog(name=f"controller {me.node_id}")
+    watchdog.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    watchdog.stop()
     await runner.cleanup()
     return 0
 

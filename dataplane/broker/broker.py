@@ -25,7 +25,12 @@ from common.usage import BrokerUsage
 from dataplane.broker.config import BrokerConfig
 from dataplane.broker.fetcher import Fetcher
 from dataplane.broker.listener import start_pipelined_server
-from dataplane.broker.lifecycle import Lifecycle, take_clean_shutdown_marker, write_clean_shutdown_marker
+from dataplane.broker.lifecycle import (
+    HeartbeatThread,
+    Lifecycle,
+    take_clean_shutdown_marker,
+    write_clean_shutdown_marker,
+)
 from dataplane.broker.metadata import MetadataLearner
 from dataplane.broker.metrics import render_metrics
 from dataplane.broker.offline import OfflineRecovery
@@ -66,6 +71,8 @@ class Broker:
         self.pusher: Pusher | None = None
         self.replicas: ReplicaManager | None = None
         self.lifecycle: Lifecycle | None = None
+        self._heartbeats: HeartbeatThread | None = None
+        self._usage_latest: BrokerUsage | None = None
         self.learner: MetadataLearner | None = None
         self.handler: RequestHandler | None = None
         # Heartbeats and fetch sessions share this loop with every partition: how long it
@@ -92,7 +99,8 @@ class Broker:
         self._dir_lock = DirectoryLock(c.data_dir)
         clean = take_clean_shutdown_marker(c.data_dir)
         self.control = ControlClient(list(c.controller_urls), secret=c.cluster_secret,
-                                     request_timeout_ms=c.request_timeout_ms)
+                                     request_timeout_ms=c.request_timeout_ms,
+                                     heartbeat_timeout_ms=c.heartbeat_timeout_ms)
         self.learner = learner = MetadataLearner(self.control, data_dir=c.data_dir,
                                                  wait_ms_max=c.metadata_wait_ms_max)
         self.fetcher = Fetcher(broker_id=c.broker_id, address_of=self._address_of, deliver=self._deliver,
@@ -127,20 +135,38 @@ class Broker:
         self.lifecycle = Lifecycle(self.control, broker_id=c.broker_id, host=c.client_host, port=self.port,
                                    kafka_port=self.kafka_port,
                                    rack=c.rack, priority=c.priority, clean_shutdown=clean,
-                                   metadata_offset=lambda: learner.offset, usage=self.usage,
+                                   metadata_offset=lambda: learner.offset, usage=lambda: self._usage_latest,
                                    heartbeat_interval_ms=c.heartbeat_interval_ms,
                                    usage_interval_ms=c.usage_interval_ms)
+        self._usage_latest = self.usage()
+        self._heartbeats = HeartbeatThread(
+            self.lifecycle, loop_progress_s=lambda: self.watchdog.last_progress_s,
+            loop_stall_ms_max=c.heartbeat_loop_stall_ms_max,
+            make_control=lambda: ControlClient(list(c.controller_urls), secret=c.cluster_secret,
+                                               request_timeout_ms=c.request_timeout_ms,
+                                               heartbeat_timeout_ms=c.heartbeat_timeout_ms))
+        self._heartbeats.start()
         self.learner.add_listener(self.replicas.on_metadata)
         loop = asyncio.get_running_loop()
         offline = OfflineRecovery(self.replicas, lambda: learner.image, data_dir=c.data_dir,
                                   ready=learner.caught_up.is_set)
-        for coro in (self.learner.run(), self.lifecycle.run(), self.replicas.run_ticks(),
+        for coro in (self.learner.run(), self._heartbeat_support(), self.replicas.run_ticks(),
                      self.replicas.run_retention(), self.replicas.run_cleaner(), offline.run()):
             task = loop.create_task(coro)
             task.add_done_callback(self._task_ended)
             self._tasks.append(task)
         log.info("broker %d listening on %s:%d (clean_start=%s)", c.broker_id, c.host, self.port, clean,
                  extra={"event": "broker.started"})
+
+    async def _heartbeat_support(self) -> None:
+        """What the heartbeat thread needs from the loop: usage figures computed here (the
+        replicas are the loop's to read), and notice when the thread ended by itself."""
+        assert self._heartbeats is not None
+        while True:
+            self._usage_latest = self.usage()
+            if not self._heartbeats.alive():
+                raise RuntimeError(f"the heartbeat thread ended: {self._heartbeats.error!r}")
+            await asyncio.sleep(self.config.usage_interval_ms / 1000)
 
     def _task_ended(self, task: asyncio.Task) -> None:
         if task.cancelled() or self._stopped:
@@ -173,6 +199,8 @@ class Broker:
             if server is not None:
                 server.close()
         await cancel_and_wait(*self._tasks)  # a task that failed was logged when it ended
+        if self._heartbeats is not None:
+            await asyncio.to_thread(self._heartbeats.stop)
         if self.fetcher is not None:
             await self.fetcher.close()
         if self.pusher is not None:

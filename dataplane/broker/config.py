@@ -25,6 +25,14 @@ class BrokerConfig(BaseModel):
     priority: int = Field(default=0, ge=0, le=1000)
 
     heartbeat_interval_ms: int = Field(default=150, ge=10, le=60_000)
+    # One heartbeat attempt's bound before the next controller is tried: below the
+    # controller's session timeout (1.5 s), so a stopped or cut-off controller leader does
+    # not hold heartbeats until the next leader fences this broker.
+    heartbeat_timeout_ms: int = Field(default=1000, ge=10, le=60_000)
+    # Heartbeats run on a thread of their own and keep going through event-loop stalls up
+    # to this long; past it the loop counts as wedged and heartbeats stop (the broker is
+    # fenced a session timeout later).
+    heartbeat_loop_stall_ms_max: int = Field(default=8000, ge=100, le=600_000)
     usage_interval_ms: int = Field(default=1000, ge=100, le=600_000)
     metadata_wait_ms_max: int = Field(default=5000, ge=0, le=30_000)
     fetch_wait_ms_max: int = Field(default=500, ge=0, le=30_000)

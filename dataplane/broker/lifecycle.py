@@ -6,6 +6,16 @@ controller takes this broker out of every ISR until it catches up: KIP-966).
 Heartbeats carry the applied metadata offset and, every usage interval, usage
 stats. A heartbeat answered STALE_BROKER_EPOCH (or unknown broker) registers again.
 
+Heartbeats go from a thread of their own (`HeartbeatThread`, with its own event loop and
+controller client), as Kafka's broker sends them from its lifecycle manager's thread, not
+its request handlers': on a loaded machine the broker's event loop was seen kept off the
+CPU for 1.5-5 s at a time, longer than the controller's 1.5 s session timeout; such a
+stall fenced the broker (its leaderships moved, its ISR places given up) and the
+imbalance check moved the leaderships back seconds later. A thread needs the CPU too,
+but only for a moment per heartbeat. The thread still stops heartbeating when
+the event loop made no progress for `loop_stall_ms_max`: a broker whose loop is wedged
+is fenced, only later.
+
 A clean stop is a controlled shutdown first (Kafka's): heartbeats ask for it,
 the controller fences this broker at once (its leaderships move to other
 replicas, it leaves every ISR), and the broker stops once it has applied that
@@ -18,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 import time
 import uuid
 from typing import Callable
@@ -71,7 +82,7 @@ class Lifecycle:
     def __init__(self, control: ControlClient, *, broker_id: int, host: str, port: int, rack: str | None,
                  priority: int, clean_shutdown: bool, metadata_offset: Callable[[], int],
                  kafka_port: int | None = None,
-                 usage: Callable[[], BrokerUsage], heartbeat_interval_ms: int = 150,
+                 usage: Callable[[], BrokerUsage | None], heartbeat_interval_ms: int = 150,
                  usage_interval_ms: int = 1000, retry_backoff_ms: int = 200) -> None:
         self.control = control
         self.broker_id = broker_id
@@ -84,19 +95,21 @@ class Lifecycle:
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self.usage_interval_ms = usage_interval_ms
         self.retry_backoff_ms = retry_backoff_ms
-        self.registered = asyncio.Event()
+        # Set from the heartbeat thread, read on the event loop: a flag, not an asyncio.Event.
+        self.registered = threading.Event()
         self.fenced = True
         self.want_shutdown = False
         self._last_usage_ms = 0.0
 
-    async def register(self) -> None:
+    async def register(self, control: ControlClient | None = None) -> None:
         """Register until a controller accepts (retrying while none answers)."""
+        control = control or self.control
         request = RegisterBrokerRequest(broker_id=self.broker_id, incarnation_id=self.incarnation_id,
                                         host=self.host, port=self.port, rack=self.rack, priority=self.priority,
                                         clean_shutdown=self.clean_shutdown, kafka_port=self.kafka_port)
         while True:
             try:
-                await self.control.register(request)
+                await control.register(request)
             except BiplaneError as exc:
                 log.info("registration failed: %s", exc, extra={"event": "broker.register_failed"})
                 await asyncio.sleep(self.retry_backoff_ms / 1000)
@@ -106,13 +119,19 @@ class Lifecycle:
             self.registered.set()
             return
 
-    async def run(self) -> None:
-        """Register, then heartbeat until cancelled."""
-        await self.register()
+    async def run(self, *, control: ControlClient | None = None,
+                  beating: Callable[[], bool] = lambda: True) -> None:
+        """Register, then heartbeat until cancelled (through `control`, default the broker's
+        client); a round is skipped while `beating()` is false (the broker's loop is wedged)."""
+        control = control or self.control
+        await self.register(control)
         while True:
             started = time.monotonic()
+            if not beating():
+                await asyncio.sleep(self.heartbeat_interval_ms / 1000)
+                continue
             try:
-                answer = await self.control.heartbeat(self._heartbeat())
+                answer = await control.heartbeat(self._heartbeat())
                 fenced = answer.fenced
                 if fenced != self.fenced:
                     log.info("broker %d %s", self.broker_id, "fenced" if fenced else "unfenced",
@@ -122,7 +141,7 @@ class Lifecycle:
                 if _must_register_again(exc):
                     log.warning("heartbeat refused (%s); registering again", exc,
                                 extra={"event": "broker.reregister"})
-                    await self.register()
+                    await self.register(control)
                 else:
                     log.info("heartbeat failed: %s", exc, extra={"event": "broker.heartbeat_failed"})
             elapsed = time.monotonic() - started
@@ -163,6 +182,83 @@ class Lifecycle:
         return HeartbeatRequest(broker_id=self.broker_id, incarnation_id=self.incarnation_id,
                                 metadata_offset=self.metadata_offset(), usage=usage,
                                 want_shutdown=self.want_shutdown)
+
+
+class HeartbeatThread:
+    """Runs `Lifecycle.run` on a thread with its own event loop and its own controller client
+    (`make_control`, built on that loop), so heartbeats keep their pace while the broker's
+    event loop is stalled. `loop_progress_s()` is the time.monotonic() at which the broker's
+    loop last ran a callback (its LoopWatchdog); heartbeats stop once that is more than
+    `loop_stall_ms_max` ago, so a wedged loop still gets the broker fenced.
+
+    What the thread shares with the loop: `Lifecycle.fenced` and `registered` (written
+    here), `want_shutdown` (written there), and the callables `metadata_offset` and `usage`,
+    which must only read values the loop keeps current."""
+
+    def __init__(self, lifecycle: Lifecycle, *, make_control: Callable[[], ControlClient],
+                 loop_progress_s: Callable[[], float], loop_stall_ms_max: int) -> None:
+        if loop_stall_ms_max < 1:
+            raise ValueError(f"loop_stall_ms_max={loop_stall_ms_max} must be >= 1")
+        self.lifecycle = lifecycle
+        self.make_control = make_control
+        self.loop_progress_s = loop_progress_s
+        self.loop_stall_ms_max = loop_stall_ms_max
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._started = threading.Event()
+        self._thread = threading.Thread(target=self._main, name=f"heartbeat-{lifecycle.broker_id}", daemon=True)
+        self.error: BaseException | None = None   # why the thread ended, when not stopped
+        self.skipped = 0                          # rounds not sent: the loop was wedged
+        self._warned = False
+
+    def start(self) -> None:
+        self._thread.start()
+        self._started.wait()
+
+    def _beating(self) -> bool:
+        stalled_ms = (time.monotonic() - self.loop_progress_s()) * 1000
+        if stalled_ms <= self.loop_stall_ms_max:
+            self._warned = False
+            return True
+        self.skipped += 1
+        if not self._warned:
+            self._warned = True
+            log.warning("broker %d: event loop made no progress for %.0f ms (loop_stall_ms_max=%d); "
+                        "heartbeats stop until it does", self.lifecycle.broker_id, stalled_ms,
+                        self.loop_stall_ms_max, extra={"event": "broker.heartbeat_paused"})
+        return False
+
+    def _main(self) -> None:
+        asyncio.run(self._run())
+
+    async def _run(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        control = self.make_control()
+        self._task = asyncio.current_task()
+        self._started.set()
+        try:
+            await self.lifecycle.run(control=control, beating=self._beating)
+        except asyncio.CancelledError:
+            pass
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever stops the thread
+            self.error = exc
+            log.error("heartbeat thread of broker %d ended: %r", self.lifecycle.broker_id, exc, exc_info=exc)
+        finally:
+            await control.close()
+
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Idempotent; waits up to timeout_s for the thread to end."""
+        loop, task = self._loop, self._task
+        if loop is not None and task is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(task.cancel)
+            except RuntimeError:
+                pass  # its loop just closed
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
 
 
 def _must_register_again(exc: BiplaneError) -> bool:

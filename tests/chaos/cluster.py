@@ -107,6 +107,10 @@ class Node:
             self.proc.wait(timeout=10)
 
 
+# Diagnostics (BIPLANE_CHAOS_TRACE=1): processes log at INFO.
+_LOG_LEVEL = ["--log-level", "INFO"] if os.environ.get("BIPLANE_CHAOS_TRACE") == "1" else []
+
+
 class Cluster:
     def __init__(self, *, network: Network, work_dir: Path, repo_root: Path, broker_disk_mb: int,
                  python: str = sys.executable) -> None:
@@ -133,7 +137,7 @@ class Cluster:
             self.nodes[c] = Node(name=c, kind="controller", node_id=int(c[1:]), netns=ep.netns, address=ep.address,
                                  data_dir=data, log_path=work_dir / "logs" / f"controller-{c[1:]}.log",
                                  args=[python, "-m", "common.cli", "controller", "--node-id", c[1:],
-                                       "--cluster", spec, "--data-dir", str(data)], env=dict(base_env))
+                                       "--cluster", spec, "--data-dir", str(data)] + _LOG_LEVEL, env=dict(base_env))
         for b in brokers:
             ep = network.nodes[b]
             data = work_dir / f"broker-{b[1:]}"
@@ -146,7 +150,7 @@ class Cluster:
                                  data_dir=data, log_path=work_dir / "logs" / f"broker-{b[1:]}.log",
                                  args=[python, "-m", "common.cli", "broker", "--broker-id", b[1:],
                                        "--data-dir", str(data), "--controller", ",".join(self.controller_urls),
-                                       "--host", ep.address, "--port", str(BROKER_PORT)],
+                                       "--host", ep.address, "--port", str(BROKER_PORT)] + _LOG_LEVEL,
                                  env=env, clock_file=clock)
 
     @property

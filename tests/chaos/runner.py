@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import os
 import shutil
 import time
@@ -27,6 +28,8 @@ from tests.chaos.history import FaultRun, History
 from tests.chaos.net import Network
 from tests.chaos.schedule import Fault, make_schedule
 from tests.chaos.workload import Workload, read_back
+
+TRACE = os.environ.get("BIPLANE_CHAOS_TRACE") == "1"
 
 TOPIC_MODES: list[tuple[str, dict[str, Any]]] = [
     (f"{mode}-{policy}-{durability}", {"replication_mode": mode, "commit_policy": policy, "durability": durability})
@@ -235,6 +238,16 @@ class Run:
                             producers=o.producers, consumers=o.consumers, interval_s=o.interval_s, t0=self.t0,
                             request_timeout_ms=o.request_timeout_ms, delivery_timeout_ms=o.delivery_timeout_ms)
         await workload.start()
+        tracer = None
+        if TRACE:
+            tracer = asyncio.create_task(self._trace_metadata(list(topics)))
+            handler = logging.FileHandler(self.o.work_dir / "logs" / "clients.log")
+            t0 = self.t0
+            handler.setFormatter(logging.Formatter("%(run_s).3f %(name)s %(message)s"))
+            handler.addFilter(lambda r: setattr(r, "run_s", r.created - time.time() + time.monotonic() - t0) or True)
+            client_log = logging.getLogger("biplane.client")
+            client_log.setLevel(logging.DEBUG)
+            client_log.addHandler(handler)
         # faults start a warm-up after the workload runs (its consumers may take a while to start)
         schedule = make_schedule(seed=o.seed, duration_s=o.duration_s, start_s=round(self.now() + o.warmup_s, 3),
                                  kinds=o.kinds)
@@ -258,6 +271,8 @@ class Run:
         _log(f"last fault healed at {last_heal_s:.1f} s; settling {o.settle_s:.0f} s")
         await asyncio.sleep(o.settle_s)
         await workload.stop_sending()
+        if tracer is not None:
+            tracer.cancel()
         await workload.stop_consuming()
         self.notes += workload.errors[:50]
         _log("reading every partition back to its high watermark")
@@ -281,6 +296,24 @@ class Run:
                        end_s=end_s, notes=self.notes, exits=self.exits, unreadable=unreadable,
                        producer_restarts=workload.producer_restarts,
                        isr_at_end=isr_at_end)
+
+    async def _trace_metadata(self, topics: list[str]) -> None:
+        """Diagnostics (BIPLANE_CHAOS_TRACE=1): every change of a partition's leader, epochs, ISR
+        or election fencing, and of the brokers' fencing, as the controllers' admin API shows it,
+        with the run's clock, in trace-metadata.jsonl."""
+        last: dict[str, Any] = {}
+        with open(self.o.work_dir / "trace-metadata.jsonl", "w") as out:
+            while True:
+                for path in [f"/v1/topics/{t}/partitions" for t in topics] + ["/v1/brokers"]:
+                    try:
+                        got = await asyncio.to_thread(self.cluster.api_get, path)
+                    except Exception as exc:  # noqa: BLE001 - diagnostics only
+                        got = {"error": str(exc)[:80]}
+                    if got != last.get(path):
+                        last[path] = got
+                        out.write(json.dumps({"at_s": round(self.now(), 3), "path": path, "got": got}) + "\n")
+                        out.flush()
+                await asyncio.sleep(0.2)
 
     def partition_states(self, topics: list[str]) -> tuple[list[str], dict[str, list[str]]]:
         """The ISR of every partition at the end ("b1"...), and one note per partition whose

@@ -1,0 +1,109 @@
+"""The broker's heartbeat thread (dataplane/broker/lifecycle.py, HeartbeatThread): heartbeats
+keep their pace while the broker's event loop is stalled, and stop once the loop has made no
+progress for loop_stall_ms_max. The chaos harness found brokers fenced after every event-loop
+stall longer than the controller's session timeout (1.5 s) on a loaded machine."""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+from aiohttp import web
+
+from common.control_client import ControlClient
+from dataplane.broker.lifecycle import HeartbeatThread, Lifecycle
+
+
+class FakeController:
+    """Accepts registration and heartbeats; notes when each heartbeat arrived."""
+
+    def __init__(self) -> None:
+        self.beats: list[float] = []
+        self.lock = threading.Lock()
+
+    def app(self) -> web.Application:
+        async def register(request: web.Request) -> web.Response:
+            body = await request.json()
+            return web.json_response({"broker_id": body["broker_id"], "metadata_offset": 0, "session_timeout_ms": 1500})
+
+        async def heartbeat(request: web.Request) -> web.Response:
+            body = await request.json()
+            with self.lock:
+                self.beats.append(time.monotonic())
+            return web.json_response({"broker_id": body["broker_id"], "fenced": False, "metadata_offset": 0,
+                                      "session_timeout_ms": 1500})
+        app = web.Application()
+        app.router.add_post("/rpc/v1/register", register)
+        app.router.add_post("/rpc/v1/heartbeat", heartbeat)
+        return app
+
+    def beats_between(self, start: float, end: float) -> int:
+        with self.lock:
+            return sum(1 for t in self.beats if start <= t <= end)
+
+
+def _serve_in_thread(app: web.Application) -> tuple[str, threading.Event]:
+    """The fake controller on a loop of its own: the test blocks its own loop on purpose."""
+    ready, done = threading.Event(), threading.Event()
+    url: list[str] = []
+
+    async def main() -> None:
+        runner = web.AppRunner(app, shutdown_timeout=0.1)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        url.append(f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}")  # type: ignore[union-attr]
+        ready.set()
+        while not done.is_set():
+            await asyncio.sleep(0.05)
+        await runner.cleanup()
+    threading.Thread(target=lambda: asyncio.run(main()), daemon=True).start()
+    ready.wait(10)
+    return url[0], done
+
+
+def test_heartbeats_keep_their_pace_while_the_event_loop_is_blocked_and_stop_when_it_is_wedged() -> None:
+    """Claim: with the broker's loop blocked for 2 s (longer than a 1.5 s session), the
+    controller still receives a heartbeat at least every 0.5 s; once the loop has not
+    progressed for loop_stall_ms_max, heartbeats stop."""
+    controller = FakeController()
+    url, done = _serve_in_thread(controller.app())
+    progress = [time.monotonic()]
+
+    async def run() -> None:
+        main_control = ControlClient([url], secret=None)
+        lifecycle = Lifecycle(main_control, broker_id=1, host="127.0.0.1", port=1, rack=None, priority=0,
+                              clean_shutdown=True, metadata_offset=lambda: 0, usage=lambda: None,
+                              heartbeat_interval_ms=50)
+        thread = HeartbeatThread(lifecycle, make_control=lambda: ControlClient([url], secret=None,
+                                                                               heartbeat_timeout_ms=500),
+                                 loop_progress_s=lambda: progress[0], loop_stall_ms_max=3000)
+        thread.start()
+        try:
+            deadline = time.monotonic() + 5
+            while not lifecycle.registered.is_set() and time.monotonic() < deadline:
+                progress[0] = time.monotonic()
+                await asyncio.sleep(0.02)
+            assert lifecycle.registered.is_set()
+            progress[0] = time.monotonic()
+            blocked_at = time.monotonic()
+            time.sleep(2.0)  # the event loop is stalled; its last progress stays at blocked_at
+            for start in (blocked_at, blocked_at + 0.5, blocked_at + 1.0, blocked_at + 1.5):
+                assert controller.beats_between(start, start + 0.5) >= 1, (start - blocked_at, controller.beats)
+            time.sleep(1.5)  # now 3.5 s without progress: past loop_stall_ms_max
+            wedged = time.monotonic()
+            time.sleep(1.0)
+            assert controller.beats_between(wedged, wedged + 1.0) == 0
+            assert thread.skipped > 0
+            progress[0] = time.monotonic()
+            resumed = time.monotonic()
+            time.sleep(0.5)
+            assert controller.beats_between(resumed, resumed + 0.5) >= 1
+        finally:
+            await asyncio.to_thread(thread.stop)
+            await main_control.close()
+        assert not thread.alive() and thread.error is None
+    try:
+        asyncio.run(run())
+    finally:
+        done.set()

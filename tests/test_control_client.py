@@ -1,0 +1,84 @@
+"""ControlClient against controllers that accept a request and never answer (stopped with
+SIGSTOP, cut off, starved): each attempt is bounded, so the next controller is asked in
+time. The chaos harness found heartbeats held for request_timeout_ms (10 s) by a stopped
+controller leader while the next leader fenced every broker after its 1.5 s session timeout.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+
+from aiohttp import web
+
+from common.control_client import ControlClient
+from common.requests import HeartbeatRequest
+
+
+async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner, f"http://127.0.0.1:{port}"
+
+
+def _silent() -> web.Application:
+    async def hang(request: web.Request) -> web.Response:
+        await asyncio.sleep(3600)
+        raise AssertionError("unreachable")
+    app = web.Application()
+    app.router.add_route("*", "/rpc/v1/{tail:.*}", hang)
+    return app
+
+
+def _leader() -> web.Application:
+    async def heartbeat(request: web.Request) -> web.Response:
+        body = await request.json()
+        return web.json_response({"broker_id": body["broker_id"], "fenced": False, "metadata_offset": 7,
+                                  "session_timeout_ms": 1500})
+
+    async def metadata(request: web.Request) -> web.Response:
+        return web.json_response({"offset": 7, "records": []})
+    app = web.Application()
+    app.router.add_post("/rpc/v1/heartbeat", heartbeat)
+    app.router.add_get("/rpc/v1/metadata", metadata)
+    return app
+
+
+def test_heartbeat_and_long_poll_move_past_a_controller_that_never_answers() -> None:
+    """Claim: with the first controller silent, a heartbeat is answered by the second within
+    about heartbeat_timeout_ms, and a metadata long-poll within its wait plus
+    long_poll_slack_ms, not after request_timeout_ms."""
+    async def run() -> None:
+        silent, silent_url = await _serve(_silent())
+        leader, leader_url = await _serve(_leader())
+        try:
+            async with ControlClient([silent_url, leader_url], secret=None, request_timeout_ms=10_000,
+                                     heartbeat_timeout_ms=300, long_poll_slack_ms=300,
+                                     retry_backoff_ms=10) as cc:
+                started = time.monotonic()
+                beat = await asyncio.wait_for(
+                    cc.heartbeat(HeartbeatRequest(broker_id=1, incarnation_id="i", metadata_offset=0)), 5)
+                took_s = time.monotonic() - started
+                assert beat.fenced is False and took_s < 2.0, took_s
+                cc.leader_url = None  # ask the silent one first again
+                started = time.monotonic()
+                batch = await asyncio.wait_for(cc.fetch_metadata(after_offset=7, wait_ms_max=200), 5)
+                took_s = time.monotonic() - started
+                assert batch.offset == 7 and took_s < 2.0, took_s
+        finally:
+            await silent.cleanup()
+            await leader.cleanup()
+    asyncio.run(run())
+
+
+def test_limits_are_checked() -> None:
+    """A zero or negative bound is refused with its name, not turned into "no timeout"."""
+    for name in ("request_timeout_ms", "heartbeat_timeout_ms", "long_poll_slack_ms"):
+        try:
+            ControlClient(["http://127.0.0.1:1"], secret=None, **{name: 0})
+        except ValueError as exc:
+            assert name in str(exc)
+        else:
+            raise AssertionError(f"{name}=0 accepted")
