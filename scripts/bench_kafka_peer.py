@@ -46,6 +46,8 @@ from typing import Any, Callable, TypeVar
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+# The Biplane servers run this checkout's code, not whichever one the venv was installed from.
+os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
 
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic  # noqa: E402
 
