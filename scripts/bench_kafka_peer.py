@@ -19,7 +19,7 @@ Prints every round and a table of medians (records/s, p50/p99 ms) with Biplane/K
 It asserts nothing about speed; it exits non-zero, naming the side, when a server fails,
 a perf-test exits badly or reports fewer records than asked (a failed send).
 
-    .venv/bin/python scripts/bench_kafka_peer.py [--rounds 3] [--records 300000]
+    .venv/bin/python scripts/bench_kafka_peer.py [--rounds 3] [--records 200000]
         [--partitions 3] [--pairing write --pairing fsync] [--producer-prop batch.size=65536]
 
 Apache Kafka's jars come from Maven Central through scripts/kafka/jars (Maven needed once).
@@ -337,7 +337,8 @@ class BiplaneSide:
         try:
             self.cluster.__enter__()  # stops what it started if it fails
         except AssertionError as exc:  # the harness's timeouts
-            logs = "\n".join(f"broker {b.broker_id}: {b.log_tail(10)}" for b in self.cluster.brokers.values())
+            logs = "\n".join([*(f"controller {c.spec.node_id}: {c.log_tail(10)}" for c in self.cluster.controllers),
+                              *(f"broker {b.broker_id}: {b.log_tail(10)}" for b in self.cluster.brokers.values())])
             raise BenchError(f"Biplane cluster did not start: {exc}\n{logs}") from exc
         return self
 
@@ -559,7 +560,7 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=3, help="measured rounds per side and pairing (default 3)")
-    p.add_argument("--records", type=int, default=300_000, help="records per round (default 300,000)")
+    p.add_argument("--records", type=int, default=200_000, help="records per round (default 200,000)")
     p.add_argument("--warmup-records", type=int, default=50_000,
                    help="records of one unmeasured round per side before a pairing's rounds (0: none)")
     p.add_argument("--record-bytes", type=int, default=1024)
