@@ -10,7 +10,9 @@ alternating Kafka and Biplane round by round, with the same producer settings (a
 1 KiB records, a fixed record count):
 
 - `write`: Kafka's default flush policy (the OS writes the page cache back; no fsync per
-  write) against a Biplane topic with `biplane.durability=write`;
+  write) against a Biplane topic with `biplane.durability=write` (acknowledged once
+  written on the in-sync replicas; each replica still fsyncs lazily, after
+  `biplane.flush.debounce.ms`, 5 ms by default, which Kafka's default never does);
 - `fsync`: Kafka with `flush.messages=1` (every append fsynced, on the leader and on each
   follower) against Biplane's default durability (`fsync`).
 
@@ -21,6 +23,7 @@ a perf-test exits badly or reports fewer records than asked (a failed send).
 
     .venv/bin/python scripts/bench_kafka_peer.py [--rounds 3] [--records 200000]
         [--partitions 3] [--pairing write --pairing fsync] [--producer-prop batch.size=65536]
+        [--biplane-topic-config biplane.replication.mode=push] [--kafka-topic-config KEY=VALUE]
 
 Apache Kafka's jars come from Maven Central through scripts/kafka/jars (Maven needed once).
 Every server binds 127.0.0.1 on free ports, keeps its data under one temporary directory
@@ -67,6 +70,7 @@ PERF_TEST_HEAP = "512m"     # kafka-producer-perf-test.sh's own
 STOP_WAIT_S = 20            # a server given SIGTERM is killed after this
 START_TIMEOUT_S = 90        # four JVMs starting on two shared cores are slow
 TOPIC_TIMEOUT_S = 60
+IDLE_S = 5                  # how long the idle servers' CPU is measured
 
 # The perf-test's last line, e.g. "300000 records sent, 41234.5 records/sec (40.27 MB/sec),
 # 712.31 ms avg latency, 1630.00 ms max latency, 690 ms 50th, 1212 ms 95th, 1455 ms 99th, 1600 ms 99.9th."
@@ -442,14 +446,16 @@ def perf_test(libs: Path, log4j2: Path, log_dir: Path, label: str, *, bootstrap:
                          f"({log_path}) ends:\n{tail(log_path)}")
     if code != 0:
         raise BenchError(f"{label}: the perf-test exited {code}; its output ({log_path}) ends:\n{tail(log_path)}")
+    # A failed send prints its exception and is left out of the summary's count.
+    errors = [line for line in output.splitlines() if "Exception" in line or "ERROR" in line]
+    if errors:
+        first = "\n".join(errors[:3])
+        raise BenchError(f"{label}: the perf-test reported {len(errors)} errors ({log_path}); the first:\n{first}")
     result = parse_summary(output)
     if result is None:
         raise BenchError(f"{label}: no summary line in the perf-test's output ({log_path}):\n{tail(log_path)}")
-    # A failed send prints its exception and is left out of the count.
-    errors = [line for line in output.splitlines() if "Exception" in line or "ERROR" in line]
-    if result.records != records or errors:
-        raise BenchError(f"{label}: {result.records:,} of {records:,} records acknowledged, "
-                         f"{len(errors)} error lines; first: {errors[:3]} ({log_path})")
+    if result.records != records:
+        raise BenchError(f"{label}: {result.records:,} of {records:,} records acknowledged ({log_path})")
     return result
 
 
@@ -493,28 +499,37 @@ class Bench:
         return Round(pairing=pairing, side=name, number=number, result=result, wall_s=wall_s, server_cpu_s=cpu_s,
                      load_1m=load_1m)
 
+    def report_idle(self, seconds: float) -> None:
+        """What each side's servers take while nobody produces: each side idles through the
+        other's rounds, on the same cores."""
+        before = {name: sum(cpu_seconds(pid) for pid in side.pids()) for name, side in self.sides.items()}
+        time.sleep(seconds)
+        used = {name: sum(cpu_seconds(pid) for pid in side.pids()) - before[name] for name, side in self.sides.items()}
+        print("idle servers: " + ", ".join(f"{name} {100 * cpu / seconds:.0f}% of a core" for name, cpu in used.items()),
+              flush=True)
+
     def run_pairing(self, pairing: Pairing) -> list[Round]:
         args = self.args
         print(f"pairing {pairing.name}: {pairing.what}", flush=True)
         topic = f"peer-{pairing.name}"
-        configs = {"kafka": pairing.kafka_config, "biplane": pairing.biplane_config}
+        configs = {"kafka": {**pairing.kafka_config, **args.kafka_topic_config},
+                   "biplane": {**pairing.biplane_config, **args.biplane_topic_config}}
         for name, side in self.sides.items():
             create_topic(name, side, topic, partitions=args.partitions, config=configs[name],
                          flush_messages=pairing.flush_messages)
         rounds: list[Round] = []
-        try:
-            if args.warmup_records:
-                for name in self.sides:
-                    # The JVMs' JIT, both sides' page cache and connections warm up; not counted.
-                    self.measure(name, topic=topic, label=f"{pairing.name}-{name}-warmup", pairing=pairing.name,
-                                 number=0, records=args.warmup_records)
-            for number in range(1, args.rounds + 1):
-                for name in self.sides:
-                    rounds.append(self.measure(name, topic=topic, label=f"{pairing.name}-{name}-{number}",
-                                               pairing=pairing.name, number=number, records=args.records))
-        finally:
-            for side in self.sides.values():
-                delete_topic(side, topic)
+        if args.warmup_records:
+            for name in self.sides:
+                # The JVMs' JIT, both sides' page cache and connections warm up; not counted.
+                self.measure(name, topic=topic, label=f"{pairing.name}-{name}-warmup", pairing=pairing.name,
+                             number=0, records=args.warmup_records)
+        for number in range(1, args.rounds + 1):
+            for name in self.sides:
+                rounds.append(self.measure(name, topic=topic, label=f"{pairing.name}-{name}-{number}",
+                                           pairing=pairing.name, number=number, records=args.records))
+        # After a failure the clusters go anyway; after success the disk is wanted for the next pairing.
+        for side in self.sides.values():
+            delete_topic(side, topic)
         return rounds
 
 
@@ -522,6 +537,10 @@ def report(args: argparse.Namespace, rounds: list[Round]) -> None:
     print()
     print(f"{args.rounds} rounds per side and pairing, alternating; {args.records:,} records of {args.record_bytes} B; "
           f"RF 3, {args.partitions} partitions; producer: {' '.join(args.producer_props)}")
+    for name in ("kafka", "biplane"):
+        extra = getattr(args, f"{name}_topic_config")
+        if extra:
+            print(f"{name} topics also: {' '.join(f'{k}={v}' for k, v in extra.items())}")
     print()
     print("| pairing | round | side | records/s | MB/s | p50 ms | p99 ms | p99.9 ms | max ms | server CPU s | load |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
@@ -569,14 +588,21 @@ def main() -> int:
                    help="durability pairings to run, in order (default: write, then fsync)")
     p.add_argument("--producer-prop", action="append", default=[], metavar="KEY=VALUE",
                    help="a producer setting for both sides, after acks=all (repeatable)")
+    p.add_argument("--kafka-topic-config", action="append", default=[], metavar="KEY=VALUE",
+                   help="a further config of Kafka's topics (repeatable)")
+    p.add_argument("--biplane-topic-config", action="append", default=[], metavar="KEY=VALUE",
+                   help="a further config of Biplane's topics, e.g. biplane.replication.mode=push (repeatable)")
     p.add_argument("--round-timeout-s", type=float, default=180, help="a perf-test running longer fails the bench")
     p.add_argument("--keep", action="store_true", help="keep the data and logs directory")
     args = p.parse_args()
     if args.rounds < 1 or args.records < 1 or args.partitions < 1:
         p.error("--rounds, --records and --partitions must be at least 1")
-    for prop in args.producer_prop:
-        if "=" not in prop:
-            p.error(f"--producer-prop {prop!r}: give KEY=VALUE")
+    for flag in ("producer_prop", "kafka_topic_config", "biplane_topic_config"):
+        for item in getattr(args, flag):
+            if "=" not in item:
+                p.error(f"--{flag.replace('_', '-')} {item!r}: give KEY=VALUE")
+    args.kafka_topic_config = dict(item.split("=", 1) for item in args.kafka_topic_config)
+    args.biplane_topic_config = dict(item.split("=", 1) for item in args.biplane_topic_config)
     args.producer_props = ["acks=all", *args.producer_prop]
     pairings = [PAIRINGS[name] for name in (args.pairing or ["write", "fsync"])]
 
@@ -591,6 +617,7 @@ def main() -> int:
         with KafkaCluster(tmp / "kafka", libs) as kafka, BiplaneSide(tmp / "biplane") as biplane:
             bench = Bench(args=args, sides={"kafka": kafka, "biplane": biplane}, libs=libs, log4j2=kafka.log4j2,
                           log_dir=log_dir)
+            bench.report_idle(IDLE_S)
             rounds: list[Round] = []
             for pairing in pairings:
                 rounds += bench.run_pairing(pairing)
