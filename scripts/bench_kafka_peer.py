@@ -36,6 +36,7 @@ import base64
 import dataclasses
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -503,11 +504,13 @@ class Bench:
     def report_idle(self, seconds: float) -> None:
         """What each side's servers take while nobody produces: each side idles through the
         other's rounds, on the same cores."""
-        before = {name: sum(cpu_seconds(pid) for pid in side.pids()) for name, side in self.sides.items()}
+        def cpu_s() -> dict[str, float]:
+            return {name: sum(cpu_seconds(pid) for pid in side.pids()) for name, side in self.sides.items()}
+        before = cpu_s()
         time.sleep(seconds)
-        used = {name: sum(cpu_seconds(pid) for pid in side.pids()) - before[name] for name, side in self.sides.items()}
-        print("idle servers: " + ", ".join(f"{name} {100 * cpu / seconds:.0f}% of a core" for name, cpu in used.items()),
-              flush=True)
+        after = cpu_s()
+        print("idle servers: " + ", ".join(f"{name} {100 * (after[name] - before[name]) / seconds:.0f}% of a core"
+                                           for name in self.sides), flush=True)
 
     def run_pairing(self, pairing: Pairing, *, warmup_records: int) -> list[Round]:
         args = self.args
@@ -594,7 +597,8 @@ def main() -> int:
                    help="a further config of Kafka's topics (repeatable)")
     p.add_argument("--biplane-topic-config", action="append", default=[], metavar="KEY=VALUE",
                    help="a further config of Biplane's topics, e.g. biplane.replication.mode=push (repeatable)")
-    p.add_argument("--round-timeout-s", type=float, default=180, help="a perf-test of --records running longer fails the bench (a warm-up gets more)")
+    p.add_argument("--round-timeout-s", type=float, default=180,
+                   help="a perf-test of --records running longer fails the bench (a warm-up gets more)")
     p.add_argument("--keep", action="store_true", help="keep the data and logs directory")
     args = p.parse_args()
     if args.rounds < 1 or args.records < 1 or args.partitions < 1:
@@ -636,7 +640,6 @@ def main() -> int:
         if args.keep or failed:
             print(f"data and logs kept under {tmp}", file=sys.stderr if failed else sys.stdout)
         else:
-            import shutil
             shutil.rmtree(tmp, ignore_errors=True)
 
 
