@@ -1,5 +1,6 @@
-"""The hand-written Produce request reader and Fetch response writer (dataplane/kafka/hotpath.py)
-agree with kio's encoding of the same values, byte for byte, and keep records as views."""
+"""The hand-written Produce request reader, Produce and Fetch response writers
+(dataplane/kafka/hotpath.py) and response headers (protocol.py) agree with kio's encoding of
+the same values, byte for byte, and keep records as views."""
 from __future__ import annotations
 
 import pytest
@@ -61,6 +62,39 @@ def test_produce_reader_does_not_believe_a_huge_array_count():
     frame = bytearray(b"\xff\xff" + b"\xff\xff" + b"\0\0\0\1" + b"\x7f\xff\xff\xff")
     with pytest.raises(hotpath.BodyError, match="cannot fit"):
         hotpath.read_produce(frame, 0, 8)
+
+
+produce_partitions = st.lists(st.builds(
+    wire.ProducePartitionResponse, partition=st.integers(0, 2**31 - 1),
+    error_code=st.sampled_from(list(ErrorCode)), base_offset=st.integers(-1, 2**62),
+    log_start_offset=st.integers(-1, 2**62), error_message=st.one_of(st.none(), names)), max_size=3)
+
+
+@settings(max_examples=150, deadline=None)
+@given(version=st.integers(3, 8), topics=st.lists(st.tuples(names, produce_partitions), max_size=3))
+def test_produce_answer_writer_writes_what_kio_writes(version, topics):
+    done = wire.ProduceResponse(topics=tuple(wire.ProduceTopicResponse(topic=n, partitions=tuple(ps))
+                                             for n, ps in topics))
+    ours = b"".join(bytes(p) for p in hotpath.produce_response(version, done))
+    kio = messages.encode(messages.build(messages.response_schema(0, version), {
+        "throttle_time": 0, "responses": [{"name": n, "partition_responses": [
+            {"index": p.partition, "error_code": int(p.error_code), "base_offset": p.base_offset,
+             "log_append_time": -1, "log_start_offset": p.log_start_offset, "error_message": p.error_message}
+            for p in ps]} for n, ps in topics]}))
+    assert ours == kio
+
+
+def test_response_headers_are_what_kio_writes_for_every_served_version():
+    """Header v0 (correlation id) or v1 (and no tagged fields), as each API version's schema says."""
+    from dataplane.kafka import handlers  # noqa: F401  (registers every API)
+    from dataplane.kafka.registry import APIS
+    assert {0, 1, 3, 18} <= set(APIS)
+    for api in APIS.values():
+        for version in range(api.advertised_from, api.versions[1] + 1):
+            schema = messages.response_header_schema(api.key, version)
+            kio = messages.encode(messages.build(schema, {"correlation_id": 123456789}))
+            frame = protocol.encode_response(api.key, version, 123456789, Encoded([b"body"]))
+            assert frame[0] == (len(kio) + 4).to_bytes(4, "big") + kio, (api.name, version)
 
 
 fetch_partitions = st.lists(st.builds(

@@ -1,4 +1,4 @@
-"""Produce requests and Fetch responses, read and written by hand around their records.
+"""Produce requests and answers and Fetch responses, read and written by hand.
 
 kio (messages.py) reads a records field into new `bytes` and writes one through
 copies; on these two paths the records are nearly the whole frame. Produce v3–8 and
@@ -6,8 +6,10 @@ Fetch v4–11 are Kafka's non-flexible layouts (big-endian ints, int16-length st
 int32-length arrays and bytes), so they are read and written here directly: a
 produce's batches stay views into the request's own frame (the log patches offsets
 into them in place, as with Biplane's own protocol), and a fetch answer's records are
-the log's buffer, handed to the socket as a frame part of its own.
-tests/test_kafka_hotpath.py checks both against kio's encoding, byte for byte.
+the log's buffer, handed to the socket as a frame part of its own. A produce answer
+holds no records, but there is one per request: building it as kio entities and
+encoding those cost more CPU than reading the request and stepping it into the core.
+tests/test_kafka_hotpath.py checks all three against kio's encoding, byte for byte.
 """
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ from common.wire.frames import BytesLike
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
 _I64 = struct.Struct(">q")
+# A produce answer's partition up to log_append_time: index, error code, base offset, -1.
+_PRODUCE_PARTITION = struct.Struct(">ihqq")
 
 
 class BodyError(ValueError):
@@ -138,6 +142,29 @@ def old_produce_refusal(version: int, body: ProduceBody, error_code: int) -> lis
                 out += _I64.pack(-1)  # log_append_time
     if version >= 1:
         out += _I32.pack(0)  # throttle_time_ms
+    return [bytes(out)]
+
+
+def _nullable_string(value: str | None) -> bytes:
+    return _I16.pack(-1) if value is None else _string(value)
+
+
+def produce_response(version: int, done: wire.ProduceResponse) -> list[BytesLike]:
+    """A Produce response body (v3–8) answering `done`: no log append times (the records keep
+    the producer's timestamps), no per-record errors, no throttling."""
+    if not 3 <= version <= 8:
+        raise ValueError(f"produce response version {version}: only 3..8 are written here")
+    out = bytearray(_I32.pack(len(done.topics)))
+    for t in done.topics:
+        out += _string(t.topic) + _I32.pack(len(t.partitions))
+        for p in t.partitions:
+            out += _PRODUCE_PARTITION.pack(p.partition, int(p.error_code), p.base_offset, -1)
+            if version >= 5:
+                out += _I64.pack(p.log_start_offset)
+            if version >= 8:
+                out += _I32.pack(0)  # record_errors: none
+                out += _nullable_string(p.error_message)
+    out += _I32.pack(0)  # throttle_time_ms
     return [bytes(out)]
 
 

@@ -1,9 +1,9 @@
 """Produce (v3–8; v0–2 advertised, for old librdkafka, and refused).
 
-The request is read by hand (hotpath.py) so its batches reach the broker's own
-produce path (`RequestHandler.start_produce`: the same admission checks in
-dataplane/replica/admission.py, cores and error codes as Biplane's protocol) as views
-into the request's frame. The cores have them before the handler returns, so one
+The request is read and its answer written by hand (hotpath.py), so its batches
+reach the broker's own produce path (`RequestHandler.start_produce`: the same
+admission checks in dataplane/replica/admission.py, cores and error codes as
+Biplane's protocol) as views into the request's frame. The cores have them before the handler returns, so one
 connection's produce requests are appended in the order they came (as Kafka promises
 with max.in.flight > 1 and idempotence).
 """
@@ -67,10 +67,5 @@ def produce(request: Request, context: Context) -> Awaitable[Answer]:
             # Kafka closes an acks=0 producer's connection when a partition refuses: it gets
             # no answer, so that is how it learns to refresh its metadata and reconnect.
             return Close("acks=0 produce refused: " + ", ".join(refused)) if refused else None
-        return _answer(request, [
-            {"name": t.topic, "partition_responses": [
-                {"index": p.partition, "error_code": int(p.error_code), "base_offset": p.base_offset,
-                 "log_append_time": -1, "log_start_offset": p.log_start_offset,
-                 "error_message": p.error_message} for p in t.partitions]}
-            for t in done.topics])
+        return Encoded(hotpath.produce_response(request.version, done))
     return answer()

@@ -9,8 +9,12 @@ served is the registry's (registry.py).
 """
 from __future__ import annotations
 
+import functools
 import struct
 from typing import Any
+
+from kio.schema.response_header.v0.header import ResponseHeader as ResponseHeaderV0
+from kio.schema.response_header.v1.header import ResponseHeader as ResponseHeaderV1
 
 from common.wire.frames import BytesLike
 from dataplane.kafka import messages
@@ -18,6 +22,7 @@ from dataplane.kafka.registry import APIS, Encoded, Request
 
 API_VERSIONS = 18
 _PREFIX = struct.Struct(">hhi")  # api key, api version, correlation id
+_I32 = struct.Struct(">i")
 
 
 class FrameError(ValueError):
@@ -70,10 +75,19 @@ def _decode(api_key: int, version: int, frame: bytearray) -> tuple[Any, str | No
     return body, header.client_id
 
 
+@functools.cache
+def _flexible_header(api_key: int, version: int) -> bool:
+    schema = messages.response_header_schema(api_key, version)
+    if schema not in (ResponseHeaderV0, ResponseHeaderV1):
+        raise AssertionError(f"API key {api_key} version {version}: response header {schema} is neither v0 nor v1")
+    return schema is ResponseHeaderV1
+
+
 def encode_response(api_key: int, version: int, correlation_id: int, body: Any) -> list[BytesLike]:
     """The frame parts (size prefix first) answering one request."""
-    header_schema = messages.response_header_schema(api_key, version)
-    header = messages.encode(messages.build(header_schema, {"correlation_id": correlation_id}))
+    # Header v0 is the correlation id, v1 adds tagged fields (none): written here, as
+    # building and encoding a kio entity for it cost as much as a produce answer's body.
+    header = _I32.pack(correlation_id) + (b"\0" if _flexible_header(api_key, version) else b"")
     parts = body.parts if isinstance(body, Encoded) else [messages.encode(body)]
     size = len(header) + sum(len(p) for p in parts)
-    return [struct.pack(">i", size) + header, *parts]
+    return [_I32.pack(size) + header, *parts]
