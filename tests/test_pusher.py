@@ -171,3 +171,58 @@ def test_follower_without_address_is_backed_off_not_stuck():
     waiting, tasks = asyncio.run(main())
     assert waiting == {}
     assert tasks == set()
+
+
+def test_a_connect_that_never_completes_is_given_up_and_the_next_submit_connects_afresh(monkeypatch):
+    """Claim: a connect to a follower that never answers (a network cut drops its SYNs) is given
+    up after connect_timeout_ms, so what queued behind it is dropped (the core's window times out
+    and resends) and the next submit after the backoff connects again and is delivered.
+    Regression: the connect had no bound; after a cut healed, a push leader wrote nothing to
+    that follower until the kernel's next SYN retry, and its partitions stayed out of the ISR
+    (the fault harness's seed 7: push/isr partitions unacknowledged 17 s after the last heal)."""
+    from common.wire import AppendEntriesResponse
+    from common.wire.connection import WireClient
+
+    real_connect = WireClient.connect
+    calls: list[int] = []
+
+    async def connect(cls, host, port, **limits):
+        calls.append(port)
+        if len(calls) == 1:
+            await asyncio.Event().wait()  # the cut: no answer, ever
+        return await real_connect(host, port, **limits)
+
+    monkeypatch.setattr(WireClient, "connect", classmethod(connect))
+
+    async def main():
+        async def handler(header, request):
+            return AppendEntriesResponse(follower_id=2, leader_epoch=1, topic="t", partition=0,
+                                         log_end_offset=request.prev_log_offset + 1)
+
+        server = await start_server(handler, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        delivered: list[int] = []
+        pusher = Pusher(broker_id=1, address_of=lambda b: ("127.0.0.1", port), reconnect_backoff_ms=0,
+                        connect_timeout_ms=100, deliver=lambda tp, reply: delivered.append(reply.log_end_offset))
+
+        def ae(i):
+            return AppendEntries(leader_id=1, leader_epoch=1, prev_offset=i, prev_epoch=1, records=b"",
+                                 high_watermark=0, log_end_offset=i, flush_after_append=False, partition=TP)
+        try:
+            pusher.submit(2, TP, ae(0))  # queues behind the connect that hangs
+            await asyncio.sleep(0.3)
+            stuck = dict(pusher._waiting)
+            pusher.submit(2, TP, ae(1))  # the core's resend after its window timed out
+            for _ in range(200):
+                if delivered:
+                    break
+                await asyncio.sleep(0.01)
+        finally:
+            await pusher.close()
+            server.close()
+            await server.wait_closed()
+        return stuck, delivered
+
+    stuck, delivered = asyncio.run(main())
+    assert stuck == {}  # given up: nothing waits behind the dead connect
+    assert delivered == [2] and len(calls) == 2

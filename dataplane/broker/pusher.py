@@ -45,9 +45,15 @@ class Pusher:
     """Leader side. `submit` never blocks: the core already bounded what is in flight."""
 
     def __init__(self, *, broker_id: int, address_of: AddressOf, deliver: Deliver,
-                 reconnect_backoff_ms: int = 100, inflight_requests_max: int = 256,
+                 reconnect_backoff_ms: int = 100, connect_timeout_ms: int = 2000, inflight_requests_max: int = 256,
                  max_frame_bytes: int = 64 * 1024 * 1024) -> None:
         self.broker_id = broker_id
+        # A connect to a follower whose packets are dropped (a network cut) waits for the
+        # kernel's SYN retries, minutes apart at the end; everything for that follower queues
+        # behind it, so after the cut heals its partitions stayed out of the ISR until the
+        # retry happened to land. Bounded, a failed connect backs off and the next submit
+        # connects afresh.
+        self.connect_timeout_ms = connect_timeout_ms
         self.address_of = address_of
         self.deliver = deliver
         self.reconnect_backoff_ms = reconnect_backoff_ms
@@ -135,8 +141,14 @@ class Pusher:
         address = self.address_of(follower_id)
         if address is None:
             raise BiplaneError(f"no address known for broker {follower_id}", code=ErrorCode.NETWORK_EXCEPTION)
-        client = await WireClient.connect(*address, max_frame_bytes=self.max_frame_bytes,
-                                          inflight_requests_max=self.inflight_requests_max)
+        try:
+            client = await asyncio.wait_for(
+                WireClient.connect(*address, max_frame_bytes=self.max_frame_bytes,
+                                   inflight_requests_max=self.inflight_requests_max),
+                self.connect_timeout_ms / 1000)
+        except asyncio.TimeoutError:
+            raise BiplaneError(f"connect to broker {follower_id} at {address[0]}:{address[1]} took over "
+                               f"{self.connect_timeout_ms} ms", code=ErrorCode.NETWORK_EXCEPTION) from None
         self._clients[follower_id] = client
         return client
 
