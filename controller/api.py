@@ -105,11 +105,15 @@ async def get_topics(request: web.Request) -> web.Response:
 async def post_topic(request: web.Request) -> web.Response:
     body = await read_model(request, CreateTopicRequest)
     s = svc(request)
-    now_ms = s.clock_ms()
-    _, committed = await s.execute(core.CreateTopic(request=body, now_ms=now_ms))
+    return await _topic_write(s, body.name, core.CreateTopic(request=body, now_ms=s.clock_ms()), status=201)
+
+
+async def _topic_write(s: ControllerService, name: str, command: core.Event, *, status: int = 200) -> web.Response:
+    """Commit a write to one topic and answer the topic as it stands after it."""
+    _, committed = await s.execute(command)
     assert committed is not None, "a write waits for its commit"
-    return json_model(views.topic_detail(s.pending or s.committed, body.name,
-                                         metadata_offset=committed.last_offset), status=201)
+    return json_model(views.topic_detail(s.pending or s.committed, name, metadata_offset=committed.last_offset),
+                      status=status)
 
 
 @route("GET", "/v1/topics/{name}", summary="describe a topic", response=api_models.TopicDetail)
@@ -135,11 +139,7 @@ async def delete_topic(request: web.Request) -> web.Response:
 async def patch_config(request: web.Request) -> web.Response:
     name = topic_name(request)
     body = await read_model(request, AlterConfigRequest)
-    s = svc(request)
-    _, committed = await s.execute(core.AlterConfig(name=name, request=body))
-    assert committed is not None, "a write waits for its commit"
-    return json_model(views.topic_detail(s.pending or s.committed, name,
-                                         metadata_offset=committed.last_offset))
+    return await _topic_write(svc(request), name, core.AlterConfig(name=name, request=body))
 
 
 @route("GET", "/v1/topics/{name}/partitions", summary="partition state of a topic",
@@ -158,11 +158,7 @@ async def get_partitions(request: web.Request) -> web.Response:
 async def post_partitions(request: web.Request) -> web.Response:
     name = topic_name(request)
     body = await read_model(request, AddPartitionsRequest)
-    s = svc(request)
-    _, committed = await s.execute(core.AddPartitions(name=name, request=body))
-    assert committed is not None, "a write waits for its commit"
-    return json_model(views.topic_detail(s.pending or s.committed, name,
-                                         metadata_offset=committed.last_offset))
+    return await _topic_write(svc(request), name, core.AddPartitions(name=name, request=body))
 
 
 @route("POST", "/v1/reassignments", summary="move a partition to target replicas",
