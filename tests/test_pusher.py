@@ -7,6 +7,7 @@ import asyncio
 
 from common.batch import build_batch
 from common.errors import ErrorCode
+from common.wire import AppendEntriesResponse
 from common.wire.connection import start_server
 from dataplane.broker.codec import (
     append_entries_from_wire, append_entries_to_wire, append_reply_from_wire, append_reply_to_wire,
@@ -102,29 +103,35 @@ def test_leader_pushes_to_a_follower_over_loopback_and_acks_all_completes():
     asyncio.run(main())
 
 
+async def echo_end(header, request):
+    """A follower's answer naming prev offset + 1 as its log end, so the leader can tell
+    which request each answer is for."""
+    return AppendEntriesResponse(follower_id=2, leader_epoch=1, topic="t", partition=0,
+                                 log_end_offset=request.prev_log_offset + 1)
+
+
+def ae(i: int) -> AppendEntries:
+    """An empty append-entries after offset i."""
+    return AppendEntries(leader_id=1, leader_epoch=1, prev_offset=i, prev_epoch=1, records=b"",
+                         high_watermark=0, log_end_offset=i, flush_after_append=False, partition=TP)
+
+
 def test_append_entries_reach_the_follower_in_submission_order_across_the_connect():
     """Claim: requests submitted while the Pusher connects, and ones submitted while those still
     wait to be written, arrive in submission order; later ones are written at once (no task) and
     every answer is delivered."""
-    from common.wire import AppendEntriesResponse
-
     async def main():
         arrived: list[int] = []
 
         async def handler(header, request):
             arrived.append(request.prev_log_offset)
-            return AppendEntriesResponse(follower_id=2, leader_epoch=1, topic="t", partition=0,
-                                         log_end_offset=request.prev_log_offset + 1)
+            return await echo_end(header, request)
 
         server = await start_server(handler, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         delivered: list[int] = []
         pusher = Pusher(broker_id=1, address_of=lambda b: ("127.0.0.1", port),
                         deliver=lambda tp, reply: delivered.append(reply.log_end_offset))
-
-        def ae(i):
-            return AppendEntries(leader_id=1, leader_epoch=1, prev_offset=i, prev_epoch=1, records=b"",
-                                 high_watermark=0, log_end_offset=i, flush_after_append=False, partition=TP)
         try:
             n = 0
             for _ in range(60):  # submit a few on every loop round: before, during and after the connect
@@ -180,7 +187,6 @@ def test_a_connect_that_never_completes_is_given_up_and_the_next_submit_connects
     Regression: the connect had no bound; after a cut healed, a push leader wrote nothing to
     that follower until the kernel's next SYN retry, and its partitions stayed out of the ISR
     (the fault harness's seed 7: push/isr partitions unacknowledged 17 s after the last heal)."""
-    from common.wire import AppendEntriesResponse
     from common.wire.connection import WireClient
 
     real_connect = WireClient.connect
@@ -195,19 +201,11 @@ def test_a_connect_that_never_completes_is_given_up_and_the_next_submit_connects
     monkeypatch.setattr(WireClient, "connect", classmethod(connect))
 
     async def main():
-        async def handler(header, request):
-            return AppendEntriesResponse(follower_id=2, leader_epoch=1, topic="t", partition=0,
-                                         log_end_offset=request.prev_log_offset + 1)
-
-        server = await start_server(handler, "127.0.0.1", 0)
+        server = await start_server(echo_end, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         delivered: list[int] = []
         pusher = Pusher(broker_id=1, address_of=lambda b: ("127.0.0.1", port), reconnect_backoff_ms=0,
                         connect_timeout_ms=100, deliver=lambda tp, reply: delivered.append(reply.log_end_offset))
-
-        def ae(i):
-            return AppendEntries(leader_id=1, leader_epoch=1, prev_offset=i, prev_epoch=1, records=b"",
-                                 high_watermark=0, log_end_offset=i, flush_after_append=False, partition=TP)
         try:
             pusher.submit(2, TP, ae(0))  # queues behind the connect that hangs
             await asyncio.sleep(0.3)
