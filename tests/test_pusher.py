@@ -180,27 +180,27 @@ def test_follower_without_address_is_backed_off_not_stuck():
     assert tasks == set()
 
 
-def test_a_connect_that_never_completes_is_given_up_and_the_next_submit_connects_afresh(monkeypatch):
+def test_a_connect_that_never_completes_is_given_up_and_the_next_submit_connects_afresh():
     """Claim: a connect to a follower that never answers (a network cut drops its SYNs) is given
-    up after connect_timeout_ms, so what queued behind it is dropped (the core's window times out
-    and resends) and the next submit after the backoff connects again and is delivered.
+    up after connect_timeout_ms (WireClient.connect's bound), so what queued behind it is dropped
+    (the core's window times out and resends) and the next submit after the backoff connects
+    again and is delivered.
     Regression: the connect had no bound; after a cut healed, a push leader wrote nothing to
     that follower until the kernel's next SYN retry, and its partitions stayed out of the ISR
     (the fault harness's seed 7: push/isr partitions unacknowledged 17 s after the last heal)."""
-    from common.wire.connection import WireClient
-
-    real_connect = WireClient.connect
     calls: list[int] = []
 
-    async def connect(cls, host, port, **limits):
-        calls.append(port)
-        if len(calls) == 1:
-            await asyncio.Event().wait()  # the cut: no answer, ever
-        return await real_connect(host, port, **limits)
-
-    monkeypatch.setattr(WireClient, "connect", classmethod(connect))
-
     async def main():
+        loop = asyncio.get_running_loop()
+        real_create_connection = loop.create_connection
+
+        async def create_connection(*args, **kwargs):
+            calls.append(1)
+            if len(calls) == 1:
+                await asyncio.Event().wait()  # the cut: no answer, ever
+            return await real_create_connection(*args, **kwargs)
+
+        loop.create_connection = create_connection  # type: ignore[method-assign]
         server = await start_server(echo_end, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         delivered: list[int] = []

@@ -100,9 +100,12 @@ class WireClient:
         self.peer = "?"
 
     @classmethod
-    async def connect(cls, host: str, port: int, **limits: Any) -> "WireClient":
+    async def connect(cls, host: str, port: int, *, timeout_s: float = 10.0, **limits: Any) -> "WireClient":
+        """Connect within timeout_s (TimeoutError past it): a peer whose packets are dropped
+        (a network cut) would otherwise hold the caller for the kernel's SYN retries, minutes."""
         client = cls(**limits)
-        await asyncio.get_running_loop().create_connection(lambda: client._stream, host, port)
+        await asyncio.wait_for(asyncio.get_running_loop().create_connection(lambda: client._stream, host, port),
+                               timeout_s)
         client.peer = client._stream.peer
         return client
 

@@ -235,9 +235,8 @@ class FetchSession:
         address = self.fetcher.address_of(self.leader_id)
         if address is None:
             raise BiplaneError(f"no address known for broker {self.leader_id}", code=ErrorCode.LEADER_NOT_AVAILABLE)
-        client = await asyncio.wait_for(
-            WireClient.connect(*address, max_frame_bytes=self.limits["max_frame_bytes"], inflight_requests_max=1),
-            self.limits["request_timeout_ms"] / 1000)
+        client = await WireClient.connect(*address, timeout_s=self.limits["request_timeout_ms"] / 1000,
+                                          max_frame_bytes=self.limits["max_frame_bytes"], inflight_requests_max=1)
         self._clients[which] = client
         return client
 

@@ -142,10 +142,9 @@ class Pusher:
         if address is None:
             raise BiplaneError(f"no address known for broker {follower_id}", code=ErrorCode.NETWORK_EXCEPTION)
         try:
-            client = await asyncio.wait_for(
-                WireClient.connect(*address, max_frame_bytes=self.max_frame_bytes,
-                                   inflight_requests_max=self.inflight_requests_max),
-                self.connect_timeout_ms / 1000)
+            client = await WireClient.connect(*address, timeout_s=self.connect_timeout_ms / 1000,
+                                              max_frame_bytes=self.max_frame_bytes,
+                                              inflight_requests_max=self.inflight_requests_max)
         except asyncio.TimeoutError:
             raise BiplaneError(f"connect to broker {follower_id} at {address[0]}:{address[1]} took over "
                                f"{self.connect_timeout_ms} ms", code=ErrorCode.NETWORK_EXCEPTION) from None

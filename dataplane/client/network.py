@@ -102,7 +102,7 @@ class Network:
         fut = asyncio.get_running_loop().create_future()
         self._connecting[key] = fut
         try:
-            client = await asyncio.wait_for(WireClient.connect(*address), self.connect_timeout_ms / 1000)
+            client = await WireClient.connect(*address, timeout_s=self.connect_timeout_ms / 1000)
             self._clients[key] = client
             fut.set_result(client)
             return client

@@ -236,7 +236,7 @@ def leader_url(state: dict[str, Any]) -> str | None:
 async def _broker_metadata(address: str) -> int:
     from common.wire import MetadataRequest, WireClient
     host, port = address.rsplit(":", 1)
-    client = await asyncio.wait_for(WireClient.connect(host, int(port)), 2)
+    client = await WireClient.connect(host, int(port), timeout_s=2)
     try:
         response = await asyncio.wait_for(client.request(MetadataRequest(topics=())), 2)
         return len(response.brokers)
@@ -297,7 +297,7 @@ async def _high_watermarks(addresses: dict[int, str], partitions: list[dict[str,
             by_leader.setdefault(p["leader"], {}).setdefault(p["topic"], []).append(p["partition"])
     for leader, topics in by_leader.items():
         host, port = addresses[leader].rsplit(":", 1)
-        client = await asyncio.wait_for(WireClient.connect(host, int(port)), 1)
+        client = await WireClient.connect(host, int(port), timeout_s=1)
         try:
             request = ListOffsetsRequest(topics=tuple(
                 ListOffsetsTopic(topic=t, partitions=tuple(ListOffsetsPartition(partition=n) for n in ps))
