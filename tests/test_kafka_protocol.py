@@ -101,7 +101,8 @@ def test_list_offsets_answers_the_cores_offsets_and_record_timestamps() -> None:
             "replica_id": -1, "isolation_level": 0, "topics": [{"name": "t", "partitions": [
                 {"partition_index": p, "current_leader_epoch": -1, "timestamp": ts} for p, ts in asked]}]})
         request = Request(offsets.LIST_OFFSETS, version, 1, "test", body, served=True)
-        answer = asyncio.run(offsets.list_offsets(request, SimpleNamespace(requests=FakeOffsets())))  # type: ignore[arg-type]
+        context = SimpleNamespace(requests=FakeOffsets())
+        answer = asyncio.run(offsets.list_offsets(request, context))  # type: ignore[arg-type]
         got = [(p.partition_index, int(p.error_code), p.offset, p.timestamp) for p in answer.topics[0].partitions]
         assert got == [(0, 0, 7, 300), (0, 0, 0, -1), (1, int(ErrorCode.NOT_LEADER_OR_FOLLOWER), -1, -1),
                        (0, 0, -1, -1), (0, 0, FakeOffsets.HIGH_WATERMARK, -1), (0, 0, 3, 150)], version

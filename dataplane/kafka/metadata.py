@@ -1,10 +1,11 @@
 """ApiVersions (0–3) and Metadata (0–8): what is served, and who leads what.
 
-Brokers are named by their Kafka port. With auto.create.topics.enable (the broker's
---auto-create-topics), a topic a client names that does not exist is created with the
-broker's defaults and answered LEADER_NOT_AVAILABLE until its leaders are known. The controller named is this broker, a live
+Brokers are named by their Kafka port. The controller named is this broker, a live
 one (Biplane's controllers are not brokers; clients take -1 for "no controller",
 and some wait for one): admin requests sent to it are forwarded to the controller.
+With auto.create.topics.enable (the broker's --auto-create-topics), a topic a client
+names that does not exist is created with the broker's defaults and answered
+LEADER_NOT_AVAILABLE until its leaders are known.
 """
 from __future__ import annotations
 
