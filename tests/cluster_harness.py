@@ -250,6 +250,13 @@ class Cluster:
             return leader if code == 0 else None
         return wait_until(check, timeout_s, f"a serving leader for {topic}-{partition}", interval_s=0.05)
 
+    def wait_not_leading(self, topic: str, partition: int, broker_id: int, timeout_s: float = 30) -> None:
+        """Until `broker_id` has learned it no longer leads the partition (its list-offsets
+        answers an error): the controller commits an election before the brokers apply it."""
+        def check() -> bool:
+            return _run_sync(_list_offsets_code(self.address(broker_id), topic, partition)) != 0
+        wait_until(check, timeout_s, f"broker {broker_id} to step down from {topic}-{partition}", interval_s=0.05)
+
 
 def _run_sync(coro) -> Any:
     """asyncio.run, also from inside a running loop (in a helper thread then)."""

@@ -322,6 +322,10 @@ def test_consumer_follows_a_preferred_leader_election(cluster):
                     await asyncio.sleep(0.1)
                 assert leaders == [target[0]], elected
                 elected_epoch = views[0].leader_epoch
+            # Until the brokers apply the election, the old leader still leads epoch 0 and could
+            # take and serve all 50 records below: nothing would make the consumer move.
+            cluster.wait_leader("moving", 0, not_broker=old)
+            cluster.wait_not_leading("moving", 0, old)
             for i in range(50, 100):
                 await producer.send("moving", b"m%03d" % i)
             await producer.flush()
