@@ -55,7 +55,22 @@ class ErrorCode(enum.IntEnum):
     OFFSET_NOT_AVAILABLE = 78  # a new leader's HW is still below its epoch start (KIP-207)
     INVALID_RECORD = 87  # e.g. a record without a key for a compacted topic
     INVALID_UPDATE_VERSION = 95  # stale partition epoch on an ISR change
-    FENCED_INSTANCE = 82
+    FENCED_INSTANCE_ID = 82  # a newer member took this group.instance.id
+    # Consumer groups (Kafka's numbers).
+    OFFSET_METADATA_TOO_LARGE = 12
+    COORDINATOR_LOAD_IN_PROGRESS = 14
+    COORDINATOR_NOT_AVAILABLE = 15
+    NOT_COORDINATOR = 16
+    ILLEGAL_GENERATION = 22
+    INCONSISTENT_GROUP_PROTOCOL = 23
+    INVALID_GROUP_ID = 24
+    UNKNOWN_MEMBER_ID = 25
+    INVALID_SESSION_TIMEOUT = 26
+    REBALANCE_IN_PROGRESS = 27
+    NON_EMPTY_GROUP = 68
+    GROUP_ID_NOT_FOUND = 69
+    MEMBER_ID_REQUIRED = 79
+    GROUP_MAX_SIZE_REACHED = 81
     INELIGIBLE_REPLICA = 107
     # HTTP-only answers of the admin API and the broker RPC ("UNAUTHORIZED", "NOT_FOUND")
     # are not codes: the HTTP edge sends them as plain names (controller/http_edge.py).
@@ -84,6 +99,9 @@ _RETRIABLE = frozenset({
     ErrorCode.KAFKA_STORAGE_ERROR,
     ErrorCode.FENCED_LEADER_EPOCH,
     ErrorCode.UNKNOWN_LEADER_EPOCH,
+    ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
+    ErrorCode.COORDINATOR_NOT_AVAILABLE,
+    ErrorCode.NOT_COORDINATOR,
 })
 _INVALID_METADATA = frozenset({
     ErrorCode.LEADER_NOT_AVAILABLE,

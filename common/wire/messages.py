@@ -19,6 +19,7 @@ from common.errors import ErrorCode, ProtocolError
 from common.wire import codec
 from common.wire.codec import (
     BOOL,
+    BYTES,
     ERROR_CODE,
     INT8,
     INT16,
@@ -55,6 +56,17 @@ class ApiKey(enum.IntEnum):
     METADATA = 3
     API_VERSIONS = 18
     INIT_PRODUCER_ID = 22
+    # Consumer groups: Kafka's classic group protocol, field for field.
+    OFFSET_COMMIT = 8
+    OFFSET_FETCH = 9
+    FIND_COORDINATOR = 10
+    JOIN_GROUP = 11
+    HEARTBEAT = 12
+    LEAVE_GROUP = 13
+    SYNC_GROUP = 14
+    DESCRIBE_GROUPS = 15
+    LIST_GROUPS = 16
+    DELETE_GROUPS = 42
     # Outside Kafka's range: Biplane's own calls.
     APPEND_ENTRIES = 1000
 
@@ -413,6 +425,293 @@ class InitProducerIdResponse:
     producer_epoch: int = -1
 
 
+# ------------------------------------------------------------------ consumer groups
+# Kafka's classic group protocol (FindCoordinator v2, JoinGroup v5, SyncGroup v3,
+# Heartbeat v3, LeaveGroup v3, OffsetCommit v7, OffsetFetch v5, DescribeGroups v4,
+# ListGroups v2, DeleteGroups v1 without throttle times), so the coordinator serves
+# Biplane's clients and Kafka's alike and both can share a group. Protocol metadata and
+# assignments are opaque bytes here, as in Kafka (for protocol_type "consumer": Kafka's
+# ConsumerProtocolSubscription and ConsumerProtocolAssignment).
+
+GROUP_KEY_TYPE = 0   # FindCoordinator key_type: a group (1 would be a transaction)
+
+
+@wire_struct(key=STRING, key_type=INT8)
+class FindCoordinatorRequest:
+    key: str
+    key_type: int = GROUP_KEY_TYPE
+
+
+@wire_struct(error_code=ERROR_CODE, error_message=NULLABLE_STRING, node_id=INT32, host=STRING, port=INT32)
+class FindCoordinatorResponse:
+    error_code: ErrorCode = ErrorCode.NONE
+    error_message: str | None = None
+    node_id: int = -1
+    host: str = ""
+    port: int = -1
+
+
+@wire_struct(name=STRING, metadata=BYTES)
+class JoinGroupProtocol:
+    name: str
+    metadata: bytes = b""
+
+
+@wire_struct(group_id=STRING, session_timeout_ms=INT32, rebalance_timeout_ms=INT32, member_id=STRING,
+             group_instance_id=NULLABLE_STRING, protocol_type=STRING, protocols=Array(JoinGroupProtocol),
+             client_id=STRING)
+class JoinGroupRequest:
+    """member_id "" on a first join: the coordinator answers MEMBER_ID_REQUIRED with the id to
+    join with (KIP-394). `client_id` travels in Kafka's request header; here in the body."""
+
+    group_id: str
+    session_timeout_ms: int = 45_000
+    rebalance_timeout_ms: int = 300_000
+    member_id: str = ""
+    group_instance_id: str | None = None
+    protocol_type: str = "consumer"
+    protocols: tuple[JoinGroupProtocol, ...] = ()
+    client_id: str = ""
+
+
+@wire_struct(member_id=STRING, group_instance_id=NULLABLE_STRING, metadata=BYTES)
+class JoinGroupMember:
+    member_id: str
+    group_instance_id: str | None = None
+    metadata: bytes = b""
+
+
+@wire_struct(error_code=ERROR_CODE, generation_id=INT32, protocol_name=NULLABLE_STRING, leader=STRING,
+             member_id=STRING, members=Array(JoinGroupMember))
+class JoinGroupResponse:
+    """`members` is filled for the leader only: it computes the assignment."""
+
+    error_code: ErrorCode = ErrorCode.NONE
+    generation_id: int = -1
+    protocol_name: str | None = None
+    leader: str = ""
+    member_id: str = ""
+    members: tuple[JoinGroupMember, ...] = ()
+
+
+@wire_struct(member_id=STRING, assignment=BYTES)
+class SyncGroupAssignment:
+    member_id: str
+    assignment: bytes = b""
+
+
+@wire_struct(group_id=STRING, generation_id=INT32, member_id=STRING, group_instance_id=NULLABLE_STRING,
+             assignments=Array(SyncGroupAssignment))
+class SyncGroupRequest:
+    """The leader sends every member's assignment; the others send none."""
+
+    group_id: str
+    generation_id: int
+    member_id: str
+    group_instance_id: str | None = None
+    assignments: tuple[SyncGroupAssignment, ...] = ()
+
+
+@wire_struct(error_code=ERROR_CODE, assignment=BYTES)
+class SyncGroupResponse:
+    error_code: ErrorCode = ErrorCode.NONE
+    assignment: bytes = b""
+
+
+@wire_struct(group_id=STRING, generation_id=INT32, member_id=STRING, group_instance_id=NULLABLE_STRING)
+class HeartbeatRequest:
+    group_id: str
+    generation_id: int
+    member_id: str
+    group_instance_id: str | None = None
+
+
+@wire_struct(error_code=ERROR_CODE)
+class HeartbeatResponse:
+    error_code: ErrorCode = ErrorCode.NONE
+
+
+@wire_struct(member_id=STRING, group_instance_id=NULLABLE_STRING)
+class LeaveGroupMember:
+    member_id: str
+    group_instance_id: str | None = None
+
+
+@wire_struct(group_id=STRING, members=Array(LeaveGroupMember))
+class LeaveGroupRequest:
+    group_id: str
+    members: tuple[LeaveGroupMember, ...] = ()
+
+
+@wire_struct(member_id=STRING, group_instance_id=NULLABLE_STRING, error_code=ERROR_CODE)
+class LeaveGroupMemberResponse:
+    member_id: str
+    group_instance_id: str | None = None
+    error_code: ErrorCode = ErrorCode.NONE
+
+
+@wire_struct(error_code=ERROR_CODE, members=Array(LeaveGroupMemberResponse))
+class LeaveGroupResponse:
+    error_code: ErrorCode = ErrorCode.NONE
+    members: tuple[LeaveGroupMemberResponse, ...] = ()
+
+
+@wire_struct(partition=INT32, committed_offset=INT64, committed_leader_epoch=INT32,
+             committed_metadata=NULLABLE_STRING)
+class OffsetCommitPartition:
+    partition: int
+    committed_offset: int
+    committed_leader_epoch: int = NO_EPOCH
+    committed_metadata: str | None = None
+
+
+@wire_struct(topic=STRING, partitions=Array(OffsetCommitPartition))
+class OffsetCommitTopic:
+    topic: str
+    partitions: tuple[OffsetCommitPartition, ...] = ()
+
+
+@wire_struct(group_id=STRING, generation_id=INT32, member_id=STRING, group_instance_id=NULLABLE_STRING,
+             topics=Array(OffsetCommitTopic))
+class OffsetCommitRequest:
+    """generation_id -1 and member_id "": a commit from outside the group (an operator's
+    reset, or a consumer with manual assignment), accepted only while the group is empty."""
+
+    group_id: str
+    generation_id: int = -1
+    member_id: str = ""
+    group_instance_id: str | None = None
+    topics: tuple[OffsetCommitTopic, ...] = ()
+
+
+@wire_struct(partition=INT32, error_code=ERROR_CODE)
+class OffsetCommitPartitionResponse:
+    partition: int
+    error_code: ErrorCode = ErrorCode.NONE
+
+
+@wire_struct(topic=STRING, partitions=Array(OffsetCommitPartitionResponse))
+class OffsetCommitTopicResponse:
+    topic: str
+    partitions: tuple[OffsetCommitPartitionResponse, ...] = ()
+
+
+@wire_struct(topics=Array(OffsetCommitTopicResponse))
+class OffsetCommitResponse:
+    topics: tuple[OffsetCommitTopicResponse, ...] = ()
+
+
+@wire_struct(topic=STRING, partitions=Array(INT32))
+class OffsetFetchTopic:
+    topic: str
+    partitions: tuple[int, ...] = ()
+
+
+@wire_struct(group_id=STRING, topics=Array(OffsetFetchTopic, nullable=True))
+class OffsetFetchRequest:
+    """topics None: every partition the group has an offset for."""
+
+    group_id: str
+    topics: tuple[OffsetFetchTopic, ...] | None = None
+
+
+@wire_struct(partition=INT32, committed_offset=INT64, committed_leader_epoch=INT32, metadata=NULLABLE_STRING,
+             error_code=ERROR_CODE)
+class OffsetFetchPartitionResponse:
+    """committed_offset -1: nothing committed for this partition."""
+
+    partition: int
+    committed_offset: int = NO_OFFSET
+    committed_leader_epoch: int = NO_EPOCH
+    metadata: str | None = None
+    error_code: ErrorCode = ErrorCode.NONE
+
+
+@wire_struct(topic=STRING, partitions=Array(OffsetFetchPartitionResponse))
+class OffsetFetchTopicResponse:
+    topic: str
+    partitions: tuple[OffsetFetchPartitionResponse, ...] = ()
+
+
+@wire_struct(error_code=ERROR_CODE, topics=Array(OffsetFetchTopicResponse))
+class OffsetFetchResponse:
+    error_code: ErrorCode = ErrorCode.NONE
+    topics: tuple[OffsetFetchTopicResponse, ...] = ()
+
+
+@wire_struct(member_id=STRING, group_instance_id=NULLABLE_STRING, client_id=STRING, client_host=STRING,
+             member_metadata=BYTES, member_assignment=BYTES)
+class DescribedGroupMember:
+    member_id: str
+    group_instance_id: str | None = None
+    client_id: str = ""
+    client_host: str = ""
+    member_metadata: bytes = b""
+    member_assignment: bytes = b""
+
+
+@wire_struct(error_code=ERROR_CODE, group_id=STRING, group_state=STRING, protocol_type=STRING,
+             protocol_data=STRING, members=Array(DescribedGroupMember))
+class DescribedGroup:
+    """group_state: Kafka's names (Empty, PreparingRebalance, CompletingRebalance, Stable,
+    Dead); protocol_data: the chosen assignor's name."""
+
+    error_code: ErrorCode = ErrorCode.NONE
+    group_id: str = ""
+    group_state: str = ""
+    protocol_type: str = ""
+    protocol_data: str = ""
+    members: tuple[DescribedGroupMember, ...] = ()
+
+
+@wire_struct(groups=Array(STRING))
+class DescribeGroupsRequest:
+    groups: tuple[str, ...] = ()
+
+
+@wire_struct(groups=Array(DescribedGroup))
+class DescribeGroupsResponse:
+    groups: tuple[DescribedGroup, ...] = ()
+
+
+@wire_struct(states_filter=Array(STRING))
+class ListGroupsRequest:
+    """Asked of every broker: each lists the groups it coordinates. Empty filter: all states."""
+
+    states_filter: tuple[str, ...] = ()
+
+
+@wire_struct(group_id=STRING, protocol_type=STRING, group_state=STRING)
+class ListedGroup:
+    group_id: str
+    protocol_type: str = ""
+    group_state: str = ""
+
+
+@wire_struct(error_code=ERROR_CODE, groups=Array(ListedGroup))
+class ListGroupsResponse:
+    error_code: ErrorCode = ErrorCode.NONE
+    groups: tuple[ListedGroup, ...] = ()
+
+
+@wire_struct(groups=Array(STRING))
+class DeleteGroupsRequest:
+    """Only empty groups are deleted (NON_EMPTY_GROUP otherwise), offsets and all."""
+
+    groups: tuple[str, ...] = ()
+
+
+@wire_struct(group_id=STRING, error_code=ERROR_CODE)
+class DeleteGroupsResult:
+    group_id: str
+    error_code: ErrorCode = ErrorCode.NONE
+
+
+@wire_struct(results=Array(DeleteGroupsResult))
+class DeleteGroupsResponse:
+    results: tuple[DeleteGroupsResult, ...] = ()
+
+
 # ---------------------------------------------------------------------- registry
 
 
@@ -424,6 +723,16 @@ REQUEST_TYPES: dict[ApiKey, type[object]] = {
     ApiKey.API_VERSIONS: ApiVersionsRequest,
     ApiKey.APPEND_ENTRIES: AppendEntriesRequest,
     ApiKey.INIT_PRODUCER_ID: InitProducerIdRequest,
+    ApiKey.FIND_COORDINATOR: FindCoordinatorRequest,
+    ApiKey.JOIN_GROUP: JoinGroupRequest,
+    ApiKey.SYNC_GROUP: SyncGroupRequest,
+    ApiKey.HEARTBEAT: HeartbeatRequest,
+    ApiKey.LEAVE_GROUP: LeaveGroupRequest,
+    ApiKey.OFFSET_COMMIT: OffsetCommitRequest,
+    ApiKey.OFFSET_FETCH: OffsetFetchRequest,
+    ApiKey.DESCRIBE_GROUPS: DescribeGroupsRequest,
+    ApiKey.LIST_GROUPS: ListGroupsRequest,
+    ApiKey.DELETE_GROUPS: DeleteGroupsRequest,
 }
 RESPONSE_TYPES: dict[ApiKey, type[object]] = {
     ApiKey.PRODUCE: ProduceResponse,
@@ -433,6 +742,16 @@ RESPONSE_TYPES: dict[ApiKey, type[object]] = {
     ApiKey.API_VERSIONS: ApiVersionsResponse,
     ApiKey.APPEND_ENTRIES: AppendEntriesResponse,
     ApiKey.INIT_PRODUCER_ID: InitProducerIdResponse,
+    ApiKey.FIND_COORDINATOR: FindCoordinatorResponse,
+    ApiKey.JOIN_GROUP: JoinGroupResponse,
+    ApiKey.SYNC_GROUP: SyncGroupResponse,
+    ApiKey.HEARTBEAT: HeartbeatResponse,
+    ApiKey.LEAVE_GROUP: LeaveGroupResponse,
+    ApiKey.OFFSET_COMMIT: OffsetCommitResponse,
+    ApiKey.OFFSET_FETCH: OffsetFetchResponse,
+    ApiKey.DESCRIBE_GROUPS: DescribeGroupsResponse,
+    ApiKey.LIST_GROUPS: ListGroupsResponse,
+    ApiKey.DELETE_GROUPS: DeleteGroupsResponse,
 }
 API_KEY_OF: dict[type, ApiKey] = {cls: key for key, cls in REQUEST_TYPES.items()}
 API_KEY_OF.update({cls: key for key, cls in RESPONSE_TYPES.items()})
@@ -514,6 +833,16 @@ __all__ = [
     "AppendEntriesRequest", "AppendEntriesResponse",
     "ApiVersionsRequest", "ApiVersion", "ApiVersionsResponse",
     "InitProducerIdRequest", "InitProducerIdResponse",
+    "GROUP_KEY_TYPE", "FindCoordinatorRequest", "FindCoordinatorResponse",
+    "JoinGroupProtocol", "JoinGroupRequest", "JoinGroupMember", "JoinGroupResponse",
+    "SyncGroupAssignment", "SyncGroupRequest", "SyncGroupResponse", "HeartbeatRequest", "HeartbeatResponse",
+    "LeaveGroupMember", "LeaveGroupRequest", "LeaveGroupMemberResponse", "LeaveGroupResponse",
+    "OffsetCommitPartition", "OffsetCommitTopic", "OffsetCommitRequest",
+    "OffsetCommitPartitionResponse", "OffsetCommitTopicResponse", "OffsetCommitResponse",
+    "OffsetFetchTopic", "OffsetFetchRequest", "OffsetFetchPartitionResponse", "OffsetFetchTopicResponse",
+    "OffsetFetchResponse", "DescribedGroupMember", "DescribedGroup", "DescribeGroupsRequest",
+    "DescribeGroupsResponse", "ListGroupsRequest", "ListedGroup", "ListGroupsResponse",
+    "DeleteGroupsRequest", "DeleteGroupsResult", "DeleteGroupsResponse",
     "REQUEST_TYPES", "RESPONSE_TYPES", "SUPPORTED_VERSIONS", "api_versions_response", "api_key_of",
     "encode_request", "encode_response", "decode_request", "decode_response",
 ]
