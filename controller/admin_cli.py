@@ -278,7 +278,7 @@ def emit(args: argparse.Namespace, doc: Any, text: str) -> str:
 
 
 # What each topic config key means, for `biplane topic create --help` (the README's table
-# says more); tests/test_cli.py checks that every key of TopicConfig is here.
+# says more); tests/test_cli.py checks that every key of TopicConfig is here, with a meaning.
 CONFIG_KEY_MEANINGS: dict[str, str] = {
     "partitions": "partition count; fixed after creation (grow it with add-partitions)",
     "replication_factor": "replicas per partition; fixed after creation (change it by reassignment)",
@@ -295,6 +295,10 @@ CONFIG_KEY_MEANINGS: dict[str, str] = {
     "flush_debounce_ms": "how long a follower gathers writes before one fsync",
     "max_message_bytes": "the largest record batch a producer may send",
     "replica_lag_time_max_ms": "a follower not caught up for this long leaves the ISR",
+    "cleanup_policy": "delete (retention), compact (keep each key's latest record) or compact,delete",
+    "delete_retention_ms": "how long a tombstone outlives its segment's first clean, for slow readers",
+    "min_cleanable_dirty_ratio": "compact a partition once this share of its cleanable bytes is uncleaned",
+    "min_compaction_lag_ms": "a record stays uncompacted at least this long after its timestamp",
 }
 
 
@@ -304,7 +308,7 @@ def config_keys_help() -> str:
              "min.insync.replicas work too):"]
     for key, field in TopicConfig.model_fields.items():
         default = "majority of RF" if field.default is None else field.default
-        lines.append(f"  {key:<24} default {default}: {CONFIG_KEY_MEANINGS.get(key, '')}")
+        lines.append(f"  {key:<25} default {default}: {CONFIG_KEY_MEANINGS[key]}")
     lines.append("Change them later with `biplane topic alter NAME --set KEY=VALUE` (all but partitions and "
                  "replication_factor).")
     return "\n".join(lines)
