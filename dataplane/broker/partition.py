@@ -33,7 +33,7 @@ from dataplane.log.interface import LogConfig
 from dataplane.log.log import PartitionLog
 from dataplane.log.space import offline_hint
 from dataplane.replica.actions import (
-    NoteAction, PersistAction, ProposeIsr, Ready, RefreshMetadata, Rejected, ReleaseProduce, ReportElection, Send,
+    Append, NoteAction, PersistAction, ProposeIsr, Ready, RefreshMetadata, Rejected, ReleaseProduce, ReportElection, Send,
     StopLeading, Truncate, TruncateFully,
 )
 from dataplane.replica.core import Replica, Role
@@ -123,6 +123,7 @@ class PartitionDriver:
         self.produce_records = 0
         self.produce_bytes = 0
         self.fetch_bytes = 0
+        self.replicated_bytes = 0  # appended as a follower (pulled or pushed from the leader)
 
     # ------------------------------------------------------------------ inputs
 
@@ -284,7 +285,9 @@ class PartitionDriver:
     # Effects (dataplane/replica/perform.py): what a Ready does outside the core.
 
     def persisted(self, action: PersistAction, previous_end: int) -> None:
-        if isinstance(action, Truncate):
+        if isinstance(action, Append) and not action.as_leader:
+            self.replicated_bytes += len(action.records)
+        elif isinstance(action, Truncate):
             log.info("%s-%d truncates its log from %d to %d (diverged from the leader)", *self.tp,
                      previous_end, action.offset,
                      extra={"event": "partition.truncated", "topic": self.tp[0], "partition": self.tp[1]})

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import functools
 import threading
 import logging
@@ -70,6 +71,25 @@ def compaction_config_of(topic: TopicInfo) -> CompactionConfig:
                             min_compaction_lag_ms=c.min_compaction_lag_ms)
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ByteTotals:
+    """Bytes a broker (or one replica) has produced, replicated in and served since it started."""
+
+    produce_bytes: int = 0
+    replicated_bytes: int = 0
+    fetch_bytes: int = 0
+
+    @classmethod
+    def of(cls, driver: PartitionDriver) -> ByteTotals:
+        return cls(produce_bytes=driver.produce_bytes, replicated_bytes=driver.replicated_bytes,
+                   fetch_bytes=driver.fetch_bytes)
+
+    def plus(self, other: ByteTotals) -> ByteTotals:
+        return ByteTotals(produce_bytes=self.produce_bytes + other.produce_bytes,
+                          replicated_bytes=self.replicated_bytes + other.replicated_bytes,
+                          fetch_bytes=self.fetch_bytes + other.fetch_bytes)
+
+
 class CleanerStopped(Exception):
     """Ends a cleaning pass in its worker thread when the broker stops."""
 
@@ -91,6 +111,10 @@ class ReplicaManager:
         self._fed: dict[TopicPartition, tuple] = {}
         self._isr_inflight: set[TopicPartition] = set()
         self._last_usage: dict[TopicPartition, tuple[float, tuple[int, int, int]]] = {}
+        # Byte counters of the drivers already closed (moved away, reopened), so that the
+        # broker's totals (byte_totals) never go down within this process.
+        self._retired_bytes = ByteTotals()
+        self.counters_since_ms = int(time.time() * 1000)  # wall clock: readers compare it across reports
         self._tasks = TaskOwner()  # ISR proposals and election reports to the controller
         self._lock = asyncio.Lock()
         self._closed = False
@@ -188,6 +212,7 @@ class ReplicaManager:
                 return True  # not offline (opened meanwhile)
             if driver is not None:
                 del self.drivers[tp]
+                self._retired_bytes = self._retired_bytes.plus(ByteTotals.of(driver))
                 self._fed.pop(tp, None)
                 self.reopening.add(tp)  # its log was not closed by a clean stop of this broker
         try:
@@ -200,6 +225,7 @@ class ReplicaManager:
     async def _remove(self, tp: TopicPartition, image: MetadataImage) -> None:
         self.open_failures.pop(tp, None)
         driver = self.drivers.pop(tp)
+        self._retired_bytes = self._retired_bytes.plus(ByteTotals.of(driver))
         self._fed.pop(tp, None)
         info = image.get_partition(*tp)
         topic = image.topics.get(tp[0])
@@ -343,6 +369,18 @@ class ReplicaManager:
                              result.records_removed, result.segments_cleaned, result.bytes_before,
                              result.bytes_after, extra={"event": "partition.compacted", "topic": tp[0],
                                                         "partition": tp[1]})
+
+    def byte_totals(self) -> ByteTotals:
+        """Bytes produced, replicated and fetched on this broker since the process started:
+        the open replicas' counters plus those of every replica closed since."""
+        totals = self._retired_bytes
+        for driver in self.drivers.values():
+            totals = totals.plus(ByteTotals.of(driver))
+        return totals
+
+    def log_bytes(self) -> int:
+        """Bytes the open partition logs hold on disk: Biplane's own share of the filesystem."""
+        return sum(d.log.size_bytes for d in self.drivers.values() if not d.closed)
 
     def usage(self) -> list[ReplicaUsage]:
         """Per replica: sizes, offsets, and rates since the previous call."""
