@@ -392,3 +392,70 @@ def days_until_full(*, capacity_bytes: int | None, used_bytes: int | None,
     if capacity_bytes is None or used_bytes is None or slope_bytes_per_day is None or slope_bytes_per_day <= 0:
         return None
     return max(0.0, (capacity_bytes - used_bytes) / slope_bytes_per_day)
+
+
+PLAN_FORMAT_VERSION = 1
+
+
+def reassignment_plan(before: Iterable[PartitionPlacement], plan: Plan, *,
+                      throttle_bytes_per_second: int) -> dict[str, object]:
+    """The plan as `biplane reassign --plan FILE` takes it: every partition the plan changes,
+    with its whole new replica list (first is the preferred leader), and the throttle."""
+    old = {(p.topic, p.partition): p.replicas for p in before}
+    changed = [p for p in plan.partitions if old.get((p.topic, p.partition)) != p.replicas]
+    return {
+        "version": PLAN_FORMAT_VERSION,
+        "partitions": [{"topic": p.topic, "partition": p.partition, "replicas": list(p.replicas)}
+                       for p in sorted(changed, key=lambda p: (p.topic, p.partition))],
+        "throttle_bytes_per_second": throttle_bytes_per_second,
+    }
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TransferEstimate:
+    """How long copying a plan's new replicas takes when every broker sends and receives
+    replication traffic at most `throttle_bytes_per_second` (the throttle is per broker, so
+    brokers copy in parallel and the busiest one sets the time)."""
+
+    bytes_to_move: int
+    throttle_bytes_per_second: int
+    busiest_broker: int | None
+    busiest_broker_bytes: int
+    seconds: float
+    bytes_in_by_broker: dict[int, int]  # new replicas it receives
+    bytes_out_by_broker: dict[int, int]  # new replicas it serves as the partition's leader
+
+
+def transfer_estimate(before: Iterable[PartitionPlacement], plan: Plan, *,
+                      throttle_bytes_per_second: int, lost: Iterable[int] = ()) -> TransferEstimate:
+    """What executing the plan copies: for each partition, every broker in its new replica
+    list that is not in its old one receives the partition's size from the leader that serves
+    it (the current leader, which leads until the new replicas catch up; the plan's leader if
+    the current one is lost).
+    A replica the balancer moved twice (A to B, then B to C) is copied once, to C."""
+    if throttle_bytes_per_second <= 0:
+        raise ValueError(f"the throttle must be > 0 bytes/s, got {throttle_bytes_per_second}")
+    gone = set(lost)
+    old = {(p.topic, p.partition): p for p in before}
+    bytes_in: dict[int, int] = {}
+    bytes_out: dict[int, int] = {}
+    for after in plan.partitions:
+        previous = old.get((after.topic, after.partition))
+        added = [b for b in after.replicas if previous is None or b not in previous.replicas]
+        if not added:
+            continue
+        source = previous.leader if previous is not None else None
+        if source is None or source in gone:
+            source = after.leader
+        for target in added:
+            bytes_in[target] = bytes_in.get(target, 0) + after.size_bytes
+            if source is not None:
+                bytes_out[source] = bytes_out.get(source, 0) + after.size_bytes
+    load = {b: max(bytes_in.get(b, 0), bytes_out.get(b, 0)) for b in {*bytes_in, *bytes_out}}
+    busiest = min(load, key=lambda b: (-load[b], b)) if load else None
+    busiest_bytes = load[busiest] if busiest is not None else 0
+    return TransferEstimate(bytes_to_move=sum(bytes_in.values()), throttle_bytes_per_second=throttle_bytes_per_second,
+                            busiest_broker=busiest, busiest_broker_bytes=busiest_bytes,
+                            seconds=busiest_bytes / throttle_bytes_per_second,
+                            bytes_in_by_broker=dict(sorted(bytes_in.items())),
+                            bytes_out_by_broker=dict(sorted(bytes_out.items())))
