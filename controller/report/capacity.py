@@ -35,6 +35,7 @@ from controller.snapshots import iso_utc
 
 DAY_MS = 86_400_000
 MIB = 1 << 20
+THROTTLE_BYTES_PER_S_MIN = 1024  # the smallest reassignment throttle a cluster takes
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -53,8 +54,10 @@ class ReportOptions:
     plot_brokers: int = 6  # disk plots with forecast lines for this many of the most urgent brokers
 
     def __post_init__(self) -> None:
-        if self.throttle_bytes_per_s < 1:
-            raise ValueError(f"--throttle-mb-s must be > 0, got {self.throttle_bytes_per_s / MIB:g}")
+        if self.throttle_bytes_per_s < THROTTLE_BYTES_PER_S_MIN:
+            raise ValueError(f"--throttle-mb-s must be at least {THROTTLE_BYTES_PER_S_MIN / MIB:g} "
+                             f"({THROTTLE_BYTES_PER_S_MIN} bytes/s, the least a reassignment throttle may be), "
+                             f"got {self.throttle_bytes_per_s / MIB:g}")
         if not self.horizon_days > 0:
             raise ValueError(f"--horizon-days must be > 0, got {self.horizon_days}")
         if self.plot_brokers < 0:

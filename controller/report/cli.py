@@ -9,6 +9,10 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # capacity imports Spark, which only the reports extra installs
+    from controller.report.capacity import ReportOptions
 
 
 def _topic_rf(text: str) -> tuple[str, int]:
@@ -106,19 +110,26 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def options_from_args(args: argparse.Namespace) -> ReportOptions:
+    """The report's options from `capacity`'s flags; ValueError naming the flag when one is out of range."""
+    from controller.report.capacity import MIB, ReportOptions
+
+    return ReportOptions(fit_days=args.fit_days, add_brokers=args.add_brokers,
+                         replication_factor_change=args.replication_factor, lose_broker=args.lose_broker,
+                         balance_tolerance_ratio=args.balance_tolerance, splits=args.splits,
+                         throttle_bytes_per_s=round(args.throttle_mb_s * MIB), horizon_days=args.horizon_days,
+                         plot_brokers=args.plot_brokers)
+
+
 def _capacity(args: argparse.Namespace) -> int:
-    from controller.report.capacity import MIB, Progress, ReportOptions, discover_inputs, run_capacity_report
+    from controller.report.capacity import Progress, discover_inputs, run_capacity_report
     from controller.report.units import human_days, human_per_day
     from controller.report.session import start_session
 
-    if not discover_inputs(args.inputs)[0]:  # fail before paying for a Spark start
+    options = options_from_args(args)  # fail on a bad flag or no input before paying for a Spark start
+    if not discover_inputs(args.inputs)[0]:
         raise ValueError(f"no snapshot files in {', '.join(args.inputs)}; expected names like "
                          "snapshot-20260101T000000Z-000000000042.sqlite")
-    options = ReportOptions(fit_days=args.fit_days, add_brokers=args.add_brokers,
-                            replication_factor_change=args.replication_factor, lose_broker=args.lose_broker,
-                            balance_tolerance_ratio=args.balance_tolerance, splits=args.splits,
-                            throttle_bytes_per_s=round(args.throttle_mb_s * MIB), horizon_days=args.horizon_days,
-                            plot_brokers=args.plot_brokers)
     progress = Progress(6)
     progress(f"starting Spark ({args.master})")
     spark = start_session(args.master)

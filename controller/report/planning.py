@@ -413,13 +413,14 @@ def reassignment_plan(before: Iterable[PartitionPlacement], plan: Plan, *,
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TransferEstimate:
-    """How long copying a plan's new replicas takes when every broker sends and receives
-    replication traffic at most `throttle_bytes_per_second` (the throttle is per broker, so
-    brokers copy in parallel and the busiest one sets the time)."""
+    """How long copying a plan's new replicas takes when each broker fetches at most
+    `throttle_bytes_per_second` for the replicas it is adding (the cluster's
+    reassignment_throttle_bytes_per_s applies per receiving broker, so brokers copy in
+    parallel and the one receiving the most sets the time)."""
 
     bytes_to_move: int
     throttle_bytes_per_second: int
-    busiest_broker: int | None
+    busiest_broker: int | None  # the broker receiving the most
     busiest_broker_bytes: int
     seconds: float
     bytes_in_by_broker: dict[int, int]  # new replicas it receives
@@ -431,8 +432,8 @@ def transfer_estimate(before: Iterable[PartitionPlacement], plan: Plan, *,
     """What executing the plan copies: for each partition, every broker in its new replica
     list that is not in its old one receives the partition's size from the leader that serves
     it (the current leader, which leads until the new replicas catch up; the plan's leader if
-    the current one is lost).
-    A replica the balancer moved twice (A to B, then B to C) is copied once, to C."""
+    the current one is lost). A replica the balancer moved twice (A to B, then B to C) is
+    copied once, to C."""
     if throttle_bytes_per_second <= 0:
         raise ValueError(f"the throttle must be > 0 bytes/s, got {throttle_bytes_per_second}")
     gone = set(lost)
@@ -451,9 +452,8 @@ def transfer_estimate(before: Iterable[PartitionPlacement], plan: Plan, *,
             bytes_in[target] = bytes_in.get(target, 0) + after.size_bytes
             if source is not None:
                 bytes_out[source] = bytes_out.get(source, 0) + after.size_bytes
-    load = {b: max(bytes_in.get(b, 0), bytes_out.get(b, 0)) for b in {*bytes_in, *bytes_out}}
-    busiest = min(load, key=lambda b: (-load[b], b)) if load else None
-    busiest_bytes = load[busiest] if busiest is not None else 0
+    busiest = min(bytes_in, key=lambda b: (-bytes_in[b], b)) if bytes_in else None
+    busiest_bytes = bytes_in[busiest] if busiest is not None else 0
     return TransferEstimate(bytes_to_move=sum(bytes_in.values()), throttle_bytes_per_second=throttle_bytes_per_second,
                             busiest_broker=busiest, busiest_broker_bytes=busiest_bytes,
                             seconds=busiest_bytes / throttle_bytes_per_second,

@@ -205,8 +205,8 @@ def _plan_paragraph(plan: dict, out_dir: Path) -> str:
             f"It changes {plan['partitions_changed']} partition(s) and copies "
             f"{human_value('bytes_to_move', plan['bytes_to_move'])}: about "
             f"<b>{human_duration(plan['estimated_seconds'])}</b> at "
-            f"{human_value('throttle_bytes_per_s', plan['throttle_bytes_per_s'])} per broker "
-            f"(broker {plan['busiest_broker']} sends or receives the most, "
+            f"{human_value('throttle_bytes_per_s', plan['throttle_bytes_per_s'])} per receiving broker "
+            f"(broker {plan['busiest_broker']} receives the most, "
             f"{human_value('busiest_broker_bytes', plan['busiest_broker_bytes'])}).</p>")
 
 
