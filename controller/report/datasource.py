@@ -15,9 +15,12 @@ error, which is how the driver learns of skipped files.
 Tables: every snapshot table (snapshot_schema.TABLES, with `file` and
 `snapshot_time_ms` in front), plus `files`, `broker_series` (per snapshot
 and broker: disk use, replica and leader counts, replica bytes and rates,
-from the file's broker_totals; an unreadable file yields one row
+from the file's broker_totals, and from schema 2 on Biplane's log bytes and
+the byte counters; an unreadable file yields one row
 with only `file` and `error`) and `placement` (one row per replica with its
 partition's leader, size, rate and min ISR). Byte counts are LongType.
+Files of every version in READABLE_SCHEMA_VERSIONS are read; the columns a
+file's version predates (COLUMNS_ADDED) read as NULL.
 
 No `pushFilters`: in PySpark 4.3.0 a later unfiltered query on the same
 DataFrame can reuse a filtered plan. Filter in Spark instead.
