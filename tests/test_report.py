@@ -229,6 +229,19 @@ def test_lose_broker_plan_executes_and_is_timed(report, history):
     assert "biplane reassign --plan" in report.html_path.read_text()
 
 
+def test_what_ifs_grow_partitions_at_their_true_rates(report):
+    """The what-ifs grow each replica at its partition's growth measured from its size in two
+    snapshots (the bursty 1-second samples would be far off): whatever the plan moves, the
+    brokers together still gain exactly the generated growth per day; a lost broker gains none."""
+    total = sum(expected_growth_bytes_per_day(SPEC).values())
+    for table in ("balanced_placement", "whatif_add_brokers", "whatif_lose_broker"):
+        frame = report.tables[table]
+        assert frame["growth_bytes_per_day_after"].sum() == pytest.approx(total, rel=EXACT), table
+    lose = report.tables["whatif_lose_broker"].set_index("broker_id")
+    assert lose.loc[1, "growth_bytes_per_day_after"] == 0
+    assert "partition(s) not in both" not in report.summary["partition_growth"]
+
+
 def test_balance_plan_file_reaches_the_balanced_placement(report, history):
     """Applying reassign_balance.json to the latest placement gives the replica bytes per broker
     the balanced table reports."""

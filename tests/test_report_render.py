@@ -11,7 +11,8 @@ from controller.report.capacity import urgency_first
 from controller.report.datasource import check_file, read_file_rows
 from controller.report.history import HistorySpec, generate_history
 from controller.report.render import (
-    LINE_BIPLANE, LINE_FILESYSTEM, LINE_FORECAST, LINE_ROOM, disk_forecast_figure, human_frame, urgency_figure,
+    LINE_BIPLANE, LINE_FILESYSTEM, LINE_FORECAST, LINE_ROOM, disk_forecast_figure, human_frame, skew_shown,
+    urgency_figure,
 )
 from controller.report.units import human_bytes, human_days, human_duration, human_rate, human_value
 
@@ -37,11 +38,20 @@ def test_human_value_goes_by_the_column_name():
     assert human_value("growth_bytes_per_day_after", 20 * GIB) == "20.0 GiB/day"
     assert human_value("days_until_full", 12.34) == "12.3 days"
     assert human_value("estimated_seconds", 7200) == "2.0 h"
+    assert human_value("bytes_to_move", 5 * 2**30) == "5.00 GiB"
     assert human_value("replica_bytes_over_mean", 1.25) == 1.25
     assert human_value("replicas", 7) == 7 and human_value("over_capacity", True) is True
     shown = human_frame(pd.DataFrame({"broker_id": [1], "biplane_bytes": [1536], "last_ms": [5]}))
     assert list(shown.columns) == ["broker_id", "biplane_bytes"]  # millisecond stamps stay in the CSV
     assert shown.iloc[0].tolist() == [1, "1.50 KiB"]
+
+
+def test_skew_summary_shows_byte_rows_in_units_and_counts_as_counts():
+    frame = pd.DataFrame({"key": ["broker", "broker"], "metric": ["leaders", "replica_bytes"],
+                          "mean": [2.5, 1.5 * TIB], "max": [4.0, 2.0 * TIB], "min": [1.0, 0.5 * TIB],
+                          "max_over_mean": [1.6, 1.333]})
+    shown = skew_shown(frame)
+    assert shown[["mean", "max", "min"]].values.tolist() == [[2.5, 4.0, 1.0], ["1.50 TiB", "2.00 TiB", "512 GiB"]]
 
 
 def forecast_frame() -> pd.DataFrame:

@@ -287,10 +287,32 @@ def _int(value) -> int | None:
     return None if _nan(value) or pd.isna(value) else int(value)
 
 
-def placement_from_latest(placement: pd.DataFrame, latest_series: pd.DataFrame
+def partition_growth(placement: pd.DataFrame, latest_file: str, baseline_file: str | None
+                     ) -> dict[tuple[str, int], float]:
+    """Bytes per second each partition grew between the baseline snapshot and the latest, from
+    its size (its largest replica) in both; partitions missing from either are left out.
+    Shrinking (retention) counts as no growth."""
+    if baseline_file is None:
+        return {}
+    sizes = placement.groupby(["file", "topic", "partition"], as_index=False).agg(
+        size=("size_bytes", "max"), at=("snapshot_time_ms", "first"))
+    latest = sizes[sizes["file"] == latest_file].set_index(["topic", "partition"])
+    baseline = sizes[sizes["file"] == baseline_file].set_index(["topic", "partition"])
+    growth = {}
+    for key in latest.index.intersection(baseline.index):
+        seconds = (int(latest.at[key, "at"]) - int(baseline.at[key, "at"])) / 1000
+        if seconds > 0:
+            growth[(str(key[0]), int(key[1]))] = max(0.0, (int(latest.at[key, "size"]) - int(baseline.at[key, "size"]))
+                                                     / seconds)
+    return growth
+
+
+def placement_from_latest(placement: pd.DataFrame, latest_series: pd.DataFrame,
+                          growth: dict[tuple[str, int], float] | None = None
                           ) -> tuple[list[planning.BrokerSlot], list[planning.PartitionPlacement]]:
     """Planning inputs from the latest snapshot: brokers from its series rows, partitions from
-    its `placement` rows (one per replica, in replica order)."""
+    its `placement` rows (one per replica, in replica order). A partition grows at `growth`'s
+    rate when given there, else at its 1-second produce sample."""
     brokers = [
         planning.BrokerSlot(broker_id=int(r.broker_id), rack=None if pd.isna(r.rack) else r.rack,
                             live=r.state == "unfenced", capacity_bytes=_int(r.disk_total_bytes),
@@ -310,7 +332,8 @@ def placement_from_latest(placement: pd.DataFrame, latest_series: pd.DataFrame
             topic=topic, partition=partition, replicas=tuple(int(r.broker_id) for r in rows),
             leader=_int(first.leader), size_bytes=max(int(r.size_bytes) for r in rows),
             isr=tuple(int(r.broker_id) for r in rows if r.in_isr), min_insync_replicas=min_isr,
-            growth_bytes_per_s=max(float(r.produce_bytes_per_s) for r in rows)))
+            growth_bytes_per_s=(growth or {}).get((topic, partition),
+                                                  max(float(r.produce_bytes_per_s) for r in rows))))
     return brokers, partitions
 
 
@@ -535,9 +558,21 @@ def run_capacity_report(spark: SparkSession, inputs: list[str], out_dir: Path, o
         progress.note(forecast_note)
 
     progress(f"planning on the latest snapshot {summary['latest_file']}")
-    placement = to_pandas(read_table(spark, "placement", [latest["file"]], 1))
+    # Partition growth for the what-ifs: sizes now against the first snapshot of the fit window.
+    window = good[good["snapshot_time_ms"] >= latest_ms - int(options.fit_days * DAY_MS)]
+    baseline_file = None if window.iloc[0]["file"] == latest["file"] else str(window.iloc[0]["file"])
+    both = to_pandas(read_table(spark, "placement", [latest["file"], *([baseline_file] if baseline_file else [])], 1))
+    growth = partition_growth(both, latest["file"], baseline_file)
+    placement = both[both["file"] == latest["file"]]
     latest_series = series_pd[series_pd["file"] == latest["file"]]
-    brokers, partitions = placement_from_latest(placement, latest_series)
+    brokers, partitions = placement_from_latest(placement, latest_series, growth)
+    sampled_partitions = len(partitions) - sum(1 for p in partitions if (p.topic, p.partition) in growth)
+    summary["partition_growth"] = (
+        f"what-ifs grow each partition at its size's growth between {os.path.basename(baseline_file)} and the "
+        f"latest snapshot" if baseline_file else "what-ifs grow each partition at its 1-second produce sample "
+        "(one snapshot in the fit window)") + (
+        f"; {sampled_partitions} partition(s) not in both use their 1-second produce sample"
+        if baseline_file and sampled_partitions else "")
     plan_tables, plan_summary, plans = plan_reports(brokers, partitions, options)
     summary.update(plan_summary)
 

@@ -125,7 +125,7 @@ def disk_forecast_figure(history: pd.DataFrame, row: object, horizon_days: float
                  + (f"full in {human_days(days)}" if days is not None else str(getattr(row, "status"))),
                  fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left")
+    ax.legend(fontsize=7, loc="lower right")  # the lines rise to the upper right; the capacity lines are on top
     fig.autofmt_xdate()
     return fig
 
@@ -181,6 +181,17 @@ def human_frame(frame: pd.DataFrame) -> pd.DataFrame:
     shown = frame[[c for c in frame.columns if not c.endswith("_ms")]]
     return pd.DataFrame({c: [human_value(c, None if v is pd.NA else v) for v in shown[c].astype(object)]
                          for c in shown.columns}, columns=list(shown.columns))
+
+
+def skew_shown(frame: pd.DataFrame) -> pd.DataFrame:
+    """skew_summary with the mean, max and min of the replica_bytes rows in human units (its
+    other rows are counts)."""
+    shown = frame.astype({c: object for c in ("mean", "max", "min") if c in frame.columns})
+    in_bytes = shown["metric"] == "replica_bytes" if "metric" in shown.columns else []
+    for column in ("mean", "max", "min"):
+        if column in shown.columns:
+            shown.loc[in_bytes, column] = [human_value("replica_bytes", v) for v in shown.loc[in_bytes, column]]
+    return shown
 
 
 def _table(name: str, frame: pd.DataFrame) -> str:
@@ -259,7 +270,7 @@ def render_html(out_dir: Path, tables: dict[str, pd.DataFrame], summary: dict) -
     skew = tables["broker_skew"]
     parts += ["<h2>Leader and replica skew</h2>",
               "<p>max / mean across brokers and racks (1.0 is even).</p>",
-              _table("skew_summary", tables["skew_summary"]),
+              _table("skew_summary", skew_shown(tables["skew_summary"])),
               _img(_bars(skew, ["leaders", "replicas"], ["leaders", "replicas"], False,
                          "Leaders and replicas per broker"), "leaders and replicas"),
               _table("broker_skew", skew), "<h3>Per rack</h3>", _table("rack_skew", tables["rack_skew"])]

@@ -78,7 +78,7 @@ def human_value(column: str, value: object) -> object:
         return human_per_day(float(value))
     if column.endswith("_over_mean"):  # a ratio of byte counts
         return value
-    if column.endswith("_bytes") or "_bytes_" in column or column == "bytes":
+    if column.endswith("_bytes") or "_bytes_" in column or column.startswith("bytes_"):
         return human_bytes(float(value))
     if column.endswith("_seconds"):
         return human_duration(float(value))
