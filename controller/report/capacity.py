@@ -294,16 +294,18 @@ def partition_growth(placement: pd.DataFrame, latest_file: str, baseline_file: s
     Shrinking (retention) counts as no growth."""
     if baseline_file is None:
         return {}
-    sizes = placement.groupby(["file", "topic", "partition"], as_index=False).agg(
-        size=("size_bytes", "max"), at=("snapshot_time_ms", "first"))
-    latest = sizes[sizes["file"] == latest_file].set_index(["topic", "partition"])
-    baseline = sizes[sizes["file"] == baseline_file].set_index(["topic", "partition"])
+    sizes: dict[str, dict[tuple[str, int], tuple[int, int]]] = {latest_file: {}, baseline_file: {}}
+    for r in _rows(placement):
+        if r.file in sizes:
+            key = (str(r.topic), int(r.partition))
+            size, at = sizes[r.file].get(key, (0, int(r.snapshot_time_ms)))
+            sizes[r.file][key] = (max(size, int(r.size_bytes)), at)
     growth = {}
-    for key in latest.index.intersection(baseline.index):
-        seconds = (int(latest.at[key, "at"]) - int(baseline.at[key, "at"])) / 1000
-        if seconds > 0:
-            growth[(str(key[0]), int(key[1]))] = max(0.0, (int(latest.at[key, "size"]) - int(baseline.at[key, "size"]))
-                                                     / seconds)
+    for key, (size, at) in sizes[latest_file].items():
+        if key in sizes[baseline_file]:
+            size_before, at_before = sizes[baseline_file][key]
+            if at > at_before:
+                growth[key] = max(0.0, (size - size_before) * 1000 / (at - at_before))
     return growth
 
 

@@ -186,11 +186,12 @@ def human_frame(frame: pd.DataFrame) -> pd.DataFrame:
 def skew_shown(frame: pd.DataFrame) -> pd.DataFrame:
     """skew_summary with the mean, max and min of the replica_bytes rows in human units (its
     other rows are counts)."""
-    shown = frame.astype({c: object for c in ("mean", "max", "min") if c in frame.columns})
-    in_bytes = shown["metric"] == "replica_bytes" if "metric" in shown.columns else []
+    shown = frame.copy()
     for column in ("mean", "max", "min"):
         if column in shown.columns:
-            shown.loc[in_bytes, column] = [human_value("replica_bytes", v) for v in shown.loc[in_bytes, column]]
+            shown[column] = pd.Series([human_value("replica_bytes", v) if metric == "replica_bytes" else v
+                                       for metric, v in zip(shown["metric"], shown[column])],
+                                      index=shown.index, dtype=object)
     return shown
 
 
