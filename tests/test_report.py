@@ -207,12 +207,14 @@ def test_lose_broker_plan_executes_and_is_timed(report, history):
     assert dict(zip(lose["broker_id"], lose["state"])) == {1: "lost", 2: "live", 3: "live", 4: "live", 5: "live",
                                                            6: "live"}
     plan = json.loads((report.out_dir / "reassign_lose_broker_1.json").read_text())
-    assert set(plan) == {"version", "partitions", "throttle_bytes_per_second"}
-    assert (plan["version"], plan["throttle_bytes_per_second"]) == (1, THROTTLE_BYTES_PER_S)
+    assert set(plan) == {"version", "partitions", "throttle_bytes_per_s"}  # what reassign --plan reads
+    assert (plan["version"], plan["throttle_bytes_per_s"]) == (1, THROTTLE_BYTES_PER_S)
     after = dict(replicas)
     for entry in plan["partitions"]:
-        assert set(entry) == {"topic", "partition", "replicas"}
-        after[(entry["topic"], entry["partition"])] = entry["replicas"]
+        assert set(entry) == {"topic", "partition", "replicas", "bytes_to_move"}
+        key = (entry["topic"], entry["partition"])
+        after[key] = entry["replicas"]
+        assert entry["bytes_to_move"] == sizes[key]  # one new replica each
     assert {key for key, brokers in replicas.items() if 1 in brokers} == {
         (e["topic"], e["partition"]) for e in plan["partitions"]}
     for key, brokers in after.items():

@@ -290,9 +290,9 @@ def test_lose_broker_shows_it_lost_and_plans_an_executable_timed_move():
     assert frame.set_index("broker_id")["days_until_full_after"].isna()[2]
     assert list(frame["broker_id"])[-1] == 2  # a lost broker never fills: last in urgency order
     assert plans[lose_broker_plan_file(2)] == {
-        "version": 1, "throttle_bytes_per_second": 20 * kib,
-        "partitions": [{"topic": "t", "partition": 0, "replicas": [1, 3]},
-                       {"topic": "t", "partition": 1, "replicas": [1, 3]}]}
+        "version": 1, "throttle_bytes_per_s": 20 * kib,
+        "partitions": [{"topic": "t", "partition": 0, "replicas": [1, 3], "bytes_to_move": 40 * kib},
+                       {"topic": "t", "partition": 1, "replicas": [1, 3], "bytes_to_move": 10 * kib}]}
     lost = summary["lose_broker"]
     assert (lost["plan_file"], lost["partitions_changed"], lost["bytes_to_move"]) == (
         "reassign_lose_broker_2.json", 2, 50 * kib)
@@ -309,12 +309,12 @@ def test_transfer_estimate_counts_each_new_replica_once_at_the_per_broker_thrott
                planning.Move(topic="a", partition=0, source_broker=2, target_broker=3, size_bytes=100, reason="balance"),
                planning.Move(topic="b", partition=0, source_broker=5, target_broker=2, size_bytes=60, reason="balance")),
         stopped_because="test")
-    estimate = planning.transfer_estimate(before, after, throttle_bytes_per_second=40)
+    estimate = planning.transfer_estimate(before, after, throttle_bytes_per_s=40)
     assert estimate.bytes_to_move == 160 and after.moved_bytes == 260
     assert estimate.bytes_in_by_broker == {2: 60, 3: 100} and estimate.bytes_out_by_broker == {1: 160}
     assert (estimate.busiest_broker, estimate.seconds) == (3, 2.5)
     with pytest.raises(ValueError, match="throttle must be > 0"):
-        planning.transfer_estimate(before, after, throttle_bytes_per_second=0)
+        planning.transfer_estimate(before, after, throttle_bytes_per_s=0)
 
 
 def test_throttle_flag_is_mib_per_second_and_refuses_what_a_cluster_would(capsys):

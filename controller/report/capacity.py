@@ -382,14 +382,14 @@ def executable_plan(before, plan: planning.Plan, options: ReportOptions, plan_fi
                     lost: Iterable[int] = ()) -> tuple[dict[str, object], dict[str, object]]:
     """The plan in `biplane reassign --plan` format, and its summary: what it changes, the bytes
     its new replicas copy and how long that takes at the throttle."""
-    document = planning.reassignment_plan(before, plan, throttle_bytes_per_second=options.throttle_bytes_per_s)
-    estimate = planning.transfer_estimate(before, plan, throttle_bytes_per_second=options.throttle_bytes_per_s,
+    document = planning.reassignment_plan(before, plan, throttle_bytes_per_s=options.throttle_bytes_per_s)
+    estimate = planning.transfer_estimate(before, plan, throttle_bytes_per_s=options.throttle_bytes_per_s,
                                           lost=lost)
     changed = document["partitions"]
     assert isinstance(changed, list)
     return document, {
         "plan_file": plan_file, "partitions_changed": len(changed), "bytes_to_move": estimate.bytes_to_move,
-        "throttle_bytes_per_s": estimate.throttle_bytes_per_second,
+        "throttle_bytes_per_s": estimate.throttle_bytes_per_s,
         "estimated_seconds": round(estimate.seconds, 1), "busiest_broker": estimate.busiest_broker,
         "busiest_broker_bytes": estimate.busiest_broker_bytes,
     }
@@ -439,7 +439,7 @@ def plan_reports(brokers, partitions, options: ReportOptions
     new_ids = [b.broker_id for b in grown[len(brokers):]]
     tables["whatif_add_brokers"] = outlook_frame(grown, partitions, add_plan.partitions, new_ids=new_ids)
     tables["whatif_add_brokers_moves"] = moves_frame(add_plan)
-    estimate = planning.transfer_estimate(partitions, add_plan, throttle_bytes_per_second=options.throttle_bytes_per_s)
+    estimate = planning.transfer_estimate(partitions, add_plan, throttle_bytes_per_s=options.throttle_bytes_per_s)
     summary["add_brokers"] = {"count": options.add_brokers, "new_broker_ids": new_ids,
                               "moves": len(add_plan.moves), "bytes_to_move": estimate.bytes_to_move,
                               "throttle_bytes_per_s": options.throttle_bytes_per_s,
