@@ -17,8 +17,10 @@ import pandas as pd
 import pytest
 
 from controller.report.capacity import (
-    FROM_COUNTERS, FROM_COUNTERS_SINCE_RESTART, FROM_SAMPLES, NO_EARLIER, Progress, ReportOptions, run_capacity_report,
+    COUNTER_DROPPED, FROM_COUNTERS, FROM_COUNTERS_SINCE_RESTART, FROM_SAMPLES, NO_EARLIER, NO_NEW_REPORT, Progress,
+    ReportOptions, run_capacity_report, to_pandas, with_derived_columns,
 )
+from controller.report.datasource import BROKER_SERIES_SCHEMA
 from controller.report.history import (
     HistorySpec, expected_growth_bytes_per_day, expected_other_growth_bytes_per_day, expected_throughput_bytes_per_s,
     generate_history,
@@ -169,6 +171,29 @@ def test_throughput_comes_from_byte_counters_differenced_between_snapshots(repor
     assert any(abs(r.sampled_produce_bytes_per_s - truth[r.broker_id]["produce"]) > 0.5 * truth[r.broker_id]["produce"]
                for r in latest.itertuples() if truth[r.broker_id]["produce"] > 0)
     assert report.summary["throughput_note"].startswith(f"{SPEC.legacy_snapshots * 5} of ")
+
+
+def test_counter_differencing_by_hand(spark):
+    """One broker over six snapshots 10 s apart (usage measured 1 s before each): no counters
+    (a sample of 7 B/s is kept), the first counters (nothing to difference), +1000 B in 10 s,
+    the same report again (it stopped reporting), a restart 4 s before the fifth report with
+    800 B since, and a counter lower than before without a restart."""
+    rows = []
+    for i, (since, produce) in enumerate([(None, None), (-50_000, 5000), (-50_000, 6000), (-50_000, 6000),
+                                          (35_000, 800), (35_000, 700)]):
+        at = (i * 10_000 - 1_000) if i != 3 else 19_000  # snapshot 3 repeats snapshot 2's report
+        counters = (None, None, None) if produce is None else (produce, 2 * produce, 3 * produce)
+        rows.append((f"f{i}", i * 10_000, i, 1, None, "unfenced", 100, 50, 50, 1, 1, 10, 7.0, 8.0, 9.0,
+                     at, None if produce is None else 12, since, *counters, None))
+    frame = to_pandas(with_derived_columns(spark.createDataFrame(rows, BROKER_SERIES_SCHEMA))
+                      .orderBy("snapshot_time_ms"))
+    assert list(frame["throughput_source"]) == [FROM_SAMPLES, NO_EARLIER, FROM_COUNTERS, NO_NEW_REPORT,
+                                                FROM_COUNTERS_SINCE_RESTART, COUNTER_DROPPED]
+    produce = [None if v is None or v != v else float(v) for v in frame["produce_bytes_per_s"]]
+    assert produce == [7.0, None, 100.0, None, 200.0, None]
+    assert float(frame["replication_in_bytes_per_s"][2]) == 200.0 and float(frame["fetch_bytes_per_s"][4]) == 600.0
+    assert list(frame["biplane_bytes"]) == [10, 12, 12, 12, 12, 12]  # log_bytes when reported, else replica bytes
+    assert list(frame["other_bytes"]) == [40, 38, 38, 38, 38, 38]  # the filesystem's 50 used, less Biplane's
 
 
 def test_biplane_bytes_fall_back_to_replica_sizes_in_old_snapshots(report):

@@ -148,6 +148,7 @@ FROM_COUNTERS_SINCE_RESTART = "counters since restart"  # it restarted in betwee
 FROM_SAMPLES = "1-second samples (snapshot without byte counters)"  # schema 1 files
 NO_EARLIER = "none: no earlier snapshot with counters"
 COUNTER_DROPPED = "none: counters went down without a restart"
+NO_NEW_REPORT = "none: no usage report since the previous snapshot"  # a broker that stopped reporting
 RATES = (  # (reported column, counter column, sampled column)
     ("produce_bytes_per_s", "produce_bytes_total", "sampled_produce_bytes_per_s"),
     ("replication_in_bytes_per_s", "replicated_bytes_total", "sampled_replication_in_bytes_per_s"),
@@ -195,6 +196,7 @@ def with_derived_columns(series: DataFrame) -> DataFrame:
         .when(same_run & grew, F.lit(FROM_COUNTERS))
         .when(restarted, F.lit(FROM_COUNTERS_SINCE_RESTART))
         .when(same_run, F.lit(COUNTER_DROPPED))
+        .when(has & (at == prev("usage_at_ms")), F.lit(NO_NEW_REPORT))
         .otherwise(F.lit(NO_EARLIER))))
     return (frame
             .withColumn("biplane_bytes", F.coalesce(F.col("log_bytes"), F.col("replica_bytes")))
