@@ -41,9 +41,9 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     cap.add_argument("--balance-tolerance", type=float, default=0.05,
                      help="stop balancing when brokers are within this fraction of the mean (default 0.05)")
     cap.add_argument("--throttle-mb-s", type=float, default=50.0, metavar="MIB_PER_S",
-                     help="replication throttle per broker, in MiB/s (1 MiB = 1,048,576 bytes), written into the "
-                          "move plans (reassign_*.json, for `biplane reassign --plan`) and used for their time "
-                          "estimates (default 50)")
+                     help="replication throttle per receiving broker, in MiB/s (1 MiB = 1,048,576 bytes), "
+                          "written into the move plans (reassign_*.json, for `biplane reassign --plan`) and used "
+                          "for their time estimates (default 50; at least 1024 bytes/s)")
     cap.add_argument("--horizon-days", type=float, default=30.0,
                      help="the urgency chart shows the share of today's free space each broker uses within this "
                           "many days (default 30)")
