@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from common.api_models import PartitionView
+from common.errors import InvalidFieldError
 from common.usage import BrokerUsage
 
 BrokerId = Annotated[int, Field(ge=0)]
@@ -74,6 +75,27 @@ class AddPartitionsRequest(_Request):
 class AlterConfigRequest(_Request):
     set: dict[str, ConfigValue] = Field(default_factory=dict)
     reset: list[str] = Field(default_factory=list)
+
+
+def _some_change(schema: dict[str, Any]) -> None:
+    schema["anyOf"] = [{"required": ["set"], "properties": {"set": {"minProperties": 1}}},
+                       {"required": ["reset"], "properties": {"reset": {"minItems": 1}}}]
+
+
+class TopicConfigPatch(AlterConfigRequest):
+    """The admin API's config change: it must name at least one key. (A Kafka client's
+    AlterConfigs may name none, and then changes nothing, as in Kafka.)"""
+
+    model_config = ConfigDict(json_schema_extra=_some_change)
+
+    @model_validator(mode="after")
+    def _names_a_key(self) -> "TopicConfigPatch":
+        if not self.set and not self.reset:
+            raise InvalidFieldError(
+                "the change names no config key: give 'set' (keys to new values, e.g. "
+                "{\"set\": {\"retention_ms\": 86400000}}) or 'reset' (keys back to their defaults, "
+                "e.g. {\"reset\": [\"retention_ms\"]}), at least one key", field="set", value=self.set)
+        return self
 
 
 class DeleteTopicRequest(_Request):

@@ -61,6 +61,9 @@ class ApiClient:
                 # (outcome unknown) is not retried: the write may have happened.
                 time.sleep(0.25)
                 continue
+            if status == 429 and time.monotonic() < unavailable_deadline:
+                time.sleep(0.5)   # the write rate is spent; the write was refused before it ran
+                continue
             if status >= 400:
                 err = doc.get("error", {}) if isinstance(doc, dict) else {}
                 message = err.get("message") or (doc if isinstance(doc, str) else f"HTTP {status}")
