@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from common.api_models import PartitionView
 from common.errors import InvalidFieldError
+from common.metadata.config import TOPIC_NAME_PATTERN
 from common.usage import BrokerUsage
 
 BrokerId = Annotated[int, Field(ge=0)]
@@ -45,7 +46,8 @@ def _check_replica_lists(v: tuple[tuple[int, ...], ...] | None) -> tuple[tuple[i
 # ---- admin ------------------------------------------------------------------
 
 class CreateTopicRequest(_Request):
-    name: str = Field(min_length=1, max_length=249)
+    # The pattern is the schema's; validate_topic_name checks it with a message that says what to do.
+    name: str = Field(min_length=1, max_length=249, json_schema_extra={"pattern": TOPIC_NAME_PATTERN})
     partitions: int = Field(default=1, ge=1, le=10_000)
     replication_factor: int = Field(default=1, ge=1, le=100)
     config: dict[str, ConfigValue] = Field(default_factory=dict)

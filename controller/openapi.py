@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from common import api_models
-from common.metadata.config import TOPIC_NAME_LENGTH_MAX
+from common.metadata.config import TOPIC_NAME_PATTERN
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -126,7 +126,7 @@ def _operation(op: Operation) -> dict[str, Any]:
         doc["security"] = [{"bearer": []}]
     if op.path_params:
         doc["parameters"] = [{"name": name, "in": "path", "required": True,
-                              "schema": {"type": "string", "pattern": f"^[A-Za-z0-9._-]{{1,{TOPIC_NAME_LENGTH_MAX}}}$"}}
+                              "schema": {"type": "string", "pattern": TOPIC_NAME_PATTERN}}
                              for name in op.path_params]
     if op.request is not None:
         doc["requestBody"] = {"required": True, "content": _json(op.request.__name__)}

@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import time
 
+import jsonschema_rs
 import pytest
 
+from controller.api import openapi_document
 from controller_harness import Controller, http, make_specs, register_and_unfence, wait_leader
 
 pytestmark = pytest.mark.slow
@@ -43,17 +45,27 @@ def small(tmp_path_factory):
         c.kill()
 
 
+DOCUMENT = openapi_document()   # the schemas the answers must fit
+
+
 def api(c: Controller, method: str, path: str, body=None, **kw):
     return http(method, c.spec.api_url + path, body, **kw)
 
 
 def error_shape(r) -> dict:
-    """The API's error body: exactly {"error": {code, message, retriable, field?}}."""
+    """The API's error body: exactly {"error": {code, message, retriable, field?}}, valid
+    against the ErrorBody schema of the controller's own OpenAPI document."""
     assert isinstance(r.body, dict) and set(r.body) == {"error"}, (r.status, r.body)
     assert r.headers.get("Content-Type", "").startswith("application/json"), r.headers
+    jsonschema_rs.validator_for({**DOCUMENT, "$ref": "#/components/schemas/ErrorBody"}).validate(r.body)
     err = r.body["error"]
     assert {"code", "message", "retriable"} <= set(err) <= {"code", "message", "retriable", "field"}, err
     return err
+
+
+def documented(c: Controller, method: str, path: str, status: int) -> None:
+    doc = api(c, "GET", "/v1/openapi.json").body
+    assert str(status) in doc["paths"][path][method.lower()]["responses"], (method, path, status)
 
 
 # ---- JSON error bodies for every status
@@ -80,6 +92,7 @@ def test_body_over_the_limit_is_a_json_413_naming_the_flag(controller):
     err = error_shape(r)
     assert err["code"] == "PAYLOAD_TOO_LARGE" and err["field"] == "body"
     assert "--admin-max-body-bytes" in err["message"] and str(len(raw)) in err["message"]
+    documented(controller, "POST", "/v1/topics", 413)
     assert api(controller, "GET", "/v1/topics/big").status == 404
 
 
@@ -186,6 +199,7 @@ def test_write_rate_answers_429_with_retry_after_and_lets_in_after_it(tmp_path_f
         err = error_shape(r)
         assert err["code"] == "THROTTLING_QUOTA_EXCEEDED" and err["retriable"] is True
         assert "--admin-write-rate" in err["message"] and "--admin-write-burst" in err["message"]
+        documented(c, "POST", "/v1/topics", 429)
         wait_s = int(r.headers["Retry-After"])
         assert 1 <= wait_s <= 2
         assert api(c, "GET", f"/v1/topics/{refused}").status == 404     # refused before it ran

@@ -140,3 +140,10 @@ def test_the_default_limits_apply_when_none_are_given():
 def test_limits_out_of_range_are_refused(kwargs):
     with pytest.raises(ValueError, match=next(iter(kwargs))):
         PartitionLimits(**kwargs)
+
+
+def test_a_topic_already_at_a_lowered_limit_is_told_none_can_be_added():
+    image = cluster(1)
+    apply(image, d.create_topic(image, CreateTopicRequest(name="t", partitions=4), 0))
+    with pytest.raises(InvalidPartitionsError, match="it has 4 already, so none can be added"):
+        d.add_partitions(image, "t", AddPartitionsRequest(partitions=5), PartitionLimits(max_partitions_per_topic=3))

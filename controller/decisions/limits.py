@@ -44,15 +44,21 @@ class PartitionLimits:
 
 
 def check_partitions(image: MetadataImage, limits: PartitionLimits, *, topic: str, total: int,
-                     added: int, replication_factor: int) -> None:
-    """Refuse a topic of `total` partitions, `added` of them new, each `replication_factor`
-    replicas, when it breaks a limit."""
+                     added: int, replication_factor: int, current: int = 0) -> None:
+    """Refuse a topic of `total` partitions, `added` of them new (`current` there already),
+    each `replication_factor` replicas, when it breaks a limit."""
     per_topic = limits.max_partitions_per_topic
     if total > per_topic:
+        if not current:
+            ask = f"ask for at most {per_topic}"
+        elif current < per_topic:
+            ask = f"ask for {current + 1}..{per_topic}"
+        else:
+            ask = f"it has {current} already, so none can be added"
         raise InvalidPartitionsError(
             f"partitions {total} for topic '{topic}' is above the limit of {per_topic} partitions per "
-            f"topic: ask for at most {per_topic}, or start the controllers with a larger "
-            f"--max-partitions-per-topic (at most {PARTITIONS_MAX})", field="partitions", value=total)
+            f"topic: {ask}, or start the controllers with a larger --max-partitions-per-topic "
+            f"(at most {PARTITIONS_MAX})", field="partitions", value=total)
     held = sum(len(p.replicas) for p in image.partitions())
     wanted = added * replication_factor
     ceiling = limits.cluster_replicas_max(image)

@@ -133,7 +133,8 @@ def add_partitions(image: MetadataImage, topic: str, request: AddPartitionsReque
             field="partitions", value=wanted)
     added = wanted - current
     rf = info.config.replication_factor
-    check_partitions(image, limits, topic=topic, total=wanted, added=added, replication_factor=rf)
+    check_partitions(image, limits, topic=topic, total=wanted, added=added, replication_factor=rf,
+                     current=current)
     given = request.replica_assignment
     if given is None:
         assignment = place_replicas(image, topic=topic, partitions=added, replication_factor=rf,
