@@ -10,7 +10,8 @@ import jsonschema_rs
 import pytest
 
 from controller.api import openapi_document
-from controller_harness import Controller, http, make_specs, register_and_unfence, wait_leader
+from controller_harness import TOKEN, Controller, http, make_specs, register_and_unfence, run_cli, wait_leader
+from dataplane.client.admin import SyncAdminClient
 
 pytestmark = pytest.mark.slow
 
@@ -212,12 +213,18 @@ def test_write_rate_answers_429_with_retry_after_and_lets_in_after_it(tmp_path_f
         assert api(c, "POST", "/v1/topics", {"name": "wide", "partitions": 6}).status == 201
         r = api(c, "DELETE", "/v1/topics/r0")
         assert r.status == 429 and int(r.headers["Retry-After"]) >= 2, (r.status, r.headers)
+        # The admin client and the CLI wait a 429 out (within their 10 s) instead of failing.
+        admin = SyncAdminClient(c.spec.api_url, TOKEN)
+        assert admin.create_topic("by-client").name == "by-client"
+        assert api(c, "POST", "/v1/topics", {"name": "spend", "partitions": 6}).status in (201, 429)
+        out = run_cli("topic", "create", "by-cli", "--controller", c.spec.api_url, "--token", TOKEN)
+        assert out.returncode == 0, out.stderr
+        assert api(c, "GET", "/v1/topics/by-cli").status == 200
     finally:
         c.kill()
 
 
 def test_bad_limit_flags_are_refused_by_name(tmp_path):
-    from controller_harness import run_cli
     out = run_cli("controller", "--node-id", "1", "--data-dir", str(tmp_path), "--admin-token", "t",
                   "--raft-address", "127.0.0.1:1", "--api-address", "127.0.0.1:2", "--max-partitions-per-topic", "0")
     assert out.returncode == 2 and "--max-partitions-per-topic must be in 1..10000, got 0" in out.stderr, out.stderr
