@@ -4,8 +4,8 @@ Three controllers and two brokers. Every operation of /v1/openapi.json gets sche
 and schema-invalid requests, with the token and without it, on the leader, and the writes
 also on a follower, whose 307 is checked without following it. Every answer must be
 documented: no 5xx, the status listed for the operation, the body valid against that
-status's schema, the content type and the required headers as documented, and an invalid
-request refused with a 4xx.
+status's schema, the content type and the required headers as documented, an answered
+request refused when repeated without the token, and an invalid request refused with a 4xx.
 
 Then the mechanism the guardrails exist for: the cluster is as healthy as before the
 flood (no broker fenced, no partition without a leader, the controllers' Raft term where
@@ -28,6 +28,7 @@ from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 from schemathesis.checks import (
     content_type_conformance,
+    ignored_auth,
     negative_data_rejection,
     not_a_server_error,
     response_headers_conformance,
@@ -42,8 +43,9 @@ pytestmark = pytest.mark.slow
 
 EXAMPLES = 50            # per operation and mode: 16 operations x 2 modes x 50 ~ 1,500 requests
 FOLLOWER_EXAMPLES = 10   # per write operation, positive only: each is a 307
+# ignored_auth repeats an answered request without the token and wants it refused.
 CHECKS = [not_a_server_error, response_schema_conformance, status_code_conformance, content_type_conformance,
-          response_headers_conformance]
+          response_headers_conformance, ignored_auth]
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 TOPICS = ("0", "A", "orders")   # made before the fuzz; a valid request names one of them at times
 

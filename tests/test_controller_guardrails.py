@@ -117,6 +117,13 @@ def test_deeply_nested_body_is_400_not_a_recursion_error(controller, path, metho
     assert "Recursion" not in err["message"]
 
 
+def test_the_broker_rpc_refuses_a_deeply_nested_body_too(controller):
+    depth = 100_000
+    raw = b'{"broker_id": ' + b"[" * depth + b"]" * depth + b"}"
+    r = api(controller, "POST", "/rpc/v1/heartbeat", raw=raw, token=None)
+    assert r.status == 400 and error_shape(r)["field"] == "body", r.body
+
+
 def test_nesting_within_the_limit_is_judged_by_the_model(controller):
     raw = b'{"name": "n", "config": {"retention_ms": ' + b"[" * 20 + b"]" * 20 + b"}}"
     r = api(controller, "POST", "/v1/topics", raw=raw)
