@@ -70,7 +70,8 @@ def route(method: str, path: str, *, summary: str, request: type[BaseModel] | No
 async def read_body(request: web.Request, model: type[ModelT]) -> ModelT:
     limits = request.app[API_LIMITS]
     return await read_model(request, model, body_bytes_max=limits.body_bytes_max,
-                            json_depth_max=limits.json_depth_max)
+                            json_depth_max=limits.json_depth_max, limit_flag="--admin-max-body-bytes",
+                            depth_flag="--admin-max-json-depth")
 
 
 def charge(request: web.Request, partitions: int) -> None:

@@ -88,14 +88,16 @@ def validation_error(exc: ValidationError, what: str) -> web.Response:
 def too_large(size: int | None, limit: int, flag: str) -> web.Response:
     got = f"{size} bytes" if size is not None else "a larger body"
     return error_response(413, "PAYLOAD_TOO_LARGE",
-                          f"request body is {got}; the limit is {limit} bytes ({flag})", field="body")
+                          f"request body is {got}; the limit is {limit} bytes{f' ({flag})' if flag else ''}",
+                          field="body")
 
 
 async def read_model(request: web.Request, model: type[ModelT], *, body_bytes_max: int | None = None,
-                     json_depth_max: int = JSON_DEPTH_MAX_DEFAULT,
-                     limit_flag: str = "--admin-max-body-bytes",
-                     depth_flag: str = "--admin-max-json-depth") -> ModelT:
-    """The body as `model`; raises EarlyResponse with a ready 400 (or 413) otherwise."""
+                     json_depth_max: int = JSON_DEPTH_MAX_DEFAULT, limit_flag: str = "",
+                     depth_flag: str = "") -> ModelT:
+    """The body as `model`; raises EarlyResponse with a ready 400 (or 413) otherwise.
+    `body_bytes_max` None leaves the size to the app's own ceiling; the flags, when
+    given, are named in the refusals as what raises the limit."""
     if body_bytes_max is not None and (request.content_length or 0) > body_bytes_max:
         raise EarlyResponse(too_large(request.content_length, body_bytes_max, limit_flag))
     raw = await request.read()
@@ -104,8 +106,8 @@ async def read_model(request: web.Request, model: type[ModelT], *, body_bytes_ma
     if json_too_deep(raw, json_depth_max):
         raise EarlyResponse(error_response(
             400, ErrorCode.INVALID_REQUEST,
-            f"request body nests objects and arrays more than {json_depth_max} levels deep ({depth_flag}); "
-            "no request of this API needs more than 4", field="body"))
+            f"request body nests objects and arrays more than {json_depth_max} levels deep"
+            f"{f' ({depth_flag})' if depth_flag else ''}; no request of this API needs more than 4", field="body"))
     try:
         data = json.loads(raw) if raw else {}
     except ValueError as exc:
