@@ -35,10 +35,10 @@ class ApiLimits:
     json_depth_max: int = JSON_DEPTH_MAX_DEFAULT
 
     def __post_init__(self) -> None:
-        if not self.write_rate_per_s > 0:
-            raise ValueError(f"write_rate_per_s must be > 0, got {self.write_rate_per_s}")
-        if not self.write_burst >= 1:
-            raise ValueError(f"write_burst must be >= 1, got {self.write_burst}")
+        if not (self.write_rate_per_s > 0 and math.isfinite(self.write_rate_per_s)):
+            raise ValueError(f"write_rate_per_s must be a finite number > 0, got {self.write_rate_per_s}")
+        if not (self.write_burst >= 1 and math.isfinite(self.write_burst)):
+            raise ValueError(f"write_burst must be a finite number >= 1, got {self.write_burst}")
         if self.body_bytes_max < 2:
             raise ValueError(f"body_bytes_max must be >= 2 (an empty JSON object), got {self.body_bytes_max}")
         if self.json_depth_max < 1:

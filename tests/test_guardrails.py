@@ -57,6 +57,7 @@ def test_retry_after_rounds_up_to_whole_seconds(seconds, header):
 
 
 @pytest.mark.parametrize("field, value", [("write_rate_per_s", 0), ("write_burst", 0.5),
+                                          ("write_rate_per_s", float("inf")), ("write_burst", float("nan")),
                                           ("body_bytes_max", 1), ("json_depth_max", 0)])
 def test_api_limits_refuse_values_that_would_block_everything(field, value):
     with pytest.raises(ValueError, match=field):
