@@ -25,6 +25,7 @@ from common.metadata.config import TOPIC_NAME_PATTERN
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 PUBLIC_PATHS = frozenset({"/v1/health"})
+_PATH_PARAMS = {"name": {"type": "string", "pattern": TOPIC_NAME_PATTERN}}   # {name}: a topic
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -126,8 +127,7 @@ def _operation(op: Operation) -> dict[str, Any]:
         doc["security"] = [{"bearer": []}]
     if op.path_params:
         doc["parameters"] = [{"name": name, "in": "path", "required": True,
-                              "schema": {"type": "string", "pattern": TOPIC_NAME_PATTERN}}
-                             for name in op.path_params]
+                              "schema": _PATH_PARAMS.get(name, {"type": "string"})} for name in op.path_params]
     if op.request is not None:
         doc["requestBody"] = {"required": True, "content": _json(op.request.__name__)}
     for status, ref in responses(op).items():
