@@ -383,6 +383,8 @@ def topic_main(argv: list[str], prog: str) -> int:
             doc = api.call("POST", f"/v1/topics/{name}/partitions", grow)
             return emit(args, doc, f"topic {doc['name']} now has {len(doc['partitions'])} partitions "
                                    f"(metadata offset {doc['metadata_offset']})")
+        if not args.set and not args.reset:
+            raise CliError("nothing to change: give --set KEY=VALUE or --reset KEY (each repeatable)")
         doc = api.call("PATCH", f"/v1/topics/{name}/config",
                        {"set": parse_pairs(args.set, "--set"), "reset": args.reset})
         return emit(args, doc, f"topic {doc['name']} config updated (metadata offset {doc['metadata_offset']})")

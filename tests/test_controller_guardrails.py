@@ -148,6 +148,12 @@ def test_an_empty_config_patch_is_400_naming_what_is_missing(controller, body):
     assert api(controller, "GET", "/v1/topics/patched").body["metadata_offset"] == before
 
 
+def test_the_cli_says_what_to_give_for_an_empty_alter(controller):
+    out = run_cli("topic", "alter", "patched", "--controller", controller.spec.api_url, "--token", TOKEN)
+    assert out.returncode == 1 and "give --set KEY=VALUE or --reset KEY" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
+
+
 # ---- partition limits
 
 def test_default_per_topic_limit_names_the_flag(controller):
