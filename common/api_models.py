@@ -39,6 +39,18 @@ class ErrorBody(_Answer):
     error: ErrorDetail
 
 
+class LeaderRef(_Answer):
+    node_id: int
+    api_url: str
+
+
+class Redirect(_Answer):
+    """A follower's 307 for a write: the error, and the leader the Location header points at."""
+
+    error: ErrorDetail
+    leader: LeaderRef
+
+
 class Health(_Answer):
     status: str
     node_id: int

@@ -61,6 +61,9 @@ class ApiClient:
                 # (outcome unknown) is not retried: the write may have happened.
                 time.sleep(0.25)
                 continue
+            if status == 429 and time.monotonic() < unavailable_deadline:
+                time.sleep(0.5)   # the write rate is spent; the write was refused before it ran
+                continue
             if status >= 400:
                 err = doc.get("error", {}) if isinstance(doc, dict) else {}
                 message = err.get("message") or (doc if isinstance(doc, str) else f"HTTP {status}")
@@ -384,6 +387,8 @@ def topic_main(argv: list[str], prog: str) -> int:
             doc = api.call("POST", f"/v1/topics/{name}/partitions", grow)
             return emit(args, doc, f"topic {doc['name']} now has {len(doc['partitions'])} partitions "
                                    f"(metadata offset {doc['metadata_offset']})")
+        if not args.set and not args.reset:
+            raise CliError("nothing to change: give --set KEY=VALUE or --reset KEY (each repeatable)")
         doc = api.call("PATCH", f"/v1/topics/{name}/config",
                        {"set": parse_pairs(args.set, "--set"), "reset": args.reset})
         return emit(args, doc, f"topic {doc['name']} config updated (metadata offset {doc['metadata_offset']})")

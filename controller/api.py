@@ -3,59 +3,80 @@
 Reads are answered from this node's committed image (every response carries
 the `metadata_offset` it reflects); writes need the leader: a follower answers
 307 to the same path on the leader's API URL, or 503 when no leader is known.
-Errors are `{"error": {"code", "message", "field"?, "retriable"}}`.
+Errors are `{"error": {"code", "message", "field"?, "retriable"}}`, for every error
+status (aiohttp's own 404/405/413 included). Guardrails (README, "Admin API limits"):
+request bodies are bounded in size and nesting, writes in rate per token (429 with
+Retry-After), and topics in partitions (the decisions' `PartitionLimits`).
+
+Every route is an `Operation` (controller/openapi.py): the app mounts the declared
+operations and /v1/openapi.json describes exactly them.
 
 Hook for other parts of the controller: `app["controller"]` is the
 `ControllerService` (committed image: `.committed`; latest usage per broker:
 `.usage`; leader check: `.is_leader`), and `app["on_ready"]` is a list of
-callables `(app) -> None` run at startup after the service started. A handler
-with attribute `writes = True` or `leader_only = True` is answered by the
-leader only (a follower redirects).
+callables `(app) -> None` run at startup after the service started. An operation
+with `writes` or `leader_only` is answered by the leader only (a follower redirects).
 """
 from __future__ import annotations
 
 import hmac
 import logging
 import time
-from typing import Any, Awaitable, Callable
+from typing import Any, Callable, TypeVar
 
 from aiohttp import web
 from pydantic import BaseModel
-from pydantic.json_schema import models_json_schema
 
 from common import api_models
 from common.errors import BiplaneError, ErrorCode, NotControllerError, UnknownTopicOrPartitionError
-from common.metadata import MetadataImage, PartitionChange, validate_topic_name
+from common.metadata import MetadataImage, PartitionChange, PartitionRecord, validate_topic_name
 from common.requests import (
     AddPartitionsRequest,
-    AlterConfigRequest,
     CreateTopicRequest,
     PreferredElectionRequest,
     ReassignmentRequest,
+    TopicConfigPatch,
 )
-from controller import core, rpc, views
-from controller.http_edge import EarlyResponse, error_from_exception, error_response, read_model
+from controller import core, openapi, rpc, snapshot_service, views
+from controller.guardrails import ApiLimits, WriteBuckets, retry_after_header
+from controller.http_edge import EarlyResponse, error_from_exception, error_response, json_errors, read_model
+from controller.openapi import PUBLIC_PATHS, Handler, Operation
 from controller.service import ControllerService
 
 log = logging.getLogger("biplane.controller.api")
 
-_PUBLIC_PATHS = {"/v1/health"}
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+API_LIMITS = web.AppKey("api_limits", ApiLimits)
+WRITE_BUCKETS = web.AppKey("write_buckets", WriteBuckets)
+WRITE_COST = web.RequestKey("write_cost", int)   # set by a write handler: what it cost its token
 
 
 # ---------------------------------------------------------------- routes
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-ROUTES: list[dict] = []   # method, path, handler, summary, request model, response model, writes
+ROUTES: list[Operation] = []
 
 
 def route(method: str, path: str, *, summary: str, request: type[BaseModel] | None = None,
-          response: type[BaseModel] | None = None, writes: bool = False, status: int = 200):
+          response: type[BaseModel] | None = None, status: int = 200, **flags: Any):
+    """Declare a handler as an operation (`flags`: Operation's writes, names_topic, text, ...)."""
     def wrap(fn: Handler) -> Handler:
-        ROUTES.append({"method": method, "path": path, "handler": fn, "summary": summary,
-                       "request": request, "response": response, "writes": writes, "status": status})
-        fn.writes = writes  # type: ignore[attr-defined]
+        ROUTES.append(Operation(method=method, path=path, summary=summary, handler=fn, request=request,
+                                response=response, status=status, **flags))
         return fn
     return wrap
+
+
+async def read_body(request: web.Request, model: type[ModelT]) -> ModelT:
+    limits = request.app[API_LIMITS]
+    return await read_model(request, model, body_bytes_max=limits.body_bytes_max,
+                            json_depth_max=limits.json_depth_max, limit_flag="--admin-max-body-bytes",
+                            depth_flag="--admin-max-json-depth")
+
+
+def charge(request: web.Request, partitions: int) -> None:
+    """What this write costs the token's bucket: the partitions it created or deleted."""
+    request[WRITE_COST] = max(1, partitions)
 
 
 def svc(request: web.Request) -> ControllerService:
@@ -103,15 +124,18 @@ async def get_topics(request: web.Request) -> web.Response:
 @route("POST", "/v1/topics", summary="create a topic", request=CreateTopicRequest,
        response=api_models.TopicDetail, writes=True, status=201)
 async def post_topic(request: web.Request) -> web.Response:
-    body = await read_model(request, CreateTopicRequest)
+    body = await read_body(request, CreateTopicRequest)
     s = svc(request)
-    return await _topic_write(s, body.name, core.CreateTopic(request=body, now_ms=s.clock_ms()), status=201)
+    return await _topic_write(request, body.name, core.CreateTopic(request=body, now_ms=s.clock_ms()),
+                              status=201)
 
 
-async def _topic_write(s: ControllerService, name: str, command: core.Event, *, status: int = 200) -> web.Response:
+async def _topic_write(request: web.Request, name: str, command: core.Event, *, status: int = 200) -> web.Response:
     """Commit a write to one topic and answer the topic as it stands after it."""
+    s = svc(request)
     _, committed = await s.execute(command)
     assert committed is not None, "a write waits for its commit"
+    charge(request, sum(isinstance(r, PartitionRecord) for r in committed.records))
     return json_model(views.topic_detail(s.pending or s.committed, name, metadata_offset=committed.last_offset),
                       status=status)
 
@@ -129,17 +153,20 @@ async def get_topic(request: web.Request) -> web.Response:
 async def delete_topic(request: web.Request) -> web.Response:
     name = topic_name(request)
     s = svc(request)
+    topic = (s.pending or s.committed).topics.get(name)
+    charge(request, topic.config.partitions if topic is not None else 1)
     _, committed = await s.execute(core.DeleteTopic(name=name))
     assert committed is not None, "a write waits for its commit"
     return json_model(api_models.Done(result=f"topic {name} deleted", metadata_offset=committed.last_offset))
 
 
-@route("PATCH", "/v1/topics/{name}/config", summary="set or reset topic config keys",
-       request=AlterConfigRequest, response=api_models.TopicDetail, writes=True)
+@route("PATCH", "/v1/topics/{name}/config",
+       summary="set or reset topic config keys: at least one key in `set` or `reset`",
+       request=TopicConfigPatch, response=api_models.TopicDetail, writes=True)
 async def patch_config(request: web.Request) -> web.Response:
     name = topic_name(request)
-    body = await read_model(request, AlterConfigRequest)
-    return await _topic_write(svc(request), name, core.AlterConfig(name=name, request=body))
+    body = await read_body(request, TopicConfigPatch)
+    return await _topic_write(request, name, core.AlterConfig(name=name, request=body))
 
 
 @route("GET", "/v1/topics/{name}/partitions", summary="partition state of a topic",
@@ -157,14 +184,14 @@ async def get_partitions(request: web.Request) -> web.Response:
        request=AddPartitionsRequest, response=api_models.TopicDetail, writes=True)
 async def post_partitions(request: web.Request) -> web.Response:
     name = topic_name(request)
-    body = await read_model(request, AddPartitionsRequest)
-    return await _topic_write(svc(request), name, core.AddPartitions(name=name, request=body))
+    body = await read_body(request, AddPartitionsRequest)
+    return await _topic_write(request, name, core.AddPartitions(name=name, request=body))
 
 
 @route("POST", "/v1/reassignments", summary="move a partition to target replicas",
-       request=ReassignmentRequest, response=api_models.PartitionList, writes=True, status=202)
+       request=ReassignmentRequest, response=api_models.PartitionList, writes=True, status=202, names_topic=True)
 async def post_reassignment(request: web.Request) -> web.Response:
-    body = await read_model(request, ReassignmentRequest)
+    body = await read_body(request, ReassignmentRequest)
     s = svc(request)
     _, committed = await s.execute(core.StartReassignment(request=body))
     assert committed is not None, "a write waits for its commit"
@@ -184,9 +211,9 @@ async def get_reassignments(request: web.Request) -> web.Response:
 
 
 @route("POST", "/v1/elections/preferred", summary="move leadership to preferred replicas",
-       request=PreferredElectionRequest, response=api_models.ElectionResult, writes=True)
+       request=PreferredElectionRequest, response=api_models.ElectionResult, writes=True, names_topic=True)
 async def post_preferred_election(request: web.Request) -> web.Response:
-    body = await read_model(request, PreferredElectionRequest)
+    body = await read_body(request, PreferredElectionRequest)
     s = svc(request)
     wanted = None if body.partitions is None else tuple((ref.topic, ref.partition) for ref in body.partitions)
     _, committed = await s.execute(core.ElectPreferred(partitions=wanted))
@@ -203,7 +230,7 @@ async def get_openapi(request: web.Request) -> web.Response:
     return web.json_response(openapi_document())
 
 
-@route("GET", "/metrics", summary="Prometheus metrics (text format)")
+@route("GET", "/metrics", summary="Prometheus metrics (text format)", text=True)
 async def get_metrics(request: web.Request) -> web.Response:
     return web.Response(text=views.prometheus_text(svc(request)),
                         content_type="text/plain", charset="utf-8")
@@ -225,8 +252,10 @@ def make_middleware(admin_token: str):
         if path.startswith("/rpc/"):
             return await handler(request)  # the RPC checks the cluster secret itself
         started = time.perf_counter()
+        token: str | None = None
+        writes = False
         try:
-            if path not in _PUBLIC_PATHS:
+            if path not in PUBLIC_PATHS:
                 token = _bearer(request)
                 if token is None:
                     return error_response(401, "UNAUTHORIZED",
@@ -235,11 +264,23 @@ def make_middleware(admin_token: str):
                 if not hmac.compare_digest(token.encode(), admin_token.encode()):
                     return error_response(401, "UNAUTHORIZED", "bad bearer token",
                                           headers={"WWW-Authenticate": "Bearer"})
-            route_info = request.match_info.route
-            writes = getattr(route_info.handler, "writes", False) or getattr(route_info.handler, "leader_only", False)
+            handler_of_route = request.match_info.route.handler
+            op = openapi.operation_of(handler_of_route)
+            # A handler mounted without an operation may still say what it is (undocumented,
+            # which tests/test_openapi.py reports).
+            writes = op.writes if op is not None else getattr(handler_of_route, "writes", False)
+            leader_only = writes or (op.leader_only if op is not None else getattr(handler_of_route, "leader_only",
+                                                                                     False))
             s = svc(request)
-            if writes and not s.is_leader:
+            if leader_only and not s.is_leader:
+                writes = False
                 return not_leader_response(s, request.path_qs)
+            writes = writes and token is not None
+            if writes:
+                refused = _throttled(request, token or "")
+                if refused is not None:
+                    writes = False   # refused before it ran: nothing to charge
+                    return refused
             return await handler(request)
         except EarlyResponse as reply:
             return reply.response
@@ -253,10 +294,26 @@ def make_middleware(admin_token: str):
             log.exception("admin request %s %s failed", request.method, path)
             return error_response(500, ErrorCode.UNKNOWN, f"internal error: {type(exc).__name__}: {exc}")
         finally:
+            if writes:
+                request.app[WRITE_BUCKETS].charge(token or "", request.get(WRITE_COST, 1), time.monotonic())
             resource = request.match_info.route.resource
             request.app["api_stats"].observe(resource.canonical if resource is not None else "unmatched",
                                              time.perf_counter() - started)
     return middleware
+
+
+def _throttled(request: web.Request, token: str) -> web.Response | None:
+    """A 429 when the token's write bucket is spent, else None."""
+    wait_s = request.app[WRITE_BUCKETS].admit(token, time.monotonic())
+    if wait_s is None:
+        return None
+    limits = request.app[API_LIMITS]
+    return error_response(
+        429, ErrorCode.THROTTLING_QUOTA_EXCEEDED,
+        f"this token's write rate is spent: writes refill at {limits.write_rate_per_s:g} units a second up to "
+        f"{limits.write_burst:g} (a write costs one unit per partition it creates or deletes, at least one; "
+        f"--admin-write-rate, --admin-write-burst); retry in {wait_s:.1f} s",
+        headers={"Retry-After": retry_after_header(wait_s)})
 
 
 def not_leader_response(s: ControllerService, path_qs: str) -> web.Response:
@@ -281,16 +338,24 @@ def not_leader_response(s: ControllerService, path_qs: str) -> web.Response:
 
 # ---------------------------------------------------------------- app
 
-def make_app(service: ControllerService, *, admin_token: str, cluster_secret: str | None) -> web.Application:
-    """The aiohttp app: admin API, broker RPC, and the hooks described in the module doc."""
+def make_app(service: ControllerService, *, admin_token: str, cluster_secret: str | None,
+             limits: ApiLimits = ApiLimits(),
+             snapshotter: Callable[[], snapshot_service.Snapshotter | None] = lambda: None) -> web.Application:
+    """The aiohttp app: admin API, broker RPC, and the hooks described in the module doc.
+    `snapshotter` returns the node's Snapshotter (None: snapshots answer 503)."""
     if not admin_token:
         raise ValueError("an admin token is required (--admin-token or BIPLANE_ADMIN_TOKEN)")
-    app = web.Application(middlewares=[make_middleware(admin_token)], client_max_size=4 * 1024 * 1024)
+    # The transport's ceiling stays above the admin limit so the broker RPC keeps its room;
+    # the admin handlers refuse a body over `limits.body_bytes_max` themselves.
+    app = web.Application(middlewares=[json_errors, make_middleware(admin_token)],
+                          client_max_size=max(4 * 1024 * 1024, limits.body_bytes_max))
     app["controller"] = service
     app["api_stats"] = service.api_stats = views.LatencyStats()
+    app[API_LIMITS] = limits
+    app[WRITE_BUCKETS] = WriteBuckets(rate_per_s=limits.write_rate_per_s, burst=limits.write_burst)
     app["on_ready"] = []
-    for r in ROUTES:
-        app.router.add_route(r["method"], r["path"], r["handler"])
+    openapi.mount(app, ROUTES)
+    snapshot_service.add_snapshot_routes(app, snapshotter)
     rpc.add_rpc_routes(app, service, cluster_secret=cluster_secret)
 
     async def lifecycle(app: web.Application):
@@ -304,41 +369,10 @@ def make_app(service: ControllerService, *, admin_token: str, cluster_secret: st
     return app
 
 
+def operations() -> list[Operation]:
+    """Every admin operation the app mounts."""
+    return [*ROUTES, *snapshot_service.OPERATIONS]
+
+
 def openapi_document() -> dict:
-    models = {r[k] for r in ROUTES for k in ("request", "response") if r[k] is not None}
-    models.add(api_models.ErrorBody)
-    _, schema = models_json_schema([(m, "validation" if any(r["request"] is m for r in ROUTES)
-                                     else "serialization") for m in sorted(models, key=lambda m: m.__name__)],
-                                   ref_template="#/components/schemas/{model}")
-    components = schema.get("$defs", {})
-    paths: dict[str, dict] = {}
-    for r in ROUTES:
-        op: dict[str, Any] = {"summary": r["summary"], "responses": {}}
-        if r["path"] not in _PUBLIC_PATHS:
-            op["security"] = [{"bearer": []}]
-        if "{name}" in r["path"]:
-            op["parameters"] = [{"name": "name", "in": "path", "required": True,
-                                 "schema": {"type": "string", "pattern": "^[A-Za-z0-9._-]{1,249}$"}}]
-        if r["request"] is not None:
-            op["requestBody"] = {"required": True, "content": {"application/json": {
-                "schema": {"$ref": f"#/components/schemas/{r['request'].__name__}"}}}}
-        ok: dict[str, Any] = {"description": "success"}
-        if r["response"] is not None:
-            ok["content"] = {"application/json": {
-                "schema": {"$ref": f"#/components/schemas/{r['response'].__name__}"}}}
-        op["responses"][str(r["status"])] = ok
-        err = {"description": "error", "content": {"application/json": {
-            "schema": {"$ref": "#/components/schemas/ErrorBody"}}}}
-        for code in (["400"] if r["request"] or "{name}" in r["path"] else []) + \
-                (["401"] if r["path"] not in _PUBLIC_PATHS else []) + \
-                (["404"] if "{name}" in r["path"] else []) + \
-                (["307", "409", "503", "504"] if r["writes"] else []):
-            op["responses"][code] = err
-        paths.setdefault(r["path"], {})[r["method"].lower()] = op
-    return {
-        "openapi": "3.1.0",
-        "info": {"title": "Biplane controller admin API", "version": "1"},
-        "paths": paths,
-        "components": {"schemas": components,
-                       "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
-    }
+    return openapi.openapi_document(operations())

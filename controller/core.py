@@ -194,13 +194,13 @@ class ControllerCore:
     # ---- admin API
 
     def _create_topic(self, image: MetadataImage, ev: CreateTopic) -> Step:
-        return Step(records=tuple(d.create_topic(image, ev.request, ev.now_ms)))
+        return Step(records=tuple(d.create_topic(image, ev.request, ev.now_ms, self.settings.partition_limits)))
 
     def _delete_topic(self, image: MetadataImage, ev: DeleteTopic) -> Step:
         return Step(records=tuple(d.delete_topic(image, ev.name)))
 
     def _add_partitions(self, image: MetadataImage, ev: AddPartitions) -> Step:
-        return Step(records=tuple(d.add_partitions(image, ev.name, ev.request)))
+        return Step(records=tuple(d.add_partitions(image, ev.name, ev.request, self.settings.partition_limits)))
 
     def _alter_config(self, image: MetadataImage, ev: AlterConfig) -> Step:
         return Step(records=tuple(d.alter_config(image, ev.name, ev.request)))

@@ -22,6 +22,7 @@ from controller.decisions.elections import (
     move_fenced_leaders,
 )
 from controller.decisions.isr import alter_isr
+from controller.decisions.limits import PartitionLimits, check_partitions
 from controller.decisions.placement import place_replicas
 from controller.decisions.plan import Plan
 from controller.decisions.producer_ids import allocate_producer_ids
@@ -57,7 +58,7 @@ from controller.decisions.topics import add_partitions, alter_config, create_top
 
 __all__ = [
     "periodic", "ControllerState", "LeaderSettings", "BrokerSessions", "QuorumElectionTracker",
-    "IntervalTimer", "LeaderImbalanceCheck", "BrokerImbalance",
+    "IntervalTimer", "LeaderImbalanceCheck", "BrokerImbalance", "PartitionLimits", "check_partitions",
     "add_partitions", "alter_config", "alter_isr", "allocate_producer_ids", "cancel_reassignment",
     "check_heartbeat", "create_topic", "delete_topic", "elect_imbalanced", "elect_isr_leader", "elect_leaders",
     "elect_preferred", "elect_quorum", "fence_broker", "fence_expired", "fence_shutting_down", "fence_for_election",
@@ -100,7 +101,8 @@ def periodic(image: MetadataImage, sessions: BrokerSessions, tracker: QuorumElec
 
 @dataclass(frozen=True, kw_only=True)
 class LeaderSettings:
-    """How the controller leader runs its periodic decisions (`biplane controller` flags).
+    """How the controller leader runs its periodic decisions and the partition limits its
+    topic decisions keep (`biplane controller` flags).
 
     `leader_imbalance_check_interval_ms` = 0 turns the imbalance check off (Kafka's
     auto.leader.rebalance.enable=false leaves only the full rebalance here).
@@ -111,6 +113,7 @@ class LeaderSettings:
     leader_imbalance_check_interval_ms: int = LEADER_IMBALANCE_CHECK_INTERVAL_MS
     leader_imbalance_per_broker_percentage: int = LEADER_IMBALANCE_PER_BROKER_PERCENTAGE
     quorum_preferred_retry_ms: int = QUORUM_PREFERRED_RETRY_MS
+    partition_limits: PartitionLimits = PartitionLimits()
 
     def __post_init__(self) -> None:
         for name in ("session_timeout_ms", "rebalance_interval_ms"):

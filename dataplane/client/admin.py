@@ -7,8 +7,8 @@
 
 An error answer raises AdminError carrying the API's code (e.g. TOPIC_ALREADY_EXISTS),
 message, HTTP status and the request field at fault. Writes sent to a follower follow
-its 307 to the leader; while the quorum elects a leader (503, retriable) a call is
-retried for up to `unavailable_wait_ms`. SyncAdminClient is the blocking twin.
+its 307 to the leader; while the quorum elects a leader (503, retriable) or the token's
+write rate is spent (429) a call is retried for up to `unavailable_wait_ms`. SyncAdminClient is the blocking twin.
 """
 from __future__ import annotations
 
@@ -90,6 +90,9 @@ class AdminClient:
             err = doc.get("error") if isinstance(doc, dict) else None
             if status == 503 and isinstance(err, dict) and err.get("retriable") and time.monotonic() < deadline:
                 await asyncio.sleep(0.25)   # no leader yet: nothing was done, so try again
+                continue
+            if status == 429 and time.monotonic() < deadline:
+                await asyncio.sleep(0.5)    # the token's write rate is spent: refused before it ran
                 continue
             if status >= 400:
                 err = err if isinstance(err, dict) else {}
