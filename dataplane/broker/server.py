@@ -1,4 +1,5 @@
-"""The data-plane listener: answers PRODUCE, FETCH, LIST_OFFSETS, METADATA, API_VERSIONS, INIT_PRODUCER_ID.
+"""The data-plane listener: answers PRODUCE, FETCH, LIST_OFFSETS, METADATA, API_VERSIONS, INIT_PRODUCER_ID,
+and the consumer-group requests (through the broker's group coordinator, dataplane/groups/driver.py).
 
 Every partition is answered on its own: an unknown partition, a stale or
 future epoch, a corrupt or oversized batch gets its error code and the other
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from common.errors import BiplaneError, ErrorCode
 from common.metadata.image import MetadataImage
@@ -34,7 +35,16 @@ from dataplane.broker.producer_ids import ProducerIds
 from dataplane.broker.pusher import answer_append_entries
 from dataplane.broker.replicas import ReplicaManager
 
+if TYPE_CHECKING:
+    from dataplane.groups.driver import GroupCoordinator
+
 log = logging.getLogger("biplane.broker.server")
+
+GROUP_REQUESTS = frozenset({
+    wire.FindCoordinatorRequest, wire.JoinGroupRequest, wire.SyncGroupRequest, wire.HeartbeatRequest,
+    wire.LeaveGroupRequest, wire.OffsetCommitRequest, wire.OffsetFetchRequest, wire.DescribeGroupsRequest,
+    wire.ListGroupsRequest, wire.DeleteGroupsRequest,
+})
 
 
 class Counters:
@@ -59,6 +69,8 @@ class RequestHandler:
         self.refresh_metadata = refresh_metadata
         self.fetch_wait_ms_max = fetch_wait_ms_max
         self.counters = Counters()
+        # Set by the broker once built (it produces through this handler).
+        self.groups: "GroupCoordinator | None" = None
 
     def start(self, header: RequestHeader, request: Any) -> Awaitable[Any]:
         """Begin handling in arrival order; produce requests reach their cores before this returns."""
@@ -84,6 +96,9 @@ class RequestHandler:
             return await self.init_producer_id(request)
         if kind is wire.AppendEntriesRequest:
             return await self.append_entries(request)
+        if kind in GROUP_REQUESTS:
+            assert self.groups is not None, "the broker sets its group coordinator before it listens"
+            return await self.groups.handle(request)
         raise AssertionError(f"no handler for {kind.__name__}")
 
     # ------------------------------------------------------------ shared
