@@ -8,6 +8,7 @@ broker killed with kill -9 while offsets are committed loses no acknowledged com
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -322,3 +323,82 @@ def test_coordinator_kill_loses_no_acknowledged_commit(cluster: Cluster) -> None
         c.close()
         if coordinator is not None:
             cluster.restart(coordinator, kill=True)
+
+
+def test_biplane_wire_group_calls_reach_the_same_coordinator(cluster: Cluster) -> None:
+    """Biplane's own listener serves the group messages: FindCoordinator names the
+    leader of the group's offsets partition (Biplane's port), other brokers answer
+    NOT_COORDINATOR, and join/sync/commit/fetch/describe/list/leave/delete follow the
+    coordinator's rules; a Kafka client then reads the offset committed over Biplane's wire."""
+    from common.wire import WireClient
+    from common.errors import ErrorCode
+    from common.wire import messages as wire
+
+    group, topic = "wire-group", "grp-wire"
+    cluster.create_topic(topic, partitions=1)
+
+    async def run() -> None:
+        any_broker = await WireClient.connect(*cluster.address(1))
+        try:
+            found = await any_broker.request(wire.FindCoordinatorRequest(key=group))
+            while found.error_code is ErrorCode.COORDINATOR_NOT_AVAILABLE:
+                await asyncio.sleep(0.2)
+                found = await any_broker.request(wire.FindCoordinatorRequest(key=group))
+        finally:
+            await any_broker.close()
+        assert found.error_code is ErrorCode.NONE
+        expected = cluster.partition(OFFSETS_TOPIC, partition_for(group, OFFSETS_PARTITIONS))["leader"]
+        assert found.node_id == expected and found.port == cluster.brokers[expected].port
+        other = next(b for b in cluster.brokers if b != found.node_id)
+        elsewhere = await WireClient.connect(*cluster.address(other))
+        coordinator = await WireClient.connect(found.host, found.port)
+        try:
+            refused = await elsewhere.request(wire.HeartbeatRequest(group_id=group, generation_id=1, member_id="x"))
+            assert refused.error_code is ErrorCode.NOT_COORDINATOR
+            join = wire.JoinGroupRequest(group_id=group, session_timeout_ms=6000, protocol_type="consumer",
+                                         protocols=(wire.JoinGroupProtocol(name="range", metadata=b"sub"),),
+                                         client_id="wire-test")
+            first = await coordinator.request(join)
+            assert first.error_code is ErrorCode.MEMBER_ID_REQUIRED and first.member_id
+            joined = await coordinator.request(dataclasses.replace(join, member_id=first.member_id))
+            assert joined.error_code is ErrorCode.NONE and joined.leader == first.member_id
+            assert [m.metadata for m in joined.members] == [b"sub"]
+            synced = await coordinator.request(wire.SyncGroupRequest(
+                group_id=group, generation_id=joined.generation_id, member_id=joined.member_id,
+                assignments=(wire.SyncGroupAssignment(member_id=joined.member_id, assignment=b"all"),)))
+            assert synced.error_code is ErrorCode.NONE and synced.assignment == b"all"
+            committed = await coordinator.request(wire.OffsetCommitRequest(
+                group_id=group, generation_id=joined.generation_id, member_id=joined.member_id,
+                topics=(wire.OffsetCommitTopic(topic=topic, partitions=(
+                    wire.OffsetCommitPartition(partition=0, committed_offset=7, committed_metadata="m"),)),)))
+            assert committed.topics[0].partitions[0].error_code is ErrorCode.NONE
+            stale = await coordinator.request(wire.OffsetCommitRequest(
+                group_id=group, generation_id=joined.generation_id - 1, member_id=joined.member_id,
+                topics=(wire.OffsetCommitTopic(topic=topic, partitions=(
+                    wire.OffsetCommitPartition(partition=0, committed_offset=3),)),)))
+            assert stale.topics[0].partitions[0].error_code is ErrorCode.ILLEGAL_GENERATION
+            fetched = await coordinator.request(wire.OffsetFetchRequest(group_id=group))
+            assert [(t.topic, p.committed_offset, p.metadata) for t in fetched.topics for p in t.partitions] == \
+                [(topic, 7, "m")]
+            described = (await coordinator.request(wire.DescribeGroupsRequest(groups=(group,)))).groups[0]
+            assert (described.group_state, described.protocol_data, len(described.members)) == \
+                ("Stable", "range", 1)
+            assert described.members[0].client_id == "wire-test"
+            listed = await coordinator.request(wire.ListGroupsRequest())
+            assert group in {g.group_id for g in listed.groups}
+            busy = await coordinator.request(wire.DeleteGroupsRequest(groups=(group,)))
+            assert busy.results[0].error_code is ErrorCode.NON_EMPTY_GROUP
+            left = await coordinator.request(wire.LeaveGroupRequest(group_id=group, members=(
+                wire.LeaveGroupMember(member_id=joined.member_id),)))
+            assert left.members[0].error_code is ErrorCode.NONE
+        finally:
+            await elsewhere.close()
+            await coordinator.close()
+
+    asyncio.run(run())
+    # The same offsets, through the Kafka listener.
+    c = confluent_kafka.Consumer({"bootstrap.servers": cluster.kafka_bootstrap, "group.id": group})
+    try:
+        assert c.committed([confluent_kafka.TopicPartition(topic, 0)], timeout=20)[0].offset == 7
+    finally:
+        c.close()
