@@ -20,7 +20,7 @@ from typing import Iterator
 
 import pytest
 
-from cluster_harness import Cluster
+from cluster_harness import Cluster, make_batch, produce_request
 from dataplane.groups.placement import OFFSETS_TOPIC, partition_for
 
 pytestmark = pytest.mark.slow
@@ -391,6 +391,10 @@ def test_biplane_wire_group_calls_reach_the_same_coordinator(cluster: Cluster) -
             left = await coordinator.request(wire.LeaveGroupRequest(group_id=group, members=(
                 wire.LeaveGroupMember(member_id=joined.member_id),)))
             assert left.members[0].error_code is ErrorCode.NONE
+            # Only the coordinator writes the offsets topic: a client's records are refused.
+            p = partition_for(group, OFFSETS_PARTITIONS)
+            forged = await coordinator.request(produce_request(OFFSETS_TOPIC, p, make_batch([b"x"])))
+            assert forged.topics[0].partitions[0].error_code is ErrorCode.INVALID_TOPIC
         finally:
             await elsewhere.close()
             await coordinator.close()

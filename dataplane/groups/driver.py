@@ -145,14 +145,15 @@ class GroupCoordinator:
                  extra={"event": "groups.unloaded", "partition": p, "why": why})
         state.writes.put_nowait((-1, asyncio.get_running_loop().create_future()))  # ends its write loop
 
-    async def _load(self, state: _Partition) -> None:
-        """Wait for the local replica to lead with everything committed readable, then build the core."""
+    async def _load(self, state: _Partition, high_watermark_min: int = 0) -> None:
+        """Wait for the local replica to lead with everything committed readable (and its high
+        watermark at `high_watermark_min` or past it), then build the core."""
         started = time.monotonic()
         while True:
             driver = self.requests.replicas.get(OFFSETS_TOPIC, state.partition)
             if driver is not None and not driver.closed and driver.is_leader and \
                     driver.replica.leader_epoch == state.leader_epoch and driver.replica.epoch_durable and \
-                    driver.replica.high_watermark >= driver.replica.epoch_start_offset:
+                    driver.replica.high_watermark >= max(driver.replica.epoch_start_offset, high_watermark_min):
                 break
             await asyncio.sleep(LOAD_POLL_S)
         high_watermark = driver.replica.high_watermark
@@ -179,7 +180,8 @@ class GroupCoordinator:
             produced = self.requests.start_produce(wire.ProduceRequest(
                 acks=int(wire.Acks.ALL), timeout_ms=self.settings.write_timeout_ms, topics=(wire.ProduceTopic(
                     topic=OFFSETS_TOPIC, partitions=(wire.ProducePartition(partition=state.partition,
-                                                                           records=batch),)),)))
+                                                                           records=batch),)),)),
+                internal=True)
             state.inflight += 1
             state.writes.put_nowait((write.write_id, asyncio.ensure_future(produced)))
         for answer in step.answers:
@@ -213,9 +215,13 @@ class GroupCoordinator:
                 self._reload(state)
 
     def _reload(self, state: _Partition) -> None:
+        """After a failed write: its records may be in the log and commit later, so the new
+        core waits until the high watermark passes today's log end (or leadership moves)."""
         state.core = None
         state.broken = False
-        state.loader = self._spawn(self._load(state), f"groups-load-{state.partition}")
+        driver = self.requests.replicas.get(OFFSETS_TOPIC, state.partition)
+        log_end = driver.log.log_end_offset if driver is not None and not driver.closed else 0
+        state.loader = self._spawn(self._load(state, log_end), f"groups-load-{state.partition}")
 
     async def run_ticks(self) -> None:
         while True:
