@@ -5,9 +5,9 @@
 
 It starts a cluster with `biplane up --detach` (1 controller, 3 brokers, each with a Kafka port),
 runs kafka-topics, kafka-console-producer/-consumer (also as a group member), kafka-consumer-groups
-and kafka-producer-perf-test (Kafka 4.1.1, the
-jars of scripts/kafka/pom.xml) and a franz-go program (scripts/kafka/franz), checks what each
-did against Biplane's own admin view and against what was written, then stops the cluster with
+and kafka-producer-perf-test (Kafka 4.1.1, the jars of scripts/kafka/pom.xml) and a franz-go
+program (scripts/kafka/franz), checks what each did against Biplane's own admin view and against
+what was written, then stops the cluster with
 `biplane down` (also on failure or Ctrl-C) and checks the cluster's logs: an ERROR line, a
 traceback or a restarted process fails the run.
 
