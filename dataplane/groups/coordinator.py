@@ -37,7 +37,6 @@ from dataplane.groups.events import (
 from dataplane.groups.state import CommittedOffset, Group, GroupState, Member
 
 State = GroupState
-NO_GENERATION = -1
 
 
 class Coordinator:
