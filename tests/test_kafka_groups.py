@@ -315,6 +315,8 @@ def test_coordinator_kill_loses_no_acknowledged_commit(cluster: Cluster) -> None
             except confluent_kafka.KafkaException:
                 time.sleep(0.1)   # the coordinator moving: the client retries with the next one
         assert coordinator is not None
+        # The group has a new coordinator: its offsets partition has another leader.
+        assert cluster.wait_leader(OFFSETS_TOPIC, partition, not_broker=coordinator) != coordinator
         assert acked and acked[-1] > 50, f"commits went on after the kill: last acknowledged {acked[-1:]}"
         stored = c.committed([confluent_kafka.TopicPartition(topic, 0)], timeout=20)[0].offset
         later = [o for o in attempted if o > acked[-1]]
