@@ -396,6 +396,40 @@ def test_biplane_wire_group_calls_reach_the_same_coordinator(cluster: Cluster) -
         c.close()
 
 
+def test_confluent_cooperative_sticky_moves_only_what_it_must(cluster: Cluster) -> None:
+    """librdkafka's cooperative-sticky assignor over the classic protocol (incremental
+    rebalances are the clients' own: a member revokes part of its partitions, then rejoins
+    with what it still owns): when a second member joins, the first gives up half of its
+    partitions and keeps the other half without a revocation."""
+    bootstrap, topic = cluster.kafka_bootstrap, "grp-coop"
+    cluster.create_topic(topic, partitions=6)
+    revoked: dict[str, list[int]] = {"a": [], "b": []}
+
+    def member(name: str) -> "confluent_kafka.Consumer":
+        c = consumer(bootstrap, "coop-group", **{"partition.assignment.strategy": "cooperative-sticky"})
+        c.subscribe([topic], on_revoke=lambda _, ps: revoked[name].extend(p.partition for p in ps))
+        return c
+    a = member("a")
+    b: "confluent_kafka.Consumer | None" = None
+    try:
+        deadline = time.monotonic() + 30
+        while len(a.assignment()) != 6:
+            assert time.monotonic() < deadline, "the first member never got all 6 partitions"
+            a.poll(0.1)
+        b = member("b")
+        while not (a.assignment() and b.assignment() and len(a.assignment()) + len(b.assignment()) == 6):
+            assert time.monotonic() < deadline + 30, "the two members never split the topic"
+            a.poll(0.1)
+            b.poll(0.1)
+        kept = {tp.partition for tp in a.assignment()}
+        assert len(kept) == 3 and sorted(revoked["a"]) == sorted(set(range(6)) - kept), (kept, revoked)
+        assert {tp.partition for tp in b.assignment()} == set(range(6)) - kept
+    finally:
+        a.close()
+        if b is not None:
+            b.close()
+
+
 def test_confluent_static_member_restart_keeps_its_partitions_without_a_rebalance(cluster: Cluster) -> None:
     """Static membership (group.instance.id): a member closed without leaving and started
     again under the same instance id before its session times out takes its old place
