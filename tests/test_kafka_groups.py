@@ -2,8 +2,10 @@
 
 librdkafka (confluent-kafka, kcat), kafka-python and aiokafka join groups, share a
 topic's partitions, commit and resume from their commits; a member killed with kill -9
-loses its partitions to the others once its session times out; the coordinator's
-broker killed with kill -9 while offsets are committed loses no acknowledged commit.
+loses its partitions to the others once its session times out; a static member restarts
+into its old place without a rebalance; cooperative-sticky moves only what it must;
+Biplane's own listener serves the same coordinator; the coordinator's broker killed with
+kill -9 while offsets are committed loses no acknowledged commit.
 """
 from __future__ import annotations
 
