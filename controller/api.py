@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hmac
 import logging
-import time
 from typing import Any, Awaitable, Callable
 
 from aiohttp import web
@@ -26,6 +25,7 @@ from pydantic.json_schema import models_json_schema
 from common import api_models
 from common.errors import BiplaneError, ErrorCode, NotControllerError, UnknownTopicOrPartitionError
 from common.metadata import MetadataImage, PartitionChange, validate_topic_name
+from common.metrics import metrics_response
 from common.requests import (
     AddPartitionsRequest,
     AlterConfigRequest,
@@ -35,6 +35,7 @@ from common.requests import (
 )
 from controller import core, rpc, views
 from controller.http_edge import EarlyResponse, error_from_exception, error_response, read_model
+from controller.metrics import ControllerMetrics
 from controller.service import ControllerService
 
 log = logging.getLogger("biplane.controller.api")
@@ -205,8 +206,7 @@ async def get_openapi(request: web.Request) -> web.Response:
 
 @route("GET", "/metrics", summary="Prometheus metrics (text format)")
 async def get_metrics(request: web.Request) -> web.Response:
-    return web.Response(text=views.prometheus_text(svc(request)),
-                        content_type="text/plain", charset="utf-8")
+    return metrics_response(request.app["metrics"].registry)
 
 
 # ---------------------------------------------------------------- middleware
@@ -224,7 +224,6 @@ def make_middleware(admin_token: str):
         path = request.path
         if path.startswith("/rpc/"):
             return await handler(request)  # the RPC checks the cluster secret itself
-        started = time.perf_counter()
         try:
             if path not in _PUBLIC_PATHS:
                 token = _bearer(request)
@@ -252,10 +251,6 @@ def make_middleware(admin_token: str):
         except Exception as exc:
             log.exception("admin request %s %s failed", request.method, path)
             return error_response(500, ErrorCode.UNKNOWN, f"internal error: {type(exc).__name__}: {exc}")
-        finally:
-            resource = request.match_info.route.resource
-            request.app["api_stats"].observe(resource.canonical if resource is not None else "unmatched",
-                                             time.perf_counter() - started)
     return middleware
 
 
@@ -285,9 +280,11 @@ def make_app(service: ControllerService, *, admin_token: str, cluster_secret: st
     """The aiohttp app: admin API, broker RPC, and the hooks described in the module doc."""
     if not admin_token:
         raise ValueError("an admin token is required (--admin-token or BIPLANE_ADMIN_TOKEN)")
-    app = web.Application(middlewares=[make_middleware(admin_token)], client_max_size=4 * 1024 * 1024)
+    metrics = ControllerMetrics(service)
+    app = web.Application(middlewares=[metrics.middleware, make_middleware(admin_token)],
+                          client_max_size=4 * 1024 * 1024)
     app["controller"] = service
-    app["api_stats"] = service.api_stats = views.LatencyStats()
+    app["metrics"] = metrics   # its registry is served here and on --metrics-port
     app["on_ready"] = []
     for r in ROUTES:
         app.router.add_route(r["method"], r["path"], r["handler"])

@@ -1,0 +1,166 @@
+"""A controller's Prometheus metrics (docs/metrics.md lists every family).
+
+`ControllerMetrics` owns the controller's registry: the admin API's request counts and
+latency per route (updated by `middleware`), and `ControllerCollector`, which reads Raft's
+state, the committed image and the service's counters when Prometheus scrapes. They are
+served on the controller's own metrics port (`--metrics-port`, unauthenticated) and on
+the admin API's `GET /metrics` (bearer token).
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Awaitable, Callable, Protocol
+
+from aiohttp import web
+from prometheus_client import Counter, Histogram
+from prometheus_client.metrics_core import Metric
+
+from common.eventloop import LoopStalls
+from common.metadata import MetadataImage
+from common.metrics import (
+    LATENCY_BUCKETS_S, LoopStallsCollector, PartitionHealth, gauge, labelled_counter, labelled_gauge, new_registry,
+)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+# Methods counted under their own name; anything else a client sends is "other", so a
+# fuzzer cannot grow the label set.
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
+class RaftStatusSource(Protocol):
+    """What the collector reads of Raft's status (controller.raft.RaftStatus)."""
+
+    @property
+    def is_leader(self) -> bool: ...
+    @property
+    def term(self) -> int: ...
+    @property
+    def commit_index(self) -> int: ...
+    @property
+    def last_applied(self) -> int: ...
+    @property
+    def last_log_index(self) -> int: ...
+    @property
+    def match_index(self) -> tuple[tuple[str, int], ...]: ...
+    @property
+    def connected_peers(self) -> tuple[str, ...]: ...
+
+
+class ControllerSource(Protocol):
+    """What the collector reads of the service (controller.service.ControllerService)."""
+
+    @property
+    def node_id(self) -> int: ...
+    @property
+    def is_leader(self) -> bool: ...
+    @property
+    def committed(self) -> MetadataImage: ...
+    @property
+    def stats(self) -> dict[str, int]: ...
+    @property
+    def broker_offsets(self) -> dict[int, int]: ...
+    def raft_status(self) -> RaftStatusSource | None: ...
+
+
+class ControllerMetrics:
+    def __init__(self, service: ControllerSource) -> None:
+        self.registry = new_registry()
+        self._latency = Histogram("biplane_api_request_seconds", "admin API requests, arrival to answer, by route",
+                                  ["method", "path"], buckets=LATENCY_BUCKETS_S, registry=self.registry)
+        self._requests = Counter("biplane_api_requests", "admin API requests by route and HTTP status",
+                                 ["method", "path", "status"], registry=self.registry)
+        self.registry.register(ControllerCollector(service))
+
+    def watch_loop(self, stalls: LoopStalls) -> None:
+        """Export the event loop's stalls (biplane_controller_event_loop_*)."""
+        self.registry.register(LoopStallsCollector(stalls, prefix="biplane_controller"))
+
+    def observe_request(self, method: str, path: str, status: int, seconds: float) -> None:
+        method = method if method in _METHODS else "other"
+        self._latency.labels(method, path).observe(seconds)
+        self._requests.labels(method, path, str(status)).inc()
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Times every admin API request (the broker RPC under /rpc/ is not the admin API).
+        The path label is the route's pattern ("/v1/topics/{name}"), so it stays bounded."""
+        if request.path.startswith("/rpc/"):
+            return await handler(request)
+        started = time.perf_counter()
+        status = 500
+        try:
+            response = await handler(request)
+            status = response.status
+            return response
+        except web.HTTPException as exc:
+            status = exc.status
+            raise
+        finally:
+            resource = request.match_info.route.resource
+            path = resource.canonical if resource is not None else "unmatched"
+            self.observe_request(request.method, path, status, time.perf_counter() - started)
+
+
+class ControllerCollector:
+    """Families read when scraped, on the event loop (the service's state is the loop's)."""
+
+    def __init__(self, service: ControllerSource) -> None:
+        self.service = service
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.service
+        image = s.committed
+        yield gauge("biplane_controller_node_id", "this controller's node id", s.node_id)
+        yield gauge("biplane_controller_is_leader",
+                    "1 when this controller is the trusted leader (its marker committed in its Raft term)",
+                    int(s.is_leader))
+        yield gauge("biplane_controller_metadata_offset", "offset of the committed metadata image", image.offset)
+        yield from self._raft(s.raft_status())
+        brokers = list(image.brokers.values())
+        yield labelled_gauge("biplane_controller_brokers", "registered brokers by state (unfenced: live)",
+                             ["state"], [(["fenced"], sum(b.fenced for b in brokers)),
+                                         (["unfenced"], sum(not b.fenced for b in brokers))])
+        yield labelled_gauge("biplane_controller_broker_metadata_lag_records",
+                             "committed metadata offset minus the offset each broker's last heartbeat applied",
+                             ["broker"], ((([str(b)], max(0, image.offset - off)))
+                                          for b, off in sorted(s.broker_offsets.items())))
+        yield gauge("biplane_controller_topics", "topics", len(image.topics))
+        health = PartitionHealth()
+        for p in image.partitions():
+            topic = image.topics.get(p.topic)
+            if topic is not None:
+                health.add(replicas=len(p.replicas), isr=len(p.isr), has_leader=p.leader is not None,
+                           policy=topic.config)
+        yield gauge("biplane_controller_partitions", "partitions", health.partitions)
+        yield gauge("biplane_controller_offline_partitions", "partitions without a leader", health.leaderless)
+        yield gauge("biplane_controller_under_replicated_partitions",
+                    "partitions whose ISR is smaller than their replicas", health.under_replicated)
+        yield gauge("biplane_controller_under_min_isr_partitions",
+                    "partitions whose ISR is below min_insync_replicas (isr topics) or quorum_required_acks "
+                    "(quorum topics)", health.under_min_isr)
+        for key, help_text in (("records_committed", "metadata records committed (observed on this node)"),
+                               ("batches_committed", "Raft commands committed by this node as leader"),
+                               ("batches_failed", "Raft commands that failed or diverged"),
+                               ("leader_elections_won", "times this node became the trusted leader")):
+            yield labelled_counter(f"biplane_controller_{key}", help_text, [], [([], s.stats.get(key, 0))])
+
+    @staticmethod
+    def _raft(status: RaftStatusSource | None) -> Iterator[Metric]:
+        if status is None:
+            return
+        yield gauge("biplane_controller_raft_term", "this node's Raft term", status.term)
+        yield gauge("biplane_controller_raft_leader", "1 while Raft says this node leads (before it is trusted)",
+                    int(status.is_leader))
+        yield gauge("biplane_controller_raft_commit_index", "Raft commit index on this node", status.commit_index)
+        yield gauge("biplane_controller_raft_last_applied", "last Raft entry applied on this node",
+                    status.last_applied)
+        yield gauge("biplane_controller_raft_last_log_index", "last Raft entry in this node's log",
+                    status.last_log_index)
+        yield gauge("biplane_controller_raft_connected_peers", "other controllers this node is connected to",
+                    len(status.connected_peers))
+        yield labelled_gauge("biplane_controller_raft_follower_lag_entries",
+                             "on the Raft leader: its last log index minus each peer's match index",
+                             ["peer"], (([peer], max(0, status.last_log_index - index))
+                                        for peer, index in status.match_index))
