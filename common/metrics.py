@@ -1,20 +1,28 @@
-"""What every process's Prometheus metrics share: the registry, the /metrics listener, the
-event loop's stalls, and the partition-health rule brokers and controllers both count by.
+"""What every process's Prometheus metrics share: the exposition (registry, loop-owned
+sources, the /metrics listener), the event loop's stalls, and the partition-health rule
+brokers and controllers both count by.
 
-Each process owns one `CollectorRegistry` (never prometheus_client's global one, so two
-brokers in one test process never mix their figures). What is only read when Prometheus
-scrapes (offsets, sizes, ISR sizes, Raft state) is a custom collector that reads the
-process's state then; the hot path pays for nothing but the counters and histograms it
-updates itself.
+Each process owns one `Exposition`: a `CollectorRegistry` of its own (never
+prometheus_client's global one, so two brokers in one test process never mix their
+figures) for the counters and histograms the hot paths update, plus sources of state that
+only the event loop may read (offsets, sizes, ISR health, Raft state). The hot path pays
+for nothing but its own counter and histogram updates. A scrape copies each source's
+plain values on the loop (`LoopSource.snapshot`, a few microseconds per partition), then
+builds the families and writes the text in a worker thread of its own: for a broker with
+thousands of partitions that is hundreds of milliseconds of Python, which must not hold
+the loop (it would stall produce requests and fetch sessions at every scrape).
 
-    registry = new_registry()                     # with the process collector (CPU, RSS, fds, start)
-    registry.register(MyCollector(...))
-    server = await MetricsServer.start(registry, host="127.0.0.1", port=0)
+    exposition = Exposition()                     # with the process collector (CPU, RSS, fds, start)
+    Histogram("x_seconds", "...", registry=exposition.registry)
+    exposition.add(source)                        # source.snapshot() -> a callable yielding families
+    server = await MetricsServer.start(exposition, host="127.0.0.1", port=0)
     server.port; await server.close()
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import asyncio
+import concurrent.futures
+from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol
 
 from aiohttp import web
@@ -30,38 +38,79 @@ LATENCY_BUCKETS_S: tuple[float, ...] = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02
 # Fetches long-poll up to fetch_wait_ms_max (at most 30 s).
 FETCH_BUCKETS_S: tuple[float, ...] = LATENCY_BUCKETS_S + (30.0,)
 
+Families = Callable[[], Iterable[Metric]]
+
+
+class LoopSource(Protocol):
+    """State owned by the event loop. `snapshot()` runs on the loop and copies plain values;
+    the callable it returns builds the metric families from them, on any thread."""
+
+    def snapshot(self) -> Families: ...
+
 
 def new_registry() -> CollectorRegistry:
     """A registry of this process's own, with prometheus_client's process collector
     (process_cpu_seconds_total, process_resident_memory_bytes, process_open_fds,
     process_start_time_seconds, ...)."""
-    # auto_describe off: a custom collector runs only when scraped, never at register (when
-    # the state it reads may not exist yet).
+    # auto_describe off: a collector runs only when scraped, never at register.
     registry = CollectorRegistry(auto_describe=False)
     ProcessCollector(registry=registry)
     return registry
 
 
-def render(registry: CollectorRegistry) -> bytes:
-    """The text exposition of everything registered (collectors run now, on the caller's thread)."""
-    return generate_latest(registry)
+class _Scrape:
+    """One scrape's view for generate_latest: the registry's collectors, then the snapshots."""
+
+    def __init__(self, registry: CollectorRegistry, taken: list[Families]) -> None:
+        self.registry = registry
+        self.taken = taken
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self.registry.collect()
+        for families in self.taken:
+            yield from families()
+
+
+class Exposition:
+    def __init__(self) -> None:
+        self.registry = new_registry()
+        self._sources: list[LoopSource] = []
+        # One thread: scrapes render one at a time, and never in the executor the logs' fsyncs use.
+        self._renderer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="metrics")
+
+    def add(self, source: LoopSource) -> None:
+        self._sources.append(source)
+
+    async def render(self) -> bytes:
+        """The text exposition: snapshots on the loop (the caller's), the rest in the renderer thread."""
+        taken = [source.snapshot() for source in self._sources]
+        return await asyncio.get_running_loop().run_in_executor(
+            self._renderer, generate_latest, _Scrape(self.registry, taken))
+
+    def close(self) -> None:
+        self._renderer.shutdown(wait=False, cancel_futures=True)
+
+
+async def metrics_response(exposition: Exposition) -> web.Response:
+    response = web.Response(body=await exposition.render())
+    response.headers["Content-Type"] = CONTENT_TYPE_LATEST
+    return response
 
 
 class MetricsServer:
     """GET /metrics on its own port, unauthenticated (Prometheus's usual way: keep the port
-    on a network only the monitoring system reaches). Rendered on the event loop, where the
-    collectors may read the loop's state without locks."""
+    on a network only the monitoring system reaches)."""
 
     def __init__(self, runner: web.AppRunner, port: int) -> None:
         self._runner = runner
         self.port = port
 
     @classmethod
-    async def start(cls, registry: CollectorRegistry, *, host: str, port: int) -> "MetricsServer":
+    async def start(cls, exposition: Exposition, *, host: str, port: int) -> "MetricsServer":
         app = web.Application()
 
         async def metrics(request: web.Request) -> web.Response:
-            return metrics_response(registry)
+            return await metrics_response(exposition)
 
         app.router.add_get("/metrics", metrics)
         runner = web.AppRunner(app, access_log=None)
@@ -79,15 +128,9 @@ class MetricsServer:
         await self._runner.cleanup()
 
 
-def metrics_response(registry: CollectorRegistry) -> web.Response:
-    response = web.Response(body=render(registry))
-    response.headers["Content-Type"] = CONTENT_TYPE_LATEST
-    return response
-
-
 # ---------------------------------------------------------------- event loop
 
-class LoopStallsCollector:
+class LoopStallsSource:
     """A LoopWatchdog's figures (common/eventloop.py) under `prefix`: the lag histogram
     `<prefix>_event_loop_lag_seconds`, `<prefix>_event_loop_stalls_total` and
     `<prefix>_event_loop_stall_max_seconds`."""
@@ -96,19 +139,23 @@ class LoopStallsCollector:
         self.stalls = stalls
         self.prefix = prefix
 
-    def collect(self) -> Iterator[Metric]:
-        s = self.stalls
-        p = self.prefix
+    def snapshot(self) -> Families:
+        s, p = self.stalls, self.prefix
         buckets = [(f"{bound / 1000:g}", float(n)) for bound, n in zip(s.buckets_ms, s.bucket_counts)]
         buckets.append(("+Inf", float(s.lag_count)))
-        yield HistogramMetricFamily(f"{p}_event_loop_lag_seconds",
-                                    "how late the event-loop watchdog's periodic callback ran",
-                                    buckets=buckets, sum_value=s.lag_sum_ms / 1000)
-        yield CounterMetricFamily(f"{p}_event_loop_stalls", f"event-loop lags of at least "
-                                  f"{s.stall_ms_min / 1000:g} s", value=s.stalls_total)
-        yield GaugeMetricFamily(f"{p}_event_loop_stall_max_seconds",
-                                "longest time the event loop was kept from running a due callback, since start",
-                                value=s.stall_max_ms / 1000)
+        lag_sum_s, stalls, stall_max_s, stall_min_s = s.lag_sum_ms / 1000, s.stalls_total, s.stall_max_ms / 1000, \
+            s.stall_ms_min / 1000
+
+        def families() -> Iterator[Metric]:
+            yield HistogramMetricFamily(f"{p}_event_loop_lag_seconds",
+                                        "how late the event-loop watchdog's periodic callback ran",
+                                        buckets=buckets, sum_value=lag_sum_s)
+            yield CounterMetricFamily(f"{p}_event_loop_stalls", f"event-loop lags of at least {stall_min_s:g} s",
+                                      value=stalls)
+            yield GaugeMetricFamily(f"{p}_event_loop_stall_max_seconds",
+                                    "longest time the event loop was kept from running a due callback, since start",
+                                    value=stall_max_s)
+        return families
 
 
 # ---------------------------------------------------------------- partition health

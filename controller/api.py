@@ -206,7 +206,7 @@ async def get_openapi(request: web.Request) -> web.Response:
 
 @route("GET", "/metrics", summary="Prometheus metrics (text format)")
 async def get_metrics(request: web.Request) -> web.Response:
-    return metrics_response(request.app["metrics"].registry)
+    return await metrics_response(request.app["metrics"].exposition)
 
 
 # ---------------------------------------------------------------- middleware

@@ -212,7 +212,7 @@ async def serve(args: argparse.Namespace) -> int:
     metrics_server = None
     if args.metrics_port is not None:
         try:
-            metrics_server = await MetricsServer.start(metrics.registry, host=host, port=args.metrics_port)
+            metrics_server = await MetricsServer.start(metrics.exposition, host=host, port=args.metrics_port)
         except OSError as exc:
             await runner.cleanup()
             raise OSError(f"cannot serve metrics on {host}:{args.metrics_port}: {exc}") from None
@@ -227,6 +227,7 @@ async def serve(args: argparse.Namespace) -> int:
     if metrics_server is not None:
         await metrics_server.close()
     await runner.cleanup()
+    metrics.exposition.close()
     return 0
 
 

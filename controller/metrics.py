@@ -19,7 +19,8 @@ from prometheus_client.metrics_core import Metric
 from common.eventloop import LoopStalls
 from common.metadata import MetadataImage
 from common.metrics import (
-    LATENCY_BUCKETS_S, LoopStallsCollector, PartitionHealth, gauge, labelled_counter, labelled_gauge, new_registry,
+    LATENCY_BUCKETS_S, Exposition, Families, LoopStallsSource, PartitionHealth, gauge, labelled_counter,
+    labelled_gauge,
 )
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -66,16 +67,17 @@ class ControllerSource(Protocol):
 
 class ControllerMetrics:
     def __init__(self, service: ControllerSource) -> None:
-        self.registry = new_registry()
+        self.exposition = Exposition()
+        self.registry = self.exposition.registry
         self._latency = Histogram("biplane_api_request_seconds", "admin API requests, arrival to answer, by route",
                                   ["method", "path"], buckets=LATENCY_BUCKETS_S, registry=self.registry)
         self._requests = Counter("biplane_api_requests", "admin API requests by route and HTTP status",
                                  ["method", "path", "status"], registry=self.registry)
-        self.registry.register(ControllerCollector(service))
+        self.exposition.add(ControllerCollector(service))
 
     def watch_loop(self, stalls: LoopStalls) -> None:
         """Export the event loop's stalls (biplane_controller_event_loop_*)."""
-        self.registry.register(LoopStallsCollector(stalls, prefix="biplane_controller"))
+        self.exposition.add(LoopStallsSource(stalls, prefix="biplane_controller"))
 
     def observe_request(self, method: str, path: str, status: int, seconds: float) -> None:
         method = method if method in _METHODS else "other"
@@ -104,63 +106,69 @@ class ControllerMetrics:
 
 
 class ControllerCollector:
-    """Families read when scraped, on the event loop (the service's state is the loop's)."""
+    """The service's loop-owned state as metric families (common.metrics.LoopSource)."""
 
     def __init__(self, service: ControllerSource) -> None:
         self.service = service
 
-    def collect(self) -> Iterator[Metric]:
+    def snapshot(self) -> Families:
         s = self.service
         image = s.committed
-        yield gauge("biplane_controller_node_id", "this controller's node id", s.node_id)
-        yield gauge("biplane_controller_is_leader",
-                    "1 when this controller is the trusted leader (its marker committed in its Raft term)",
-                    int(s.is_leader))
-        yield gauge("biplane_controller_metadata_offset", "offset of the committed metadata image", image.offset)
-        yield from self._raft(s.raft_status())
         brokers = list(image.brokers.values())
-        yield labelled_gauge("biplane_controller_brokers", "registered brokers by state (unfenced: live)",
-                             ["state"], [(["fenced"], sum(b.fenced for b in brokers)),
-                                         (["unfenced"], sum(not b.fenced for b in brokers))])
-        yield labelled_gauge("biplane_controller_broker_metadata_lag_records",
-                             "committed metadata offset minus the offset each broker's last heartbeat applied",
-                             ["broker"], ((([str(b)], max(0, image.offset - off)))
-                                          for b, off in sorted(s.broker_offsets.items())))
-        yield gauge("biplane_controller_topics", "topics", len(image.topics))
         health = PartitionHealth()
         for p in image.partitions():
             topic = image.topics.get(p.topic)
             if topic is not None:
                 health.add(replicas=len(p.replicas), isr=len(p.isr), has_leader=p.leader is not None,
                            policy=topic.config)
-        yield gauge("biplane_controller_partitions", "partitions", health.partitions)
-        yield gauge("biplane_controller_offline_partitions", "partitions without a leader", health.leaderless)
-        yield gauge("biplane_controller_under_replicated_partitions",
-                    "partitions whose ISR is smaller than their replicas", health.under_replicated)
-        yield gauge("biplane_controller_under_min_isr_partitions",
-                    "partitions whose ISR is below min_insync_replicas (isr topics) or quorum_required_acks "
-                    "(quorum topics)", health.under_min_isr)
-        for key, help_text in (("records_committed", "metadata records committed (observed on this node)"),
-                               ("batches_committed", "Raft commands committed by this node as leader"),
-                               ("batches_failed", "Raft commands that failed or diverged"),
-                               ("leader_elections_won", "times this node became the trusted leader")):
-            yield labelled_counter(f"biplane_controller_{key}", help_text, [], [([], s.stats.get(key, 0))])
+        scalars = [
+            ("biplane_controller_node_id", "this controller's node id", s.node_id),
+            ("biplane_controller_is_leader",
+             "1 when this controller is the trusted leader (its marker committed in its Raft term)", int(s.is_leader)),
+            ("biplane_controller_metadata_offset", "offset of the committed metadata image", image.offset),
+            ("biplane_controller_topics", "topics", len(image.topics)),
+            ("biplane_controller_partitions", "partitions", health.partitions),
+            ("biplane_controller_offline_partitions", "partitions without a leader", health.leaderless),
+            ("biplane_controller_under_replicated_partitions", "partitions whose ISR is smaller than their replicas",
+             health.under_replicated),
+            ("biplane_controller_under_min_isr_partitions", "partitions whose ISR is below min_insync_replicas "
+             "(isr topics) or quorum_required_acks (quorum topics)", health.under_min_isr),
+        ]
+        status = s.raft_status()
+        if status is not None:
+            scalars += [
+                ("biplane_controller_raft_term", "this node's Raft term", status.term),
+                ("biplane_controller_raft_leader", "1 while Raft says this node leads (before it is trusted)",
+                 int(status.is_leader)),
+                ("biplane_controller_raft_commit_index", "Raft commit index on this node", status.commit_index),
+                ("biplane_controller_raft_last_applied", "last Raft entry applied on this node", status.last_applied),
+                ("biplane_controller_raft_last_log_index", "last Raft entry in this node's log",
+                 status.last_log_index),
+                ("biplane_controller_raft_connected_peers", "other controllers this node is connected to",
+                 len(status.connected_peers)),
+            ]
+        peer_lag = [([peer], max(0, status.last_log_index - index)) for peer, index in status.match_index] \
+            if status is not None else []
+        states = [(["fenced"], sum(b.fenced for b in brokers)), (["unfenced"], sum(not b.fenced for b in brokers))]
+        metadata_lag = [([str(b)], max(0, image.offset - offset)) for b, offset in sorted(s.broker_offsets.items())]
+        counts = [(key, help_text, s.stats.get(key, 0)) for key, help_text in (
+            ("records_committed", "metadata records committed (observed on this node)"),
+            ("batches_committed", "Raft commands committed by this node as leader"),
+            ("batches_failed", "Raft commands that failed or diverged"),
+            ("leader_elections_won", "times this node became the trusted leader"))]
 
-    @staticmethod
-    def _raft(status: RaftStatusSource | None) -> Iterator[Metric]:
-        if status is None:
-            return
-        yield gauge("biplane_controller_raft_term", "this node's Raft term", status.term)
-        yield gauge("biplane_controller_raft_leader", "1 while Raft says this node leads (before it is trusted)",
-                    int(status.is_leader))
-        yield gauge("biplane_controller_raft_commit_index", "Raft commit index on this node", status.commit_index)
-        yield gauge("biplane_controller_raft_last_applied", "last Raft entry applied on this node",
-                    status.last_applied)
-        yield gauge("biplane_controller_raft_last_log_index", "last Raft entry in this node's log",
-                    status.last_log_index)
-        yield gauge("biplane_controller_raft_connected_peers", "other controllers this node is connected to",
-                    len(status.connected_peers))
-        yield labelled_gauge("biplane_controller_raft_follower_lag_entries",
-                             "on the Raft leader: its last log index minus each peer's match index",
-                             ["peer"], (([peer], max(0, status.last_log_index - index))
-                                        for peer, index in status.match_index))
+        def families() -> Iterator[Metric]:
+            for name, help_text, value in scalars:
+                yield gauge(name, help_text, value)
+            if status is not None:
+                yield labelled_gauge("biplane_controller_raft_follower_lag_entries",
+                                     "on the Raft leader: its last log index minus each peer's match index",
+                                     ["peer"], peer_lag)
+            yield labelled_gauge("biplane_controller_brokers", "registered brokers by state (unfenced: live)",
+                                 ["state"], states)
+            yield labelled_gauge("biplane_controller_broker_metadata_lag_records",
+                                 "committed metadata offset minus the offset each broker's last heartbeat applied",
+                                 ["broker"], metadata_lag)
+            for key, help_text, value in counts:
+                yield labelled_counter(f"biplane_controller_{key}", help_text, [], [([], value)])
+        return families

@@ -82,7 +82,7 @@ class Broker:
         # This broker's registry (docs/metrics.md): hot paths update its instruments, the
         # collector reads the rest when scraped; served when config.metrics_port is set.
         self.metrics = BrokerMetrics()
-        self.metrics.registry.register(BrokerCollector(self))
+        self.metrics.exposition.add(BrokerCollector(self))
 
     async def __aenter__(self) -> "Broker":
         await self.start()
@@ -136,7 +136,8 @@ class Broker:
                 c.host, c.kafka_port, max_frame_bytes=c.max_frame_bytes)
             self.kafka_port = self._kafka_server.sockets[0].getsockname()[1]
         if c.metrics_port is not None:
-            self._metrics_server = await MetricsServer.start(self.metrics.registry, host=c.host, port=c.metrics_port)
+            self._metrics_server = await MetricsServer.start(self.metrics.exposition, host=c.host,
+                                                             port=c.metrics_port)
             self.metrics_port = self._metrics_server.port
         self.lifecycle = Lifecycle(self.control, broker_id=c.broker_id, host=c.client_host, port=self.port,
                                    kafka_port=self.kafka_port,
@@ -217,6 +218,7 @@ class Broker:
             await self.control.close()
         if self._metrics_server is not None:
             await self._metrics_server.close()
+        self.metrics.exposition.close()
         self.watchdog.stop()
         if self._dir_lock is not None:
             if clean and self.replicas is not None:

@@ -5,9 +5,11 @@ produce and fetch latency (request to answer), replication round trips, fsync du
 and ISR shrink/expand counts. Everything else is read when Prometheus scrapes, by
 `BrokerCollector`: per-partition offsets and sizes, ISR health, leader and partition
 counts, follower lag, request and error counts (plain dict increments in server.py), the
-event loop's stalls. Another part of the broker adds its own families by registering a
-collector on `BrokerMetrics.registry` (consumer-group lag, once groups exist, belongs in
-a collector of the group coordinator: biplane_group_lag_records{group,topic,partition}).
+event loop's stalls. Another part of the broker adds its own families with
+`BrokerMetrics.exposition.add(source)` (state the loop owns: a common.metrics.LoopSource)
+or a collector on `BrokerMetrics.registry` (state safe to read from any thread).
+Consumer-group lag, once groups exist, belongs in a source of the group coordinator:
+biplane_group_lag_records{group, topic, partition}, the HW minus the committed offset.
 """
 from __future__ import annotations
 
@@ -21,8 +23,8 @@ from common.errors import ErrorCode
 from common.eventloop import LoopStalls
 from common.metadata.image import MetadataImage
 from common.metrics import (
-    FETCH_BUCKETS_S, LATENCY_BUCKETS_S, LoopStallsCollector, PartitionHealth, gauge, labelled_counter, labelled_gauge,
-    new_registry,
+    FETCH_BUCKETS_S, LATENCY_BUCKETS_S, Exposition, Families, LoopStallsSource, PartitionHealth, gauge,
+    labelled_counter, labelled_gauge,
 )
 from common.topic_partition import TopicPartition
 from dataplane.broker.budget import ProduceBudget
@@ -50,8 +52,8 @@ class BrokerMetrics:
     children are resolved once here: an update on the hot path is one locked add."""
 
     def __init__(self) -> None:
-        self.registry = new_registry()
-        r = self.registry
+        self.exposition = Exposition()
+        self.registry = r = self.exposition.registry
         produce = Histogram("biplane_broker_produce_latency_seconds",
                             "produce requests, from arrival to the answer (acks decides when that is)",
                             ["acks"], buckets=LATENCY_BUCKETS_S, registry=r)
@@ -116,102 +118,100 @@ class BrokerMetricsSource(Protocol):
     def loop_stalls(self) -> LoopStalls: ...
 
 
+# Per-partition families: (name, help, kind) in the order of a snapshot row's values.
+_PARTITION_FAMILIES: tuple[tuple[str, str, str], ...] = (
+    ("biplane_partition_log_start_offset", "first offset the local log holds", "gauge"),
+    ("biplane_partition_log_end_offset", "next offset the local log will assign", "gauge"),
+    ("biplane_partition_flushed_offset", "end of the durable prefix of the local log", "gauge"),
+    ("biplane_partition_high_watermark", "high watermark as this replica knows it", "gauge"),
+    ("biplane_partition_leader_epoch", "leader epoch this replica acts in", "gauge"),
+    ("biplane_partition_is_leader", "1 if this replica leads its partition", "gauge"),
+    ("biplane_partition_size_bytes", "bytes in the local log's segments", "gauge"),
+    ("biplane_partition_produced_records", "records acknowledged by this leader", "counter"),
+    ("biplane_partition_produced_bytes", "batch bytes acknowledged by this leader", "counter"),
+    ("biplane_partition_producer_snapshots_written", "producer-state snapshots this replica wrote (segment rolls)",
+     "counter"),
+    ("biplane_partition_producer_state_rebuilds", "producer-state rebuilds after a truncation (each in a worker "
+     "thread)", "counter"),
+)
+
+
+def _partition_row(d: PartitionDriver) -> tuple[int, ...]:
+    log, r = d.log, d.replica
+    return (log.log_start_offset, log.log_end_offset, log.flushed_offset, r.high_watermark, r.leader_epoch,
+            int(d.is_leader), log.size_bytes, d.produce_records, d.produce_bytes, d.producer_snapshots_written,
+            d.producer_state.rebuilds)
+
+
 class BrokerCollector:
-    """Families read from the broker's state when scraped (on the event loop: no locks)."""
+    """The broker's loop-owned state as metric families (common.metrics.LoopSource): the
+    snapshot copies numbers on the event loop; the families are built in the renderer thread."""
 
     def __init__(self, source: BrokerMetricsSource) -> None:
         self.source = source
-        self._loop = LoopStallsCollector(source.loop_stalls, prefix="biplane_broker")
+        self._loop = LoopStallsSource(source.loop_stalls, prefix="biplane_broker")
 
-    def collect(self) -> Iterator[Metric]:
+    def snapshot(self) -> Families:
         b = self.source
-        yield gauge("biplane_broker_id", "this broker's id (Prometheus's instance label names its address)",
-                    b.broker_id)
-        yield gauge("biplane_broker_metadata_offset", "metadata offset applied by this broker", b.metadata_offset)
-        yield gauge("biplane_broker_fenced", "1 while the controller has this broker fenced", int(b.fenced))
-        yield from self._loop.collect()
-        yield from self._budget(b.produce_budget)
-        yield from self._requests(b.request_counters)
+        scalars = [
+            ("biplane_broker_id", "this broker's id (Prometheus's instance label names its address)", b.broker_id),
+            ("biplane_broker_metadata_offset", "metadata offset applied by this broker", b.metadata_offset),
+            ("biplane_broker_fenced", "1 while the controller has this broker fenced", int(b.fenced)),
+        ]
+        budget = b.produce_budget
+        scalars += [
+            ("biplane_broker_unreplicated_bytes", "produce bytes this broker's leaders hold unreplicated",
+             budget.total_bytes),
+            ("biplane_broker_unreplicated_bytes_peak", "highest biplane_broker_unreplicated_bytes seen",
+             budget.peak_total_bytes),
+            ("biplane_broker_unreplicated_bytes_max", "bound on biplane_broker_unreplicated_bytes",
+             budget.unreplicated_bytes_max),
+        ]
+        counters = b.request_counters
+        requests, errors = sorted(counters.requests.items()), sorted(counters.errors.items())
         drivers = sorted((tp, d) for tp, d in b.partition_drivers.items() if not d.closed)
-        yield from self._health(drivers, b.metadata_image, b.offline_replicas)
-        yield from self._partitions(drivers)
-
-    @staticmethod
-    def _budget(budget: ProduceBudget) -> Iterator[Metric]:
-        yield gauge("biplane_broker_unreplicated_bytes", "produce bytes this broker's leaders hold unreplicated",
-                    budget.total_bytes)
-        yield gauge("biplane_broker_unreplicated_bytes_peak", "highest biplane_broker_unreplicated_bytes seen",
-                    budget.peak_total_bytes)
-        yield gauge("biplane_broker_unreplicated_bytes_max", "bound on biplane_broker_unreplicated_bytes",
-                    budget.unreplicated_bytes_max)
-
-    @staticmethod
-    def _requests(counters: Counters) -> Iterator[Metric]:
-        yield labelled_counter("biplane_broker_requests", "requests by type (Kafka API ones as Kafka<Api>v<version>)",
-                               ["request"], (([k], v) for k, v in sorted(counters.requests.items())))
-        yield labelled_counter("biplane_broker_errors", "error answers by request and error code (one per "
-                               "partition answered with an error)", ["request", "code"],
-                               (([req, code], v) for (req, code), v in sorted(counters.errors.items())))
-
-    @staticmethod
-    def _health(drivers: list[tuple[TopicPartition, PartitionDriver]], image: MetadataImage,
-                offline_replicas: int) -> Iterator[Metric]:
         led = PartitionHealth()
-        for _, d in drivers:
+        rows: list[tuple[list[str], tuple[int, ...]]] = []
+        lags: list[tuple[list[str], int]] = []
+        for tp, d in drivers:
+            labels = [tp[0], str(tp[1])]
+            rows.append((labels, _partition_row(d)))
             state = d.replica.state
             if d.is_leader and state is not None:
                 led.add(replicas=len(state.replicas), isr=len(state.isr), has_leader=True, policy=d.replica.config)
-        known = sum(1 for p in image.partitions() if p.leader is None)
-        yield gauge("biplane_broker_partitions", "partition replicas this broker holds", len(drivers))
-        yield gauge("biplane_broker_leader_partitions", "partitions this broker leads", led.partitions)
-        yield gauge("biplane_broker_under_replicated_partitions",
-                    "partitions this broker leads whose ISR is smaller than their replicas", led.under_replicated)
-        yield gauge("biplane_broker_under_min_isr_partitions",
-                    "partitions this broker leads whose ISR is below min_insync_replicas (isr topics) or "
-                    "quorum_required_acks (quorum topics): acks=all cannot complete", led.under_min_isr)
-        yield gauge("biplane_broker_offline_partitions",
-                    "partitions without a leader in this broker's metadata (the whole cluster's)", known)
-        yield gauge("biplane_broker_offline_replicas",
-                    "replicas on this broker whose log is offline (a failed write, or not opened)", offline_replicas)
-
-    @staticmethod
-    def _partitions(drivers: list[tuple[TopicPartition, PartitionDriver]]) -> Iterator[Metric]:
-        labels = ["topic", "partition"]
-
-        def per(name: str, help_text: str, value) -> Metric:
-            return labelled_gauge(name, help_text, labels, (([tp[0], str(tp[1])], value(d)) for tp, d in drivers))
-
-        def per_counter(name: str, help_text: str, value) -> Metric:
-            return labelled_counter(name, help_text, labels, (([tp[0], str(tp[1])], value(d)) for tp, d in drivers))
-
-        yield per("biplane_partition_log_start_offset", "first offset the local log holds",
-                  lambda d: d.log.log_start_offset)
-        yield per("biplane_partition_log_end_offset", "next offset the local log will assign",
-                  lambda d: d.log.log_end_offset)
-        yield per("biplane_partition_flushed_offset", "end of the durable prefix of the local log",
-                  lambda d: d.log.flushed_offset)
-        yield per("biplane_partition_high_watermark", "high watermark as this replica knows it",
-                  lambda d: d.replica.high_watermark)
-        yield per("biplane_partition_leader_epoch", "leader epoch this replica acts in",
-                  lambda d: d.replica.leader_epoch)
-        yield per("biplane_partition_is_leader", "1 if this replica leads its partition", lambda d: int(d.is_leader))
-        yield per("biplane_partition_size_bytes", "bytes in the local log's segments", lambda d: d.log.size_bytes)
-        yield per_counter("biplane_partition_produced_records", "records acknowledged by this leader",
-                          lambda d: d.produce_records)
-        yield per_counter("biplane_partition_produced_bytes", "batch bytes acknowledged by this leader",
-                          lambda d: d.produce_bytes)
-        yield per_counter("biplane_partition_producer_snapshots_written",
-                          "producer-state snapshots this replica wrote (segment rolls)",
-                          lambda d: d.producer_snapshots_written)
-        yield per_counter("biplane_partition_producer_state_rebuilds",
-                          "producer-state rebuilds after a truncation (each in a worker thread)",
-                          lambda d: d.producer_state.rebuilds)
-        lag = labelled_gauge("biplane_partition_follower_lag_records",
-                             "on a leader: its log end minus each follower's log end at its last fetch or "
-                             "append-entries answer", labels + ["replica"], ())
-        for tp, d in drivers:
-            if d.is_leader:
                 end = d.replica.log_end_offset
-                for replica_id, progress in sorted(d.replica.progress.items()):
-                    lag.add_metric([tp[0], str(tp[1]), str(replica_id)], max(0, end - progress.fetch_offset))
-        yield lag
+                lags += [(labels + [str(replica_id)], max(0, end - progress.fetch_offset))
+                         for replica_id, progress in sorted(d.replica.progress.items())]
+        scalars += [
+            ("biplane_broker_partitions", "partition replicas this broker holds", len(drivers)),
+            ("biplane_broker_leader_partitions", "partitions this broker leads", led.partitions),
+            ("biplane_broker_under_replicated_partitions",
+             "partitions this broker leads whose ISR is smaller than their replicas", led.under_replicated),
+            ("biplane_broker_under_min_isr_partitions",
+             "partitions this broker leads whose ISR is below min_insync_replicas (isr topics) or "
+             "quorum_required_acks (quorum topics): acks=all cannot complete", led.under_min_isr),
+            ("biplane_broker_offline_partitions",
+             "partitions without a leader in this broker's metadata (the whole cluster's)",
+             sum(1 for p in b.metadata_image.partitions() if p.leader is None)),
+            ("biplane_broker_offline_replicas",
+             "replicas on this broker whose log is offline (a failed write, or not opened)", b.offline_replicas),
+        ]
+        loop_families = self._loop.snapshot()
+
+        def families() -> Iterator[Metric]:
+            for name, help_text, value in scalars:
+                yield gauge(name, help_text, value)
+            yield from loop_families()
+            yield labelled_counter("biplane_broker_requests",
+                                   "requests by type (Kafka API ones as Kafka<Api>v<version>)", ["request"],
+                                   (([k], v) for k, v in requests))
+            yield labelled_counter("biplane_broker_errors", "error answers by request and error code (one per "
+                                   "partition answered with an error)", ["request", "code"],
+                                   (([req, code], v) for (req, code), v in errors))
+            for column, (name, help_text, kind) in enumerate(_PARTITION_FAMILIES):
+                make = labelled_counter if kind == "counter" else labelled_gauge
+                yield make(name, help_text, ["topic", "partition"], ((labels, row[column]) for labels, row in rows))
+            yield labelled_gauge("biplane_partition_follower_lag_records",
+                                 "on a leader: its log end minus each follower's log end at its last fetch or "
+                                 "append-entries answer", ["topic", "partition", "replica"], lags)
+        return families

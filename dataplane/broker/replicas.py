@@ -150,8 +150,9 @@ class ReplicaManager:
         if before == key:
             return
         self._fed[info.tp] = key
-        if before is not None and info.leader == self.broker_id and before[3] != info.isr:
-            self.metrics.isr_changed(before[3], info.isr)
+        old_isr = before[3] if before is not None else None   # the ISR this replica was last fed
+        if old_isr is not None and old_isr != info.isr and info.leader == self.broker_id:
+            self.metrics.isr_changed(old_isr, info.isr)
         event = NewMetadata(partition=PartitionState.from_info(info),
                             config=ReplicationConfig.from_topic_config(topic.config), fenced_replicas=fenced)
         try:
