@@ -22,7 +22,7 @@ from __future__ import annotations
 import hmac
 import logging
 import time
-from typing import Any, Callable, TypeVar
+from typing import Any, Awaitable, Callable, TypeVar
 
 from aiohttp import web
 from pydantic import BaseModel
@@ -30,6 +30,7 @@ from pydantic import BaseModel
 from common import api_models
 from common.errors import BiplaneError, ErrorCode, NotControllerError, UnknownTopicOrPartitionError
 from common.metadata import MetadataImage, PartitionChange, PartitionRecord, validate_topic_name
+from common.metrics import metrics_response
 from common.requests import (
     AddPartitionsRequest,
     CreateTopicRequest,
@@ -40,6 +41,7 @@ from common.requests import (
 from controller import core, openapi, rpc, snapshot_service, views
 from controller.guardrails import ApiLimits, WriteBuckets, retry_after_header
 from controller.http_edge import EarlyResponse, error_from_exception, error_response, json_errors, read_model
+from controller.metrics import ControllerMetrics
 from controller.openapi import PUBLIC_PATHS, Handler, Operation
 from controller.service import ControllerService
 
@@ -232,8 +234,7 @@ async def get_openapi(request: web.Request) -> web.Response:
 
 @route("GET", "/metrics", summary="Prometheus metrics (text format)", text=True)
 async def get_metrics(request: web.Request) -> web.Response:
-    return web.Response(text=views.prometheus_text(svc(request)),
-                        content_type="text/plain", charset="utf-8")
+    return await metrics_response(request.app["metrics"].exposition)
 
 
 # ---------------------------------------------------------------- middleware
@@ -251,7 +252,6 @@ def make_middleware(admin_token: str):
         path = request.path
         if path.startswith("/rpc/"):
             return await handler(request)  # the RPC checks the cluster secret itself
-        started = time.perf_counter()
         token: str | None = None
         writes = False
         try:
@@ -296,9 +296,6 @@ def make_middleware(admin_token: str):
         finally:
             if writes:
                 request.app[WRITE_BUCKETS].charge(token or "", request.get(WRITE_COST, 1), time.monotonic())
-            resource = request.match_info.route.resource
-            request.app["api_stats"].observe(resource.canonical if resource is not None else "unmatched",
-                                             time.perf_counter() - started)
     return middleware
 
 
@@ -347,10 +344,11 @@ def make_app(service: ControllerService, *, admin_token: str, cluster_secret: st
         raise ValueError("an admin token is required (--admin-token or BIPLANE_ADMIN_TOKEN)")
     # The transport's ceiling stays above the admin limit so the broker RPC keeps its room;
     # the admin handlers refuse a body over `limits.body_bytes_max` themselves.
-    app = web.Application(middlewares=[json_errors, make_middleware(admin_token)],
+    metrics = ControllerMetrics(service)
+    app = web.Application(middlewares=[metrics.middleware, json_errors, make_middleware(admin_token)],
                           client_max_size=max(4 * 1024 * 1024, limits.body_bytes_max))
     app["controller"] = service
-    app["api_stats"] = service.api_stats = views.LatencyStats()
+    app["metrics"] = metrics   # its registry is served here and on --metrics-port
     app[API_LIMITS] = limits
     app[WRITE_BUCKETS] = WriteBuckets(rate_per_s=limits.write_rate_per_s, burst=limits.write_burst)
     app["on_ready"] = []

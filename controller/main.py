@@ -31,6 +31,7 @@ from controller.guardrails import (
     WRITE_RATE_PER_S_DEFAULT,
     ApiLimits,
 )
+from common.metrics import MetricsServer
 from controller.service import ControllerNode
 
 
@@ -126,6 +127,9 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                              f"(default {JSON_DEPTH_MAX_DEFAULT})")
     p.add_argument("--snapshot-dir", help="default: DATA_DIR/snapshots")
     p.add_argument("--snapshot-interval-ms", type=int, default=60_000)
+    p.add_argument("--metrics-port", type=int,
+                   help="serve Prometheus /metrics here, without a token, on the API address's host "
+                        "(0: a free port; default: only the admin API's GET /metrics, with the token)")
     p.add_argument("--log-level", default="WARNING", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     return p
 
@@ -180,6 +184,7 @@ def _flag_names(message: str) -> str:
 async def serve(args: argparse.Namespace) -> int:
     from controller.api import make_app
     from controller.decisions import LeaderSettings
+    from controller.metrics import ControllerMetrics
     from controller.raft import RaftNode, RaftSettings
     from controller.replicated import MetadataStateMachine
     from controller.service import ControllerService
@@ -193,6 +198,8 @@ async def serve(args: argparse.Namespace) -> int:
                          "(or BIPLANE_CLUSTER_SECRET)")
     if not args.admin_token:
         raise UsageError("--admin-token (or BIPLANE_ADMIN_TOKEN) is required")
+    if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
+        raise UsageError(f"--metrics-port {args.metrics_port} is not a port (0 to 65535; 0 picks a free one)")
     settings = RaftSettings(
         self_address=me.raft_address, peer_addresses=tuple(n.raft_address for n in peers),
         data_dir=os.path.join(args.data_dir, "raft"), password=args.cluster_secret,
@@ -243,13 +250,27 @@ async def serve(args: argparse.Namespace) -> int:
     # A stalled loop answers heartbeats late and decides fencing late: worth a log line.
     watchdog = LoopWatchdog(name=f"controller {me.node_id}")
     watchdog.start()
+    metrics: ControllerMetrics = app["metrics"]
+    metrics.watch_loop(watchdog.stalls)
+    metrics_server = None
+    if args.metrics_port is not None:
+        try:
+            metrics_server = await MetricsServer.start(metrics.exposition, host=host, port=args.metrics_port)
+        except OSError as exc:
+            await runner.cleanup()
+            raise OSError(f"cannot serve metrics on {host}:{args.metrics_port}: {exc}") from None
+        logging.getLogger("biplane.controller").info("controller %d serving metrics on %s:%d", me.node_id, host,
+                                                     metrics_server.port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     watchdog.stop()
+    if metrics_server is not None:
+        await metrics_server.close()
     await runner.cleanup()
+    metrics.exposition.close()
     return 0
 
 

@@ -1,8 +1,7 @@
 """What the admin API returns, built from the image (the models are common/api_models.py,
-shared with the admin client), and the controller's /metrics text."""
+shared with the admin client)."""
 from __future__ import annotations
 
-import bisect
 from typing import Any, Mapping
 
 from common.api_models import BrokerList, BrokerView, PartitionView, TopicDetail, TopicList, TopicSummary
@@ -53,66 +52,3 @@ def broker_list(image: MetadataImage, broker_offsets: Mapping[int, int],
                               disk_total_bytes=u.disk_total_bytes if u else None,
                               leaders=leaders.get(b, 0), replicas=replicas.get(b, 0)))
     return BrokerList(metadata_offset=image.offset, brokers=out)
-
-
-class LatencyStats:
-    """Request counts and a latency histogram per path, for /metrics."""
-
-    BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0)
-
-    def __init__(self) -> None:
-        self.paths: dict[str, list] = {}   # path -> [count, sum, bucket counts]
-
-    def observe(self, path: str, seconds: float) -> None:
-        key = path   # a route's pattern, so the label set stays bounded
-        if key not in self.paths and len(self.paths) >= 64:
-            key = "other"
-        entry = self.paths.setdefault(key, [0, 0.0, [0] * len(self.BUCKETS_S)])
-        entry[0] += 1
-        entry[1] += seconds
-        i = bisect.bisect_left(self.BUCKETS_S, seconds)
-        if i < len(self.BUCKETS_S):
-            entry[2][i] += 1
-
-
-def prometheus_text(service: Any) -> str:
-    image = service.committed
-    lines = []
-
-    def metric(name: str, kind: str, help_text: str, samples: list[tuple[str, Any]]) -> None:
-        lines.append(f"# HELP {name} {help_text}")
-        lines.append(f"# TYPE {name} {kind}")
-        for labels, value in samples:
-            lines.append(f"{name}{labels} {value}")
-
-    metric("biplane_controller_is_leader", "gauge", "1 when this controller is the trusted leader",
-           [("", int(service.is_leader))])
-    metric("biplane_controller_metadata_offset", "gauge", "offset of the committed metadata image",
-           [("", image.offset)])
-    brokers = list(image.brokers.values())
-    metric("biplane_controller_brokers", "gauge", "registered brokers by state",
-           [('{state="fenced"}', sum(b.fenced for b in brokers)),
-            ('{state="unfenced"}', sum(not b.fenced for b in brokers))])
-    metric("biplane_controller_topics", "gauge", "topics", [("", len(image.topics))])
-    parts = list(image.partitions())
-    metric("biplane_controller_partitions", "gauge", "partitions", [("", len(parts))])
-    metric("biplane_controller_offline_partitions", "gauge", "partitions without a leader",
-           [("", sum(p.leader is None for p in parts))])
-    for key, help_text in (("records_committed", "metadata records committed (observed on this node)"),
-                           ("batches_committed", "Raft commands committed by this node as leader"),
-                           ("batches_failed", "Raft commands that failed or diverged"),
-                           ("leader_elections_won", "times this node became the trusted leader")):
-        metric(f"biplane_controller_{key}_total", "counter", help_text, [("", service.stats[key])])
-    stats = getattr(service, "api_stats", None)
-    if stats is not None:
-        lines.append("# HELP biplane_api_request_seconds admin API request latency")
-        lines.append("# TYPE biplane_api_request_seconds histogram")
-        for path, (count, total, buckets) in sorted(stats.paths.items()):
-            cumulative = 0
-            for bound, n in zip(LatencyStats.BUCKETS_S, buckets):
-                cumulative += n
-                lines.append(f'biplane_api_request_seconds_bucket{{path="{path}",le="{bound}"}} {cumulative}')
-            lines.append(f'biplane_api_request_seconds_bucket{{path="{path}",le="+Inf"}} {count}')
-            lines.append(f'biplane_api_request_seconds_sum{{path="{path}"}} {total:.6f}')
-            lines.append(f'biplane_api_request_seconds_count{{path="{path}"}} {count}')
-    return "\n".join(lines) + "\n"

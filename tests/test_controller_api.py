@@ -6,6 +6,7 @@ import json
 import pytest
 
 from controller_harness import Controller, http, make_specs, register_and_unfence, wait_leader
+from metrics_scrape import Scrape
 
 
 @pytest.fixture(scope="module")
@@ -230,11 +231,13 @@ def test_preferred_election_for_all_and_for_named_partitions(controller):
 
 
 def test_metrics_are_prometheus_text(controller):
+    assert api(controller, "GET", "/v1/cluster").status == 200   # one request timed before the scrape
     r = api(controller, "GET", "/metrics")
     assert r.status == 200 and isinstance(r.body, str)
-    assert "# TYPE biplane_controller_metadata_offset gauge" in r.body
-    assert "biplane_controller_is_leader 1" in r.body
-    assert "biplane_api_request_seconds_count" in r.body
+    scraped = Scrape(r.body)
+    assert scraped.type_of("biplane_controller_metadata_offset") == "gauge"
+    assert scraped.value("biplane_controller_is_leader") == 1
+    assert scraped.value("biplane_api_request_seconds_count", method="GET", path="/v1/cluster") >= 1
 
 
 def test_openapi_describes_every_route_with_schemas(controller):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Callable
 
 from common.errors import BiplaneError, ErrorCode
@@ -43,8 +44,12 @@ class Fetcher:
     def __init__(self, *, broker_id: int, address_of: AddressOf, deliver: Deliver, fetch_wait_ms_max: int = 500,
                  fetch_max_bytes: int = 8 * 1024 * 1024, fetch_error_backoff_ms: int = 50,
                  reconnect_backoff_ms_max: int = 1000, request_timeout_ms: int = 10_000,
-                 max_frame_bytes: int = 64 * 1024 * 1024) -> None:
+                 max_frame_bytes: int = 64 * 1024 * 1024,
+                 on_round_trip: Callable[[float], None] | None = None) -> None:
         self.broker_id = broker_id
+        # Seconds from sending a fetch to its answer, for each answer that brought records
+        # (an empty one measured the long-poll's wait, not replication).
+        self.on_round_trip = on_round_trip
         self.address_of = address_of
         self.deliver = deliver
         self.limits = dict(fetch_wait_ms_max=fetch_wait_ms_max, fetch_max_bytes=fetch_max_bytes,
@@ -170,8 +175,10 @@ class FetchSession:
             client = await self._client(which)
             timeout_s = (wait_ms + self.limits["request_timeout_ms"]) / 1000
             # asyncio.timeout, not wait_for: no task per round between the request and its write.
+            sent = time.perf_counter()
             async with asyncio.timeout(timeout_s):
                 response = await client.request(self._wire_request(batch, wait_ms))
+            took_s = time.perf_counter() - sent
         except (BiplaneError, OSError, asyncio.TimeoutError) as exc:
             if which == "main" and self._restarting:
                 self._restarting = False
@@ -185,9 +192,13 @@ class FetchSession:
             self._deliver_later(batch, {}, error=response.error_code)
             return {}
         answered: dict[TopicPartition, wire.FetchPartitionResponse] = {}
+        records = False
         for t in response.topics:
             for p in t.partitions:
                 answered[TopicPartition(t.topic, p.partition)] = p
+                records = records or bool(p.records)
+        if records and self.fetcher.on_round_trip is not None:
+            self.fetcher.on_round_trip(took_s)
         self._deliver(batch, answered)
         return answered
 

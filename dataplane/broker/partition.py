@@ -20,7 +20,7 @@ import asyncio
 import itertools
 import logging
 import time
-from typing import Protocol
+from typing import Callable, Protocol
 
 from common.batch import Buffer
 from common.errors import (BiplaneError, ErrorCode, InvalidRequestError, LogTruncatedError,
@@ -70,12 +70,12 @@ class PartitionDriver:
     def __init__(self, *, broker_id: int, tp: TopicPartition, directory: str, log_config: LogConfig,
                  hooks: DriverHooks, unclean_start: bool, flush_debounce_ms: int = 0,
                  fetch_max_bytes: int = 1024 * 1024, push_heartbeat_ms: int = 100, held_produce_max: int = 1000,
-                 budget: ProduceBudget | None = None) -> None:
+                 budget: ProduceBudget | None = None, on_fsync: Callable[[float], None] | None = None) -> None:
         self.tp = tp
         self.directory = directory
         self.hooks = hooks
         self.log = PartitionLog(directory, config=log_config)
-        self.coalescer = FlushCoalescer(self.log, debounce_ms=flush_debounce_ms)
+        self.coalescer = FlushCoalescer(self.log, debounce_ms=flush_debounce_ms, on_fsync=on_fsync)
         # Idempotent producers: from the newest snapshot plus the log past it (the
         # constructor runs in a worker thread: ReplicaManager._open); after a truncation
         # the table rebuilds itself in a worker thread (producer_state.py).

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Awaitable, Callable
 
 from common.errors import BiplaneError, ErrorCode
@@ -46,8 +47,10 @@ class Pusher:
 
     def __init__(self, *, broker_id: int, address_of: AddressOf, deliver: Deliver,
                  reconnect_backoff_ms: int = 100, connect_timeout_ms: int = 2000, inflight_requests_max: int = 256,
-                 max_frame_bytes: int = 64 * 1024 * 1024) -> None:
+                 max_frame_bytes: int = 64 * 1024 * 1024,
+                 on_round_trip: Callable[[float], None] | None = None) -> None:
         self.broker_id = broker_id
+        self.on_round_trip = on_round_trip  # seconds from writing an append-entries to its answer
         # A connect to a follower whose packets are dropped (a network cut) waits for the
         # kernel's SYN retries, minutes apart at the end; everything for that follower queues
         # behind it, so after the cut heals its partitions stayed out of the ISR until the
@@ -93,7 +96,8 @@ class Pusher:
         except (BiplaneError, OSError) as exc:
             self._failed(follower_id, tp, exc)
             return False
-        answer.add_done_callback(lambda f: self._answered(follower_id, tp, f))
+        sent = time.perf_counter()
+        answer.add_done_callback(lambda f: self._answered(follower_id, tp, f, sent))
         return True
 
     async def _connect_then_write(self, follower_id: int) -> None:
@@ -108,13 +112,15 @@ class Pusher:
             if not self._write(client, follower_id, tp, request):
                 return  # the rest is lost with the connection: the core's windows time out
 
-    def _answered(self, follower_id: int, tp: TopicPartition, answer: asyncio.Future) -> None:
+    def _answered(self, follower_id: int, tp: TopicPartition, answer: asyncio.Future, sent: float) -> None:
         if answer.cancelled():
             return
         exc = answer.exception()
         if exc is not None:
             self._failed(follower_id, tp, exc)
             return
+        if self.on_round_trip is not None:
+            self.on_round_trip(time.perf_counter() - sent)
         self.deliver(tp, append_reply_from_wire(answer.result()))
 
     def _failed(self, follower_id: int, tp: TopicPartition, exc: BaseException) -> None:

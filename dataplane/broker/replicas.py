@@ -35,6 +35,7 @@ from common.topic_partition import TopicPartition
 from common.usage import ReplicaUsage
 from dataplane.broker.budget import ProduceBudget
 from dataplane.broker.config import BrokerConfig
+from dataplane.broker.metrics import BrokerMetrics
 from dataplane.broker.partition import PartitionDriver, now_ms
 from dataplane.log.cleaner import CompactionConfig, IoThrottle
 from dataplane.log.interface import LogConfig
@@ -98,8 +99,9 @@ class ReplicaManager:
     def __init__(self, *, config: BrokerConfig, control: ControlClient, clean_start: bool,
                  send_fetch: Callable[[int, TopicPartition, FetchRequest], None],
                  send_append_entries: Callable[[int, TopicPartition, AppendEntries], None],
-                 refresh_metadata: Callable[[], None]) -> None:
+                 refresh_metadata: Callable[[], None], metrics: BrokerMetrics | None = None) -> None:
         self.config = config
+        self.metrics = metrics if metrics is not None else BrokerMetrics()
         self.broker_id = config.broker_id
         self.control = control
         self.clean_start = clean_start
@@ -168,9 +170,13 @@ class ReplicaManager:
         fenced = frozenset(r for r in info.replicas if not image.is_unfenced(r))
         key = (info.leader_epoch, info.partition_epoch, info.fenced_for_election, info.isr, info.replicas,
                topic.config, fenced)
-        if self._fed.get(info.tp) == key:
+        before = self._fed.get(info.tp)
+        if before == key:
             return
         self._fed[info.tp] = key
+        old_isr = before[3] if before is not None else None   # the ISR this replica was last fed
+        if old_isr is not None and old_isr != info.isr and info.leader == self.broker_id:
+            self.metrics.isr_changed(old_isr, info.isr)
         event = NewMetadata(partition=PartitionState.from_info(info),
                             config=ReplicationConfig.from_topic_config(topic.config), fenced_replicas=fenced)
         try:
@@ -188,7 +194,8 @@ class ReplicaManager:
                 hooks=self, unclean_start=(existed and not self.clean_start) or info.tp in self.reopening,
                 flush_debounce_ms=self.config.flush_debounce_ms,
                 fetch_max_bytes=self.config.partition_fetch_max_bytes,
-                push_heartbeat_ms=self.config.push_heartbeat_ms, budget=self.budget))
+                push_heartbeat_ms=self.config.push_heartbeat_ms, budget=self.budget,
+                on_fsync=self.metrics.observe_fsync))
         except (BiplaneError, OSError) as exc:
             # A full disk is logged once for the whole filesystem (dataplane/log/space.py) and
             # the open is tried again (dataplane/broker/offline.py): a warning here.
