@@ -152,3 +152,31 @@ class SnapshotInfo(_Answer):
 
 class SnapshotList(_Answer):
     snapshots: list[SnapshotInfo]
+
+
+class HealthProblem(_Answer):
+    """One thing an operator must look at. `check` names the rule (leaderless, under_min_isr,
+    under_replicated, fenced_broker, controller_no_leader, controller_disconnected)."""
+
+    check: str
+    severity: str                  # critical | degraded
+    message: str
+    topic: str | None = None
+    partition: int | None = None
+    broker_id: int | None = None
+    node_id: int | None = None
+
+
+class ClusterHealth(_Answer):
+    status: str                    # healthy | degraded | critical
+    healthy: bool
+    node_id: int                   # the controller that judged it
+    controller_leader: int | None
+    metadata_offset: int
+    leaderless_partitions: int
+    under_min_isr_partitions: int
+    under_replicated_partitions: int
+    fenced_brokers: int
+    controllers_disconnected: int
+    problems: list[HealthProblem]
+    problems_omitted: int = 0      # beyond the listed ones (the counts include them)

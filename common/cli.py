@@ -16,7 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "controller": ("controller.main:main", "run one controller node of the quorum"),
     "broker": ("dataplane.broker.main:main", "run a data-plane broker"),
     "topic": ("controller.admin_cli:topic_main", "create, list, describe, alter or delete topics; add partitions"),
-    "cluster": ("controller.admin_cli:cluster_main", "show the controller quorum and the brokers"),
+    "cluster": ("controller.admin_cli:cluster_main", "show the controller quorum, the brokers, the cluster's health"),
     "reassign": ("controller.admin_cli:reassign_main", "move partition replicas, or list reassignments"),
     "elect": ("controller.admin_cli:elect_main", "run a preferred-leader election"),
     "snapshot": ("controller.admin_cli:snapshot_main", "take or list controller snapshots"),

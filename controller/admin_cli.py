@@ -3,7 +3,7 @@
     biplane topic create NAME [--partitions N] [--replication-factor R] [--config k=v ...]
     biplane topic list | describe NAME | delete NAME | alter NAME [--set k=v ...] [--reset k ...]
     biplane topic add-partitions NAME --partitions N [--replica-assignment 1,2:2,3]
-    biplane cluster status | brokers
+    biplane cluster status | brokers | health
     biplane reassign TOPIC PARTITION BROKER[,BROKER...]    |  biplane reassign --list
     biplane elect [TOPIC:PARTITION ...]
     biplane snapshot take | list
@@ -261,6 +261,14 @@ def client_of(args: argparse.Namespace) -> ApiClient:
     return ApiClient(urls, token, timeout_s=args.timeout_ms / 1000, hint=hint)
 
 
+class Finished:
+    """What a command prints and the exit code it ends with, when that is not 0."""
+
+    def __init__(self, text: str, code: int) -> None:
+        self.text = text
+        self.code = code
+
+
 def run(fn, argv: list[str], prog: str, parser: argparse.ArgumentParser) -> int:
     args = parser.parse_args(argv)
     try:
@@ -268,9 +276,12 @@ def run(fn, argv: list[str], prog: str, parser: argparse.ArgumentParser) -> int:
     except CliError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 1
+    code = 0
+    if isinstance(out, Finished):
+        out, code = out.text, out.code
     if out is not None:
         print(out)
-    return 0
+    return code
 
 
 def emit(args: argparse.Namespace, doc: Any, text: str) -> str:
@@ -387,12 +398,51 @@ def topic_main(argv: list[str], prog: str) -> int:
     return run(go, argv, prog, parser)
 
 
-def cluster_main(argv: list[str], prog: str) -> int:
-    parser = common_parser(prog, "Show the controller quorum and the brokers.")
-    parser.add_argument("action", choices=("status", "brokers"),
-                        help="status: the controller quorum and its leader; brokers: every broker")
+EXIT_DEGRADED = 3
+EXIT_CRITICAL = 4
 
-    def go(args: argparse.Namespace, api: ApiClient) -> str:
+HEALTH_EPILOG = f"""\
+health exit codes:
+  0  healthy
+  1  the check itself failed (no controller answered, bad token)
+  {EXIT_DEGRADED}  degraded: under-replicated partitions (a replica out of the ISR), fenced brokers,
+     a controller not connected to the leader; everything still serves
+  {EXIT_CRITICAL}  critical: partitions without a leader, partitions whose ISR is below
+     min_insync_replicas (quorum topics: below quorum_required_acks) so acks=all is refused,
+     or no controller leader
+The health is judged by the controller leader (a follower redirects there)."""
+
+
+def health_text(doc: dict) -> str:
+    lines = [f"cluster {doc['status'].upper()} (judged by controller {doc['node_id']}, controller leader "
+             f"{doc['controller_leader'] if doc['controller_leader'] is not None else 'none'}, metadata offset "
+             f"{doc['metadata_offset']})",
+             f"  leaderless partitions:        {doc['leaderless_partitions']}",
+             f"  under-min-ISR partitions:     {doc['under_min_isr_partitions']}",
+             f"  under-replicated partitions:  {doc['under_replicated_partitions']}",
+             f"  fenced brokers:               {doc['fenced_brokers']}",
+             f"  controllers disconnected:     {doc['controllers_disconnected']}"]
+    if doc["problems"]:
+        lines.append("")
+        lines += [f"{p['severity'].upper():<9} {p['check']:<24} {p['message']}" for p in doc["problems"]]
+    if doc.get("problems_omitted"):
+        lines.append(f"... and {doc['problems_omitted']} more (--json lists the first ones too; the counts "
+                     "above include all)")
+    return "\n".join(lines)
+
+
+def cluster_main(argv: list[str], prog: str) -> int:
+    parser = common_parser(prog, "Show the controller quorum, the brokers, or the cluster's health.")
+    parser.epilog = HEALTH_EPILOG + "\n\n" + ADDRESS_EPILOG
+    parser.add_argument("action", choices=("status", "brokers", "health"),
+                        help="status: the controller quorum and its leader; brokers: every broker; "
+                             "health: what needs attention, with an exit code saying how bad (below)")
+
+    def go(args: argparse.Namespace, api: ApiClient) -> str | Finished:
+        if args.action == "health":
+            doc = api.call("GET", "/v1/cluster/health")
+            code = {"healthy": 0, "degraded": EXIT_DEGRADED}.get(doc["status"], EXIT_CRITICAL)
+            return Finished(emit(args, doc, health_text(doc)), code)
         if args.action == "status":
             doc = api.call("GET", "/v1/cluster")
             leader = (f"controller {doc['leader_id']} ({doc['leader_api_url']})" if doc["leader_id"] is not None

@@ -33,7 +33,7 @@ from common.requests import (
     PreferredElectionRequest,
     ReassignmentRequest,
 )
-from controller import core, rpc, views
+from controller import core, health, rpc, views
 from controller.http_edge import EarlyResponse, error_from_exception, error_response, read_model
 from controller.service import ControllerService
 
@@ -86,6 +86,23 @@ async def get_health(request: web.Request) -> web.Response:
        response=api_models.Cluster)
 async def get_cluster(request: web.Request) -> web.Response:
     return json_model(api_models.Cluster.model_validate(svc(request).cluster_view()))
+
+
+@route("GET", "/v1/cluster/health",
+       summary="leaderless, under-min-ISR and under-replicated partitions, fenced brokers and controller "
+               "quorum problems, judged by the leader (a follower redirects to it; with no leader known "
+               "it answers itself, saying so)",
+       response=api_models.ClusterHealth)
+async def get_cluster_health(request: web.Request) -> web.Response:
+    s = svc(request)
+    view = s.cluster_view()
+    leader = s.leader_node()
+    if not s.is_leader and leader is not None and leader.node_id != s.node_id and leader.api_url:
+        # The leader's image and its connections are the ones that count.
+        return not_leader_response(s, request.path_qs)
+    quorum = health.QuorumView(node_id=s.node_id, leader_id=view["leader_id"],
+                               controllers=tuple((c["node_id"], c["connected"]) for c in view["controllers"]))
+    return json_model(health.cluster_health(s.committed, quorum))
 
 
 @route("GET", "/v1/brokers", summary="registered brokers, fencing and last heartbeat",

@@ -35,6 +35,7 @@ from common.metadata.records import (
     NO_CHANGE,
     NO_LEADER,
     AddPartitions,
+    AlterBrokerState,
     AlterTopicConfig,
     ConfigChange,
     CreateTopic,
@@ -72,6 +73,10 @@ class BrokerInfo:
     fenced_offset: int | None = None
     kafka_port: int | None = None  # the broker's Kafka API listener (None: it has none)
     fence_reason: str = ""
+    # An operator's marks (AlterBrokerState), kept across re-registrations.
+    maintenance: bool = False
+    decommissioning: bool = False
+    decommissioned: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -174,6 +179,14 @@ class MetadataImage:
     def unfenced_broker_ids(self) -> list[int]:
         return sorted(b for b, info in self._brokers.items() if not info.fenced)
 
+    def in_maintenance(self, broker_id: int) -> bool:
+        info = self._brokers.get(broker_id)
+        return info is not None and info.maintenance
+
+    def placeable_broker_ids(self) -> list[int]:
+        """Brokers new replicas may go to: unfenced and not being decommissioned."""
+        return sorted(b for b, info in self._brokers.items() if not info.fenced and not info.decommissioning)
+
     def priority(self, broker_id: int) -> int:
         info = self._brokers.get(broker_id)
         return info.priority if info is not None else 0
@@ -226,12 +239,37 @@ class MetadataImage:
         return rejected
 
     def _register_broker(self, r: RegisterBroker) -> None:
-        self._brokers[r.broker_id] = BrokerInfo(
+        old = self._brokers.get(r.broker_id)
+        marks = {} if old is None else {"maintenance": old.maintenance, "decommissioning": old.decommissioning,
+                                        "decommissioned": old.decommissioned}
+        self._brokers[r.broker_id] = BrokerInfo(**marks,
             broker_id=r.broker_id, incarnation_id=r.incarnation_id, host=r.host, port=r.port,
             rack=r.rack, priority=r.priority, fenced=True, clean_shutdown=r.clean_shutdown,
             registered_offset=self._offset + 1, registered_at_ms=r.at_ms,
             fenced_at_ms=r.at_ms, fenced_offset=self._offset + 1, fence_reason="registered",
             kafka_port=r.kafka_port)
+
+    def _alter_broker_state(self, r: AlterBrokerState) -> None:
+        info = self._brokers.get(r.broker_id)
+        if info is None:
+            raise _reject(r, f"broker {r.broker_id} is not registered")
+        new = replace(info,
+                      maintenance=info.maintenance if r.maintenance is None else r.maintenance,
+                      decommissioning=info.decommissioning if r.decommissioning is None else r.decommissioning,
+                      decommissioned=info.decommissioned if r.decommissioned is None else r.decommissioned)
+        if new == info:
+            raise _reject(r, f"broker {r.broker_id}: change changes nothing")
+        if new.decommissioned and not info.decommissioned:
+            if not new.decommissioning:
+                raise _reject(r, f"broker {r.broker_id} is not being decommissioned")
+            if not info.fenced:
+                raise _reject(r, f"broker {r.broker_id} must be fenced before it is decommissioned")
+            for p in self.partitions():
+                if r.broker_id in p.replicas:
+                    raise _reject(r, f"broker {r.broker_id} still hosts {p.topic}-{p.partition}")
+        if new.decommissioned and not new.decommissioning:
+            raise _reject(r, f"broker {r.broker_id}: decommissioned needs decommissioning")
+        self._brokers[r.broker_id] = new
 
     def _fence_broker(self, r: FenceBroker) -> None:
         info = self._brokers.get(r.broker_id)
@@ -252,6 +290,8 @@ class MetadataImage:
             raise _reject(r, f"broker {r.broker_id} is not registered")
         if not info.fenced:
             raise _reject(r, f"broker {r.broker_id} is not fenced")
+        if info.decommissioned:
+            raise _reject(r, f"broker {r.broker_id} is decommissioned; recommission it first")
         if r.fenced_offset is not None and r.fenced_offset != info.fenced_offset:
             raise _reject(r, f"broker {r.broker_id} was fenced again at offset "
                              f"{info.fenced_offset}, after {r.fenced_offset}")
@@ -486,6 +526,7 @@ _HANDLERS: dict[type, Any] = {
     FenceBroker: MetadataImage._fence_broker,
     UnfenceBroker: MetadataImage._unfence_broker,
     UnregisterBroker: MetadataImage._unregister_broker,
+    AlterBrokerState: MetadataImage._alter_broker_state,
     CreateTopic: MetadataImage._create_topic,
     AddPartitions: MetadataImage._add_partitions,
     PartitionRecord: MetadataImage._partition_record,

@@ -24,6 +24,7 @@ import aiohttp
 from common.api_models import (
     BrokerList,
     Cluster,
+    ClusterHealth,
     Done,
     ElectionResult,
     Health,
@@ -131,6 +132,10 @@ class AdminClient:
 
     async def cluster(self) -> Cluster:
         return Cluster.model_validate(await self.call("GET", "/v1/cluster"))
+
+    async def cluster_health(self) -> ClusterHealth:
+        """Leaderless, under-min-ISR and under-replicated partitions, fenced brokers, quorum problems."""
+        return ClusterHealth.model_validate(await self.call("GET", "/v1/cluster/health"))
 
     async def brokers(self) -> BrokerList:
         return BrokerList.model_validate(await self.call("GET", "/v1/brokers"))
