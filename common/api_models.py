@@ -180,3 +180,26 @@ class ClusterHealth(_Answer):
     controllers_disconnected: int
     problems: list[HealthProblem]
     problems_omitted: int = 0      # beyond the listed ones (the counts include them)
+
+
+class PartitionOffsets(_Answer):
+    """A partition's offsets and size as its leader last reported them in a heartbeat (brokers
+    report usage about once a second); None where no report of the current leader has them."""
+
+    topic: str
+    partition: int
+    leader: int | None
+    log_start_offset: int | None = None
+    high_watermark: int | None = None
+    log_end_offset: int | None = None
+    size_bytes: int | None = None          # the leader's copy
+    replicas_size_bytes: int | None = None  # every replica that reported it, summed
+    reported_at_ms: int | None = None      # the leader's clock when it measured them
+    age_ms: int | None = None              # how long before this answer
+
+
+class TopicOffsets(_Answer):
+    topic: str
+    metadata_offset: int
+    at_ms: int                             # the controller's clock when it answered
+    partitions: list[PartitionOffsets]

@@ -155,6 +155,45 @@ def partition_rows(partitions: list[dict]) -> list[list[Any]]:
 PARTITION_HEADERS = ["TOPIC", "PARTITION", "LEADER", "REPLICAS", "ISR", "LEADER_EPOCH", "EPOCH", "ADDING", "REMOVING"]
 
 
+def human_bytes(n: int | None) -> str:
+    """1536 -> '1.5 KiB': binary units, three significant figures at most."""
+    if n is None:
+        return "-"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            if unit == "B":
+                return f"{n} B"
+            return f"{value:.3g} {unit}" if value < 1000 else f"{value:.0f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def human_age(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    return f"{ms} ms ago" if ms < 1000 else f"{ms / 1000:.1f} s ago"
+
+
+def describe_text(doc: dict, offsets: dict | None, offsets_error: str | None) -> str:
+    """A topic's config, then per partition its replica state and, from the leaders' reports,
+    its offsets and size."""
+    config = "\n".join(f"  {k} = {v}" for k, v in sorted(doc["config"].items()))
+    head = f"topic {doc['name']} (id {doc['topic_id']})\nconfig:\n{config}\n\n"
+    by_partition = {o["partition"]: o for o in (offsets or {}).get("partitions", [])}
+    rows = []
+    for row, p in zip(partition_rows(doc["partitions"]), doc["partitions"]):
+        o = by_partition.get(p["partition"], {})
+        rows.append(row + [o.get("log_start_offset"), o.get("high_watermark"), o.get("log_end_offset"),
+                           human_bytes(o.get("size_bytes")), human_age(o.get("age_ms"))])
+    text = head + table(rows, PARTITION_HEADERS + ["LOG_START", "HW", "LEO", "SIZE", "REPORTED"])
+    if offsets_error is not None:
+        return text + f"\n(no offsets or sizes: {offsets_error})"
+    return text + ("\nLOG_START, HW, LEO and SIZE (the leader's copy) are as each partition's leader last "
+                   "reported them in its heartbeat (about once a second), REPORTED ago; '-': no report from "
+                   "the current leader yet.")
+
+
 def parse_value(text: str) -> Any:
     if text.lower() in ("true", "false"):
         return text.lower() == "true"
@@ -338,7 +377,10 @@ def topic_main(argv: list[str], prog: str) -> int:
                         "(sets the partition count and replication factor)")
     sub.add_parser("list", help="list topics", description="List every topic.")
     d = sub.add_parser("describe", help="a topic's config and partitions",
-                       description="Show a topic's config and each partition's leader, replicas and ISR.")
+                       description="Show a topic's config and each partition's leader, replicas and ISR, and "
+                                   "its log start offset, high watermark, log end offset and size as the "
+                                   "partition's leader last reported them to the controller (brokers report "
+                                   "about once a second; the REPORTED column says how long ago).")
     d.add_argument("name", help="the topic")
     x = sub.add_parser("delete", help="delete a topic", description="Delete a topic and its data.")
     x.add_argument("name", help="the topic")
@@ -378,9 +420,12 @@ def topic_main(argv: list[str], prog: str) -> int:
         name = urllib.parse.quote(args.name, safe="")
         if args.action == "describe":
             doc = api.call("GET", f"/v1/topics/{name}")
-            config = "\n".join(f"  {k} = {v}" for k, v in sorted(doc["config"].items()))
-            return emit(args, doc, f"topic {doc['name']} (id {doc['topic_id']})\nconfig:\n{config}\n\n"
-                                   + table(partition_rows(doc["partitions"]), PARTITION_HEADERS))
+            offsets, offsets_error = None, None
+            try:
+                offsets = api.call("GET", f"/v1/topics/{name}/offsets")
+            except CliError as exc:
+                offsets_error = str(exc)
+            return emit(args, {**doc, "offsets": offsets}, describe_text(doc, offsets, offsets_error))
         if args.action == "delete":
             doc = api.call("DELETE", f"/v1/topics/{name}")
             return emit(args, doc, doc["result"])

@@ -49,11 +49,16 @@ ROUTES: list[dict] = []   # method, path, handler, summary, request model, respo
 
 
 def route(method: str, path: str, *, summary: str, request: type[BaseModel] | None = None,
-          response: type[BaseModel] | None = None, writes: bool = False, status: int = 200):
+          response: type[BaseModel] | None = None, writes: bool = False, status: int = 200,
+          leader_only: bool = False, errors: tuple[str, ...] = ()):
+    """`leader_only`: a read only the leader can answer (a follower redirects); `errors`: error
+    statuses the handler itself may answer, beyond those the route's kind implies."""
     def wrap(fn: Handler) -> Handler:
         ROUTES.append({"method": method, "path": path, "handler": fn, "summary": summary,
-                       "request": request, "response": response, "writes": writes, "status": status})
+                       "request": request, "response": response, "writes": writes, "status": status,
+                       "errors": errors + (("307", "503") if leader_only else ())})
         fn.writes = writes  # type: ignore[attr-defined]
+        fn.leader_only = leader_only  # type: ignore[attr-defined]
         return fn
     return wrap
 
@@ -92,7 +97,7 @@ async def get_cluster(request: web.Request) -> web.Response:
        summary="leaderless, under-min-ISR and under-replicated partitions, fenced brokers and controller "
                "quorum problems, judged by the leader (a follower redirects to it; with no leader known "
                "it answers itself, saying so)",
-       response=api_models.ClusterHealth)
+       response=api_models.ClusterHealth, errors=("307",))
 async def get_cluster_health(request: web.Request) -> web.Response:
     s = svc(request)
     view = s.cluster_view()
@@ -167,6 +172,20 @@ async def get_partitions(request: web.Request) -> web.Response:
     return json_model(api_models.PartitionList(topic=name, metadata_offset=image.offset,
                                                partitions=[views.partition_view(p)
                                                            for p in image.topic_partitions(name)]))
+
+
+@route("GET", "/v1/topics/{name}/offsets",
+       summary="log start offset, high watermark, log end offset and size per partition, as each leader "
+               "last reported them (about once a second); answered by the controller leader, which "
+               "receives the reports (a follower redirects)",
+       response=api_models.TopicOffsets, leader_only=True)
+async def get_offsets(request: web.Request) -> web.Response:
+    name = topic_name(request)
+    s = svc(request)
+    image = s.committed
+    if name not in image.topics:
+        raise UnknownTopicOrPartitionError(name)
+    return json_model(views.topic_offsets(image, name, s.usage, now_ms=s.clock_ms()))
 
 
 @route("POST", "/v1/topics/{name}/partitions",
@@ -349,7 +368,7 @@ def openapi_document() -> dict:
         for code in (["400"] if r["request"] or "{name}" in r["path"] else []) + \
                 (["401"] if r["path"] not in _PUBLIC_PATHS else []) + \
                 (["404"] if "{name}" in r["path"] else []) + \
-                (["307", "409", "503", "504"] if r["writes"] else []):
+                (["307", "409", "503", "504"] if r["writes"] else []) + list(r["errors"]):
             op["responses"][code] = err
         paths.setdefault(r["path"], {})[r["method"].lower()] = op
     return {

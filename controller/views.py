@@ -5,9 +5,18 @@ from __future__ import annotations
 import bisect
 from typing import Any, Mapping
 
-from common.api_models import BrokerList, BrokerView, PartitionView, TopicDetail, TopicList, TopicSummary
+from common.api_models import (
+    BrokerList,
+    BrokerView,
+    PartitionOffsets,
+    PartitionView,
+    TopicDetail,
+    TopicList,
+    TopicOffsets,
+    TopicSummary,
+)
 from common.metadata import MetadataImage
-from common.usage import BrokerUsage
+from common.usage import BrokerUsage, ReplicaUsage
 
 
 def partition_view(p: Any) -> PartitionView:
@@ -22,6 +31,32 @@ def topic_detail(image: MetadataImage, name: str, *, metadata_offset: int | None
     return TopicDetail(name=t.name, topic_id=t.topic_id, metadata_offset=metadata_offset,
                        config=t.config.model_dump(mode="json"),
                        partitions=[partition_view(p) for p in image.topic_partitions(name)])
+
+
+def topic_offsets(image: MetadataImage, name: str, usage: Mapping[int, BrokerUsage], *,
+                  now_ms: int) -> TopicOffsets:
+    """Each partition's offsets and size from its current leader's latest usage report: the
+    leader is the replica whose high watermark consumers read to."""
+    reported: dict[tuple[int, int], tuple[BrokerUsage, ReplicaUsage]] = {}
+    for broker_id, u in usage.items():
+        for r in u.replicas:
+            if r.topic == name:
+                reported[(broker_id, r.partition)] = (u, r)
+    out = []
+    for p in image.topic_partitions(name):
+        sizes = [reported[(b, p.partition)][1].size_bytes for b in p.replicas if (b, p.partition) in reported]
+        found = reported.get((p.leader, p.partition)) if p.leader is not None else None
+        if found is None:
+            out.append(PartitionOffsets(topic=name, partition=p.partition, leader=p.leader,
+                                        replicas_size_bytes=sum(sizes) if sizes else None))
+            continue
+        u, r = found
+        out.append(PartitionOffsets(topic=name, partition=p.partition, leader=p.leader,
+                                    log_start_offset=r.log_start_offset, high_watermark=r.high_watermark,
+                                    log_end_offset=r.log_end_offset, size_bytes=r.size_bytes,
+                                    replicas_size_bytes=sum(sizes), reported_at_ms=u.at_ms,
+                                    age_ms=max(0, now_ms - u.at_ms)))
+    return TopicOffsets(topic=name, metadata_offset=image.offset, at_ms=now_ms, partitions=out)
 
 
 def topic_list(image: MetadataImage) -> TopicList:

@@ -34,6 +34,7 @@ from common.api_models import (
     SnapshotList,
     TopicDetail,
     TopicList,
+    TopicOffsets,
 )
 from common.errors import AdminError, NoBrokersError
 
@@ -161,6 +162,11 @@ class AdminClient:
 
     async def describe_topic(self, name: str) -> TopicDetail:
         return TopicDetail.model_validate(await self.call("GET", f"/v1/topics/{_topic(name)}"))
+
+    async def topic_offsets(self, name: str) -> TopicOffsets:
+        """Log start offset, high watermark, log end offset and size per partition, as each
+        leader last reported them (about once a second; `age_ms` says how long ago)."""
+        return TopicOffsets.model_validate(await self.call("GET", f"/v1/topics/{_topic(name)}/offsets"))
 
     async def partitions(self, name: str) -> PartitionList:
         return PartitionList.model_validate(await self.call("GET", f"/v1/topics/{_topic(name)}/partitions"))
