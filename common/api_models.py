@@ -203,3 +203,21 @@ class TopicOffsets(_Answer):
     metadata_offset: int
     at_ms: int                             # the controller's clock when it answered
     partitions: list[PartitionOffsets]
+
+
+class BrokerOperations(_Answer):
+    """A broker's maintenance and decommission state, and what is left of each."""
+
+    broker_id: int
+    metadata_offset: int                   # the controller image this reflects
+    broker_metadata_offset: int | None     # the last metadata offset the broker said it applied
+    fenced: bool
+    maintenance: bool
+    decommissioning: bool
+    decommissioned: bool
+    leaders: int                           # partitions it leads
+    leaders_movable: int                   # of those, ones another in-sync replica can take
+    replicas: int                          # partitions listing it as a replica
+    replicas_moving: int                   # of those, ones being moved off it now
+    stuck: list[str] = []                  # what cannot move, and why
+    message: str                           # the state in one sentence

@@ -232,3 +232,9 @@ class MetadataAnswer(_Answer):
     offset: int                    # the committed offset this answer reflects
     records: list[MetadataEntry] | None = None
     image: dict[str, Any] | None = None   # MetadataImage.to_dict()
+
+
+class MaintenanceRequest(_Request):
+    """Turn a broker's maintenance mode on or off."""
+
+    enabled: bool

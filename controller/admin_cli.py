@@ -7,6 +7,7 @@
     biplane reassign TOPIC PARTITION BROKER[,BROKER...]    |  biplane reassign --list
     biplane elect [TOPIC:PARTITION ...]
     biplane snapshot take | list
+    biplane broker maintenance on|off ID | decommission ID | recommission ID | operations ID
 
 Every command takes --controller URL (env BIPLANE_CONTROLLER; several URLs may be
 given comma-separated, the first that answers is used), --token (env
@@ -303,7 +304,7 @@ def client_of(args: argparse.Namespace) -> ApiClient:
 class Finished:
     """What a command prints and the exit code it ends with, when that is not 0."""
 
-    def __init__(self, text: str, code: int) -> None:
+    def __init__(self, text: str | None, code: int) -> None:
         self.text = text
         self.code = code
 
@@ -315,12 +316,10 @@ def run(fn, argv: list[str], prog: str, parser: argparse.ArgumentParser) -> int:
     except CliError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 1
-    code = 0
-    if isinstance(out, Finished):
-        out, code = out.text, out.code
-    if out is not None:
-        print(out)
-    return code
+    finished = out if isinstance(out, Finished) else Finished(out, 0)
+    if finished.text is not None:
+        print(finished.text)
+    return finished.code
 
 
 def emit(args: argparse.Namespace, doc: Any, text: str) -> str:
@@ -503,6 +502,109 @@ def cluster_main(argv: list[str], prog: str) -> int:
               "fenced" if b["fenced"] else "active", b["leaders"], b["replicas"], b["metadata_offset"]]
              for b in doc["brokers"]],
             ["ID", "ADDRESS", "RACK", "PRIORITY", "STATE", "LEADERS", "REPLICAS", "METADATA_OFFSET"]))
+
+    return run(go, argv, prog, parser)
+
+
+WAIT_TIMEOUT_MS_DEFAULT = 600_000
+POLL_INTERVAL_S = 0.5
+
+
+def _wait(args: argparse.Namespace, api: ApiClient, broker_id: int, done, progress) -> dict:
+    """Poll the broker's operations until `done(doc)` says so; print `progress(doc)` to stderr
+    when it changes. CliError when --wait-timeout-ms passes first."""
+    deadline = time.monotonic() + args.wait_timeout_ms / 1000
+    said = None
+    while True:
+        doc = api.call("GET", f"/v1/brokers/{broker_id}/operations")
+        if done(doc):
+            return doc
+        line = progress(doc)
+        if line != said:
+            print(line, file=sys.stderr, flush=True)
+            said = line
+        if time.monotonic() >= deadline:
+            raise CliError(f"not done within --wait-timeout-ms {args.wait_timeout_ms}: {doc['message']}. It goes "
+                           f"on; watch it with `biplane broker operations {broker_id}`")
+        time.sleep(POLL_INTERVAL_S)
+
+
+def _stuck(doc: dict) -> str:
+    return "".join(f"\n  stays: {why}" for why in doc.get("stuck", []))
+
+
+def _maintenance_on(args: argparse.Namespace, api: ApiClient, doc: dict) -> dict:
+    """Wait until no leadership another replica could take is left on the broker, and then until
+    the broker itself has applied the metadata that moved them (it no longer acts as leader)."""
+    b = doc["broker_id"]
+    drained = _wait(args, api, b, lambda d: d["leaders_movable"] == 0,
+                    lambda d: f"broker {b}: {d['leaders_movable']} leadership(s) still to move")
+    moved_at = drained["metadata_offset"]
+    return _wait(args, api, b,
+                 lambda d: d["fenced"] or (d["broker_metadata_offset"] or -1) >= moved_at,
+                 lambda d: f"broker {b}: waiting for it to apply metadata offset {moved_at} "
+                           f"(it is at {d['broker_metadata_offset']})")
+
+
+def broker_main(argv: list[str], prog: str) -> int:
+    parser = common_parser(prog, "Take a broker out of leadership (maintenance), out of the cluster "
+                                 "(decommission), back in (recommission), or show where that stands.")
+    parser.epilog = ("`biplane broker --broker-id N ...` (no action) runs a broker process instead.\n\n"
+                     + ADDRESS_EPILOG)
+    sub = parser.add_subparsers(dest="action", required=True)
+    m = sub.add_parser("maintenance", help="drain (on) or allow again (off) a broker's leaderships",
+                       description="on: the broker is not elected leader while another eligible replica exists; "
+                                   "its leaderships move to other in-sync replicas (it stays in every ISR and "
+                                   "keeps replicating). Waits until they have moved and the broker applied it. "
+                                   "off: it may lead again; the preferred-leader rebalance hands its "
+                                   "leaderships back over time.")
+    m.add_argument("state", choices=("on", "off"), help="on or off")
+    d = sub.add_parser("decommission", help="move every replica off a broker, then fence it for good",
+                       description="Move every replica off the broker, each replaced by the least loaded live "
+                                   "broker not already in its replica set (a few partitions at a time), then "
+                                   "fence it; it stays fenced (stop its process then). Refused when the other "
+                                   "brokers cannot hold some partition's replication factor. Idempotent; "
+                                   "Ctrl-C stops only the waiting; `recommission` cancels.")
+    r = sub.add_parser("recommission", help="cancel a decommission",
+                       description="Cancel a decommission: moves still running go back to their original "
+                                   "replicas, moves already done stay, and a running broker is unfenced on "
+                                   "its next heartbeat.")
+    o = sub.add_parser("operations", help="a broker's maintenance and decommission state",
+                       description="Show a broker's maintenance and decommission state and what is left of them.")
+    for sp in (m, d, r, o):
+        sp.add_argument("broker_id", type=int, metavar="ID", help="the broker id")
+        add_address_args(sp, suppress=True)
+    for sp in (m, d):
+        sp.add_argument("--no-wait", action="store_true", help="return once the controller accepted it")
+        sp.add_argument("--wait-timeout-ms", type=int, default=WAIT_TIMEOUT_MS_DEFAULT,
+                        help=f"give up waiting after this long; the operation goes on (default "
+                             f"{WAIT_TIMEOUT_MS_DEFAULT})")
+
+    def go(args: argparse.Namespace, api: ApiClient) -> str:
+        b = args.broker_id
+        if b < 0:
+            raise CliError(f"broker id {b} must be >= 0")
+        if args.action == "operations":
+            doc = api.call("GET", f"/v1/brokers/{b}/operations")
+            return emit(args, doc, doc["message"] + _stuck(doc))
+        if args.action == "recommission":
+            doc = api.call("POST", f"/v1/brokers/{b}/recommission")
+            return emit(args, doc, f"{doc['message']} (recommissioned; {doc['replicas']} replica(s) on it)")
+        if args.action == "maintenance":
+            doc = api.call("POST", f"/v1/brokers/{b}/maintenance", {"enabled": args.state == "on"})
+            if args.state == "off" or args.no_wait:
+                return emit(args, doc, doc["message"])
+            doc = _maintenance_on(args, api, doc)
+            return emit(args, doc, f"broker {b} is in maintenance: leaderships drained; it leads "
+                                   f"{doc['leaders']} partition(s) no other replica can take" + _stuck(doc))
+        doc = api.call("POST", f"/v1/brokers/{b}/decommission")
+        if args.no_wait:
+            return emit(args, doc, doc["message"])
+        total = max(doc["replicas"], 1)
+        doc = _wait(args, api, b, lambda d: d["decommissioned"],
+                    lambda d: f"broker {b}: {total - d['replicas']} of {total} replica(s) moved off, "
+                              f"{d['replicas_moving']} moving" + _stuck(d))
+        return emit(args, doc, doc["message"])
 
     return run(go, argv, prog, parser)
 

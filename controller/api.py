@@ -24,10 +24,18 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from common import api_models
-from common.errors import BiplaneError, ErrorCode, NotControllerError, UnknownTopicOrPartitionError
+from common.errors import (
+    BiplaneError,
+    ErrorCode,
+    InvalidFieldError,
+    NotControllerError,
+    UnknownBrokerError,
+    UnknownTopicOrPartitionError,
+)
 from common.metadata import MetadataImage, PartitionChange, validate_topic_name
 from common.requests import (
     AddPartitionsRequest,
+    MaintenanceRequest,
     AlterConfigRequest,
     CreateTopicRequest,
     PreferredElectionRequest,
@@ -115,6 +123,66 @@ async def get_cluster_health(request: web.Request) -> web.Response:
 async def get_brokers(request: web.Request) -> web.Response:
     s = svc(request)
     return json_model(views.broker_list(s.committed, s.broker_offsets, s.usage))
+
+
+def broker_id_of(request: web.Request) -> int:
+    text = request.match_info["broker_id"]
+    if not text.isdigit() or len(text) > 9:
+        raise InvalidFieldError(f"broker id {text!r} in the path is not a broker id (a number like 2)",
+                                field="broker_id", value=text)
+    return int(text)
+
+
+def _broker_operations(s: ControllerService, broker_id: int, image: MetadataImage) -> web.Response:
+    if broker_id not in image.brokers:
+        raise UnknownBrokerError(broker_id)
+    return json_model(views.broker_operations(image, broker_id, s.broker_offsets.get(broker_id)))
+
+
+@route("GET", "/v1/brokers/{broker_id}/operations",
+       summary="a broker's maintenance and decommission state and what is left of them; answered by the "
+               "leader, which hears the broker's applied metadata offset (a follower redirects)",
+       response=api_models.BrokerOperations, leader_only=True)
+async def get_broker_operations(request: web.Request) -> web.Response:
+    s = svc(request)
+    return _broker_operations(s, broker_id_of(request), s.committed)
+
+
+async def _broker_write(request: web.Request, event: core.Event, broker_id: int) -> web.Response:
+    s = svc(request)
+    _, committed = await s.execute(event)
+    assert committed is not None, "a write waits for its commit"
+    return _broker_operations(s, broker_id, s.pending or s.committed)
+
+
+@route("POST", "/v1/brokers/{broker_id}/maintenance",
+       summary="turn maintenance mode on (drain the broker's leaderships to other in-sync replicas; it stays "
+               "in every ISR) or off; idempotent",
+       request=MaintenanceRequest, response=api_models.BrokerOperations, writes=True)
+async def post_maintenance(request: web.Request) -> web.Response:
+    broker_id = broker_id_of(request)
+    body = await read_model(request, MaintenanceRequest)
+    return await _broker_write(request, core.SetMaintenance(broker_id=broker_id, enabled=body.enabled), broker_id)
+
+
+@route("POST", "/v1/brokers/{broker_id}/decommission",
+       summary="move every replica off the broker (each to the least loaded live broker not already a "
+               "replica), then fence it for good; refused when the others cannot hold the replication "
+               "factor; idempotent",
+       response=api_models.BrokerOperations, writes=True)
+async def post_decommission(request: web.Request) -> web.Response:
+    broker_id = broker_id_of(request)
+    s = svc(request)
+    return await _broker_write(request, core.Decommission(broker_id=broker_id, now_ms=s.clock_ms()), broker_id)
+
+
+@route("POST", "/v1/brokers/{broker_id}/recommission",
+       summary="cancel a decommission: moves still running go back to their original replicas, and the "
+               "broker is unfenced on its next heartbeat; idempotent",
+       response=api_models.BrokerOperations, writes=True)
+async def post_recommission(request: web.Request) -> web.Response:
+    broker_id = broker_id_of(request)
+    return await _broker_write(request, core.Recommission(broker_id=broker_id), broker_id)
 
 
 @route("GET", "/v1/topics", summary="list topics", response=api_models.TopicList)
@@ -355,6 +423,9 @@ def openapi_document() -> dict:
         if "{name}" in r["path"]:
             op["parameters"] = [{"name": "name", "in": "path", "required": True,
                                  "schema": {"type": "string", "pattern": "^[A-Za-z0-9._-]{1,249}$"}}]
+        if "{broker_id}" in r["path"]:
+            op["parameters"] = [{"name": "broker_id", "in": "path", "required": True,
+                                 "schema": {"type": "string", "pattern": "^[0-9]{1,9}$"}}]
         if r["request"] is not None:
             op["requestBody"] = {"required": True, "content": {"application/json": {
                 "schema": {"$ref": f"#/components/schemas/{r['request'].__name__}"}}}}
@@ -365,7 +436,8 @@ def openapi_document() -> dict:
         op["responses"][str(r["status"])] = ok
         err = {"description": "error", "content": {"application/json": {
             "schema": {"$ref": "#/components/schemas/ErrorBody"}}}}
-        for code in (["400"] if r["request"] or "{name}" in r["path"] else []) + \
+        has_path_param = "{name}" in r["path"] or "{broker_id}" in r["path"]
+        for code in (["400"] if r["request"] or has_path_param else []) + \
                 (["401"] if r["path"] not in _PUBLIC_PATHS else []) + \
                 (["404"] if "{name}" in r["path"] else []) + \
                 (["307", "409", "503", "504"] if r["writes"] else []) + list(r["errors"]):

@@ -105,6 +105,23 @@ class ElectPreferred:
     partitions: tuple[tuple[str, int], ...] | None   # None: every partition
 
 
+@dataclass(frozen=True, kw_only=True)
+class SetMaintenance:
+    broker_id: int
+    enabled: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class Decommission:
+    broker_id: int
+    now_ms: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Recommission:
+    broker_id: int
+
+
 # ---- events: the leader's timer
 
 
@@ -114,7 +131,8 @@ class Tick:
 
 
 Event = Union[RegisterBroker, Heartbeat, AlterIsr, ReportElection, AllocateProducerIds, CreateTopic,
-              DeleteTopic, AddPartitions, AlterConfig, StartReassignment, ElectPreferred, Tick]
+              DeleteTopic, AddPartitions, AlterConfig, StartReassignment, ElectPreferred, SetMaintenance,
+              Decommission, Recommission, Tick]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -211,11 +229,21 @@ class ControllerCore:
     def _elect_preferred(self, image: MetadataImage, ev: ElectPreferred) -> Step:
         return Step(records=tuple(d.elect_preferred(image, ev.partitions)))
 
+    def _set_maintenance(self, image: MetadataImage, ev: SetMaintenance) -> Step:
+        return Step(records=tuple(d.set_maintenance(image, ev.broker_id, ev.enabled)))
+
+    def _decommission(self, image: MetadataImage, ev: Decommission) -> Step:
+        return Step(records=tuple(d.start_decommission(image, ev.broker_id, ev.now_ms)))
+
+    def _recommission(self, image: MetadataImage, ev: Recommission) -> Step:
+        return Step(records=tuple(d.recommission(image, ev.broker_id)))
+
     # ---- timer
 
     def _tick(self, image: MetadataImage, ev: Tick) -> Step:
-        # Sessions expire, shut-down brokers fence, caught-up brokers unfence, elections,
-        # reassignments, rebalance and the imbalance handback: in `decisions.periodic`'s order.
+        # Sessions expire, shut-down brokers fence, caught-up brokers unfence, elections, the
+        # maintenance drain, decommission moves, reassignments, rebalance and the imbalance
+        # handback: in `decisions.periodic`'s order.
         return Step(records=tuple(self.state.periodic(image, ev.now_ms)))
 
 
@@ -231,5 +259,8 @@ _HANDLERS: dict[type, Callable[..., Step]] = {
     AlterConfig: ControllerCore._alter_config,
     StartReassignment: ControllerCore._start_reassignment,
     ElectPreferred: ControllerCore._elect_preferred,
+    SetMaintenance: ControllerCore._set_maintenance,
+    Decommission: ControllerCore._decommission,
+    Recommission: ControllerCore._recommission,
     Tick: ControllerCore._tick,
 }

@@ -7,6 +7,7 @@ from typing import Any, Mapping
 
 from common.api_models import (
     BrokerList,
+    BrokerOperations,
     BrokerView,
     PartitionOffsets,
     PartitionView,
@@ -17,6 +18,7 @@ from common.api_models import (
 )
 from common.metadata import MetadataImage
 from common.usage import BrokerUsage, ReplicaUsage
+from controller.decisions import decommission_progress, maintenance_progress
 
 
 def partition_view(p: Any) -> PartitionView:
@@ -57,6 +59,29 @@ def topic_offsets(image: MetadataImage, name: str, usage: Mapping[int, BrokerUsa
                                     replicas_size_bytes=sum(sizes), reported_at_ms=u.at_ms,
                                     age_ms=max(0, now_ms - u.at_ms)))
     return TopicOffsets(topic=name, metadata_offset=image.offset, at_ms=now_ms, partitions=out)
+
+
+def broker_operations(image: MetadataImage, broker_id: int, broker_offset: int | None) -> BrokerOperations:
+    info = image.brokers[broker_id]
+    drain = maintenance_progress(image, broker_id)
+    moves = decommission_progress(image, broker_id)
+    if info.decommissioned:
+        message = f"broker {broker_id} is decommissioned: it hosts no replica and stays fenced"
+    elif info.decommissioning:
+        message = (f"broker {broker_id} is being decommissioned: {len(moves.hosted)} replica(s) left on it, "
+                   f"{len(moves.moving)} moving now")
+    elif info.maintenance:
+        message = (f"broker {broker_id} is in maintenance: it leads {len(drain.leaders)} partition(s), "
+                   f"{len(drain.movable)} of them still to move")
+    else:
+        message = f"broker {broker_id} is in service"
+    return BrokerOperations(
+        broker_id=broker_id, metadata_offset=image.offset, broker_metadata_offset=broker_offset,
+        fenced=info.fenced, maintenance=info.maintenance, decommissioning=info.decommissioning,
+        decommissioned=info.decommissioned, leaders=len(drain.leaders), leaders_movable=len(drain.movable),
+        replicas=len(moves.hosted), replicas_moving=len(moves.moving),
+        stuck=list((drain.stuck if info.maintenance else ()) + (moves.stuck if info.decommissioning else ()))[:100],
+        message=message)
 
 
 def topic_list(image: MetadataImage) -> TopicList:

@@ -29,6 +29,9 @@ def start_reassignment(image: MetadataImage, request: ReassignmentRequest) -> li
     for b in target:
         if b not in image.brokers:
             raise UnknownBrokerError(b, field="target_replicas")
+        if image.brokers[b].decommissioning and b not in p.replicas:
+            raise InvalidFieldError(f"broker {b} is being decommissioned; it takes no new replica "
+                                    f"(recommission it first)", field="target_replicas", value=target)
     if p.reassigning:
         raise InvalidFieldError(
             f"{p.topic}-{p.partition} is already moving to {list(p.target_replicas)}; "

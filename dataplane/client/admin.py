@@ -23,6 +23,7 @@ import aiohttp
 
 from common.api_models import (
     BrokerList,
+    BrokerOperations,
     Cluster,
     ClusterHealth,
     Done,
@@ -46,6 +47,12 @@ def _topic(name: str) -> str:
     if not isinstance(name, str) or not name:
         raise ValueError(f"topic name must be a non-empty string, not {name!r}")
     return quote(name, safe="")
+
+
+def _broker(broker_id: int) -> str:
+    if isinstance(broker_id, bool) or not isinstance(broker_id, int) or broker_id < 0:
+        raise ValueError(f"broker id must be an int >= 0, not {broker_id!r}")
+    return str(broker_id)
 
 
 class AdminClient:
@@ -140,6 +147,26 @@ class AdminClient:
 
     async def brokers(self) -> BrokerList:
         return BrokerList.model_validate(await self.call("GET", "/v1/brokers"))
+
+    async def broker_operations(self, broker_id: int) -> BrokerOperations:
+        """A broker's maintenance and decommission state and what is left of them."""
+        return BrokerOperations.model_validate(await self.call("GET", f"/v1/brokers/{_broker(broker_id)}/operations"))
+
+    async def set_maintenance(self, broker_id: int, enabled: bool) -> BrokerOperations:
+        """Maintenance on: the broker's leaderships move to other in-sync replicas (it stays in
+        every ISR); off: it may lead again. Returns at once; `broker_operations` shows progress."""
+        return BrokerOperations.model_validate(await self.call(
+            "POST", f"/v1/brokers/{_broker(broker_id)}/maintenance", {"enabled": enabled}))
+
+    async def decommission(self, broker_id: int) -> BrokerOperations:
+        """Move every replica off the broker, then fence it for good. Returns once started."""
+        return BrokerOperations.model_validate(await self.call(
+            "POST", f"/v1/brokers/{_broker(broker_id)}/decommission"))
+
+    async def recommission(self, broker_id: int) -> BrokerOperations:
+        """Cancel a decommission (moves still running go back)."""
+        return BrokerOperations.model_validate(await self.call(
+            "POST", f"/v1/brokers/{_broker(broker_id)}/recommission"))
 
     async def list_topics(self) -> TopicList:
         return TopicList.model_validate(await self.call("GET", "/v1/topics"))
