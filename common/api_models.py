@@ -221,3 +221,40 @@ class BrokerOperations(_Answer):
     replicas_moving: int                   # of those, ones being moved off it now
     stuck: list[str] = []                  # what cannot move, and why
     message: str                           # the state in one sentence
+
+
+class ReplicaCatchUp(_Answer):
+    """A replica a reassignment is adding: how far it is, as its broker last reported."""
+
+    broker_id: int
+    in_isr: bool
+    log_end_offset: int | None = None
+    size_bytes: int | None = None
+    offsets_behind: int | None = None      # the leader's log end offset minus its own
+    bytes_behind: int | None = None        # the leader's size minus its own (0 at least)
+
+
+class PartitionMove(_Answer):
+    topic: str
+    partition: int
+    replicas: list[int]
+    target_replicas: list[int]
+    adding: list[int]
+    removing: list[int]
+    leader: int | None
+    leader_log_end_offset: int | None = None
+    leader_size_bytes: int | None = None
+    moving: list[ReplicaCatchUp]
+
+
+class ReassignmentProgress(_Answer):
+    metadata_offset: int
+    at_ms: int
+    throttle_bytes_per_s: int | None       # the cluster's reassignment throttle (None: unthrottled)
+    partitions: list[PartitionMove]
+
+
+class ClusterConfigView(_Answer):
+    metadata_offset: int | None
+    config: dict[str, Any]                 # every key; None: not set (brokers use their own flags)
+    descriptions: dict[str, str]

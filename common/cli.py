@@ -17,8 +17,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "broker": ("dataplane.broker.main:main", "run a data-plane broker; or maintenance, decommission, "
                                              "recommission, operations of a running one"),
     "topic": ("controller.admin_cli:topic_main", "create, list, describe, alter or delete topics; add partitions"),
-    "cluster": ("controller.admin_cli:cluster_main", "show the controller quorum, the brokers, the cluster's health"),
-    "reassign": ("controller.admin_cli:reassign_main", "move partition replicas, or list reassignments"),
+    "cluster": ("controller.admin_cli:cluster_main", "show the controller quorum, the brokers, the cluster's health; dynamic cluster config"),
+    "reassign": ("controller.admin_cli:reassign_main", "move partition replicas (one, or a plan file with a throttle); progress, cancel, list"),
     "elect": ("controller.admin_cli:elect_main", "run a preferred-leader election"),
     "snapshot": ("controller.admin_cli:snapshot_main", "take or list controller snapshots"),
     "report": ("controller.report.cli:main", "capacity reports over controller snapshots (Spark)"),

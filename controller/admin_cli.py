@@ -5,6 +5,8 @@
     biplane topic add-partitions NAME --partitions N [--replica-assignment 1,2:2,3]
     biplane cluster status | brokers | health
     biplane reassign TOPIC PARTITION BROKER[,BROKER...]    |  biplane reassign --list
+    biplane reassign --plan FILE [--throttle 10MiB] | --progress | --cancel (--plan FILE | TOPIC PARTITION | --all)
+    biplane cluster config get [KEY] | set KEY VALUE | reset KEY
     biplane elect [TOPIC:PARTITION ...]
     biplane snapshot take | list
     biplane broker maintenance on|off ID | decommission ID | recommission ID | operations ID
@@ -445,6 +447,13 @@ def topic_main(argv: list[str], prog: str) -> int:
 EXIT_DEGRADED = 3
 EXIT_CRITICAL = 4
 
+def config_epilog() -> str:
+    from common.metadata.cluster_config import CLUSTER_CONFIG_MEANINGS
+    return ("dynamic cluster config (`biplane cluster config get|set|reset`), committed through the controllers'\n"
+            "Raft log and applied by every broker without a restart as it learns it:\n"
+            + "\n".join(f"  {k:<36} {v}" for k, v in CLUSTER_CONFIG_MEANINGS.items()))
+
+
 HEALTH_EPILOG = f"""\
 health exit codes:
   0  healthy
@@ -475,14 +484,48 @@ def health_text(doc: dict) -> str:
     return "\n".join(lines)
 
 
+def cluster_config_text(doc: dict, key: str | None = None) -> str:
+    rows = [[k, "-" if v is None else v, doc["descriptions"].get(k, "")]
+            for k, v in sorted(doc["config"].items()) if key is None or k == key]
+    return table(rows, ["KEY", "VALUE", "MEANING"]) + "\n('-': not set; each broker uses its own flag)"
+
+
+def cluster_config(args: argparse.Namespace, api: ApiClient) -> str:
+    words = args.words
+    verb = words[0] if words else "get"
+    if verb == "get" and len(words) <= 2:
+        doc = api.call("GET", "/v1/cluster/config")
+        key = words[1] if len(words) == 2 else None
+        if key is not None and key not in doc["config"]:
+            raise CliError(f"unknown cluster config key {key!r}; the keys are {', '.join(sorted(doc['config']))}")
+        return emit(args, doc, cluster_config_text(doc, key))
+    if verb == "set" and len(words) >= 3 and len(words) % 2 == 1:
+        changes = {words[i]: parse_value(words[i + 1]) for i in range(1, len(words), 2)}
+        doc = api.call("PATCH", "/v1/cluster/config", {"set": changes})
+        return emit(args, doc, f"cluster config updated (metadata offset {doc['metadata_offset']}); brokers apply "
+                               "it as they learn it\n" + cluster_config_text(doc))
+    if verb == "reset" and len(words) >= 2:
+        doc = api.call("PATCH", "/v1/cluster/config", {"reset": words[1:]})
+        return emit(args, doc, f"cluster config updated (metadata offset {doc['metadata_offset']})\n"
+                    + cluster_config_text(doc))
+    raise CliError("cluster config takes: get [KEY] | set KEY VALUE [KEY VALUE ...] | reset KEY [KEY ...]")
+
+
 def cluster_main(argv: list[str], prog: str) -> int:
     parser = common_parser(prog, "Show the controller quorum, the brokers, or the cluster's health.")
-    parser.epilog = HEALTH_EPILOG + "\n\n" + ADDRESS_EPILOG
-    parser.add_argument("action", choices=("status", "brokers", "health"),
+    parser.epilog = HEALTH_EPILOG + "\n\n" + config_epilog() + "\n\n" + ADDRESS_EPILOG
+    parser.add_argument("action", choices=("status", "brokers", "health", "config"),
                         help="status: the controller quorum and its leader; brokers: every broker; "
-                             "health: what needs attention, with an exit code saying how bad (below)")
+                             "health: what needs attention, with an exit code saying how bad (below); "
+                             "config: the dynamic cluster config (below)")
+    parser.add_argument("words", nargs="*", metavar="ARG",
+                        help="for config: get [KEY] | set KEY VALUE [KEY VALUE ...] | reset KEY [KEY ...]")
 
     def go(args: argparse.Namespace, api: ApiClient) -> str | Finished:
+        if args.action == "config":
+            return cluster_config(args, api)
+        if args.words:
+            raise CliError(f"`{args.action}` takes no arguments, got {' '.join(args.words)}")
         if args.action == "health":
             doc = api.call("GET", "/v1/cluster/health")
             code = {"healthy": 0, "degraded": EXIT_DEGRADED}.get(doc["status"], EXIT_CRITICAL)
@@ -609,19 +652,129 @@ def broker_main(argv: list[str], prog: str) -> int:
     return run(go, argv, prog, parser)
 
 
+_UNITS = {"": 1, "b": 1, "k": 1024, "kib": 1024, "m": 1024**2, "mib": 1024**2, "g": 1024**3, "gib": 1024**3}
+
+
+def parse_bytes(text: str, what: str) -> int:
+    """'10MiB', '512k', '1048576' -> bytes (binary units)."""
+    t = text.strip().lower().replace(" ", "").removesuffix("/s")
+    digits = t.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = t[len(digits):]
+    if not digits or unit not in _UNITS:
+        raise CliError(f"{what} {text!r} is not a size like 10485760, 512KiB or 10MiB")
+    try:
+        return int(float(digits) * _UNITS[unit])
+    except ValueError:
+        raise CliError(f"{what} {text!r} is not a size like 10485760, 512KiB or 10MiB") from None
+
+
+def read_plan(path: str) -> dict[str, Any]:
+    """A reassignment plan file as the API's body: {"version": 1, "partitions": [{"topic",
+    "partition", "replicas"}], "throttle_bytes_per_s"?}. Other fields of an entry (a capacity
+    report's bytes or time estimate, Kafka's log_dirs) are left out."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except OSError as exc:
+        raise CliError(f"cannot read the plan {path}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise CliError(f"the plan {path} is not JSON: {exc}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("partitions"), list) or not doc["partitions"]:
+        raise CliError(f"the plan {path} must be an object with a non-empty \"partitions\" list, like "
+                       '{"version": 1, "partitions": [{"topic": "t", "partition": 0, "replicas": [1, 2, 3]}]}')
+    if doc.get("version", 1) != 1:
+        raise CliError(f"the plan {path} has version {doc['version']!r}; this biplane reads version 1")
+    moves = []
+    for i, entry in enumerate(doc["partitions"]):
+        if not isinstance(entry, dict) or not all(k in entry for k in ("topic", "partition", "replicas")):
+            raise CliError(f"the plan {path}: partitions[{i}] must have topic, partition and replicas")
+        moves.append({k: entry[k] for k in ("topic", "partition", "replicas")})
+    body: dict[str, Any] = {"version": 1, "partitions": moves}
+    if doc.get("throttle_bytes_per_s") is not None:
+        body["throttle_bytes_per_s"] = doc["throttle_bytes_per_s"]
+    return body
+
+
+def progress_text(doc: dict) -> str:
+    throttle = doc["throttle_bytes_per_s"]
+    head = (f"reassignment throttle: {human_bytes(throttle) + '/s' if throttle else 'none'}; "
+            f"{len(doc['partitions'])} partition(s) moving")
+    rows = []
+    for p in doc["partitions"]:
+        for r in p["moving"] or [{"broker_id": None}]:
+            rows.append([p["topic"], p["partition"], ids(p["target_replicas"]), ids(p["removing"]), p["leader"],
+                         r.get("broker_id"), "yes" if r.get("in_isr") else "no", r.get("log_end_offset"),
+                         p.get("leader_log_end_offset"), r.get("offsets_behind"), human_bytes(r.get("size_bytes")),
+                         human_bytes(r.get("bytes_behind"))])
+    return head + ("\n" + table(rows, ["TOPIC", "PARTITION", "TARGET", "REMOVING", "LEADER", "NEW_REPLICA", "IN_ISR",
+                                       "ITS_LEO", "LEADER_LEO", "OFFSETS_BEHIND", "COPIED", "BYTES_BEHIND"])
+                   if rows else "") + ("\n(figures from the brokers' latest usage reports, about once a second)"
+                                        if rows else "")
+
+
+REASSIGN_EPILOG = """\
+plan file (--plan FILE), Kafka's reassignment JSON; `biplane report capacity` writes its move plan in it:
+  {"version": 1,
+   "partitions": [{"topic": "events", "partition": 0, "replicas": [2, 3, 4]}, ...],
+   "throttle_bytes_per_s": 10485760}
+replicas: the target replica list, preferred leader first. Other fields of an entry are ignored.
+throttle_bytes_per_s (or --throttle, which wins): how fast each broker may copy the replicas it is
+adding; it becomes the cluster's reassignment_throttle_bytes_per_s (`biplane cluster config`).
+The plan starts all or none: one refused move refuses it, naming the entry."""
+
+
 def reassign_main(argv: list[str], prog: str) -> int:
-    parser = common_parser(prog, "Move a partition's replicas to a target set, or list reassignments.")
+    parser = common_parser(prog, "Move partitions' replicas to target sets: one partition, or many from a plan "
+                                 "file with a replication throttle; show progress; cancel.")
+    parser.epilog = REASSIGN_EPILOG + "\n\n" + ADDRESS_EPILOG
     parser.add_argument("topic", nargs="?", help="the topic of the partition to move")
     parser.add_argument("partition", nargs="?", type=int, help="the partition number")
     parser.add_argument("replicas", nargs="?", help="target broker ids, comma-separated, preferred leader first")
     parser.add_argument("--list", action="store_true", help="list partitions being reassigned")
+    parser.add_argument("--plan", metavar="FILE", help="start (or with --cancel, cancel) every move in FILE")
+    parser.add_argument("--throttle", metavar="BYTES_PER_S",
+                        help="with --plan: replication throttle for the catch-up, e.g. 10MiB (per broker)")
+    parser.add_argument("--progress", action="store_true",
+                        help="each moving replica's log end offset and bytes copied against the leader's")
+    parser.add_argument("--cancel", action="store_true",
+                        help="send reassignments back to their original replica sets: those of --plan FILE, "
+                             "of TOPIC PARTITION, or with --all every running one")
+    parser.add_argument("--all", action="store_true", help="with --cancel: every running reassignment")
 
     def go(args: argparse.Namespace, api: ApiClient) -> str:
+        if args.progress:
+            doc = api.call("GET", "/v1/reassignments/progress")
+            return emit(args, doc, progress_text(doc))
+        if args.cancel:
+            body: dict[str, Any]
+            if args.plan:
+                body = {"partitions": [{"topic": m["topic"], "partition": m["partition"]}
+                                       for m in read_plan(args.plan)["partitions"]]}
+            elif args.topic is not None and args.partition is not None:
+                body = {"partitions": [{"topic": args.topic, "partition": args.partition}]}
+            elif args.all:
+                body = {"partitions": None}
+            else:
+                raise CliError("--cancel needs --plan FILE, TOPIC PARTITION, or --all")
+            doc = api.call("POST", "/v1/reassignments/cancel", body)
+            return emit(args, doc, f"cancelled {len(doc['reassignments'])} reassignment(s); their replicas now:\n"
+                        + table(partition_rows(doc["reassignments"]), PARTITION_HEADERS))
+        if args.plan:
+            body = read_plan(args.plan)
+            if args.throttle:
+                body["throttle_bytes_per_s"] = parse_bytes(args.throttle, "--throttle")
+            doc = api.call("POST", "/v1/reassignments/plan", body)
+            throttle = body.get("throttle_bytes_per_s")
+            return emit(args, doc, f"started {len(doc['reassignments'])} reassignment(s)"
+                        + (f" at a throttle of {human_bytes(throttle)}/s per broker" if throttle else "")
+                        + "; follow with --progress\n" + table(partition_rows(doc["reassignments"]), PARTITION_HEADERS))
+        if args.throttle:
+            raise CliError("--throttle goes with --plan FILE")
         if args.list or args.topic is None:
             doc = api.call("GET", "/v1/reassignments")
             return emit(args, doc, table(partition_rows(doc["reassignments"]), PARTITION_HEADERS))
         if args.partition is None or not args.replicas:
-            raise CliError("give TOPIC PARTITION BROKER[,BROKER...], or --list")
+            raise CliError("give TOPIC PARTITION BROKER[,BROKER...], or --plan FILE, --progress, --cancel or --list")
         try:
             target = [int(b) for b in args.replicas.split(",")]
         except ValueError:

@@ -35,7 +35,10 @@ from common.errors import (
 from common.metadata import MetadataImage, PartitionChange, validate_topic_name
 from common.requests import (
     AddPartitionsRequest,
+    CancelReassignmentsRequest,
+    ClusterConfigRequest,
     MaintenanceRequest,
+    ReassignmentPlanRequest,
     AlterConfigRequest,
     CreateTopicRequest,
     PreferredElectionRequest,
@@ -285,6 +288,67 @@ async def get_reassignments(request: web.Request) -> web.Response:
     return json_model(api_models.ReassignmentList(
         metadata_offset=image.offset,
         reassignments=[views.partition_view(p) for p in image.partitions() if p.adding or p.removing]))
+
+
+def _moved(s: ControllerService, committed_records: tuple, metadata_offset: int | None) -> web.Response:
+    image = s.pending or s.committed
+    changed = sorted({(r.topic, r.partition) for r in committed_records if isinstance(r, PartitionChange)})
+    return json_model(api_models.ReassignmentList(
+        metadata_offset=metadata_offset if metadata_offset is not None else image.offset,
+        reassignments=[views.partition_view(image.partition(t, p)) for t, p in changed]), status=202)
+
+
+@route("POST", "/v1/reassignments/plan",
+       summary="move many partitions at once, all or none (Kafka's reassignment JSON: version, partitions "
+               "[{topic, partition, replicas}]), with an optional replication throttle in bytes/s for the "
+               "catch-up (it becomes the cluster's reassignment_throttle_bytes_per_s)",
+       request=ReassignmentPlanRequest, response=api_models.ReassignmentList, writes=True, status=202)
+async def post_reassignment_plan(request: web.Request) -> web.Response:
+    body = await read_model(request, ReassignmentPlanRequest)
+    s = svc(request)
+    _, committed = await s.execute(core.StartPlan(request=body))
+    assert committed is not None, "a write waits for its commit"
+    return _moved(s, committed.records, committed.last_offset)
+
+
+@route("POST", "/v1/reassignments/cancel",
+       summary="cancel reassignments (the named partitions, or every running one): each goes back to its "
+               "original replica set, all or none",
+       request=CancelReassignmentsRequest, response=api_models.ReassignmentList, writes=True, status=202)
+async def post_reassignment_cancel(request: web.Request) -> web.Response:
+    body = await read_model(request, CancelReassignmentsRequest)
+    s = svc(request)
+    _, committed = await s.execute(core.CancelReassignments(request=body))
+    assert committed is not None, "a write waits for its commit"
+    return _moved(s, committed.records, committed.last_offset)
+
+
+@route("GET", "/v1/reassignments/progress",
+       summary="every running reassignment with each added replica's log end offset and size against the "
+               "leader's, from the brokers' latest usage reports (the leader answers; a follower redirects)",
+       response=api_models.ReassignmentProgress, leader_only=True)
+async def get_reassignment_progress(request: web.Request) -> web.Response:
+    s = svc(request)
+    return json_model(views.reassignment_progress(s.committed, s.usage, now_ms=s.clock_ms()))
+
+
+@route("GET", "/v1/cluster/config", summary="the dynamic cluster config: every key, set or not",
+       response=api_models.ClusterConfigView)
+async def get_cluster_config(request: web.Request) -> web.Response:
+    image = _image(request)
+    return json_model(views.cluster_config_view(image, metadata_offset=image.offset))
+
+
+@route("PATCH", "/v1/cluster/config",
+       summary="set or unset dynamic cluster config keys, checked as a whole and committed through Raft; "
+               "brokers apply them live as they learn the record",
+       request=ClusterConfigRequest, response=api_models.ClusterConfigView, writes=True)
+async def patch_cluster_config(request: web.Request) -> web.Response:
+    body = await read_model(request, ClusterConfigRequest)
+    s = svc(request)
+    _, committed = await s.execute(core.AlterClusterConfig(request=body))
+    assert committed is not None, "a write waits for its commit"
+    return json_model(views.cluster_config_view(s.pending or s.committed, metadata_offset=committed.last_offset))
 
 
 @route("POST", "/v1/elections/preferred", summary="move leadership to preferred replicas",

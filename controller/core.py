@@ -30,9 +30,12 @@ from common.requests import (
     AllocateProducerIdsRequest,
     AlterConfigRequest,
     AlterIsrRequest,
+    CancelReassignmentsRequest,
+    ClusterConfigRequest,
     CreateTopicRequest,
     ElectionReport,
     HeartbeatRequest,
+    ReassignmentPlanRequest,
     ReassignmentRequest,
     RegisterBrokerRequest,
 )
@@ -101,6 +104,21 @@ class StartReassignment:
 
 
 @dataclass(frozen=True, kw_only=True)
+class StartPlan:
+    request: ReassignmentPlanRequest
+
+
+@dataclass(frozen=True, kw_only=True)
+class CancelReassignments:
+    request: CancelReassignmentsRequest
+
+
+@dataclass(frozen=True, kw_only=True)
+class AlterClusterConfig:
+    request: ClusterConfigRequest
+
+
+@dataclass(frozen=True, kw_only=True)
 class ElectPreferred:
     partitions: tuple[tuple[str, int], ...] | None   # None: every partition
 
@@ -131,8 +149,8 @@ class Tick:
 
 
 Event = Union[RegisterBroker, Heartbeat, AlterIsr, ReportElection, AllocateProducerIds, CreateTopic,
-              DeleteTopic, AddPartitions, AlterConfig, StartReassignment, ElectPreferred, SetMaintenance,
-              Decommission, Recommission, Tick]
+              DeleteTopic, AddPartitions, AlterConfig, StartReassignment, StartPlan, CancelReassignments,
+              AlterClusterConfig, ElectPreferred, SetMaintenance, Decommission, Recommission, Tick]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -226,6 +244,15 @@ class ControllerCore:
     def _start_reassignment(self, image: MetadataImage, ev: StartReassignment) -> Step:
         return Step(records=tuple(d.start_reassignment(image, ev.request)))
 
+    def _start_plan(self, image: MetadataImage, ev: StartPlan) -> Step:
+        return Step(records=tuple(d.start_plan(image, ev.request)))
+
+    def _cancel_reassignments(self, image: MetadataImage, ev: CancelReassignments) -> Step:
+        return Step(records=tuple(d.cancel_many(image, ev.request)))
+
+    def _alter_cluster_config(self, image: MetadataImage, ev: AlterClusterConfig) -> Step:
+        return Step(records=tuple(d.alter_cluster_config(image, ev.request)))
+
     def _elect_preferred(self, image: MetadataImage, ev: ElectPreferred) -> Step:
         return Step(records=tuple(d.elect_preferred(image, ev.partitions)))
 
@@ -258,6 +285,9 @@ _HANDLERS: dict[type, Callable[..., Step]] = {
     AddPartitions: ControllerCore._add_partitions,
     AlterConfig: ControllerCore._alter_config,
     StartReassignment: ControllerCore._start_reassignment,
+    StartPlan: ControllerCore._start_plan,
+    CancelReassignments: ControllerCore._cancel_reassignments,
+    AlterClusterConfig: ControllerCore._alter_cluster_config,
     ElectPreferred: ControllerCore._elect_preferred,
     SetMaintenance: ControllerCore._set_maintenance,
     Decommission: ControllerCore._decommission,

@@ -8,6 +8,10 @@ from typing import Any, Mapping
 from common.api_models import (
     BrokerList,
     BrokerOperations,
+    ClusterConfigView,
+    PartitionMove,
+    ReassignmentProgress,
+    ReplicaCatchUp,
     BrokerView,
     PartitionOffsets,
     PartitionView,
@@ -17,6 +21,7 @@ from common.api_models import (
     TopicSummary,
 )
 from common.metadata import MetadataImage
+from common.metadata.cluster_config import CLUSTER_CONFIG_MEANINGS
 from common.usage import BrokerUsage, ReplicaUsage
 from controller.decisions import decommission_progress, maintenance_progress
 
@@ -82,6 +87,42 @@ def broker_operations(image: MetadataImage, broker_id: int, broker_offset: int |
         replicas=len(moves.hosted), replicas_moving=len(moves.moving),
         stuck=list((drain.stuck if info.maintenance else ()) + (moves.stuck if info.decommissioning else ()))[:100],
         message=message)
+
+
+def cluster_config_view(image: MetadataImage, *, metadata_offset: int | None) -> ClusterConfigView:
+    return ClusterConfigView(metadata_offset=metadata_offset, config=image.cluster_config.model_dump(mode="json"),
+                             descriptions=dict(CLUSTER_CONFIG_MEANINGS))
+
+
+def reassignment_progress(image: MetadataImage, usage: Mapping[int, BrokerUsage], *,
+                          now_ms: int) -> ReassignmentProgress:
+    """Every running reassignment, with each added replica's catch-up against the leader, from
+    the brokers' latest usage reports (about once a second)."""
+    reported: dict[tuple[int, str, int], ReplicaUsage] = {}
+    for broker_id, u in usage.items():
+        for r in u.replicas:
+            reported[(broker_id, r.topic, r.partition)] = r
+    moves = []
+    for p in image.partitions():
+        if not p.reassigning:
+            continue
+        lead = reported.get((p.leader, p.topic, p.partition)) if p.leader is not None else None
+        moving = []
+        for b in p.adding:
+            mine = reported.get((b, p.topic, p.partition))
+            moving.append(ReplicaCatchUp(
+                broker_id=b, in_isr=b in p.isr,
+                log_end_offset=mine.log_end_offset if mine else None, size_bytes=mine.size_bytes if mine else None,
+                offsets_behind=max(0, lead.log_end_offset - mine.log_end_offset) if mine and lead else None,
+                bytes_behind=max(0, lead.size_bytes - mine.size_bytes) if mine and lead else None))
+        moves.append(PartitionMove(topic=p.topic, partition=p.partition, replicas=list(p.replicas),
+                                   target_replicas=list(p.target_replicas), adding=list(p.adding),
+                                   removing=list(p.removing), leader=p.leader,
+                                   leader_log_end_offset=lead.log_end_offset if lead else None,
+                                   leader_size_bytes=lead.size_bytes if lead else None, moving=moving))
+    return ReassignmentProgress(metadata_offset=image.offset, at_ms=now_ms,
+                                throttle_bytes_per_s=image.cluster_config.reassignment_throttle_bytes_per_s,
+                                partitions=moves)
 
 
 def topic_list(image: MetadataImage) -> TopicList:

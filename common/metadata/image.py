@@ -30,12 +30,14 @@ from typing import Any, Iterator, Mapping
 from pydantic import ValidationError
 
 from common.errors import InvalidFieldError, RecordRejected, UnknownTopicOrPartitionError
+from common.metadata.cluster_config import ClusterConfig, apply_cluster_config_changes
 from common.metadata.config import TopicConfig, apply_config_changes, validate_topic_name
 from common.metadata.records import (
     NO_CHANGE,
     NO_LEADER,
     AddPartitions,
     AlterBrokerState,
+    AlterClusterConfig,
     AlterTopicConfig,
     ConfigChange,
     CreateTopic,
@@ -122,10 +124,11 @@ def _reject(record: Record, reason: str) -> RecordRejected:
 class MetadataImage:
     """Brokers, topics, partitions and producer-id blocks at one metadata offset."""
 
-    __slots__ = ("_offset", "_brokers", "_topics", "_partitions", "_producer_id_next")
+    __slots__ = ("_offset", "_brokers", "_topics", "_partitions", "_producer_id_next", "_cluster_config")
 
     def __init__(self) -> None:
         self._offset = -1
+        self._cluster_config = ClusterConfig()
         self._brokers: dict[int, BrokerInfo] = {}
         self._topics: dict[str, TopicInfo] = {}
         self._partitions: dict[str, tuple[PartitionInfo, ...]] = {}
@@ -145,6 +148,11 @@ class MetadataImage:
     @property
     def topics(self) -> Mapping[str, TopicInfo]:
         return MappingProxyType(self._topics)
+
+    @property
+    def cluster_config(self) -> ClusterConfig:
+        """Dynamic cluster settings (common/metadata/cluster_config.py); unset keys are None."""
+        return self._cluster_config
 
     @property
     def producer_id_next(self) -> int:
@@ -198,6 +206,7 @@ class MetadataImage:
         other._topics = dict(self._topics)
         other._partitions = dict(self._partitions)
         other._producer_id_next = self._producer_id_next
+        other._cluster_config = self._cluster_config
         return other
 
     def __eq__(self, other: object) -> bool:
@@ -205,7 +214,8 @@ class MetadataImage:
             return NotImplemented
         return (self._offset == other._offset and self._brokers == other._brokers
                 and self._topics == other._topics and self._partitions == other._partitions
-                and self._producer_id_next == other._producer_id_next)
+                and self._producer_id_next == other._producer_id_next
+                and self._cluster_config == other._cluster_config)
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -437,6 +447,12 @@ class MetadataImage:
             raise _reject(r, str(exc)) from None
         self._topics[r.topic] = replace(topic, config=config)
 
+    def _alter_cluster_config(self, r: AlterClusterConfig) -> None:
+        try:
+            self._cluster_config = apply_cluster_config_changes(self._cluster_config, r.changes)
+        except InvalidFieldError as exc:
+            raise _reject(r, str(exc)) from None
+
     def _producer_id_block(self, r: ProducerIdBlock) -> None:
         if r.broker_id not in self._brokers:
             raise _reject(r, f"broker {r.broker_id} is not registered")
@@ -456,6 +472,7 @@ class MetadataImage:
             "version": IMAGE_FORMAT_VERSION,
             "offset": self._offset,
             "producer_id_next": self._producer_id_next,
+            "cluster_config": self._cluster_config.model_dump(mode="json", exclude_none=True),
             "brokers": [asdict(self._brokers[b]) for b in sorted(self._brokers)],
             "topics": [
                 {
@@ -479,6 +496,7 @@ class MetadataImage:
         try:
             image._offset = int(d["offset"])
             image._producer_id_next = int(d["producer_id_next"])
+            image._cluster_config = ClusterConfig.model_validate(d.get("cluster_config", {}))
             for b in d["brokers"]:
                 info = BrokerInfo(**b)
                 image._brokers[info.broker_id] = info
@@ -534,6 +552,7 @@ _HANDLERS: dict[type, Any] = {
     DeleteTopic: MetadataImage._delete_topic,
     ConfigChange: MetadataImage._config_change,
     AlterTopicConfig: MetadataImage._config_change,
+    AlterClusterConfig: MetadataImage._alter_cluster_config,
     ProducerIdBlock: MetadataImage._producer_id_block,
     NoOp: MetadataImage._noop,
 }

@@ -178,6 +178,14 @@ class AlterTopicConfig(_Record):
     changes: dict[str, str | int | bool | None] = Field(min_length=1)
 
 
+class AlterClusterConfig(_Record):
+    """Set (or with value None, unset) dynamic cluster config keys, checked as a whole
+    (common/metadata/cluster_config.py)."""
+
+    type: Literal["alter_cluster_config"] = "alter_cluster_config"
+    changes: dict[str, str | int | bool | None] = Field(min_length=1)
+
+
 class ProducerIdBlock(_Record):
     """Producer ids [first_id, first_id + size) now belong to `broker_id`."""
 
@@ -200,14 +208,14 @@ class NoOp(_Record):
 Record = Annotated[
     Union[RegisterBroker, FenceBroker, UnfenceBroker, UnregisterBroker, AlterBrokerState, CreateTopic,
           AddPartitions, PartitionRecord, PartitionChange, DeleteTopic, ConfigChange, AlterTopicConfig,
-          ProducerIdBlock, NoOp],
+          AlterClusterConfig, ProducerIdBlock, NoOp],
     Field(discriminator="type"),
 ]
 
 RECORD_TYPES: tuple[type[BaseModel], ...] = (
     RegisterBroker, FenceBroker, UnfenceBroker, UnregisterBroker, AlterBrokerState, CreateTopic,
     AddPartitions, PartitionRecord, PartitionChange, DeleteTopic, ConfigChange, AlterTopicConfig,
-    ProducerIdBlock, NoOp)
+    AlterClusterConfig, ProducerIdBlock, NoOp)
 
 # cast: mypy with pydantic 2.14 takes an Annotated union for a special form, not a type.
 _adapter: TypeAdapter[Any] = TypeAdapter(cast(Any, Record))

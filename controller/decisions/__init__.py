@@ -21,6 +21,7 @@ from controller.decisions.elections import (
     fence_for_election,
     move_fenced_leaders,
 )
+from controller.decisions.cluster_config import alter_cluster_config
 from controller.decisions.decommission import (
     DecommissionProgress,
     decommission_moves,
@@ -40,8 +41,10 @@ from controller.decisions.placement import place_replicas
 from controller.decisions.plan import Plan
 from controller.decisions.producer_ids import allocate_producer_ids
 from controller.decisions.reassignment import (
+    cancel_many,
     cancel_reassignment,
     progress_reassignments,
+    start_plan,
     start_reassignment,
 )
 from controller.decisions.rebalance import (
@@ -73,7 +76,7 @@ __all__ = [
     "periodic", "ControllerState", "LeaderSettings", "BrokerSessions", "QuorumElectionTracker",
     "IntervalTimer", "LeaderImbalanceCheck", "BrokerImbalance", "MaintenanceDrain", "MaintenanceProgress",
     "DecommissionProgress", "decommission_moves", "decommission_progress", "drain_leaders", "maintenance_progress",
-    "recommission", "set_maintenance", "start_decommission",
+    "recommission", "set_maintenance", "start_decommission", "alter_cluster_config", "cancel_many", "start_plan",
     "add_partitions", "alter_config", "alter_isr", "allocate_producer_ids", "cancel_reassignment",
     "check_heartbeat", "create_topic", "delete_topic", "elect_imbalanced", "elect_isr_leader", "elect_leaders",
     "elect_preferred", "elect_quorum", "fence_broker", "fence_expired", "fence_shutting_down", "fence_for_election",

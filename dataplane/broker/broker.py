@@ -19,6 +19,7 @@ from aiohttp import web
 from common.control_client import ControlClient
 from common.eventloop import LoopStalls, LoopWatchdog
 from common.errors import BiplaneError
+from common.metadata.image import MetadataImage
 from common.tasks import cancel_and_wait
 from common.topic_partition import TopicPartition
 from common.usage import BrokerUsage
@@ -146,6 +147,7 @@ class Broker:
                                                request_timeout_ms=c.request_timeout_ms,
                                                heartbeat_timeout_ms=c.heartbeat_timeout_ms))
         self._heartbeats.start()
+        self.learner.add_listener(self._apply_cluster_config)
         self.learner.add_listener(self.replicas.on_metadata)
         loop = asyncio.get_running_loop()
         offline = OfflineRecovery(self.replicas, lambda: learner.image, data_dir=c.data_dir,
@@ -157,6 +159,14 @@ class Broker:
             self._tasks.append(task)
         log.info("broker %d listening on %s:%d (clean_start=%s)", c.broker_id, c.host, self.port, clean,
                  extra={"event": "broker.started"})
+
+    def _apply_cluster_config(self, image: MetadataImage) -> None:
+        """Dynamic cluster config, live: the reassignment throttle and the partitions it paces
+        (those this broker is adding); the cleaner and the Kafka listener read the image
+        themselves."""
+        assert self.fetcher is not None
+        adding = frozenset(p.tp for p in image.partitions() if self.config.broker_id in p.adding)
+        self.fetcher.configure_throttle(image.cluster_config.reassignment_throttle_bytes_per_s, adding)
 
     async def _heartbeat_support(self) -> None:
         """What the heartbeat thread needs from the loop: usage figures computed here (the

@@ -24,6 +24,8 @@ import aiohttp
 from common.api_models import (
     BrokerList,
     BrokerOperations,
+    ClusterConfigView,
+    ReassignmentProgress,
     Cluster,
     ClusterHealth,
     Done,
@@ -219,6 +221,36 @@ class AdminClient:
         return PartitionList.model_validate(await self.call(
             "POST", "/v1/reassignments",
             {"topic": topic, "partition": partition, "target_replicas": list(target_replicas)}))
+
+    async def reassign_plan(self, moves: Sequence[tuple[str, int, Sequence[int]]], *,
+                            throttle_bytes_per_s: int | None = None) -> ReassignmentList:
+        """Move many partitions at once, all or none: (topic, partition, target replicas) each.
+        A throttle paces the new replicas' catch-up (the cluster's reassignment_throttle_bytes_per_s)."""
+        body: dict[str, Any] = {"version": 1, "partitions": [
+            {"topic": t, "partition": p, "replicas": list(r)} for t, p, r in moves]}
+        if throttle_bytes_per_s is not None:
+            body["throttle_bytes_per_s"] = throttle_bytes_per_s
+        return ReassignmentList.model_validate(await self.call("POST", "/v1/reassignments/plan", body))
+
+    async def cancel_reassignments(self, partitions: Sequence[tuple[str, int]] | None = None) -> ReassignmentList:
+        """Send the named reassignments (None: every running one) back to their original replicas."""
+        body = {"partitions": None if partitions is None
+                else [{"topic": t, "partition": p} for t, p in partitions]}
+        return ReassignmentList.model_validate(await self.call("POST", "/v1/reassignments/cancel", body))
+
+    async def reassignment_progress(self) -> ReassignmentProgress:
+        """Each running reassignment's added replicas: log end offset and bytes behind the leader."""
+        return ReassignmentProgress.model_validate(await self.call("GET", "/v1/reassignments/progress"))
+
+    async def cluster_config(self) -> ClusterConfigView:
+        return ClusterConfigView.model_validate(await self.call("GET", "/v1/cluster/config"))
+
+    async def alter_cluster_config(self, *, set: dict[str, Any] | None = None,
+                                   reset: Sequence[str] = ()) -> ClusterConfigView:
+        """Set or unset dynamic cluster config keys (common/metadata/cluster_config.py); brokers
+        apply them live."""
+        return ClusterConfigView.model_validate(await self.call(
+            "PATCH", "/v1/cluster/config", {"set": dict(set or {}), "reset": list(reset)}))
 
     async def reassignments(self) -> ReassignmentList:
         return ReassignmentList.model_validate(await self.call("GET", "/v1/reassignments"))
