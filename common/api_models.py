@@ -79,6 +79,9 @@ class BrokerView(_Answer):
     disk_total_bytes: int | None = None
     leaders: int = 0
     replicas: int = 0
+    maintenance: bool = False          # `biplane broker maintenance`: not elected leader while others can be
+    decommissioning: bool = False      # `biplane broker decommission`: its replicas are moving off
+    decommissioned: bool = False       # every replica moved off; fenced for good
 
 
 class BrokerList(_Answer):

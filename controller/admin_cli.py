@@ -466,6 +466,15 @@ health exit codes:
 The health is judged by the controller leader (a follower redirects there)."""
 
 
+def broker_state(b: dict) -> str:
+    """fenced/active, with the operator's mark when there is one."""
+    state = "fenced" if b["fenced"] else "active"
+    for mark in ("decommissioned", "decommissioning", "maintenance"):
+        if b.get(mark):
+            return f"{state},{mark}"
+    return state
+
+
 def health_text(doc: dict) -> str:
     lines = [f"cluster {doc['status'].upper()} (judged by controller {doc['node_id']}, controller leader "
              f"{doc['controller_leader'] if doc['controller_leader'] is not None else 'none'}, metadata offset "
@@ -541,8 +550,8 @@ def cluster_main(argv: list[str], prog: str) -> int:
                 ["ID", "RAFT", "API", "PRIORITY", "LEADER", "CONNECTED"]))
         doc = api.call("GET", "/v1/brokers")
         return emit(args, doc, table(
-            [[b["broker_id"], f"{b['host']}:{b['port']}", b["rack"], b["priority"],
-              "fenced" if b["fenced"] else "active", b["leaders"], b["replicas"], b["metadata_offset"]]
+            [[b["broker_id"], f"{b['host']}:{b['port']}", b["rack"], b["priority"], broker_state(b),
+              b["leaders"], b["replicas"], b["metadata_offset"]]
              for b in doc["brokers"]],
             ["ID", "ADDRESS", "RACK", "PRIORITY", "STATE", "LEADERS", "REPLICAS", "METADATA_OFFSET"]))
 

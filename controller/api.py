@@ -130,7 +130,7 @@ async def get_brokers(request: web.Request) -> web.Response:
 
 def broker_id_of(request: web.Request) -> int:
     text = request.match_info["broker_id"]
-    if not text.isdigit() or len(text) > 9:
+    if not (text.isascii() and text.isdigit()) or len(text) > 9:
         raise InvalidFieldError(f"broker id {text!r} in the path is not a broker id (a number like 2)",
                                 field="broker_id", value=text)
     return int(text)

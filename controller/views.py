@@ -152,7 +152,9 @@ def broker_list(image: MetadataImage, broker_offsets: Mapping[int, int],
                               metadata_offset=broker_offsets.get(b),
                               disk_used_bytes=u.disk_used_bytes if u else None,
                               disk_total_bytes=u.disk_total_bytes if u else None,
-                              leaders=leaders.get(b, 0), replicas=replicas.get(b, 0)))
+                              leaders=leaders.get(b, 0), replicas=replicas.get(b, 0),
+                              maintenance=info.maintenance, decommissioning=info.decommissioning,
+                              decommissioned=info.decommissioned))
     return BrokerList(metadata_offset=image.offset, brokers=out)
 
 

@@ -64,6 +64,8 @@ def test_maintenance_drains_leadership_before_it_reports_done(tmp_path):
         for p in range(3):
             asyncio.run(produce_some(c, "t", p, [b"during maintenance"]))
 
+        brokers = cli(c, "cluster", "brokers").stdout
+        assert "active,maintenance" in next(line for line in brokers.splitlines() if line.startswith("2 ")), brokers
         state = cli(c, "broker", "operations", "2", "--json")
         assert '"maintenance": true' in state.stdout and '"leaders": 0' in state.stdout
         # The periodic preferred-leader pass must not hand leadership back while it lasts.
@@ -121,6 +123,8 @@ def test_decommission_moves_every_replica_off_before_fencing_and_can_be_undone(t
                     await client.close()
             assert asyncio.run(read()) == values[p]
 
+        brokers = cli(c, "cluster", "brokers").stdout
+        assert "fenced,decommissioned" in next(line for line in brokers.splitlines() if line.startswith("3 ")), brokers
         assert cli(c, "broker", "decommission", "3").returncode == 0          # idempotent
         health = cli(c, "cluster", "health")
         assert health.returncode == 0, health.stdout                         # decommissioned is not a fault

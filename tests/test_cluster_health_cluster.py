@@ -60,3 +60,31 @@ def test_health_turns_critical_when_a_broker_dies_and_healthy_after_it_returns(t
         assert back.stdout.startswith("cluster HEALTHY")
         for p in (0, 1):
             assert sorted(c.partition("wide", p)["isr"]) == [1, 2, 3]
+
+
+def test_health_reports_a_controller_cut_off_from_the_leader_and_asks_the_leader_through_a_follower(tmp_path):
+    """With three controllers, one killed is reported by the leader (degraded, exit 3); asked at
+    a follower's address the command is redirected to the leader and reports the same."""
+    from controller_harness import SECRET, wait_leader
+    with Cluster(tmp_path, brokers=1, controllers=3, broker_args=["--cluster-secret", SECRET]) as c:
+        leader = wait_leader(c.controllers)
+        followers = [x for x in c.controllers if x is not leader]
+
+        def at(url: str) -> subprocess.CompletedProcess:
+            return subprocess.run([sys.executable, "-m", "common.cli", "cluster", "health", "--json", "--controller",
+                                   url, "--token", TOKEN], capture_output=True, text=True, timeout=60)
+        ok = wait_until(lambda: (r := at(followers[0].spec.api_url)).returncode == 0 and r, 30,
+                        "health to be healthy with every controller connected", interval_s=0.5)
+        assert json.loads(ok.stdout)["node_id"] == leader.spec.node_id   # judged by the leader
+
+        followers[1].kill()
+        cut = wait_until(lambda: (r := at(followers[0].spec.api_url)).returncode == 3 and r, 30,
+                         "health to report the killed controller", interval_s=0.5)
+        doc = json.loads(cut.stdout)
+        assert doc["status"] == "degraded" and doc["controllers_disconnected"] == 1
+        assert [(p["check"], p["node_id"]) for p in doc["problems"]] == [
+            ("controller_disconnected", followers[1].spec.node_id)]
+
+        followers[1].start()
+        wait_until(lambda: at(leader.spec.api_url).returncode == 0, 60, "health after the controller returned",
+                   interval_s=0.5)
