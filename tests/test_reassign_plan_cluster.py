@@ -36,8 +36,8 @@ def cli(c: Cluster, *argv: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120)
 
 
-def create(c: Cluster, name: str, assignment: list[list[int]]) -> None:
-    r = http("POST", c.api_url + "/v1/topics", {"name": name, "replica_assignment": assignment})
+def create(c: Cluster, name: str, assignment: list[list[int]], **config: str) -> None:
+    r = http("POST", c.api_url + "/v1/topics", {"name": name, "replica_assignment": assignment, "config": config})
     assert r.status == 201, r.body
     for p in range(len(assignment)):
         c.wait_leader(name, p)
@@ -101,6 +101,38 @@ def test_a_throttled_plan_copies_no_faster_than_the_throttle_and_completes(tmp_p
             offsets = http("GET", c.api_url + "/v1/topics/big/offsets").body["partitions"]
             return all(o["size_bytes"] and o["replicas_size_bytes"] == 2 * o["size_bytes"] for o in offsets)
         wait_until(copied, 30, "both replicas of each partition to hold the same bytes", interval_s=0.5)
+
+
+PUSH_THROTTLE = 128 * 1024
+PUSH_CHUNK_BYTES_MAX = 1024 * 1024 + BATCH_BYTES_MAX   # the leader's recovery sends up to 1 MiB at once
+
+
+def test_a_push_topic_is_throttled_by_its_leader(tmp_path):
+    """Push replication: the leader paces the appends to the follower being added (a send over
+    the throttle is not made; the push window's timeout resends it later)."""
+    with Cluster(tmp_path, brokers=2) as c:
+        create(c, "pushed", [[1]], replication_mode="push")
+        asyncio.run(fill(c, "pushed", 0, 15))
+        plan = tmp_path / "plan.json"
+        plan.write_text(json.dumps({"partitions": [{"topic": "pushed", "partition": 0, "replicas": [1, 2]}],
+                                    "throttle_bytes_per_s": PUSH_THROTTLE}))
+        started = time.monotonic()
+        assert cli(c, "reassign", "--plan", str(plan)).returncode == 0
+        partial = 0
+        while True:
+            doc = progress(c)
+            elapsed = time.monotonic() - started
+            for move in doc["partitions"]:
+                for r in move["moving"]:
+                    if r["size_bytes"] is not None:
+                        assert r["size_bytes"] <= PUSH_THROTTLE * (elapsed + 1.0) + PUSH_CHUNK_BYTES_MAX, (r, elapsed)
+                        partial += bool(r["size_bytes"] and r["bytes_behind"])
+            if not doc["partitions"]:
+                break
+            assert elapsed < 120, doc
+            time.sleep(0.5)
+        assert partial > 0, "no sample showed the new replica partly copied"
+        assert c.partition("pushed", 0)["replicas"] == [1, 2]
 
 
 def test_cancel_during_a_move_restores_the_original_replicas(tmp_path):

@@ -6,7 +6,7 @@ settings a broker can change while it runs belong here; the rest stay flags.
 
 | key | applied by | effect |
 |---|---|---|
-| reassignment_throttle_bytes_per_s | each broker's fetcher | bytes/s a broker fetches, summed over the replicas it is adding by a reassignment (pull topics) |
+| reassignment_throttle_bytes_per_s | each broker's fetcher and pusher | bytes/s a broker copies, summed over the replicas being added by a reassignment (pull: those it fetches; push: those it leads) |
 | log_cleaner_io_bytes_per_s | each broker's log cleaner | bytes/s the cleaner reads and writes together |
 | auto_create_topics | each broker's Kafka listener | create a topic a Kafka client asks metadata for |
 | default_partitions | each broker's Kafka listener | partitions of a topic a Kafka client leaves to the broker |
@@ -37,8 +37,8 @@ class ClusterConfig(BaseModel):
 CLUSTER_CONFIG_KEYS: tuple[str, ...] = tuple(ClusterConfig.model_fields)
 
 CLUSTER_CONFIG_MEANINGS: dict[str, str] = {
-    "reassignment_throttle_bytes_per_s": "bytes/s each broker fetches for the replicas it is adding by a "
-                                         f"reassignment (>= {THROTTLE_BYTES_PER_S_MIN}; unset: unthrottled)",
+    "reassignment_throttle_bytes_per_s": "bytes/s each broker copies for the replicas a reassignment is "
+                                         f"adding (>= {THROTTLE_BYTES_PER_S_MIN}; unset: unthrottled)",
     "log_cleaner_io_bytes_per_s": "bytes/s each broker's log cleaner reads and writes (>= 1024; unset: the "
                                   "broker's --log-cleaner-io-bytes-per-second)",
     "auto_create_topics": "true: a Kafka client asking metadata for a missing topic creates it (unset: the "

@@ -161,12 +161,22 @@ class Broker:
                  extra={"event": "broker.started"})
 
     def _apply_cluster_config(self, image: MetadataImage) -> None:
-        """Dynamic cluster config, live: the reassignment throttle and the partitions it paces
-        (those this broker is adding); the cleaner and the Kafka listener read the image
+        """Dynamic cluster config, live: the reassignment throttle and what it paces (the
+        partitions this broker is adding, for its fetcher; the followers being added to the
+        partitions it leads, for its pusher); the cleaner and the Kafka listener read the image
         themselves."""
-        assert self.fetcher is not None
-        adding = frozenset(p.tp for p in image.partitions() if self.config.broker_id in p.adding)
-        self.fetcher.configure_throttle(image.cluster_config.reassignment_throttle_bytes_per_s, adding)
+        assert self.fetcher is not None and self.pusher is not None
+        me = self.config.broker_id
+        rate = image.cluster_config.reassignment_throttle_bytes_per_s
+        adding: set[TopicPartition] = set()
+        pushed: set[tuple[int, TopicPartition]] = set()
+        for p in image.partitions():
+            if me in p.adding:
+                adding.add(p.tp)
+            if p.leader == me:
+                pushed.update((b, p.tp) for b in p.adding)
+        self.fetcher.configure_throttle(rate, frozenset(adding))
+        self.pusher.throttle.configure(rate, frozenset(pushed))
 
     async def _heartbeat_support(self) -> None:
         """What the heartbeat thread needs from the loop: usage figures computed here (the

@@ -1,18 +1,23 @@
-"""The replication throttle: how fast a broker may fetch for the replicas it is adding by a
-reassignment (Kafka's follower replication throttle).
+"""The replication throttle: how fast replicas being added by a reassignment are copied
+(Kafka's follower and leader replication throttles).
 
 The rate is the cluster's `reassignment_throttle_bytes_per_s` (dynamic config, applied as
-the broker learns it); the throttled partitions are those whose `adding` lists this broker.
-The fetcher asks `wait_s(now_s)` before it puts a throttled partition in a fetch, and
-`record(now_s, nbytes)` for the records those partitions received: over any stretch the
-bytes stay within rate × time, plus at most one response (a fetch is answered whole).
-Idle time is banked for at most `burst_s`, so a pause is not followed by a flood.
+the broker learns it). Two users, each with its own throttle and keys:
+- pull: the follower's fetcher; keys are the partitions whose `adding` lists this broker.
+  It asks `wait_s(now_s)` before it puts such a partition in a fetch, and records the bytes
+  of records they received.
+- push: the leader's pusher; keys are (follower id, partition) for partitions this broker
+  leads whose `adding` lists that follower. A send that finds the throttle waiting is not
+  made: the core's push window times out and its recovery loop sends again later.
+Over any stretch the bytes stay within rate × time, plus at most one message (a fetch answer
+or an append is sent whole). Idle time is banked for at most `burst_s`, so a pause is not
+followed by a flood.
 
 Pure: time comes in as an argument; no sleeping, no clock.
 """
 from __future__ import annotations
 
-from common.topic_partition import TopicPartition
+from typing import Hashable
 
 PARTITION_FETCH_BYTES_MIN = 1024
 
@@ -23,21 +28,21 @@ class ReplicationThrottle:
             raise ValueError(f"burst_s={burst_s} must be > 0")
         self.burst_s = burst_s
         self.rate_bytes_per_s: int | None = None     # None: unthrottled
-        self.partitions: frozenset[TopicPartition] = frozenset()
+        self.keys: frozenset[Hashable] = frozenset()
         self._start_s: float | None = None
         self._bytes = 0
         self.throttled_bytes = 0                      # every byte counted, for /metrics and tests
 
-    def configure(self, rate_bytes_per_s: int | None, partitions: frozenset[TopicPartition]) -> None:
+    def configure(self, rate_bytes_per_s: int | None, keys: frozenset[Hashable]) -> None:
         if rate_bytes_per_s is not None and rate_bytes_per_s < 1:
             raise ValueError(f"rate_bytes_per_s={rate_bytes_per_s} must be >= 1 or None")
         if rate_bytes_per_s != self.rate_bytes_per_s:
             self._start_s, self._bytes = None, 0      # a new rate starts a new account
         self.rate_bytes_per_s = rate_bytes_per_s
-        self.partitions = partitions
+        self.keys = keys
 
-    def applies(self, tp: TopicPartition) -> bool:
-        return self.rate_bytes_per_s is not None and tp in self.partitions
+    def applies(self, key: Hashable) -> bool:
+        return self.rate_bytes_per_s is not None and key in self.keys
 
     def _ahead_s(self, now_s: float) -> float:
         assert self.rate_bytes_per_s is not None
