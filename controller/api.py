@@ -302,7 +302,8 @@ def _moved(s: ControllerService, committed_records: tuple, metadata_offset: int 
        summary="move many partitions at once, all or none (Kafka's reassignment JSON: version, partitions "
                "[{topic, partition, replicas}]), with an optional replication throttle in bytes/s for the "
                "catch-up (it becomes the cluster's reassignment_throttle_bytes_per_s)",
-       request=ReassignmentPlanRequest, response=api_models.ReassignmentList, writes=True, status=202)
+       request=ReassignmentPlanRequest, response=api_models.ReassignmentList, writes=True, status=202,
+       errors=("404",))
 async def post_reassignment_plan(request: web.Request) -> web.Response:
     body = await read_model(request, ReassignmentPlanRequest)
     s = svc(request)
@@ -314,7 +315,8 @@ async def post_reassignment_plan(request: web.Request) -> web.Response:
 @route("POST", "/v1/reassignments/cancel",
        summary="cancel reassignments (the named partitions, or every running one): each goes back to its "
                "original replica set, all or none",
-       request=CancelReassignmentsRequest, response=api_models.ReassignmentList, writes=True, status=202)
+       request=CancelReassignmentsRequest, response=api_models.ReassignmentList, writes=True, status=202,
+       errors=("404",))
 async def post_reassignment_cancel(request: web.Request) -> web.Response:
     body = await read_model(request, CancelReassignmentsRequest)
     s = svc(request)

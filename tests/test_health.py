@@ -80,3 +80,13 @@ def test_controller_quorum_problems():
     cut = cluster_health(image, QuorumView(node_id=1, leader_id=1, controllers=((1, True), (2, False), (3, True))))
     assert cut.status == DEGRADED and cut.controllers_disconnected == 1
     assert cut.problems[0].node_id == 2 and "(the leader)" in cut.problems[0].message
+
+
+def test_the_exit_codes_are_in_the_help(capsys):
+    import pytest
+    from controller.admin_cli import EXIT_CRITICAL, EXIT_DEGRADED, cluster_main
+    with pytest.raises(SystemExit):
+        cluster_main(["--help"], "biplane cluster")
+    text = capsys.readouterr().out
+    assert f"  {EXIT_DEGRADED}  degraded:" in text and f"  {EXIT_CRITICAL}  critical:" in text
+    assert "  0  healthy" in text and "  1  the check itself failed" in text
