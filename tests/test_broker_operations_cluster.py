@@ -11,6 +11,7 @@ refused, and a recommission brings the broker back unfenced.
 from __future__ import annotations
 
 import asyncio
+import time
 import subprocess
 import sys
 
@@ -135,3 +136,29 @@ def test_decommission_moves_every_replica_off_before_fencing_and_can_be_undone(t
         back = cli(c, "broker", "recommission", "3")
         assert back.returncode == 0, back.stderr
         wait_until(lambda: not c.broker_info(3)["fenced"], 30, "broker 3 unfenced after its recommission")
+
+
+def test_recommission_during_a_decommission_sends_running_moves_back(tmp_path):
+    """With the reassignment throttle at its minimum, a decommission's moves are still copying
+    when `recommission` arrives: they go back to their original replica sets, the broker keeps
+    its replicas and stays unfenced, and no move off it is started afterwards."""
+    with Cluster(tmp_path, brokers=3) as c:
+        create(c, "t", [[3, 1], [3, 2]])
+        for p in (0, 1):
+            asyncio.run(produce_some(c, "t", p, [b"y" * 1000] * 200))
+        assert cli(c, "cluster", "config", "set", "reassignment_throttle_bytes_per_s", "1024").returncode == 0
+        started = cli(c, "broker", "decommission", "3", "--no-wait", "--json")
+        assert started.returncode == 0, started.stderr
+        assert '"decommissioning": true' in started.stdout and '"replicas_moving": 2' in started.stdout
+        moving = cli(c, "broker", "operations", "3")
+        assert "being decommissioned: 2 replica(s) left on it, 2 moving now" in moving.stdout, moving.stdout
+
+        back = cli(c, "broker", "recommission", "3")
+        assert back.returncode == 0, back.stderr
+        for p in (0, 1):
+            state = c.partition("t", p)
+            assert 3 in state["replicas"] and len(state["replicas"]) == 2 and not state["adding"], state
+        time.sleep(1.0)   # a few controller passes: none starts a move off broker 3 again
+        assert http("GET", c.api_url + "/v1/reassignments").body["reassignments"] == []
+        info = c.broker_info(3)
+        assert not info["fenced"] and not info["decommissioning"]
