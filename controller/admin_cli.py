@@ -21,6 +21,7 @@ the API's message and exit 1 (2 for usage errors).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import socket
@@ -303,12 +304,12 @@ def client_of(args: argparse.Namespace) -> ApiClient:
     return ApiClient(urls, token, timeout_s=args.timeout_ms / 1000, hint=hint)
 
 
+@dataclasses.dataclass(frozen=True)
 class Finished:
     """What a command prints and the exit code it ends with, when that is not 0."""
 
-    def __init__(self, text: str | None, code: int) -> None:
-        self.text = text
-        self.code = code
+    text: str | None
+    code: int
 
 
 def run(fn, argv: list[str], prog: str, parser: argparse.ArgumentParser) -> int:
