@@ -77,3 +77,27 @@ def test_describe_shows_each_leaders_offsets_and_size(tmp_path):
         assert end == 61
         wait_until(lambda: json.loads(describe(c, "--json").stdout)["offsets"]["partitions"][0]["high_watermark"]
                    == 61, 30, "describe to follow new records", interval_s=0.3)
+
+
+def test_the_admin_client_reads_the_same_figures_typed(tmp_path):
+    """The SDK's operations methods parse the controller's answers into their models."""
+    from dataplane.client.admin import SyncAdminClient
+    with Cluster(tmp_path, brokers=2) as c:
+        c.create_topic("events", partitions=1, replication_factor=2)
+        leader = c.wait_leader("events", 0)
+        end = asyncio.run(produce_and_list(c.address(leader), 0, 2))
+        with SyncAdminClient(c.api_url, TOKEN) as admin:
+            offsets = wait_until(lambda: (o := admin.topic_offsets("events")).partitions[0].high_watermark == end
+                                 and o, 30, "the leader's report", interval_s=0.3)
+            assert offsets.partitions[0].leader == leader and offsets.partitions[0].size_bytes > 20 * RECORD_BYTES
+            assert admin.cluster_health().status == "healthy"
+            config = admin.alter_cluster_config(set={"log_cleaner_io_bytes_per_s": 1 << 20})
+            assert config.config["log_cleaner_io_bytes_per_s"] == 1 << 20
+            assert admin.cluster_config().config["log_cleaner_io_bytes_per_s"] == 1 << 20
+            other = 1 if leader == 2 else 2
+            state = admin.set_maintenance(leader, True)
+            assert state.maintenance and state.broker_id == leader
+            wait_until(lambda: admin.broker_operations(leader).leaders == 0, 30, "the drain")
+            assert c.partition("events", 0)["leader"] == other
+            assert not admin.set_maintenance(leader, False).maintenance
+            assert admin.reassignment_progress().partitions == []
