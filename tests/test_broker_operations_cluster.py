@@ -91,6 +91,7 @@ def test_decommission_moves_every_replica_off_before_fencing_and_can_be_undone(t
         out = cli(c, "broker", "decommission", "3")
         assert out.returncode == 0, out.stdout + out.stderr
         assert "broker 3 is decommissioned" in out.stdout
+        assert "replica(s) moved off" in out.stderr, out.stderr      # progress while it waited
         assert "Traceback" not in out.stderr
 
         # Replay the metadata log: at the record that fenced broker 3, no partition listed it.

@@ -56,6 +56,8 @@ def drain_leaders(image: MetadataImage, skip: frozenset[tuple[str, int]] = froze
     longer led by a broker in maintenance, and a quorum partition fenced for its election has
     no leader."""
     records: list[Record] = []
+    if not any(info.maintenance for info in image.brokers.values()):
+        return records   # the common case, on every controller pass: nothing to look at
     for p in image.partitions():
         if p.leader is None or not image.in_maintenance(p.leader) or p.tp in skip:
             continue
