@@ -256,3 +256,47 @@ class MetadataAnswer(_Answer):
     offset: int                    # the committed offset this answer reflects
     records: list[MetadataEntry] | None = None
     image: dict[str, Any] | None = None   # MetadataImage.to_dict()
+
+
+class MaintenanceRequest(_Request):
+    """Turn a broker's maintenance mode on or off."""
+
+    enabled: bool
+
+
+class ClusterConfigRequest(_Request):
+    """Set dynamic cluster config keys and unset others (common/metadata/cluster_config.py)."""
+
+    set: dict[str, ConfigValue] = Field(default_factory=dict, max_length=64)
+    reset: list[str] = Field(default_factory=list, max_length=64)
+
+
+class PlannedMove(_Request):
+    """One partition of a reassignment plan: its target replicas, preferred leader first."""
+
+    topic: str = Field(min_length=1, max_length=249)
+    partition: int = Field(ge=0)
+    replicas: tuple[BrokerId, ...] = Field(min_length=1, max_length=100)
+
+    @field_validator("replicas")
+    @classmethod
+    def _check_replicas(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        return _distinct(v, "replicas")
+
+
+REASSIGNMENT_PLAN_PARTITIONS_MAX = 10_000
+
+
+class ReassignmentPlanRequest(_Request):
+    """Many partitions moved at once (Kafka's reassignment JSON: version 1, partitions with
+    topic, partition and replicas), with an optional replication throttle for the catch-up."""
+
+    version: int = Field(default=1, ge=1, le=1)
+    partitions: list[PlannedMove] = Field(min_length=1, max_length=REASSIGNMENT_PLAN_PARTITIONS_MAX)
+    throttle_bytes_per_s: int | None = Field(default=None, ge=1024, le=2**40)
+
+
+class CancelReassignmentsRequest(_Request):
+    """Partitions whose reassignment goes back to its original replicas; None: every one."""
+
+    partitions: list[TopicPartitionRef] | None = Field(default=None, max_length=REASSIGNMENT_PLAN_PARTITIONS_MAX)

@@ -28,17 +28,28 @@ from aiohttp import web
 from pydantic import BaseModel
 
 from common import api_models
-from common.errors import BiplaneError, ErrorCode, NotControllerError, UnknownTopicOrPartitionError
+from common.errors import (
+    BiplaneError,
+    ErrorCode,
+    InvalidFieldError,
+    NotControllerError,
+    UnknownBrokerError,
+    UnknownTopicOrPartitionError,
+)
 from common.metadata import MetadataImage, PartitionChange, PartitionRecord, validate_topic_name
 from common.metrics import metrics_response
 from common.requests import (
     AddPartitionsRequest,
+    CancelReassignmentsRequest,
+    ClusterConfigRequest,
+    MaintenanceRequest,
+    ReassignmentPlanRequest,
     CreateTopicRequest,
     PreferredElectionRequest,
     ReassignmentRequest,
     TopicConfigPatch,
 )
-from controller import core, openapi, rpc, snapshot_service, views
+from controller import core, health, openapi, rpc, snapshot_service, views
 from controller.guardrails import ApiLimits, WriteBuckets, retry_after_header
 from controller.http_edge import EarlyResponse, error_from_exception, error_response, json_errors, read_model
 from controller.metrics import ControllerMetrics
@@ -111,11 +122,88 @@ async def get_cluster(request: web.Request) -> web.Response:
     return json_model(api_models.Cluster.model_validate(svc(request).cluster_view()))
 
 
+@route("GET", "/v1/cluster/health",
+       summary="leaderless, under-min-ISR and under-replicated partitions, fenced brokers and controller "
+               "quorum problems, judged by the leader (a follower redirects to it; with no leader known "
+               "it answers itself, saying so)",
+       response=api_models.ClusterHealth, errors=(307,))
+async def get_cluster_health(request: web.Request) -> web.Response:
+    s = svc(request)
+    view = s.cluster_view()
+    leader = s.leader_node()
+    if not s.is_leader and leader is not None and leader.node_id != s.node_id and leader.api_url:
+        # The leader's image and its connections are the ones that count.
+        return not_leader_response(s, request.path_qs)
+    quorum = health.QuorumView(node_id=s.node_id, leader_id=view["leader_id"],
+                               controllers=tuple((c["node_id"], c["connected"]) for c in view["controllers"]))
+    return json_model(health.cluster_health(s.committed, quorum))
+
+
 @route("GET", "/v1/brokers", summary="registered brokers, fencing and last heartbeat",
        response=api_models.BrokerList)
 async def get_brokers(request: web.Request) -> web.Response:
     s = svc(request)
     return json_model(views.broker_list(s.committed, s.broker_offsets, s.usage))
+
+
+def broker_id_of(request: web.Request) -> int:
+    text = request.match_info["broker_id"]
+    if not (text.isascii() and text.isdigit()) or len(text) > 9:
+        raise InvalidFieldError(f"broker id {text!r} in the path is not a broker id (a number like 2)",
+                                field="broker_id", value=text)
+    return int(text)
+
+
+def _broker_operations(s: ControllerService, broker_id: int, image: MetadataImage) -> web.Response:
+    if broker_id not in image.brokers:
+        raise UnknownBrokerError(broker_id)
+    return json_model(views.broker_operations(image, broker_id, s.broker_offsets.get(broker_id)))
+
+
+@route("GET", "/v1/brokers/{broker_id}/operations",
+       summary="a broker's maintenance and decommission state and what is left of them; answered by the "
+               "leader, which hears the broker's applied metadata offset (a follower redirects)",
+       response=api_models.BrokerOperations, leader_only=True)
+async def get_broker_operations(request: web.Request) -> web.Response:
+    s = svc(request)
+    return _broker_operations(s, broker_id_of(request), s.committed)
+
+
+async def _broker_write(request: web.Request, event: core.Event, broker_id: int) -> web.Response:
+    s = svc(request)
+    _, committed = await s.execute(event)
+    assert committed is not None, "a write waits for its commit"
+    return _broker_operations(s, broker_id, s.pending or s.committed)
+
+
+@route("POST", "/v1/brokers/{broker_id}/maintenance",
+       summary="turn maintenance mode on (drain the broker's leaderships to other in-sync replicas; it stays "
+               "in every ISR) or off; idempotent",
+       request=MaintenanceRequest, response=api_models.BrokerOperations, writes=True)
+async def post_maintenance(request: web.Request) -> web.Response:
+    broker_id = broker_id_of(request)
+    body = await read_body(request, MaintenanceRequest)
+    return await _broker_write(request, core.SetMaintenance(broker_id=broker_id, enabled=body.enabled), broker_id)
+
+
+@route("POST", "/v1/brokers/{broker_id}/decommission",
+       summary="move every replica off the broker (each to the least loaded live broker not already a "
+               "replica), then fence it for good; refused when the others cannot hold the replication "
+               "factor; idempotent",
+       response=api_models.BrokerOperations, writes=True)
+async def post_decommission(request: web.Request) -> web.Response:
+    broker_id = broker_id_of(request)
+    s = svc(request)
+    return await _broker_write(request, core.Decommission(broker_id=broker_id, now_ms=s.clock_ms()), broker_id)
+
+
+@route("POST", "/v1/brokers/{broker_id}/recommission",
+       summary="cancel a decommission: moves still running go back to their original replicas, and the "
+               "broker is unfenced on its next heartbeat; idempotent",
+       response=api_models.BrokerOperations, writes=True)
+async def post_recommission(request: web.Request) -> web.Response:
+    broker_id = broker_id_of(request)
+    return await _broker_write(request, core.Recommission(broker_id=broker_id), broker_id)
 
 
 @route("GET", "/v1/topics", summary="list topics", response=api_models.TopicList)
@@ -181,6 +269,20 @@ async def get_partitions(request: web.Request) -> web.Response:
                                                            for p in image.topic_partitions(name)]))
 
 
+@route("GET", "/v1/topics/{name}/offsets",
+       summary="log start offset, high watermark, log end offset and size per partition, as each leader "
+               "last reported them (about once a second); answered by the controller leader, which "
+               "receives the reports (a follower redirects)",
+       response=api_models.TopicOffsets, leader_only=True)
+async def get_offsets(request: web.Request) -> web.Response:
+    name = topic_name(request)
+    s = svc(request)
+    image = s.committed
+    if name not in image.topics:
+        raise UnknownTopicOrPartitionError(name)
+    return json_model(views.topic_offsets(image, name, s.usage, now_ms=s.clock_ms()))
+
+
 @route("POST", "/v1/topics/{name}/partitions",
        summary="add partitions to a topic: `partitions` is the new total, larger than today's",
        request=AddPartitionsRequest, response=api_models.TopicDetail, writes=True)
@@ -210,6 +312,69 @@ async def get_reassignments(request: web.Request) -> web.Response:
     return json_model(api_models.ReassignmentList(
         metadata_offset=image.offset,
         reassignments=[views.partition_view(p) for p in image.partitions() if p.adding or p.removing]))
+
+
+def _moved(s: ControllerService, committed_records: tuple, metadata_offset: int | None) -> web.Response:
+    image = s.pending or s.committed
+    changed = sorted({(r.topic, r.partition) for r in committed_records if isinstance(r, PartitionChange)})
+    return json_model(api_models.ReassignmentList(
+        metadata_offset=metadata_offset if metadata_offset is not None else image.offset,
+        reassignments=[views.partition_view(image.partition(t, p)) for t, p in changed]), status=202)
+
+
+@route("POST", "/v1/reassignments/plan",
+       summary="move many partitions at once, all or none (Kafka's reassignment JSON: version, partitions "
+               "[{topic, partition, replicas}]), with an optional replication throttle in bytes/s for the "
+               "catch-up (it becomes the cluster's reassignment_throttle_bytes_per_s)",
+       request=ReassignmentPlanRequest, response=api_models.ReassignmentList, writes=True, status=202,
+       errors=(404,))
+async def post_reassignment_plan(request: web.Request) -> web.Response:
+    body = await read_body(request, ReassignmentPlanRequest)
+    s = svc(request)
+    _, committed = await s.execute(core.StartPlan(request=body))
+    assert committed is not None, "a write waits for its commit"
+    return _moved(s, committed.records, committed.last_offset)
+
+
+@route("POST", "/v1/reassignments/cancel",
+       summary="cancel reassignments (the named partitions, or every running one): each goes back to its "
+               "original replica set, all or none",
+       request=CancelReassignmentsRequest, response=api_models.ReassignmentList, writes=True, status=202,
+       errors=(404,))
+async def post_reassignment_cancel(request: web.Request) -> web.Response:
+    body = await read_body(request, CancelReassignmentsRequest)
+    s = svc(request)
+    _, committed = await s.execute(core.CancelReassignments(request=body))
+    assert committed is not None, "a write waits for its commit"
+    return _moved(s, committed.records, committed.last_offset)
+
+
+@route("GET", "/v1/reassignments/progress",
+       summary="every running reassignment with each added replica's log end offset and size against the "
+               "leader's, from the brokers' latest usage reports (the leader answers; a follower redirects)",
+       response=api_models.ReassignmentProgress, leader_only=True)
+async def get_reassignment_progress(request: web.Request) -> web.Response:
+    s = svc(request)
+    return json_model(views.reassignment_progress(s.committed, s.usage, now_ms=s.clock_ms()))
+
+
+@route("GET", "/v1/cluster/config", summary="the dynamic cluster config: every key, set or not",
+       response=api_models.ClusterConfigView)
+async def get_cluster_config(request: web.Request) -> web.Response:
+    image = _image(request)
+    return json_model(views.cluster_config_view(image, metadata_offset=image.offset))
+
+
+@route("PATCH", "/v1/cluster/config",
+       summary="set or unset dynamic cluster config keys, checked as a whole and committed through Raft; "
+               "brokers apply them live as they learn the record",
+       request=ClusterConfigRequest, response=api_models.ClusterConfigView, writes=True)
+async def patch_cluster_config(request: web.Request) -> web.Response:
+    body = await read_body(request, ClusterConfigRequest)
+    s = svc(request)
+    _, committed = await s.execute(core.AlterClusterConfig(request=body))
+    assert committed is not None, "a write waits for its commit"
+    return json_model(views.cluster_config_view(s.pending or s.committed, metadata_offset=committed.last_offset))
 
 
 @route("POST", "/v1/elections/preferred", summary="move leadership to preferred replicas",

@@ -25,7 +25,8 @@ from common.metadata.config import TOPIC_NAME_PATTERN
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 PUBLIC_PATHS = frozenset({"/v1/health"})
-_PATH_PARAMS = {"name": {"type": "string", "pattern": TOPIC_NAME_PATTERN}}   # {name}: a topic
+_PATH_PARAMS = {"name": {"type": "string", "pattern": TOPIC_NAME_PATTERN},   # {name}: a topic
+                "broker_id": {"type": "string", "pattern": "^[0-9]{1,9}$"}}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -44,6 +45,7 @@ class Operation:
     names_topic: bool = False     # the body names a topic that may be unknown (404)
     unavailable: bool = False     # may answer 503 for a reason of its own
     storage_error: bool = False   # may answer 500: its own disk write failed
+    errors: tuple[int, ...] = ()  # further statuses the handler answers itself
 
     @property
     def public(self) -> bool:
@@ -82,6 +84,8 @@ def responses(op: Operation) -> dict[int, str]:
         out[503] = error
     if op.storage_error:
         out[500] = error
+    for status in op.errors:
+        out[status] = "Redirect" if status == 307 else error
     return dict(sorted(out.items()))
 
 
@@ -95,7 +99,7 @@ _DESCRIPTIONS = {
     307: "not the leader: repeat the request at Location (the leader's API URL)",
     400: "the request is malformed or breaks a limit; `error.field` names the field",
     401: "missing or wrong bearer token",
-    404: "the topic (or partition) is unknown",
+    404: "the topic, partition or broker named is unknown",
     409: "conflicts with the metadata (the topic exists, a stale epoch)",
     413: "the body is larger than --admin-max-body-bytes",
     429: "the token's write rate (--admin-write-rate, --admin-write-burst) is spent; retry after Retry-After",

@@ -4,9 +4,25 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from common.api_models import BrokerList, BrokerView, PartitionView, TopicDetail, TopicList, TopicSummary
+from common.api_models import (
+    BrokerList,
+    BrokerOperations,
+    ClusterConfigView,
+    PartitionMove,
+    ReassignmentProgress,
+    ReplicaCatchUp,
+    BrokerView,
+    PartitionOffsets,
+    PartitionView,
+    TopicDetail,
+    TopicList,
+    TopicOffsets,
+    TopicSummary,
+)
 from common.metadata import MetadataImage
-from common.usage import BrokerUsage
+from common.metadata.cluster_config import CLUSTER_CONFIG_MEANINGS
+from common.usage import BrokerUsage, ReplicaUsage
+from controller.decisions import decommission_progress, maintenance_progress
 
 
 def partition_view(p: Any) -> PartitionView:
@@ -21,6 +37,91 @@ def topic_detail(image: MetadataImage, name: str, *, metadata_offset: int | None
     return TopicDetail(name=t.name, topic_id=t.topic_id, metadata_offset=metadata_offset,
                        config=t.config.model_dump(mode="json"),
                        partitions=[partition_view(p) for p in image.topic_partitions(name)])
+
+
+def topic_offsets(image: MetadataImage, name: str, usage: Mapping[int, BrokerUsage], *,
+                  now_ms: int) -> TopicOffsets:
+    """Each partition's offsets and size from its current leader's latest usage report: the
+    leader is the replica whose high watermark consumers read to."""
+    reported: dict[tuple[int, int], tuple[BrokerUsage, ReplicaUsage]] = {}
+    for broker_id, u in usage.items():
+        for r in u.replicas:
+            if r.topic == name:
+                reported[(broker_id, r.partition)] = (u, r)
+    out = []
+    for p in image.topic_partitions(name):
+        sizes = [reported[(b, p.partition)][1].size_bytes for b in p.replicas if (b, p.partition) in reported]
+        found = reported.get((p.leader, p.partition)) if p.leader is not None else None
+        if found is None:
+            out.append(PartitionOffsets(topic=name, partition=p.partition, leader=p.leader,
+                                        replicas_size_bytes=sum(sizes) if sizes else None))
+            continue
+        u, r = found
+        out.append(PartitionOffsets(topic=name, partition=p.partition, leader=p.leader,
+                                    log_start_offset=r.log_start_offset, high_watermark=r.high_watermark,
+                                    log_end_offset=r.log_end_offset, size_bytes=r.size_bytes,
+                                    replicas_size_bytes=sum(sizes), reported_at_ms=u.at_ms,
+                                    age_ms=max(0, now_ms - u.at_ms)))
+    return TopicOffsets(topic=name, metadata_offset=image.offset, at_ms=now_ms, partitions=out)
+
+
+def broker_operations(image: MetadataImage, broker_id: int, broker_offset: int | None) -> BrokerOperations:
+    info = image.brokers[broker_id]
+    drain = maintenance_progress(image, broker_id)
+    moves = decommission_progress(image, broker_id)
+    if info.decommissioned:
+        message = f"broker {broker_id} is decommissioned: it hosts no replica and stays fenced"
+    elif info.decommissioning:
+        message = (f"broker {broker_id} is being decommissioned: {len(moves.hosted)} replica(s) left on it, "
+                   f"{len(moves.moving)} moving now")
+    elif info.maintenance:
+        message = (f"broker {broker_id} is in maintenance: it leads {len(drain.leaders)} partition(s), "
+                   f"{len(drain.movable)} of them still to move")
+    else:
+        message = f"broker {broker_id} is in service"
+    return BrokerOperations(
+        broker_id=broker_id, metadata_offset=image.offset, broker_metadata_offset=broker_offset,
+        fenced=info.fenced, maintenance=info.maintenance, decommissioning=info.decommissioning,
+        decommissioned=info.decommissioned, leaders=len(drain.leaders), leaders_movable=len(drain.movable),
+        replicas=len(moves.hosted), replicas_moving=len(moves.moving),
+        stuck=list((drain.stuck if info.maintenance else ()) + (moves.stuck if info.decommissioning else ()))[:100],
+        message=message)
+
+
+def cluster_config_view(image: MetadataImage, *, metadata_offset: int | None) -> ClusterConfigView:
+    return ClusterConfigView(metadata_offset=metadata_offset, config=image.cluster_config.model_dump(mode="json"),
+                             descriptions=dict(CLUSTER_CONFIG_MEANINGS))
+
+
+def reassignment_progress(image: MetadataImage, usage: Mapping[int, BrokerUsage], *,
+                          now_ms: int) -> ReassignmentProgress:
+    """Every running reassignment, with each added replica's catch-up against the leader, from
+    the brokers' latest usage reports (about once a second)."""
+    reported: dict[tuple[int, str, int], ReplicaUsage] = {}
+    for broker_id, u in usage.items():
+        for r in u.replicas:
+            reported[(broker_id, r.topic, r.partition)] = r
+    moves = []
+    for p in image.partitions():
+        if not p.reassigning:
+            continue
+        lead = reported.get((p.leader, p.topic, p.partition)) if p.leader is not None else None
+        moving = []
+        for b in p.adding:
+            mine = reported.get((b, p.topic, p.partition))
+            moving.append(ReplicaCatchUp(
+                broker_id=b, in_isr=b in p.isr,
+                log_end_offset=mine.log_end_offset if mine else None, size_bytes=mine.size_bytes if mine else None,
+                offsets_behind=max(0, lead.log_end_offset - mine.log_end_offset) if mine and lead else None,
+                bytes_behind=max(0, lead.size_bytes - mine.size_bytes) if mine and lead else None))
+        moves.append(PartitionMove(topic=p.topic, partition=p.partition, replicas=list(p.replicas),
+                                   target_replicas=list(p.target_replicas), adding=list(p.adding),
+                                   removing=list(p.removing), leader=p.leader,
+                                   leader_log_end_offset=lead.log_end_offset if lead else None,
+                                   leader_size_bytes=lead.size_bytes if lead else None, moving=moving))
+    return ReassignmentProgress(metadata_offset=image.offset, at_ms=now_ms,
+                                throttle_bytes_per_s=image.cluster_config.reassignment_throttle_bytes_per_s,
+                                partitions=moves)
 
 
 def topic_list(image: MetadataImage) -> TopicList:
@@ -50,5 +151,7 @@ def broker_list(image: MetadataImage, broker_offsets: Mapping[int, int],
                               metadata_offset=broker_offsets.get(b),
                               disk_used_bytes=u.disk_used_bytes if u else None,
                               disk_total_bytes=u.disk_total_bytes if u else None,
-                              leaders=leaders.get(b, 0), replicas=replicas.get(b, 0)))
+                              leaders=leaders.get(b, 0), replicas=replicas.get(b, 0),
+                              maintenance=info.maintenance, decommissioning=info.decommissioning,
+                              decommissioned=info.decommissioned))
     return BrokerList(metadata_offset=image.offset, brokers=out)

@@ -165,6 +165,7 @@ class Broker:
                                                request_timeout_ms=c.request_timeout_ms,
                                                heartbeat_timeout_ms=c.heartbeat_timeout_ms))
         self._heartbeats.start()
+        self.learner.add_listener(self._apply_cluster_config)
         self.learner.add_listener(self.replicas.on_metadata)
         self.learner.add_listener(self.groups.on_metadata)
         loop = asyncio.get_running_loop()
@@ -178,6 +179,24 @@ class Broker:
             self._tasks.append(task)
         log.info("broker %d listening on %s:%d (clean_start=%s)", c.broker_id, c.host, self.port, clean,
                  extra={"event": "broker.started"})
+
+    def _apply_cluster_config(self, image: MetadataImage) -> None:
+        """Dynamic cluster config, live: the reassignment throttle and what it paces (the
+        partitions this broker is adding, for its fetcher; the followers being added to the
+        partitions it leads, for its pusher); the cleaner and the Kafka listener read the image
+        themselves."""
+        assert self.fetcher is not None and self.pusher is not None
+        me = self.config.broker_id
+        rate = image.cluster_config.reassignment_throttle_bytes_per_s
+        adding: set[TopicPartition] = set()
+        pushed: set[tuple[int, TopicPartition]] = set()
+        for p in image.partitions():
+            if me in p.adding:
+                adding.add(p.tp)
+            if p.leader == me:
+                pushed.update((b, p.tp) for b in p.adding)
+        self.fetcher.configure_throttle(rate, frozenset(adding))
+        self.pusher.throttle.configure(rate, frozenset(pushed))
 
     async def _heartbeat_support(self) -> None:
         """What the heartbeat thread needs from the loop: usage figures computed here (the

@@ -34,6 +34,7 @@ from common.wire import messages as wire
 from dataplane.broker.codec import (
     append_entries_from_wire, append_entries_to_wire, append_refusal, append_reply_from_wire, append_reply_to_wire,
 )
+from dataplane.broker.throttle import ReplicationThrottle
 from dataplane.replica.events import AppendEntries, AppendEntriesReply
 
 log = logging.getLogger("biplane.broker.pusher")
@@ -69,6 +70,8 @@ class Pusher:
         self._tasks = TaskOwner()    # connects, and writes after a connect
         self._closing = TaskOwner()  # closes of dropped clients: they finish, never cancelled
         self._closed = False
+        # Paces the followers a reassignment is adding (throttle.py); the broker configures it.
+        self.throttle = ReplicationThrottle()
 
     def submit(self, follower_id: int, tp: TopicPartition, ev: AppendEntries) -> None:
         if self._closed or follower_id == self.broker_id:
@@ -76,6 +79,10 @@ class Pusher:
         loop = asyncio.get_running_loop()
         if loop.time() < self._down_until.get(follower_id, 0.0):
             return  # reconnecting later; the core's window times out and it recovers
+        if len(ev.records) and self.throttle.applies((follower_id, tp)):
+            if self.throttle.wait_s(loop.time()) > 0:
+                return  # over the reassignment throttle: the core's window times out and it resends
+            self.throttle.record(loop.time(), len(ev.records))
         request = append_entries_to_wire(tp, follower_id, ev)
         client = self._clients.get(follower_id)
         if client is not None and not client.closed and follower_id not in self._waiting:

@@ -129,6 +129,8 @@ class ReplicaManager:
         # One thread: one partition is cleaned at a time on this broker.
         self._cleaner = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="log-cleaner")
         self._cleaner_stop = threading.Event()
+        # The cluster's log_cleaner_io_bytes_per_s when set (dynamic config), else the flag's.
+        self.cleaner_io_bytes_per_s = config.log_cleaner_io_bytes_per_second
 
     def get(self, topic: str, partition: int) -> PartitionDriver | None:
         return self.drivers.get(TopicPartition(topic, partition))
@@ -139,6 +141,8 @@ class ReplicaManager:
         async with self._lock:  # opening logs awaits; changes apply one image at a time
             if self._closed:
                 return
+            self.cleaner_io_bytes_per_s = (image.cluster_config.log_cleaner_io_bytes_per_s
+                                           or self.config.log_cleaner_io_bytes_per_second)
             hosted: set[TopicPartition] = set()
             fed = 0
             for info in image.partitions():
@@ -337,8 +341,8 @@ class ReplicaManager:
 
     async def run_cleaner(self) -> None:
         """Compact the partitions of compacted topics, one at a time in the cleaner's thread,
-        at most log_cleaner_io_bytes_per_second, each replica (leader or follower) below its
-        own HW. The topic's settings are read afresh for every pass."""
+        at most log_cleaner_io_bytes_per_second (or the cluster's log_cleaner_io_bytes_per_s,
+        applied live), each replica (leader or follower) below its own HW. The topic's settings are read afresh for every pass."""
         interval = self.config.log_cleaner_interval_ms / 1000
         loop = asyncio.get_running_loop()
         stop = self._cleaner_stop
@@ -355,6 +359,7 @@ class ReplicaManager:
         while True:
             await asyncio.sleep(interval)
             for tp, driver in list(self.drivers.items()):
+                throttle.bytes_per_second = self.cleaner_io_bytes_per_s   # live: read at every partition
                 topic = self._topics.get(tp)
                 if topic is None or not topic.config.compacted or driver.closed or driver.failed:
                     continue
