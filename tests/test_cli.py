@@ -103,8 +103,9 @@ def test_the_banners_try_it_line_works_as_printed(up):
 
 def test_banner_names_the_data_dir_only_where_the_cli_would_not_find_it(tmp_path, monkeypatch):
     from dataplane.cluster.up import banner
-    state = {"controllers": {"1": {"api_url": "http://127.0.0.1:1"}},
-             "brokers": {"1": {"address": "127.0.0.1:2", "kafka_address": "127.0.0.1:3"}}, "admin_token": "t"}
+    state = {"controllers": {"1": {"api_url": "http://127.0.0.1:1", "metrics_port": 4}},
+             "brokers": {"1": {"address": "127.0.0.1:2", "kafka_address": "127.0.0.1:3", "metrics_port": 5}},
+             "admin_token": "t"}
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("BIPLANE_CLUSTER", raising=False)
     assert "--data-dir" not in banner(state, tmp_path / ".biplane")
