@@ -35,8 +35,8 @@ The rules it keeps (Kafka's consumer, ConsumerCoordinator and AbstractCoordinato
   assignment leaves out, and rejoin once more when any were revoked.
 - Heartbeats every heartbeat_interval_ms while the member has a generation and no join
   or sync is out. A member not polled for max_poll_interval_ms leaves the group (its
-  partitions are lost) and rejoins at the next poll. Partition counts of the subscribed
-  topics changing (and, for the leader, of any topic the group reads) rejoin.
+  partitions are lost) and rejoins at the next poll. The leader rejoins when the partition
+  count of a topic the group reads changes from the one it assigned with.
 - Static membership: group_instance_id goes with every request; a static member does
   not send LeaveGroup when it closes, so a restart within the session keeps its
   partitions without a rebalance. FENCED_INSTANCE_ID is fatal.
@@ -151,6 +151,7 @@ class RevocationDone:
 
 @_frozen
 class CommitAnswered:
+    request: OffsetCommitRequest
     response: OffsetCommitResponse
     now_ms: int
 
@@ -328,7 +329,8 @@ class GroupCore:
             self.state = State.IDLE   # back in at the next poll
             return
         if self.now_ms - self._last_heartbeat_ok_ms > self.settings.session_timeout_ms and \
-                self.coordinator is not None and not self._heartbeat_out:
+                self.state in (State.STABLE, State.REJOIN) and self.coordinator is not None and \
+                not self._heartbeat_out:
             self._forget_coordinator()   # silent for a whole session: find it again
 
     def _on_subscribe(self, ev: Subscribe) -> None:
@@ -353,9 +355,10 @@ class GroupCore:
             if all(t in self.counts for t in self._group_topics):
                 self._assign_and_sync()
             return
-        if self.state is State.STABLE:
-            watched = set(self.topics) | (set(self._group_topics) if self.leader_id == self.member_id else set())
-            if any(self.counts.get(t) != self._counts_at_join.get(t) for t in watched if t in self.counts):
+        if self.state is State.STABLE and self.leader_id == self.member_id:
+            # Kafka's rule: the leader watches the counts it assigned from, for every topic the
+            # group reads; a change means partitions nobody reads (or that are gone).
+            if any(self.counts.get(t) != self._counts_at_join.get(t) for t in self._group_topics if t in self.counts):
                 self._request_rejoin(after_current=True)
 
     def _on_revocation_done(self, ev: RevocationDone) -> None:
@@ -388,6 +391,10 @@ class GroupCore:
             return
         code = codes[0]
         self._ready.commit_error = code
+        stale = ev.request.generation_id != self.generation_id or ev.request.member_id != self.member_id
+        if stale and code in (ErrorCode.ILLEGAL_GENERATION, ErrorCode.UNKNOWN_MEMBER_ID,
+                              ErrorCode.REBALANCE_IN_PROGRESS):
+            return   # about a generation this member already left: the join since then stands
         self._react_to_group_error(code)
 
     def _on_answered(self, ev: Answered) -> None:
@@ -406,9 +413,6 @@ class GroupCore:
             self._heartbeat_out = False
         if isinstance(request, LeaveGroupRequest):
             return   # leaving is best effort: the session timeout removes us anyway
-        if isinstance(request, (JoinGroupRequest, SyncGroupRequest)) and self.state in (State.JOINING,
-                                                                                       State.SYNCING):
-            self.state = State.REJOIN
         self._forget_coordinator()
 
     # ------------------------------------------------------------------ answers
@@ -500,7 +504,7 @@ class GroupCore:
                                                               f"consumer cannot read: {exc}")
             return
         self.state = State.STABLE
-        self._counts_at_join = {t: self.counts[t] for t in set(self.topics) | self._group_topics if t in self.counts}
+        self._counts_at_join = {t: self.counts[t] for t in self._group_topics if t in self.counts}
         self._next_heartbeat_ms = self.now_ms + self.settings.heartbeat_interval_ms
         self._last_heartbeat_ok_ms = self.now_ms
         revoked = self.owned - given
@@ -538,8 +542,6 @@ class GroupCore:
             self._fail(code, _FATAL_TEXT.get(code, code.name))
         elif code in _COORDINATOR_GONE:
             self._forget_coordinator()
-            if self.state in (State.JOINING, State.SYNCING, State.ASSIGNING):
-                self.state = State.REJOIN
         elif code == ErrorCode.COORDINATOR_LOAD_IN_PROGRESS:
             self._retry_at_ms = self.now_ms + self.settings.retry_backoff_ms
         elif code == ErrorCode.REBALANCE_IN_PROGRESS:
@@ -571,6 +573,8 @@ class GroupCore:
 
     def _lose_generation(self, *, reset_member_id: bool) -> None:
         self.generation_id = NO_GENERATION
+        if self.state in (State.JOINING, State.ASSIGNING, State.SYNCING):
+            self.state = State.REJOIN   # answers to that round would not match us any more
         if reset_member_id:
             self.member_id = ""
         if self.owned and not self._revoking:
@@ -579,6 +583,8 @@ class GroupCore:
     def _forget_coordinator(self) -> None:
         self.coordinator = None
         self._heartbeat_out = False
+        if self.state in (State.JOINING, State.ASSIGNING, State.SYNCING):
+            self.state = State.REJOIN   # that round is lost with the coordinator: join the next one
         self._retry_at_ms = max(self._retry_at_ms, self.now_ms + self.settings.retry_backoff_ms)
 
     def _fail(self, code: ErrorCode, message: str) -> None:
@@ -643,14 +649,14 @@ _FATAL_TEXT = {
     ErrorCode.INVALID_GROUP_ID: "the group id is not valid",
 }
 
-_HANDLERS: dict[type, Callable[[GroupCore, object], None]] = {
+_HANDLERS: dict[type, Callable[..., None]] = {
     Tick: GroupCore._on_tick, Subscribe: GroupCore._on_subscribe, Polled: GroupCore._on_polled,
     PartitionCounts: GroupCore._on_counts, Answered: GroupCore._on_answered, Failed: GroupCore._on_failed,
     RevocationDone: GroupCore._on_revocation_done, CommitAnswered: GroupCore._on_commit_answered,
     Close: GroupCore._on_close,
-}  # type: ignore[dict-item]
-_ANSWERS: dict[type, Callable[[GroupCore, object, object], None]] = {
+}
+_ANSWERS: dict[type, Callable[..., None]] = {
     FindCoordinatorRequest: GroupCore._answer_find, JoinGroupRequest: GroupCore._answer_join,
     SyncGroupRequest: GroupCore._answer_sync, HeartbeatRequest: GroupCore._answer_heartbeat,
     LeaveGroupRequest: GroupCore._answer_leave,
-}  # type: ignore[dict-item]
+}
