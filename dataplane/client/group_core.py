@@ -161,7 +161,15 @@ class Close:
     now_ms: int
 
 
-Event = Tick | Subscribe | Polled | PartitionCounts | Answered | Failed | RevocationDone | CommitAnswered | Close
+@_frozen
+class WantCoordinator:
+    """Find the coordinator although the member has not joined (to commit or read offsets)."""
+
+    now_ms: int
+
+
+Event = Tick | Subscribe | Polled | PartitionCounts | Answered | Failed | RevocationDone | CommitAnswered | Close | \
+    WantCoordinator
 
 
 # ------------------------------------------------------------------ outputs
@@ -250,6 +258,7 @@ class GroupCore:
         self._group_topics: frozenset[str] = frozenset()   # leader: every topic the group reads
         self._members: tuple[GroupMember, ...] = ()        # leader: the members to assign to
         self._find_out = False
+        self._want_coordinator = False
         self._heartbeat_out = False
         self._revoking = False
         self._closing = False
@@ -281,6 +290,15 @@ class GroupCore:
         return self.owned
 
     @property
+    def is_leader(self) -> bool:
+        return bool(self.member_id) and self.leader_id == self.member_id
+
+    @property
+    def group_topics(self) -> frozenset[str]:
+        """As leader: every topic the group's members read (from the last join)."""
+        return self._group_topics
+
+    @property
     def in_generation(self) -> bool:
         return self.generation_id != NO_GENERATION and bool(self.member_id)
 
@@ -288,13 +306,13 @@ class GroupCore:
         """When a Tick next has work to do (None: only an answer or a user call can move it).
         Every time given is one at which a Tick changes something, so a driver that sleeps
         until it never spins."""
-        if self.state in (State.CLOSED, State.LEAVING) or self._ready.fatal is not None:
+        if self.state is State.CLOSED or self._ready.fatal is not None:
             return None
         times = []
         if self.in_generation:
             times.append(self._last_poll_ms + self.settings.max_poll_interval_ms + 1)
         if self.coordinator is None:
-            if not self._find_out and self.state is not State.IDLE:
+            if not self._find_out and (self.state is not State.IDLE or self._want_coordinator):
                 times.append(self._retry_at_ms)
         else:
             if self.state is State.REJOIN and not self._revoking:
@@ -384,6 +402,9 @@ class GroupCore:
         self._send_leave()
         self.generation_id = NO_GENERATION
         self._finish_close()
+
+    def _on_want_coordinator(self, ev: WantCoordinator) -> None:
+        self._want_coordinator = True
 
     def _on_commit_answered(self, ev: CommitAnswered) -> None:
         codes = [p.error_code for t in ev.response.topics for p in t.partitions if p.error_code != ErrorCode.NONE]
@@ -615,7 +636,8 @@ class GroupCore:
         if self._ready.fatal is not None:
             return
         if self.coordinator is None:
-            if not self._find_out and self.now_ms >= self._retry_at_ms and self.state is not State.IDLE:
+            if not self._find_out and self.now_ms >= self._retry_at_ms and \
+                    (self.state is not State.IDLE or self._want_coordinator):
                 self._find_out = True
                 self._ready.send.append(Send(request=FindCoordinatorRequest(key=self.settings.group_id), to=None))
             return
@@ -653,7 +675,7 @@ _HANDLERS: dict[type, Callable[..., None]] = {
     Tick: GroupCore._on_tick, Subscribe: GroupCore._on_subscribe, Polled: GroupCore._on_polled,
     PartitionCounts: GroupCore._on_counts, Answered: GroupCore._on_answered, Failed: GroupCore._on_failed,
     RevocationDone: GroupCore._on_revocation_done, CommitAnswered: GroupCore._on_commit_answered,
-    Close: GroupCore._on_close,
+    Close: GroupCore._on_close, WantCoordinator: GroupCore._on_want_coordinator,
 }
 _ANSWERS: dict[type, Callable[..., None]] = {
     FindCoordinatorRequest: GroupCore._answer_find, JoinGroupRequest: GroupCore._answer_join,
