@@ -45,8 +45,8 @@ def values(prefix: str) -> list[bytes]:
     return [f"{prefix} record {i} ".encode() * 8 for i in range(COUNT)]
 
 
-# librdkafka sends lz4 only to brokers advertising FindCoordinator (not served yet).
-@pytest.mark.parametrize("codec", ["gzip", "snappy", "zstd"])
+# librdkafka sends lz4 only to brokers advertising FindCoordinator (served since consumer groups).
+@pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
 def test_librdkafka_compressed_batches_are_read_by_the_sdk_consumer(cluster, codec):
     topic = f"from-librdkafka-{codec}"
     cluster.create_topic(topic, partitions=1, replication_factor=1)

@@ -4,7 +4,7 @@ kcat), kafka-python and aiokafka produce, and read back exactly what they produc
 One 3-broker cluster serves the module (each test makes its own topics, RF 3).
 A new leader's first offset holds its epoch-start control record (Kafka's
 LEADER_CHANGE), which consumers skip: a new partition's records start at offset 1.
-Consumers assign partitions by hand: group APIs are not served yet (issue 15).
+Consumers here assign partitions by hand; groups are tests/test_kafka_groups.py's.
 """
 from __future__ import annotations
 

@@ -13,7 +13,10 @@ from dataplane.kafka import handlers, messages, offsets, protocol  # noqa: F401 
 from dataplane.kafka.metadata import api_versions_body
 from dataplane.kafka.registry import APIS, Request, register
 
-GROUP_AND_TRANSACTION_KEYS = {8, 9, 10, 11, 12, 13, 14, 15, 16, 24, 25, 26, 28, 42, 47, 61, 65, 66, 68, 69}
+# Kafka's classic group APIs and the versions served (dataplane/kafka/groups.py).
+GROUP_VERSIONS = {8: (2, 7), 9: (1, 5), 10: (0, 2), 11: (0, 5), 12: (0, 3), 13: (0, 3), 14: (0, 3), 15: (0, 4),
+                  16: (0, 2), 42: (0, 1)}
+TRANSACTION_KEYS = {24, 25, 26, 28, 47, 61, 65, 66, 68, 69}
 
 
 def test_every_biplane_error_code_is_a_kafka_code_of_the_same_meaning() -> None:
@@ -22,12 +25,13 @@ def test_every_biplane_error_code_is_a_kafka_code_of_the_same_meaning() -> None:
         assert kafka.name.upper().startswith(code.name.split("_")[0]), (code, kafka)
 
 
-def test_api_versions_advertises_what_is_registered_and_no_groups_or_transactions() -> None:
+def test_api_versions_advertises_what_is_registered_groups_and_no_transactions() -> None:
     body = api_versions_body(3)
     advertised = {k.api_key: (k.min_version, k.max_version) for k in body.api_keys}
     assert advertised == {0: (0, 8), 1: (4, 11), 2: (1, 5), 3: (0, 8), 18: (0, 3), 22: (0, 1), 23: (2, 3)} | {
         k: (a.advertised_from, a.versions[1]) for k, a in APIS.items() if k not in (0, 1, 2, 3, 18, 22, 23)}
-    assert not advertised.keys() & GROUP_AND_TRANSACTION_KEYS
+    assert {k: advertised[k] for k in GROUP_VERSIONS} == GROUP_VERSIONS
+    assert not advertised.keys() & TRANSACTION_KEYS
 
 
 def test_register_refuses_a_second_handler_and_bad_ranges() -> None:
@@ -53,8 +57,8 @@ def test_decode_reads_v2_headers_and_refusals_by_version() -> None:
     assert not unknown_version.served and unknown_version.correlation_id == 7
     old_produce = protocol.decode_request(header(0, 2, flexible=False) + struct.pack(">hii", 1, 100, 0))
     assert not old_produce.served and old_produce.body.acks == 1
-    with pytest.raises(protocol.FrameError, match="API key 10 .* not served"):
-        protocol.decode_request(header(10, 0, flexible=False))
+    with pytest.raises(protocol.FrameError, match="API key 24 .* not served"):   # AddPartitionsToTxn
+        protocol.decode_request(header(24, 0, flexible=False))
     with pytest.raises(protocol.FrameError, match="version 12 is not served; versions 4..11"):
         protocol.decode_request(header(1, 12, flexible=True))
     with pytest.raises(protocol.FrameError, match="does not parse"):

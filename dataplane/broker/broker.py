@@ -39,6 +39,8 @@ from dataplane.broker.producer_ids import ProducerIds
 from dataplane.broker.pusher import Pusher
 from dataplane.broker.replicas import ReplicaManager
 from dataplane.broker.budget import ProduceBudget
+from dataplane.groups.driver import GroupCoordinator, OffsetsTopicSettings
+from dataplane.groups.events import GroupConfig
 from dataplane.kafka.listener import start_kafka_server
 from dataplane.kafka.registry import Context as KafkaContext, TopicDefaults
 from dataplane.broker.server import Counters, RequestHandler
@@ -75,6 +77,7 @@ class Broker:
         self._usage_latest: BrokerUsage | None = None
         self.learner: MetadataLearner | None = None
         self.handler: RequestHandler | None = None
+        self.groups: GroupCoordinator | None = None
         # Heartbeats and fetch sessions share this loop with every partition: how long it
         # stalls is measured and exported (biplane_broker_event_loop_*), and logged.
         self.watchdog = LoopWatchdog(name=f"broker {config.broker_id}",
@@ -118,6 +121,15 @@ class Broker:
                                       replicas=self.replicas, producer_ids=self.producer_ids,
                                       refresh_metadata=self.learner.refresh_soon,
                                       fetch_wait_ms_max=c.fetch_wait_ms_max)
+        self.groups = GroupCoordinator(
+            broker_id=c.broker_id, requests=self.handler, control=self.control,
+            config=GroupConfig(initial_rebalance_delay_ms=c.group_initial_rebalance_delay_ms,
+                               session_timeout_ms_min=c.group_min_session_timeout_ms,
+                               session_timeout_ms_max=c.group_max_session_timeout_ms,
+                               offsets_retention_ms=c.offsets_retention_minutes * 60_000),
+            settings=OffsetsTopicSettings(partitions=c.group_offsets_partitions,
+                                          replication_factor=c.group_offsets_replication_factor))
+        self.handler.groups = self.groups
         self._server = await start_pipelined_server(self.handler.start, c.host, c.port,
                                                     max_frame_bytes=c.max_frame_bytes)
         self.port = self._server.sockets[0].getsockname()[1]
@@ -147,11 +159,13 @@ class Broker:
                                                heartbeat_timeout_ms=c.heartbeat_timeout_ms))
         self._heartbeats.start()
         self.learner.add_listener(self.replicas.on_metadata)
+        self.learner.add_listener(self.groups.on_metadata)
         loop = asyncio.get_running_loop()
         offline = OfflineRecovery(self.replicas, lambda: learner.image, data_dir=c.data_dir,
                                   ready=learner.caught_up.is_set)
         for coro in (self.learner.run(), self._heartbeat_support(), self.replicas.run_ticks(),
-                     self.replicas.run_retention(), self.replicas.run_cleaner(), offline.run()):
+                     self.replicas.run_retention(), self.replicas.run_cleaner(), offline.run(),
+                     self.groups.run_ticks()):
             task = loop.create_task(coro)
             task.add_done_callback(self._task_ended)
             self._tasks.append(task)
@@ -199,6 +213,8 @@ class Broker:
             if server is not None:
                 server.close()
         await cancel_and_wait(*self._tasks)  # a task that failed was logged when it ended
+        if self.groups is not None:
+            await self.groups.close()
         if self._heartbeats is not None:
             await asyncio.to_thread(self._heartbeats.stop)
         if self.fetcher is not None:

@@ -58,6 +58,16 @@ class BrokerConfig(BaseModel):
     # together, so produce traffic keeps the disk.
     log_cleaner_interval_ms: int = Field(default=15_000, ge=100)
     log_cleaner_io_bytes_per_second: int = Field(default=32 * 1024 * 1024, ge=1024)
+    # Consumer groups (Kafka's names): the offsets topic's partitions and replication
+    # factor when this broker creates it (None: min(3, live brokers)), the wait for more
+    # members before a new group's first rebalance, the session timeouts members may ask
+    # for, and how long an empty group's offsets are kept.
+    group_offsets_partitions: int = Field(default=16, ge=1, le=1000)
+    group_offsets_replication_factor: int | None = Field(default=None, ge=1, le=100)
+    group_initial_rebalance_delay_ms: int = Field(default=3000, ge=0, le=300_000)
+    group_min_session_timeout_ms: int = Field(default=6000, ge=1, le=3_600_000)
+    group_max_session_timeout_ms: int = Field(default=1_800_000, ge=1, le=3_600_000)
+    offsets_retention_minutes: int = Field(default=7 * 24 * 60, ge=1)
 
     @field_validator("controller_urls")
     @classmethod

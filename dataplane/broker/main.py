@@ -58,6 +58,20 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                    help="how often compacted topics' partitions are offered to the cleaner (default 15000)")
     p.add_argument("--log-cleaner-io-bytes-per-second", type=int, default=32 * 1024 * 1024,
                    help="bytes a second the cleaner may read and write together (default 32 MiB)")
+    p.add_argument("--group-offsets-partitions", type=int, default=16,
+                   help="partitions of the consumer groups' offsets topic (__consumer_offsets) when this broker "
+                        "creates it; fixed afterwards (Kafka's offsets.topic.num.partitions; default 16)")
+    p.add_argument("--group-offsets-replication-factor", type=int,
+                   help="its replication factor (default: 3, or the number of live brokers if fewer)")
+    p.add_argument("--group-initial-rebalance-delay-ms", type=int, default=3000,
+                   help="how long a new group waits for more members before its first rebalance "
+                        "(Kafka's group.initial.rebalance.delay.ms; default 3000)")
+    p.add_argument("--group-min-session-timeout-ms", type=int, default=6000,
+                   help="the shortest session timeout a group member may ask for (default 6000)")
+    p.add_argument("--group-max-session-timeout-ms", type=int, default=1_800_000,
+                   help="the longest session timeout a group member may ask for (default 1800000)")
+    p.add_argument("--offsets-retention-minutes", type=int, default=7 * 24 * 60,
+                   help="how long an empty group's committed offsets are kept (default 7 days)")
     p.add_argument("--ports-file", help="write {\"port\", \"metrics_port\"} as JSON here once listening")
     p.add_argument("--log-level", default="WARNING", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     return p
@@ -76,7 +90,13 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
                         unreplicated_bytes_max=args.unreplicated_bytes_max,
                         retention_check_interval_ms=args.retention_check_interval_ms,
                         log_cleaner_interval_ms=args.log_cleaner_interval_ms,
-                        log_cleaner_io_bytes_per_second=args.log_cleaner_io_bytes_per_second)
+                        log_cleaner_io_bytes_per_second=args.log_cleaner_io_bytes_per_second,
+                        group_offsets_partitions=args.group_offsets_partitions,
+                        group_offsets_replication_factor=args.group_offsets_replication_factor,
+                        group_initial_rebalance_delay_ms=args.group_initial_rebalance_delay_ms,
+                        group_min_session_timeout_ms=args.group_min_session_timeout_ms,
+                        group_max_session_timeout_ms=args.group_max_session_timeout_ms,
+                        offsets_retention_minutes=args.offsets_retention_minutes)
 
 
 async def serve(config: BrokerConfig, ports_file: str | None) -> int:

@@ -1,4 +1,5 @@
-"""The data-plane listener: answers PRODUCE, FETCH, LIST_OFFSETS, METADATA, API_VERSIONS, INIT_PRODUCER_ID.
+"""The data-plane listener: answers PRODUCE, FETCH, LIST_OFFSETS, METADATA, API_VERSIONS, INIT_PRODUCER_ID,
+and the consumer-group requests (through the broker's group coordinator, dataplane/groups/driver.py).
 
 Every partition is answered on its own: an unknown partition, a stale or
 future epoch, a corrupt or oversized batch gets its error code and the other
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from common.errors import BiplaneError, ErrorCode
 from common.metadata.image import MetadataImage
@@ -33,8 +34,18 @@ from dataplane.broker.partition import PartitionDriver
 from dataplane.broker.producer_ids import ProducerIds
 from dataplane.broker.pusher import answer_append_entries
 from dataplane.broker.replicas import ReplicaManager
+from dataplane.groups.placement import is_internal
+
+if TYPE_CHECKING:
+    from dataplane.groups.driver import GroupCoordinator
 
 log = logging.getLogger("biplane.broker.server")
+
+GROUP_REQUESTS = frozenset({
+    wire.FindCoordinatorRequest, wire.JoinGroupRequest, wire.SyncGroupRequest, wire.HeartbeatRequest,
+    wire.LeaveGroupRequest, wire.OffsetCommitRequest, wire.OffsetFetchRequest, wire.DescribeGroupsRequest,
+    wire.ListGroupsRequest, wire.DeleteGroupsRequest,
+})
 
 
 class Counters:
@@ -59,6 +70,8 @@ class RequestHandler:
         self.refresh_metadata = refresh_metadata
         self.fetch_wait_ms_max = fetch_wait_ms_max
         self.counters = Counters()
+        # Set by the broker once built (it produces through this handler).
+        self.groups: "GroupCoordinator | None" = None
 
     def start(self, header: RequestHeader, request: Any) -> Awaitable[Any]:
         """Begin handling in arrival order; produce requests reach their cores before this returns."""
@@ -84,6 +97,9 @@ class RequestHandler:
             return await self.init_producer_id(request)
         if kind is wire.AppendEntriesRequest:
             return await self.append_entries(request)
+        if kind in GROUP_REQUESTS:
+            assert self.groups is not None, "the broker sets its group coordinator before it listens"
+            return await self.groups.handle(request)
         raise AssertionError(f"no handler for {kind.__name__}")
 
     # ------------------------------------------------------------ shared
@@ -107,12 +123,14 @@ class RequestHandler:
 
     # ------------------------------------------------------------ produce
 
-    def start_produce(self, request: wire.ProduceRequest, *, answer_acks_0: bool = False
-                      ) -> Awaitable[wire.ProduceResponse | None]:
+    def start_produce(self, request: wire.ProduceRequest, *, answer_acks_0: bool = False,
+                      internal: bool = False) -> Awaitable[wire.ProduceResponse | None]:
         """Check and submit every partition now, in request order; the awaitable gives the answer
-        (None for acks=0, unless `answer_acks_0`: the Kafka listener acts on its errors)."""
+        (None for acks=0, unless `answer_acks_0`: the Kafka listener acts on its errors).
+        `internal`: the broker's own write (the group coordinator's); clients may not write
+        to internal topics, whose records the broker must be able to read back."""
         acks, timeout_ms = request.acks, request.timeout_ms
-        parts = [(t.topic, p.partition, self._submit_partition(t.topic, p, acks, timeout_ms))
+        parts = [(t.topic, p.partition, self._submit_partition(t.topic, p, acks, timeout_ms, internal))
                  for t in request.topics for p in t.partitions]
 
         async def answer() -> wire.ProduceResponse | None:
@@ -136,7 +154,8 @@ class RequestHandler:
                 wire.ProduceTopicResponse(topic=t, partitions=tuple(ps)) for t, ps in by_topic.items()))
         return answer()
 
-    def _submit_partition(self, topic: str, p: wire.ProducePartition, acks: int, timeout_ms: int):
+    def _submit_partition(self, topic: str, p: wire.ProducePartition, acks: int, timeout_ms: int,
+                          internal: bool = False):
         """A refusal (ProducePartitionResponse), or (driver, future of the core's release).
         Every check of the request is the core's (dataplane/replica/admission.py)."""
         def refuse(code: ErrorCode, message: str) -> wire.ProducePartitionResponse:
@@ -144,6 +163,9 @@ class RequestHandler:
             return wire.ProducePartitionResponse(partition=p.partition, error_code=code, error_message=message,
                                                  current_leader=self._current_leader(topic, p.partition))
 
+        if is_internal(topic) and not internal:
+            return refuse(ErrorCode.INVALID_TOPIC, f"{topic} is internal: only the brokers' group coordinator "
+                                                   f"writes to it; commit offsets with OffsetCommit")
         driver, error = self._locate(topic, p.partition)
         if driver is None:
             return refuse(error, f"{topic}-{p.partition}: {error.name} on broker {self.broker_id}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from common.errors import ErrorCode
 from common.wire import messages as wire
+from dataplane.groups.placement import is_internal
 from dataplane.kafka import admin, messages
 from dataplane.kafka.protocol import API_VERSIONS
 from dataplane.kafka.registry import APIS, Answer, Context, Request, register
@@ -59,7 +60,7 @@ async def metadata(request: Request, context: Context) -> Answer:
     return messages.build(messages.response_schema(METADATA, request.version), {
         "throttle_time": 0, "brokers": brokers, "cluster_id": context.cluster_id,
         "controller_id": context.broker_id,
-        "topics": [{"error_code": codes[t.topic], "name": t.topic, "is_internal": False,
+        "topics": [{"error_code": codes[t.topic], "name": t.topic, "is_internal": is_internal(t.topic),
                     "partitions": [{"error_code": int(p.error_code), "partition_index": p.partition,
                                     "leader_id": p.leader_id, "leader_epoch": p.leader_epoch,
                                     "replica_nodes": p.replicas, "isr_nodes": p.isr,
