@@ -1,0 +1,336 @@
+"""The SDK's group consumer against a real cluster: Biplane consumers share a topic's
+partitions exactly once; a member that leaves hands its partitions over at once, at its
+commits, and one killed with kill -9 loses them after its session, the others resuming at
+its commits with nothing skipped; a Biplane consumer and a librdkafka consumer (the Kafka
+API listener) share one group; `biplane group` run as a user would."""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from cluster_harness import Cluster
+from controller_harness import BIPLANE, REPO
+from dataplane.client import Consumer, Producer, TopicPartition
+
+pytestmark = pytest.mark.slow
+
+SESSION_MS = 3000
+BROKER_ARGS = ["--group-offsets-partitions", "4", "--group-initial-rebalance-delay-ms", "300",
+               "--group-min-session-timeout-ms", "1000"]
+MEMBER = Path(__file__).with_name("sdk_group_member.py")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with Cluster(tmp_path_factory.mktemp("sdk-groups"), brokers=3, broker_args=BROKER_ARGS) as c:
+        yield c
+
+
+def bootstrap(c: Cluster) -> str:
+    return ",".join(f"127.0.0.1:{b.port}" for b in c.brokers.values())
+
+
+def group_consumer(c: Cluster, group: str, **extra: Any) -> Consumer:
+    options: dict[str, Any] = dict(bootstrap=bootstrap(c), group_id=group, auto_offset_reset="earliest",
+                                   session_timeout_ms=SESSION_MS, heartbeat_interval_ms=500, fetch_max_wait_ms=100)
+    return Consumer(**{**options, **extra})
+
+
+async def produce(c: Cluster, topic: str, values: list[str], partitions: int) -> None:
+    async with Producer(bootstrap=bootstrap(c), linger_ms=2) as producer:
+        futures = [await producer.send(topic, v.encode(), partition=i % partitions) for i, v in enumerate(values)]
+        await asyncio.gather(*futures)
+
+
+async def log_offsets(c: Cluster, topic: str, partitions: int) -> dict[int, list[int]]:
+    """Every record's offset in each partition, read from the beginning without a group."""
+    out: dict[int, list[int]] = {p: [] for p in range(partitions)}
+    async with Consumer(bootstrap=bootstrap(c), from_beginning=True) as reader:
+        await reader.assign([(topic, p) for p in range(partitions)])
+        ends = await reader.end_offsets([TopicPartition(topic, p) for p in range(partitions)])
+        deadline = time.monotonic() + 30
+        while any(reader.position((topic, p)) is None or reader.position((topic, p)) < ends[TopicPartition(topic, p)]
+                  for p in range(partitions)):
+            assert time.monotonic() < deadline, "could not read the topic back"
+            for r in await reader.poll(timeout_ms=200):
+                out[r.partition].append(r.offset)
+    return out
+
+
+async def drain(consumers: dict[str, Consumer], into: dict[str, list[tuple[int, int, str]]], want: int,
+                timeout_s: float = 40) -> None:
+    """Poll every consumer in turn until `want` records were read in all."""
+    deadline = time.monotonic() + timeout_s
+    while sum(len(v) for v in into.values()) < want:
+        assert time.monotonic() < deadline, f"read {sum(len(v) for v in into.values())} of {want} records"
+        for name, consumer in consumers.items():
+            for r in await consumer.poll(timeout_ms=50):
+                into[name].append((r.partition, r.offset, r.value.decode() if r.value else ""))
+
+
+async def wait_split(consumers: dict[str, Consumer], partitions: int, timeout_s: float = 40) -> None:
+    """Poll until the group's partitions are split among all the consumers, each having some."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for consumer in consumers.values():
+            assert not await consumer.poll(timeout_ms=50), "records before any were produced"
+        owned = [tp.partition for consumer in consumers.values() for tp in consumer.assignment()]
+        if sorted(owned) == list(range(partitions)) and all(c.assignment() for c in consumers.values()):
+            return
+        assert time.monotonic() < deadline, f"the group never split its {partitions} partitions: " \
+                                            f"{ {n: sorted(map(str, c.assignment())) for n, c in consumers.items()} }"
+
+
+def test_three_sdk_consumers_read_a_topic_exactly_once(cluster: Cluster) -> None:
+    """Three members of one group split a 6-partition topic two partitions each (range) and
+    read each record exactly once between them; callbacks saw exactly what they own."""
+    topic, group = "sdk-three", "sdk-three-g"
+    cluster.create_topic(topic, partitions=6)
+
+    async def run() -> None:
+        assigned: dict[str, set[TopicPartition]] = {n: set() for n in "abc"}
+
+        def on_assign(name: str) -> Any:
+            return lambda tps: assigned[name].update(tps)
+
+        def on_revoke(name: str) -> Any:
+            return lambda tps: assigned[name].difference_update(tps)
+        consumers = {n: group_consumer(cluster, group, partition_assignment_strategy="range") for n in "abc"}
+        try:
+            for name, consumer in consumers.items():
+                await consumer.subscribe(topic, on_assign=on_assign(name), on_revoke=on_revoke(name))
+            await wait_split(consumers, 6)
+            assert all(len(c.assignment()) == 2 for c in consumers.values())
+            assert all(assigned[n] == consumers[n].assignment() for n in consumers)
+            values = [f"v{i}" for i in range(600)]
+            await produce(cluster, topic, values, 6)
+            got: dict[str, list[tuple[int, int, str]]] = {n: [] for n in consumers}
+            await drain(consumers, got, 600)
+            seen = [v for records in got.values() for _, _, v in records]
+            assert sorted(seen) == sorted(values), "each record exactly once across the group"
+            for name, records in got.items():
+                assert {p for p, _, _ in records} <= {tp.partition for tp in consumers[name].assignment()}
+        finally:
+            for consumer in consumers.values():
+                await consumer.close()
+        # Closing committed what each had read: the group's offsets are the partitions' ends.
+        async with group_consumer(cluster, group) as probe:
+            committed = await probe.committed([TopicPartition(topic, p) for p in range(6)])
+            ends = await probe.end_offsets([TopicPartition(topic, p) for p in range(6)])
+        assert committed == ends
+    asyncio.run(run())
+
+
+class Member:
+    """An sdk_group_member.py process; its output read on a thread."""
+
+    def __init__(self, c: Cluster, group: str, topic: str) -> None:
+        self.proc = subprocess.Popen([sys.executable, str(MEMBER), bootstrap(c), group, topic, str(SESSION_MS)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(REPO),
+                                     env={**os.environ, "PYTHONPATH": str(REPO)})
+        self.records: list[tuple[int, int, str]] = []
+        self.owned: set[int] = set()
+        self.closed = False
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            kind, _, rest = line.strip().partition(" ")
+            if kind == "record":
+                p, o, v = rest.split(" ", 2)
+                self.records.append((int(p), int(o), v))
+            elif kind == "assigned":
+                self.owned |= {int(p) for p in rest.split(",") if p}
+            elif kind == "revoked":
+                self.owned -= {int(p) for p in rest.split(",") if p}
+            elif kind == "closed":
+                self.closed = True
+
+    def stop(self) -> str:
+        """SIGTERM (a clean close) and wait; returns stderr, which must hold no traceback."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        _, err = self.proc.communicate(timeout=30)
+        self._reader.join(5)
+        return err
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+
+
+def wait_for(check: Any, timeout_s: float, what: str) -> float:
+    start = time.monotonic()
+    while not check():
+        assert time.monotonic() - start < timeout_s, what
+        time.sleep(0.05)
+    return time.monotonic() - start
+
+
+def test_member_leaving_and_member_killed(cluster: Cluster) -> None:
+    """Three member processes. One closes (SIGTERM): it commits and leaves, so its partitions
+    move long before a session timeout and the next owners start right after its last
+    record (no duplicate). One is killed with kill -9: its partitions move once its session
+    expires and the survivor resumes each at the group's committed offset. Every record in
+    the log was read by someone: nothing skipped."""
+    topic, group = "sdk-faults", "sdk-faults-g"
+    cluster.create_topic(topic, partitions=6)
+    members = {n: Member(cluster, group, topic) for n in "abc"}
+    a, b, c = members["a"], members["b"], members["c"]
+    try:
+        wait_for(lambda: sorted(p for m in members.values() for p in m.owned) == list(range(6))
+                 and all(m.owned for m in members.values()), 60, "the group never split three ways")
+        total = [0]
+
+        def phase(name: str, count: int) -> None:
+            values = [f"{name}-{i}" for i in range(count)]
+            asyncio.run(produce(cluster, topic, values, 6))
+            total[0] += count
+            wait_for(lambda: len({v for m in members.values() for _, _, v in m.records}) >= total[0], 60,
+                     f"phase {name}: the group did not read every record")
+
+        phase("first", 300)
+        moved = set(b.owned)
+        last_read = {p: max(o for q, o, _ in b.records if q == p) for p in moved}
+        err = b.stop()
+        assert b.closed and "Traceback" not in err and "ERROR" not in err, err
+        took = wait_for(lambda: moved <= a.owned | c.owned, 30, "a leaving member's partitions never moved")
+        assert took < SESSION_MS / 1000, f"the move took {took:.1f} s: the leave was not seen, the session expired"
+        phase("second", 300)
+        for p in moved:
+            resumed = min(o for m in (a, c) for q, o, v in m.records if q == p and v.startswith("second"))
+            # b committed its position on close: the next owner starts right after b's last record
+            # (the first record of "second" in that partition, since b read all of "first").
+            assert resumed > last_read[p], (p, resumed, last_read[p])
+        firsts = [v for m in members.values() for _, _, v in m.records if v.startswith("first")]
+        assert len(firsts) == len(set(firsts)) == 300, "a clean hand-over reads nothing twice"
+
+        moved = set(c.owned)
+        c_last = {p: max((o for q, o, _ in c.records if q == p), default=-1) for p in moved}
+        a_before = len(a.records)
+        c.kill()
+
+        async def committed_now() -> dict[TopicPartition, int | None]:
+            async with group_consumer(cluster, group) as probe:
+                return await probe.committed([TopicPartition(topic, p) for p in moved])
+        committed = {tp.partition: offset for tp, offset in asyncio.run(committed_now()).items()}
+        took = wait_for(lambda: moved <= a.owned, 60, "a killed member's partitions never moved")
+        assert took > SESSION_MS / 1000 * 0.3, f"moved after {took:.1f} s: before the session could expire?"
+        phase("third", 300)
+        after = a.records[a_before:]
+        for p in moved:
+            assert committed[p] is not None and committed[p] <= c_last[p] + 1, (p, committed[p], c_last[p])
+            resumed = min(o for q, o, _ in after if q == p)
+            assert resumed == committed[p], f"partition {p}: resumed at {resumed}, committed {committed[p]}"
+        # Nothing skipped: every record in the log was read by some member.
+        logged = asyncio.run(log_offsets(cluster, topic, 6))
+        read: dict[int, set[int]] = {p: set() for p in range(6)}
+        for m in members.values():
+            for p, o, _ in m.records:
+                read[p].add(o)
+        for p in range(6):
+            missing = sorted(set(logged[p]) - read[p])
+            assert not missing, f"partition {p}: offsets {missing[:10]} never read"
+    finally:
+        for m in members.values():
+            m.kill()
+
+
+def test_biplane_and_librdkafka_consumers_share_a_group(cluster: Cluster) -> None:
+    """A Biplane consumer (Biplane's listener) and a confluent-kafka consumer (the Kafka API
+    listener) in one group: the coordinator sees both, each reads its half, nothing twice."""
+    confluent_kafka = pytest.importorskip("confluent_kafka")
+    import confluent_kafka.admin  # DescribeGroups through the AdminClient
+    topic, group = "sdk-mixed", "sdk-mixed-g"
+    cluster.create_topic(topic, partitions=6)
+    kafka = confluent_kafka.Consumer({"bootstrap.servers": cluster.kafka_bootstrap, "group.id": group,
+                                      "auto.offset.reset": "earliest", "session.timeout.ms": SESSION_MS,
+                                      "heartbeat.interval.ms": 500, "partition.assignment.strategy": "range"})
+    kafka_records: list[tuple[int, int, str]] = []
+
+    def kafka_poll(seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            m = kafka.poll(0.05)
+            if m is not None and m.error() is None:
+                kafka_records.append((m.partition(), m.offset(), m.value().decode()))
+
+    async def run() -> None:
+        ours = group_consumer(cluster, group, partition_assignment_strategy="range")
+        mine: list[tuple[int, int, str]] = []
+        try:
+            kafka.subscribe([topic])
+            await ours.subscribe(topic)
+            deadline = time.monotonic() + 60
+            while True:
+                await asyncio.to_thread(kafka_poll, 0.2)
+                mine += [(r.partition, r.offset, r.value.decode()) for r in await ours.poll(timeout_ms=100)]
+                theirs = {tp.partition for tp in kafka.assignment()}
+                own = {tp.partition for tp in ours.assignment()}
+                if len(theirs) == 3 and len(own) == 3 and theirs | own == set(range(6)):
+                    break
+                assert time.monotonic() < deadline, f"no split: kafka {sorted(theirs)}, biplane {sorted(own)}"
+            admin = confluent_kafka.admin.AdminClient({"bootstrap.servers": cluster.kafka_bootstrap})
+            described = admin.describe_consumer_groups([group])[group].result(timeout=20)
+            assert len(described.members) == 2
+            values = [f"m{i}" for i in range(300)]
+            await produce(cluster, topic, values, 6)
+            deadline = time.monotonic() + 40
+            while len(mine) + len(kafka_records) < 300:
+                assert time.monotonic() < deadline, f"read {len(mine) + len(kafka_records)} of 300"
+                await asyncio.to_thread(kafka_poll, 0.1)
+                mine += [(r.partition, r.offset, r.value.decode()) for r in await ours.poll(timeout_ms=100)]
+            assert sorted(v for _, _, v in mine + kafka_records) == sorted(values)
+            assert {p for p, _, _ in mine} == own and {p for p, _, _ in kafka_records} == theirs
+        finally:
+            await ours.close()
+            kafka.close()
+    asyncio.run(run())
+
+
+def test_heartbeats_go_on_while_the_user_processes_and_a_stuck_member_leaves(cluster: Cluster) -> None:
+    """Processing (awaiting) for twice the session timeout between polls keeps the member in
+    the group: its heartbeats come from a task of their own, so the other member never gets
+    its partitions. Not polling for max_poll_interval_ms makes it leave: the other member
+    takes everything, and its next poll rejoins."""
+    topic, group = "sdk-busy", "sdk-busy-g"
+    cluster.create_topic(topic, partitions=4)
+
+    async def run() -> None:
+        busy = group_consumer(cluster, group, partition_assignment_strategy="range", max_poll_interval_ms=8000)
+        other = group_consumer(cluster, group, partition_assignment_strategy="range")
+        consumers = {"busy": busy, "other": other}
+        try:
+            for consumer in consumers.values():
+                await consumer.subscribe(topic)
+            await wait_split(consumers, 4)
+            generation = busy._group.core.generation_id if busy._group else -1
+            held = busy.assignment()
+            deadline = time.monotonic() + 2 * SESSION_MS / 1000
+            while time.monotonic() < deadline:   # busy "processes"; only the other polls
+                await other.poll(timeout_ms=100)
+            await busy.poll(timeout_ms=0)
+            assert busy.assignment() == held and busy._group and busy._group.core.generation_id == generation, \
+                "the member lost its partitions while it processed: heartbeats were starved"
+            start = time.monotonic()
+            while len(other.assignment()) < 4:   # busy stops polling past max_poll_interval_ms
+                assert time.monotonic() - start < 30, "the stuck member never left the group"
+                await other.poll(timeout_ms=100)
+            assert time.monotonic() - start > 4, "left before max_poll_interval_ms"
+            await wait_split(consumers, 4)   # its next poll brings it back
+        finally:
+            for consumer in consumers.values():
+                await consumer.close()
+    asyncio.run(run())
