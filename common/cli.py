@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "produce": ("dataplane.client.cli:produce_main", "send lines from stdin to a topic"),
     "consume": ("dataplane.client.cli:consume_main", "print a topic's records"),
     "bench": ("dataplane.client.cli:bench_main", "producer/consumer load generator: records/s, MB/s, latency"),
+    "group": ("dataplane.client.group_cli:main", "list, describe, reset the offsets of, or delete consumer groups"),
 }
 
 # Servers handle their own signals (a broker's SIGTERM is a controlled shutdown).

@@ -6,6 +6,7 @@ API listener) share one group; `biplane group` run as a user would."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -334,3 +335,102 @@ def test_heartbeats_go_on_while_the_user_processes_and_a_stuck_member_leaves(clu
             for consumer in consumers.values():
                 await consumer.close()
     asyncio.run(run())
+
+
+def biplane(c: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run([BIPLANE, "group", *args, "--bootstrap", bootstrap(c)], capture_output=True, text=True,
+                          timeout=60, cwd=str(REPO), env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert "Traceback" not in done.stderr, done.stderr
+    return done
+
+
+def test_group_cli_as_a_user_runs_it(cluster: Cluster) -> None:
+    """`biplane group list|describe|reset-offsets|delete` in a subprocess: describe shows the
+    live member and its partitions (decoded), committed offsets, ends and lag; a reset is
+    refused while the group has a member and done once it has none (a dry run commits
+    nothing); delete removes the group, and every failure is one clear line with exit 1."""
+    topic, group = "sdk-cli", "sdk-cli-g"
+    cluster.create_topic(topic, partitions=3)
+
+    async def consume_some() -> Consumer:
+        await produce(cluster, topic, [f"c{i}" for i in range(60)], 3)
+        consumer = group_consumer(cluster, group, enable_auto_commit=False, client_id="cli-test")
+        await consumer.subscribe(topic)
+        got = 0
+        deadline = time.monotonic() + 40
+        while got < 60:
+            assert time.monotonic() < deadline, f"read {got} of 60"
+            got += len(await consumer.poll(timeout_ms=100))
+        # Commit 10 records short of the end in every partition: a lag of 10 each.
+        await consumer.commit({tp: pos - 10 for tp in consumer.assignment()
+                               if (pos := consumer.position(tp)) is not None})
+        return consumer
+
+    loop = asyncio.new_event_loop()
+    consumer = loop.run_until_complete(consume_some())
+    try:
+        ends = loop.run_until_complete(consumer.end_offsets([TopicPartition(topic, p) for p in range(3)]))
+        # Keep the member alive (heartbeats) while the CLI runs in another process.
+        keep = loop.create_task(asyncio.sleep(3600))
+        runner = threading.Thread(target=loop.run_until_complete, args=(keep,), daemon=True)
+        runner.start()
+
+        listed = biplane(cluster, "list")
+        assert listed.returncode == 0, listed.stderr
+        assert any(line.split()[:2] == [group, "Stable"] for line in listed.stdout.splitlines()), listed.stdout
+        described = biplane(cluster, "describe", group)
+        assert described.returncode == 0, described.stderr
+        assert f"group {group}: Stable, protocol consumer/range, 1 member(s)" in described.stdout
+        assert "cli-test" in described.stdout and f"{topic}:0,1,2" in described.stdout, described.stdout
+        doc = json.loads(biplane(cluster, "describe", group, "--json").stdout)
+        rows = {r["partition"]: r for r in doc["partitions"]}
+        for p in range(3):
+            end = ends[TopicPartition(topic, p)]
+            assert rows[p]["end"] == end and rows[p]["committed"] == end - 10 and rows[p]["lag"] == 10, rows[p]
+            assert rows[p]["member_id"] == doc["members"][0]["member_id"]
+
+        refused = biplane(cluster, "reset-offsets", group, "--to-earliest", "--topic", topic)
+        assert refused.returncode == 1 and "stop its consumers first" in refused.stderr, refused
+        assert len(refused.stderr.strip().splitlines()) == 1
+    finally:
+        loop.call_soon_threadsafe(keep.cancel)
+        runner.join(10)
+        loop.run_until_complete(consumer.close())
+        loop.close()
+
+    dry = biplane(cluster, "reset-offsets", group, "--to-earliest", "--topic", f"{topic}:0", "--dry-run")
+    assert dry.returncode == 0 and "dry run" in dry.stdout, dry
+    committed = {r["partition"]: r["committed"] for r in json.loads(
+        biplane(cluster, "describe", group, "--json").stdout)["partitions"]}
+    assert committed[0] == ends[TopicPartition(topic, 0)] - 10, "a dry run committed"
+
+    done = biplane(cluster, "reset-offsets", group, "--to-offset", "5", "--topic", f"{topic}:0,2")
+    assert done.returncode == 0, done.stderr
+    after = json.loads(biplane(cluster, "describe", group, "--json").stdout)
+    assert after["state"] == "Empty" and after["members"] == []
+    committed = {r["partition"]: r["committed"] for r in after["partitions"]}
+    assert committed == {0: 5, 1: ends[TopicPartition(topic, 1)] - 10, 2: 5}
+    latest = biplane(cluster, "reset-offsets", group, "--to-latest", "--all-topics", "--json")
+    assert latest.returncode == 0 and all(r["new"] == ends[TopicPartition(topic, r["partition"])]
+                                          for r in json.loads(latest.stdout)["offsets"])
+    future = biplane(cluster, "reset-offsets", group, "--to-datetime", "2999-01-01T00:00:00Z", "--topic", topic,
+                     "--json")
+    assert future.returncode == 0 and all(r["new"] == ends[TopicPartition(topic, r["partition"])]
+                                          for r in json.loads(future.stdout)["offsets"])
+    past = biplane(cluster, "reset-offsets", group, "--to-datetime", "2000-01-01", "--topic", topic, "--json")
+    assert past.returncode == 0 and all(r["new"] <= 1 for r in json.loads(past.stdout)["offsets"]), past.stdout
+
+    for args, message in ((["reset-offsets", group, "--to-earliest", "--topic", "no-such-topic"], "does not exist"),
+                          (["reset-offsets", group, "--to-earliest", "--topic", f"{topic}:7"], "[7] do not exist"),
+                          (["describe", "no-such-group"], "does not exist")):
+        failed = biplane(cluster, *args)
+        assert failed.returncode == 1 and message in failed.stderr, (args, failed)
+        assert len(failed.stderr.strip().splitlines()) == 1, failed.stderr
+    deleted = biplane(cluster, "delete", group)
+    assert deleted.returncode == 0 and f"group {group}: deleted" in deleted.stdout, deleted
+    gone = biplane(cluster, "describe", group)
+    assert gone.returncode == 1 and "does not exist" in gone.stderr
+    again = biplane(cluster, "delete", group)
+    assert again.returncode == 1 and "not deleted" in again.stderr, again
+    usage = biplane(cluster, "reset-offsets", group, "--to-datetime", "yesterday", "--topic", topic)
+    assert usage.returncode == 2 and "not an ISO 8601 time" in usage.stderr

@@ -480,6 +480,17 @@ class Consumer:
     async def beginning_offsets(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
         return await self._list_offsets({TopicPartition(*tp): EARLIEST_TIMESTAMP for tp in tps})
 
+    async def offsets_for_times(self, timestamps: Mapping[TopicPartition | tuple[str, int], int]
+                                ) -> dict[TopicPartition, int]:
+        """Per partition, the offset of the first record with a timestamp >= the one given (ms since
+        the epoch); the partition's end when there is none."""
+        wanted = {}
+        for tp, ts in timestamps.items():
+            if type(ts) is not int or ts < 0:
+                raise ValueError(f"timestamp {ts!r} for {tp} must be a non-negative integer (ms since the epoch)")
+            wanted[TopicPartition(*tp)] = ts
+        return await self._list_offsets(wanted)
+
     async def _resolve_resets(self) -> None:
         if not self._pending_reset:
             return
