@@ -434,3 +434,29 @@ def test_group_cli_as_a_user_runs_it(cluster: Cluster) -> None:
     assert again.returncode == 1 and "not deleted" in again.stderr, again
     usage = biplane(cluster, "reset-offsets", group, "--to-datetime", "yesterday", "--topic", topic)
     assert usage.returncode == 2 and "not an ISO 8601 time" in usage.stderr
+
+
+def test_blocking_consumer_in_a_group(cluster: Cluster) -> None:
+    """dataplane.client.sync.Consumer in a group: its loop thread heartbeats while the caller's
+    thread sleeps past the session timeout; commit() and committed() agree; close() leaves."""
+    from dataplane.client.sync import Consumer as BlockingConsumer
+    topic, group = "sdk-sync", "sdk-sync-g"
+    cluster.create_topic(topic, partitions=2)
+    asyncio.run(produce(cluster, topic, [f"s{i}" for i in range(20)], 2))
+    consumer = BlockingConsumer(bootstrap=bootstrap(cluster), group_id=group, auto_offset_reset="earliest",
+                                session_timeout_ms=SESSION_MS, heartbeat_interval_ms=500, enable_auto_commit=False)
+    try:
+        consumer.subscribe([topic])
+        got: list[str] = []
+        deadline = time.monotonic() + 40
+        while len(got) < 20:
+            assert time.monotonic() < deadline, f"read {len(got)} of 20"
+            got += [r.value.decode() for r in consumer.poll(timeout_ms=200) if r.value]
+        assert sorted(got) == sorted(f"s{i}" for i in range(20))
+        time.sleep(2 * SESSION_MS / 1000)   # the caller's processing; heartbeats go on
+        assert not consumer.poll(timeout_ms=200) and len(consumer.assignment()) == 2
+        consumer.commit()
+        positions = {tp: consumer.position(tp) for tp in consumer.assignment()}
+        assert consumer.committed() == positions
+    finally:
+        consumer.close()
