@@ -295,14 +295,9 @@ class Consumer:
         while (work := group.take_work()) is not None:
             if work.revoke or work.lost:
                 await self._give_up(set(work.revoke or work.lost), commit=bool(work.revoke))
-            if work.assign:
-                try:
-                    await self._take_up(set(work.assign))
-                except BiplaneError as exc:
-                    log.info("group %r: starting %s failed, retrying: %s", self.group_id,
-                             sorted(str(tp) for tp in work.assign), exc)
-                    group.work.appendleft(type(work)(assign=work.assign))
-                    break
+            if work.assign and not await self._take_up(set(work.assign)):
+                group.work.appendleft(type(work)(assign=work.assign))   # at the next round
+                break
         if group.fatal is not None:
             raise group.fatal
         if self.enable_auto_commit and time.monotonic() >= self._next_auto_commit_s and group.core.in_generation \
@@ -339,9 +334,16 @@ class Consumer:
                 self._forget(tp)
             self._group.revocation_done()
 
-    async def _take_up(self, tps: set[TopicPartition]) -> None:
+    async def _take_up(self, tps: set[TopicPartition]) -> bool:
+        """Start reading newly assigned partitions; False if their committed offsets could not be
+        read yet (the coordinator moving: try again)."""
         assert self._group is not None
-        committed = await self._group.committed(sorted(tps))
+        try:
+            committed = await self._group.committed(sorted(tps))
+        except BiplaneError as exc:
+            log.info("group %r: reading the committed offsets of %s failed, retrying: %s", self.group_id,
+                     sorted(str(tp) for tp in tps), exc)
+            return False
         for tp in sorted(tps):
             offset = committed.get(tp)
             if offset is not None:
@@ -360,6 +362,7 @@ class Consumer:
             log.debug("offset lookup failed: %s", exc)   # poll() tries again
         self._announced |= tps
         await _call(self._on_assign, set(tps))
+        return True
 
     async def _leave_group(self) -> None:
         group = self._group

@@ -30,6 +30,7 @@ from common.topic_partition import TopicPartition
 from common.wire import (
     HeartbeatRequest,
     JoinGroupRequest,
+    LeaveGroupRequest,
     OffsetCommitResponse,
     OffsetFetchRequest,
     OffsetFetchResponse,
@@ -138,8 +139,8 @@ class GroupDriver:
             self._tasks.spawn(self._send(send), name=f"group-{type(send.request).__name__}")
         if ready.need_partition_counts:
             self._tasks.spawn(self._counts(ready.need_partition_counts), name="group-partition-counts")
-        if ready.left:
-            self._left.set()
+        if ready.left and not any(isinstance(s.request, LeaveGroupRequest) for s in ready.send):
+            self._left.set()   # (else once the LeaveGroup is answered or failed: _send)
         if self.core.coordinator is not None:
             self._found.set()
 
@@ -184,8 +185,10 @@ class GroupDriver:
         except BiplaneError as exc:
             log.debug("group %r: %s failed: %s", self.settings.group_id, type(request).__name__, exc)
             self.step(Failed(request=request, reason=str(exc), now_ms=_now_ms()))
-            return
-        self.step(Answered(request=request, response=response, now_ms=_now_ms()))
+        else:
+            self.step(Answered(request=request, response=response, now_ms=_now_ms()))
+        if isinstance(request, LeaveGroupRequest):
+            self._left.set()
 
     def _timeout_ms(self, request: object) -> int:
         if isinstance(request, (JoinGroupRequest, SyncGroupRequest)):
