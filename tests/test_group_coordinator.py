@@ -228,7 +228,7 @@ def test_commits_from_outside_only_while_empty() -> None:
     h = Harness()
     assert commit_code(h.call(commit("g", -1, "", 3))) is ErrorCode.NONE  # creates an Empty group
     (a,) = h.stable_group(1)
-    assert commit_code(h.call(commit("g", -1, "", 1))) is ErrorCode.ILLEGAL_GENERATION
+    assert commit_code(h.call(commit("g", -1, "", 1))) is ErrorCode.UNKNOWN_MEMBER_ID
     h.call(wire.LeaveGroupRequest(group_id="g", members=(wire.LeaveGroupMember(member_id=a.member_id),)))
     assert h.core.groups["g"].state.value == "Empty"
     assert commit_code(h.call(commit("g", -1, "", 1))) is ErrorCode.NONE

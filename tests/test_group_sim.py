@@ -34,3 +34,20 @@ def test_without_generation_fencing_offsets_go_backwards(seed: int) -> None:
     broken = run_group_simulation(seed, fence=False)
     assert broken.violation is not None and "went back" in broken.violation, broken
     assert run_group_simulation(seed).violation is None
+
+
+def test_answering_commits_before_their_records_commit_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mutant: the core releases answers as soon as it hands records to the log, not
+    when they are committed. The durability checker must see acknowledged commits whose
+    records the log does not hold (lost in a failover, or simply not yet committed)."""
+    from dataplane.groups.coordinator import Coordinator
+
+    original = Coordinator._write
+
+    def eager(self: Coordinator, recs: list, done) -> None:  # type: ignore[no-untyped-def]
+        original(self, recs, lambda ok: None)
+        done(True)
+    monkeypatch.setattr(Coordinator, "_write", eager)
+    caught = [run_group_simulation(seed).violation for seed in SEEDS[:3]]
+    assert all(caught), caught
+    assert any("acknowledged before its record was committed" in str(v) for v in caught), caught

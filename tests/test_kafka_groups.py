@@ -315,6 +315,8 @@ def test_coordinator_kill_loses_no_acknowledged_commit(cluster: Cluster) -> None
             except confluent_kafka.KafkaException:
                 time.sleep(0.1)   # the coordinator moving: the client retries with the next one
         assert coordinator is not None
+        # The group has a new coordinator: its offsets partition has another leader.
+        assert cluster.wait_leader(OFFSETS_TOPIC, partition, not_broker=coordinator) != coordinator
         assert acked and acked[-1] > 50, f"commits went on after the kill: last acknowledged {acked[-1:]}"
         stored = c.committed([confluent_kafka.TopicPartition(topic, 0)], timeout=20)[0].offset
         later = [o for o in attempted if o > acked[-1]]
@@ -406,3 +408,42 @@ def test_biplane_wire_group_calls_reach_the_same_coordinator(cluster: Cluster) -
         assert c.committed([confluent_kafka.TopicPartition(topic, 0)], timeout=20)[0].offset == 7
     finally:
         c.close()
+
+
+def test_confluent_static_member_restart_keeps_its_partitions_without_a_rebalance(cluster: Cluster) -> None:
+    """Static membership (group.instance.id): a member closed without leaving and started
+    again under the same instance id before its session times out takes its old place
+    under a new member id; the other member is not asked to give anything up."""
+    bootstrap, topic, group = cluster.kafka_bootstrap, "grp-static", "static-group"
+    cluster.create_topic(topic, partitions=4)
+    revoked: list[list[int]] = []
+
+    def static(instance: str, **callbacks: object) -> "confluent_kafka.Consumer":
+        c = consumer(bootstrap, group, **{"group.instance.id": instance, "session.timeout.ms": 20_000})
+        c.subscribe([topic], **callbacks)
+        return c
+    a = static("a", on_revoke=lambda c, ps: revoked.append([p.partition for p in ps]))
+    b = static("b")
+    try:
+        deadline = time.monotonic() + 40
+        while not (a.assignment() and b.assignment() and len(a.assignment()) + len(b.assignment()) == 4):
+            assert time.monotonic() < deadline, "the static group never formed"
+            a.poll(0.1)
+            b.poll(0.1)
+        held_a, held_b = sorted(tp.partition for tp in a.assignment()), sorted(tp.partition for tp in b.assignment())
+        before = {m.group_instance_id: m.member_id for m in describe(bootstrap, group).members}
+        revoked.clear()
+        b.close()   # a static member does not leave on close
+        b = static("b")
+        started = time.monotonic()
+        while not b.assignment():
+            assert time.monotonic() - started < 15, "the restarted static member got nothing back"
+            a.poll(0.1)
+            b.poll(0.1)
+        after = {m.group_instance_id: m.member_id for m in describe(bootstrap, group).members}
+        assert sorted(tp.partition for tp in b.assignment()) == held_b
+        assert sorted(tp.partition for tp in a.assignment()) == held_a and revoked == []
+        assert after["a"] == before["a"] and after["b"] != before["b"], (before, after)
+    finally:
+        a.close()
+        b.close()

@@ -37,7 +37,6 @@ from dataplane.groups.events import (
 from dataplane.groups.state import CommittedOffset, Group, GroupState, Member
 
 State = GroupState
-NO_GENERATION = -1
 
 
 class Coordinator:
@@ -482,7 +481,9 @@ class Coordinator:
             # From outside the group: only while nobody in it is consuming.
             if group is None or group.state is State.EMPTY:
                 return ErrorCode.NONE
-            return ErrorCode.REBALANCE_IN_PROGRESS if group.state is not State.STABLE else ErrorCode.ILLEGAL_GENERATION
+            # Kafka's answers: "" is no member of an active group.
+            return ErrorCode.REBALANCE_IN_PROGRESS if group.state is State.COMPLETING_REBALANCE \
+                else ErrorCode.UNKNOWN_MEMBER_ID
         if group is None or group.state is State.EMPTY:
             return ErrorCode.UNKNOWN_MEMBER_ID
         if req.group_instance_id is not None and req.group_instance_id in group.static and \

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from typing import Awaitable
 
-from dataplane.kafka import admin, fetch, groups, metadata, offsets, produce, producer_ids  # noqa: F401  (they register)
+from dataplane.kafka import (  # noqa: F401  (they register)
+    admin, fetch, groups, metadata, offsets, produce, producer_ids,
+)
 from dataplane.kafka.registry import APIS, Answer, Context, Request
 
 

@@ -4,9 +4,10 @@
     scripts/compat --keep          # keep the run's directory (cluster data, logs, tool output) on success too
 
 It starts a cluster with `biplane up --detach` (1 controller, 3 brokers, each with a Kafka port),
-runs kafka-topics, kafka-console-producer/-consumer and kafka-producer-perf-test (Kafka 4.1.1, the
-jars of scripts/kafka/pom.xml) and a franz-go program (scripts/kafka/franz), checks what each
-did against Biplane's own admin view and against what was written, then stops the cluster with
+runs kafka-topics, kafka-console-producer/-consumer (also as a group member), kafka-consumer-groups
+and kafka-producer-perf-test (Kafka 4.1.1, the jars of scripts/kafka/pom.xml) and a franz-go
+program (scripts/kafka/franz), checks what each did against Biplane's own admin view and against
+what was written, then stops the cluster with
 `biplane down` (also on failure or Ctrl-C) and checks the cluster's logs: an ERROR line, a
 traceback or a restarted process fails the run.
 
@@ -167,6 +168,7 @@ class KafkaTools:
     CONSOLE_PRODUCER = "org.apache.kafka.tools.ConsoleProducer"
     CONSOLE_CONSUMER = "org.apache.kafka.tools.consumer.ConsoleConsumer"
     PRODUCER_PERF = "org.apache.kafka.tools.ProducerPerformance"
+    CONSUMER_GROUPS = "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand"
 
     def __init__(self, libs: Path, work_dir: Path, bootstrap: str) -> None:
         self.libs = libs
@@ -554,6 +556,50 @@ class Compat:
                              f"{want[first] if first < len(want) else None!r}", run)
         return f"{CONSOLE_RECORDS} records read back from offset earliest: keys, headers and values exactly as written"
 
+    GROUP = "compat-group"
+
+    def group_consume(self) -> str:
+        """The console consumer as a member of a group (FindCoordinator, JoinGroup, SyncGroup,
+        Heartbeat, OffsetCommit, LeaveGroup with Kafka 4.1's classic consumer)."""
+        run = self.tools.run("kafka-console-consumer --group", KafkaTools.CONSOLE_CONSUMER, [
+            "--bootstrap-server", self.tools.bootstrap, "--topic", self.CONSOLE_TOPIC, "--group", self.GROUP,
+            "--from-beginning", "--max-messages", str(CONSOLE_RECORDS), "--timeout-ms", "30000"])
+        run.check_exit()
+        if len(run.lines()) != CONSOLE_RECORDS:
+            raise CaseFailed(f"read {len(run.lines())} records as group {self.GROUP}, wrote {CONSOLE_RECORDS}", run)
+        return f"{CONSOLE_RECORDS} records read as a member of {self.GROUP}, its offsets committed on close"
+
+    def consumer_groups(self) -> str:
+        """kafka-consumer-groups --list, --describe (the committed offset is the log end: no lag),
+        --reset-offsets --to-earliest and --delete against the coordinator."""
+        def tool(*args: str) -> ToolRun:
+            run = self.tools.run(f"kafka-consumer-groups {args[0]}", KafkaTools.CONSUMER_GROUPS,
+                                 ["--bootstrap-server", self.tools.bootstrap, *args])
+            run.check_exit()
+            return run
+        listed = tool("--list")
+        if self.GROUP not in listed.lines():
+            raise CaseFailed(f"--list shows {listed.lines()}, not {self.GROUP}", listed)
+        described = tool("--describe", "--group", self.GROUP)
+        rows = [line.split() for line in described.lines() if line.startswith(self.GROUP)]
+        if len(rows) != 1 or rows[0][1:6] != [self.CONSOLE_TOPIC, "0", str(CONSOLE_RECORDS + 1),
+                                               str(CONSOLE_RECORDS + 1), "0"]:
+            raise CaseFailed(f"--describe shows {rows}; want {self.CONSOLE_TOPIC} 0 at offset "
+                             f"{CONSOLE_RECORDS + 1} (the log end, after the epoch-start record) with lag 0",
+                             described)
+        reset = tool("--reset-offsets", "--group", self.GROUP, "--topic", self.CONSOLE_TOPIC, "--to-earliest",
+                     "--execute")
+        rows = [line.split() for line in reset.lines() if line.startswith(self.GROUP)]
+        if rows != [[self.GROUP, self.CONSOLE_TOPIC, "0", "0"]]:
+            raise CaseFailed(f"--reset-offsets --to-earliest shows {rows}, want offset 0", reset)
+        deleted = tool("--delete", "--group", self.GROUP)
+        if "successful" not in deleted.stdout:
+            raise CaseFailed("--delete did not report success", deleted)
+        after = tool("--list")
+        if self.GROUP in after.lines():
+            raise CaseFailed(f"{self.GROUP} still listed after --delete", after)
+        return "listed, described at the log end with lag 0, reset to earliest, deleted"
+
     # ---------------------------------------------------------------- producer perf test
 
     PERF_TOPIC = "compat-perf"
@@ -637,6 +683,8 @@ class Compat:
         self.case("kafka-topics --replica-assignment", self.topics_assign)
         self.case("kafka-console-producer", self.console_produce)
         self.case("kafka-console-consumer", self.console_consume, requires=("kafka-console-producer",))
+        self.case("kafka-console-consumer --group", self.group_consume, requires=("kafka-console-producer",))
+        self.case("kafka-consumer-groups", self.consumer_groups, requires=("kafka-console-consumer --group",))
         self.case("kafka-producer-perf-test", self.producer_perf)
         if self.case("franz-go build", self.franz_build):
             self.franz()
