@@ -249,16 +249,19 @@ def test_member_leaving_and_member_killed(cluster: Cluster) -> None:
             m.kill()
 
 
-def test_biplane_and_librdkafka_consumers_share_a_group(cluster: Cluster) -> None:
+@pytest.mark.parametrize("strategy", ["range", "cooperative-sticky"])
+def test_biplane_and_librdkafka_consumers_share_a_group(cluster: Cluster, strategy: str) -> None:
     """A Biplane consumer (Biplane's listener) and a confluent-kafka consumer (the Kafka API
-    listener) in one group: the coordinator sees both, each reads its half, nothing twice."""
+    listener) in one group: the coordinator sees both, each reads its half, nothing twice.
+    With cooperative-sticky, whichever is the leader reads the other's owned partitions
+    (subscription v1+) and hands them out incrementally."""
     confluent_kafka = pytest.importorskip("confluent_kafka")
     import confluent_kafka.admin  # DescribeGroups through the AdminClient
-    topic, group = "sdk-mixed", "sdk-mixed-g"
+    topic, group = f"sdk-mixed-{strategy}", f"sdk-mixed-{strategy}-g"
     cluster.create_topic(topic, partitions=6)
     kafka = confluent_kafka.Consumer({"bootstrap.servers": cluster.kafka_bootstrap, "group.id": group,
                                       "auto.offset.reset": "earliest", "session.timeout.ms": SESSION_MS,
-                                      "heartbeat.interval.ms": 500, "partition.assignment.strategy": "range"})
+                                      "heartbeat.interval.ms": 500, "partition.assignment.strategy": strategy})
     kafka_records: list[tuple[int, int, str]] = []
 
     def kafka_poll(seconds: float) -> None:
@@ -269,7 +272,7 @@ def test_biplane_and_librdkafka_consumers_share_a_group(cluster: Cluster) -> Non
                 kafka_records.append((m.partition(), m.offset(), m.value().decode()))
 
     async def run() -> None:
-        ours = group_consumer(cluster, group, partition_assignment_strategy="range")
+        ours = group_consumer(cluster, group, partition_assignment_strategy=strategy)
         mine: list[tuple[int, int, str]] = []
         try:
             kafka.subscribe([topic])
@@ -286,6 +289,7 @@ def test_biplane_and_librdkafka_consumers_share_a_group(cluster: Cluster) -> Non
             admin = confluent_kafka.admin.AdminClient({"bootstrap.servers": cluster.kafka_bootstrap})
             described = admin.describe_consumer_groups([group])[group].result(timeout=20)
             assert len(described.members) == 2
+            assert described.partition_assignor == strategy
             values = [f"m{i}" for i in range(300)]
             await produce(cluster, topic, values, 6)
             deadline = time.monotonic() + 40
@@ -460,3 +464,60 @@ def test_blocking_consumer_in_a_group(cluster: Cluster) -> None:
         assert consumer.committed() == positions
     finally:
         consumer.close()
+
+
+@pytest.mark.parametrize("strategy", ["cooperative-sticky", "range"])
+def test_a_member_joining_a_busy_group(cluster: Cluster, strategy: str) -> None:
+    """A fourth member joins three that are reading while records keep coming. Each record
+    is read exactly once (a revoked partition's position is committed before it moves, and its
+    next owner starts there). Cooperative: members give up only the partitions that move
+    (on_revoke never names one they keep) and keep reading the rest through the rebalance;
+    eager: every member gives up everything first."""
+    topic, group = f"sdk-join-{strategy}", f"sdk-join-{strategy}-g"
+    cluster.create_topic(topic, partitions=6)
+
+    async def run() -> None:
+        revoked: dict[str, list[set[TopicPartition]]] = {n: [] for n in "abcd"}
+
+        def on_revoke(name: str) -> Any:
+            return lambda tps: revoked[name].append(set(tps))
+        consumers = {n: group_consumer(cluster, group, partition_assignment_strategy=strategy,
+                                       auto_commit_interval_ms=200) for n in "abc"}
+        got: dict[str, list[tuple[int, int, str]]] = {n: [] for n in "abcd"}
+        try:
+            for name, consumer in consumers.items():
+                await consumer.subscribe(topic, on_revoke=on_revoke(name))
+            await wait_split(consumers, 6)
+            before = {n: c.assignment() for n, c in consumers.items()}
+            for n in "abc":
+                revoked[n].clear()   # (the first members' rebalances while the group formed)
+            values = [f"j{i}" for i in range(600)]
+            producing = asyncio.create_task(produce(cluster, topic, values, 6))
+            await drain(consumers, got, 100)
+            consumers["d"] = group_consumer(cluster, group, partition_assignment_strategy=strategy,
+                                            auto_commit_interval_ms=200)
+            await consumers["d"].subscribe(topic, on_revoke=on_revoke("d"))
+            await producing
+            await drain(consumers, got, 600)
+            deadline = time.monotonic() + 30
+            while not (consumers["d"].assignment() and
+                       sorted(tp.partition for c in consumers.values() for tp in c.assignment()) == list(range(6))):
+                assert time.monotonic() < deadline, "the fourth member never got partitions"
+                for name, consumer in consumers.items():
+                    got[name] += [(r.partition, r.offset, r.value.decode()) for r in await consumer.poll(timeout_ms=50)]
+            seen = [v for records in got.values() for _, _, v in records]
+            assert sorted(seen) == sorted(values), f"{len(seen) - len(set(seen))} read twice, " \
+                                                   f"{len(set(values) - set(seen))} never read"
+            after = {n: c.assignment() for n, c in consumers.items()}
+            for n in "abc":
+                gave_up = set().union(*revoked[n]) if revoked[n] else set()
+                if strategy == "cooperative-sticky":
+                    assert not gave_up & after[n], f"{n} revoked {gave_up & after[n]}, which it kept"
+                    assert gave_up == before[n] - after[n], (n, gave_up, before[n], after[n])
+                else:
+                    assert gave_up == before[n], f"eager: {n} gave up {gave_up}, not all of {before[n]}"
+            assert any(revoked[n] for n in "abc"), "no partition moved to the new member"
+        finally:
+            for consumer in consumers.values():
+                await consumer.close()
+    asyncio.run(run())

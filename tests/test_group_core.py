@@ -224,6 +224,26 @@ def test_close_commits_then_leaves_and_a_static_member_does_not_leave() -> None:
         assert any(isinstance(s.request, LeaveGroupRequest) for s in ready.send) is leaves
 
 
+def test_close_during_a_cooperative_revocation_revokes_the_rest_before_leaving() -> None:
+    core = make("cooperative-sticky")
+    join_stable(core, T[:3])
+    ready = core.step(Tick(now_ms=3_000))
+    ready = answer(core, only(ready, HeartbeatRequest), HeartbeatResponse(error_code=ErrorCode.REBALANCE_IN_PROGRESS))
+    join = only(ready, JoinGroupRequest)
+    ready = answer(core, join, JoinGroupResponse(generation_id=2, protocol_name="cooperative-sticky", leader="x",
+                                                 member_id="me"))
+    ready = answer(core, only(ready, SyncGroupRequest),
+                   SyncGroupResponse(assignment=encode_assignment(Assignment(partitions=(T[0], T[1])))))
+    assert ready.revoke == (T[2],)
+    ready = core.step(Close(now_ms=3_001))   # before the consumer performed that revocation
+    assert not ready.revoke and not ready.send
+    ready = core.step(RevocationDone(now_ms=3_002))
+    assert ready.revoke == (T[0], T[1]) and not ready.left, "closed without committing what it still owned"
+    assert core.commit_request({T[0]: 1}).generation_id == 2
+    ready = core.step(RevocationDone(now_ms=3_003))
+    assert ready.left and only(ready, LeaveGroupRequest)
+
+
 def test_fenced_static_member_is_fatal() -> None:
     core = make("range", "host-1")
     join_stable(core, T[:1])

@@ -384,6 +384,10 @@ class GroupCore:
             raise ValueError("RevocationDone without a revocation asked for")
         self._revoking = False
         if self._closing and self.state is not State.CLOSED:
+            if self.owned:
+                # Closing while a revocation was under way: what it left us goes now, committed too.
+                self._start_revocation(revoke=self.in_generation)
+                return
             self._send_leave()
             self.generation_id = NO_GENERATION
             self._finish_close()
