@@ -96,7 +96,8 @@ def roundrobin_assign(members: Sequence[GroupMember], partition_counts: Mapping[
     return out
 
 
-def _previous_owners(ordered: list[GroupMember], eligible: Mapping[TopicPartition, list[str]]) -> dict[TopicPartition, str]:
+def _previous_owners(ordered: list[GroupMember],
+                     eligible: Mapping[TopicPartition, list[str]]) -> dict[TopicPartition, str]:
     """Who owned each partition before, by the members' own claims; stale or tied claims dropped."""
     best: dict[TopicPartition, tuple[int, str | None]] = {}
     for m in ordered:
@@ -127,8 +128,10 @@ def sticky_target(members: Sequence[GroupMember], partition_counts: Mapping[str,
     for tp, owner in owners.items():
         held[owner].add(tp)
     load: Callable[[str], tuple[int, int]] = lambda member_id: (len(held[member_id]), rank[member_id])
-    # Unowned partitions to the least-loaded member that may take each.
-    for tp in sorted(eligible):
+    # Unowned partitions to the least-loaded member that may take each, those with the fewest
+    # candidates first (Kafka's order too): a partition only one member can take goes there
+    # before others fill that member up, so fewer moves are needed afterwards.
+    for tp in sorted(eligible, key=lambda tp: (len(eligible[tp]), tp)):
         if tp not in owners:
             held[min(eligible[tp], key=load)].add(tp)
     # Then move one partition at a time from a member that holds two or more than another
