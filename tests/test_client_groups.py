@@ -534,3 +534,47 @@ def test_a_member_joining_a_busy_group(cluster: Cluster, strategy: str) -> None:
             for consumer in consumers.values():
                 await consumer.close()
     asyncio.run(run())
+
+
+def test_group_survives_its_coordinator_killed(cluster: Cluster) -> None:
+    """The broker coordinating the group is killed with kill -9 while two members read and
+    auto-commit: they find the new coordinator (NOT_COORDINATOR, loads, rejoins) and go on;
+    every record is read, nothing skipped; the committed offsets reach the ends again."""
+    from dataplane.groups.placement import OFFSETS_TOPIC, partition_for
+    topic, group = "sdk-coordinator", "sdk-coordinator-g"
+    cluster.create_topic(topic, partitions=4)
+    offsets_partition = partition_for(group, 4)
+    coordinator: int | None = None
+
+    async def run() -> None:
+        nonlocal coordinator
+        consumers = {n: group_consumer(cluster, group, auto_commit_interval_ms=200) for n in "ab"}
+        got: dict[str, list[tuple[int, int, str]]] = {n: [] for n in consumers}
+        try:
+            for consumer in consumers.values():
+                await consumer.subscribe(topic)
+            await wait_split(consumers, 4)
+            await produce(cluster, topic, [f"k{i}" for i in range(200)], 4)
+            await drain(consumers, got, 200)
+            coordinator = cluster.wait_leader(OFFSETS_TOPIC, offsets_partition)
+            cluster.brokers[coordinator].kill()
+            await produce(cluster, topic, [f"l{i}" for i in range(200)], 4)
+            deadline = time.monotonic() + 60
+            while len({v for records in got.values() for _, _, v in records}) < 400:
+                assert time.monotonic() < deadline, "the group did not read on after its coordinator died"
+                for name, consumer in consumers.items():
+                    got[name] += [(r.partition, r.offset, r.value.decode()) for r in await consumer.poll(timeout_ms=50)]
+            assert cluster.wait_leader(OFFSETS_TOPIC, offsets_partition, not_broker=coordinator) != coordinator
+            for consumer in consumers.values():
+                await consumer.commit()
+            tps = [TopicPartition(topic, p) for p in range(4)]
+            ends = await consumers["a"].end_offsets(tps)
+            assert await consumers["a"].committed(tps) == ends
+        finally:
+            for consumer in consumers.values():
+                await consumer.close()
+    try:
+        asyncio.run(run())
+    finally:
+        if coordinator is not None:
+            cluster.restart(coordinator, kill=True)

@@ -69,8 +69,8 @@ def join_stable(core: GroupCore, given: list[TopicPartition], *, generation: int
         find = only(ready, FindCoordinatorRequest)
         ready = answer(core, find, FindCoordinatorResponse(node_id=1, host="h", port=9))
     join = only(ready, JoinGroupRequest)
-    ready = answer(core, join, JoinGroupResponse(generation_id=generation, protocol_name=core.settings.assignors[0].name,
-                                                 leader="other", member_id="me", members=members))
+    ready = answer(core, join, JoinGroupResponse(generation_id=generation, leader="other", member_id="me",
+                                                 protocol_name=core.settings.assignors[0].name, members=members))
     sync = only(ready, SyncGroupRequest)
     return answer(core, sync, SyncGroupResponse(assignment=encode_assignment(Assignment(partitions=tuple(given)))))
 

@@ -85,6 +85,8 @@ class GroupDriver:
         self._tasks = TaskOwner()
         self._runner: asyncio.Task[None] | None = None
         self._broker_turn = itertools.count()
+        self._commit_seq = itertools.count(1)
+        self._commit_latest: dict[TopicPartition, int] = {}   # partition -> the newest commit asking for it
         self._counts_checked_ms = 0
 
     # ------------------------------------------------------------------ lifecycle
@@ -245,13 +247,24 @@ class GroupDriver:
 
     async def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
         """Commit `offsets` (the next offset to read, per partition); retries a coordinator that
-        moves or loads until request_timeout_ms, raises OffsetCommitError on a refusal."""
+        moves or loads until request_timeout_ms, raises OffsetCommitError on a refusal.
+
+        The newest commit of a partition wins: before each attempt, partitions that a later
+        commit() has asked for since are left out (that commit carries them). Without this a
+        retry, say an auto-commit waiting for a new coordinator, could land after a newer
+        commit and move the group's offset back."""
         if not offsets:
             return
+        seq = next(self._commit_seq)
+        for tp in offsets:
+            self._commit_latest[tp] = seq
         deadline_ms = _now_ms() + self.request_timeout_ms
         last = ""
         while True:
             address = await self._coordinator(deadline_ms)
+            offsets = {tp: o for tp, o in offsets.items() if self._commit_latest.get(tp) == seq}
+            if not offsets:
+                return   # superseded, partition by partition, by newer commits
             request = self.core.commit_request(offsets)
             try:
                 response: OffsetCommitResponse = await self.network.request(address, request, purpose="group")
