@@ -578,3 +578,47 @@ def test_group_survives_its_coordinator_killed(cluster: Cluster) -> None:
     finally:
         if coordinator is not None:
             cluster.restart(coordinator, kill=True)
+
+
+def test_a_static_member_restarted_within_its_session_keeps_its_partitions(cluster: Cluster) -> None:
+    """A member with a group_instance_id closes without leaving the group; a new consumer with the
+    same instance id, started within the session timeout, gets the same partitions back at its
+    commits, and the other member sees no rebalance (its generation stays)."""
+    topic, group = "sdk-static", "sdk-static-g"
+    cluster.create_topic(topic, partitions=4)
+
+    async def run() -> None:
+        static = group_consumer(cluster, group, group_instance_id="host-1", session_timeout_ms=10_000,
+                                partition_assignment_strategy="range")
+        other = group_consumer(cluster, group, partition_assignment_strategy="range")
+        consumers = {"static": static, "other": other}
+        try:
+            for consumer in consumers.values():
+                await consumer.subscribe(topic)
+            await wait_split(consumers, 4)
+            held = static.assignment()
+            await produce(cluster, topic, [f"s{i}" for i in range(100)], 4)
+            got: dict[str, list[tuple[int, int, str]]] = {n: [] for n in consumers}
+            await drain(consumers, got, 100)
+            assert other._group is not None
+            generation = other._group.core.generation_id
+            await static.close()   # commits; a static member does not leave
+            consumers["static"] = group_consumer(cluster, group, group_instance_id="host-1",
+                                                 session_timeout_ms=10_000, partition_assignment_strategy="range")
+            await consumers["static"].subscribe(topic)
+            deadline = time.monotonic() + 20
+            while consumers["static"].assignment() != held:
+                assert time.monotonic() < deadline, "the restarted static member did not get its partitions back"
+                for consumer in consumers.values():
+                    assert not await consumer.poll(timeout_ms=50), "records read again after a clean restart"
+            positions = {tp: consumers["static"].position(tp) for tp in held}
+            ends = await other.end_offsets(sorted(held))
+            assert positions == ends, "the restarted member did not start at its commits"
+            for _ in range(10):
+                await other.poll(timeout_ms=100)
+            assert other._group.core.generation_id == generation and len(other.assignment()) == 2, \
+                "the other member went through a rebalance"
+        finally:
+            for consumer in consumers.values():
+                await consumer.close()
+    asyncio.run(run())
