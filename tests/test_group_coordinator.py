@@ -320,3 +320,19 @@ def test_time_going_back_is_refused() -> None:
     h = Harness(now_ms=100)
     with pytest.raises(ValueError, match="went back in time"):
         h.core.step(Tick(now_ms=99))
+
+
+def test_commits_to_unknown_partitions_and_oversized_metadata_are_refused_one_by_one() -> None:
+    h = Harness()
+    rid = next(h._ids)
+    request = wire.OffsetCommitRequest(group_id="g", topics=(wire.OffsetCommitTopic(topic="t", partitions=(
+        wire.OffsetCommitPartition(partition=0, committed_offset=4),
+        wire.OffsetCommitPartition(partition=9, committed_offset=4),
+        wire.OffsetCommitPartition(partition=1, committed_offset=4, committed_metadata="x" * 5000))),))
+    h._take(h.core.step(Received(request_id=rid, request=request, now_ms=h.now,
+                                 missing_partitions=frozenset({("t", 9)}))))
+    answer = h.answers[rid]
+    assert isinstance(answer, wire.OffsetCommitResponse)
+    assert [p.error_code for p in answer.topics[0].partitions] == [
+        ErrorCode.NONE, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ErrorCode.OFFSET_METADATA_TOO_LARGE]
+    assert fetched(h, partition=0) == 4 and fetched(h, partition=9) == -1 and fetched(h, partition=1) == -1

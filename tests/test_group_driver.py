@@ -87,6 +87,7 @@ class FakeRequests:
 def image_with_offsets_topic() -> MetadataImage:
     image = cluster(2)
     add_topic(image, OFFSETS_TOPIC, [[1, 2], [2, 1]])   # broker 1 leads partition 0, broker 2 partition 1
+    add_topic(image, "t", [[1, 2]])                      # the topic whose offsets are committed
     return image
 
 
@@ -96,8 +97,8 @@ def coordinator(requests: FakeRequests) -> GroupCoordinator:
                             settings=OffsetsTopicSettings(partitions=PARTITIONS))
 
 
-def commit(group: str, offset: int) -> wire.OffsetCommitRequest:
-    return wire.OffsetCommitRequest(group_id=group, topics=(wire.OffsetCommitTopic(topic="t", partitions=(
+def commit(group: str, offset: int, topic: str = "t") -> wire.OffsetCommitRequest:
+    return wire.OffsetCommitRequest(group_id=group, topics=(wire.OffsetCommitTopic(topic=topic, partitions=(
         wire.OffsetCommitPartition(partition=0, committed_offset=offset),)),))
 
 
@@ -132,6 +133,9 @@ def test_load_waits_for_the_replica_then_serves_and_commits_wait_for_their_write
         async def loaded() -> bool:
             return await fetched(groups, mine) == []
         await until(loaded, "partition 0 loaded")
+
+        unknown = await groups.handle(commit(mine, 5, topic="no-such-topic"))
+        assert unknown.topics[0].partitions[0].error_code is ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
 
         requests.hold = True
         answer = asyncio.ensure_future(groups.handle(commit(mine, 5)))
@@ -181,6 +185,7 @@ def test_a_new_coordinator_loads_what_the_old_one_stored_and_losing_leadership_r
         # Leadership of partition 0 moves to broker 2: the waiting commit is refused.
         moved = cluster(2)
         add_topic(moved, OFFSETS_TOPIC, [[2, 1], [2, 1]])
+        add_topic(moved, "t", [[1, 2]])
         requests._image = moved
         await first.on_metadata(moved)
         assert (await pending).topics[0].partitions[0].error_code is ErrorCode.NOT_COORDINATOR

@@ -444,10 +444,15 @@ class Coordinator:
             group.members[req.member_id].last_heard_ms = self.now_ms
         accepted: dict[tuple[str, int], CommittedOffset] = {}
         recs = []
+        refused: dict[tuple[str, int], ErrorCode] = {}
         for t in req.topics:
             for p in t.partitions:
+                if (t.topic, p.partition) in ev.missing_partitions:
+                    refused[(t.topic, p.partition)] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                    continue
                 if p.committed_metadata is not None and \
                         len(p.committed_metadata.encode()) > self.config.offset_metadata_bytes_max:
+                    refused[(t.topic, p.partition)] = ErrorCode.OFFSET_METADATA_TOO_LARGE
                     continue
                 committed = CommittedOffset(offset=p.committed_offset, leader_epoch=p.committed_leader_epoch,
                                             metadata=p.committed_metadata, commit_ms=self.now_ms)
@@ -456,8 +461,9 @@ class Coordinator:
 
         def code(ok: bool) -> Callable[[int, wire.OffsetCommitPartition], ErrorCode]:
             def of(i: int, p: wire.OffsetCommitPartition) -> ErrorCode:
-                if (req.topics[i].topic, p.partition) not in accepted:
-                    return ErrorCode.OFFSET_METADATA_TOO_LARGE
+                refusal = refused.get((req.topics[i].topic, p.partition))
+                if refusal is not None:
+                    return refusal
                 return ErrorCode.NONE if ok else ErrorCode.NOT_COORDINATOR
             return of
 

@@ -250,9 +250,15 @@ class GroupCoordinator:
         waiter: asyncio.Future[object] = asyncio.get_running_loop().create_future()
         state.waiters[rid] = waiter
         try:
+            missing: frozenset[tuple[str, int]] = frozenset()
+            if isinstance(request, wire.OffsetCommitRequest):
+                image = self.requests.image()
+                missing = frozenset((t.topic, p.partition) for t in request.topics for p in t.partitions
+                                    if image.get_partition(t.topic, p.partition) is None)
             self._perform(state, state.core.step(Received(
                 request_id=rid, request=request, now_ms=self.now_ms(), client_host=client_host,
-                fresh_member_id=str(uuid.uuid4()), member_id_required=member_id_required)))
+                fresh_member_id=str(uuid.uuid4()), member_id_required=member_id_required,
+                missing_partitions=missing)))
             return await waiter
         finally:
             state.waiters.pop(rid, None)

@@ -41,7 +41,9 @@ class GroupConfig(BaseModel):
 class Received:
     """A group request (one of common/wire/messages.py's group requests) to answer.
     `fresh_member_id`: the id a member joining without one gets (the driver makes it
-    unique); `member_id_required`: KIP-394's first-join round trip (JoinGroup v4 and up)."""
+    unique); `member_id_required`: KIP-394's first-join round trip (JoinGroup v4 and up);
+    `missing_partitions`: partitions an OffsetCommit names that the metadata does not have
+    (the driver reads them from its image; the core refuses them)."""
 
     request_id: int
     request: object
@@ -49,6 +51,7 @@ class Received:
     client_host: str = ""
     fresh_member_id: str = ""
     member_id_required: bool = True
+    missing_partitions: frozenset[tuple[str, int]] = frozenset()
 
 
 @_frozen
