@@ -126,8 +126,14 @@ class GroupDriver:
     def step(self, event: Any) -> None:
         if self.core.state is State.CLOSED and not isinstance(event, (Answered, Failed, CommitAnswered)):
             return
+        before = self.core.wake_at_ms()
         self._perform(self.core.step(event))
-        self._kick.set()
+        after = self.core.wake_at_ms()
+        # Wake the runner only when its next deadline came nearer (or it must stop): a poll moves
+        # the max-poll deadline later at every call, which needs no wake-up (a runner waking
+        # early just sleeps again).
+        if (after is None) != (before is None) or (after is not None and before is not None and after < before):
+            self._kick.set()
 
     def _perform(self, ready: Ready) -> None:
         if ready.fatal is not None:
