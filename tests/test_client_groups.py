@@ -622,3 +622,32 @@ def test_a_static_member_restarted_within_its_session_keeps_its_partitions(clust
             for consumer in consumers.values():
                 await consumer.close()
     asyncio.run(run())
+
+
+def test_iterating_then_breaking_commits_exactly_what_was_handed_out(cluster: Cluster) -> None:
+    """`async for` in a group hands out one record at a time: after a break, close() commits
+    the offset after the last record the loop body saw in each partition, not the rest of a
+    fetched batch, so the next member starts at the first record nobody processed."""
+    topic, group = "sdk-iterate", "sdk-iterate-g"
+    cluster.create_topic(topic, partitions=2)
+
+    async def run() -> None:
+        await produce(cluster, topic, [f"i{i}" for i in range(400)], 2)
+        seen: dict[int, int] = {}
+        async with group_consumer(cluster, group) as consumer:
+            await consumer.subscribe(topic)
+            count = 0
+            async for record in consumer:
+                seen[record.partition] = record.offset
+                count += 1
+                if count == 137:
+                    break
+        async with group_consumer(cluster, group) as probe:
+            committed = await probe.committed([TopicPartition(topic, p) for p in range(2)])
+        for p in range(2):
+            # A partition the loop saw nothing of is committed at its start (0), if at all.
+            expected = (seen[p] + 1,) if p in seen else (0, None)
+            assert committed[TopicPartition(topic, p)] in expected, \
+                f"partition {p}: committed {committed[TopicPartition(topic, p)]}, the loop saw up to {seen.get(p)}"
+        assert seen, "the loop saw nothing"
+    asyncio.run(run())

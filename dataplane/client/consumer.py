@@ -80,6 +80,7 @@ log = logging.getLogger("biplane.client.consumer")
 
 _RESETS = ("earliest", "latest", "none")
 DEFAULT_ASSIGNMENT_STRATEGY = ("range", "cooperative-sticky")   # Kafka's consumer default
+POLLED_EVERY_S = 0.1   # the iterator tells the group it is alive at most this often
 # A callback gets the partitions; it may be a plain function or a coroutine function.
 RebalanceCallback = Callable[[set[TopicPartition]], Any]
 
@@ -165,6 +166,7 @@ class Consumer:
         self._on_revoke: RebalanceCallback | None = None
         self._announced: set[TopicPartition] = set()   # on_assign'ed and not yet on_revoke'd
         self._next_auto_commit_s = 0.0
+        self._polled_s = 0.0
         self._auto_commit: asyncio.Task | None = None
 
     # ------------------------------------------------------------ lifecycle
@@ -292,6 +294,7 @@ class Consumer:
         if group.fatal is not None:
             raise group.fatal
         group.polled()
+        self._polled_s = time.monotonic()
         while (work := group.take_work()) is not None:
             if work.revoke or work.lost:
                 await self._give_up(set(work.revoke or work.lost), commit=bool(work.revoke))
@@ -624,10 +627,26 @@ class Consumer:
     async def _iterate(self) -> AsyncIterator[ConsumerRecord]:
         # In a group, one record at a time: a record counts as processed (committable) once the
         # loop asks for the next one, so a close() after a break commits nothing unprocessed.
-        batch = 1 if self._group is not None else 500
+        # Records already fetched are handed out directly while the group has nothing to do.
+        if self._group is None:
+            while not self._closed:
+                for record in await self.poll(timeout_ms=self.fetch_max_wait_ms, max_records=500):
+                    yield record
+            return
         while not self._closed:
-            for record in await self.poll(timeout_ms=self.fetch_max_wait_ms, max_records=batch):
+            records = self._take(1) if self._buffer and not self._group_due() else \
+                await self.poll(timeout_ms=self.fetch_max_wait_ms, max_records=1)
+            for record in records:
                 yield record
+
+    def _group_due(self) -> bool:
+        """Whether poll() has group work to do: the group's (rebalance work, an error), an
+        auto-commit, or telling the group the consumer is alive (at most every 100 ms)."""
+        group = self._group
+        assert group is not None
+        now = time.monotonic()
+        return group.changed.is_set() or group.fatal is not None or now - self._polled_s >= POLLED_EVERY_S or \
+            (self.enable_auto_commit and now >= self._next_auto_commit_s)
 
     def _start_fetches(self) -> None:
         if len(self._buffer) >= self.buffered_records_max:
