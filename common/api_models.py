@@ -39,6 +39,18 @@ class ErrorBody(_Answer):
     error: ErrorDetail
 
 
+class LeaderRef(_Answer):
+    node_id: int
+    api_url: str
+
+
+class Redirect(_Answer):
+    """A follower's 307 for a write: the error, and the leader the Location header points at."""
+
+    error: ErrorDetail
+    leader: LeaderRef
+
+
 class Health(_Answer):
     status: str
     node_id: int
@@ -79,6 +91,9 @@ class BrokerView(_Answer):
     disk_total_bytes: int | None = None
     leaders: int = 0
     replicas: int = 0
+    maintenance: bool = False          # `biplane broker maintenance`: not elected leader while others can be
+    decommissioning: bool = False      # `biplane broker decommission`: its replicas are moving off
+    decommissioned: bool = False       # every replica moved off; fenced for good
 
 
 class BrokerList(_Answer):
@@ -152,3 +167,109 @@ class SnapshotInfo(_Answer):
 
 class SnapshotList(_Answer):
     snapshots: list[SnapshotInfo]
+
+
+class HealthProblem(_Answer):
+    """One thing an operator must look at. `check` names the rule (leaderless, under_min_isr,
+    under_replicated, fenced_broker, controller_no_leader, controller_disconnected)."""
+
+    check: str
+    severity: str                  # critical | degraded
+    message: str
+    topic: str | None = None
+    partition: int | None = None
+    broker_id: int | None = None
+    node_id: int | None = None
+
+
+class ClusterHealth(_Answer):
+    status: str                    # healthy | degraded | critical
+    healthy: bool
+    node_id: int                   # the controller that judged it
+    controller_leader: int | None
+    metadata_offset: int
+    leaderless_partitions: int
+    under_min_isr_partitions: int
+    under_replicated_partitions: int
+    fenced_brokers: int
+    controllers_disconnected: int
+    problems: list[HealthProblem]
+    problems_omitted: int = 0      # beyond the listed ones (the counts include them)
+
+
+class PartitionOffsets(_Answer):
+    """A partition's offsets and size as its leader last reported them in a heartbeat (brokers
+    report usage about once a second); None where no report of the current leader has them."""
+
+    topic: str
+    partition: int
+    leader: int | None
+    log_start_offset: int | None = None
+    high_watermark: int | None = None
+    log_end_offset: int | None = None
+    size_bytes: int | None = None          # the leader's copy
+    replicas_size_bytes: int | None = None  # every replica that reported it, summed
+    reported_at_ms: int | None = None      # the leader's clock when it measured them
+    age_ms: int | None = None              # how long before this answer
+
+
+class TopicOffsets(_Answer):
+    topic: str
+    metadata_offset: int
+    at_ms: int                             # the controller's clock when it answered
+    partitions: list[PartitionOffsets]
+
+
+class BrokerOperations(_Answer):
+    """A broker's maintenance and decommission state, and what is left of each."""
+
+    broker_id: int
+    metadata_offset: int                   # the controller image this reflects
+    broker_metadata_offset: int | None     # the last metadata offset the broker said it applied
+    fenced: bool
+    maintenance: bool
+    decommissioning: bool
+    decommissioned: bool
+    leaders: int                           # partitions it leads
+    leaders_movable: int                   # of those, ones another in-sync replica can take
+    replicas: int                          # partitions listing it as a replica
+    replicas_moving: int                   # of those, ones being moved off it now
+    stuck: list[str] = []                  # what cannot move, and why
+    message: str                           # the state in one sentence
+
+
+class ReplicaCatchUp(_Answer):
+    """A replica a reassignment is adding: how far it is, as its broker last reported."""
+
+    broker_id: int
+    in_isr: bool
+    log_end_offset: int | None = None
+    size_bytes: int | None = None
+    offsets_behind: int | None = None      # the leader's log end offset minus its own
+    bytes_behind: int | None = None        # the leader's size minus its own (0 at least)
+
+
+class PartitionMove(_Answer):
+    topic: str
+    partition: int
+    replicas: list[int]
+    target_replicas: list[int]
+    adding: list[int]
+    removing: list[int]
+    leader: int | None
+    leader_log_end_offset: int | None = None
+    leader_size_bytes: int | None = None
+    moving: list[ReplicaCatchUp]
+
+
+class ReassignmentProgress(_Answer):
+    metadata_offset: int
+    at_ms: int
+    throttle_bytes_per_s: int | None       # the cluster's reassignment throttle (None: unthrottled)
+    partitions: list[PartitionMove]
+
+
+class ClusterConfigView(_Answer):
+    metadata_offset: int | None
+    config: dict[str, Any]                 # every key; None: not set (brokers use their own flags)
+    descriptions: dict[str, str]

@@ -14,10 +14,11 @@ from common import cli_exit
 # command -> ("module:function", one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "controller": ("controller.main:main", "run one controller node of the quorum"),
-    "broker": ("dataplane.broker.main:main", "run a data-plane broker"),
+    "broker": ("dataplane.broker.main:main", "run a data-plane broker; or maintenance, decommission, "
+                                             "recommission, operations of a running one"),
     "topic": ("controller.admin_cli:topic_main", "create, list, describe, alter or delete topics; add partitions"),
-    "cluster": ("controller.admin_cli:cluster_main", "show the controller quorum and the brokers"),
-    "reassign": ("controller.admin_cli:reassign_main", "move partition replicas, or list reassignments"),
+    "cluster": ("controller.admin_cli:cluster_main", "show the controller quorum, the brokers, the cluster's health; dynamic cluster config"),
+    "reassign": ("controller.admin_cli:reassign_main", "move partition replicas (one, or a plan file with a throttle); progress, cancel, list"),
     "elect": ("controller.admin_cli:elect_main", "run a preferred-leader election"),
     "snapshot": ("controller.admin_cli:snapshot_main", "take or list controller snapshots"),
     "report": ("controller.report.cli:main", "capacity reports over controller snapshots (Spark)"),
@@ -31,6 +32,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("dataplane.client.cli:bench_main", "producer/consumer load generator: records/s, MB/s, latency"),
     "group": ("dataplane.client.group_cli:main", "list, describe, reset the offsets of, or delete consumer groups"),
 }
+
+# `biplane broker ACTION ...` operates on a running cluster's broker; `biplane broker
+# --broker-id N ...` runs one.
+BROKER_ACTIONS = ("maintenance", "decommission", "recommission", "operations")
+BROKER_ADMIN = "controller.admin_cli:broker_main"
 
 # Servers handle their own signals (a broker's SIGTERM is a controlled shutdown).
 OWN_SIGNALS = frozenset({"controller", "broker", "up"})
@@ -53,10 +59,13 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"biplane: unknown command {name!r}.\n\n{usage()}", file=sys.stderr)
         return 2
-    if name not in OWN_SIGNALS:
+    target, own_signals = COMMANDS[name][0], name in OWN_SIGNALS
+    if name == "broker" and rest and rest[0] in BROKER_ACTIONS:
+        target, own_signals = BROKER_ADMIN, False
+    if not own_signals:
         cli_exit.install_sigterm()
     try:
-        module_name, function_name = COMMANDS[name][0].split(":")
+        module_name, function_name = target.split(":")
         function = getattr(importlib.import_module(module_name), function_name)
         code = int(function(rest, f"biplane {name}") or 0)
         sys.stdout.flush()   # here, where a closed pipe can still be caught

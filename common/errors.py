@@ -55,6 +55,7 @@ class ErrorCode(enum.IntEnum):
     OFFSET_NOT_AVAILABLE = 78  # a new leader's HW is still below its epoch start (KIP-207)
     INVALID_RECORD = 87  # e.g. a record without a key for a compacted topic
     INVALID_UPDATE_VERSION = 95  # stale partition epoch on an ISR change
+    THROTTLING_QUOTA_EXCEEDED = 89  # a write rate (Kafka's controller mutation quota) is spent
     FENCED_INSTANCE_ID = 82  # a newer member took this group.instance.id
     # Consumer groups (Kafka's numbers).
     OFFSET_METADATA_TOO_LARGE = 12
@@ -102,6 +103,7 @@ _RETRIABLE = frozenset({
     ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
     ErrorCode.COORDINATOR_NOT_AVAILABLE,
     ErrorCode.NOT_COORDINATOR,
+    ErrorCode.THROTTLING_QUOTA_EXCEEDED,
 })
 _INVALID_METADATA = frozenset({
     ErrorCode.LEADER_NOT_AVAILABLE,

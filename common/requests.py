@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from common.api_models import PartitionView
+from common.errors import InvalidFieldError
+from common.metadata.config import TOPIC_NAME_PATTERN
 from common.usage import BrokerUsage
 
 BrokerId = Annotated[int, Field(ge=0)]
@@ -44,7 +46,8 @@ def _check_replica_lists(v: tuple[tuple[int, ...], ...] | None) -> tuple[tuple[i
 # ---- admin ------------------------------------------------------------------
 
 class CreateTopicRequest(_Request):
-    name: str = Field(min_length=1, max_length=249)
+    # The pattern is the schema's; validate_topic_name checks it with a message that says what to do.
+    name: str = Field(min_length=1, max_length=249, json_schema_extra={"pattern": TOPIC_NAME_PATTERN})
     partitions: int = Field(default=1, ge=1, le=10_000)
     replication_factor: int = Field(default=1, ge=1, le=100)
     config: dict[str, ConfigValue] = Field(default_factory=dict)
@@ -74,6 +77,27 @@ class AddPartitionsRequest(_Request):
 class AlterConfigRequest(_Request):
     set: dict[str, ConfigValue] = Field(default_factory=dict)
     reset: list[str] = Field(default_factory=list)
+
+
+def _some_change(schema: dict[str, Any]) -> None:
+    schema["anyOf"] = [{"required": ["set"], "properties": {"set": {"minProperties": 1}}},
+                       {"required": ["reset"], "properties": {"reset": {"minItems": 1}}}]
+
+
+class TopicConfigPatch(AlterConfigRequest):
+    """The admin API's config change: it must name at least one key. (A Kafka client's
+    AlterConfigs may name none, and then changes nothing, as in Kafka.)"""
+
+    model_config = ConfigDict(json_schema_extra=_some_change)
+
+    @model_validator(mode="after")
+    def _names_a_key(self) -> "TopicConfigPatch":
+        if not self.set and not self.reset:
+            raise InvalidFieldError(
+                "the change names no config key: give 'set' (keys to new values, e.g. "
+                "{\"set\": {\"retention_ms\": 86400000}}) or 'reset' (keys back to their defaults, "
+                "e.g. {\"reset\": [\"retention_ms\"]}), at least one key", field="set", value=self.set)
+        return self
 
 
 class DeleteTopicRequest(_Request):
@@ -232,3 +256,47 @@ class MetadataAnswer(_Answer):
     offset: int                    # the committed offset this answer reflects
     records: list[MetadataEntry] | None = None
     image: dict[str, Any] | None = None   # MetadataImage.to_dict()
+
+
+class MaintenanceRequest(_Request):
+    """Turn a broker's maintenance mode on or off."""
+
+    enabled: bool
+
+
+class ClusterConfigRequest(_Request):
+    """Set dynamic cluster config keys and unset others (common/metadata/cluster_config.py)."""
+
+    set: dict[str, ConfigValue] = Field(default_factory=dict, max_length=64)
+    reset: list[str] = Field(default_factory=list, max_length=64)
+
+
+class PlannedMove(_Request):
+    """One partition of a reassignment plan: its target replicas, preferred leader first."""
+
+    topic: str = Field(min_length=1, max_length=249)
+    partition: int = Field(ge=0)
+    replicas: tuple[BrokerId, ...] = Field(min_length=1, max_length=100)
+
+    @field_validator("replicas")
+    @classmethod
+    def _check_replicas(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        return _distinct(v, "replicas")
+
+
+REASSIGNMENT_PLAN_PARTITIONS_MAX = 10_000
+
+
+class ReassignmentPlanRequest(_Request):
+    """Many partitions moved at once (Kafka's reassignment JSON: version 1, partitions with
+    topic, partition and replicas), with an optional replication throttle for the catch-up."""
+
+    version: int = Field(default=1, ge=1, le=1)
+    partitions: list[PlannedMove] = Field(min_length=1, max_length=REASSIGNMENT_PLAN_PARTITIONS_MAX)
+    throttle_bytes_per_s: int | None = Field(default=None, ge=1024, le=2**40)
+
+
+class CancelReassignmentsRequest(_Request):
+    """Partitions whose reassignment goes back to its original replicas; None: every one."""
+
+    partitions: list[TopicPartitionRef] | None = Field(default=None, max_length=REASSIGNMENT_PLAN_PARTITIONS_MAX)

@@ -31,3 +31,14 @@ class BrokerUsage(BaseModel):
     disk_used_bytes: int = Field(ge=0)
     disk_free_bytes: int = Field(ge=0)
     replicas: list[ReplicaUsage] = Field(default_factory=list)
+    # Biplane's own bytes: the partition logs in the data directory. The disk_* fields are the
+    # whole filesystem's, which other programs share. None from brokers that predate it.
+    log_bytes: int | None = Field(default=None, ge=0)
+    # Byte counters since `counters_since_ms` (the broker process's start, wall clock): they only
+    # grow within one process, so a reader differences two reports to get a rate over any
+    # interval, and a changed `counters_since_ms` says the counters restarted from zero.
+    # None from brokers that predate them (readers fall back to the per-second rates above).
+    counters_since_ms: int | None = Field(default=None, ge=0)
+    produce_bytes_total: int | None = Field(default=None, ge=0)  # client writes to replicas it led
+    replicated_bytes_total: int | None = Field(default=None, ge=0)  # written to replicas it followed
+    fetch_bytes_total: int | None = Field(default=None, ge=0)  # served to followers and consumers

@@ -3,10 +3,13 @@
     biplane topic create NAME [--partitions N] [--replication-factor R] [--config k=v ...]
     biplane topic list | describe NAME | delete NAME | alter NAME [--set k=v ...] [--reset k ...]
     biplane topic add-partitions NAME --partitions N [--replica-assignment 1,2:2,3]
-    biplane cluster status | brokers
+    biplane cluster status | brokers | health
     biplane reassign TOPIC PARTITION BROKER[,BROKER...]    |  biplane reassign --list
+    biplane reassign --plan FILE [--throttle 10MiB] | --progress | --cancel (--plan FILE | TOPIC PARTITION | --all)
+    biplane cluster config get [KEY] | set KEY VALUE | reset KEY
     biplane elect [TOPIC:PARTITION ...]
     biplane snapshot take | list
+    biplane broker maintenance on|off ID | decommission ID | recommission ID | operations ID
 
 Every command takes --controller URL (env BIPLANE_CONTROLLER; several URLs may be
 given comma-separated, the first that answers is used), --token (env
@@ -18,6 +21,7 @@ the API's message and exit 1 (2 for usage errors).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import socket
@@ -60,6 +64,9 @@ class ApiClient:
                 # No leader yet (an election is running): nothing was done, so retry. A 504
                 # (outcome unknown) is not retried: the write may have happened.
                 time.sleep(0.25)
+                continue
+            if status == 429 and time.monotonic() < unavailable_deadline:
+                time.sleep(0.5)   # the write rate is spent; the write was refused before it ran
                 continue
             if status >= 400:
                 err = doc.get("error", {}) if isinstance(doc, dict) else {}
@@ -153,6 +160,45 @@ def partition_rows(partitions: list[dict]) -> list[list[Any]]:
 
 
 PARTITION_HEADERS = ["TOPIC", "PARTITION", "LEADER", "REPLICAS", "ISR", "LEADER_EPOCH", "EPOCH", "ADDING", "REMOVING"]
+
+
+def human_bytes(n: int | None) -> str:
+    """1536 -> '1.5 KiB': binary units, three significant figures at most."""
+    if n is None:
+        return "-"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            if unit == "B":
+                return f"{n} B"
+            return f"{value:.3g} {unit}" if value < 1000 else f"{value:.0f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def human_age(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    return f"{ms} ms ago" if ms < 1000 else f"{ms / 1000:.1f} s ago"
+
+
+def describe_text(doc: dict, offsets: dict | None, offsets_error: str | None) -> str:
+    """A topic's config, then per partition its replica state and, from the leaders' reports,
+    its offsets and size."""
+    config = "\n".join(f"  {k} = {v}" for k, v in sorted(doc["config"].items()))
+    head = f"topic {doc['name']} (id {doc['topic_id']})\nconfig:\n{config}\n\n"
+    by_partition = {o["partition"]: o for o in (offsets or {}).get("partitions", [])}
+    rows = []
+    for row, p in zip(partition_rows(doc["partitions"]), doc["partitions"]):
+        o = by_partition.get(p["partition"], {})
+        rows.append(row + [o.get("log_start_offset"), o.get("high_watermark"), o.get("log_end_offset"),
+                           human_bytes(o.get("size_bytes")), human_age(o.get("age_ms"))])
+    text = head + table(rows, PARTITION_HEADERS + ["LOG_START", "HW", "LEO", "SIZE", "REPORTED"])
+    if offsets_error is not None:
+        return text + f"\n(no offsets or sizes: {offsets_error})"
+    return text + ("\nLOG_START, HW, LEO and SIZE (the leader's copy) are as each partition's leader last "
+                   "reported them in its heartbeat (about once a second), REPORTED ago; '-': no report from "
+                   "the current leader yet.")
 
 
 def parse_value(text: str) -> Any:
@@ -261,6 +307,14 @@ def client_of(args: argparse.Namespace) -> ApiClient:
     return ApiClient(urls, token, timeout_s=args.timeout_ms / 1000, hint=hint)
 
 
+@dataclasses.dataclass(frozen=True)
+class Finished:
+    """What a command prints and the exit code it ends with, when that is not 0."""
+
+    text: str | None
+    code: int
+
+
 def run(fn, argv: list[str], prog: str, parser: argparse.ArgumentParser) -> int:
     args = parser.parse_args(argv)
     try:
@@ -268,9 +322,10 @@ def run(fn, argv: list[str], prog: str, parser: argparse.ArgumentParser) -> int:
     except CliError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 1
-    if out is not None:
-        print(out)
-    return 0
+    finished = out if isinstance(out, Finished) else Finished(out, 0)
+    if finished.text is not None:
+        print(finished.text)
+    return finished.code
 
 
 def emit(args: argparse.Namespace, doc: Any, text: str) -> str:
@@ -278,7 +333,7 @@ def emit(args: argparse.Namespace, doc: Any, text: str) -> str:
 
 
 # What each topic config key means, for `biplane topic create --help` (the README's table
-# says more); tests/test_cli.py checks that every key of TopicConfig is here.
+# says more); tests/test_cli.py checks that every key of TopicConfig is here, with a meaning.
 CONFIG_KEY_MEANINGS: dict[str, str] = {
     "partitions": "partition count; fixed after creation (grow it with add-partitions)",
     "replication_factor": "replicas per partition; fixed after creation (change it by reassignment)",
@@ -295,6 +350,10 @@ CONFIG_KEY_MEANINGS: dict[str, str] = {
     "flush_debounce_ms": "how long a follower gathers writes before one fsync",
     "max_message_bytes": "the largest record batch a producer may send",
     "replica_lag_time_max_ms": "a follower not caught up for this long leaves the ISR",
+    "cleanup_policy": "delete (retention), compact (keep each key's latest record) or compact,delete",
+    "delete_retention_ms": "how long a tombstone outlives its segment's first clean, for slow readers",
+    "min_cleanable_dirty_ratio": "compact a partition once this share of its cleanable bytes is uncleaned",
+    "min_compaction_lag_ms": "a record stays uncompacted at least this long after its timestamp",
 }
 
 
@@ -304,7 +363,7 @@ def config_keys_help() -> str:
              "min.insync.replicas work too):"]
     for key, field in TopicConfig.model_fields.items():
         default = "majority of RF" if field.default is None else field.default
-        lines.append(f"  {key:<24} default {default}: {CONFIG_KEY_MEANINGS.get(key, '')}")
+        lines.append(f"  {key:<25} default {default}: {CONFIG_KEY_MEANINGS[key]}")
     lines.append("Change them later with `biplane topic alter NAME --set KEY=VALUE` (all but partitions and "
                  "replication_factor).")
     return "\n".join(lines)
@@ -327,7 +386,10 @@ def topic_main(argv: list[str], prog: str) -> int:
                         "(sets the partition count and replication factor)")
     sub.add_parser("list", help="list topics", description="List every topic.")
     d = sub.add_parser("describe", help="a topic's config and partitions",
-                       description="Show a topic's config and each partition's leader, replicas and ISR.")
+                       description="Show a topic's config and each partition's leader, replicas and ISR, and "
+                                   "its log start offset, high watermark, log end offset and size as the "
+                                   "partition's leader last reported them to the controller (brokers report "
+                                   "about once a second; the REPORTED column says how long ago).")
     d.add_argument("name", help="the topic")
     x = sub.add_parser("delete", help="delete a topic", description="Delete a topic and its data.")
     x.add_argument("name", help="the topic")
@@ -367,9 +429,12 @@ def topic_main(argv: list[str], prog: str) -> int:
         name = urllib.parse.quote(args.name, safe="")
         if args.action == "describe":
             doc = api.call("GET", f"/v1/topics/{name}")
-            config = "\n".join(f"  {k} = {v}" for k, v in sorted(doc["config"].items()))
-            return emit(args, doc, f"topic {doc['name']} (id {doc['topic_id']})\nconfig:\n{config}\n\n"
-                                   + table(partition_rows(doc["partitions"]), PARTITION_HEADERS))
+            offsets, offsets_error = None, None
+            try:
+                offsets = api.call("GET", f"/v1/topics/{name}/offsets")
+            except CliError as exc:
+                offsets_error = str(exc)
+            return emit(args, {**doc, "offsets": offsets}, describe_text(doc, offsets, offsets_error))
         if args.action == "delete":
             doc = api.call("DELETE", f"/v1/topics/{name}")
             return emit(args, doc, doc["result"])
@@ -380,6 +445,8 @@ def topic_main(argv: list[str], prog: str) -> int:
             doc = api.call("POST", f"/v1/topics/{name}/partitions", grow)
             return emit(args, doc, f"topic {doc['name']} now has {len(doc['partitions'])} partitions "
                                    f"(metadata offset {doc['metadata_offset']})")
+        if not args.set and not args.reset:
+            raise CliError("nothing to change: give --set KEY=VALUE or --reset KEY (each repeatable)")
         doc = api.call("PATCH", f"/v1/topics/{name}/config",
                        {"set": parse_pairs(args.set, "--set"), "reset": args.reset})
         return emit(args, doc, f"topic {doc['name']} config updated (metadata offset {doc['metadata_offset']})")
@@ -387,12 +454,101 @@ def topic_main(argv: list[str], prog: str) -> int:
     return run(go, argv, prog, parser)
 
 
-def cluster_main(argv: list[str], prog: str) -> int:
-    parser = common_parser(prog, "Show the controller quorum and the brokers.")
-    parser.add_argument("action", choices=("status", "brokers"),
-                        help="status: the controller quorum and its leader; brokers: every broker")
+EXIT_DEGRADED = 3
+EXIT_CRITICAL = 4
 
-    def go(args: argparse.Namespace, api: ApiClient) -> str:
+def config_epilog() -> str:
+    from common.metadata.cluster_config import CLUSTER_CONFIG_MEANINGS
+    return ("dynamic cluster config (`biplane cluster config get|set|reset`), committed through the controllers'\n"
+            "Raft log and applied by every broker without a restart as it learns it:\n"
+            + "\n".join(f"  {k:<36} {v}" for k, v in CLUSTER_CONFIG_MEANINGS.items()))
+
+
+HEALTH_EPILOG = f"""\
+health exit codes:
+  0  healthy
+  1  the check itself failed (no controller answered, bad token)
+  {EXIT_DEGRADED}  degraded: under-replicated partitions (a replica out of the ISR), fenced brokers,
+     a controller not connected to the leader; everything still serves
+  {EXIT_CRITICAL}  critical: partitions without a leader, partitions whose ISR is below
+     min_insync_replicas (quorum topics: below quorum_required_acks) so acks=all is refused,
+     or no controller leader
+The health is judged by the controller leader (a follower redirects there)."""
+
+
+def broker_state(b: dict) -> str:
+    """fenced/active, with the operator's mark when there is one."""
+    state = "fenced" if b["fenced"] else "active"
+    for mark in ("decommissioned", "decommissioning", "maintenance"):
+        if b.get(mark):
+            return f"{state},{mark}"
+    return state
+
+
+def health_text(doc: dict) -> str:
+    lines = [f"cluster {doc['status'].upper()} (judged by controller {doc['node_id']}, controller leader "
+             f"{doc['controller_leader'] if doc['controller_leader'] is not None else 'none'}, metadata offset "
+             f"{doc['metadata_offset']})",
+             f"  leaderless partitions:        {doc['leaderless_partitions']}",
+             f"  under-min-ISR partitions:     {doc['under_min_isr_partitions']}",
+             f"  under-replicated partitions:  {doc['under_replicated_partitions']}",
+             f"  fenced brokers:               {doc['fenced_brokers']}",
+             f"  controllers disconnected:     {doc['controllers_disconnected']}"]
+    if doc["problems"]:
+        lines.append("")
+        lines += [f"{p['severity'].upper():<9} {p['check']:<24} {p['message']}" for p in doc["problems"]]
+    if doc.get("problems_omitted"):
+        lines.append(f"... and {doc['problems_omitted']} more (--json lists the first ones too; the counts "
+                     "above include all)")
+    return "\n".join(lines)
+
+
+def cluster_config_text(doc: dict, key: str | None = None) -> str:
+    rows = [[k, "-" if v is None else v, doc["descriptions"].get(k, "")]
+            for k, v in sorted(doc["config"].items()) if key is None or k == key]
+    return table(rows, ["KEY", "VALUE", "MEANING"]) + "\n('-': not set; each broker uses its own flag)"
+
+
+def cluster_config(args: argparse.Namespace, api: ApiClient) -> str:
+    words = args.words
+    verb = words[0] if words else "get"
+    if verb == "get" and len(words) <= 2:
+        doc = api.call("GET", "/v1/cluster/config")
+        key = words[1] if len(words) == 2 else None
+        if key is not None and key not in doc["config"]:
+            raise CliError(f"unknown cluster config key {key!r}; the keys are {', '.join(sorted(doc['config']))}")
+        return emit(args, doc, cluster_config_text(doc, key))
+    if verb == "set" and len(words) >= 3 and len(words) % 2 == 1:
+        changes = {words[i]: parse_value(words[i + 1]) for i in range(1, len(words), 2)}
+        doc = api.call("PATCH", "/v1/cluster/config", {"set": changes})
+        return emit(args, doc, f"cluster config updated (metadata offset {doc['metadata_offset']}); brokers apply "
+                               "it as they learn it\n" + cluster_config_text(doc))
+    if verb == "reset" and len(words) >= 2:
+        doc = api.call("PATCH", "/v1/cluster/config", {"reset": words[1:]})
+        return emit(args, doc, f"cluster config updated (metadata offset {doc['metadata_offset']})\n"
+                    + cluster_config_text(doc))
+    raise CliError("cluster config takes: get [KEY] | set KEY VALUE [KEY VALUE ...] | reset KEY [KEY ...]")
+
+
+def cluster_main(argv: list[str], prog: str) -> int:
+    parser = common_parser(prog, "Show the controller quorum, the brokers, or the cluster's health.")
+    parser.epilog = HEALTH_EPILOG + "\n\n" + config_epilog() + "\n\n" + ADDRESS_EPILOG
+    parser.add_argument("action", choices=("status", "brokers", "health", "config"),
+                        help="status: the controller quorum and its leader; brokers: every broker; "
+                             "health: what needs attention, with an exit code saying how bad (below); "
+                             "config: the dynamic cluster config (below)")
+    parser.add_argument("words", nargs="*", metavar="ARG",
+                        help="for config: get [KEY] | set KEY VALUE [KEY VALUE ...] | reset KEY [KEY ...]")
+
+    def go(args: argparse.Namespace, api: ApiClient) -> str | Finished:
+        if args.action == "config":
+            return cluster_config(args, api)
+        if args.words:
+            raise CliError(f"`{args.action}` takes no arguments, got {' '.join(args.words)}")
+        if args.action == "health":
+            doc = api.call("GET", "/v1/cluster/health")
+            code = {"healthy": 0, "degraded": EXIT_DEGRADED}.get(doc["status"], EXIT_CRITICAL)
+            return Finished(emit(args, doc, health_text(doc)), code)
         if args.action == "status":
             doc = api.call("GET", "/v1/cluster")
             leader = (f"controller {doc['leader_id']} ({doc['leader_api_url']})" if doc["leader_id"] is not None
@@ -404,27 +560,240 @@ def cluster_main(argv: list[str], prog: str) -> int:
                 ["ID", "RAFT", "API", "PRIORITY", "LEADER", "CONNECTED"]))
         doc = api.call("GET", "/v1/brokers")
         return emit(args, doc, table(
-            [[b["broker_id"], f"{b['host']}:{b['port']}", b["rack"], b["priority"],
-              "fenced" if b["fenced"] else "active", b["leaders"], b["replicas"], b["metadata_offset"]]
+            [[b["broker_id"], f"{b['host']}:{b['port']}", b["rack"], b["priority"], broker_state(b),
+              b["leaders"], b["replicas"], b["metadata_offset"]]
              for b in doc["brokers"]],
             ["ID", "ADDRESS", "RACK", "PRIORITY", "STATE", "LEADERS", "REPLICAS", "METADATA_OFFSET"]))
 
     return run(go, argv, prog, parser)
 
 
+WAIT_TIMEOUT_MS_DEFAULT = 600_000
+POLL_INTERVAL_S = 0.5
+
+
+def _wait(args: argparse.Namespace, api: ApiClient, broker_id: int, done, progress) -> dict:
+    """Poll the broker's operations until `done(doc)` says so; print `progress(doc)` to stderr
+    when it changes. CliError when --wait-timeout-ms passes first."""
+    deadline = time.monotonic() + args.wait_timeout_ms / 1000
+    said = None
+    while True:
+        doc = api.call("GET", f"/v1/brokers/{broker_id}/operations")
+        if done(doc):
+            return doc
+        line = progress(doc)
+        if line != said:
+            print(line, file=sys.stderr, flush=True)
+            said = line
+        if time.monotonic() >= deadline:
+            raise CliError(f"not done within --wait-timeout-ms {args.wait_timeout_ms}: {doc['message']}. It goes "
+                           f"on; watch it with `biplane broker operations {broker_id}`")
+        time.sleep(POLL_INTERVAL_S)
+
+
+def _stuck(doc: dict) -> str:
+    return "".join(f"\n  stays: {why}" for why in doc.get("stuck", []))
+
+
+def _maintenance_on(args: argparse.Namespace, api: ApiClient, doc: dict) -> dict:
+    """Wait until no leadership another replica could take is left on the broker, and then until
+    the broker itself has applied the metadata that moved them (it no longer acts as leader)."""
+    b = doc["broker_id"]
+    drained = _wait(args, api, b, lambda d: d["leaders_movable"] == 0,
+                    lambda d: f"broker {b}: {d['leaders_movable']} leadership(s) still to move")
+    moved_at = drained["metadata_offset"]
+    return _wait(args, api, b,
+                 lambda d: d["fenced"] or (d["broker_metadata_offset"] or -1) >= moved_at,
+                 lambda d: f"broker {b}: waiting for it to apply metadata offset {moved_at} "
+                           f"(it is at {d['broker_metadata_offset']})")
+
+
+def broker_main(argv: list[str], prog: str) -> int:
+    parser = common_parser(prog, "Take a broker out of leadership (maintenance), out of the cluster "
+                                 "(decommission), back in (recommission), or show where that stands.")
+    parser.epilog = ("`biplane broker --broker-id N ...` (no action) runs a broker process instead.\n\n"
+                     + ADDRESS_EPILOG)
+    sub = parser.add_subparsers(dest="action", required=True)
+    m = sub.add_parser("maintenance", help="drain (on) or allow again (off) a broker's leaderships",
+                       description="on: the broker is not elected leader while another eligible replica exists; "
+                                   "its leaderships move to other in-sync replicas (it stays in every ISR and "
+                                   "keeps replicating). Waits until they have moved and the broker applied it. "
+                                   "off: it may lead again; the preferred-leader rebalance hands its "
+                                   "leaderships back over time.")
+    m.add_argument("state", choices=("on", "off"), help="on or off")
+    d = sub.add_parser("decommission", help="move every replica off a broker, then fence it for good",
+                       description="Move every replica off the broker, each replaced by the least loaded live "
+                                   "broker not already in its replica set (a few partitions at a time), then "
+                                   "fence it; it stays fenced (stop its process then). Refused when the other "
+                                   "brokers cannot hold some partition's replication factor. Idempotent; "
+                                   "Ctrl-C stops only the waiting; `recommission` cancels.")
+    r = sub.add_parser("recommission", help="cancel a decommission",
+                       description="Cancel a decommission: moves still running go back to their original "
+                                   "replicas, moves already done stay, and a running broker is unfenced on "
+                                   "its next heartbeat.")
+    o = sub.add_parser("operations", help="a broker's maintenance and decommission state",
+                       description="Show a broker's maintenance and decommission state and what is left of them.")
+    for sp in (m, d, r, o):
+        sp.add_argument("broker_id", type=int, metavar="ID", help="the broker id")
+        add_address_args(sp, suppress=True)
+    for sp in (m, d):
+        sp.add_argument("--no-wait", action="store_true", help="return once the controller accepted it")
+        sp.add_argument("--wait-timeout-ms", type=int, default=WAIT_TIMEOUT_MS_DEFAULT,
+                        help=f"give up waiting after this long; the operation goes on (default "
+                             f"{WAIT_TIMEOUT_MS_DEFAULT})")
+
+    def go(args: argparse.Namespace, api: ApiClient) -> str:
+        b = args.broker_id
+        if b < 0:
+            raise CliError(f"broker id {b} must be >= 0")
+        if args.action == "operations":
+            doc = api.call("GET", f"/v1/brokers/{b}/operations")
+            return emit(args, doc, doc["message"] + _stuck(doc))
+        if args.action == "recommission":
+            doc = api.call("POST", f"/v1/brokers/{b}/recommission")
+            return emit(args, doc, f"{doc['message']} (recommissioned; {doc['replicas']} replica(s) on it)")
+        if args.action == "maintenance":
+            doc = api.call("POST", f"/v1/brokers/{b}/maintenance", {"enabled": args.state == "on"})
+            if args.state == "off" or args.no_wait:
+                return emit(args, doc, doc["message"])
+            doc = _maintenance_on(args, api, doc)
+            return emit(args, doc, f"broker {b} is in maintenance: leaderships drained; it leads "
+                                   f"{doc['leaders']} partition(s) no other replica can take" + _stuck(doc))
+        doc = api.call("POST", f"/v1/brokers/{b}/decommission")
+        if args.no_wait:
+            return emit(args, doc, doc["message"])
+        total = max(doc["replicas"], 1)
+        doc = _wait(args, api, b, lambda d: d["decommissioned"],
+                    lambda d: f"broker {b}: {total - d['replicas']} of {total} replica(s) moved off, "
+                              f"{d['replicas_moving']} moving" + _stuck(d))
+        return emit(args, doc, doc["message"])
+
+    return run(go, argv, prog, parser)
+
+
+_UNITS = {"": 1, "b": 1, "k": 1024, "kib": 1024, "m": 1024**2, "mib": 1024**2, "g": 1024**3, "gib": 1024**3}
+
+
+def parse_bytes(text: str, what: str) -> int:
+    """'10MiB', '512k', '1048576' -> bytes (binary units)."""
+    t = text.strip().lower().replace(" ", "").removesuffix("/s")
+    digits = t.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = t[len(digits):]
+    if not digits or unit not in _UNITS:
+        raise CliError(f"{what} {text!r} is not a size like 10485760, 512KiB or 10MiB")
+    try:
+        return int(float(digits) * _UNITS[unit])
+    except ValueError:
+        raise CliError(f"{what} {text!r} is not a size like 10485760, 512KiB or 10MiB") from None
+
+
+def read_plan(path: str) -> dict[str, Any]:
+    """A reassignment plan file as the API's body: {"version": 1, "partitions": [{"topic",
+    "partition", "replicas"}], "throttle_bytes_per_s"?}. Other fields of an entry (a capacity
+    report's bytes or time estimate, Kafka's log_dirs) are left out."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except OSError as exc:
+        raise CliError(f"cannot read the plan {path}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise CliError(f"the plan {path} is not JSON: {exc}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("partitions"), list) or not doc["partitions"]:
+        raise CliError(f"the plan {path} must be an object with a non-empty \"partitions\" list, like "
+                       '{"version": 1, "partitions": [{"topic": "t", "partition": 0, "replicas": [1, 2, 3]}]}')
+    if doc.get("version", 1) != 1:
+        raise CliError(f"the plan {path} has version {doc['version']!r}; this biplane reads version 1")
+    moves = []
+    for i, entry in enumerate(doc["partitions"]):
+        if not isinstance(entry, dict) or not all(k in entry for k in ("topic", "partition", "replicas")):
+            raise CliError(f"the plan {path}: partitions[{i}] must have topic, partition and replicas")
+        moves.append({k: entry[k] for k in ("topic", "partition", "replicas")})
+    body: dict[str, Any] = {"version": 1, "partitions": moves}
+    if doc.get("throttle_bytes_per_s") is not None:
+        body["throttle_bytes_per_s"] = doc["throttle_bytes_per_s"]
+    return body
+
+
+def progress_text(doc: dict) -> str:
+    throttle = doc["throttle_bytes_per_s"]
+    head = (f"reassignment throttle: {human_bytes(throttle) + '/s' if throttle else 'none'}; "
+            f"{len(doc['partitions'])} partition(s) moving")
+    rows = []
+    for p in doc["partitions"]:
+        for r in p["moving"] or [{"broker_id": None}]:
+            rows.append([p["topic"], p["partition"], ids(p["target_replicas"]), ids(p["removing"]), p["leader"],
+                         r.get("broker_id"), "yes" if r.get("in_isr") else "no", r.get("log_end_offset"),
+                         p.get("leader_log_end_offset"), r.get("offsets_behind"), human_bytes(r.get("size_bytes")),
+                         human_bytes(r.get("bytes_behind"))])
+    return head + ("\n" + table(rows, ["TOPIC", "PARTITION", "TARGET", "REMOVING", "LEADER", "NEW_REPLICA", "IN_ISR",
+                                       "ITS_LEO", "LEADER_LEO", "OFFSETS_BEHIND", "COPIED", "BYTES_BEHIND"])
+                   if rows else "") + ("\n(figures from the brokers' latest usage reports, about once a second)"
+                                        if rows else "")
+
+
+REASSIGN_EPILOG = """\
+plan file (--plan FILE), Kafka's reassignment JSON; `biplane report capacity` writes its move plan in it:
+  {"version": 1,
+   "partitions": [{"topic": "events", "partition": 0, "replicas": [2, 3, 4]}, ...],
+   "throttle_bytes_per_s": 10485760}
+replicas: the target replica list, preferred leader first. Other fields of an entry are ignored.
+throttle_bytes_per_s (or --throttle, which wins): how fast each broker may copy the replicas it is
+adding; it becomes the cluster's reassignment_throttle_bytes_per_s (`biplane cluster config`).
+The plan starts all or none: one refused move refuses it, naming the entry."""
+
+
 def reassign_main(argv: list[str], prog: str) -> int:
-    parser = common_parser(prog, "Move a partition's replicas to a target set, or list reassignments.")
+    parser = common_parser(prog, "Move partitions' replicas to target sets: one partition, or many from a plan "
+                                 "file with a replication throttle; show progress; cancel.")
+    parser.epilog = REASSIGN_EPILOG + "\n\n" + ADDRESS_EPILOG
     parser.add_argument("topic", nargs="?", help="the topic of the partition to move")
     parser.add_argument("partition", nargs="?", type=int, help="the partition number")
     parser.add_argument("replicas", nargs="?", help="target broker ids, comma-separated, preferred leader first")
     parser.add_argument("--list", action="store_true", help="list partitions being reassigned")
+    parser.add_argument("--plan", metavar="FILE", help="start (or with --cancel, cancel) every move in FILE")
+    parser.add_argument("--throttle", metavar="BYTES_PER_S",
+                        help="with --plan: replication throttle for the catch-up, e.g. 10MiB (per broker)")
+    parser.add_argument("--progress", action="store_true",
+                        help="each moving replica's log end offset and bytes copied against the leader's")
+    parser.add_argument("--cancel", action="store_true",
+                        help="send reassignments back to their original replica sets: those of --plan FILE, "
+                             "of TOPIC PARTITION, or with --all every running one")
+    parser.add_argument("--all", action="store_true", help="with --cancel: every running reassignment")
 
     def go(args: argparse.Namespace, api: ApiClient) -> str:
+        if args.progress:
+            doc = api.call("GET", "/v1/reassignments/progress")
+            return emit(args, doc, progress_text(doc))
+        if args.cancel:
+            body: dict[str, Any]
+            if args.plan:
+                body = {"partitions": [{"topic": m["topic"], "partition": m["partition"]}
+                                       for m in read_plan(args.plan)["partitions"]]}
+            elif args.topic is not None and args.partition is not None:
+                body = {"partitions": [{"topic": args.topic, "partition": args.partition}]}
+            elif args.all:
+                body = {"partitions": None}
+            else:
+                raise CliError("--cancel needs --plan FILE, TOPIC PARTITION, or --all")
+            doc = api.call("POST", "/v1/reassignments/cancel", body)
+            return emit(args, doc, f"cancelled {len(doc['reassignments'])} reassignment(s); their replicas now:\n"
+                        + table(partition_rows(doc["reassignments"]), PARTITION_HEADERS))
+        if args.plan:
+            body = read_plan(args.plan)
+            if args.throttle:
+                body["throttle_bytes_per_s"] = parse_bytes(args.throttle, "--throttle")
+            doc = api.call("POST", "/v1/reassignments/plan", body)
+            throttle = body.get("throttle_bytes_per_s")
+            return emit(args, doc, f"started {len(doc['reassignments'])} reassignment(s)"
+                        + (f" at a throttle of {human_bytes(throttle)}/s per broker" if throttle else "")
+                        + "; follow with --progress\n" + table(partition_rows(doc["reassignments"]), PARTITION_HEADERS))
+        if args.throttle:
+            raise CliError("--throttle goes with --plan FILE")
         if args.list or args.topic is None:
             doc = api.call("GET", "/v1/reassignments")
             return emit(args, doc, table(partition_rows(doc["reassignments"]), PARTITION_HEADERS))
         if args.partition is None or not args.replicas:
-            raise CliError("give TOPIC PARTITION BROKER[,BROKER...], or --list")
+            raise CliError("give TOPIC PARTITION BROKER[,BROKER...], or --plan FILE, --progress, --cancel or --list")
         try:
             target = [int(b) for b in args.replicas.split(",")]
         except ValueError:

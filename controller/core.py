@@ -30,9 +30,12 @@ from common.requests import (
     AllocateProducerIdsRequest,
     AlterConfigRequest,
     AlterIsrRequest,
+    CancelReassignmentsRequest,
+    ClusterConfigRequest,
     CreateTopicRequest,
     ElectionReport,
     HeartbeatRequest,
+    ReassignmentPlanRequest,
     ReassignmentRequest,
     RegisterBrokerRequest,
 )
@@ -101,8 +104,40 @@ class StartReassignment:
 
 
 @dataclass(frozen=True, kw_only=True)
+class StartPlan:
+    request: ReassignmentPlanRequest
+
+
+@dataclass(frozen=True, kw_only=True)
+class CancelReassignments:
+    request: CancelReassignmentsRequest
+
+
+@dataclass(frozen=True, kw_only=True)
+class AlterClusterConfig:
+    request: ClusterConfigRequest
+
+
+@dataclass(frozen=True, kw_only=True)
 class ElectPreferred:
     partitions: tuple[tuple[str, int], ...] | None   # None: every partition
+
+
+@dataclass(frozen=True, kw_only=True)
+class SetMaintenance:
+    broker_id: int
+    enabled: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class Decommission:
+    broker_id: int
+    now_ms: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Recommission:
+    broker_id: int
 
 
 # ---- events: the leader's timer
@@ -114,7 +149,8 @@ class Tick:
 
 
 Event = Union[RegisterBroker, Heartbeat, AlterIsr, ReportElection, AllocateProducerIds, CreateTopic,
-              DeleteTopic, AddPartitions, AlterConfig, StartReassignment, ElectPreferred, Tick]
+              DeleteTopic, AddPartitions, AlterConfig, StartReassignment, StartPlan, CancelReassignments,
+              AlterClusterConfig, ElectPreferred, SetMaintenance, Decommission, Recommission, Tick]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -194,13 +230,13 @@ class ControllerCore:
     # ---- admin API
 
     def _create_topic(self, image: MetadataImage, ev: CreateTopic) -> Step:
-        return Step(records=tuple(d.create_topic(image, ev.request, ev.now_ms)))
+        return Step(records=tuple(d.create_topic(image, ev.request, ev.now_ms, self.settings.partition_limits)))
 
     def _delete_topic(self, image: MetadataImage, ev: DeleteTopic) -> Step:
         return Step(records=tuple(d.delete_topic(image, ev.name)))
 
     def _add_partitions(self, image: MetadataImage, ev: AddPartitions) -> Step:
-        return Step(records=tuple(d.add_partitions(image, ev.name, ev.request)))
+        return Step(records=tuple(d.add_partitions(image, ev.name, ev.request, self.settings.partition_limits)))
 
     def _alter_config(self, image: MetadataImage, ev: AlterConfig) -> Step:
         return Step(records=tuple(d.alter_config(image, ev.name, ev.request)))
@@ -208,14 +244,33 @@ class ControllerCore:
     def _start_reassignment(self, image: MetadataImage, ev: StartReassignment) -> Step:
         return Step(records=tuple(d.start_reassignment(image, ev.request)))
 
+    def _start_plan(self, image: MetadataImage, ev: StartPlan) -> Step:
+        return Step(records=tuple(d.start_plan(image, ev.request)))
+
+    def _cancel_reassignments(self, image: MetadataImage, ev: CancelReassignments) -> Step:
+        return Step(records=tuple(d.cancel_many(image, ev.request)))
+
+    def _alter_cluster_config(self, image: MetadataImage, ev: AlterClusterConfig) -> Step:
+        return Step(records=tuple(d.alter_cluster_config(image, ev.request)))
+
     def _elect_preferred(self, image: MetadataImage, ev: ElectPreferred) -> Step:
         return Step(records=tuple(d.elect_preferred(image, ev.partitions)))
+
+    def _set_maintenance(self, image: MetadataImage, ev: SetMaintenance) -> Step:
+        return Step(records=tuple(d.set_maintenance(image, ev.broker_id, ev.enabled)))
+
+    def _decommission(self, image: MetadataImage, ev: Decommission) -> Step:
+        return Step(records=tuple(d.start_decommission(image, ev.broker_id, ev.now_ms)))
+
+    def _recommission(self, image: MetadataImage, ev: Recommission) -> Step:
+        return Step(records=tuple(d.recommission(image, ev.broker_id)))
 
     # ---- timer
 
     def _tick(self, image: MetadataImage, ev: Tick) -> Step:
-        # Sessions expire, shut-down brokers fence, caught-up brokers unfence, elections,
-        # reassignments, rebalance and the imbalance handback: in `decisions.periodic`'s order.
+        # Sessions expire, shut-down brokers fence, caught-up brokers unfence, elections, the
+        # maintenance drain, decommission moves, reassignments, rebalance and the imbalance
+        # handback: in `decisions.periodic`'s order.
         return Step(records=tuple(self.state.periodic(image, ev.now_ms)))
 
 
@@ -230,6 +285,12 @@ _HANDLERS: dict[type, Callable[..., Step]] = {
     AddPartitions: ControllerCore._add_partitions,
     AlterConfig: ControllerCore._alter_config,
     StartReassignment: ControllerCore._start_reassignment,
+    StartPlan: ControllerCore._start_plan,
+    CancelReassignments: ControllerCore._cancel_reassignments,
+    AlterClusterConfig: ControllerCore._alter_cluster_config,
     ElectPreferred: ControllerCore._elect_preferred,
+    SetMaintenance: ControllerCore._set_maintenance,
+    Decommission: ControllerCore._decommission,
+    Recommission: ControllerCore._recommission,
     Tick: ControllerCore._tick,
 }

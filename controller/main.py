@@ -22,6 +22,16 @@ from aiohttp import web
 
 from common.eventloop import LoopWatchdog
 from common.logs import configure_logging
+from common.metadata.config import PARTITIONS_MAX
+from controller.decisions.limits import MAX_PARTITIONS_PER_BROKER, MAX_PARTITIONS_PER_TOPIC, PartitionLimits
+from controller.guardrails import (
+    BODY_BYTES_MAX_DEFAULT,
+    JSON_DEPTH_MAX_DEFAULT,
+    WRITE_BURST_DEFAULT,
+    WRITE_RATE_PER_S_DEFAULT,
+    ApiLimits,
+)
+from common.metrics import MetricsServer
 from controller.service import ControllerNode
 
 
@@ -94,8 +104,32 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                    help="a broker that does not lead more than this share of the partitions it "
                         "prefers gets them back at the next check (Kafka's "
                         "leader.imbalance.per.broker.percentage; default 10)")
+    limits = p.add_argument_group("guardrails", "limits that keep a script or a fuzzer from overloading "
+                                                 "the cluster (README: 'Admin API limits')")
+    limits.add_argument("--max-partitions-per-topic", type=int, default=MAX_PARTITIONS_PER_TOPIC,
+                        help="a topic may have at most this many partitions, at creation and after "
+                             f"adding partitions (default {MAX_PARTITIONS_PER_TOPIC}, at most {PARTITIONS_MAX})")
+    limits.add_argument("--max-partitions-per-broker", type=int, default=MAX_PARTITIONS_PER_BROKER,
+                        help="the cluster holds at most this many partition replicas per registered broker "
+                             f"(default {MAX_PARTITIONS_PER_BROKER}; a topic of 10 partitions with replication "
+                             "factor 3 holds 30)")
+    limits.add_argument("--admin-write-rate", type=float, default=WRITE_RATE_PER_S_DEFAULT,
+                        help="admin API writes refill at this many units a second per token; a write costs "
+                             "one unit per partition it creates or deletes, at least one; beyond it the "
+                             f"API answers 429 with Retry-After (default {WRITE_RATE_PER_S_DEFAULT:g})")
+    limits.add_argument("--admin-write-burst", type=float, default=WRITE_BURST_DEFAULT,
+                        help="units a token may spend at once before the rate applies "
+                             f"(default {WRITE_BURST_DEFAULT:g})")
+    limits.add_argument("--admin-max-body-bytes", type=int, default=BODY_BYTES_MAX_DEFAULT,
+                        help=f"largest admin request body; larger is 413 (default {BODY_BYTES_MAX_DEFAULT})")
+    limits.add_argument("--admin-max-json-depth", type=int, default=JSON_DEPTH_MAX_DEFAULT,
+                        help="deepest nesting of objects and arrays in an admin request body; deeper is 400 "
+                             f"(default {JSON_DEPTH_MAX_DEFAULT})")
     p.add_argument("--snapshot-dir", help="default: DATA_DIR/snapshots")
     p.add_argument("--snapshot-interval-ms", type=int, default=60_000)
+    p.add_argument("--metrics-port", type=int,
+                   help="serve Prometheus /metrics here, without a token, on the API address's host "
+                        "(0: a free port; default: only the admin API's GET /metrics, with the token)")
     p.add_argument("--log-level", default="WARNING", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     return p
 
@@ -131,13 +165,30 @@ def resolve_nodes(args: argparse.Namespace) -> tuple[list[ControllerNode], Contr
     return nodes, me
 
 
+# A settings field whose flag is not the field's name with dashes.
+_FLAG_OF_FIELD = {"write_rate_per_s": "--admin-write-rate", "write_burst": "--admin-write-burst",
+                  "body_bytes_max": "--admin-max-body-bytes", "json_depth_max": "--admin-max-json-depth"}
+
+
+def _flag_names(message: str) -> str:
+    from controller.decisions import LeaderSettings
+    fields = [f.name for f in dataclasses.fields(LeaderSettings)] + \
+        [f.name for f in dataclasses.fields(PartitionLimits)]
+    for name, flag in _FLAG_OF_FIELD.items():
+        message = message.replace(name, flag)
+    for name in fields:
+        message = message.replace(name, "--" + name.replace("_", "-"))
+    return message
+
+
 async def serve(args: argparse.Namespace) -> int:
     from controller.api import make_app
     from controller.decisions import LeaderSettings
+    from controller.metrics import ControllerMetrics
     from controller.raft import RaftNode, RaftSettings
     from controller.replicated import MetadataStateMachine
     from controller.service import ControllerService
-    from controller.snapshot_service import Snapshotter, add_snapshot_routes
+    from controller.snapshot_service import Snapshotter
     from controller.snapshots import SnapshotStore
 
     nodes, me = resolve_nodes(args)
@@ -147,6 +198,8 @@ async def serve(args: argparse.Namespace) -> int:
                          "(or BIPLANE_CLUSTER_SECRET)")
     if not args.admin_token:
         raise UsageError("--admin-token (or BIPLANE_ADMIN_TOKEN) is required")
+    if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
+        raise UsageError(f"--metrics-port {args.metrics_port} is not a port (0 to 65535; 0 picks a free one)")
     settings = RaftSettings(
         self_address=me.raft_address, peer_addresses=tuple(n.raft_address for n in peers),
         data_dir=os.path.join(args.data_dir, "raft"), password=args.cluster_secret,
@@ -164,26 +217,23 @@ async def serve(args: argparse.Namespace) -> int:
         leader_settings = LeaderSettings(
             session_timeout_ms=args.session_timeout_ms, rebalance_interval_ms=args.rebalance_interval_ms,
             leader_imbalance_check_interval_ms=args.leader_imbalance_check_interval_ms,
-            leader_imbalance_per_broker_percentage=args.leader_imbalance_per_broker_percentage)
+            leader_imbalance_per_broker_percentage=args.leader_imbalance_per_broker_percentage,
+            partition_limits=PartitionLimits(max_partitions_per_topic=args.max_partitions_per_topic,
+                                             max_partitions_per_broker=args.max_partitions_per_broker))
+        api_limits = ApiLimits(write_rate_per_s=args.admin_write_rate, write_burst=args.admin_write_burst,
+                               body_bytes_max=args.admin_max_body_bytes, json_depth_max=args.admin_max_json_depth)
     except ValueError as exc:
         # The settings name their fields; the user typed flags.
-        message = str(exc)
-        for field in dataclasses.fields(LeaderSettings):
-            message = message.replace(field.name, "--" + field.name.replace("_", "-"))
-        raise UsageError(message) from None
+        raise UsageError(_flag_names(str(exc))) from None
     service = ControllerService(node_id=me.node_id, nodes=nodes, raft_factory=raft_factory,
                                 leader_settings=leader_settings,
                                 metadata_window_records=args.metadata_window_records)
-    app = make_app(service, admin_token=args.admin_token, cluster_secret=args.cluster_secret)
-
     snapshotter = Snapshotter(store=SnapshotStore(args.snapshot_dir or os.path.join(args.data_dir, "snapshots")),
                               image_getter=lambda: service.committed, usage_getter=lambda: service.usage,
                               controller_id=me.node_id, is_leader=lambda: service.is_leader,
                               snapshot_interval_ms=args.snapshot_interval_ms)
-    add_snapshot_routes(app, lambda: snapshotter)
-    for route in app.router.routes():
-        if route.method == "GET" and route.resource is not None and route.resource.canonical == "/v1/snapshots":
-            setattr(route.handler, "leader_only", True)   # the files live on the leader that wrote them
+    app = make_app(service, admin_token=args.admin_token, cluster_secret=args.cluster_secret, limits=api_limits,
+                   snapshotter=lambda: snapshotter)
     app["on_ready"].append(lambda app: snapshotter.start())
 
     async def stop_snapshots(app: web.Application) -> None:
@@ -200,13 +250,27 @@ async def serve(args: argparse.Namespace) -> int:
     # A stalled loop answers heartbeats late and decides fencing late: worth a log line.
     watchdog = LoopWatchdog(name=f"controller {me.node_id}")
     watchdog.start()
+    metrics: ControllerMetrics = app["metrics"]
+    metrics.watch_loop(watchdog.stalls)
+    metrics_server = None
+    if args.metrics_port is not None:
+        try:
+            metrics_server = await MetricsServer.start(metrics.exposition, host=host, port=args.metrics_port)
+        except OSError as exc:
+            await runner.cleanup()
+            raise OSError(f"cannot serve metrics on {host}:{args.metrics_port}: {exc}") from None
+        logging.getLogger("biplane.controller").info("controller %d serving metrics on %s:%d", me.node_id, host,
+                                                     metrics_server.port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     watchdog.stop()
+    if metrics_server is not None:
+        await metrics_server.close()
     await runner.cleanup()
+    metrics.exposition.close()
     return 0
 
 

@@ -253,6 +253,10 @@ class RaftStatus:
     commit_index: int
     last_applied: int
     connected_peers: tuple[str, ...]
+    last_log_index: int = 0
+    # On the leader: each peer's Raft address and match index (the end of its log known to
+    # equal the leader's); empty on a follower.
+    match_index: tuple[tuple[str, int], ...] = ()
 
 
 class RaftNode:
@@ -468,21 +472,35 @@ class RaftNode:
         return fut
 
     def status(self) -> RaftStatus:
-        obj = self._started()[0]
+        obj, journal = self._started()
         leader = obj._getLeader()
+        is_leader = obj._isLeader()
+        # pysyncobj keeps match indexes in a private dict its tick thread updates: copied whole
+        # (one C-level call under the GIL) before reading.
+        match = dict(obj._SyncObj__raftMatchIndex) if is_leader else {}
         return RaftStatus(
             self_address=self.settings.self_address,
-            is_leader=obj._isLeader(),
+            is_leader=is_leader,
             leader_address=getattr(leader, "address", None),
             term=obj.raftCurrentTerm,
             commit_index=obj.raftCommitIndex,
             last_applied=obj.raftLastApplied,
             connected_peers=tuple(a for a in self.settings.peer_addresses
                                   if obj.isNodeConnected(TCPNode(a))),
+            last_log_index=_last_index(journal),
+            match_index=tuple(sorted((str(getattr(node, "address", node)), int(index))
+                                     for node, index in match.items())),
         )
 
     def journal_syncs(self) -> int:
         return self._obj._biplane_journal.syncs if self._obj and self._obj._biplane_journal else 0
+
+
+def _last_index(journal: _SyncedJournal) -> int:
+    try:
+        return int(journal[-1][1])
+    except IndexError:  # compacted to nothing, or not loaded yet
+        return 0
 
 
 def _resolve(fut: asyncio.Future, result: Any, error: int) -> None:

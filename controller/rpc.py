@@ -92,6 +92,8 @@ def add_rpc_routes(app: web.Application, service: ControllerService, *, cluster_
                 return await handler(request)
             except EarlyResponse as reply:
                 return reply.response
+            except web.HTTPException:
+                raise   # aiohttp's own answer (a body over the size limit): JSON by the app's json_errors
             except NotControllerError:
                 return not_leader(service)
             except BiplaneError as exc:

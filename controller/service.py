@@ -25,7 +25,7 @@ import itertools
 import logging
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import Callable, Protocol
 
 from common.errors import CommitFailedError, NotControllerError, RecordRejected
 from common.metadata import MetadataImage, Record, dump_record
@@ -34,9 +34,6 @@ from common.usage import BrokerUsage
 from controller.core import AddPartitions, AlterConfig, ControllerCore, CreateTopic, DeleteTopic, Event, Step, Tick
 from controller.decisions import LeaderSettings
 from controller.replicated import Outcome, batch_command, marker_command
-
-if TYPE_CHECKING:
-    from controller.views import LatencyStats
 
 log = logging.getLogger("biplane.controller")
 
@@ -98,6 +95,14 @@ class RaftStatusView(Protocol):
     def term(self) -> int: ...
     @property
     def connected_peers(self) -> tuple[str, ...]: ...
+    @property
+    def commit_index(self) -> int: ...
+    @property
+    def last_applied(self) -> int: ...
+    @property
+    def last_log_index(self) -> int: ...
+    @property
+    def match_index(self) -> tuple[tuple[str, int], ...]: ...
 
 
 class RaftHandle(Protocol):
@@ -151,7 +156,6 @@ class ControllerService:
         self.core: ControllerCore | None = None   # the leader's decisions and unreplicated state (with `pending`)
         self.trusted_term: int | None = None
         self.raft: RaftHandle | None = None
-        self.api_stats: LatencyStats | None = None
         self.stats = {"records_committed": 0, "batches_committed": 0, "batches_failed": 0,
                       "leader_elections_won": 0, "records_rejected": 0}
 
@@ -191,6 +195,10 @@ class ControllerService:
     def is_leader(self) -> bool:
         """True only while this node's view is trusted (its marker committed in this term)."""
         return self.pending is not None
+
+    def raft_status(self) -> RaftStatusView | None:
+        """Raft's status (metrics); None before start()."""
+        return self.raft.status() if self.raft is not None else None
 
     def leader_node(self) -> ControllerNode | None:
         if self.is_leader:

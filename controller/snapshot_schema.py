@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import re
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# Version 2 added the columns in COLUMNS_ADDED; readers take both and read an absent column as NULL.
+READABLE_SCHEMA_VERSIONS = (1, 2)
 
 # Every final snapshot file matches this; nothing else in a snapshot directory
 # is ever listed or read (temp files start with ".tmp-").
@@ -114,6 +116,13 @@ TABLES: dict[str, tuple[tuple[tuple[str, str], ...], tuple[str, ...]]] = {
             ("disk_total_bytes", "INTEGER"),
             ("disk_used_bytes", "INTEGER"),
             ("disk_free_bytes", "INTEGER"),
+            ("log_bytes", "INTEGER"),  # Biplane's own: its partition logs (disk_* is the whole filesystem)
+            # Byte counters since counters_since_ms (the broker process's start, Unix ms):
+            # difference two snapshots for a rate; a new counters_since_ms means they restarted.
+            ("counters_since_ms", "INTEGER"),
+            ("produce_bytes_total", "INTEGER"),
+            ("replicated_bytes_total", "INTEGER"),
+            ("fetch_bytes_total", "INTEGER"),
         ),
         ("broker_id",),
     ),
@@ -156,6 +165,14 @@ LEFT JOIN counts c ON c.broker_id = b.broker_id
 LEFT JOIN usage_sums ON usage_sums.broker_id = b.broker_id
 LEFT JOIN led ON led.broker_id = b.broker_id
 """
+
+
+# (table, column) -> the schema version that added it; files of an older version lack it.
+COLUMNS_ADDED: dict[tuple[str, str], int] = {
+    ("broker_usage", name): 2
+    for name in ("log_bytes", "counters_since_ms", "produce_bytes_total", "replicated_bytes_total",
+                 "fetch_bytes_total")
+}
 
 
 def column_names(table: str) -> tuple[str, ...]:

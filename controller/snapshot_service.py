@@ -10,7 +10,7 @@ double the history.
     snapshotter = Snapshotter(store=SnapshotStore(dir), image_getter=lambda: image,
                               usage_getter=lambda: usage, controller_id=1,
                               is_leader=lambda: node.is_leader)
-    add_snapshot_routes(app, lambda: snapshotter)   # POST/GET /v1/snapshots
+    add_snapshot_routes(app, lambda: snapshotter)   # POST/GET /v1/snapshots (make_app does this)
     snapshotter.start()  ...  await snapshotter.stop()
 """
 from __future__ import annotations
@@ -23,9 +23,12 @@ from typing import Any
 
 from aiohttp import web
 
+from common import api_models
 from common.errors import ErrorCode, InvalidRequestError, NotSnapshotLeaderError
 from common.tasks import cancel_and_wait
 from common.usage import BrokerUsage
+from controller.http_edge import error_response
+from controller.openapi import Operation, mount
 from controller.snapshots import SnapshotInfo, SnapshotStore, rows_from_image
 
 log = logging.getLogger(__name__)
@@ -120,38 +123,55 @@ class Snapshotter:
                 self._last_taken_ms = self._clock_ms()
 
 
+SnapshotterGetter = Callable[[], "Snapshotter | None"]
+SNAPSHOTTER_KEY: web.AppKey[SnapshotterGetter] = web.AppKey("snapshotter")
+
+
+def _snapshotter(request: web.Request) -> Snapshotter | None:
+    getter = request.app.get(SNAPSHOTTER_KEY)
+    return getter() if getter is not None else None
+
+
+def _not_configured() -> web.Response:
+    return error_response(503, ErrorCode.NOT_CONTROLLER, "snapshots are not configured on this controller")
+
+
+async def post_snapshot(request: web.Request) -> web.Response:
+    snapshotter = _snapshotter(request)
+    if snapshotter is None:
+        return _not_configured()
+    try:
+        info = await snapshotter.take()
+    except NotSnapshotLeaderError as exc:
+        return error_response(503, exc.code, str(exc))
+    except OSError as exc:
+        return error_response(500, ErrorCode.KAFKA_STORAGE_ERROR, f"could not write the snapshot file: {exc}")
+    return web.json_response(info.to_json(), status=201)
+
+
+async def get_snapshots(request: web.Request) -> web.Response:
+    snapshotter = _snapshotter(request)
+    if snapshotter is None:
+        return _not_configured()
+    infos = await asyncio.to_thread(snapshotter.list)
+    return web.json_response({"snapshots": [info.to_json() for info in infos]})
+
+
+# A write on a follower is redirected to the leader by the admin API's middleware; the
+# list too, since the files live on the leader that wrote them.
+OPERATIONS = [
+    Operation(method="POST", path="/v1/snapshots", summary="take a metadata snapshot now", handler=post_snapshot,
+              response=api_models.SnapshotInfo, status=201, writes=True, commits=False, unavailable=True,
+              storage_error=True),
+    Operation(method="GET", path="/v1/snapshots", summary="the snapshots this leader has written",
+              handler=get_snapshots, response=api_models.SnapshotList, leader_only=True, unavailable=True),
+]
+
+
 def add_snapshot_routes(app: web.Application, snapshotter_getter: Callable[[], Snapshotter | None]) -> None:
     """Register POST /v1/snapshots (take one now) and GET /v1/snapshots (list) on `app`.
 
     `snapshotter_getter` returns the node's Snapshotter, or None while it has none.
     """
-
-    async def post_snapshot(request: web.Request) -> web.Response:
-        snapshotter = snapshotter_getter()
-        if snapshotter is None:
-            return _error(503, ErrorCode.NOT_CONTROLLER, "snapshots are not configured on this controller")
-        try:
-            info = await snapshotter.take()
-        except NotSnapshotLeaderError as exc:
-            return _error(503, exc.code, str(exc))
-        except OSError as exc:
-            return _error(500, ErrorCode.KAFKA_STORAGE_ERROR, f"could not write the snapshot file: {exc}")
-        return web.json_response(info.to_json(), status=201)
-
-    async def get_snapshots(request: web.Request) -> web.Response:
-        snapshotter = snapshotter_getter()
-        if snapshotter is None:
-            return _error(503, ErrorCode.NOT_CONTROLLER, "snapshots are not configured on this controller")
-        infos = await asyncio.to_thread(snapshotter.list)
-        return web.json_response({"snapshots": [info.to_json() for info in infos]})
-
-    # The admin API's middleware answers a write on a follower with a redirect to the leader.
-    post_snapshot.writes = True  # type: ignore[attr-defined]
-    app.router.add_post("/v1/snapshots", post_snapshot)
-    app.router.add_get("/v1/snapshots", get_snapshots)
-
-
-def _error(status: int, code: ErrorCode, message: str) -> web.Response:
-    return web.json_response(
-        {"error": {"code": code.name, "message": message, "retriable": code.retriable}}, status=status
-    )
+    app[SNAPSHOTTER_KEY] = snapshotter_getter
+    mount(app, OPERATIONS)

@@ -165,6 +165,8 @@ def usage_rows(usage_by_broker: Mapping[int, BrokerUsage]) -> dict[str, tuple[tu
         usage = usage_by_broker[broker_id]
         broker_usage.append((
             usage.broker_id, usage.at_ms, usage.disk_total_bytes, usage.disk_used_bytes, usage.disk_free_bytes,
+            usage.log_bytes, usage.counters_since_ms, usage.produce_bytes_total, usage.replicated_bytes_total,
+            usage.fetch_bytes_total,
         ))
         for replica in usage.replicas:
             replica_usage.append((

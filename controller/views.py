@@ -1,13 +1,28 @@
 """What the admin API returns, built from the image (the models are common/api_models.py,
-shared with the admin client), and the controller's /metrics text."""
+shared with the admin client)."""
 from __future__ import annotations
 
-import bisect
 from typing import Any, Mapping
 
-from common.api_models import BrokerList, BrokerView, PartitionView, TopicDetail, TopicList, TopicSummary
+from common.api_models import (
+    BrokerList,
+    BrokerOperations,
+    ClusterConfigView,
+    PartitionMove,
+    ReassignmentProgress,
+    ReplicaCatchUp,
+    BrokerView,
+    PartitionOffsets,
+    PartitionView,
+    TopicDetail,
+    TopicList,
+    TopicOffsets,
+    TopicSummary,
+)
 from common.metadata import MetadataImage
-from common.usage import BrokerUsage
+from common.metadata.cluster_config import CLUSTER_CONFIG_MEANINGS
+from common.usage import BrokerUsage, ReplicaUsage
+from controller.decisions import decommission_progress, maintenance_progress
 
 
 def partition_view(p: Any) -> PartitionView:
@@ -22,6 +37,91 @@ def topic_detail(image: MetadataImage, name: str, *, metadata_offset: int | None
     return TopicDetail(name=t.name, topic_id=t.topic_id, metadata_offset=metadata_offset,
                        config=t.config.model_dump(mode="json"),
                        partitions=[partition_view(p) for p in image.topic_partitions(name)])
+
+
+def topic_offsets(image: MetadataImage, name: str, usage: Mapping[int, BrokerUsage], *,
+                  now_ms: int) -> TopicOffsets:
+    """Each partition's offsets and size from its current leader's latest usage report: the
+    leader is the replica whose high watermark consumers read to."""
+    reported: dict[tuple[int, int], tuple[BrokerUsage, ReplicaUsage]] = {}
+    for broker_id, u in usage.items():
+        for r in u.replicas:
+            if r.topic == name:
+                reported[(broker_id, r.partition)] = (u, r)
+    out = []
+    for p in image.topic_partitions(name):
+        sizes = [reported[(b, p.partition)][1].size_bytes for b in p.replicas if (b, p.partition) in reported]
+        found = reported.get((p.leader, p.partition)) if p.leader is not None else None
+        if found is None:
+            out.append(PartitionOffsets(topic=name, partition=p.partition, leader=p.leader,
+                                        replicas_size_bytes=sum(sizes) if sizes else None))
+            continue
+        u, r = found
+        out.append(PartitionOffsets(topic=name, partition=p.partition, leader=p.leader,
+                                    log_start_offset=r.log_start_offset, high_watermark=r.high_watermark,
+                                    log_end_offset=r.log_end_offset, size_bytes=r.size_bytes,
+                                    replicas_size_bytes=sum(sizes), reported_at_ms=u.at_ms,
+                                    age_ms=max(0, now_ms - u.at_ms)))
+    return TopicOffsets(topic=name, metadata_offset=image.offset, at_ms=now_ms, partitions=out)
+
+
+def broker_operations(image: MetadataImage, broker_id: int, broker_offset: int | None) -> BrokerOperations:
+    info = image.brokers[broker_id]
+    drain = maintenance_progress(image, broker_id)
+    moves = decommission_progress(image, broker_id)
+    if info.decommissioned:
+        message = f"broker {broker_id} is decommissioned: it hosts no replica and stays fenced"
+    elif info.decommissioning:
+        message = (f"broker {broker_id} is being decommissioned: {len(moves.hosted)} replica(s) left on it, "
+                   f"{len(moves.moving)} moving now")
+    elif info.maintenance:
+        message = (f"broker {broker_id} is in maintenance: it leads {len(drain.leaders)} partition(s), "
+                   f"{len(drain.movable)} of them still to move")
+    else:
+        message = f"broker {broker_id} is in service"
+    return BrokerOperations(
+        broker_id=broker_id, metadata_offset=image.offset, broker_metadata_offset=broker_offset,
+        fenced=info.fenced, maintenance=info.maintenance, decommissioning=info.decommissioning,
+        decommissioned=info.decommissioned, leaders=len(drain.leaders), leaders_movable=len(drain.movable),
+        replicas=len(moves.hosted), replicas_moving=len(moves.moving),
+        stuck=list((drain.stuck if info.maintenance else ()) + (moves.stuck if info.decommissioning else ()))[:100],
+        message=message)
+
+
+def cluster_config_view(image: MetadataImage, *, metadata_offset: int | None) -> ClusterConfigView:
+    return ClusterConfigView(metadata_offset=metadata_offset, config=image.cluster_config.model_dump(mode="json"),
+                             descriptions=dict(CLUSTER_CONFIG_MEANINGS))
+
+
+def reassignment_progress(image: MetadataImage, usage: Mapping[int, BrokerUsage], *,
+                          now_ms: int) -> ReassignmentProgress:
+    """Every running reassignment, with each added replica's catch-up against the leader, from
+    the brokers' latest usage reports (about once a second)."""
+    reported: dict[tuple[int, str, int], ReplicaUsage] = {}
+    for broker_id, u in usage.items():
+        for r in u.replicas:
+            reported[(broker_id, r.topic, r.partition)] = r
+    moves = []
+    for p in image.partitions():
+        if not p.reassigning:
+            continue
+        lead = reported.get((p.leader, p.topic, p.partition)) if p.leader is not None else None
+        moving = []
+        for b in p.adding:
+            mine = reported.get((b, p.topic, p.partition))
+            moving.append(ReplicaCatchUp(
+                broker_id=b, in_isr=b in p.isr,
+                log_end_offset=mine.log_end_offset if mine else None, size_bytes=mine.size_bytes if mine else None,
+                offsets_behind=max(0, lead.log_end_offset - mine.log_end_offset) if mine and lead else None,
+                bytes_behind=max(0, lead.size_bytes - mine.size_bytes) if mine and lead else None))
+        moves.append(PartitionMove(topic=p.topic, partition=p.partition, replicas=list(p.replicas),
+                                   target_replicas=list(p.target_replicas), adding=list(p.adding),
+                                   removing=list(p.removing), leader=p.leader,
+                                   leader_log_end_offset=lead.log_end_offset if lead else None,
+                                   leader_size_bytes=lead.size_bytes if lead else None, moving=moving))
+    return ReassignmentProgress(metadata_offset=image.offset, at_ms=now_ms,
+                                throttle_bytes_per_s=image.cluster_config.reassignment_throttle_bytes_per_s,
+                                partitions=moves)
 
 
 def topic_list(image: MetadataImage) -> TopicList:
@@ -51,68 +151,7 @@ def broker_list(image: MetadataImage, broker_offsets: Mapping[int, int],
                               metadata_offset=broker_offsets.get(b),
                               disk_used_bytes=u.disk_used_bytes if u else None,
                               disk_total_bytes=u.disk_total_bytes if u else None,
-                              leaders=leaders.get(b, 0), replicas=replicas.get(b, 0)))
+                              leaders=leaders.get(b, 0), replicas=replicas.get(b, 0),
+                              maintenance=info.maintenance, decommissioning=info.decommissioning,
+                              decommissioned=info.decommissioned))
     return BrokerList(metadata_offset=image.offset, brokers=out)
-
-
-class LatencyStats:
-    """Request counts and a latency histogram per path, for /metrics."""
-
-    BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0)
-
-    def __init__(self) -> None:
-        self.paths: dict[str, list] = {}   # path -> [count, sum, bucket counts]
-
-    def observe(self, path: str, seconds: float) -> None:
-        key = path   # a route's pattern, so the label set stays bounded
-        if key not in self.paths and len(self.paths) >= 64:
-            key = "other"
-        entry = self.paths.setdefault(key, [0, 0.0, [0] * len(self.BUCKETS_S)])
-        entry[0] += 1
-        entry[1] += seconds
-        i = bisect.bisect_left(self.BUCKETS_S, seconds)
-        if i < len(self.BUCKETS_S):
-            entry[2][i] += 1
-
-
-def prometheus_text(service: Any) -> str:
-    image = service.committed
-    lines = []
-
-    def metric(name: str, kind: str, help_text: str, samples: list[tuple[str, Any]]) -> None:
-        lines.append(f"# HELP {name} {help_text}")
-        lines.append(f"# TYPE {name} {kind}")
-        for labels, value in samples:
-            lines.append(f"{name}{labels} {value}")
-
-    metric("biplane_controller_is_leader", "gauge", "1 when this controller is the trusted leader",
-           [("", int(service.is_leader))])
-    metric("biplane_controller_metadata_offset", "gauge", "offset of the committed metadata image",
-           [("", image.offset)])
-    brokers = list(image.brokers.values())
-    metric("biplane_controller_brokers", "gauge", "registered brokers by state",
-           [('{state="fenced"}', sum(b.fenced for b in brokers)),
-            ('{state="unfenced"}', sum(not b.fenced for b in brokers))])
-    metric("biplane_controller_topics", "gauge", "topics", [("", len(image.topics))])
-    parts = list(image.partitions())
-    metric("biplane_controller_partitions", "gauge", "partitions", [("", len(parts))])
-    metric("biplane_controller_offline_partitions", "gauge", "partitions without a leader",
-           [("", sum(p.leader is None for p in parts))])
-    for key, help_text in (("records_committed", "metadata records committed (observed on this node)"),
-                           ("batches_committed", "Raft commands committed by this node as leader"),
-                           ("batches_failed", "Raft commands that failed or diverged"),
-                           ("leader_elections_won", "times this node became the trusted leader")):
-        metric(f"biplane_controller_{key}_total", "counter", help_text, [("", service.stats[key])])
-    stats = getattr(service, "api_stats", None)
-    if stats is not None:
-        lines.append("# HELP biplane_api_request_seconds admin API request latency")
-        lines.append("# TYPE biplane_api_request_seconds histogram")
-        for path, (count, total, buckets) in sorted(stats.paths.items()):
-            cumulative = 0
-            for bound, n in zip(LatencyStats.BUCKETS_S, buckets):
-                cumulative += n
-                lines.append(f'biplane_api_request_seconds_bucket{{path="{path}",le="{bound}"}} {cumulative}')
-            lines.append(f'biplane_api_request_seconds_bucket{{path="{path}",le="+Inf"}} {count}')
-            lines.append(f'biplane_api_request_seconds_sum{{path="{path}"}} {total:.6f}')
-            lines.append(f'biplane_api_request_seconds_count{{path="{path}"}} {count}')
-    return "\n".join(lines) + "\n"

@@ -184,8 +184,11 @@ def main() -> int:
     args = parser.parse_args()
     specs = make_specs(3, priorities=[3, 2, 1])
     tmp = Path(tempfile.mkdtemp(prefix="bench-controller-"))
+    # The bench measures the controller's own write throughput, so the admin API's guardrails
+    # (write rate per token, partition replicas per broker) are lifted out of its way.
+    unlimited = ["--admin-write-rate", "1e9", "--admin-write-burst", "1e9", "--max-partitions-per-broker", "1000000"]
     controllers = [Controller(s, specs, tmp / f"c{s.node_id}",
-                              ["--session-timeout-ms", "600000", "--journal-sync", args.journal_sync])
+                              ["--session-timeout-ms", "600000", "--journal-sync", args.journal_sync, *unlimited])
                    for s in specs]
     hb = Heartbeats(controllers, [1, 2, 3])
     try:

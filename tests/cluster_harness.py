@@ -145,7 +145,9 @@ class Cluster:
         self.controllers = [Controller(s, self.specs, self.root / f"controller-{s.node_id}",
                                        list(controller_args or [])) for s in self.specs]
         urls = [s.api_url for s in self.specs]
-        self.brokers = {i: BrokerProcess(i, self.root / f"broker-{i}" / "data", urls, list(broker_args or []))
+        # A quorum's controllers check the cluster secret (controller_harness starts them with it).
+        broker_args = (["--cluster-secret", SECRET] if controllers > 1 else []) + list(broker_args or [])
+        self.brokers = {i: BrokerProcess(i, self.root / f"broker-{i}" / "data", urls, broker_args)
                         for i in range(1, brokers + 1)}
 
     # ---- lifecycle

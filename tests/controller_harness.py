@@ -34,6 +34,7 @@ class NodeSpec:
     raft_port: int
     api_port: int
     priority: int = 1
+    metrics_port: int = 0   # --metrics-port (0: none asked for; make_specs gives every node one)
 
     @property
     def api_url(self) -> str:
@@ -45,7 +46,8 @@ class NodeSpec:
 
 
 def make_specs(count: int, priorities: list[int] | None = None) -> list[NodeSpec]:
-    return [NodeSpec(i + 1, free_port(), free_port(), (priorities or [1] * count)[i]) for i in range(count)]
+    return [NodeSpec(i + 1, free_port(), free_port(), (priorities or [1] * count)[i], free_port())
+            for i in range(count)]
 
 
 def cluster_arg(specs: list[NodeSpec]) -> str:
@@ -72,6 +74,8 @@ class Controller:
         else:
             args += ["--raft-address", self.spec.raft_address, "--api-address", f"127.0.0.1:{self.spec.api_port}",
                      "--priority", str(self.spec.priority)]
+        if self.spec.metrics_port:
+            args += ["--metrics-port", str(self.spec.metrics_port)]
         log = open(self.log_path, "ab")
         log_check.watch(self.log_path)   # checked for errors after every test (conftest.py)
         self.proc = subprocess.Popen(args + self.extra, stdout=log, stderr=log, cwd=str(REPO))

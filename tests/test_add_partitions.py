@@ -18,6 +18,7 @@ from common.metadata import AddPartitions, FenceBroker, PartitionRecord
 from common.metadata.config import PARTITIONS_MAX
 from common.requests import AddPartitionsRequest, CreateTopicRequest
 from controller.decisions import add_partitions, create_topic
+from controller.decisions.limits import MAX_PARTITIONS_PER_TOPIC
 from metadata_builders import add_topic, apply, cluster
 
 
@@ -112,8 +113,11 @@ def test_more_than_the_limit_is_refused_with_the_range_to_ask_for():
     image = cluster(1)
     add_topic(image, "t", [[1]])
     with pytest.raises(InvalidPartitionsError) as exc:
+        grow(image, "t", MAX_PARTITIONS_PER_TOPIC + 1)
+    assert f"limit of {MAX_PARTITIONS_PER_TOPIC} partitions per topic" in str(exc.value)
+    assert f"2..{MAX_PARTITIONS_PER_TOPIC}" in str(exc.value) and "--max-partitions-per-topic" in str(exc.value)
+    with pytest.raises(InvalidPartitionsError, match=f"at most {PARTITIONS_MAX}"):
         grow(image, "t", PARTITIONS_MAX + 1)
-    assert f"limit of {PARTITIONS_MAX}" in str(exc.value) and f"2..{PARTITIONS_MAX}" in str(exc.value)
 
 
 def test_unknown_topic_is_refused():

@@ -10,7 +10,6 @@ blocks; a cleanly restarted broker keeps its log and says its shutdown was clean
 from __future__ import annotations
 
 import asyncio
-import urllib.request
 
 import pytest
 
@@ -19,6 +18,7 @@ from common.wire import ConnectionClosedError, WireClient
 from common.wire import messages as wire
 from cluster_harness import Cluster, fetch_values, make_batch, produce, produce_request
 from controller_harness import http, wait_until
+from metrics_scrape import scrape
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -146,10 +146,9 @@ def test_producer_ids_are_distinct_and_epochs_bump(cluster):
 
 
 def test_metrics_endpoint_reports_partitions(cluster):
-    port = cluster.brokers[1].metrics_port
-    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    assert 'biplane_partition_log_end_offset{topic="events",partition="0"}' in body
-    assert "biplane_broker_requests_total" in body
+    scraped = scrape(cluster.brokers[1].metrics_port)
+    assert scraped.samples("biplane_partition_log_end_offset", topic="events", partition="0")
+    assert scraped.value("biplane_broker_requests_total") > 0
 
 
 def test_restart_keeps_log_then_stale_and_future_epochs_are_refused(cluster):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-import urllib.request
 
 import pytest
 
@@ -20,6 +19,7 @@ from common.errors import ErrorCode
 from common.wire import WireClient
 from common.wire import messages as wire
 from cluster_harness import Cluster, fetch_values, produce
+from metrics_scrape import scrape
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -81,9 +81,9 @@ def test_idempotence_state_survives_a_clean_restart_via_the_snapshot(tmp_path):
         run(after())
 
         # The event loop's stalls are exported (values are figures, not asserted).
-        port = cluster.brokers[1].metrics_port
-        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-        for family in ("biplane_broker_event_loop_stall_max_seconds", "biplane_broker_event_loop_stalls_total",
-                       'biplane_broker_event_loop_lag_seconds_bucket{le="+Inf"}',
-                       f'biplane_partition_producer_state_rebuilds_total{{topic="{TOPIC}",partition="0"}}'):
-            assert family in body, family
+        scraped = scrape(cluster.brokers[1].metrics_port)
+        for name, labels in (("biplane_broker_event_loop_stall_max_seconds", {}),
+                             ("biplane_broker_event_loop_stalls_total", {}),
+                             ("biplane_broker_event_loop_lag_seconds_bucket", {"le": "+Inf"}),
+                             ("biplane_partition_producer_state_rebuilds_total", {"topic": TOPIC, "partition": "0"})):
+            assert scraped.samples(name, **labels), (name, labels)

@@ -27,6 +27,8 @@ class Status:
     commit_index: int = 0
     last_applied: int = 0
     connected_peers: tuple = ()
+    last_log_index: int = 0
+    match_index: tuple = ()
 
 
 class FakeRaft:

@@ -231,7 +231,7 @@ def test_generate_history_command(tmp_path, capsys):
                  "--snapshots", "5", "--interval", "60", "--seed", "9"], "biplane report") == 0
     assert len(list(out.glob("snapshot-*.sqlite"))) == 5
     printed = capsys.readouterr().out
-    assert "broker 4 joins at snapshot 2" in printed and "broker 1: grows" in printed
+    assert "broker 4 joins at snapshot 2" in printed and "broker 1: Biplane's bytes grow" in printed
     assert main(["generate-history", "--out", str(out), "--brokers", "2"], "biplane report") == 2
     assert "--brokers must be at least 4" in capsys.readouterr().err
     with pytest.raises(SystemExit):
@@ -253,13 +253,13 @@ def test_plan_reports_on_a_hand_checked_cluster():
     one_byte_a_day = 1 / 86_400
     parts = [part("t", 0, [1, 2], 40, min_isr=2, rate=one_byte_a_day), part("t", 1, [2, 3], 10, rate=one_byte_a_day)]
     options = ReportOptions(add_brokers=1, replication_factor_change=("t", 3), lose_broker=2)
-    tables, summary = plan_reports(brokers, parts, options)
+    tables, summary, plans = plan_reports(brokers, parts, options)
     lost = summary["lose_broker"]
-    assert (lost["bytes_to_rereplicate"], lost["leaderships_lost"],
+    assert (lost["bytes_to_move"], lost["leaderships_lost"],
             lost["partitions_under_min_isr_until_rereplicated"], lost["replicas_without_a_home"]) == (50, 1, 1, 0)
     assert summary["replication_factor"]["bytes_added"] == 50
     assert summary["add_brokers"]["new_broker_ids"] == [4]
-    assert (summary["add_brokers"]["moves"], summary["add_brokers"]["moved_bytes"]) == (1, 10)
+    assert (summary["add_brokers"]["moves"], summary["add_brokers"]["bytes_to_move"]) == (1, 10)
     moves = tables["whatif_add_brokers_moves"]
     assert list(moves[["topic", "partition", "source_broker", "target_broker"]].itertuples(index=False, name=None)) \
         == [("t", 1, 2, 4)]
@@ -270,11 +270,61 @@ def test_plan_reports_on_a_hand_checked_cluster():
     assert list(skew["replicas"]) == [1, 2, 1] and list(skew["leaders"]) == [1, 1, 0]
 
 
-def test_capacity_without_snapshots_fails_fast(tmp_path, capsys):
-    """An input with no snapshot files is refused with exit status 2 before Spark starts."""
-    from controller.report.cli import main
+def test_lose_broker_shows_it_lost_and_plans_an_executable_timed_move():
+    """The hand-checked cluster above in KiB, losing broker 2: its row says lost (not live) and
+    has no days until full; the plan file re-homes t-0 on [1, 3] and t-1 on [1, 3] in
+    `reassign --plan` form. Broker 3 receives t-0's 40 KiB, broker 1 t-1's 10 KiB: at 20 KiB/s
+    per receiving broker that takes 2 s."""
+    from controller.report.capacity import ReportOptions, lose_broker_plan_file, plan_reports
 
-    (tmp_path / "notes.txt").write_text("x")
-    assert main(["capacity", str(tmp_path), "--out", str(tmp_path / "r")], "biplane report") == 2
-    assert "no snapshot files in" in capsys.readouterr().err
-    assert not (tmp_path / "r").exists()
+    kib = 1024
+    brokers = [BrokerSlot(broker_id=1, rack="a", capacity_bytes=100 * kib, used_bytes=45 * kib),
+               BrokerSlot(broker_id=2, rack="b", capacity_bytes=100 * kib, used_bytes=55 * kib),
+               BrokerSlot(broker_id=3, rack="c", capacity_bytes=100 * kib, used_bytes=12 * kib)]
+    parts = [part("t", 0, [1, 2], 40 * kib, min_isr=2, rate=1.0), part("t", 1, [2, 3], 10 * kib, rate=1.0)]
+    tables, summary, plans = plan_reports(brokers, parts,
+                                          ReportOptions(lose_broker=2, throttle_bytes_per_s=20 * kib))
+    frame = tables["whatif_lose_broker"]
+    states = dict(zip(frame["broker_id"], frame["state"]))
+    assert states == {1: "live", 2: "lost", 3: "live"}
+    assert frame.set_index("broker_id")["days_until_full_after"].isna()[2]
+    assert list(frame["broker_id"])[-1] == 2  # a lost broker never fills: last in urgency order
+    assert plans[lose_broker_plan_file(2)] == {
+        "version": 1, "throttle_bytes_per_s": 20 * kib,
+        "partitions": [{"topic": "t", "partition": 0, "replicas": [1, 3], "bytes_to_move": 40 * kib},
+                       {"topic": "t", "partition": 1, "replicas": [1, 3], "bytes_to_move": 10 * kib}]}
+    lost = summary["lose_broker"]
+    assert (lost["plan_file"], lost["partitions_changed"], lost["bytes_to_move"]) == (
+        "reassign_lose_broker_2.json", 2, 50 * kib)
+    assert (lost["busiest_broker"], lost["busiest_broker_bytes"], lost["estimated_seconds"]) == (3, 40 * kib, 2.0)
+
+
+def test_transfer_estimate_counts_each_new_replica_once_at_the_per_broker_throttle():
+    """Replicas moved twice by the balancer (4 -> 2 -> 3) are copied once, to 3; the broker
+    receiving the most (3, 100 bytes) sets the time at 40 bytes/s; leader 1 serves both."""
+    before = [part("a", 0, [1, 4], 100), part("b", 0, [1, 5], 60)]
+    after = planning.Plan(
+        partitions=(part("a", 0, [1, 3], 100), part("b", 0, [1, 2], 60)),
+        moves=(planning.Move(topic="a", partition=0, source_broker=4, target_broker=2, size_bytes=100, reason="balance"),
+               planning.Move(topic="a", partition=0, source_broker=2, target_broker=3, size_bytes=100, reason="balance"),
+               planning.Move(topic="b", partition=0, source_broker=5, target_broker=2, size_bytes=60, reason="balance")),
+        stopped_because="test")
+    estimate = planning.transfer_estimate(before, after, throttle_bytes_per_s=40)
+    assert estimate.bytes_to_move == 160 and after.moved_bytes == 260
+    assert estimate.bytes_in_by_broker == {2: 60, 3: 100} and estimate.bytes_out_by_broker == {1: 160}
+    assert (estimate.busiest_broker, estimate.seconds) == (3, 2.5)
+    with pytest.raises(ValueError, match="throttle must be > 0"):
+        planning.transfer_estimate(before, after, throttle_bytes_per_s=0)
+
+
+def test_throttle_flag_is_mib_per_second_and_refuses_what_a_cluster_would(capsys):
+    """--throttle-mb-s 25 is 25 MiB/s in the options (and so in the plan files); below
+    1024 bytes/s it is refused with exit status 2 and the smallest allowed value."""
+    from controller.report.cli import _parser, main, options_from_args
+
+    args = _parser("biplane report").parse_args(["capacity", "d", "--out", "o", "--throttle-mb-s", "25"])
+    assert options_from_args(args).throttle_bytes_per_s == 25 * 2**20
+    assert options_from_args(_parser("biplane report").parse_args(
+        ["capacity", "d", "--out", "o"])).throttle_bytes_per_s == 50 * 2**20
+    assert main(["capacity", "d", "--out", "o", "--throttle-mb-s", "0.0001"], "biplane report") == 2
+    assert "--throttle-mb-s must be at least 0.000976562 (1024 bytes/s" in capsys.readouterr().err

@@ -154,7 +154,11 @@ def test_foreground_up_stops_every_child_on_ctrl_c(tmp_path):
                 return None
         status = Status(state)
         kids = [Running("controller 1"), Running("broker 1"), Running("broker 2")]
-        assert status.line(kids).startswith("controllers 1/1 | brokers 2/2 | 2 partitions")
+        # The banner names every process's metrics port; the status line counts those answering.
+        banner = next(line for line in lines if line.strip().startswith("metrics"))
+        for node in [*state["brokers"].values(), *state["controllers"].values()]:
+            assert str(node["metrics_port"]) in banner, banner
+        assert status.line(kids).startswith("controllers 1/1 | brokers 2/2 | metrics 3/3 | 2 partitions")
         # Nothing is produced, so the rate settles at 0 once each new leader's epoch-start
         # batch has committed (one of those between two readings shows as a small rate).
         readings = []
@@ -288,6 +292,38 @@ def test_kafka_clients_reach_the_brokers_kafka_ports_from_cluster_json(detached)
     listing = admin.list_topics(timeout=20)
     assert {b.id: b.port for b in listing.brokers.values()} == kafka
     assert len(listing.topics["served"].partitions) == 2
+
+
+def test_every_process_serves_metrics_at_its_cluster_json_port(detached):
+    """Metrics are on in every process `biplane up` starts: each broker's and controller's
+    /metrics answers at the port cluster.json records, as that very process (its id, its
+    start time), and the controller leader reports Raft lag for both of its peers."""
+    from metrics_scrape import scrape
+    state = detached.state()
+    for b in state["brokers"].values():
+        scraped = scrape(b["metrics_port"])
+        assert scraped.value("biplane_broker_id") == b["broker_id"]
+        assert scraped.value("biplane_broker_partitions") >= 1
+        assert abs(scraped.value("process_start_time_seconds") - process_start_s(b["pid"])) < 2
+    leaders = []
+    for c in state["controllers"].values():
+        scraped = scrape(c["metrics_port"])
+        assert scraped.value("biplane_controller_node_id") == c["node_id"]
+        assert scraped.value("biplane_controller_raft_term") >= 1
+        assert abs(scraped.value("process_start_time_seconds") - process_start_s(c["pid"])) < 2
+        if scraped.value("biplane_controller_is_leader") == 1:
+            leaders.append(scraped)
+    assert len(leaders) == 1
+    lag = leaders[0].samples("biplane_controller_raft_follower_lag_entries")
+    assert len(lag) == 2 and all(s.value >= 0 for s in lag), lag
+
+
+def process_start_s(pid: int) -> float:
+    """A process's start as time.time() would say (from /proc, as the process collector reads it)."""
+    ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                if line.startswith("btime "))
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
 
 
 def test_a_broker_killed_with_sigkill_is_restarted_and_logged(detached):

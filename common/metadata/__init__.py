@@ -6,6 +6,8 @@ from common.metadata.records import (
     NO_CHANGE,
     NO_LEADER,
     AddPartitions,
+    AlterBrokerState,
+    AlterClusterConfig,
     AlterTopicConfig,
     ConfigChange,
     CreateTopic,
@@ -26,7 +28,7 @@ from common.metadata.records import (
 __all__ = [
     "TopicConfig", "apply_config_changes", "make_topic_config", "validate_topic_name",
     "RecordRejected", "BrokerInfo", "MetadataImage", "PartitionInfo", "TopicInfo",
-    "NO_CHANGE", "NO_LEADER", "AddPartitions", "AlterTopicConfig", "ConfigChange", "CreateTopic", "DeleteTopic", "FenceBroker",
+    "NO_CHANGE", "NO_LEADER", "AddPartitions", "AlterBrokerState", "AlterClusterConfig", "AlterTopicConfig", "ConfigChange", "CreateTopic", "DeleteTopic", "FenceBroker",
     "NoOp", "PartitionChange", "PartitionRecord", "ProducerIdBlock", "Record",
     "RegisterBroker", "UnfenceBroker", "UnregisterBroker", "dump_record", "parse_record",
 ]

@@ -27,7 +27,9 @@ REPLICATION_FACTOR_MAX = 100
 SEGMENT_BYTES_MIN = 1024
 DAY_MS = 24 * 3600 * 1000
 
-_TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
+_TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]+")   # fullmatch: "$" would let a trailing newline through
+# The same rule for JSON Schema (the admin API's OpenAPI document); "." and ".." are refused apart.
+TOPIC_NAME_PATTERN = f"^[A-Za-z0-9._-]{{1,{TOPIC_NAME_LENGTH_MAX}}}$"
 
 # Keys not altered as config: changing them needs partitions or replicas to move,
 # which is what add-partitions and reassignment are for.
@@ -132,8 +134,8 @@ def validate_topic_name(name: str) -> str:
             field="name", value=name)
     if name in (".", ".."):
         raise InvalidTopicError(f"topic name {name!r} is reserved", field="name", value=name)
-    if not _TOPIC_NAME.match(name):
-        bad = sorted({c for c in name if not _TOPIC_NAME.match(c)})
+    if not _TOPIC_NAME.fullmatch(name):
+        bad = sorted({c for c in name if not _TOPIC_NAME.fullmatch(c)})
         raise InvalidTopicError(
             f"topic name {name!r} has illegal characters {''.join(bad)!r}; "
             f"use letters, digits, '.', '_' and '-'", field="name", value=name)

@@ -30,11 +30,14 @@ from typing import Any, Iterator, Mapping
 from pydantic import ValidationError
 
 from common.errors import InvalidFieldError, RecordRejected, UnknownTopicOrPartitionError
+from common.metadata.cluster_config import ClusterConfig, apply_cluster_config_changes
 from common.metadata.config import TopicConfig, apply_config_changes, validate_topic_name
 from common.metadata.records import (
     NO_CHANGE,
     NO_LEADER,
     AddPartitions,
+    AlterBrokerState,
+    AlterClusterConfig,
     AlterTopicConfig,
     ConfigChange,
     CreateTopic,
@@ -72,6 +75,10 @@ class BrokerInfo:
     fenced_offset: int | None = None
     kafka_port: int | None = None  # the broker's Kafka API listener (None: it has none)
     fence_reason: str = ""
+    # An operator's marks (AlterBrokerState), kept across re-registrations.
+    maintenance: bool = False
+    decommissioning: bool = False
+    decommissioned: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -117,10 +124,11 @@ def _reject(record: Record, reason: str) -> RecordRejected:
 class MetadataImage:
     """Brokers, topics, partitions and producer-id blocks at one metadata offset."""
 
-    __slots__ = ("_offset", "_brokers", "_topics", "_partitions", "_producer_id_next")
+    __slots__ = ("_offset", "_brokers", "_topics", "_partitions", "_producer_id_next", "_cluster_config")
 
     def __init__(self) -> None:
         self._offset = -1
+        self._cluster_config = ClusterConfig()
         self._brokers: dict[int, BrokerInfo] = {}
         self._topics: dict[str, TopicInfo] = {}
         self._partitions: dict[str, tuple[PartitionInfo, ...]] = {}
@@ -140,6 +148,11 @@ class MetadataImage:
     @property
     def topics(self) -> Mapping[str, TopicInfo]:
         return MappingProxyType(self._topics)
+
+    @property
+    def cluster_config(self) -> ClusterConfig:
+        """Dynamic cluster settings (common/metadata/cluster_config.py); unset keys are None."""
+        return self._cluster_config
 
     @property
     def producer_id_next(self) -> int:
@@ -174,6 +187,14 @@ class MetadataImage:
     def unfenced_broker_ids(self) -> list[int]:
         return sorted(b for b, info in self._brokers.items() if not info.fenced)
 
+    def in_maintenance(self, broker_id: int) -> bool:
+        info = self._brokers.get(broker_id)
+        return info is not None and info.maintenance
+
+    def placeable_broker_ids(self) -> list[int]:
+        """Brokers new replicas may go to: unfenced and not being decommissioned."""
+        return sorted(b for b, info in self._brokers.items() if not info.fenced and not info.decommissioning)
+
     def priority(self, broker_id: int) -> int:
         info = self._brokers.get(broker_id)
         return info.priority if info is not None else 0
@@ -185,6 +206,7 @@ class MetadataImage:
         other._topics = dict(self._topics)
         other._partitions = dict(self._partitions)
         other._producer_id_next = self._producer_id_next
+        other._cluster_config = self._cluster_config
         return other
 
     def __eq__(self, other: object) -> bool:
@@ -192,7 +214,8 @@ class MetadataImage:
             return NotImplemented
         return (self._offset == other._offset and self._brokers == other._brokers
                 and self._topics == other._topics and self._partitions == other._partitions
-                and self._producer_id_next == other._producer_id_next)
+                and self._producer_id_next == other._producer_id_next
+                and self._cluster_config == other._cluster_config)
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -226,12 +249,37 @@ class MetadataImage:
         return rejected
 
     def _register_broker(self, r: RegisterBroker) -> None:
-        self._brokers[r.broker_id] = BrokerInfo(
+        old = self._brokers.get(r.broker_id)
+        marks = {} if old is None else {"maintenance": old.maintenance, "decommissioning": old.decommissioning,
+                                        "decommissioned": old.decommissioned}
+        self._brokers[r.broker_id] = BrokerInfo(**marks,
             broker_id=r.broker_id, incarnation_id=r.incarnation_id, host=r.host, port=r.port,
             rack=r.rack, priority=r.priority, fenced=True, clean_shutdown=r.clean_shutdown,
             registered_offset=self._offset + 1, registered_at_ms=r.at_ms,
             fenced_at_ms=r.at_ms, fenced_offset=self._offset + 1, fence_reason="registered",
             kafka_port=r.kafka_port)
+
+    def _alter_broker_state(self, r: AlterBrokerState) -> None:
+        info = self._brokers.get(r.broker_id)
+        if info is None:
+            raise _reject(r, f"broker {r.broker_id} is not registered")
+        new = replace(info,
+                      maintenance=info.maintenance if r.maintenance is None else r.maintenance,
+                      decommissioning=info.decommissioning if r.decommissioning is None else r.decommissioning,
+                      decommissioned=info.decommissioned if r.decommissioned is None else r.decommissioned)
+        if new == info:
+            raise _reject(r, f"broker {r.broker_id}: change changes nothing")
+        if new.decommissioned and not info.decommissioned:
+            if not new.decommissioning:
+                raise _reject(r, f"broker {r.broker_id} is not being decommissioned")
+            if not info.fenced:
+                raise _reject(r, f"broker {r.broker_id} must be fenced before it is decommissioned")
+            for p in self.partitions():
+                if r.broker_id in p.replicas:
+                    raise _reject(r, f"broker {r.broker_id} still hosts {p.topic}-{p.partition}")
+        if new.decommissioned and not new.decommissioning:
+            raise _reject(r, f"broker {r.broker_id}: decommissioned needs decommissioning")
+        self._brokers[r.broker_id] = new
 
     def _fence_broker(self, r: FenceBroker) -> None:
         info = self._brokers.get(r.broker_id)
@@ -252,6 +300,8 @@ class MetadataImage:
             raise _reject(r, f"broker {r.broker_id} is not registered")
         if not info.fenced:
             raise _reject(r, f"broker {r.broker_id} is not fenced")
+        if info.decommissioned:
+            raise _reject(r, f"broker {r.broker_id} is decommissioned; recommission it first")
         if r.fenced_offset is not None and r.fenced_offset != info.fenced_offset:
             raise _reject(r, f"broker {r.broker_id} was fenced again at offset "
                              f"{info.fenced_offset}, after {r.fenced_offset}")
@@ -397,6 +447,12 @@ class MetadataImage:
             raise _reject(r, str(exc)) from None
         self._topics[r.topic] = replace(topic, config=config)
 
+    def _alter_cluster_config(self, r: AlterClusterConfig) -> None:
+        try:
+            self._cluster_config = apply_cluster_config_changes(self._cluster_config, r.changes)
+        except InvalidFieldError as exc:
+            raise _reject(r, str(exc)) from None
+
     def _producer_id_block(self, r: ProducerIdBlock) -> None:
         if r.broker_id not in self._brokers:
             raise _reject(r, f"broker {r.broker_id} is not registered")
@@ -416,6 +472,7 @@ class MetadataImage:
             "version": IMAGE_FORMAT_VERSION,
             "offset": self._offset,
             "producer_id_next": self._producer_id_next,
+            "cluster_config": self._cluster_config.model_dump(mode="json", exclude_none=True),
             "brokers": [asdict(self._brokers[b]) for b in sorted(self._brokers)],
             "topics": [
                 {
@@ -439,6 +496,7 @@ class MetadataImage:
         try:
             image._offset = int(d["offset"])
             image._producer_id_next = int(d["producer_id_next"])
+            image._cluster_config = ClusterConfig.model_validate(d.get("cluster_config", {}))
             for b in d["brokers"]:
                 info = BrokerInfo(**b)
                 image._brokers[info.broker_id] = info
@@ -486,6 +544,7 @@ _HANDLERS: dict[type, Any] = {
     FenceBroker: MetadataImage._fence_broker,
     UnfenceBroker: MetadataImage._unfence_broker,
     UnregisterBroker: MetadataImage._unregister_broker,
+    AlterBrokerState: MetadataImage._alter_broker_state,
     CreateTopic: MetadataImage._create_topic,
     AddPartitions: MetadataImage._add_partitions,
     PartitionRecord: MetadataImage._partition_record,
@@ -493,6 +552,7 @@ _HANDLERS: dict[type, Any] = {
     DeleteTopic: MetadataImage._delete_topic,
     ConfigChange: MetadataImage._config_change,
     AlterTopicConfig: MetadataImage._config_change,
+    AlterClusterConfig: MetadataImage._alter_cluster_config,
     ProducerIdBlock: MetadataImage._producer_id_block,
     NoOp: MetadataImage._noop,
 }

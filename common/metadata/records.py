@@ -71,6 +71,23 @@ class UnregisterBroker(_Record):
     reason: str = ""
 
 
+class AlterBrokerState(_Record):
+    """An operator's mark on a broker, kept across its re-registrations. Unset fields stay.
+
+    `maintenance`: the broker is not elected leader while another eligible replica exists
+    (its leaderships are drained to them); it stays in every ISR.
+    `decommissioning`: its replicas are being moved to other brokers; no new replica is
+    placed on it. `decommissioned`: every replica has left it and it is fenced for good
+    (only once it hosts none); a recommission clears both."""
+
+    type: Literal["alter_broker_state"] = "alter_broker_state"
+    broker_id: BrokerId
+    maintenance: bool | None = None
+    decommissioning: bool | None = None
+    decommissioned: bool | None = None
+    reason: str = ""
+
+
 class CreateTopic(_Record):
     """Creates the topic; its partitions follow as PartitionRecords in the same batch."""
 
@@ -161,6 +178,14 @@ class AlterTopicConfig(_Record):
     changes: dict[str, str | int | bool | None] = Field(min_length=1)
 
 
+class AlterClusterConfig(_Record):
+    """Set (or with value None, unset) dynamic cluster config keys, checked as a whole
+    (common/metadata/cluster_config.py)."""
+
+    type: Literal["alter_cluster_config"] = "alter_cluster_config"
+    changes: dict[str, str | int | bool | None] = Field(min_length=1)
+
+
 class ProducerIdBlock(_Record):
     """Producer ids [first_id, first_id + size) now belong to `broker_id`."""
 
@@ -181,16 +206,16 @@ class NoOp(_Record):
 
 
 Record = Annotated[
-    Union[RegisterBroker, FenceBroker, UnfenceBroker, UnregisterBroker, CreateTopic,
+    Union[RegisterBroker, FenceBroker, UnfenceBroker, UnregisterBroker, AlterBrokerState, CreateTopic,
           AddPartitions, PartitionRecord, PartitionChange, DeleteTopic, ConfigChange, AlterTopicConfig,
-          ProducerIdBlock, NoOp],
+          AlterClusterConfig, ProducerIdBlock, NoOp],
     Field(discriminator="type"),
 ]
 
 RECORD_TYPES: tuple[type[BaseModel], ...] = (
-    RegisterBroker, FenceBroker, UnfenceBroker, UnregisterBroker, CreateTopic,
+    RegisterBroker, FenceBroker, UnfenceBroker, UnregisterBroker, AlterBrokerState, CreateTopic,
     AddPartitions, PartitionRecord, PartitionChange, DeleteTopic, ConfigChange, AlterTopicConfig,
-    ProducerIdBlock, NoOp)
+    AlterClusterConfig, ProducerIdBlock, NoOp)
 
 # cast: mypy with pydantic 2.14 takes an Annotated union for a special form, not a type.
 _adapter: TypeAdapter[Any] = TypeAdapter(cast(Any, Record))

@@ -21,13 +21,31 @@ from controller.decisions.elections import (
     fence_for_election,
     move_fenced_leaders,
 )
+from controller.decisions.cluster_config import alter_cluster_config
+from controller.decisions.decommission import (
+    DecommissionProgress,
+    decommission_moves,
+    decommission_progress,
+    recommission,
+    start_decommission,
+)
 from controller.decisions.isr import alter_isr
+from controller.decisions.limits import PartitionLimits, check_partitions
+from controller.decisions.maintenance import (
+    MaintenanceDrain,
+    MaintenanceProgress,
+    drain_leaders,
+    maintenance_progress,
+    set_maintenance,
+)
 from controller.decisions.placement import place_replicas
 from controller.decisions.plan import Plan
 from controller.decisions.producer_ids import allocate_producer_ids
 from controller.decisions.reassignment import (
+    cancel_many,
     cancel_reassignment,
     progress_reassignments,
+    start_plan,
     start_reassignment,
 )
 from controller.decisions.rebalance import (
@@ -57,7 +75,10 @@ from controller.decisions.topics import add_partitions, alter_config, create_top
 
 __all__ = [
     "periodic", "ControllerState", "LeaderSettings", "BrokerSessions", "QuorumElectionTracker",
-    "IntervalTimer", "LeaderImbalanceCheck", "BrokerImbalance",
+    "IntervalTimer", "LeaderImbalanceCheck", "BrokerImbalance", "PartitionLimits", "check_partitions",
+    "IntervalTimer", "LeaderImbalanceCheck", "BrokerImbalance", "MaintenanceDrain", "MaintenanceProgress",
+    "DecommissionProgress", "decommission_moves", "decommission_progress", "drain_leaders", "maintenance_progress",
+    "recommission", "set_maintenance", "start_decommission", "alter_cluster_config", "cancel_many", "start_plan",
     "add_partitions", "alter_config", "alter_isr", "allocate_producer_ids", "cancel_reassignment",
     "check_heartbeat", "create_topic", "delete_topic", "elect_imbalanced", "elect_isr_leader", "elect_leaders",
     "elect_preferred", "elect_quorum", "fence_broker", "fence_expired", "fence_shutting_down", "fence_for_election",
@@ -69,14 +90,17 @@ __all__ = [
 
 def periodic(image: MetadataImage, sessions: BrokerSessions, tracker: QuorumElectionTracker,
              now_ms: int, *, rebalance_timer: IntervalTimer | None = None,
-             imbalance_check: LeaderImbalanceCheck | None = None) -> list[Record]:
+             imbalance_check: LeaderImbalanceCheck | None = None,
+             maintenance_drain: MaintenanceDrain | None = None) -> list[Record]:
     """What the controller leader should append now, in this fixed order:
     fence expired brokers and brokers in a controlled shutdown (moving their
     leaderships, shrinking ISRs); unfence
     brokers that heartbeat and caught up; move any leadership a fenced broker
     still holds (only after a stale proposal); elect leaders for leaderless
-    partitions (quorum: fence step, then from the tracker's reports); progress
-    reassignments; when `rebalance_timer` says it is due, preferred-leader
+    partitions (quorum: fence step, then from the tracker's reports); drain
+    leaderships off brokers in maintenance (with `maintenance_drain`); start the
+    next moves off brokers being decommissioned, and fence those with nothing left;
+    progress reassignments; when `rebalance_timer` says it is due, preferred-leader
     rebalance; and when `imbalance_check` is due, the leader-imbalance check.
     Each step sees the records of the steps before it.
 
@@ -89,6 +113,9 @@ def periodic(image: MetadataImage, sessions: BrokerSessions, tracker: QuorumElec
     plan.extend(unfence_ready(plan.image, sessions, now_ms))
     plan.extend(move_fenced_leaders(plan.image))
     plan.extend(elect_leaders(plan.image, tracker))
+    if maintenance_drain is not None:
+        plan.extend(maintenance_drain.run(plan.image, now_ms))
+    plan.extend(decommission_moves(plan.image, now_ms))
     plan.extend(progress_reassignments(plan.image))
     if rebalance_timer is not None and rebalance_timer.due(now_ms):
         plan.extend(elect_preferred(plan.image))
@@ -100,7 +127,8 @@ def periodic(image: MetadataImage, sessions: BrokerSessions, tracker: QuorumElec
 
 @dataclass(frozen=True, kw_only=True)
 class LeaderSettings:
-    """How the controller leader runs its periodic decisions (`biplane controller` flags).
+    """How the controller leader runs its periodic decisions and the partition limits its
+    topic decisions keep (`biplane controller` flags).
 
     `leader_imbalance_check_interval_ms` = 0 turns the imbalance check off (Kafka's
     auto.leader.rebalance.enable=false leaves only the full rebalance here).
@@ -111,6 +139,7 @@ class LeaderSettings:
     leader_imbalance_check_interval_ms: int = LEADER_IMBALANCE_CHECK_INTERVAL_MS
     leader_imbalance_per_broker_percentage: int = LEADER_IMBALANCE_PER_BROKER_PERCENTAGE
     quorum_preferred_retry_ms: int = QUORUM_PREFERRED_RETRY_MS
+    partition_limits: PartitionLimits = PartitionLimits()
 
     def __post_init__(self) -> None:
         for name in ("session_timeout_ms", "rebalance_interval_ms"):
@@ -128,7 +157,8 @@ class LeaderSettings:
 
 class ControllerState:
     """The controller leader's in-memory (unreplicated) state, bundled: broker sessions,
-    quorum election reports, the rebalance timer and the leader-imbalance check.
+    quorum election reports, the rebalance timer, the leader-imbalance check and the
+    maintenance drain's quorum retries.
     A new leader starts a fresh one."""
 
     def __init__(self, settings: LeaderSettings = LeaderSettings()) -> None:
@@ -136,6 +166,7 @@ class ControllerState:
         self.sessions = BrokerSessions(session_timeout_ms=settings.session_timeout_ms)
         self.tracker = QuorumElectionTracker()
         self.rebalance_timer: IntervalTimer | None = IntervalTimer(interval_ms=settings.rebalance_interval_ms)
+        self.maintenance_drain = MaintenanceDrain()
         self.imbalance_check: LeaderImbalanceCheck | None = None
         if settings.leader_imbalance_check_interval_ms > 0:
             self.imbalance_check = LeaderImbalanceCheck(
@@ -145,4 +176,5 @@ class ControllerState:
 
     def periodic(self, image: MetadataImage, now_ms: int) -> list[Record]:
         return periodic(image, self.sessions, self.tracker, now_ms,
-                        rebalance_timer=self.rebalance_timer, imbalance_check=self.imbalance_check)
+                        rebalance_timer=self.rebalance_timer, imbalance_check=self.imbalance_check,
+                        maintenance_drain=self.maintenance_drain)

@@ -133,13 +133,14 @@ class QuorumElectionTracker:
         return len(self._rounds)
 
 
-def _report_key(image: MetadataImage, p: PartitionInfo, r: ElectionReport) -> tuple[int, int, int, int]:
+def _report_key(image: MetadataImage, p: PartitionInfo, r: ElectionReport) -> tuple[int, ...]:
     return (r.last_epoch, r.end_offset) + choice_key(image, p, r.broker_id)
 
 
 def best_report(image: MetadataImage, p: PartitionInfo,
                 reports: Iterable[ElectionReport]) -> ElectionReport | None:
-    """The report with the greatest (last_epoch, end_offset), then priority, then replica order."""
+    """The report with the greatest (last_epoch, end_offset), then a broker not in maintenance,
+    then priority, then replica order."""
     reports = list(reports)
     if not reports:
         return None
@@ -158,6 +159,8 @@ def best_report_oracle(image: MetadataImage, p: PartitionInfo,
             better = r.last_epoch > best.last_epoch
         elif r.end_offset != best.end_offset:
             better = r.end_offset > best.end_offset
+        elif image.in_maintenance(r.broker_id) != image.in_maintenance(best.broker_id):
+            better = not image.in_maintenance(r.broker_id)
         elif image.priority(r.broker_id) != image.priority(best.broker_id):
             better = image.priority(r.broker_id) > image.priority(best.broker_id)
         else:

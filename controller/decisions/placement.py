@@ -1,6 +1,6 @@
 """Replica placement for new topics and new partitions: even, rack-aware, deterministic.
 
-Greedy over the unfenced brokers, counting the load already in the image so
+Greedy over the unfenced brokers that are not being decommissioned, counting the load already in the image so
 several topics together stay balanced:
 - each replica goes to a rack not used yet by that partition when there is
   one, then to the broker holding the fewest replicas (then leading fewest);
@@ -29,11 +29,11 @@ def place_replicas(image: MetadataImage, *, topic: str, partitions: int,
     """One replica list per partition, the preferred leader first. Partitions added to an
     existing topic pass `first_partition` (its current count), so the rotation goes on
     from where the topic's first partitions left it."""
-    brokers = image.unfenced_broker_ids()
+    brokers = image.placeable_broker_ids()
     if replication_factor > len(brokers):
         raise InvalidReplicationFactorError(
             f"replication_factor {replication_factor} is larger than the {len(brokers)} "
-            f"available (unfenced) brokers", field="replication_factor",
+            f"available (unfenced, not decommissioning) brokers", field="replication_factor",
             value=replication_factor)
     n = len(brokers)
     position = {b: i for i, b in enumerate(brokers)}

@@ -46,14 +46,17 @@ class Plan:
             self.add(record)
 
 
-def choice_key(image: MetadataImage, p: PartitionInfo, broker_id: int) -> tuple[int, int]:
-    """Higher is better: broker priority first, then earlier in the replica order."""
-    return (image.priority(broker_id), -p.replicas.index(broker_id))
+def choice_key(image: MetadataImage, p: PartitionInfo, broker_id: int) -> tuple[int, int, int]:
+    """Higher is better: a broker not in maintenance first, then broker priority, then earlier
+    in the replica order. A broker in maintenance still leads when no other replica can."""
+    return (0 if image.in_maintenance(broker_id) else 1, image.priority(broker_id),
+            -p.replicas.index(broker_id))
 
 
 def choose_leader(image: MetadataImage, p: PartitionInfo,
                   candidates: Iterable[int]) -> int | None:
-    """The unfenced replica among `candidates` with the highest priority, ties by replica order."""
+    """The unfenced replica among `candidates` that `choice_key` ranks first: not in
+    maintenance, then the highest priority, ties by replica order."""
     eligible = [b for b in candidates if b in p.replicas and image.is_unfenced(b)]
     if not eligible:
         return None

@@ -13,11 +13,18 @@ A leaderless partition does not progress (its election comes first).
 """
 from __future__ import annotations
 
-from common.errors import InvalidFieldError, UnknownBrokerError
+from common.errors import BiplaneError, InvalidFieldError, UnknownBrokerError
 from common.metadata.image import MetadataImage, PartitionInfo
-from common.metadata.records import NO_LEADER, PartitionChange, Record
-from common.requests import ReassignmentRequest
-from controller.decisions.plan import ReplicaSetFields, change, choose_leader, fence_for_election, is_quorum
+from common.metadata.records import NO_LEADER, AlterClusterConfig, PartitionChange, Record
+from common.requests import CancelReassignmentsRequest, ReassignmentPlanRequest, ReassignmentRequest
+from controller.decisions.plan import (
+    Plan,
+    ReplicaSetFields,
+    change,
+    choose_leader,
+    fence_for_election,
+    is_quorum,
+)
 
 
 def start_reassignment(image: MetadataImage, request: ReassignmentRequest) -> list[Record]:
@@ -29,6 +36,9 @@ def start_reassignment(image: MetadataImage, request: ReassignmentRequest) -> li
     for b in target:
         if b not in image.brokers:
             raise UnknownBrokerError(b, field="target_replicas")
+        if image.brokers[b].decommissioning and b not in p.replicas:
+            raise InvalidFieldError(f"broker {b} is being decommissioned; it takes no new replica "
+                                    f"(recommission it first)", field="target_replicas", value=target)
     if p.reassigning:
         raise InvalidFieldError(
             f"{p.topic}-{p.partition} is already moving to {list(p.target_replicas)}; "
@@ -82,6 +92,47 @@ def cancel_reassignment(image: MetadataImage, topic: str, partition: int) -> lis
             f"isr {list(p.isr)}; cancelling now would leave no in-sync replica",
             field="partition", value=partition)
     return [_shrink(image, p, original, reason="reassignment cancelled")]
+
+
+def start_plan(image: MetadataImage, request: ReassignmentPlanRequest) -> list[Record]:
+    """Every move of a plan, all or none: the first move refused refuses the plan, naming it.
+    With a throttle, the cluster's `reassignment_throttle_bytes_per_s` is set in the same
+    batch, so brokers learn it no later than the moves it paces."""
+    seen: set[tuple[str, int]] = set()
+    plan = Plan(image)
+    if request.throttle_bytes_per_s is not None \
+            and image.cluster_config.reassignment_throttle_bytes_per_s != request.throttle_bytes_per_s:
+        plan.add(AlterClusterConfig(changes={"reassignment_throttle_bytes_per_s": request.throttle_bytes_per_s}))
+    for i, move in enumerate(request.partitions):
+        key = (move.topic, move.partition)
+        if key in seen:
+            raise InvalidFieldError(f"partitions[{i}]: {move.topic}-{move.partition} is in the plan twice",
+                                    field=f"partitions.{i}", value=list(key))
+        seen.add(key)
+        try:
+            plan.extend(start_reassignment(plan.image, ReassignmentRequest(
+                topic=move.topic, partition=move.partition, target_replicas=move.replicas)))
+        except BiplaneError as exc:
+            raise _in_plan(exc, i, move.topic, move.partition) from None
+    return plan.records
+
+
+def _in_plan(exc: BiplaneError, i: int, topic: str, partition: int) -> BiplaneError:
+    """The refusal of one move, saying which entry of the plan it was; nothing was changed."""
+    return InvalidFieldError(f"partitions[{i}] ({topic}-{partition}): {exc}; nothing in the plan was started",
+                             field=f"partitions.{i}", value=[topic, partition], code=exc.code)
+
+
+def cancel_many(image: MetadataImage, request: CancelReassignmentsRequest) -> list[Record]:
+    """Cancel the named reassignments (every running one when none is named), all or none."""
+    plan = Plan(image)
+    if request.partitions is None:
+        targets = [(p.topic, p.partition) for p in image.partitions() if p.reassigning]
+    else:
+        targets = [(ref.topic, ref.partition) for ref in request.partitions]
+    for topic, partition in targets:
+        plan.extend(cancel_reassignment(plan.image, topic, partition))
+    return plan.records
 
 
 def reassignments(image: MetadataImage) -> list[PartitionInfo]:

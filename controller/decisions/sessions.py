@@ -166,11 +166,12 @@ def fence_shutting_down(image: MetadataImage, sessions: BrokerSessions, now_ms: 
 
 def unfence_ready(image: MetadataImage, sessions: BrokerSessions, now_ms: int) -> list[Record]:
     """Unfence fenced brokers that heartbeat with their current incarnation and have
-    applied metadata up to the record that fenced them (never one shutting down)."""
+    applied metadata up to the record that fenced them (never one shutting down, nor one
+    decommissioned)."""
     records: list[Record] = []
     for broker_id in sorted(image.brokers):
         info = image.brokers[broker_id]
-        if not info.fenced:
+        if not info.fenced or info.decommissioned:
             continue
         s = sessions.get(broker_id)
         if s is None or s.incarnation_id != info.incarnation_id or s.want_shutdown:

@@ -7,7 +7,6 @@ from typing import Any
 
 from common.metadata.config import (
     IMMUTABLE_KEYS,
-    PARTITIONS_MAX,
     apply_config_changes,
     make_topic_config,
     normalize_key,
@@ -32,6 +31,7 @@ from common.metadata.records import (
     Record,
 )
 from common.requests import AddPartitionsRequest, AlterConfigRequest, CreateTopicRequest
+from controller.decisions.limits import PartitionLimits, check_partitions
 from controller.decisions.placement import place_replicas
 from controller.decisions.plan import choose_leader
 
@@ -89,9 +89,9 @@ def _partition_records(image: MetadataImage, topic: str, first: int,
 
 
 def create_topic(image: MetadataImage, request: CreateTopicRequest,
-                 now_ms: int) -> list[Record]:
+                 now_ms: int, limits: PartitionLimits = PartitionLimits()) -> list[Record]:
     """CreateTopic then one PartitionRecord per partition; raises a typed error naming
-    the field when the request cannot be satisfied."""
+    the field when the request cannot be satisfied or breaks a partition limit."""
     validate_topic_name(request.name)
     if request.name in image.topics:
         raise TopicExistsError(request.name)
@@ -100,6 +100,12 @@ def create_topic(image: MetadataImage, request: CreateTopicRequest,
             raise InvalidConfigError(
                 f"set '{normalize_key(key)}' with the request field, not in config",
                 field=normalize_key(key), value=request.config[key])
+    given = request.replica_assignment
+    # Checked before placement, which would otherwise do the work of a refused request.
+    check_partitions(image, limits, topic=request.name,
+                     total=len(given) if given else request.partitions,
+                     added=len(given) if given else request.partitions,
+                     replication_factor=len(given[0]) if given else request.replication_factor)
     assignment = _assignment(image, request)
     config = make_topic_config({**request.config, "partitions": len(assignment),
                                 "replication_factor": len(assignment[0])})
@@ -109,7 +115,8 @@ def create_topic(image: MetadataImage, request: CreateTopicRequest,
     return [created, *_partition_records(image, request.name, 0, assignment)]
 
 
-def add_partitions(image: MetadataImage, topic: str, request: AddPartitionsRequest) -> list[Record]:
+def add_partitions(image: MetadataImage, topic: str, request: AddPartitionsRequest,
+                   limits: PartitionLimits = PartitionLimits()) -> list[Record]:
     """AddPartitions then one PartitionRecord per new partition, placed like a new topic's
     (rack-aware, counting the cluster's load, preferred leaders evened out) and numbered on
     from the topic's last. A topic only grows: its keyed records would move partition if it
@@ -124,12 +131,10 @@ def add_partitions(image: MetadataImage, topic: str, request: AddPartitionsReque
             f"topic '{topic}' already has {current} partitions; partitions {wanted} must be larger "
             f"(a topic's partitions can be added, never removed): ask for {current + 1} or more",
             field="partitions", value=wanted)
-    if wanted > PARTITIONS_MAX:
-        raise InvalidPartitionsError(
-            f"partitions {wanted} is above the limit of {PARTITIONS_MAX} per topic; ask for "
-            f"{current + 1}..{PARTITIONS_MAX}", field="partitions", value=wanted)
     added = wanted - current
     rf = info.config.replication_factor
+    check_partitions(image, limits, topic=topic, total=wanted, added=added, replication_factor=rf,
+                     current=current)
     given = request.replica_assignment
     if given is None:
         assignment = place_replicas(image, topic=topic, partitions=added, replication_factor=rf,

@@ -15,9 +15,12 @@ error, which is how the driver learns of skipped files.
 Tables: every snapshot table (snapshot_schema.TABLES, with `file` and
 `snapshot_time_ms` in front), plus `files`, `broker_series` (per snapshot
 and broker: disk use, replica and leader counts, replica bytes and rates,
-from the file's broker_totals; an unreadable file yields one row
+from the file's broker_totals, and from schema 2 on Biplane's log bytes and
+the byte counters; an unreadable file yields one row
 with only `file` and `error`) and `placement` (one row per replica with its
 partition's leader, size, rate and min ISR). Byte counts are LongType.
+Files of every version in READABLE_SCHEMA_VERSIONS are read; the columns a
+file's version predates (COLUMNS_ADDED) read as NULL.
 
 No `pushFilters`: in PySpark 4.3.0 a later unfiltered query on the same
 DataFrame can reuse a filtered plan. Filter in Spark instead.
@@ -34,7 +37,7 @@ from typing import Any
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import BooleanType, DoubleType, LongType, StringType, StructField, StructType
 
-from controller.snapshot_schema import SCHEMA_VERSION, TABLES
+from controller.snapshot_schema import COLUMNS_ADDED, READABLE_SCHEMA_VERSIONS, TABLES
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +72,14 @@ BROKER_SERIES_SCHEMA = StructType([
     StructField("produce_bytes_per_s", DoubleType(), True),  # client writes to the replicas it leads
     StructField("replication_in_bytes_per_s", DoubleType(), True),  # writes to the replicas it follows
     StructField("fetch_bytes_per_s", DoubleType(), True),
+    # From schema 2 on (NULL in older files): the time of the usage report, Biplane's own log
+    # bytes, and the broker's byte counters (see snapshot_schema.py).
+    StructField("usage_at_ms", LongType(), True),
+    StructField("log_bytes", LongType(), True),
+    StructField("counters_since_ms", LongType(), True),
+    StructField("produce_bytes_total", LongType(), True),
+    StructField("replicated_bytes_total", LongType(), True),
+    StructField("fetch_bytes_total", LongType(), True),
     # Set on the one row an unreadable file yields (all else null but `file`), so a single
     # pass over the history both reads it and names what it had to skip.
     StructField("error", StringType(), True),
@@ -100,16 +111,19 @@ ORDER BY r.topic, r.partition, r.position
 """
 
 # Per broker in one snapshot: a few rows, since the writer already summed the replicas.
+# {usage_columns} are broker_usage's columns from schema 2 on, or NULLs for older files.
 BROKER_SERIES_SQL = """
 SELECT b.broker_id, b.rack, b.state, bu.disk_total_bytes, bu.disk_used_bytes, bu.disk_free_bytes,
        coalesce(t.replica_count, 0), coalesce(t.leader_count, 0), coalesce(t.replica_bytes, 0),
        coalesce(t.produce_bytes_per_s, 0.0), coalesce(t.replication_in_bytes_per_s, 0.0),
-       coalesce(t.fetch_bytes_per_s, 0.0)
+       coalesce(t.fetch_bytes_per_s, 0.0), bu.at_ms, {usage_columns}
 FROM brokers b
 LEFT JOIN broker_usage bu ON bu.broker_id = b.broker_id
 LEFT JOIN broker_totals t ON t.broker_id = b.broker_id
 ORDER BY b.broker_id
 """
+SERIES_USAGE_COLUMNS = ("log_bytes", "counters_since_ms", "produce_bytes_total", "replicated_bytes_total",
+                        "fetch_bytes_total")
 
 
 def table_schema(table: str) -> StructType:
@@ -181,7 +195,7 @@ class SnapshotReader(DataSourceReader):
             except (sqlite3.Error, OSError, ValueError) as exc:
                 log.warning("skipping snapshot file %s: %s", path, exc)
                 if self.table == "broker_series":
-                    yield (path, *([None] * 14), f"{type(exc).__name__}: {exc}")
+                    yield (path, *([None] * (len(BROKER_SERIES_SCHEMA) - 2)), f"{type(exc).__name__}: {exc}")
                 continue
             yield from rows
 
@@ -197,9 +211,28 @@ def _cluster(conn: sqlite3.Connection) -> tuple[int, int, int, int, int]:
     ).fetchone()
     if row is None:
         raise ValueError("the cluster table is empty")
-    if row[0] != SCHEMA_VERSION:
-        raise ValueError(f"schema version {row[0]}, this reader knows {SCHEMA_VERSION}")
+    if row[0] not in READABLE_SCHEMA_VERSIONS:
+        raise ValueError(f"schema version {row[0]}, this reader knows {', '.join(map(str, READABLE_SCHEMA_VERSIONS))}")
     return row
+
+
+def _present_columns(conn: sqlite3.Connection) -> dict[str, set[str]]:
+    return {name: {col[1] for col in conn.execute(f"PRAGMA table_info([{name}])")} for name in TABLES}
+
+
+def _check_columns(present: dict[str, set[str]], version: int) -> None:
+    """Every column of TABLES is there, except those added after the file's schema version."""
+    for table, (columns, _) in TABLES.items():
+        if not present[table]:
+            raise ValueError(f"no table {table}")
+        missing = [name for name, _ in columns if name not in present[table]
+                   and COLUMNS_ADDED.get((table, name), 0) <= version]
+        if missing:
+            raise ValueError(f"table {table} lacks columns {', '.join(missing)}")
+
+
+def _column_or_null(present: set[str], name: str, alias: str = "") -> str:
+    return f"{alias}[{name}]" if name in present else "NULL"
 
 
 def check_file(path: str) -> tuple:
@@ -208,13 +241,10 @@ def check_file(path: str) -> tuple:
     try:
         conn = _connect(path)
         try:
-            present = {name: {col[1] for col in conn.execute(f"PRAGMA table_info([{name}])")} for name in TABLES}
-            for table, (columns, _) in TABLES.items():
-                missing = [name for name, _ in columns if name not in present[table]]
-                if missing:
-                    raise ValueError(f"table {table} lacks columns {', '.join(missing)}"
-                                     if present[table] else f"no table {table}")
+            present = _present_columns(conn)
+            _check_columns(present, READABLE_SCHEMA_VERSIONS[0])  # what every version has
             version, time_ms, offset, brokers, partitions = _cluster(conn)
+            _check_columns(present, version)
         finally:
             conn.close()
     except (sqlite3.Error, OSError, ValueError) as exc:
@@ -225,15 +255,20 @@ def check_file(path: str) -> tuple:
 
 def read_file_rows(path: str, table: str) -> list[tuple]:
     """All rows of `table` from one file, read fully before any is returned, so a file
-    that fails halfway contributes nothing."""
+    that fails halfway contributes nothing. Columns the file's schema version predates are NULL."""
     conn = _connect(path)
     try:
-        _, time_ms, offset, _, _ = _cluster(conn)
+        version, time_ms, offset, _, _ = _cluster(conn)
+        present = _present_columns(conn)
+        _check_columns(present, version)
         if table == "broker_series":
-            return [(path, time_ms, offset, *row, None) for row in conn.execute(BROKER_SERIES_SQL)]
+            usage_columns = ", ".join(_column_or_null(present["broker_usage"], name, "bu.")
+                                      for name in SERIES_USAGE_COLUMNS)
+            sql = BROKER_SERIES_SQL.format(usage_columns=usage_columns)
+            return [(path, time_ms, offset, *row, None) for row in conn.execute(sql)]
         if table == "placement":
             return [(path, time_ms, *row) for row in conn.execute(PLACEMENT_SQL)]
-        columns = ", ".join(f"[{name}]" for name, _ in TABLES[table][0])
+        columns = ", ".join(_column_or_null(present[table], name) for name, _ in TABLES[table][0])
         rows = conn.execute(f"SELECT {columns} FROM [{table}]").fetchall()
         if table == "cluster":
             return [(path, *row) for row in rows]

@@ -392,3 +392,73 @@ def days_until_full(*, capacity_bytes: int | None, used_bytes: int | None,
     if capacity_bytes is None or used_bytes is None or slope_bytes_per_day is None or slope_bytes_per_day <= 0:
         return None
     return max(0.0, (capacity_bytes - used_bytes) / slope_bytes_per_day)
+
+
+PLAN_FORMAT_VERSION = 1
+
+
+def reassignment_plan(before: Iterable[PartitionPlacement], plan: Plan, *,
+                      throttle_bytes_per_s: int) -> dict[str, object]:
+    """The plan as `biplane reassign --plan FILE` takes it: every partition the plan changes,
+    with its whole new replica list (first is the preferred leader), and the throttle. Each
+    entry also says the bytes its new replicas copy (`bytes_to_move`, which reassign ignores)."""
+    old = {(p.topic, p.partition): p.replicas for p in before}
+    entries = []
+    for p in sorted(plan.partitions, key=lambda p: (p.topic, p.partition)):
+        previous = old.get((p.topic, p.partition))
+        if previous == p.replicas:
+            continue
+        added = [b for b in p.replicas if previous is None or b not in previous]
+        entries.append({"topic": p.topic, "partition": p.partition, "replicas": list(p.replicas),
+                        "bytes_to_move": p.size_bytes * len(added)})
+    return {"version": PLAN_FORMAT_VERSION, "partitions": entries, "throttle_bytes_per_s": throttle_bytes_per_s}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TransferEstimate:
+    """How long copying a plan's new replicas takes when each broker fetches at most
+    `throttle_bytes_per_s` for the replicas it is adding (the cluster's
+    reassignment_throttle_bytes_per_s applies per receiving broker, so brokers copy in
+    parallel and the one receiving the most sets the time)."""
+
+    bytes_to_move: int
+    throttle_bytes_per_s: int
+    busiest_broker: int | None  # the broker receiving the most
+    busiest_broker_bytes: int
+    seconds: float
+    bytes_in_by_broker: dict[int, int]  # new replicas it receives
+    bytes_out_by_broker: dict[int, int]  # new replicas it serves as the partition's leader
+
+
+def transfer_estimate(before: Iterable[PartitionPlacement], plan: Plan, *,
+                      throttle_bytes_per_s: int, lost: Iterable[int] = ()) -> TransferEstimate:
+    """What executing the plan copies: for each partition, every broker in its new replica
+    list that is not in its old one receives the partition's size from the leader that serves
+    it (the current leader, which leads until the new replicas catch up; the plan's leader if
+    the current one is lost). A replica the balancer moved twice (A to B, then B to C) is
+    copied once, to C."""
+    if throttle_bytes_per_s <= 0:
+        raise ValueError(f"the throttle must be > 0 bytes/s, got {throttle_bytes_per_s}")
+    gone = set(lost)
+    old = {(p.topic, p.partition): p for p in before}
+    bytes_in: dict[int, int] = {}
+    bytes_out: dict[int, int] = {}
+    for after in plan.partitions:
+        previous = old.get((after.topic, after.partition))
+        added = [b for b in after.replicas if previous is None or b not in previous.replicas]
+        if not added:
+            continue
+        source = previous.leader if previous is not None else None
+        if source is None or source in gone:
+            source = after.leader
+        for target in added:
+            bytes_in[target] = bytes_in.get(target, 0) + after.size_bytes
+            if source is not None:
+                bytes_out[source] = bytes_out.get(source, 0) + after.size_bytes
+    busiest = min(bytes_in, key=lambda b: (-bytes_in[b], b)) if bytes_in else None
+    busiest_bytes = bytes_in[busiest] if busiest is not None else 0
+    return TransferEstimate(bytes_to_move=sum(bytes_in.values()), throttle_bytes_per_s=throttle_bytes_per_s,
+                            busiest_broker=busiest, busiest_broker_bytes=busiest_bytes,
+                            seconds=busiest_bytes / throttle_bytes_per_s,
+                            bytes_in_by_broker=dict(sorted(bytes_in.items())),
+                            bytes_out_by_broker=dict(sorted(bytes_out.items())))

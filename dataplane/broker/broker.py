@@ -14,11 +14,11 @@ import shutil
 import time
 from typing import Any
 
-from aiohttp import web
-
 from common.control_client import ControlClient
 from common.eventloop import LoopStalls, LoopWatchdog
 from common.errors import BiplaneError
+from common.metadata.image import MetadataImage
+from common.metrics import MetricsServer
 from common.tasks import cancel_and_wait
 from common.topic_partition import TopicPartition
 from common.usage import BrokerUsage
@@ -32,7 +32,7 @@ from dataplane.broker.lifecycle import (
     write_clean_shutdown_marker,
 )
 from dataplane.broker.metadata import MetadataLearner
-from dataplane.broker.metrics import render_metrics
+from dataplane.broker.metrics import BrokerCollector, BrokerMetrics, Counters
 from dataplane.broker.offline import OfflineRecovery
 from dataplane.broker.partition import PartitionDriver, now_ms
 from dataplane.broker.producer_ids import ProducerIds
@@ -43,7 +43,7 @@ from dataplane.groups.driver import GroupCoordinator, OffsetsTopicSettings
 from dataplane.groups.events import GroupConfig
 from dataplane.kafka.listener import start_kafka_server
 from dataplane.kafka.registry import Context as KafkaContext, TopicDefaults
-from dataplane.broker.server import Counters, RequestHandler
+from dataplane.broker.server import RequestHandler
 from dataplane.log.lock import DirectoryLock
 
 log = logging.getLogger("biplane.broker")
@@ -65,7 +65,7 @@ class Broker:
         self._tasks: list[asyncio.Task] = []
         self._server: asyncio.AbstractServer | None = None
         self._kafka_server: asyncio.AbstractServer | None = None
-        self._metrics_runner: web.AppRunner | None = None
+        self._metrics_server: MetricsServer | None = None
         self._dir_lock: DirectoryLock | None = None
         # Built by start(); stop() closes whichever exist (start may fail half way).
         self.control: ControlClient | None = None
@@ -82,6 +82,10 @@ class Broker:
         # stalls is measured and exported (biplane_broker_event_loop_*), and logged.
         self.watchdog = LoopWatchdog(name=f"broker {config.broker_id}",
                                      stall_warn_ms=LOOP_STALL_WARN_MS)
+        # This broker's registry (docs/metrics.md): hot paths update its instruments, the
+        # collector reads the rest when scraped; served when config.metrics_port is set.
+        self.metrics = BrokerMetrics()
+        self.metrics.exposition.add(BrokerCollector(self))
 
     async def __aenter__(self) -> "Broker":
         await self.start()
@@ -110,17 +114,18 @@ class Broker:
                                fetch_wait_ms_max=c.fetch_wait_ms_max, fetch_max_bytes=c.fetch_max_bytes,
                                fetch_error_backoff_ms=c.fetch_error_backoff_ms,
                                reconnect_backoff_ms_max=c.reconnect_backoff_ms_max,
-                               request_timeout_ms=c.request_timeout_ms, max_frame_bytes=c.max_frame_bytes)
+                               request_timeout_ms=c.request_timeout_ms, max_frame_bytes=c.max_frame_bytes,
+                               on_round_trip=self.metrics.observe_pull)
         self.pusher = Pusher(broker_id=c.broker_id, address_of=self._address_of, deliver=self._deliver,
-                             max_frame_bytes=c.max_frame_bytes)
+                             max_frame_bytes=c.max_frame_bytes, on_round_trip=self.metrics.observe_push)
         self.replicas = ReplicaManager(config=c, control=self.control, clean_start=clean,
                                        send_fetch=self.fetcher.submit, send_append_entries=self.pusher.submit,
-                                       refresh_metadata=self.learner.refresh_soon)
+                                       refresh_metadata=self.learner.refresh_soon, metrics=self.metrics)
         self.producer_ids = ProducerIds(self.control, broker_id=c.broker_id, block_size=c.producer_id_block_size)
         self.handler = RequestHandler(broker_id=c.broker_id, image=lambda: learner.image,
                                       replicas=self.replicas, producer_ids=self.producer_ids,
                                       refresh_metadata=self.learner.refresh_soon,
-                                      fetch_wait_ms_max=c.fetch_wait_ms_max)
+                                      fetch_wait_ms_max=c.fetch_wait_ms_max, metrics=self.metrics)
         self.groups = GroupCoordinator(
             broker_id=c.broker_id, requests=self.handler, control=self.control,
             config=GroupConfig(initial_rebalance_delay_ms=c.group_initial_rebalance_delay_ms,
@@ -143,7 +148,9 @@ class Broker:
                 c.host, c.kafka_port, max_frame_bytes=c.max_frame_bytes)
             self.kafka_port = self._kafka_server.sockets[0].getsockname()[1]
         if c.metrics_port is not None:
-            await self._start_metrics(c.metrics_port)
+            self._metrics_server = await MetricsServer.start(self.metrics.exposition, host=c.host,
+                                                             port=c.metrics_port)
+            self.metrics_port = self._metrics_server.port
         self.lifecycle = Lifecycle(self.control, broker_id=c.broker_id, host=c.client_host, port=self.port,
                                    kafka_port=self.kafka_port,
                                    rack=c.rack, priority=c.priority, clean_shutdown=clean,
@@ -158,6 +165,7 @@ class Broker:
                                                request_timeout_ms=c.request_timeout_ms,
                                                heartbeat_timeout_ms=c.heartbeat_timeout_ms))
         self._heartbeats.start()
+        self.learner.add_listener(self._apply_cluster_config)
         self.learner.add_listener(self.replicas.on_metadata)
         self.learner.add_listener(self.groups.on_metadata)
         loop = asyncio.get_running_loop()
@@ -171,6 +179,24 @@ class Broker:
             self._tasks.append(task)
         log.info("broker %d listening on %s:%d (clean_start=%s)", c.broker_id, c.host, self.port, clean,
                  extra={"event": "broker.started"})
+
+    def _apply_cluster_config(self, image: MetadataImage) -> None:
+        """Dynamic cluster config, live: the reassignment throttle and what it paces (the
+        partitions this broker is adding, for its fetcher; the followers being added to the
+        partitions it leads, for its pusher); the cleaner and the Kafka listener read the image
+        themselves."""
+        assert self.fetcher is not None and self.pusher is not None
+        me = self.config.broker_id
+        rate = image.cluster_config.reassignment_throttle_bytes_per_s
+        adding: set[TopicPartition] = set()
+        pushed: set[tuple[int, TopicPartition]] = set()
+        for p in image.partitions():
+            if me in p.adding:
+                adding.add(p.tp)
+            if p.leader == me:
+                pushed.update((b, p.tp) for b in p.adding)
+        self.fetcher.configure_throttle(rate, frozenset(adding))
+        self.pusher.throttle.configure(rate, frozenset(pushed))
 
     async def _heartbeat_support(self) -> None:
         """What the heartbeat thread needs from the loop: usage figures computed here (the
@@ -225,8 +251,9 @@ class Broker:
             await self.replicas.close()
         if self.control is not None:
             await self.control.close()
-        if self._metrics_runner is not None:
-            await self._metrics_runner.cleanup()
+        if self._metrics_server is not None:
+            await self._metrics_server.close()
+        self.metrics.exposition.close()
         self.watchdog.stop()
         if self._dir_lock is not None:
             if clean and self.replicas is not None:
@@ -259,8 +286,23 @@ class Broker:
     # ------------------------------------------------------------ metrics (BrokerMetricsSource)
 
     @property
+    def broker_id(self) -> int:
+        return self.config.broker_id
+
+    @property
     def metadata_offset(self) -> int:
         return self.learner.offset if self.learner is not None else -1
+
+    @property
+    def metadata_image(self) -> MetadataImage:
+        return self.learner.image if self.learner is not None else MetadataImage()
+
+    @property
+    def offline_replicas(self) -> int:
+        if self.replicas is None:
+            return 0
+        failed = sum(1 for d in self.replicas.drivers.values() if d.failed is not None and not d.closed)
+        return failed + len(self.replicas.open_failures)
 
     @property
     def fenced(self) -> bool:
@@ -287,19 +329,10 @@ class Broker:
     def usage(self) -> BrokerUsage:
         assert self.replicas is not None, "usage is reported only once start() built the replica manager"
         disk = shutil.disk_usage(self.config.data_dir)
+        totals = self.replicas.byte_totals()
         return BrokerUsage(broker_id=self.config.broker_id, at_ms=int(time.time() * 1000),
                            disk_total_bytes=disk.total, disk_used_bytes=disk.used, disk_free_bytes=disk.free,
-                           replicas=self.replicas.usage())
+                           replicas=self.replicas.usage(), log_bytes=self.replicas.log_bytes(),
+                           counters_since_ms=self.replicas.counters_since_ms, produce_bytes_total=totals.produce_bytes,
+                           replicated_bytes_total=totals.replicated_bytes, fetch_bytes_total=totals.fetch_bytes)
 
-    async def _start_metrics(self, port: int) -> None:
-        app = web.Application()
-
-        async def metrics(request: web.Request) -> web.Response:
-            return web.Response(text=render_metrics(self), content_type="text/plain")
-
-        app.router.add_get("/metrics", metrics)
-        self._metrics_runner = web.AppRunner(app, access_log=None)
-        await self._metrics_runner.setup()
-        site = web.TCPSite(self._metrics_runner, self.config.host, port)
-        await site.start()
-        self.metrics_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]

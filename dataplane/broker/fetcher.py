@@ -14,6 +14,11 @@ never spins on repeats. A partition that joined the session after the
 long-poll started goes express until it is caught up, then the long-poll
 starts over with it (its connection is closed and the requests resent).
 
+Throttle: partitions this broker is adding by a reassignment are paced by the
+`ReplicationThrottle` (throttle.py): while the throttle says wait, they stay pending
+(neither loop sends them) and the main loop wakes when the wait is over; their fetch size
+is capped so one answer does not overshoot, and the bytes they receive are counted.
+
 Errors: a partition-level error is delivered after `fetch_error_backoff_ms`
 (the core asks again as soon as it hears); a broken connection puts the
 requests back, backs off (doubling up to `reconnect_backoff_ms_max`) and
@@ -22,7 +27,9 @@ reconnects to the leader's address as the metadata says then.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import time
 from typing import Callable
 
 from common.errors import BiplaneError, ErrorCode
@@ -31,6 +38,7 @@ from common.topic_partition import TopicPartition
 from common.wire import WireClient
 from common.wire import messages as wire
 from dataplane.broker.codec import fetch_answer_from_wire, fetch_failed, fetch_to_wire
+from dataplane.broker.throttle import ReplicationThrottle
 from dataplane.replica.events import FetchRequest, FetchResponse
 
 log = logging.getLogger("biplane.broker.fetcher")
@@ -43,8 +51,12 @@ class Fetcher:
     def __init__(self, *, broker_id: int, address_of: AddressOf, deliver: Deliver, fetch_wait_ms_max: int = 500,
                  fetch_max_bytes: int = 8 * 1024 * 1024, fetch_error_backoff_ms: int = 50,
                  reconnect_backoff_ms_max: int = 1000, request_timeout_ms: int = 10_000,
-                 max_frame_bytes: int = 64 * 1024 * 1024) -> None:
+                 max_frame_bytes: int = 64 * 1024 * 1024,
+                 on_round_trip: Callable[[float], None] | None = None) -> None:
         self.broker_id = broker_id
+        # Seconds from sending a fetch to its answer, for each answer that brought records
+        # (an empty one measured the long-poll's wait, not replication).
+        self.on_round_trip = on_round_trip
         self.address_of = address_of
         self.deliver = deliver
         self.limits = dict(fetch_wait_ms_max=fetch_wait_ms_max, fetch_max_bytes=fetch_max_bytes,
@@ -52,6 +64,17 @@ class Fetcher:
                            reconnect_backoff_ms_max=reconnect_backoff_ms_max,
                            request_timeout_ms=request_timeout_ms, max_frame_bytes=max_frame_bytes)
         self.sessions: dict[int, FetchSession] = {}
+        self.throttle = ReplicationThrottle()
+
+    def configure_throttle(self, rate_bytes_per_s: int | None, partitions: frozenset[TopicPartition]) -> None:
+        """From the metadata: the cluster's reassignment throttle and the partitions it paces."""
+        self.throttle.configure(rate_bytes_per_s, partitions)
+        for session in self.sessions.values():
+            session.wake()
+
+    def held(self, tp: TopicPartition) -> bool:
+        """Whether the throttle keeps `tp` out of fetches now."""
+        return self.throttle.applies(tp) and self.throttle.wait_s(time.monotonic()) > 0
 
     def submit(self, leader_id: int, tp: TopicPartition, request: FetchRequest) -> None:
         if leader_id == self.broker_id:
@@ -96,14 +119,33 @@ class FetchSession:
         if self._main_busy:
             self._wake_exp.set()  # express only ever sends while a long-poll is out
 
+    def wake(self) -> None:
+        self._wake.set()
+        self._wake_exp.set()
+
     # ------------------------------------------------------------ loops
+
+    async def _next_batch(self) -> dict[TopicPartition, FetchRequest]:
+        """The pending requests the throttle lets go now (waits until there is one)."""
+        while True:
+            held = {tp for tp in self.pending if self.fetcher.held(tp)}
+            if len(held) < len(self.pending):
+                batch = {tp: r for tp, r in self.pending.items() if tp not in held}
+                self.pending = {tp: r for tp, r in self.pending.items() if tp in held}
+                return batch
+            self._wake.clear()
+            if not held:
+                await self._wake.wait()
+                continue
+            try:
+                async with asyncio.timeout(max(0.001, self.fetcher.throttle.wait_s(time.monotonic()))):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
 
     async def _main_loop(self) -> None:
         while True:
-            while not self.pending:
-                self._wake.clear()
-                await self._wake.wait()
-            batch, self.pending = self.pending, {}
+            batch = await self._next_batch()
             self._main_busy = True
             self._in_main = set(batch)
             self._express_held.clear()
@@ -114,7 +156,7 @@ class FetchSession:
                 self._wake.set()
 
     def _express_ok(self, tp: TopicPartition, request: FetchRequest) -> bool:
-        if tp in self._express_held:
+        if tp in self._express_held or self.fetcher.held(tp):
             return False
         if tp not in self._in_main:
             return True  # nobody long-polls for it: do not make it wait
@@ -170,8 +212,10 @@ class FetchSession:
             client = await self._client(which)
             timeout_s = (wait_ms + self.limits["request_timeout_ms"]) / 1000
             # asyncio.timeout, not wait_for: no task per round between the request and its write.
+            sent = time.perf_counter()
             async with asyncio.timeout(timeout_s):
                 response = await client.request(self._wire_request(batch, wait_ms))
+            took_s = time.perf_counter() - sent
         except (BiplaneError, OSError, asyncio.TimeoutError) as exc:
             if which == "main" and self._restarting:
                 self._restarting = False
@@ -185,9 +229,13 @@ class FetchSession:
             self._deliver_later(batch, {}, error=response.error_code)
             return {}
         answered: dict[TopicPartition, wire.FetchPartitionResponse] = {}
+        records = False
         for t in response.topics:
             for p in t.partitions:
                 answered[TopicPartition(t.topic, p.partition)] = p
+                records = records or bool(p.records)
+        if records and self.fetcher.on_round_trip is not None:
+            self.fetcher.on_round_trip(took_s)
         self._deliver(batch, answered)
         return answered
 
@@ -195,8 +243,12 @@ class FetchSession:
 
     def _wire_request(self, batch: dict[TopicPartition, FetchRequest], wait_ms: int) -> wire.FetchRequest:
         topics: dict[str, list[wire.FetchPartition]] = {}
-        for (topic, partition), r in batch.items():
-            topics.setdefault(topic, []).append(fetch_to_wire(partition, r))
+        throttle = self.fetcher.throttle
+        for tp, r in batch.items():
+            p = fetch_to_wire(tp[1], r)
+            if throttle.applies(tp):
+                p = dataclasses.replace(p, partition_max_bytes=throttle.partition_fetch_bytes(p.partition_max_bytes))
+            topics.setdefault(tp[0], []).append(p)
         return wire.FetchRequest(
             replica_id=self.fetcher.broker_id, max_wait_ms=wait_ms, min_bytes=1,
             max_bytes=self.limits["fetch_max_bytes"],
@@ -205,11 +257,14 @@ class FetchSession:
     def _deliver(self, batch: dict[TopicPartition, FetchRequest],
                  answered: dict[TopicPartition, wire.FetchPartitionResponse]) -> None:
         failed = {}
+        throttle = self.fetcher.throttle
         for tp, request in batch.items():
             p = answered.get(tp)
             if p is None:
                 failed[tp] = request
                 continue
+            if throttle.applies(tp) and p.records:
+                throttle.record(time.monotonic(), len(p.records))
             event = fetch_answer_from_wire(self.leader_id, request, p, tp)
             if event.error is not ErrorCode.NONE:
                 self._deliver_later({tp: request}, {tp: event})

@@ -20,7 +20,9 @@ from dataplane.broker.config import BrokerConfig
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
     env = os.environ.get
-    p = argparse.ArgumentParser(prog=prog, description="Run a Biplane data-plane broker.")
+    p = argparse.ArgumentParser(prog=prog, description="Run a Biplane data-plane broker.",
+                                epilog="To operate on a running broker: `biplane broker maintenance|decommission|"
+                                       "recommission|operations ... --help`.")
     p.add_argument("--broker-id", type=int, required=True)
     p.add_argument("--data-dir", required=True, help="partition logs, metadata and the clean-shutdown marker")
     p.add_argument("--controller", action="append", default=[],

@@ -1,25 +1,115 @@
-"""Prometheus text exposition of a broker's state: per-partition offsets and roles, request
-counts, and the event loop's stalls."""
+"""A broker's Prometheus metrics (docs/metrics.md lists every family).
+
+`BrokerMetrics` owns the broker's registry and the few instruments its hot paths update:
+produce and fetch latency (request to answer), replication round trips, fsync durations
+and ISR shrink/expand counts. Everything else is read when Prometheus scrapes, by
+`BrokerCollector`: per-partition offsets and sizes, ISR health, leader and partition
+counts, follower lag, request and error counts (plain dict increments in server.py), the
+event loop's stalls. Another part of the broker adds its own families with
+`BrokerMetrics.exposition.add(source)` (state the loop owns: a common.metrics.LoopSource)
+or a collector on `BrokerMetrics.registry` (state safe to read from any thread).
+Consumer-group lag, once groups exist, belongs in a source of the group coordinator:
+biplane_group_lag_records{group, topic, partition}, the HW minus the committed offset.
+"""
 from __future__ import annotations
 
-from typing import Any, Mapping, Protocol
+from collections.abc import Iterator, Mapping
+from typing import Protocol
 
+from prometheus_client import Counter, Histogram
+from prometheus_client.metrics_core import Metric
+
+from common.errors import ErrorCode
 from common.eventloop import LoopStalls
+from common.metadata.image import MetadataImage
+from common.metrics import (
+    FETCH_BUCKETS_S, LATENCY_BUCKETS_S, Exposition, Families, LoopStallsSource, PartitionHealth, gauge,
+    labelled_counter, labelled_gauge,
+)
 from common.topic_partition import TopicPartition
 from dataplane.broker.budget import ProduceBudget
 from dataplane.broker.partition import PartitionDriver
-from dataplane.broker.server import Counters
+
+
+class Counters:
+    """Requests by type and error answers by (request, code): a dict increment on the hot
+    path, exposed when scraped (biplane_broker_requests_total, biplane_broker_errors_total)."""
+
+    def __init__(self) -> None:
+        self.requests: dict[str, int] = {}
+        self.errors: dict[tuple[str, str], int] = {}
+
+    def request(self, api: str) -> None:
+        self.requests[api] = self.requests.get(api, 0) + 1
+
+    def error(self, request: str, code: ErrorCode) -> None:
+        key = (request, code.name)
+        self.errors[key] = self.errors.get(key, 0) + 1
+
+
+class BrokerMetrics:
+    """The broker's registry and the instruments updated as requests are served. Label
+    children are resolved once here: an update on the hot path is one locked add."""
+
+    def __init__(self) -> None:
+        self.exposition = Exposition()
+        self.registry = r = self.exposition.registry
+        produce = Histogram("biplane_broker_produce_latency_seconds",
+                            "produce requests, from arrival to the answer (acks decides when that is)",
+                            ["acks"], buckets=LATENCY_BUCKETS_S, registry=r)
+        self._produce = {0: produce.labels("0"), 1: produce.labels("1"), -1: produce.labels("all")}
+        self._produce_other = produce.labels("other")  # an invalid acks value, refused per partition
+        fetch = Histogram("biplane_broker_fetch_latency_seconds",
+                          "fetch requests, from arrival to the answer, long-poll wait included",
+                          ["fetcher"], buckets=FETCH_BUCKETS_S, registry=r)
+        self._fetch_consumer, self._fetch_follower = fetch.labels("consumer"), fetch.labels("follower")
+        replication = Histogram("biplane_broker_replication_latency_seconds",
+                                "this broker's replication round trips: a follower's fetch that brought "
+                                "records (pull), a leader's append-entries to its answer (push)",
+                                ["mode"], buckets=LATENCY_BUCKETS_S, registry=r)
+        self.observe_pull = replication.labels("pull").observe
+        self.observe_push = replication.labels("push").observe
+        self.observe_fsync = Histogram("biplane_broker_fsync_latency_seconds",
+                                       "one fsync run of a partition log (group commit: many writes share one)",
+                                       buckets=LATENCY_BUCKETS_S, registry=r).observe
+        self.isr_shrinks = Counter("biplane_broker_isr_shrinks",
+                                   "ISR shrinks of partitions this broker leads, as applied from metadata "
+                                   "(proposed by this leader, or made by the controller fencing a follower)",
+                                   registry=r)
+        self.isr_expands = Counter("biplane_broker_isr_expands",
+                                   "ISR expansions of partitions this broker leads, as applied from metadata",
+                                   registry=r)
+
+    def observe_produce(self, acks: int, seconds: float) -> None:
+        self._produce.get(acks, self._produce_other).observe(seconds)
+
+    def observe_fetch(self, follower: bool, seconds: float) -> None:
+        (self._fetch_follower if follower else self._fetch_consumer).observe(seconds)
+
+    def isr_changed(self, old_isr: tuple[int, ...], new_isr: tuple[int, ...]) -> None:
+        """Count one metadata change of a led partition's ISR (both, if members left and joined)."""
+        old, new = set(old_isr), set(new_isr)
+        if old - new:
+            self.isr_shrinks.inc()
+        if new - old:
+            self.isr_expands.inc()
 
 
 class BrokerMetricsSource(Protocol):
-    """What render_metrics reads of a broker (Broker satisfies it once started)."""
+    """What BrokerCollector reads of a broker (Broker satisfies it once started)."""
 
     @property
+    def broker_id(self) -> int: ...
+    @property
     def metadata_offset(self) -> int: ...
+    @property
+    def metadata_image(self) -> MetadataImage: ...
     @property
     def fenced(self) -> bool: ...
     @property
     def partition_drivers(self) -> Mapping[TopicPartition, PartitionDriver]: ...
+    @property
+    def offline_replicas(self) -> int: ...
     @property
     def produce_budget(self) -> ProduceBudget: ...
     @property
@@ -28,80 +118,100 @@ class BrokerMetricsSource(Protocol):
     def loop_stalls(self) -> LoopStalls: ...
 
 
-def _labels(**kv: Any) -> str:
-    inner = ",".join(f'{k}="{str(v).replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34))}"'
-                     for k, v in kv.items())
-    return "{" + inner + "}"
+# Per-partition families: (name, help, kind) in the order of a snapshot row's values.
+_PARTITION_FAMILIES: tuple[tuple[str, str, str], ...] = (
+    ("biplane_partition_log_start_offset", "first offset the local log holds", "gauge"),
+    ("biplane_partition_log_end_offset", "next offset the local log will assign", "gauge"),
+    ("biplane_partition_flushed_offset", "end of the durable prefix of the local log", "gauge"),
+    ("biplane_partition_high_watermark", "high watermark as this replica knows it", "gauge"),
+    ("biplane_partition_leader_epoch", "leader epoch this replica acts in", "gauge"),
+    ("biplane_partition_is_leader", "1 if this replica leads its partition", "gauge"),
+    ("biplane_partition_size_bytes", "bytes in the local log's segments", "gauge"),
+    ("biplane_partition_produced_records", "records acknowledged by this leader", "counter"),
+    ("biplane_partition_produced_bytes", "batch bytes acknowledged by this leader", "counter"),
+    ("biplane_partition_producer_snapshots_written", "producer-state snapshots this replica wrote (segment rolls)",
+     "counter"),
+    ("biplane_partition_producer_state_rebuilds", "producer-state rebuilds after a truncation (each in a worker "
+     "thread)", "counter"),
+)
 
 
-def render_metrics(broker: BrokerMetricsSource) -> str:
-    lines: list[str] = []
+def _partition_row(d: PartitionDriver) -> tuple[int, ...]:
+    log, r = d.log, d.replica
+    return (log.log_start_offset, log.log_end_offset, log.flushed_offset, r.high_watermark, r.leader_epoch,
+            int(d.is_leader), log.size_bytes, d.produce_records, d.produce_bytes, d.producer_snapshots_written,
+            d.producer_state.rebuilds)
 
-    def family(name: str, kind: str, help_text: str, samples: list[tuple[dict[str, Any], float]]) -> None:
-        lines.append(f"# HELP {name} {help_text}")
-        lines.append(f"# TYPE {name} {kind}")
-        for labels, value in samples:
-            lines.append(f"{name}{_labels(**labels) if labels else ''} {value}")
 
-    def histogram(name: str, help_text: str, bounds: tuple[float, ...], cumulative: list[int],
-                  count: int, total: float) -> None:
-        lines.append(f"# HELP {name} {help_text}")
-        lines.append(f"# TYPE {name} histogram")
-        for bound, n in zip(bounds, cumulative):
-            lines.append(f"{name}_bucket{_labels(le=bound)} {n}")
-        lines.append(f'{name}_bucket{_labels(le="+Inf")} {count}')
-        lines.append(f"{name}_sum {total}")
-        lines.append(f"{name}_count {count}")
+class BrokerCollector:
+    """The broker's loop-owned state as metric families (common.metrics.LoopSource): the
+    snapshot copies numbers on the event loop; the families are built in the renderer thread."""
 
-    drivers = sorted(broker.partition_drivers.items())
+    def __init__(self, source: BrokerMetricsSource) -> None:
+        self.source = source
+        self._loop = LoopStallsSource(source.loop_stalls, prefix="biplane_broker")
 
-    def part(tp: TopicPartition) -> dict[str, Any]:
-        return {"topic": tp[0], "partition": tp[1]}
-    family("biplane_broker_metadata_offset", "gauge", "metadata offset applied by this broker",
-           [({}, broker.metadata_offset)])
-    family("biplane_broker_fenced", "gauge", "1 while the controller has this broker fenced",
-           [({}, int(broker.fenced))])
-    stalls = broker.loop_stalls
-    family("biplane_broker_event_loop_stall_max_seconds", "gauge",
-           "longest time the event loop was kept from running a due callback, since start",
-           [({}, stalls.stall_max_ms / 1000)])
-    family("biplane_broker_event_loop_stalls_total", "counter",
-           f"event-loop lags of at least {stalls.stall_ms_min / 1000:g} s",
-           [({}, stalls.stalls_total)])
-    histogram("biplane_broker_event_loop_lag_seconds", "how late the watchdog's periodic callback ran",
-              tuple(b / 1000 for b in stalls.buckets_ms), list(stalls.bucket_counts), stalls.lag_count,
-              stalls.lag_sum_ms / 1000)
-    budget = broker.produce_budget
-    family("biplane_broker_unreplicated_bytes", "gauge", "produce bytes this broker's leaders hold unreplicated",
-           [({}, budget.total_bytes)])
-    family("biplane_broker_unreplicated_bytes_peak", "gauge", "highest biplane_broker_unreplicated_bytes seen",
-           [({}, budget.peak_total_bytes)])
-    family("biplane_broker_unreplicated_bytes_max", "gauge", "bound on biplane_broker_unreplicated_bytes",
-           [({}, budget.unreplicated_bytes_max)])
-    family("biplane_partition_log_end_offset", "gauge", "next offset the local log will assign",
-           [(part(tp), d.log.log_end_offset) for tp, d in drivers])
-    family("biplane_partition_flushed_offset", "gauge", "end of the durable prefix of the local log",
-           [(part(tp), d.log.flushed_offset) for tp, d in drivers])
-    family("biplane_partition_high_watermark", "gauge", "high watermark as this replica knows it",
-           [(part(tp), d.replica.high_watermark) for tp, d in drivers])
-    family("biplane_partition_leader_epoch", "gauge", "leader epoch this replica acts in",
-           [(part(tp), d.replica.leader_epoch) for tp, d in drivers])
-    family("biplane_partition_is_leader", "gauge", "1 if this replica leads its partition",
-           [(part(tp), int(d.is_leader)) for tp, d in drivers])
-    family("biplane_partition_size_bytes", "gauge", "bytes in the local log's segments",
-           [(part(tp), d.log.size_bytes) for tp, d in drivers])
-    family("biplane_partition_produced_records_total", "counter", "records acknowledged by this leader",
-           [(part(tp), d.produce_records) for tp, d in drivers])
-    family("biplane_partition_produced_bytes_total", "counter", "batch bytes acknowledged by this leader",
-           [(part(tp), d.produce_bytes) for tp, d in drivers])
-    family("biplane_broker_requests_total", "counter", "data-plane requests by type",
-           [({"request": k}, v) for k, v in sorted(broker.request_counters.requests.items())])
-    family("biplane_broker_errors_total", "counter", "error answers by code",
-           [({"code": k}, v) for k, v in sorted(broker.request_counters.errors.items())])
-    family("biplane_partition_producer_snapshots_written_total", "counter",
-           "producer-state snapshots this replica wrote (segment rolls)",
-           [(part(tp), d.producer_snapshots_written) for tp, d in drivers])
-    family("biplane_partition_producer_state_rebuilds_total", "counter",
-           "producer-state rebuilds after a truncation (each in a worker thread)",
-           [(part(tp), d.producer_state.rebuilds) for tp, d in drivers])
-    return "\n".join(lines) + "\n"
+    def snapshot(self) -> Families:
+        b = self.source
+        scalars = [
+            ("biplane_broker_id", "this broker's id (Prometheus's instance label names its address)", b.broker_id),
+            ("biplane_broker_metadata_offset", "metadata offset applied by this broker", b.metadata_offset),
+            ("biplane_broker_fenced", "1 while the controller has this broker fenced", int(b.fenced)),
+        ]
+        budget = b.produce_budget
+        scalars += [
+            ("biplane_broker_unreplicated_bytes", "produce bytes this broker's leaders hold unreplicated",
+             budget.total_bytes),
+            ("biplane_broker_unreplicated_bytes_peak", "highest biplane_broker_unreplicated_bytes seen",
+             budget.peak_total_bytes),
+            ("biplane_broker_unreplicated_bytes_max", "bound on biplane_broker_unreplicated_bytes",
+             budget.unreplicated_bytes_max),
+        ]
+        counters = b.request_counters
+        requests, errors = sorted(counters.requests.items()), sorted(counters.errors.items())
+        drivers = sorted((tp, d) for tp, d in b.partition_drivers.items() if not d.closed)
+        led = PartitionHealth()
+        rows: list[tuple[list[str], tuple[int, ...]]] = []
+        lags: list[tuple[list[str], int]] = []
+        for tp, d in drivers:
+            labels = [tp[0], str(tp[1])]
+            rows.append((labels, _partition_row(d)))
+            state = d.replica.state
+            if d.is_leader and state is not None:
+                led.add(replicas=len(state.replicas), isr=len(state.isr), has_leader=True, policy=d.replica.config)
+                end = d.replica.log_end_offset
+                lags += [(labels + [str(replica_id)], max(0, end - progress.fetch_offset))
+                         for replica_id, progress in sorted(d.replica.progress.items())]
+        scalars += [
+            ("biplane_broker_partitions", "partition replicas this broker holds", len(drivers)),
+            ("biplane_broker_leader_partitions", "partitions this broker leads", led.partitions),
+            ("biplane_broker_under_replicated_partitions",
+             "partitions this broker leads whose ISR is smaller than their replicas", led.under_replicated),
+            ("biplane_broker_under_min_isr_partitions",
+             "partitions this broker leads whose ISR is below min_insync_replicas (isr topics) or "
+             "quorum_required_acks (quorum topics): acks=all cannot complete", led.under_min_isr),
+            ("biplane_broker_offline_partitions",
+             "partitions without a leader in this broker's metadata (the whole cluster's)",
+             sum(1 for p in b.metadata_image.partitions() if p.leader is None)),
+            ("biplane_broker_offline_replicas",
+             "replicas on this broker whose log is offline (a failed write, or not opened)", b.offline_replicas),
+        ]
+        loop_families = self._loop.snapshot()
+
+        def families() -> Iterator[Metric]:
+            for name, help_text, value in scalars:
+                yield gauge(name, help_text, value)
+            yield from loop_families()
+            yield labelled_counter("biplane_broker_requests",
+                                   "requests by type (Kafka API ones as Kafka<Api>v<version>)", ["request"],
+                                   (([k], v) for k, v in requests))
+            yield labelled_counter("biplane_broker_errors", "error answers by request and error code (one per "
+                                   "partition answered with an error)", ["request", "code"],
+                                   (([req, code], v) for (req, code), v in errors))
+            for column, (name, help_text, kind) in enumerate(_PARTITION_FAMILIES):
+                make = labelled_counter if kind == "counter" else labelled_gauge
+                yield make(name, help_text, ["topic", "partition"], ((labels, row[column]) for labels, row in rows))
+            yield labelled_gauge("biplane_partition_follower_lag_records",
+                                 "on a leader: its log end minus each follower's log end at its last fetch or "
+                                 "append-entries answer", ["topic", "partition", "replica"], lags)
+        return families

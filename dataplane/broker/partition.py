@@ -20,7 +20,7 @@ import asyncio
 import itertools
 import logging
 import time
-from typing import Protocol
+from typing import Callable, Protocol
 
 from common.batch import Buffer
 from common.errors import (BiplaneError, ErrorCode, InvalidRequestError, LogTruncatedError,
@@ -33,7 +33,7 @@ from dataplane.log.interface import LogConfig
 from dataplane.log.log import PartitionLog
 from dataplane.log.space import offline_hint
 from dataplane.replica.actions import (
-    NoteAction, PersistAction, ProposeIsr, Ready, RefreshMetadata, Rejected, ReleaseProduce, ReportElection, Send,
+    Append, NoteAction, PersistAction, ProposeIsr, Ready, RefreshMetadata, Rejected, ReleaseProduce, ReportElection, Send,
     StopLeading, Truncate, TruncateFully,
 )
 from dataplane.replica.core import Replica, Role
@@ -70,12 +70,12 @@ class PartitionDriver:
     def __init__(self, *, broker_id: int, tp: TopicPartition, directory: str, log_config: LogConfig,
                  hooks: DriverHooks, unclean_start: bool, flush_debounce_ms: int = 0,
                  fetch_max_bytes: int = 1024 * 1024, push_heartbeat_ms: int = 100, held_produce_max: int = 1000,
-                 budget: ProduceBudget | None = None) -> None:
+                 budget: ProduceBudget | None = None, on_fsync: Callable[[float], None] | None = None) -> None:
         self.tp = tp
         self.directory = directory
         self.hooks = hooks
         self.log = PartitionLog(directory, config=log_config)
-        self.coalescer = FlushCoalescer(self.log, debounce_ms=flush_debounce_ms)
+        self.coalescer = FlushCoalescer(self.log, debounce_ms=flush_debounce_ms, on_fsync=on_fsync)
         # Idempotent producers: from the newest snapshot plus the log past it (the
         # constructor runs in a worker thread: ReplicaManager._open); after a truncation
         # the table rebuilds itself in a worker thread (producer_state.py).
@@ -123,6 +123,7 @@ class PartitionDriver:
         self.produce_records = 0
         self.produce_bytes = 0
         self.fetch_bytes = 0
+        self.replicated_bytes = 0  # appended as a follower (pulled or pushed from the leader)
 
     # ------------------------------------------------------------------ inputs
 
@@ -284,7 +285,9 @@ class PartitionDriver:
     # Effects (dataplane/replica/perform.py): what a Ready does outside the core.
 
     def persisted(self, action: PersistAction, previous_end: int) -> None:
-        if isinstance(action, Truncate):
+        if isinstance(action, Append) and not action.as_leader:
+            self.replicated_bytes += len(action.records)
+        elif isinstance(action, Truncate):
             log.info("%s-%d truncates its log from %d to %d (diverged from the leader)", *self.tp,
                      previous_end, action.offset,
                      extra={"event": "partition.truncated", "topic": self.tp[0], "partition": self.tp[1]})

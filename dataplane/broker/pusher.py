@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Awaitable, Callable
 
 from common.errors import BiplaneError, ErrorCode
@@ -33,6 +34,7 @@ from common.wire import messages as wire
 from dataplane.broker.codec import (
     append_entries_from_wire, append_entries_to_wire, append_refusal, append_reply_from_wire, append_reply_to_wire,
 )
+from dataplane.broker.throttle import ReplicationThrottle
 from dataplane.replica.events import AppendEntries, AppendEntriesReply
 
 log = logging.getLogger("biplane.broker.pusher")
@@ -46,8 +48,10 @@ class Pusher:
 
     def __init__(self, *, broker_id: int, address_of: AddressOf, deliver: Deliver,
                  reconnect_backoff_ms: int = 100, connect_timeout_ms: int = 2000, inflight_requests_max: int = 256,
-                 max_frame_bytes: int = 64 * 1024 * 1024) -> None:
+                 max_frame_bytes: int = 64 * 1024 * 1024,
+                 on_round_trip: Callable[[float], None] | None = None) -> None:
         self.broker_id = broker_id
+        self.on_round_trip = on_round_trip  # seconds from writing an append-entries to its answer
         # A connect to a follower whose packets are dropped (a network cut) waits for the
         # kernel's SYN retries, minutes apart at the end; everything for that follower queues
         # behind it, so after the cut heals its partitions stayed out of the ISR until the
@@ -66,6 +70,8 @@ class Pusher:
         self._tasks = TaskOwner()    # connects, and writes after a connect
         self._closing = TaskOwner()  # closes of dropped clients: they finish, never cancelled
         self._closed = False
+        # Paces the followers a reassignment is adding (throttle.py); the broker configures it.
+        self.throttle = ReplicationThrottle()
 
     def submit(self, follower_id: int, tp: TopicPartition, ev: AppendEntries) -> None:
         if self._closed or follower_id == self.broker_id:
@@ -73,6 +79,10 @@ class Pusher:
         loop = asyncio.get_running_loop()
         if loop.time() < self._down_until.get(follower_id, 0.0):
             return  # reconnecting later; the core's window times out and it recovers
+        if len(ev.records) and self.throttle.applies((follower_id, tp)):
+            if self.throttle.wait_s(loop.time()) > 0:
+                return  # over the reassignment throttle: the core's window times out and it resends
+            self.throttle.record(loop.time(), len(ev.records))
         request = append_entries_to_wire(tp, follower_id, ev)
         client = self._clients.get(follower_id)
         if client is not None and not client.closed and follower_id not in self._waiting:
@@ -93,7 +103,8 @@ class Pusher:
         except (BiplaneError, OSError) as exc:
             self._failed(follower_id, tp, exc)
             return False
-        answer.add_done_callback(lambda f: self._answered(follower_id, tp, f))
+        sent = time.perf_counter()
+        answer.add_done_callback(lambda f: self._answered(follower_id, tp, f, sent))
         return True
 
     async def _connect_then_write(self, follower_id: int) -> None:
@@ -108,13 +119,15 @@ class Pusher:
             if not self._write(client, follower_id, tp, request):
                 return  # the rest is lost with the connection: the core's windows time out
 
-    def _answered(self, follower_id: int, tp: TopicPartition, answer: asyncio.Future) -> None:
+    def _answered(self, follower_id: int, tp: TopicPartition, answer: asyncio.Future, sent: float) -> None:
         if answer.cancelled():
             return
         exc = answer.exception()
         if exc is not None:
             self._failed(follower_id, tp, exc)
             return
+        if self.on_round_trip is not None:
+            self.on_round_trip(time.perf_counter() - sent)
         self.deliver(tp, append_reply_from_wire(answer.result()))
 
     def _failed(self, follower_id: int, tp: TopicPartition, exc: BaseException) -> None:

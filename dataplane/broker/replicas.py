@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import functools
 import threading
 import logging
@@ -34,6 +35,7 @@ from common.topic_partition import TopicPartition
 from common.usage import ReplicaUsage
 from dataplane.broker.budget import ProduceBudget
 from dataplane.broker.config import BrokerConfig
+from dataplane.broker.metrics import BrokerMetrics
 from dataplane.broker.partition import PartitionDriver, now_ms
 from dataplane.log.cleaner import CompactionConfig, IoThrottle
 from dataplane.log.interface import LogConfig
@@ -70,6 +72,25 @@ def compaction_config_of(topic: TopicInfo) -> CompactionConfig:
                             min_compaction_lag_ms=c.min_compaction_lag_ms)
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ByteTotals:
+    """Bytes a broker (or one replica) has produced, replicated in and served since it started."""
+
+    produce_bytes: int = 0
+    replicated_bytes: int = 0
+    fetch_bytes: int = 0
+
+    @classmethod
+    def of(cls, driver: PartitionDriver) -> ByteTotals:
+        return cls(produce_bytes=driver.produce_bytes, replicated_bytes=driver.replicated_bytes,
+                   fetch_bytes=driver.fetch_bytes)
+
+    def plus(self, other: ByteTotals) -> ByteTotals:
+        return ByteTotals(produce_bytes=self.produce_bytes + other.produce_bytes,
+                          replicated_bytes=self.replicated_bytes + other.replicated_bytes,
+                          fetch_bytes=self.fetch_bytes + other.fetch_bytes)
+
+
 class CleanerStopped(Exception):
     """Ends a cleaning pass in its worker thread when the broker stops."""
 
@@ -78,8 +99,9 @@ class ReplicaManager:
     def __init__(self, *, config: BrokerConfig, control: ControlClient, clean_start: bool,
                  send_fetch: Callable[[int, TopicPartition, FetchRequest], None],
                  send_append_entries: Callable[[int, TopicPartition, AppendEntries], None],
-                 refresh_metadata: Callable[[], None]) -> None:
+                 refresh_metadata: Callable[[], None], metrics: BrokerMetrics | None = None) -> None:
         self.config = config
+        self.metrics = metrics if metrics is not None else BrokerMetrics()
         self.broker_id = config.broker_id
         self.control = control
         self.clean_start = clean_start
@@ -91,6 +113,10 @@ class ReplicaManager:
         self._fed: dict[TopicPartition, tuple] = {}
         self._isr_inflight: set[TopicPartition] = set()
         self._last_usage: dict[TopicPartition, tuple[float, tuple[int, int, int]]] = {}
+        # Byte counters of the drivers already closed (moved away, reopened), so that the
+        # broker's totals (byte_totals) never go down within this process.
+        self._retired_bytes = ByteTotals()
+        self.counters_since_ms = int(time.time() * 1000)  # wall clock: readers compare it across reports
         self._tasks = TaskOwner()  # ISR proposals and election reports to the controller
         self._lock = asyncio.Lock()
         self._closed = False
@@ -103,6 +129,8 @@ class ReplicaManager:
         # One thread: one partition is cleaned at a time on this broker.
         self._cleaner = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="log-cleaner")
         self._cleaner_stop = threading.Event()
+        # The cluster's log_cleaner_io_bytes_per_s when set (dynamic config), else the flag's.
+        self.cleaner_io_bytes_per_s = config.log_cleaner_io_bytes_per_second
 
     def get(self, topic: str, partition: int) -> PartitionDriver | None:
         return self.drivers.get(TopicPartition(topic, partition))
@@ -113,6 +141,8 @@ class ReplicaManager:
         async with self._lock:  # opening logs awaits; changes apply one image at a time
             if self._closed:
                 return
+            self.cleaner_io_bytes_per_s = (image.cluster_config.log_cleaner_io_bytes_per_s
+                                           or self.config.log_cleaner_io_bytes_per_second)
             hosted: set[TopicPartition] = set()
             fed = 0
             for info in image.partitions():
@@ -144,9 +174,13 @@ class ReplicaManager:
         fenced = frozenset(r for r in info.replicas if not image.is_unfenced(r))
         key = (info.leader_epoch, info.partition_epoch, info.fenced_for_election, info.isr, info.replicas,
                topic.config, fenced)
-        if self._fed.get(info.tp) == key:
+        before = self._fed.get(info.tp)
+        if before == key:
             return
         self._fed[info.tp] = key
+        old_isr = before[3] if before is not None else None   # the ISR this replica was last fed
+        if old_isr is not None and old_isr != info.isr and info.leader == self.broker_id:
+            self.metrics.isr_changed(old_isr, info.isr)
         event = NewMetadata(partition=PartitionState.from_info(info),
                             config=ReplicationConfig.from_topic_config(topic.config), fenced_replicas=fenced)
         try:
@@ -164,7 +198,8 @@ class ReplicaManager:
                 hooks=self, unclean_start=(existed and not self.clean_start) or info.tp in self.reopening,
                 flush_debounce_ms=self.config.flush_debounce_ms,
                 fetch_max_bytes=self.config.partition_fetch_max_bytes,
-                push_heartbeat_ms=self.config.push_heartbeat_ms, budget=self.budget))
+                push_heartbeat_ms=self.config.push_heartbeat_ms, budget=self.budget,
+                on_fsync=self.metrics.observe_fsync))
         except (BiplaneError, OSError) as exc:
             # A full disk is logged once for the whole filesystem (dataplane/log/space.py) and
             # the open is tried again (dataplane/broker/offline.py): a warning here.
@@ -188,6 +223,7 @@ class ReplicaManager:
                 return True  # not offline (opened meanwhile)
             if driver is not None:
                 del self.drivers[tp]
+                self._retired_bytes = self._retired_bytes.plus(ByteTotals.of(driver))
                 self._fed.pop(tp, None)
                 self.reopening.add(tp)  # its log was not closed by a clean stop of this broker
         try:
@@ -200,6 +236,7 @@ class ReplicaManager:
     async def _remove(self, tp: TopicPartition, image: MetadataImage) -> None:
         self.open_failures.pop(tp, None)
         driver = self.drivers.pop(tp)
+        self._retired_bytes = self._retired_bytes.plus(ByteTotals.of(driver))
         self._fed.pop(tp, None)
         info = image.get_partition(*tp)
         topic = image.topics.get(tp[0])
@@ -304,8 +341,8 @@ class ReplicaManager:
 
     async def run_cleaner(self) -> None:
         """Compact the partitions of compacted topics, one at a time in the cleaner's thread,
-        at most log_cleaner_io_bytes_per_second, each replica (leader or follower) below its
-        own HW. The topic's settings are read afresh for every pass."""
+        at most log_cleaner_io_bytes_per_second (or the cluster's log_cleaner_io_bytes_per_s,
+        applied live), each replica (leader or follower) below its own HW. The topic's settings are read afresh for every pass."""
         interval = self.config.log_cleaner_interval_ms / 1000
         loop = asyncio.get_running_loop()
         stop = self._cleaner_stop
@@ -322,6 +359,7 @@ class ReplicaManager:
         while True:
             await asyncio.sleep(interval)
             for tp, driver in list(self.drivers.items()):
+                throttle.bytes_per_second = self.cleaner_io_bytes_per_s   # live: read at every partition
                 topic = self._topics.get(tp)
                 if topic is None or not topic.config.compacted or driver.closed or driver.failed:
                     continue
@@ -343,6 +381,18 @@ class ReplicaManager:
                              result.records_removed, result.segments_cleaned, result.bytes_before,
                              result.bytes_after, extra={"event": "partition.compacted", "topic": tp[0],
                                                         "partition": tp[1]})
+
+    def byte_totals(self) -> ByteTotals:
+        """Bytes produced, replicated and fetched on this broker since the process started:
+        the open replicas' counters plus those of every replica closed since."""
+        totals = self._retired_bytes
+        for driver in self.drivers.values():
+            totals = totals.plus(ByteTotals.of(driver))
+        return totals
+
+    def log_bytes(self) -> int:
+        """Bytes the open partition logs hold on disk: Biplane's own share of the filesystem."""
+        return sum(d.log.size_bytes for d in self.drivers.values() if not d.closed)
 
     def usage(self) -> list[ReplicaUsage]:
         """Per replica: sizes, offsets, and rates since the previous call."""

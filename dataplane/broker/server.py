@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from common.errors import BiplaneError, ErrorCode
@@ -30,6 +31,7 @@ from common.topic_partition import TopicPartition
 from common.wire import RequestHeader
 from common.wire import messages as wire
 from dataplane.broker.codec import append_refusal, fetch_answer_to_wire, fetch_from_wire, fetch_refusal
+from dataplane.broker.metrics import BrokerMetrics, Counters
 from dataplane.broker.partition import PartitionDriver
 from dataplane.broker.producer_ids import ProducerIds
 from dataplane.broker.pusher import answer_append_entries
@@ -48,21 +50,10 @@ GROUP_REQUESTS = frozenset({
 })
 
 
-class Counters:
-    def __init__(self) -> None:
-        self.requests: dict[str, int] = {}
-        self.errors: dict[str, int] = {}
-
-    def request(self, api: str) -> None:
-        self.requests[api] = self.requests.get(api, 0) + 1
-
-    def error(self, code: ErrorCode) -> None:
-        self.errors[code.name] = self.errors.get(code.name, 0) + 1
-
-
 class RequestHandler:
     def __init__(self, *, broker_id: int, image: Callable[[], MetadataImage], replicas: ReplicaManager,
-                 producer_ids: ProducerIds, refresh_metadata: Callable[[], None], fetch_wait_ms_max: int) -> None:
+                 producer_ids: ProducerIds, refresh_metadata: Callable[[], None], fetch_wait_ms_max: int,
+                 metrics: BrokerMetrics | None = None) -> None:
         self.broker_id = broker_id
         self.image = image
         self.replicas = replicas
@@ -72,6 +63,7 @@ class RequestHandler:
         self.counters = Counters()
         # Set by the broker once built (it produces through this handler).
         self.groups: "GroupCoordinator | None" = None
+        self.metrics = metrics if metrics is not None else BrokerMetrics()
 
     def start(self, header: RequestHeader, request: Any) -> Awaitable[Any]:
         """Begin handling in arrival order; produce requests reach their cores before this returns."""
@@ -129,6 +121,7 @@ class RequestHandler:
         (None for acks=0, unless `answer_acks_0`: the Kafka listener acts on its errors).
         `internal`: the broker's own write (the group coordinator's); clients may not write
         to internal topics, whose records the broker must be able to read back."""
+        started = time.perf_counter()
         acks, timeout_ms = request.acks, request.timeout_ms
         parts = [(t.topic, p.partition, self._submit_partition(t.topic, p, acks, timeout_ms, internal))
                  for t in request.topics for p in t.partitions]
@@ -140,7 +133,7 @@ class RequestHandler:
                     driver, future = item
                     release = await future
                     if release.error is not ErrorCode.NONE:
-                        self.counters.error(release.error)
+                        self.counters.error("ProduceRequest", release.error)
                     leader = (wire.LeaderIdAndEpoch(leader_id=self.broker_id, leader_epoch=driver.replica.leader_epoch)
                               if release.error is ErrorCode.NONE else self._current_leader(topic, partition))
                     item = wire.ProducePartitionResponse(
@@ -148,6 +141,7 @@ class RequestHandler:
                         log_start_offset=driver.log.log_start_offset, current_leader=leader,
                         error_message=release.reason or None)
                 by_topic.setdefault(topic, []).append(item)
+            self.metrics.observe_produce(acks, time.perf_counter() - started)
             if acks == 0 and not answer_acks_0:
                 return None
             return wire.ProduceResponse(topics=tuple(
@@ -159,7 +153,7 @@ class RequestHandler:
         """A refusal (ProducePartitionResponse), or (driver, future of the core's release).
         Every check of the request is the core's (dataplane/replica/admission.py)."""
         def refuse(code: ErrorCode, message: str) -> wire.ProducePartitionResponse:
-            self.counters.error(code)
+            self.counters.error("ProduceRequest", code)
             return wire.ProducePartitionResponse(partition=p.partition, error_code=code, error_message=message,
                                                  current_leader=self._current_leader(topic, p.partition))
 
@@ -183,6 +177,12 @@ class RequestHandler:
     # ------------------------------------------------------------ fetch
 
     async def fetch(self, request: wire.FetchRequest) -> wire.FetchResponse:
+        started = time.perf_counter()
+        response = await self._fetch(request)
+        self.metrics.observe_fetch(request.replica_id >= 0, time.perf_counter() - started)
+        return response
+
+    async def _fetch(self, request: wire.FetchRequest) -> wire.FetchResponse:
         loop = asyncio.get_running_loop()
         wait_s = max(0, min(request.max_wait_ms, self.fetch_wait_ms_max)) / 1000
         deadline = loop.time() + wait_s
@@ -245,7 +245,7 @@ class RequestHandler:
         """(answer, driver to wait on, whether to answer now). `message_bytes_max`: this
         partition's share of the request's byte budget."""
         def refuse(code: ErrorCode):
-            self.counters.error(code)
+            self.counters.error("FetchRequest", code)
             return fetch_refusal(p.partition, code, self._current_leader(*tp)), None, True
 
         driver, error = self._locate(*tp)
@@ -260,7 +260,7 @@ class RequestHandler:
                                       else wire.NO_LEADER)
         now = bool(a.records) or a.error is not ErrorCode.NONE or a.diverging
         if a.error is not ErrorCode.NONE:
-            self.counters.error(a.error)
+            self.counters.error("FetchRequest", a.error)
         return answer, driver, now
 
     @staticmethod
@@ -279,12 +279,12 @@ class RequestHandler:
         await, so one connection's requests reach the core in order)."""
         driver, error = self._locate(request.topic, request.partition)
         if driver is None:
-            self.counters.error(error)
+            self.counters.error("AppendEntriesRequest", error)
             return append_refusal(request, error, replica_id=self.broker_id, leader_epoch=-1)
         try:
             return await answer_append_entries(request, driver.step, flushed=driver.flushed_to)
         except BiplaneError as exc:
-            self.counters.error(exc.code)
+            self.counters.error("AppendEntriesRequest", exc.code)
             return append_refusal(request, exc.code, replica_id=self.broker_id,
                                   leader_epoch=driver.replica.leader_epoch)
 
@@ -304,7 +304,7 @@ class RequestHandler:
                     elif error is ErrorCode.UNKNOWN_LEADER_EPOCH:
                         self.refresh_metadata()  # list_offset is read-only: it asks through us
                 if error is not ErrorCode.NONE:
-                    self.counters.error(error)
+                    self.counters.error("ListOffsetsRequest", error)
                 parts.append(wire.ListOffsetsPartitionResponse(partition=p.partition, error_code=error,
                                                                timestamp=timestamp, offset=offset,
                                                                leader_epoch=epoch))
@@ -316,13 +316,13 @@ class RequestHandler:
         """(error, epoch, end offset) of a client's OffsetForLeaderEpoch (the core's answer)."""
         driver, error = self._locate(topic, partition)
         if driver is None:
-            self.counters.error(error)
+            self.counters.error("OffsetForLeaderEpoch", error)
             return error, -1, -1
         error, found, end = driver.replica.end_offset_for_epoch(epoch, current_leader_epoch)
         if error is ErrorCode.UNKNOWN_LEADER_EPOCH:
             self.refresh_metadata()  # read-only in the core: it asks through us
         if error is not ErrorCode.NONE:
-            self.counters.error(error)
+            self.counters.error("OffsetForLeaderEpoch", error)
         return error, found, end
 
     # ------------------------------------------------------------ metadata
@@ -356,7 +356,7 @@ class RequestHandler:
             pid, epoch = await self.producer_ids.init(request.producer_id, request.producer_epoch)
         except BiplaneError as exc:
             code = exc.code if exc.code is not ErrorCode.UNKNOWN else ErrorCode.NOT_CONTROLLER
-            self.counters.error(code)
+            self.counters.error("InitProducerIdRequest", code)
             return wire.InitProducerIdResponse(error_code=code)
         return wire.InitProducerIdResponse(producer_id=pid, producer_epoch=epoch)
 

@@ -7,8 +7,8 @@
 
 An error answer raises AdminError carrying the API's code (e.g. TOPIC_ALREADY_EXISTS),
 message, HTTP status and the request field at fault. Writes sent to a follower follow
-its 307 to the leader; while the quorum elects a leader (503, retriable) a call is
-retried for up to `unavailable_wait_ms`. SyncAdminClient is the blocking twin.
+its 307 to the leader; while the quorum elects a leader (503, retriable) or the token's
+write rate is spent (429) a call is retried for up to `unavailable_wait_ms`. SyncAdminClient is the blocking twin.
 """
 from __future__ import annotations
 
@@ -23,7 +23,11 @@ import aiohttp
 
 from common.api_models import (
     BrokerList,
+    BrokerOperations,
+    ClusterConfigView,
+    ReassignmentProgress,
     Cluster,
+    ClusterHealth,
     Done,
     ElectionResult,
     Health,
@@ -33,6 +37,7 @@ from common.api_models import (
     SnapshotList,
     TopicDetail,
     TopicList,
+    TopicOffsets,
 )
 from common.errors import AdminError, NoBrokersError
 
@@ -44,6 +49,12 @@ def _topic(name: str) -> str:
     if not isinstance(name, str) or not name:
         raise ValueError(f"topic name must be a non-empty string, not {name!r}")
     return quote(name, safe="")
+
+
+def _broker(broker_id: int) -> str:
+    if isinstance(broker_id, bool) or not isinstance(broker_id, int) or broker_id < 0:
+        raise ValueError(f"broker id must be an int >= 0, not {broker_id!r}")
+    return str(broker_id)
 
 
 class AdminClient:
@@ -91,6 +102,9 @@ class AdminClient:
             if status == 503 and isinstance(err, dict) and err.get("retriable") and time.monotonic() < deadline:
                 await asyncio.sleep(0.25)   # no leader yet: nothing was done, so try again
                 continue
+            if status == 429 and time.monotonic() < deadline:
+                await asyncio.sleep(0.5)    # the token's write rate is spent: refused before it ran
+                continue
             if status >= 400:
                 err = err if isinstance(err, dict) else {}
                 raise AdminError(err.get("message") or (doc if isinstance(doc, str) and doc else f"HTTP {status}"),
@@ -132,8 +146,32 @@ class AdminClient:
     async def cluster(self) -> Cluster:
         return Cluster.model_validate(await self.call("GET", "/v1/cluster"))
 
+    async def cluster_health(self) -> ClusterHealth:
+        """Leaderless, under-min-ISR and under-replicated partitions, fenced brokers, quorum problems."""
+        return ClusterHealth.model_validate(await self.call("GET", "/v1/cluster/health"))
+
     async def brokers(self) -> BrokerList:
         return BrokerList.model_validate(await self.call("GET", "/v1/brokers"))
+
+    async def broker_operations(self, broker_id: int) -> BrokerOperations:
+        """A broker's maintenance and decommission state and what is left of them."""
+        return BrokerOperations.model_validate(await self.call("GET", f"/v1/brokers/{_broker(broker_id)}/operations"))
+
+    async def set_maintenance(self, broker_id: int, enabled: bool) -> BrokerOperations:
+        """Maintenance on: the broker's leaderships move to other in-sync replicas (it stays in
+        every ISR); off: it may lead again. Returns at once; `broker_operations` shows progress."""
+        return BrokerOperations.model_validate(await self.call(
+            "POST", f"/v1/brokers/{_broker(broker_id)}/maintenance", {"enabled": enabled}))
+
+    async def decommission(self, broker_id: int) -> BrokerOperations:
+        """Move every replica off the broker, then fence it for good. Returns once started."""
+        return BrokerOperations.model_validate(await self.call(
+            "POST", f"/v1/brokers/{_broker(broker_id)}/decommission"))
+
+    async def recommission(self, broker_id: int) -> BrokerOperations:
+        """Cancel a decommission (moves still running go back)."""
+        return BrokerOperations.model_validate(await self.call(
+            "POST", f"/v1/brokers/{_broker(broker_id)}/recommission"))
 
     async def list_topics(self) -> TopicList:
         return TopicList.model_validate(await self.call("GET", "/v1/topics"))
@@ -156,6 +194,11 @@ class AdminClient:
 
     async def describe_topic(self, name: str) -> TopicDetail:
         return TopicDetail.model_validate(await self.call("GET", f"/v1/topics/{_topic(name)}"))
+
+    async def topic_offsets(self, name: str) -> TopicOffsets:
+        """Log start offset, high watermark, log end offset and size per partition, as each
+        leader last reported them (about once a second; `age_ms` says how long ago)."""
+        return TopicOffsets.model_validate(await self.call("GET", f"/v1/topics/{_topic(name)}/offsets"))
 
     async def partitions(self, name: str) -> PartitionList:
         return PartitionList.model_validate(await self.call("GET", f"/v1/topics/{_topic(name)}/partitions"))
@@ -181,6 +224,36 @@ class AdminClient:
         return PartitionList.model_validate(await self.call(
             "POST", "/v1/reassignments",
             {"topic": topic, "partition": partition, "target_replicas": list(target_replicas)}))
+
+    async def reassign_plan(self, moves: Sequence[tuple[str, int, Sequence[int]]], *,
+                            throttle_bytes_per_s: int | None = None) -> ReassignmentList:
+        """Move many partitions at once, all or none: (topic, partition, target replicas) each.
+        A throttle paces the new replicas' catch-up (the cluster's reassignment_throttle_bytes_per_s)."""
+        body: dict[str, Any] = {"version": 1, "partitions": [
+            {"topic": t, "partition": p, "replicas": list(r)} for t, p, r in moves]}
+        if throttle_bytes_per_s is not None:
+            body["throttle_bytes_per_s"] = throttle_bytes_per_s
+        return ReassignmentList.model_validate(await self.call("POST", "/v1/reassignments/plan", body))
+
+    async def cancel_reassignments(self, partitions: Sequence[tuple[str, int]] | None = None) -> ReassignmentList:
+        """Send the named reassignments (None: every running one) back to their original replicas."""
+        body = {"partitions": None if partitions is None
+                else [{"topic": t, "partition": p} for t, p in partitions]}
+        return ReassignmentList.model_validate(await self.call("POST", "/v1/reassignments/cancel", body))
+
+    async def reassignment_progress(self) -> ReassignmentProgress:
+        """Each running reassignment's added replicas: log end offset and bytes behind the leader."""
+        return ReassignmentProgress.model_validate(await self.call("GET", "/v1/reassignments/progress"))
+
+    async def cluster_config(self) -> ClusterConfigView:
+        return ClusterConfigView.model_validate(await self.call("GET", "/v1/cluster/config"))
+
+    async def alter_cluster_config(self, *, set: dict[str, Any] | None = None,
+                                   reset: Sequence[str] = ()) -> ClusterConfigView:
+        """Set or unset dynamic cluster config keys (common/metadata/cluster_config.py); brokers
+        apply them live."""
+        return ClusterConfigView.model_validate(await self.call(
+            "PATCH", "/v1/cluster/config", {"set": dict(set or {}), "reset": list(reset)}))
 
     async def reassignments(self) -> ReassignmentList:
         return ReassignmentList.model_validate(await self.call("GET", "/v1/reassignments"))

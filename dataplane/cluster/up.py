@@ -82,6 +82,11 @@ def reuse_or_new(port: int | None, taken: set[int], what: str, notes: list[str])
     return new
 
 
+def metrics_url(port: int) -> str:
+    """Where Prometheus scrapes a child: every process `biplane up` starts serves /metrics."""
+    return f"http://127.0.0.1:{port}/metrics"
+
+
 def plan(args: argparse.Namespace, data_dir: Path, previous: dict[str, Any] | None) -> tuple[dict[str, Any], list[str]]:
     """The cluster to run: the previous one's ids, secrets and ports where possible."""
     notes: list[str] = []
@@ -111,16 +116,20 @@ def plan(args: argparse.Namespace, data_dir: Path, previous: dict[str, Any] | No
         prev = prev_controllers.get(str(i), {})
         raft = reuse_or_new(prev.get("raft_port"), taken, f"controller {i} raft", notes)
         api = reuse_or_new(prev.get("api_port"), taken, f"controller {i} API", notes)
+        metrics = reuse_or_new(prev.get("metrics_port"), taken, f"controller {i} metrics", notes)
         state["controllers"][str(i)] = {
             "node_id": i, "raft_port": raft, "api_port": api, "raft_address": f"127.0.0.1:{raft}",
             "api_url": f"http://127.0.0.1:{api}", "priority": controllers + 1 - i,
+            "metrics_port": metrics, "metrics_url": metrics_url(metrics),
             "data_dir": str(data_dir / f"controller-{i}"), "pid": None}
     for i in range(1, brokers + 1):
         prev = prev_brokers.get(str(i), {})
         port = reuse_or_new(prev.get("port"), taken, f"broker {i}", notes)
         kafka_port = reuse_or_new(prev.get("kafka_port"), taken, f"broker {i} Kafka API", notes)
+        metrics = reuse_or_new(prev.get("metrics_port"), taken, f"broker {i} metrics", notes)
         state["brokers"][str(i)] = {"broker_id": i, "port": port, "address": f"127.0.0.1:{port}",
                                     "kafka_port": kafka_port, "kafka_address": f"127.0.0.1:{kafka_port}",
+                                    "metrics_port": metrics, "metrics_url": metrics_url(metrics),
                                     "data_dir": str(data_dir / f"broker-{i}"), "pid": None}
     return state, notes
 
@@ -199,7 +208,7 @@ def controller_child(state: dict[str, Any], node: dict[str, Any], logs: Path) ->
     cluster = ";".join(f"{c['node_id']}={c['raft_address']},127.0.0.1:{c['api_port']},{c['priority']}"
                        for c in state["controllers"].values())
     args = [sys.executable, "-m", "common.cli", "controller", "--node-id", str(node["node_id"]),
-            "--cluster", cluster, "--data-dir", node["data_dir"]]
+            "--cluster", cluster, "--data-dir", node["data_dir"], "--metrics-port", str(node["metrics_port"])]
     return Child(f"controller {node['node_id']}", args, child_env(state), logs / f"controller-{node['node_id']}.log")
 
 
@@ -207,7 +216,7 @@ def broker_child(state: dict[str, Any], node: dict[str, Any], logs: Path) -> Chi
     urls = ",".join(c["api_url"] for c in state["controllers"].values())
     args = [sys.executable, "-m", "common.cli", "broker", "--broker-id", str(node["broker_id"]),
             "--data-dir", node["data_dir"], "--controller", urls, "--host", "127.0.0.1", "--port", str(node["port"]),
-            "--kafka-port", str(node["kafka_port"])]
+            "--kafka-port", str(node["kafka_port"]), "--metrics-port", str(node["metrics_port"])]
     if state.get("auto_create_topics"):
         args.append("--auto-create-topics")
     return Child(f"broker {node['broker_id']}", args, child_env(state), logs / f"broker-{node['broker_id']}.log")
@@ -367,6 +376,10 @@ class Status:
 
     def cluster_parts(self) -> list[str]:
         """What the controllers and brokers say (network calls: seconds when a process is down)."""
+        up, total = metrics_answering(self.state)
+        return [f"metrics {up}/{total}"] + self._api_parts()
+
+    def _api_parts(self) -> list[str]:
         token = self.state["admin_token"]
         url = leader_url(self.state)
         if url is None:
@@ -393,6 +406,20 @@ class Status:
                 parts.append(f"{rate:,.0f} records/s committed")
             self.last_committed = (now, committed)
         return parts
+
+
+def metrics_answering(state: dict[str, Any], timeout_s: float = 1.0) -> tuple[int, int]:
+    """(processes whose /metrics answered, processes that should serve one)."""
+    urls = [n["metrics_url"] for kind in ("controllers", "brokers") for n in state[kind].values()
+            if n.get("metrics_url")]
+    answering = 0
+    for url in urls:
+        try:
+            with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+                answering += resp.status == 200
+        except (OSError, ValueError, urllib.error.URLError):
+            continue
+    return answering, len(urls)
 
 
 class StatusPoller:
@@ -448,6 +475,10 @@ def shown_path(data_dir: Path) -> str:
     return str(data_dir) if rel.startswith("..") else rel
 
 
+def metrics_ports(nodes: dict[str, Any]) -> str:
+    return ",".join(str(n["metrics_port"]) for n in nodes.values())
+
+
 def banner(state: dict[str, Any], data_dir: Path) -> str:
     shown = shown_path(data_dir)
     brokers = ",".join(b["address"] for b in state["brokers"].values())
@@ -459,6 +490,8 @@ def banner(state: dict[str, Any], data_dir: Path) -> str:
              f"  brokers      {brokers}",
              f"  Kafka API    {','.join(b['kafka_address'] for b in state['brokers'].values())} "
              "(bootstrap.servers for Kafka clients)",
+             f"  metrics      brokers {metrics_ports(state['brokers'])}; controllers "
+             f"{metrics_ports(state['controllers'])} (Prometheus: http://127.0.0.1:PORT/metrics)",
              f"  admin token  {state['admin_token']}",
              f"  cluster file {os.path.join(shown, CLUSTER_FILE)} (the CLI and SDK use it when no address is given"
              + (f"; elsewhere give --data-dir {shown}, or export {CLUSTER_ENV}={shown}" if flag else "") + ")",

@@ -47,7 +47,7 @@ async def metadata(request: Request, context: Context) -> Answer:
     done = context.requests.metadata(wire.MetadataRequest(topics=names))
     codes = {t.topic: int(t.error_code) for t in done.topics}
     # Before v4 a client could not say no; from v4 it says whether it wants topics created.
-    if context.topic_defaults.auto_create and messages.field(request.body, "allow_auto_topic_creation", True):
+    if context.effective_topic_defaults().auto_create and messages.field(request.body, "allow_auto_topic_creation", True):
         unknown = [t.topic for t in done.topics if t.error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION]
         if unknown:
             port, shape = admin.port_of(context), context.default_topic_shape()

@@ -55,9 +55,20 @@ class Context:
     cluster_id: str
     topic_defaults: TopicDefaults = TopicDefaults()
 
+    def effective_topic_defaults(self) -> TopicDefaults:
+        """The broker's flags, overridden by the cluster's dynamic config where it is set
+        (auto_create_topics, default_partitions, default_replication_factor), read per request."""
+        cluster = self.requests.image().cluster_config
+        d = self.topic_defaults
+        return TopicDefaults(
+            partitions=cluster.default_partitions if cluster.default_partitions is not None else d.partitions,
+            replication_factor=(cluster.default_replication_factor if cluster.default_replication_factor is not None
+                                else d.replication_factor),
+            auto_create=cluster.auto_create_topics if cluster.auto_create_topics is not None else d.auto_create)
+
     def default_topic_shape(self) -> tuple[int, int]:
         image = self.requests.image()
-        return self.topic_defaults.resolved(sum(1 for b in image.brokers.values() if not b.fenced))
+        return self.effective_topic_defaults().resolved(sum(1 for b in image.brokers.values() if not b.fenced))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import time
 from typing import Callable, Union
 
 from common.errors import InvalidRequestError, LogTruncatedError, StorageError
@@ -29,7 +30,8 @@ Waiter = Union["asyncio.Future[int]", Settle]
 
 class FlushCoalescer:
     def __init__(self, log: Log, *, debounce_ms: float = 0.0,
-                 executor: concurrent.futures.Executor | None = None) -> None:
+                 executor: concurrent.futures.Executor | None = None,
+                 on_fsync: Callable[[float], None] | None = None) -> None:
         if debounce_ms < 0:
             raise InvalidRequestError(f"debounce_ms={debounce_ms} must be >= 0")
         self._log = log
@@ -41,6 +43,8 @@ class FlushCoalescer:
         self._running: asyncio.Future[None] | None = None
         self._closed = False
         self.flush_count = 0  # fsync runs so far, for tests and benchmarks
+        # Called on the executor's thread with the seconds each successful flush took (metrics).
+        self._on_fsync = on_fsync
 
     async def flush_to(self, offset: int) -> int:
         """Wait until every offset below `offset` is durable; returns flushed_offset.
@@ -107,10 +111,13 @@ class FlushCoalescer:
         waiters, self._waiters = self._waiters, []
 
         def fsync() -> None:  # on the executor's thread
+            started = time.perf_counter()
             try:
                 flushed, exc = self._log.flush(), None
             except BaseException as e:  # noqa: BLE001 - handed to every waiter of this run
                 flushed, exc = None, e
+            if exc is None and self._on_fsync is not None:
+                self._on_fsync(time.perf_counter() - started)
             try:
                 loop.call_soon_threadsafe(self._finished, flushed, exc, waiters)
             except RuntimeError:

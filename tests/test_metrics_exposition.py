@@ -1,0 +1,141 @@
+"""The metrics plumbing without processes: where a scrape runs, what the pure rules count.
+
+Claims: a scrape takes each source's snapshot on the event loop and builds and writes the
+families on another thread (so a big broker's text never holds the loop); two processes'
+registries never share a figure; the event-loop lag histogram is exposed cumulative with
++Inf equal to the count; the partition-health rule counts under-replication and under-min-ISR
+per commit policy; an ISR change counts as a shrink, an expansion or both; a method a client
+invents is counted as "other", so the admin API's label set stays bounded.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import threading
+
+from prometheus_client.metrics_core import GaugeMetricFamily
+
+from common.eventloop import LoopStalls
+from common.metrics import Exposition, LoopStallsSource, PartitionHealth, isr_floor
+from controller.metrics import ControllerMetrics
+from dataplane.broker.metrics import BrokerMetrics
+from metrics_scrape import Scrape
+
+
+class ThreadRecorder:
+    def __init__(self) -> None:
+        self.snapshot_thread: int | None = None
+        self.families_thread: int | None = None
+
+    def snapshot(self):
+        self.snapshot_thread = threading.get_ident()
+        value = 7
+
+        def families():
+            self.families_thread = threading.get_ident()
+            yield GaugeMetricFamily("demo_value", "a value copied on the loop", value=value)
+        return families
+
+
+def render(exposition: Exposition) -> tuple[Scrape, int]:
+    async def go() -> tuple[bytes, int]:
+        return await exposition.render(), threading.get_ident()
+    try:
+        body, loop_thread = asyncio.run(go())
+    finally:
+        exposition.close()
+    return Scrape(body.decode()), loop_thread
+
+
+def test_a_scrape_snapshots_on_the_loop_and_renders_on_another_thread():
+    exposition = Exposition()
+    source = ThreadRecorder()
+    exposition.add(source)
+    scraped, loop_thread = render(exposition)
+    assert scraped.value("demo_value") == 7
+    assert source.snapshot_thread == loop_thread
+    assert source.families_thread is not None and source.families_thread != loop_thread
+    assert scraped.value("process_open_fds") > 0   # the process collector is in every registry
+
+
+def test_two_processes_registries_share_nothing():
+    a, b = BrokerMetrics(), BrokerMetrics()
+    a.observe_produce(-1, 0.002)
+    a.isr_shrinks.inc()
+    scraped_a, _ = render(a.exposition)
+    scraped_b, _ = render(b.exposition)
+    assert scraped_a.value("biplane_broker_produce_latency_seconds_count", acks="all") == 1
+    assert scraped_b.value("biplane_broker_produce_latency_seconds_count", acks="all") == 0
+    assert (scraped_a.value("biplane_broker_isr_shrinks_total"), scraped_b.value("biplane_broker_isr_shrinks_total")) \
+        == (1, 0)
+
+
+def test_loop_lag_histogram_is_cumulative_and_inf_is_the_count():
+    stalls = LoopStalls(stall_ms_min=100)
+    for lag_ms in (1, 7, 30, 120, 9000):
+        stalls.observe(lag_ms)
+    exposition = Exposition()
+    exposition.add(LoopStallsSource(stalls, prefix="biplane_test"))
+    scraped, _ = render(exposition)
+    buckets = {s.labels["le"]: s.value for s in scraped.samples("biplane_test_event_loop_lag_seconds_bucket")}
+    assert buckets["0.005"] == 1 and buckets["0.05"] == 3 and buckets["5"] == 4 and buckets["+Inf"] == 5
+    assert scraped.value("biplane_test_event_loop_lag_seconds_count") == 5
+    assert scraped.value("biplane_test_event_loop_stalls_total") == 2
+    assert scraped.value("biplane_test_event_loop_stall_max_seconds") == 9.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    commit_policy: str
+    min_insync_replicas: int = 1
+    quorum_required_acks: int | None = None
+
+
+def test_health_counts_by_commit_policy():
+    assert isr_floor(Policy("isr", min_insync_replicas=2), 3) == 2
+    assert isr_floor(Policy("quorum", quorum_required_acks=3), 5) == 3
+    assert isr_floor(Policy("quorum"), 5) == 3   # unset: a majority
+    h = PartitionHealth()
+    h.add(replicas=3, isr=3, has_leader=True, policy=Policy("isr", min_insync_replicas=2))
+    h.add(replicas=3, isr=2, has_leader=True, policy=Policy("isr", min_insync_replicas=2))
+    h.add(replicas=3, isr=1, has_leader=True, policy=Policy("isr", min_insync_replicas=2))
+    h.add(replicas=3, isr=2, has_leader=True, policy=Policy("quorum", quorum_required_acks=2))
+    h.add(replicas=3, isr=1, has_leader=False, policy=Policy("quorum", quorum_required_acks=2))
+    assert (h.partitions, h.under_replicated, h.under_min_isr, h.leaderless) == (5, 4, 2, 1)
+
+
+def test_an_isr_change_counts_as_shrink_expand_or_both():
+    m = BrokerMetrics()
+    m.isr_changed((1, 2, 3), (1, 2))      # shrink
+    m.isr_changed((1, 2), (1, 2, 3))      # expand
+    m.isr_changed((1, 2), (1, 3))         # 2 left, 3 joined
+    m.isr_changed((1, 2, 3), (3, 2, 1))   # reordered: no change of members
+    scraped, _ = render(m.exposition)
+    assert scraped.value("biplane_broker_isr_shrinks_total") == 2
+    assert scraped.value("biplane_broker_isr_expands_total") == 2
+
+
+class NoService:
+    node_id = 1
+    is_leader = False
+    stats: dict[str, int] = {}
+    broker_offsets: dict[int, int] = {}
+
+    @property
+    def committed(self):
+        from common.metadata import MetadataImage
+        return MetadataImage()
+
+    def raft_status(self):
+        return None
+
+
+def test_an_invented_http_method_is_counted_as_other():
+    m = ControllerMetrics(NoService())
+    m.observe_request("BREW", "unmatched", 405, 0.001)
+    m.observe_request("GET", "/v1/topics", 200, 0.001)
+    scraped, _ = render(m.exposition)
+    assert scraped.value("biplane_api_requests_total", method="other", path="unmatched", status="405") == 1
+    assert scraped.value("biplane_api_requests_total", method="GET", path="/v1/topics", status="200") == 1
+    assert not scraped.samples("biplane_api_requests_total", method="BREW")
+    assert scraped.value("biplane_controller_node_id") == 1 and not scraped.has("biplane_controller_raft_term")
