@@ -4,8 +4,9 @@ input and returns a `Ready` of work for the driver (dataplane/client/group.py), 
 performs it in this order:
 
 1. `revoke` / `lost` — partitions the consumer must stop reading. For `revoke`, commit
-   their processed positions, then call on_revoke; for `lost` (the generation is gone, a
-   commit would be refused), call on_revoke without committing. Either way, step
+   their processed positions (with auto-commit on; else the user may, in on_revoke: the
+   generation is still valid), then call on_revoke; for `lost` (the generation is gone,
+   a commit would be refused), call on_revoke without committing. Either way, step
    `RevocationDone` afterwards: the core sends no JoinGroup before it, so the partitions
    it lists as owned when it rejoins are the ones it still reads.
 2. `assign` — partitions newly given to this member: look up their committed offsets,
