@@ -30,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "produce": ("dataplane.client.cli:produce_main", "send lines from stdin to a topic"),
     "consume": ("dataplane.client.cli:consume_main", "print a topic's records"),
     "bench": ("dataplane.client.cli:bench_main", "producer/consumer load generator: records/s, MB/s, latency"),
+    "group": ("dataplane.client.group_cli:main", "list, describe, reset the offsets of, or delete consumer groups"),
 }
 
 # `biplane broker ACTION ...` operates on a running cluster's broker; `biplane broker

@@ -445,6 +445,20 @@ class ClientClosedError(ClientError):
     code = ErrorCode.INVALID_REQUEST
 
 
+class GroupError(ClientError):
+    """The group refused this consumer for good (another consumer took its group_instance_id,
+    no assignor in common with the group, ...): `code` says which; the consumer is closed."""
+
+
+class OffsetCommitError(ClientError):
+    """A commit of offsets was refused. `code` says why: REBALANCE_IN_PROGRESS,
+    ILLEGAL_GENERATION or UNKNOWN_MEMBER_ID mean the consumer's partitions were (or are
+    being) reassigned; poll() again and commit what the new assignment holds."""
+
+    def __init__(self, message: str, *, code: ErrorCode) -> None:
+        super().__init__(message, code=code)
+
+
 class NoClusterError(ClientError):
     """No address was given and no cluster.json was found."""
 

@@ -1,27 +1,53 @@
-"""The asyncio consumer: assign partitions (or a whole topic), seek, then poll or iterate.
+"""The asyncio consumer: read a topic's partitions as a member of a consumer group, or the
+partitions the caller assigns itself; seek, then poll or iterate.
 
-    async with Consumer("events", from_beginning=True) as consumer:
+    async with Consumer("events", group_id="billing") as consumer:     # a group member
         async for record in consumer:
             ...
 
-There are no consumer groups: the caller says which partitions to read. Each leader
-broker gets one FETCH request for all of its assigned partitions at a time, on a
-connection used for fetches only (long polls never hold up anything else). Brokers
-serve only records below the high watermark. Positions advance as records are handed
-out; a leader change or an unknown-leader answer refreshes metadata and the fetch
+    async with Consumer("events", from_beginning=True) as consumer:    # manual: every partition
+        async for record in consumer:
+            ...
+
+Groups (group_id=...): the consumer joins the group through Kafka's classic group protocol,
+so Biplane consumers and Kafka clients (librdkafka, Java, ...) can share one group. The
+group's leader shares the subscribed topics' partitions among the members with the first
+assignor in partition_assignment_strategy that every member has ("range", "roundrobin",
+"cooperative-sticky"; cooperative rebalancing, KIP-429, when every configured assignor is
+cooperative). A partition starts at the group's committed offset, else at auto_offset_reset.
+Heartbeats go from a task of their own, so processing between polls does not starve them;
+a consumer not polled for max_poll_interval_ms leaves the group and rejoins at its next
+poll. Rebalances are performed inside poll() and close(): on_revoke(partitions) runs
+after the consumer committed their processed positions (with enable_auto_commit) and
+before they go to another member; on_assign(partitions) after their positions are known.
+Partitions lost without a chance to commit (the group moved on without this consumer)
+get on_revoke too. Offsets handed out by poll() (or the iterator) count as processed:
+with enable_auto_commit they are committed every auto_commit_interval_ms, on revocation
+and on close; commit(), commit_async() and committed() do it by hand. Processing that
+blocks the event loop itself (CPU-bound work in the loop's thread) blocks heartbeats too:
+run it in an executor.
+
+Manual assignment (no group_id, or assign()/assign_topic() with no subscribe()): the caller
+says which partitions to read; partitions added to a topic are not assigned by themselves:
+assign_topic() again to read them too.
+
+Fetching: each leader broker gets one FETCH request for all of its assigned partitions at
+a time, on a connection used for fetches only (long polls never hold up anything else).
+Brokers serve only records below the high watermark. Positions advance as records are
+handed out; a leader change or an unknown-leader answer refreshes metadata and the fetch
 goes to the new leader from the same position. Metadata older than metadata_max_age_ms is
 refreshed too, while polling, so a leader moved without any error (a preferred-leader
-rebalance, say) and new brokers are followed. Partitions added to a topic are not assigned
-by themselves (there are no groups): assign_topic() again to read them too.
+rebalance, say) and new brokers are followed.
 """
 from __future__ import annotations
 
 import asyncio
 import collections
 import functools
+import inspect
 import logging
 import time
-from typing import Any, AsyncIterator, Iterable, Sequence
+from typing import Any, AsyncIterator, Callable, Iterable, Mapping, Sequence
 
 from common.batch import read_records, scan_valid_prefix, validate_batch
 from common.errors import (
@@ -29,6 +55,7 @@ from common.errors import (
     ClientClosedError,
     ClientError,
     ErrorCode,
+    OffsetCommitError,
     UnknownTopicError,
     error_for,
 )
@@ -43,28 +70,49 @@ from common.wire import (
     ListOffsetsRequest,
     ListOffsetsTopic,
 )
+from dataplane.client.assignors import assignors_for
+from dataplane.client.group import GroupDriver
+from dataplane.client.group_core import GroupSettings
 from dataplane.client.network import Network, check_metadata_max_age_ms, parse_bootstrap
 from dataplane.client.records import ConsumerRecord, TopicPartition
 
 log = logging.getLogger("biplane.client.consumer")
 
 _RESETS = ("earliest", "latest", "none")
+DEFAULT_ASSIGNMENT_STRATEGY = ("range", "cooperative-sticky")   # Kafka's consumer default
+POLLED_EVERY_S = 0.1   # the iterator tells the group it is alive at most this often
+# A callback gets the partitions; it may be a plain function or a coroutine function.
+RebalanceCallback = Callable[[set[TopicPartition]], Any]
 
 
 class Consumer:
     """Options (keyword-only): bootstrap (default: the `biplane up` cluster), from_beginning
     (start assigned partitions at their earliest offset instead of their end),
-    auto_offset_reset ("earliest", "latest" or "none": what to do when a position is out of
-    range), fetch_max_wait_ms, fetch_min_bytes, partition_max_bytes, fetch_max_bytes,
+    auto_offset_reset ("earliest", "latest" or "none": where to start a partition whose
+    position is out of range, or, in a group, that has no committed offset),
+    fetch_max_wait_ms, fetch_min_bytes, partition_max_bytes, fetch_max_bytes,
     buffered_records_max (records fetched but not yet handed out, per consumer),
     request_timeout_ms, unknown_topic_wait_ms, metadata_max_age_ms (default 300000, Kafka's
-    metadata.max.age.ms: poll() refreshes metadata older than this although no error asked)."""
+    metadata.max.age.ms: poll() refreshes metadata older than this although no error asked).
+
+    Groups (Kafka's names and defaults): group_id (join this group; the topics given are
+    subscribed), group_instance_id (static membership: a restart within the session keeps
+    the partitions, no rebalance), session_timeout_ms (45000), heartbeat_interval_ms (3000),
+    max_poll_interval_ms (300000, also the rebalance timeout), enable_auto_commit (True),
+    auto_commit_interval_ms (5000), partition_assignment_strategy (assignor names in order
+    of preference, default "range", "cooperative-sticky"), client_id."""
 
     def __init__(self, *topics: str, bootstrap: str | Sequence[str] | None = None, from_beginning: bool = False,
                  auto_offset_reset: str = "latest", fetch_max_wait_ms: int = 500, fetch_min_bytes: int = 1,
                  partition_max_bytes: int = 1024 * 1024, fetch_max_bytes: int = 50 * 1024 * 1024,
                  buffered_records_max: int = 10_000, request_timeout_ms: int = 30_000,
-                 unknown_topic_wait_ms: int = 5_000, metadata_max_age_ms: int = 300_000) -> None:
+                 unknown_topic_wait_ms: int = 5_000, metadata_max_age_ms: int = 300_000,
+                 group_id: str | None = None, group_instance_id: str | None = None,
+                 session_timeout_ms: int = 45_000, heartbeat_interval_ms: int = 3_000,
+                 max_poll_interval_ms: int = 300_000, enable_auto_commit: bool = True,
+                 auto_commit_interval_ms: int = 5_000,
+                 partition_assignment_strategy: str | Sequence[str] = DEFAULT_ASSIGNMENT_STRATEGY,
+                 client_id: str = "biplane-consumer") -> None:
         if bootstrap is None:
             from dataplane.client.discovery import default_bootstrap
             bootstrap = default_bootstrap()
@@ -97,6 +145,29 @@ class Consumer:
         self._refresh: asyncio.Task | None = None
         self._started = False
         self._closed = False
+        self.group_id = group_id
+        self.enable_auto_commit = enable_auto_commit
+        self.auto_commit_interval_ms = auto_commit_interval_ms
+        self._group: GroupDriver | None = None
+        if group_id is not None:
+            self._group = GroupDriver(self._network, _group_settings(
+                group_id=group_id, group_instance_id=group_instance_id, client_id=client_id,
+                session_timeout_ms=session_timeout_ms, heartbeat_interval_ms=heartbeat_interval_ms,
+                max_poll_interval_ms=max_poll_interval_ms, strategy=partition_assignment_strategy),
+                request_timeout_ms=request_timeout_ms, metadata_max_age_ms=metadata_max_age_ms)
+        elif group_instance_id is not None:
+            raise ValueError("group_instance_id needs a group_id: static membership is membership of a group")
+        if type(enable_auto_commit) is not bool:
+            raise ValueError(f"enable_auto_commit={enable_auto_commit!r} must be True or False")
+        if type(auto_commit_interval_ms) is not int or auto_commit_interval_ms < 1:
+            raise ValueError(f"auto_commit_interval_ms={auto_commit_interval_ms!r} must be a positive integer")
+        self._subscription: tuple[str, ...] = ()
+        self._on_assign: RebalanceCallback | None = None
+        self._on_revoke: RebalanceCallback | None = None
+        self._announced: set[TopicPartition] = set()   # on_assign'ed and not yet on_revoke'd
+        self._next_auto_commit_s = 0.0
+        self._polled_s = 0.0
+        self._auto_commit: asyncio.Task | None = None
 
     # ------------------------------------------------------------ lifecycle
 
@@ -104,6 +175,9 @@ class Consumer:
         if self._started:
             return self
         self._started = True
+        if self._group is not None and self._initial_topics:
+            await self.subscribe(self._initial_topics)
+            return self
         for topic in self._initial_topics:
             await self.assign_topic(topic)
         return self
@@ -115,8 +189,16 @@ class Consumer:
         await self.close()
 
     async def close(self) -> None:
+        """Stop. In a group: commit the processed positions (enable_auto_commit), call on_revoke,
+        leave the group (a static member stays, for its session); bounded by request_timeout_ms."""
         if self._closed:
             return
+        if self._group is not None:
+            try:
+                await self._leave_group()
+            finally:
+                await self._group.stop()
+                await cancel_and_wait(self._auto_commit)
         self._closed = True
         await cancel_and_wait(*self._fetches.values())
         self._fetches.clear()
@@ -150,6 +232,10 @@ class Consumer:
     async def assign(self, partitions: Iterable[TopicPartition | tuple[str, int]]) -> None:
         """Read exactly these partitions. New ones start at the beginning or the end (from_beginning)."""
         self._check_open()
+        if self._subscription:
+            raise ValueError(f"this consumer is subscribed to {list(self._subscription)} in group "
+                             f"{self.group_id!r}: the group assigns its partitions; assign() is for a consumer "
+                             "that does not subscribe()")
         self._started = True
         tps = [TopicPartition(*tp) for tp in partitions]
         for tp in tps:
@@ -168,6 +254,170 @@ class Consumer:
             if tp not in self._positions and tp not in self._pending_reset:
                 self._pending_reset[tp] = EARLIEST_TIMESTAMP if self.from_beginning else LATEST_TIMESTAMP
         await self._resolve_resets()
+
+    # ------------------------------------------------------------ groups
+
+    async def subscribe(self, topics: str | Iterable[str], *, on_assign: RebalanceCallback | None = None,
+                        on_revoke: RebalanceCallback | None = None) -> None:
+        """Read `topics` as a member of the consumer's group: the group's leader decides which of
+        their partitions are this consumer's. Subscribing again replaces the topics (and rejoins).
+        on_assign / on_revoke get a set of TopicPartition; each may be a coroutine function."""
+        self._check_open()
+        if self._group is None:
+            raise ValueError("subscribe() needs a group: Consumer(..., group_id=\"NAME\"); without a group, "
+                             "use assign() or assign_topic()")
+        names = (topics,) if isinstance(topics, str) else tuple(topics)
+        if not names or not all(isinstance(t, str) and t for t in names):
+            raise ValueError(f"subscribe() needs one or more topic names, got {topics!r}")
+        if self.assignment() and not self._subscription:
+            raise ValueError(f"this consumer reads partitions it assigned itself "
+                             f"({sorted(str(tp) for tp in self.assignment())}): a consumer either assigns or "
+                             "subscribes; use another Consumer for the group")
+        for callback, name in ((on_assign, "on_assign"), (on_revoke, "on_revoke")):
+            if callback is not None and not callable(callback):
+                raise ValueError(f"{name}={callback!r} is not callable")
+        for topic in names:
+            await self.partitions_for(topic)   # a clear error now for a topic that does not exist
+        self._started = True
+        self._subscription = tuple(dict.fromkeys(names))
+        self._on_assign, self._on_revoke = on_assign, on_revoke
+        self._next_auto_commit_s = time.monotonic() + self.auto_commit_interval_ms / 1000
+        self._group.subscribe(self._subscription)
+
+    def subscription(self) -> tuple[str, ...]:
+        return self._subscription
+
+    async def _maintain_group(self) -> None:
+        """In the user's own time (poll): apply what the group decided, in order, and auto-commit."""
+        group = self._group
+        assert group is not None
+        if group.fatal is not None:
+            raise group.fatal
+        group.polled()
+        self._polled_s = time.monotonic()
+        while (work := group.take_work()) is not None:
+            if work.revoke or work.lost:
+                await self._give_up(set(work.revoke or work.lost), commit=bool(work.revoke))
+            if work.assign and not await self._take_up(set(work.assign)):
+                group.work.appendleft(type(work)(assign=work.assign))   # at the next round
+                break
+        if group.fatal is not None:
+            raise group.fatal
+        if self.enable_auto_commit and time.monotonic() >= self._next_auto_commit_s and group.core.in_generation \
+                and (self._auto_commit is None or self._auto_commit.done()):
+            self._next_auto_commit_s = time.monotonic() + self.auto_commit_interval_ms / 1000
+            offsets = self._processed()
+            if offsets:
+                self._auto_commit = asyncio.get_running_loop().create_task(self._commit_logged(offsets, "auto-commit"))
+
+    def _processed(self, tps: Iterable[TopicPartition] | None = None) -> dict[TopicPartition, int]:
+        """The positions to commit: the next offset after every record handed out."""
+        wanted = self._positions if tps is None else {tp: self._positions[tp] for tp in tps if tp in self._positions}
+        return dict(wanted)
+
+    async def _commit_logged(self, offsets: dict[TopicPartition, int], what: str) -> None:
+        assert self._group is not None
+        try:
+            await self._group.commit(offsets)
+        except BiplaneError as exc:
+            # The records stay uncommitted: the next owner reads them again (at least once).
+            log.warning("group %r: %s of %d partition(s) failed: %s", self.group_id, what, len(offsets), exc)
+
+    async def _give_up(self, tps: set[TopicPartition], *, commit: bool) -> None:
+        assert self._group is not None
+        try:
+            if commit and self.enable_auto_commit:
+                await self._commit_logged(self._processed(tps), "commit of revoked partitions")
+            announced = tps & self._announced
+            self._announced -= tps
+            if announced:
+                await _call(self._on_revoke, announced)
+        finally:
+            for tp in tps:
+                self._forget(tp)
+            self._group.revocation_done()
+
+    async def _take_up(self, tps: set[TopicPartition]) -> bool:
+        """Start reading newly assigned partitions; False if their committed offsets could not be
+        read yet (the coordinator moving: try again)."""
+        assert self._group is not None
+        try:
+            committed = await self._group.committed(sorted(tps))
+        except BiplaneError as exc:
+            log.info("group %r: reading the committed offsets of %s failed, retrying: %s", self.group_id,
+                     sorted(str(tp) for tp in tps), exc)
+            return False
+        for tp in sorted(tps):
+            offset = committed.get(tp)
+            if offset is not None:
+                self._pending_reset.pop(tp, None)
+                self._positions[tp] = offset
+            elif self.auto_offset_reset == "none":
+                raise ClientError(f"group {self.group_id!r} has no committed offset for {tp} and "
+                                  "auto_offset_reset='none': commit one (biplane group reset-offsets) or choose "
+                                  "'earliest' or 'latest'", code=ErrorCode.OFFSET_OUT_OF_RANGE)
+            else:
+                self._pending_reset[tp] = EARLIEST_TIMESTAMP if self.auto_offset_reset == "earliest" \
+                    else LATEST_TIMESTAMP
+        try:
+            await self._resolve_resets()
+        except ClientError as exc:
+            log.debug("offset lookup failed: %s", exc)   # poll() tries again
+        self._announced |= tps
+        await _call(self._on_assign, set(tps))
+        return True
+
+    async def _leave_group(self) -> None:
+        group = self._group
+        assert group is not None
+        group.close()
+        deadline = time.monotonic() + self.request_timeout_ms / 1000
+        while (work := group.take_work()) is not None:
+            if work.revoke or work.lost:
+                await self._give_up(set(work.revoke or work.lost), commit=bool(work.revoke))
+            # Partitions assigned but never started are dropped: the core revokes them with the rest.
+        await group.wait_left(max(1, int((deadline - time.monotonic()) * 1000)))
+
+    def _need_group(self, what: str) -> GroupDriver:
+        self._check_open()
+        if self._group is None:
+            raise ValueError(f"{what} needs a group: Consumer(..., group_id=\"NAME\")")
+        return self._group
+
+    def _offsets(self, offsets: Mapping[TopicPartition | tuple[str, int], int] | None) -> dict[TopicPartition, int]:
+        if offsets is None:
+            return self._processed()
+        out = {}
+        for tp, offset in offsets.items():
+            tp = TopicPartition(*tp)
+            if type(offset) is not int or offset < 0:
+                raise ValueError(f"offset {offset!r} for {tp} must be a non-negative integer: the next offset to "
+                                 "read (the last processed record's offset + 1)")
+            out[tp] = offset
+        return out
+
+    async def commit(self, offsets: Mapping[TopicPartition | tuple[str, int], int] | None = None) -> None:
+        """Commit, and wait for the coordinator's acknowledgement. Default: the position of every
+        assigned partition (everything poll() handed out). Raises OffsetCommitError if refused."""
+        group = self._need_group("commit()")
+        await group.commit(self._offsets(offsets))
+
+    def commit_async(self, offsets: Mapping[TopicPartition | tuple[str, int], int] | None = None
+                     ) -> asyncio.Task[None]:
+        """commit() in the background; the task returned raises what commit() would."""
+        group = self._need_group("commit_async()")
+        task = asyncio.get_running_loop().create_task(group.commit(self._offsets(offsets)))
+        task.add_done_callback(_retrieve)   # an unawaited failure is not "never retrieved"
+        return task
+
+    async def committed(self, partitions: Iterable[TopicPartition | tuple[str, int]] | None = None
+                        ) -> dict[TopicPartition, int | None]:
+        """The group's committed offset per partition (None: none committed). Default: the assignment."""
+        group = self._need_group("committed()")
+        tps = sorted(TopicPartition(*tp) for tp in (self.assignment() if partitions is None else partitions))
+        if not tps:
+            return {}
+        return await group.committed(tps)
 
     def _forget(self, tp: TopicPartition) -> None:
         self._positions.pop(tp, None)
@@ -235,6 +485,17 @@ class Consumer:
 
     async def beginning_offsets(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
         return await self._list_offsets({TopicPartition(*tp): EARLIEST_TIMESTAMP for tp in tps})
+
+    async def offsets_for_times(self, timestamps: Mapping[TopicPartition | tuple[str, int], int]
+                                ) -> dict[TopicPartition, int]:
+        """Per partition, the offset of the first record with a timestamp >= the one given (ms since
+        the epoch); the partition's end when there is none."""
+        wanted = {}
+        for tp, ts in timestamps.items():
+            if type(ts) is not int or ts < 0:
+                raise ValueError(f"timestamp {ts!r} for {tp} must be a non-negative integer (ms since the epoch)")
+            wanted[TopicPartition(*tp)] = ts
+        return await self._list_offsets(wanted)
 
     async def _resolve_resets(self) -> None:
         if not self._pending_reset:
@@ -311,25 +572,41 @@ class Consumer:
         await self.start()
         if not isinstance(timeout_ms, (int, float)) or timeout_ms < 0:
             raise ValueError(f"timeout_ms {timeout_ms!r} must be a non-negative number")
-        deadline = time.monotonic() + timeout_ms / 1000
-        while not self._buffer:
-            if self._pending_reset:
-                try:
-                    await self._resolve_resets()
-                except ClientError as exc:
-                    log.debug("offset lookup failed: %s", exc)
-            self._start_fetches()
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            if not self._fetches:
-                await asyncio.sleep(min(remaining, 0.1))
-                continue
-            done, _ = await asyncio.wait(list(self._fetches.values()), timeout=remaining,
-                                         return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
+        return await self._poll(time.monotonic() + timeout_ms / 1000, max_records)
+
+    async def _poll(self, deadline: float, max_records: int | None) -> list[ConsumerRecord]:
+        group_waiter: asyncio.Task | None = None
+        try:
+            while True:
+                if self._group is not None:
+                    await self._maintain_group()
+                    if group_waiter is None or group_waiter.done():
+                        group_waiter = asyncio.get_running_loop().create_task(self._group.changed.wait())
+                if self._buffer or not await self._fetch_round(deadline, group_waiter):
+                    return self._take(max_records)
+        finally:
+            await cancel_and_wait(group_waiter)
+
+    async def _fetch_round(self, deadline: float, group_waiter: asyncio.Task | None) -> bool:
+        """One round of fetching: False once the deadline passed."""
+        if self._pending_reset:
+            try:
+                await self._resolve_resets()
+            except ClientError as exc:
+                log.debug("offset lookup failed: %s", exc)
+        self._start_fetches()
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False
+        waiters = list(self._fetches.values()) + ([group_waiter] if group_waiter is not None else [])
+        if not waiters:
+            await asyncio.sleep(min(remaining, 0.1))
+            return True
+        done, _ = await asyncio.wait(waiters, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            if task is not group_waiter:
                 task.result()  # errors the fetch could not handle surface here
-        return self._take(max_records)
+        return True
 
     def _take(self, max_records: int | None) -> list[ConsumerRecord]:
         out: list[ConsumerRecord] = []
@@ -348,9 +625,28 @@ class Consumer:
         return self._iterate()
 
     async def _iterate(self) -> AsyncIterator[ConsumerRecord]:
+        # In a group, one record at a time: a record counts as processed (committable) once the
+        # loop asks for the next one, so a close() after a break commits nothing unprocessed.
+        # Records already fetched are handed out directly while the group has nothing to do.
+        if self._group is None:
+            while not self._closed:
+                for record in await self.poll(timeout_ms=self.fetch_max_wait_ms, max_records=500):
+                    yield record
+            return
         while not self._closed:
-            for record in await self.poll(timeout_ms=self.fetch_max_wait_ms, max_records=500):
+            records = self._take(1) if self._buffer and not self._group_due() else \
+                await self.poll(timeout_ms=self.fetch_max_wait_ms, max_records=1)
+            for record in records:
                 yield record
+
+    def _group_due(self) -> bool:
+        """Whether poll() has group work to do: the group's (rebalance work, an error), an
+        auto-commit, or telling the group the consumer is alive (at most every 100 ms)."""
+        group = self._group
+        assert group is not None
+        now = time.monotonic()
+        return group.changed.is_set() or group.fatal is not None or now - self._polled_s >= POLLED_EVERY_S or \
+            (self.enable_auto_commit and now >= self._next_auto_commit_s)
 
     def _start_fetches(self) -> None:
         if len(self._buffer) >= self.buffered_records_max:
@@ -471,5 +767,38 @@ class Consumer:
             # fetch the same bytes for ever.
             self._positions[tp] = min(headers[-1].next_offset, high_watermark) if high_watermark >= 0 \
                 else headers[-1].next_offset
+
+def _group_settings(*, group_id: Any, group_instance_id: Any, client_id: Any, session_timeout_ms: Any,
+                    heartbeat_interval_ms: Any, max_poll_interval_ms: Any, strategy: Any) -> GroupSettings:
+    """The group options, checked with the field, the value and what is allowed."""
+    if not isinstance(group_id, str) or not group_id:
+        raise ValueError(f"group_id={group_id!r} must be a non-empty string")
+    if group_instance_id is not None and (not isinstance(group_instance_id, str) or not group_instance_id):
+        raise ValueError(f"group_instance_id={group_instance_id!r} must be a non-empty string (or None: "
+                         "a dynamic member)")
+    for name, value in (("session_timeout_ms", session_timeout_ms), ("heartbeat_interval_ms", heartbeat_interval_ms),
+                        ("max_poll_interval_ms", max_poll_interval_ms)):
+        if type(value) is not int or value < 1:
+            raise ValueError(f"{name}={value!r} must be a positive integer (milliseconds)")
+    if heartbeat_interval_ms >= session_timeout_ms:
+        raise ValueError(f"heartbeat_interval_ms={heartbeat_interval_ms} must be below session_timeout_ms="
+                         f"{session_timeout_ms} (Kafka's advice: a third of it at most)")
+    return GroupSettings(group_id=group_id, group_instance_id=group_instance_id, client_id=str(client_id),
+                         assignors=tuple(assignors_for(strategy)), session_timeout_ms=session_timeout_ms,
+                         heartbeat_interval_ms=heartbeat_interval_ms, max_poll_interval_ms=max_poll_interval_ms)
+
+
+async def _call(callback: RebalanceCallback | None, partitions: set[TopicPartition]) -> None:
+    if callback is None:
+        return
+    result = callback(set(partitions))
+    if inspect.isawaitable(result):
+        await result
+
+
+def _retrieve(task: asyncio.Task[None]) -> None:
+    if not task.cancelled():
+        task.exception()
+
 
 __all__ = ["Consumer"]

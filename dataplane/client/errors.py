@@ -10,8 +10,10 @@ from common.errors import (
     ClientError,
     DeliveryTimeoutError,
     ErrorCode,
+    GroupError,
     NoBrokersError,
     NoClusterError,
+    OffsetCommitError,
     OutcomeUnknownError,
     UnknownTopicError,
     error_for,
@@ -19,6 +21,6 @@ from common.errors import (
 
 __all__ = [
     "AdminError", "BiplaneError", "BrokerResponseError", "BufferFullTimeoutError",
-    "ClientClosedError", "ClientError", "DeliveryTimeoutError", "ErrorCode", "NoBrokersError",
-    "NoClusterError", "OutcomeUnknownError", "UnknownTopicError", "error_for",
+    "ClientClosedError", "ClientError", "DeliveryTimeoutError", "ErrorCode", "GroupError", "NoBrokersError",
+    "NoClusterError", "OffsetCommitError", "OutcomeUnknownError", "UnknownTopicError", "error_for",
 ]

@@ -257,8 +257,25 @@ class Consumer:
         return self._loop.run(self._inner.poll(timeout_ms, max_records=max_records))
 
     def __iter__(self) -> Iterator[ConsumerRecord]:
+        # In a group one record at a time, as the asyncio iterator: a record is processed (and
+        # committable) once the loop asks for the next.
+        batch = 1 if self._inner.group_id is not None else 500
         while True:
-            yield from self.poll(self._inner.fetch_max_wait_ms, max_records=500)
+            yield from self.poll(self._inner.fetch_max_wait_ms, max_records=batch)
+
+    def subscribe(self, topics: Any, *, on_assign: Any = None, on_revoke: Any = None) -> None:
+        """Join the consumer's group for `topics`; the callbacks run on the consumer's own thread,
+        inside poll() and close()."""
+        self._loop.run(self._inner.subscribe(topics, on_assign=on_assign, on_revoke=on_revoke))
+
+    def commit(self, offsets: Any = None) -> None:
+        self._loop.run(self._inner.commit(offsets))
+
+    def committed(self, partitions: Any = None) -> dict[TopicPartition, int | None]:
+        return self._loop.run(self._inner.committed(partitions))
+
+    def offsets_for_times(self, timestamps: Any) -> dict[TopicPartition, int]:
+        return self._loop.run(self._inner.offsets_for_times(timestamps))
 
     def assign(self, partitions: Any) -> None:
         self._loop.run(self._inner.assign(partitions))
