@@ -163,6 +163,7 @@ class ControllerCore:
         # The registration starts the new incarnation's session, so it gets a whole
         # session timeout from now to send its first heartbeat.
         self.state.sessions.heartbeat(ev.request.broker_id, ev.request.incarnation_id, ev.now_ms, -1)
+        self.state.reachability.forget_broker(ev.request.broker_id)
         return Step(records=tuple(records))
 
     def _heartbeat(self, image: MetadataImage, ev: Heartbeat) -> Step:
@@ -170,6 +171,8 @@ class ControllerCore:
         d.check_heartbeat(image, body)
         self.state.sessions.heartbeat(body.broker_id, body.incarnation_id, ev.now_ms, body.metadata_offset,
                                       want_shutdown=body.want_shutdown)
+        self.state.reachability.note(body.broker_id, [d.Link(u.topic, u.partition, u.leader_epoch, u.peer)
+                                                      for u in body.unreachable], ev.now_ms)
         if body.want_shutdown and not image.brokers[body.broker_id].fenced:
             # Controlled shutdown: fence now, not at the next periodic pass, since the
             # broker waits on this answer to stop.

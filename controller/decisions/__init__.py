@@ -30,6 +30,12 @@ from controller.decisions.reassignment import (
     progress_reassignments,
     start_reassignment,
 )
+from controller.decisions.reachability import (
+    UNREACHABLE_DECISION_INTERVAL_MS,
+    Link,
+    ReachabilityReports,
+    move_unreachable_leaders,
+)
 from controller.decisions.rebalance import (
     LEADER_IMBALANCE_CHECK_INTERVAL_MS,
     LEADER_IMBALANCE_PER_BROKER_PERCENTAGE,
@@ -57,6 +63,7 @@ from controller.decisions.topics import add_partitions, alter_config, create_top
 
 __all__ = [
     "periodic", "ControllerState", "LeaderSettings", "BrokerSessions", "QuorumElectionTracker",
+    "Link", "ReachabilityReports", "move_unreachable_leaders",
     "IntervalTimer", "LeaderImbalanceCheck", "BrokerImbalance",
     "add_partitions", "alter_config", "alter_isr", "allocate_producer_ids", "cancel_reassignment",
     "check_heartbeat", "create_topic", "delete_topic", "elect_imbalanced", "elect_isr_leader", "elect_leaders",
@@ -69,12 +76,14 @@ __all__ = [
 
 def periodic(image: MetadataImage, sessions: BrokerSessions, tracker: QuorumElectionTracker,
              now_ms: int, *, rebalance_timer: IntervalTimer | None = None,
-             imbalance_check: LeaderImbalanceCheck | None = None) -> list[Record]:
+             imbalance_check: LeaderImbalanceCheck | None = None,
+             reachability: ReachabilityReports | None = None) -> list[Record]:
     """What the controller leader should append now, in this fixed order:
     fence expired brokers and brokers in a controlled shutdown (moving their
     leaderships, shrinking ISRs); unfence
     brokers that heartbeat and caught up; move any leadership a fenced broker
-    still holds (only after a stale proposal); elect leaders for leaderless
+    still holds (only after a stale proposal); move leaderships whose followers report
+    their leader unreachable (`reachability`); elect leaders for leaderless
     partitions (quorum: fence step, then from the tracker's reports); progress
     reassignments; when `rebalance_timer` says it is due, preferred-leader
     rebalance; and when `imbalance_check` is due, the leader-imbalance check.
@@ -88,6 +97,11 @@ def periodic(image: MetadataImage, sessions: BrokerSessions, tracker: QuorumElec
     plan.extend(fence_shutting_down(plan.image, sessions, now_ms))
     plan.extend(unfence_ready(plan.image, sessions, now_ms))
     plan.extend(move_fenced_leaders(plan.image))
+    if reachability is not None:
+        moved, exclusions = move_unreachable_leaders(plan.image, reachability, now_ms)
+        plan.extend(moved)
+        for e in exclusions:
+            tracker.exclude(e.topic, e.partition, e.fenced_epoch, e.leader)
     plan.extend(elect_leaders(plan.image, tracker))
     plan.extend(progress_reassignments(plan.image))
     if rebalance_timer is not None and rebalance_timer.due(now_ms):
@@ -111,6 +125,8 @@ class LeaderSettings:
     leader_imbalance_check_interval_ms: int = LEADER_IMBALANCE_CHECK_INTERVAL_MS
     leader_imbalance_per_broker_percentage: int = LEADER_IMBALANCE_PER_BROKER_PERCENTAGE
     quorum_preferred_retry_ms: int = QUORUM_PREFERRED_RETRY_MS
+    # At most one leadership move per partition per interval on followers' reports.
+    unreachable_decision_interval_ms: int = UNREACHABLE_DECISION_INTERVAL_MS
 
     def __post_init__(self) -> None:
         for name in ("session_timeout_ms", "rebalance_interval_ms"):
@@ -135,6 +151,9 @@ class ControllerState:
         self.settings = settings
         self.sessions = BrokerSessions(session_timeout_ms=settings.session_timeout_ms)
         self.tracker = QuorumElectionTracker()
+        # A report counts while the broker's session would: its heartbeats carry it anew.
+        self.reachability = ReachabilityReports(fresh_ms=settings.session_timeout_ms,
+                                                interval_ms=settings.unreachable_decision_interval_ms)
         self.rebalance_timer: IntervalTimer | None = IntervalTimer(interval_ms=settings.rebalance_interval_ms)
         self.imbalance_check: LeaderImbalanceCheck | None = None
         if settings.leader_imbalance_check_interval_ms > 0:
@@ -145,4 +164,5 @@ class ControllerState:
 
     def periodic(self, image: MetadataImage, now_ms: int) -> list[Record]:
         return periodic(image, self.sessions, self.tracker, now_ms,
-                        rebalance_timer=self.rebalance_timer, imbalance_check=self.imbalance_check)
+                        rebalance_timer=self.rebalance_timer, imbalance_check=self.imbalance_check,
+                        reachability=self.reachability)
