@@ -21,7 +21,11 @@ from dataplane.client import Producer
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 SEND_INTERVAL_S = 0.05
-LAG_MS = 2000
+# Long enough that a healthy partition held up behind an isr partition's ISR shrink shows
+# a gap twice the bound asserted, and the cut leader's partitions could not come back by
+# that shrink alone before the heal (figures against the targets: docs/chaos.md).
+LAG_MS = 4000
+CUT_S = 8.0
 PARTITIONS = 3
 
 
@@ -58,8 +62,12 @@ class AckLog:
             self.failures.setdefault(key, []).append(type(future.exception()).__name__)
 
     def longest_gap(self, key: tuple[str, int], start: float, end: float) -> float:
+        return self.gap_at(key, start, end)[1]
+
+    def gap_at(self, key: tuple[str, int], start: float, end: float) -> tuple[float, float]:
+        """(when the longest time without an acknowledgement began, after `start`; how long it was)."""
         times = [start] + [t for t in self.acks.get(key, []) if start < t < end] + [end]
-        return max(b - a for a, b in zip(times, times[1:]))
+        return max(((a - start, b - a) for a, b in zip(times, times[1:])), key=lambda g: g[1])
 
     def first_after(self, key: tuple[str, int], start: float) -> float | None:
         return next((t - start for t in self.acks.get(key, []) if t > start), None)
@@ -106,25 +114,36 @@ def test_partitions_the_cut_leader_does_not_lead_keep_acknowledging(cut_cluster)
         for other in others:
             cuts.cut_both(f"b{cut}", other)
 
+    during: dict[tuple[str, int], dict] = {}
+
     def heal() -> None:
+        for key in keys:
+            if leaders[key] == cut:
+                during[key] = cluster.partition(*key)
         cuts.heal()
 
     def stop() -> None:
         pass
 
     acks = AckLog()
-    began = asyncio.run(produce_through(cluster, acks, keys, [(3.0, cut_leader), (8.0, heal), (5.0, stop)]))
+    began = asyncio.run(produce_through(cluster, acks, keys, [(3.0, cut_leader), (CUT_S, heal), (4.0, stop)]))
     start, end = began["cut_leader"], began["heal"]
-    report = {key: (leaders[key], round(acks.longest_gap(key, start, end), 2),
-                    acks.first_after(key, start), len(acks.acks.get(key, [])), acks.failures.get(key, [])[:3])
+    report = {key: (leaders[key], tuple(round(x, 2) for x in acks.gap_at(key, start, end)), len(acks.acks.get(key, [])),
+                    acks.failures.get(key, [])[:3])
               for key in keys}
-    print(f"cut broker {cut}; per partition (leader, longest gap in the cut, first ack after, acks, failures):")
+    print(f"cut broker {cut} for {end - start:.1f} s; per partition (leader, (longest gap in the cut: began after, lasted), acks, failures):")
     for key, row in report.items():
         print(" ", key, row)
     healthy = [k for k in keys if leaders[k] != cut]
     assert {k[0] for k in healthy} == {"gq", "gi"}, leaders
     for key in healthy:
-        # A quorum partition needs one follower of two; an isr partition waits for the cut
-        # follower to leave its ISR (Kafka's semantics: replica_lag_time_max_ms), no longer.
-        bound_s = 1.0 if key[0] == "gq" else LAG_MS / 1000 + 1.0
+        # A quorum partition needs one follower of two: it never waits for the cut one. An
+        # isr partition waits for the cut follower to leave its ISR (Kafka's semantics).
+        bound_s = LAG_MS / 2000 if key[0] == "gq" else LAG_MS / 1000 + 2.0
         assert acks.longest_gap(key, start, end) <= bound_s, (key, report[key])
+    for key, info in during.items():
+        # The followers reported the cut leader; the controller moved the leadership while the
+        # cut lasted, and the partition acknowledged again before the heal.
+        assert info["leader"] not in (None, cut) and info["leader_epoch"] > 0, (key, info)
+        assert cut not in info["isr"], (key, info)
+        assert acks.longest_gap(key, start, end) < CUT_S - 1.0, (key, report[key])

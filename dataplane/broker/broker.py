@@ -21,8 +21,10 @@ from common.eventloop import LoopStalls, LoopWatchdog
 from common.errors import BiplaneError
 from common.tasks import cancel_and_wait
 from common.topic_partition import TopicPartition
+from common.requests import UnreachablePeer
 from common.usage import BrokerUsage
 from dataplane.broker.config import BrokerConfig
+from dataplane.broker.contact import Expected, PeerContact
 from dataplane.broker.fetcher import Fetcher
 from dataplane.broker.listener import start_pipelined_server
 from dataplane.broker.lifecycle import (
@@ -73,6 +75,8 @@ class Broker:
         self.lifecycle: Lifecycle | None = None
         self._heartbeats: HeartbeatThread | None = None
         self._usage_latest: BrokerUsage | None = None
+        self.contact = PeerContact()
+        self._unreachable_latest: tuple[UnreachablePeer, ...] = ()   # read by the heartbeat thread
         self.learner: MetadataLearner | None = None
         self.handler: RequestHandler | None = None
         # Heartbeats and fetch sessions share this loop with every partition: how long it
@@ -107,9 +111,10 @@ class Broker:
                                fetch_wait_ms_max=c.fetch_wait_ms_max, fetch_max_bytes=c.fetch_max_bytes,
                                fetch_error_backoff_ms=c.fetch_error_backoff_ms,
                                reconnect_backoff_ms_max=c.reconnect_backoff_ms_max,
-                               request_timeout_ms=c.request_timeout_ms, max_frame_bytes=c.max_frame_bytes)
+                               request_timeout_ms=c.request_timeout_ms, max_frame_bytes=c.max_frame_bytes,
+                               heard=self._heard)
         self.pusher = Pusher(broker_id=c.broker_id, address_of=self._address_of, deliver=self._deliver,
-                             max_frame_bytes=c.max_frame_bytes)
+                             max_frame_bytes=c.max_frame_bytes, heard=self._heard)
         self.replicas = ReplicaManager(config=c, control=self.control, clean_start=clean,
                                        send_fetch=self.fetcher.submit, send_append_entries=self.pusher.submit,
                                        refresh_metadata=self.learner.refresh_soon)
@@ -117,7 +122,7 @@ class Broker:
         self.handler = RequestHandler(broker_id=c.broker_id, image=lambda: learner.image,
                                       replicas=self.replicas, producer_ids=self.producer_ids,
                                       refresh_metadata=self.learner.refresh_soon,
-                                      fetch_wait_ms_max=c.fetch_wait_ms_max)
+                                      fetch_wait_ms_max=c.fetch_wait_ms_max, heard=self._heard)
         self._server = await start_pipelined_server(self.handler.start, c.host, c.port,
                                                     max_frame_bytes=c.max_frame_bytes)
         self.port = self._server.sockets[0].getsockname()[1]
@@ -137,7 +142,8 @@ class Broker:
                                    rack=c.rack, priority=c.priority, clean_shutdown=clean,
                                    metadata_offset=lambda: learner.offset, usage=lambda: self._usage_latest,
                                    heartbeat_interval_ms=c.heartbeat_interval_ms,
-                                   usage_interval_ms=c.usage_interval_ms)
+                                   usage_interval_ms=c.usage_interval_ms,
+                                   unreachable=lambda: self._unreachable_latest)
         self._usage_latest = self.usage()
         self._heartbeats = HeartbeatThread(
             self.lifecycle, loop_progress_s=lambda: self.watchdog.last_progress_s,
@@ -150,7 +156,7 @@ class Broker:
         loop = asyncio.get_running_loop()
         offline = OfflineRecovery(self.replicas, lambda: learner.image, data_dir=c.data_dir,
                                   ready=learner.caught_up.is_set)
-        for coro in (self.learner.run(), self._heartbeat_support(), self.replicas.run_ticks(),
+        for coro in (self.learner.run(), self._heartbeat_support(), self._watch_links(), self.replicas.run_ticks(),
                      self.replicas.run_retention(), self.replicas.run_cleaner(), offline.run()):
             task = loop.create_task(coro)
             task.add_done_callback(self._task_ended)
@@ -167,6 +173,44 @@ class Broker:
             if not self._heartbeats.alive():
                 raise RuntimeError(f"the heartbeat thread ended: {self._heartbeats.error!r}")
             await asyncio.sleep(self.config.usage_interval_ms / 1000)
+
+    def _heard(self, peer: int) -> None:
+        self.contact.heard(peer, _monotonic_ms())
+
+    def expected_links(self) -> list[Expected]:
+        """The replication links this broker should hear on, from the metadata it applied:
+        as a follower, from its leader; as a leader, from each unfenced follower."""
+        assert self.learner is not None
+        image, me, bound = self.learner.image, self.config.broker_id, self.config.peer_unreachable_ms
+        out = []
+        for p in image.partitions():
+            leader = p.leader
+            if leader is None or me not in p.replicas or not image.is_unfenced(leader):
+                continue
+            config = image.topics[p.topic].config
+            # isr: reported before the leader would shrink the ISR to itself.
+            link_bound = bound if config.commit_policy == "quorum" else min(bound, config.replica_lag_time_max_ms // 2)
+            tp = TopicPartition(p.topic, p.partition)
+            if leader != me:
+                out.append(Expected(tp, p.leader_epoch, leader, link_bound))
+            else:
+                out += [Expected(tp, p.leader_epoch, f, link_bound) for f in p.replicas
+                        if f != me and image.is_unfenced(f)]
+        return out
+
+    async def _watch_links(self) -> None:
+        """Keep the links silent past their bound ready for the heartbeat thread."""
+        interval_s = min(self.config.heartbeat_interval_ms, self.config.peer_unreachable_ms // 4) / 1000
+        while True:
+            silent = self.contact.unreachable(self.expected_links(), _monotonic_ms())
+            latest = tuple(UnreachablePeer(topic=e.tp.topic, partition=e.tp.partition, leader_epoch=e.leader_epoch,
+                                           peer=e.peer) for e in silent)
+            if latest != self._unreachable_latest:
+                log.info("replication links silent past their bound: %s",
+                         ", ".join(f"{u.topic}-{u.partition}@{u.leader_epoch}: broker {u.peer}" for u in latest)
+                         or "none", extra={"event": "broker.links_silent"})
+            self._unreachable_latest = latest
+            await asyncio.sleep(interval_s)
 
     def _task_ended(self, task: asyncio.Task) -> None:
         if task.cancelled() or self._stopped:
@@ -287,3 +331,9 @@ class Broker:
         site = web.TCPSite(self._metrics_runner, self.config.host, port)
         await site.start()
         self.metrics_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+
+def _monotonic_ms() -> int:
+    """Link silence is measured on the monotonic clock: a wall clock stepped by hours must
+    not make every link look silent (or revive a silent one)."""
+    return int(time.monotonic() * 1000)

@@ -37,14 +37,16 @@ log = logging.getLogger("biplane.broker.fetcher")
 
 AddressOf = Callable[[int], "tuple[str, int] | None"]
 Deliver = Callable[[TopicPartition, FetchResponse], None]
+Heard = Callable[[int], None]
 
 
 class Fetcher:
     def __init__(self, *, broker_id: int, address_of: AddressOf, deliver: Deliver, fetch_wait_ms_max: int = 500,
                  fetch_max_bytes: int = 8 * 1024 * 1024, fetch_error_backoff_ms: int = 50,
                  reconnect_backoff_ms_max: int = 1000, request_timeout_ms: int = 10_000,
-                 max_frame_bytes: int = 64 * 1024 * 1024) -> None:
+                 max_frame_bytes: int = 64 * 1024 * 1024, heard: Heard | None = None) -> None:
         self.broker_id = broker_id
+        self.heard = heard   # told the leader's id on every answer (dataplane/broker/contact.py)
         self.address_of = address_of
         self.deliver = deliver
         self.limits = dict(fetch_wait_ms_max=fetch_wait_ms_max, fetch_max_bytes=fetch_max_bytes,
@@ -181,6 +183,8 @@ class FetchSession:
             await self._broken(which, batch, exc)
             return {}
         self._backoff_ms = 0
+        if self.fetcher.heard is not None:
+            self.fetcher.heard(self.leader_id)
         if response.error_code is not ErrorCode.NONE:
             self._deliver_later(batch, {}, error=response.error_code)
             return {}

@@ -5,7 +5,7 @@
 
 One sender task drains the accumulator (dataplane/client/accumulator.py: batching) into
 PRODUCE requests per leader broker — one per group of partitions that share their fate (same
-topic, same replicas), each group on a produce connection ("lane") of its own, so a partition
+topic, replicas and ISR), each group on a produce connection ("lane") of its own, so a partition
 that cannot complete holds up only its own group (dataplane/client/lanes.py) — and feeds
 each partition's answer back to the producer core (dataplane/client/producer_core.py: the
 protocol — numbers, retries, epochs, outcomes; this module only performs what it decides).
@@ -137,7 +137,7 @@ class Producer:
     predecessor is missing, so a retried batch is never overtaken; without idempotence it is
     always 1);
     produce_lanes_per_broker_max (default 8): connections per broker for produce requests.
-    Partitions of one topic with the same replicas go in one request on one connection;
+    Partitions of one topic with the same replicas and ISR go in one request on one connection;
     other groups get their own, so an `isr` partition waiting out a lost follower, or one
     short of its quorum, does not hold up the acknowledgements of partitions that can
     complete (a broker answers a request when all its partitions are done, and a
@@ -580,7 +580,7 @@ class Producer:
 
         def key_of(tp: TopicPartition) -> Any:
             info = meta.partition(tp)
-            return fate_key(tp, info.replicas if info is not None else ())
+            return fate_key(tp, info.replicas, info.isr) if info is not None else fate_key(tp, (), ())
 
         def others_in_flight(tp: TopicPartition) -> bool:
             return core.in_flight(tp) > 1   # the batch drained now counts already
