@@ -29,8 +29,13 @@ def link(peer: int, epoch: int = 0) -> Link:
     return Link("t", 0, epoch, peer)
 
 
-def reports(*by: tuple[int, list[Link]], now_ms: int = 1000, interval_ms: int = 3000) -> ReachabilityReports:
+def reports(*by: tuple[int, list[Link]], now_ms: int = 1000, interval_ms: int = 3000,
+            silent_brokers: tuple[int, ...] = ()) -> ReachabilityReports:
+    """Every broker heartbeats at now_ms (but silent_brokers), with the links given."""
     r = ReachabilityReports(fresh_ms=FRESH_MS, interval_ms=interval_ms)
+    for broker in (1, 2, 3):
+        if broker not in silent_brokers:
+            r.note(broker, [], now_ms)
     for broker, links in by:
         r.note(broker, links, now_ms)
     return r
@@ -56,11 +61,34 @@ def test_quorum_leader_unreachable_from_both_followers_is_fenced_and_left_out_of
     assert elected.leader == 2 and elected.isr == (2, 3)
 
 
-def test_one_way_reports_from_the_leader_count_as_broken_links():
+def test_the_leaders_own_report_counts_as_a_vote_and_as_broken_links():
+    """A one-way cut: follower 2 hears nothing from the leader; follower 3's answers do not
+    reach the leader (3 hears the leader and does not report). Votes: 2, and the leader,
+    which reports both followers: a majority; links broken: both."""
     image = image_with("quorum")
-    r = reports((1, [link(2), link(3)]))
+    r = reports((1, [link(2), link(3)]), (2, [link(1)]))
     records, _ = move_unreachable_leaders(image, r, 1000)
     assert len(records) == 1 and records[0].fenced_for_election
+
+
+def test_the_leader_alone_or_one_follower_alone_is_not_a_majority():
+    image = image_with("quorum")
+    assert move_unreachable_leaders(image, reports((1, [link(2), link(3)])), 1000)[0] == []
+    assert move_unreachable_leaders(image, reports((2, [link(1)])), 1000)[0] == []
+
+
+def test_no_move_when_the_others_could_not_commit_without_the_leader():
+    """quorum_required_acks = 3 of 3: a new leader would need the old one too (a paused
+    follower the leader reports must not cost it its leadership)."""
+    image = image_with("quorum", quorum_required_acks=3)
+    assert move_unreachable_leaders(image, reports((1, [link(2), link(3)]), (2, [link(1)]), (3, [link(1)])),
+                                    1000)[0] == []
+
+
+def test_no_move_to_followers_that_stopped_heartbeating():
+    image = image_with("quorum")
+    r = reports((1, [link(2), link(3)]), (2, [link(1)]), silent_brokers=(3,))
+    assert move_unreachable_leaders(image, r, 1000)[0] == []
 
 
 def test_a_quorum_leader_that_still_reaches_a_quorum_stays():
@@ -84,6 +112,7 @@ def test_an_empty_report_withdraws_the_last_one():
     image = image_with("quorum")
     r = reports((2, [link(1)]), (3, [link(1)]))
     r.note(3, [], 1000)
+    r.note(2, [], 1000)
     assert move_unreachable_leaders(image, r, 1000)[0] == []
 
 
@@ -94,8 +123,8 @@ def test_one_decision_per_interval():
     assert len(first) == 1
     # The same facts on the image before the move: nothing again within the interval.
     assert move_unreachable_leaders(image, r, 1000 + 2999)[0] == []
-    r.note(2, [link(1)], 4000)
-    r.note(3, [link(1)], 4000)
+    for b, links in ((1, []), (2, [link(1)]), (3, [link(1)])):
+        r.note(b, links, 4000)
     assert len(move_unreachable_leaders(image, r, 4000)[0]) == 1
 
 
@@ -120,9 +149,18 @@ def test_isr_leader_that_can_still_meet_min_insync_keeps_kafkas_shrink():
 
 
 def test_isr_move_needs_an_in_sync_follower_that_reported():
-    """The leader alone reports: the followers may be the ones in trouble; nobody to move to."""
+    """The leader reports both followers and one follower reports it, but that one is out
+    of the ISR: nobody in sync to move to."""
     image = image_with("isr", min_insync_replicas=2)
-    assert move_unreachable_leaders(image, reports((1, [link(2), link(3)])), 1000)[0] == []
+    p = image.partition("t", 0)
+    from controller.decisions.plan import change
+    apply(image, [change(p, isr=(1, 3), reason="test")])
+    assert move_unreachable_leaders(image, reports((1, [link(2), link(3)]), (2, [link(1)])), 1000)[0] == []
+
+
+def test_isr_no_move_when_the_isr_without_the_leader_is_below_min_insync():
+    image = image_with("isr", min_insync_replicas=3)
+    assert move_unreachable_leaders(image, reports((2, [link(1)]), (3, [link(1)])), 1000)[0] == []
 
 
 def test_periodic_runs_the_decision_and_then_the_election_step():

@@ -21,9 +21,12 @@ commit:
   unreachable, and the old leader leaves the ISR with it, as a fenced leader does. Any ISR
   member holds every committed record: a clean election, Kafka's.
 
-The controller's own view wins ties: a leader whose links still reach what its policy needs
-(half of them broken is not enough) stays, and only reports from unfenced brokers, in their
-latest heartbeat and no older than `fresh_ms`, count. Flapping is damped: at most one such
+A majority of the partition's replicas must say the leader is cut off (each follower that
+reports it, and the leader itself when it reports most of its followers), and the move must
+help: the others can commit without the old leader. Otherwise the controller's own view
+(the leader heartbeats) wins, ties included: one follower's word is that follower's trouble,
+which the leader's ISR shrink or the quorum already handles. Only reports from unfenced
+brokers, in their latest heartbeat and no older than `fresh_ms`, count. Flapping is damped: at most one such
 decision per partition per `interval_ms`.
 Pure: reports and time come in, records go out.
 """
@@ -51,7 +54,7 @@ class Link:
 @dataclass(frozen=True, slots=True)
 class _Latest:
     links: frozenset[Link]
-    at_ms: int
+    at_ms: int     # the heartbeat that carried them
 
 
 class ReachabilityReports:
@@ -67,10 +70,12 @@ class ReachabilityReports:
 
     def note(self, broker_id: int, links: list[Link], now_ms: int) -> None:
         """A heartbeat's whole report: it replaces the broker's last one (empty: all is well)."""
-        if links:
-            self._latest[broker_id] = _Latest(frozenset(links), now_ms)
-        else:
-            self._latest.pop(broker_id, None)
+        self._latest[broker_id] = _Latest(frozenset(links), now_ms)
+
+    def alive(self, image: MetadataImage, broker_id: int, now_ms: int) -> bool:
+        """Unfenced and heard from (any heartbeat) within fresh_ms."""
+        latest = self._latest.get(broker_id)
+        return latest is not None and now_ms - latest.at_ms <= self.fresh_ms and image.is_unfenced(broker_id)
 
     def broken(self, image: MetadataImage, p: PartitionInfo, now_ms: int) -> set[int]:
         """The followers of p's leader whose link with it either end reports broken now."""
@@ -87,8 +92,17 @@ class ReachabilityReports:
 
     def _says(self, image: MetadataImage, reporter: int, link: Link, now_ms: int) -> bool:
         latest = self._latest.get(reporter)
-        return latest is not None and now_ms - latest.at_ms <= self.fresh_ms and image.is_unfenced(reporter) \
-            and link in latest.links
+        return self.alive(image, reporter, now_ms) and latest is not None and link in latest.links
+
+    def votes(self, image: MetadataImage, p: PartitionInfo, now_ms: int) -> int:
+        """Replicas that say p's leader is cut off: each follower reporting it, and the
+        leader itself when it reports more than half of its followers."""
+        leader = p.leader
+        assert leader is not None
+        followers = [f for f in p.replicas if f != leader]
+        from_leader = sum(1 for f in followers
+                          if self._says(image, leader, Link(p.topic, p.partition, p.leader_epoch, f), now_ms))
+        return len(self.reported_by(image, p, now_ms)) + (1 if 2 * from_leader > len(followers) else 0)
 
     def reported_by(self, image: MetadataImage, p: PartitionInfo, now_ms: int) -> set[int]:
         """The followers that themselves report p's leader unreachable."""
@@ -129,22 +143,26 @@ def move_unreachable_leaders(image: MetadataImage, reports: ReachabilityReports,
         if leader is None or not image.is_unfenced(leader) or not reports.may_decide(p, now_ms):
             continue
         broken = reports.broken(image, p, now_ms)
-        if not broken:
+        # A majority of the replicas must say the leader is cut off: one follower's word, or
+        # the leader's about one follower, is that follower's trouble, not the leader's.
+        if not broken or 2 * reports.votes(image, p, now_ms) <= len(p.replicas):
             continue
         config = image.topics[p.topic].config
+        others = [b for b in p.replicas if b != leader and reports.alive(image, b, now_ms)]
         if is_quorum(image, p):
+            q = min(config.quorum_acks, len(p.replicas))
             linked = 1 + sum(1 for f in p.replicas if f != leader and f not in broken)
-            others = [b for b in p.replicas if b != leader and image.is_unfenced(b)]
-            needed = len(p.replicas) - min(config.quorum_acks, len(p.replicas)) + 1
-            # Fence only when the others can elect without the old leader's report.
-            if linked >= config.quorum_acks or len(others) < needed:
+            # Only when the leader cannot commit, the others can elect without its report
+            # (n - q + 1 of them) and a new leader among them can commit without it (q).
+            if linked >= q or len(others) < max(q, len(p.replicas) - q + 1):
                 continue
             records.append(fence_for_election(
                 image, p, reason=f"leader {leader} unreachable: no link to followers {sorted(broken)}"))
             exclusions.append(Exclusion(p.topic, p.partition, p.leader_epoch + 1, leader))
         else:
             linked = 1 + sum(1 for f in p.isr if f != leader and f not in broken)
-            if linked >= config.min_insync_replicas:
+            # Only when the leader cannot meet min_insync_replicas and the ISR without it can.
+            if linked >= config.min_insync_replicas or len(p.isr) - 1 < config.min_insync_replicas:
                 continue
             new = choose_leader(image, p, (f for f in p.isr if f in reports.reported_by(image, p, now_ms)))
             if new is None:
