@@ -38,3 +38,14 @@ def test_links_not_expected_any_more_are_forgotten():
     assert c.unreachable([a, b], 160) == [b]
     assert c.unreachable([a, b], 260) == [b]
     assert c.unreachable([a, b], 261) == [a, b]
+
+
+def test_a_stall_of_its_own_is_not_its_peers_silence():
+    c = PeerContact()
+    link = Expected(T0, 1, 2, 1000)
+    c.unreachable([link], 0)
+    c.heard(2, 100)
+    # The loop stalled from 100 to 3000: nothing was read meanwhile.
+    c.forget_silence()
+    assert c.unreachable([link], 3000) == []
+    assert c.unreachable([link], 4001) == [link]

@@ -200,9 +200,15 @@ class Broker:
 
     async def _watch_links(self) -> None:
         """Keep the links silent past their bound ready for the heartbeat thread."""
-        interval_s = min(self.config.heartbeat_interval_ms, self.config.peer_unreachable_ms // 4) / 1000
+        interval_ms = min(self.config.heartbeat_interval_ms, self.config.peer_unreachable_ms // 4)
+        last = _monotonic_ms()
         while True:
-            silent = self.contact.unreachable(self.expected_links(), _monotonic_ms())
+            now = _monotonic_ms()
+            if now - last > interval_ms + self.config.peer_unreachable_ms // 2:
+                # This loop was stalled: the answers it would have seen were not read.
+                self.contact.forget_silence()
+            last = now
+            silent = self.contact.unreachable(self.expected_links(), now)
             latest = tuple(UnreachablePeer(topic=e.tp.topic, partition=e.tp.partition, leader_epoch=e.leader_epoch,
                                            peer=e.peer) for e in silent)
             if latest != self._unreachable_latest:
@@ -210,7 +216,7 @@ class Broker:
                          ", ".join(f"{u.topic}-{u.partition}@{u.leader_epoch}: broker {u.peer}" for u in latest)
                          or "none", extra={"event": "broker.links_silent"})
             self._unreachable_latest = latest
-            await asyncio.sleep(interval_s)
+            await asyncio.sleep(interval_ms / 1000)
 
     def _task_ended(self, task: asyncio.Task) -> None:
         if task.cancelled() or self._stopped:

@@ -48,7 +48,7 @@ class BrokerConfig(BaseModel):
     # the heartbeats, so the controller can move a leadership its followers cannot reach
     # (for isr topics at most half the topic's replica_lag_time_max_ms, so the report comes
     # before the leader shrinks its ISR to itself).
-    peer_unreachable_ms: int = Field(default=1000, ge=100, le=600_000)
+    peer_unreachable_ms: int = Field(default=1500, ge=100, le=600_000)
     # A sleep before each fsync run; 0: group commit only (waiters arriving during an fsync
     # share the next one), which costs a lone acks=all producer no timer.
     flush_debounce_ms: int = Field(default=0, ge=0, le=1000)

@@ -7,7 +7,9 @@ push_heartbeat_ms even when idle), a follower's fetch request (pull) and its app
 (push). A link — (partition, leader epoch, peer) — is reported once nothing came from the
 peer for `bound_ms` since the later of the last contact and the moment this broker started
 expecting it (it became leader or follower at that epoch), so a leader change or a start is
-not reported as a cut. Pure: time is an argument.
+not reported as a cut. A broker whose own event loop stalled forgets the silence it did not
+hear through (`forget_silence`): a stall of its own is not its peers' silence. Pure: time is
+an argument.
 """
 from __future__ import annotations
 
@@ -46,3 +48,9 @@ class PeerContact:
                 out.append(e)
         self._expected_since = since
         return out
+
+    def forget_silence(self) -> None:
+        """Start every link's bound afresh: this broker itself was not running (its event loop
+        stalled), so what it did not hear meanwhile says nothing about its peers."""
+        self._expected_since = {}
+        self._heard_ms.clear()

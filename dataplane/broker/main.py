@@ -46,8 +46,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--priority", type=int, default=0)
     p.add_argument("--heartbeat-interval-ms", type=int, default=150)
     p.add_argument("--fetch-wait-ms-max", type=int, default=500)
-    p.add_argument("--peer-unreachable-ms", type=int, default=1000,
-                   help="report a replication link silent this long to the controller (default 1000)")
+    p.add_argument("--peer-unreachable-ms", type=int, default=1500,
+                   help="report a replication link silent this long to the controller (default 1500)")
     p.add_argument("--max-frame-bytes", type=int, default=64 * 1024 * 1024)
     p.add_argument("--flush-debounce-ms", type=int, default=0,
                    help="sleep before each fsync run; 0 (default): group commit only")
