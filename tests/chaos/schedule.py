@@ -45,6 +45,10 @@ GRAY_KINDS = frozenset(GRAY_WEIGHTS)
 # (1.5 s) + 2 s for quorum, replica_lag_time_max_ms (2 s) + 2 s for isr.
 GRAY_DURATION_S_MIN = 6.0
 GRAY_DURATION_S_MAX = 7.5
+# ... and far enough apart that each begins on a settled cluster (followers back in the ISR,
+# leaderships handed back), so its figures are its own, not the last one's aftermath.
+GRAY_GAP_S_MIN = 4.0
+GRAY_GAP_S_MAX = 5.0
 SCENARIOS: dict[str, tuple[str, ...]] = {"gray": tuple(GRAY_WEIGHTS)}
 
 FAULT_DURATION_S_MIN = 0.8
@@ -140,5 +144,8 @@ def make_schedule(*, seed: int, duration_s: float, brokers: int = 3, controllers
             params = {"offset_s": rng.choice((-3600, -60, -5, 5, 60, 3600, 86400))}
         out.append(Fault(index=len(out), kind=kind, start_s=round(t, 3), duration_s=duration, targets=targets,
                          params=tuple(sorted(params.items()))))
-        t += duration + rng.uniform(GAP_S_MIN, GAP_S_MAX)
+        if kind in GRAY_KINDS:
+            t += duration + rng.uniform(GRAY_GAP_S_MIN, GRAY_GAP_S_MAX)
+        else:
+            t += duration + rng.uniform(GAP_S_MIN, GAP_S_MAX)
     return out
