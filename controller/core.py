@@ -57,6 +57,7 @@ class Heartbeat:
 @dataclass(frozen=True, kw_only=True)
 class AlterIsr:
     request: AlterIsrRequest
+    now_ms: int | None = None   # None: no link reports are consulted (tests of the ISR rules alone)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -183,7 +184,10 @@ class ControllerCore:
         return Step(wait_for_commit=False)
 
     def _alter_isr(self, image: MetadataImage, ev: AlterIsr) -> Step:
-        return Step(records=tuple(d.alter_isr(image, ev.request)))
+        records = d.alter_isr(image, ev.request)
+        if records and ev.now_ms is not None:
+            d.refuse_lonely_shrink(image, ev.request, self.state.reachability, ev.now_ms)
+        return Step(records=tuple(records))
 
     def _report_election(self, image: MetadataImage, ev: ReportElection) -> Step:
         why = self.state.tracker.add(image, ev.report)

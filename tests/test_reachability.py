@@ -4,7 +4,10 @@ RF 3 on brokers 1..3, broker 1 leading. Each test names the reports (who has not
 from whom about which partition and epoch) and checks the decision's records."""
 from __future__ import annotations
 
-from common.requests import ElectionReport
+import pytest
+
+from common.errors import IneligibleReplicaError
+from common.requests import AlterIsrRequest, ElectionReport
 from controller.decisions import (
     BrokerSessions,
     Link,
@@ -13,7 +16,9 @@ from controller.decisions import (
     elect_leaders,
     move_unreachable_leaders,
     periodic,
+    refuse_lonely_shrink,
 )
+from controller.decisions.plan import change
 from metadata_builders import add_topic, apply, cluster
 
 FRESH_MS = 1500
@@ -153,7 +158,6 @@ def test_isr_move_needs_an_in_sync_follower_that_reported():
     of the ISR: nobody in sync to move to."""
     image = image_with("isr", min_insync_replicas=2)
     p = image.partition("t", 0)
-    from controller.decisions.plan import change
     apply(image, [change(p, isr=(1, 3), reason="test")])
     assert move_unreachable_leaders(image, reports((1, [link(2), link(3)]), (2, [link(1)])), 1000)[0] == []
 
@@ -175,3 +179,25 @@ def test_periodic_runs_the_decision_and_then_the_election_step():
     apply(image, records)
     assert "unreachable" in tracker.add(image, ElectionReport(broker_id=1, topic="t", partition=0, fenced_epoch=1,
                                                               last_epoch=0, end_offset=9))
+
+
+def test_a_shrink_that_would_leave_the_leader_alone_is_refused_while_its_followers_report_it():
+    image = image_with("isr", min_insync_replicas=2)
+    p = image.partition("t", 0)
+
+    def shrink(new_isr):
+        return AlterIsrRequest(broker_id=1, topic="t", partition=0, leader_epoch=p.leader_epoch,
+                               partition_epoch=p.partition_epoch, new_isr=new_isr)
+    cut_off = reports((2, [link(1)]), (3, [link(1)]))
+    with pytest.raises(IneligibleReplicaError, match="report leader 1 unreachable"):
+        refuse_lonely_shrink(image, shrink((1,)), cut_off, 1000)
+    # Kafka's shrink otherwise: one follower out (the ISR still meets min_insync_replicas),
+    # one follower's word alone, or nobody reporting the leader.
+    refuse_lonely_shrink(image, shrink((1, 2)), cut_off, 1000)
+    refuse_lonely_shrink(image, shrink((1,)), reports((3, [link(1)])), 1000)
+    refuse_lonely_shrink(image, shrink((1,)), reports(), 1000)
+    # quorum topics: the ISR is for monitoring; nothing is refused.
+    q = image_with("quorum")
+    qp = q.partition("t", 0)
+    refuse_lonely_shrink(q, AlterIsrRequest(broker_id=1, topic="t", partition=0, leader_epoch=qp.leader_epoch,
+                                            partition_epoch=qp.partition_epoch, new_isr=(1,)), cut_off, 1000)

@@ -35,6 +35,7 @@ from controller.decisions.reachability import (
     Link,
     ReachabilityReports,
     move_unreachable_leaders,
+    refuse_lonely_shrink,
 )
 from controller.decisions.rebalance import (
     LEADER_IMBALANCE_CHECK_INTERVAL_MS,
@@ -63,7 +64,7 @@ from controller.decisions.topics import add_partitions, alter_config, create_top
 
 __all__ = [
     "periodic", "ControllerState", "LeaderSettings", "BrokerSessions", "QuorumElectionTracker",
-    "Link", "ReachabilityReports", "move_unreachable_leaders",
+    "Link", "ReachabilityReports", "move_unreachable_leaders", "refuse_lonely_shrink",
     "IntervalTimer", "LeaderImbalanceCheck", "BrokerImbalance",
     "add_partitions", "alter_config", "alter_isr", "allocate_producer_ids", "cancel_reassignment",
     "check_heartbeat", "create_topic", "delete_topic", "elect_imbalanced", "elect_isr_leader", "elect_leaders",

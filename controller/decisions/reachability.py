@@ -19,7 +19,12 @@ commit:
   `min_insync_replicas` (acks=all cannot complete, and shrinking the ISR would only leave
   the leader alone) → the leadership moves to an in-sync follower that reported the leader
   unreachable, and the old leader leaves the ISR with it, as a fenced leader does. Any ISR
-  member holds every committed record: a clean election, Kafka's.
+  member holds every committed record: a clean election, Kafka's. For that candidate to
+  still be in sync, the controller refuses the leader's ISR shrink that would leave it below
+  `min_insync_replicas` by taking out followers that report it unreachable
+  (`refuse_lonely_shrink`): the leader's lag clock may run out before the reports arrive
+  (it starts at its own epoch start, often just before the cut), and a leader alone in
+  its ISR has no in-sync follower to hand over to.
 
 A majority of the partition's replicas must say the leader is cut off (each follower that
 reports it, and the leader itself when it reports most of its followers), and the move must
@@ -34,8 +39,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from common.errors import IneligibleReplicaError
 from common.metadata.image import MetadataImage, PartitionInfo
 from common.metadata.records import Record
+from common.requests import AlterIsrRequest
 from controller.decisions.plan import change, choose_leader, fence_for_election, is_quorum
 
 UNREACHABLE_DECISION_INTERVAL_MS = 3000
@@ -171,3 +178,26 @@ def move_unreachable_leaders(image: MetadataImage, reports: ReachabilityReports,
                                   reason=f"leader {leader} unreachable from in-sync followers {sorted(broken)}"))
         reports.decided(p, now_ms)
     return records, exclusions
+
+
+def refuse_lonely_shrink(image: MetadataImage, request: AlterIsrRequest, reports: ReachabilityReports,
+                         now_ms: int) -> None:
+    """Raise IneligibleReplicaError for an isr leader's ISR shrink below min_insync_replicas
+    that removes followers reporting that leader unreachable, while a majority says so: the
+    leadership moves to one of them instead (`move_unreachable_leaders`). Refusing a shrink
+    never endangers a committed record (a larger ISR commits less); the leader could not
+    acknowledge acks=all below min_insync_replicas anyway."""
+    p = image.get_partition(request.topic, request.partition)
+    if p is None or p.leader != request.broker_id or is_quorum(image, p):
+        return
+    config = image.topics[p.topic].config
+    removed = set(p.isr) - set(request.new_isr)
+    if not removed or len(request.new_isr) >= config.min_insync_replicas:
+        return
+    reporters = removed & reports.reported_by(image, p, now_ms)
+    if not reporters or 2 * reports.votes(image, p, now_ms) <= len(p.replicas):
+        return
+    raise IneligibleReplicaError(
+        f"ISR change for {p.topic}-{p.partition}: followers {sorted(reporters)} report leader {p.leader} "
+        f"unreachable; the controller moves the leadership to an in-sync one rather than leave the leader "
+        f"alone below min_insync_replicas={config.min_insync_replicas}", broker_id=min(reporters))
