@@ -192,7 +192,9 @@ def refuse_lonely_shrink(image: MetadataImage, request: AlterIsrRequest, reports
         return
     config = image.topics[p.topic].config
     removed = set(p.isr) - set(request.new_isr)
-    if not removed or len(request.new_isr) >= config.min_insync_replicas:
+    # Only while a move is possible: the ISR without the leader meets min_insync_replicas.
+    if not removed or len(request.new_isr) >= config.min_insync_replicas \
+            or len(p.isr) - 1 < config.min_insync_replicas:
         return
     reporters = removed & reports.reported_by(image, p, now_ms)
     if not reporters or 2 * reports.votes(image, p, now_ms) <= len(p.replicas):
