@@ -151,6 +151,19 @@ class RegisterBrokerRequest(_Request):
     kafka_port: int | None = Field(default=None, ge=1, le=65535)
 
 
+class UnreachablePeer(_Request):
+    """For `topic`-`partition` at `leader_epoch`, this broker has not heard from `peer` (its
+    leader; or, as the leader, that follower) for the broker's peer_unreachable_ms."""
+
+    topic: str = Field(min_length=1)
+    partition: int = Field(ge=0)
+    leader_epoch: int = Field(ge=0)
+    peer: BrokerId
+
+
+UNREACHABLE_PEERS_MAX = 100_000
+
+
 class HeartbeatRequest(_Request):
     broker_id: BrokerId
     incarnation_id: str = Field(min_length=1, max_length=64)
@@ -160,6 +173,10 @@ class HeartbeatRequest(_Request):
     # ISR now, rather than a session timeout after it stops; it stays fenced until it
     # registers again.
     want_shutdown: bool = False
+    # Replication links this broker has not used for a bound, all of them in every heartbeat
+    # (empty: every link works): what the controller cannot see from heartbeats
+    # (controller/decisions/reachability.py).
+    unreachable: tuple[UnreachablePeer, ...] = Field(default=(), max_length=UNREACHABLE_PEERS_MAX)
 
 
 class AlterIsrRequest(_Request):

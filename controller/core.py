@@ -60,6 +60,7 @@ class Heartbeat:
 @dataclass(frozen=True, kw_only=True)
 class AlterIsr:
     request: AlterIsrRequest
+    now_ms: int | None = None   # None: no link reports are consulted (tests of the ISR rules alone)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -199,6 +200,7 @@ class ControllerCore:
         # The registration starts the new incarnation's session, so it gets a whole
         # session timeout from now to send its first heartbeat.
         self.state.sessions.heartbeat(ev.request.broker_id, ev.request.incarnation_id, ev.now_ms, -1)
+        self.state.reachability.forget_broker(ev.request.broker_id)
         return Step(records=tuple(records))
 
     def _heartbeat(self, image: MetadataImage, ev: Heartbeat) -> Step:
@@ -206,6 +208,8 @@ class ControllerCore:
         d.check_heartbeat(image, body)
         self.state.sessions.heartbeat(body.broker_id, body.incarnation_id, ev.now_ms, body.metadata_offset,
                                       want_shutdown=body.want_shutdown)
+        self.state.reachability.note(body.broker_id, [d.Link(u.topic, u.partition, u.leader_epoch, u.peer)
+                                                      for u in body.unreachable], ev.now_ms)
         if body.want_shutdown and not image.brokers[body.broker_id].fenced:
             # Controlled shutdown: fence now, not at the next periodic pass, since the
             # broker waits on this answer to stop.
@@ -216,7 +220,10 @@ class ControllerCore:
         return Step(wait_for_commit=False)
 
     def _alter_isr(self, image: MetadataImage, ev: AlterIsr) -> Step:
-        return Step(records=tuple(d.alter_isr(image, ev.request)))
+        records = d.alter_isr(image, ev.request)
+        if records and ev.now_ms is not None:
+            d.refuse_lonely_shrink(image, ev.request, self.state.reachability, ev.now_ms)
+        return Step(records=tuple(records))
 
     def _report_election(self, image: MetadataImage, ev: ReportElection) -> Step:
         why = self.state.tracker.add(image, ev.report)

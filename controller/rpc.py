@@ -123,7 +123,7 @@ def add_rpc_routes(app: web.Application, service: ControllerService, *, cluster_
 
     async def alter_isr(request: web.Request) -> web.Response:
         body = await read_model(request, AlterIsrRequest)
-        _, committed = await service.execute(core.AlterIsr(request=body))
+        _, committed = await service.execute(core.AlterIsr(request=body, now_ms=service.clock_ms()))
         assert committed is not None, "an ISR change waits for its commit"
         p = (service.pending or service.committed).partition(body.topic, body.partition)
         return answer(AlterIsrAnswer(partition=partition_view(p), metadata_offset=committed.last_offset))

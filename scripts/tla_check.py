@@ -39,6 +39,7 @@ MODELS = [
     Model(name="DataPlaneIsr", spec="DataPlane"),
     Model(name="DataPlanePush", spec="DataPlane"),
     Model(name="DataPlaneLive", spec="DataPlane"),
+    Model(name="DataPlaneCut", spec="DataPlane"),
     Model(name="Controller", spec="Controller"),
     Model(name="ControllerQuorum", spec="Controller"),
     Model(name="ControllerQuorumWrite", spec="Controller"),
@@ -52,6 +53,7 @@ LONG = [
     Model(name="DataPlaneWide", spec="DataPlane"),
     Model(name="DataPlaneFig8", spec="DataPlane"),
     Model(name="DataPlaneLiveLong", spec="DataPlane"),
+    Model(name="DataPlaneCutIsr", spec="DataPlane"),
     Model(name="ProducerWide", spec="Producer"),
 ]
 
@@ -68,6 +70,8 @@ BROKEN = [
           expected_violation="LogMatching"),
     Model(name="DataPlane_written_hw", spec="DataPlane",
           expected_violation="NoAckedLoss"),
+    Model(name="DataPlane_elect_unfenced", spec="DataPlane",
+          expected_violation="LeaderCompleteness"),
     Model(name="DataPlaneLive_unfair_fetch", spec="DataPlane",
           expected_violation="temporal"),
     Model(name="Controller_stale_isr", spec="Controller",

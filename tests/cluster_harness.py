@@ -49,6 +49,7 @@ class BrokerProcess:
         self.paused = False
         self.sigterm_at_s: float | None = None
         self.exited_at_s: float | None = None
+        self.launch_prefix: list[str] = []   # run before the command (it must exec it: same pid)
 
     def start(self) -> "BrokerProcess":
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -60,7 +61,7 @@ class BrokerProcess:
             args += ["--controller", url]
         log = open(self.log_path, "ab")
         log_check.watch(self.log_path)   # checked for errors after every test (conftest.py)
-        self.proc = subprocess.Popen(args + self.extra, stdout=log, stderr=log, cwd=str(REPO))
+        self.proc = subprocess.Popen(self.launch_prefix + args + self.extra, stdout=log, stderr=log, cwd=str(REPO))
         log.close()
         self.paused = False
         return self

@@ -15,7 +15,7 @@ import pytest
 
 from tests.chaos.checker import VIOLATION_KINDS, check
 from tests.chaos.history import FaultRun, History, Seen, Send, parse_value, record_value, tp_key
-from tests.chaos.schedule import FAULT_WEIGHTS, QUORUM_REMOVING, make_schedule
+from tests.chaos.schedule import FAULT_WEIGHTS, GRAY_WEIGHTS, QUORUM_REMOVING, SCENARIOS, make_schedule
 
 TOPIC = "pull-isr-fsync"
 
@@ -337,3 +337,39 @@ def test_liveness_advisory_gates_on_violations_and_crashes_only(capsys: pytest.C
         h.replicas[tp][broker] = [(o, e) for o, e in h.replicas[tp][broker] if not e.endswith(victim.value)]
     assert report_and_exit_code(h, check(h), [], None, liveness_advisory=True) == 1
     capsys.readouterr()
+
+
+# ---------------------------------------------------------------------- gray faults
+
+def test_the_gray_scenario_schedules_only_its_kinds_long_enough_to_see_a_recovery() -> None:
+    faults = make_schedule(seed=3, duration_s=600, kinds=SCENARIOS["gray"])
+    assert {f.kind for f in faults} == set(GRAY_WEIGHTS)
+    for f in faults:
+        assert f.duration_s >= 6.0, f
+        assert set(f.targets) <= {"b1", "b2", "b3"}, f
+        assert len(set(f.targets)) == (2 if f.kind == "cut_follower" else 1), f
+    # The default mix is unchanged by the scenario's kinds: the same seed, the same schedule.
+    assert not {f.kind for f in make_schedule(seed=3, duration_s=600)} & set(GRAY_WEIGHTS)
+
+
+def test_gray_figures_group_partitions_by_their_leader_as_the_fault_began() -> None:
+    """b1 is cut for [10, 17]: q/0 (b1 led it) acks again after 3 s, q/1 (b2) never stops,
+    i/1 (b2) waits 2.5 s for b1 to leave its ISR; i/0 (b1) never comes back: over target."""
+    topics = {"q": {"commit_policy": "quorum"}, "i": {"commit_policy": "isr", "replica_lag_time_max_ms": 2000}}
+    acks = {"q/0": [9.9] + [i / 10 for i in range(130, 176)], "q/1": [i / 10 for i in range(95, 175)],
+            "i/0": [9.9, 17.6], "i/1": [9.9] + [i / 10 for i in range(124, 176)]}
+    sends = [Send(producer="p1", tp=tp, seq=n, value=record_value("p1", tp.split("/")[0], int(tp[-1]), n),
+                  sent_s=t - 0.01, done_s=t, offset=n, error=None)
+             for tp, times in acks.items() for n, t in enumerate(times)]
+    fault = FaultRun(index=0, kind="cut_leader", targets=("b1",), start_s=10.0, end_s=17.0, removes_quorum=False,
+                     leaders={"q/0": "b1", "q/1": "b2", "i/0": "b1", "i/1": "b2"})
+    h = History(seed=1, topics=topics, sends=sends, seen=[], faults=[fault], final_reads={}, high_watermarks={},
+                replicas={}, last_heal_s=17.0, end_s=18.0)
+    gray = check(h).figures["gray"]
+    assert gray["targets_s"] == {"others_quorum": 1.0, "others_isr": 3.0, "cut_quorum": 3.5, "cut_isr": 4.0}
+    row = gray["by_kind"]["cut_leader"]
+    assert row["longest_gap_s"] == {"cut_quorum": 3.0, "others_quorum": 0.1, "cut_isr": 7.0, "others_isr": 2.4}
+    assert row["over_target"] == ["cut_isr"]
+    assert row["worst"][0]["cut_isr"] == {"gap_s": 7.0, "partition": "i/0"}
+    again = History.from_json(json.loads(json.dumps(h.to_json())))
+    assert again.faults[0].leaders == fault.leaders

@@ -24,9 +24,10 @@ SCRIPT = [sys.executable, str(ROOT / "scripts" / "tla_check.py")]
 EXPECTED_STATES = {
     "DataPlane": 151_349,
     "DataPlaneNet": 42_012,
-    "DataPlaneIsr": 24_264,
+    "DataPlaneIsr": 23_682,
     "DataPlanePush": 7_753,
     "DataPlaneLive": 762,
+    "DataPlaneCut": 676_875,
     "Controller": 438_523,
     "ControllerQuorum": 121_425,
     "ControllerQuorumWrite": 443_943,
@@ -39,6 +40,7 @@ EXPECTED_STATES = {
 EXPECTED_BREAKS = {
     "DataPlane_elect_by_leo": "LeaderCompleteness",
     "DataPlane_no_fence": "LeaderCompleteness",
+    "DataPlane_elect_unfenced": "LeaderCompleteness",
     "DataPlane_report_unflushed": "LeaderCompleteness",
     "DataPlane_flushed_beyond_match": "LeaderCompleteness",
     "DataPlane_old_epoch_commit": "LogMatching",
@@ -66,6 +68,7 @@ SAME_BOUNDS = {
     "Producer_restamp_rejected": "ProducerRefused",
     "Producer_dup_without_offset": "Producer",
     "Producer_no_rebuild": "Producer",
+    "DataPlane_elect_unfenced": "DataPlaneCut",
     "Controller_count_unclean": "ControllerQuorumWrite",
     "Controller_silent_unclean": "ControllerQuorumWrite",
     "Controller_settle_unknown": "Controller",

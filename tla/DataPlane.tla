@@ -36,11 +36,12 @@ CONSTANTS
     MaxCrashes,    \* bound on crashes
     MaxMsgs,       \* bound on messages in flight (state constraint)
     MaxDups,       \* bound on duplicated deliveries
+    MaxCuts,       \* bound on directed links cut at once (0: the network never partitions)
     Bug            \* "none" or one of BugNames
 
 BugNames == {"none", "elect_by_leo", "no_fence", "report_unflushed",
              "flushed_beyond_match", "old_epoch_commit", "written_hw",
-             "unfair_fetch"}
+             "unfair_fetch", "elect_unfenced"}
 
 ASSUME /\ Policy \in {"quorum", "isr"}
        /\ Mode \in {"pull", "push"}
@@ -49,6 +50,7 @@ ASSUME /\ Policy \in {"quorum", "isr"}
        /\ Q \in 1..Cardinality(Replicas)
        /\ MinIsr \in 1..Cardinality(Replicas)
        /\ Nil \notin Replicas \cup Values
+       /\ MaxCuts \in Nat
 
 VARIABLES
     log,        \* log[r]: sequence of <<epoch, value>>; value Nil = epoch-start entry
@@ -68,13 +70,16 @@ VARIABLES
     reports,    \* controller: election reports [r, le, off] for the pending election
     written,    \* values a client has written
     writeAt,    \* writeAt[v]: <<leader, epoch>> that took v (for liveness)
-    acked       \* acked[v]: epoch of the leader whose HW first passed v; 0 = not acked
+    acked,      \* acked[v]: epoch of the leader whose HW first passed v; 0 = not acked
+    cut,        \* directed links <<a, b>> whose messages from a to b are dropped
+    silent,     \* controller: link reports [r, p, e]: r has not heard from p at epoch e
+    excluded    \* controller: the leader a report-triggered election refuses (Nil: none)
 
 netVars == <<msgs, dups>>
-ctrlVars == <<cepoch, cleader, cisr, reports>>
+ctrlVars == <<cepoch, cleader, cisr, reports, silent, excluded>>
 clientVars == <<written, writeAt, acked>>
 vars == <<log, flushed, crashes, epoch, kleader, lead, hw, pmatch, pstored,
-          netVars, ctrlVars, clientVars>>
+          netVars, ctrlVars, clientVars, cut>>
 
 N == Cardinality(Replicas)
 Max(a, b) == IF a >= b THEN a ELSE b
@@ -114,6 +119,9 @@ TypeOK ==
     /\ cisr \subseteq Replicas
     /\ written \subseteq Values
     /\ acked \in [Values -> 0..MaxEpoch]
+    /\ cut \subseteq Replicas \X Replicas
+    /\ silent \subseteq [r : Replicas, p : Replicas, e : 0..MaxEpoch]
+    /\ excluded \in Replicas \cup {Nil}
 
 Init ==
     /\ log = [r \in Replicas |-> <<>>]
@@ -134,6 +142,9 @@ Init ==
     /\ written = {}
     /\ writeAt = [v \in Values |-> <<Nil, 0>>]
     /\ acked = [v \in Values |-> 0]
+    /\ cut = {}
+    /\ silent = {}
+    /\ excluded = Nil
 
 -------------------------------------------------------------------------------------------------------------------------------------------------------------------------------------------------------------------------
 (* High watermark: recomputed in the same step as whatever can move it     *)
@@ -150,7 +161,9 @@ Committable(l, o, lg, fl, ps) ==
     /\ Bug = "old_epoch_commit" \/ lg[o][1] = epoch[l]
     /\ IF Policy = "quorum"
          THEN Cardinality({r \in Replicas : Stored(l, r, lg, fl, ps) >= o}) >= Q
-         ELSE \A r \in cisr : Stored(l, r, lg, fl, ps) >= o
+         \* isr: a leader whose epoch the controller left (MoveOnReports) still counts
+         \* itself; cisr \cup {l} is at most the ISR it knew, so no commit it made is missed.
+         ELSE \A r \in cisr \cup {l} : Stored(l, r, lg, fl, ps) >= o
 
 NewHW(l, lg, fl, ps) ==
     LET c == {o \in (hw[l] + 1)..Len(lg) : Committable(l, o, lg, fl, ps)}
@@ -164,7 +177,7 @@ CommitTo(l, lg, fl, ps) ==
     /\ hw' = [hw EXCEPT ![l] = h]
     /\ acked' = [v \in Values |->
                    IF acked[v] = 0 /\ v \in Vals(Prefix(lg, h))
-                      /\ (Policy = "quorum" \/ Cardinality(cisr) >= MinIsr)
+                      /\ (Policy = "quorum" \/ Cardinality(cisr \cup {l}) >= MinIsr)
                    THEN epoch[l] ELSE acked[v]]
 
 ----
@@ -179,7 +192,9 @@ Fence ==
     /\ cepoch' = cepoch + 1
     /\ cleader' = Nil
     /\ reports' = {}
-    /\ UNCHANGED <<replicaVars, netVars, cisr, clientVars>>
+    /\ silent' = {}
+    /\ excluded' = Nil
+    /\ UNCHANGED <<replicaVars, netVars, cisr, clientVars, cut>>
 
 \* quorum, a replica's report. Correct: the replica learns the fence (so it
 \* stops accepting the old epoch), flushes, and reports its flushed log; one
@@ -187,12 +202,13 @@ Fence ==
 Report(r) ==
     /\ Policy = "quorum"
     /\ r \notin {x.r : x \in reports}
+    /\ r # excluded    \* a report-triggered election refuses the old leader's report
     \* the controller elects as soon as n - q + 1 are in (the least it may know)
     /\ Cardinality(reports) < N - Q + 1
     /\ IF Bug = "no_fence"
          THEN \* reports gathered while the old leader keeps running
               /\ cepoch < MaxEpoch
-              /\ UNCHANGED <<epoch, kleader, lead, hw, pmatch, pstored>>
+              /\ UNCHANGED <<epoch, kleader, lead, hw, pmatch, pstored, cut>>
          ELSE /\ cepoch > 0 /\ cleader = Nil /\ epoch[r] <= cepoch
               /\ epoch' = [epoch EXCEPT ![r] = cepoch]
               /\ kleader' = [kleader EXCEPT ![r] = Nil]
@@ -204,7 +220,7 @@ Report(r) ==
          THEN UNCHANGED flushed
          ELSE flushed' = [flushed EXCEPT ![r] = Len(log[r])]
     /\ reports' = reports \cup {[r |-> r, le |-> LastEpoch(log[r]), off |-> Len(log[r])]}
-    /\ UNCHANGED <<log, crashes, netVars, cepoch, cleader, cisr, clientVars>>
+    /\ UNCHANGED <<log, crashes, netVars, cepoch, cleader, cisr, silent, excluded, clientVars, cut>>
 
 \* Report order: (last epoch, end offset) as a pair; the KIP-250 bug uses end offset alone.
 Beats(a, b) == IF Bug = "elect_by_leo" THEN a.off >= b.off
@@ -220,7 +236,8 @@ ElectQuorum ==
          /\ cleader' = x.r
          /\ cepoch' = IF Bug = "no_fence" THEN cepoch + 1 ELSE cepoch
     /\ reports' = {}
-    /\ UNCHANGED <<replicaVars, netVars, cisr, clientVars>>
+    /\ excluded' = Nil
+    /\ UNCHANGED <<replicaVars, netVars, cisr, silent, clientVars, cut>>
 
 \* isr: one record electing a member of the ISR at e+1.
 ElectIsr ==
@@ -229,7 +246,8 @@ ElectIsr ==
     /\ \E r \in cisr :
          /\ cleader' = r
          /\ cepoch' = cepoch + 1
-    /\ UNCHANGED <<replicaVars, netVars, cisr, reports, clientVars>>
+    /\ silent' = {}
+    /\ UNCHANGED <<replicaVars, netVars, cisr, reports, excluded, clientVars, cut>>
 
 \* isr: the leader's shrink/expand, accepted only at the current epoch. Atomic
 \* here, so the leader's ISR view equals cisr (maximal ISR is in Controller.tla).
@@ -237,7 +255,7 @@ IsrShrink(l, f) ==
     /\ Policy = "isr" /\ lead[l] /\ epoch[l] = cepoch /\ cleader = l
     /\ f \in cisr /\ f # l
     /\ cisr' = cisr \ {f}
-    /\ UNCHANGED <<replicaVars, netVars, cepoch, cleader, reports, clientVars>>
+    /\ UNCHANGED <<replicaVars, netVars, cepoch, cleader, reports, silent, excluded, clientVars, cut>>
 
 IsrExpand(l, f) ==
     /\ Policy = "isr" /\ lead[l] /\ epoch[l] = cepoch /\ cleader = l
@@ -245,7 +263,7 @@ IsrExpand(l, f) ==
     /\ pstored[l][f] >= hw[l]
     /\ pstored[l][f] >= EndFor(log[l], epoch[l] - 1)
     /\ cisr' = cisr \cup {f}
-    /\ UNCHANGED <<replicaVars, netVars, cepoch, cleader, reports, clientVars>>
+    /\ UNCHANGED <<replicaVars, netVars, cepoch, cleader, reports, silent, excluded, clientVars, cut>>
 
 ---------------------------------------------------------------------------
 (* Replicas *)
@@ -270,7 +288,7 @@ Learn(r) ==
               /\ pmatch' = [pmatch EXCEPT ![r] = [f \in Replicas |-> 0]]
               /\ pstored' = [pstored EXCEPT ![r] = [f \in Replicas |-> 0]]
               /\ UNCHANGED log
-    /\ UNCHANGED <<flushed, crashes, netVars, ctrlVars, clientVars>>
+    /\ UNCHANGED <<flushed, crashes, netVars, ctrlVars, clientVars, cut>>
 
 ClientWrite(l, v) ==
     /\ lead[l]
@@ -280,7 +298,7 @@ ClientWrite(l, v) ==
     /\ writeAt' = [writeAt EXCEPT ![v] = <<l, epoch[l]>>]
     /\ CommitTo(l, log'[l], flushed[l], pstored[l])
     /\ UNCHANGED <<flushed, crashes, epoch, kleader, lead, pmatch, pstored,
-                   netVars, ctrlVars>>
+                   netVars, ctrlVars, cut>>
 
 \* The leader's flush. A follower's flush is folded into its next step that
 \* can observe it (its fetch, its report, a crash): flushing earlier and
@@ -289,9 +307,9 @@ Flush(r) ==
     /\ lead[r] /\ flushed[r] < Len(log[r])
     /\ flushed' = [flushed EXCEPT ![r] = Len(log[r])]
     /\ IF lead[r] THEN CommitTo(r, log[r], Len(log[r]), pstored[r])
-                  ELSE UNCHANGED <<hw, acked>>
+                  ELSE UNCHANGED <<hw, acked, cut>>
     /\ UNCHANGED <<log, crashes, epoch, kleader, lead, pmatch, pstored,
-                   netVars, ctrlVars, written, writeAt>>
+                   netVars, ctrlVars, written, writeAt, cut>>
 
 \* A crash and restart in one step: only the flushed prefix survives, and a
 \* leader never leads that epoch again. (A replica that is down for a while
@@ -307,7 +325,7 @@ Crash(r) ==
     /\ hw' = [hw EXCEPT ![r] = 0]
     /\ pmatch' = [pmatch EXCEPT ![r] = [f \in Replicas |-> 0]]
     /\ pstored' = [pstored EXCEPT ![r] = [f \in Replicas |-> 0]]
-    /\ UNCHANGED <<epoch, kleader, netVars, ctrlVars, clientVars>>
+    /\ UNCHANGED <<epoch, kleader, netVars, ctrlVars, clientVars, cut>>
 
 IsFollower(f) == ~lead[f] /\ kleader[f] \notin {Nil, f}
 
@@ -334,7 +352,7 @@ FollowerFetch(f) ==
          /\ flushed' = [flushed EXCEPT ![f] = fl]
          /\ msgs' = msgs \cup {ReqOf(f, log[f], fl)}
     /\ UNCHANGED <<log, crashes, epoch, kleader, lead, hw, pmatch, pstored,
-                   dups, ctrlVars, clientVars>>
+                   dups, ctrlVars, clientVars, cut>>
 
 \* What the leader counts toward the HW from one consistent (or not) report.
 StoredFrom(m, consistent) ==
@@ -343,7 +361,7 @@ StoredFrom(m, consistent) ==
       [] OTHER                        -> IF consistent THEN Min(m.fl, m.off) ELSE 0
 
 LeaderHandleReq(l, m) ==
-    /\ m.type = "req" /\ m.dst = l /\ lead[l]
+    /\ m.type = "req" /\ m.dst = l /\ lead[l] /\ <<m.src, l>> \notin cut
     /\ m.e >= epoch[l]
     /\ IF m.e > epoch[l]
          THEN \* a follower knows a newer epoch: stop leading
@@ -371,7 +389,7 @@ LeaderHandleReq(l, m) ==
                                off |-> m.off, le |-> m.le,
                                de |-> de, doff |-> EndFor(log[l], m.le)]})
             /\ UNCHANGED lead
-    /\ UNCHANGED <<log, flushed, crashes, epoch, kleader, ctrlVars, written, writeAt>>
+    /\ UNCHANGED <<log, flushed, crashes, epoch, kleader, ctrlVars, written, writeAt, cut>>
 
 \* Push: the leader sends the entry after the follower's confirmed match.
 LeaderPush(l, f) ==
@@ -381,12 +399,12 @@ LeaderPush(l, f) ==
                            prev |-> pmatch[l][f], pe |-> EpochAt(log[l], pmatch[l][f]),
                            ent |-> Next1(log[l], pmatch[l][f])]}
     /\ UNCHANGED <<log, flushed, crashes, epoch, kleader, lead, hw, pmatch, pstored,
-                   dups, ctrlVars, clientVars>>
+                   dups, ctrlVars, clientVars, cut>>
 
 \* The Raft consistency check: entries are accepted only after a matching
 \* (offset, epoch); a conflicting suffix is replaced, a matching one kept.
 FollowerHandleData(f, m) ==
-    /\ m.type = "data" /\ m.dst = f /\ IsFollower(f) /\ m.e = epoch[f]
+    /\ m.type = "data" /\ m.dst = f /\ IsFollower(f) /\ m.e = epoch[f] /\ <<m.src, f>> \notin cut
     /\ m.prev <= Len(log[f]) /\ EpochAt(log[f], m.prev) = m.pe
     /\ LET n == m.prev + Len(m.ent)
            \* keep the log if it already holds these entries (a duplicate)
@@ -399,14 +417,14 @@ FollowerHandleData(f, m) ==
                /\ flushed' = [flushed EXCEPT ![f] = nfl]
                /\ Deliver(m, {ReqOf(f, nlog, nfl)})
     /\ UNCHANGED <<hw, crashes, epoch, kleader, lead, pmatch, pstored, ctrlVars,
-                   clientVars>>
+                   clientVars, cut>>
 
 \* Divergence: truncate to where the follower's last epoch ends in the leader's
 \* log (bounded by where that epoch ends locally). Applied only if the log is
 \* still as it was when the request was sent, so a stale answer cannot cut
 \* entries appended since.
 FollowerHandleDiv(f, m) ==
-    /\ m.type = "div" /\ m.dst = f /\ IsFollower(f) /\ m.e = epoch[f]
+    /\ m.type = "div" /\ m.dst = f /\ IsFollower(f) /\ m.e = epoch[f] /\ <<m.src, f>> \notin cut
     /\ Len(log[f]) = m.off /\ LastEpoch(log[f]) = m.le
     /\ LET n == Min(m.doff, EndFor(log[f], m.de))
        IN /\ n < Len(log[f])
@@ -414,7 +432,7 @@ FollowerHandleDiv(f, m) ==
           /\ flushed' = [flushed EXCEPT ![f] = Min(@, n)]
           /\ Deliver(m, {ReqOf(f, Prefix(log[f], n), Min(flushed[f], n))})
     /\ UNCHANGED <<hw, crashes, epoch, kleader, lead, pmatch, pstored, ctrlVars,
-                   clientVars>>
+                   clientVars, cut>>
 
 \* Net = "atomic": one whole fetch exchange in one step (request, leader's
 \* handling, follower's handling of the answer), with nothing lost. Its
@@ -429,6 +447,7 @@ ExchangeWith(f, fl) ==
            ps == [pstored[l] EXCEPT ![f] = Max(@, StoredFrom(m, consistent))]
            n == Min(EndFor(log[l], m.le), EndFor(log[f], EpochAt(log[l], EndFor(log[l], m.le))))
        IN /\ lead[l] /\ epoch[l] = epoch[f]
+          /\ <<f, l>> \notin cut /\ <<l, f>> \notin cut
           /\ pstored' = [pstored EXCEPT ![l] = ps]
           /\ CommitTo(l, log[l], flushed[l], ps)
           /\ IF consistent
@@ -437,14 +456,88 @@ ExchangeWith(f, fl) ==
                     /\ flushed' = [flushed EXCEPT ![f] = fl]
                ELSE /\ log' = [log EXCEPT ![f] = Prefix(@, n)]
                     /\ flushed' = [flushed EXCEPT ![f] = Min(fl, n)]
-    /\ UNCHANGED <<crashes, epoch, kleader, lead, pmatch, netVars, ctrlVars, written, writeAt>>
+    /\ UNCHANGED <<crashes, epoch, kleader, lead, pmatch, netVars, ctrlVars, written, writeAt, cut>>
 
 Exchange(f) == \E fl \in {flushed[f], Len(log[f])} : ExchangeWith(f, fl)
 
 \* Loss, and the receiver discarding a message of another epoch.
 Drop(m) ==
     /\ msgs' = msgs \ {m}
-    /\ UNCHANGED <<replicaVars, dups, ctrlVars, clientVars>>
+    /\ UNCHANGED <<replicaVars, dups, ctrlVars, clientVars, cut>>
+
+---------------------------------------------------------------------------
+(* Gray failures: asymmetric reachability and the data plane's reports.   *)
+(* A directed link is cut (messages from a to b are dropped; the other     *)
+(* way may work) and healed again; the controller reaches everyone. A      *)
+(* replica whose leader (or, leading, whose follower) is behind a cut one   *)
+(* way or the other reports the link silent for its current epoch; the      *)
+(* controller keeps reports for its current epoch only. When the leader's   *)
+(* linked followers cannot commit, the controller moves the leadership      *)
+(* (controller/decisions/reachability.py): quorum fences the epoch and      *)
+(* elects from n - q + 1 reports, refusing the old leader's; isr moves it    *)
+(* to an in-sync follower that reported, the old leader leaving the ISR.    *)
+
+\* Only links of the current leader are cut: messages travel between a leader
+\* and its followers only, so a cut between two followers changes nothing until
+\* one of them leads, and leaving those out keeps the models small.
+Cut(a, b) ==
+    /\ a # b /\ <<a, b>> \notin cut /\ Cardinality(cut) < MaxCuts
+    /\ cleader \in {a, b}
+    /\ cut' = cut \cup {<<a, b>>}
+    /\ UNCHANGED <<replicaVars, netVars, ctrlVars, clientVars>>
+
+Heal(a, b) ==
+    /\ <<a, b>> \in cut
+    /\ cut' = cut \ {<<a, b>>}
+    /\ UNCHANGED <<replicaVars, netVars, ctrlVars, clientVars>>
+
+Peer(r, p) == (IsFollower(r) /\ kleader[r] = p) \/ (lead[r] /\ p # r)
+
+Complain(r, p) ==
+    /\ Peer(r, p) /\ epoch[r] = cepoch
+    /\ <<r, p>> \in cut \/ <<p, r>> \in cut
+    /\ [r |-> r, p |-> p, e |-> cepoch] \notin silent
+    /\ silent' = silent \cup {[r |-> r, p |-> p, e |-> cepoch]}
+    /\ UNCHANGED <<replicaVars, netVars, cepoch, cleader, cisr, reports, excluded, clientVars, cut>>
+
+\* Followers whose link with leader l either end reported silent.
+Broken(l) == {f \in Replicas \ {l} : [r |-> f, p |-> l, e |-> cepoch] \in silent
+                                     \/ [r |-> l, p |-> f, e |-> cepoch] \in silent}
+Reporters(l) == {f \in Replicas \ {l} : [r |-> f, p |-> l, e |-> cepoch] \in silent}
+\* Replicas saying l is cut off: followers reporting it, and l when it reports most followers.
+Votes(l) == Cardinality(Reporters(l))
+            + (IF 2 * Cardinality({f \in Replicas \ {l} : [r |-> l, p |-> f, e |-> cepoch] \in silent}) > N - 1
+               THEN 1 ELSE 0)
+
+\* quorum: the leader and its linked followers are fewer than q.
+FenceOnReports ==
+    /\ Policy = "quorum" /\ cleader # Nil /\ cepoch < MaxEpoch
+    /\ 2 * Votes(cleader) > N
+    /\ 1 + Cardinality((Replicas \ {cleader}) \ Broken(cleader)) < Q
+    /\ N - 1 >= Max(Q, N - Q + 1)
+    /\ IF Bug = "elect_unfenced"
+         THEN \* BROKEN: straight to a follower that reported the leader, without
+              \* the fence and its reports
+              /\ \E f \in Reporters(cleader) : cleader' = f
+              /\ UNCHANGED excluded
+         ELSE /\ cleader' = Nil
+              /\ excluded' = cleader
+    /\ cepoch' = cepoch + 1
+    /\ reports' = {}
+    /\ silent' = {}
+    /\ UNCHANGED <<replicaVars, netVars, cisr, clientVars, cut>>
+
+\* isr: the leader and its linked in-sync followers are fewer than min_insync_replicas.
+MoveOnReports ==
+    /\ Policy = "isr" /\ cleader # Nil /\ cepoch < MaxEpoch
+    /\ 2 * Votes(cleader) > N
+    /\ 1 + Cardinality((cisr \ {cleader}) \ Broken(cleader)) < MinIsr
+    /\ Cardinality(cisr) - 1 >= MinIsr
+    /\ \E f \in Reporters(cleader) \cap cisr : cleader' = f
+    /\ cisr' = cisr \ {cleader}
+    /\ cepoch' = cepoch + 1
+    /\ silent' = {}
+    /\ UNCHANGED <<replicaVars, netVars, reports, excluded, clientVars, cut>>
 
 ---------------------------------------------------------------------------
 \* Message deliveries, named so that traces show which step was taken.
@@ -454,7 +547,8 @@ ReceiveDiv == \E m \in msgs : FollowerHandleDiv(m.dst, m)
 Lose == \E m \in msgs : Drop(m)
 
 Next ==
-    \/ Fence \/ ElectQuorum \/ ElectIsr
+    \/ Fence \/ ElectQuorum \/ ElectIsr \/ FenceOnReports \/ MoveOnReports
+    \/ \E a, b \in Replicas : Cut(a, b) \/ Heal(a, b) \/ Complain(a, b)
     \/ \E r \in Replicas :
          \/ Report(r) \/ Learn(r) \/ Flush(r) \/ Crash(r) \/ FollowerFetch(r) \/ Exchange(r)
          \/ \E v \in Values : ClientWrite(r, v)

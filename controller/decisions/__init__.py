@@ -48,6 +48,13 @@ from controller.decisions.reassignment import (
     start_plan,
     start_reassignment,
 )
+from controller.decisions.reachability import (
+    UNREACHABLE_DECISION_INTERVAL_MS,
+    Link,
+    ReachabilityReports,
+    move_unreachable_leaders,
+    refuse_lonely_shrink,
+)
 from controller.decisions.rebalance import (
     LEADER_IMBALANCE_CHECK_INTERVAL_MS,
     LEADER_IMBALANCE_PER_BROKER_PERCENTAGE,
@@ -76,9 +83,10 @@ from controller.decisions.topics import add_partitions, alter_config, create_top
 __all__ = [
     "periodic", "ControllerState", "LeaderSettings", "BrokerSessions", "QuorumElectionTracker",
     "IntervalTimer", "LeaderImbalanceCheck", "BrokerImbalance", "PartitionLimits", "check_partitions",
-    "IntervalTimer", "LeaderImbalanceCheck", "BrokerImbalance", "MaintenanceDrain", "MaintenanceProgress",
+    "MaintenanceDrain", "MaintenanceProgress",
     "DecommissionProgress", "decommission_moves", "decommission_progress", "drain_leaders", "maintenance_progress",
     "recommission", "set_maintenance", "start_decommission", "alter_cluster_config", "cancel_many", "start_plan",
+    "Link", "ReachabilityReports", "move_unreachable_leaders", "refuse_lonely_shrink",
     "add_partitions", "alter_config", "alter_isr", "allocate_producer_ids", "cancel_reassignment",
     "check_heartbeat", "create_topic", "delete_topic", "elect_imbalanced", "elect_isr_leader", "elect_leaders",
     "elect_preferred", "elect_quorum", "fence_broker", "fence_expired", "fence_shutting_down", "fence_for_election",
@@ -91,12 +99,14 @@ __all__ = [
 def periodic(image: MetadataImage, sessions: BrokerSessions, tracker: QuorumElectionTracker,
              now_ms: int, *, rebalance_timer: IntervalTimer | None = None,
              imbalance_check: LeaderImbalanceCheck | None = None,
-             maintenance_drain: MaintenanceDrain | None = None) -> list[Record]:
+             maintenance_drain: MaintenanceDrain | None = None,
+             reachability: ReachabilityReports | None = None) -> list[Record]:
     """What the controller leader should append now, in this fixed order:
     fence expired brokers and brokers in a controlled shutdown (moving their
     leaderships, shrinking ISRs); unfence
     brokers that heartbeat and caught up; move any leadership a fenced broker
-    still holds (only after a stale proposal); elect leaders for leaderless
+    still holds (only after a stale proposal); move leaderships whose followers report
+    their leader unreachable (`reachability`); elect leaders for leaderless
     partitions (quorum: fence step, then from the tracker's reports); drain
     leaderships off brokers in maintenance (with `maintenance_drain`); start the
     next moves off brokers being decommissioned, and fence those with nothing left;
@@ -112,6 +122,11 @@ def periodic(image: MetadataImage, sessions: BrokerSessions, tracker: QuorumElec
     plan.extend(fence_shutting_down(plan.image, sessions, now_ms))
     plan.extend(unfence_ready(plan.image, sessions, now_ms))
     plan.extend(move_fenced_leaders(plan.image))
+    if reachability is not None:
+        moved, exclusions = move_unreachable_leaders(plan.image, reachability, now_ms)
+        plan.extend(moved)
+        for e in exclusions:
+            tracker.exclude(e.topic, e.partition, e.fenced_epoch, e.leader)
     plan.extend(elect_leaders(plan.image, tracker))
     if maintenance_drain is not None:
         plan.extend(maintenance_drain.run(plan.image, now_ms))
@@ -140,6 +155,8 @@ class LeaderSettings:
     leader_imbalance_per_broker_percentage: int = LEADER_IMBALANCE_PER_BROKER_PERCENTAGE
     quorum_preferred_retry_ms: int = QUORUM_PREFERRED_RETRY_MS
     partition_limits: PartitionLimits = PartitionLimits()
+    # At most one leadership move per partition per interval on followers' reports.
+    unreachable_decision_interval_ms: int = UNREACHABLE_DECISION_INTERVAL_MS
 
     def __post_init__(self) -> None:
         for name in ("session_timeout_ms", "rebalance_interval_ms"):
@@ -165,6 +182,9 @@ class ControllerState:
         self.settings = settings
         self.sessions = BrokerSessions(session_timeout_ms=settings.session_timeout_ms)
         self.tracker = QuorumElectionTracker()
+        # A report counts while the broker's session would: its heartbeats carry it anew.
+        self.reachability = ReachabilityReports(fresh_ms=settings.session_timeout_ms,
+                                                interval_ms=settings.unreachable_decision_interval_ms)
         self.rebalance_timer: IntervalTimer | None = IntervalTimer(interval_ms=settings.rebalance_interval_ms)
         self.maintenance_drain = MaintenanceDrain()
         self.imbalance_check: LeaderImbalanceCheck | None = None
@@ -177,4 +197,4 @@ class ControllerState:
     def periodic(self, image: MetadataImage, now_ms: int) -> list[Record]:
         return periodic(image, self.sessions, self.tracker, now_ms,
                         rebalance_timer=self.rebalance_timer, imbalance_check=self.imbalance_check,
-                        maintenance_drain=self.maintenance_drain)
+                        maintenance_drain=self.maintenance_drain, reachability=self.reachability)

@@ -91,6 +91,13 @@ class QuorumElectionTracker:
 
     def __init__(self) -> None:
         self._rounds: dict[tuple[str, int], _Round] = {}
+        # Rounds started because the followers could not reach their leader: (fenced epoch,
+        # that leader), whose report the round refuses (controller/decisions/reachability.py).
+        self._excluded: dict[tuple[str, int], tuple[int, int]] = {}
+
+    def exclude(self, topic: str, partition: int, fenced_epoch: int, broker_id: int) -> None:
+        """Refuse broker_id's report in the round at fenced_epoch: the others elect."""
+        self._excluded[(topic, partition)] = (fenced_epoch, broker_id)
 
     def add(self, image: MetadataImage, report: ElectionReport) -> str | None:
         """Record `report`; returns None when kept, else why it was ignored."""
@@ -105,6 +112,9 @@ class QuorumElectionTracker:
         if report.broker_id not in p.replicas:
             return f"broker {report.broker_id} is not a replica of {report.topic}-{report.partition}"
         key = (report.topic, report.partition)
+        if self._excluded.get(key) == (report.fenced_epoch, report.broker_id):
+            return (f"broker {report.broker_id} led {report.topic}-{report.partition} until its followers "
+                    f"reported it unreachable; the others elect")
         current = self._rounds.get(key)
         if current is None or current.fenced_epoch != report.fenced_epoch:
             current = _Round(report.fenced_epoch, {})
@@ -122,7 +132,12 @@ class QuorumElectionTracker:
         return [current.reports[b] for b in p.replicas if b in current.reports]
 
     def forget_stale(self, image: MetadataImage) -> None:
-        """Drop rounds for partitions gone or no longer at that fenced epoch."""
+        """Drop rounds for partitions gone or no longer at that fenced epoch, and exclusions
+        whose round is over (an exclusion decided in this pass is for the epoch ahead)."""
+        for key, (epoch, _) in list(self._excluded.items()):
+            p = image.get_partition(*key)
+            if p is None or p.leader_epoch > epoch or (p.leader_epoch == epoch and not p.fenced_for_election):
+                del self._excluded[key]
         for key in list(self._rounds):
             p = image.get_partition(*key)
             if p is None or not p.fenced_for_election \

@@ -21,8 +21,10 @@ from common.metadata.image import MetadataImage
 from common.metrics import MetricsServer
 from common.tasks import cancel_and_wait
 from common.topic_partition import TopicPartition
+from common.requests import UnreachablePeer
 from common.usage import BrokerUsage
 from dataplane.broker.config import BrokerConfig
+from dataplane.broker.contact import Expected, PeerContact
 from dataplane.broker.fetcher import Fetcher
 from dataplane.broker.listener import start_pipelined_server
 from dataplane.broker.lifecycle import (
@@ -75,6 +77,8 @@ class Broker:
         self.lifecycle: Lifecycle | None = None
         self._heartbeats: HeartbeatThread | None = None
         self._usage_latest: BrokerUsage | None = None
+        self.contact = PeerContact()
+        self._unreachable_latest: tuple[UnreachablePeer, ...] = ()   # read by the heartbeat thread
         self.learner: MetadataLearner | None = None
         self.handler: RequestHandler | None = None
         self.groups: GroupCoordinator | None = None
@@ -115,9 +119,10 @@ class Broker:
                                fetch_error_backoff_ms=c.fetch_error_backoff_ms,
                                reconnect_backoff_ms_max=c.reconnect_backoff_ms_max,
                                request_timeout_ms=c.request_timeout_ms, max_frame_bytes=c.max_frame_bytes,
-                               on_round_trip=self.metrics.observe_pull)
+                               on_round_trip=self.metrics.observe_pull, heard=self._heard)
         self.pusher = Pusher(broker_id=c.broker_id, address_of=self._address_of, deliver=self._deliver,
-                             max_frame_bytes=c.max_frame_bytes, on_round_trip=self.metrics.observe_push)
+                             max_frame_bytes=c.max_frame_bytes, on_round_trip=self.metrics.observe_push,
+                             heard=self._heard)
         self.replicas = ReplicaManager(config=c, control=self.control, clean_start=clean,
                                        send_fetch=self.fetcher.submit, send_append_entries=self.pusher.submit,
                                        refresh_metadata=self.learner.refresh_soon, metrics=self.metrics)
@@ -125,7 +130,8 @@ class Broker:
         self.handler = RequestHandler(broker_id=c.broker_id, image=lambda: learner.image,
                                       replicas=self.replicas, producer_ids=self.producer_ids,
                                       refresh_metadata=self.learner.refresh_soon,
-                                      fetch_wait_ms_max=c.fetch_wait_ms_max, metrics=self.metrics)
+                                      fetch_wait_ms_max=c.fetch_wait_ms_max, metrics=self.metrics,
+                                      heard=self._heard)
         self.groups = GroupCoordinator(
             broker_id=c.broker_id, requests=self.handler, control=self.control,
             config=GroupConfig(initial_rebalance_delay_ms=c.group_initial_rebalance_delay_ms,
@@ -156,7 +162,8 @@ class Broker:
                                    rack=c.rack, priority=c.priority, clean_shutdown=clean,
                                    metadata_offset=lambda: learner.offset, usage=lambda: self._usage_latest,
                                    heartbeat_interval_ms=c.heartbeat_interval_ms,
-                                   usage_interval_ms=c.usage_interval_ms)
+                                   usage_interval_ms=c.usage_interval_ms,
+                                   unreachable=lambda: self._unreachable_latest)
         self._usage_latest = self.usage()
         self._heartbeats = HeartbeatThread(
             self.lifecycle, loop_progress_s=lambda: self.watchdog.last_progress_s,
@@ -171,7 +178,7 @@ class Broker:
         loop = asyncio.get_running_loop()
         offline = OfflineRecovery(self.replicas, lambda: learner.image, data_dir=c.data_dir,
                                   ready=learner.caught_up.is_set)
-        for coro in (self.learner.run(), self._heartbeat_support(), self.replicas.run_ticks(),
+        for coro in (self.learner.run(), self._heartbeat_support(), self._watch_links(), self.replicas.run_ticks(),
                      self.replicas.run_retention(), self.replicas.run_cleaner(), offline.run(),
                      self.groups.run_ticks()):
             task = loop.create_task(coro)
@@ -207,6 +214,50 @@ class Broker:
             if not self._heartbeats.alive():
                 raise RuntimeError(f"the heartbeat thread ended: {self._heartbeats.error!r}")
             await asyncio.sleep(self.config.usage_interval_ms / 1000)
+
+    def _heard(self, peer: int) -> None:
+        self.contact.heard(peer, _monotonic_ms())
+
+    def expected_links(self) -> list[Expected]:
+        """The replication links this broker should hear on, from the metadata it applied:
+        as a follower, from its leader; as a leader, from each unfenced follower."""
+        assert self.learner is not None
+        image, me, bound = self.learner.image, self.config.broker_id, self.config.peer_unreachable_ms
+        out = []
+        for p in image.partitions():
+            leader = p.leader
+            if leader is None or me not in p.replicas or not image.is_unfenced(leader):
+                continue
+            config = image.topics[p.topic].config
+            # isr: reported before the leader would shrink the ISR to itself.
+            link_bound = bound if config.commit_policy == "quorum" else min(bound, config.replica_lag_time_max_ms // 2)
+            tp = TopicPartition(p.topic, p.partition)
+            if leader != me:
+                out.append(Expected(tp, p.leader_epoch, leader, link_bound))
+            else:
+                out += [Expected(tp, p.leader_epoch, f, link_bound) for f in p.replicas
+                        if f != me and image.is_unfenced(f)]
+        return out
+
+    async def _watch_links(self) -> None:
+        """Keep the links silent past their bound ready for the heartbeat thread."""
+        interval_ms = min(self.config.heartbeat_interval_ms, self.config.peer_unreachable_ms // 4)
+        last = _monotonic_ms()
+        while True:
+            now = _monotonic_ms()
+            if now - last > interval_ms + self.config.peer_unreachable_ms // 2:
+                # This loop was stalled: the answers it would have seen were not read.
+                self.contact.forget_silence()
+            last = now
+            silent = self.contact.unreachable(self.expected_links(), now)
+            latest = tuple(UnreachablePeer(topic=e.tp.topic, partition=e.tp.partition, leader_epoch=e.leader_epoch,
+                                           peer=e.peer) for e in silent)
+            if latest != self._unreachable_latest:
+                log.info("replication links silent past their bound: %s",
+                         ", ".join(f"{u.topic}-{u.partition}@{u.leader_epoch}: broker {u.peer}" for u in latest)
+                         or "none", extra={"event": "broker.links_silent"})
+            self._unreachable_latest = latest
+            await asyncio.sleep(interval_ms / 1000)
 
     def _task_ended(self, task: asyncio.Task) -> None:
         if task.cancelled() or self._stopped:
@@ -336,3 +387,8 @@ class Broker:
                            counters_since_ms=self.replicas.counters_since_ms, produce_bytes_total=totals.produce_bytes,
                            replicated_bytes_total=totals.replicated_bytes, fetch_bytes_total=totals.fetch_bytes)
 
+
+def _monotonic_ms() -> int:
+    """Link silence is measured on the monotonic clock: a wall clock stepped by hours must
+    not make every link look silent (or revive a silent one)."""
+    return int(time.monotonic() * 1000)

@@ -44,6 +44,11 @@ class BrokerConfig(BaseModel):
     tick_interval_ms: int = Field(default=10, ge=1, le=1000)
     # An idle push follower hears from its leader (and learns the HW) this often.
     push_heartbeat_ms: int = Field(default=100, ge=1, le=60_000)
+    # A replication link (leader and follower of a partition) silent this long is named in
+    # the heartbeats, so the controller can move a leadership its followers cannot reach
+    # (for isr topics at most half the topic's replica_lag_time_max_ms, so the report comes
+    # before the leader shrinks its ISR to itself).
+    peer_unreachable_ms: int = Field(default=1500, ge=100, le=600_000)
     # A sleep before each fsync run; 0: group commit only (waiters arriving during an fsync
     # share the next one), which costs a lone acks=all producer no timer.
     flush_debounce_ms: int = Field(default=0, ge=0, le=1000)

@@ -45,6 +45,7 @@ log = logging.getLogger("biplane.broker.fetcher")
 
 AddressOf = Callable[[int], "tuple[str, int] | None"]
 Deliver = Callable[[TopicPartition, FetchResponse], None]
+Heard = Callable[[int], None]
 
 
 class Fetcher:
@@ -52,11 +53,12 @@ class Fetcher:
                  fetch_max_bytes: int = 8 * 1024 * 1024, fetch_error_backoff_ms: int = 50,
                  reconnect_backoff_ms_max: int = 1000, request_timeout_ms: int = 10_000,
                  max_frame_bytes: int = 64 * 1024 * 1024,
-                 on_round_trip: Callable[[float], None] | None = None) -> None:
+                 on_round_trip: Callable[[float], None] | None = None, heard: Heard | None = None) -> None:
         self.broker_id = broker_id
         # Seconds from sending a fetch to its answer, for each answer that brought records
         # (an empty one measured the long-poll's wait, not replication).
         self.on_round_trip = on_round_trip
+        self.heard = heard   # told the leader's id on every answer (dataplane/broker/contact.py)
         self.address_of = address_of
         self.deliver = deliver
         self.limits = dict(fetch_wait_ms_max=fetch_wait_ms_max, fetch_max_bytes=fetch_max_bytes,
@@ -225,6 +227,8 @@ class FetchSession:
             await self._broken(which, batch, exc)
             return {}
         self._backoff_ms = 0
+        if self.fetcher.heard is not None:
+            self.fetcher.heard(self.leader_id)
         if response.error_code is not ErrorCode.NONE:
             self._deliver_later(batch, {}, error=response.error_code)
             return {}

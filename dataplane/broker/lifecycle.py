@@ -3,8 +3,8 @@
 A fresh incarnation id per start; `clean_shutdown` comes from a marker file
 that a clean stop writes and a start removes (so a crash leaves none, and the
 controller takes this broker out of every ISR until it catches up: KIP-966).
-Heartbeats carry the applied metadata offset and, every usage interval, usage
-stats. A heartbeat answered STALE_BROKER_EPOCH (or unknown broker) registers again.
+Heartbeats carry the applied metadata offset, the replication links this broker has not
+used for a bound (dataplane/broker/contact.py) and, every usage interval, usage stats. A heartbeat answered STALE_BROKER_EPOCH (or unknown broker) registers again.
 
 Heartbeats go from a thread of their own (`HeartbeatThread`, with its own event loop and
 controller client), as Kafka's broker sends them from its lifecycle manager's thread, not
@@ -36,7 +36,7 @@ from typing import Callable
 from common.control_client import ControlClient
 from common.durable import fsync_dir
 from common.errors import BiplaneError, ErrorCode
-from common.requests import HeartbeatRequest, RegisterBrokerRequest
+from common.requests import HeartbeatRequest, RegisterBrokerRequest, UnreachablePeer
 from common.usage import BrokerUsage
 
 log = logging.getLogger("biplane.broker.lifecycle")
@@ -83,7 +83,8 @@ class Lifecycle:
                  priority: int, clean_shutdown: bool, metadata_offset: Callable[[], int],
                  kafka_port: int | None = None,
                  usage: Callable[[], BrokerUsage | None], heartbeat_interval_ms: int = 150,
-                 usage_interval_ms: int = 1000, retry_backoff_ms: int = 200) -> None:
+                 usage_interval_ms: int = 1000, retry_backoff_ms: int = 200,
+                 unreachable: Callable[[], tuple[UnreachablePeer, ...]] = tuple) -> None:
         self.control = control
         self.broker_id = broker_id
         self.incarnation_id = uuid.uuid4().hex
@@ -92,6 +93,7 @@ class Lifecycle:
         self.metadata_offset = metadata_offset
         self.kafka_port = kafka_port
         self.usage = usage
+        self.unreachable = unreachable
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self.usage_interval_ms = usage_interval_ms
         self.retry_backoff_ms = retry_backoff_ms
@@ -181,7 +183,7 @@ class Lifecycle:
             usage = self.usage()
         return HeartbeatRequest(broker_id=self.broker_id, incarnation_id=self.incarnation_id,
                                 metadata_offset=self.metadata_offset(), usage=usage,
-                                want_shutdown=self.want_shutdown)
+                                want_shutdown=self.want_shutdown, unreachable=self.unreachable())
 
 
 class HeartbeatThread:
@@ -192,7 +194,8 @@ class HeartbeatThread:
     `loop_stall_ms_max` ago, so a wedged loop still gets the broker fenced.
 
     What the thread shares with the loop: `Lifecycle.fenced` and `registered` (written
-    here), `want_shutdown` (written there), and the callables `metadata_offset` and `usage`,
+    here), `want_shutdown` (written there), and the callables `metadata_offset`, `usage` and
+    `unreachable`,
     which must only read values the loop keeps current."""
 
     def __init__(self, lifecycle: Lifecycle, *, make_control: Callable[[], ControlClient],

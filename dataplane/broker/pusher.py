@@ -49,9 +49,11 @@ class Pusher:
     def __init__(self, *, broker_id: int, address_of: AddressOf, deliver: Deliver,
                  reconnect_backoff_ms: int = 100, connect_timeout_ms: int = 2000, inflight_requests_max: int = 256,
                  max_frame_bytes: int = 64 * 1024 * 1024,
-                 on_round_trip: Callable[[float], None] | None = None) -> None:
+                 on_round_trip: Callable[[float], None] | None = None,
+                 heard: Callable[[int], None] | None = None) -> None:
         self.broker_id = broker_id
         self.on_round_trip = on_round_trip  # seconds from writing an append-entries to its answer
+        self.heard = heard   # told the follower's id on every answer (dataplane/broker/contact.py)
         # A connect to a follower whose packets are dropped (a network cut) waits for the
         # kernel's SYN retries, minutes apart at the end; everything for that follower queues
         # behind it, so after the cut heals its partitions stayed out of the ISR until the
@@ -128,6 +130,8 @@ class Pusher:
             return
         if self.on_round_trip is not None:
             self.on_round_trip(time.perf_counter() - sent)
+        if self.heard is not None:
+            self.heard(follower_id)
         self.deliver(tp, append_reply_from_wire(answer.result()))
 
     def _failed(self, follower_id: int, tp: TopicPartition, exc: BaseException) -> None:

@@ -53,8 +53,11 @@ GROUP_REQUESTS = frozenset({
 class RequestHandler:
     def __init__(self, *, broker_id: int, image: Callable[[], MetadataImage], replicas: ReplicaManager,
                  producer_ids: ProducerIds, refresh_metadata: Callable[[], None], fetch_wait_ms_max: int,
-                 metrics: BrokerMetrics | None = None) -> None:
+                 metrics: BrokerMetrics | None = None, heard: Callable[[int], None] | None = None) -> None:
         self.broker_id = broker_id
+        # Told the peer's id on a follower's fetch and a leader's append-entries
+        # (dataplane/broker/contact.py).
+        self.heard = heard
         self.image = image
         self.replicas = replicas
         self.producer_ids = producer_ids
@@ -187,6 +190,8 @@ class RequestHandler:
         wait_s = max(0, min(request.max_wait_ms, self.fetch_wait_ms_max)) / 1000
         deadline = loop.time() + wait_s
         follower = request.replica_id >= 0
+        if follower and self.heard is not None:
+            self.heard(request.replica_id)
         stepped: dict[TopicPartition, int] = {}  # the core's fetch count after our own step of each partition
         while True:
             answers: dict[TopicPartition, wire.FetchPartitionResponse] = {}
@@ -277,6 +282,8 @@ class RequestHandler:
     async def append_entries(self, request: wire.AppendEntriesRequest) -> wire.AppendEntriesResponse:
         """A push leader's append-entries, stepped into this follower's core (before the first
         await, so one connection's requests reach the core in order)."""
+        if self.heard is not None:
+            self.heard(request.leader_id)
         driver, error = self._locate(request.topic, request.partition)
         if driver is None:
             self.counters.error("AppendEntriesRequest", error)

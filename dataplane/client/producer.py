@@ -4,7 +4,9 @@
         meta = await producer.send_and_wait("events", b"hello", key=b"user-1")
 
 One sender task drains the accumulator (dataplane/client/accumulator.py: batching) into
-one PRODUCE request per leader broker, on a connection used for produce only, and feeds
+PRODUCE requests per leader broker — one per group of partitions that share their fate (same
+topic, replicas and ISR), each group on a produce connection ("lane") of its own, so a partition
+that cannot complete holds up only its own group (dataplane/client/lanes.py) — and feeds
 each partition's answer back to the producer core (dataplane/client/producer_core.py: the
 protocol — numbers, retries, epochs, outcomes; this module only performs what it decides).
 Retriable errors refresh metadata when they say it is stale, then the batch is resent with
@@ -54,6 +56,7 @@ from dataplane.client.accumulator import (
     ProducerBatch,
     record_size_bytes,
 )
+from dataplane.client.lanes import Lanes, fate_key
 from dataplane.client.producer_core import Acknowledge, Fail, Outcome
 from dataplane.client.network import Network, check_metadata_max_age_ms, parse_bootstrap
 from dataplane.client.partitioner import StickyPartitioner
@@ -133,6 +136,13 @@ class Producer:
     remembers per producer: leaders check idempotent sequences and refuse a batch whose
     predecessor is missing, so a retried batch is never overtaken; without idempotence it is
     always 1);
+    produce_lanes_per_broker_max (default 8): connections per broker for produce requests.
+    Partitions of one topic with the same replicas and ISR go in one request on one connection;
+    other groups get their own, so an `isr` partition waiting out a lost follower, or one
+    short of its quorum, does not hold up the acknowledgements of partitions that can
+    complete (a broker answers a request when all its partitions are done, and a
+    connection's requests in order). Past the bound, groups share connections; 1 gives one
+    connection per broker, as Kafka's producer has.
     unknown_topic_wait_ms (how long send() waits for a topic the cluster does not know yet);
     metadata_max_age_ms (default 300000, Kafka's metadata.max.age.ms: cached metadata older
     than this is fetched again in the background although no error asked for it; the
@@ -154,7 +164,7 @@ class Producer:
                  delivery_timeout_ms: int = 120_000, retry_backoff_ms: int = 100,
                  in_flight_per_partition_max: int = 5, request_bytes_max: int = 4 * 1024 * 1024,
                  unknown_topic_wait_ms: int = 5_000, metadata_max_age_ms: int = 300_000,
-                 client_id: str = "biplane-producer") -> None:
+                 produce_lanes_per_broker_max: int = 8, client_id: str = "biplane-producer") -> None:
         if bootstrap is None:
             from dataplane.client.discovery import default_bootstrap
             bootstrap = default_bootstrap()
@@ -192,6 +202,7 @@ class Producer:
                                 idempotent=self.idempotent,
                                 compression=codec,
                                 on_batch_closed=self._batch_closed)
+        self._lanes = Lanes(produce_lanes_per_broker_max)
         self._tps: dict[str, tuple[Any, list[TopicPartition]]] = {}
         self._flush_holds = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -454,8 +465,7 @@ class Producer:
         if self._sender is not None and self._fatal is None and not acc.core.producer_id_wanted:
             drained = acc.drain(_now_ms(), self._network.metadata.leader, request_bytes_max=self.request_bytes_max,
                                 closing=self._closing)
-            for broker, batches in drained.items():
-                self._tasks.spawn(self._send_batches(broker, batches))
+            self._send_drained(drained)
         self._wakeup.set()   # the sender recomputes its deadlines (and handles what could not go)
 
     async def _partition_count(self, topic: str, deadline: float) -> int:
@@ -508,8 +518,7 @@ class Producer:
                 self._maybe_request_producer_id(now)
                 drained = self._acc.drain(now, self._network.metadata.leader,
                                           request_bytes_max=self.request_bytes_max, closing=self._closing)
-                for broker, batches in drained.items():
-                    self._tasks.spawn(self._send_batches(broker, batches))
+                self._send_drained(drained)
                 self._changed.notify()
                 if self._needs_metadata():
                     self._tasks.spawn(self._refresh_quietly())
@@ -565,7 +574,23 @@ class Producer:
             log.debug("metadata refresh failed: %s", exc)
         self._wakeup.set()
 
-    async def _send_batches(self, broker: int, batches: list[ProducerBatch]) -> None:
+    def _send_drained(self, drained: dict[int, list[ProducerBatch]]) -> None:
+        """One request per broker and lane (dataplane/client/lanes.py)."""
+        meta, core = self._network.metadata, self._acc.core
+
+        def key_of(tp: TopicPartition) -> Any:
+            info = meta.partition(tp)
+            return fate_key(tp, info.replicas, info.isr) if info is not None else fate_key(tp, (), ())
+
+        def others_in_flight(tp: TopicPartition) -> bool:
+            return core.in_flight(tp) > 1   # the batch drained now counts already
+
+        for broker, batches in drained.items():
+            for lane, lane_batches in self._lanes.split(broker, batches, key_of, others_in_flight).items():
+                self._tasks.spawn(self._send_batches(broker, lane_batches, lane))
+
+    async def _send_batches(self, broker: int, batches: list[ProducerBatch], lane: int = 0) -> None:
+        purpose = "produce" if lane == 0 else f"produce-{lane}"
         meta = self._network.metadata
         by_topic: dict[str, list[ProducePartition]] = {}
         for batch in batches:
@@ -578,10 +603,10 @@ class Producer:
         unanswered: str | None = None
         try:
             if self.acks == Acks.NONE:
-                await self._network.send_only(broker, request, purpose="produce")
+                await self._network.send_only(broker, request, purpose=purpose)
                 answers = {b.tp: (ErrorCode.NONE, -1, None) for b in batches}
             else:
-                response = await self._network.request(broker, request, purpose="produce",
+                response = await self._network.request(broker, request, purpose=purpose,
                                                        timeout_ms=self.request_timeout_ms + 1_000)
                 for topic in response.topics:
                     for p in topic.partitions:

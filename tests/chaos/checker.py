@@ -12,7 +12,10 @@ Liveness failures, reported apart: partitions that could not be read back after 
 that never acknowledged again after the last heal.
 Figures: acks and failures by error, faults by kind, the longest acks=all gap per partition
 outside faults that remove a quorum, and the time to the first acknowledgement after the last
-heal per partition.
+heal per partition. For gray faults (a broker cut from its peers, not from the controllers;
+tests/chaos/schedule.py GRAY_WEIGHTS): per kind, the longest acks=all gap inside the fault of
+the partitions the cut broker led as it began and of the others, by commit policy, against
+their targets (`gray_targets`).
 """
 from __future__ import annotations
 
@@ -20,7 +23,10 @@ import collections
 import dataclasses
 from typing import Any
 
-from tests.chaos.history import History, parse_value
+from tests.chaos.history import FaultRun, History, parse_value
+from tests.chaos.schedule import GRAY_KINDS
+
+SESSION_TIMEOUT_S = 1.5   # the controllers' default session_timeout_ms, as the harness runs them
 
 VIOLATION_KINDS = ("lost", "duplicated", "misplaced", "reordered", "vanished", "diverged")
 EXAMPLES_MAX = 10
@@ -198,6 +204,7 @@ def figures(history: History) -> dict[str, Any]:
             reack_by_tp[tp] = round(min(after) - history.last_heal_s, 3) if after else None
 
     return {
+        "gray": gray_figures(history, ack_times),
         "sends": len(history.sends), "acked": len(acked), "failed": sum(failures.values()), "no_outcome": pending,
         "failures_by_error": dict(sorted(failures.items())),
         "faults": len(history.faults), "faults_by_kind": dict(sorted(faults.items())),
@@ -212,3 +219,52 @@ def figures(history: History) -> dict[str, Any]:
         "reack_after_last_heal_s_by_partition": reack_by_tp,
         "partitions_never_reacked": sorted(tp for tp, v in reack_by_tp.items() if v is None),
     }
+
+
+def gray_targets(history: History) -> dict[str, float]:
+    """Issue 19's targets: partitions the cut broker does not lead never stop acknowledging
+    (quorum: 1 s; isr: a follower behind the cut is in their ISR until the leader shrinks it,
+    replica_lag_time_max_ms, as Kafka's), its own come back within session timeout + 2 s
+    (quorum) and replica_lag_time_max_ms + 2 s (isr)."""
+    lags = [int(c.get("replica_lag_time_max_ms", 10_000)) / 1000 for c in history.topics.values()
+            if c.get("commit_policy", "isr") == "isr"]
+    lag_s = max(lags, default=10.0)
+    return {"others_quorum": 1.0, "others_isr": lag_s + 1.0,
+            "cut_quorum": SESSION_TIMEOUT_S + 2.0, "cut_isr": lag_s + 2.0}
+
+
+def _gap_within(times: list[float], start: float, end: float) -> float:
+    edges = [start, *(t for t in times if start < t < end), end]
+    return max(b - a for a, b in zip(edges, edges[1:]))
+
+
+def gray_figures(history: History, ack_times: dict[str, list[float]]) -> dict[str, Any]:
+    """Per gray fault kind: the longest gap inside any such fault, by group
+    ("cut_quorum": partitions the cut broker led as the fault began, quorum topics...), the
+    targets, and each fault's worst partition per group."""
+    policy = {t: c.get("commit_policy", "isr") for t, c in history.topics.items()}
+    by_kind: dict[str, dict[str, Any]] = {}
+    for f in history.faults:
+        if f.kind not in GRAY_KINDS or not f.leaders:
+            continue
+        cut = _cut_broker(f)
+        row = by_kind.setdefault(f.kind, {"faults": 0, "longest_gap_s": {}, "worst": []})
+        row["faults"] += 1
+        worst: dict[str, tuple[float, str]] = {}
+        for tp, leader in f.leaders.items():
+            group = ("cut_" if leader == cut else "others_") + policy.get(tp.split("/")[0], "isr")
+            gap = round(_gap_within(sorted(ack_times.get(tp, [])), f.start_s, f.end_s), 3)
+            if gap > worst.get(group, (-1.0, ""))[0]:
+                worst[group] = (gap, tp)
+            row["longest_gap_s"][group] = max(row["longest_gap_s"].get(group, 0.0), gap)
+        row["worst"].append({"index": f.index, "targets": list(f.targets),
+                             **{g: {"gap_s": v[0], "partition": v[1]} for g, v in sorted(worst.items())}})
+    targets = gray_targets(history)
+    for row in by_kind.values():
+        row["over_target"] = sorted(g for g, v in row["longest_gap_s"].items() if v > targets[g])
+    return {"targets_s": targets, "by_kind": by_kind} if by_kind else {}
+
+
+def _cut_broker(f: FaultRun) -> str | None:
+    """The broker cut from its peers; a cut between two followers (cut_follower) has none."""
+    return f.targets[0] if f.kind != "cut_follower" else None

@@ -66,6 +66,8 @@ class FaultRun:
     end_s: float
     removes_quorum: bool
     note: str = ""
+    # gray faults: each partition's leader ("b1"...) as the fault began (absent: none known)
+    leaders: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(kw_only=True)

@@ -25,7 +25,7 @@ from typing import Any
 
 from tests.chaos.checker import VIOLATION_KINDS, Report, check
 from tests.chaos.history import History
-from tests.chaos.schedule import FAULT_WEIGHTS
+from tests.chaos.schedule import FAULT_WEIGHTS, GRAY_WEIGHTS, SCENARIOS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RESULTS_ROOT = Path("/tmp/biplane-chaos")
@@ -123,6 +123,18 @@ def table(s: dict[str, Any]) -> str:
     lines.append(f"{'partition'.ljust(24)} {'longest gap s':>14} {'re-ack s':>10}")
     for tp in sorted(gaps):
         lines.append(f"{tp.ljust(24)} {gaps[tp]:>14} {str(reacks.get(tp)):>10}")
+    gray = f.get("gray") or {}
+    if gray:
+        targets = gray["targets_s"]
+        lines.append("")
+        lines.append("gray faults: longest acks=all gap inside the fault (s), by the partitions' leader as it began")
+        lines.append(f"{'kind'.ljust(16)} {'faults':>6}  " + "  ".join(f"{g:>14}" for g in targets))
+        lines.append(f"{'target'.ljust(16)} {'':>6}  " + "  ".join(f"{'<= ' + str(v):>14}" for v in targets.values()))
+        for kind, row in sorted(gray["by_kind"].items()):
+            cells = [str(row["longest_gap_s"].get(g, "-")) + ("!" if g in row["over_target"] else "")
+                     for g in targets]
+            lines.append(f"{kind.ljust(16)} {row['faults']:>6}  " + "  ".join(f"{c:>14}" for c in cells))
+        lines.append("(! over target; cut_*: the cut broker led them, others_*: it did not)")
     lines.append("")
     verdict = ("OK" if s["ok"] else "VIOLATIONS" if any(s["violations"].values())
                else "LIVENESS FAILURES" if any(s["liveness_failures"].values()) else "PROBLEMS")
@@ -156,7 +168,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, help="results directory (default /tmp/biplane-chaos/seed-N-TIME)")
     p.add_argument("--partitions", type=int, default=2, help="partitions per topic (8 topics, one per mode)")
     p.add_argument("--interval-ms", type=int, default=100, help="each producer sends one record per partition this often")
-    p.add_argument("--kinds", help=f"comma-separated fault kinds (default all: {','.join(FAULT_WEIGHTS)})")
+    p.add_argument("--kinds", help=f"comma-separated fault kinds (default all: {','.join(FAULT_WEIGHTS)}; "
+                                   f"also {','.join(GRAY_WEIGHTS)})")
+    p.add_argument("--scenario", choices=sorted(SCENARIOS),
+                   help="a named set of fault kinds: gray = a broker cut from its peers (both ways, one "
+                        "way each way) or two brokers cut from each other, while all reach the controllers")
     p.add_argument("--settle", type=float, default=10.0, help="seconds of producing after the last heal")
     p.add_argument("--keep-data", action="store_true", help="copy the brokers' data out of their tmpfs before unmount")
     p.add_argument("--check", type=Path, metavar="HISTORY", help="only check a saved history.json")
@@ -186,10 +202,16 @@ def main(argv: list[str] | None = None) -> int:
             print(action)
         return 0
     kinds = tuple(k.strip() for k in args.kinds.split(",")) if args.kinds else None
+    if kinds and args.scenario:
+        print("scripts/chaos: give --kinds or --scenario, not both", file=sys.stderr)
+        return 2
+    if args.scenario:
+        kinds = SCENARIOS[args.scenario]
     if kinds:
-        unknown = [k for k in kinds if k not in FAULT_WEIGHTS]
+        known = {**FAULT_WEIGHTS, **GRAY_WEIGHTS}
+        unknown = [k for k in kinds if k not in known]
         if unknown:
-            print(f"scripts/chaos: unknown fault kinds {unknown}; known: {', '.join(FAULT_WEIGHTS)}", file=sys.stderr)
+            print(f"scripts/chaos: unknown fault kinds {unknown}; known: {', '.join(known)}", file=sys.stderr)
             return 2
     if not 10 <= args.duration <= 24 * 3600:
         print(f"scripts/chaos: --duration {args.duration} must be between 10 and 86400 seconds", file=sys.stderr)

@@ -24,9 +24,9 @@ from typing import Any
 from tests.chaos import replicas
 from tests.chaos.checker import Report, check
 from tests.chaos.cluster import Cluster, Node
-from tests.chaos.history import FaultRun, History
+from tests.chaos.history import FaultRun, History, tp_key
 from tests.chaos.net import Network
-from tests.chaos.schedule import Fault, make_schedule
+from tests.chaos.schedule import GRAY_KINDS, Fault, make_schedule
 from tests.chaos.workload import Workload, read_back
 
 TRACE = os.environ.get("BIPLANE_CHAOS_TRACE") == "1"
@@ -140,6 +140,21 @@ class Run:
                         net.cut(a, b)
                         net.cut(b, a)
             return [self._node(t) for t in fault.targets], f"{sorted(minority)} | the rest"
+        if kind in ("cut_leader", "cut_leader_out", "cut_leader_in"):
+            x = fault.targets[0]
+            peers = [b.name for b in c.brokers() if b.name != x]
+            for other in peers:
+                if kind != "cut_leader_in":
+                    net.cut(x, other)
+                if kind != "cut_leader_out":
+                    net.cut(other, x)
+            way = {"cut_leader": "<->", "cut_leader_out": "->", "cut_leader_in": "<-"}[kind]
+            return [self._node(x)], f"{x} {way} {','.join(peers)} dropped; controllers and clients reach it"
+        if kind == "cut_follower":
+            a, b = fault.targets
+            net.cut(a, b)
+            net.cut(b, a)
+            return [self._node(a), self._node(b)], f"{a} <-> {b} dropped, each reaches everyone else"
         if kind == "cut_one_way":
             net.cut(fault.targets[0], fault.targets[1])
             return [self._node(fault.targets[0])], f"{fault.targets[0]} -> {fault.targets[1]} dropped"
@@ -172,7 +187,7 @@ class Run:
         elif kind.startswith("pause_"):
             for n in nodes:
                 n.resume()
-        elif kind in ("isolate", "partition", "cut_one_way", "delay", "loss", "duplicate"):
+        elif kind in ("isolate", "partition", "cut_one_way", "delay", "loss", "duplicate") or kind in GRAY_KINDS:
             self.network.heal_all()
         elif kind == "disk_full":
             self.cluster.free_disk(nodes[0])
@@ -255,6 +270,7 @@ class Run:
         for fault in schedule:
             await self.sleep_until(fault.start_s)
             self.restart_unexpectedly_dead()
+            leaders = await asyncio.to_thread(self.leaders_now, list(topics)) if fault.kind in GRAY_KINDS else {}
             start = self.now()
             nodes, note = await self.inject(fault)
             await self.sleep_until(max(fault.end_s, start + fault.duration_s))
@@ -262,7 +278,7 @@ class Run:
             end = self.now()
             self.faults.append(FaultRun(index=fault.index, kind=fault.kind, targets=tuple(n.name for n in nodes),
                                         start_s=round(start, 3), end_s=round(end, 3),
-                                        removes_quorum=fault.removes_quorum, note=note))
+                                        removes_quorum=fault.removes_quorum, note=note, leaders=leaders))
             if fault.index % 10 == 9:
                 acked = sum(1 for s in workload.sends if s.offset is not None)
                 _log(f"{fault.index + 1}/{len(schedule)} faults; {acked}/{len(workload.sends)} records acknowledged")
@@ -314,6 +330,20 @@ class Run:
                         out.write(json.dumps({"at_s": round(self.now(), 3), "path": path, "got": got}) + "\n")
                         out.flush()
                 await asyncio.sleep(0.2)
+
+    def leaders_now(self, topics: list[str]) -> dict[str, str]:
+        """Each partition's leader as the admin API says now ("b1"...); partitions without one
+        (or when the API does not answer) are left out."""
+        out: dict[str, str] = {}
+        for t in topics:
+            try:
+                parts = self.cluster.api_get(f"/v1/topics/{t}/partitions")["partitions"]
+            except Exception:   # noqa: BLE001 - a figure's input, not the run's
+                continue
+            for p in parts:
+                if p.get("leader") is not None:
+                    out[tp_key(t, p["partition"])] = f"b{p['leader']}"
+        return out
 
     def partition_states(self, topics: list[str]) -> tuple[list[str], dict[str, list[str]]]:
         """The ISR of every partition at the end ("b1"...), and one note per partition whose

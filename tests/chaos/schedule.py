@@ -31,6 +31,26 @@ FAULT_WEIGHTS: dict[str, int] = {
 }
 QUORUM_REMOVING = frozenset({"kill_broker_pair", "pause_controller_pair"})
 
+# Gray failures (issue 19), a named scenario of their own (`scripts/chaos --scenario gray`),
+# not in the default mix, so the default schedules of a seed stay what they were. The cut
+# broker still reaches the controllers and the clients; only replication paths are cut.
+GRAY_WEIGHTS: dict[str, int] = {
+    "cut_leader": 3,        # one broker cut both ways from the other brokers
+    "cut_leader_out": 2,    # its packets to the other brokers dropped, theirs to it delivered
+    "cut_leader_in": 2,     # the other brokers' packets to it dropped, its own delivered
+    "cut_follower": 2,      # two brokers cut both ways from each other only (each a follower of the other's)
+}
+GRAY_KINDS = frozenset(GRAY_WEIGHTS)
+# Long enough to see the cut leader's partitions come back under the cut: session timeout
+# (1.5 s) + 2 s for quorum, replica_lag_time_max_ms (2 s) + 2 s for isr.
+GRAY_DURATION_S_MIN = 6.0
+GRAY_DURATION_S_MAX = 7.5
+# ... and far enough apart that each begins on a settled cluster (followers back in the ISR,
+# leaderships handed back), so its figures are its own, not the last one's aftermath.
+GRAY_GAP_S_MIN = 4.0
+GRAY_GAP_S_MAX = 5.0
+SCENARIOS: dict[str, tuple[str, ...]] = {"gray": tuple(GRAY_WEIGHTS)}
+
 FAULT_DURATION_S_MIN = 0.8
 FAULT_DURATION_S_MAX = 2.5
 GAP_S_MIN = 0.3
@@ -66,11 +86,12 @@ def make_schedule(*, seed: int, duration_s: float, brokers: int = 3, controllers
         raise ValueError(f"duration_s={duration_s} must be positive")
     rng = random.Random(seed)
     allowed = kinds or tuple(FAULT_WEIGHTS)
-    unknown = [k for k in allowed if k not in FAULT_WEIGHTS]
+    every = {**FAULT_WEIGHTS, **GRAY_WEIGHTS}
+    unknown = [k for k in allowed if k not in every]
     if unknown:
-        raise ValueError(f"unknown fault kinds {unknown}; known: {', '.join(FAULT_WEIGHTS)}")
+        raise ValueError(f"unknown fault kinds {unknown}; known: {', '.join(every)}")
     names = sorted(allowed)
-    weights = [FAULT_WEIGHTS[k] for k in names]
+    weights = [every[k] for k in names]
     bs = [f"b{i}" for i in range(1, brokers + 1)]
     cs = [f"c{i}" for i in range(1, controllers + 1)]
     everyone = bs + cs
@@ -79,7 +100,10 @@ def make_schedule(*, seed: int, duration_s: float, brokers: int = 3, controllers
     end = start_s + duration_s
     while len(out) < FAULTS_MAX:
         kind = rng.choices(names, weights)[0]
-        duration = round(rng.uniform(FAULT_DURATION_S_MIN, FAULT_DURATION_S_MAX), 3)
+        if kind in GRAY_KINDS:
+            duration = round(rng.uniform(GRAY_DURATION_S_MIN, GRAY_DURATION_S_MAX), 3)
+        else:
+            duration = round(rng.uniform(FAULT_DURATION_S_MIN, FAULT_DURATION_S_MAX), 3)
         if t + duration > end:
             break
         params: dict[str, Any] = {}
@@ -106,6 +130,10 @@ def make_schedule(*, seed: int, duration_s: float, brokers: int = 3, controllers
                 params = {"percent": rng.choice((5, 20, 50))}
             else:
                 params = {"percent": rng.choice((10, 30, 60))}
+        elif kind in ("cut_leader", "cut_leader_out", "cut_leader_in"):
+            targets = (rng.choice(bs),)
+        elif kind == "cut_follower":
+            targets = tuple(rng.sample(bs, 2))
         elif kind == "kill_broker_pair":
             targets = tuple(sorted(rng.sample(bs, 2)))
         elif kind == "pause_controller_pair":
@@ -116,5 +144,8 @@ def make_schedule(*, seed: int, duration_s: float, brokers: int = 3, controllers
             params = {"offset_s": rng.choice((-3600, -60, -5, 5, 60, 3600, 86400))}
         out.append(Fault(index=len(out), kind=kind, start_s=round(t, 3), duration_s=duration, targets=targets,
                          params=tuple(sorted(params.items()))))
-        t += duration + rng.uniform(GAP_S_MIN, GAP_S_MAX)
+        if kind in GRAY_KINDS:
+            t += duration + rng.uniform(GRAY_GAP_S_MIN, GRAY_GAP_S_MAX)
+        else:
+            t += duration + rng.uniform(GAP_S_MIN, GAP_S_MAX)
     return out

@@ -1,0 +1,84 @@
+"""Which of a broker's produce connections ("lanes") carries a partition's batches.
+
+A broker answers a produce request once every partition in it is done, and the requests of
+one connection in order (Kafka's semantics, which the brokers keep). So a partition that
+cannot complete — an `isr` partition waiting for a cut follower to leave its ISR, a partition
+short of its quorum — holds up every partition that shares its request, and every later
+request on the same connection. The producer therefore puts in one request, on one
+connection, only partitions that share their fate: the same topic (one commit policy and
+durability config), the same replicas and the same ISR (the same followers to wait for). A
+broker leading partitions of several such groups is sent one request per group, each on its
+own lane, so a group that cannot complete stalls only itself. (A partition whose leadership
+just moved away from a cut broker has a smaller ISR than the new leader's other partitions
+of that topic, which still wait for the cut broker to leave theirs: they must not share.)
+
+A partition keeps its lane while it has batches in flight: its batches then reach the leader
+in the order they were numbered (one connection delivers in order), and a retried batch is
+never overtaken. Lanes are bounded per broker (`lanes_max`): a new group takes the lane
+fewest groups in use share. Groups no partition uses any more are forgotten.
+Pure: no sockets, no clock.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from typing import Protocol, TypeVar
+
+from dataplane.client.records import TopicPartition
+
+FateKey = tuple[str, tuple[int, ...], tuple[int, ...]]
+
+
+class _HasPartition(Protocol):
+    @property
+    def tp(self) -> TopicPartition: ...
+
+
+B = TypeVar("B", bound=_HasPartition)
+
+
+def fate_key(tp: TopicPartition, replicas: tuple[int, ...], isr: tuple[int, ...]) -> FateKey:
+    """Partitions with the same key stall together under any cut: same topic, replicas, ISR."""
+    return (tp.topic, tuple(sorted(replicas)), tuple(sorted(isr)))
+
+
+class Lanes:
+    def __init__(self, lanes_max: int) -> None:
+        if type(lanes_max) is not int or lanes_max < 1:
+            raise ValueError(f"produce_lanes_per_broker_max={lanes_max!r} must be a positive integer "
+                             "(connections per broker for produce requests; 1: one, as Kafka's producer)")
+        self.lanes_max = lanes_max
+        self._groups: dict[int, dict[Hashable, int]] = {}                 # broker -> group key -> lane
+        self._pinned: dict[TopicPartition, tuple[int, int, Hashable]] = {}  # tp -> (broker, lane, key) last sent
+
+    def lane(self, broker: int, tp: TopicPartition, key: Hashable, *, others_in_flight: bool) -> int:
+        """The lane for a batch of tp to `broker`. others_in_flight: tp has other batches
+        awaiting an answer (then it stays on the lane they went on, if to the same broker)."""
+        pinned = self._pinned.get(tp)
+        if others_in_flight and pinned is not None and pinned[0] == broker:
+            return pinned[1]
+        groups = self._groups.setdefault(broker, {})
+        lane = groups.get(key)
+        if lane is None:
+            if len(groups) >= 4 * self.lanes_max:
+                self._forget_unused(broker, groups)
+            load = [0] * self.lanes_max
+            for used in groups.values():
+                load[used] += 1
+            lane = groups[key] = min(range(self.lanes_max), key=load.__getitem__)
+        self._pinned[tp] = (broker, lane, key)
+        return lane
+
+    def _forget_unused(self, broker: int, groups: dict[Hashable, int]) -> None:
+        in_use = {key for b, _, key in self._pinned.values() if b == broker}
+        for key in [k for k in groups if k not in in_use]:
+            del groups[key]
+
+    def split(self, broker: int, batches: list[B], key_of: Callable[[TopicPartition], Hashable],
+              others_in_flight: Callable[[TopicPartition], bool]) -> dict[int, list[B]]:
+        """Group one broker's drained batches into one list per lane."""
+        out: dict[int, list[B]] = {}
+        for batch in batches:
+            tp = batch.tp
+            lane = self.lane(broker, tp, key_of(tp), others_in_flight=others_in_flight(tp))
+            out.setdefault(lane, []).append(batch)
+        return out

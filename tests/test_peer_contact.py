@@ -1,0 +1,51 @@
+"""dataplane/broker/contact.py: which replication links a broker reports silent."""
+from __future__ import annotations
+
+from common.topic_partition import TopicPartition
+from dataplane.broker.contact import Expected, PeerContact
+
+T0 = TopicPartition("t", 0)
+T1 = TopicPartition("t", 1)
+
+
+def test_a_link_is_reported_once_silent_past_its_bound_and_not_after_word_comes():
+    c = PeerContact()
+    link = Expected(T0, 3, 2, 1000)
+    assert c.unreachable([link], 0) == []       # expected from now on
+    c.heard(2, 500)
+    assert c.unreachable([link], 1500) == []    # 1000 since the last word: not past
+    assert c.unreachable([link], 1501) == [link]
+    c.heard(2, 1600)
+    assert c.unreachable([link], 1700) == []
+
+
+def test_a_new_epoch_or_role_gets_its_whole_bound_from_when_it_is_first_expected():
+    """A leader change is not a cut: the new link's clock starts when it is first expected,
+    whatever the peer's old silence."""
+    c = PeerContact()
+    assert c.unreachable([Expected(T0, 3, 2, 1000)], 0) == []
+    new = Expected(T0, 4, 5, 1000)
+    assert c.unreachable([new], 5000) == []
+    assert c.unreachable([new], 6001) == [new]
+
+
+def test_links_not_expected_any_more_are_forgotten():
+    c = PeerContact()
+    a, b = Expected(T0, 1, 2, 100), Expected(T1, 1, 3, 100)
+    c.unreachable([a, b], 0)
+    c.unreachable([b], 50)
+    # a comes back: expected afresh from 160, not from 0.
+    assert c.unreachable([a, b], 160) == [b]
+    assert c.unreachable([a, b], 260) == [b]
+    assert c.unreachable([a, b], 261) == [a, b]
+
+
+def test_a_stall_of_its_own_is_not_its_peers_silence():
+    c = PeerContact()
+    link = Expected(T0, 1, 2, 1000)
+    c.unreachable([link], 0)
+    c.heard(2, 100)
+    # The loop stalled from 100 to 3000: nothing was read meanwhile.
+    c.forget_silence()
+    assert c.unreachable([link], 3000) == []
+    assert c.unreachable([link], 4001) == [link]
