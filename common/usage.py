@@ -31,6 +31,12 @@ GROUPS_REPORTED_MAX = 200
 GROUP_OFFSETS_REPORTED_MAX = 2000
 
 
+def lag_records(high_watermark: int, committed_offset: int) -> int:
+    """Records a group has still to consume: never negative (a commit past the high watermark,
+    or a high watermark seen late, shows as no lag rather than a negative one)."""
+    return max(0, high_watermark - committed_offset)
+
+
 class GroupOffsetUsage(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 

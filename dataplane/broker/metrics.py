@@ -27,9 +27,9 @@ from common.metrics import (
     labelled_counter, labelled_gauge,
 )
 from common.topic_partition import TopicPartition
+from common.usage import lag_records
 from dataplane.broker.budget import ProduceBudget
 from dataplane.broker.partition import PartitionDriver
-from dataplane.groups import lag as group_lag
 from dataplane.groups.driver import GroupCoordinator
 from dataplane.groups.state import GroupState
 
@@ -255,9 +255,9 @@ class GroupCollector:
                 for topic, partition, offset in g.offsets:
                     labels = [g.group, topic, str(partition)]
                     committed.append((labels, offset))
-                    hw = watermarks.get((topic, partition))
+                    hw = watermarks.get(TopicPartition(topic, partition))
                     if hw is not None and hw >= 0:
-                        lags.append((labels, group_lag.lag_records(hw, offset)))
+                        lags.append((labels, lag_records(hw, offset)))
             yield labelled_gauge("biplane_group_committed_offset",
                                  "on a group's coordinator: the group's committed offset of a partition",
                                  ["group", "topic", "partition"], committed)

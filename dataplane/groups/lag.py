@@ -1,5 +1,5 @@
 """What operators see of the groups a broker coordinates: a plain copy of each group's
-state, member count and committed offsets, lag against a high watermark, and the bounded
+state, member count and committed offsets, and the bounded
 form a usage report carries. Pure: the driver copies the cores' groups on the event loop
 (`snapshot`), everything after works on the copy, on any thread.
 """
@@ -32,12 +32,6 @@ def snapshot(groups: Iterable[Group]) -> list[GroupSnapshot]:
         out.append(GroupSnapshot(group=g.group_id, state=g.state.value, members=len(g.members), offsets=offsets))
     out.sort(key=lambda s: s.group)
     return out
-
-
-def lag_records(high_watermark: int, committed_offset: int) -> int:
-    """Records a group has still to consume: never negative (a commit past the high watermark,
-    or a high watermark seen late, shows as no lag rather than a negative one)."""
-    return max(0, high_watermark - committed_offset)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
