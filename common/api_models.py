@@ -220,6 +220,41 @@ class TopicOffsets(_Answer):
     partitions: list[PartitionOffsets]
 
 
+class GroupPartitionLag(_Answer):
+    """One partition a group committed an offset for, against the partition leader's high
+    watermark as the leader last reported it; None where no report of the current leader has it."""
+
+    topic: str
+    partition: int
+    committed_offset: int
+    leader: int | None = None
+    high_watermark: int | None = None
+    lag_records: int | None = None          # high_watermark - committed_offset, never negative
+    high_watermark_age_ms: int | None = None
+
+
+class GroupLag(_Answer):
+    """A group as its coordinator last reported it (brokers report about once a second)."""
+
+    group: str
+    coordinator: int                        # the broker whose report this is
+    state: str                              # Empty, PreparingRebalance, CompletingRebalance, Stable
+    members: int
+    reported_at_ms: int                     # the coordinator's clock when it reported
+    age_ms: int                             # how long before this answer
+    partitions: list[GroupPartitionLag]
+
+
+class GroupList(_Answer):
+    metadata_offset: int
+    at_ms: int                              # the controller's clock when it answered
+    groups: list[GroupLag]
+    # Left out of the coordinators' reports by their bound (common/usage.py): the
+    # coordinators' own /metrics still show them.
+    groups_omitted: int = 0
+    offsets_omitted: int = 0
+
+
 class BrokerOperations(_Answer):
     """A broker's maintenance and decommission state, and what is left of each."""
 

@@ -22,6 +22,41 @@ class ReplicaUsage(BaseModel):
     fetch_bytes_per_s: float = Field(default=0.0, ge=0)
 
 
+# Bounds on the group part of one report (a heartbeat must stay small whatever the groups):
+# groups in id order, each with its offsets in (topic, partition) order, until either bound
+# is reached; what does not fit is left out of the report and counted in
+# `BrokerUsage.groups_omitted` / `group_offsets_omitted` (the coordinator's /metrics still
+# shows every group: the bound is only on what reaches the controller).
+GROUPS_REPORTED_MAX = 200
+GROUP_OFFSETS_REPORTED_MAX = 2000
+
+
+def lag_records(high_watermark: int, committed_offset: int) -> int:
+    """Records a group has still to consume: never negative (a commit past the high watermark,
+    or a high watermark seen late, shows as no lag rather than a negative one)."""
+    return max(0, high_watermark - committed_offset)
+
+
+class GroupOffsetUsage(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    topic: str
+    partition: int = Field(ge=0)
+    committed_offset: int = Field(ge=0)
+
+
+class GroupUsage(BaseModel):
+    """A group as its coordinator knows it: the state, the member count and the committed
+    offsets (only committed ones: an offset a failover could lose is never reported)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    group: str
+    state: str
+    members: int = Field(ge=0)
+    offsets: list[GroupOffsetUsage] = Field(default_factory=list)
+
+
 class BrokerUsage(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -42,3 +77,9 @@ class BrokerUsage(BaseModel):
     produce_bytes_total: int | None = Field(default=None, ge=0)  # client writes to replicas it led
     replicated_bytes_total: int | None = Field(default=None, ge=0)  # written to replicas it followed
     fetch_bytes_total: int | None = Field(default=None, ge=0)  # served to followers and consumers
+    # The groups this broker coordinates (the offsets-topic partitions it leads, loaded),
+    # bounded by GROUPS_REPORTED_MAX and GROUP_OFFSETS_REPORTED_MAX; empty from brokers
+    # that predate them.
+    groups: list[GroupUsage] = Field(default_factory=list)
+    groups_omitted: int = Field(default=0, ge=0)
+    group_offsets_omitted: int = Field(default=0, ge=0)

@@ -358,6 +358,16 @@ async def get_reassignment_progress(request: web.Request) -> web.Response:
     return json_model(views.reassignment_progress(s.committed, s.usage, now_ms=s.clock_ms()))
 
 
+@route("GET", "/v1/groups",
+       summary="consumer groups as their coordinators last reported them (about once a second): state, "
+               "members, and per partition the committed offset, the partition leader's high watermark and "
+               "the lag between them (the leader answers, which receives the reports; a follower redirects)",
+       response=api_models.GroupList, leader_only=True)
+async def get_groups(request: web.Request) -> web.Response:
+    s = svc(request)
+    return json_model(views.group_list(s.committed, s.usage, now_ms=s.clock_ms()))
+
+
 @route("GET", "/v1/cluster/config", summary="the dynamic cluster config: every key, set or not",
        response=api_models.ClusterConfigView)
 async def get_cluster_config(request: web.Request) -> web.Response:

@@ -17,6 +17,8 @@ from prometheus_client import Counter, Histogram
 from prometheus_client.metrics_core import Metric
 
 from common.eventloop import LoopStalls
+from common.usage import BrokerUsage
+from controller import views
 from common.metadata import MetadataImage
 from common.metrics import (
     LATENCY_BUCKETS_S, Exposition, Families, LoopStallsSource, PartitionHealth, gauge, labelled_counter,
@@ -62,6 +64,9 @@ class ControllerSource(Protocol):
     def stats(self) -> dict[str, int]: ...
     @property
     def broker_offsets(self) -> dict[int, int]: ...
+    @property
+    def usage(self) -> dict[int, BrokerUsage]: ...
+    def clock_ms(self) -> int: ...
     def raft_status(self) -> RaftStatusSource | None: ...
 
 
@@ -156,6 +161,11 @@ class ControllerCollector:
             ("batches_committed", "Raft commands committed by this node as leader"),
             ("batches_failed", "Raft commands that failed or diverged"),
             ("leader_elections_won", "times this node became the trusted leader"))]
+        # Usage reports reach the leader only (a follower's copy is whatever it last led with):
+        # group lag comes from the leader. The reports are frozen models, so the dict's copy
+        # is all the loop pays; the view is built in the renderer thread.
+        usage = dict(s.usage) if s.is_leader else {}
+        now_ms = s.clock_ms()
 
         def families() -> Iterator[Metric]:
             for name, help_text, value in scalars:
@@ -171,4 +181,11 @@ class ControllerCollector:
                                  ["broker"], metadata_lag)
             for key, help_text, value in counts:
                 yield labelled_counter(f"biplane_controller_{key}", help_text, [], [([], value)])
+            groups = views.group_list(image, usage, now_ms=now_ms).groups
+            yield labelled_gauge("biplane_group_lag_records",
+                                 "on the controller leader: each group's lag per partition, the partition "
+                                 "leader's reported high watermark minus the coordinator's reported committed "
+                                 "offset (GET /v1/groups has the same)", ["group", "topic", "partition"],
+                                 (([g.group, p.topic, str(p.partition)], p.lag_records) for g in groups
+                                  for p in g.partitions if p.lag_records is not None))
         return families

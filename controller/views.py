@@ -7,6 +7,9 @@ from typing import Any, Mapping
 from common.api_models import (
     BrokerList,
     BrokerOperations,
+    GroupLag,
+    GroupList,
+    GroupPartitionLag,
     ClusterConfigView,
     PartitionMove,
     ReassignmentProgress,
@@ -21,7 +24,7 @@ from common.api_models import (
 )
 from common.metadata import MetadataImage
 from common.metadata.cluster_config import CLUSTER_CONFIG_MEANINGS
-from common.usage import BrokerUsage, ReplicaUsage
+from common.usage import BrokerUsage, ReplicaUsage, lag_records
 from controller.decisions import decommission_progress, maintenance_progress
 
 
@@ -63,6 +66,45 @@ def topic_offsets(image: MetadataImage, name: str, usage: Mapping[int, BrokerUsa
                                     replicas_size_bytes=sum(sizes), reported_at_ms=u.at_ms,
                                     age_ms=max(0, now_ms - u.at_ms)))
     return TopicOffsets(topic=name, metadata_offset=image.offset, at_ms=now_ms, partitions=out)
+
+
+def group_list(image: MetadataImage, usage: Mapping[int, BrokerUsage], *, now_ms: int) -> GroupList:
+    """Every group the coordinators reported, with each committed offset's lag against the
+    partition leader's reported high watermark. A group reported by two brokers (its
+    coordinator moved and the old one's last report is still kept) is taken from the newer
+    report."""
+    hw: dict[tuple[int, str, int], tuple[int, int]] = {}    # (broker, topic, partition) -> (hw, at_ms)
+    chosen: dict[str, tuple[int, BrokerUsage, Any]] = {}
+    groups_omitted = offsets_omitted = 0
+    for broker_id, u in sorted(usage.items()):
+        groups_omitted += u.groups_omitted
+        offsets_omitted += u.group_offsets_omitted
+        for r in u.replicas:
+            hw[(broker_id, r.topic, r.partition)] = (r.high_watermark, u.at_ms)
+        for g in u.groups:
+            seen = chosen.get(g.group)
+            if seen is None or u.at_ms > seen[1].at_ms:
+                chosen[g.group] = (broker_id, u, g)
+    out = []
+    for name, (broker_id, u, g) in sorted(chosen.items()):
+        partitions = []
+        for o in g.offsets:
+            info = image.get_partition(o.topic, o.partition)
+            leader = info.leader if info is not None else None
+            found = hw.get((leader, o.topic, o.partition)) if leader is not None else None
+            if found is None:
+                partitions.append(GroupPartitionLag(topic=o.topic, partition=o.partition,
+                                                    committed_offset=o.committed_offset, leader=leader))
+                continue
+            high_watermark, at_ms = found
+            partitions.append(GroupPartitionLag(
+                topic=o.topic, partition=o.partition, committed_offset=o.committed_offset, leader=leader,
+                high_watermark=high_watermark, lag_records=lag_records(high_watermark, o.committed_offset),
+                high_watermark_age_ms=max(0, now_ms - at_ms)))
+        out.append(GroupLag(group=name, coordinator=broker_id, state=g.state, members=g.members,
+                            reported_at_ms=u.at_ms, age_ms=max(0, now_ms - u.at_ms), partitions=partitions))
+    return GroupList(metadata_offset=image.offset, at_ms=now_ms, groups=out, groups_omitted=groups_omitted,
+                     offsets_omitted=offsets_omitted)
 
 
 def broker_operations(image: MetadataImage, broker_id: int, broker_offset: int | None) -> BrokerOperations:

@@ -60,6 +60,11 @@ BROKER_FAMILIES = {
     "biplane_partition_is_leader": "gauge",
     "biplane_partition_follower_lag_records": "gauge",
     "biplane_partition_produced_records": "counter",
+    # Present with no samples until the broker coordinates a group (tests/test_group_lag_cluster.py).
+    "biplane_group_committed_offset": "gauge",
+    "biplane_group_lag_records": "gauge",
+    "biplane_group_members": "gauge",
+    "biplane_group_state": "gauge",
 }
 CONTROLLER_FAMILIES = {
     "biplane_controller_node_id": "gauge",
@@ -78,6 +83,7 @@ CONTROLLER_FAMILIES = {
     "biplane_controller_event_loop_lag_seconds": "histogram",
     "biplane_api_requests": "counter",
     "biplane_api_request_seconds": "histogram",
+    "biplane_group_lag_records": "gauge",
 }
 PROCESS_FAMILIES = {"process_cpu_seconds": "counter", "process_resident_memory_bytes": "gauge",
                     "process_open_fds": "gauge", "process_start_time_seconds": "gauge"}

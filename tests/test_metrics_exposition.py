@@ -120,6 +120,10 @@ class NoService:
     is_leader = False
     stats: dict[str, int] = {}
     broker_offsets: dict[int, int] = {}
+    usage: dict = {}
+
+    def clock_ms(self) -> int:
+        return 0
 
     @property
     def committed(self):

@@ -34,13 +34,14 @@ from dataplane.broker.lifecycle import (
     write_clean_shutdown_marker,
 )
 from dataplane.broker.metadata import MetadataLearner
-from dataplane.broker.metrics import BrokerCollector, BrokerMetrics, Counters
+from dataplane.broker.metrics import BrokerCollector, BrokerMetrics, Counters, GroupCollector
 from dataplane.broker.offline import OfflineRecovery
 from dataplane.broker.partition import PartitionDriver, now_ms
 from dataplane.broker.producer_ids import ProducerIds
 from dataplane.broker.pusher import Pusher
 from dataplane.broker.replicas import ReplicaManager
 from dataplane.broker.budget import ProduceBudget
+from dataplane.groups import lag as group_lag
 from dataplane.groups.driver import GroupCoordinator, OffsetsTopicSettings
 from dataplane.groups.events import GroupConfig
 from dataplane.kafka.listener import start_kafka_server
@@ -90,6 +91,7 @@ class Broker:
         # collector reads the rest when scraped; served when config.metrics_port is set.
         self.metrics = BrokerMetrics()
         self.metrics.exposition.add(BrokerCollector(self))
+        self.metrics.exposition.add(GroupCollector(self))
 
     async def __aenter__(self) -> "Broker":
         await self.start()
@@ -381,11 +383,14 @@ class Broker:
         assert self.replicas is not None, "usage is reported only once start() built the replica manager"
         disk = shutil.disk_usage(self.config.data_dir)
         totals = self.replicas.byte_totals()
+        groups = group_lag.usage_report(self.groups.snapshot() if self.groups is not None else [])
         return BrokerUsage(broker_id=self.config.broker_id, at_ms=int(time.time() * 1000),
                            disk_total_bytes=disk.total, disk_used_bytes=disk.used, disk_free_bytes=disk.free,
                            replicas=self.replicas.usage(), log_bytes=self.replicas.log_bytes(),
                            counters_since_ms=self.replicas.counters_since_ms, produce_bytes_total=totals.produce_bytes,
-                           replicated_bytes_total=totals.replicated_bytes, fetch_bytes_total=totals.fetch_bytes)
+                           replicated_bytes_total=totals.replicated_bytes, fetch_bytes_total=totals.fetch_bytes,
+                           groups=groups.groups, groups_omitted=groups.groups_omitted,
+                           group_offsets_omitted=groups.offsets_omitted)
 
 
 def _monotonic_ms() -> int:

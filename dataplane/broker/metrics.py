@@ -8,8 +8,8 @@ counts, follower lag, request and error counts (plain dict increments in server.
 event loop's stalls. Another part of the broker adds its own families with
 `BrokerMetrics.exposition.add(source)` (state the loop owns: a common.metrics.LoopSource)
 or a collector on `BrokerMetrics.registry` (state safe to read from any thread).
-Consumer-group lag, once groups exist, belongs in a source of the group coordinator:
-biplane_group_lag_records{group, topic, partition}, the HW minus the committed offset.
+Consumer groups are `GroupCollector`'s: the groups this broker coordinates, their
+committed offsets and lag (biplane_group_*).
 """
 from __future__ import annotations
 
@@ -27,8 +27,11 @@ from common.metrics import (
     labelled_counter, labelled_gauge,
 )
 from common.topic_partition import TopicPartition
+from common.usage import lag_records
 from dataplane.broker.budget import ProduceBudget
 from dataplane.broker.partition import PartitionDriver
+from dataplane.groups.driver import GroupCoordinator
+from dataplane.groups.state import GroupState
 
 
 class Counters:
@@ -214,4 +217,60 @@ class BrokerCollector:
             yield labelled_gauge("biplane_partition_follower_lag_records",
                                  "on a leader: its log end minus each follower's log end at its last fetch or "
                                  "append-entries answer", ["topic", "partition", "replica"], lags)
+        return families
+
+
+class GroupMetricsSource(Protocol):
+    """What GroupCollector reads of a broker (Broker satisfies it; `groups` is None until started)."""
+
+    @property
+    def groups(self) -> GroupCoordinator | None: ...
+    @property
+    def partition_drivers(self) -> Mapping[TopicPartition, PartitionDriver]: ...
+
+
+_GROUP_STATES = tuple(s.value for s in GroupState if s is not GroupState.DEAD)
+
+
+class GroupCollector:
+    """The groups this broker coordinates (the offsets-topic partitions it leads, once loaded)
+    as metric families. On the loop the snapshot copies each group and this broker's high
+    watermark of each partition it holds a replica of; a partition it holds no replica of has
+    a committed offset but no lag here (the controller's biplane_group_lag_records has it,
+    from the partition leader's report)."""
+
+    def __init__(self, source: GroupMetricsSource) -> None:
+        self.source = source
+
+    def snapshot(self) -> Families:
+        coordinator = self.source.groups
+        groups = coordinator.snapshot() if coordinator is not None else []
+        watermarks = {tp: d.replica.high_watermark for tp, d in self.source.partition_drivers.items()
+                      if not d.closed}
+
+        def families() -> Iterator[Metric]:
+            committed: list[tuple[list[str], int]] = []
+            lags: list[tuple[list[str], int]] = []
+            for g in groups:
+                for topic, partition, offset in g.offsets:
+                    labels = [g.group, topic, str(partition)]
+                    committed.append((labels, offset))
+                    hw = watermarks.get(TopicPartition(topic, partition))
+                    if hw is not None and hw >= 0:
+                        lags.append((labels, lag_records(hw, offset)))
+            yield labelled_gauge("biplane_group_committed_offset",
+                                 "on a group's coordinator: the group's committed offset of a partition",
+                                 ["group", "topic", "partition"], committed)
+            yield labelled_gauge("biplane_group_lag_records",
+                                 "on a group's coordinator: the partition's high watermark as this broker's "
+                                 "replica knows it minus the group's committed offset (never negative; absent "
+                                 "where this broker holds no replica of the partition)",
+                                 ["group", "topic", "partition"], lags)
+            yield labelled_gauge("biplane_group_members", "on a group's coordinator: the group's members",
+                                 ["group"], (([g.group], g.members) for g in groups))
+            yield labelled_gauge("biplane_group_state",
+                                 "on a group's coordinator: 1 for the group's current state, 0 for the others",
+                                 ["group", "state"],
+                                 (([g.group, state], int(g.state == state)) for g in groups
+                                  for state in _GROUP_STATES))
         return families

@@ -30,6 +30,7 @@ from common.api_models import (
     ClusterHealth,
     Done,
     ElectionResult,
+    GroupList,
     Health,
     PartitionList,
     ReassignmentList,
@@ -244,6 +245,11 @@ class AdminClient:
     async def reassignment_progress(self) -> ReassignmentProgress:
         """Each running reassignment's added replicas: log end offset and bytes behind the leader."""
         return ReassignmentProgress.model_validate(await self.call("GET", "/v1/reassignments/progress"))
+
+    async def groups(self) -> GroupList:
+        """Consumer groups as their coordinators last reported them: state, members, and per
+        partition the committed offset, the leader's high watermark and the lag."""
+        return GroupList.model_validate(await self.call("GET", "/v1/groups"))
 
     async def cluster_config(self) -> ClusterConfigView:
         return ClusterConfigView.model_validate(await self.call("GET", "/v1/cluster/config"))

@@ -10,4 +10,6 @@
 - `driver.py`: the broker's asyncio driver: one core per offsets partition this broker
   leads, loaded from that partition, its writes produced through the broker's own
   admission path with acks=all, its answers released only once those writes commit.
+- `lag.py`: what operators see: the groups' committed offsets copied from the cores, and
+  the bounded form the brokers' usage reports carry to the controller (GET /v1/groups).
 """

@@ -36,6 +36,7 @@ from common.requests import CreateTopicRequest
 from common.tasks import TaskOwner
 from common.wire import messages as wire
 from dataplane.groups.coordinator import Coordinator
+from dataplane.groups import lag
 from dataplane.groups.events import GroupConfig, GroupRecord, Received, Step, Tick, Written
 from dataplane.groups.placement import OFFSETS_TOPIC, partition_for
 from dataplane.groups.records import BadGroupRecord
@@ -370,6 +371,15 @@ class GroupCoordinator:
                 results.update({g: ErrorCode.NOT_COORDINATOR for g in ids})
         return wire.DeleteGroupsResponse(results=tuple(
             wire.DeleteGroupsResult(group_id=g, error_code=results[g]) for g in request.groups))
+
+    # ------------------------------------------------------------------ what operators see
+
+    def snapshot(self) -> list[lag.GroupSnapshot]:
+        """The groups of every loaded partition, copied (call on the event loop: the cores are its).
+        Offsets in a core are the committed ones only, so a snapshot never shows one a
+        failover could lose."""
+        cores = [state.core for _, state in sorted(self._partitions.items()) if state.core is not None]
+        return lag.snapshot(g for core in cores for g in core.groups.values())
 
     # ------------------------------------------------------------------ stop
 
