@@ -32,6 +32,8 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
+from common.tables import table
+
 REDIRECTS_MAX = 3
 UNAVAILABLE_WAIT_S = 10.0
 TIMEOUT_MS_DEFAULT = 15_000
@@ -143,12 +145,6 @@ def _retriable(doc: Any) -> bool:
 
 
 # ---------------------------------------------------------------- output
-
-def table(rows: list[list[Any]], headers: list[str]) -> str:
-    cells = [[str(h) for h in headers]] + [["-" if v is None else str(v) for v in row] for row in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells)
-
 
 def ids(values: list[int]) -> str:
     return ",".join(str(v) for v in values) or "-"

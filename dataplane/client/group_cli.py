@@ -21,7 +21,7 @@ from typing import Any
 
 from common.errors import ErrorCode, NoClusterError
 from common.topic_partition import TopicPartition
-from controller.admin_cli import table
+from common.tables import table
 from dataplane.client.cli import ADDRESS_EPILOG, _address_args, _fail, _note, _run, resolve_brokers
 from dataplane.client.group_admin import EMPTY_STATES, GroupAdmin, GroupDescription
 

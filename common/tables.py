@@ -1,0 +1,11 @@
+"""Plain-text tables for the CLI commands (admin and data plane alike): left-aligned
+columns two spaces apart, "-" for a missing value."""
+from __future__ import annotations
+
+from typing import Any
+
+
+def table(rows: list[list[Any]], headers: list[str]) -> str:
+    cells = [[str(h) for h in headers]] + [["-" if v is None else str(v) for v in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells)
