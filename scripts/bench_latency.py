@@ -39,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
@@ -49,6 +50,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ
 
 import nats  # noqa: E402
 from nats.js.api import StorageType, StreamConfig  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from bench_kafka_peer import BenchError, JavaProcess as ServerProcess, tail  # noqa: E402
 from cluster_harness import Cluster  # noqa: E402
@@ -374,6 +376,30 @@ async def bench(args: argparse.Namespace, cluster: Cluster, nats_cluster: NatsCl
               f"{ratio:>9}{rate_ratio:>10}")
 
 
+def broker_figures(cluster: Cluster) -> None:
+    """Each broker's event-loop lag and fsync figures since it started (its /metrics): what a
+    flush run inline on the loop costs the loop shows here."""
+    print("\nbrokers since start: event-loop lag samples over 5 ms (the watchdog's periodic check), "
+          "the longest stall, fsync runs and their mean")
+    for broker_id, broker in cluster.brokers.items():
+        url = f"http://127.0.0.1:{broker.metrics_port}/metrics"
+        try:
+            with urllib.request.urlopen(url, timeout=5) as answer:
+                text = answer.read().decode()
+        except OSError as exc:
+            print(f"  broker {broker_id}: no metrics ({exc})")
+            continue
+        samples = {(s.name, s.labels.get("le")): s.value for family in text_string_to_metric_families(text)
+                   for s in family.samples if not s.labels.keys() - {"le"}}
+        lag_n = samples.get(("biplane_broker_event_loop_lag_seconds_count", None), 0.0)
+        lag_fast = samples.get(("biplane_broker_event_loop_lag_seconds_bucket", "0.005"), 0.0)
+        stall_max = samples.get(("biplane_broker_event_loop_stall_max_seconds", None), 0.0)
+        fsyncs = samples.get(("biplane_broker_fsync_latency_seconds_count", None), 0.0)
+        fsync_s = samples.get(("biplane_broker_fsync_latency_seconds_sum", None), 0.0)
+        print(f"  broker {broker_id}: lag > 5 ms {lag_n - lag_fast:.0f} of {lag_n:.0f}; longest stall "
+              f"{1000 * stall_max:.1f} ms; {fsyncs:.0f} fsyncs, mean {1000 * fsync_s / fsyncs if fsyncs else 0:.3f} ms")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
@@ -395,6 +421,7 @@ def main() -> int:
                       f"nats-server ({nats_cluster.binary}), file storage; RF 3, {RECORD_BYTES} B records, "
                       f"{os.cpu_count()} cores")
                 eventloop.run(bench(args, cluster, nats_cluster))
+                broker_figures(cluster)
         except BenchError as exc:
             print(f"bench_latency: {exc}", file=sys.stderr)
             return 1
