@@ -300,7 +300,7 @@ HEADER = f"  {'row':<34}{'n':>8}{'records/s':>11}{'p50 ms':>9}{'p99 ms':>9}{'p99
 
 async def bench(args: argparse.Namespace, cluster: Cluster, nats_cluster: NatsCluster) -> None:
     value = os.urandom(RECORD_BYTES)
-    modes = args.modes.split(",")
+    modes = [m for m in args.modes.split(",") if m]
     load_modes = [m for m in args.load_modes.split(",") if m]
     for m in modes + load_modes:
         if m not in MODES:
@@ -404,7 +404,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=2.0, help="per row")
-    ap.add_argument("--modes", default=DEFAULT_MODES, help=f"one-in-flight rows, of: {', '.join(MODES)}")
+    ap.add_argument("--modes", default=DEFAULT_MODES, help=f"one-in-flight rows, of: {', '.join(MODES)} ('' skips them)")
     ap.add_argument("--load-modes", default="pull-isr-fsync", help="modes of the full-load and fixed-rate rows "
                                                                      "('' skips them)")
     ap.add_argument("--outstanding", type=int, default=1024, help="records unacknowledged at most at full load")
