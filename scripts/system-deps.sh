@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the fault harness (scripts/chaos) and the Kafka client tests
-# (kcat) need, only those missing.
+# (kcat) and the latency bench's peer (nats-server, scripts/bench_latency.py) need, only those missing.
 # Idempotent: a second run installs nothing. Needs root (apt-get); without root it only says
 # what is missing and how to install it, and exits 2.
 #
@@ -20,6 +20,7 @@ SYSTEM_DEPS_COMMANDS=(
   "mount:mount"
   "umount:mount"
   "kcat:kcat"
+  "nats-server:nats-server"
 )
 # libraries checked by path (the faketime command needs the preload library)
 SYSTEM_DEPS_FILES=(

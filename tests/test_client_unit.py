@@ -84,8 +84,17 @@ def add(acc: Accumulator, tp: TopicPartition, *, now_ms: int, value: bytes = VAL
     return acc.append(tp, value, None, b"\x00", 0, now_ms=now_ms)
 
 
-def test_linger_holds_a_partial_batch_until_its_deadline():
+def test_an_idle_partitions_batch_goes_without_lingering():
+    """Nothing of the partition awaits an answer: waiting would only add latency."""
     acc = accumulator(batch_size_bytes=10_000, linger_ms=50)
+    add(acc, TP, now_ms=1000)
+    assert [b.record_count for b in acc.drain(1000, lambda tp: 1)[1]] == [1]
+
+
+def test_linger_holds_a_partial_batch_until_its_deadline_while_an_earlier_one_is_in_flight():
+    acc = accumulator(batch_size_bytes=10_000, linger_ms=50)
+    add(acc, TP, now_ms=1000)
+    assert acc.drain(1000, lambda tp: 1)   # the partition was idle: the first goes at once
     add(acc, TP, now_ms=1000)
     assert acc.drain(1049, lambda tp: 1) == {}
     assert acc.next_ready_ms(1000) == 1050

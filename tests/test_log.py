@@ -907,3 +907,27 @@ def test_coalescer_fails_waiters_whose_offsets_were_truncated():
 
     [outcome] = asyncio.run(scenario())
     assert isinstance(outcome, LogTruncatedError)
+
+
+def test_flush_cost_counts_the_bytes_since_the_last_flush_and_is_unknown_across_files(tmp_log):
+    """Claim: flush_cost_bytes is the bytes appended to the active segment since the last
+    flush began; None while a flush would have to fsync more (a new segment and the directory,
+    or a checkpoint due)."""
+    config = LogConfig(segment_bytes=1 << 20, index_interval_bytes=256, segment_ms=None, retention_ms=None,
+                       checkpoint_interval_bytes=1 << 20, checkpoint_interval_offsets=1 << 20)
+    log = tmp_log(config)
+    log.append_as_leader(batch(), leader_epoch=0)
+    log.flush()          # the first flush also fsyncs the new directory and writes a checkpoint
+    assert log.flush_cost_bytes == 0
+    one = batch(2)
+    log.append_as_leader(one, leader_epoch=0)
+    log.append_as_leader(one, leader_epoch=0)
+    assert log.flush_cost_bytes == 2 * len(one)
+    log.flush()
+    assert log.flush_cost_bytes == 0
+    log.append_as_leader(one, leader_epoch=0)
+    log.roll()
+    assert log.flush_cost_bytes is None      # two files and the directory
+    log.flush()
+    log.append_as_leader(one, leader_epoch=0)
+    assert log.flush_cost_bytes is None      # the new segment's first checkpoint is due

@@ -12,7 +12,9 @@ acks=all for it) would wait too. Such a request goes out at once on a second
 long-poll does not (another position or flushed offset), so the express path
 never spins on repeats. A partition that joined the session after the
 long-poll started goes express until it is caught up, then the long-poll
-starts over with it (its connection is closed and the requests resent).
+starts over with it (its connection is closed and the requests resent). After an answer
+with records the long-poll waits one loop turn before going out again, in which a small
+flush of those records completes (it runs inline), so it carries the new flushed offset.
 
 Throttle: partitions this broker is adding by a reassignment are paced by the
 `ReplicationThrottle` (throttle.py): while the throttle says wait, they stay pending
@@ -152,10 +154,16 @@ class FetchSession:
             self._in_main = set(batch)
             self._express_held.clear()
             try:
-                await self._round("main", batch, self.limits["fetch_wait_ms_max"])
+                answered = await self._round("main", batch, self.limits["fetch_wait_ms_max"])
             finally:
                 self._main_busy = False
                 self._wake.set()
+            if any(a.records for a in answered.values()):
+                # The records just appended asked for a flush, which a small log runs inline
+                # a loop turn later (dataplane/log/flusher.py): yield that turn, so the next
+                # long-poll carries the new flushed offset along with the new position, one
+                # request where an express one would follow right after.
+                await asyncio.sleep(0)
 
     def _express_ok(self, tp: TopicPartition, request: FetchRequest) -> bool:
         if tp in self._express_held or self.fetcher.held(tp):

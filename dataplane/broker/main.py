@@ -111,6 +111,7 @@ async def serve(config: BrokerConfig, ports_file: str | None) -> int:
         loop.add_signal_handler(sig, broker.request_stop)
     try:
         await broker.start()
+        heap.freeze_startup_objects()
         if ports_file:
             ports = {"port": broker.port, "metrics_port": broker.metrics_port, "kafka_port": broker.kafka_port,
                      "pid": os.getpid()}

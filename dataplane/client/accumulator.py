@@ -135,8 +135,12 @@ class Accumulator:
     # ------------------------------------------------------------ draining
 
     def _ready(self, state: PartitionState, batch: ProducerBatch, now_ms: int, closing: bool) -> bool:
+        # A batch lingers only while an earlier one of its partition awaits an answer: lingering
+        # is for filling batches while the pipe is busy, and an idle partition's record gains
+        # nothing by waiting (as Nagle's algorithm). Under load something is always in flight,
+        # so batches fill as before.
         return (len(state.queue) > 1 or batch.size_bytes >= self.batch_size_bytes or self.flushing or closing
-                or now_ms >= batch.created_ms + self.linger_ms)
+                or now_ms >= batch.created_ms + self.linger_ms or not self.core.outstanding(batch.tp))
 
     def _partitions_with_work(self) -> list[TopicPartition]:
         tps = [tp for tp, state in self.partitions.items() if state.queue]

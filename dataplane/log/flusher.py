@@ -10,6 +10,14 @@ others join, so no sleep is needed before it, and a lone synchronous producer
 pays one fsync, not a timer plus an fsync. `debounce_ms` > 0 adds a sleep
 before each run (fewer, bigger fsyncs for a disk where each fsync is costly).
 A flush error is raised in every waiter of that run.
+
+A small flush runs inline instead, on the event loop, a loop turn after it was asked for
+(the appends of that turn join it): when the log says it is one file's fsync of at most
+`inline_bytes_max` bytes (Log.flush_cost_bytes). Handing a small fsync to a thread costs
+two thread wake-ups, each a scheduling delay on a busy machine, often longer than the
+fsync of a few KiB itself; the bound keeps the loop's stall to one small fsync. A flush
+run inline that took longer than `inline_stall_ms_max` stops the inline path for
+`INLINE_COOL_DOWN_S` (the disk is slow now: let a thread wait for it).
 """
 from __future__ import annotations
 
@@ -28,12 +36,25 @@ Settle = Callable[[int | None, BaseException | None], None]
 Waiter = Union["asyncio.Future[int]", Settle]
 
 
+INLINE_BYTES_MAX = 64 * 1024
+INLINE_STALL_MS_MAX = 2.0
+INLINE_COOL_DOWN_S = 1.0
+
+
 class FlushCoalescer:
     def __init__(self, log: Log, *, debounce_ms: float = 0.0,
                  executor: concurrent.futures.Executor | None = None,
-                 on_fsync: Callable[[float], None] | None = None) -> None:
+                 on_fsync: Callable[[float], None] | None = None,
+                 inline_bytes_max: int = INLINE_BYTES_MAX, inline_stall_ms_max: float = INLINE_STALL_MS_MAX) -> None:
         if debounce_ms < 0:
             raise InvalidRequestError(f"debounce_ms={debounce_ms} must be >= 0")
+        if inline_bytes_max < 0 or inline_stall_ms_max < 0:
+            raise InvalidRequestError(f"inline_bytes_max={inline_bytes_max} and inline_stall_ms_max="
+                                      f"{inline_stall_ms_max} must be >= 0 (0 bytes: never flush inline)")
+        self._inline_bytes_max = inline_bytes_max
+        self._inline_stall_s = inline_stall_ms_max / 1000
+        self._inline_after = 0.0     # time.monotonic() before which no flush runs inline
+        self.inline_count = 0        # runs flushed inline so far, for tests and benchmarks
         self._log = log
         self._debounce_s = debounce_ms / 1000.0
         self._executor = executor
@@ -43,7 +64,8 @@ class FlushCoalescer:
         self._running: asyncio.Future[None] | None = None
         self._closed = False
         self.flush_count = 0  # fsync runs so far, for tests and benchmarks
-        # Called on the executor's thread with the seconds each successful flush took (metrics).
+        # Called with the seconds each successful flush took (metrics): on the executor's thread,
+        # or on the loop's for a flush run inline.
         self._on_fsync = on_fsync
 
     async def flush_to(self, offset: int) -> int:
@@ -103,8 +125,35 @@ class FlushCoalescer:
         loop = asyncio.get_running_loop()
         if self._debounce_s:
             loop.call_later(self._debounce_s, self._submit)
+        elif self._may_run_inline():
+            loop.call_soon(self._run_inline)
         else:
             self._submit()
+
+    def _may_run_inline(self) -> bool:
+        if not self._inline_bytes_max or time.monotonic() < self._inline_after:
+            return False
+        cost = self._log.flush_cost_bytes
+        return cost is not None and cost <= self._inline_bytes_max
+
+    def _run_inline(self) -> None:
+        if not self._may_run_inline():   # the turn's appends made it bigger
+            self._submit()
+            return
+        waiters, self._waiters = self._waiters, []
+        started = time.perf_counter()
+        try:
+            flushed, exc = self._log.flush(), None
+        except BaseException as e:  # noqa: BLE001 - handed to every waiter of this run
+            flushed, exc = None, e
+        took = time.perf_counter() - started
+        if took > self._inline_stall_s:
+            self._inline_after = time.monotonic() + INLINE_COOL_DOWN_S
+        if exc is None:
+            self.inline_count += 1
+            if self._on_fsync is not None:
+                self._on_fsync(took)
+        self._finished(flushed, exc, waiters)
 
     def _submit(self) -> None:
         loop = asyncio.get_running_loop()

@@ -156,6 +156,12 @@ class Log(Protocol):
     def flushed_offset(self) -> int: ...
     @property
     def latest_epoch(self) -> int: ...
+    @property
+    def flush_cost_bytes(self) -> int | None:
+        """What the next flush() would make durable: the bytes of one file written since the
+        last flush, or None when it must do more (fsync several segments or a directory,
+        write a checkpoint). For a caller deciding whether a flush is short enough to run
+        inline."""
     def epoch_entries(self) -> list[EpochEntry]: ...
 
     def append_as_leader(self, batches: bytes | bytearray | memoryview, *, leader_epoch: int,

@@ -81,6 +81,9 @@ class PartitionLog:
         self._segments: list[Segment] = []
         self._bases: list[int] = []
         self._dirty: dict[int, Segment] = {}  # id -> segment with unflushed writes
+        # Bytes appended since the last flush took its snapshot (flush_cost_bytes); a
+        # truncation leaves it as it is, an over-estimate.
+        self._unflushed_bytes = 0
         self._dir_dirty = False
         self._truncations = 0  # bumped by every truncation; a flush racing one must not count
         self._failed: str | None = None
@@ -378,6 +381,20 @@ class PartitionLog:
             return self._epochs.end_offset_for_epoch(epoch, self.log_end_offset)
 
     @property
+    def flush_cost_bytes(self) -> int | None:
+        with self._lock:
+            if self._dir_dirty or len(self._dirty) > 1:
+                return None
+            if not self._dirty:
+                return 0
+            active = self._segments[-1]
+            segment = next(iter(self._dirty.values()))
+            if segment is not active or self._checkpoint_due(active.base_offset, active.size_bytes,
+                                                             active.next_offset):
+                return None
+            return self._unflushed_bytes
+
+    @property
     def size_bytes(self) -> int:
         return sum(s.size_bytes for s in self._segments)
 
@@ -483,8 +500,10 @@ class PartitionLog:
                     # first batch starts later, and segments stay contiguous.
                     self._roll_locked(self.log_end_offset)
                 segment = self._segments[-1]
+                size_before = segment.size_bytes
                 segment.append(buf, run)
                 self._dirty[id(segment)] = segment
+                self._unflushed_bytes += segment.size_bytes - size_before
         except OSError as exc:
             self._note_if_full(exc, f"append to {self.directory}")
             self._undo_append(old_end, old_count, old_active, exc)
@@ -655,6 +674,7 @@ class PartitionLog:
                 active_end = (active.base_offset, active.size_bytes, active.next_offset)
                 segments = list(self._dirty.values())
                 self._dirty.clear()
+                unflushed, self._unflushed_bytes = self._unflushed_bytes, 0
                 dir_dirty, self._dir_dirty = self._dir_dirty, False
                 truncations = self._truncations
                 drops = self._drop_behind_ends(segments)
@@ -668,6 +688,7 @@ class PartitionLog:
                     for segment in segments:
                         if segment.fd >= 0:
                             self._dirty[id(segment)] = segment
+                    self._unflushed_bytes += unflushed
                     self._dir_dirty |= dir_dirty
                 self._note_if_full(exc, f"flush of {self.directory}")
                 raise files.storage_error(f"flush of {self.directory} failed", exc) from exc
