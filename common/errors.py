@@ -72,6 +72,9 @@ class ErrorCode(enum.IntEnum):
     GROUP_ID_NOT_FOUND = 69
     MEMBER_ID_REQUIRED = 79
     GROUP_MAX_SIZE_REACHED = 81
+    # Kafka clients treat it as fatal when looking for a transaction coordinator: how Biplane,
+    # which serves no transactions, stops a transactional producer at once (not a retry loop).
+    TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
     INELIGIBLE_REPLICA = 107
     # HTTP-only answers of the admin API and the broker RPC ("UNAUTHORIZED", "NOT_FOUND")
     # are not codes: the HTTP edge sends them as plain names (controller/http_edge.py).

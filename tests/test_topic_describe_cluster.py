@@ -56,7 +56,7 @@ def test_describe_shows_each_leaders_offsets_and_size(tmp_path):
             p0 = doc["offsets"]["partitions"][0]
             # Every replica holds the same batches once the ISR has them; each broker says so
             # in its own heartbeat, which may come a second after the leader's.
-            caught_up = p0["replicas_size_bytes"] >= 3 * 50 * RECORD_BYTES
+            caught_up = (p0["replicas_size_bytes"] or 0) >= 3 * 50 * RECORD_BYTES
             return doc if p0["high_watermark"] == end and p0["log_end_offset"] == end and caught_up else None
         doc = wait_until(reported, 30, "describe to show the produced records on every replica", interval_s=0.3)
         p0, p1 = doc["offsets"]["partitions"]

@@ -45,6 +45,8 @@ if TYPE_CHECKING:
     from common.control_client import ControlClient
     from dataplane.broker.server import RequestHandler
 
+TRANSACTION_KEY_TYPE = 1   # FindCoordinator's key_type for a transactional id
+
 log = logging.getLogger("biplane.groups")
 
 READ_BYTES = 1024 * 1024
@@ -287,11 +289,17 @@ class GroupCoordinator:
 
     async def find_coordinator(self, request: wire.FindCoordinatorRequest, *, kafka: bool = False
                                ) -> wire.FindCoordinatorResponse:
+        if request.key_type == TRANSACTION_KEY_TYPE:
+            # A transactional producer asks this first; only this code makes Kafka's clients
+            # give up at once (any other is retried until their timeout), and the message says why.
+            return wire.FindCoordinatorResponse(error_code=ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+                                                error_message="Biplane does not support transactions; an "
+                                                              "idempotent producer without transactional.id "
+                                                              "works")
         if request.key_type != wire.GROUP_KEY_TYPE:
             return wire.FindCoordinatorResponse(error_code=ErrorCode.INVALID_REQUEST,
                                                 error_message=f"key_type {request.key_type} is not served: "
-                                                              f"only groups ({wire.GROUP_KEY_TYPE}); "
-                                                              f"transactions are not")
+                                                              f"only groups ({wire.GROUP_KEY_TYPE})")
         if not request.key:
             return wire.FindCoordinatorResponse(error_code=ErrorCode.INVALID_GROUP_ID,
                                                 error_message="the group id is empty")
