@@ -26,7 +26,7 @@ import time
 from typing import Callable
 
 from common.control_client import ControlClient
-from common.durable import write_atomically
+from common.durable import temp_path, write_synced
 from common.errors import BiplaneError
 from common.metadata.image import MetadataImage, PartitionInfo, TopicInfo
 from common.requests import AlterIsrRequest, ElectionReport
@@ -51,6 +51,8 @@ TOPIC_ID_FILE = "topic_id"
 # many partitions, so heartbeats and fetch sessions run between slices however many
 # partitions the broker holds.
 PARTITIONS_PER_SLICE = 64
+# Replicas opened at once (each in a thread: directory, log recovery, producer snapshot).
+OPEN_PARALLELISM = 4
 
 
 def partition_dir(data_dir: str, tp: TopicPartition) -> str:
@@ -122,6 +124,16 @@ class ReplicaManager:
         self._closed = False
         self._swept = False
         self.reopening: set[TopicPartition] = set()  # offline partitions opened again (offline.py)
+        # Replicas being opened (a task each; server.py answers them "not available" meanwhile),
+        # and replicas that left being closed and removed (a task each).
+        self.opening: dict[TopicPartition, asyncio.Future[None]] = {}
+        self._closing: dict[TopicPartition, asyncio.Future[None]] = {}
+        self._image: MetadataImage | None = None  # the newest image applied
+        # Opening reads logs and producer snapshots: a few at a time, in threads of their own,
+        # so that many new replicas neither stall the loop nor take every default worker.
+        self._open_slots = asyncio.Semaphore(OPEN_PARALLELISM)
+        self._opener = concurrent.futures.ThreadPoolExecutor(max_workers=OPEN_PARALLELISM,
+                                                             thread_name_prefix="replica-open")
         # Assigned partitions whose open failed, with why (offline.py tries them again).
         self.open_failures: dict[TopicPartition, str] = {}
         # Each hosted partition's topic as of the newest image (the cleaner reads its config).
@@ -138,9 +150,15 @@ class ReplicaManager:
     # ------------------------------------------------------------ metadata
 
     async def on_metadata(self, image: MetadataImage) -> None:
-        async with self._lock:  # opening logs awaits; changes apply one image at a time
+        """Apply an image to the replicas: feed the open ones, start opening the new ones,
+        stop the ones that left. Nothing here waits on one partition's disk work: opens and
+        closes run in tasks of their own (a few at a time, in threads), so a newer image
+        is applied while earlier replicas are still opening; a replica still opening answers
+        LEADER_NOT_AVAILABLE (retriable, server.py) and is fed the newest image once open."""
+        async with self._lock:  # one image at a time (reopen shares the lock)
             if self._closed:
                 return
+            self._image = image
             self.cleaner_io_bytes_per_s = (image.cluster_config.log_cleaner_io_bytes_per_s
                                            or self.config.log_cleaner_io_bytes_per_second)
             hosted: set[TopicPartition] = set()
@@ -155,13 +173,12 @@ class ReplicaManager:
                 hosted.add(info.tp)
                 self._topics[info.tp] = topic
                 driver = self.drivers.get(info.tp)
-                if driver is None:
-                    driver = await self._open(topic, info)
-                    if driver is None:
-                        continue
-                self._feed(driver, topic, info, image)
+                if driver is not None:
+                    self._feed(driver, topic, info, image)
+                elif info.tp not in self.opening:
+                    self.opening[info.tp] = asyncio.ensure_future(self._open_and_feed(info.tp))
             for tp in [tp for tp in self.drivers if tp not in hosted]:
-                await self._remove(tp, image)
+                self._remove(tp, image)
             for tp in [tp for tp in self._topics if tp not in hosted]:
                 del self._topics[tp]
             if not self._swept:
@@ -169,6 +186,48 @@ class ReplicaManager:
                 self._swept = True
                 keep = {os.path.basename(partition_dir(self.config.data_dir, tp)) for tp in hosted}
                 await asyncio.get_running_loop().run_in_executor(None, _remove_orphans, self.config.data_dir, keep)
+
+    def _hosted_topic(self, tp: TopicPartition) -> tuple[TopicInfo, PartitionInfo] | None:
+        """The partition's topic and state in the newest image, if this broker holds a replica."""
+        image = self._image
+        info = image.get_partition(*tp) if image is not None else None
+        if info is None or self.broker_id not in info.replicas:
+            return None
+        return image.topics[tp[0]], info  # type: ignore[union-attr]
+
+    async def _open_and_feed(self, tp: TopicPartition) -> None:
+        """Open one replica (after a close of the same directory in flight), then feed it the
+        newest image; a replica that left meanwhile is closed and removed again."""
+        try:
+            closing = self._closing.get(tp)
+            if closing is not None:
+                await asyncio.wait([closing])
+            async with self._open_slots:
+                hosted = self._hosted_topic(tp)
+                if hosted is None or self._closed:
+                    return  # left before its turn came
+                driver = await self._open(*hosted)
+            if driver is None:
+                return
+            now = self._hosted_topic(tp)
+            if now is not None and now[0].topic_id == hosted[0].topic_id and not self._closed:
+                self.drivers[tp] = driver
+                self._feed(driver, now[0], now[1], self._image)  # type: ignore[arg-type]
+                return
+            await driver.close()  # stopping, or the replica left (or its topic was re-created) while opening
+            if not self._closed:
+                await asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, driver.directory, True)
+                if now is not None:
+                    self.opening[tp] = asyncio.ensure_future(self._open_and_feed(tp))  # the new topic's
+                    return
+        finally:
+            if self.opening.get(tp) is asyncio.current_task():
+                del self.opening[tp]
+
+    async def settled(self) -> None:
+        """Until no open or close started by metadata is in flight (tests, stopping)."""
+        while self.opening or self._closing:
+            await asyncio.wait([*self.opening.values(), *self._closing.values()])
 
     def _feed(self, driver: PartitionDriver, topic: TopicInfo, info: PartitionInfo, image: MetadataImage) -> None:
         fenced = frozenset(r for r in info.replicas if not image.is_unfenced(r))
@@ -192,8 +251,8 @@ class ReplicaManager:
         directory = partition_dir(self.config.data_dir, info.tp)
         loop = asyncio.get_running_loop()
         try:
-            existed = await loop.run_in_executor(None, _prepare_dir, directory, topic.topic_id)
-            driver = await loop.run_in_executor(None, lambda: PartitionDriver(
+            existed = await loop.run_in_executor(self._opener, _prepare_dir, directory, topic.topic_id)
+            driver = await loop.run_in_executor(self._opener, lambda: PartitionDriver(
                 broker_id=self.broker_id, tp=info.tp, directory=directory, log_config=log_config_of(topic),
                 hooks=self, unclean_start=(existed and not self.clean_start) or info.tp in self.reopening,
                 flush_debounce_ms=self.config.flush_debounce_ms,
@@ -209,7 +268,6 @@ class ReplicaManager:
             self.open_failures[info.tp] = f"opening it failed: {exc}"
             return None
         self.open_failures.pop(info.tp, None)
-        self.drivers[info.tp] = driver
         log.info("opened %s-%d at log end %d", *info.tp, driver.log.log_end_offset,
                  extra={"event": "partition.opened", "topic": info.topic, "partition": info.partition})
         return driver
@@ -231,9 +289,14 @@ class ReplicaManager:
                 await driver.close()
         finally:
             await self.on_metadata(image)
+        opening = self.opening.get(tp)
+        if opening is not None:
+            await asyncio.wait([opening])
         return tp in self.drivers
 
-    async def _remove(self, tp: TopicPartition, image: MetadataImage) -> None:
+    def _remove(self, tp: TopicPartition, image: MetadataImage) -> None:
+        """Stop a replica that left this broker now; close it and remove its directory in a task
+        (an open of the same partition waits for it)."""
         self.open_failures.pop(tp, None)
         driver = self.drivers.pop(tp)
         self._retired_bytes = self._retired_bytes.plus(ByteTotals.of(driver))
@@ -242,10 +305,20 @@ class ReplicaManager:
         topic = image.topics.get(tp[0])
         if info is not None and topic is not None:
             self._feed(driver, topic, info, image)  # lets the core stop (release producers, stop leading)
-        await driver.close()
-        await asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, driver.directory, True)
-        log.info("removed replica %s-%d", *tp, extra={"event": "partition.removed", "topic": tp[0],
-                                                         "partition": tp[1]})
+        self._closing[tp] = asyncio.ensure_future(self._close_and_delete(tp, driver))
+
+    async def _close_and_delete(self, tp: TopicPartition, driver: PartitionDriver) -> None:
+        try:
+            await driver.close()
+            await asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, driver.directory, True)
+            log.info("removed replica %s-%d", *tp, extra={"event": "partition.removed", "topic": tp[0],
+                                                             "partition": tp[1]})
+        except Exception as exc:  # noqa: BLE001 - logged: a task of its own has no caller to raise to
+            log.error("%s-%d: removing the replica failed: %r", *tp, exc,
+                      extra={"event": "partition.close_failed", "topic": tp[0], "partition": tp[1]})
+        finally:
+            if self._closing.get(tp) is asyncio.current_task():
+                del self._closing[tp]
 
     # ------------------------------------------------------------ core hooks
 
@@ -423,6 +496,10 @@ class ReplicaManager:
             # Ended before the drivers close: none of them steps a driver that is closing.
             for exc in await self._tasks.cancel_and_wait():
                 log.warning("controller request ended with %r", exc)
+            # Opens in flight finish and close what they opened; those still waiting for a
+            # turn see the broker stopping and open nothing.
+            await self.settled()
+            self._opener.shutdown(wait=False)
             # Together: each close flushes its log and writes a producer snapshot (fsyncs
             # in worker threads), so one after the other would add up with many partitions.
             drivers = list(self.drivers.values())
@@ -448,7 +525,12 @@ def _prepare_dir(directory: str, topic_id: str) -> bool:
         log.warning("wiping %s: it holds topic id %r, metadata says %r", directory, found, topic_id)
         shutil.rmtree(directory)
     os.makedirs(directory)
-    write_atomically(marker, (topic_id + "\n").encode())
+    # The marker's data is synced, its name not yet: the log's first flush syncs this directory
+    # (its own) before anything in it is durable, and a crash before that loses only an empty
+    # log, which is opened again as new. One fsync per new replica instead of two.
+    tmp = temp_path(marker)
+    write_synced(tmp, (topic_id + "\n").encode())
+    os.replace(tmp, marker)
     return False
 
 
