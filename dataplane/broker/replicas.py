@@ -8,7 +8,9 @@ reassigned away) is stopped, closed and its directory removed. A directory
 remembers its topic id, so a topic deleted and re-created under the same name
 while this broker was down does not inherit the old data.
 
-It also runs the core's clock (a Tick every `tick_interval_ms`) and carries
+It also runs the cores' clocks: one heap of timers, a replica ticked only when the time its
+core asked for (Replica.next_tick_ms, told after every step) has come, at most once every
+`tick_interval_ms`, so that idle replicas cost nothing however many there are. It carries
 the core's messages for the controller: ISR proposals (alter-isr) and quorum
 election reports.
 """
@@ -18,6 +20,8 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import functools
+import heapq
+import itertools
 import threading
 import logging
 import os
@@ -93,6 +97,42 @@ class ByteTotals:
                           fetch_bytes=self.fetch_bytes + other.fetch_bytes)
 
 
+class NewestFirst:
+    """At most `slots` holders at once, and waiters enter newest first: the replicas of the
+    newest metadata (a topic just created) open before a backlog of older ones, so a topic
+    created while thousands of replicas open is served at once, not after them."""
+
+    def __init__(self, slots: int) -> None:
+        self._free = slots
+        self._waiters: list[asyncio.Future[None]] = []
+
+    async def __aenter__(self) -> None:
+        if self._free > 0:
+            self._free -= 1
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+            elif not waiter.cancelled():
+                self._release()  # handed the slot as it was cancelled: pass it on
+            raise
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._release()
+
+    def _release(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.pop()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self._free += 1
+
+
 class CleanerStopped(Exception):
     """Ends a cleaning pass in its worker thread when the broker stops."""
 
@@ -129,9 +169,16 @@ class ReplicaManager:
         self.opening: dict[TopicPartition, asyncio.Future[None]] = {}
         self._closing: dict[TopicPartition, asyncio.Future[None]] = {}
         self._image: MetadataImage | None = None  # the newest image applied
+        # Timers: (due ms, sequence, partition) in a heap, and each partition's current due
+        # time; an entry whose time is not its partition's current one is stale and skipped.
+        self._timers: list[tuple[int, int, TopicPartition]] = []
+        self._due: dict[TopicPartition, int] = {}
+        self._timer_sequence = itertools.count()
+        self._wake_at_ms: int | None = None  # when run_ticks means to wake (None: nothing due)
+        self._timers_changed = asyncio.Event()  # a time earlier than that was set
         # Opening reads logs and producer snapshots: a few at a time, in threads of their own,
         # so that many new replicas neither stall the loop nor take every default worker.
-        self._open_slots = asyncio.Semaphore(OPEN_PARALLELISM)
+        self._open_slots = NewestFirst(OPEN_PARALLELISM)
         self._opener = concurrent.futures.ThreadPoolExecutor(max_workers=OPEN_PARALLELISM,
                                                              thread_name_prefix="replica-open")
         # Assigned partitions whose open failed, with why (offline.py tries them again).
@@ -258,7 +305,7 @@ class ReplicaManager:
                 flush_debounce_ms=self.config.flush_debounce_ms,
                 fetch_max_bytes=self.config.partition_fetch_max_bytes,
                 push_heartbeat_ms=self.config.push_heartbeat_ms, budget=self.budget,
-                on_fsync=self.metrics.observe_fsync))
+                on_fsync=self.metrics.observe_fsync, on_due=self.schedule_tick))
         except (BiplaneError, OSError) as exc:
             # A full disk is logged once for the whole filesystem (dataplane/log/space.py) and
             # the open is tried again (dataplane/broker/offline.py): a warning here.
@@ -374,19 +421,64 @@ class ReplicaManager:
 
     # ------------------------------------------------------------ clock, usage
 
+    def schedule_tick(self, tp: TopicPartition, due_ms: int | None) -> None:
+        """A replica's core next wants a Tick at `due_ms` (None: at no time)."""
+        if due_ms is None:
+            self._due.pop(tp, None)
+            return
+        if self._due.get(tp) == due_ms:
+            return
+        self._due[tp] = due_ms
+        heapq.heappush(self._timers, (due_ms, next(self._timer_sequence), tp))
+        if len(self._timers) > 4 * len(self._due) + 256:
+            # Mostly stale entries (every fetch moves a leader's lag timer): keep the current ones.
+            self._timers = [(due, next(self._timer_sequence), t) for t, due in self._due.items()]
+            heapq.heapify(self._timers)
+        if self._wake_at_ms is None or due_ms < self._wake_at_ms:
+            self._timers_changed.set()
+
+    def _take_due(self, now: int) -> list[TopicPartition]:
+        due: list[TopicPartition] = []
+        while self._timers and self._timers[0][0] <= now:
+            at, _, tp = heapq.heappop(self._timers)
+            if self._due.get(tp) == at:
+                del self._due[tp]
+                due.append(tp)
+        return due
+
     async def run_ticks(self) -> None:
-        interval = self.config.tick_interval_ms / 1000
+        """Tick each replica whose timer is due; wake when the earliest timer is, but at most
+        once every tick_interval_ms (the resolution ticking every replica had)."""
+        interval = self.config.tick_interval_ms
+        last_run = 0
         while True:
-            await asyncio.sleep(interval)
             now = now_ms()
-            for i, (tp, driver) in enumerate(list(self.drivers.items())):
+            # Taken before ticking: a replica that asks again for a time already past waits
+            # for the next pass.
+            for i, tp in enumerate(self._take_due(now)):
                 if i and i % PARTITIONS_PER_SLICE == 0:
                     await asyncio.sleep(0)
                     now = now_ms()
+                driver = self.drivers.get(tp)
+                if driver is None:
+                    continue
                 try:
                     driver.tick(now)
                 except BiplaneError as exc:
                     log.debug("%s-%d tick: %s", *tp, exc)
+            last_run = now
+            self._timers_changed.clear()
+            self._wake_at_ms = max(self._timers[0][0], last_run + interval) if self._timers else None
+            timeout = None if self._wake_at_ms is None else max(self._wake_at_ms - now_ms(), 0) / 1000
+            try:
+                await asyncio.wait_for(self._timers_changed.wait(), timeout)
+            except asyncio.TimeoutError:
+                pass
+            if self._wake_at_ms is not None:
+                # Woken early by a nearer timer: still no sooner than the interval allows.
+                rest = last_run + interval - now_ms()
+                if rest > 0:
+                    await asyncio.sleep(rest / 1000)
 
     async def run_retention(self) -> None:
         interval = self.config.retention_check_interval_ms / 1000
