@@ -693,6 +693,8 @@ class Replica(ProduceAdmission, PushMixin):
                    and self.now_ms - self.progress[r].last_caught_up_ms > lag_max]
         if lagging:
             return tuple(r for r in isr if r not in lagging)
+        if all(r in isr for r in self.state.replicas):
+            return None  # nobody to join (asked after every step: skip the offsets below)
         stored = self.stored_offsets()
         floor = max(self.high_watermark, self.epoch_start_offset)
         joining = [r for r in self.state.replicas if r not in isr and r in self.progress
