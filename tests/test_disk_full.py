@@ -254,6 +254,7 @@ def test_produce_on_a_full_disk_gets_storage_error_the_partition_reopens_when_sp
     async def scenario():
         manager = _manager(tmp_path)
         await manager.on_metadata(image)
+        await manager.settled()
         driver = manager.get("t", 0)
         assert driver is not None
         fs = FakeFs(free=50 << 20)
@@ -288,6 +289,7 @@ def test_produce_on_a_full_disk_gets_storage_error_the_partition_reopens_when_sp
         apply(image, [change(p, leader=NO_LEADER, reason="test")])
         apply(image, [change(image.partition("t", 0), leader=1, reason="test")])
         await manager.on_metadata(image)
+        await manager.settled()
         await until(lambda: reopened.is_leader and reopened.replica.epoch_durable, "leading again", reopened)
         release = await asyncio.wait_for(reopened.submit_produce(batch(b"back"), acks=-1, timeout_ms=5000), 5)
         assert release.error is ErrorCode.NONE
@@ -327,6 +329,7 @@ def test_becoming_leader_on_a_full_disk_goes_offline_then_leads_after_reopen(tmp
             real(path, data)
         monkeypatch.setattr(files, "write_atomically", write_atomically)
         await manager.on_metadata(image)  # opens, then NewMetadata: lead epoch 0 -> append fails
+        await manager.settled()
         driver = manager.get("t", 0)
         assert driver is not None and driver.failed is not None and "disk full" in driver.failed
         fs.free = 0
@@ -377,6 +380,7 @@ def test_flush_enospc_fails_waiting_producers_with_storage_error_and_the_partiti
     async def scenario():
         manager = _manager(tmp_path)
         await manager.on_metadata(image)
+        await manager.settled()
         driver = manager.get("t", 0)
         assert driver is not None
         await until(lambda: driver.replica.epoch_durable, "the leader serving", driver)
@@ -435,6 +439,7 @@ def test_recovery_opens_a_partition_whose_open_failed_but_leaves_one_being_opene
             assert await recovery.pass_once() == 0 and manager.get("t", 0) is None, "not failed: left alone"
         caplog.clear()
         await manager.on_metadata(image)
+        await manager.settled()
         assert manager.get("t", 0) is None and ("t", 0) in manager.open_failures
         fail["open"] = False
         caught_up["yes"] = False

@@ -48,6 +48,11 @@ log = logging.getLogger("biplane.broker.partition")
 # Producer snapshots between segment rolls (see PartitionDriver.__init__).
 SNAPSHOT_EVERY_OFFSETS = 2048
 SNAPSHOT_INTERVAL_S = 10.0
+# An event steps the core after a Tick when its clock is this old: replicas are ticked only when
+# a timer of theirs is due (ReplicaManager), and an event must not see an idle replica's old
+# clock (a fetch would stamp a follower caught up seconds ago). Ticking every replica every
+# 10 ms kept the clock as fresh.
+CLOCK_STALE_MS = 10
 
 
 class DriverHooks(Protocol):
@@ -70,8 +75,11 @@ class PartitionDriver:
     def __init__(self, *, broker_id: int, tp: TopicPartition, directory: str, log_config: LogConfig,
                  hooks: DriverHooks, unclean_start: bool, flush_debounce_ms: int = 0,
                  fetch_max_bytes: int = 1024 * 1024, push_heartbeat_ms: int = 100, held_produce_max: int = 1000,
-                 budget: ProduceBudget | None = None, on_fsync: Callable[[float], None] | None = None) -> None:
+                 budget: ProduceBudget | None = None, on_fsync: Callable[[float], None] | None = None,
+                 on_due: Callable[[TopicPartition, int | None], None] | None = None) -> None:
         self.tp = tp
+        # Told after every step when the core next wants a Tick (Replica.next_tick_ms).
+        self.on_due = on_due
         self.directory = directory
         self.hooks = hooks
         self.log = PartitionLog(directory, config=log_config)
@@ -139,6 +147,12 @@ class PartitionDriver:
             if isinstance(event, AppendEntries):
                 self.log.space.check_room(len(event.records), f"append-entries to {self.tp[0]}-{self.tp[1]}")
             return []
+        if not isinstance(event, Tick) and now_ms() - self.replica.now_ms >= CLOCK_STALE_MS:
+            self.tick(now_ms())
+            if self.closed:
+                return []
+            if self.failed is not None:
+                raise PartitionOfflineError(f"partition {self.tp[0]}-{self.tp[1]} is offline: {self.failed}")
         ready = self.replica.step(event)
         outer, self._answers = self._answers, []
         try:
@@ -157,6 +171,8 @@ class PartitionDriver:
             if self.replica.waiting_for_room():
                 self.budget.call_when_room(self.tp, self._on_room)
         self._notify_if_changed()
+        if self.on_due is not None:
+            self.on_due(self.tp, self.replica.next_tick_ms())
         return answers
 
     def tick(self, now: int) -> None:

@@ -274,6 +274,10 @@ class BrokerProducerState(ProducerStateTable):
             return  # in the log already (the driver appends it in this step): the rebuild reads it
         super().record(header, base_offset=base_offset)
 
+    def next_expiry_ms(self) -> int | None:
+        # While loading nothing expires; the load's end ticks the core (PartitionDriver._on_room).
+        return None if self.loading else super().next_expiry_ms()
+
     def expire(self, now_ms: int) -> int:
         if self.loading:
             return 0

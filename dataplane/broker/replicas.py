@@ -8,7 +8,9 @@ reassigned away) is stopped, closed and its directory removed. A directory
 remembers its topic id, so a topic deleted and re-created under the same name
 while this broker was down does not inherit the old data.
 
-It also runs the core's clock (a Tick every `tick_interval_ms`) and carries
+It also runs the cores' clocks: one heap of timers, a replica ticked only when the time its
+core asked for (Replica.next_tick_ms, told after every step) has come, at most once every
+`tick_interval_ms`, so that idle replicas cost nothing however many there are. It carries
 the core's messages for the controller: ISR proposals (alter-isr) and quorum
 election reports.
 """
@@ -18,6 +20,8 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import functools
+import heapq
+import itertools
 import threading
 import logging
 import os
@@ -26,7 +30,7 @@ import time
 from typing import Callable
 
 from common.control_client import ControlClient
-from common.durable import write_atomically
+from common.durable import temp_path, write_synced
 from common.errors import BiplaneError
 from common.metadata.image import MetadataImage, PartitionInfo, TopicInfo
 from common.requests import AlterIsrRequest, ElectionReport
@@ -51,6 +55,8 @@ TOPIC_ID_FILE = "topic_id"
 # many partitions, so heartbeats and fetch sessions run between slices however many
 # partitions the broker holds.
 PARTITIONS_PER_SLICE = 64
+# Replicas opened at once (each in a thread: directory, log recovery, producer snapshot).
+OPEN_PARALLELISM = 4
 
 
 def partition_dir(data_dir: str, tp: TopicPartition) -> str:
@@ -91,6 +97,42 @@ class ByteTotals:
                           fetch_bytes=self.fetch_bytes + other.fetch_bytes)
 
 
+class NewestFirst:
+    """At most `slots` holders at once, and waiters enter newest first: the replicas of the
+    newest metadata (a topic just created) open before a backlog of older ones, so a topic
+    created while thousands of replicas open is served at once, not after them."""
+
+    def __init__(self, slots: int) -> None:
+        self._free = slots
+        self._waiters: list[asyncio.Future[None]] = []
+
+    async def __aenter__(self) -> None:
+        if self._free > 0:
+            self._free -= 1
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+            elif not waiter.cancelled():
+                self._release()  # handed the slot as it was cancelled: pass it on
+            raise
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._release()
+
+    def _release(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.pop()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self._free += 1
+
+
 class CleanerStopped(Exception):
     """Ends a cleaning pass in its worker thread when the broker stops."""
 
@@ -122,6 +164,23 @@ class ReplicaManager:
         self._closed = False
         self._swept = False
         self.reopening: set[TopicPartition] = set()  # offline partitions opened again (offline.py)
+        # Replicas being opened (a task each; server.py answers them "not available" meanwhile),
+        # and replicas that left being closed and removed (a task each).
+        self.opening: dict[TopicPartition, asyncio.Future[None]] = {}
+        self._closing: dict[TopicPartition, asyncio.Future[None]] = {}
+        self._image: MetadataImage | None = None  # the newest image applied
+        # Timers: (due ms, sequence, partition) in a heap, and each partition's current due
+        # time; an entry whose time is not its partition's current one is stale and skipped.
+        self._timers: list[tuple[int, int, TopicPartition]] = []
+        self._due: dict[TopicPartition, int] = {}
+        self._timer_sequence = itertools.count()
+        self._wake_at_ms: int | None = None  # when run_ticks means to wake (None: nothing due)
+        self._timers_changed = asyncio.Event()  # a time earlier than that was set
+        # Opening reads logs and producer snapshots: a few at a time, in threads of their own,
+        # so that many new replicas neither stall the loop nor take every default worker.
+        self._open_slots = NewestFirst(OPEN_PARALLELISM)
+        self._opener = concurrent.futures.ThreadPoolExecutor(max_workers=OPEN_PARALLELISM,
+                                                             thread_name_prefix="replica-open")
         # Assigned partitions whose open failed, with why (offline.py tries them again).
         self.open_failures: dict[TopicPartition, str] = {}
         # Each hosted partition's topic as of the newest image (the cleaner reads its config).
@@ -138,9 +197,15 @@ class ReplicaManager:
     # ------------------------------------------------------------ metadata
 
     async def on_metadata(self, image: MetadataImage) -> None:
-        async with self._lock:  # opening logs awaits; changes apply one image at a time
+        """Apply an image to the replicas: feed the open ones, start opening the new ones,
+        stop the ones that left. Nothing here waits on one partition's disk work: opens and
+        closes run in tasks of their own (a few at a time, in threads), so a newer image
+        is applied while earlier replicas are still opening; a replica still opening answers
+        LEADER_NOT_AVAILABLE (retriable, server.py) and is fed the newest image once open."""
+        async with self._lock:  # one image at a time (reopen shares the lock)
             if self._closed:
                 return
+            self._image = image
             self.cleaner_io_bytes_per_s = (image.cluster_config.log_cleaner_io_bytes_per_s
                                            or self.config.log_cleaner_io_bytes_per_second)
             hosted: set[TopicPartition] = set()
@@ -155,13 +220,12 @@ class ReplicaManager:
                 hosted.add(info.tp)
                 self._topics[info.tp] = topic
                 driver = self.drivers.get(info.tp)
-                if driver is None:
-                    driver = await self._open(topic, info)
-                    if driver is None:
-                        continue
-                self._feed(driver, topic, info, image)
+                if driver is not None:
+                    self._feed(driver, topic, info, image)
+                elif info.tp not in self.opening:
+                    self.opening[info.tp] = asyncio.ensure_future(self._open_and_feed(info.tp))
             for tp in [tp for tp in self.drivers if tp not in hosted]:
-                await self._remove(tp, image)
+                self._remove(tp, image)
             for tp in [tp for tp in self._topics if tp not in hosted]:
                 del self._topics[tp]
             if not self._swept:
@@ -169,6 +233,48 @@ class ReplicaManager:
                 self._swept = True
                 keep = {os.path.basename(partition_dir(self.config.data_dir, tp)) for tp in hosted}
                 await asyncio.get_running_loop().run_in_executor(None, _remove_orphans, self.config.data_dir, keep)
+
+    def _hosted_topic(self, tp: TopicPartition) -> tuple[TopicInfo, PartitionInfo] | None:
+        """The partition's topic and state in the newest image, if this broker holds a replica."""
+        image = self._image
+        info = image.get_partition(*tp) if image is not None else None
+        if info is None or self.broker_id not in info.replicas:
+            return None
+        return image.topics[tp[0]], info  # type: ignore[union-attr]
+
+    async def _open_and_feed(self, tp: TopicPartition) -> None:
+        """Open one replica (after a close of the same directory in flight), then feed it the
+        newest image; a replica that left meanwhile is closed and removed again."""
+        try:
+            closing = self._closing.get(tp)
+            if closing is not None:
+                await asyncio.wait([closing])
+            async with self._open_slots:
+                hosted = self._hosted_topic(tp)
+                if hosted is None or self._closed:
+                    return  # left before its turn came
+                driver = await self._open(*hosted)
+            if driver is None:
+                return
+            now = self._hosted_topic(tp)
+            if now is not None and now[0].topic_id == hosted[0].topic_id and not self._closed:
+                self.drivers[tp] = driver
+                self._feed(driver, now[0], now[1], self._image)  # type: ignore[arg-type]
+                return
+            await driver.close()  # stopping, or the replica left (or its topic was re-created) while opening
+            if not self._closed:
+                await asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, driver.directory, True)
+                if now is not None:
+                    self.opening[tp] = asyncio.ensure_future(self._open_and_feed(tp))  # the new topic's
+                    return
+        finally:
+            if self.opening.get(tp) is asyncio.current_task():
+                del self.opening[tp]
+
+    async def settled(self) -> None:
+        """Until no open or close started by metadata is in flight (tests, stopping)."""
+        while self.opening or self._closing:
+            await asyncio.wait([*self.opening.values(), *self._closing.values()])
 
     def _feed(self, driver: PartitionDriver, topic: TopicInfo, info: PartitionInfo, image: MetadataImage) -> None:
         fenced = frozenset(r for r in info.replicas if not image.is_unfenced(r))
@@ -192,14 +298,14 @@ class ReplicaManager:
         directory = partition_dir(self.config.data_dir, info.tp)
         loop = asyncio.get_running_loop()
         try:
-            existed = await loop.run_in_executor(None, _prepare_dir, directory, topic.topic_id)
-            driver = await loop.run_in_executor(None, lambda: PartitionDriver(
+            existed = await loop.run_in_executor(self._opener, _prepare_dir, directory, topic.topic_id)
+            driver = await loop.run_in_executor(self._opener, lambda: PartitionDriver(
                 broker_id=self.broker_id, tp=info.tp, directory=directory, log_config=log_config_of(topic),
                 hooks=self, unclean_start=(existed and not self.clean_start) or info.tp in self.reopening,
                 flush_debounce_ms=self.config.flush_debounce_ms,
                 fetch_max_bytes=self.config.partition_fetch_max_bytes,
                 push_heartbeat_ms=self.config.push_heartbeat_ms, budget=self.budget,
-                on_fsync=self.metrics.observe_fsync))
+                on_fsync=self.metrics.observe_fsync, on_due=self.schedule_tick))
         except (BiplaneError, OSError) as exc:
             # A full disk is logged once for the whole filesystem (dataplane/log/space.py) and
             # the open is tried again (dataplane/broker/offline.py): a warning here.
@@ -209,7 +315,6 @@ class ReplicaManager:
             self.open_failures[info.tp] = f"opening it failed: {exc}"
             return None
         self.open_failures.pop(info.tp, None)
-        self.drivers[info.tp] = driver
         log.info("opened %s-%d at log end %d", *info.tp, driver.log.log_end_offset,
                  extra={"event": "partition.opened", "topic": info.topic, "partition": info.partition})
         return driver
@@ -231,9 +336,14 @@ class ReplicaManager:
                 await driver.close()
         finally:
             await self.on_metadata(image)
+        opening = self.opening.get(tp)
+        if opening is not None:
+            await asyncio.wait([opening])
         return tp in self.drivers
 
-    async def _remove(self, tp: TopicPartition, image: MetadataImage) -> None:
+    def _remove(self, tp: TopicPartition, image: MetadataImage) -> None:
+        """Stop a replica that left this broker now; close it and remove its directory in a task
+        (an open of the same partition waits for it)."""
         self.open_failures.pop(tp, None)
         driver = self.drivers.pop(tp)
         self._retired_bytes = self._retired_bytes.plus(ByteTotals.of(driver))
@@ -242,10 +352,20 @@ class ReplicaManager:
         topic = image.topics.get(tp[0])
         if info is not None and topic is not None:
             self._feed(driver, topic, info, image)  # lets the core stop (release producers, stop leading)
-        await driver.close()
-        await asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, driver.directory, True)
-        log.info("removed replica %s-%d", *tp, extra={"event": "partition.removed", "topic": tp[0],
-                                                         "partition": tp[1]})
+        self._closing[tp] = asyncio.ensure_future(self._close_and_delete(tp, driver))
+
+    async def _close_and_delete(self, tp: TopicPartition, driver: PartitionDriver) -> None:
+        try:
+            await driver.close()
+            await asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, driver.directory, True)
+            log.info("removed replica %s-%d", *tp, extra={"event": "partition.removed", "topic": tp[0],
+                                                             "partition": tp[1]})
+        except Exception as exc:  # noqa: BLE001 - logged: a task of its own has no caller to raise to
+            log.error("%s-%d: removing the replica failed: %r", *tp, exc,
+                      extra={"event": "partition.close_failed", "topic": tp[0], "partition": tp[1]})
+        finally:
+            if self._closing.get(tp) is asyncio.current_task():
+                del self._closing[tp]
 
     # ------------------------------------------------------------ core hooks
 
@@ -301,19 +421,64 @@ class ReplicaManager:
 
     # ------------------------------------------------------------ clock, usage
 
+    def schedule_tick(self, tp: TopicPartition, due_ms: int | None) -> None:
+        """A replica's core next wants a Tick at `due_ms` (None: at no time)."""
+        if due_ms is None:
+            self._due.pop(tp, None)
+            return
+        if self._due.get(tp) == due_ms:
+            return
+        self._due[tp] = due_ms
+        heapq.heappush(self._timers, (due_ms, next(self._timer_sequence), tp))
+        if len(self._timers) > 4 * len(self._due) + 256:
+            # Mostly stale entries (every fetch moves a leader's lag timer): keep the current ones.
+            self._timers = [(due, next(self._timer_sequence), t) for t, due in self._due.items()]
+            heapq.heapify(self._timers)
+        if self._wake_at_ms is None or due_ms < self._wake_at_ms:
+            self._timers_changed.set()
+
+    def _take_due(self, now: int) -> list[TopicPartition]:
+        due: list[TopicPartition] = []
+        while self._timers and self._timers[0][0] <= now:
+            at, _, tp = heapq.heappop(self._timers)
+            if self._due.get(tp) == at:
+                del self._due[tp]
+                due.append(tp)
+        return due
+
     async def run_ticks(self) -> None:
-        interval = self.config.tick_interval_ms / 1000
+        """Tick each replica whose timer is due; wake when the earliest timer is, but at most
+        once every tick_interval_ms (the resolution ticking every replica had)."""
+        interval = self.config.tick_interval_ms
+        last_run = 0
         while True:
-            await asyncio.sleep(interval)
             now = now_ms()
-            for i, (tp, driver) in enumerate(list(self.drivers.items())):
+            # Taken before ticking: a replica that asks again for a time already past waits
+            # for the next pass.
+            for i, tp in enumerate(self._take_due(now)):
                 if i and i % PARTITIONS_PER_SLICE == 0:
                     await asyncio.sleep(0)
                     now = now_ms()
+                driver = self.drivers.get(tp)
+                if driver is None:
+                    continue
                 try:
                     driver.tick(now)
                 except BiplaneError as exc:
                     log.debug("%s-%d tick: %s", *tp, exc)
+            last_run = now
+            self._timers_changed.clear()
+            self._wake_at_ms = max(self._timers[0][0], last_run + interval) if self._timers else None
+            timeout = None if self._wake_at_ms is None else max(self._wake_at_ms - now_ms(), 0) / 1000
+            try:
+                await asyncio.wait_for(self._timers_changed.wait(), timeout)
+            except asyncio.TimeoutError:
+                pass
+            if self._wake_at_ms is not None:
+                # Woken early by a nearer timer: still no sooner than the interval allows.
+                rest = last_run + interval - now_ms()
+                if rest > 0:
+                    await asyncio.sleep(rest / 1000)
 
     async def run_retention(self) -> None:
         interval = self.config.retention_check_interval_ms / 1000
@@ -423,6 +588,10 @@ class ReplicaManager:
             # Ended before the drivers close: none of them steps a driver that is closing.
             for exc in await self._tasks.cancel_and_wait():
                 log.warning("controller request ended with %r", exc)
+            # Opens in flight finish and close what they opened; those still waiting for a
+            # turn see the broker stopping and open nothing.
+            await self.settled()
+            self._opener.shutdown(wait=False)
             # Together: each close flushes its log and writes a producer snapshot (fsyncs
             # in worker threads), so one after the other would add up with many partitions.
             drivers = list(self.drivers.values())
@@ -448,7 +617,12 @@ def _prepare_dir(directory: str, topic_id: str) -> bool:
         log.warning("wiping %s: it holds topic id %r, metadata says %r", directory, found, topic_id)
         shutil.rmtree(directory)
     os.makedirs(directory)
-    write_atomically(marker, (topic_id + "\n").encode())
+    # The marker's data is synced, its name not yet: the log's first flush syncs this directory
+    # (its own) before anything in it is durable, and a crash before that loses only an empty
+    # log, which is opened again as new. One fsync per new replica instead of two.
+    tmp = temp_path(marker)
+    write_synced(tmp, (topic_id + "\n").encode())
+    os.replace(tmp, marker)
     return False
 
 

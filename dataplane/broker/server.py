@@ -110,6 +110,9 @@ class RequestHandler:
         if self.image().get_partition(topic, partition) is None:
             return None, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
         driver = self.replicas.get(topic, partition)
+        if driver is None and (topic, partition) in self.replicas.opening:
+            # Assigned here and still opening: retriable, the same leader answers soon.
+            return None, ErrorCode.LEADER_NOT_AVAILABLE
         if driver is None or driver.closed:
             return None, ErrorCode.NOT_LEADER_OR_FOLLOWER
         if driver.failed is not None:

@@ -133,7 +133,8 @@ class PartitionLog:
             self.producer_snapshots.delete_above(-1)  # they describe the log being emptied
             self._finish_truncate_fully(bases, truncate_fully)
             bases = [truncate_fully]
-        if not bases:
+        new = not bases
+        if new:
             bases = [0]
             clean = True  # a new log has nothing to recover
             self._dir_dirty = True
@@ -184,13 +185,17 @@ class PartitionLog:
             for segment in self._segments[first_to_recover:]:
                 segment.fsync()
             self._dir_dirty = True
-        if self._dir_dirty:
+        # A new log's files need no sync yet: lost in a crash, they come back as the same empty
+        # log. Its first flush syncs the directory (_dir_dirty), before anything in it counts
+        # as durable; opening thousands of new replicas then costs no fsync here.
+        if self._dir_dirty and not new:
             fsync_dir(self.directory)
             self._dir_dirty = False
         self._flushed_offset = self.log_end_offset
         self._recovery_point = self._flushed_offset
         self._load_cleaner_checkpoint()
-        files.write_atomically(self._path(RECOVERY_POINT), b"%d\n" % self._recovery_point)
+        if not new:  # a missing recovery point means "from the first segment": the same for a new log
+            files.write_atomically(self._path(RECOVERY_POINT), b"%d\n" % self._recovery_point)
         if not clean:
             # Everything is fsynced now: a crash soon after validates only what comes next.
             self._write_checkpoint(*self._checkpoint_of_active())
@@ -351,7 +356,8 @@ class PartitionLog:
                 if span.leader_epoch > cache.latest_epoch:
                     changed |= cache.assign(span.leader_epoch, span.base_offset)
         self._epochs = cache
-        if changed:
+        # An empty cache rebuilt for a missing file is what the next open rebuilds as well.
+        if changed and not (data is None and cache.latest_epoch < 0):
             files.write_atomically(path, cache.encode())
 
     # ------------------------------------------------------------------ offsets

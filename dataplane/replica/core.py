@@ -677,17 +677,24 @@ class Replica(ProduceAdmission, PushMixin):
     # ------------------------------------------------------------ leader: ISR
 
     def _maybe_change_isr(self) -> None:
+        new_isr = self._wanted_isr()
+        if new_isr is not None:
+            self._propose_isr(new_isr)
+
+    def _wanted_isr(self) -> tuple[int, ...] | None:
+        """The ISR this leader would propose now (lagging followers out, caught-up ones in), if any."""
         if self.role is not Role.LEADER or self.pending_isr is not None or self.state is None:
-            return
+            return None
         if self._isr_refused_ms is not None and self.now_ms - self._isr_refused_ms < self.isr_proposal_retry_ms:
-            return
+            return None
         isr = list(self.state.isr)
         lag_max = self.config.replica_lag_time_max_ms
         lagging = [r for r in isr if r in self.progress
                    and self.now_ms - self.progress[r].last_caught_up_ms > lag_max]
         if lagging:
-            self._propose_isr(tuple(r for r in isr if r not in lagging))
-            return
+            return tuple(r for r in isr if r not in lagging)
+        if all(r in isr for r in self.state.replicas):
+            return None  # nobody to join (asked after every step: skip the offsets below)
         stored = self.stored_offsets()
         floor = max(self.high_watermark, self.epoch_start_offset)
         joining = [r for r in self.state.replicas if r not in isr and r in self.progress
@@ -695,7 +702,8 @@ class Replica(ProduceAdmission, PushMixin):
                    and self.progress[r].fetch_generation == self._isr_generation
                    and stored[r] >= floor and self.now_ms - self.progress[r].last_caught_up_ms <= lag_max]
         if joining:
-            self._propose_isr(tuple(r for r in self.state.replicas if r in isr or r in joining))
+            return tuple(r for r in self.state.replicas if r in isr or r in joining)
+        return None
 
     def _propose_isr(self, new_isr: tuple[int, ...]) -> None:
         self.pending_isr = new_isr
@@ -892,6 +900,47 @@ class Replica(ProduceAdmission, PushMixin):
         self._persist.append(Flush(up_to=self.log_end_offset))
 
     # ----------------------------------------------------------------- time
+
+    def next_tick_ms(self) -> int | None:
+        """The earliest clock reading at which a Tick would act (None: no Tick would).
+
+        A Tick before it only moves `now_ms`, so a driver may skip it: drivers keep one timer
+        per replica at this time, asked after every step (any event may start or end a wait),
+        instead of ticking every replica. Each term is one timed rule of `_on_tick` (and of
+        `_after_event`, which every Tick runs): an earlier answer costs a Tick that does
+        nothing, a later one would delay a rule, so a rule added there belongs here too."""
+        due: list[int] = []
+        expiry = self.producer_state.next_expiry_ms()
+        if expiry is not None:
+            due.append(expiry)
+        if self._unflushed_since_ms is not None and self.flushed_offset < self.log_end_offset:
+            due.append(self._unflushed_since_ms + self.flush_debounce_ms)
+        if self.role is Role.LEADER:
+            due += [p.deadline_ms for p in self.pending.values()]
+            due += [deadline_ms for _, deadline_ms in self._held.values()]
+            due += [deadline_ms for _, _, deadline_ms in self._backlog.values()]
+            if self._pushing:
+                for p in self.progress.values():
+                    if p.push_inflight:  # lost window (_push_timeouts)
+                        due.append(p.push_inflight[0][1] + self.fetch_timeout_ms)
+                    else:  # heartbeat (_push_to)
+                        due.append(p.push_last_sent_ms + self.push_heartbeat_ms)
+            if self.pending_isr is not None:
+                due.append(self._pending_isr_sent_ms + self.isr_proposal_retry_ms)
+            elif self.state is not None:
+                if self._wanted_isr() is not None:
+                    due.append(self.now_ms)
+                else:  # times already past are those a refusal holds back: its own term covers them
+                    if self._isr_refused_ms is not None and self._isr_refused_ms + self.isr_proposal_retry_ms > self.now_ms:
+                        due.append(self._isr_refused_ms + self.isr_proposal_retry_ms)
+                    lag_max = self.config.replica_lag_time_max_ms
+                    due += [t for t in (self.progress[r].last_caught_up_ms + lag_max + 1
+                                        for r in self.state.isr if r in self.progress) if t > self.now_ms]
+        elif self.role is Role.FOLLOWER and not self._pushing:
+            due.append(self._fetch_sent_ms + self.fetch_timeout_ms if self._fetch_inflight else self._next_fetch_ms)
+        elif self.role is Role.ELECTION and self._report_sent_ms is not None:
+            due.append(self._report_sent_ms + self.election_report_retry_ms)
+        return min(due) if due else None
 
     def _on_tick(self, ev: Tick) -> None:
         if ev.now_ms < self.now_ms:

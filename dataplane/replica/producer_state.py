@@ -148,6 +148,13 @@ class ProducerStateTable:
         while len(self.producers) > self.producers_max:
             self.producers.popitem(last=False)
 
+    def next_expiry_ms(self) -> int | None:
+        """When `expire` would next forget a producer (the least recently written), if any."""
+        if not self.producers:
+            return None
+        entry = next(iter(self.producers.values()))
+        return entry.last_timestamp_ms + self.producer_idle_ms_max + 1
+
     def expire(self, now_ms: int) -> int:
         """Forget producers idle longer than producer_idle_ms_max; returns how many.
         Walks from the least recently written and stops at the first one still active,

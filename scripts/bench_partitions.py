@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""Many partitions on 3 brokers: how long opening takes, whether metadata keeps flowing meanwhile,
+and what the brokers cost while idle.
+
+Starts 1 controller and 3 broker processes on loopback (tests/cluster_harness.py), creates
+`--partitions` partitions (topics of `--per-topic` partitions each, RF 3; the controller's
+per-broker guardrail raised to fit), and prints:
+1. opening: seconds from the first CreateTopics until every broker has opened all its replicas
+   (each broker's `partition.opened` log lines, checked at the end against `biplane_broker_partitions`
+   on /metrics);
+2. metadata lag while opening: right after the last create, one more topic (`late`, 1 partition)
+   is created; seconds until every broker has applied the controller's offset of that moment
+   (`biplane_broker_metadata_offset`) and until the new partition's leader answers list-offsets;
+3. idle CPU: once all replicas are open and in the ISR, no traffic, each broker's user+system
+   CPU over `--idle-seconds` from /proc/PID/stat, as % of one core.
+
+    .venv/bin/python scripts/bench_partitions.py [--partitions 1000] [--per-topic 100] [--idle-seconds 10]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+from cluster_harness import SECRET, Cluster, _list_offsets_code, _run_sync  # noqa: E402
+from controller_harness import http  # noqa: E402
+
+OPENED = re.compile(rb"opened \S+ at log end")
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process so far (fields 14 and 15 of /proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def scrape(port: int, name: str) -> float | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return None
+    match = re.search(rf"^{name} (\S+)$", text, re.M)
+    return float(match.group(1)) if match else None
+
+
+def controller_offset(cluster: Cluster) -> int:
+    r = http("GET", cluster.api_url + "/rpc/v1/metadata?after_offset=-1&max_wait_ms=0", token=None, secret=SECRET)
+    return int(r.body["offset"])
+
+
+def opened_count(cluster: Cluster, broker_id: int) -> int:
+    return len(OPENED.findall(cluster.brokers[broker_id].log_path.read_bytes()))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--partitions", type=int, default=1000)
+    parser.add_argument("--per-topic", type=int, default=100)
+    parser.add_argument("--idle-seconds", type=float, default=10.0)
+    parser.add_argument("--open-timeout", type=float, default=900.0, help="give up on opening after this long")
+    args = parser.parse_args()
+    replicas_per_broker = args.partitions  # RF 3 on 3 brokers: every broker holds every partition
+    with tempfile.TemporaryDirectory(prefix="bench-partitions-") as tmp, Cluster(
+            Path(tmp), brokers=3, controller_args=["--max-partitions-per-broker", str(replicas_per_broker + 100)]
+    ) as cluster:
+        brokers = sorted(cluster.brokers)
+        ports = {b: cluster.brokers[b].metrics_port for b in brokers}
+        start = time.monotonic()
+        created = 0
+        topic = 0
+        while created < args.partitions:
+            count = min(args.per_topic, args.partitions - created)
+            cluster.create_topic(f"t{topic}", partitions=count, replication_factor=3, wait=False)
+            created += count
+            topic += 1
+        created_s = time.monotonic() - start
+        print(f"partitions {args.partitions} in {topic} topics, RF 3, 3 brokers; "
+              f"controller committed them in {created_s:.1f} s")
+
+        # 2. A topic created behind them all.
+        cluster.create_topic("late", partitions=1, replication_factor=3, wait=False)
+        late_at = time.monotonic()
+        target = controller_offset(cluster)
+        applied_s: dict[int, float] = {}
+        produceable_s: float | None = None
+        opened_s: dict[int, float] = {}
+        deadline = late_at + args.open_timeout
+        while time.monotonic() < deadline and (len(opened_s) < 3 or len(applied_s) < 3 or produceable_s is None):
+            now = time.monotonic()
+            for b in brokers:
+                if b not in applied_s:
+                    offset = scrape(ports[b], "biplane_broker_metadata_offset")
+                    if offset is not None and offset >= target:
+                        applied_s[b] = now - late_at
+                if b not in opened_s and opened_count(cluster, b) >= replicas_per_broker + 1:
+                    opened_s[b] = now - start
+            if produceable_s is None:
+                leader = cluster.partition("late", 0)["leader"]
+                if leader is not None and _run_sync(_list_offsets_code(cluster.address(leader), "late", 0)) == 0:
+                    produceable_s = now - late_at
+            time.sleep(0.5)
+        for b in brokers:
+            held = scrape(ports[b], "biplane_broker_partitions")
+            print(f"broker {b}: opened {opened_count(cluster, b)} replicas"
+                  f" (/metrics: {held:.0f}) in {opened_s.get(b, float('nan')):.1f} s from the first create;"
+                  f" applied the offset of 'late' {applied_s.get(b, float('nan')):.1f} s after creating it")
+        print(f"opening: every replica open {max(opened_s.values(), default=float('nan')):.1f} s after the first "
+              f"create{'' if len(opened_s) == 3 else ' (NOT all opened within the timeout)'}")
+        print(f"metadata lag: every broker at the controller's offset {max(applied_s.values(), default=float('nan')):.1f} s"
+              f" after 'late' was created; 'late' answers list-offsets after "
+              f"{produceable_s if produceable_s is not None else float('nan'):.1f} s")
+
+        # 3. Idle: wait for every ISR to be full, then measure CPU with no traffic and no scrapes.
+        def isr_full() -> bool:
+            r = http("GET", cluster.api_url + "/v1/cluster/health")
+            return r.status == 200 and not r.body.get("under_replicated_partitions")
+        settle_deadline = time.monotonic() + 120
+        while time.monotonic() < settle_deadline and not isr_full():
+            time.sleep(1)
+        time.sleep(2)
+        pids = {b: cluster.brokers[b].pid for b in brokers}
+        before = {b: cpu_seconds(pids[b]) for b in brokers}
+        t0 = time.monotonic()
+        time.sleep(args.idle_seconds)
+        elapsed = time.monotonic() - t0
+        usage = {b: 100 * (cpu_seconds(pids[b]) - before[b]) / elapsed for b in brokers}
+        print(f"idle CPU (% of a core over {elapsed:.0f} s): "
+              + ", ".join(f"broker {b} {usage[b]:.1f}%" for b in brokers))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+"""The replica manager opens replicas off the metadata path: newer metadata applies while older
+replicas open, a replica still opening answers "not available" (retriable), the newest open
+first, and idle replicas are ticked only when their own timer is due."""
+from __future__ import annotations
+
+import asyncio
+
+from dataplane.broker.replicas import NewestFirst
+
+
+def test_newest_first_hands_a_freed_slot_to_the_newest_waiter():
+    async def scenario():
+        slots = NewestFirst(1)
+        order: list[int] = []
+        release = asyncio.Event()
+
+        async def holder():
+            async with slots:
+                await release.wait()
+
+        async def waiter(n: int):
+            async with slots:
+                order.append(n)
+        first = asyncio.ensure_future(holder())
+        await asyncio.sleep(0)
+        waiters = []
+        for n in range(3):
+            waiters.append(asyncio.ensure_future(waiter(n)))
+            await asyncio.sleep(0)
+        release.set()
+        await asyncio.gather(first, *waiters)
+        return order
+    assert asyncio.run(scenario()) == [2, 1, 0]
+
+
+def test_newest_first_bounds_holders_and_survives_cancelled_waiters():
+    async def scenario():
+        slots = NewestFirst(2)
+        inside = 0
+        peak = 0
+
+        async def work():
+            nonlocal inside, peak
+            async with slots:
+                inside += 1
+                peak = max(peak, inside)
+                await asyncio.sleep(0.001)
+                inside -= 1
+        tasks = [asyncio.ensure_future(work()) for _ in range(20)]
+        await asyncio.sleep(0)
+        tasks[10].cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        async with slots:  # every slot came back
+            async with slots:
+                pass
+        return peak
+    assert asyncio.run(scenario()) == 2
+
+
+def _manager(tmp_path):
+    import os
+
+    from dataplane.broker.config import BrokerConfig
+    from dataplane.broker.replicas import ReplicaManager
+    from test_broker_parts import FakeControl
+    config = BrokerConfig(broker_id=1, data_dir=str(tmp_path / "data"), controller_urls=("http://c:1",))
+    os.makedirs(config.data_dir, exist_ok=True)
+    return ReplicaManager(config=config, control=FakeControl(), clean_start=True, send_fetch=lambda *a: None,
+                          send_append_entries=lambda *a: None, refresh_metadata=lambda: None)
+
+
+def test_newer_metadata_applies_while_a_replica_is_still_opening(tmp_path, monkeypatch):
+    """t-0's open blocks in its thread: on_metadata still returns, a later image's topic u opens
+    and is served, t-0 answers LEADER_NOT_AVAILABLE meanwhile, and once open it is fed the
+    image applied last, and leads."""
+    import threading
+
+    from common.errors import ErrorCode
+    from dataplane.broker import replicas as replicas_module
+    from dataplane.replica.core import Role
+    from metadata_builders import add_topic, cluster
+
+    gate = threading.Event()
+    real_prepare = replicas_module._prepare_dir
+
+    def prepare(directory, topic_id):
+        if directory.endswith("t-0"):
+            assert gate.wait(30), "test gate never opened"
+        return real_prepare(directory, topic_id)
+    monkeypatch.setattr(replicas_module, "_prepare_dir", prepare)
+    first = cluster(1)
+    add_topic(first, "t", [[1]], min_insync_replicas=1)
+    second = first.copy()
+    add_topic(second, "u", [[1]], min_insync_replicas=1)
+
+    async def scenario():
+        manager = _manager(tmp_path)
+        try:
+            await asyncio.wait_for(manager.on_metadata(first), 5)
+            assert ("t", 0) in manager.opening and manager.get("t", 0) is None
+            await asyncio.wait_for(manager.on_metadata(second), 5)
+            for _ in range(500):
+                if manager.get("u", 0) is not None:
+                    break
+                await asyncio.sleep(0.01)
+            assert manager.get("u", 0) is not None, "u waited behind t-0's open"
+            assert manager.get("t", 0) is None and ("t", 0) in manager.opening
+            server = _locate_only(manager, second)
+            assert server._locate("t", 0) == (None, ErrorCode.LEADER_NOT_AVAILABLE)
+            gate.set()
+            await asyncio.wait_for(manager.settled(), 10)
+            driver = manager.get("t", 0)
+            assert driver is not None and driver.replica.role is Role.LEADER
+            assert driver.replica.leader_epoch == second.get_partition("t", 0).leader_epoch
+            assert not manager.opening
+        finally:
+            gate.set()
+            await manager.close()
+    asyncio.run(scenario())
+
+
+def _locate_only(manager, image):
+    """A RequestHandler's partition lookup over `manager` (only _locate is used)."""
+    from dataplane.broker.server import RequestHandler
+    server = RequestHandler.__new__(RequestHandler)
+    server.replicas = manager
+    server.image = lambda: image
+    return server
+
+
+def test_timers_tick_only_what_is_due_and_skip_stale_entries(tmp_path):
+    from common.topic_partition import TopicPartition
+    manager = _manager(tmp_path)
+    a, b, c = TopicPartition("a", 0), TopicPartition("b", 0), TopicPartition("c", 0)
+    manager.schedule_tick(a, 100)
+    manager.schedule_tick(b, 50)
+    manager.schedule_tick(a, 200)   # moved later: its entry at 100 is stale
+    manager.schedule_tick(c, 120)
+    manager.schedule_tick(c, None)  # no timer any more
+    assert manager._take_due(150) == [b]
+    assert manager._take_due(199) == []
+    assert manager._take_due(200) == [a]
+    assert manager._take_due(10_000) == []
