@@ -231,9 +231,13 @@ def test_kafka_python_group(cluster: Cluster) -> None:
     try:
         # The group settles first: records read before a rebalance and not yet committed would
         # be read again by the partition's next owner (at least once, not exactly once).
-        deadline = time.monotonic() + 40
+        deadline = time.monotonic() + 60
         while not (x.assignment() and y.assignment() and len(x.assignment()) + len(y.assignment()) == 4):
-            assert time.monotonic() < deadline, "the kafka-python group never split the topic"
+            if time.monotonic() > deadline:
+                group = describe(bootstrap, "kp-group")
+                raise AssertionError(f"the kafka-python group never split the topic: x {x.assignment()}, "
+                                     f"y {y.assignment()}; the coordinator has it {group.state} with "
+                                     f"{[(m.member_id, m.assignment.topic_partitions) for m in group.members]}")
             x.poll(timeout_ms=100)
             y.poll(timeout_ms=100)
         produce(bootstrap, topic, [f"kp{i}" for i in range(200)], 4)
