@@ -314,11 +314,15 @@ async def get_reassignments(request: web.Request) -> web.Response:
         reassignments=[views.partition_view(p) for p in image.partitions() if p.adding or p.removing]))
 
 
-def _moved(s: ControllerService, committed_records: tuple, metadata_offset: int | None) -> web.Response:
+async def _move(request: web.Request, event: core.Event) -> web.Response:
+    """Commit a reassignment write; answer with the partitions its records changed."""
+    s = svc(request)
+    _, committed = await s.execute(event)
+    assert committed is not None, "a write waits for its commit"
     image = s.pending or s.committed
-    changed = sorted({(r.topic, r.partition) for r in committed_records if isinstance(r, PartitionChange)})
+    changed = sorted({(r.topic, r.partition) for r in committed.records if isinstance(r, PartitionChange)})
     return json_model(api_models.ReassignmentList(
-        metadata_offset=metadata_offset if metadata_offset is not None else image.offset,
+        metadata_offset=committed.last_offset if committed.last_offset is not None else image.offset,
         reassignments=[views.partition_view(image.partition(t, p)) for t, p in changed]), status=202)
 
 
@@ -329,11 +333,7 @@ def _moved(s: ControllerService, committed_records: tuple, metadata_offset: int 
        request=ReassignmentPlanRequest, response=api_models.ReassignmentList, writes=True, status=202,
        errors=(404,))
 async def post_reassignment_plan(request: web.Request) -> web.Response:
-    body = await read_body(request, ReassignmentPlanRequest)
-    s = svc(request)
-    _, committed = await s.execute(core.StartPlan(request=body))
-    assert committed is not None, "a write waits for its commit"
-    return _moved(s, committed.records, committed.last_offset)
+    return await _move(request, core.StartPlan(request=await read_body(request, ReassignmentPlanRequest)))
 
 
 @route("POST", "/v1/reassignments/cancel",
@@ -342,11 +342,7 @@ async def post_reassignment_plan(request: web.Request) -> web.Response:
        request=CancelReassignmentsRequest, response=api_models.ReassignmentList, writes=True, status=202,
        errors=(404,))
 async def post_reassignment_cancel(request: web.Request) -> web.Response:
-    body = await read_body(request, CancelReassignmentsRequest)
-    s = svc(request)
-    _, committed = await s.execute(core.CancelReassignments(request=body))
-    assert committed is not None, "a write waits for its commit"
-    return _moved(s, committed.records, committed.last_offset)
+    return await _move(request, core.CancelReassignments(request=await read_body(request, CancelReassignmentsRequest)))
 
 
 @route("GET", "/v1/reassignments/progress",
