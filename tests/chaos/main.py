@@ -108,6 +108,11 @@ def table(s: dict[str, Any]) -> str:
     rows += [("seen by tailing consumers", str(f["seen_by_consumers"])),
              ("processes that exited on their own", str(f["process_exits"])),
              ("SDK producers that stopped (not replaced)", str(f["producer_restarts"]))]
+    if "fences" in f:
+        rows += [("broker fences during the workload", str(f["fences"]))]
+        rows += [(f"  {k}", str(v)) for k, v in f["fences_by_reason"].items()]
+        rows += [("  session expired, no fault explains", str(f["unexplained_fences"]))]
+        rows += [(f"    on {b}", str(n)) for b, n in f["unexplained_fences_by_broker"].items()]
     rows += [(f"violations: {k}", str(s["violations"][k])) for k in VIOLATION_KINDS]
     rows += [(f"  {kind} in {topic}", str(n)) for kind, per in f.get("violations_by_topic", {}).items()
              for topic, n in per.items()]
