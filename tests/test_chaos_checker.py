@@ -16,7 +16,7 @@ import pytest
 from tests.chaos.checker import FENCE_EXPLAIN_AFTER_S, VIOLATION_KINDS, check
 from tests.chaos.fences import parse_fences
 from tests.chaos.history import FaultRun, Fence, History, Seen, Send, parse_value, record_value, tp_key
-from tests.chaos.schedule import FAULT_WEIGHTS, GRAY_WEIGHTS, QUORUM_REMOVING, SCENARIOS, make_schedule
+from tests.chaos.schedule import EXTRA_WEIGHTS, FAULT_WEIGHTS, GRAY_WEIGHTS, QUORUM_REMOVING, SCENARIOS, make_schedule
 
 TOPIC = "pull-isr-fsync"
 
@@ -272,6 +272,14 @@ def test_every_kind_is_scheduled_with_valid_targets() -> None:
             assert f.targets[0] != f.targets[1]
         if f.kind.endswith("_pair"):
             assert len(set(f.targets)) == 2
+
+
+def test_extra_kinds_come_only_when_asked_for() -> None:
+    """Claim: a kind outside the default mix (pause_controller_leader) changes no seed's default
+    schedule, and is scheduled, aimed at the leader, when --kinds names it."""
+    assert not {f.kind for f in make_schedule(seed=5, duration_s=3600)} & set(EXTRA_WEIGHTS)
+    faults = make_schedule(seed=5, duration_s=60, kinds=("pause_controller_leader",))
+    assert faults and all(f.kind == "pause_controller_leader" and f.targets == ("leader",) for f in faults)
 
 
 def test_schedule_refuses_unknown_kinds() -> None:

@@ -25,7 +25,7 @@ from typing import Any
 
 from tests.chaos.checker import VIOLATION_KINDS, Report, check
 from tests.chaos.history import History
-from tests.chaos.schedule import FAULT_WEIGHTS, GRAY_WEIGHTS, SCENARIOS
+from tests.chaos.schedule import EXTRA_WEIGHTS, FAULT_WEIGHTS, GRAY_WEIGHTS, SCENARIOS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RESULTS_ROOT = Path("/tmp/biplane-chaos")
@@ -174,7 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--partitions", type=int, default=2, help="partitions per topic (8 topics, one per mode)")
     p.add_argument("--interval-ms", type=int, default=100, help="each producer sends one record per partition this often")
     p.add_argument("--kinds", help=f"comma-separated fault kinds (default all: {','.join(FAULT_WEIGHTS)}; "
-                                   f"also {','.join(GRAY_WEIGHTS)})")
+                                   f"also {','.join([*GRAY_WEIGHTS, *EXTRA_WEIGHTS])})")
     p.add_argument("--scenario", choices=sorted(SCENARIOS),
                    help="a named set of fault kinds: gray = a broker cut from its peers (both ways, one "
                         "way each way) or two brokers cut from each other, while all reach the controllers")
@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.scenario:
         kinds = SCENARIOS[args.scenario]
     if kinds:
-        known = {**FAULT_WEIGHTS, **GRAY_WEIGHTS}
+        known = {**FAULT_WEIGHTS, **GRAY_WEIGHTS, **EXTRA_WEIGHTS}
         unknown = [k for k in kinds if k not in known]
         if unknown:
             print(f"scripts/chaos: unknown fault kinds {unknown}; known: {', '.join(known)}", file=sys.stderr)

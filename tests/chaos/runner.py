@@ -114,13 +114,17 @@ class Run:
                 n.kill9()
                 self.expected_down.add(n.name)
             return nodes, ""
-        if kind == "kill_controller_leader":
+        if kind in ("kill_controller_leader", "pause_controller_leader"):
             leader = await asyncio.to_thread(c.controller_leader)
             note = ""
+            verb = "killed" if kind == "kill_controller_leader" else "paused"
             if leader is None:
-                leader, note = self._node("c1"), "no controller named itself leader; killed c1"
-            leader.kill9()
-            self.expected_down.add(leader.name)
+                leader, note = self._node("c1"), f"no controller named itself leader; {verb} c1"
+            if kind == "kill_controller_leader":
+                leader.kill9()
+                self.expected_down.add(leader.name)
+            else:
+                leader.pause()
             return [leader], note or f"leader was {leader.name}"
         if kind in ("pause_broker", "pause_controller", "pause_controller_pair"):
             nodes = [self._node(t) for t in fault.targets]
