@@ -201,7 +201,6 @@ class ControlClient:
         raise BiplaneError(f"no controller leader answered after {self.attempts_max} attempts "
                            f"({last_error})", code=ErrorCode.NOT_CONTROLLER)
 
-
     def _next_url(self) -> str:
         return self.urls[self._rotation % len(self.urls)]
 
