@@ -83,6 +83,7 @@ class ControlClient:
         self.attempts_max = attempts_max
         self.retry_backoff_ms = retry_backoff_ms
         self.leader_url: str | None = None
+        self._rotation = 0   # index in urls of the next controller to ask when no leader is known
         self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> "ControlClient":
@@ -165,10 +166,10 @@ class ControlClient:
         # one given (a Kafka CreateTopics with a replica assignment gives no partition count).
         payload = body.model_dump(mode="json", exclude_unset=True) if body is not None else None
         timeout = aiohttp.ClientTimeout(total=(attempt_timeout_ms or self.request_timeout_ms) / 1000)
-        candidates = self.urls
         last_error = "no attempt made"
-        for attempt in range(self.attempts_max):
-            url = self.leader_url or candidates[attempt % len(candidates)]
+        failed: set[str] = set()   # URLs that did not answer in this call
+        for _ in range(self.attempts_max):
+            url = self.leader_url or self._next_url()
             try:
                 async with self._session.request(method, f"{url}/rpc/v1/{path}", json=payload, headers=headers,
                                                  timeout=timeout) as resp:
@@ -179,7 +180,13 @@ class ControlClient:
                     error = (doc or {}).get("error", {}) if isinstance(doc, dict) else {}
                     if resp.status == 421:
                         leader = (doc or {}).get("leader") or {}
-                        self.leader_url = leader.get("api_url")
+                        hint = leader.get("api_url")
+                        hint = hint.rstrip("/") if isinstance(hint, str) else None
+                        # A follower names the leader it last heard of: one that just stopped
+                        # answering us, until the followers elect another. Asking it again would
+                        # cost another attempt's bound; ask the next controller instead.
+                        self.leader_url = hint if hint not in failed else None
+                        self._skip(url)
                         last_error = error.get("message", "not the leader")
                         if self.leader_url is None:
                             await asyncio.sleep(self.retry_backoff_ms / 1000)
@@ -187,10 +194,21 @@ class ControlClient:
                     raise _error_of(error, resp.status)
             except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
                 last_error = f"{url}: {type(exc).__name__}: {exc}"
+                failed.add(url)
                 self.leader_url = None
+                self._skip(url)
                 await asyncio.sleep(self.retry_backoff_ms / 1000)
         raise BiplaneError(f"no controller leader answered after {self.attempts_max} attempts "
                            f"({last_error})", code=ErrorCode.NOT_CONTROLLER)
+
+    def _next_url(self) -> str:
+        return self.urls[self._rotation % len(self.urls)]
+
+    def _skip(self, url: str) -> None:
+        """The next URL to try without a leader is the one after `url`, across calls too: a
+        stopped controller is tried once per round, not at every attempt whose number
+        happens to point at it."""
+        self._rotation = self.urls.index(url) + 1 if url in self.urls else self._rotation + 1
 
 
 def _error_of(error: dict[str, Any], status: int) -> ControllerError:

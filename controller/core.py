@@ -147,6 +147,9 @@ class Recommission:
 @dataclass(frozen=True, kw_only=True)
 class Tick:
     now_ms: int
+    # How long the leader itself did not run before this tick (its timer's lag, measured by
+    # the driver on a monotonic clock): given back to every broker session.
+    paused_ms: int = 0
 
 
 Event = Union[RegisterBroker, Heartbeat, AlterIsr, ReportElection, AllocateProducerIds, CreateTopic,
@@ -278,6 +281,7 @@ class ControllerCore:
         # Sessions expire, shut-down brokers fence, caught-up brokers unfence, elections, the
         # maintenance drain, decommission moves, reassignments, rebalance and the imbalance
         # handback: in `decisions.periodic`'s order.
+        self.state.sessions.credit(ev.paused_ms, ev.now_ms)
         return Step(records=tuple(self.state.periodic(image, ev.now_ms)))
 
 

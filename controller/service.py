@@ -28,7 +28,7 @@ from collections import deque
 from typing import Callable, Protocol
 
 from common.errors import CommitFailedError, NotControllerError, RecordRejected
-from common.metadata import MetadataImage, Record, dump_record
+from common.metadata import FenceBroker, MetadataImage, Record, dump_record
 from common.tasks import cancel_and_wait
 from common.usage import BrokerUsage
 from controller.core import AddPartitions, AlterConfig, ControllerCore, CreateTopic, DeleteTopic, Event, Step, Tick
@@ -36,6 +36,9 @@ from controller.decisions import LeaderSettings
 from controller.replicated import Outcome, batch_command, marker_command
 
 log = logging.getLogger("biplane.controller")
+
+# A tick this much later than its interval means the controller did not run meanwhile.
+PAUSE_CREDIT_MIN_MS = 250
 
 _CHECKABLE = (CreateTopic, DeleteTopic, AlterConfig, AddPartitions)
 
@@ -132,7 +135,8 @@ class ControllerService:
                  leader_settings: LeaderSettings = LeaderSettings(), periodic_interval_ms: int = 75,
                  inflight_batches_max: int = 16, batch_records_max: int = 2000,
                  metadata_window_records: int = 20_000, commit_timeout_ms: int = 5000,
-                 clock_ms: Callable[[], int] = wall_clock_ms) -> None:
+                 clock_ms: Callable[[], int] = wall_clock_ms,
+                 monotonic_s: Callable[[], float] = time.monotonic) -> None:
         self.node_id = node_id
         self.nodes = {n.node_id: n for n in nodes}
         if node_id not in self.nodes:
@@ -147,6 +151,7 @@ class ControllerService:
         self.metadata_window_records = metadata_window_records
         self.commit_timeout_ms = commit_timeout_ms
         self.clock_ms = clock_ms
+        self.monotonic_s = monotonic_s   # times the timer's own lag (_paused_ms)
 
         self.committed = MetadataImage()
         self.window: deque[tuple[int, dict]] = deque(maxlen=metadata_window_records)
@@ -167,6 +172,7 @@ class ControllerService:
         self._advanced = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
+        self._last_tick_s: float | None = None   # time.monotonic() of the last _tick
 
     # ------------------------------------------------------------ lifecycle
 
@@ -266,6 +272,7 @@ class ControllerService:
 
     def _tick(self) -> None:
         assert self.raft is not None, "started"
+        paused_ms = self._paused_ms()
         status = self.raft.status()
         if self.pending is not None and (not status.is_leader or status.term != self.trusted_term):
             self._untrust(f"raft is now {'leader' if status.is_leader else 'follower'} in term {status.term}")
@@ -273,11 +280,27 @@ class ControllerService:
             self._propose_marker(status.term)
         if self.pending is not None:
             image, core = self.require_core()
-            step = core.step(image, Tick(now_ms=self.clock_ms()))
+            now_ms = self.clock_ms()
+            step = core.step(image, Tick(now_ms=now_ms, paused_ms=paused_ms))
             if step.records:
                 # Nobody awaits the periodic pass: a lost leadership fails it, and the pass
                 # of whichever controller leads next decides again from the committed image.
-                self.stage(list(step.records)).add_done_callback(_note_periodic_outcome)
+                silent_ms = {r.broker_id: _silent_ms(core, r.broker_id, now_ms)
+                             for r in step.records if isinstance(r, FenceBroker)}
+                self.stage(list(step.records)).add_done_callback(
+                    functools.partial(_note_periodic_outcome, self.node_id, silent_ms))
+
+    def _paused_ms(self) -> int:
+        """How much later than its interval this tick runs, when that is a stall (at least
+        PAUSE_CREDIT_MIN_MS): the time this process did not run. Smaller lags are left to the
+        session timeout's margin, so a controller that merely runs a little late every tick
+        does not slow the fencing of brokers that are really gone."""
+        now = self.monotonic_s()
+        last, self._last_tick_s = self._last_tick_s, now
+        if last is None:
+            return 0
+        lag_ms = int((now - last) * 1000) - self.periodic_interval_ms
+        return lag_ms if lag_ms >= PAUSE_CREDIT_MIN_MS else 0
 
     def _marker_due(self, term: int) -> bool:
         # pysyncobj may never call back for an entry a lost leadership left behind, so a
@@ -483,10 +506,25 @@ class ControllerService:
         }
 
 
-def _note_periodic_outcome(fut: asyncio.Future[Committed]) -> None:
-    if not fut.cancelled() and fut.exception() is not None:
+def _silent_ms(core: ControllerCore, broker_id: int, now_ms: int) -> int | None:
+    session = core.state.sessions.get(broker_id)
+    return None if session is None else now_ms - session.last_heartbeat_ms
+
+
+def _note_periodic_outcome(node_id: int, silent_ms: dict[int, int | None], fut: asyncio.Future[Committed]) -> None:
+    if fut.cancelled():
+        return
+    if fut.exception() is not None:
         log.info("periodic decisions not committed: %s", fut.exception(),
                  extra={"event": "controller.periodic_not_committed"})
+        return
+    # One line per committed fence, from the leader that decided it (never replayed): an
+    # operator's, and the fault harness's, record of every fence (tests/chaos/fences.py).
+    for record in fut.result().records:
+        if isinstance(record, FenceBroker):
+            log.warning("broker fenced: broker_id=%d reason=%r at_ms=%d silent_ms=%s controller=%d",
+                        record.broker_id, record.reason, record.at_ms, silent_ms.get(record.broker_id),
+                        node_id, extra={"event": "controller.broker_fenced", "broker_id": record.broker_id})
 
 
 def _fail_waiters(batch: _Batch, error: BaseException) -> None:

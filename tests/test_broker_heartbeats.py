@@ -11,7 +11,7 @@ import time
 from aiohttp import web
 
 from common.control_client import ControlClient
-from dataplane.broker.lifecycle import HeartbeatThread, Lifecycle
+from dataplane.broker.lifecycle import HeartbeatPace, HeartbeatThread, Lifecycle
 
 
 class FakeController:
@@ -107,3 +107,21 @@ def test_heartbeats_keep_their_pace_while_the_event_loop_is_blocked_and_stop_whe
         asyncio.run(run())
     finally:
         done.set()
+
+
+def test_late_heartbeats_say_whether_the_thread_waited_or_the_call_did() -> None:
+    """Claim: two answered heartbeats more than `slow_ms` apart are reported with what held them
+    (the round starting late: this thread kept from running; or the call: the network or the
+    controller) and the CPU the thread and the process got meanwhile; closer ones are not."""
+    pace = HeartbeatPace(interval_ms=150, slow_ms=750)
+    pace.sending(10.0)
+    assert pace.answered(10.01, 1.0, 5.0) is None                 # the first answer: nothing to compare
+    pace.sending(10.16)
+    assert pace.answered(10.17, 1.001, 5.01) is None              # on time
+    pace.sending(11.37)                                           # due at 10.32: 1,050 ms late
+    said = pace.answered(11.40, 1.801, 6.61)
+    assert said == ("1230 ms apart (round started 1050 ms late, call took 30 ms; meanwhile this thread ran "
+                    "800 ms and the process 1600 ms on the CPU)")
+    pace.sending(11.55)
+    said = pace.answered(12.50, 1.802, 6.62)                      # the call took 950 ms
+    assert said is not None and "started 0 ms late, call took 950 ms" in said

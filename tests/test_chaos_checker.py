@@ -13,9 +13,10 @@ import random
 
 import pytest
 
-from tests.chaos.checker import VIOLATION_KINDS, check
-from tests.chaos.history import FaultRun, History, Seen, Send, parse_value, record_value, tp_key
-from tests.chaos.schedule import FAULT_WEIGHTS, GRAY_WEIGHTS, QUORUM_REMOVING, SCENARIOS, make_schedule
+from tests.chaos.checker import FENCE_EXPLAIN_AFTER_S, VIOLATION_KINDS, check
+from tests.chaos.fences import parse_fences
+from tests.chaos.history import FaultRun, Fence, History, Seen, Send, parse_value, record_value, tp_key
+from tests.chaos.schedule import EXTRA_WEIGHTS, FAULT_WEIGHTS, GRAY_WEIGHTS, QUORUM_REMOVING, SCENARIOS, make_schedule
 
 TOPIC = "pull-isr-fsync"
 
@@ -273,6 +274,14 @@ def test_every_kind_is_scheduled_with_valid_targets() -> None:
             assert len(set(f.targets)) == 2
 
 
+def test_extra_kinds_come_only_when_asked_for() -> None:
+    """Claim: a kind outside the default mix (pause_controller_leader) changes no seed's default
+    schedule, and is scheduled, aimed at the leader, when --kinds names it."""
+    assert not {f.kind for f in make_schedule(seed=5, duration_s=3600)} & set(EXTRA_WEIGHTS)
+    faults = make_schedule(seed=5, duration_s=60, kinds=("pause_controller_leader",))
+    assert faults and all(f.kind == "pause_controller_leader" and f.targets == ("leader",) for f in faults)
+
+
 def test_schedule_refuses_unknown_kinds() -> None:
     with pytest.raises(ValueError, match="unknown fault kinds"):
         make_schedule(seed=1, duration_s=10, kinds=("meteor",))
@@ -373,3 +382,59 @@ def test_gray_figures_group_partitions_by_their_leader_as_the_fault_began() -> N
     assert row["worst"][0]["cut_isr"] == {"gap_s": 7.0, "partition": "i/0"}
     again = History.from_json(json.loads(json.dumps(h.to_json())))
     assert again.faults[0].leaders == fault.leaders
+
+
+def _fence(broker: str, at_s: float, reason: str = "session expired") -> Fence:
+    return Fence(broker=broker, at_s=at_s, reason=reason, silent_ms=1600, controller="c1")
+
+
+def test_unexplained_fences_fire_on_a_tampered_history() -> None:
+    """Claim: a fence for an expired session is explained only by a fault on that broker or on a
+    controller, running or ended at most FENCE_EXPLAIN_AFTER_S before it, or by a process dying;
+    any other is reported (count, per broker, examples) and fails the run as a liveness failure.
+    Gray cuts (peers only) explain none; fences asked for (controlled shutdown) are not counted."""
+    h = clean_history()
+    h.end_s = 60.0
+    h.faults = [FaultRun(index=0, kind="kill_broker", targets=("b1",), start_s=10.0, end_s=11.0, removes_quorum=False),
+                FaultRun(index=1, kind="pause_controller", targets=("c2",), start_s=20.0, end_s=21.0,
+                         removes_quorum=False),
+                FaultRun(index=2, kind="cut_leader", targets=("b3",), start_s=30.0, end_s=36.0, removes_quorum=False)]
+    h.exits = ["b2 exited (code 1) at 45.0 s: boom"]
+    explained = [_fence("b1", 10.5), _fence("b1", 11.0 + FENCE_EXPLAIN_AFTER_S),   # its own kill, to the window's end
+                 _fence("b3", 22.0),                    # a controller paused: any broker
+                 _fence("b2", 43.0),                    # died unasked, noticed at 45 s
+                 _fence("b2", 50.0, "controlled shutdown"), _fence("b3", -1.0), _fence("b3", 61.0)]
+    h.fences = list(explained)
+    report = check(h)
+    assert report.figures["unexplained_fences"] == 0 and not report.liveness["unexplained_fences"]
+    assert report.figures["fences"] == 5 and report.figures["fences_by_reason"] == {"controlled shutdown": 1,
+                                                                                    "session expired": 4}
+    h.exits = []   # the process exits fail the run on their own; only the fences are tampered below
+    tampered = copy.deepcopy(h)
+    tampered.fences = explained[:3] + [
+        _fence("b2", 10.5),                             # another broker's kill explains nothing
+        _fence("b1", 11.0 + FENCE_EXPLAIN_AFTER_S + 0.1),   # past the window
+        _fence("b3", 19.9),                             # before the controller fault began
+        _fence("b3", 33.0)]                             # under a gray cut of its own
+    report = check(tampered)
+    assert report.figures["unexplained_fences"] == 4
+    assert report.figures["unexplained_fences_by_broker"] == {"b1": 1, "b2": 1, "b3": 2}
+    assert [e["at_s"] for e in report.figures["unexplained_fence_examples"]] == [10.5, 15.2, 19.9, 33.0]
+    assert len(report.liveness["unexplained_fences"]) == 4 and not report.ok and report.safe
+    # a history recorded before fences were: nothing said either way
+    tampered.fences = None
+    assert "unexplained_fences" not in check(tampered).liveness
+
+
+def test_fences_are_read_from_the_controllers_log_lines_once() -> None:
+    """Claim: the harness reads each fence the committing leader logged, once, on the run's clock."""
+    line = ("2026-11-25 04:00:00,000 level=WARNING logger=biplane.controller broker fenced: broker_id=2 "
+            "reason='session expired' at_ms=1000012500 silent_ms=1620 controller=3")
+    other = line.replace("broker_id=2", "broker_id=1").replace("'session expired'", "\"controlled shutdown\"") \
+        .replace("silent_ms=1620", "silent_ms=None")
+    fences = parse_fences(["noise", line, line, other], wall_t0_s=1_000_000.0)
+    assert fences == [Fence(broker="b1", at_s=12.5, reason="controlled shutdown", silent_ms=None, controller="c3"),
+                      Fence(broker="b2", at_s=12.5, reason="session expired", silent_ms=1620, controller="c3")]
+    h = clean_history()
+    h.fences = fences
+    assert History.from_json(json.loads(json.dumps(h.to_json()))).fences == fences

@@ -62,7 +62,7 @@ def test_heartbeat_and_long_poll_move_past_a_controller_that_never_answers() -> 
                     cc.heartbeat(HeartbeatRequest(broker_id=1, incarnation_id="i", metadata_offset=0)), 5)
                 took_s = time.monotonic() - started
                 assert beat.fenced is False and took_s < 2.0, took_s
-                cc.leader_url = None  # ask the silent one first again
+                cc.leader_url, cc._rotation = None, 0  # ask the silent one first again
                 started = time.monotonic()
                 batch = await asyncio.wait_for(cc.fetch_metadata(after_offset=7, wait_ms_max=200), 5)
                 took_s = time.monotonic() - started
@@ -70,6 +70,51 @@ def test_heartbeat_and_long_poll_move_past_a_controller_that_never_answers() -> 
         finally:
             await silent.cleanup()
             await leader.cleanup()
+    asyncio.run(run())
+
+
+def _counting_silent(hits: list[str]) -> web.Application:
+    async def hang(request: web.Request) -> web.Response:
+        hits.append(request.path)
+        await asyncio.sleep(3600)
+        raise AssertionError("unreachable")
+    app = web.Application()
+    app.router.add_route("*", "/rpc/v1/{tail:.*}", hang)
+    return app
+
+
+def _follower(leader_url: list[str]) -> web.Application:
+    async def not_leader(request: web.Request) -> web.Response:
+        return web.json_response({"error": {"code": "NOT_CONTROLLER", "message": "not the leader"},
+                                  "leader": {"api_url": leader_url[0]}}, status=421)
+    app = web.Application()
+    app.router.add_route("*", "/rpc/v1/{tail:.*}", not_leader)
+    return app
+
+
+def test_a_controller_that_did_not_answer_is_not_asked_again_within_the_call() -> None:
+    """Claim: once the leader stops answering, a heartbeat asks each other controller before it
+    again, even when a follower still names the silent one as leader (it has not noticed yet). Before, the next URL was picked by attempt number (the
+    stopped leader, second in the list, was asked again at once) and a follower's stale hint
+    sent the client back to it: each costs a heartbeat attempt's bound, and a broker whose
+    heartbeats spend 2 s on a stopped controller is fenced by the next leader."""
+    async def run() -> None:
+        hits: list[str] = []
+        silent, silent_url = await _serve(_counting_silent(hits))
+        named: list[str] = [silent_url]
+        follower, follower_url = await _serve(_follower(named))
+        leader, leader_url = await _serve(_leader())
+        try:
+            async with ControlClient([follower_url, silent_url, leader_url], secret=None,
+                                     heartbeat_timeout_ms=300, retry_backoff_ms=10) as cc:
+                cc.leader_url = silent_url   # the leader it knew
+                beat = await asyncio.wait_for(
+                    cc.heartbeat(HeartbeatRequest(broker_id=1, incarnation_id="i", metadata_offset=0)), 10)
+                assert beat.fenced is False and cc.leader_url == leader_url
+                assert len(hits) == 1, hits
+        finally:
+            for r in (silent, follower, leader):
+                await r.cleanup()
     asyncio.run(run())
 
 

@@ -327,3 +327,62 @@ def test_a_broker_told_an_answer_that_does_not_fit_learns_which_call_and_field()
     # A field it does not know (a newer controller) is ignored.
     assert _parse(HeartbeatAnswer, "heartbeat", {"broker_id": 1, "fenced": False, "metadata_offset": 3,
                                                  "session_timeout_ms": 1500, "later": 1}).fenced is False
+
+
+def _registered_and_unfenced(c: ControllerCore) -> MetadataImage:
+    image = MetadataImage()
+    for b in (1, 2):
+        for r in c.step(image, core.RegisterBroker(request=register(b), now_ms=1_000)).records:
+            image.apply(r, image.offset + 1)
+    for b in (1, 2):
+        c.step(image, beat(image, b, 1_050))
+    for r in c.step(image, core.Tick(now_ms=1_100)).records:
+        image.apply(r, image.offset + 1)
+    assert not any(image.brokers[b].fenced for b in (1, 2))
+    return image
+
+
+def _fenced(step: Step) -> list[int]:
+    return sorted(r.broker_id for r in step.records if type(r).__name__ == "FenceBroker")
+
+
+def test_time_the_leader_did_not_run_is_given_back_to_every_session() -> None:
+    """Claim: a tick after the leader itself was stopped for 2 s (paused_ms) fences no broker
+    whose session was fine when it stopped, so the heartbeats that waited unread meanwhile are
+    read in time; a broker that stays silent after that is fenced a session timeout later, on
+    the credited clock. The same tick without the credit fences both (the spurious fences the
+    fault harness found after controller stalls)."""
+    c = ControllerCore(LeaderSettings(session_timeout_ms=1_500))
+    image = _registered_and_unfenced(c)
+    # last heartbeats at 1_050; the leader stops at 1_100 and runs again at 3_100
+    assert _fenced(c.step(image, core.Tick(now_ms=3_100, paused_ms=1_925))) == []
+    c.step(image, beat(image, 1, 3_150))                  # broker 1's queued heartbeat, read now
+    assert _fenced(c.step(image, core.Tick(now_ms=4_400))) == []   # 2 within its credited session
+    assert _fenced(c.step(image, core.Tick(now_ms=4_600))) == [2]  # 1_050 + 1_925 + 1_500 < 4_600
+    plain = ControllerCore(LeaderSettings(session_timeout_ms=1_500))
+    image = _registered_and_unfenced(plain)
+    assert _fenced(plain.step(image, core.Tick(now_ms=3_100))) == [1, 2]
+
+
+def test_a_credit_never_moves_a_session_past_now() -> None:
+    """Claim: a heartbeat read after the stall but before the tick that credits it is not pushed
+    into the future: a broker that dies right after it is fenced one session timeout later."""
+    c = ControllerCore(LeaderSettings(session_timeout_ms=1_500))
+    image = _registered_and_unfenced(c)
+    c.step(image, beat(image, 1, 3_090))
+    c.step(image, beat(image, 2, 3_090))
+    c.step(image, core.Tick(now_ms=3_100, paused_ms=1_925))
+    assert _fenced(c.step(image, core.Tick(now_ms=4_601))) == [1, 2]
+
+
+def test_a_new_leader_gives_every_broker_a_whole_session_from_its_first_look() -> None:
+    """Claim: a core that just took over (a new leader) fences no broker whose heartbeats went
+    to the old leader until a whole session timeout after its first tick, however long ago
+    their registration was (Kafka's controller gives every broker a fresh session on failover)."""
+    c = ControllerCore(LeaderSettings(session_timeout_ms=1_500))
+    image = _registered_and_unfenced(c)   # the old leader's view, committed
+    new = ControllerCore(LeaderSettings(session_timeout_ms=1_500))
+    assert _fenced(new.step(image, core.Tick(now_ms=60_000))) == []
+    new.step(image, beat(image, 1, 61_000))
+    assert _fenced(new.step(image, core.Tick(now_ms=61_500))) == []
+    assert _fenced(new.step(image, core.Tick(now_ms=61_501))) == [2]

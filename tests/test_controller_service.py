@@ -304,3 +304,58 @@ def test_staged_records_are_cut_into_commands_of_at_most_batch_records_max():
         assert sizes == [4, 4] and service.committed.offset == service.pending.offset
         await service.stop()
     asyncio.run(run())
+
+
+def test_a_leader_that_was_stopped_does_not_fence_brokers_at_its_first_tick(caplog):
+    """Claim: the service measures how late its timer ran (a SIGSTOP, a starved process) and
+    hands that to the core, so its first tick after 2 s stopped fences nobody; a fence it does
+    commit is logged once, in the line the fault harness reads (tests/chaos/fences.py)."""
+    from common.requests import HeartbeatRequest
+    from controller import core as c
+    from tests.chaos.fences import parse_fences
+
+    async def run():
+        clock = {"wall_ms": 1_000, "mono_s": 100.0}
+        rafts = []
+
+        def factory(**callbacks):
+            rafts.append(FakeRaft(**callbacks))
+            return rafts[-1]
+        service = ControllerService(
+            node_id=1, nodes=[ControllerNode(node_id=1, raft_address="127.0.0.1:1", api_url="http://127.0.0.1:2")],
+            raft_factory=factory, leader_settings=LeaderSettings(session_timeout_ms=1_500),
+            periodic_interval_ms=3_600_000, clock_ms=lambda: clock["wall_ms"], monotonic_s=lambda: clock["mono_s"])
+        await service.start()
+        service._tick()
+        for _ in range(100):
+            if service.is_leader:
+                break
+            await asyncio.sleep(0.01)
+        await service.execute(c.RegisterBroker(request=register(1), now_ms=clock["wall_ms"]))
+        await service.execute(c.Heartbeat(request=HeartbeatRequest(broker_id=1, incarnation_id="i1",
+                                                                   metadata_offset=10**6), now_ms=clock["wall_ms"]))
+        service.periodic_interval_ms = 100
+        service._tick()
+        await asyncio.sleep(0.01)
+        assert not service.committed.brokers[1].fenced
+
+        def advance(s: float) -> None:
+            clock["wall_ms"] += int(s * 1000)
+            clock["mono_s"] += s
+        advance(2.0)                 # stopped for 2 s: the heartbeats it missed wait in its socket
+        service._tick()
+        await asyncio.sleep(0.01)
+        assert not service.committed.brokers[1].fenced
+        while not service.committed.brokers[1].fenced and clock["wall_ms"] < 10_000:
+            advance(0.1)             # ticks on time: nothing more credited
+            service._tick()
+            await asyncio.sleep(0.01)
+        # the last heartbeat (1_000) plus the 1.9 s credited, plus the session timeout
+        assert service.committed.brokers[1].fenced and clock["wall_ms"] == 4_500, clock
+        await service.stop()
+
+    with caplog.at_level("WARNING", logger="biplane.controller"):
+        asyncio.run(run())
+    fences = parse_fences([r.getMessage() for r in caplog.records], wall_t0_s=0.0)
+    assert [(f.broker, f.reason, f.controller) for f in fences] == [("b1", "session expired", "c1")]
+    assert fences[0].silent_ms is not None and fences[0].silent_ms > 1_500

@@ -2,7 +2,14 @@
 
 Sessions live in the controller leader's memory only (never replicated): a new
 leader starts every known broker's session at its first look (`started_at_ms`),
-which gives each broker one full session timeout to heartbeat it.
+which gives each broker one full session timeout to heartbeat it (as Kafka's
+controller does on failover), whatever it last heard from the old leader.
+
+A session times the broker, not the controller: time in which the leader itself did not
+run (stopped, or kept off the CPU by a loaded machine) is given back to every session
+(`credit`), since the heartbeats sent meanwhile wait unread in its sockets. Without it a
+leader that resumed after 1.5 s fenced every broker at its first tick, before reading
+the heartbeats that had arrived.
 
 A broker registers fenced. It is unfenced once it heartbeats with its current
 incarnation and has applied metadata up to the record that fenced it (its
@@ -17,7 +24,7 @@ stays, and it is elected again when it returns (the only copy left).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from common.errors import StaleBrokerError, UnknownBrokerError
 from common.metadata.image import MetadataImage
@@ -60,6 +67,16 @@ class BrokerSessions:
         if old is not None and old.incarnation_id == incarnation_id and old.want_shutdown:
             want_shutdown = True
         self._sessions[broker_id] = Session(incarnation_id, now_ms, metadata_offset, want_shutdown)
+
+    def credit(self, ms: int, now_ms: int) -> None:
+        """Give `ms` back to every session (the leader did not run for that long), never
+        moving a last heartbeat past `now_ms`."""
+        if ms <= 0:
+            return
+        self._sessions = {b: replace(s, last_heartbeat_ms=min(now_ms, s.last_heartbeat_ms + ms))
+                          for b, s in self._sessions.items()}
+        if self.started_at_ms is not None:
+            self.started_at_ms = min(now_ms, self.started_at_ms + ms)
 
     def shutting_down(self, broker_id: int, incarnation_id: str) -> bool:
         s = self._sessions.get(broker_id)

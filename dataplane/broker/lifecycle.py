@@ -127,13 +127,19 @@ class Lifecycle:
         client); a round is skipped while `beating()` is false (the broker's loop is wedged)."""
         control = control or self.control
         await self.register(control)
+        pace = HeartbeatPace(interval_ms=self.heartbeat_interval_ms)
         while True:
             started = time.monotonic()
             if not beating():
                 await asyncio.sleep(self.heartbeat_interval_ms / 1000)
                 continue
+            pace.sending(started)
             try:
                 answer = await control.heartbeat(self._heartbeat())
+                slow = pace.answered(time.monotonic(), time.thread_time(), time.process_time())
+                if slow is not None:
+                    log.warning("broker %d: heartbeats answered %s", self.broker_id, slow,
+                                extra={"event": "broker.heartbeat_slow"})
                 fenced = answer.fenced
                 if fenced != self.fenced:
                     log.info("broker %d %s", self.broker_id, "fenced" if fenced else "unfenced",
@@ -184,6 +190,33 @@ class Lifecycle:
         return HeartbeatRequest(broker_id=self.broker_id, incarnation_id=self.incarnation_id,
                                 metadata_offset=self.metadata_offset(), usage=usage,
                                 want_shutdown=self.want_shutdown, unreachable=self.unreachable())
+
+
+class HeartbeatPace:
+    """Why heartbeats came late (pure: handed clock readings). Between two answered heartbeats
+    more than `slow_ms` apart it says how long the round's start waited past its due time
+    (the thread kept from running: the machine or the GIL), how long the call took (the
+    network or the controller), and the CPU this thread and the whole process got meanwhile."""
+
+    def __init__(self, *, interval_ms: int, slow_ms: int = 750) -> None:
+        self.interval_ms, self.slow_ms = interval_ms, slow_ms
+        self._answered: tuple[float, float, float] | None = None   # monotonic, thread CPU, process CPU
+        self._sent = 0.0
+
+    def sending(self, now_s: float) -> None:
+        self._sent = now_s
+
+    def answered(self, now_s: float, thread_cpu_s: float, process_cpu_s: float) -> str | None:
+        last, self._answered = self._answered, (now_s, thread_cpu_s, process_cpu_s)
+        if last is None:
+            return None
+        gap_ms = (now_s - last[0]) * 1000
+        if gap_ms < self.slow_ms:
+            return None
+        start_late_ms = max(0.0, (self._sent - last[0]) * 1000 - self.interval_ms)
+        return (f"{gap_ms:.0f} ms apart (round started {start_late_ms:.0f} ms late, call took "
+                f"{(now_s - self._sent) * 1000:.0f} ms; meanwhile this thread ran {(thread_cpu_s - last[1]) * 1000:.0f} ms "
+                f"and the process {(process_cpu_s - last[2]) * 1000:.0f} ms on the CPU)")
 
 
 class HeartbeatThread:

@@ -10,6 +10,8 @@ Violations (each a list of small dicts, so a report can show examples):
 Liveness failures, reported apart: partitions that could not be read back after the heal
 (their acknowledged records are then looked for on the replicas' disks), and partitions
 that never acknowledged again after the last heal.
+Fences (when the history has them): every broker fenced for an expired session that no fault
+explains (`unexplained_fences`: a liveness failure; see `fence_explained`).
 Figures: acks and failures by error, faults by kind, the longest acks=all gap per partition
 outside faults that remove a quorum, and the time to the first acknowledgement after the last
 heal per partition. For gray faults (a broker cut from its peers, not from the controllers;
@@ -21,12 +23,24 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import re
 from typing import Any
 
-from tests.chaos.history import FaultRun, History, parse_value
+from tests.chaos.history import FaultRun, Fence, History, parse_value
 from tests.chaos.schedule import GRAY_KINDS
 
 SESSION_TIMEOUT_S = 1.5   # the controllers' default session_timeout_ms, as the harness runs them
+# How long after a fault ends it can still explain a fence for an expired session: a controller
+# leader elected after the heal (Raft's election timeout, at most 1.6 s), a heartbeat attempt
+# stuck on the old leader meanwhile (the broker's heartbeat_timeout_ms, 1 s), then a whole
+# session timeout without a heartbeat.
+ELECTION_TIMEOUT_MAX_S = 1.6
+HEARTBEAT_ATTEMPT_S = 1.0
+FENCE_EXPLAIN_AFTER_S = ELECTION_TIMEOUT_MAX_S + HEARTBEAT_ATTEMPT_S + SESSION_TIMEOUT_S
+# A process found dead is noticed at the next fault's start (every 1-4 s): its death can
+# precede the notice by that much.
+EXIT_NOTICED_WITHIN_S = 5.0
+EXPIRED = "session expired"
 
 VIOLATION_KINDS = ("lost", "duplicated", "misplaced", "reordered", "vanished", "diverged")
 EXAMPLES_MAX = 10
@@ -154,8 +168,57 @@ def check(history: History) -> Report:
     liveness = {"unreadable_partitions": sorted(unreadable),
                 "partitions_never_reacked": list(figs["partitions_never_reacked"]),
                 "processes_exited": list(history.exits)}
+    if history.fences is not None:
+        liveness["unexplained_fences"] = [f"{f.broker} at {f.at_s} s: {f.reason} (silent {f.silent_ms} ms, "
+                                          f"decided by {f.controller})" for f in unexplained_fences(history)]
     return Report(violations={k: v[:EXAMPLES_MAX] for k, v in violations.items()}, counts=counts,
                   figures=figs, liveness=liveness)
+
+
+_EXIT = re.compile(r"^(?P<node>[bc]\d+) exited .* at (?P<at>[\d.]+) s")
+
+
+def fence_explained(history: History, broker: str, at_s: float) -> bool:
+    """A fence of `broker` at `at_s` is explained by a fault running then (or ended at most
+    FENCE_EXPLAIN_AFTER_S before) that touched that broker or any controller (the controller
+    leader, its quorum, or a broker's link to them: the history does not say which controller
+    led, so a fault on any counts), or by the broker or a controller dying unasked. Gray
+    faults (a broker cut from its peers only) leave the controllers' links whole and explain
+    none."""
+    def touches(targets: tuple[str, ...] | list[str]) -> bool:
+        return any(t == broker or t.startswith("c") for t in targets)
+
+    for f in history.faults:
+        if f.kind in GRAY_KINDS or not touches(f.targets):
+            continue
+        if f.start_s <= at_s <= f.end_s + FENCE_EXPLAIN_AFTER_S:
+            return True
+    for line in history.exits:
+        m = _EXIT.match(line)
+        if m and touches([m["node"]]) and \
+                float(m["at"]) - EXIT_NOTICED_WITHIN_S <= at_s <= float(m["at"]) + FENCE_EXPLAIN_AFTER_S:
+            return True
+    return False
+
+
+def unexplained_fences(history: History) -> list[Fence]:
+    """Fences for an expired session during the workload that no fault explains. Fences for
+    other reasons (a controlled shutdown) are asked for; those before the workload or after
+    the end of the read-back (the harness stopping the cluster) are not the run's."""
+    return [f for f in history.fences or [] if f.reason == EXPIRED and 0.0 <= f.at_s <= history.end_s
+            and not fence_explained(history, f.broker, f.at_s)]
+
+
+def fence_figures(history: History) -> dict[str, Any]:
+    if history.fences is None:
+        return {}
+    during = [f for f in history.fences if 0.0 <= f.at_s <= history.end_s]
+    lone = unexplained_fences(history)
+    return {"fences": len(during),
+            "fences_by_reason": dict(sorted(collections.Counter(f.reason for f in during).items())),
+            "unexplained_fences": len(lone),
+            "unexplained_fences_by_broker": dict(sorted(collections.Counter(f.broker for f in lone).items())),
+            "unexplained_fence_examples": [dataclasses.asdict(f) for f in lone[:EXAMPLES_MAX]]}
 
 
 def _quorum_windows(history: History) -> list[tuple[float, float]]:
@@ -205,6 +268,7 @@ def figures(history: History) -> dict[str, Any]:
 
     return {
         "gray": gray_figures(history, ack_times),
+        **fence_figures(history),
         "sends": len(history.sends), "acked": len(acked), "failed": sum(failures.values()), "no_outcome": pending,
         "failures_by_error": dict(sorted(failures.items())),
         "faults": len(history.faults), "faults_by_kind": dict(sorted(faults.items())),

@@ -70,6 +70,17 @@ class FaultRun:
     leaders: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Fence:
+    """A broker fenced by the controller leader (tests/chaos/fences.py reads them from its log)."""
+
+    broker: str                 # "b1"...
+    at_s: float                 # on the run's clock
+    reason: str                 # "session expired", "controlled shutdown"...
+    silent_ms: int | None       # how long the leader had not heard the broker's heartbeat
+    controller: str             # the controller that decided it ("c1"...)
+
+
 @dataclasses.dataclass(kw_only=True)
 class History:
     seed: int
@@ -88,6 +99,8 @@ class History:
     producer_restarts: list[str] = dataclasses.field(default_factory=list)   # SDK producers that stopped (send() raised ClientClosedError); not replaced
     # the controller's ISR of each partition after the read-back ("b1"...); absent: unknown
     isr_at_end: dict[TopicPartitionKey, list[str]] = dataclasses.field(default_factory=dict)
+    # every broker fence the controllers logged; None: not recorded (a history from before)
+    fences: list[Fence] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -102,6 +115,7 @@ class History:
             "exits": self.exits, "unreadable": self.unreadable,
             "producer_restarts": self.producer_restarts,
             "isr_at_end": self.isr_at_end,
+            "fences": None if self.fences is None else [dataclasses.asdict(f) for f in self.fences],
         }
 
     @classmethod
@@ -120,6 +134,7 @@ class History:
             unreadable=list(data.get("unreadable", [])),
             producer_restarts=list(data.get("producer_restarts", [])),
             isr_at_end={k: list(v) for k, v in data.get("isr_at_end", {}).items()},
+            fences=None if data.get("fences") is None else [Fence(**f) for f in data["fences"]],
         )
 
     def dump(self, path: str) -> None:

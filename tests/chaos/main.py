@@ -25,7 +25,7 @@ from typing import Any
 
 from tests.chaos.checker import VIOLATION_KINDS, Report, check
 from tests.chaos.history import History
-from tests.chaos.schedule import FAULT_WEIGHTS, GRAY_WEIGHTS, SCENARIOS
+from tests.chaos.schedule import EXTRA_WEIGHTS, FAULT_WEIGHTS, GRAY_WEIGHTS, SCENARIOS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RESULTS_ROOT = Path("/tmp/biplane-chaos")
@@ -108,6 +108,11 @@ def table(s: dict[str, Any]) -> str:
     rows += [("seen by tailing consumers", str(f["seen_by_consumers"])),
              ("processes that exited on their own", str(f["process_exits"])),
              ("SDK producers that stopped (not replaced)", str(f["producer_restarts"]))]
+    if "fences" in f:
+        rows += [("broker fences during the workload", str(f["fences"]))]
+        rows += [(f"  {k}", str(v)) for k, v in f["fences_by_reason"].items()]
+        rows += [("  session expired, no fault explains", str(f["unexplained_fences"]))]
+        rows += [(f"    on {b}", str(n)) for b, n in f["unexplained_fences_by_broker"].items()]
     rows += [(f"violations: {k}", str(s["violations"][k])) for k in VIOLATION_KINDS]
     rows += [(f"  {kind} in {topic}", str(n)) for kind, per in f.get("violations_by_topic", {}).items()
              for topic, n in per.items()]
@@ -169,7 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--partitions", type=int, default=2, help="partitions per topic (8 topics, one per mode)")
     p.add_argument("--interval-ms", type=int, default=100, help="each producer sends one record per partition this often")
     p.add_argument("--kinds", help=f"comma-separated fault kinds (default all: {','.join(FAULT_WEIGHTS)}; "
-                                   f"also {','.join(GRAY_WEIGHTS)})")
+                                   f"also {','.join([*GRAY_WEIGHTS, *EXTRA_WEIGHTS])})")
     p.add_argument("--scenario", choices=sorted(SCENARIOS),
                    help="a named set of fault kinds: gray = a broker cut from its peers (both ways, one "
                         "way each way) or two brokers cut from each other, while all reach the controllers")
@@ -208,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.scenario:
         kinds = SCENARIOS[args.scenario]
     if kinds:
-        known = {**FAULT_WEIGHTS, **GRAY_WEIGHTS}
+        known = {**FAULT_WEIGHTS, **GRAY_WEIGHTS, **EXTRA_WEIGHTS}
         unknown = [k for k in kinds if k not in known]
         if unknown:
             print(f"scripts/chaos: unknown fault kinds {unknown}; known: {', '.join(known)}", file=sys.stderr)

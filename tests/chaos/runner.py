@@ -24,6 +24,7 @@ from typing import Any
 from tests.chaos import replicas
 from tests.chaos.checker import Report, check
 from tests.chaos.cluster import Cluster, Node
+from tests.chaos.fences import read_fences
 from tests.chaos.history import FaultRun, History, tp_key
 from tests.chaos.net import Network
 from tests.chaos.schedule import GRAY_KINDS, Fault, make_schedule
@@ -84,6 +85,7 @@ class Run:
         self.cluster = Cluster(network=self.network, work_dir=options.work_dir, repo_root=options.repo_root,
                                broker_disk_mb=options.broker_disk_mb)
         self.t0 = time.monotonic()
+        self.wall_t0 = time.time()
         self.faults: list[FaultRun] = []
         self.notes: list[str] = []
         self.exits: list[str] = []     # processes found dead that no fault killed
@@ -112,13 +114,17 @@ class Run:
                 n.kill9()
                 self.expected_down.add(n.name)
             return nodes, ""
-        if kind == "kill_controller_leader":
+        if kind in ("kill_controller_leader", "pause_controller_leader"):
             leader = await asyncio.to_thread(c.controller_leader)
             note = ""
+            verb = "killed" if kind == "kill_controller_leader" else "paused"
             if leader is None:
-                leader, note = self._node("c1"), "no controller named itself leader; killed c1"
-            leader.kill9()
-            self.expected_down.add(leader.name)
+                leader, note = self._node("c1"), f"no controller named itself leader; {verb} c1"
+            if kind == "kill_controller_leader":
+                leader.kill9()
+                self.expected_down.add(leader.name)
+            else:
+                leader.pause()
             return [leader], note or f"leader was {leader.name}"
         if kind in ("pause_broker", "pause_controller", "pause_controller_pair"):
             nodes = [self._node(t) for t in fault.targets]
@@ -248,7 +254,7 @@ class Run:
         topics = await self.create_topics()
         await self.wait_leaders(list(topics), 30)
         _log(f"cluster healthy; {len(topics)} topics x {o.partitions} partitions; workload starting")
-        self.t0 = time.monotonic()
+        self.t0, self.wall_t0 = time.monotonic(), time.time()
         workload = Workload(bootstrap=self.cluster.bootstrap, topics=list(topics), partitions=o.partitions,
                             producers=o.producers, consumers=o.consumers, interval_s=o.interval_s, t0=self.t0,
                             request_timeout_ms=o.request_timeout_ms, delivery_timeout_ms=o.delivery_timeout_ms)
@@ -301,6 +307,7 @@ class Run:
         self.notes += state_notes
         _log("stopping every process; decoding segment files")
         await asyncio.to_thread(self.cluster.stop_all)
+        fences = read_fences([n.log_path for n in self.cluster.controllers()], self.wall_t0)
         replica_logs: dict[str, dict[str, list[tuple[int, str]]]] = {}
         for b in self.cluster.brokers():
             logs, more = replicas.read_broker(b.data_dir, set(topics))
@@ -311,7 +318,7 @@ class Run:
                        final_reads=reads, high_watermarks=hws, replicas=replica_logs, last_heal_s=last_heal_s,
                        end_s=end_s, notes=self.notes, exits=self.exits, unreadable=unreadable,
                        producer_restarts=workload.producer_restarts,
-                       isr_at_end=isr_at_end)
+                       isr_at_end=isr_at_end, fences=fences)
 
     async def _trace_metadata(self, topics: list[str]) -> None:
         """Diagnostics (BIPLANE_CHAOS_TRACE=1): every change of a partition's leader, epochs, ISR

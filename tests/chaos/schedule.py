@@ -50,6 +50,10 @@ GRAY_DURATION_S_MAX = 7.5
 GRAY_GAP_S_MIN = 4.0
 GRAY_GAP_S_MAX = 5.0
 SCENARIOS: dict[str, tuple[str, ...]] = {"gray": tuple(GRAY_WEIGHTS)}
+# Only with --kinds, not in the default mix (a seed's default schedule stays what it was).
+EXTRA_WEIGHTS: dict[str, int] = {
+    "pause_controller_leader": 4,   # SIGSTOP of the controller the admin API names leader
+}
 
 FAULT_DURATION_S_MIN = 0.8
 FAULT_DURATION_S_MAX = 2.5
@@ -86,7 +90,7 @@ def make_schedule(*, seed: int, duration_s: float, brokers: int = 3, controllers
         raise ValueError(f"duration_s={duration_s} must be positive")
     rng = random.Random(seed)
     allowed = kinds or tuple(FAULT_WEIGHTS)
-    every = {**FAULT_WEIGHTS, **GRAY_WEIGHTS}
+    every = {**FAULT_WEIGHTS, **GRAY_WEIGHTS, **EXTRA_WEIGHTS}
     unknown = [k for k in allowed if k not in every]
     if unknown:
         raise ValueError(f"unknown fault kinds {unknown}; known: {', '.join(every)}")
@@ -111,7 +115,7 @@ def make_schedule(*, seed: int, duration_s: float, brokers: int = 3, controllers
             targets: tuple[str, ...] = (rng.choice(bs),)
         elif kind in ("kill_controller", "pause_controller"):
             targets = (rng.choice(cs),)
-        elif kind == "kill_controller_leader":
+        elif kind in ("kill_controller_leader", "pause_controller_leader"):
             targets = ("leader",)
         elif kind == "isolate":
             targets = (rng.choice(everyone),)
