@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -22,7 +23,34 @@ TOKEN = "test-admin-token"
 SECRET = "test-cluster-secret"
 
 
+_handed_out: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
+    """A port free now and below the kernel's ephemeral range. A port the kernel handed out
+    (bind to 0) lies inside that range, where any process's outgoing connection may take it
+    before the server the test starts later binds it ("address already in use", seen in a full
+    run); below the range only an explicit bind can."""
+    low = min(_ephemeral_low(), 65536)
+    if low > 12000:
+        for _ in range(200):
+            port = random.randint(10000, low - 1)
+            if port in _handed_out:
+                continue
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            _handed_out.add(port)
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
