@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 
 import pytest
 
@@ -12,14 +11,9 @@ from controller import raft as raft_module
 from controller.raft import RaftNode, RaftSettings, _SyncingTransport
 from controller.raft_rules import DUMP_FORMAT
 from controller.replicated import MetadataStateMachine, batch_command
+from controller_harness import free_port
 
 TCPTransport = raft_module.TCPTransport   # pysyncobj's, as the adapter uses it
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class SpyJournal:
