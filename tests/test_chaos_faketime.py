@@ -18,28 +18,39 @@ import pytest
 
 from tests.chaos.cluster import faketime_env, faketime_library
 
-# Thread B runs Python (it wants the GIL); the main thread then holds the GIL in one long C
-# call (sum over a range evaluates no bytecode, so it never hands the GIL over). Meanwhile B can
-# only wait for the GIL: asleep, it uses no CPU; spinning, it uses as much as it is given.
+# Thread B wants the GIL for the whole time the main thread holds it in one long C call (sum
+# over a range evaluates no bytecode, so it never hands the GIL over). Meanwhile B can only wait
+# for the GIL: asleep, it uses no CPU; spinning, it uses as much as it is given. B is parked on
+# events before and after, so its CPU counter is read while it is asleep: reading /proc releases
+# the GIL, and a B still running then would charge its own work to the wait (under load, enough
+# to look like a spin).
 PROBE = r"""
 import json, threading, time
-tid, stop = [], False
+tid, stop, go, parked = [], False, threading.Event(), threading.Event()
 def b():
     tid.append(threading.get_native_id())
+    go.wait()
     x = 0
     while not stop:
         x += 1
+    parked.wait()
 t = threading.Thread(target=b); t.start()
+nap = threading.Event().wait    # not time.sleep: see faketime_env
 while not tid:
-    time.sleep(0)
+    nap(0.001)
+nap(0.05)
 def cpu_s(tid):
-    with open(f"/proc/self/task/{tid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / 100
-b0, w0 = cpu_s(tid[0]), time.monotonic()
+    with open(f"/proc/self/task/{tid}/schedstat") as f:
+        return int(f.read().split()[0]) / 1e9
+b0 = cpu_s(tid[0])
+w0 = time.monotonic()
+go.set()
 sum(range(40_000_000))
-held_s, waited_cpu_s = time.monotonic() - w0, cpu_s(tid[0]) - b0
-stop = True; t.join()
+held_s = time.monotonic() - w0
+stop = True
+nap(0.05)
+waited_cpu_s = cpu_s(tid[0]) - b0
+parked.set(); t.join()
 print(json.dumps({"held_s": held_s, "waiter_cpu_s": waited_cpu_s}))
 """
 
@@ -52,7 +63,6 @@ def _probe(env: dict[str, str]) -> dict[str, float]:
 
 @pytest.mark.skipif(faketime_library() is None or not Path("/proc/self/task").exists(),
                     reason="needs libfaketime (scripts/system-deps.sh) and /proc")
-@pytest.mark.xfail(strict=False, reason="failed once in a full-suite run (waiter CPU over a quarter of the hold): the harness setting may not stop every GIL spin; under investigation (issue 19)")
 def test_a_thread_waiting_for_the_gil_sleeps_under_the_harness_faketime_settings(tmp_path: Path) -> None:
     """Claim: under the broker's libfaketime settings a thread waiting for the GIL uses almost no
     CPU while another thread holds it; with libfaketime's default monotonic "fix" (the setting

@@ -49,7 +49,11 @@ def faketime_env(library: str, clock_file: Path) -> dict[str, str]:
     or a worker thread runnable beside the event loop, a broker burned CPU in GIL handoffs and
     did a third of the work (measured: two threads contending for the GIL, 2.4 M loop
     iterations in 2 s against 6.0 M without libfaketime, 5.7 M with this setting), which showed
-    as event-loop stalls "kept off the CPU" and heartbeats late enough to fence the broker."""
+    as event-loop stalls "kept off the CPU" and heartbeats late enough to fence the broker.
+
+    Under these settings time.sleep raises OSError(EINVAL) on Python 3.11+ (it sleeps with
+    clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME), whose deadline 0.9.10 rewrites into a
+    negative time); threading.Event.wait is unaffected, and the broker waits only that way."""
     return {"LD_PRELOAD": library, "FAKETIME_TIMESTAMP_FILE": str(clock_file), "FAKETIME_DONT_FAKE_MONOTONIC": "1",
             "FAKETIME_CACHE_DURATION": "1", "FAKETIME_DONT_RESET": "1", "FAKETIME_FORCE_MONOTONIC_FIX": "0"}
 
