@@ -24,7 +24,7 @@ from common.topic_partition import TopicPartition
 from common.requests import UnreachablePeer
 from common.usage import BrokerUsage
 from dataplane.broker.config import BrokerConfig
-from dataplane.broker.contact import Expected, PeerContact
+from dataplane.broker.contact import Expected, PeerContact, expected_links
 from dataplane.broker.fetcher import Fetcher
 from dataplane.broker.listener import start_pipelined_server
 from dataplane.broker.lifecycle import (
@@ -221,25 +221,8 @@ class Broker:
         self.contact.heard(peer, _monotonic_ms())
 
     def expected_links(self) -> list[Expected]:
-        """The replication links this broker should hear on, from the metadata it applied:
-        as a follower, from its leader; as a leader, from each unfenced follower."""
         assert self.learner is not None
-        image, me, bound = self.learner.image, self.config.broker_id, self.config.peer_unreachable_ms
-        out = []
-        for p in image.partitions():
-            leader = p.leader
-            if leader is None or me not in p.replicas or not image.is_unfenced(leader):
-                continue
-            config = image.topics[p.topic].config
-            # isr: reported before the leader would shrink the ISR to itself.
-            link_bound = bound if config.commit_policy == "quorum" else min(bound, config.replica_lag_time_max_ms // 2)
-            tp = TopicPartition(p.topic, p.partition)
-            if leader != me:
-                out.append(Expected(tp, p.leader_epoch, leader, link_bound))
-            else:
-                out += [Expected(tp, p.leader_epoch, f, link_bound) for f in p.replicas
-                        if f != me and image.is_unfenced(f)]
-        return out
+        return expected_links(self.learner.image, self.config.broker_id, self.config.peer_unreachable_ms)
 
     async def _watch_links(self) -> None:
         """Keep the links silent past their bound ready for the heartbeat thread."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from common.metadata.image import MetadataImage
 from common.topic_partition import TopicPartition
 
 
@@ -26,6 +27,26 @@ class Expected:
     leader_epoch: int
     peer: int
     bound_ms: int
+
+
+def expected_links(image: MetadataImage, me: int, bound_ms: int) -> list[Expected]:
+    """The replication links broker `me` should hear on, from the metadata it applied: as a
+    follower, from its leader; as a leader, from each unfenced follower."""
+    out = []
+    for p in image.partitions():
+        leader = p.leader
+        if leader is None or me not in p.replicas or not image.is_unfenced(leader):
+            continue
+        config = image.topics[p.topic].config
+        # isr: reported before the leader would shrink the ISR to itself.
+        link_bound = bound_ms if config.commit_policy == "quorum" else min(bound_ms, config.replica_lag_time_max_ms // 2)
+        tp = TopicPartition(p.topic, p.partition)
+        if leader != me:
+            out.append(Expected(tp, p.leader_epoch, leader, link_bound))
+        else:
+            out += [Expected(tp, p.leader_epoch, f, link_bound) for f in p.replicas
+                    if f != me and image.is_unfenced(f)]
+    return out
 
 
 class PeerContact:
