@@ -66,6 +66,7 @@ class AlterIsr:
 @dataclass(frozen=True, kw_only=True)
 class ReportElection:
     report: ElectionReport
+    now_ms: int | None = None   # ends a refusal of the old leader's report (elections.py); None: it holds
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -229,7 +230,7 @@ class ControllerCore:
         return Step(records=tuple(records))
 
     def _report_election(self, image: MetadataImage, ev: ReportElection) -> Step:
-        why = self.state.tracker.add(image, ev.report)
+        why = self.state.tracker.add(image, ev.report, ev.now_ms)
         if why is not None:
             return Step(wait_for_commit=False, refused=why)
         return Step(records=tuple(d.elect_leaders(image, self.state.tracker)))

@@ -130,7 +130,7 @@ def add_rpc_routes(app: web.Application, service: ControllerService, *, cluster_
 
     async def election_report(request: web.Request) -> web.Response:
         body = await read_model(request, ElectionReport)
-        step, committed = await service.execute(core.ReportElection(report=body))
+        step, committed = await service.execute(core.ReportElection(report=body, now_ms=service.clock_ms()))
         if step.refused is not None or committed is None:
             return answer(ElectionReportAnswer(accepted=False, reason=step.refused, elected=False,
                                                metadata_offset=service.committed.offset))

@@ -1,7 +1,7 @@
 """Run the partition simulation over many seeds and print failures and throughput.
 
     .venv/bin/python scripts/sim_sweep.py --seeds 0:1000 [--policy isr] [--durability write]
-                                          [--mutant serve_before_epoch_durable]
+                                          [--mutant serve_before_epoch_durable] [--gray]
                                           [--trace-out trace.jsonl]
 
 A failure prints `seed=... policy=... durability=...: what broke`; replay it with
@@ -29,6 +29,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--policy", choices=("isr", "quorum"), action="append")
     parser.add_argument("--durability", choices=("fsync", "write"), action="append")
     parser.add_argument("--mutant", choices=sorted(mutants.MUTANTS))
+    parser.add_argument("--gray", action="store_true",
+                        help="gray runs: directed cuts between brokers and link reports (tests/sim/README.md)")
     parser.add_argument("--trace-out", metavar="PATH",
                         help="write the protocol trace of the first run as JSON lines (tests/sim/README.md)")
     args = parser.parse_args(argv)
@@ -42,7 +44,8 @@ def main(argv: list[str]) -> int:
         for seed in seeds:
             for policy, durability in configs:
                 want_trace = bool(args.trace_out) and runs == 0
-                result = run_simulation(seed=seed, policy=policy, durability=durability, trace=want_trace)
+                result = run_simulation(seed=seed, policy=policy, durability=durability, trace=want_trace,
+                                        gray=args.gray)
                 if want_trace:
                     with open(args.trace_out, "w", encoding="utf-8") as out:
                         for entry in result.trace:

@@ -136,3 +136,55 @@ def test_an_isr_change_of_unknown_outcome_stays_counted(seed, policy, durability
     expired, lacked acknowledged records (commit_backed). Fixed: only a refusal the controller
     judged at the proposal's epochs settles it; an unknown outcome waits for metadata."""
     _check_regression(seed, policy, durability, "isr_settled_by_unknown_outcome")
+
+
+# Gray runs (issue 19): directed cuts between brokers, link reports in heartbeats, the
+# controller's reachability decision. The replication mode is the seed's own.
+def _check_gray_regression(seed: int, policy: str, durability: str, mutant: str) -> None:
+    with mutants.MUTANTS[mutant]():
+        result = run_simulation(seed=seed, policy=policy, durability=durability, gray=True)
+    assert result.violation or result.liveness_error, \
+        f"gray seed={seed} policy={policy} durability={durability} no longer finds {mutant}"
+    result = run_simulation(seed=seed, policy=policy, durability=durability, gray=True)
+    problem = result.violation or result.liveness_error
+    assert problem is None, f"gray seed={seed} policy={policy} durability={durability}: {problem}"
+
+
+def test_a_quorum_leader_cut_off_is_replaced_only_through_a_fenced_election():
+    """The checkers bite on the unsafe way to replace a cut-off quorum leader: straight to a
+    follower that reported it, without the fence and the election reports (TLA+'s
+    DataPlane_elect_unfenced); that follower may lack records the old leader and the other
+    follower acknowledged (acked_not_lost)."""
+    _check_gray_regression(9, "quorum", "fsync", "quorum_move_without_election")
+
+
+@pytest.mark.parametrize("seed,policy,durability", [(33, "isr", "fsync"), (27, "isr", "write")])
+def test_an_isr_leader_cut_off_is_moved_even_after_one_follower_left_the_isr(seed, policy, durability):
+    """Found by the first gray runs (seeds 11 isr/fsync and 28 isr/write then): the followers'
+    lag clocks ran out apart, so the leader shrank the ISR by one follower (accepted: the ISR
+    still met min_insync_replicas=2), and the move on reports needed the ISR without the leader
+    to meet min_insync_replicas, which it no longer did; the second shrink was accepted too and
+    the cut leader kept the partition, alone in its ISR, for the whole cut. Fixed in
+    controller/decisions/reachability.py: the move needs the replicas other than the leader
+    that still heartbeat to be enough, and that second shrink is refused."""
+    _check_gray_regression(seed, policy, durability, "isr_move_only_with_min_insync_left")
+
+
+@pytest.mark.parametrize("seed,policy,durability", [(153, "isr", "fsync"), (158, "isr", "write")])
+def test_a_leader_that_hears_none_of_its_followers_steps_down(seed, policy, durability):
+    """Found by the gray runs: push replication, the followers' packets to the leader cut. The
+    followers hear the leader's append-entries and report nothing; the leader reports both, one
+    vote of three, so the leader kept its leadership and committed nothing for the whole cut.
+    Fixed: a leader reporting more than half of its heartbeating followers counts as cut off
+    (Raft's check-quorum)."""
+    _check_gray_regression(seed, policy, durability, "no_check_quorum")
+
+
+@pytest.mark.parametrize("seed", [49, 62])
+def test_the_old_leaders_election_report_is_refused_only_for_a_while(seed):
+    """Found by the gray runs (quorum/write): the controller fenced a cut-off leader for an
+    election and refused its report for the whole round; with a replica restarted after a crash
+    (its report unclean), durability=write needs every replica's report, so the round never
+    finished and the partition had no leader after the faults ended. Fixed: the refusal lasts
+    one decision interval (controller/decisions/elections.py)."""
+    _check_gray_regression(seed, "quorum", "write", "exclusion_for_the_whole_round")

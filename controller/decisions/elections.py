@@ -92,15 +92,22 @@ class QuorumElectionTracker:
     def __init__(self) -> None:
         self._rounds: dict[tuple[str, int], _Round] = {}
         # Rounds started because the followers could not reach their leader: (fenced epoch,
-        # that leader), whose report the round refuses (controller/decisions/reachability.py).
-        self._excluded: dict[tuple[str, int], tuple[int, int]] = {}
+        # that leader, until when), whose report the round refuses for a while
+        # (controller/decisions/reachability.py).
+        self._excluded: dict[tuple[str, int], tuple[int, int, int | None]] = {}
 
-    def exclude(self, topic: str, partition: int, fenced_epoch: int, broker_id: int) -> None:
-        """Refuse broker_id's report in the round at fenced_epoch: the others elect."""
-        self._excluded[(topic, partition)] = (fenced_epoch, broker_id)
+    def exclude(self, topic: str, partition: int, fenced_epoch: int, broker_id: int,
+                until_ms: int | None = None) -> None:
+        """Refuse broker_id's report in the round at fenced_epoch until `until_ms` (None: for
+        the whole round), so that the others elect. Only for a while: the others' reports
+        may not be enough without it (durability=write after a crash needs every replica's
+        report when some are unclean), and a round that cannot finish leaves the partition
+        without a leader; refusing the old leader is for liveness, never needed for safety."""
+        self._excluded[(topic, partition)] = (fenced_epoch, broker_id, until_ms)
 
-    def add(self, image: MetadataImage, report: ElectionReport) -> str | None:
-        """Record `report`; returns None when kept, else why it was ignored."""
+    def add(self, image: MetadataImage, report: ElectionReport, now_ms: int | None = None) -> str | None:
+        """Record `report`; returns None when kept, else why it was ignored. `now_ms` ends
+        exclusions whose time is up (None: exclusions hold)."""
         p = image.get_partition(report.topic, report.partition)
         if p is None:
             return f"unknown partition {report.topic}-{report.partition}"
@@ -112,7 +119,9 @@ class QuorumElectionTracker:
         if report.broker_id not in p.replicas:
             return f"broker {report.broker_id} is not a replica of {report.topic}-{report.partition}"
         key = (report.topic, report.partition)
-        if self._excluded.get(key) == (report.fenced_epoch, report.broker_id):
+        excluded = self._excluded.get(key)
+        if excluded is not None and excluded[:2] == (report.fenced_epoch, report.broker_id) \
+                and (excluded[2] is None or now_ms is None or now_ms < excluded[2]):
             return (f"broker {report.broker_id} led {report.topic}-{report.partition} until its followers "
                     f"reported it unreachable; the others elect")
         current = self._rounds.get(key)
@@ -134,7 +143,7 @@ class QuorumElectionTracker:
     def forget_stale(self, image: MetadataImage) -> None:
         """Drop rounds for partitions gone or no longer at that fenced epoch, and exclusions
         whose round is over (an exclusion decided in this pass is for the epoch ahead)."""
-        for key, (epoch, _) in list(self._excluded.items()):
+        for key, (epoch, _, _) in list(self._excluded.items()):
             p = image.get_partition(*key)
             if p is None or p.leader_epoch > epoch or (p.leader_epoch == epoch and not p.fenced_for_election):
                 del self._excluded[key]

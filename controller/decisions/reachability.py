@@ -19,18 +19,29 @@ commit:
   `min_insync_replicas` (acks=all cannot complete, and shrinking the ISR would only leave
   the leader alone) → the leadership moves to an in-sync follower that reported the leader
   unreachable, and the old leader leaves the ISR with it, as a fenced leader does. Any ISR
-  member holds every committed record: a clean election, Kafka's. For that candidate to
+  member holds every committed record: a clean election, Kafka's. The move is made when the
+  replicas other than the old leader that still heartbeat number at least
+  `min_insync_replicas`, even if the new leader starts alone in the ISR: the others rejoin it
+  as they catch up, while the cut leader could never have them back. For that candidate to
   still be in sync, the controller refuses the leader's ISR shrink that would leave it below
   `min_insync_replicas` by taking out followers that report it unreachable
   (`refuse_lonely_shrink`): the leader's lag clock may run out before the reports arrive
   (it starts at its own epoch start, often just before the cut), and a leader alone in
-  its ISR has no in-sync follower to hand over to.
+  its ISR has no in-sync follower to hand over to. The lag clocks of two followers run out
+  apart, so a cut of both often shrinks the ISR one follower at a time: the first shrink
+  keeps `min_insync_replicas` and is accepted; the second is the one refused (found by the
+  seeded simulation's gray runs, tests/sim).
 
-A majority of the partition's replicas must say the leader is cut off (each follower that
-reports it, and the leader itself when it reports most of its followers), and the move must
+The leader must count as cut off (`cut_off`): a majority of the partition's replicas says
+so (each follower that reports it, and the leader itself when it reports most of its
+followers), or the leader alone reports more than half of its followers while they all
+heartbeat (Raft's check-quorum: under push replication a cut of the followers' packets to
+the leader leaves the followers hearing it, so only the leader can tell). And the move must
 help: the others can commit without the old leader. Otherwise the controller's own view
 (the leader heartbeats) wins, ties included: one follower's word is that follower's trouble,
-which the leader's ISR shrink or the quorum already handles. Only reports from unfenced
+which the leader's ISR shrink or the quorum already handles. For `isr` the leadership goes
+to an in-sync follower that reported the leader, or, when the leader's own report decided,
+to one it reported. Only reports from unfenced
 brokers, in their latest heartbeat and no older than `fresh_ms`, count. Flapping is damped: at most one such
 decision per partition per `interval_ms`.
 Pure: reports and time come in, records go out.
@@ -104,12 +115,21 @@ class ReachabilityReports:
     def votes(self, image: MetadataImage, p: PartitionInfo, now_ms: int) -> int:
         """Replicas that say p's leader is cut off: each follower reporting it, and the
         leader itself when it reports more than half of its followers."""
-        leader = p.leader
-        assert leader is not None
-        followers = [f for f in p.replicas if f != leader]
-        from_leader = sum(1 for f in followers
-                          if self._says(image, leader, Link(p.topic, p.partition, p.leader_epoch, f), now_ms))
-        return len(self.reported_by(image, p, now_ms)) + (1 if 2 * from_leader > len(followers) else 0)
+        followers = [f for f in p.replicas if f != p.leader]
+        return len(self.reported_by(image, p, now_ms)) + (1 if 2 * len(self.reported_by_leader(image, p, now_ms))
+                                                          > len(followers) else 0)
+
+    def cut_off(self, image: MetadataImage, p: PartitionInfo, now_ms: int) -> bool:
+        """Whether p's leader counts as cut off from its followers: a majority of the replicas
+        says so, or the leader itself hears nothing from more than half of its followers while
+        they heartbeat (Raft's check-quorum: a leader that hears no majority steps down). The
+        second covers a cut of the followers' packets to the leader only, under push
+        replication: the followers hear the leader's append-entries and report nothing."""
+        if 2 * self.votes(image, p, now_ms) > len(p.replicas):
+            return True
+        followers = [f for f in p.replicas if f != p.leader]
+        silent = self.reported_by_leader(image, p, now_ms)
+        return 2 * len(silent) > len(followers) and all(self.alive(image, f, now_ms) for f in silent)
 
     def reported_by(self, image: MetadataImage, p: PartitionInfo, now_ms: int) -> set[int]:
         """The followers that themselves report p's leader unreachable."""
@@ -117,6 +137,21 @@ class ReachabilityReports:
         assert leader is not None
         return {f for f in p.replicas if f != leader
                 and self._says(image, f, Link(p.topic, p.partition, p.leader_epoch, leader), now_ms)}
+
+    def reported_by_leader(self, image: MetadataImage, p: PartitionInfo, now_ms: int) -> set[int]:
+        """The followers p's leader reports it has not heard from."""
+        leader = p.leader
+        assert leader is not None
+        return {f for f in p.replicas if f != leader
+                and self._says(image, leader, Link(p.topic, p.partition, p.leader_epoch, f), now_ms)}
+
+    def candidates(self, image: MetadataImage, p: PartitionInfo, now_ms: int) -> set[int]:
+        """In-sync followers to move an isr leadership to: those reporting the leader, else
+        (check-quorum) those the leader reports, if alive."""
+        reporters = self.reported_by(image, p, now_ms) & set(p.isr)
+        if reporters:
+            return reporters
+        return {f for f in self.reported_by_leader(image, p, now_ms) & set(p.isr) if self.alive(image, f, now_ms)}
 
     def may_decide(self, p: PartitionInfo, now_ms: int) -> bool:
         last = self._decided_ms.get(p.tp)
@@ -152,7 +187,7 @@ def move_unreachable_leaders(image: MetadataImage, reports: ReachabilityReports,
         broken = reports.broken(image, p, now_ms)
         # A majority of the replicas must say the leader is cut off: one follower's word, or
         # the leader's about one follower, is that follower's trouble, not the leader's.
-        if not broken or 2 * reports.votes(image, p, now_ms) <= len(p.replicas):
+        if not broken or not reports.cut_off(image, p, now_ms):
             continue
         config = image.topics[p.topic].config
         others = [b for b in p.replicas if b != leader and reports.alive(image, b, now_ms)]
@@ -168,10 +203,11 @@ def move_unreachable_leaders(image: MetadataImage, reports: ReachabilityReports,
             exclusions.append(Exclusion(p.topic, p.partition, p.leader_epoch + 1, leader))
         else:
             linked = 1 + sum(1 for f in p.isr if f != leader and f not in broken)
-            # Only when the leader cannot meet min_insync_replicas and the ISR without it can.
-            if linked >= config.min_insync_replicas or len(p.isr) - 1 < config.min_insync_replicas:
+            # Only when the leader cannot meet min_insync_replicas and the others can, once
+            # they have caught up with the new leader.
+            if linked >= config.min_insync_replicas or len(others) < config.min_insync_replicas:
                 continue
-            new = choose_leader(image, p, (f for f in p.isr if f in reports.reported_by(image, p, now_ms)))
+            new = choose_leader(image, p, (f for f in p.isr if f in reports.candidates(image, p, now_ms)))
             if new is None:
                 continue
             records.append(change(p, leader=new, isr=tuple(b for b in p.isr if b != leader),
@@ -192,12 +228,14 @@ def refuse_lonely_shrink(image: MetadataImage, request: AlterIsrRequest, reports
         return
     config = image.topics[p.topic].config
     removed = set(p.isr) - set(request.new_isr)
-    # Only while a move is possible: the ISR without the leader meets min_insync_replicas.
+    others = [b for b in p.replicas if b != p.leader and reports.alive(image, b, now_ms)]
+    # Only while a move is possible (`move_unreachable_leaders`): the replicas without the
+    # leader can meet min_insync_replicas.
     if not removed or len(request.new_isr) >= config.min_insync_replicas \
-            or len(p.isr) - 1 < config.min_insync_replicas:
+            or len(others) < config.min_insync_replicas:
         return
-    reporters = removed & reports.reported_by(image, p, now_ms)
-    if not reporters or 2 * reports.votes(image, p, now_ms) <= len(p.replicas):
+    reporters = removed & reports.candidates(image, p, now_ms)
+    if not reporters or not reports.cut_off(image, p, now_ms):
         return
     raise IneligibleReplicaError(
         f"ISR change for {p.topic}-{p.partition}: followers {sorted(reporters)} report leader {p.leader} "

@@ -16,7 +16,9 @@ from common.batch import HEADER_SIZE, build_batch, iter_batches
 from common.errors import ErrorCode
 from common.metadata.config import TopicConfig
 from common.wire import messages as wire
+from controller.decisions import Link
 from dataplane.broker import codec
+from dataplane.broker.contact import PeerContact, expected_links
 from dataplane.log.memory import MemoryLog
 from dataplane.replica.actions import (
     Append, NoteAction, PersistAction, ProposeIsr, RefreshMetadata, ReleaseProduce, ReportElection, Send, Truncate,
@@ -33,7 +35,7 @@ from dataplane.client.producer_core import Acknowledge, Outcome
 
 from sim.checkers import Checker, InvariantViolation
 from sim.controller import SimController
-from sim.faults import CONTROLLER_ID, FaultInjector, FaultRates
+from sim.faults import CONTROLLER_ID, GRAY_RATES, Cut, FaultInjector, FaultRates
 from sim.producer import SimBatch, SimProducer
 
 CLIENT_ID = 100
@@ -48,12 +50,19 @@ PRODUCE_TIMEOUT_MS = 1500
 FLUSH_MS_MAX = 25
 QUIET_MS = 400  # no produce at the end of the liveness phase, so replicas converge
 SETTLE_MS = 1000  # after the faults stop, acks=all must succeed from here on
+PEER_UNREACHABLE_MS = 150          # gray runs: a broker reports a replication link silent this long
+UNREACHABLE_DECISION_INTERVAL_MS = 500
+# Gray runs: a leader cut from its followers this long while the others could commit without it
+# must have lost its leadership by the cut's end: the link bound, a heartbeat, a controller
+# tick, one damping interval (a decision just before), and the quorum election's round trip.
+CUT_MOVE_MS = 1000
 
 
 @dataclasses.dataclass(frozen=True)
 class Heartbeat:
     broker_id: int
     incarnation_id: str
+    unreachable: tuple[Link, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +98,8 @@ class SimNode:
 
     def __init__(self, node_id: int) -> None:
         self.node_id = node_id
+        self.contact = PeerContact()
+        self.silent: tuple[Link, ...] = ()   # the links its heartbeats report
         self.log = MemoryLog()
         self.incarnation = 0
         self.replica: Replica | None = None
@@ -193,8 +204,10 @@ class Simulation:
     def __init__(self, *, seed: int, policy: str, durability: str, replicas: int | None = None,
                  mode: str | None = None,
                  safety_ms: int = 2000, liveness_ms: int = 2000, steps_max: int = 20_000,
-                 rates: FaultRates = FaultRates(), trace: bool = False) -> None:
+                 rates: FaultRates | None = None, trace: bool = False, gray: bool = False) -> None:
+        rates = rates or (GRAY_RATES if gray else FaultRates())
         self.seed, self.policy, self.durability = seed, policy, durability
+        self.gray = gray
         # Separate streams, so adding a kind of event re-rolls as little as possible.
         self.rng = random.Random(f"{seed}-{policy}-{durability}")  # setup and workload
         self.disk_rng = random.Random(f"{seed}-{policy}-{durability}-disk")
@@ -216,8 +229,14 @@ class Simulation:
         self.fetch_max_bytes = self.rng.choice((100, 250, 1000, 1 << 20))
         self.now_ms = 0
         self.controller = SimController(replicas=self.node_ids, topic_config=topic, now_ms=0,
-                                        session_timeout_ms=SESSION_TIMEOUT_MS)
-        self.faults = FaultInjector(fault_rng, network_rng=network_rng, nodes=self.node_ids, durability=durability, rates=rates)
+                                        session_timeout_ms=SESSION_TIMEOUT_MS,
+                                        unreachable_decision_interval_ms=UNREACHABLE_DECISION_INTERVAL_MS)
+        # Gray runs: directed cuts between brokers, and heartbeats carrying link reports.
+        gray_rng = random.Random(f"{seed}-{policy}-{durability}-gray") if gray else None
+        self.faults = FaultInjector(fault_rng, network_rng=network_rng, nodes=self.node_ids, durability=durability,
+                                    rates=rates, gray_rng=gray_rng)
+        self.cut_epoch: tuple[int | None, int] = (None, -1)   # the partition's (leader, epoch) as a cut began
+        self.cut_problem: str | None = None
         self.checker = Checker(policy=policy, durability=durability,
                                quorum_required_acks=self.controller.config.quorum_required_acks)
         self.nodes = {i: SimNode(i) for i in self.node_ids}
@@ -287,6 +306,8 @@ class Simulation:
             self._at(self.now_ms + delay, "deliver", (src, dst, msg))
 
     def _start(self, node: SimNode, *, unclean: bool) -> None:
+        node.contact = PeerContact()   # a new process hears afresh
+        node.silent = ()
         node.replica = Replica(replica_id=node.node_id, log=node.log, now_ms=self.now_ms, fetch_backoff_ms=40,
                                fetch_max_bytes=self.fetch_max_bytes,
                                fetch_timeout_ms=200, flush_debounce_ms=15, isr_proposal_retry_ms=200,
@@ -432,6 +453,9 @@ class Simulation:
             src, dst, msg = arg
             if self.faults.cut(src, dst):
                 return
+            if src in self.nodes and dst in self.nodes:
+                # Brokers speak to each other only to replicate: every word counts as contact.
+                self.nodes[dst].contact.heard(src, now)
             if dst == CONTROLLER_ID:
                 self._controller_message(src, msg)
             elif dst in self.nodes:
@@ -441,11 +465,13 @@ class Simulation:
         elif kind == "tick":
             node = self.nodes[arg]
             self.step_node(node, Tick(now_ms=now))
+            if self.gray and node.replica is not None:
+                node.silent = self._silent_links(node)   # Broker._watch_links: kept for the next heartbeat
             self._at(now + TICK_MS, "tick", arg)
         elif kind == "heartbeat":
             node = self.nodes[arg]
             if node.replica is not None:
-                self._send(arg, CONTROLLER_ID, Heartbeat(arg, f"{arg}-{node.incarnation}"))
+                self._send(arg, CONTROLLER_ID, Heartbeat(arg, f"{arg}-{node.incarnation}", node.silent))
             self._at(now + HEARTBEAT_MS, "heartbeat", arg)
         elif kind == "flush_done":
             node_id, incarnation = arg
@@ -482,11 +508,18 @@ class Simulation:
         else:
             raise AssertionError(f"unknown event kind {kind}")
 
+    def _silent_links(self, node: SimNode) -> tuple[Link, ...]:
+        """What the broker's heartbeat reports (Broker._watch_links, every tick here): the
+        links it expects, from the metadata, that were silent past their bound."""
+        expected = expected_links(self.controller.image, node.node_id, PEER_UNREACHABLE_MS)
+        return tuple(Link(e.tp.topic, e.tp.partition, e.leader_epoch, e.peer)
+                     for e in node.contact.unreachable(expected, self.now_ms))
+
     def _controller_message(self, src: int, msg) -> None:
         if isinstance(msg, Heartbeat):
-            self.controller.heartbeat(msg.broker_id, msg.incarnation_id, self.now_ms)
+            self.controller.heartbeat(msg.broker_id, msg.incarnation_id, self.now_ms, msg.unreachable)
         elif isinstance(msg, ProposeIsr):
-            refusal = self.controller.propose_isr(msg)
+            refusal = self.controller.propose_isr(msg, self.now_ms)
             if (refusal is None and self.faults.active
                     and self.isr_answer_rng.random() < self.faults.rates.isr_answer_unknown):
                 # The real controller's CommitFailedError: its leadership moved before it could
@@ -542,6 +575,34 @@ class Simulation:
                 self._trace("Partition", groups={str(k): v for k, v in op[1].items()})
             elif op[0] == "heal":
                 self._trace("Heal")
+            elif op[0] == "cut":
+                p = self.controller.partition
+                self.cut_epoch = (p.leader, p.leader_epoch)
+                self._trace("Cut", kind=op[1].kind, edges=sorted(op[1].edges))
+            elif op[0] == "uncut":
+                self._trace("Uncut", kind=op[1].kind)
+                self._check_cut(op[1], op[2])
+
+    def _check_cut(self, cut: Cut, ended_ms: int) -> None:
+        """A leader its followers' links could not commit with, cut long enough, has lost its
+        leadership if the others could commit without it (issue 19's target, in simulated time)."""
+        leader, epoch = self.cut_epoch
+        if self.cut_problem is not None or cut.kind == "follower" or leader != cut.leader \
+                or ended_ms - cut.start_ms < CUT_MOVE_MS:
+            return
+        p = self.controller.partition
+        n = len(p.replicas)
+        q = self.controller.config.quorum_required_acks or n
+        others_commit = n - 1 >= max(q, n - q + 1) if self.policy == "quorum" else n - 1 >= 2
+        if any(cut.start_ms <= at < cut.start_ms + REPLICA_LAG_TIME_MAX_MS for at in self.controller.lonely_shrinks):
+            # isr: the followers were lagging already as the cut began (a caught-up follower's
+            # lag clock cannot run out this soon), and Kafka's shrink left the leader alone in
+            # the ISR before their link reports could come in: no in-sync replica to move to,
+            # as in Kafka. Judged by time, not by the reachability rule under test.
+            return
+        if others_commit and p.leader == leader and p.leader_epoch == epoch:
+            self.cut_problem = (f"leader {leader} cut from its followers ({cut.kind}, {self.mode}) from "
+                                f"{cut.start_ms} to {ended_ms} ms kept its leadership at epoch {epoch}")
 
     def _produce_idempotent(self) -> None:
         """Each producer core: fail what passed its delivery timeout, maybe queue a new batch,
@@ -646,7 +707,10 @@ class Simulation:
         self.now_ms = end_ms
 
     def _check_liveness(self) -> str | None:
-        """After the faults stop: one leader, every request released, logs converged."""
+        """After the faults stop: one leader, every request released, logs converged; in gray
+        runs, no leader kept its leadership through a long cut from its followers."""
+        if self.cut_problem is not None:
+            return self.cut_problem
         leader_id = self.controller.leader()
         if leader_id is None:
             return "no leader after the liveness phase"

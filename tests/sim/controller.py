@@ -3,7 +3,10 @@
 
 It keeps broker sessions from heartbeats, fences brokers that miss the session
 timeout, registers restarted incarnations (as unclean shutdowns), accepts or
-refuses ISR proposals, collects quorum-election reports and elects leaders.
+refuses ISR proposals, collects quorum-election reports and elects leaders. Heartbeats carry
+the replication links a broker has not heard on (dataplane/broker/contact.py), and the
+controller moves leaderships those links cannot commit (controller/decisions/reachability.py),
+as the real controller leader does on each periodic pass.
 """
 from __future__ import annotations
 
@@ -12,10 +15,11 @@ from common.metadata.config import TopicConfig
 from common.metadata.image import MetadataImage
 from common.metadata.records import CreateTopic, PartitionRecord, RegisterBroker, UnfenceBroker
 from common.requests import AllocateProducerIdsRequest, AlterIsrRequest, ElectionReport, RegisterBrokerRequest
-from controller.decisions.elections import QuorumElectionTracker, elect_leaders
-from controller.decisions.isr import alter_isr
-from controller.decisions.producer_ids import allocate_producer_ids
-from controller.decisions.sessions import fence_broker, register_broker
+from controller import decisions
+from controller.decisions import (
+    Link, QuorumElectionTracker, ReachabilityReports, alter_isr, allocate_producer_ids, elect_leaders, fence_broker,
+    register_broker,
+)
 from dataplane.replica.actions import ProposeIsr, ReportElection
 from dataplane.replica.state import PartitionState, ReplicationConfig
 
@@ -24,10 +28,14 @@ TOPIC = "t"
 
 class SimController:
     def __init__(self, *, replicas: tuple[int, ...], topic_config: TopicConfig, now_ms: int,
-                 session_timeout_ms: int) -> None:
+                 session_timeout_ms: int, unreachable_decision_interval_ms: int) -> None:
         self.image = MetadataImage()
         self.session_timeout_ms = session_timeout_ms
         self.tracker = QuorumElectionTracker()
+        self.reachability = ReachabilityReports(fresh_ms=session_timeout_ms,
+                                                interval_ms=unreachable_decision_interval_ms)
+        self.moves: list[tuple[int, str]] = []  # (time, reason) of every move on link reports
+        self.lonely_shrinks: list[int] = []  # when an accepted shrink left the ISR below min_insync
         self.changes = 0  # bumps on every applied record; the sim resends metadata then
         self._state_at = -1
         self.last_seen_ms: dict[int, int] = {}
@@ -72,24 +80,30 @@ class SimController:
 
     # ------------------------------------------------------------- inputs
 
-    def heartbeat(self, broker_id: int, incarnation_id: str, now_ms: int) -> None:
+    def heartbeat(self, broker_id: int, incarnation_id: str, now_ms: int, unreachable: tuple[Link, ...] = ()) -> None:
         if self.incarnation.get(broker_id) != incarnation_id:
             self.incarnation[broker_id] = incarnation_id
             request = RegisterBrokerRequest(broker_id=broker_id, incarnation_id=incarnation_id, host="sim",
                                             port=9000 + broker_id, clean_shutdown=False)
             self._apply(register_broker(self.image, request, now_ms))
+            self.reachability.forget_broker(broker_id)
         self.last_seen_ms[broker_id] = now_ms
+        self.reachability.note(broker_id, list(unreachable), now_ms)
 
     def fenced_brokers(self) -> frozenset:
         return frozenset(b for b, info in self.image.brokers.items() if info.fenced)
 
-    def propose_isr(self, proposal: ProposeIsr) -> tuple | None:
+    def propose_isr(self, proposal: ProposeIsr, now_ms: int) -> tuple | None:
         """Apply an accepted ISR change; return (error code, why) if refused, else None."""
         request = AlterIsrRequest(broker_id=proposal.replica_id, topic=TOPIC, partition=0,
                                   leader_epoch=proposal.leader_epoch, partition_epoch=proposal.partition_epoch,
                                   new_isr=proposal.new_isr)
         try:
+            decisions.refuse_lonely_shrink(self.image, request, self.reachability, now_ms)
+            before = self.partition
             self._apply(alter_isr(self.image, request))
+            if len(self.partition.isr) < self.config.min_insync_replicas <= len(before.isr):
+                self.lonely_shrinks.append(now_ms)   # the leader alone below min_insync_replicas
         except BiplaneError as exc:
             return exc.code, str(exc)
         return None
@@ -98,7 +112,7 @@ class SimController:
         why = self.tracker.add(self.image, ElectionReport(
             broker_id=report.replica_id, topic=TOPIC, partition=0, fenced_epoch=report.fenced_epoch,
             last_epoch=report.last_epoch, end_offset=report.end_offset,
-            unclean=report.unclean))
+            unclean=report.unclean), now_ms)
         self._elect()
         return why
 
@@ -110,6 +124,12 @@ class SimController:
             if info.fenced and now_ms - self.last_seen_ms.get(b, -10**9) <= self.session_timeout_ms \
                     and info.incarnation_id == self.incarnation.get(b):
                 self._apply([UnfenceBroker(broker_id=b, at_ms=now_ms, reason="heartbeating")])
+        moved, exclusions = decisions.move_unreachable_leaders(self.image, self.reachability, now_ms)
+        self.moves += [(now_ms, getattr(r, "reason", "")) for r in moved]
+        self._apply(moved)
+        for e in exclusions:
+            self.tracker.exclude(e.topic, e.partition, e.fenced_epoch, e.leader,
+                                 until_ms=now_ms + self.reachability.interval_ms)
         self._elect()
 
     def _elect(self) -> None:

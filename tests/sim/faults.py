@@ -6,6 +6,13 @@ reordering), crashes that drop unflushed data, restarts, network partitions, an
 accepted ISR change answered as an unknown outcome with the proposer's metadata lagging
 (controller leadership moving).
 
+Gray runs (`gray_rng` given) add directed cuts between brokers, never between a broker and
+the controller: the leader cut from its followers both ways, only its packets to them
+dropped, only theirs to it dropped, or one follower and the leader cut from each other
+(issue 19's gray failures). They draw from a stream of their own, so runs without them
+replay as before, and while one lasts no other node fault starts: the cut is what the run
+tests (`Cut` records it for the liveness check).
+
 Tolerance (what the checkers may then demand):
 - durability=fsync: any number of replicas may be down or cut off at once;
   flushed data survives a crash, so no acknowledged record may ever be lost.
@@ -21,6 +28,19 @@ import dataclasses
 import random
 
 CONTROLLER_ID = 0
+CUT_KINDS = ("leader_both", "leader_out", "leader_in", "follower")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Cut:
+    """A directed cut between brokers: packets from a to b are dropped for each (a, b), from
+    start_ms until end_ms (or the liveness phase, if that comes first)."""
+
+    kind: str
+    leader: int
+    edges: frozenset[tuple[int, int]]
+    start_ms: int
+    end_ms: int
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -37,12 +57,23 @@ class FaultRates:
     new_leader_crash_ms_max: int = 40
     isr_answer_unknown: float = 0.2  # share of accepted ISR changes answered REQUEST_TIMED_OUT
     metadata_lag_ms_max: int = 400   # how long the proposer's metadata then lags
+    cut_per_s: float = 1.5           # gray runs: directed cuts between brokers
+    cut_ms_min: int = 100
+    cut_ms_max: int = 1200
+
+
+# Gray runs: fewer crashes and partitions, so the cuts often meet a healthy partition, and
+# cuts long enough for the controller to act within them.
+GRAY_RATES = FaultRates(crash_per_s=1.0, partition_per_s=0.5, cut_per_s=3.0, cut_ms_min=200, cut_ms_max=1600)
 
 
 class FaultInjector:
     def __init__(self, rng: random.Random, *, network_rng: random.Random, nodes: tuple[int, ...], durability: str,
-                 rates: FaultRates = FaultRates()) -> None:
+                 rates: FaultRates = FaultRates(), gray_rng: random.Random | None = None) -> None:
         self.rng = rng                  # crashes, restarts, partitions
+        self.gray_rng = gray_rng        # directed cuts (gray runs only)
+        self.cut_now: Cut | None = None
+        self.cuts: list[Cut] = []       # every directed cut, for the liveness check
         self.network_rng = network_rng  # loss, duplication, delay
         self.nodes = nodes
         self.durability = durability
@@ -56,6 +87,8 @@ class FaultInjector:
     # ------------------------------------------------------------ network
 
     def cut(self, src: int, dst: int) -> bool:
+        if self.cut_now is not None and (src, dst) in self.cut_now.edges:
+            return True
         if self.groups is None or src not in self.groups or dst not in self.groups:
             return False  # the producer client is never cut off
         return self.groups.get(src, -1) != self.groups.get(dst, -1)
@@ -93,9 +126,16 @@ class FaultInjector:
         if self.groups is not None and now_ms >= self.partition_until_ms:
             self.groups = None
             ops.append(("heal",))
-        if not self.active:
+        if self.cut_now is not None and now_ms >= self.cut_now.end_ms:
+            ops.append(("uncut", self.cut_now, now_ms))
+            self.cut_now = None
+        if not self.active or self.cut_now is not None:
             return ops
         r = self.rates
+        if self.gray_rng is not None and leader is not None and not self.down and self.groups is None \
+                and not degraded and self.gray_rng.random() < r.cut_per_s * step_ms / 1000:
+            ops.append(("cut", self._start_cut(now_ms, leader)))
+            return ops
         if self.doomed is not None and now_ms >= self.doomed[0]:
             node = self.doomed[1]
             self.doomed = None
@@ -130,10 +170,34 @@ class FaultInjector:
             ops.append(("partition", dict(self.groups)))
         return ops
 
+    def _start_cut(self, now_ms: int, leader: int) -> Cut:
+        rng = self.gray_rng
+        assert rng is not None
+        followers = [n for n in self.nodes if n != leader]
+        kind = rng.choice(CUT_KINDS)
+        if kind == "leader_both":
+            edges = {(leader, f) for f in followers} | {(f, leader) for f in followers}
+        elif kind == "leader_out":
+            edges = {(leader, f) for f in followers}
+        elif kind == "leader_in":
+            edges = {(f, leader) for f in followers}
+        else:
+            f = rng.choice(followers)
+            edges = {(leader, f), (f, leader)}
+        self.cut_now = Cut(kind=kind, leader=leader, edges=frozenset(edges), start_ms=now_ms,
+                           end_ms=now_ms + rng.randint(self.rates.cut_ms_min, self.rates.cut_ms_max))
+        self.cuts.append(self.cut_now)
+        return self.cut_now
+
     def heal(self, now_ms: int) -> list[tuple]:
         """Liveness phase: no new faults; restart everyone, join the network."""
         self.active = False
-        ops: list[tuple] = [("restart", n) for n in sorted(self.down)]
+        if self.cut_now is not None:
+            ops0: list[tuple] = [("uncut", self.cut_now, now_ms)]
+            self.cut_now = None
+        else:
+            ops0 = []
+        ops: list[tuple] = ops0 + [("restart", n) for n in sorted(self.down)]
         self.down.clear()
         if self.groups is not None:
             self.groups = None

@@ -1,8 +1,9 @@
-"""Known-bad variants of the replica core and of the producer core, to show the simulation
-catches them.
+"""Known-bad variants of the replica core, of the producer core and of the controller's
+reachability decision, to show the simulation catches them.
 
 Each mutant is a context manager that patches one rule out of
-`dataplane.replica.core.Replica` or `dataplane.client.producer_core.ProducerCore` (and undoes it). A regression seed is kept
+`dataplane.replica.core.Replica`, `dataplane.client.producer_core.ProducerCore` or
+`controller.decisions.reachability` (and undoes it). A regression seed is kept
 together with the mutant that reintroduces its bug: the seed must fail with the
 mutant and pass without it, which proves the seed still drives the scenario
 after any change to the simulation's draws.
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 import contextlib
 
+from controller import decisions
+from controller.decisions import QuorumElectionTracker, reachability
 from dataplane.client.producer_core import ProducerCore
 from dataplane.replica import core
 from dataplane.replica.events import Tick
@@ -194,7 +197,72 @@ def isr_settled_by_unknown_outcome():
         core._DECLINED_ISR_REFUSALS = old
 
 
+def quorum_move_without_election():
+    """Gray runs: a quorum leader its followers report unreachable is replaced as an isr one
+    is, by a reporting follower straight away, without fencing the partition for a quorum
+    election: the new leader may lack records acknowledged by the old leader and the other
+    follower (TLA+'s DataPlane_elect_unfenced)."""
+    return _patched("is_quorum", lambda image, p: False, cls=reachability)
+
+
+def isr_move_only_with_min_insync_left():
+    """Gray runs: issue 19's isr rule as first built. The leadership moved only while the ISR
+    without the leader still met min_insync_replicas, and only such shrinks were refused; a cut
+    of both followers whose lag clocks ran out apart shrank the ISR one follower at a time and
+    left the cut leader alone with it for the whole cut."""
+    move, refuse = decisions.move_unreachable_leaders, decisions.refuse_lonely_shrink
+
+    def too_small(image, p) -> bool:
+        config = image.topics[p.topic].config
+        return config.commit_policy == "isr" and len(p.isr) - 1 < config.min_insync_replicas
+
+    def moved(image, reports, now_ms):
+        records, exclusions = move(image, reports, now_ms)
+        return [r for r in records if not too_small(image, image.partition(r.topic, r.partition))], exclusions
+
+    def refused(image, request, reports, now_ms):
+        if not too_small(image, image.partition(request.topic, request.partition)):
+            refuse(image, request, reports, now_ms)
+    return _patched_all(decisions, move_unreachable_leaders=moved, refuse_lonely_shrink=refused)
+
+
+def no_check_quorum():
+    """Gray runs: a leader counts as cut off only when a majority of the replicas says so. Under
+    push replication with the followers' packets to the leader cut, the followers hear the
+    leader and report nothing: the leader kept its leadership for the whole cut."""
+    def cut_off(self, image, p, now_ms):
+        return 2 * self.votes(image, p, now_ms) > len(p.replicas)
+    return _patched("cut_off", cut_off, cls=reachability.ReachabilityReports)
+
+
+def exclusion_for_the_whole_round():
+    """Gray runs: the old leader's election report is refused for the whole round, not for a
+    while. Under durability=write with a replica restarted after a crash (its report unclean),
+    the others' reports are never enough and the partition stays without a leader."""
+    exclude = QuorumElectionTracker.exclude
+
+    def excluded(self, topic, partition, fenced_epoch, broker_id, until_ms=None):
+        exclude(self, topic, partition, fenced_epoch, broker_id, None)
+    return _patched("exclude", excluded, cls=QuorumElectionTracker)
+
+
+@contextlib.contextmanager
+def _patched_all(owner, **values):
+    old = {name: getattr(owner, name) for name in values}
+    for name, value in values.items():
+        setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        for name, value in old.items():
+            setattr(owner, name, value)
+
+
 MUTANTS = {
+    "no_check_quorum": no_check_quorum,
+    "exclusion_for_the_whole_round": exclusion_for_the_whole_round,
+    "quorum_move_without_election": quorum_move_without_election,
+    "isr_move_only_with_min_insync_left": isr_move_only_with_min_insync_left,
     "isr_settled_by_unknown_outcome": isr_settled_by_unknown_outcome,
     "backlog_taken_only_on_ticks": backlog_taken_only_on_ticks,
     "producer_retry_blocked_behind_unnumbered": producer_retry_blocked_behind_unnumbered,
