@@ -504,15 +504,20 @@ Complain(r, p) ==
 Broken(l) == {f \in Replicas \ {l} : [r |-> f, p |-> l, e |-> cepoch] \in silent
                                      \/ [r |-> l, p |-> f, e |-> cepoch] \in silent}
 Reporters(l) == {f \in Replicas \ {l} : [r |-> f, p |-> l, e |-> cepoch] \in silent}
+\* Followers l itself reports silent.
+Reported(l) == {f \in Replicas \ {l} : [r |-> l, p |-> f, e |-> cepoch] \in silent}
 \* Replicas saying l is cut off: followers reporting it, and l when it reports most followers.
-Votes(l) == Cardinality(Reporters(l))
-            + (IF 2 * Cardinality({f \in Replicas \ {l} : [r |-> l, p |-> f, e |-> cepoch] \in silent}) > N - 1
-               THEN 1 ELSE 0)
+Votes(l) == Cardinality(Reporters(l)) + (IF 2 * Cardinality(Reported(l)) > N - 1 THEN 1 ELSE 0)
+\* l counts as cut off: a majority says so, or l hears from no majority of its followers
+\* (Raft's check-quorum; every replica here heartbeats).
+CutOff(l) == 2 * Votes(l) > N \/ 2 * Cardinality(Reported(l)) > N - 1
+\* isr: in-sync followers to move to: those reporting l, else those l reports.
+Candidates(l) == IF Reporters(l) \cap cisr # {} THEN Reporters(l) \cap cisr ELSE Reported(l) \cap cisr
 
 \* quorum: the leader and its linked followers are fewer than q.
 FenceOnReports ==
     /\ Policy = "quorum" /\ cleader # Nil /\ cepoch < MaxEpoch
-    /\ 2 * Votes(cleader) > N
+    /\ CutOff(cleader)
     /\ 1 + Cardinality((Replicas \ {cleader}) \ Broken(cleader)) < Q
     /\ N - 1 >= Max(Q, N - Q + 1)
     /\ IF Bug = "elect_unfenced"
@@ -530,10 +535,11 @@ FenceOnReports ==
 \* isr: the leader and its linked in-sync followers are fewer than min_insync_replicas.
 MoveOnReports ==
     /\ Policy = "isr" /\ cleader # Nil /\ cepoch < MaxEpoch
-    /\ 2 * Votes(cleader) > N
+    /\ CutOff(cleader)
     /\ 1 + Cardinality((cisr \ {cleader}) \ Broken(cleader)) < MinIsr
-    /\ Cardinality(cisr) - 1 >= MinIsr
-    /\ \E f \in Reporters(cleader) \cap cisr : cleader' = f
+    \* The others (all heartbeat here) can meet MinIsr once they catch up with the new leader.
+    /\ N - 1 >= MinIsr
+    /\ \E f \in Candidates(cleader) : cleader' = f
     /\ cisr' = cisr \ {cleader}
     /\ cepoch' = cepoch + 1
     /\ silent' = {}
