@@ -218,6 +218,7 @@ async def serve(args: argparse.Namespace) -> int:
             session_timeout_ms=args.session_timeout_ms, rebalance_interval_ms=args.rebalance_interval_ms,
             leader_imbalance_check_interval_ms=args.leader_imbalance_check_interval_ms,
             leader_imbalance_per_broker_percentage=args.leader_imbalance_per_broker_percentage,
+            new_leader_grace_ms=settings.leader_fallback_ms_max if peers else 0,
             partition_limits=PartitionLimits(max_partitions_per_topic=args.max_partitions_per_topic,
                                              max_partitions_per_broker=args.max_partitions_per_broker))
         api_limits = ApiLimits(write_rate_per_s=args.admin_write_rate, write_burst=args.admin_write_burst,

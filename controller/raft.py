@@ -63,6 +63,7 @@ from common.durable import fsync_path
 from controller.raft_rules import (
     decode_dump,
     election_timeouts_s,
+    leader_fallback_s,
     encode_dump,
     transfer_target,
     trim_overlap,
@@ -230,6 +231,13 @@ class RaftSettings:
     transfer_check_ms: int = 500
     transfer_holddown_ms: int = 2000
 
+    @property
+    def leader_fallback_ms_max(self) -> int:
+        """The longest any controller of this cluster leads without a majority (its election
+        timeouts reach at most 1.5x the base minimum with priorities, else the base maximum)."""
+        hi = max(self.election_timeout_ms_max, 1.5 * self.election_timeout_ms_min) / 1000
+        return int(leader_fallback_s(hi) * 1000)
+
     def validate(self) -> None:
         if not self.election_timeout_ms_max > self.election_timeout_ms_min:
             raise ValueError(f"election timeout max {self.election_timeout_ms_max} ms must be above "
@@ -322,7 +330,7 @@ class RaftNode:
             raftMaxTimeout=hi,
             connectionRetryTime=0.5,
             connectionTimeout=max(1.0, hi),
-            leaderFallbackTimeout=max(2.0, 2 * hi),
+            leaderFallbackTimeout=leader_fallback_s(hi),
             logCompactionMinEntries=s.compaction_entries_min,
             logCompactionMinTime=s.compaction_interval_s,
             bindRetryTime=0.25,

@@ -35,6 +35,13 @@ def election_timeouts_s(*, priority: int, priorities: list[int], base_min_s: flo
     return low, low + band
 
 
+def leader_fallback_s(election_timeout_s_max: float) -> float:
+    """How long a Raft leader that hears from no majority of its peers goes on leading
+    (pysyncobj's leaderFallbackTimeout): brokers heartbeating it find the next leader only
+    after that (controller/decisions/sessions.py gives them the time)."""
+    return max(2.0, 2 * election_timeout_s_max)
+
+
 def transfer_target(*, self_priority: int, peers: list[tuple[str, int, bool]]) -> str | None:
     """The peer leadership should move to: the highest priority above ours among connected peers.
 

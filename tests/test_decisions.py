@@ -269,6 +269,21 @@ def test_new_controller_leader_gives_a_full_session_before_fencing():
                 if isinstance(r, FenceBroker)]) == 2
 
 
+def test_new_controller_leader_waits_for_brokers_still_heartbeating_its_cut_off_predecessor():
+    """A controller leader cut from its peers but not from the brokers keeps answering their
+    heartbeats until it falls back (leaderFallbackTimeout); the next leader gives brokers it has
+    not heard from that long on top of a session (tests/test_gray_failure.py saw every broker
+    fenced without it). A broker it has heard from keeps the plain session."""
+    image = cluster(2)
+    sessions = BrokerSessions(session_timeout_ms=1500, new_leader_grace_ms=3200)
+    assert fence_expired(image, sessions, 10_000) == []
+    sessions.heartbeat(1, image.brokers[1].incarnation_id, 10_100, image.offset)
+    fenced = [r.broker_id for r in fence_expired(image, sessions, 11_601) if isinstance(r, FenceBroker)]
+    assert fenced == [1]
+    assert [r.broker_id for r in fence_expired(image, sessions, 14_700) if isinstance(r, FenceBroker)] == [1]
+    assert sorted(r.broker_id for r in fence_expired(image, sessions, 14_701) if isinstance(r, FenceBroker)) == [1, 2]
+
+
 def test_unfence_needs_current_incarnation_and_caught_up_metadata():
     image = cluster(1)
     add_broker(image, 2, fenced=True, incarnation="new")

@@ -157,6 +157,8 @@ class LeaderSettings:
     partition_limits: PartitionLimits = PartitionLimits()
     # At most one leadership move per partition per interval on followers' reports.
     unreachable_decision_interval_ms: int = UNREACHABLE_DECISION_INTERVAL_MS
+    # Brokers not yet heard from by a new controller leader: extra session time (BrokerSessions).
+    new_leader_grace_ms: int = 0
 
     def __post_init__(self) -> None:
         for name in ("session_timeout_ms", "rebalance_interval_ms"):
@@ -168,6 +170,8 @@ class LeaderSettings:
         if not 0 <= self.leader_imbalance_per_broker_percentage <= 100:
             raise ValueError("leader_imbalance_per_broker_percentage must be in 0..100, "
                              f"got {self.leader_imbalance_per_broker_percentage}")
+        if self.new_leader_grace_ms < 0:
+            raise ValueError(f"new_leader_grace_ms must be >= 0 ms, got {self.new_leader_grace_ms}")
         if self.quorum_preferred_retry_ms < 0:
             raise ValueError(f"quorum_preferred_retry_ms must be >= 0 ms, got {self.quorum_preferred_retry_ms}")
 
@@ -180,7 +184,8 @@ class ControllerState:
 
     def __init__(self, settings: LeaderSettings = LeaderSettings()) -> None:
         self.settings = settings
-        self.sessions = BrokerSessions(session_timeout_ms=settings.session_timeout_ms)
+        self.sessions = BrokerSessions(session_timeout_ms=settings.session_timeout_ms,
+                                       new_leader_grace_ms=settings.new_leader_grace_ms)
         self.tracker = QuorumElectionTracker()
         # A report counts while the broker's session would: its heartbeats carry it anew.
         self.reachability = ReachabilityReports(fresh_ms=settings.session_timeout_ms,

@@ -47,11 +47,16 @@ class BrokerSessions:
     """Last heartbeat per broker. Bounded by the number of brokers that heartbeat."""
 
     def __init__(self, *, session_timeout_ms: int = SESSION_TIMEOUT_MS,
-                 started_at_ms: int | None = None) -> None:
-        if session_timeout_ms <= 0:
-            raise ValueError(f"session_timeout_ms must be > 0, got {session_timeout_ms}")
+                 started_at_ms: int | None = None, new_leader_grace_ms: int = 0) -> None:
+        if session_timeout_ms <= 0 or new_leader_grace_ms < 0:
+            raise ValueError(f"session_timeout_ms must be > 0 and new_leader_grace_ms >= 0, got "
+                             f"{session_timeout_ms} and {new_leader_grace_ms}")
         self.session_timeout_ms = session_timeout_ms
         self.started_at_ms = started_at_ms
+        # A broker this leader has not heard from yet gets the session timeout plus this from
+        # the leader's start: when the last leader lost its peers but not the brokers, they go
+        # on heartbeating it until it falls back (raft_rules.leader_fallback_s), then find us.
+        self.new_leader_grace_ms = new_leader_grace_ms
         self._sessions: dict[int, Session] = {}
 
     def _start(self, now_ms: int) -> None:
@@ -89,13 +94,14 @@ class BrokerSessions:
         return self._sessions.get(broker_id)
 
     def last_seen_ms(self, broker_id: int, incarnation_id: str, now_ms: int) -> int:
-        """Last heartbeat of this incarnation; the sessions' start when none was seen."""
+        """Last heartbeat of this incarnation; the sessions' start (plus the new leader's grace)
+        when none was seen."""
         self._start(now_ms)
         s = self._sessions.get(broker_id)
         if s is not None and s.incarnation_id == incarnation_id:
             return s.last_heartbeat_ms
         assert self.started_at_ms is not None
-        return self.started_at_ms
+        return self.started_at_ms + self.new_leader_grace_ms
 
     def is_alive(self, broker_id: int, incarnation_id: str, now_ms: int) -> bool:
         return now_ms - self.last_seen_ms(broker_id, incarnation_id, now_ms) \
