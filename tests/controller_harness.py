@@ -91,6 +91,7 @@ class Controller:
         self.data_dir = data_dir
         self.extra = extra
         self.proc: subprocess.Popen | None = None
+        self.launch_prefix: list[str] = []   # run before the command (it must exec it: same pid)
         self.log_path = data_dir / f"controller-{spec.node_id}.log"
 
     def start(self) -> "Controller":
@@ -106,7 +107,7 @@ class Controller:
             args += ["--metrics-port", str(self.spec.metrics_port)]
         log = open(self.log_path, "ab")
         log_check.watch(self.log_path)   # checked for errors after every test (conftest.py)
-        self.proc = subprocess.Popen(args + self.extra, stdout=log, stderr=log, cwd=str(REPO))
+        self.proc = subprocess.Popen(self.launch_prefix + args + self.extra, stdout=log, stderr=log, cwd=str(REPO))
         log.close()
         return self
 

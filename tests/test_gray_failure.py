@@ -1,4 +1,5 @@
-"""Gray failures: a leader cut from its followers while it still reaches the controller.
+"""Gray failures: a leader cut from its followers while it still reaches the controller, and
+the controller leader cut from the other controllers while it still reaches the brokers.
 
 The cluster runs in a network namespace of the test's own; each broker's sockets carry a
 cgroup of their own, so nftables can drop packets between two brokers while the SDK producer
@@ -16,6 +17,7 @@ import pytest
 
 import netcut
 from cluster_harness import Cluster
+from controller_harness import leader_of
 from dataplane.client import Producer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -147,3 +149,72 @@ def test_partitions_the_cut_leader_does_not_lead_keep_acknowledging(cut_cluster)
         assert info["leader"] not in (None, cut) and info["leader_epoch"] > 0, (key, info)
         assert cut not in info["isr"], (key, info)
         assert acks.longest_gap(key, start, end) < CUT_S - 1.0, (key, report[key])
+
+
+@pytest.fixture
+def controller_cut_cluster(tmp_path):
+    reason = netcut.available()
+    if reason:
+        pytest.skip(reason)
+    with netcut.private_netns():
+        cuts = netcut.Cuts(["c1", "c2", "c3", "b1", "b2", "b3"])
+        cluster = Cluster(tmp_path, brokers=3, controllers=3)
+        for c in cluster.controllers:
+            c.launch_prefix = cuts.launch_prefix(f"c{c.spec.node_id}")
+        for broker_id, broker in cluster.brokers.items():
+            broker.launch_prefix = cuts.launch_prefix(f"b{broker_id}")
+        try:
+            with cluster:
+                yield cluster, cuts
+        finally:
+            cuts.close()
+
+
+def test_the_controller_leader_cut_from_its_peers_is_replaced_and_producers_go_on(controller_cut_cluster):
+    """The controller leader loses its Raft peers but not the brokers: the two others elect a
+    leader of their own while the cut lasts, the brokers follow it (no broker is fenced for a
+    session it kept), and every partition keeps acknowledging acks=all. No process logs an
+    ERROR (conftest's log check)."""
+    cluster, cuts = controller_cut_cluster
+    cluster.create_topic("cq", partitions=PARTITIONS, config={"commit_policy": "quorum"})
+    cluster.create_topic("ci", partitions=PARTITIONS, config={
+        "commit_policy": "isr", "min_insync_replicas": 2, "replica_lag_time_max_ms": LAG_MS})
+    keys = [(t, p) for t in ("cq", "ci") for p in range(PARTITIONS)]
+    old = leader_of(cluster.controllers)
+    assert old is not None
+    peers = [c for c in cluster.controllers if c is not old]
+    seen: dict[str, object] = {}
+
+    def cut_controller_leader() -> None:
+        for c in peers:
+            cuts.cut_both(f"c{old.spec.node_id}", f"c{c.spec.node_id}")
+
+    def heal() -> None:
+        seen["new"] = leader_of(peers)
+        cuts.heal()
+
+    def stop() -> None:
+        pass
+
+    acks = AckLog()
+    began = asyncio.run(produce_through(cluster, acks, keys, [(3.0, cut_controller_leader), (CUT_S, heal),
+                                                              (3.0, stop)]))
+    start, end = began["cut_controller_leader"], began["heal"]
+    report = {key: (tuple(round(x, 2) for x in acks.gap_at(key, start, end)), len(acks.acks.get(key, [])),
+                    acks.failures.get(key, [])[:3]) for key in keys}
+    print(f"cut controller {old.spec.node_id} from {[c.spec.node_id for c in peers]} for {end - start:.1f} s; "
+          f"new leader {getattr(seen['new'], 'spec', None) and seen['new'].spec.node_id}; per partition "
+          "((longest gap in the cut: began after, lasted), acks, failures):")
+    for key, row in report.items():
+        print(" ", key, row)
+    # The two others elected one of themselves while the cut lasted, and no broker was fenced:
+    # the brokers moved their heartbeats to the new leader within their sessions.
+    assert seen["new"] is not None, "no controller among the cut leader's peers led while the cut lasted"
+    fences = [r for r in cluster.metadata_records() if r["type"] == "fence_broker"]
+    assert not fences, fences
+    for key in keys:
+        # Data replication does not pass through the controller: a controller election costs
+        # no partition more than a session timeout.
+        assert acks.longest_gap(key, start, end) <= 1.5, (key, report[key])
+        assert not acks.failures.get(key), (key, report[key])
+

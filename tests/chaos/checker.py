@@ -330,5 +330,6 @@ def gray_figures(history: History, ack_times: dict[str, list[float]]) -> dict[st
 
 
 def _cut_broker(f: FaultRun) -> str | None:
-    """The broker cut from its peers; a cut between two followers (cut_follower) has none."""
-    return f.targets[0] if f.kind != "cut_follower" else None
+    """The broker cut from its peers; a cut between two followers (cut_follower) or of the
+    controller leader from its peers (cut_controller_leader) has none."""
+    return f.targets[0] if f.kind not in ("cut_follower", "cut_controller_leader") else None

@@ -126,6 +126,15 @@ class Run:
             else:
                 leader.pause()
             return [leader], note or f"leader was {leader.name}"
+        if kind == "cut_controller_leader":
+            leader = await asyncio.to_thread(c.controller_leader)
+            note = "" if leader is not None else "no controller named itself leader; cut c1"
+            leader = leader or self._node("c1")
+            peers = [n.name for n in c.nodes.values() if n.kind == "controller" and n.name != leader.name]
+            for other in peers:
+                net.cut(leader.name, other)
+                net.cut(other, leader.name)
+            return [leader], note or f"{leader.name} <-> {','.join(peers)} dropped; brokers and clients reach it"
         if kind in ("pause_broker", "pause_controller", "pause_controller_pair"):
             nodes = [self._node(t) for t in fault.targets]
             for n in nodes:

@@ -33,12 +33,14 @@ QUORUM_REMOVING = frozenset({"kill_broker_pair", "pause_controller_pair"})
 
 # Gray failures (issue 19), a named scenario of their own (`scripts/chaos --scenario gray`),
 # not in the default mix, so the default schedules of a seed stay what they were. The cut
-# broker still reaches the controllers and the clients; only replication paths are cut.
+# broker still reaches the controllers and the clients; only replication paths are cut. The cut
+# controller leader still reaches the brokers and the clients; only its Raft peers are cut.
 GRAY_WEIGHTS: dict[str, int] = {
     "cut_leader": 3,        # one broker cut both ways from the other brokers
     "cut_leader_out": 2,    # its packets to the other brokers dropped, theirs to it delivered
     "cut_leader_in": 2,     # the other brokers' packets to it dropped, its own delivered
     "cut_follower": 2,      # two brokers cut both ways from each other only (each a follower of the other's)
+    "cut_controller_leader": 2,  # the controller leader cut both ways from the other controllers only
 }
 GRAY_KINDS = frozenset(GRAY_WEIGHTS)
 # Long enough to see the cut leader's partitions come back under the cut: session timeout
@@ -115,7 +117,7 @@ def make_schedule(*, seed: int, duration_s: float, brokers: int = 3, controllers
             targets: tuple[str, ...] = (rng.choice(bs),)
         elif kind in ("kill_controller", "pause_controller"):
             targets = (rng.choice(cs),)
-        elif kind in ("kill_controller_leader", "pause_controller_leader"):
+        elif kind in ("kill_controller_leader", "pause_controller_leader", "cut_controller_leader"):
             targets = ("leader",)
         elif kind == "isolate":
             targets = (rng.choice(everyone),)
