@@ -177,7 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    f"also {','.join([*GRAY_WEIGHTS, *EXTRA_WEIGHTS])})")
     p.add_argument("--scenario", choices=sorted(SCENARIOS),
                    help="a named set of fault kinds: gray = a broker cut from its peers (both ways, one "
-                        "way each way) or two brokers cut from each other, while all reach the controllers")
+                        "way each way) or two brokers cut from each other, while all reach the controllers, "
+                        "or the controller leader cut from the other controllers")
     p.add_argument("--settle", type=float, default=10.0, help="seconds of producing after the last heal")
     p.add_argument("--keep-data", action="store_true", help="copy the brokers' data out of their tmpfs before unmount")
     p.add_argument("--check", type=Path, metavar="HISTORY", help="only check a saved history.json")
