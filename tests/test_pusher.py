@@ -224,3 +224,57 @@ def test_a_connect_that_never_completes_is_given_up_and_the_next_submit_connects
     stuck, delivered = asyncio.run(main())
     assert stuck == {}  # given up: nothing waits behind the dead connect
     assert delivered == [2] and len(calls) == 2
+
+
+def test_a_connection_whose_answers_stopped_is_reopened_and_the_resend_is_delivered():
+    """Claim: once an append-entries has gone unanswered for request_timeout_ms, the next submit
+    drops that connection (it is closed, counted as a failure, backed off) and the following
+    submit goes out on a new connection, where it is answered.
+    Regression: a connection whose follower's packets a cut had dropped was kept; after the heal
+    the core's resends queued behind what TCP would resend only when its backed-off
+    retransmission timer fired, and push partitions stayed out of the ISR for seconds after the
+    cut (the fault harness's gray scenario: a healthy quorum partition then stalled 2.8 s in
+    the next cut, its only other in-sync follower being the one cut)."""
+    connections: list[int] = []
+
+    async def main():
+        async def handler(header, request):
+            if len(connections) == 1:
+                await asyncio.Event().wait()   # the first connection: answers never come back
+            return await echo_end(header, request)
+
+        server = await start_server(handler, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        loop = asyncio.get_running_loop()
+        real_create_connection = loop.create_connection
+
+        async def create_connection(*args, **kwargs):
+            connections.append(1)
+            return await real_create_connection(*args, **kwargs)
+
+        loop.create_connection = create_connection  # type: ignore[method-assign]
+        delivered: list[int] = []
+        pusher = Pusher(broker_id=1, address_of=lambda b: ("127.0.0.1", port), reconnect_backoff_ms=0,
+                        request_timeout_ms=100, deliver=lambda tp, reply: delivered.append(reply.log_end_offset))
+        try:
+            pusher.submit(2, TP, ae(0))            # unanswered on the first connection
+            await asyncio.sleep(0.05)
+            pusher.submit(2, TP, ae(1))            # not yet over the bound: same connection
+            same = len(connections)
+            await asyncio.sleep(0.15)
+            pusher.submit(2, TP, ae(2))            # over the bound: the connection is dropped
+            dropped = 2 not in pusher._clients
+            for _ in range(100):
+                pusher.submit(2, TP, ae(3))        # the core's resends, until one is answered
+                if delivered:
+                    break
+                await asyncio.sleep(0.01)
+        finally:
+            await pusher.close()
+            server.close()
+            await server.wait_closed()
+        return same, dropped, delivered
+
+    same, dropped, delivered = asyncio.run(main())
+    assert same == 1 and dropped
+    assert delivered and set(delivered) == {4} and len(connections) == 2

@@ -120,11 +120,11 @@ class Broker:
                                fetch_wait_ms_max=c.fetch_wait_ms_max, fetch_max_bytes=c.fetch_max_bytes,
                                fetch_error_backoff_ms=c.fetch_error_backoff_ms,
                                reconnect_backoff_ms_max=c.reconnect_backoff_ms_max,
-                               request_timeout_ms=c.request_timeout_ms, max_frame_bytes=c.max_frame_bytes,
+                               request_timeout_ms=c.replica_request_timeout_ms, max_frame_bytes=c.max_frame_bytes,
                                on_round_trip=self.metrics.observe_pull, heard=self._heard)
         self.pusher = Pusher(broker_id=c.broker_id, address_of=self._address_of, deliver=self._deliver,
                              max_frame_bytes=c.max_frame_bytes, on_round_trip=self.metrics.observe_push,
-                             heard=self._heard)
+                             heard=self._heard, request_timeout_ms=c.replica_request_timeout_ms)
         self.replicas = ReplicaManager(config=c, control=self.control, clean_start=clean,
                                        send_fetch=self.fetcher.submit, send_append_entries=self.pusher.submit,
                                        refresh_metadata=self.learner.refresh_soon, metrics=self.metrics)

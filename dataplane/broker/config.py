@@ -55,6 +55,11 @@ class BrokerConfig(BaseModel):
     fetch_error_backoff_ms: int = Field(default=50, ge=0, le=10_000)
     reconnect_backoff_ms_max: int = Field(default=1000, ge=1, le=60_000)
     request_timeout_ms: int = Field(default=10_000, ge=100)
+    # A replication connection (pull fetches, push append-entries) whose request went unanswered
+    # this long (a fetch: past its long-poll wait) is closed and opened afresh. After a network
+    # cut heals, TCP resends what the cut dropped only when its backed-off retransmission timer
+    # fires, seconds later; a new connection does not wait for that.
+    replica_request_timeout_ms: int = Field(default=2000, ge=100, le=600_000)
     max_frame_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, le=2**31 - 1)
     producer_id_block_size: int = Field(default=1000, ge=1, le=1_000_000)
     retention_check_interval_ms: int = Field(default=60_000, ge=100)

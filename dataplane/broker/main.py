@@ -50,6 +50,9 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--fetch-wait-ms-max", type=int, default=500)
     p.add_argument("--peer-unreachable-ms", type=int, default=1500,
                    help="report a replication link silent this long to the controller (default 1500)")
+    p.add_argument("--replica-request-timeout-ms", type=int, default=2000,
+                   help="reopen a replication connection whose request went unanswered this long (a fetch: "
+                        "beyond its long-poll wait; default 2000; Kafka's replica.socket.timeout.ms)")
     p.add_argument("--max-frame-bytes", type=int, default=64 * 1024 * 1024)
     p.add_argument("--flush-debounce-ms", type=int, default=0,
                    help="sleep before each fsync run; 0 (default): group commit only")
@@ -91,6 +94,7 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
                         cluster_secret=args.cluster_secret, rack=args.rack, priority=args.priority,
                         heartbeat_interval_ms=args.heartbeat_interval_ms, fetch_wait_ms_max=args.fetch_wait_ms_max,
                         peer_unreachable_ms=args.peer_unreachable_ms,
+                        replica_request_timeout_ms=args.replica_request_timeout_ms,
                         max_frame_bytes=args.max_frame_bytes, flush_debounce_ms=args.flush_debounce_ms,
                         unreplicated_bytes_max=args.unreplicated_bytes_max,
                         retention_check_interval_ms=args.retention_check_interval_ms,

@@ -50,7 +50,7 @@ class Pusher:
                  reconnect_backoff_ms: int = 100, connect_timeout_ms: int = 2000, inflight_requests_max: int = 256,
                  max_frame_bytes: int = 64 * 1024 * 1024,
                  on_round_trip: Callable[[float], None] | None = None,
-                 heard: Callable[[int], None] | None = None) -> None:
+                 heard: Callable[[int], None] | None = None, request_timeout_ms: int = 2000) -> None:
         self.broker_id = broker_id
         self.on_round_trip = on_round_trip  # seconds from writing an append-entries to its answer
         self.heard = heard   # told the follower's id on every answer (dataplane/broker/contact.py)
@@ -60,6 +60,12 @@ class Pusher:
         # retry happened to land. Bounded, a failed connect backs off and the next submit
         # connects afresh.
         self.connect_timeout_ms = connect_timeout_ms
+        # A connection with an append-entries unanswered this long is closed and opened
+        # afresh (BrokerConfig.replica_request_timeout_ms): after a cut heals, the old one
+        # delivers only when TCP's backed-off retransmission timer fires, and the core's
+        # resends queue behind it.
+        self.request_timeout_ms = request_timeout_ms
+        self._unanswered: dict[int, dict[asyncio.Future, float]] = {}  # per follower: answer -> sent (loop time)
         self.address_of = address_of
         self.deliver = deliver
         self.reconnect_backoff_ms = reconnect_backoff_ms
@@ -87,6 +93,11 @@ class Pusher:
             self.throttle.record(loop.time(), len(ev.records))
         request = append_entries_to_wire(tp, follower_id, ev)
         client = self._clients.get(follower_id)
+        if client is not None and self._stalled(follower_id, loop.time()):
+            self._failed(follower_id, tp, BiplaneError(
+                f"append-entries to broker {follower_id} unanswered for over {self.request_timeout_ms} ms; "
+                "reconnecting", code=ErrorCode.REQUEST_TIMED_OUT))
+            return  # the core's window times out and it resends, on a new connection
         if client is not None and not client.closed and follower_id not in self._waiting:
             self._write(client, follower_id, tp, request)  # inside the step that made it
             return
@@ -106,8 +117,14 @@ class Pusher:
             self._failed(follower_id, tp, exc)
             return False
         sent = time.perf_counter()
-        answer.add_done_callback(lambda f: self._answered(follower_id, tp, f, sent))
+        self._unanswered.setdefault(follower_id, {})[answer] = asyncio.get_running_loop().time()
+        answer.add_done_callback(lambda f: self._answered(follower_id, tp, f, sent, client))
         return True
+
+    def _stalled(self, follower_id: int, now: float) -> bool:
+        unanswered = self._unanswered.get(follower_id)
+        return unanswered is not None and len(unanswered) > 0 \
+            and now - min(unanswered.values()) > self.request_timeout_ms / 1000
 
     async def _connect_then_write(self, follower_id: int) -> None:
         try:
@@ -121,12 +138,16 @@ class Pusher:
             if not self._write(client, follower_id, tp, request):
                 return  # the rest is lost with the connection: the core's windows time out
 
-    def _answered(self, follower_id: int, tp: TopicPartition, answer: asyncio.Future, sent: float) -> None:
+    def _answered(self, follower_id: int, tp: TopicPartition, answer: asyncio.Future, sent: float,
+                  client: WireClient) -> None:
+        self._unanswered.get(follower_id, {}).pop(answer, None)
         if answer.cancelled():
             return
         exc = answer.exception()
         if exc is not None:
-            self._failed(follower_id, tp, exc)
+            # A connection already dropped fails what it carried: that says nothing of the next one.
+            if self._clients.get(follower_id) in (client, None):
+                self._failed(follower_id, tp, exc)
             return
         if self.on_round_trip is not None:
             self.on_round_trip(time.perf_counter() - sent)
@@ -140,6 +161,7 @@ class Pusher:
         log.debug("append-entries to broker %d for %s-%d failed: %s", follower_id, *tp, exc)
         self._down_until[follower_id] = asyncio.get_running_loop().time() + self.reconnect_backoff_ms / 1000
         client = self._clients.pop(follower_id, None)
+        self._unanswered.pop(follower_id, None)   # the closing connection fails them
         if client is not None:
             self._closing.spawn(client.close())
 
