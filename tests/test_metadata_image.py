@@ -301,5 +301,6 @@ def test_per_broker_counts_equal_a_full_recount(seed):
         except RecordRejected:
             pass  # a rejected record must leave the counts alone too
         assert _counts(image) == _recount(image), f"seed={seed} step={step}"
+        assert image.replica_total() == sum(_recount(image)[0].values()), f"seed={seed}"
         assert _counts(image.copy()) == _recount(image), f"seed={seed} step={step}"
     assert _counts(MetadataImage.from_dict(image.to_dict())) == _recount(image), f"seed={seed}"

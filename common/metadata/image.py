@@ -189,6 +189,10 @@ class MetadataImage:
         """Replicas (of every partition) this broker hosts."""
         return self._replica_counts.get(broker_id, 0)
 
+    def replica_total(self) -> int:
+        """Replicas of every partition in the cluster."""
+        return sum(self._replica_counts.values())
+
     def preferred_leader_count(self, broker_id: int) -> int:
         """Partitions whose first replica (the preferred leader) is this broker."""
         return self._preferred_counts.get(broker_id, 0)
