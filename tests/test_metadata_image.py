@@ -304,3 +304,12 @@ def test_per_broker_counts_equal_a_full_recount(seed):
         assert image.replica_total() == sum(_recount(image)[0].values()), f"seed={seed}"
         assert _counts(image.copy()) == _recount(image), f"seed={seed} step={step}"
     assert _counts(MetadataImage.from_dict(image.to_dict())) == _recount(image), f"seed={seed}"
+
+
+def test_broker_list_shows_each_brokers_metadata_lag_behind_the_committed_offset():
+    """`biplane cluster brokers` METADATA_LAG: the committed offset minus the offset each broker
+    last reported applying; unknown (None) for a broker that has not reported one."""
+    from controller.views import broker_list
+    image = base()
+    view = broker_list(image, {1: image.offset, 2: image.offset - 5}, {})
+    assert [(b.broker_id, b.metadata_lag) for b in view.brokers] == [(1, 0), (2, 5), (3, None)]
