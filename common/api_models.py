@@ -87,6 +87,7 @@ class BrokerView(_Answer):
     clean_shutdown: bool
     registered_offset: int
     metadata_offset: int | None = None     # the last applied offset the broker reported
+    metadata_lag: int | None = None        # records committed here that the broker had not reported applied
     disk_used_bytes: int | None = None
     disk_total_bytes: int | None = None
     leaders: int = 0

@@ -174,6 +174,10 @@ def topic_list(image: MetadataImage) -> TopicList:
         for t in (image.topics[n] for n in sorted(image.topics))])
 
 
+def _lag(committed: int, reported: int | None) -> int | None:
+    return None if reported is None else max(0, committed - reported)
+
+
 def broker_list(image: MetadataImage, broker_offsets: Mapping[int, int],
                 usage: Mapping[int, BrokerUsage]) -> BrokerList:
     leaders: dict[int, int] = {}
@@ -191,6 +195,7 @@ def broker_list(image: MetadataImage, broker_offsets: Mapping[int, int],
                               priority=info.priority, fenced=info.fenced, incarnation_id=info.incarnation_id,
                               clean_shutdown=info.clean_shutdown, registered_offset=info.registered_offset,
                               metadata_offset=broker_offsets.get(b),
+                              metadata_lag=_lag(image.offset, broker_offsets.get(b)),
                               disk_used_bytes=u.disk_used_bytes if u else None,
                               disk_total_bytes=u.disk_total_bytes if u else None,
                               leaders=leaders.get(b, 0), replicas=replicas.get(b, 0),

@@ -529,3 +529,43 @@ def test_follower_driver_told_the_leaders_log_starts_past_its_end_starts_its_log
         assert (reopened.log_start_offset, reopened.log_end_offset, reopened.epoch_entries()) == (100, 100, [])
     finally:
         reopened.close()
+
+
+def test_learner_reports_a_metadata_lag_once_while_a_listener_holds_it_up_and_once_when_it_ends(tmp_path, caplog):
+    """The controller commits offsets 0..2 while the listener is still acting on offset 0's image
+    (opening partitions): the lag (applied by the listener vs committed) passes its bound, one
+    WARNING says so and the gauge source shows it; once the listener has the newest image, one
+    INFO says it caught up and the lag is 0."""
+    recs = _records()
+    control = FakeControl([MetadataBatch(offset=i, records=((i, dump_record(recs[i])),)) for i in range(3)])
+    lagged: list[int] = []
+
+    async def scenario():
+        release = asyncio.Event()
+
+        async def slow_listener(image):
+            if image.offset == 0:
+                await release.wait()
+        learner = MetadataLearner(control, data_dir=str(tmp_path))
+        learner.lag.records_max, learner.lag.duration_ms_max = 1, 0
+        learner.add_listener(slow_listener)
+        task = asyncio.create_task(learner.run())
+        for _ in range(200):
+            if learner.lag.lagging:
+                break
+            await asyncio.sleep(0.01)
+        lagged.append(learner.lag.records())
+        release.set()
+        for _ in range(200):
+            if not learner.lag.lagging:
+                break
+            await asyncio.sleep(0.01)
+        lagged.append(learner.lag.records())
+        await cancel_and_wait(task)
+    with caplog.at_level("INFO", logger="biplane.broker.metadata"):
+        asyncio.run(scenario())
+    assert lagged[0] > 1 and lagged[1] == 0, lagged  # over the bound while held up; none once acted on
+    events = [(r.levelname, getattr(r, "event", None)) for r in caplog.records
+              if getattr(r, "event", "").startswith("metadata.")]
+    assert [e for e in events if e[1] in ("metadata.lagging", "metadata.caught_up")] == [
+        ("WARNING", "metadata.lagging"), ("INFO", "metadata.caught_up")]

@@ -248,3 +248,68 @@ def test_random_records_keep_invariants_and_round_trip(seed):
             assert q.leader_epoch >= old.leader_epoch, f"seed={seed}"
             assert q.partition_epoch >= old.partition_epoch, f"seed={seed}"
         assert MetadataImage.from_dict(image.to_dict()) == image, f"seed={seed}"
+
+
+def _recount(image: MetadataImage) -> tuple[dict[int, int], dict[int, int]]:
+    replicas: dict[int, int] = {}
+    preferred: dict[int, int] = {}
+    for p in image.partitions():
+        for b in p.replicas:
+            replicas[b] = replicas.get(b, 0) + 1
+        preferred[p.replicas[0]] = preferred.get(p.replicas[0], 0) + 1
+    return replicas, preferred
+
+
+def _counts(image: MetadataImage) -> tuple[dict[int, int], dict[int, int]]:
+    brokers = range(1, 6)
+    return ({b: image.replica_count(b) for b in brokers if image.replica_count(b)},
+            {b: image.preferred_leader_count(b) for b in brokers if image.preferred_leader_count(b)})
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32))
+def test_per_broker_counts_equal_a_full_recount(seed):
+    """Placement reads per-broker replica and preferred-leader counts the image keeps as
+    records apply; after any sequence of topic creates, deletes, growths and replica
+    changes (applied or rejected) they equal a recount, in copies and rebuilt images too."""
+    rnd = random.Random(seed)
+    image = cluster(5)
+    names = ["a", "b", "c"]
+    for step in range(40):
+        pick = lambda: [rnd.sample(range(1, 6), 3) for _ in range(rnd.randint(1, 3))]  # noqa: E731
+        name = rnd.choice(names)
+        kind = rnd.randrange(4)
+        try:
+            if kind == 0 and name not in image.topics:
+                add_topic(image, name, pick())
+            elif kind == 1 and name in image.topics:
+                apply(image, [DeleteTopic(name=name, topic_id=image.topics[name].topic_id)])
+            elif kind == 2 and name in image.topics:
+                t = image.topics[name]
+                apply(image, [AddPartitions(topic=name, topic_id=t.topic_id,
+                                            partitions=t.partition_count + 1)])
+                b = rnd.randint(1, 5)
+                apply(image, [PartitionRecord(topic=name, partition=t.partition_count,
+                                              replicas=(b,), isr=(b,), leader=b)])
+            elif kind == 3 and name in image.topics:
+                p = image.partition(name, rnd.randrange(image.topics[name].partition_count))
+                others = rnd.sample([b for b in range(1, 7) if b not in p.isr], rnd.randint(0, 2))
+                order = list(p.isr) + others
+                rnd.shuffle(order)  # moves the preferred leader too; broker 6 is unknown: rejected
+                apply(image, [PartitionChange(topic=name, partition=p.partition,
+                                              replicas=tuple(order))])
+        except RecordRejected:
+            pass  # a rejected record must leave the counts alone too
+        assert _counts(image) == _recount(image), f"seed={seed} step={step}"
+        assert image.replica_total() == sum(_recount(image)[0].values()), f"seed={seed}"
+        assert _counts(image.copy()) == _recount(image), f"seed={seed} step={step}"
+    assert _counts(MetadataImage.from_dict(image.to_dict())) == _recount(image), f"seed={seed}"
+
+
+def test_broker_list_shows_each_brokers_metadata_lag_behind_the_committed_offset():
+    """`biplane cluster brokers` METADATA_LAG: the committed offset minus the offset each broker
+    last reported applying; unknown (None) for a broker that has not reported one."""
+    from controller.views import broker_list
+    image = base()
+    view = broker_list(image, {1: image.offset, 2: image.offset - 5}, {})
+    assert [(b.broker_id, b.metadata_lag) for b in view.brokers] == [(1, 0), (2, 5), (3, None)]

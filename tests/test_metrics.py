@@ -33,6 +33,8 @@ DASHBOARD = REPO / "docs" / "grafana-dashboard.json"
 BROKER_FAMILIES = {
     "biplane_broker_id": "gauge",
     "biplane_broker_metadata_offset": "gauge",
+    "biplane_broker_metadata_lag_records": "gauge",
+    "biplane_broker_metadata_lag_seconds": "gauge",
     "biplane_broker_fenced": "gauge",
     "biplane_broker_partitions": "gauge",
     "biplane_broker_leader_partitions": "gauge",

@@ -124,7 +124,8 @@ def _reject(record: Record, reason: str) -> RecordRejected:
 class MetadataImage:
     """Brokers, topics, partitions and producer-id blocks at one metadata offset."""
 
-    __slots__ = ("_offset", "_brokers", "_topics", "_partitions", "_producer_id_next", "_cluster_config")
+    __slots__ = ("_offset", "_brokers", "_topics", "_partitions", "_producer_id_next", "_cluster_config",
+                 "_replica_counts", "_preferred_counts")
 
     def __init__(self) -> None:
         self._offset = -1
@@ -133,6 +134,10 @@ class MetadataImage:
         self._topics: dict[str, TopicInfo] = {}
         self._partitions: dict[str, tuple[PartitionInfo, ...]] = {}
         self._producer_id_next = 0
+        # Derived from _partitions and kept by every record that changes replicas, so placement
+        # does not scan every partition on each create (not part of equality or to_dict).
+        self._replica_counts: dict[int, int] = {}
+        self._preferred_counts: dict[int, int] = {}
 
     # ---- read-only views -------------------------------------------------
 
@@ -180,6 +185,24 @@ class MetadataImage:
         for topic in sorted(self._partitions):
             yield from self._partitions[topic]
 
+    def replica_count(self, broker_id: int) -> int:
+        """Replicas (of every partition) this broker hosts."""
+        return self._replica_counts.get(broker_id, 0)
+
+    def replica_total(self) -> int:
+        """Replicas of every partition in the cluster."""
+        return sum(self._replica_counts.values())
+
+    def preferred_leader_count(self, broker_id: int) -> int:
+        """Partitions whose first replica (the preferred leader) is this broker."""
+        return self._preferred_counts.get(broker_id, 0)
+
+    def _count(self, replicas: tuple[int, ...], sign: int) -> None:
+        for b in replicas:
+            self._replica_counts[b] = self._replica_counts.get(b, 0) + sign
+        if replicas:
+            self._preferred_counts[replicas[0]] = self._preferred_counts.get(replicas[0], 0) + sign
+
     def is_unfenced(self, broker_id: int) -> bool:
         info = self._brokers.get(broker_id)
         return info is not None and not info.fenced
@@ -207,6 +230,8 @@ class MetadataImage:
         other._partitions = dict(self._partitions)
         other._producer_id_next = self._producer_id_next
         other._cluster_config = self._cluster_config
+        other._replica_counts = dict(self._replica_counts)
+        other._preferred_counts = dict(self._preferred_counts)
         return other
 
     def __eq__(self, other: object) -> bool:
@@ -274,7 +299,7 @@ class MetadataImage:
                 raise _reject(r, f"broker {r.broker_id} is not being decommissioned")
             if not info.fenced:
                 raise _reject(r, f"broker {r.broker_id} must be fenced before it is decommissioned")
-            for p in self.partitions():
+            for p in self.partitions() if self.replica_count(r.broker_id) else ():
                 if r.broker_id in p.replicas:
                     raise _reject(r, f"broker {r.broker_id} still hosts {p.topic}-{p.partition}")
         if new.decommissioned and not new.decommissioning:
@@ -311,7 +336,7 @@ class MetadataImage:
     def _unregister_broker(self, r: UnregisterBroker) -> None:
         if r.broker_id not in self._brokers:
             raise _reject(r, f"broker {r.broker_id} is not registered")
-        for p in self.partitions():
+        for p in self.partitions() if self.replica_count(r.broker_id) else ():
             if r.broker_id in p.replicas:
                 raise _reject(r, f"broker {r.broker_id} still hosts {p.topic}-{p.partition}; "
                                  f"reassign its replicas first")
@@ -360,6 +385,7 @@ class MetadataImage:
         self._check_partition(r, new, old=None)
         self._partitions[r.topic] = self._partitions[r.topic] + (new,)
         self._topics[r.topic] = replace(topic, partition_count=topic.partition_count + 1)
+        self._count(new.replicas, +1)
 
     def _partition_change(self, r: PartitionChange) -> None:
         old = self.get_partition(r.topic, r.partition)
@@ -395,6 +421,9 @@ class MetadataImage:
         self._check_partition(r, new, old=old)
         parts = self._partitions[r.topic]
         self._partitions[r.topic] = parts[:r.partition] + (new,) + parts[r.partition + 1:]
+        if new.replicas != old.replicas:
+            self._count(old.replicas, -1)
+            self._count(new.replicas, +1)
         assert self._partitions[r.topic][r.partition].partition_epoch > old.partition_epoch
 
     def _check_partition(self, r: Record, p: PartitionInfo, old: PartitionInfo | None) -> None:
@@ -434,7 +463,8 @@ class MetadataImage:
         if topic.topic_id != r.topic_id:
             raise _reject(r, f"topic {r.name!r} has id {topic.topic_id!r}, not {r.topic_id!r}")
         del self._topics[r.name]
-        del self._partitions[r.name]
+        for p in self._partitions.pop(r.name):
+            self._count(p.replicas, -1)
 
     def _config_change(self, r: ConfigChange | AlterTopicConfig) -> None:
         topic = self._topics.get(r.topic)
@@ -509,6 +539,8 @@ class MetadataImage:
                     name=t["name"], topic_id=t["topic_id"], config=config,
                     partition_count=len(parts), created_at_ms=int(t.get("created_at_ms", 0)))
                 image._partitions[t["name"]] = parts
+                for p in parts:
+                    image._count(p.replicas, +1)
         except (KeyError, TypeError, ValidationError) as exc:
             raise ValueError(f"malformed image: {exc}") from exc
         return image

@@ -42,12 +42,9 @@ def place_replicas(image: MetadataImage, *, topic: str, partitions: int,
         r = image.brokers[b].rack
         return r if r is not None else f"\0{b}"
 
-    leaders: Counter[int] = Counter()
-    replicas_load: Counter[int] = Counter()
-    for p in image.partitions():
-        if p.replicas and p.replicas[0] in position:
-            leaders[p.replicas[0]] += 1
-        replicas_load.update(b for b in p.replicas if b in position)
+    # The image keeps these counts as records apply: no scan of every partition per create.
+    leaders: Counter[int] = Counter({b: image.preferred_leader_count(b) for b in brokers})
+    replicas_load: Counter[int] = Counter({b: image.replica_count(b) for b in brokers})
 
     start = stable_hash(topic) % n
     assignment: list[tuple[int, ...]] = []

@@ -330,6 +330,14 @@ class Broker:
         return self.learner.offset if self.learner is not None else -1
 
     @property
+    def metadata_lag(self) -> tuple[int, float]:
+        """(records, seconds) behind the controller's committed metadata."""
+        if self.learner is None:
+            return 0, 0.0
+        lag = self.learner.lag
+        return lag.records(), lag.duration_ms(int(time.monotonic() * 1000)) / 1000
+
+    @property
     def metadata_image(self) -> MetadataImage:
         return self.learner.image if self.learner is not None else MetadataImage()
 

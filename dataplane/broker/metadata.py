@@ -24,6 +24,7 @@ import asyncio
 import json
 import logging
 import os
+import time
 from typing import Awaitable, Callable
 
 from common.control_client import ControlClient
@@ -32,6 +33,7 @@ from common.errors import BiplaneError, RecordRejected
 from common.metadata.image import MetadataImage
 from common.metadata.records import parse_record
 from common.tasks import cancel_and_wait
+from dataplane.broker.metadata_lag import LagReport, MetadataLag
 from dataplane.log import space
 
 log = logging.getLogger("biplane.broker.metadata")
@@ -55,6 +57,7 @@ class MetadataLearner:
         self._listeners: list[Listener] = []
         self._wake = asyncio.Event()
         self._unheard = asyncio.Event()  # the image changed since listeners last heard of it
+        self.lag = MetadataLag()  # applied = the offset listeners have acted on
 
     @property
     def offset(self) -> int:
@@ -133,6 +136,7 @@ class MetadataLearner:
             if batch is None:
                 continue
             changed = self._apply(batch)
+            self._report_lag(self.lag.observe(now_ms=_now_ms(), committed=batch.offset))
             first = not self.caught_up.is_set()
             self.caught_up.set()
             if changed or first or self.save_failed is not None:
@@ -149,6 +153,20 @@ class MetadataLearner:
                 continue  # already handed over (it was learned while the last call ran)
             told = self.image
             await self._notify()  # with the newest image: images learned meanwhile coalesce
+            self._report_lag(self.lag.observe(now_ms=_now_ms(), applied=told.offset))
+
+    def _report_lag(self, report: LagReport | None) -> None:
+        if report is None:
+            return
+        fields = {"applied": self.lag.applied, "committed": self.lag.committed, "records": report.records,
+                  "duration_ms": report.duration_ms}
+        if report.started:
+            log.warning("metadata lags the controller: applied offset %d, committed %d (%d records behind for "
+                        "%.1f s); per-partition work is holding it up", self.lag.applied, self.lag.committed,
+                        report.records, report.duration_ms / 1000, extra={"event": "metadata.lagging", **fields})
+        else:
+            log.info("metadata caught up with the controller at offset %d after %.1f s behind", self.lag.applied,
+                     report.duration_ms / 1000, extra={"event": "metadata.caught_up", **fields})
 
     async def _fetch(self, wait_ms: int):
         """One long-poll, cut short by refresh_soon(); None when cut short."""
@@ -208,3 +226,7 @@ class MetadataLearner:
                 # not a reason to stop learning. The next image tries again.
                 log.warning("acting on metadata at offset %d failed: %s", self.image.offset, exc,
                             extra={"event": "metadata.listener_failed", "offset": self.image.offset})
+
+
+def _now_ms() -> int:
+    return int(time.monotonic() * 1000)

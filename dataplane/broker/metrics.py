@@ -106,6 +106,8 @@ class BrokerMetricsSource(Protocol):
     @property
     def metadata_offset(self) -> int: ...
     @property
+    def metadata_lag(self) -> tuple[int, float]: ...
+    @property
     def metadata_image(self) -> MetadataImage: ...
     @property
     def fenced(self) -> bool: ...
@@ -159,6 +161,10 @@ class BrokerCollector:
         scalars = [
             ("biplane_broker_id", "this broker's id (Prometheus's instance label names its address)", b.broker_id),
             ("biplane_broker_metadata_offset", "metadata offset applied by this broker", b.metadata_offset),
+            ("biplane_broker_metadata_lag_records", "records the controller has committed that this broker has "
+             "not yet acted on", b.metadata_lag[0]),
+            ("biplane_broker_metadata_lag_seconds", "how long this broker has been more than the lag bound "
+             "behind the controller's metadata (0 when within it)", b.metadata_lag[1]),
             ("biplane_broker_fenced", "1 while the controller has this broker fenced", int(b.fenced)),
         ]
         budget = b.produce_budget

@@ -1,6 +1,13 @@
 #!/usr/bin/env python3
-"""Many partitions on 3 brokers: how long opening takes, whether metadata keeps flowing meanwhile,
-and what the brokers cost while idle.
+"""Scale with partitions: the controller's admin API at many partitions, then 3 brokers (RF 3) at each
+size: how long opening takes, whether metadata keeps flowing meanwhile, and what the brokers cost idle.
+
+Controller (`--controller-partitions`, 0 skips it): 1 controller, 3 registered brokers that only
+heartbeat; topics of 100 partitions created one by one over the admin API, printing the first and last
+topics' create times (a create that scanned every partition grows with the count), then describe of
+each topic and the topic list at the end.
+
+Brokers, for each of `--partitions` (comma-separated sizes, 0 skips):
 
 Starts 1 controller and 3 broker processes on loopback (tests/cluster_harness.py), creates
 `--partitions` partitions (topics of `--per-topic` partitions each, RF 3; the controller's
@@ -14,7 +21,10 @@ per-broker guardrail raised to fit), and prints:
 3. idle CPU: once all replicas are open and in the ISR, no traffic, each broker's user+system
    CPU over `--idle-seconds` from /proc/PID/stat, as % of one core.
 
-    .venv/bin/python scripts/bench_partitions.py [--partitions 1000] [--per-topic 100] [--idle-seconds 10]
+    .venv/bin/python scripts/bench_scale.py [--partitions 1000,5000,10000] [--per-topic 100] [--idle-seconds 10]
+        [--controller-partitions 10000]
+
+Not measured yet: acks=all p50/p99 of a steady load on one partition beside the idle ones.
 """
 from __future__ import annotations
 
@@ -31,7 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from cluster_harness import SECRET, Cluster, _list_offsets_code, _run_sync  # noqa: E402
-from controller_harness import http  # noqa: E402
+from controller_harness import Controller, http, make_specs, register_and_unfence, wait_leader  # noqa: E402
 
 OPENED = re.compile(rb"opened \S+ at log end")
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -63,15 +73,60 @@ def opened_count(cluster: Cluster, broker_id: int) -> int:
     return len(OPENED.findall(cluster.brokers[broker_id].log_path.read_bytes()))
 
 
+def controller_scale(partitions: int) -> None:
+    spec = make_specs(1)
+    with tempfile.TemporaryDirectory(prefix="bench-scale-controller-") as tmp:
+        controller = Controller(spec[0], spec, Path(tmp), [
+            "--session-timeout-ms", "600000", "--admin-write-rate", "1e9", "--admin-write-burst", "1e9",
+            "--max-partitions-per-broker", str(partitions + 100)])
+        try:
+            controller.start()
+            wait_leader([controller], 30)
+            url = spec[0].api_url
+            for b in (1, 2, 3):
+                register_and_unfence(url, b, secret=SECRET)
+            times = []
+            for i in range(partitions // 100):
+                t = time.monotonic()
+                r = http("POST", url + "/v1/topics", {"name": f"t{i}", "partitions": 100, "replication_factor": 3})
+                assert r.status == 201, r.body
+                times.append(time.monotonic() - t)
+            described = time.monotonic()
+            for i in range(len(times)):
+                assert http("GET", url + f"/v1/topics/t{i}").status == 200
+            describe_s = (time.monotonic() - described) / max(1, len(times))
+            listed = time.monotonic()
+            r = http("GET", url + "/v1/topics")
+            list_s = time.monotonic() - listed
+            assert r.status == 200, r.body
+            print(f"controller, {partitions} partitions in {len(times)} topics of 100 (RF 3, admin API):\n"
+                  f"  create: first topic {times[0] * 1000:.0f} ms, last {times[-1] * 1000:.0f} ms, "
+                  f"median {sorted(times)[len(times) // 2] * 1000:.0f} ms, all {sum(times):.1f} s\n"
+                  f"  describe one topic (mean of {len(times)}): {describe_s * 1000:.0f} ms; "
+                  f"list topics: {list_s * 1000:.0f} ms")
+        finally:
+            controller.kill()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--partitions", type=int, default=1000)
+    parser.add_argument("--partitions", default="1000", help="comma-separated sizes for the broker part")
+    parser.add_argument("--controller-partitions", type=int, default=10000)
     parser.add_argument("--per-topic", type=int, default=100)
     parser.add_argument("--idle-seconds", type=float, default=10.0)
     parser.add_argument("--open-timeout", type=float, default=900.0, help="give up on opening after this long")
     args = parser.parse_args()
+    if args.controller_partitions:
+        controller_scale(args.controller_partitions)
+    for size in (int(x) for x in args.partitions.split(",") if x.strip()):
+        if size:
+            brokers_scale(args, size)
+
+
+def brokers_scale(args: argparse.Namespace, partitions: int) -> None:
+    args.partitions = partitions
     replicas_per_broker = args.partitions  # RF 3 on 3 brokers: every broker holds every partition
-    with tempfile.TemporaryDirectory(prefix="bench-partitions-") as tmp, Cluster(
+    with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp, Cluster(
             Path(tmp), brokers=3, controller_args=["--max-partitions-per-broker", str(replicas_per_broker + 100)]
     ) as cluster:
         brokers = sorted(cluster.brokers)

@@ -1,0 +1,31 @@
+from __future__ import annotations
+
+from dataplane.broker.metadata_lag import LagReport, MetadataLag
+
+
+def test_a_lag_over_both_bounds_is_reported_once_then_its_end_once():
+    lag = MetadataLag(records_max=10, duration_ms_max=1000)
+    assert lag.observe(now_ms=0, applied=5, committed=100) is None   # behind, not yet for long
+    assert lag.observe(now_ms=999, committed=120) is None
+    assert lag.observe(now_ms=1000) == LagReport(True, 115, 1000)
+    assert lag.observe(now_ms=5000, applied=50) is None                 # still behind: no new line
+    assert lag.records() == 70 and lag.duration_ms(5000) == 5000
+    assert lag.observe(now_ms=6000, applied=115) == LagReport(False, 5, 6000)
+    assert lag.observe(now_ms=7000) is None and lag.duration_ms(7000) == 0
+
+
+def test_a_short_or_small_lag_is_not_an_episode():
+    lag = MetadataLag(records_max=10, duration_ms_max=1000)
+    assert lag.observe(now_ms=0, applied=0, committed=10) is None       # within the record bound
+    assert lag.observe(now_ms=5000) is None
+    assert lag.observe(now_ms=5000, committed=50) is None                # over it, only just now
+    assert lag.observe(now_ms=5500, applied=50) is None                  # caught up before the time bound
+    assert lag.observe(now_ms=9000, committed=100) is None
+    assert lag.behind_since_ms == 9000                                   # a new start, not the old one
+
+
+def test_offsets_only_move_forward():
+    lag = MetadataLag(records_max=0, duration_ms_max=0)
+    lag.observe(now_ms=0, applied=10, committed=10)
+    lag.observe(now_ms=1, applied=3, committed=4)                        # a stale report changes nothing
+    assert (lag.applied, lag.committed, lag.lagging) == (10, 10, False)
