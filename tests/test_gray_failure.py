@@ -31,14 +31,19 @@ CUT_S = 8.0
 PARTITIONS = 3
 
 
-@pytest.fixture
-def cut_cluster(tmp_path):
+def _cut_cluster(tmp_path, *, controllers: int):
+    """A cluster in a namespace of the test's own, every process in a cgroup nftables can cut
+    by name (c1.., b1..)."""
     reason = netcut.available()
     if reason:
         pytest.skip(reason)
     with netcut.private_netns():
-        cuts = netcut.Cuts(["b1", "b2", "b3"])
-        cluster = Cluster(tmp_path, brokers=3)
+        names = [f"c{i}" for i in range(1, controllers + 1)] if controllers > 1 else []
+        cuts = netcut.Cuts(names + ["b1", "b2", "b3"])
+        cluster = Cluster(tmp_path, brokers=3, controllers=controllers)
+        if controllers > 1:
+            for c in cluster.controllers:
+                c.launch_prefix = cuts.launch_prefix(f"c{c.spec.node_id}")
         for broker_id, broker in cluster.brokers.items():
             broker.launch_prefix = cuts.launch_prefix(f"b{broker_id}")
         try:
@@ -46,6 +51,16 @@ def cut_cluster(tmp_path):
                 yield cluster, cuts
         finally:
             cuts.close()
+
+
+@pytest.fixture
+def cut_cluster(tmp_path):
+    yield from _cut_cluster(tmp_path, controllers=1)
+
+
+@pytest.fixture
+def controller_cut_cluster(tmp_path):
+    yield from _cut_cluster(tmp_path, controllers=3)
 
 
 class AckLog:
@@ -149,25 +164,6 @@ def test_partitions_the_cut_leader_does_not_lead_keep_acknowledging(cut_cluster)
         assert info["leader"] not in (None, cut) and info["leader_epoch"] > 0, (key, info)
         assert cut not in info["isr"], (key, info)
         assert acks.longest_gap(key, start, end) < CUT_S - 1.0, (key, report[key])
-
-
-@pytest.fixture
-def controller_cut_cluster(tmp_path):
-    reason = netcut.available()
-    if reason:
-        pytest.skip(reason)
-    with netcut.private_netns():
-        cuts = netcut.Cuts(["c1", "c2", "c3", "b1", "b2", "b3"])
-        cluster = Cluster(tmp_path, brokers=3, controllers=3)
-        for c in cluster.controllers:
-            c.launch_prefix = cuts.launch_prefix(f"c{c.spec.node_id}")
-        for broker_id, broker in cluster.brokers.items():
-            broker.launch_prefix = cuts.launch_prefix(f"b{broker_id}")
-        try:
-            with cluster:
-                yield cluster, cuts
-        finally:
-            cuts.close()
 
 
 def test_the_controller_leader_cut_from_its_peers_is_replaced_and_producers_go_on(controller_cut_cluster):
