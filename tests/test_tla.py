@@ -27,7 +27,7 @@ EXPECTED_STATES = {
     "DataPlaneIsr": 23_682,
     "DataPlanePush": 7_753,
     "DataPlaneLive": 762,
-    "DataPlaneCut": 676_875,
+    "DataPlaneCut": 677_055,
     "Controller": 438_523,
     "ControllerQuorum": 121_425,
     "ControllerQuorumWrite": 443_943,
