@@ -126,7 +126,7 @@ def periodic(image: MetadataImage, sessions: BrokerSessions, tracker: QuorumElec
         moved, exclusions = move_unreachable_leaders(plan.image, reachability, now_ms)
         plan.extend(moved)
         for e in exclusions:
-            tracker.exclude(e.topic, e.partition, e.fenced_epoch, e.leader, until_ms=now_ms + reachability.interval_ms)
+            tracker.exclude(e.topic, e.partition, e.fenced_epoch, e.leader, until_ms=e.until_ms)
     plan.extend(elect_leaders(plan.image, tracker))
     if maintenance_drain is not None:
         plan.extend(maintenance_drain.run(plan.image, now_ms))

@@ -153,6 +153,10 @@ class ReachabilityReports:
             return reporters
         return {f for f in self.reported_by_leader(image, p, now_ms) & set(p.isr) if self.alive(image, f, now_ms)}
 
+    def others_alive(self, image: MetadataImage, p: PartitionInfo, now_ms: int) -> list[int]:
+        """p's replicas other than its leader that are alive: those a move could rely on."""
+        return [b for b in p.replicas if b != p.leader and self.alive(image, b, now_ms)]
+
     def may_decide(self, p: PartitionInfo, now_ms: int) -> bool:
         last = self._decided_ms.get(p.tp)
         return last is None or now_ms - last >= self.interval_ms
@@ -166,12 +170,14 @@ class ReachabilityReports:
 
 @dataclass(frozen=True, slots=True)
 class Exclusion:
-    """A quorum election started because `leader` was unreachable: its report is refused."""
+    """A quorum election started because `leader` was unreachable: its report is refused
+    until `until_ms`, one decision interval (QuorumElectionTracker.exclude says why not longer)."""
 
     topic: str
     partition: int
     fenced_epoch: int
     leader: int
+    until_ms: int
 
 
 def move_unreachable_leaders(image: MetadataImage, reports: ReachabilityReports,
@@ -190,7 +196,7 @@ def move_unreachable_leaders(image: MetadataImage, reports: ReachabilityReports,
         if not broken or not reports.cut_off(image, p, now_ms):
             continue
         config = image.topics[p.topic].config
-        others = [b for b in p.replicas if b != leader and reports.alive(image, b, now_ms)]
+        others = reports.others_alive(image, p, now_ms)
         if is_quorum(image, p):
             q = min(config.quorum_acks, len(p.replicas))
             linked = 1 + sum(1 for f in p.replicas if f != leader and f not in broken)
@@ -200,7 +206,8 @@ def move_unreachable_leaders(image: MetadataImage, reports: ReachabilityReports,
                 continue
             records.append(fence_for_election(
                 image, p, reason=f"leader {leader} unreachable: no link to followers {sorted(broken)}"))
-            exclusions.append(Exclusion(p.topic, p.partition, p.leader_epoch + 1, leader))
+            exclusions.append(Exclusion(p.topic, p.partition, p.leader_epoch + 1, leader,
+                                        until_ms=now_ms + reports.interval_ms))
         else:
             linked = 1 + sum(1 for f in p.isr if f != leader and f not in broken)
             # Only when the leader cannot meet min_insync_replicas and the others can, once
@@ -228,7 +235,7 @@ def refuse_lonely_shrink(image: MetadataImage, request: AlterIsrRequest, reports
         return
     config = image.topics[p.topic].config
     removed = set(p.isr) - set(request.new_isr)
-    others = [b for b in p.replicas if b != p.leader and reports.alive(image, b, now_ms)]
+    others = reports.others_alive(image, p, now_ms)
     # Only while a move is possible (`move_unreachable_leaders`): the replicas without the
     # leader can meet min_insync_replicas.
     if not removed or len(request.new_isr) >= config.min_insync_replicas \

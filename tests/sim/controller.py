@@ -128,8 +128,7 @@ class SimController:
         self.moves += [(now_ms, getattr(r, "reason", "")) for r in moved]
         self._apply(moved)
         for e in exclusions:
-            self.tracker.exclude(e.topic, e.partition, e.fenced_epoch, e.leader,
-                                 until_ms=now_ms + self.reachability.interval_ms)
+            self.tracker.exclude(e.topic, e.partition, e.fenced_epoch, e.leader, until_ms=e.until_ms)
         self._elect()
 
     def _elect(self) -> None:
