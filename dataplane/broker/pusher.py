@@ -122,9 +122,12 @@ class Pusher:
         return True
 
     def _stalled(self, follower_id: int, now: float) -> bool:
+        # Requests go in sent order and leave as answered: the first one left is the oldest
+        # (a dict keeps insertion order), so this costs no scan on the hot path.
         unanswered = self._unanswered.get(follower_id)
-        return unanswered is not None and len(unanswered) > 0 \
-            and now - min(unanswered.values()) > self.request_timeout_ms / 1000
+        if not unanswered:
+            return False
+        return now - next(iter(unanswered.values())) > self.request_timeout_ms / 1000
 
     async def _connect_then_write(self, follower_id: int) -> None:
         try:
