@@ -180,6 +180,43 @@ def test_leader_kill_loses_no_acknowledged_record_and_consumer_follows(cluster):
     print(f"duplicates after the leader kill: {duplicates} (zero needs the broker's sequence checks)")
 
 
+def test_records_held_by_a_paused_leader_go_to_its_successor_without_waiting_for_the_request_timeout(cluster):
+    """SIGSTOP of a partition's leader while records are in flight to it. The controller fences
+    it and elects another replica; the producer learns that from metadata while its request
+    still waits (request_timeout_ms is 30 s), gives the attempt up and sends the same batch,
+    with the same numbers, to the new leader. Every record is acknowledged long before the
+    request timeout, and the log holds each once (the paused leader's copy, if any, is
+    truncated when it returns)."""
+    cluster.create_topic("held", partitions=1, replication_factor=3, config={"commit_policy": "quorum"})
+    victim = cluster.wait_leader("held", 0)
+    n = 20
+
+    async def main():
+        async with Producer(bootstrap=bootstrap(cluster), linger_ms=0, request_timeout_ms=30_000,
+                            delivery_timeout_ms=60_000, retry_backoff_ms=50) as producer:
+            await producer.send_and_wait("held", b"warm-up")
+            cluster.brokers[victim].pause()
+            paused_at = time.monotonic()
+            try:
+                futures = [await producer.send("held", b"h%02d" % i) for i in range(n)]
+                done, pending = await asyncio.wait(futures, timeout=20)
+                took_s = time.monotonic() - paused_at
+                successor = cluster.partition("held", 0)["leader"]
+            finally:
+                cluster.brokers[victim].resume()
+            assert not pending, f"{len(pending)} of {n} records not acknowledged 20 s after the pause"
+            assert all(f.exception() is None for f in futures), [f.exception() for f in futures]
+            assert producer._attempts.given_up >= 1   # the mechanism: an attempt given up, not timed out
+            assert successor != victim
+            print(f"acknowledged {took_s:.2f} s after SIGSTOP of broker {victim} (request timeout 30 s); "
+                  f"{producer._attempts.given_up} attempt(s) given up; new leader {successor}")
+            return [f.result().offset for f in futures]
+    offsets = run(main(), 60)
+    assert offsets == sorted(offsets) and len(set(offsets)) == n
+    got = [r.value for r in run(consume_all(cluster, "held", n + 1))]
+    assert got == [b"warm-up"] + [b"h%02d" % i for i in range(n)]
+
+
 def test_backpressure_from_a_stopped_leader(cluster):
     """With the leader stopped (SIGSTOP), send() blocks once buffer memory is full and then fails
     with BufferFullTimeoutError naming the limits; after SIGCONT everything queued is delivered."""

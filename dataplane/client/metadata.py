@@ -28,8 +28,10 @@ class ClusterMetadata:
         self.topics: dict[str, dict[int, PartitionInfo]] = {}
         self.unknown_topics: set[str] = set()
         self.topic_errors: dict[str, ErrorCode] = {}
+        self.version = 0   # counts changes, so a reader can tell cheaply whether anything moved
 
     def update(self, response: MetadataResponse) -> None:
+        self.version += 1
         if response.brokers:
             self.brokers = {b.node_id: (b.host, b.port) for b in response.brokers}
         for topic in response.topics:
@@ -87,6 +89,7 @@ class ClusterMetadata:
         if leader_epoch > info.leader_epoch:
             parts[tp.partition] = PartitionInfo(leader_id=leader_id, leader_epoch=leader_epoch,
                                                 replicas=info.replicas, isr=info.isr)
+            self.version += 1
 
 
 def metadata_refresh_due_ms(*, updated_ms: int | None, attempted_ms: int | None, max_age_ms: int,

@@ -151,14 +151,15 @@ class Network:
                                        max_age_ms=self.metadata_max_age_ms,
                                        retry_backoff_ms=self.metadata_retry_backoff_ms)
 
-    def start_refresh(self, topics: set[str] | None = None) -> asyncio.Task:
+    def start_refresh(self, topics: set[str] | None = None, *, ask_last: frozenset[int] = frozenset()) -> asyncio.Task:
         """Start a metadata refresh, or join the one in flight, without waiting for it. The task
-        fails with NoBrokersError when no broker answers; whoever holds it must retrieve that."""
+        fails with NoBrokersError when no broker answers; whoever holds it must retrieve that.
+        Brokers in `ask_last` (slow to answer produce requests) are asked only if the others fail."""
         if topics:
             self._topics |= topics
         if self._refresh_task is None or self._refresh_task.done():
             wait = self.metadata_min_interval_ms / 1000 - (time.monotonic() - self._last_refresh)
-            self._refresh_task = asyncio.get_running_loop().create_task(self._refresh(max(0.0, wait)))
+            self._refresh_task = asyncio.get_running_loop().create_task(self._refresh(max(0.0, wait), ask_last))
         return self._refresh_task
 
     async def refresh_metadata(self, topics: set[str] | None = None) -> None:
@@ -169,13 +170,14 @@ class Network:
             if not topics or topics <= self._asked_topics:
                 return
 
-    async def _refresh(self, delay_s: float) -> None:
+    async def _refresh(self, delay_s: float, ask_last: frozenset[int] = frozenset()) -> None:
         if delay_s > 0:
             await asyncio.sleep(delay_s)
         self._last_refresh = time.monotonic()
         self.metadata_attempted_ms = int(self._last_refresh * 1000)
         self._asked_topics = frozenset(self._topics)
-        candidates: list[int | tuple[str, int]] = list(self.metadata.brokers) + list(self.bootstrap)
+        known = sorted(self.metadata.brokers, key=lambda b: b in ask_last)
+        candidates: list[int | tuple[str, int]] = [*known, *self.bootstrap]
         errors = []
         for broker in candidates:
             try:

@@ -56,6 +56,7 @@ from dataplane.client.accumulator import (
     ProducerBatch,
     record_size_bytes,
 )
+from dataplane.client.attempts import Attempt, Attempts
 from dataplane.client.lanes import Lanes, fate_key
 from dataplane.client.producer_core import Acknowledge, Fail, Outcome
 from dataplane.client.network import Network, check_metadata_max_age_ms, parse_bootstrap
@@ -203,6 +204,8 @@ class Producer:
                                 compression=codec,
                                 on_batch_closed=self._batch_closed)
         self._lanes = Lanes(produce_lanes_per_broker_max)
+        self._attempts: Attempts[ProducerBatch] = Attempts()   # produce attempts awaiting an answer
+        self._attempts_checked = -1   # the metadata version they were last checked against
         self._tps: dict[str, tuple[Any, list[TopicPartition]]] = {}
         self._flush_holds = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -516,6 +519,7 @@ class Producer:
                 for outcome in self._acc.expire(now):
                     self._settle(outcome, None)
                 self._maybe_request_producer_id(now)
+                self._reroute_deposed(now)
                 drained = self._acc.drain(now, self._network.metadata.leader,
                                           request_bytes_max=self.request_bytes_max, closing=self._closing)
                 self._send_drained(drained)
@@ -533,6 +537,10 @@ class Producer:
                     due_s = (self._network.metadata_refresh_due_ms() - now) / 1000
                     if due_s < math.inf:
                         timeout = max(0.0, due_s) if timeout is None else max(0.0, min(timeout, due_s))
+                probe_ms = self._attempts.next_probe_ms()
+                if probe_ms is not None:
+                    probe_s = max(0.0, (probe_ms - now) / 1000)
+                    timeout = probe_s if timeout is None else min(timeout, probe_s)
                 self._wakeup.clear()
                 if drained:
                     continue
@@ -562,6 +570,34 @@ class Producer:
             or any(self._acc.core.outstanding(tp) and meta.leader(tp) is None  # type: ignore[arg-type]
                    for tp in self._acc.core.partitions)
 
+    def _reroute_deposed(self, now: int) -> None:
+        """Give up attempts whose leader was replaced (dataplane/client/attempts.py): the core
+        retries each batch as it is, on the new leader. Ask for metadata when one waits long."""
+        attempts = self._attempts
+        if not attempts:
+            return
+        meta = self._network.metadata
+        if meta.version != self._attempts_checked:
+            self._attempts_checked = meta.version
+
+            def leader_of(batch: ProducerBatch) -> tuple[int, int] | None:
+                info = meta.partition(batch.tp)
+                return None if info is None else (info.leader_id, info.leader_epoch)
+
+            for batch in attempts.give_up_deposed(leader_of):
+                info = meta.partition(batch.tp)
+                assert info is not None
+                reason = (f"leadership of {batch.tp} moved to broker {info.leader_id} (leader epoch "
+                          f"{info.leader_epoch}) while the request waited; retried there as it is")
+                log.debug("%s", reason)
+                self.retries += 1
+                for outcome in self._acc.no_answer(batch, now_ms=now, reason=reason):
+                    self._settle(outcome, reason)
+        if attempts.probe_due(now):
+            attempts.probed(now)
+            self._network.start_refresh(ask_last=frozenset(attempts.slow_brokers(now))).add_done_callback(
+                self._aged_refresh_done)
+
     def _aged_refresh_done(self, task: asyncio.Task) -> None:
         if not task.cancelled() and task.exception() is not None:
             log.debug("periodic metadata refresh failed: %s", task.exception())
@@ -585,11 +621,28 @@ class Producer:
         def others_in_flight(tp: TopicPartition) -> bool:
             return core.in_flight(tp) > 1   # the batch drained now counts already
 
+        now = _now_ms()
         for broker, batches in drained.items():
             for lane, lane_batches in self._lanes.split(broker, batches, key_of, others_in_flight).items():
-                self._tasks.spawn(self._send_batches(broker, lane_batches, lane))
+                # Registered here, not in the task: the sender's next wake-up counts them.
+                attempts = [None if self.acks == Acks.NONE else
+                            self._attempts.start(b, broker=broker, leader_epoch=meta.leader_epoch(b.tp), now_ms=now)
+                            for b in lane_batches]
+                self._tasks.spawn(self._stop_on_bug(self._send_batches(broker, lane_batches, attempts, lane)))
 
-    async def _send_batches(self, broker: int, batches: list[ProducerBatch], lane: int = 0) -> None:
+    async def _stop_on_bug(self, work: Any) -> None:
+        """Run a request's task; an exception it was not written for stops the producer, loudly,
+        rather than ending the task unseen with its batches never answered."""
+        try:
+            await work
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            log.exception("producer request handling failed")
+            self._stop(exc)
+
+    async def _send_batches(self, broker: int, batches: list[ProducerBatch], attempts: list[Attempt | None],
+                            lane: int = 0) -> None:
         purpose = "produce" if lane == 0 else f"produce-{lane}"
         meta = self._network.metadata
         by_topic: dict[str, list[ProducePartition]] = {}
@@ -621,7 +674,9 @@ class Producer:
             raise
         stale = unanswered is not None
         now = _now_ms()
-        for batch in batches:
+        for batch, attempt in zip(batches, attempts):
+            if attempt is not None and not self._attempts.finish(batch, attempt):
+                continue   # given up when its leader was replaced: this is the old leader's late news
             if unanswered is not None:
                 outcomes = self._acc.no_answer(batch, now_ms=now, reason=unanswered)
                 message: str | None = unanswered

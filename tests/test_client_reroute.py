@@ -1,0 +1,118 @@
+"""A produce request held by a leader that was replaced is given up and its batch retried as it
+is on the new leader, long before the request timeout (dataplane/client/attempts.py): the rule
+in isolation, then the producer against fake brokers (tests/fake_broker.py) sharing one log."""
+from __future__ import annotations
+
+import asyncio
+
+from dataplane.client import Producer
+from dataplane.client.attempts import Attempts, deposed
+from fake_broker import ClusterView, FakeBroker
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 30))
+
+
+# ------------------------------------------------------------------ the rule
+
+def test_only_a_newer_epoch_on_another_live_broker_deposes_an_attempt():
+    attempts: Attempts[str] = Attempts()
+    a = attempts.start("b1", broker=1, leader_epoch=4, now_ms=0)
+    assert deposed(a, leader_id=2, leader_epoch=5)
+    assert not deposed(a, leader_id=1, leader_epoch=5)    # re-elected: it answers (or fences) itself
+    assert not deposed(a, leader_id=2, leader_epoch=4)    # an older view of the cluster
+    assert not deposed(a, leader_id=-1, leader_epoch=6)   # no leader yet: nowhere to retry
+
+
+def test_a_given_up_attempt_is_forgotten_and_its_late_answer_is_not_news():
+    attempts: Attempts[str] = Attempts()
+    first = attempts.start("x", broker=1, leader_epoch=0, now_ms=0)
+    attempts.start("y", broker=3, leader_epoch=0, now_ms=0)
+    leaders = {"x": (2, 1), "y": (3, 0)}
+    assert attempts.give_up_deposed(leaders.get) == ["x"]
+    assert attempts.given_up == 1 and len(attempts) == 1
+    again = attempts.start("x", broker=2, leader_epoch=1, now_ms=10)
+    assert not attempts.finish("x", first)    # the old leader's answer: dropped
+    assert attempts.finish("x", again)        # the retry's answer: the batch's news
+    assert not attempts.finish("x", again)    # once
+
+
+def test_metadata_is_probed_only_while_an_attempt_waits_long_and_not_more_often_than_the_interval():
+    attempts: Attempts[str] = Attempts(probe_after_ms=1_000, probe_interval_ms=500)
+    assert not attempts.probe_due(5_000) and attempts.next_probe_ms() is None
+    attempts.start("x", broker=1, leader_epoch=0, now_ms=100)
+    attempts.start("y", broker=2, leader_epoch=0, now_ms=900)
+    assert attempts.next_probe_ms() == 1_100
+    assert not attempts.probe_due(1_099)
+    assert attempts.probe_due(1_100)
+    assert attempts.slow_brokers(1_100) == {1}    # asked for metadata last
+    attempts.probed(1_100)
+    assert not attempts.probe_due(1_599) and attempts.next_probe_ms() == 1_600
+    assert attempts.probe_due(1_600)
+    attempts.finish("x", attempts.start("x", broker=1, leader_epoch=0, now_ms=1_600))
+    assert attempts.next_probe_ms() == 1_900      # y is the oldest now
+
+
+# ------------------------------------------------------------------ the producer
+
+async def _two_brokers_one_log(view: ClusterView, a: FakeBroker, b: FakeBroker) -> None:
+    b.partitions = a.partitions   # one replicated log, producer state included
+    view.brokers = [a, b]
+    view.leaders[("t", 0)] = (1, 0)
+
+
+def test_a_batch_held_by_a_replaced_leader_is_retried_as_is_on_the_new_one_before_the_request_timeout():
+    """Broker 1 appends "a0" and holds its answer (a leader cut from its followers waits for
+    them); the controller moves the partition to broker 2. With a 30 s request timeout the
+    producer used to wait 30 s. It now asks for metadata once the request has waited 1 s,
+    gives the attempt up and sends the batch again, with the same sequence, to broker 2, which
+    holds the same log and answers it as a duplicate with its original offset."""
+    async def main():
+        view = ClusterView()
+        async with FakeBroker({"t": 1}, broker_id=1, view=view) as a, \
+                FakeBroker({"t": 1}, broker_id=2, view=view) as b:
+            await _two_brokers_one_log(view, a, b)
+            async with Producer(bootstrap=a.bootstrap, linger_ms=0, retry_backoff_ms=5,
+                                request_timeout_ms=30_000) as producer:
+                await producer.send_and_wait("t", b"warm-up")
+                a.inject("t", 0, ("delay", 20.0))
+                future = await producer.send("t", b"a0")
+                await asyncio.sleep(0.2)
+                assert a.sequences_seen[-1][2] == 1 and not future.done()
+                view.leaders[("t", 0)] = (2, 1)
+                meta = await asyncio.wait_for(future, 10)   # far below the 30 s request timeout
+                assert meta.offset == 1
+                assert producer._attempts.given_up == 1
+                assert b.sequences_seen == [("t", 0, 1, 1)]   # the same numbers: not re-stamped
+                later = await producer.send_and_wait("t", b"b0")
+            assert a.partitions[("t", 0)].values() == [b"warm-up", b"a0", b"b0"]
+            assert later.offset == 2
+    run(main())
+
+
+def test_the_old_leaders_late_answer_while_the_retry_waits_is_dropped():
+    """Broker 1 answers "a0" after 2 s, while its retry on broker 2 is still waiting (broker 2
+    holds it 2 s too). The late answer belongs to a given-up attempt: it must not be taken as
+    the retry's (the core would then be told twice of one request and stop the producer)."""
+    async def main():
+        view = ClusterView()
+        async with FakeBroker({"t": 1}, broker_id=1, view=view) as a, \
+                FakeBroker({"t": 1}, broker_id=2, view=view) as b:
+            await _two_brokers_one_log(view, a, b)
+            async with Producer(bootstrap=a.bootstrap, linger_ms=0, retry_backoff_ms=5,
+                                request_timeout_ms=30_000) as producer:
+                a.inject("t", 0, ("delay", 2.0))
+                b.inject("t", 0, ("delay", 2.0))
+                view.leaders[("t", 0)] = (1, 0)
+                future = await producer.send("t", b"a0")
+                await asyncio.sleep(0.2)
+                view.leaders[("t", 0)] = (2, 1)
+                meta = await asyncio.wait_for(future, 10)
+                assert meta.offset == 0
+                assert b.sequences_seen == [("t", 0, 0, 1)]
+                # Broker 2 answers b0 after the retry (one connection answers in order).
+                assert (await producer.send_and_wait("t", b"b0")).offset == 1
+                assert producer._fatal is None
+            assert a.partitions[("t", 0)].values() == [b"a0", b"b0"]
+    run(main())
