@@ -19,6 +19,7 @@ from sim.cluster import run_simulation
 
 SEEDS = int(os.environ.get("BIPLANE_SIM_SEEDS", "500"))
 GRAY_SEEDS = int(os.environ.get("BIPLANE_SIM_GRAY_SEEDS", "150"))
+REROUTE_SEEDS = int(os.environ.get("BIPLANE_SIM_REROUTE_SEEDS", "40"))
 CONFIGS = [(p, d) for p in ("isr", "quorum") for d in ("fsync", "write")]
 
 
@@ -52,6 +53,28 @@ def test_gray_runs_hold_every_invariant_and_move_cut_off_leaders(policy, durabil
     (`run_simulation(..., gray=True)`; tests/sim/README.md)."""
     failures = _failures(policy, durability, range(GRAY_SEEDS), gray=True)
     assert not failures, "\n".join(failures[:20])
+
+
+@pytest.mark.slow
+def test_producers_giving_up_on_replaced_leaders_hold_every_invariant():
+    """Claim: with the SDK's rule for attempts held by a replaced leader (given up once the
+    partition has a newer leader elsewhere, the batch retried as it is, the late answer
+    dropped: dataplane/client/attempts.py), REROUTE_SEEDS seeds per policy and durability hold
+    every invariant (no record twice, acknowledged offsets kept, send order), and attempts
+    really are given up (`run_simulation(..., reroute=True)`)."""
+    from sim.cluster import Simulation
+    failures: list[str] = []
+    given_up = 0
+    for policy, durability in CONFIGS:
+        for seed in range(REROUTE_SEEDS):
+            sim = Simulation(seed=seed, policy=policy, durability=durability, reroute=True)
+            result = sim.run()
+            given_up += sum(p.counts["given_up"] for p in sim.producers.values())
+            if result.violation or result.liveness_error:
+                failures.append(f"reroute seed={seed} policy={policy} durability={durability}: "
+                                f"{result.violation or result.liveness_error}")
+    assert not failures, "\n".join(failures[:20])
+    assert given_up >= REROUTE_SEEDS, given_up
 
 
 def test_gray_runs_cut_every_way_and_the_controller_moves_leaders():

@@ -188,3 +188,16 @@ def test_the_old_leaders_election_report_is_refused_only_for_a_while(seed):
     finished and the partition had no leader after the faults ended. Fixed: the refusal lasts
     one decision interval (controller/decisions/elections.py)."""
     _check_gray_regression(seed, "quorum", "write", "exclusion_for_the_whole_round")
+
+
+@pytest.mark.parametrize("seed,policy,durability", [(0, "isr", "fsync"), (1, "quorum", "write")])
+def test_a_replaced_leaders_late_answer_to_a_given_up_attempt_is_dropped(seed, policy, durability):
+    """With the SDK's give-up rule (dataplane/client/attempts.py: an attempt held by a replaced
+    leader ends early and its batch is retried as it is), the old leader's answer may still
+    come, while the retry waits. Taken as news, it answers one attempt twice: the producer core
+    refuses that (the driver would otherwise stop). `run_simulation(..., reroute=True)`."""
+    with mutants.MUTANTS["late_answer_of_a_given_up_attempt_taken"]():
+        result = run_simulation(seed=seed, policy=policy, durability=durability, reroute=True)
+    assert result.violation or result.liveness_error, f"reroute seed={seed} no longer finds the mutant"
+    result = run_simulation(seed=seed, policy=policy, durability=durability, reroute=True)
+    assert result.violation is None and result.liveness_error is None, (result.violation, result.liveness_error)

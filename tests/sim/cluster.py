@@ -31,6 +31,7 @@ from dataplane.replica.events import (
     Tick, WriteDone,
 )
 
+from dataplane.client.attempts import Attempts
 from dataplane.client.producer_core import Acknowledge, Outcome
 
 from sim.checkers import Checker, InvariantViolation
@@ -204,7 +205,8 @@ class Simulation:
     def __init__(self, *, seed: int, policy: str, durability: str, replicas: int | None = None,
                  mode: str | None = None,
                  safety_ms: int = 2000, liveness_ms: int = 2000, steps_max: int = 20_000,
-                 rates: FaultRates | None = None, trace: bool = False, gray: bool = False) -> None:
+                 rates: FaultRates | None = None, trace: bool = False, gray: bool = False,
+                 reroute: bool = False) -> None:
         rates = rates or (GRAY_RATES if gray else FaultRates())
         self.seed, self.policy, self.durability = seed, policy, durability
         self.gray = gray
@@ -266,7 +268,11 @@ class Simulation:
                 name=name, rng=random.Random(f"{seed}-{policy}-{durability}-idem-{k}"),
                 request_timeout_ms=(request_timeout_ms := self.idem_rng.choice((60, 150, 400, 1000))),
                 delivery_timeout_ms=request_timeout_ms + self.idem_rng.choice((100, 500, 2000)),
-                in_flight_max=self.idem_rng.choice((1, 3, 5)), retry_backoff_ms=self.idem_rng.randint(5, 50))
+                in_flight_max=self.idem_rng.choice((1, 3, 5)), retry_backoff_ms=self.idem_rng.randint(5, 50),
+                # The SDK gives up after 1 s of a 30 s timeout; here the same rule at this
+                # run's scale, so attempts are given up well before they time out.
+                attempts=Attempts(probe_after_ms=request_timeout_ms // 4, probe_interval_ms=request_timeout_ms // 8)
+                if reroute else None)
         self._trace("Config", replicas=list(self.node_ids), policy=policy, durability=durability,
                     mode=self.mode, quorum_required_acks=q, min_insync_replicas=2)
         for i in self.node_ids:
@@ -622,7 +628,9 @@ class Simulation:
     def _producer_send(self, name: str, producer: SimProducer) -> None:
         leader = self.controller.leader()
         if leader is not None:
-            for send in producer.sends(self.now_ms, self._new_request_id):
+            epoch = self.controller.partition.leader_epoch
+            self._producer_outcomes(producer.reroute(self.now_ms, leader=leader, leader_epoch=epoch), None)
+            for send in producer.sends(self.now_ms, self._new_request_id, leader=leader, leader_epoch=epoch):
                 self.requests[send.request_id] = {
                     "acks": -1, "ident": send.batch.ident, "sent_ms": self.now_ms, "to": leader, "error": None,
                     "base_offset": None, "producer": name}

@@ -2,7 +2,8 @@
 reachability decision, to show the simulation catches them.
 
 Each mutant is a context manager that patches one rule out of
-`dataplane.replica.core.Replica`, `dataplane.client.producer_core.ProducerCore` or
+`dataplane.replica.core.Replica`, `dataplane.client.producer_core.ProducerCore`,
+`dataplane.client.attempts.Attempts` or
 `controller.decisions.reachability` (and undoes it). A regression seed is kept
 together with the mutant that reintroduces its bug: the seed must fail with the
 mutant and pass without it, which proves the seed still drives the scenario
@@ -14,6 +15,7 @@ import contextlib
 
 from controller import decisions
 from controller.decisions import QuorumElectionTracker, reachability
+from dataplane.client.attempts import Attempts
 from dataplane.client.producer_core import ProducerCore
 from dataplane.replica import core
 from dataplane.replica.events import Tick
@@ -155,6 +157,15 @@ def producer_never_takes_new_epoch():
     return _patched("_bump_epoch", lambda self: None, ProducerCore)
 
 
+def late_answer_of_a_given_up_attempt_taken():
+    """The producer takes a replaced leader's late answer to an attempt it gave up as news of the
+    batch (its retry may be in flight): one request answered twice."""
+    def finish(self, batch, attempt):
+        self._open.pop(batch, None)
+        return True
+    return _patched("finish", finish, Attempts)
+
+
 def producer_expires_early():
     """Batches fail by their delivery timeout at half of it (a producer giving up too soon)."""
     original = ProducerCore.expire
@@ -268,6 +279,7 @@ MUTANTS = {
     "producer_retry_blocked_behind_unnumbered": producer_retry_blocked_behind_unnumbered,
     "producer_never_takes_new_epoch": producer_never_takes_new_epoch,
     "producer_expires_early": producer_expires_early,
+    "late_answer_of_a_given_up_attempt_taken": late_answer_of_a_given_up_attempt_taken,
     "producer_renumbers_sent_batches": producer_renumbers_sent_batches,
     "producer_renumbers_unknown_refused": producer_renumbers_unknown_refused,
     "push_stale_divergence": push_stale_divergence,

@@ -15,6 +15,7 @@ import random
 
 from common.batch import HEADER_SIZE, build_batch
 from common.errors import ErrorCode
+from dataplane.client.attempts import Attempt, Attempts
 from dataplane.client.producer_core import Acknowledge, Fail, Outcome, ProducerCore
 
 QUEUED_MAX = 8   # never-sent batches a producer holds (the SDK's buffer memory, in miniature)
@@ -43,7 +44,7 @@ class Send:
 
 class SimProducer:
     def __init__(self, *, name: str, rng: random.Random, request_timeout_ms: int, delivery_timeout_ms: int,
-                 in_flight_max: int, retry_backoff_ms: int) -> None:
+                 in_flight_max: int, retry_backoff_ms: int, attempts: Attempts[SimBatch] | None = None) -> None:
         self.name = name
         self.rng = rng
         self.request_timeout_ms = request_timeout_ms
@@ -54,9 +55,14 @@ class SimProducer:
         self.created = 0
         self.created_ms: list[int] = []            # batch index -> when it was made
         self.requests: dict[int, SimBatch] = {}   # request id -> batch, until answered or timed out
+        # The SDK's rule for attempts held by a replaced leader (dataplane/client/attempts.py):
+        # with it, an attempt may end early, given up, and its answer is then dropped.
+        self.attempts = attempts
+        self.attempt_of: dict[int, Attempt] = {}   # request id -> its attempt
+        self.request_of: dict[int, int] = {}       # batch index -> its request out
         self.acked: dict[int, int] = {}            # batch index -> base offset
         self.failed: dict[int, Fail[SimBatch]] = {}
-        self.counts = {"timeouts": 0, "resends": 0, "renumbered": 0}   # what the run exercised
+        self.counts = {"timeouts": 0, "resends": 0, "renumbered": 0, "given_up": 0}   # what the run exercised
         self.stamps: dict[int, set[tuple[int, int, int]]] = {}          # batch index -> stamps used
         self.sent: dict[int, SimBatch] = {}         # request id -> batch, kept after the request ended
         self.answers: dict[int, ErrorCode] = {}     # request id -> the leader's answer (late ones too)
@@ -80,7 +86,7 @@ class SimProducer:
         self._watch_idle(now_ms)
         return batch
 
-    def sends(self, now_ms: int, next_request_id) -> list[Send]:
+    def sends(self, now_ms: int, next_request_id, *, leader: int = -1, leader_epoch: int = -1) -> list[Send]:
         """What goes out now: the SDK drains one batch per partition a turn, and turns again
         while something went (bounded here by the in-flight limit)."""
         tp = 0
@@ -103,6 +109,10 @@ class SimProducer:
             rid = next_request_id()
             self.requests[rid] = batch
             self.sent[rid] = batch
+            if self.attempts is not None:
+                self.attempt_of[rid] = self.attempts.start(batch, broker=leader, leader_epoch=leader_epoch,
+                                                           now_ms=now_ms)
+                self.request_of[batch.index] = rid
             out.append(Send(request_id=rid, batch=batch,
                             records=batch.records(stamp.producer_id, stamp.producer_epoch, stamp.base_sequence)))
         self._watch_idle(now_ms)
@@ -110,7 +120,7 @@ class SimProducer:
 
     def answered(self, request_id: int, error: ErrorCode, base_offset: int, now_ms: int) -> list[Outcome[SimBatch]]:
         self.answers.setdefault(request_id, error)
-        batch = self.requests.pop(request_id, None)
+        batch = self._end(request_id)
         if batch is None:
             # A late answer: the request already timed out on the client.
             late = self.sent.get(request_id)
@@ -125,11 +135,40 @@ class SimProducer:
         return outcomes
 
     def timed_out(self, request_id: int, now_ms: int) -> list[Outcome[SimBatch]]:
-        batch = self.requests.pop(request_id, None)
+        batch = self._end(request_id)
         if batch is None:
             return []
         self.counts["timeouts"] += 1
         return self._note(self.core.no_answer(batch, now_ms=now_ms, reason="request timeout"), now_ms)
+
+    def _end(self, request_id: int) -> SimBatch | None:
+        """The request ended: its batch, or None if the producer no longer waits for it."""
+        batch = self.requests.pop(request_id, None)
+        if self.attempts is None:
+            return batch
+        # With give-ups, the SDK's own gate decides whether an answer is news.
+        attempt = self.attempt_of.pop(request_id, None)
+        if attempt is None:
+            return None   # this request ended already (timed out)
+        batch = self.sent[request_id]
+        if not self.attempts.finish(batch, attempt):
+            return None   # given up: the late news of a replaced leader
+        self.request_of.pop(batch.index, None)
+        return batch
+
+    def reroute(self, now_ms: int, *, leader: int, leader_epoch: int) -> list[Outcome[SimBatch]]:
+        """As the SDK's sender: when an attempt has waited long, look at the leader (the
+        simulation's metadata is the controller's own) and give up attempts it replaced."""
+        if self.attempts is None or not self.attempts.probe_due(now_ms):
+            return []
+        self.attempts.probed(now_ms)
+        out: list[Outcome[SimBatch]] = []
+        for batch in self.attempts.give_up_deposed(lambda _: (leader, leader_epoch)):
+            rid = self.request_of.pop(batch.index)
+            del self.requests[rid]   # no longer waited for; its end comes to _end all the same
+            self.counts["given_up"] += 1
+            out += self.core.no_answer(batch, now_ms=now_ms, reason="its leader was replaced")
+        return self._note(out, now_ms)
 
     def expire(self, now_ms: int) -> list[Outcome[SimBatch]]:
         out: list[Outcome[SimBatch]] = []
