@@ -130,7 +130,10 @@ class Producer:
     off otherwise (it needs acks="all"); batch_size_bytes; linger_ms; buffer_memory_bytes and
     max_block_ms (send() waits that long for buffer space, then raises BufferFullTimeoutError);
     compression: "none", "gzip", "snappy", "lz4" or "zstd" (Kafka's compression.type; brokers
-    keep batches compressed as sent and consumers decompress them); request_timeout_ms; delivery_timeout_ms (a record's whole
+    keep batches compressed as sent and consumers decompress them); request_timeout_ms (a
+    request to a leader the metadata shows replaced is not waited out: after 1 s the producer
+    looks, and sends the batch, unchanged, to the new leader; dataplane/client/attempts.py);
+    delivery_timeout_ms (a record's whole
     budget, retries included; a record sent but not acknowledged by then fails with
     OutcomeUnknownError, a DeliveryTimeoutError saying it may be in the log); retry_backoff_ms;
     in_flight_per_partition_max (default 5, at most 5 with idempotence, the batches a leader
