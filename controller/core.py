@@ -166,12 +166,13 @@ class Step:
     with the ones before it. `wait_for_commit` says the answer must wait until they
     (and whatever was staged before them) commit; it is False only when the event
     changed nothing that the asker waits on. `refused` says why an election report
-    was not kept (the broker is told, nothing else happens).
+    was not kept (the broker is told, nothing else happens). `warnings` are for the log.
     """
 
     records: tuple[Record, ...] = ()
     wait_for_commit: bool = True
     refused: str | None = None
+    warnings: tuple[str, ...] = ()   # for operators: the driver logs them
 
     def __post_init__(self) -> None:
         # Records staged without a waiter would commit, or fail, unseen by the asker.
@@ -283,7 +284,9 @@ class ControllerCore:
         # maintenance drain, decommission moves, reassignments, rebalance and the imbalance
         # handback: in `decisions.periodic`'s order.
         self.state.sessions.credit(ev.paused_ms, ev.now_ms)
-        return Step(records=tuple(self.state.periodic(image, ev.now_ms)))
+        records = tuple(self.state.periodic(image, ev.now_ms))
+        warnings = tuple(self.state.tracker.stalled(image, ev.now_ms))
+        return Step(records=records, warnings=warnings)
 
 
 _HANDLERS: dict[type, Callable[..., Step]] = {

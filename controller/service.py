@@ -282,6 +282,8 @@ class ControllerService:
             image, core = self.require_core()
             now_ms = self.clock_ms()
             step = core.step(image, Tick(now_ms=now_ms, paused_ms=paused_ms))
+            for warning in step.warnings:
+                log.warning("%s", warning)
             if step.records:
                 # Nobody awaits the periodic pass: a lost leadership fails it, and the pass
                 # of whichever controller leads next decides again from the committed image.

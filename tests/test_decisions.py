@@ -921,3 +921,24 @@ def test_a_returning_broker_gets_its_leaderships_back_at_the_next_imbalance_chec
     assert sorted((r.partition, r.leader) for r in records) == [(0, 1), (1, 1), (2, 1), (3, 1)]
     apply(image, records)
     assert [p.leader for p in image.partitions()] == [1, 1, 1, 1, 2, 2, 2, 2]
+
+
+def test_a_quorum_election_waiting_long_is_told_with_what_it_lacks_once_per_interval():
+    """A partition without a leader takes no writes: after STALLED_ELECTION_MS the controller
+    says which replicas reported (clean or not), which are fenced, which is the old leader
+    whose report is refused for now, and which said nothing; then again once per interval."""
+    image = quorum_image(n=3)
+    apply(image, [fence_for_election(image, image.partition("q", 0)), FenceBroker(broker_id=2, at_ms=0)])
+    p = image.partition("q", 0)
+    tracker = QuorumElectionTracker()
+    tracker.exclude("q", 0, p.leader_epoch, 1, until_ms=60_000)
+    assert tracker.add(image, report(3, p.leader_epoch, 0, 40, unclean=True)) is None
+    assert tracker.stalled(image, 1_000, after_ms=5_000) == []
+    assert tracker.stalled(image, 5_999, after_ms=5_000) == []
+    [said] = tracker.stalled(image, 6_000, after_ms=5_000)
+    assert "q-0 at fenced epoch 1 has waited 5.0 s" in said, said
+    assert "broker 1: old leader, report refused for now" in said
+    assert "broker 2: fenced, no report" in said
+    assert "broker 3: unclean report (epoch 0, offset 40)" in said
+    assert tracker.stalled(image, 10_999, after_ms=5_000) == []
+    assert len(tracker.stalled(image, 11_000, after_ms=5_000)) == 1

@@ -42,6 +42,9 @@ from controller.decisions.plan import (
     without_broker,
 )
 
+# A quorum election waiting this long gets a WARNING naming what it lacks (then again as often).
+STALLED_ELECTION_MS = 5_000
+
 __all__ = [
     "elect_isr_leader", "fence_for_election", "QuorumElectionTracker", "elect_quorum",
     "quorum_reports_needed", "quorum_reports_enough", "best_report", "best_report_oracle", "elect_leaders",
@@ -95,6 +98,8 @@ class QuorumElectionTracker:
         # that leader, until when), whose report the round refuses for a while
         # (controller/decisions/reachability.py).
         self._excluded: dict[tuple[str, int], tuple[int, int, int | None]] = {}
+        # Rounds seen waiting: (fenced epoch, since when, when last said) for `stalled`.
+        self._waiting: dict[tuple[str, int], tuple[int, int, int | None]] = {}
 
     def exclude(self, topic: str, partition: int, fenced_epoch: int, broker_id: int,
                 until_ms: int | None = None) -> None:
@@ -152,6 +157,48 @@ class QuorumElectionTracker:
             if p is None or not p.fenced_for_election \
                     or p.leader_epoch != self._rounds[key].fenced_epoch:
                 del self._rounds[key]
+
+    def stalled(self, image: MetadataImage, now_ms: int, *, after_ms: int = STALLED_ELECTION_MS) -> list[str]:
+        """Operators' word on quorum elections waiting longer than `after_ms`, each at most once
+        per `after_ms`: what is in and what is missing (a partition without a leader cannot
+        take writes; the missing replicas are what to look at)."""
+        out: list[str] = []
+        waiting: dict[tuple[str, int], tuple[int, int, int | None]] = {}
+        for p in image.partitions():
+            if p.leader is not None or not p.fenced_for_election:
+                continue
+            epoch, since, said = self._waiting.get(p.tp, (p.leader_epoch, now_ms, None))
+            if epoch != p.leader_epoch:
+                epoch, since, said = p.leader_epoch, now_ms, None
+            if now_ms - since >= after_ms and (said is None or now_ms - said >= after_ms):
+                said = now_ms
+                out.append(self._describe(image, p, now_ms - since, now_ms))
+            waiting[p.tp] = (epoch, since, said)
+        self._waiting = waiting
+        return out
+
+    def _describe(self, image: MetadataImage, p: PartitionInfo, waited_ms: int, now_ms: int) -> str:
+        got = {r.broker_id: r for r in self.reports(p)}
+        excluded = self._excluded.get(p.tp)
+        parts = []
+        for b in p.replicas:
+            r = got.get(b)
+            if r is not None:
+                what = (f"{'unclean' if r.unclean else 'clean'} report (epoch {r.last_epoch}, "
+                        f"offset {r.end_offset})")
+                if not image.is_unfenced(b):
+                    what += ", but fenced"
+            elif not image.is_unfenced(b):
+                what = "fenced, no report"
+            elif excluded is not None and excluded[:2] == (p.leader_epoch, b) \
+                    and (excluded[2] is None or now_ms < excluded[2]):
+                what = "old leader, report refused for now"
+            else:
+                what = "no report"
+            parts.append(f"broker {b}: {what}")
+        return (f"quorum election for {p.topic}-{p.partition} at fenced epoch {p.leader_epoch} has waited "
+                f"{waited_ms / 1000:.1f} s for reports ({quorum_reports_needed(image, p)} clean ones or "
+                f"one from every replica): {'; '.join(parts)}")
 
     def __len__(self) -> int:
         return len(self._rounds)

@@ -409,12 +409,16 @@ class ReplicaManager:
 
     async def _report(self, tp: TopicPartition, report: ReportElection) -> None:
         try:
-            await self.control.election_report(ElectionReport(
+            answer = await self.control.election_report(ElectionReport(
                 broker_id=self.broker_id, topic=tp[0], partition=tp[1], fenced_epoch=report.fenced_epoch,
                 last_epoch=report.last_epoch, end_offset=max(report.end_offset, 0),
                 unclean=report.unclean))
         except BiplaneError as exc:
             log.info("%s-%d election report failed: %s", *tp, exc)
+            return
+        if not answer.accepted and answer.reason and not answer.reason.startswith("duplicate"):
+            log.info("%s-%d election report at fenced epoch %d not kept: %s", *tp, report.fenced_epoch,
+                     answer.reason)
 
     def refresh_metadata(self, tp: TopicPartition, reason: str) -> None:
         self._refresh_metadata()
