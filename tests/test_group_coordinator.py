@@ -167,6 +167,27 @@ def test_rebalance_waits_for_every_member_and_only_the_leader_gets_the_list() ->
     assert len(leader.members) == 2 and other.members == ()  # type: ignore[attr-defined]
 
 
+def test_in_a_stable_group_only_the_leaders_unchanged_rejoin_starts_a_rebalance() -> None:
+    """Kafka's rule: a follower rejoining with the same metadata gets its generation back
+    at once (a join answer it lost), while the leader's JoinGroup starts a rebalance (how
+    a leader asks to reassign, e.g. for a topic's new partitions). A client that drops a
+    finished join round and joins again therefore rebalances the group when it leads."""
+    h = Harness()
+    a, b = h.stable_group(2)
+    leader, follower = (a, b) if a.members else (b, a)
+    again = h.call(wire.JoinGroupRequest(group_id="g", member_id=follower.member_id, session_timeout_ms=1000,
+                                         rebalance_timeout_ms=2000, protocols=PROTOCOLS), required=False)
+    assert isinstance(again, wire.JoinGroupResponse)
+    assert (again.error_code, again.generation_id, again.leader) == (ErrorCode.NONE, 1, leader.member_id)
+    assert h.core.groups["g"].state.value == "Stable"
+    rid = h.join(member_id=leader.member_id)
+    assert rid not in h.answers and h.core.groups["g"].state.value == "PreparingRebalance"
+    hb = h.call(wire.HeartbeatRequest(group_id="g", generation_id=1, member_id=follower.member_id))
+    assert hb.error_code is ErrorCode.REBALANCE_IN_PROGRESS  # type: ignore[attr-defined]
+    h.join(member_id=follower.member_id)
+    assert h.answers[rid].generation_id == 2  # type: ignore[attr-defined]
+
+
 def test_rebalance_timeout_removes_members_that_did_not_rejoin() -> None:
     h = Harness()
     a, b = h.stable_group(2)
