@@ -29,3 +29,16 @@ def test_offsets_only_move_forward():
     lag.observe(now_ms=0, applied=10, committed=10)
     lag.observe(now_ms=1, applied=3, committed=4)                        # a stale report changes nothing
     assert (lag.applied, lag.committed, lag.lagging) == (10, 10, False)
+
+
+def test_a_few_records_unapplied_for_long_are_an_episode_too():
+    """A stuck listener leaves a broker a handful of records behind: under the record bound,
+    but no broker takes 10 s to apply a record. It is reported, and ends once caught up."""
+    lag = MetadataLag(records_max=100, duration_ms_max=5_000, stuck_ms_max=10_000)
+    assert lag.observe(now_ms=0, applied=50, committed=53) is None
+    assert lag.observe(now_ms=9_999, committed=55) is None
+    assert lag.observe(now_ms=10_000) == LagReport(True, 5, 10_000)
+    assert lag.observe(now_ms=20_000) is None                            # one line per episode
+    assert lag.observe(now_ms=21_000, applied=55) == LagReport(False, 0, 21_000)
+    assert lag.observe(now_ms=22_000, committed=56) is None              # behind again: a new clock
+    assert lag.observe(now_ms=31_999) is None

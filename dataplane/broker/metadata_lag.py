@@ -5,7 +5,10 @@ controller has committed `committed`. A lag over `records_max` records that has 
 `duration_ms_max` is an episode: it is reported once as it starts (WARNING) and once as it ends
 (INFO), so a broker slowed by per-partition work says so without a line per fetch. The duration
 bound keeps a broker that is merely one long-poll behind from reporting; Kafka's brokers have a
-similar fetch lag for their metadata log.
+similar fetch lag for their metadata log. Any lag at all that lasts `stuck_ms_max` is an episode
+too: a broker applies records within milliseconds, so a few records unapplied for that long
+mean its application is stuck (a broker that never learns of an election never reports for it,
+and the partition waits without a leader).
 """
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from dataclasses import dataclass
 
 RECORDS_MAX = 100
 DURATION_MS_MAX = 5_000
+STUCK_MS_MAX = 10_000
 
 
 @dataclass(frozen=True)
@@ -23,12 +27,15 @@ class LagReport:
 
 
 class MetadataLag:
-    def __init__(self, *, records_max: int = RECORDS_MAX, duration_ms_max: int = DURATION_MS_MAX) -> None:
+    def __init__(self, *, records_max: int = RECORDS_MAX, duration_ms_max: int = DURATION_MS_MAX,
+                 stuck_ms_max: int = STUCK_MS_MAX) -> None:
         self.records_max = records_max
         self.duration_ms_max = duration_ms_max
+        self.stuck_ms_max = stuck_ms_max
         self.applied = -1
         self.committed = -1
         self.behind_since_ms: int | None = None  # when applied last fell more than records_max behind
+        self.any_behind_since_ms: int | None = None  # when applied last fell behind at all
         self.lagging = False                     # an episode has been reported and not yet ended
 
     def records(self) -> int:
@@ -44,16 +51,24 @@ class MetadataLag:
         if committed is not None:
             self.committed = max(self.committed, committed)
         lag = self.records()
-        if lag <= self.records_max:
+        if lag == 0:
+            self.any_behind_since_ms = None
+        elif self.any_behind_since_ms is None:
+            self.any_behind_since_ms = now_ms
+        stuck_ms = 0 if self.any_behind_since_ms is None else now_ms - self.any_behind_since_ms
+        if lag <= self.records_max and stuck_ms < self.stuck_ms_max:
             since, self.behind_since_ms = self.behind_since_ms, None
             if self.lagging:
                 self.lagging = False
                 return LagReport(False, lag, 0 if since is None else now_ms - since)
             return None
-        if self.behind_since_ms is None:
+        if lag <= self.records_max:   # a few records, unapplied for stuck_ms_max
+            self.behind_since_ms = self.any_behind_since_ms
+        elif self.behind_since_ms is None:
             self.behind_since_ms = now_ms
+        assert self.behind_since_ms is not None
         duration = now_ms - self.behind_since_ms
-        if not self.lagging and duration >= self.duration_ms_max:
+        if not self.lagging and (duration >= self.duration_ms_max or stuck_ms >= self.stuck_ms_max):
             self.lagging = True
             return LagReport(True, lag, duration)
         return None
