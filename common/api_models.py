@@ -88,6 +88,7 @@ class BrokerView(_Answer):
     registered_offset: int
     metadata_offset: int | None = None     # the last applied offset the broker reported
     metadata_lag: int | None = None        # records committed here that the broker had not reported applied
+    replicas_opening: int | None = None    # replicas it hosts that are still opening (not yet serving)
     disk_used_bytes: int | None = None
     disk_total_bytes: int | None = None
     leaders: int = 0

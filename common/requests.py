@@ -177,6 +177,9 @@ class HeartbeatRequest(_Request):
     # (empty: every link works): what the controller cannot see from heartbeats
     # (controller/decisions/reachability.py).
     unreachable: tuple[UnreachablePeer, ...] = Field(default=(), max_length=UNREACHABLE_PEERS_MAX)
+    # Replicas this broker hosts that are still opening (they answer LEADER_NOT_AVAILABLE until
+    # open): after a restart with many partitions, what it cannot serve yet.
+    replicas_opening: int = Field(default=0, ge=0)
 
 
 class AlterIsrRequest(_Request):

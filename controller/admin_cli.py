@@ -557,9 +557,9 @@ def cluster_main(argv: list[str], prog: str) -> int:
         doc = api.call("GET", "/v1/brokers")
         return emit(args, doc, table(
             [[b["broker_id"], f"{b['host']}:{b['port']}", b["rack"], b["priority"], broker_state(b),
-              b["leaders"], b["replicas"], b["metadata_offset"], b.get("metadata_lag")]
+              b["leaders"], b["replicas"], b.get("replicas_opening"), b["metadata_offset"], b.get("metadata_lag")]
              for b in doc["brokers"]],
-            ["ID", "ADDRESS", "RACK", "PRIORITY", "STATE", "LEADERS", "REPLICAS", "METADATA_OFFSET",
+            ["ID", "ADDRESS", "RACK", "PRIORITY", "STATE", "LEADERS", "REPLICAS", "OPENING", "METADATA_OFFSET",
              "METADATA_LAG"]))
 
     return run(go, argv, prog, parser)

@@ -143,7 +143,7 @@ async def get_cluster_health(request: web.Request) -> web.Response:
        response=api_models.BrokerList)
 async def get_brokers(request: web.Request) -> web.Response:
     s = svc(request)
-    return json_model(views.broker_list(s.committed, s.broker_offsets, s.usage))
+    return json_model(views.broker_list(s.committed, s.broker_offsets, s.usage, s.broker_opening))
 
 
 def broker_id_of(request: web.Request) -> int:

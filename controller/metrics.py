@@ -65,6 +65,8 @@ class ControllerSource(Protocol):
     @property
     def broker_offsets(self) -> dict[int, int]: ...
     @property
+    def broker_opening(self) -> dict[int, int]: ...
+    @property
     def usage(self) -> dict[int, BrokerUsage]: ...
     def clock_ms(self) -> int: ...
     def raft_status(self) -> RaftStatusSource | None: ...
@@ -156,6 +158,7 @@ class ControllerCollector:
             if status is not None else []
         states = [(["fenced"], sum(b.fenced for b in brokers)), (["unfenced"], sum(not b.fenced for b in brokers))]
         metadata_lag = [([str(b)], max(0, image.offset - offset)) for b, offset in sorted(s.broker_offsets.items())]
+        opening = [([str(b)], count) for b, count in sorted(s.broker_opening.items())]
         counts = [(key, help_text, s.stats.get(key, 0)) for key, help_text in (
             ("records_committed", "metadata records committed (observed on this node)"),
             ("batches_committed", "Raft commands committed by this node as leader"),
@@ -179,6 +182,8 @@ class ControllerCollector:
             yield labelled_gauge("biplane_controller_broker_metadata_lag_records",
                                  "committed metadata offset minus the offset each broker's last heartbeat applied",
                                  ["broker"], metadata_lag)
+            yield labelled_gauge("biplane_controller_broker_replicas_opening",
+                                 "replicas each broker's last heartbeat said were still opening", ["broker"], opening)
             for key, help_text, value in counts:
                 yield labelled_counter(f"biplane_controller_{key}", help_text, [], [([], value)])
             groups = views.group_list(image, usage, now_ms=now_ms).groups

@@ -115,7 +115,7 @@ def add_rpc_routes(app: web.Application, service: ControllerService, *, cluster_
     async def heartbeat(request: web.Request) -> web.Response:
         body = await read_model(request, HeartbeatRequest)
         await service.execute(core.Heartbeat(request=body, now_ms=service.clock_ms()))
-        service.note_heartbeat(body.broker_id, body.metadata_offset, body.usage)
+        service.note_heartbeat(body.broker_id, body.metadata_offset, body.usage, body.replicas_opening)
         return answer(HeartbeatAnswer(broker_id=body.broker_id,
                                       fenced=service.require_leader().brokers[body.broker_id].fenced,
                                       metadata_offset=service.committed.offset,

@@ -157,6 +157,7 @@ class ControllerService:
         self.window: deque[tuple[int, dict]] = deque(maxlen=metadata_window_records)
         self.usage: dict[int, BrokerUsage] = {}
         self.broker_offsets: dict[int, int] = {}
+        self.broker_opening: dict[int, int] = {}   # replicas each broker said are still opening
         self.pending: MetadataImage | None = None
         self.core: ControllerCore | None = None   # the leader's decisions and unreplicated state (with `pending`)
         self.trusted_term: int | None = None
@@ -437,10 +438,12 @@ class ControllerService:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
 
-    def note_heartbeat(self, broker_id: int, metadata_offset: int, usage: BrokerUsage | None) -> None:
+    def note_heartbeat(self, broker_id: int, metadata_offset: int, usage: BrokerUsage | None,
+                       replicas_opening: int = 0) -> None:
         """Keep what a heartbeat reports for the views (/v1/brokers, snapshots). Not leader
         state: no decision reads it, and it outlives this node's leadership."""
         self.broker_offsets[broker_id] = metadata_offset
+        self.broker_opening[broker_id] = replicas_opening
         if usage is not None:
             self.usage[broker_id] = usage
 

@@ -179,7 +179,7 @@ def _lag(committed: int, reported: int | None) -> int | None:
 
 
 def broker_list(image: MetadataImage, broker_offsets: Mapping[int, int],
-                usage: Mapping[int, BrokerUsage]) -> BrokerList:
+                usage: Mapping[int, BrokerUsage], opening: Mapping[int, int] | None = None) -> BrokerList:
     leaders: dict[int, int] = {}
     replicas: dict[int, int] = {}
     for p in image.partitions():
@@ -196,6 +196,7 @@ def broker_list(image: MetadataImage, broker_offsets: Mapping[int, int],
                               clean_shutdown=info.clean_shutdown, registered_offset=info.registered_offset,
                               metadata_offset=broker_offsets.get(b),
                               metadata_lag=_lag(image.offset, broker_offsets.get(b)),
+                              replicas_opening=(opening or {}).get(b),
                               disk_used_bytes=u.disk_used_bytes if u else None,
                               disk_total_bytes=u.disk_total_bytes if u else None,
                               leaders=leaders.get(b, 0), replicas=replicas.get(b, 0),

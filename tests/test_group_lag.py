@@ -142,6 +142,7 @@ class Service:
         self.is_leader = is_leader
         self.stats: dict[str, int] = {}
         self.broker_offsets: dict[int, int] = {}
+        self.broker_opening: dict[int, int] = {}
         self.committed = cluster(2)
         add_topic(self.committed, "t", [[1, 2]])
         self.usage = {1: usage(1, 1_000, hws={0: 70}, group_list=[orders("Stable", {0: 25})])}

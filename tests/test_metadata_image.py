@@ -313,3 +313,12 @@ def test_broker_list_shows_each_brokers_metadata_lag_behind_the_committed_offset
     image = base()
     view = broker_list(image, {1: image.offset, 2: image.offset - 5}, {})
     assert [(b.broker_id, b.metadata_lag) for b in view.brokers] == [(1, 0), (2, 5), (3, None)]
+
+
+def test_broker_list_shows_the_replicas_each_broker_said_are_still_opening():
+    """`biplane cluster brokers` OPENING: what each broker's last heartbeat said it cannot serve
+    yet (a restart with many partitions); unknown (None) before a heartbeat said."""
+    from controller.views import broker_list
+    image = base()
+    view = broker_list(image, {}, {}, {1: 0, 2: 1_200})
+    assert [(b.broker_id, b.replicas_opening) for b in view.brokers] == [(1, 0), (2, 1_200), (3, None)]

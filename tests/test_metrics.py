@@ -36,6 +36,7 @@ BROKER_FAMILIES = {
     "biplane_broker_metadata_lag_records": "gauge",
     "biplane_broker_metadata_lag_seconds": "gauge",
     "biplane_broker_fenced": "gauge",
+    "biplane_broker_replicas_opening": "gauge",
     "biplane_broker_partitions": "gauge",
     "biplane_broker_leader_partitions": "gauge",
     "biplane_broker_under_replicated_partitions": "gauge",
@@ -79,6 +80,7 @@ CONTROLLER_FAMILIES = {
     "biplane_controller_metadata_offset": "gauge",
     "biplane_controller_brokers": "gauge",
     "biplane_controller_broker_metadata_lag_records": "gauge",
+    "biplane_controller_broker_replicas_opening": "gauge",
     "biplane_controller_under_replicated_partitions": "gauge",
     "biplane_controller_under_min_isr_partitions": "gauge",
     "biplane_controller_offline_partitions": "gauge",
@@ -131,6 +133,8 @@ def test_broker_and_controller_expose_every_family_with_its_type(cluster):
     assert c.value("biplane_controller_raft_term") >= 1
     assert c.value("biplane_controller_raft_commit_index") >= 1
     assert c.value("biplane_controller_brokers", state="unfenced") == 3
+    assert b.value("biplane_broker_replicas_opening") == 0   # every replica open: its heartbeats say so
+    assert c.value("biplane_controller_broker_replicas_opening", broker=str(leader)) == 0
     for s in (b, c):
         assert s.value("process_resident_memory_bytes") > 0 and s.value("process_open_fds") > 0
         assert time.time() - 3600 < s.value("process_start_time_seconds") <= time.time()

@@ -120,6 +120,7 @@ class NoService:
     is_leader = False
     stats: dict[str, int] = {}
     broker_offsets: dict[int, int] = {}
+    broker_opening: dict[int, int] = {}
     usage: dict = {}
 
     def clock_ms(self) -> int:

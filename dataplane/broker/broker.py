@@ -165,7 +165,9 @@ class Broker:
                                    metadata_offset=lambda: learner.offset, usage=lambda: self._usage_latest,
                                    heartbeat_interval_ms=c.heartbeat_interval_ms,
                                    usage_interval_ms=c.usage_interval_ms,
-                                   unreachable=lambda: self._unreachable_latest)
+                                   unreachable=lambda: self._unreachable_latest,
+                                   # len() of a dict the loop changes: atomic, read from the heartbeat thread
+                                   replicas_opening=lambda: self.replicas_opening)
         self._usage_latest = self.usage()
         self._heartbeats = HeartbeatThread(
             self.lifecycle, loop_progress_s=lambda: self.watchdog.last_progress_s,
@@ -328,6 +330,10 @@ class Broker:
     @property
     def metadata_offset(self) -> int:
         return self.learner.offset if self.learner is not None else -1
+
+    @property
+    def replicas_opening(self) -> int:
+        return len(self.replicas.opening) if self.replicas is not None else 0
 
     @property
     def metadata_lag(self) -> tuple[int, float]:

@@ -84,7 +84,8 @@ class Lifecycle:
                  kafka_port: int | None = None,
                  usage: Callable[[], BrokerUsage | None], heartbeat_interval_ms: int = 150,
                  usage_interval_ms: int = 1000, retry_backoff_ms: int = 200,
-                 unreachable: Callable[[], tuple[UnreachablePeer, ...]] = tuple) -> None:
+                 unreachable: Callable[[], tuple[UnreachablePeer, ...]] = tuple,
+                 replicas_opening: Callable[[], int] = lambda: 0) -> None:
         self.control = control
         self.broker_id = broker_id
         self.incarnation_id = uuid.uuid4().hex
@@ -94,6 +95,7 @@ class Lifecycle:
         self.kafka_port = kafka_port
         self.usage = usage
         self.unreachable = unreachable
+        self.replicas_opening = replicas_opening
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self.usage_interval_ms = usage_interval_ms
         self.retry_backoff_ms = retry_backoff_ms
@@ -189,7 +191,8 @@ class Lifecycle:
             usage = self.usage()
         return HeartbeatRequest(broker_id=self.broker_id, incarnation_id=self.incarnation_id,
                                 metadata_offset=self.metadata_offset(), usage=usage,
-                                want_shutdown=self.want_shutdown, unreachable=self.unreachable())
+                                want_shutdown=self.want_shutdown, unreachable=self.unreachable(),
+                                replicas_opening=self.replicas_opening())
 
 
 class HeartbeatPace:

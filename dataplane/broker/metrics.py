@@ -110,6 +110,8 @@ class BrokerMetricsSource(Protocol):
     @property
     def metadata_image(self) -> MetadataImage: ...
     @property
+    def replicas_opening(self) -> int: ...
+    @property
     def fenced(self) -> bool: ...
     @property
     def partition_drivers(self) -> Mapping[TopicPartition, PartitionDriver]: ...
@@ -166,6 +168,8 @@ class BrokerCollector:
             ("biplane_broker_metadata_lag_seconds", "how long this broker has been more than the lag bound "
              "behind the controller's metadata (0 when within it)", b.metadata_lag[1]),
             ("biplane_broker_fenced", "1 while the controller has this broker fenced", int(b.fenced)),
+            ("biplane_broker_replicas_opening", "replicas this broker hosts that are still opening "
+             "(answering LEADER_NOT_AVAILABLE until open)", b.replicas_opening),
         ]
         budget = b.produce_budget
         scalars += [
