@@ -441,3 +441,31 @@ def test_fences_are_read_from_the_controllers_log_lines_once() -> None:
     h = clean_history()
     h.fences = fences
     assert History.from_json(json.loads(json.dumps(h.to_json()))).fences == fences
+
+
+def test_cleanup_finds_what_a_run_with_its_own_results_directory_left(tmp_path, monkeypatch) -> None:
+    """`scripts/chaos --cleanup` reads manifests under the results root; a run given `--out`
+    elsewhere leaves a pointer there, so a mount it left when killed is unmounted too, and a
+    pointer to removed results goes."""
+    from tests.chaos import main as chaos_main
+    from tests.chaos import net
+    root = tmp_path / "root"
+    root.mkdir()
+    elsewhere = tmp_path / "mine"
+    elsewhere.mkdir()
+    (elsewhere / "manifest.json").write_text(json.dumps({"pid": None, "pids": {}, "namespaces": [],
+                                                         "mounts": [str(elsewhere / "broker-1")]}))
+    (root / "elsewhere-3-4").symlink_to(tmp_path / "gone")
+    calls: list[list[str]] = []
+
+    class Done:
+        returncode = 0
+
+    monkeypatch.setattr(chaos_main, "RESULTS_ROOT", root)
+    chaos_main.point_to_results(elsewhere)
+    monkeypatch.setattr(net, "run", lambda argv, check=True: calls.append(argv) or Done())
+    actions = chaos_main.cleanup_leftovers()
+    assert calls == [["umount", "-l", str(elsewhere / "broker-1")]]
+    assert actions == [f"unmounted {elsewhere / 'broker-1'}"]
+    assert json.loads((elsewhere / "manifest.json").read_text())["mounts"] == []
+    assert not (root / "elsewhere-3-4").is_symlink()

@@ -58,11 +58,21 @@ def capability_problems() -> list[str]:
     return problems
 
 
+def point_to_results(out: Path) -> None:
+    """--cleanup looks for manifests under RESULTS_ROOT: a run with results elsewhere leaves a
+    pointer there, so what it leaves behind if killed (mounts, namespaces) is found too."""
+    RESULTS_ROOT.mkdir(parents=True, exist_ok=True)
+    (RESULTS_ROOT / f"elsewhere-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}").symlink_to(out.resolve())
+
+
 def cleanup_leftovers() -> list[str]:
     """Kill, unmount and delete what runs that died left (by their manifests). Returns actions."""
     from tests.chaos.cluster import Node  # noqa: F401 - keeps the import graph obvious
     from tests.chaos.net import run as net_run
     actions = []
+    for link in RESULTS_ROOT.glob("elsewhere-*"):
+        if link.is_symlink() and not link.exists():
+            link.unlink()   # a run elsewhere whose results were removed: nothing left to clean
     for manifest_path in sorted(RESULTS_ROOT.glob("*/manifest.json")):
         try:
             m = json.loads(manifest_path.read_text())
@@ -224,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     seed = args.seed if args.seed is not None else random.randrange(1, 1 << 31)
     out = args.out or RESULTS_ROOT / f"seed-{seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if args.out is not None:
+        point_to_results(out)
     cleaned = cleanup_leftovers()
     for action in cleaned:
         print(f"scripts/chaos: left by an earlier run: {action}", file=sys.stderr)
