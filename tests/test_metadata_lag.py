@@ -42,3 +42,12 @@ def test_a_few_records_unapplied_for_long_are_an_episode_too():
     assert lag.observe(now_ms=21_000, applied=55) == LagReport(False, 0, 21_000)
     assert lag.observe(now_ms=22_000, committed=56) is None              # behind again: a new clock
     assert lag.observe(now_ms=31_999) is None
+
+
+def test_the_bounds_are_broker_flags():
+    from dataplane.broker.main import build_parser, config_from_args
+    args = build_parser("biplane broker").parse_args([
+        "--broker-id", "1", "--data-dir", "/tmp/x", "--controller", "http://127.0.0.1:1",
+        "--metadata-lag-records-max", "7", "--metadata-lag-ms-max", "800", "--metadata-stuck-ms-max", "2500"])
+    c = config_from_args(args)
+    assert (c.metadata_lag_records_max, c.metadata_lag_ms_max, c.metadata_stuck_ms_max) == (7, 800, 2500)

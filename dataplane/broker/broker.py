@@ -34,6 +34,7 @@ from dataplane.broker.lifecycle import (
     write_clean_shutdown_marker,
 )
 from dataplane.broker.metadata import MetadataLearner
+from dataplane.broker.metadata_lag import MetadataLag
 from dataplane.broker.metrics import BrokerCollector, BrokerMetrics, Counters, GroupCollector
 from dataplane.broker.offline import OfflineRecovery
 from dataplane.broker.partition import PartitionDriver, now_ms
@@ -114,8 +115,10 @@ class Broker:
         self.control = ControlClient(list(c.controller_urls), secret=c.cluster_secret,
                                      request_timeout_ms=c.request_timeout_ms,
                                      heartbeat_timeout_ms=c.heartbeat_timeout_ms)
-        self.learner = learner = MetadataLearner(self.control, data_dir=c.data_dir,
-                                                 wait_ms_max=c.metadata_wait_ms_max)
+        self.learner = learner = MetadataLearner(
+            self.control, data_dir=c.data_dir, wait_ms_max=c.metadata_wait_ms_max,
+            lag=MetadataLag(records_max=c.metadata_lag_records_max, duration_ms_max=c.metadata_lag_ms_max,
+                            stuck_ms_max=c.metadata_stuck_ms_max))
         self.fetcher = Fetcher(broker_id=c.broker_id, address_of=self._address_of, deliver=self._deliver,
                                fetch_wait_ms_max=c.fetch_wait_ms_max, fetch_max_bytes=c.fetch_max_bytes,
                                fetch_error_backoff_ms=c.fetch_error_backoff_ms,

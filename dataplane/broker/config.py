@@ -60,6 +60,11 @@ class BrokerConfig(BaseModel):
     # cut heals, TCP resends what the cut dropped only when its backed-off retransmission timer
     # fires, seconds later; a new connection does not wait for that.
     replica_request_timeout_ms: int = Field(default=2000, ge=100, le=600_000)
+    # When the broker says its metadata lags the controller's (dataplane/broker/metadata_lag.py):
+    # more than this many records for this long, or any lag at all for the stuck bound.
+    metadata_lag_records_max: int = Field(default=100, ge=0)
+    metadata_lag_ms_max: int = Field(default=5_000, ge=0)
+    metadata_stuck_ms_max: int = Field(default=10_000, ge=0)
     max_frame_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, le=2**31 - 1)
     producer_id_block_size: int = Field(default=1000, ge=1, le=1_000_000)
     retention_check_interval_ms: int = Field(default=60_000, ge=100)

@@ -53,6 +53,12 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--replica-request-timeout-ms", type=int, default=2000,
                    help="reopen a replication connection whose request went unanswered this long (a fetch: "
                         "beyond its long-poll wait; default 2000; Kafka's replica.socket.timeout.ms)")
+    p.add_argument("--metadata-lag-records-max", type=int, default=100,
+                   help="warn (metadata.lagging) when this many metadata records are unapplied for "
+                        "--metadata-lag-ms-max (default 100)")
+    p.add_argument("--metadata-lag-ms-max", type=int, default=5000, help="default 5000")
+    p.add_argument("--metadata-stuck-ms-max", type=int, default=10000,
+                   help="warn when any metadata record stays unapplied this long (default 10000)")
     p.add_argument("--max-frame-bytes", type=int, default=64 * 1024 * 1024)
     p.add_argument("--flush-debounce-ms", type=int, default=0,
                    help="sleep before each fsync run; 0 (default): group commit only")
@@ -95,6 +101,9 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
                         heartbeat_interval_ms=args.heartbeat_interval_ms, fetch_wait_ms_max=args.fetch_wait_ms_max,
                         peer_unreachable_ms=args.peer_unreachable_ms,
                         replica_request_timeout_ms=args.replica_request_timeout_ms,
+                        metadata_lag_records_max=args.metadata_lag_records_max,
+                        metadata_lag_ms_max=args.metadata_lag_ms_max,
+                        metadata_stuck_ms_max=args.metadata_stuck_ms_max,
                         max_frame_bytes=args.max_frame_bytes, flush_debounce_ms=args.flush_debounce_ms,
                         unreplicated_bytes_max=args.unreplicated_bytes_max,
                         retention_check_interval_ms=args.retention_check_interval_ms,

@@ -43,7 +43,7 @@ Listener = Callable[[MetadataImage], Awaitable[None] | None]
 
 class MetadataLearner:
     def __init__(self, control: ControlClient, *, data_dir: str, wait_ms_max: int = 5000,
-                 error_backoff_ms: int = 200, save_retry_ms: int = 1000) -> None:
+                 error_backoff_ms: int = 200, save_retry_ms: int = 1000, lag: MetadataLag | None = None) -> None:
         self.control = control
         self.path = os.path.join(data_dir, "metadata.json")
         self.wait_ms_max = wait_ms_max
@@ -57,7 +57,7 @@ class MetadataLearner:
         self._listeners: list[Listener] = []
         self._wake = asyncio.Event()
         self._unheard = asyncio.Event()  # the image changed since listeners last heard of it
-        self.lag = MetadataLag()  # applied = the offset listeners have acted on
+        self.lag = lag or MetadataLag()  # applied = the offset listeners have acted on
 
     @property
     def offset(self) -> int:
