@@ -19,6 +19,7 @@ from dataplane.broker.config import BrokerConfig
 from dataplane.broker.fetcher import Fetcher
 from dataplane.broker.lifecycle import take_clean_shutdown_marker, write_clean_shutdown_marker
 from dataplane.broker.metadata import MetadataLearner
+from dataplane.broker.metadata_lag import MetadataLag
 from dataplane.broker.producer_ids import ProducerIds
 from dataplane.broker.replicas import TOPIC_ID_FILE, _prepare_dir
 from dataplane.replica.events import FetchRequest
@@ -569,3 +570,32 @@ def test_learner_reports_a_metadata_lag_once_while_a_listener_holds_it_up_and_on
               if getattr(r, "event", "").startswith("metadata.")]
     assert [e for e in events if e[1] in ("metadata.lagging", "metadata.caught_up")] == [
         ("WARNING", "metadata.lagging"), ("INFO", "metadata.caught_up")]
+
+
+def test_a_metadata_fetch_stuck_behind_the_controller_is_reported_from_heartbeat_answers(tmp_path, caplog):
+    """The learner's fetch hangs (a long-poll on a stopped controller, say) while heartbeat
+    answers say the controller committed more: the lag rule hears of it from them
+    (`note_committed`), and with the applied offset unmoved past the stuck bound one WARNING
+    says the broker lags, though no fetch ever returned to show it."""
+    recs = _records()
+    control = FakeControl([MetadataBatch(offset=0, records=((0, dump_record(recs[0])),))])
+
+    async def scenario():
+        learner = MetadataLearner(control, data_dir=str(tmp_path),
+                                  lag=MetadataLag(records_max=100, duration_ms_max=60_000, stuck_ms_max=100))
+        task = asyncio.create_task(learner.run())
+        for _ in range(100):
+            if learner.offset == 0 and learner.lag.applied == 0:
+                break
+            await asyncio.sleep(0.01)
+        for _ in range(50):   # as the broker's heartbeat support does, every usage interval
+            learner.note_committed(3)
+            if learner.lag.lagging:
+                break
+            await asyncio.sleep(0.01)
+        await cancel_and_wait(task)
+        return learner.lag.lagging, learner.lag.records()
+    with caplog.at_level("WARNING", logger="biplane.broker.metadata"):
+        lagging, records = asyncio.run(scenario())
+    assert lagging and records == 3
+    assert [getattr(r, "event", None) for r in caplog.records] == ["metadata.lagging"]

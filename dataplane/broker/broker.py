@@ -218,6 +218,8 @@ class Broker:
         assert self._heartbeats is not None
         while True:
             self._usage_latest = self.usage()
+            if self.learner is not None and self.lifecycle is not None:
+                self.learner.note_committed(self.lifecycle.committed_offset)
             if not self._heartbeats.alive():
                 raise RuntimeError(f"the heartbeat thread ended: {self._heartbeats.error!r}")
             await asyncio.sleep(self.config.usage_interval_ms / 1000)

@@ -96,6 +96,9 @@ class Lifecycle:
         self.usage = usage
         self.unreachable = unreachable
         self.replicas_opening = replicas_opening
+        # The controller's committed metadata offset as its last heartbeat answer said (written by
+        # the heartbeat thread): the lag rule sees it even while the metadata fetch is stuck.
+        self.committed_offset = -1
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self.usage_interval_ms = usage_interval_ms
         self.retry_backoff_ms = retry_backoff_ms
@@ -142,6 +145,7 @@ class Lifecycle:
                 if slow is not None:
                     log.warning("broker %d: heartbeats answered %s", self.broker_id, slow,
                                 extra={"event": "broker.heartbeat_slow"})
+                self.committed_offset = max(self.committed_offset, answer.metadata_offset)
                 fenced = answer.fenced
                 if fenced != self.fenced:
                     log.info("broker %d %s", self.broker_id, "fenced" if fenced else "unfenced",

@@ -155,6 +155,12 @@ class MetadataLearner:
             await self._notify()  # with the newest image: images learned meanwhile coalesce
             self._report_lag(self.lag.observe(now_ms=_now_ms(), applied=told.offset))
 
+    def note_committed(self, offset: int) -> None:
+        """The controller's committed offset learned elsewhere (heartbeat answers), so a lag
+        shows while the metadata fetch itself is stuck."""
+        if offset >= 0:
+            self._report_lag(self.lag.observe(now_ms=_now_ms(), committed=offset))
+
     def _report_lag(self, report: LagReport | None) -> None:
         if report is None:
             return

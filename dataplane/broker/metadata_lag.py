@@ -5,10 +5,11 @@ controller has committed `committed`. A lag over `records_max` records that has 
 `duration_ms_max` is an episode: it is reported once as it starts (WARNING) and once as it ends
 (INFO), so a broker slowed by per-partition work says so without a line per fetch. The duration
 bound keeps a broker that is merely one long-poll behind from reporting; Kafka's brokers have a
-similar fetch lag for their metadata log. Any lag at all that lasts `stuck_ms_max` is an episode
-too: a broker applies records within milliseconds, so a few records unapplied for that long
-mean its application is stuck (a broker that never learns of an election never reports for it,
-and the partition waits without a leader).
+similar fetch lag for their metadata log. A lag of any size during which the applied offset
+has not moved for `stuck_ms_max` is an episode too: a broker applies records within
+milliseconds, so no progress for that long while behind means its application (or its fetch)
+is stuck (a broker that never learns of an election never reports for it, and the partition
+waits without a leader).
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ class MetadataLag:
         self.applied = -1
         self.committed = -1
         self.behind_since_ms: int | None = None  # when applied last fell more than records_max behind
-        self.any_behind_since_ms: int | None = None  # when applied last fell behind at all
+        self.still_since_ms: int | None = None   # behind, and the applied offset unmoved since then
         self.lagging = False                     # an episode has been reported and not yet ended
 
     def records(self) -> int:
@@ -46,29 +47,29 @@ class MetadataLag:
 
     def observe(self, *, now_ms: int, applied: int | None = None,
                 committed: int | None = None) -> LagReport | None:
-        if applied is not None:
-            self.applied = max(self.applied, applied)
+        if applied is not None and applied > self.applied:
+            self.applied = applied
+            self.still_since_ms = None   # progress: not stuck, whatever the lag
         if committed is not None:
             self.committed = max(self.committed, committed)
         lag = self.records()
         if lag == 0:
-            self.any_behind_since_ms = None
-        elif self.any_behind_since_ms is None:
-            self.any_behind_since_ms = now_ms
-        stuck_ms = 0 if self.any_behind_since_ms is None else now_ms - self.any_behind_since_ms
-        if lag <= self.records_max and stuck_ms < self.stuck_ms_max:
+            self.still_since_ms = None
+        elif self.still_since_ms is None:
+            self.still_since_ms = now_ms
+        still_ms = 0 if self.still_since_ms is None else now_ms - self.still_since_ms
+        stuck = still_ms >= self.stuck_ms_max
+        if lag <= self.records_max and not stuck:
             since, self.behind_since_ms = self.behind_since_ms, None
             if self.lagging:
                 self.lagging = False
                 return LagReport(False, lag, 0 if since is None else now_ms - since)
             return None
-        if lag <= self.records_max:   # a few records, unapplied for stuck_ms_max
-            self.behind_since_ms = self.any_behind_since_ms
-        elif self.behind_since_ms is None:
-            self.behind_since_ms = now_ms
+        if self.behind_since_ms is None:
+            self.behind_since_ms = self.still_since_ms if lag <= self.records_max else now_ms
         assert self.behind_since_ms is not None
         duration = now_ms - self.behind_since_ms
-        if not self.lagging and (duration >= self.duration_ms_max or stuck_ms >= self.stuck_ms_max):
+        if not self.lagging and (duration >= self.duration_ms_max or stuck):
             self.lagging = True
             return LagReport(True, lag, duration)
         return None
