@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -252,3 +253,18 @@ class FakeBroker:
     def _end(blob: bytes) -> int:
         (_, h), = list(iter_batches(blob))
         return h.next_offset
+
+
+@contextlib.asynccontextmanager
+async def two_brokers_one_log(topics: dict[str, int]):
+    """Fake brokers 1 and 2 sharing one replicated log (producer state included), broker 1
+    leading every partition at epoch 0 until the test moves one in `view.leaders`:
+    yields (view, broker 1, broker 2)."""
+    view = ClusterView()
+    async with FakeBroker(topics, broker_id=1, view=view) as a, FakeBroker(topics, broker_id=2, view=view) as b:
+        b.partitions = a.partitions
+        view.brokers = [a, b]
+        for topic, count in topics.items():
+            for p in range(count):
+                view.leaders[(topic, p)] = (1, 0)
+        yield view, a, b

@@ -10,7 +10,7 @@ import pytest
 
 from dataplane.client import Consumer, Producer, TopicPartition
 from dataplane.client.metadata import metadata_refresh_due_ms
-from fake_broker import ClusterView, FakeBroker
+from fake_broker import ClusterView, FakeBroker, two_brokers_one_log
 
 
 def run(coro):
@@ -124,12 +124,7 @@ def test_consumer_moves_its_fetches_to_a_new_leader_without_any_error():
     refuses one), so only an aged-metadata refresh can move the consumer: it does, and the
     records written afterwards are read from broker 2 in order, none twice."""
     async def main():
-        view = ClusterView()
-        async with FakeBroker({"t": 1}, broker_id=1, view=view) as a, \
-                FakeBroker({"t": 1}, broker_id=2, view=view) as b:
-            b.partitions = a.partitions
-            view.brokers = [a, b]
-            view.leaders[("t", 0)] = (1, 0)
+        async with two_brokers_one_log({"t": 1}) as (view, a, b):
             async with Producer(bootstrap=a.bootstrap, linger_ms=0) as producer:
                 for i in range(3):
                     await producer.send_and_wait("t", b"a%d" % i)

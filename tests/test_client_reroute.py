@@ -4,10 +4,11 @@ in isolation, then the producer against fake brokers (tests/fake_broker.py) shar
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from dataplane.client import Producer
 from dataplane.client.attempts import Attempts, deposed
-from fake_broker import ClusterView, FakeBroker
+from fake_broker import two_brokers_one_log
 
 
 def run(coro):
@@ -56,10 +57,14 @@ def test_metadata_is_probed_only_while_an_attempt_waits_long_and_not_more_often_
 
 # ------------------------------------------------------------------ the producer
 
-async def _two_brokers_one_log(view: ClusterView, a: FakeBroker, b: FakeBroker) -> None:
-    b.partitions = a.partitions   # one replicated log, producer state included
-    view.brokers = [a, b]
-    view.leaders[("t", 0)] = (1, 0)
+@contextlib.asynccontextmanager
+async def two_brokers_one_log_and_a_producer():
+    """(view, broker 1, broker 2, producer): fake_broker.two_brokers_one_log and a producer
+    with a 30 s request timeout."""
+    async with two_brokers_one_log({"t": 1}) as (view, a, b):
+        async with Producer(bootstrap=a.bootstrap, linger_ms=0, retry_backoff_ms=5,
+                            request_timeout_ms=30_000) as producer:
+            yield view, a, b, producer
 
 
 def test_a_batch_held_by_a_replaced_leader_is_retried_as_is_on_the_new_one_before_the_request_timeout():
@@ -69,23 +74,18 @@ def test_a_batch_held_by_a_replaced_leader_is_retried_as_is_on_the_new_one_befor
     gives the attempt up and sends the batch again, with the same sequence, to broker 2, which
     holds the same log and answers it as a duplicate with its original offset."""
     async def main():
-        view = ClusterView()
-        async with FakeBroker({"t": 1}, broker_id=1, view=view) as a, \
-                FakeBroker({"t": 1}, broker_id=2, view=view) as b:
-            await _two_brokers_one_log(view, a, b)
-            async with Producer(bootstrap=a.bootstrap, linger_ms=0, retry_backoff_ms=5,
-                                request_timeout_ms=30_000) as producer:
-                await producer.send_and_wait("t", b"warm-up")
-                a.inject("t", 0, ("delay", 20.0))
-                future = await producer.send("t", b"a0")
-                await asyncio.sleep(0.2)
-                assert a.sequences_seen[-1][2] == 1 and not future.done()
-                view.leaders[("t", 0)] = (2, 1)
-                meta = await asyncio.wait_for(future, 10)   # far below the 30 s request timeout
-                assert meta.offset == 1
-                assert producer._attempts.given_up == 1
-                assert b.sequences_seen == [("t", 0, 1, 1)]   # the same numbers: not re-stamped
-                later = await producer.send_and_wait("t", b"b0")
+        async with two_brokers_one_log_and_a_producer() as (view, a, b, producer):
+            await producer.send_and_wait("t", b"warm-up")
+            a.inject("t", 0, ("delay", 20.0))
+            future = await producer.send("t", b"a0")
+            await asyncio.sleep(0.2)
+            assert a.sequences_seen[-1][2] == 1 and not future.done()
+            view.leaders[("t", 0)] = (2, 1)
+            meta = await asyncio.wait_for(future, 10)   # far below the 30 s request timeout
+            assert meta.offset == 1
+            assert producer._attempts.given_up == 1
+            assert b.sequences_seen == [("t", 0, 1, 1)]   # the same numbers: not re-stamped
+            later = await producer.send_and_wait("t", b"b0")
             assert a.partitions[("t", 0)].values() == [b"warm-up", b"a0", b"b0"]
             assert later.offset == 2
     run(main())
@@ -96,23 +96,17 @@ def test_the_old_leaders_late_answer_while_the_retry_waits_is_dropped():
     holds it 2 s too). The late answer belongs to a given-up attempt: it must not be taken as
     the retry's (the core would then be told twice of one request and stop the producer)."""
     async def main():
-        view = ClusterView()
-        async with FakeBroker({"t": 1}, broker_id=1, view=view) as a, \
-                FakeBroker({"t": 1}, broker_id=2, view=view) as b:
-            await _two_brokers_one_log(view, a, b)
-            async with Producer(bootstrap=a.bootstrap, linger_ms=0, retry_backoff_ms=5,
-                                request_timeout_ms=30_000) as producer:
-                a.inject("t", 0, ("delay", 2.0))
-                b.inject("t", 0, ("delay", 2.0))
-                view.leaders[("t", 0)] = (1, 0)
-                future = await producer.send("t", b"a0")
-                await asyncio.sleep(0.2)
-                view.leaders[("t", 0)] = (2, 1)
-                meta = await asyncio.wait_for(future, 10)
-                assert meta.offset == 0
-                assert b.sequences_seen == [("t", 0, 0, 1)]
-                # Broker 2 answers b0 after the retry (one connection answers in order).
-                assert (await producer.send_and_wait("t", b"b0")).offset == 1
-                assert producer._fatal is None
+        async with two_brokers_one_log_and_a_producer() as (view, a, b, producer):
+            a.inject("t", 0, ("delay", 2.0))
+            b.inject("t", 0, ("delay", 2.0))
+            future = await producer.send("t", b"a0")
+            await asyncio.sleep(0.2)
+            view.leaders[("t", 0)] = (2, 1)
+            meta = await asyncio.wait_for(future, 10)
+            assert meta.offset == 0
+            assert b.sequences_seen == [("t", 0, 0, 1)]
+            # Broker 2 answers b0 after the retry (one connection answers in order).
+            assert (await producer.send_and_wait("t", b"b0")).offset == 1
+            assert producer._fatal is None
             assert a.partitions[("t", 0)].values() == [b"a0", b"b0"]
     run(main())
