@@ -128,3 +128,25 @@ def test_stale_session_id_never_lands_on_another_followers_session() -> None:
     with pytest.raises(SessionError, match="unknown_session"):
         restarted.receive(a.build({1: 5}), 7)
     assert restarted.receive(b.build({1: 99}), 8)[2] == {1: 99}
+
+
+def test_full_fetch_after_a_reset_closes_the_old_session() -> None:
+    leader: LeaderSessions = LeaderSessions()
+    follower: FollowerSession = FollowerSession()
+    round_trip(follower, leader, {1: 0})
+    old = follower.session_id
+    follower.reset()   # e.g. a lost connection
+    fetch, _ = round_trip(follower, leader, {1: 0})
+    assert fetch.full and fetch.session_id == old
+    assert len(leader) == 1 and follower.session_id != old
+
+
+def test_carries_asks_without_recording() -> None:
+    leader: LeaderSessions = LeaderSessions()
+    follower: FollowerSession = FollowerSession()
+    round_trip(follower, leader, {1: 0})
+    sid = follower.session_id
+    assert leader.carries(sid, 1, False, "s") and leader.carries(sid, 1, False, "s")
+    assert leader.answer(sid, {1: (False, "s")}) == [1]
+    assert not leader.carries(sid, 1, False, "s")
+    assert leader.carries(sid, 1, True, "s") and leader.carries(sid, 1, False, "t")

@@ -32,6 +32,7 @@ S = TypeVar("S")                   # the leader's summary of it
 
 NO_SESSION = 0
 FULL_EPOCH = 0     # a full fetch's epoch; incremental ones count from 1
+_UNSENT = object()
 
 
 class SessionError(Exception):
@@ -111,6 +112,12 @@ class LeaderSessions(Generic[K, P, S]):
         found.next_epoch += 1
         return found.session_id, epoch, dict(found.positions)
 
+    def carries(self, session_id: int, key: K, has_records: bool, summary: S) -> bool:
+        """Whether an answer now would carry `key` (nothing is recorded: a long-poll asks this
+        on each wake and records with `answer` when it ends)."""
+        session = self._sessions.get(session_id)
+        return session is None or has_records or session.sent.get(key, _UNSENT) != summary
+
     def answer(self, session_id: int, results: Mapping[K, tuple[bool, S]]) -> list[K]:
         """Which partitions the answer carries: `results` maps each to (has records, summary).
 
@@ -149,11 +156,14 @@ class FollowerSession(Generic[K, P]):
         self.next_epoch = FULL_EPOCH
         self._sent: dict[K, P] = {}
         self._in_flight: tuple[dict[K, P], int] | None = None
+        # The session a full fetch names so that the leader drops it (Kafka does the same):
+        # without it every reset would leave a session behind until evicted.
+        self._closing = NO_SESSION
 
     def build(self, wanted: Mapping[K, P]) -> IncrementalFetch[K, P]:
         """The next fetch for `wanted` (every partition followed there, at its position now)."""
         if self.session_id == NO_SESSION:
-            fetch = IncrementalFetch(NO_SESSION, FULL_EPOCH, dict(wanted), frozenset(), True)
+            fetch = IncrementalFetch(self._closing, FULL_EPOCH, dict(wanted), frozenset(), True)
         else:
             changed = {k: p for k, p in wanted.items() if k not in self._sent or self._sent[k] != p}
             removed = frozenset(k for k in self._sent if k not in wanted)
@@ -173,9 +183,12 @@ class FollowerSession(Generic[K, P]):
         self.session_id = session_id
         self.next_epoch = epoch + 1
         self._sent = wanted
+        self._closing = NO_SESSION
 
     def reset(self) -> None:
         """A session error, a lost connection or a leader restart: the next fetch is full."""
+        if self.session_id != NO_SESSION:
+            self._closing = self.session_id
         self.session_id = NO_SESSION
         self.next_epoch = FULL_EPOCH
         self._sent = {}
