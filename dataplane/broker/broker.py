@@ -121,7 +121,9 @@ class Broker:
                                fetch_error_backoff_ms=c.fetch_error_backoff_ms,
                                reconnect_backoff_ms_max=c.reconnect_backoff_ms_max,
                                request_timeout_ms=c.replica_request_timeout_ms, max_frame_bytes=c.max_frame_bytes,
-                               on_round_trip=self.metrics.observe_pull, heard=self._heard)
+                               on_round_trip=self.metrics.observe_pull, heard=self._heard,
+                               on_session_fetch=self.metrics.observe_session_fetch,
+                               on_session_error=self.metrics.observe_session_error)
         self.pusher = Pusher(broker_id=c.broker_id, address_of=self._address_of, deliver=self._deliver,
                              max_frame_bytes=c.max_frame_bytes, on_round_trip=self.metrics.observe_push,
                              heard=self._heard, request_timeout_ms=c.replica_request_timeout_ms)
