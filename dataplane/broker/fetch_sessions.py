@@ -12,11 +12,10 @@ session evicted to bound their number) is a `SessionError`: the follower forgets
 its session and sends a full fetch. Never is an incremental fetch applied to
 positions the two sides do not share.
 
-ISR rule for omitted partitions: a follower is caught up when its fetch offset is at
-least the leader's end offset at fetch time. An omitted partition was fetched again
-at its last position, so on each fetch the leader must re-judge it; `positions` gives
-the whole map (sent and omitted) for that, and `caught_up` names the partitions whose
-last position reaches their end offset now, without stepping the others.
+ISR rule for omitted partitions: an omitted partition was fetched again at its last
+position, so on each fetch the leader must re-judge it; `receive` gives the whole map
+(sent and omitted) and the leader steps every partition at its position, so the replica
+core's one caught-up rule judges it (dataplane/broker/server.py).
 
 `Position` and `Summary` are opaque to this module: any values compared by equality.
 """
@@ -24,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import OrderedDict
-from typing import Callable, Generic, Hashable, Mapping, TypeVar
+from typing import Generic, Hashable, Mapping, TypeVar
 
 K = TypeVar("K", bound=Hashable)   # a partition
 P = TypeVar("P")                   # a follower's position in it
@@ -131,21 +130,6 @@ class LeaderSessions(Generic[K, P, S]):
                 carried.append(key)
                 session.sent[key] = summary
         return carried
-
-    def caught_up(self, session_id: int, end_offset: Callable[[K], int | None],
-                  offset_of: Callable[[P], int]) -> list[K]:
-        """Partitions whose last position in the session reaches the leader's end offset now.
-
-        `end_offset` gives None for a partition this broker does not lead (skipped)."""
-        session = self._sessions.get(session_id)
-        if session is None:
-            return []
-        out = []
-        for key, position in session.positions.items():
-            end = end_offset(key)
-            if end is not None and offset_of(position) >= end:
-                out.append(key)
-        return out
 
 
 class FollowerSession(Generic[K, P]):
