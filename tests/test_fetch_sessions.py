@@ -139,3 +139,13 @@ def test_carries_asks_without_recording() -> None:
     assert leader.answer(sid, {1: (False, "s")}) == [1]
     assert not leader.carries(sid, 1, False, "s")
     assert leader.carries(sid, 1, True, "s") and leader.carries(sid, 1, False, "t")
+
+
+def test_notes_on_a_partition_go_when_its_position_changes_or_it_leaves() -> None:
+    leader: LeaderSessions = LeaderSessions()
+    follower: FollowerSession = FollowerSession()
+    round_trip(follower, leader, {1: 0, 2: 0, 3: 0})
+    notes = leader.notes(follower.session_id)
+    notes.update({1: "a", 2: "b", 3: "c"})
+    round_trip(follower, leader, {1: 0, 2: 5})
+    assert leader.notes(follower.session_id) == {1: "a"}

@@ -1,9 +1,10 @@
 """Incremental fetch sessions as the broker drives them: the leader's FETCH handler
 (dataplane/broker/server.py) and the follower's fetcher (dataplane/broker/fetcher.py).
 
-Claims: an idle session's fetch names no partition and is answered with none, yet every
-partition of the session is still stepped (judged for the ISR) and waited on, so records
-on an omitted partition end the long-poll with that partition alone; an unknown session
+Claims: an idle session's fetch names no partition and is answered with none; a quiet
+partition is not stepped again while nothing changes there, until a share of its lag time
+has passed (then it is, so the core's ISR clock moves on); every partition is waited on,
+so records on an omitted partition end the long-poll with that partition alone; an unknown session
 id or a wrong epoch is refused with Kafka's session errors, and a restarted handler knows
 no session. The fetcher sends only what changed, parks what the answer omitted (delivers
 nothing for it), and after a session error sends a full fetch naming the old session."""
@@ -16,6 +17,7 @@ from common.batch import build_batch
 from common.errors import ErrorCode
 from common.wire import messages as wire
 from dataplane.broker.fetcher import Fetcher
+from dataplane.broker import server
 from dataplane.broker.server import RequestHandler
 from dataplane.replica.events import FetchRequest
 from test_broker_parts import _leader_driver, _until_serving
@@ -45,7 +47,9 @@ def _carried(response: wire.FetchResponse) -> dict[str, wire.FetchPartitionRespo
     return {t.topic: p for t in response.topics for p in t.partitions}
 
 
-def test_idle_session_fetch_carries_nothing_waits_and_wakes_on_an_omitted_partition(tmp_path):
+def test_idle_session_fetch_carries_nothing_waits_and_wakes_on_an_omitted_partition(tmp_path, monkeypatch):
+    monkeypatch.setattr(server, "QUIET_REFRESH", 0.02)
+
     async def scenario():
         drivers = {name: _leader_driver(tmp_path, name, (1, 2), None) for name in ("a", "b")}
         for d in drivers.values():
@@ -58,11 +62,16 @@ def test_idle_session_fetch_carries_nothing_waits_and_wakes_on_an_omitted_partit
         assert set(_carried(full)) == {"a", "b"}, "a full fetch's answer carries every partition"
         sid = full.session_id
         fetches = {n: d.replica.fetch_count(2) for n, d in drivers.items()}
-        idle = await asyncio.wait_for(_session_fetch(handler, sid, 1, wait_ms=100), 5)
+        idle = await asyncio.wait_for(_session_fetch(handler, sid, 1, wait_ms=0), 5)
         assert idle.error_code is ErrorCode.NONE and idle.session_id == sid and _carried(idle) == {}
+        assert {n: d.replica.fetch_count(2) for n, d in drivers.items()} == fetches, \
+            "a quiet partition was stepped again though nothing changed and its refresh was not due"
+        await asyncio.sleep(10 * server.QUIET_REFRESH + 0.05)   # past the refresh of the 10 s lag time
+        idle = await asyncio.wait_for(_session_fetch(handler, sid, 2, wait_ms=0), 5)
+        assert _carried(idle) == {}
         assert all(d.replica.fetch_count(2) > fetches[n] for n, d in drivers.items()), \
-            "an omitted partition is still stepped at its last position"
-        poll = _session_fetch(handler, sid, 2)
+            "an omitted partition is stepped again at its last position once due (the core's ISR clock)"
+        poll = _session_fetch(handler, sid, 3)
         await asyncio.sleep(0.2)
         assert not poll.done(), "an idle session fetch long-polls"
         drivers["b"].submit_produce(bytearray(build_batch([b"v"], timestamp_ms=1)), acks=1, timeout_ms=10_000)

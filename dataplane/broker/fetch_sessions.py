@@ -60,6 +60,9 @@ class _LeaderSession(Generic[K, P, S]):
     next_epoch: int
     positions: dict[K, P]
     sent: dict[K, S]   # the summary last answered per partition
+    # The driver's notes on a partition at its current position (server.py keeps a quiet
+    # partition's last answer there); dropped when the position changes or it leaves.
+    notes: dict[K, object] = dataclasses.field(default_factory=dict)
 
 
 class LeaderSessions(Generic[K, P, S]):
@@ -106,10 +109,18 @@ class LeaderSessions(Generic[K, P, S]):
         for key in fetch.removed:
             found.positions.pop(key, None)
             found.sent.pop(key, None)
+            found.notes.pop(key, None)
+        for key in fetch.changed:
+            found.notes.pop(key, None)
         found.positions.update(fetch.changed)
         epoch = found.next_epoch
         found.next_epoch += 1
         return found.session_id, epoch, dict(found.positions)
+
+    def notes(self, session_id: int) -> dict[K, object]:
+        """The driver's notes on the session's partitions (see `_LeaderSession.notes`)."""
+        session = self._sessions.get(session_id)
+        return session.notes if session is not None else {}
 
     def carries(self, session_id: int, key: K, has_records: bool, summary: S) -> bool:
         """Whether an answer now would carry `key` (nothing is recorded: a long-poll asks this

@@ -30,6 +30,7 @@ racing the producer's next request.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
 import time
@@ -56,6 +57,20 @@ log = logging.getLogger("biplane.broker.server")
 
 SESSIONLESS_EPOCH = -1   # a fetch outside any session (consumers, a follower's express fetch)
 NOT_READY_POLL_S = 0.05
+# A quiet partition of a session is stepped again after this share of its
+# replica_lag_time_max_ms even if nothing changed: the core's caught-up clock for the
+# follower moves on only when stepped, and must never lag a whole lag time.
+QUIET_REFRESH = 0.25
+
+
+@dataclasses.dataclass
+class _Quiet:
+    """A session partition's last answer while nothing changes: no records, no error."""
+
+    answer: wire.FetchPartitionResponse
+    changed: asyncio.Future[None]   # the driver's: done at its next change
+    fetches: int                    # the core's count of this follower's fetches after that step
+    until_s: float                  # loop time from which it is stepped again
 
 GROUP_REQUESTS = frozenset({
     wire.FindCoordinatorRequest, wire.JoinGroupRequest, wire.SyncGroupRequest, wire.HeartbeatRequest,
@@ -225,18 +240,32 @@ class RequestHandler:
         else:
             partitions = {TopicPartition(t.topic, p.partition): p for t in request.topics for p in t.partitions}
         stepped: dict[TopicPartition, int] = {}  # the core's fetch count after our own step of each partition
+        notes = self.fetch_sessions.notes(session_id) if session_id != NO_SESSION else None
         while True:
             answers: dict[TopicPartition, wire.FetchPartitionResponse] = {}
             changes: list[asyncio.Future] = []
             ready = False  # an answer that cannot wait (an error, a divergence, a stale long-poll)
             budget = max(1, request.max_bytes)
+            now_s = loop.time()
             for tp, p in partitions.items():
+                quiet = notes.get(tp) if notes is not None else None
+                if isinstance(quiet, _Quiet) and tp not in stepped:
+                    stepped[tp] = quiet.fetches
                 if follower and tp in stepped and self._fetched_since(request.replica_id, tp, stepped[tp], p):
                     # The follower has fetched from elsewhere since (express) and moved on:
                     # this long-poll is old news. End it, so its newer request can come.
                     answer, driver = self._state_answer(tp, p.partition)
                     answers[tp] = answer
                     ready = True
+                    if notes is not None:
+                        notes.pop(tp, None)
+                    continue
+                if isinstance(quiet, _Quiet) and not quiet.changed.done() and now_s < quiet.until_s:
+                    # Nothing changed here since this partition's last step in the session, and
+                    # that step is recent enough for the core's ISR clock: its answer stands.
+                    # Stepping every idle partition on every fetch was most of an idle broker's cost.
+                    answers[tp] = quiet.answer
+                    changes.append(quiet.changed)
                     continue
                 # The response stays near max_bytes: once it is spent, each further
                 # partition carries at most its first batch (a reader must progress).
@@ -252,7 +281,14 @@ class RequestHandler:
                     now = self.fetch_sessions.carries(session_id, tp, False, _summary(answer))
                 ready = ready or (now and not answer.records)
                 if driver is not None:
-                    changes.append(driver.changed())
+                    changed = driver.changed()
+                    changes.append(changed)
+                    if notes is not None:
+                        if answer.records or answer.error_code is not ErrorCode.NONE or now:
+                            notes.pop(tp, None)
+                        else:
+                            lag_s = driver.replica.config.replica_lag_time_max_ms / 1000
+                            notes[tp] = _Quiet(answer, changed, stepped[tp], now_s + lag_s * QUIET_REFRESH)
             remaining = deadline - loop.time()
             if remaining <= 0 and wait_s > 0 and follower and log.isEnabledFor(logging.DEBUG):
                 log.debug("fetch from replica %d waited %.0f ms for nothing", request.replica_id, wait_s * 1000)
