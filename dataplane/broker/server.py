@@ -16,8 +16,9 @@ waits for a change on one of the partitions. A follower's fetch may belong to an
 incremental session (after Kafka's KIP-227, dataplane/broker/fetch_sessions.py):
 it names only the partitions whose position changed, the others keep theirs, and
 the answer carries only partitions with records or a changed summary (HW, log
-start and end, error, leader, divergence); every partition of the session is
-still stepped and waited on, so omitted ones stay judged for the ISR and wake the
+start and end, error, leader, divergence). Every partition of the session is
+waited on, and stepped at its last position when something changed there or its
+ISR clock is due (`_Quiet`), so omitted ones stay judged for the ISR and wake the
 long-poll. An error travels once, like any summary change (Kafka repeats it on every
 answer; here the follower's core already backs off and waits for metadata, and a repeat
 would end every long-poll at once). Sessions live in this process only: a restarted
