@@ -178,3 +178,46 @@ def test_fetcher_sends_only_changes_parks_omitted_and_goes_full_after_a_session_
     # What an answer omitted (a in round 3, both in 4) or a refusal did not answer is not
     # delivered: it stays parked in the session.
     assert delivered == [("a", 10), ("b", 10), ("b", 10)]
+
+
+def test_a_parked_partition_whose_replica_stopped_following_leaves_the_session():
+    """A request the leader omitted outlives its core: once the broker says the replica no
+    longer follows that leader (closed, failed, elsewhere), the next fetch forgets it, so
+    the leader stops counting it as caught up."""
+    sent: list[wire.FetchRequest] = []
+    following = {"a", "b"}
+
+    class FakeClient:
+        closed = False
+
+        async def request(self, req):
+            sent.append(req)
+            if len(sent) > 2:
+                await asyncio.Event().wait()
+            following.discard("a")   # its replica closed while the fetch was out
+            return wire.FetchResponse(session_id=7)   # nothing new: both stay parked
+
+        async def close(self):
+            self.closed = True
+
+    async def scenario():
+        fetcher = Fetcher(broker_id=1, address_of=lambda b: ("127.0.0.1", 1), deliver=lambda tp, ev: None,
+                          follows=lambda tp, leader: tp[0] in following and leader == 2)
+        for t in ("a", "b"):
+            fetcher.submit(2, (t, 0), FetchRequest(replica_id=1, fetch_offset=10, current_leader_epoch=1,
+                                                   partition=(t, 0)))
+        session = fetcher.sessions[2]
+        client = FakeClient()
+
+        async def connect(which):
+            return client
+        session._client = connect
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if len(sent) > 2:
+                break
+        await fetcher.close()
+
+    asyncio.run(scenario())
+    assert [(r.session_epoch, [t.topic for t in r.topics], [t.topic for t in r.forgotten_topics]) for r in sent] == [
+        (0, ["a", "b"], []), (1, [], ["a"]), (2, [], [])]

@@ -11,7 +11,8 @@ partitions whose request changed (position, epoch, flushed offset) and name thos
 no longer followed, and the leader answers only partitions with news. A request the
 answer omits stays parked in the session, unsent, until its core asks anew (its
 fetch timeout repeats the same request: it travels no more than the parked one) or
-an answer comes. A session error (the leader restarted, evicted the session, saw
+an answer comes, or the broker says its replica no longer follows that leader (`follows`).
+A session error (the leader restarted, evicted the session, saw
 another epoch), a broken connection or an abandoned long-poll makes the next fetch
 full. The express fetch (below) is outside the session: its answer carries all it asked.
 
@@ -59,6 +60,7 @@ log = logging.getLogger("biplane.broker.fetcher")
 AddressOf = Callable[[int], "tuple[str, int] | None"]
 Deliver = Callable[[TopicPartition, FetchResponse], None]
 Heard = Callable[[int], None]
+Follows = Callable[[TopicPartition, int], bool]
 SessionFetched = Callable[[int, bool, int], None]   # (leader, full, partitions carried) of each session fetch
 SESSION_ERRORS = {ErrorCode.FETCH_SESSION_ID_NOT_FOUND: "unknown_session",
                   ErrorCode.INVALID_FETCH_SESSION_EPOCH: "wrong_epoch"}
@@ -71,7 +73,8 @@ class Fetcher:
                  max_frame_bytes: int = 64 * 1024 * 1024,
                  on_round_trip: Callable[[float], None] | None = None, heard: Heard | None = None,
                  on_session_fetch: SessionFetched | None = None,
-                 on_session_error: Callable[[str], None] | None = None) -> None:
+                 on_session_error: Callable[[str], None] | None = None,
+                 follows: Follows | None = None) -> None:
         self.broker_id = broker_id
         # Seconds from sending a fetch to its answer, for each answer that brought records
         # (an empty one measured the long-poll's wait, not replication).
@@ -79,6 +82,10 @@ class Fetcher:
         self.heard = heard   # told the leader's id on every answer (dataplane/broker/contact.py)
         self.on_session_fetch = on_session_fetch
         self.on_session_error = on_session_error   # told the reason of each session error heard
+        # Whether a partition's replica here still follows that leader (open, not failed):
+        # a parked request outlives its core otherwise, and the leader would go on counting
+        # a dead replica as caught up while the partition is idle.
+        self.follows = follows
         self.address_of = address_of
         self.deliver = deliver
         self.limits = dict(fetch_wait_ms_max=fetch_wait_ms_max, fetch_max_bytes=fetch_max_bytes,
@@ -184,6 +191,9 @@ class FetchSession:
         while True:
             news = await self._next_batch()
             batch, self._parked = self._parked, {}
+            follows = self.fetcher.follows
+            if follows is not None:
+                batch = {tp: r for tp, r in batch.items() if follows(tp, self.leader_id)}
             batch.update(news)
             self._main_busy = True
             self._in_main = set(batch)
