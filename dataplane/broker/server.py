@@ -276,6 +276,7 @@ class RequestHandler:
                     stepped[tp] = driver.replica.fetch_count(request.replica_id) if driver is not None else -1
                 budget -= len(answer.records or b"")
                 answers[tp] = answer
+                quiet_now = not now
                 if now and not answer.records and session_id != NO_SESSION:
                     # An error or a divergence the follower has heard already does not end a
                     # long-poll again: it would answer at once, omitting it, over and over.
@@ -285,7 +286,7 @@ class RequestHandler:
                     changed = driver.changed()
                     changes.append(changed)
                     if notes is not None:
-                        if answer.records or answer.error_code is not ErrorCode.NONE or now:
+                        if not quiet_now:   # records, an error or a divergence: step it each time
                             notes.pop(tp, None)
                         else:
                             lag_s = driver.replica.config.replica_lag_time_max_ms / 1000
