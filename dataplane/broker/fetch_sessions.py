@@ -12,10 +12,13 @@ session evicted to bound their number) is a `SessionError`: the follower forgets
 its session and sends a full fetch. Never is an incremental fetch applied to
 positions the two sides do not share.
 
+A full fetch after a reset names the session it replaces, so the leader drops it at once.
+
 ISR rule for omitted partitions: an omitted partition was fetched again at its last
-position, so on each fetch the leader must re-judge it; `receive` gives the whole map
-(sent and omitted) and the leader steps every partition at its position, so the replica
-core's one caught-up rule judges it (dataplane/broker/server.py).
+position, so the leader must go on judging it; `receive` gives the whole map (sent and
+omitted) and the leader steps a partition at its position when something changed there
+or its ISR clock is due, so the replica core's one caught-up rule judges it (the driver
+keeps a quiet partition's last answer in the session's `notes`: dataplane/broker/server.py).
 
 `Position` and `Summary` are opaque to this module: any values compared by equality.
 """
