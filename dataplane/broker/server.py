@@ -64,7 +64,7 @@ NOT_READY_POLL_S = 0.05
 QUIET_REFRESH = 0.25
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class _Quiet:
     """A session partition's last answer while nothing changes: no records, no error."""
 
@@ -290,7 +290,8 @@ class RequestHandler:
                             notes.pop(tp, None)
                         else:
                             lag_s = driver.replica.config.replica_lag_time_max_ms / 1000
-                            notes[tp] = _Quiet(answer, changed, stepped[tp], now_s + lag_s * QUIET_REFRESH)
+                            notes[tp] = _Quiet(answer=answer, changed=changed, fetches=stepped[tp],
+                                              until_s=now_s + lag_s * QUIET_REFRESH)
             remaining = deadline - loop.time()
             if remaining <= 0 and wait_s > 0 and follower and log.isEnabledFor(logging.DEBUG):
                 log.debug("fetch from replica %d waited %.0f ms for nothing", request.replica_id, wait_s * 1000)
