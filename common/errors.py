@@ -76,6 +76,10 @@ class ErrorCode(enum.IntEnum):
     # which serves no transactions, stops a transactional producer at once (not a retry loop).
     TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
     INELIGIBLE_REPLICA = 107
+    # Incremental follower fetch sessions (Kafka's KIP-227 numbers): the follower starts over
+    # with a full fetch (dataplane/broker/fetch_sessions.py).
+    FETCH_SESSION_ID_NOT_FOUND = 70
+    INVALID_FETCH_SESSION_EPOCH = 71
     # HTTP-only answers of the admin API and the broker RPC ("UNAUTHORIZED", "NOT_FOUND")
     # are not codes: the HTTP edge sends them as plain names (controller/http_edge.py).
 

@@ -42,6 +42,7 @@ from dataplane.broker.producer_ids import ProducerIds
 from dataplane.broker.pusher import Pusher
 from dataplane.broker.replicas import ReplicaManager
 from dataplane.broker.budget import ProduceBudget
+from dataplane.replica.state import Role
 from dataplane.groups import lag as group_lag
 from dataplane.groups.driver import GroupCoordinator, OffsetsTopicSettings
 from dataplane.groups.events import GroupConfig
@@ -124,7 +125,9 @@ class Broker:
                                fetch_error_backoff_ms=c.fetch_error_backoff_ms,
                                reconnect_backoff_ms_max=c.reconnect_backoff_ms_max,
                                request_timeout_ms=c.replica_request_timeout_ms, max_frame_bytes=c.max_frame_bytes,
-                               on_round_trip=self.metrics.observe_pull, heard=self._heard)
+                               on_round_trip=self.metrics.observe_pull, heard=self._heard,
+                               on_session_fetch=self.metrics.observe_session_fetch,
+                               on_session_error=self.metrics.observe_session_error, follows=self._follows)
         self.pusher = Pusher(broker_id=c.broker_id, address_of=self._address_of, deliver=self._deliver,
                              max_frame_bytes=c.max_frame_bytes, on_round_trip=self.metrics.observe_push,
                              heard=self._heard, request_timeout_ms=c.replica_request_timeout_ms)
@@ -311,6 +314,11 @@ class Broker:
             return None
         info = self.learner.image.brokers.get(broker_id)
         return (info.host, info.port) if info is not None else None
+
+    def _follows(self, tp: TopicPartition, leader_id: int) -> bool:
+        driver = self.replicas.get(*tp) if self.replicas is not None else None
+        return (driver is not None and not driver.closed and driver.failed is None
+                and driver.replica.role is Role.FOLLOWER and driver.replica.leader_id == leader_id)
 
     def _deliver(self, tp: TopicPartition, event) -> None:
         driver = self.replicas.get(*tp) if self.replicas is not None else None

@@ -1,9 +1,20 @@
-"""Pull replication: one fetch session per leader broker carrying every partition followed there.
+"""Pull replication: one fetch session per leader broker for every partition followed there.
 
 The cores say what to fetch (a FetchRequest per partition, the latest one
 wins); a session batches them into one wire FETCH that long-polls the leader
 for up to `fetch_wait_ms_max`, and feeds each partition's answer back into its
 core as a FetchResponse (translations: codec.py).
+
+The long-poll is incremental (after Kafka's KIP-227, fetch_sessions.py): the first
+fetch to a leader is full and opens a session there; later ones carry only the
+partitions whose request changed (position, epoch, flushed offset) and name those
+no longer followed, and the leader answers only partitions with news. A request the
+answer omits stays parked in the session, unsent, until its core asks anew (its
+fetch timeout repeats the same request: it travels no more than the parked one) or
+an answer comes, or the broker says its replica no longer follows that leader (`follows`).
+A session error (the leader restarted, evicted the session, saw
+another epoch), a broken connection or an abandoned long-poll makes the next fetch
+full. The express fetch (below) is outside the session: its answer carries all it asked.
 
 A connection answers requests in order, so while the long-poll waits a
 follower's fresh news (its flushed offset moved: the leader may be holding
@@ -32,7 +43,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from typing import Callable
+from typing import Callable, Mapping
 
 from common.errors import BiplaneError, ErrorCode
 from common.tasks import TaskOwner, cancel_and_wait
@@ -40,6 +51,7 @@ from common.topic_partition import TopicPartition
 from common.wire import WireClient
 from common.wire import messages as wire
 from dataplane.broker.codec import fetch_answer_from_wire, fetch_failed, fetch_to_wire
+from dataplane.broker.fetch_sessions import FollowerSession
 from dataplane.broker.throttle import ReplicationThrottle
 from dataplane.replica.events import FetchRequest, FetchResponse
 
@@ -48,6 +60,10 @@ log = logging.getLogger("biplane.broker.fetcher")
 AddressOf = Callable[[int], "tuple[str, int] | None"]
 Deliver = Callable[[TopicPartition, FetchResponse], None]
 Heard = Callable[[int], None]
+Follows = Callable[[TopicPartition, int], bool]
+SessionFetched = Callable[[int, bool, int], None]   # (leader, full, partitions carried) of each session fetch
+SESSION_ERRORS = {ErrorCode.FETCH_SESSION_ID_NOT_FOUND: "unknown_session",
+                  ErrorCode.INVALID_FETCH_SESSION_EPOCH: "wrong_epoch"}
 
 
 class Fetcher:
@@ -55,12 +71,21 @@ class Fetcher:
                  fetch_max_bytes: int = 8 * 1024 * 1024, fetch_error_backoff_ms: int = 50,
                  reconnect_backoff_ms_max: int = 1000, request_timeout_ms: int = 10_000,
                  max_frame_bytes: int = 64 * 1024 * 1024,
-                 on_round_trip: Callable[[float], None] | None = None, heard: Heard | None = None) -> None:
+                 on_round_trip: Callable[[float], None] | None = None, heard: Heard | None = None,
+                 on_session_fetch: SessionFetched | None = None,
+                 on_session_error: Callable[[str], None] | None = None,
+                 follows: Follows | None = None) -> None:
         self.broker_id = broker_id
         # Seconds from sending a fetch to its answer, for each answer that brought records
         # (an empty one measured the long-poll's wait, not replication).
         self.on_round_trip = on_round_trip
         self.heard = heard   # told the leader's id on every answer (dataplane/broker/contact.py)
+        self.on_session_fetch = on_session_fetch
+        self.on_session_error = on_session_error   # told the reason of each session error heard
+        # Whether a partition's replica here still follows that leader (open, not failed):
+        # a parked request outlives its core otherwise, and the leader would go on counting
+        # a dead replica as caught up while the partition is idle.
+        self.follows = follows
         self.address_of = address_of
         self.deliver = deliver
         self.limits = dict(fetch_wait_ms_max=fetch_wait_ms_max, fetch_max_bytes=fetch_max_bytes,
@@ -89,7 +114,7 @@ class Fetcher:
         # A partition follows one leader at a time: drop its requests queued elsewhere.
         for other in self.sessions.values():
             if other is not session:
-                other.pending.pop(tp, None)
+                other.forget(tp)
         session.submit(tp, request)
 
     async def close(self) -> None:
@@ -108,7 +133,12 @@ class FetchSession:
         self._in_main: set[TopicPartition] = set()         # partitions of the long-poll in flight
         self._express_held: set[TopicPartition] = set()    # wait for the long-poll to end
         self._restarting = False
-        self._last_sent: dict[TopicPartition, tuple[int, int, int]] = {}
+        self._last_sent: dict[TopicPartition, FetchRequest] = {}   # by either loop
+        # The long-poll is an incremental fetch session: the leader keeps each partition's
+        # position and answers only what changed. A request it left unanswered is parked
+        # here and stays in the session (unsent) until the core asks anew or an answer comes.
+        self.session: FollowerSession[TopicPartition, wire.FetchPartition] = FollowerSession()
+        self._parked: dict[TopicPartition, FetchRequest] = {}
         self._wake = asyncio.Event()      # the main loop's: something is pending
         self._wake_exp = asyncio.Event()  # the express loop's: something new arrived
         self._clients: dict[str, WireClient | None] = {"main": None, "express": None}
@@ -127,13 +157,23 @@ class FetchSession:
         self._wake.set()
         self._wake_exp.set()
 
+    def forget(self, tp: TopicPartition) -> None:
+        """`tp` follows another leader now: the next fetch here drops it from the session."""
+        self.pending.pop(tp, None)
+        self._parked.pop(tp, None)
+
     # ------------------------------------------------------------ loops
 
     async def _next_batch(self) -> dict[TopicPartition, FetchRequest]:
-        """The pending requests the throttle lets go now (waits until there is one)."""
+        """The pending requests the throttle lets go now (waits until there is one, unless
+        the session has parked partitions to long-poll for)."""
         while True:
             held = {tp for tp in self.pending if self.fetcher.held(tp)}
-            if len(held) < len(self.pending):
+            for tp in [tp for tp in self._parked if self.fetcher.held(tp)]:
+                # Out of the session while the throttle holds it (it rejoins when let go).
+                self.pending.setdefault(tp, self._parked.pop(tp))
+                held.add(tp)
+            if len(held) < len(self.pending) or self._parked:
                 batch = {tp: r for tp, r in self.pending.items() if tp not in held}
                 self.pending = {tp: r for tp, r in self.pending.items() if tp in held}
                 return batch
@@ -149,7 +189,12 @@ class FetchSession:
 
     async def _main_loop(self) -> None:
         while True:
-            batch = await self._next_batch()
+            news = await self._next_batch()
+            batch, self._parked = self._parked, {}
+            follows = self.fetcher.follows
+            if follows is not None:
+                batch = {tp: r for tp, r in batch.items() if follows(tp, self.leader_id)}
+            batch.update(news)
             self._main_busy = True
             self._in_main = set(batch)
             self._express_held.clear()
@@ -172,7 +217,8 @@ class FetchSession:
             return True  # nobody long-polls for it: do not make it wait
         # News the waiting long-poll does not carry (a new flushed offset, a new position);
         # a repeat of what was sent waits for the long-poll to end, so nothing spins.
-        return _position(request) != self._last_sent.get(tp)
+        last = self._last_sent.get(tp)
+        return last is None or _position(request) != _position(last)
 
     def _express_ready(self) -> bool:
         return self._main_busy and any(self._express_ok(tp, r) for tp, r in self.pending.items())
@@ -200,7 +246,8 @@ class FetchSession:
 
     def _restart_main(self) -> None:
         """Abandon the long-poll in flight (its connection is closed); its partitions go
-        back to pending and the next long-poll carries them with the newcomers."""
+        back to pending and the next long-poll carries them with the newcomers. Whether the
+        leader applied the abandoned fetch to the session is unknown: the next one is full."""
         client, self._clients["main"] = self._clients["main"], None
         if client is not None:
             self._restarting = True
@@ -212,21 +259,27 @@ class FetchSession:
 
     async def _round(self, which: str, batch: dict[TopicPartition, FetchRequest],
                      wait_ms: int) -> dict[TopicPartition, wire.FetchPartitionResponse]:
-        """One wire FETCH for `batch`; every answer is delivered. Returns the answers."""
+        """One wire FETCH for `batch`; every answer is delivered. Returns the answers.
+
+        The main loop's is a session fetch: it carries only what changed since the last one."""
+        in_session = which == "main"
         for tp, request in batch.items():
-            self._last_sent[tp] = _position(request)
+            self._last_sent[tp] = request
         if log.isEnabledFor(logging.DEBUG):
             log.debug("fetch %s from broker %d: %s", which, self.leader_id,
                       {f"{t}-{p}": r.fetch_offset for (t, p), r in batch.items()})
         try:
             client = await self._client(which)
             timeout_s = (wait_ms + self.limits["request_timeout_ms"]) / 1000
+            message = self._session_request(batch, wait_ms) if in_session else self._wire_request(batch, wait_ms)
             # asyncio.timeout, not wait_for: no task per round between the request and its write.
             sent = time.perf_counter()
             async with asyncio.timeout(timeout_s):
-                response = await client.request(self._wire_request(batch, wait_ms))
+                response = await client.request(message)
             took_s = time.perf_counter() - sent
         except (BiplaneError, OSError, asyncio.TimeoutError) as exc:
+            if in_session:
+                self.session.reset()   # the leader may or may not have applied it
             if which == "main" and self._restarting:
                 self._restarting = False
                 for tp, request in batch.items():
@@ -237,9 +290,25 @@ class FetchSession:
         self._backoff_ms = 0
         if self.fetcher.heard is not None:
             self.fetcher.heard(self.leader_id)
+        if in_session and response.error_code in SESSION_ERRORS:
+            # The leader restarted, evicted our session or saw another epoch: start over at
+            # once with a full fetch of the same requests (nothing was answered).
+            reason = SESSION_ERRORS[response.error_code]
+            log.info("fetch session with broker %d refused (%s): the next fetch is full", self.leader_id, reason,
+                     extra={"event": "fetch.session_reset", "leader": self.leader_id, "reason": reason})
+            if self.fetcher.on_session_error is not None:
+                self.fetcher.on_session_error(reason)
+            self.session.reset()
+            for tp, request in batch.items():
+                self._parked.setdefault(tp, request)
+            return {}
         if response.error_code is not ErrorCode.NONE:
+            if in_session:
+                self.session.reset()
             self._deliver_later(batch, {}, error=response.error_code)
             return {}
+        if in_session:
+            self.session.answered(response.session_id, message.session_epoch)
         answered: dict[TopicPartition, wire.FetchPartitionResponse] = {}
         records = False
         for t in response.topics:
@@ -248,23 +317,46 @@ class FetchSession:
                 records = records or bool(p.records)
         if records and self.fetcher.on_round_trip is not None:
             self.fetcher.on_round_trip(took_s)
-        self._deliver(batch, answered)
+        if in_session:
+            for tp in batch:
+                if tp not in answered and tp not in self.pending:
+                    # Omitted: nothing new. The request the leader saw last (the express one,
+                    # should that have overtaken this) stays in the session, unsent.
+                    self._parked[tp] = self._last_sent[tp]
+            self._deliver({tp: r for tp, r in batch.items() if tp in answered}, answered)
+        else:
+            self._deliver(batch, answered)
         return answered
 
     # ------------------------------------------------------------ messages
 
-    def _wire_request(self, batch: dict[TopicPartition, FetchRequest], wait_ms: int) -> wire.FetchRequest:
-        topics: dict[str, list[wire.FetchPartition]] = {}
+    def _wire_partition(self, tp: TopicPartition, r: FetchRequest) -> wire.FetchPartition:
+        p = fetch_to_wire(tp[1], r)
         throttle = self.fetcher.throttle
-        for tp, r in batch.items():
-            p = fetch_to_wire(tp[1], r)
-            if throttle.applies(tp):
-                p = dataclasses.replace(p, partition_max_bytes=throttle.partition_fetch_bytes(p.partition_max_bytes))
-            topics.setdefault(tp[0], []).append(p)
+        if throttle.applies(tp):
+            p = dataclasses.replace(p, partition_max_bytes=throttle.partition_fetch_bytes(p.partition_max_bytes))
+        return p
+
+    def _wire_request(self, batch: dict[TopicPartition, FetchRequest], wait_ms: int) -> wire.FetchRequest:
+        """A fetch outside the session (the express one): the leader answers every partition."""
         return wire.FetchRequest(
             replica_id=self.fetcher.broker_id, max_wait_ms=wait_ms, min_bytes=1,
             max_bytes=self.limits["fetch_max_bytes"],
-            topics=tuple(wire.FetchTopic(topic=t, partitions=tuple(ps)) for t, ps in topics.items()))
+            topics=_by_topic({tp: self._wire_partition(tp, r) for tp, r in batch.items()}))
+
+    def _session_request(self, batch: dict[TopicPartition, FetchRequest], wait_ms: int) -> wire.FetchRequest:
+        """The session's next fetch for `batch` (every partition it follows here now)."""
+        fetch = self.session.build({tp: self._wire_partition(tp, r) for tp, r in batch.items()})
+        forgotten: dict[str, list[int]] = {}
+        for topic, partition in fetch.removed:
+            forgotten.setdefault(topic, []).append(partition)
+        if self.fetcher.on_session_fetch is not None:
+            self.fetcher.on_session_fetch(self.leader_id, fetch.full, len(fetch.changed))
+        return wire.FetchRequest(
+            replica_id=self.fetcher.broker_id, max_wait_ms=wait_ms, min_bytes=1,
+            max_bytes=self.limits["fetch_max_bytes"], session_id=fetch.session_id, session_epoch=fetch.epoch,
+            topics=_by_topic(fetch.changed),
+            forgotten_topics=tuple(wire.ForgottenTopic(topic=t, partitions=tuple(ps)) for t, ps in forgotten.items()))
 
     def _deliver(self, batch: dict[TopicPartition, FetchRequest],
                  answered: dict[TopicPartition, wire.FetchPartitionResponse]) -> None:
@@ -331,4 +423,11 @@ class FetchSession:
 
 def _position(request: FetchRequest) -> tuple[int, int, int]:
     return (request.fetch_offset, request.last_fetched_epoch, request.flushed_offset)
+
+
+def _by_topic(partitions: Mapping[TopicPartition, wire.FetchPartition]) -> tuple[wire.FetchTopic, ...]:
+    topics: dict[str, list[wire.FetchPartition]] = {}
+    for (topic, _), p in partitions.items():
+        topics.setdefault(topic, []).append(p)
+    return tuple(wire.FetchTopic(topic=t, partitions=tuple(ps)) for t, ps in topics.items())
 

@@ -14,7 +14,7 @@ committed offsets and lag (biplane_group_*).
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Protocol
+from typing import Any, Protocol
 
 from prometheus_client import Counter, Histogram
 from prometheus_client.metrics_core import Metric
@@ -82,12 +82,37 @@ class BrokerMetrics:
         self.isr_expands = Counter("biplane_broker_isr_expands",
                                    "ISR expansions of partitions this broker leads, as applied from metadata",
                                    registry=r)
+        self._session_fetches = Counter("biplane_broker_fetch_session_requests",
+                                        "this follower's session fetches sent (the long-poll to each leader): "
+                                        "full ones carry every partition, incremental ones only those that "
+                                        "changed", ["leader", "kind"], registry=r)
+        self._session_partitions = Counter("biplane_broker_fetch_session_partitions_sent",
+                                           "partitions carried by this follower's session fetches (an idle "
+                                           "session's fetches carry none)", ["leader"], registry=r)
+        self._session_children: dict[tuple[int, bool], tuple[Any, Any]] = {}
+        session_errors = Counter("biplane_broker_fetch_session_errors",
+                                 "session fetches a leader refused (its session gone or at another epoch): the "
+                                 "next one is full", ["reason"], registry=r)
+        self._session_errors = {reason: session_errors.labels(reason) for reason in ("unknown_session", "wrong_epoch")}
 
     def observe_produce(self, acks: int, seconds: float) -> None:
         self._produce.get(acks, self._produce_other).observe(seconds)
 
     def observe_fetch(self, follower: bool, seconds: float) -> None:
         (self._fetch_follower if follower else self._fetch_consumer).observe(seconds)
+
+    def observe_session_fetch(self, leader_id: int, full: bool, partitions: int) -> None:
+        children = self._session_children.get((leader_id, full))
+        if children is None:
+            leader = str(leader_id)
+            children = self._session_children[(leader_id, full)] = (
+                self._session_fetches.labels(leader, "full" if full else "incremental"),
+                self._session_partitions.labels(leader))
+        children[0].inc()
+        children[1].inc(partitions)
+
+    def observe_session_error(self, reason: str) -> None:
+        self._session_errors[reason].inc()
 
     def isr_changed(self, old_isr: tuple[int, ...], new_isr: tuple[int, ...]) -> None:
         """Count one metadata change of a led partition's ISR (both, if members left and joined)."""

@@ -12,7 +12,17 @@ metadata, but never makes the leader stop (only a replica's word can do that).
 
 FETCH long-polls up to min(max_wait_ms, fetch_wait_ms_max): it answers at
 once when any partition has data, an error or a divergence; otherwise it
-waits for a change on one of the partitions. A new high watermark alone does
+waits for a change on one of the partitions. A follower's fetch may belong to an
+incremental session (after Kafka's KIP-227, dataplane/broker/fetch_sessions.py):
+it names only the partitions whose position changed, the others keep theirs, and
+the answer carries only partitions with records or a changed summary (HW, log
+start and end, error, leader, divergence). Every partition of the session is
+waited on, and stepped at its last position when something changed there or its
+ISR clock is due (`_Quiet`), so omitted ones stay judged for the ISR and wake the
+long-poll. An error travels once, like any summary change (Kafka repeats it on every
+answer; here the follower's core already backs off and waits for metadata, and a repeat
+would end every long-poll at once). Sessions live in this process only: a restarted
+broker answers FETCH_SESSION_ID_NOT_FOUND and the follower starts over with a full fetch. A new high watermark alone does
 not end a follower's long-poll: the HW rides on its next answer (data, or the
 long-poll's end), as Raft's commit index rides on the next append. Ending it
 would cost every acks=all request an answer and a new fetch per follower,
@@ -21,7 +31,9 @@ racing the producer's next request.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import random
 import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
@@ -31,6 +43,7 @@ from common.topic_partition import TopicPartition
 from common.wire import RequestHeader
 from common.wire import messages as wire
 from dataplane.broker.codec import append_refusal, fetch_answer_to_wire, fetch_from_wire, fetch_refusal
+from dataplane.broker.fetch_sessions import FULL_EPOCH, NO_SESSION, IncrementalFetch, LeaderSessions, SessionError
 from dataplane.broker.metrics import BrokerMetrics, Counters
 from dataplane.broker.partition import PartitionDriver
 from dataplane.broker.producer_ids import ProducerIds
@@ -42,6 +55,23 @@ if TYPE_CHECKING:
     from dataplane.groups.driver import GroupCoordinator
 
 log = logging.getLogger("biplane.broker.server")
+
+SESSIONLESS_EPOCH = -1   # a fetch outside any session (consumers, a follower's express fetch)
+NOT_READY_POLL_S = 0.05
+# A quiet partition of a session is stepped again after this share of its
+# replica_lag_time_max_ms even if nothing changed: the core's caught-up clock for the
+# follower moves on only when stepped, and must never lag a whole lag time.
+QUIET_REFRESH = 0.25
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Quiet:
+    """A session partition's last answer while nothing changes: no records, no error."""
+
+    answer: wire.FetchPartitionResponse
+    changed: asyncio.Future[None]   # the driver's: done at its next change
+    fetches: int                    # the core's count of this follower's fetches after that step
+    until_s: float                  # loop time from which it is stepped again
 
 GROUP_REQUESTS = frozenset({
     wire.FindCoordinatorRequest, wire.JoinGroupRequest, wire.SyncGroupRequest, wire.HeartbeatRequest,
@@ -63,6 +93,10 @@ class RequestHandler:
         self.producer_ids = producer_ids
         self.refresh_metadata = refresh_metadata
         self.fetch_wait_ms_max = fetch_wait_ms_max
+        # Followers' incremental fetch sessions, this process's only: ids start at random so
+        # that a restarted broker does not take an old session id for one of its own.
+        self.fetch_sessions: LeaderSessions[TopicPartition, wire.FetchPartition, tuple] = LeaderSessions(
+            first_id=random.randrange(1, 2**30))
         self.counters = Counters()
         # Set by the broker once built (it produces through this handler).
         self.groups: "GroupCoordinator | None" = None
@@ -195,41 +229,98 @@ class RequestHandler:
         follower = request.replica_id >= 0
         if follower and self.heard is not None:
             self.heard(request.replica_id)
+        session_id = NO_SESSION
+        if follower and request.session_epoch != SESSIONLESS_EPOCH:
+            try:
+                session_id, partitions = self._session_receive(request)
+            except SessionError as exc:
+                code = (ErrorCode.INVALID_FETCH_SESSION_EPOCH if exc.reason == "wrong_epoch"
+                        else ErrorCode.FETCH_SESSION_ID_NOT_FOUND)
+                self.counters.error("FetchRequest", code)
+                return wire.FetchResponse(error_code=code)
+        else:
+            partitions = {TopicPartition(t.topic, p.partition): p for t in request.topics for p in t.partitions}
         stepped: dict[TopicPartition, int] = {}  # the core's fetch count after our own step of each partition
+        notes = self.fetch_sessions.notes(session_id) if session_id != NO_SESSION else None
         while True:
             answers: dict[TopicPartition, wire.FetchPartitionResponse] = {}
             changes: list[asyncio.Future] = []
             ready = False  # an answer that cannot wait (an error, a divergence, a stale long-poll)
             budget = max(1, request.max_bytes)
-            for t in request.topics:
-                for p in t.partitions:
-                    tp = TopicPartition(t.topic, p.partition)
-                    if follower and tp in stepped and self._fetched_since(request.replica_id, tp, stepped[tp], p):
-                        # The follower has fetched from elsewhere since (express) and moved on:
-                        # this long-poll is old news. End it, so its newer request can come.
-                        answer, driver = self._state_answer(tp, p.partition)
-                        answers[tp] = answer
-                        ready = True
-                        continue
-                    # The response stays near max_bytes: once it is spent, each further
-                    # partition carries at most its first batch (a reader must progress).
-                    answer, driver, now = self._fetch_partition(request.replica_id, tp, p,
-                                                                max(1, min(budget, p.partition_max_bytes)))
-                    if follower:
-                        stepped[tp] = driver.replica.fetch_count(request.replica_id) if driver is not None else -1
-                    budget -= len(answer.records or b"")
+            now_s = loop.time()
+            for tp, p in partitions.items():
+                quiet = notes.get(tp) if notes is not None else None
+                if isinstance(quiet, _Quiet) and tp not in stepped:
+                    stepped[tp] = quiet.fetches
+                if follower and tp in stepped and self._fetched_since(request.replica_id, tp, stepped[tp], p):
+                    # The follower has fetched from elsewhere since (express) and moved on:
+                    # this long-poll is old news. End it, so its newer request can come.
+                    answer, driver = self._state_answer(tp, p.partition)
                     answers[tp] = answer
-                    ready = ready or (now and not answer.records)
-                    if driver is not None:
-                        changes.append(driver.changed())
+                    ready = True
+                    if notes is not None:
+                        notes.pop(tp, None)
+                    continue
+                if isinstance(quiet, _Quiet) and not quiet.changed.done() and now_s < quiet.until_s:
+                    # Nothing changed here since this partition's last step in the session, and
+                    # that step is recent enough for the core's ISR clock: its answer stands.
+                    # Stepping every idle partition on every fetch was most of an idle broker's cost.
+                    answers[tp] = quiet.answer
+                    changes.append(quiet.changed)
+                    continue
+                # The response stays near max_bytes: once it is spent, each further
+                # partition carries at most its first batch (a reader must progress).
+                answer, driver, now = self._fetch_partition(request.replica_id, tp, p,
+                                                            max(1, min(budget, p.partition_max_bytes)))
+                if follower:
+                    stepped[tp] = driver.replica.fetch_count(request.replica_id) if driver is not None else -1
+                budget -= len(answer.records or b"")
+                answers[tp] = answer
+                quiet_now = not now
+                if now and not answer.records and session_id != NO_SESSION:
+                    # An error or a divergence the follower has heard already does not end a
+                    # long-poll again: it would answer at once, omitting it, over and over.
+                    now = self.fetch_sessions.carries(session_id, tp, False, _summary(answer))
+                ready = ready or (now and not answer.records)
+                if driver is not None:
+                    changed = driver.changed()
+                    changes.append(changed)
+                    if notes is not None:
+                        if not quiet_now:   # records, an error or a divergence: step it each time
+                            notes.pop(tp, None)
+                        else:
+                            lag_s = driver.replica.config.replica_lag_time_max_ms / 1000
+                            notes[tp] = _Quiet(answer=answer, changed=changed, fetches=stepped[tp],
+                                              until_s=now_s + lag_s * QUIET_REFRESH)
             remaining = deadline - loop.time()
             if remaining <= 0 and wait_s > 0 and follower and log.isEnabledFor(logging.DEBUG):
                 log.debug("fetch from replica %d waited %.0f ms for nothing", request.replica_id, wait_s * 1000)
             # min_bytes: the long-poll ends once that much is there (at least one byte).
             found_bytes = max(1, request.max_bytes) - budget
-            if ready or found_bytes >= max(1, request.min_bytes) or remaining <= 0 or not changes:
-                return self._fetch_response(request, answers)
-            await asyncio.wait(changes, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+            if (ready or found_bytes >= max(1, request.min_bytes) or remaining <= 0
+                    or (not changes and session_id == NO_SESSION)):
+                if session_id != NO_SESSION:
+                    carried = self.fetch_sessions.answer(
+                        session_id, {tp: (bool(a.records), _summary(a)) for tp, a in answers.items()})
+                    answers = {tp: answers[tp] for tp in carried}
+                return self._fetch_response(answers, session_id)
+            if changes:
+                await asyncio.wait(changes, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+            else:
+                # A session whose partitions are all still opening here (or gone): their
+                # errors were answered once; poll rather than answer nothing at once, over and over.
+                await asyncio.sleep(min(remaining, NOT_READY_POLL_S))
+
+    def _session_receive(self, request: wire.FetchRequest) -> tuple[int, dict[TopicPartition, wire.FetchPartition]]:
+        """A follower's session fetch applied to its session: (session id, every partition it
+        follows here at its position, sent now or earlier)."""
+        fetch: IncrementalFetch[TopicPartition, wire.FetchPartition] = IncrementalFetch(
+            session_id=request.session_id, epoch=request.session_epoch,
+            changed={TopicPartition(t.topic, p.partition): p for t in request.topics for p in t.partitions},
+            removed=frozenset(TopicPartition(t.topic, p) for t in request.forgotten_topics for p in t.partitions),
+            full=request.session_epoch == FULL_EPOCH)
+        session_id, _, positions = self.fetch_sessions.receive(fetch, owner=request.replica_id)
+        return session_id, positions
 
     def _fetched_since(self, replica_id: int, tp: TopicPartition, fetches: int, p: wire.FetchPartition) -> bool:
         driver = self.replicas.get(*tp)
@@ -272,12 +363,12 @@ class RequestHandler:
         return answer, driver, now
 
     @staticmethod
-    def _fetch_response(request: wire.FetchRequest,
-                        answers: dict[TopicPartition, wire.FetchPartitionResponse]) -> wire.FetchResponse:
+    def _fetch_response(answers: dict[TopicPartition, wire.FetchPartitionResponse],
+                        session_id: int = NO_SESSION) -> wire.FetchResponse:
         by_topic: dict[str, list[wire.FetchPartitionResponse]] = {}
         for (topic, _), a in answers.items():
             by_topic.setdefault(topic, []).append(a)
-        return wire.FetchResponse(topics=tuple(
+        return wire.FetchResponse(session_id=session_id, topics=tuple(
             wire.FetchTopicResponse(topic=t, partitions=tuple(ps)) for t, ps in by_topic.items()))
 
     # ------------------------------------------------------------ push replication
@@ -372,3 +463,9 @@ class RequestHandler:
 
 
 __all__ = ["RequestHandler"]
+
+
+def _summary(a: wire.FetchPartitionResponse) -> tuple:
+    """What a session compares to decide whether a partition without records travels again."""
+    return (a.error_code, a.high_watermark, a.log_start_offset, a.log_end_offset, a.diverging_epoch,
+            a.current_leader, a.flush_after_append)

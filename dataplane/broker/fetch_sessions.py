@@ -1,0 +1,193 @@
+"""Incremental follower fetch sessions (after Kafka's KIP-227), pure: no sockets, no clocks.
+
+A follower's first fetch to a leader broker is full (every partition, asks for a
+session); the leader answers with a session id and epoch 1. Each later fetch names
+the session and the next epoch and carries only partitions whose position changed,
+were added or were removed: an omitted partition keeps its last position. The
+leader's answer carries only partitions with records or whose summary (HW, log
+start, error...) changed since the last answer in this session.
+
+Anything off (unknown id, wrong epoch, a leader restart forgets every session, a
+session evicted to bound their number) is a `SessionError`: the follower forgets
+its session and sends a full fetch. Never is an incremental fetch applied to
+positions the two sides do not share.
+
+A full fetch after a reset names the session it replaces, so the leader drops it at once.
+
+ISR rule for omitted partitions: an omitted partition was fetched again at its last
+position, so the leader must go on judging it; `receive` gives the whole map (sent and
+omitted) and the leader steps a partition at its position when something changed there
+or its ISR clock is due, so the replica core's one caught-up rule judges it (the driver
+keeps a quiet partition's last answer in the session's `notes`: dataplane/broker/server.py).
+
+`Position` and `Summary` are opaque to this module: any values compared by equality.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections import OrderedDict
+from typing import Generic, Hashable, Mapping, TypeVar
+
+K = TypeVar("K", bound=Hashable)   # a partition
+P = TypeVar("P")                   # a follower's position in it
+S = TypeVar("S")                   # the leader's summary of it
+
+NO_SESSION = 0
+FULL_EPOCH = 0     # a full fetch's epoch; incremental ones count from 1
+_UNSENT = object()
+
+
+class SessionError(Exception):
+    """The leader cannot apply an incremental fetch: the follower must send a full one."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason   # "unknown_session" or "wrong_epoch"
+
+
+@dataclasses.dataclass(frozen=True)
+class IncrementalFetch(Generic[K, P]):
+    """What a follower sends: full=True carries every partition and opens a new session."""
+
+    session_id: int
+    epoch: int
+    changed: Mapping[K, P]
+    removed: frozenset[K]
+    full: bool
+
+
+@dataclasses.dataclass
+class _LeaderSession(Generic[K, P, S]):
+    session_id: int
+    owner: int         # the follower broker's id: a session answers to it alone
+    next_epoch: int
+    positions: dict[K, P]
+    sent: dict[K, S]   # the summary last answered per partition
+    # The driver's notes on a partition at its current position (server.py keeps a quiet
+    # partition's last answer there); dropped when the position changes or it leaves.
+    notes: dict[K, object] = dataclasses.field(default_factory=dict)
+
+
+class LeaderSessions(Generic[K, P, S]):
+    """One leader broker's sessions, at most `max_sessions` (the least recently used goes)."""
+
+    def __init__(self, max_sessions: int = 1000, first_id: int = 1) -> None:
+        if max_sessions < 1:
+            raise ValueError("max_sessions must be at least 1")
+        self.max_sessions = max_sessions
+        self._next_id = first_id
+        self._sessions: OrderedDict[int, _LeaderSession[K, P, S]] = OrderedDict()
+        self.evicted = 0
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def receive(self, fetch: IncrementalFetch[K, P], owner: int) -> tuple[int, int, dict[K, P]]:
+        """Apply a fetch from follower broker `owner`: (session id, epoch to answer with, every
+        partition's position).
+
+        Raises SessionError for an incremental fetch the leader has no matching session for.
+        Ids must not repeat across leader restarts (the driver seeds `first_id`), and a session
+        belongs to one follower, so a stale id can never land on another follower's session."""
+        if fetch.full:
+            old = self._sessions.get(fetch.session_id)
+            if old is not None and old.owner == owner:
+                del self._sessions[fetch.session_id]   # the follower starts over
+            while len(self._sessions) >= self.max_sessions:
+                self._sessions.popitem(last=False)
+                self.evicted += 1
+            session_id = self._next_id
+            self._next_id += 1
+            session: _LeaderSession[K, P, S] = _LeaderSession(session_id, owner, 1, dict(fetch.changed), {})
+            self._sessions[session_id] = session
+            return session_id, FULL_EPOCH, dict(session.positions)
+        found = self._sessions.get(fetch.session_id)
+        if found is None or found.owner != owner:
+            raise SessionError("unknown_session")
+        if fetch.epoch != found.next_epoch:
+            # The follower's view and ours may differ: drop the session, never guess.
+            del self._sessions[fetch.session_id]
+            raise SessionError("wrong_epoch")
+        self._sessions.move_to_end(fetch.session_id)
+        for key in fetch.removed:
+            found.positions.pop(key, None)
+            found.sent.pop(key, None)
+            found.notes.pop(key, None)
+        for key in fetch.changed:
+            found.notes.pop(key, None)
+        found.positions.update(fetch.changed)
+        epoch = found.next_epoch
+        found.next_epoch += 1
+        return found.session_id, epoch, dict(found.positions)
+
+    def notes(self, session_id: int) -> dict[K, object]:
+        """The driver's notes on the session's partitions (see `_LeaderSession.notes`)."""
+        session = self._sessions.get(session_id)
+        return session.notes if session is not None else {}
+
+    def carries(self, session_id: int, key: K, has_records: bool, summary: S) -> bool:
+        """Whether an answer now would carry `key` (nothing is recorded: a long-poll asks this
+        on each wake and records with `answer` when it ends)."""
+        session = self._sessions.get(session_id)
+        return session is None or has_records or session.sent.get(key, _UNSENT) != summary
+
+    def answer(self, session_id: int, results: Mapping[K, tuple[bool, S]]) -> list[K]:
+        """Which partitions the answer carries: `results` maps each to (has records, summary).
+
+        A full fetch's answer (nothing sent yet) carries every partition."""
+        session = self._sessions.get(session_id)
+        if session is None:
+            return list(results)
+        carried = []
+        for key, (has_records, summary) in results.items():
+            if has_records or key not in session.sent or session.sent[key] != summary:
+                carried.append(key)
+                session.sent[key] = summary
+        return carried
+
+
+class FollowerSession(Generic[K, P]):
+    """A follower's side of its session with one leader broker."""
+
+    def __init__(self) -> None:
+        self.session_id = NO_SESSION
+        self.next_epoch = FULL_EPOCH
+        self._sent: dict[K, P] = {}
+        self._in_flight: tuple[dict[K, P], int] | None = None
+        # The session a full fetch names so that the leader drops it (Kafka does the same):
+        # without it every reset would leave a session behind until evicted.
+        self._closing = NO_SESSION
+
+    def build(self, wanted: Mapping[K, P]) -> IncrementalFetch[K, P]:
+        """The next fetch for `wanted` (every partition followed there, at its position now)."""
+        if self.session_id == NO_SESSION:
+            fetch = IncrementalFetch(self._closing, FULL_EPOCH, dict(wanted), frozenset(), True)
+        else:
+            changed = {k: p for k, p in wanted.items() if k not in self._sent or self._sent[k] != p}
+            removed = frozenset(k for k in self._sent if k not in wanted)
+            fetch = IncrementalFetch(self.session_id, self.next_epoch, changed, removed, False)
+        self._in_flight = (dict(wanted), fetch.epoch)
+        return fetch
+
+    def answered(self, session_id: int, epoch: int) -> None:
+        """The leader accepted the fetch last built."""
+        if self._in_flight is None:
+            return
+        wanted, sent_epoch = self._in_flight
+        self._in_flight = None
+        if epoch != sent_epoch or (self.session_id != NO_SESSION and session_id != self.session_id):
+            self.reset()
+            return
+        self.session_id = session_id
+        self.next_epoch = epoch + 1
+        self._sent = wanted
+        self._closing = NO_SESSION
+
+    def reset(self) -> None:
+        """A session error, a lost connection or a leader restart: the next fetch is full."""
+        if self.session_id != NO_SESSION:
+            self._closing = self.session_id
+        self.session_id = NO_SESSION
+        self.next_epoch = FULL_EPOCH
+        self._sent = {}
+        self._in_flight = None

@@ -1,0 +1,102 @@
+"""Incremental fetch sessions between real broker processes (1 controller, 3 brokers, pull
+replication, a 200 ms long-poll).
+
+Claims: with sessions, acks=all produce completes and every replica's HW reaches the end;
+once idle, a follower's session fetches go on (the long-poll) but carry no partition (its
+biplane_broker_fetch_session_partitions_sent_total stands still while its incremental
+requests grow), no full fetch is sent, and the ISR stays whole past replica_lag_time_max_ms
+(omitted partitions are still judged caught up); after the leader broker of a partition is
+killed (-9) and restarted, and leads again, the follower opens a new session with it by a
+full fetch, replication of new records goes on, and no acknowledged record is lost."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from cluster_harness import Cluster, make_batch, produce
+from common.errors import ErrorCode
+from common.wire import WireClient
+from controller_harness import TOKEN, http, wait_until
+from metrics_scrape import scrape
+from test_broker_faults import read_all
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+TOPIC = "fs"
+PARTITIONS = 3
+
+
+def session_counts(cluster: Cluster, follower: int, leader: int) -> tuple[float, float, float]:
+    """(full requests, incremental requests, partitions sent) of `follower`'s session with `leader`."""
+    s = scrape(cluster.brokers[follower].metrics_port)
+    labels = {"leader": str(leader)}
+    return (s.value("biplane_broker_fetch_session_requests_total", kind="full", **labels),
+            s.value("biplane_broker_fetch_session_requests_total", kind="incremental", **labels),
+            s.value("biplane_broker_fetch_session_partitions_sent_total", **labels))
+
+
+def produce_to(cluster: Cluster, partition: int, values: list[bytes]) -> int:
+    """acks=all to the partition's leader; the offset after the batch."""
+    async def run() -> int:
+        leader = cluster.wait_leader(TOPIC, partition)
+        async with await WireClient.connect(*cluster.address(leader)) as c:
+            r = await produce(c, TOPIC, partition, make_batch(values), acks=-1, timeout_ms=10_000)
+        assert r.error_code is ErrorCode.NONE, r
+        return r.base_offset + len(values)
+    return asyncio.run(run())
+
+
+def wait_replicated(cluster: Cluster, ends: dict[int, int]) -> None:
+    """Every broker's replica of each partition has a HW at its end (followers learn it by fetching)."""
+    def check() -> bool:
+        for b in cluster.brokers.values():
+            s = scrape(b.metrics_port)
+            for p, end in ends.items():
+                if s.value("biplane_partition_high_watermark", topic=TOPIC, partition=str(p)) < end:
+                    return False
+        return True
+    wait_until(check, 20, f"every replica's HW at {ends}", interval_s=0.1)
+
+
+def test_sessions_replicate_idle_fetches_carry_nothing_and_a_restarted_leader_gets_a_full_fetch(tmp_path):
+    with Cluster(tmp_path, brokers=3, broker_args=["--fetch-wait-ms-max", "200"]) as cluster:
+        cluster.create_topic(TOPIC, partitions=PARTITIONS, replication_factor=3,
+                             config={"commit_policy": "isr", "min_insync_replicas": 2,
+                                     "replica_lag_time_max_ms": 1500})
+        leader = cluster.wait_leader(TOPIC, 0)
+        follower = next(b for b in cluster.brokers if b != leader)
+
+        # (a) Replication and the HW with sessions.
+        acked = {p: [b"%d-before-%d" % (p, i) for i in range(5)] for p in range(PARTITIONS)}
+        ends = {p: produce_to(cluster, p, acked[p]) for p in range(PARTITIONS)}
+        wait_replicated(cluster, ends)
+
+        # (b) Idle: the long-poll goes on, carrying nothing; the ISR stays whole.
+        time.sleep(1.0)   # flush reports and the last answers settle
+        before = session_counts(cluster, follower, leader)
+        time.sleep(2.5)   # > replica_lag_time_max_ms
+        after = session_counts(cluster, follower, leader)
+        assert after[1] - before[1] >= 5, f"the idle session kept long-polling: {before} -> {after}"
+        assert after[2] == before[2], f"idle session fetches carried partitions: {before} -> {after}"
+        assert after[0] == before[0], f"an idle session sent a full fetch: {before} -> {after}"
+        for p in range(PARTITIONS):
+            assert len(cluster.partition(TOPIC, p)["isr"]) == 3, f"{TOPIC}-{p} shrank while idle"
+
+        # (c) The leader broker is killed and restarted, then leads again.
+        cluster.restart(leader, kill=True)
+        wait_until(lambda: leader in cluster.partition(TOPIC, 0)["isr"], 30, "restarted broker back in the ISR")
+        r = http("POST", cluster.api_url + "/v1/elections/preferred",
+                 {"partitions": [{"topic": TOPIC, "partition": 0}]}, token=TOKEN)
+        assert r.status == 200, r.body
+        wait_until(lambda: cluster.partition(TOPIC, 0)["leader"] == leader, 20, "leadership back")
+        more = [b"0-after-%d" % i for i in range(5)]
+        end = produce_to(cluster, 0, more)
+        wait_replicated(cluster, {0: end})
+        recovered = session_counts(cluster, follower, leader)
+        # Its session with the killed process broke: the first fetch to the new one is full
+        # (none reached the address while it was down: a refused connection sends nothing).
+        assert recovered[0] > after[0], f"no full fetch to the restarted leader: {after} -> {recovered}"
+        values = [v for _, v in asyncio.run(read_all(cluster, TOPIC, end)) if v.startswith(b"0-")]
+        assert values == acked[0] + more, "an acknowledged record was lost"

@@ -1,0 +1,223 @@
+"""Incremental fetch sessions as the broker drives them: the leader's FETCH handler
+(dataplane/broker/server.py) and the follower's fetcher (dataplane/broker/fetcher.py).
+
+Claims: an idle session's fetch names no partition and is answered with none; a quiet
+partition is not stepped again while nothing changes there, until a share of its lag time
+has passed (then it is, so the core's ISR clock moves on); every partition is waited on,
+so records on an omitted partition end the long-poll with that partition alone; an unknown session
+id or a wrong epoch is refused with Kafka's session errors, and a restarted handler knows
+no session. The fetcher sends only what changed, parks what the answer omitted (delivers
+nothing for it), and after a session error sends a full fetch naming the old session."""
+from __future__ import annotations
+
+import asyncio
+import types
+
+from common.batch import build_batch
+from common.errors import ErrorCode
+from common.wire import messages as wire
+from dataplane.broker.fetcher import Fetcher
+from dataplane.broker import server
+from dataplane.broker.server import RequestHandler
+from dataplane.replica.events import FetchRequest
+from test_broker_parts import _leader_driver, _until_serving
+
+
+def _handler(drivers: dict) -> RequestHandler:
+    info = types.SimpleNamespace(leader=1, leader_epoch=1)
+    image = types.SimpleNamespace(get_partition=lambda topic, partition: info)
+    replicas = types.SimpleNamespace(get=lambda topic, partition: drivers.get(topic), opening=())
+    return RequestHandler(broker_id=1, image=lambda: image, replicas=replicas, producer_ids=None,
+                          refresh_metadata=lambda: None, fetch_wait_ms_max=5000)
+
+
+def _position(topic: str, offset: int) -> wire.FetchTopic:
+    return wire.FetchTopic(topic=topic, partitions=(wire.FetchPartition(
+        partition=0, current_leader_epoch=1, fetch_offset=offset, last_fetched_epoch=1,
+        partition_max_bytes=1 << 20, flushed_offset=offset),))
+
+
+def _session_fetch(handler: RequestHandler, session_id: int, epoch: int, topics=(), wait_ms: int = 5000):
+    return asyncio.ensure_future(handler.fetch(wire.FetchRequest(
+        replica_id=2, max_wait_ms=wait_ms, min_bytes=1, max_bytes=1 << 20, session_id=session_id,
+        session_epoch=epoch, topics=tuple(topics))))
+
+
+def _carried(response: wire.FetchResponse) -> dict[str, wire.FetchPartitionResponse]:
+    return {t.topic: p for t in response.topics for p in t.partitions}
+
+
+def test_idle_session_fetch_carries_nothing_waits_and_wakes_on_an_omitted_partition(tmp_path, monkeypatch):
+    monkeypatch.setattr(server, "QUIET_REFRESH", 0.02)
+
+    async def scenario():
+        drivers = {name: _leader_driver(tmp_path, name, (1, 2), None) for name in ("a", "b")}
+        for d in drivers.values():
+            await _until_serving(d)
+        handler = _handler(drivers)
+        ends = {name: d.log.log_end_offset for name, d in drivers.items()}
+        full = await asyncio.wait_for(_session_fetch(handler, 0, 0, [_position(n, e) for n, e in ends.items()],
+                                                     wait_ms=0), 5)
+        assert full.error_code is ErrorCode.NONE and full.session_id != 0
+        assert set(_carried(full)) == {"a", "b"}, "a full fetch's answer carries every partition"
+        sid = full.session_id
+        fetches = {n: d.replica.fetch_count(2) for n, d in drivers.items()}
+        idle = await asyncio.wait_for(_session_fetch(handler, sid, 1, wait_ms=0), 5)
+        assert idle.error_code is ErrorCode.NONE and idle.session_id == sid and _carried(idle) == {}
+        assert {n: d.replica.fetch_count(2) for n, d in drivers.items()} == fetches, \
+            "a quiet partition was stepped again though nothing changed and its refresh was not due"
+        await asyncio.sleep(10 * server.QUIET_REFRESH + 0.05)   # past the refresh of the 10 s lag time
+        idle = await asyncio.wait_for(_session_fetch(handler, sid, 2, wait_ms=0), 5)
+        assert _carried(idle) == {}
+        assert all(d.replica.fetch_count(2) > fetches[n] for n, d in drivers.items()), \
+            "an omitted partition is stepped again at its last position once due (the core's ISR clock)"
+        poll = _session_fetch(handler, sid, 3)
+        await asyncio.sleep(0.2)
+        assert not poll.done(), "an idle session fetch long-polls"
+        drivers["b"].submit_produce(bytearray(build_batch([b"v"], timestamp_ms=1)), acks=1, timeout_ms=10_000)
+        woken = await asyncio.wait_for(poll, 2)
+        for d in drivers.values():
+            await d.close()
+        return woken, ends
+
+    woken, ends = asyncio.run(scenario())
+    carried = _carried(woken)
+    assert set(carried) == {"b"} and carried["b"].records, "records on an omitted partition end the long-poll"
+
+
+def test_unknown_session_wrong_epoch_and_a_restarted_handler_are_session_errors(tmp_path):
+    async def scenario():
+        drivers = {"a": _leader_driver(tmp_path, "a", (1, 2), None)}
+        await _until_serving(drivers["a"])
+        handler = _handler(drivers)
+        end = drivers["a"].log.log_end_offset
+        full = await _session_fetch(handler, 0, 0, [_position("a", end)], wait_ms=0)
+        sid = full.session_id
+        unknown = await _session_fetch(handler, sid + 1, 1, wait_ms=0)
+        wrong = await _session_fetch(handler, sid, 5, wait_ms=0)
+        after_wrong = await _session_fetch(handler, sid, 1, wait_ms=0)   # a wrong epoch dropped the session
+        restarted = _handler(drivers)
+        again = await _session_fetch(handler, 0, 0, [_position("a", end)], wait_ms=0)
+        on_restarted = await _session_fetch(restarted, again.session_id, 1, wait_ms=0)
+        await drivers["a"].close()
+        return unknown, wrong, after_wrong, on_restarted
+
+    unknown, wrong, after_wrong, on_restarted = asyncio.run(scenario())
+    assert unknown.error_code is ErrorCode.FETCH_SESSION_ID_NOT_FOUND
+    assert wrong.error_code is ErrorCode.INVALID_FETCH_SESSION_EPOCH
+    assert after_wrong.error_code is ErrorCode.FETCH_SESSION_ID_NOT_FOUND
+    assert on_restarted.error_code is ErrorCode.FETCH_SESSION_ID_NOT_FOUND
+
+
+def test_fetcher_sends_only_changes_parks_omitted_and_goes_full_after_a_session_error():
+    sent: list[wire.FetchRequest] = []
+    delivered: list[tuple[str, int]] = []
+    counted: list[tuple[bool, int]] = []
+
+    def answer(*topics: str, session_id: int = 7) -> wire.FetchResponse:
+        return wire.FetchResponse(session_id=session_id, topics=tuple(wire.FetchTopicResponse(
+            topic=t, partitions=(wire.FetchPartitionResponse(
+                partition=0, high_watermark=10, current_leader=wire.LeaderIdAndEpoch(leader_id=2, leader_epoch=1)),))
+            for t in topics))
+
+    script = [answer("a", "b"),                                           # 1: full, both answered
+              wire.FetchResponse(error_code=ErrorCode.FETCH_SESSION_ID_NOT_FOUND),   # 2: the leader restarted
+              answer("b", session_id=9),                                  # 3: full again, news on b only
+              answer(session_id=9)]                                       # 4: nothing new
+
+    class FakeClient:
+        closed = False
+
+        async def request(self, req):
+            sent.append(req)
+            if len(sent) > len(script):
+                await asyncio.Event().wait()   # the next long-poll: nothing more to say
+            return script[len(sent) - 1]
+
+        async def close(self):
+            self.closed = True
+
+    async def scenario():
+        fetcher: Fetcher
+
+        def request(tp, offset):
+            return FetchRequest(replica_id=1, fetch_offset=offset, current_leader_epoch=1, partition=tp)
+
+        def deliver(tp, ev):
+            delivered.append((tp[0], ev.fetch_offset))
+            # The core asks again: from the same position, or (b in round 3) from a new one.
+            fetcher.submit(2, tp, request(tp, 11 if len(sent) == 3 else 10))
+
+        fetcher = Fetcher(broker_id=1, address_of=lambda b: ("127.0.0.1", 1), deliver=deliver,
+                          on_session_fetch=lambda leader, full, n: counted.append((full, n)))
+        fetcher.submit(2, ("a", 0), request(("a", 0), 10))
+        fetcher.submit(2, ("b", 0), request(("b", 0), 10))
+        session = fetcher.sessions[2]
+        client = FakeClient()
+
+        async def connect(which):
+            return client
+        session._client = connect
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if len(sent) > len(script):
+                break
+        await fetcher.close()
+
+    asyncio.run(scenario())
+    shape = [(r.session_id, r.session_epoch, sorted((t.topic, p.fetch_offset) for t in r.topics for p in t.partitions))
+             for r in sent]
+    assert shape == [
+        (0, 0, [("a", 10), ("b", 10)]),   # full: opens a session
+        (7, 1, []),                       # idle: nothing changed since
+        (7, 0, [("a", 10), ("b", 10)]),   # refused: full again, naming the old session to close it
+        (9, 1, [("b", 11)]),              # only the partition whose position changed
+        (9, 2, []),
+    ], shape
+    assert counted == [(True, 2), (False, 0), (True, 2), (False, 1), (False, 0)]
+    # What an answer omitted (a in round 3, both in 4) or a refusal did not answer is not
+    # delivered: it stays parked in the session.
+    assert delivered == [("a", 10), ("b", 10), ("b", 10)]
+
+
+def test_a_parked_partition_whose_replica_stopped_following_leaves_the_session():
+    """A request the leader omitted outlives its core: once the broker says the replica no
+    longer follows that leader (closed, failed, elsewhere), the next fetch forgets it, so
+    the leader stops counting it as caught up."""
+    sent: list[wire.FetchRequest] = []
+    following = {"a", "b"}
+
+    class FakeClient:
+        closed = False
+
+        async def request(self, req):
+            sent.append(req)
+            if len(sent) > 2:
+                await asyncio.Event().wait()
+            following.discard("a")   # its replica closed while the fetch was out
+            return wire.FetchResponse(session_id=7)   # nothing new: both stay parked
+
+        async def close(self):
+            self.closed = True
+
+    async def scenario():
+        fetcher = Fetcher(broker_id=1, address_of=lambda b: ("127.0.0.1", 1), deliver=lambda tp, ev: None,
+                          follows=lambda tp, leader: tp[0] in following and leader == 2)
+        for t in ("a", "b"):
+            fetcher.submit(2, (t, 0), FetchRequest(replica_id=1, fetch_offset=10, current_leader_epoch=1,
+                                                   partition=(t, 0)))
+        session = fetcher.sessions[2]
+        client = FakeClient()
+
+        async def connect(which):
+            return client
+        session._client = connect
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if len(sent) > 2:
+                break
+        await fetcher.close()
+
+    asyncio.run(scenario())
+    assert [(r.session_epoch, [t.topic for t in r.topics], [t.topic for t in r.forgotten_topics]) for r in sent] == [
+        (0, ["a", "b"], []), (1, [], ["a"]), (2, [], [])]
