@@ -469,3 +469,32 @@ def test_cleanup_finds_what_a_run_with_its_own_results_directory_left(tmp_path, 
     assert actions == [f"unmounted {elsewhere / 'broker-1'}"]
     assert json.loads((elsewhere / "manifest.json").read_text())["mounts"] == []
     assert not (root / "elsewhere-3-4").is_symlink()
+
+
+def test_a_broker_killed_while_the_last_one_killed_is_still_coming_back_counts_as_quorum_loss() -> None:
+    """Faults run one at a time, but b1, restarted at 3 s, is back in service (replicas open,
+    in the ISR again) only at 6 s; b2 killed from 4 to 5 s leaves two of three brokers out from
+    4 to 5.5 s (b2 back at 5.5). The in-service figure skips that; the scheduled one does not.
+    A broker and a controller out at once are not two of a kind."""
+    h = clean_history()
+    tp = tp_key(TOPIC, 0)
+    base = [s for s in h.sends if s.tp != tp]
+    # acks at 0.1, 1.1, ... 3.1, then none until 6.6
+    h.sends = base + [Send(producer="p1", tp=tp, seq=i, value=record_value("p1", TOPIC, 0, i), sent_s=float(i),
+                           done_s=(float(i) + 0.1) if i <= 3 else 6.6, offset=i, error=None) for i in range(7)]
+    kill_b1 = FaultRun(index=0, kind="kill_broker", targets=("b1",), start_s=2.0, end_s=3.0, removes_quorum=False,
+                       back_s={"b1": 6.0})
+    kill_b2 = FaultRun(index=1, kind="kill_broker", targets=("b2",), start_s=4.0, end_s=5.0, removes_quorum=False,
+                       back_s={"b2": 5.5})
+    h.faults = [kill_b1, kill_b2]
+    figs = check(h).figures
+    assert figs["longest_ack_gap_s_by_partition"][tp] == pytest.approx(3.5, abs=0.01)       # 3.1..6.6
+    assert figs["longest_ack_gap_s_in_service_by_partition"][tp] == pytest.approx(2.0, abs=0.01)
+    assert (figs["quorum_out_windows"], figs["quorum_out_s"]) == (1, pytest.approx(1.5))
+    # not seen back: each counts out only while its fault lasts, and they never overlap
+    h.faults = [dataclasses.replace(kill_b1, back_s={}), dataclasses.replace(kill_b2, back_s={})]
+    assert check(h).figures["longest_ack_gap_s_in_service_by_partition"][tp] == pytest.approx(3.5, abs=0.01)
+    h.faults = [kill_b1, dataclasses.replace(kill_b2, kind="kill_controller", targets=("c2",), back_s={"c2": 5.5})]
+    assert check(h).figures["quorum_out_windows"] == 0
+    # the back times survive a saved history
+    assert History.from_json(json.loads(json.dumps(h.to_json()))).faults[0].back_s == {"b1": 6.0}

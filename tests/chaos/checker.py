@@ -13,7 +13,9 @@ that never acknowledged again after the last heal.
 Fences (when the history has them): every broker fenced for an expired session that no fault
 explains (`unexplained_fences`: a liveness failure; see `fence_explained`).
 Figures: acks and failures by error, faults by kind, the longest acks=all gap per partition
-outside faults that remove a quorum, and the time to the first acknowledgement after the last
+outside faults that remove a quorum by schedule, and outside any time a quorum was gone in fact
+(`out_of_service_windows`: two of three brokers or controllers out at once, a restarted one out
+until it is back in service), and the time to the first acknowledgement after the last
 heal per partition. For gray faults (a broker cut from its peers, not from the controllers;
 tests/chaos/schedule.py GRAY_WEIGHTS): per kind, the longest acks=all gap inside the fault of
 the partitions the cut broker led as it began and of the others, by commit policy, against
@@ -225,6 +227,52 @@ def _quorum_windows(history: History) -> list[tuple[float, float]]:
     return sorted((f.start_s, f.end_s) for f in history.faults if f.removes_quorum)
 
 
+# Faults that take their targets out of service while they last: the process is dead, stopped
+# or unreachable. A killed process stays out until it is back in service (FaultRun.back_s).
+OUT_OF_SERVICE_KINDS = frozenset({
+    "kill_broker", "kill_controller", "kill_controller_leader", "kill_broker_pair",
+    "pause_broker", "pause_controller", "pause_controller_leader", "pause_controller_pair",
+    "isolate", "partition"})
+
+
+def _merged(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for start, end in sorted(spans):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
+
+
+def out_of_service_windows(history: History) -> list[tuple[float, float]]:
+    """When a quorum was gone in fact, not only by schedule: two brokers, or two controllers,
+    out of service at once (of three), a restarted process counting as out until it was back
+    in service. Faults run one at a time, but a broker killed while the last one killed is still
+    opening its replicas or catching up leaves its partitions one in-sync replica, as a pair
+    kill would. Also every scheduled quorum-removing fault."""
+    spans: dict[str, list[tuple[float, float]]] = collections.defaultdict(list)
+    for f in history.faults:
+        if f.kind in OUT_OF_SERVICE_KINDS:
+            for node in f.targets:
+                spans[node].append((f.start_s, max(f.end_s, f.back_s.get(node, f.end_s))))
+    windows = list(_quorum_windows(history))
+    for prefix in ("b", "c"):
+        edges: list[tuple[float, int]] = []
+        for node, node_spans in spans.items():
+            if node.startswith(prefix):
+                for start, end in _merged(node_spans):
+                    edges += [(start, 1), (end, -1)]
+        out, opened = 0, 0.0
+        for at, step in sorted(edges, key=lambda e: (e[0], e[1])):   # an end before a start at one instant
+            if step > 0 and out == 1:
+                opened = at
+            if step < 0 and out == 2:
+                windows.append((opened, at))
+            out += step
+    return _merged(windows)
+
+
 def _outside(windows: list[tuple[float, float]], start: float, end: float) -> float:
     """Length of [start, end] not covered by any window."""
     covered = 0.0
@@ -250,15 +298,19 @@ def figures(history: History) -> dict[str, Any]:
         ack_times[s.tp].append(s.done_s)
     first_send_s = min((s.sent_s for s in history.sends), default=0.0)
     last_send_s = max((s.sent_s for s in history.sends), default=0.0)
+    in_service = out_of_service_windows(history)
     gap_by_tp: dict[str, float] = {}
+    gap_in_service_by_tp: dict[str, float] = {}
     for tp in sorted({s.tp for s in history.sends}):
         times = sorted(ack_times.get(tp, []))
         # from the first send to the last: a partition that stops acknowledging has its gap counted
         edges = [first_send_s, *times, max(last_send_s, *times) if times else last_send_s]
-        longest = 0.0
+        longest = longest_in_service = 0.0
         for a, b in zip(edges, edges[1:]):
             longest = max(longest, _outside(windows, a, b))
+            longest_in_service = max(longest_in_service, _outside(in_service, a, b))
         gap_by_tp[tp] = round(longest, 3)
+        gap_in_service_by_tp[tp] = round(longest_in_service, 3)
 
     reack_by_tp: dict[str, float | None] = {}
     if history.last_heal_s is not None:
@@ -278,6 +330,11 @@ def figures(history: History) -> dict[str, Any]:
         "producer_restarts": len(history.producer_restarts),
         "longest_ack_gap_s": max(gap_by_tp.values(), default=0.0),
         "longest_ack_gap_s_by_partition": gap_by_tp,
+        # the same outside out_of_service_windows: what the issue's gap target is judged on
+        "longest_ack_gap_s_in_service": max(gap_in_service_by_tp.values(), default=0.0),
+        "longest_ack_gap_s_in_service_by_partition": gap_in_service_by_tp,
+        "quorum_out_windows": len(in_service),
+        "quorum_out_s": round(sum(b - a for a, b in in_service), 3),
         "reack_after_last_heal_s": (max((v for v in reack_by_tp.values() if v is not None), default=None)
                                     if reack_by_tp else None),
         "reack_after_last_heal_s_by_partition": reack_by_tp,

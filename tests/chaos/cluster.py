@@ -240,6 +240,37 @@ class Cluster:
                 continue
         return None
 
+    def health(self, node: Node) -> dict[str, Any] | None:
+        """One controller's own /v1/health answer; None when it does not answer."""
+        try:
+            with urllib.request.urlopen(f"http://{node.address}:{API_PORT}/v1/health", timeout=1.0) as resp:
+                answer = json.loads(resp.read())
+                return answer if isinstance(answer, dict) else None
+        except (OSError, ValueError, urllib.error.URLError):
+            return None
+
+    def back_in_service(self, node: Node, topics: list[str], leader_offset: int) -> bool:
+        """A restarted broker: registered, unfenced, no replica still opening, and in the ISR of
+        every partition it replicates. A restarted controller: answering, with the metadata the
+        leader had committed when it came back (`leader_offset`)."""
+        if not node.alive() or node.paused:
+            return False
+        if node.kind == "controller":
+            answer = self.health(node)
+            return answer is not None and int(answer.get("metadata_offset", -1)) >= leader_offset
+        try:
+            listed = {b["broker_id"]: b for b in self.api_get("/v1/brokers")["brokers"]}
+            me = listed.get(node.node_id)
+            if me is None or me["fenced"] or (me.get("replicas_opening") or 0) > 0:
+                return False
+            for topic in topics:
+                for p in self.api_get(f"/v1/topics/{topic}/partitions")["partitions"]:
+                    if node.node_id in p["replicas"] and node.node_id not in p["isr"]:
+                        return False
+        except ClusterError:
+            return False
+        return True
+
     def api_get(self, path: str) -> Any:
         last: Exception | None = None
         for url in self.controller_urls:

@@ -68,6 +68,10 @@ class FaultRun:
     note: str = ""
     # gray faults: each partition's leader ("b1"...) as the fault began (absent: none known)
     leaders: dict[str, str] = dataclasses.field(default_factory=dict)
+    # killed processes: when each was back in service after its restart (a broker registered,
+    # unfenced, every replica open and in its ISR; a controller answering with a leader known);
+    # absent: not seen back (the heal time stands for it)
+    back_s: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -127,7 +127,10 @@ def table(s: dict[str, Any]) -> str:
     rows += [(f"  {kind} in {topic}", str(n)) for kind, per in f.get("violations_by_topic", {}).items()
              for topic, n in per.items()]
     rows += [(f"liveness: {k.replace('_', ' ')}", str(len(v))) for k, v in s["liveness_failures"].items()]
-    rows += [("longest acks=all gap outside quorum loss (s)", str(f["longest_ack_gap_s"])),
+    rows += [("longest acks=all gap outside quorum-removing faults (s)", str(f["longest_ack_gap_s"])),
+             ("  ... and outside any two of a kind out of service (s)", str(f.get("longest_ack_gap_s_in_service"))),
+             ("  times two of a kind were out of service (count, s)",
+              f"{f.get('quorum_out_windows')}, {f.get('quorum_out_s')}"),
              ("time to ack again after last heal, worst (s)", str(f["reack_after_last_heal_s"])),
              ("partitions never acknowledging after last heal", str(len(f["partitions_never_reacked"])))]
     width = max(len(k) for k, _ in rows)
@@ -135,9 +138,10 @@ def table(s: dict[str, Any]) -> str:
     gaps = f["longest_ack_gap_s_by_partition"]
     reacks = f["reack_after_last_heal_s_by_partition"]
     lines.append("")
-    lines.append(f"{'partition'.ljust(24)} {'longest gap s':>14} {'re-ack s':>10}")
+    in_service = f.get("longest_ack_gap_s_in_service_by_partition", {})
+    lines.append(f"{'partition'.ljust(24)} {'longest gap s':>14} {'in service s':>13} {'re-ack s':>10}")
     for tp in sorted(gaps):
-        lines.append(f"{tp.ljust(24)} {gaps[tp]:>14} {str(reacks.get(tp)):>10}")
+        lines.append(f"{tp.ljust(24)} {gaps[tp]:>14} {str(in_service.get(tp, '-')):>13} {str(reacks.get(tp)):>10}")
     gray = f.get("gray") or {}
     if gray:
         targets = gray["targets_s"]

@@ -31,6 +31,8 @@ from tests.chaos.schedule import GRAY_KINDS, Fault, make_schedule
 from tests.chaos.workload import Workload, read_back
 
 TRACE = os.environ.get("BIPLANE_CHAOS_TRACE") == "1"
+BACK_POLL_S = 0.25
+BACK_WAIT_S = 60.0
 
 TOPIC_MODES: list[tuple[str, dict[str, Any]]] = [
     (f"{mode}-{policy}-{durability}", {"replication_mode": mode, "commit_policy": policy, "durability": durability})
@@ -90,6 +92,7 @@ class Run:
         self.notes: list[str] = []
         self.exits: list[str] = []     # processes found dead that no fault killed
         self.expected_down: set[str] = set()
+        self.back: dict[int, dict[str, float]] = {}   # fault index -> node -> back in service at (run s)
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -218,6 +221,24 @@ class Run:
                 n.start()
         self.write_manifest()
 
+    async def watch_back(self, fault_index: int, node: Node, topics: list[str]) -> None:
+        """Note when a restarted process is back in service (Cluster.back_in_service), polled
+        every BACK_POLL_S from its restart: the note is at most one poll late, so a window it
+        closes is, if anything, that much too long, never too short by more."""
+        def leader_offset_now() -> int:
+            leader = self.cluster.controller_leader()
+            answer = self.cluster.health(leader) if leader is not None else None
+            return int(answer.get("metadata_offset", 0)) if answer else 0
+
+        leader_offset = await asyncio.to_thread(leader_offset_now)
+        deadline = self.now() + BACK_WAIT_S
+        while self.now() < deadline:
+            at = self.now()
+            if await asyncio.to_thread(self.cluster.back_in_service, node, topics, leader_offset):
+                self.back.setdefault(fault_index, {})[node.name] = round(at, 3)
+                return
+            await asyncio.sleep(BACK_POLL_S)
+
     async def sleep_until(self, at_s: float) -> None:
         delay = at_s - self.now()
         if delay > 0:
@@ -282,6 +303,7 @@ class Run:
         schedule = make_schedule(seed=o.seed, duration_s=o.duration_s, start_s=round(self.now() + o.warmup_s, 3),
                                  kinds=o.kinds)
         _log(f"{len(schedule)} faults over {o.duration_s:.0f} s")
+        watchers: list[asyncio.Task[None]] = []
         for fault in schedule:
             await self.sleep_until(fault.start_s)
             self.restart_unexpectedly_dead()
@@ -291,6 +313,8 @@ class Run:
             await self.sleep_until(max(fault.end_s, start + fault.duration_s))
             await self.heal(fault, nodes)
             end = self.now()
+            if fault.kind.startswith("kill_"):
+                watchers += [asyncio.create_task(self.watch_back(fault.index, n, list(topics))) for n in nodes]
             self.faults.append(FaultRun(index=fault.index, kind=fault.kind, targets=tuple(n.name for n in nodes),
                                         start_s=round(start, 3), end_s=round(end, 3),
                                         removes_quorum=fault.removes_quorum, note=note, leaders=leaders))
@@ -301,6 +325,10 @@ class Run:
         self.restart_unexpectedly_dead()
         _log(f"last fault healed at {last_heal_s:.1f} s; settling {o.settle_s:.0f} s")
         await asyncio.sleep(o.settle_s)
+        for watcher in watchers:
+            watcher.cancel()
+        await asyncio.gather(*watchers, return_exceptions=True)
+        self.faults = [dataclasses.replace(f, back_s=self.back.get(f.index, {})) for f in self.faults]
         await workload.stop_sending()
         if tracer is not None:
             tracer.cancel()
