@@ -249,19 +249,21 @@ class Cluster:
         except (OSError, ValueError, urllib.error.URLError):
             return None
 
-    def back_in_service(self, node: Node, topics: list[str], leader_offset: int) -> bool:
-        """A restarted broker: registered, unfenced, no replica still opening, and in the ISR of
-        every partition it replicates. A restarted controller: answering, with the metadata the
-        leader had committed when it came back (`leader_offset`)."""
+    def back_in_service(self, node: Node, topics: list[str], committed: int) -> bool:
+        """A restarted broker: registered again (after `committed`, the metadata offset the
+        controllers had when it restarted: the controller may not have noticed it was gone),
+        unfenced, no replica still opening, and in the ISR of every partition it replicates.
+        A restarted controller: answering, with the metadata committed when it restarted."""
         if not node.alive() or node.paused:
             return False
         if node.kind == "controller":
             answer = self.health(node)
-            return answer is not None and int(answer.get("metadata_offset", -1)) >= leader_offset
+            return answer is not None and int(answer.get("metadata_offset", -1)) >= committed
         try:
             listed = {b["broker_id"]: b for b in self.api_get("/v1/brokers")["brokers"]}
             me = listed.get(node.node_id)
-            if me is None or me["fenced"] or (me.get("replicas_opening") or 0) > 0:
+            if (me is None or me["registered_offset"] <= committed or me["fenced"]
+                    or (me.get("replicas_opening") or 0) > 0):
                 return False
             for topic in topics:
                 for p in self.api_get(f"/v1/topics/{topic}/partitions")["partitions"]:

@@ -225,16 +225,20 @@ class Run:
         """Note when a restarted process is back in service (Cluster.back_in_service), polled
         every BACK_POLL_S from its restart: the note is at most one poll late, so a window it
         closes is, if anything, that much too long, never too short by more."""
-        def leader_offset_now() -> int:
-            leader = self.cluster.controller_leader()
-            answer = self.cluster.health(leader) if leader is not None else None
-            return int(answer.get("metadata_offset", 0)) if answer else 0
+        def committed_now() -> int | None:
+            answers = [self.cluster.health(c) for c in self.cluster.controllers() if c.alive() and not c.paused]
+            offsets = [int(a.get("metadata_offset", -1)) for a in answers if a is not None]
+            return max(offsets) if offsets else None
 
-        leader_offset = await asyncio.to_thread(leader_offset_now)
+        # the metadata committed as it restarted: its registration comes after it, and a
+        # controller is caught up once it has it
+        committed = None
         deadline = self.now() + BACK_WAIT_S
         while self.now() < deadline:
             at = self.now()
-            if await asyncio.to_thread(self.cluster.back_in_service, node, topics, leader_offset):
+            if committed is None:
+                committed = await asyncio.to_thread(committed_now)
+            elif await asyncio.to_thread(self.cluster.back_in_service, node, topics, committed):
                 self.back.setdefault(fault_index, {})[node.name] = round(at, 3)
                 return
             await asyncio.sleep(BACK_POLL_S)
