@@ -109,6 +109,19 @@ def test_unknown_session_wrong_epoch_and_a_restarted_handler_are_session_errors(
     assert on_restarted.error_code is ErrorCode.FETCH_SESSION_ID_NOT_FOUND
 
 
+async def _run_session(fetcher: Fetcher, client, until) -> None:
+    """Runs the fetcher's session with leader 2 over `client` until `until()` (at most 1 s),
+    then closes the fetcher."""
+    async def connect(which):
+        return client
+    fetcher.sessions[2]._client = connect
+    for _ in range(100):
+        await asyncio.sleep(0.01)
+        if until():
+            break
+    await fetcher.close()
+
+
 def test_fetcher_sends_only_changes_parks_omitted_and_goes_full_after_a_session_error():
     sent: list[wire.FetchRequest] = []
     delivered: list[tuple[str, int]] = []
@@ -152,17 +165,7 @@ def test_fetcher_sends_only_changes_parks_omitted_and_goes_full_after_a_session_
                           on_session_fetch=lambda leader, full, n: counted.append((full, n)))
         fetcher.submit(2, ("a", 0), request(("a", 0), 10))
         fetcher.submit(2, ("b", 0), request(("b", 0), 10))
-        session = fetcher.sessions[2]
-        client = FakeClient()
-
-        async def connect(which):
-            return client
-        session._client = connect
-        for _ in range(100):
-            await asyncio.sleep(0.01)
-            if len(sent) > len(script):
-                break
-        await fetcher.close()
+        await _run_session(fetcher, FakeClient(), until=lambda: len(sent) > len(script))
 
     asyncio.run(scenario())
     shape = [(r.session_id, r.session_epoch, sorted((t.topic, p.fetch_offset) for t in r.topics for p in t.partitions))
@@ -206,17 +209,7 @@ def test_a_parked_partition_whose_replica_stopped_following_leaves_the_session()
         for t in ("a", "b"):
             fetcher.submit(2, (t, 0), FetchRequest(replica_id=1, fetch_offset=10, current_leader_epoch=1,
                                                    partition=(t, 0)))
-        session = fetcher.sessions[2]
-        client = FakeClient()
-
-        async def connect(which):
-            return client
-        session._client = connect
-        for _ in range(100):
-            await asyncio.sleep(0.01)
-            if len(sent) > 2:
-                break
-        await fetcher.close()
+        await _run_session(fetcher, FakeClient(), until=lambda: len(sent) > 2)
 
     asyncio.run(scenario())
     assert [(r.session_epoch, [t.topic for t in r.topics], [t.topic for t in r.forgotten_topics]) for r in sent] == [
