@@ -55,3 +55,13 @@ def test_the_bounds_are_broker_flags():
         "--metadata-lag-records-max", "7", "--metadata-lag-ms-max", "800", "--metadata-stuck-ms-max", "2500"])
     c = config_from_args(args)
     assert (c.metadata_lag_records_max, c.metadata_lag_ms_max, c.metadata_stuck_ms_max) == (7, 800, 2500)
+
+
+def test_a_zero_stuck_bound_reports_only_a_broker_behind():
+    """--metadata-stuck-ms-max 0 (the flag allows it): a broker caught up is not stuck, and one
+    behind without progress is an episode at once. It used to fail an assertion on the first
+    applied image, which stopped the broker."""
+    lag = MetadataLag(records_max=100, duration_ms_max=5_000, stuck_ms_max=0)
+    assert lag.observe(now_ms=0, applied=5) is None
+    assert lag.observe(now_ms=10, committed=7) == LagReport(True, 2, 0)
+    assert lag.observe(now_ms=20, applied=7) == LagReport(False, 0, 10)

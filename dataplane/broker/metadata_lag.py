@@ -57,8 +57,8 @@ class MetadataLag:
             self.still_since_ms = None
         elif self.still_since_ms is None:
             self.still_since_ms = now_ms
-        still_ms = 0 if self.still_since_ms is None else now_ms - self.still_since_ms
-        stuck = still_ms >= self.stuck_ms_max
+        # a broker not behind is never stuck, whatever the bound (0 included)
+        stuck = self.still_since_ms is not None and now_ms - self.still_since_ms >= self.stuck_ms_max
         if lag <= self.records_max and not stuck:
             since, self.behind_since_ms = self.behind_since_ms, None
             if self.lagging:
