@@ -1,6 +1,8 @@
 """The pure incremental fetch session core (dataplane/broker/fetch_sessions.py)."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -8,10 +10,11 @@ from hypothesis import strategies as st
 from dataplane.broker.fetch_sessions import FollowerSession, IncrementalFetch, LeaderSessions, SessionError
 
 
-def round_trip(follower: FollowerSession, leader: LeaderSessions, wanted: dict) -> tuple[IncrementalFetch, dict]:
+def round_trip(follower: FollowerSession, leader: LeaderSessions, wanted: dict,
+               owner: int = 7) -> tuple[IncrementalFetch, dict]:
     fetch = follower.build(wanted)
     try:
-        session_id, epoch, positions = leader.receive(fetch, 7)
+        session_id, epoch, positions = leader.receive(fetch, owner)
     except SessionError:
         follower.reset()
         return fetch, {}
@@ -73,12 +76,12 @@ def test_leader_restart_forgets_sessions() -> None:
 def test_eviction_bounds_sessions_and_evicted_follower_falls_back_to_full() -> None:
     leader: LeaderSessions = LeaderSessions(max_sessions=2)
     followers: list[FollowerSession] = [FollowerSession() for _ in range(3)]
-    for f in followers:
-        round_trip(f, leader, {1: 0})
+    for owner, f in enumerate(followers):
+        round_trip(f, leader, {1: 0}, owner)
     assert len(leader) == 2 and leader.evicted == 1
-    fetch, _ = round_trip(followers[0], leader, {1: 0})
+    fetch, _ = round_trip(followers[0], leader, {1: 0}, 0)
     assert not fetch.full and followers[0].session_id == 0   # refused: evicted
-    fetch, positions = round_trip(followers[0], leader, {1: 0})
+    fetch, positions = round_trip(followers[0], leader, {1: 0}, 0)
     assert fetch.full and positions == {1: 0}
 
 
@@ -128,6 +131,24 @@ def test_full_fetch_after_a_reset_closes_the_old_session() -> None:
     fetch, _ = round_trip(follower, leader, {1: 0})
     assert fetch.full and fetch.session_id == old
     assert len(leader) == 1 and follower.session_id != old
+
+
+def test_a_full_fetch_naming_no_session_still_replaces_its_followers_sessions() -> None:
+    """A restarted follower, or one whose full fetch was abandoned before its answer, names no
+    session (or one already gone): its old sessions go anyway, another follower's stay."""
+    leader: LeaderSessions = LeaderSessions()
+    other: FollowerSession = FollowerSession()
+    other.answered(*leader.receive(other.build({1: 0}), 8)[:2])
+    for _ in range(3):   # three starts of follower 7, none remembering the last
+        fresh: FollowerSession = FollowerSession()
+        fresh.answered(*leader.receive(fresh.build({1: 0}), 7)[:2])
+    abandoned = fresh.build({1: 0})   # sent, then given up: its session is never named again
+    leader.receive(dataclasses.replace(abandoned, full=True), 7)
+    fresh.reset()
+    fresh.answered(*leader.receive(fresh.build({1: 0}), 7)[:2])
+    assert len(leader) == 2
+    assert leader.receive(other.build({1: 0}), 8)[2] == {1: 0}
+    assert leader.receive(fresh.build({1: 0}), 7)[2] == {1: 0}
 
 
 def test_carries_asks_without_recording() -> None:

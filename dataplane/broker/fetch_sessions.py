@@ -90,9 +90,11 @@ class LeaderSessions(Generic[K, P, S]):
         Ids must not repeat across leader restarts (the driver seeds `first_id`), and a session
         belongs to one follower, so a stale id can never land on another follower's session."""
         if fetch.full:
-            old = self._sessions.get(fetch.session_id)
-            if old is not None and old.owner == owner:
-                del self._sessions[fetch.session_id]   # the follower starts over
+            # A follower broker keeps one session per leader, so a full fetch starts its only
+            # one over: every session it owns goes, not just the one it names. A restarted
+            # follower, or one whose full fetch was abandoned before its answer, names none.
+            for stale in [i for i, s in self._sessions.items() if s.owner == owner]:
+                del self._sessions[stale]
             while len(self._sessions) >= self.max_sessions:
                 self._sessions.popitem(last=False)
                 self.evicted += 1
