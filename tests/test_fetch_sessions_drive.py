@@ -109,6 +109,30 @@ def test_unknown_session_wrong_epoch_and_a_restarted_handler_are_session_errors(
     assert on_restarted.error_code is ErrorCode.FETCH_SESSION_ID_NOT_FOUND
 
 
+def test_a_long_poll_steps_a_quiet_partition_when_its_refresh_is_due(tmp_path, monkeypatch):
+    """A session long-poll longer than a quarter of a partition's lag time wakes to step it,
+    so the core's ISR clock for the follower moves on while the poll waits (a lag time under
+    the long-poll's wait would otherwise drop an idle follower from the ISR)."""
+    monkeypatch.setattr(server, "QUIET_REFRESH", 0.02)   # 0.2 s of the 10 s lag time
+
+    async def scenario():
+        drivers = {"a": _leader_driver(tmp_path, "a", (1, 2), None)}
+        await _until_serving(drivers["a"])
+        handler = _handler(drivers)
+        end = drivers["a"].log.log_end_offset
+        full = await asyncio.wait_for(_session_fetch(handler, 0, 0, [_position("a", end)], wait_ms=0), 5)
+        before = drivers["a"].replica.fetch_count(2)
+        poll = _session_fetch(handler, full.session_id, 1, wait_ms=5000)
+        await asyncio.sleep(0.7)
+        assert not poll.done(), "an idle session fetch long-polls"
+        stepped = drivers["a"].replica.fetch_count(2) - before
+        assert stepped >= 2, f"stepped {stepped} times in 0.7 s of a long-poll; due every 0.2 s"
+        poll.cancel()
+        await drivers["a"].close()
+
+    asyncio.run(scenario())
+
+
 async def _run_session(fetcher: Fetcher, client, until) -> None:
     """Runs the fetcher's session with leader 2 over `client` until `until()` (at most 1 s),
     then closes the fetcher."""

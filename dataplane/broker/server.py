@@ -62,6 +62,7 @@ NOT_READY_POLL_S = 0.05
 # replica_lag_time_max_ms even if nothing changed: the core's caught-up clock for the
 # follower moves on only when stepped, and must never lag a whole lag time.
 QUIET_REFRESH = 0.25
+QUIET_WAKE_MIN_S = 0.01
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -248,6 +249,7 @@ class RequestHandler:
             ready = False  # an answer that cannot wait (an error, a divergence, a stale long-poll)
             budget = max(1, request.max_bytes)
             now_s = loop.time()
+            refresh_at = deadline   # the earliest a quiet partition is due a step again
             for tp, p in partitions.items():
                 quiet = notes.get(tp) if notes is not None else None
                 if isinstance(quiet, _Quiet) and tp not in stepped:
@@ -267,6 +269,7 @@ class RequestHandler:
                     # Stepping every idle partition on every fetch was most of an idle broker's cost.
                     answers[tp] = quiet.answer
                     changes.append(quiet.changed)
+                    refresh_at = min(refresh_at, quiet.until_s)
                     continue
                 # The response stays near max_bytes: once it is spent, each further
                 # partition carries at most its first batch (a reader must progress).
@@ -292,6 +295,7 @@ class RequestHandler:
                             lag_s = driver.replica.config.replica_lag_time_max_ms / 1000
                             notes[tp] = _Quiet(answer=answer, changed=changed, fetches=stepped[tp],
                                               until_s=now_s + lag_s * QUIET_REFRESH)
+                            refresh_at = min(refresh_at, now_s + lag_s * QUIET_REFRESH)
             remaining = deadline - loop.time()
             if remaining <= 0 and wait_s > 0 and follower and log.isEnabledFor(logging.DEBUG):
                 log.debug("fetch from replica %d waited %.0f ms for nothing", request.replica_id, wait_s * 1000)
@@ -305,7 +309,12 @@ class RequestHandler:
                     answers = {tp: answers[tp] for tp in carried}
                 return self._fetch_response(answers, session_id)
             if changes:
-                await asyncio.wait(changes, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+                # Wake for a quiet partition's step too: a long-poll longer than a quarter of a
+                # partition's lag time would otherwise outlast it (the core's ISR clock).
+                # (At most every QUIET_WAKE_MIN_S: a lag time of a few ms would spin.)
+                now_s = loop.time()
+                timeout = min(deadline - now_s, max(refresh_at - now_s, QUIET_WAKE_MIN_S))
+                await asyncio.wait(changes, timeout=max(0.0, timeout), return_when=asyncio.FIRST_COMPLETED)
             else:
                 # A session whose partitions are all still opening here (or gone): their
                 # errors were answered once; poll rather than answer nothing at once, over and over.
