@@ -251,9 +251,9 @@ class Cluster:
 
     def back_in_service(self, node: Node, topics: list[str], committed: int) -> bool:
         """A restarted broker: registered again (after `committed`, the metadata offset the
-        controllers had when it restarted: the controller may not have noticed it was gone),
+        controllers had when it was killed: the controller may not have noticed it was gone),
         unfenced, no replica still opening, and in the ISR of every partition it replicates.
-        A restarted controller: answering, with the metadata committed when it restarted."""
+        A restarted controller: answering, with the metadata committed when it was killed."""
         if not node.alive() or node.paused:
             return False
         if node.kind == "controller":

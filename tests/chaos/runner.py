@@ -222,26 +222,32 @@ class Run:
         self.write_manifest()
 
     async def watch_back(self, fault_index: int, node: Node, topics: list[str]) -> None:
-        """Note when a restarted process is back in service (Cluster.back_in_service), polled
-        every BACK_POLL_S from its restart: the note is at most one poll late, so a window it
-        closes is, if anything, that much too long, never too short by more."""
+        """Note when a killed process is back in service after its restart
+        (Cluster.back_in_service), polled every BACK_POLL_S. Started at the kill: the metadata
+        committed then comes before its registration after the restart. Each note is the time a
+        successful check began, so the moment it came back lies between the previous check and
+        that one: a window it closes may be short by a poll and a check, never long, and the gap
+        figure is if anything too large. A watcher that fails says so in the notes."""
         def committed_now() -> int | None:
             answers = [self.cluster.health(c) for c in self.cluster.controllers() if c.alive() and not c.paused]
             offsets = [int(a.get("metadata_offset", -1)) for a in answers if a is not None]
             return max(offsets) if offsets else None
 
-        # the metadata committed as it restarted: its registration comes after it, and a
-        # controller is caught up once it has it
-        committed = None
-        deadline = self.now() + BACK_WAIT_S
-        while self.now() < deadline:
-            at = self.now()
-            if committed is None:
-                committed = await asyncio.to_thread(committed_now)
-            elif await asyncio.to_thread(self.cluster.back_in_service, node, topics, committed):
-                self.back.setdefault(fault_index, {})[node.name] = round(at, 3)
-                return
-            await asyncio.sleep(BACK_POLL_S)
+        try:
+            committed = None
+            deadline = self.now() + BACK_WAIT_S
+            while self.now() < deadline:
+                at = self.now()
+                if committed is None:
+                    committed = await asyncio.to_thread(committed_now)
+                elif await asyncio.to_thread(self.cluster.back_in_service, node, topics, committed):
+                    self.back.setdefault(fault_index, {})[node.name] = round(at, 3)
+                    return
+                await asyncio.sleep(BACK_POLL_S)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a harness problem, reported, not a run failure
+            self.notes.append(f"watching {node.name} come back after fault {fault_index} failed: {exc!r}")
 
     async def sleep_until(self, at_s: float) -> None:
         delay = at_s - self.now()
@@ -314,11 +320,11 @@ class Run:
             leaders = await asyncio.to_thread(self.leaders_now, list(topics)) if fault.kind in GRAY_KINDS else {}
             start = self.now()
             nodes, note = await self.inject(fault)
+            if fault.kind.startswith("kill_"):
+                watchers += [asyncio.create_task(self.watch_back(fault.index, n, list(topics))) for n in nodes]
             await self.sleep_until(max(fault.end_s, start + fault.duration_s))
             await self.heal(fault, nodes)
             end = self.now()
-            if fault.kind.startswith("kill_"):
-                watchers += [asyncio.create_task(self.watch_back(fault.index, n, list(topics))) for n in nodes]
             self.faults.append(FaultRun(index=fault.index, kind=fault.kind, targets=tuple(n.name for n in nodes),
                                         start_s=round(start, 3), end_s=round(end, 3),
                                         removes_quorum=fault.removes_quorum, note=note, leaders=leaders))
