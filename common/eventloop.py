@@ -12,10 +12,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
+import threading
 import time
+import traceback
 from typing import Any, Callable, Coroutine, TypeVar
 
 T = TypeVar("T")
+STACK_FRAMES_MAX = 12
 
 
 def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -102,11 +106,13 @@ class LoopWatchdog:
         # time.monotonic() of the last tick: when the loop last ran callbacks. Read from other
         # threads (the broker's heartbeat thread), so a plain float written whole.
         self.last_progress_s = time.monotonic()
+        self._thread_id: int | None = None
 
     def start(self) -> None:
         if self._handle is not None:
             return
         self._loop = asyncio.get_running_loop()
+        self._thread_id = threading.get_ident()
         self._due = self._loop.time() + self.interval_ms / 1000
         self._cpu_s = time.thread_time()
         self.last_progress_s = time.monotonic()
@@ -132,6 +138,17 @@ class LoopWatchdog:
         self.last_progress_s = time.monotonic()
         self._due = now + self.interval_ms / 1000
         self._handle = self._loop.call_at(self._due, self._tick)
+
+    def loop_stack(self, frames_max: int = STACK_FRAMES_MAX) -> str | None:
+        """What the loop's thread is running now: its innermost `frames_max` frames as
+        "dir/file.py:line function", outermost first, joined by " > "; None before start or
+        once that thread is gone. Called from another thread while the loop is stalled, to name the
+        callback that holds it (after the stall, the stack is gone)."""
+        frame = sys._current_frames().get(self._thread_id) if self._thread_id is not None else None
+        if frame is None:
+            return None
+        entries = traceback.extract_stack(frame)[-frames_max:]
+        return " > ".join(f"{'/'.join(e.filename.split('/')[-2:])}:{e.lineno} {e.name}" for e in entries)
 
     def stop(self) -> None:
         if self._handle is not None:

@@ -5,8 +5,10 @@ stall longer than the controller's session timeout (1.5 s) on a loaded machine."
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
+import types
 
 from aiohttp import web
 
@@ -125,3 +127,45 @@ def test_late_heartbeats_say_whether_the_thread_waited_or_the_call_did() -> None
     pace.sending(11.55)
     said = pace.answered(12.50, 1.802, 6.62)                      # the call took 950 ms
     assert said is not None and "started 0 ms late, call took 950 ms" in said
+
+
+def test_a_loop_busy_for_long_has_what_it_runs_logged_once_while_it_runs(caplog) -> None:
+    """Claim: the heartbeat thread names what holds the broker's loop (its stack, read while
+    the loop is still held) once per stall of LOOP_STACK_AFTER_MS or more; the watchdog's
+    loop_stack shows the function the loop thread is in."""
+    from common.eventloop import LoopWatchdog
+    from dataplane.broker.lifecycle import LOOP_STACK_AFTER_MS
+
+    seen: list[str | None] = []
+
+    def busy_callback_in_a_broker(watchdog: LoopWatchdog) -> None:
+        reader = threading.Thread(target=lambda: seen.append(watchdog.loop_stack()))
+        reader.start()
+        end = time.monotonic() + 0.2
+        while time.monotonic() < end:   # holds the loop (and, between switches, the GIL)
+            pass
+        reader.join()
+
+    async def run() -> None:
+        watchdog = LoopWatchdog(name="test")
+        watchdog.start()
+        busy_callback_in_a_broker(watchdog)
+        watchdog.stop()
+    asyncio.run(run())
+    assert seen[0] is not None and "busy_callback_in_a_broker" in seen[0], seen
+
+    progress = [time.monotonic()]
+    thread = HeartbeatThread(types.SimpleNamespace(broker_id=4), make_control=lambda: None,  # type: ignore[arg-type]
+                             loop_progress_s=lambda: progress[0], loop_stall_ms_max=8000,
+                             loop_stack=lambda: "dataplane/log.py:12 scan_everything")
+    caplog.set_level(logging.WARNING, logger="biplane.broker.lifecycle")
+    assert thread._beating()
+    progress[0] = time.monotonic() - LOOP_STACK_AFTER_MS / 1000 - 0.1
+    assert thread._beating() and thread._beating()
+    busy = [r.getMessage() for r in caplog.records if "event loop busy" in r.getMessage()]
+    assert len(busy) == 1 and "broker 4" in busy[0] and "scan_everything" in busy[0], busy
+    progress[0] = time.monotonic()   # the stall ended; the next one is logged again
+    thread._beating()
+    progress[0] = time.monotonic() - LOOP_STACK_AFTER_MS / 1000 - 0.1
+    thread._beating()
+    assert sum("event loop busy" in r.getMessage() for r in caplog.records) == 2

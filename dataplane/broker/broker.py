@@ -177,6 +177,7 @@ class Broker:
         self._usage_latest = self.usage()
         self._heartbeats = HeartbeatThread(
             self.lifecycle, loop_progress_s=lambda: self.watchdog.last_progress_s,
+            loop_stack=self.watchdog.loop_stack,
             loop_stall_ms_max=c.heartbeat_loop_stall_ms_max,
             make_control=lambda: ControlClient(list(c.controller_urls), secret=c.cluster_secret,
                                                request_timeout_ms=c.request_timeout_ms,

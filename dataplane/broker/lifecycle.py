@@ -226,6 +226,11 @@ class HeartbeatPace:
                 f"and the process {(process_cpu_s - last[2]) * 1000:.0f} ms on the CPU)")
 
 
+# A loop this long without progress has its running stack logged once (by the heartbeat
+# thread): long enough to be no ordinary hiccup, well before heartbeats stop.
+LOOP_STACK_AFTER_MS = 2_000
+
+
 class HeartbeatThread:
     """Runs `Lifecycle.run` on a thread with its own event loop and its own controller client
     (`make_control`, built on that loop), so heartbeats keep their pace while the broker's
@@ -239,7 +244,8 @@ class HeartbeatThread:
     which must only read values the loop keeps current."""
 
     def __init__(self, lifecycle: Lifecycle, *, make_control: Callable[[], ControlClient],
-                 loop_progress_s: Callable[[], float], loop_stall_ms_max: int) -> None:
+                 loop_progress_s: Callable[[], float], loop_stall_ms_max: int,
+                 loop_stack: Callable[[], str | None] | None = None) -> None:
         if loop_stall_ms_max < 1:
             raise ValueError(f"loop_stall_ms_max={loop_stall_ms_max} must be >= 1")
         self.lifecycle = lifecycle
@@ -253,6 +259,8 @@ class HeartbeatThread:
         self.error: BaseException | None = None   # why the thread ended, when not stopped
         self.skipped = 0                          # rounds not sent: the loop was wedged
         self._warned = False
+        self.loop_stack = loop_stack
+        self._stack_logged = False
 
     def start(self) -> None:
         self._thread.start()
@@ -260,6 +268,14 @@ class HeartbeatThread:
 
     def _beating(self) -> bool:
         stalled_ms = (time.monotonic() - self.loop_progress_s()) * 1000
+        if stalled_ms < LOOP_STACK_AFTER_MS:
+            self._stack_logged = False
+        elif not self._stack_logged and self.loop_stack is not None:
+            # Name what holds the loop while it still does: once it returns, the stack is gone
+            # and the watchdog can only say how long it took.
+            self._stack_logged = True
+            log.warning("broker %d: event loop busy for %.0f ms, running: %s", self.lifecycle.broker_id,
+                        stalled_ms, self.loop_stack(), extra={"event": "broker.loop_busy"})
         if stalled_ms <= self.loop_stall_ms_max:
             self._warned = False
             return True
