@@ -27,6 +27,13 @@ class EpochCache:
     def entries(self) -> list[EpochEntry]:
         return [EpochEntry(epoch=e, start_offset=s) for e, s in zip(self._epochs, self._starts)]
 
+    def epoch_before(self, offset: int) -> int:
+        """The epoch of the batch holding offset - 1: the last epoch starting below `offset`
+        (UNDEFINED_EPOCH for an empty prefix). A bisection: a push follower asks this for every
+        batch it is sent, and a long-lived log has hundreds of epochs."""
+        i = bisect.bisect_left(self._starts, offset)
+        return self._epochs[i - 1] if i > 0 else UNDEFINED_EPOCH
+
     @property
     def latest_epoch(self) -> int:
         return self._epochs[-1] if self._epochs else UNDEFINED_EPOCH

@@ -163,6 +163,8 @@ class Log(Protocol):
         write a checkpoint). For a caller deciding whether a flush is short enough to run
         inline."""
     def epoch_entries(self) -> list[EpochEntry]: ...
+    def epoch_before(self, offset: int) -> int:
+        """Leader epoch of the batch holding offset - 1 (UNDEFINED_EPOCH for an empty prefix)."""
 
     def append_as_leader(self, batches: bytes | bytearray | memoryview, *, leader_epoch: int,
                          now_ms: int | None = None, crc_checked: bool = False) -> AppendInfo:

@@ -382,6 +382,10 @@ class PartitionLog:
         with self._lock:
             return self._epochs.entries()
 
+    def epoch_before(self, offset: int) -> int:
+        with self._lock:
+            return self._epochs.epoch_before(offset)
+
     def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
         with self._lock:
             return self._epochs.end_offset_for_epoch(epoch, self.log_end_offset)

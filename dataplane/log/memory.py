@@ -86,6 +86,9 @@ class MemoryLog:
     def epoch_entries(self) -> list[EpochEntry]:
         return self._epochs.entries()
 
+    def epoch_before(self, offset: int) -> int:
+        return self._epochs.epoch_before(offset)
+
     def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
         return self._epochs.end_offset_for_epoch(epoch, self.log_end_offset)
 

@@ -48,7 +48,7 @@ from dataplane.replica.events import (
 )
 from dataplane.replica import invariants
 from common.epochs import EpochCheck, check_epoch
-from dataplane.replica.logview import LogView, epoch_before
+from dataplane.replica.logview import LogView
 from dataplane.replica.producer_state import ProducerStateTable
 from dataplane.replica.admission import VALID_ACKS, PendingProduce, ProduceAdmission
 from dataplane.replica.push import PushMixin
@@ -167,7 +167,7 @@ class Replica(ProduceAdmission, PushMixin):
         self.high_watermark = 0
         # Local log, as the core has asked for it (refreshed from the view each step).
         self.log_end_offset = log.log_end_offset
-        self.last_epoch = epoch_before(log, self.log_end_offset)
+        self.last_epoch = log.epoch_before(self.log_end_offset)
         self.written_offset = self.log_end_offset
         self.flushed_offset = min(log.flushed_offset, self.log_end_offset)
         self._flush_requested = self.flushed_offset
@@ -243,7 +243,7 @@ class Replica(ProduceAdmission, PushMixin):
             # Under the driver's contract this cannot differ; if a write failed, the
             # log is the truth and the core follows it rather than its own prediction.
             self.log_end_offset = end
-            self.last_epoch = epoch_before(self.log, end)
+            self.last_epoch = self.log.epoch_before(end)
         self.written_offset = min(self.written_offset, end)
         self.flushed_offset = min(self.flushed_offset, end)
         if self._producer_state_stale:
@@ -380,7 +380,7 @@ class Replica(ProduceAdmission, PushMixin):
         # only when every replica has reported (decisions/elections.elect_quorum).
         self._report_sent_ms = self.now_ms
         self._send.append(ReportElection(replica_id=self.replica_id, fenced_epoch=self.leader_epoch,
-                                         last_epoch=epoch_before(self.log, self.flushed_offset),
+                                         last_epoch=self.log.epoch_before(self.flushed_offset),
                                          end_offset=self.flushed_offset,
                                          unclean=self.unclean_start and self.config.durability == "write"))
 
@@ -814,7 +814,7 @@ class Replica(ProduceAdmission, PushMixin):
         self._persist.append(Truncate(offset=offset))
         self._producer_state_stale = True
         self.log_end_offset = offset
-        self.last_epoch = epoch_before(self.log, offset)
+        self.last_epoch = self.log.epoch_before(offset)
         self.written_offset = min(self.written_offset, offset)
         self.flushed_offset = min(self.flushed_offset, offset)
         self._flush_requested = min(self._flush_requested, offset)

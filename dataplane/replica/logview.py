@@ -31,17 +31,8 @@ class LogView(Protocol):
     @property
     def flushed_offset(self) -> int: ...
     def epoch_entries(self) -> Sequence[EpochEntryView]: ...
+    def epoch_before(self, offset: int) -> int:
+        """Leader epoch of the batch holding offset - 1 (-1 for an empty prefix)."""
     def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]: ...
     def read(self, start_offset: int, *, max_bytes: int, max_offset: int | None = None) -> ReadResultView: ...
     def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None: ...
-
-
-def epoch_before(log: LogView, offset: int) -> int:
-    """Leader epoch of the batch holding offset - 1 (-1 for an empty prefix)."""
-    epoch = -1
-    for entry in log.epoch_entries():
-        if entry.start_offset < offset:
-            epoch = entry.epoch
-        else:
-            break
-    return epoch

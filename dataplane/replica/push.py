@@ -30,7 +30,7 @@ from common.errors import CorruptBatchError, ErrorCode
 from dataplane.replica.actions import NoteAction, Rejected, Send, SendAction
 from dataplane.replica.events import AppendEntries, AppendEntriesReply
 from common.epochs import EpochCheck, check_epoch
-from dataplane.replica.logview import LogView, epoch_before
+from dataplane.replica.logview import LogView
 from dataplane.replica.state import ReplicationConfig
 
 if TYPE_CHECKING:
@@ -134,7 +134,7 @@ class PushMixin:
         p.push_last_sent_ms = self.now_ms
         self._send.append(Send(to_broker=replica_id, message=AppendEntries(
             leader_id=self.replica_id, leader_epoch=self.leader_epoch, prev_offset=prev_offset,
-            prev_epoch=epoch_before(self.log, prev_offset) if prev_epoch is None else prev_epoch, records=records, high_watermark=self.high_watermark,
+            prev_epoch=self.log.epoch_before(prev_offset) if prev_epoch is None else prev_epoch, records=records, high_watermark=self.high_watermark,
             log_end_offset=self.log_end_offset, flush_after_append=flush, diverging_epoch=diverging[0],
             diverging_end_offset=diverging[1], partition=self.partition)))
 
@@ -199,7 +199,7 @@ class PushMixin:
         prev_ok = ev.prev_offset <= self.log_end_offset and (
             (ev.prev_offset == self.log.log_start_offset
              and (ev.prev_epoch < 0 or self.log_end_offset == self.log.log_start_offset))
-            or epoch_before(self.log, ev.prev_offset) == ev.prev_epoch)
+            or self.log.epoch_before(ev.prev_offset) == ev.prev_epoch)
         if not prev_ok:
             self._reply_append_entries(ev.leader_id, error=MISMATCH)
             return
@@ -236,7 +236,7 @@ class PushMixin:
                                             their_epoch=h.leader_epoch, our_epoch=self.leader_epoch,
                                             reason=f"batch at {h.base_offset}, expected {offset} or above"))
                 return None
-            if h.next_offset <= self.log_end_offset and epoch_before(self.log, h.next_offset) == h.leader_epoch \
+            if h.next_offset <= self.log_end_offset and self.log.epoch_before(h.next_offset) == h.leader_epoch \
                     and self._batch_epoch_at(h.base_offset) == h.leader_epoch:
                 offset = h.next_offset
                 continue
@@ -248,7 +248,7 @@ class PushMixin:
         return offset
 
     def _batch_epoch_at(self, offset: int) -> int:
-        return epoch_before(self.log, offset + 1)
+        return self.log.epoch_before(offset + 1)
 
     def _reply_append_entries(self, leader_id: int, *, error: ErrorCode = ErrorCode.NONE) -> None:
         self._answers.append(Send(to_broker=leader_id, message=AppendEntriesReply(
