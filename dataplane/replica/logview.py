@@ -7,15 +7,7 @@ view shows is the log as the core asked for it.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Protocol
-
-
-class EpochEntryView(Protocol):
-    @property
-    def epoch(self) -> int: ...
-    @property
-    def start_offset(self) -> int: ...
 
 
 class ReadResultView(Protocol):
@@ -30,7 +22,6 @@ class LogView(Protocol):
     def log_end_offset(self) -> int: ...
     @property
     def flushed_offset(self) -> int: ...
-    def epoch_entries(self) -> Sequence[EpochEntryView]: ...
     def epoch_before(self, offset: int) -> int:
         """Leader epoch of the batch holding offset - 1 (-1 for an empty prefix)."""
     def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]: ...
