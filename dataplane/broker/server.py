@@ -293,9 +293,10 @@ class RequestHandler:
                             notes.pop(tp, None)
                         else:
                             lag_s = driver.replica.config.replica_lag_time_max_ms / 1000
+                            until_s = now_s + lag_s * QUIET_REFRESH
                             notes[tp] = _Quiet(answer=answer, changed=changed, fetches=stepped[tp],
-                                              until_s=now_s + lag_s * QUIET_REFRESH)
-                            refresh_at = min(refresh_at, now_s + lag_s * QUIET_REFRESH)
+                                              until_s=until_s)
+                            refresh_at = min(refresh_at, until_s)
             remaining = deadline - loop.time()
             if remaining <= 0 and wait_s > 0 and follower and log.isEnabledFor(logging.DEBUG):
                 log.debug("fetch from replica %d waited %.0f ms for nothing", request.replica_id, wait_s * 1000)
