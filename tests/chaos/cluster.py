@@ -232,12 +232,9 @@ class Cluster:
         for node in self.controllers():
             if not node.alive() or node.paused:
                 continue
-            try:
-                with urllib.request.urlopen(f"http://{node.address}:{API_PORT}/v1/health", timeout=1.0) as resp:
-                    if json.loads(resp.read()).get("role") == "leader":
-                        return node
-            except (OSError, ValueError, urllib.error.URLError):
-                continue
+            answer = self.health(node)
+            if answer is not None and answer.get("role") == "leader":
+                return node
         return None
 
     def health(self, node: Node) -> dict[str, Any] | None:
