@@ -599,3 +599,81 @@ def test_a_metadata_fetch_stuck_behind_the_controller_is_reported_from_heartbeat
         lagging, records = asyncio.run(scenario())
     assert lagging and records == 3
     assert [getattr(r, "event", None) for r in caplog.records] == ["metadata.lagging"]
+
+
+def test_a_wall_clock_stepped_forward_and_set_back_does_not_stop_a_push_leaders_heartbeats(tmp_path, monkeypatch):
+    """Claim: the core's waits run on a clock that never follows the wall clock. A broker whose
+    wall clock was stepped forward an hour and set right again kept its cores at the stepped
+    reading (a clock stepped back was held), so a push leader sent its followers nothing for
+    that hour: no heartbeat, no resend of a lost window, and they never rejoined its ISR. The
+    epoch-start batch still carries wall-clock time."""
+    import time as real_time
+
+    from common.batch import iter_batches
+    from dataplane.broker import partition
+    from dataplane.broker.partition import PartitionDriver
+    from dataplane.log.interface import LogConfig
+    from dataplane.replica.events import AppendEntriesReply, NewMetadata
+    from dataplane.replica.state import PartitionState, ReplicationConfig
+
+    class SteppedClock:
+        """The time module as a process sees it after its wall clock is stepped by `step_s`."""
+        def __init__(self) -> None:
+            self.step_s = 0.0
+
+        def time(self) -> float:
+            return real_time.time() + self.step_s
+
+        def time_ns(self) -> int:
+            return real_time.time_ns() + int(self.step_s * 1e9)
+
+        def __getattr__(self, name: str):
+            return getattr(real_time, name)
+
+    clock = SteppedClock()
+    monkeypatch.setattr(partition, "time", clock)
+    sent: list[tuple[int, float]] = []
+
+    replies: list = []
+
+    class Hooks(_Hooks):
+        def send_append_entries(self, follower_id, tp, message):
+            sent.append((follower_id, real_time.monotonic()))
+            # The follower holds everything it is sent: it answers with the end it was sent.
+            end = message.prev_offset + sum(h.record_count for _, h in iter_batches(message.records))
+            replies.append(AppendEntriesReply(
+                replica_id=follower_id, leader_epoch=message.leader_epoch, error=ErrorCode.NONE,
+                log_end_offset=end, flushed_offset=end, match_offset=end, last_epoch=message.leader_epoch,
+                partition=tp))
+
+    async def scenario():
+        driver = PartitionDriver(broker_id=1, tp=("push", 0), directory=str(tmp_path / "push-0"),
+                                 log_config=LogConfig(), hooks=Hooks(), unclean_start=False, push_heartbeat_ms=50)
+        driver.step(NewMetadata(partition=PartitionState(replicas=(1, 2), isr=(1, 2), leader=1, leader_epoch=1,
+                                                         partition_epoch=1),
+                                config=ReplicationConfig(replication_mode="push")))
+        await _until_serving(driver)
+
+        async def ticking(seconds: float) -> None:
+            end = real_time.monotonic() + seconds
+            while real_time.monotonic() < end:
+                while replies:
+                    driver.step(replies.pop(0))
+                driver.tick(partition.now_ms())
+                await asyncio.sleep(0.01)
+
+        clock.step_s = 3600.0
+        await ticking(0.2)
+        clock.step_s = 0.0   # set right again
+        set_right = real_time.monotonic()
+        await ticking(0.6)
+        marker = next(h for _, h in iter_batches(driver.log.read(0, max_bytes=1 << 20).records))
+        await driver.close()
+        return set_right, marker
+
+    before = real_time.time_ns() // 1_000_000
+    set_right, marker = asyncio.run(scenario())
+    after = [t for f, t in sent if f == 2 and t > set_right]
+    # A heartbeat every 50 ms: about 12 in 0.6 s (none at all before the fix).
+    assert len(after) >= 5, f"{len(after)} append-entries to the follower in 0.6 s after the clock was set right"
+    assert marker.is_control and before <= marker.max_timestamp <= real_time.time_ns() // 1_000_000

@@ -24,7 +24,7 @@ from dataplane.broker.config import BrokerConfig
 from dataplane.broker.metadata import MetadataLearner
 from dataplane.broker import replicas as replicas_module
 from dataplane.broker.offline import OfflineRecovery
-from dataplane.broker.partition import PartitionDriver, now_ms
+from dataplane.broker.partition import PartitionDriver, now_ms, wall_ms
 from dataplane.broker.replicas import ReplicaManager
 from dataplane.log import files, space
 from dataplane.log.interface import LogConfig
@@ -221,7 +221,7 @@ class _Hooks:
 
 
 def batch(value: bytes) -> bytearray:
-    return bytearray(build_batch([value], timestamp_ms=now_ms()))
+    return bytearray(build_batch([value], timestamp_ms=wall_ms()))
 
 
 async def until(predicate, what: str, driver=None, timeout_s: float = 5.0):

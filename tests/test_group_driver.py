@@ -204,3 +204,37 @@ def test_a_new_coordinator_loads_what_the_old_one_stored_and_losing_leadership_r
         await until(loaded, "the second coordinator finds the acknowledged commit")
         await second.close()
     asyncio.run(run())
+
+
+def test_the_coordinators_clock_does_not_follow_a_wall_clock_step(monkeypatch) -> None:
+    """Claim: a wall clock stepped forward an hour and set right again moves the coordinators'
+    clock by neither. Held at its last reading, it kept every session and rebalance deadline
+    still for that hour (a dead member never left its group)."""
+    import time as real_time
+
+    from dataplane.groups import driver as driver_module
+
+    class SteppedClock:
+        step_s = 0.0
+
+        def time(self) -> float:
+            return real_time.time() + self.step_s
+
+        def time_ns(self) -> int:
+            return real_time.time_ns() + int(self.step_s * 1e9)
+
+        def __getattr__(self, name: str):
+            return getattr(real_time, name)
+
+    clock = SteppedClock()
+    monkeypatch.setattr(driver_module, "time", clock)
+    coord = GroupCoordinator(broker_id=1, requests=None, control=None,  # type: ignore[arg-type]
+                             config=GroupConfig(), settings=OffsetsTopicSettings(partitions=PARTITIONS))
+    start = coord.now_ms()
+    assert abs(start - real_time.time_ns() // 1_000_000) < 1000   # wall-clock time as of its start
+    clock.step_s = 3600.0
+    stepped = coord.now_ms()
+    assert stepped - start < 1000
+    clock.step_s = 0.0
+    real_time.sleep(0.05)
+    assert coord.now_ms() - stepped >= 50   # still moving after the clock was set right

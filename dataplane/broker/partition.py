@@ -64,11 +64,17 @@ class DriverHooks(Protocol):
 
 
 def now_ms() -> int:
-    """The cores' clock: wall-clock milliseconds, because the core stamps its epoch-start
-    batch with it and compares it with batch timestamps (producer expiry), both of which
-    retention and time lookups read as wall-clock time. A clock stepped back is held at
-    the core's last reading (tick), as Kafka's replica lag clock is."""
-    return int(time.time() * 1000)
+    """The cores' clock for waits (timeouts, heartbeats, the ISR lag rule): monotonic
+    milliseconds. It was the wall clock once, held at its last reading when stepped back: a
+    clock stepped forward an hour and set right again held every timer of the broker still
+    for that hour (push followers got no heartbeat, lost windows were never resent)."""
+    return time.monotonic_ns() // 1_000_000
+
+
+def wall_ms() -> int:
+    """The cores' clock for what is compared with record timestamps: the epoch-start batch's
+    stamp and producer expiry (retention and time lookups read both as wall-clock time)."""
+    return time.time_ns() // 1_000_000
 
 
 class PartitionDriver:
@@ -106,7 +112,7 @@ class PartitionDriver:
         # fetch_backoff_ms=0: the fetcher long-polls, so an empty answer already waited;
         # the fetcher itself backs off after errors. Push followers, which nothing long-polls
         # for, hear from an idle leader every push_heartbeat_ms.
-        self.replica = Replica(replica_id=broker_id, log=self.log, partition=tp, now_ms=now_ms(),
+        self.replica = Replica(replica_id=broker_id, log=self.log, partition=tp, now_ms=now_ms(), wall_ms=wall_ms(),
                                fetch_backoff_ms=0, fetch_max_bytes=fetch_max_bytes, unclean_start=unclean_start,
                                push_heartbeat_ms=push_heartbeat_ms,
                                push_capable=True,  # this driver carries append-entries (pusher.py)
@@ -177,7 +183,7 @@ class PartitionDriver:
 
     def tick(self, now: int) -> None:
         if not self.closed and self.failed is None:
-            self.step(Tick(now_ms=max(now, self.replica.now_ms)))
+            self.step(Tick(now_ms=max(now, self.replica.now_ms), wall_ms=wall_ms()))
 
     def submit_produce(self, records: Buffer, *, acks: int, timeout_ms: int, leader_epoch: int | None = None,
                        batch_bytes_max: int | None = None) -> asyncio.Future[ReleaseProduce]:

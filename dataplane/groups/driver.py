@@ -97,7 +97,9 @@ class GroupCoordinator:
         self.tick_interval_ms = tick_interval_ms
         self._partitions: dict[int, _Partition] = {}
         self._request_ids = itertools.count(1)
-        self._now_ms = 0
+        # The cores' clock starts at wall-clock time and moves with the monotonic clock.
+        self._wall_start_ms = time.time_ns() // 1_000_000
+        self._monotonic_start_ms = time.monotonic_ns() // 1_000_000
         self._tasks = TaskOwner()
         self._creating: asyncio.Task | None = None
         self._closed = False
@@ -105,9 +107,12 @@ class GroupCoordinator:
     # ------------------------------------------------------------------ time
 
     def now_ms(self) -> int:
-        """Wall-clock ms, never going back (the cores refuse time that does)."""
-        self._now_ms = max(self._now_ms, int(time.time() * 1000))
-        return self._now_ms
+        """Wall-clock ms as of this driver's start, moved on by the monotonic clock: the cores
+        time sessions and rebalances with it, and stamp commits with it (offset retention reads
+        those as wall-clock time). It never goes back, as the cores require, and never jumps:
+        the wall clock held at its last reading kept every session and rebalance deadline
+        still for as long as the clock had been stepped forward, once it was set right."""
+        return self._wall_start_ms + time.monotonic_ns() // 1_000_000 - self._monotonic_start_ms
 
     # ------------------------------------------------------------------ leadership
 

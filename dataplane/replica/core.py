@@ -12,7 +12,7 @@ and not passed by the HW exceed `unreplicated_bytes_max`), lazy flush (a followe
 asked to flush after an append only when acks=all requests wait on that range), and
 push replication (push.py, when the driver is `push_capable`).
 
-Time enters only through Tick(now_ms); the log is read through `LogView`.
+Time enters only through Tick (a clock for waits, one for timestamps); the log is read through `LogView`.
 Roles:
 - UNATTACHED: built, no metadata yet (a fresh process never acts before it
   hears from the controller);
@@ -111,7 +111,7 @@ class Replica(ProduceAdmission, PushMixin):
                  push_capable: bool = False, producers_max: int = 10_000,
                  producer_idle_ms_max: int = 7 * 24 * 3600 * 1000, unclean_start: bool = False,
                  producer_state: ProducerStateTable | None = None, check_invariants: bool | None = None,
-                 held_produce_max: int = 0) -> None:
+                 held_produce_max: int = 0, wall_ms: int | None = None) -> None:
         for name, value in (("fetch_max_bytes", fetch_max_bytes), ("flush_debounce_ms", flush_debounce_ms),
                             ("fetch_backoff_ms", fetch_backoff_ms), ("fetch_timeout_ms", fetch_timeout_ms),
                             ("isr_proposal_retry_ms", isr_proposal_retry_ms),
@@ -154,6 +154,10 @@ class Replica(ProduceAdmission, PushMixin):
         self._producer_state_stale = False
 
         self.now_ms = now_ms
+        # Two clocks (Tick): waits run on now_ms, which never goes back; record timestamps are
+        # compared with wall_ms. One wall clock for both held every wait of a broker still
+        # for as long as its clock had been stepped forward, once it was set right again.
+        self.wall_ms = now_ms if wall_ms is None else wall_ms
         # After an unclean shutdown, data this replica wrote but had not flushed may be
         # gone. Under durability=write the commit rule counted it, so until the replica
         # has caught up with a leader again (or leads) its log cannot vouch for it in an
@@ -341,7 +345,7 @@ class Replica(ProduceAdmission, PushMixin):
                          for r in self.state.replicas if r != self.replica_id}
         # Raft's rule: the HW only counts offsets of our own epoch, so the epoch
         # starts with a batch of ours (a control batch consumers skip).
-        marker = build_batch([b""], keys=[EPOCH_START_CONTROL_KEY], timestamp_ms=self.now_ms, is_control=True,
+        marker = build_batch([b""], keys=[EPOCH_START_CONTROL_KEY], timestamp_ms=self.wall_ms, is_control=True,
                              leader_epoch=self.leader_epoch)
         self._append_as_leader(marker)
         # Serve nothing of this epoch until the marker is flushed: after a crash the log
@@ -910,9 +914,9 @@ class Replica(ProduceAdmission, PushMixin):
         `_after_event`, which every Tick runs): an earlier answer costs a Tick that does
         nothing, a later one would delay a rule, so a rule added there belongs here too."""
         due: list[int] = []
-        expiry = self.producer_state.next_expiry_ms()
+        expiry = self.producer_state.next_expiry_ms()  # a wall-clock time
         if expiry is not None:
-            due.append(expiry)
+            due.append(self.now_ms + max(expiry - self.wall_ms, 0))
         if self._unflushed_since_ms is not None and self.flushed_offset < self.log_end_offset:
             due.append(self._unflushed_since_ms + self.flush_debounce_ms)
         if self.role is Role.LEADER:
@@ -945,8 +949,9 @@ class Replica(ProduceAdmission, PushMixin):
     def _on_tick(self, ev: Tick) -> None:
         if ev.now_ms < self.now_ms:
             raise ValueError(f"Tick went back in time: now_ms={ev.now_ms} after {self.now_ms}")
+        self.wall_ms = self.wall_ms + (ev.now_ms - self.now_ms) if ev.wall_ms is None else ev.wall_ms
         self.now_ms = ev.now_ms
-        self.producer_state.expire(self.now_ms)
+        self.producer_state.expire(self.wall_ms)
         if (self._unflushed_since_ms is not None and self.flushed_offset < self.log_end_offset
                 and self.now_ms - self._unflushed_since_ms >= self.flush_debounce_ms):
             self._unflushed_since_ms = None

@@ -108,7 +108,12 @@ class FlushDone:
 
 @_frozen
 class Tick:
+    """`now_ms` times every wait of the core and never goes back (a driver reads a monotonic
+    clock); `wall_ms` is the wall clock, for what is compared with record timestamps (the
+    epoch-start batch's stamp, producer expiry). None: it moves as far as now_ms did."""
+
     now_ms: int
+    wall_ms: int | None = None
 
 
 @_frozen
