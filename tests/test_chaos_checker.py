@@ -498,3 +498,46 @@ def test_a_broker_killed_while_the_last_one_killed_is_still_coming_back_counts_a
     assert check(h).figures["quorum_out_windows"] == 0
     # the back times survive a saved history
     assert History.from_json(json.loads(json.dumps(h.to_json()))).faults[0].back_s == {"b1": 6.0}
+
+
+def test_a_slow_return_is_noted_with_what_held_it_longest_first() -> None:
+    from tests.chaos.runner import BACK_WAIT_S, slow_return_note
+    waits = [(100.0, "not registered since the kill"), (104.0, "fenced"),
+             (105.0, "not in the ISR of push-isr-fsync/0 (ISR [3], leader 3)")]
+    note = slow_return_note("b1", 7, 99.5, 150.0, waits)
+    assert note.startswith("b1 (fault 7, killed at 99.5 s) back 50.5 s after its kill: ")
+    # longest first: the ISR wait (45 s), then registering (4 s), then fenced (1 s)
+    parts = note.split(": ", 1)[1].split("; ")
+    assert parts[0] == "not in the ISR of push-isr-fsync/0 (ISR [3], leader 3) for 45.0 s from 105.0 s"
+    assert parts[1] == "not registered since the kill for 4.0 s from 100.0 s"
+    assert parts[2] == "fenced for 1.0 s from 104.0 s"
+    never = slow_return_note("b2", 8, 10.0, None, [(11.0, "fenced")])
+    assert f"not back within {BACK_WAIT_S:.0f} s of its kill: fenced for {10.0 + BACK_WAIT_S - 11.0:.1f} s" in never
+
+
+def test_a_signal_stops_the_run_whichever_task_is_running() -> None:
+    """Claim: SIGINT cancels the run itself. Raised from a plain signal handler, the interrupt
+    landed in a producer's sender task, which took it for its own failure; the run went on."""
+    import asyncio
+    import signal
+
+    from tests.chaos.runner import Interrupted, drive_until_signalled
+
+    class Busy:
+        """A run whose tasks keep running and swallow what is raised in them."""
+        async def drive(self):
+            async def sender() -> None:
+                while True:
+                    try:
+                        await asyncio.sleep(0.001)
+                    except Exception:  # noqa: BLE001 - what the SDK's sender does with a failure
+                        pass
+            asyncio.get_running_loop().call_later(0.05, os.kill, os.getpid(), signal.SIGINT)
+            await asyncio.gather(*(sender() for _ in range(3)))
+
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        with pytest.raises(Interrupted, match="signal 2"):
+            asyncio.run(drive_until_signalled(Busy(), 5.0))  # type: ignore[arg-type]
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -246,29 +246,38 @@ class Cluster:
         except (OSError, ValueError, urllib.error.URLError):
             return None
 
-    def back_in_service(self, node: Node, topics: list[str], committed: int) -> bool:
-        """A restarted broker: registered again (after `committed`, the metadata offset the
-        controllers had when it was killed: the controller may not have noticed it was gone),
-        unfenced, no replica still opening, and in the ISR of every partition it replicates.
-        A restarted controller: answering, with the metadata committed when it was killed."""
-        if not node.alive() or node.paused:
-            return False
+    def waiting_for(self, node: Node, topics: list[str], committed: int) -> str | None:
+        """What a restarted process still lacks to be back in service (None: nothing). A
+        broker: registered again (after `committed`, the metadata offset the controllers had
+        when it was killed: the controller may not have noticed it was gone), unfenced, no
+        replica still opening, and in the ISR of every partition it replicates. A controller:
+        answering, with the metadata committed when it was killed."""
+        if not node.alive():
+            return "not running"
+        if node.paused:
+            return "paused"
         if node.kind == "controller":
             answer = self.health(node)
-            return answer is not None and int(answer.get("metadata_offset", -1)) >= committed
+            if answer is None:
+                return "not answering"
+            offset = int(answer.get("metadata_offset", -1))
+            return None if offset >= committed else f"metadata at {offset}, {committed} committed at the kill"
         try:
             listed = {b["broker_id"]: b for b in self.api_get("/v1/brokers")["brokers"]}
             me = listed.get(node.node_id)
-            if (me is None or me["registered_offset"] <= committed or me["fenced"]
-                    or (me.get("replicas_opening") or 0) > 0):
-                return False
+            if me is None or me["registered_offset"] <= committed:
+                return "not registered since the kill"
+            if me["fenced"]:
+                return "fenced"
+            if (me.get("replicas_opening") or 0) > 0:
+                return f"{me['replicas_opening']} replicas opening"
             for topic in topics:
                 for p in self.api_get(f"/v1/topics/{topic}/partitions")["partitions"]:
                     if node.node_id in p["replicas"] and node.node_id not in p["isr"]:
-                        return False
-        except ClusterError:
-            return False
-        return True
+                        return f"not in the ISR of {topic}/{p['partition']} (ISR {p['isr']}, leader {p['leader']})"
+        except ClusterError as exc:
+            return f"no answer: {exc}"
+        return None
 
     def api_get(self, path: str) -> Any:
         last: Exception | None = None

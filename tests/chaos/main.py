@@ -31,10 +31,6 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 RESULTS_ROOT = Path("/tmp/biplane-chaos")
 
 
-class Interrupted(Exception):
-    pass
-
-
 def capability_problems() -> list[str]:
     problems = []
     if os.geteuid() != 0:
@@ -244,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     for action in cleaned:
         print(f"scripts/chaos: left by an earlier run: {action}", file=sys.stderr)
 
-    from tests.chaos.runner import RunOptions, execute
+    from tests.chaos.runner import Interrupted, RunOptions, execute
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         raise Interrupted(f"signal {signum}")

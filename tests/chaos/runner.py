@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -33,11 +34,25 @@ from tests.chaos.workload import Workload, read_back
 TRACE = os.environ.get("BIPLANE_CHAOS_TRACE") == "1"
 BACK_POLL_S = 0.25
 BACK_WAIT_S = 60.0
+# A return slower than this is noted with what it waited for, longest first.
+BACK_SLOW_S = 15.0
 
 TOPIC_MODES: list[tuple[str, dict[str, Any]]] = [
     (f"{mode}-{policy}-{durability}", {"replication_mode": mode, "commit_policy": policy, "durability": durability})
     for mode in ("pull", "push") for policy in ("isr", "quorum") for durability in ("fsync", "write")
 ]
+
+
+def slow_return_note(name: str, fault_index: int, killed_at: float, back_at: float | None,
+                     waits: list[tuple[float, str]]) -> str:
+    """What a slow return waited for: each reason the check gave, longest first."""
+    last = back_at if back_at is not None else killed_at + BACK_WAIT_S
+    ends = [since for since, _ in waits[1:]] + [last]
+    spans = sorted(((end - since, since, reason) for (since, reason), end in zip(waits, ends)), reverse=True)
+    came = f"back {back_at - killed_at:.1f} s after its kill" if back_at is not None else \
+        f"not back within {BACK_WAIT_S:.0f} s of its kill"
+    what = "; ".join(f"{reason} for {span:.1f} s from {since:.1f} s" for span, since, reason in spans[:3])
+    return f"{name} (fault {fault_index}, killed at {killed_at:.1f} s) {came}: {what or 'no check answered'}"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -233,6 +248,8 @@ class Run:
             offsets = [int(a.get("metadata_offset", -1)) for a in answers if a is not None]
             return max(offsets) if offsets else None
 
+        killed_at = self.now()
+        waits: list[tuple[float, str]] = []  # (since, what it waited for), each change of reason
         try:
             committed = None
             deadline = self.now() + BACK_WAIT_S
@@ -240,10 +257,17 @@ class Run:
                 at = self.now()
                 if committed is None:
                     committed = await asyncio.to_thread(committed_now)
-                elif await asyncio.to_thread(self.cluster.back_in_service, node, topics, committed):
-                    self.back.setdefault(fault_index, {})[node.name] = round(at, 3)
-                    return
+                else:
+                    reason = await asyncio.to_thread(self.cluster.waiting_for, node, topics, committed)
+                    if reason is None:
+                        self.back.setdefault(fault_index, {})[node.name] = round(at, 3)
+                        if at - killed_at > BACK_SLOW_S:
+                            self.notes.append(slow_return_note(node.name, fault_index, killed_at, at, waits))
+                        return
+                    if not waits or waits[-1][1] != reason:
+                        waits.append((at, reason))
                 await asyncio.sleep(BACK_POLL_S)
+            self.notes.append(slow_return_note(node.name, fault_index, killed_at, None, waits))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - a harness problem, reported, not a run failure
@@ -443,17 +467,50 @@ class Run:
         return problems
 
 
+class Interrupted(Exception):
+    """SIGINT or SIGTERM stopped the run (teardown still ran)."""
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+async def drive_until_signalled(run: "Run", deadline_s: float) -> History:
+    """The run, cancelled by SIGINT or SIGTERM. Raised from a plain signal handler, the
+    interrupt landed in whichever task ran at that moment: a producer's sender took it for its
+    own failure, and the run went on."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    got: list[int] = []
+
+    def stop(signum: int) -> None:
+        got.append(signum)
+        task.cancel()
+
+    for sig in STOP_SIGNALS:
+        loop.add_signal_handler(sig, stop, sig)
+    try:
+        return await asyncio.wait_for(run.drive(), deadline_s)
+    except asyncio.CancelledError:
+        if got:
+            raise Interrupted(f"signal {got[0]}") from None
+        raise
+
+
 def execute(options: RunOptions, deadline_s: float) -> tuple[History | None, Report | None, list[str]]:
     """Run once, bounded by deadline_s; teardown always. Returns history, report, problems."""
     run = Run(options)
     history: History | None = None
     problems: list[str] = []
+    handlers = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
     try:
         run.setup()
-        history = asyncio.run(asyncio.wait_for(run.drive(), deadline_s))
+        history = asyncio.run(drive_until_signalled(run, deadline_s))
     except asyncio.TimeoutError:
         problems.append(f"the run did not finish within its bound of {deadline_s:.0f} s")
     finally:
+        for sig, handler in handlers.items():  # a closed loop leaves the default ones behind
+            signal.signal(sig, handler)
         problems += run.teardown()
     if history is None:
         return None, None, problems
