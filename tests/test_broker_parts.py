@@ -651,7 +651,8 @@ def test_a_wall_clock_stepped_forward_and_set_back_does_not_stop_a_push_leaders_
                                  log_config=LogConfig(), hooks=Hooks(), unclean_start=False, push_heartbeat_ms=50)
         driver.step(NewMetadata(partition=PartitionState(replicas=(1, 2), isr=(1, 2), leader=1, leader_epoch=1,
                                                          partition_epoch=1),
-                                config=ReplicationConfig(replication_mode="push")))
+                                # a quiet follower hears every quarter lag time: 50 ms here
+                                config=ReplicationConfig(replication_mode="push", replica_lag_time_max_ms=200)))
         await _until_serving(driver)
 
         async def ticking(seconds: float) -> None:

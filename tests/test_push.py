@@ -147,27 +147,90 @@ def test_flush_after_append_is_asked_only_under_durability_fsync():
     assert asked == {"fsync": {True}, "write": {False}}
 
 
+def _quiet_push_cluster(**cfg) -> dict[int, Node]:
+    """A push leader run as the broker runs it (fetch_backoff_ms=0: a long-polling driver,
+    push_heartbeat_ms=100), its followers caught up, flushed and told the HW."""
+    nodes = push_cluster(fetch_backoff_ms=0, push_heartbeat_ms=100, cfg=config(replication_mode="push", **cfg))
+    pump(nodes, now_ms=0, rounds=5)
+    pump(nodes, rounds=50)  # until quiet: nothing in flight
+    leader = nodes[1]
+    assert leader.replica.epoch_durable and not any(p.push_inflight for p in leader.replica.progress.values())
+    leader.step(Tick(now_ms=1200))
+    for _ in range(3):   # a heartbeat or two carry the last HW and flushed offsets
+        pump(nodes, rounds=5)
+        leader.step(Tick(now_ms=leader.replica.now_ms + 100))
+    pump(nodes, rounds=5)
+    return nodes
+
+
+def _beats(leader: Node) -> set[int]:
+    return {s.to_broker for s in leader.take(Send) if isinstance(s.message, AppendEntries)}
+
+
+def test_a_quiet_follower_hears_from_the_leader_once_per_share_of_the_lag_time():
+    """Claim: a follower caught up, flushed, in the ISR and told the HW gets an empty
+    append-entries only every QUIET_REFRESH of replica_lag_time_max_ms (2,500 ms of 10 s), not
+    every push_heartbeat_ms; the core's next tick says so; and the lag rule never drops it."""
+    nodes = _quiet_push_cluster(replica_lag_time_max_ms=10_000)
+    leader = nodes[1]
+    last = max(p.push_last_sent_ms for p in leader.replica.progress.values())
+    assert leader.replica.next_tick_ms() == last + 2500
+    leader.step(Tick(now_ms=last + 2499))
+    assert not _beats(leader)
+    leader.step(Tick(now_ms=last + 2500))
+    beats = [s for s in leader.actions if isinstance(s, Send) and isinstance(s.message, AppendEntries)]
+    assert {s.to_broker for s in beats} == {2, 3}
+    for now in range(last + 2500, last + 30_000, 100):   # three lag times, quiet
+        pump(nodes, rounds=5)
+        leader.step(Tick(now_ms=now))
+    assert leader.replica.state is not None and leader.replica.state.isr == (1, 2, 3)
+    assert not [a for a in leader.actions if isinstance(a, ProposeIsr)], "a quiet follower was dropped"
+
+
+@pytest.mark.parametrize("durability", ["write", "fsync"])
+def test_news_for_a_follower_brings_its_heartbeat_back_to_push_heartbeat_ms(durability):
+    """Claim: once there is news for a quiet follower, it hears within push_heartbeat_ms, not a
+    share of the lag time. After an acks=1 write it appended: under durability=write the new HW
+    it was not sent; under fsync the flush it has not reported (the HW waits on it)."""
+    nodes = _quiet_push_cluster(replica_lag_time_max_ms=10_000, durability=durability)
+    leader = nodes[1]
+    now = leader.replica.now_ms
+    produce(leader, 1, acks=1)
+    pump(nodes, rounds=5)   # the followers append and answer
+    progress = leader.replica.progress.values()
+    if durability == "write":
+        assert leader.replica.high_watermark == leader.log.log_end_offset
+        assert all(p.push_hw_sent < leader.replica.high_watermark for p in progress)
+    else:
+        assert all(p.flushed_offset < p.match_offset == leader.log.log_end_offset for p in progress)
+    assert leader.replica.next_tick_ms() <= now + 100
+    leader.step(Tick(now_ms=now + 100))
+    assert _beats(leader) == {2, 3}
+
+
 def test_an_idle_follower_hears_from_the_leader_every_push_heartbeat_ms_not_at_every_reply():
     """Claim: a leader run with fetch_backoff_ms=0 (a long-polling driver) and push_heartbeat_ms=100
-    answers an idle follower's heartbeat reply with nothing until 100 ms have passed, so the two
-    do not trade empty append-entries without pause; then it sends one."""
-    nodes = push_cluster(fetch_backoff_ms=0, push_heartbeat_ms=100)
+    answers a heartbeat reply with nothing until 100 ms have passed, so the two do not trade
+    empty append-entries without pause; then it sends one (while it has news: a follower that
+    is not in the ISR)."""
+    nodes = push_cluster(fetch_backoff_ms=0, push_heartbeat_ms=100, st=state(isr=(1, 2)))
     pump(nodes, now_ms=0, rounds=5)
     pump(nodes, rounds=50)  # until quiet: nothing in flight
     leader = nodes[1]
     assert leader.replica.epoch_durable and not any(p.push_inflight for p in leader.replica.progress.values())
     leader.step(Tick(now_ms=1200))
     beats = [s for s in leader.take(Send) if isinstance(s.message, AppendEntries)]
-    assert {s.to_broker for s in beats} == {2, 3} and not any(s.message.records for s in beats)
+    assert 3 in {s.to_broker for s in beats} and not any(s.message.records for s in beats)
     for s in beats:
         nodes[s.to_broker].step(s.message)
     for i in (2, 3):
         for s in nodes[i].take(Send):
             leader.step(s.message)
+    leader.take(ProposeIsr)
     leader.step(Tick(now_ms=1299))
-    assert not [s for s in leader.take(Send) if isinstance(s.message, AppendEntries)]
+    assert 3 not in _beats(leader)
     leader.step(Tick(now_ms=1300))
-    assert {s.to_broker for s in leader.take(Send) if isinstance(s.message, AppendEntries)} == {2, 3}
+    assert 3 in _beats(leader)
 
 
 @pytest.mark.parametrize("follower_batches", [None, 0, 10])

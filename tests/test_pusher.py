@@ -278,3 +278,51 @@ def test_a_connection_whose_answers_stopped_is_reopened_and_the_resend_is_delive
     same, dropped, delivered = asyncio.run(main())
     assert same == 1 and dropped
     assert delivered and set(delivered) == {4} and len(connections) == 2
+
+
+def test_a_follower_broker_nothing_goes_to_gets_the_pairs_heartbeat_and_its_answer_is_contact():
+    """Claim: once partitions to a follower broker are quiet (nothing written to it for the
+    interval), the leader sends that broker one pair heartbeat per interval, for no partition;
+    each answer counts as contact and is delivered to no core. While append-entries flow, no
+    pair heartbeat is sent."""
+    from dataplane.broker.pusher import PAIR_TP
+
+    async def main():
+        arrived: list[tuple[str, int, float]] = []
+
+        async def handler(header, request):
+            arrived.append((request.topic, request.partition, asyncio.get_running_loop().time()))
+            if (request.topic, request.partition) == PAIR_TP:
+                return AppendEntriesResponse(follower_id=2, leader_epoch=-1, topic="", partition=-1)
+            return await echo_end(header, request)
+
+        server = await start_server(handler, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        delivered: list = []
+        heard: list[float] = []
+        loop = asyncio.get_running_loop()
+        pusher = Pusher(broker_id=1, address_of=lambda b: ("127.0.0.1", port),
+                        deliver=lambda tp, reply: delivered.append(tp), heard=lambda b: heard.append(loop.time()))
+        beats = loop.create_task(pusher.run_pair_heartbeats(50))
+        try:
+            busy_until = loop.time() + 0.3
+            n = 0
+            while loop.time() < busy_until:   # append-entries every 10 ms: no pair heartbeat
+                pusher.submit(2, TP, ae(n))
+                n += 1
+                await asyncio.sleep(0.01)
+            quiet_from = loop.time()
+            await asyncio.sleep(0.5)          # nothing submitted: one pair heartbeat per 50 ms
+        finally:
+            beats.cancel()
+            await pusher.close()
+            server.close()
+            await server.wait_closed()
+        return arrived, delivered, heard, n, quiet_from
+
+    arrived, delivered, heard, n, quiet_from = asyncio.run(main())
+    pairs = [t for topic, partition, t in arrived if (topic, partition) == PAIR_TP]
+    assert not [t for t in pairs if t < quiet_from - 0.02], "a pair heartbeat went while append-entries flowed"
+    assert 6 <= len(pairs) <= 12, pairs
+    assert delivered == [TP] * n                          # only the partition's answers reach a core
+    assert len([t for t in heard if t > quiet_from]) >= 6  # each pair answer is contact

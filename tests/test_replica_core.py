@@ -954,7 +954,7 @@ def leader_past_retention(nodes: dict[int, Node], *, follower_batches: int) -> i
     assert nodes[3].log.log_end_offset == (0 if follower_batches is None else leader.log.log_end_offset)
     for rid in range(40):
         produce(leader, 200 + rid, 1, b"y" * 50)
-    pump(nodes, now_ms=100, drop=(3,))
+    pump(nodes, now_ms=max(100, max(n.replica.now_ms for n in nodes.values())), drop=(3,))
     assert leader.log.apply_retention(now_ms=0)
     start = leader.log.log_start_offset
     assert start > nodes[3].log.log_end_offset

@@ -122,8 +122,12 @@ def test_a_batch_waiting_for_new_numbers_does_not_block_the_retries_behind_it():
     until nothing numbered was outstanding, while "c" waited behind "b" for its retry. The
     partition sent nothing for 420 ms, until "b"'s own delivery timeout, and so on down the queue.
     Fixed in the producer core: numbered batches behind one waiting for new numbers are retried
-    first, as they are (tests/test_producer_core.py has the unit-scale rule)."""
-    _check_regression(291, "isr", "write", "producer_retry_blocked_behind_unnumbered", mode="push")
+    first, as they are (tests/test_producer_core.py has the unit-scale rule). Kept as seed 2753
+    with 30% of messages lost since quiet push partitions are sent fewer heartbeats: that
+    changed every push run's timing, and seed 291 no longer reaches the state (nor any of seeds
+    0-6,000 at the default rates in isr/write push or pull)."""
+    _check_regression(2753, "isr", "write", "producer_retry_blocked_behind_unnumbered", mode="push",
+                      rates=FaultRates(loss=0.3))
 
 
 @pytest.mark.parametrize("seed,policy,durability", [(7, "isr", "write"), (4, "isr", "fsync")])

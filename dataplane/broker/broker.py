@@ -191,7 +191,7 @@ class Broker:
                                   ready=learner.caught_up.is_set)
         for coro in (self.learner.run(), self._heartbeat_support(), self._watch_links(), self.replicas.run_ticks(),
                      self.replicas.run_retention(), self.replicas.run_cleaner(), offline.run(),
-                     self.groups.run_ticks()):
+                     self.groups.run_ticks(), self.pusher.run_pair_heartbeats(c.push_heartbeat_ms)):
             task = loop.create_task(coro)
             task.add_done_callback(self._task_ended)
             self._tasks.append(task)

@@ -42,7 +42,9 @@ class BrokerConfig(BaseModel):
     # core's backlog); beyond it produce requests wait, in order, until their timeout.
     unreplicated_bytes_max: int = Field(default=64 * 1024 * 1024, ge=1)
     tick_interval_ms: int = Field(default=10, ge=1, le=1000)
-    # An idle push follower hears from its leader (and learns the HW) this often.
+    # A push follower with news to hear (a new HW, a flush to report, an ISR to join) hears
+    # from its leader this often, and each follower broker from each leader broker (the pair's
+    # heartbeat); a quiet partition only every quarter of its topic's replica lag time.
     push_heartbeat_ms: int = Field(default=100, ge=1, le=60_000)
     # A replication link (leader and follower of a partition) silent this long is named in
     # the heartbeats, so the controller can move a leadership its followers cannot reach

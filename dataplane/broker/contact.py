@@ -2,9 +2,9 @@
 
 The controller hears heartbeats, not replication (controller/decisions/reachability.py).
 Every word from a peer broker on a replication path counts as contact with it: a fetch
-answer from a leader (pull), an append-entries from a leader (push, which sends one every
-push_heartbeat_ms even when idle), a follower's fetch request (pull) and its append reply
-(push). A link — (partition, leader epoch, peer) — is reported once nothing came from the
+answer from a leader (pull), an append-entries from a leader (push: a partition's, or, while
+they are quiet, the broker pair's heartbeat every push_heartbeat_ms, pusher.py), a
+follower's fetch request (pull) and its append reply (push). A link — (partition, leader epoch, peer) — is reported once nothing came from the
 peer for `bound_ms` since the later of the last contact and the moment this broker started
 expecting it (it became leader or follower at that epoch), so a leader change or a start is
 not reported as a cut. A broker whose own event loop stalled forgets the silence it did not

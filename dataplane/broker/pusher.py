@@ -7,6 +7,12 @@ pushed there, so requests of one partition arrive in the order the core sent
 them (a connection answers in order). Each answer is stepped back into the
 partition's core as an AppendEntriesReply.
 
+The broker pair has a heartbeat of its own: an append-entries for no partition (PAIR_TP:
+topic "", partition -1) to each follower broker this leader pushed to lately, whenever
+nothing else went to it for `pair_heartbeat_ms`. Its answer is contact both ways for the
+link check (contact.py), which partitions quiet for long (push.py) no longer give. A broker
+that does not know it answers it as an unknown partition, which is contact all the same.
+
 A connected follower's request is written inside the step that made it (no task
 per request); while a connection is being made, requests queue and are written
 in order once it is up. A lost connection drops what was in flight: the core's
@@ -38,6 +44,11 @@ from dataplane.broker.throttle import ReplicationThrottle
 from dataplane.replica.events import AppendEntries, AppendEntriesReply
 
 log = logging.getLogger("biplane.broker.pusher")
+
+PAIR_TP = TopicPartition("", -1)   # the broker pair's heartbeat: no partition's
+# A follower broker nothing was submitted to for this long gets no pair heartbeat any more
+# (its partitions moved away); a quiet partition still submits every quarter lag time.
+PEER_FORGET_S = 600.0
 
 AddressOf = Callable[[int], "tuple[str, int] | None"]
 Deliver = Callable[[TopicPartition, AppendEntriesReply], None]
@@ -75,6 +86,8 @@ class Pusher:
         self._connecting: dict[int, asyncio.Future] = {}
         self._down_until: dict[int, float] = {}
         self._waiting: dict[int, list] = {}  # per follower: (tp, request) queued while it connects
+        self._submitted: dict[int, float] = {}  # per follower: loop time of the last submit for a partition
+        self._written: dict[int, float] = {}    # per follower: loop time of the last request sent or queued
         self._tasks = TaskOwner()    # connects, and writes after a connect
         self._closing = TaskOwner()  # closes of dropped clients: they finish, never cancelled
         self._closed = False
@@ -85,13 +98,37 @@ class Pusher:
         if self._closed or follower_id == self.broker_id:
             return
         loop = asyncio.get_running_loop()
+        self._submitted[follower_id] = loop.time()
         if loop.time() < self._down_until.get(follower_id, 0.0):
             return  # reconnecting later; the core's window times out and it recovers
         if len(ev.records) and self.throttle.applies((follower_id, tp)):
             if self.throttle.wait_s(loop.time()) > 0:
                 return  # over the reassignment throttle: the core's window times out and it resends
             self.throttle.record(loop.time(), len(ev.records))
-        request = append_entries_to_wire(tp, follower_id, ev)
+        self._send(follower_id, tp, append_entries_to_wire(tp, follower_id, ev))
+
+    def send_pair_heartbeats(self, interval_ms: int) -> None:
+        """One pair heartbeat to each follower broker nothing was written to for interval_ms."""
+        if self._closed:
+            return
+        now = asyncio.get_running_loop().time()
+        for follower_id, submitted in list(self._submitted.items()):
+            if now - submitted > PEER_FORGET_S:
+                del self._submitted[follower_id]
+            elif now - self._written.get(follower_id, -1e9) >= interval_ms / 1000 and \
+                    now >= self._down_until.get(follower_id, 0.0):
+                self._send(follower_id, PAIR_TP, wire.AppendEntriesRequest(
+                    leader_id=self.broker_id, follower_id=follower_id, leader_epoch=-1, topic=PAIR_TP.topic,
+                    partition=PAIR_TP.partition))
+
+    async def run_pair_heartbeats(self, interval_ms: int) -> None:
+        while not self._closed:
+            self.send_pair_heartbeats(interval_ms)
+            await asyncio.sleep(interval_ms / 1000)
+
+    def _send(self, follower_id: int, tp: TopicPartition, request: wire.AppendEntriesRequest) -> None:
+        loop = asyncio.get_running_loop()
+        self._written[follower_id] = loop.time()   # written now, or queued behind a connect
         client = self._clients.get(follower_id)
         if client is not None and self._stalled(follower_id, loop.time()):
             self._failed(follower_id, tp, BiplaneError(
@@ -156,7 +193,8 @@ class Pusher:
             self.on_round_trip(time.perf_counter() - sent)
         if self.heard is not None:
             self.heard(follower_id)
-        self.deliver(tp, append_reply_from_wire(answer.result()))
+        if tp != PAIR_TP:
+            self.deliver(tp, append_reply_from_wire(answer.result()))
 
     def _failed(self, follower_id: int, tp: TopicPartition, exc: BaseException) -> None:
         if self._closed:

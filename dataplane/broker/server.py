@@ -47,9 +47,10 @@ from dataplane.broker.fetch_sessions import FULL_EPOCH, NO_SESSION, IncrementalF
 from dataplane.broker.metrics import BrokerMetrics, Counters
 from dataplane.broker.partition import PartitionDriver
 from dataplane.broker.producer_ids import ProducerIds
-from dataplane.broker.pusher import answer_append_entries
+from dataplane.broker.pusher import PAIR_TP, answer_append_entries
 from dataplane.broker.replicas import ReplicaManager
 from dataplane.groups.placement import is_internal
+from dataplane.replica.state import QUIET_REFRESH
 
 if TYPE_CHECKING:
     from dataplane.groups.driver import GroupCoordinator
@@ -58,10 +59,9 @@ log = logging.getLogger("biplane.broker.server")
 
 SESSIONLESS_EPOCH = -1   # a fetch outside any session (consumers, a follower's express fetch)
 NOT_READY_POLL_S = 0.05
-# A quiet partition of a session is stepped again after this share of its
+# A quiet partition of a session is stepped again after QUIET_REFRESH of its
 # replica_lag_time_max_ms even if nothing changed: the core's caught-up clock for the
 # follower moves on only when stepped, and must never lag a whole lag time.
-QUIET_REFRESH = 0.25
 QUIET_WAKE_MIN_S = 0.01
 
 
@@ -388,6 +388,9 @@ class RequestHandler:
         await, so one connection's requests reach the core in order)."""
         if self.heard is not None:
             self.heard(request.leader_id)
+        if (request.topic, request.partition) == PAIR_TP:   # the broker pair's heartbeat: contact only
+            return wire.AppendEntriesResponse(follower_id=self.broker_id, leader_epoch=-1, topic=request.topic,
+                                              partition=request.partition)
         driver, error = self._locate(request.topic, request.partition)
         if driver is None:
             self.counters.error("AppendEntriesRequest", error)

@@ -87,6 +87,7 @@ class FollowerProgress:
     push_inflight: collections.deque[tuple[int, int]] = dataclasses.field(default_factory=collections.deque)
     push_recovering: bool = True
     push_last_sent_ms: int = -1
+    push_hw_sent: int = -1     # the HW our last append-entries carried (-1: none, or its window was lost)
     # The leader's ISR generation at its last fetch: only a fetch made since the last ISR
     # change (or refusal) may bring it back into the ISR, never stale progress.
     fetch_generation: int = -1
@@ -924,11 +925,11 @@ class Replica(ProduceAdmission, PushMixin):
             due += [deadline_ms for _, deadline_ms in self._held.values()]
             due += [deadline_ms for _, _, deadline_ms in self._backlog.values()]
             if self._pushing:
-                for p in self.progress.values():
+                for replica_id, p in self.progress.items():
                     if p.push_inflight:  # lost window (_push_timeouts)
                         due.append(p.push_inflight[0][1] + self.fetch_timeout_ms)
                     else:  # heartbeat (_push_to)
-                        due.append(p.push_last_sent_ms + self.push_heartbeat_ms)
+                        due.append(p.push_last_sent_ms + self._push_heartbeat_interval_ms(replica_id))
             if self.pending_isr is not None:
                 due.append(self._pending_isr_sent_ms + self.isr_proposal_retry_ms)
             elif self.state is not None:

@@ -15,10 +15,15 @@ Leader, per follower (FollowerProgress.push_*):
   fetch (`_divergence`); the leader sends where that epoch ends here and the follower
   truncates with `_truncate_diverging`, as in pull mode (a follower ending below our
   log start empties its log and starts it there);
-- idle followers get an empty append-entries every `push_heartbeat_ms` (the HW, and
-  the lag rule's evidence). A new HW rides on the next append-entries, as Raft's
-  commit index does: an empty one sent at every HW move would cost every acks=all
-  request a second round to each follower.
+- idle followers get an empty append-entries (the HW, and the lag rule's evidence): every
+  `push_heartbeat_ms` while there is news for it (a HW it was not sent, a flush it has not
+  reported under durability=fsync, a log end it has not reached, an ISR it is not in or a
+  change of ours it has not answered since), else only every QUIET_REFRESH of the topic's
+  replica_lag_time_max_ms, as a quiet partition of a pull fetch session is stepped: sent
+  every 100 ms per partition and follower, they were all an idle broker with push topics
+  did. The broker pair's own heartbeat (pusher.py) keeps the link check fed meanwhile.
+  A new HW rides on the next append-entries, as Raft's commit index does: an empty one
+  sent at every HW move would cost every acks=all request a second round to each follower.
 Replies feed the same progress tracking (`_record_progress`) and HW as fetches.
 """
 from __future__ import annotations
@@ -31,7 +36,7 @@ from dataplane.replica.actions import NoteAction, Rejected, Send, SendAction
 from dataplane.replica.events import AppendEntries, AppendEntriesReply
 from common.epochs import EpochCheck, check_epoch
 from dataplane.replica.logview import LogView
-from dataplane.replica.state import ReplicationConfig
+from dataplane.replica.state import QUIET_REFRESH, PartitionState, ReplicationConfig
 
 if TYPE_CHECKING:
     from dataplane.replica.core import FollowerProgress
@@ -47,6 +52,8 @@ class PushMixin:
     partition: object
     log: LogView
     config: ReplicationConfig
+    state: PartitionState | None
+    _isr_generation: int
     now_ms: int
     leader_epoch: int
     high_watermark: int
@@ -123,15 +130,31 @@ class PushMixin:
             if p.push_recovering and chunk_end >= end:
                 p.push_recovering = False  # caught up: the normal path goes on from here
                 window = self.push_inflight_max
-        if not sent and not p.push_inflight and self.now_ms - p.push_last_sent_ms >= self.push_heartbeat_ms:
+        if not sent and not p.push_inflight and \
+                self.now_ms - p.push_last_sent_ms >= self._push_heartbeat_interval_ms(replica_id):
             self._send_append_entries(replica_id, prev_offset=p.push_next, records=b"", end=p.push_next,
                                       flush=False)
+
+    def _push_heartbeat_interval_ms(self, replica_id: int) -> int:
+        """How long an idle follower may go without an append-entries: push_heartbeat_ms while
+        we have news for it, else a share of the lag time (its caught-up clock must never run
+        out on a quiet partition)."""
+        p = self.progress[replica_id]
+        news = (p.push_hw_sent < self.high_watermark
+                or p.match_offset < self.log.log_end_offset
+                or (self.config.durability == "fsync" and p.flushed_offset < p.match_offset)
+                or p.fetch_generation != self._isr_generation
+                or self.state is None or replica_id not in self.state.isr)
+        if news:
+            return self.push_heartbeat_ms
+        return max(self.push_heartbeat_ms, int(self.config.replica_lag_time_max_ms * QUIET_REFRESH))
 
     def _send_append_entries(self, replica_id: int, *, prev_offset: int, records: bytes | memoryview, end: int,
                              flush: bool, diverging: tuple[int, int] = (-1, -1), prev_epoch: int | None = None) -> None:
         p = self.progress[replica_id]
         p.push_inflight.append((end, self.now_ms))
         p.push_last_sent_ms = self.now_ms
+        p.push_hw_sent = self.high_watermark
         self._send.append(Send(to_broker=replica_id, message=AppendEntries(
             leader_id=self.replica_id, leader_epoch=self.leader_epoch, prev_offset=prev_offset,
             prev_epoch=self.log.epoch_before(prev_offset) if prev_epoch is None else prev_epoch, records=records, high_watermark=self.high_watermark,
@@ -168,6 +191,7 @@ class PushMixin:
             if p.push_inflight and self.now_ms - p.push_inflight[0][1] >= self.fetch_timeout_ms:
                 # The window was lost (or the follower is gone): recover from what it verified.
                 p.push_inflight.clear()
+                p.push_hw_sent = -1   # and the HW it carried may not have arrived
                 p.push_recovering = True
                 p.push_next = min(max(p.match_offset, self.log.log_start_offset), self.log.log_end_offset)
 
