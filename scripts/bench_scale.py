@@ -22,7 +22,7 @@ per-broker guardrail raised to fit), and prints:
    CPU over `--idle-seconds` from /proc/PID/stat, as % of one core.
 
     .venv/bin/python scripts/bench_scale.py [--partitions 1000,5000,10000] [--per-topic 100] [--idle-seconds 10]
-        [--controller-partitions 10000]
+        [--controller-partitions 10000] [--mode pull|push]
 
 Not measured yet: acks=all p50/p99 of a steady load on one partition beside the idle ones.
 """
@@ -113,6 +113,8 @@ def main() -> None:
     parser.add_argument("--partitions", default="1000", help="comma-separated sizes for the broker part")
     parser.add_argument("--controller-partitions", type=int, default=10000)
     parser.add_argument("--per-topic", type=int, default=100)
+    parser.add_argument("--mode", choices=("pull", "push"), default="pull",
+                        help="the topics' replication_mode (push: idle cost of push heartbeats)")
     parser.add_argument("--idle-seconds", type=float, default=10.0)
     parser.add_argument("--open-timeout", type=float, default=900.0, help="give up on opening after this long")
     args = parser.parse_args()
@@ -136,11 +138,12 @@ def brokers_scale(args: argparse.Namespace, partitions: int) -> None:
         topic = 0
         while created < args.partitions:
             count = min(args.per_topic, args.partitions - created)
-            cluster.create_topic(f"t{topic}", partitions=count, replication_factor=3, wait=False)
+            cluster.create_topic(f"t{topic}", partitions=count, replication_factor=3, wait=False,
+                                 config={"replication_mode": args.mode})
             created += count
             topic += 1
         created_s = time.monotonic() - start
-        print(f"partitions {args.partitions} in {topic} topics, RF 3, 3 brokers; "
+        print(f"partitions {args.partitions} in {topic} topics, RF 3, 3 brokers, {args.mode} replication; "
               f"controller committed them in {created_s:.1f} s")
 
         # 2. A topic created behind them all.
