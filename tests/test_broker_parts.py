@@ -615,20 +615,7 @@ def test_a_wall_clock_stepped_forward_and_set_back_does_not_stop_a_push_leaders_
     from dataplane.log.interface import LogConfig
     from dataplane.replica.events import AppendEntriesReply, NewMetadata
     from dataplane.replica.state import PartitionState, ReplicationConfig
-
-    class SteppedClock:
-        """The time module as a process sees it after its wall clock is stepped by `step_s`."""
-        def __init__(self) -> None:
-            self.step_s = 0.0
-
-        def time(self) -> float:
-            return real_time.time() + self.step_s
-
-        def time_ns(self) -> int:
-            return real_time.time_ns() + int(self.step_s * 1e9)
-
-        def __getattr__(self, name: str):
-            return getattr(real_time, name)
+    from stepped_clock import SteppedClock
 
     clock = SteppedClock()
     monkeypatch.setattr(partition, "time", clock)

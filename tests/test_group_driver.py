@@ -213,18 +213,7 @@ def test_the_coordinators_clock_does_not_follow_a_wall_clock_step(monkeypatch) -
     import time as real_time
 
     from dataplane.groups import driver as driver_module
-
-    class SteppedClock:
-        step_s = 0.0
-
-        def time(self) -> float:
-            return real_time.time() + self.step_s
-
-        def time_ns(self) -> int:
-            return real_time.time_ns() + int(self.step_s * 1e9)
-
-        def __getattr__(self, name: str):
-            return getattr(real_time, name)
+    from stepped_clock import SteppedClock
 
     clock = SteppedClock()
     monkeypatch.setattr(driver_module, "time", clock)
