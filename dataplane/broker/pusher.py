@@ -9,7 +9,8 @@ partition's core as an AppendEntriesReply.
 
 The broker pair has a heartbeat of its own: an append-entries for no partition (PAIR_TP:
 topic "", partition -1) to each follower broker this leader pushed to lately, whenever
-nothing else went to it for `pair_heartbeat_ms`. Its answer is contact both ways for the
+nothing else went to it for `push_heartbeat_ms` (checked twice per interval, so a pair
+is never silent past 1.5 intervals). Its answer is contact both ways for the
 link check (contact.py), which partitions quiet for long (push.py) no longer give. A broker
 that does not know it answers it as an unknown partition, which is contact all the same.
 
@@ -124,7 +125,9 @@ class Pusher:
     async def run_pair_heartbeats(self, interval_ms: int) -> None:
         while not self._closed:
             self.send_pair_heartbeats(interval_ms)
-            await asyncio.sleep(interval_ms / 1000)
+            # Twice per interval: checked once per interval, a pair whose traffic stopped just
+            # after a check went nearly two intervals without a word.
+            await asyncio.sleep(interval_ms / 2000)
 
     def _send(self, follower_id: int, tp: TopicPartition, request: wire.AppendEntriesRequest) -> None:
         loop = asyncio.get_running_loop()
@@ -189,7 +192,7 @@ class Pusher:
             if self._clients.get(follower_id) in (client, None):
                 self._failed(follower_id, tp, exc)
             return
-        if self.on_round_trip is not None:
+        if self.on_round_trip is not None and tp != PAIR_TP:   # the push latency is the partitions'
             self.on_round_trip(time.perf_counter() - sent)
         if self.heard is not None:
             self.heard(follower_id)

@@ -238,7 +238,7 @@ class Run:
 
     async def watch_back(self, fault_index: int, node: Node, topics: list[str]) -> None:
         """Note when a killed process is back in service after its restart
-        (Cluster.back_in_service), polled every BACK_POLL_S. Started at the kill: the metadata
+        (Cluster.waiting_for says nothing is missing), polled every BACK_POLL_S. Started at the kill: the metadata
         committed then comes before its registration after the restart. Each note is the time a
         successful check began, so the moment it came back lies between the previous check and
         that one: a window it closes may be short by a poll and a check, never long, and the gap
@@ -509,9 +509,14 @@ def execute(options: RunOptions, deadline_s: float) -> tuple[History | None, Rep
     except asyncio.TimeoutError:
         problems.append(f"the run did not finish within its bound of {deadline_s:.0f} s")
     finally:
-        for sig, handler in handlers.items():  # a closed loop leaves the default ones behind
-            signal.signal(sig, handler)
-        problems += run.teardown()
+        # Teardown runs to its end: a second Ctrl-C would leave mounts and namespaces behind.
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+        try:
+            problems += run.teardown()
+        finally:
+            for sig, handler in handlers.items():  # a closed loop leaves the default ones behind
+                signal.signal(sig, handler)
     if history is None:
         return None, None, problems
     history.dump(str(options.work_dir / "history.json"))
