@@ -162,6 +162,11 @@ def test_consume_max_records_stops_at_the_end_and_says_where_it_starts(up):
 
 # ---------------------------------------------------------------- signals and pipes
 
+def _signals_as_in_a_terminal() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
 def test_ctrl_c_and_sigterm_end_produce_and_consume_cleanly(up, silent_port):
     """SIGINT or SIGTERM to a produce reading an open stdin, to a following consume, or to an
     admin command waiting on a controller: exit 130 or 143, no traceback and no 'Fatal Python
@@ -173,9 +178,11 @@ def test_ctrl_c_and_sigterm_end_produce_and_consume_cleanly(up, silent_port):
                             ("topic", signal.SIGINT), ("topic", signal.SIGTERM)):
         args = ["list", "--controller", f"127.0.0.1:{silent_port}"] if command == "topic" else \
             ["signals", "--data-dir", str(up.data_dir)]
+        # SIGINT and SIGQUIT at their defaults, as in a terminal: a suite started as a background
+        # job of a script inherits them ignored, and so would every command it starts.
         proc = subprocess.Popen([PYTHON, "-m", "common.cli", command, *args],
                                 cwd=up.elsewhere, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, env=env_without_cluster())
+                                stderr=subprocess.PIPE, env=env_without_cluster(), preexec_fn=_signals_as_in_a_terminal)
         if command == "produce":
             assert proc.stdin is not None
             proc.stdin.write(b"one\ntwo\n")
@@ -188,6 +195,9 @@ def test_ctrl_c_and_sigterm_end_produce_and_consume_cleanly(up, silent_port):
     for _, signum, proc in runs:
         proc.send_signal(signum)
     for command, signum, proc in runs:
+        # Ended before communicate closes its stdin: that EOF would end a produce that had not
+        # yet seen its signal as a plain success.
+        proc.wait(timeout=30)
         _, err = proc.communicate(timeout=30)
         text = err.decode()
         assert proc.returncode == 128 + signum, (command, signum, proc.returncode, text)
