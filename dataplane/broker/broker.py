@@ -229,7 +229,9 @@ class Broker:
             await asyncio.sleep(self.config.usage_interval_ms / 1000)
 
     def _heard(self, peer: int) -> None:
-        self.contact.heard(peer, _monotonic_ms())
+        # Link silence is on the monotonic clock (now_ms): a wall clock stepped by hours must
+        # not make every link look silent (or revive a silent one).
+        self.contact.heard(peer, now_ms())
 
     def expected_links(self) -> list[Expected]:
         assert self.learner is not None
@@ -238,9 +240,9 @@ class Broker:
     async def _watch_links(self) -> None:
         """Keep the links silent past their bound ready for the heartbeat thread."""
         interval_ms = min(self.config.heartbeat_interval_ms, self.config.peer_unreachable_ms // 4)
-        last = _monotonic_ms()
+        last = now_ms()
         while True:
-            now = _monotonic_ms()
+            now = now_ms()
             if now - last > interval_ms + self.config.peer_unreachable_ms // 2:
                 # This loop was stalled: the answers it would have seen were not read.
                 self.contact.forget_silence()
@@ -403,8 +405,3 @@ class Broker:
                            groups=groups.groups, groups_omitted=groups.groups_omitted,
                            group_offsets_omitted=groups.offsets_omitted)
 
-
-def _monotonic_ms() -> int:
-    """Link silence is measured on the monotonic clock: a wall clock stepped by hours must
-    not make every link look silent (or revive a silent one)."""
-    return int(time.monotonic() * 1000)
