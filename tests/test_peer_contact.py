@@ -49,3 +49,53 @@ def test_a_stall_of_its_own_is_not_its_peers_silence():
     c.forget_silence()
     assert c.unreachable([link], 3000) == []
     assert c.unreachable([link], 4001) == [link]
+
+
+class Oracle:
+    """The rule as the module states it, link by link with nothing kept between calls but
+    each link's first-expected time and each peer's last word."""
+
+    def __init__(self) -> None:
+        self.heard_ms: dict[int, int] = {}
+        self.since: dict[tuple, int] = {}
+
+    def unreachable(self, expected: list[Expected], now_ms: int) -> list[Expected]:
+        self.since = {(e.tp, e.leader_epoch, e.peer): self.since.get((e.tp, e.leader_epoch, e.peer), now_ms)
+                      for e in expected}
+        return [e for e in expected
+                if now_ms - max(self.since[(e.tp, e.leader_epoch, e.peer)],
+                                self.heard_ms.get(e.peer, -10**9)) > e.bound_ms]
+
+
+def test_passing_the_same_list_again_gives_what_the_rule_gives():
+    """The broker passes one list per metadata image (the check then skips peers heard within
+    their tightest bound); the answers must be the rule's, link by link, every time."""
+    from hypothesis import given, settings, strategies as st
+
+    links = [Expected(TopicPartition("t", p), 1, peer, bound) for p, peer, bound in
+             [(0, 2, 100), (1, 3, 300), (2, 2, 500), (3, 4, 200)]]
+    step = st.one_of(st.tuples(st.just("heard"), st.sampled_from([2, 3, 4]), st.integers(0, 400)),
+                     st.tuples(st.just("check"), st.just(0), st.integers(0, 400)),
+                     st.tuples(st.just("relist"), st.integers(1, 15), st.integers(0, 400)),
+                     st.tuples(st.just("stall"), st.just(0), st.integers(0, 400)))
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.lists(step, max_size=40))
+    def run(steps):
+        contact, oracle = PeerContact(), Oracle()
+        current = list(links)
+        now = 0
+        for kind, arg, advance in steps:
+            now += advance
+            if kind == "heard":
+                contact.heard(arg, now)
+                oracle.heard_ms[arg] = now
+            elif kind == "relist":
+                current = [link for i, link in enumerate(links) if arg & (1 << i)]
+            elif kind == "stall":
+                contact.forget_silence()
+                oracle.heard_ms.clear()
+                oracle.since = {}
+            assert contact.unreachable(current, now) == oracle.unreachable(current, now)
+
+    run()

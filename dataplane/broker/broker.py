@@ -81,6 +81,8 @@ class Broker:
         self._heartbeats: HeartbeatThread | None = None
         self._usage_latest: BrokerUsage | None = None
         self.contact = PeerContact()
+        self._links_for: MetadataImage | None = None
+        self._links: list[Expected] = []
         self._unreachable_latest: tuple[UnreachablePeer, ...] = ()   # read by the heartbeat thread
         self.learner: MetadataLearner | None = None
         self.handler: RequestHandler | None = None
@@ -234,8 +236,14 @@ class Broker:
         self.contact.heard(peer, now_ms())
 
     def expected_links(self) -> list[Expected]:
+        """The links to watch, worked out once per metadata image (an applied batch replaces
+        the image): the same list object tells the link check nothing changed."""
         assert self.learner is not None
-        return expected_links(self.learner.image, self.config.broker_id, self.config.peer_unreachable_ms)
+        image = self.learner.image
+        if self._links_for is not image:
+            self._links_for = image
+            self._links = expected_links(image, self.config.broker_id, self.config.peer_unreachable_ms)
+        return self._links
 
     async def _watch_links(self) -> None:
         """Keep the links silent past their bound ready for the heartbeat thread."""
