@@ -238,6 +238,9 @@ class HeartbeatAnswer(_Answer):
     fenced: bool
     metadata_offset: int           # committed offset when answered: a controlled shutdown waits to apply it
     session_timeout_ms: int
+    # The heartbeat's usage report built on one this controller does not have (it is newly
+    # leader, or missed a report): send the next one complete (common/usage.py).
+    usage_resend: bool = False
 
 
 class AlterIsrAnswer(_Answer):

@@ -83,3 +83,70 @@ class BrokerUsage(BaseModel):
     groups: list[GroupUsage] = Field(default_factory=list)
     groups_omitted: int = Field(default=0, ge=0)
     group_offsets_omitted: int = Field(default=0, ge=0)
+    # Incremental reports (as Kafka's incremental fetch sessions do for fetches): with
+    # thousands of idle partitions, sending every replica each second was most of the report's
+    # cost on both ends. `report_seq` numbers a broker process's reports; a report with
+    # `base_seq` set carries in `replicas` only the replicas that differ from the report
+    # numbered `base_seq`, and names in `replicas_removed` those gone since. None: `replicas`
+    # is complete (and always from brokers that predate this). See `merge_report`.
+    report_seq: int | None = Field(default=None, ge=0)
+    base_seq: int | None = Field(default=None, ge=0)
+    replicas_removed: list[tuple[str, int]] = Field(default_factory=list)
+
+
+def merge_report(stored: BrokerUsage | None, report: BrokerUsage) -> BrokerUsage | None:
+    """The broker's complete usage after `report`, given the complete one kept from its
+    previous reports (of the same broker process); None when `report` is incremental and
+    `stored` is not the report it builds on (the caller asks for a complete one)."""
+    if report.base_seq is None:
+        return report
+    if stored is None or stored.report_seq is None or stored.report_seq != report.base_seq:
+        return None
+    if not report.replicas and not report.replicas_removed:
+        replicas = stored.replicas
+    else:
+        by_key = {(r.topic, r.partition): r for r in stored.replicas}
+        for key in report.replicas_removed:
+            by_key.pop(key, None)
+        for r in report.replicas:
+            by_key[(r.topic, r.partition)] = r
+        replicas = [by_key[key] for key in sorted(by_key)]
+    return report.model_copy(update={"replicas": replicas, "base_seq": None, "replicas_removed": []})
+
+
+class UsageReports:
+    """The broker's side of incremental usage reports (pure). `report` turns a complete usage
+    into what to send; `answered` says the controller took it (or, `resend`, had no base for
+    it); a report with no answer is as if not sent: the next one builds on the last taken.
+    ReplicaUsage objects that did not change are expected to be the same objects
+    (ReplicaManager.usage keeps them), so an idle replica costs an identity check."""
+
+    def __init__(self) -> None:
+        self._seq = 0
+        self._taken: tuple[int, dict[tuple[str, int], ReplicaUsage]] | None = None
+        self._sent: tuple[int, dict[tuple[str, int], ReplicaUsage]] | None = None
+
+    def report(self, usage: BrokerUsage) -> BrokerUsage:
+        self._seq += 1
+        current = {(r.topic, r.partition): r for r in usage.replicas}
+        self._sent = (self._seq, current)
+        if self._taken is None:
+            return usage.model_copy(update={"report_seq": self._seq, "base_seq": None, "replicas_removed": []})
+        base_seq, base = self._taken
+        changed = [r for key, r in current.items() if (b := base.get(key)) is not r and b != r]
+        removed = [key for key in base if key not in current]
+        return usage.model_copy(update={"replicas": changed, "report_seq": self._seq, "base_seq": base_seq,
+                                        "replicas_removed": removed})
+
+    def answered(self, *, resend: bool) -> None:
+        """The controller answered a heartbeat: it took the report that heartbeat carried, if
+        any, or (`resend`) it has no base for reports from this process."""
+        if resend:
+            self._taken = None
+        elif self._sent is not None:
+            self._taken = self._sent
+        self._sent = None
+
+    def unanswered(self) -> None:
+        """The heartbeat got no answer: whether its report was taken is unknown."""
+        self._sent = None

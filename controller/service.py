@@ -30,7 +30,7 @@ from typing import Callable, Protocol
 from common.errors import CommitFailedError, NotControllerError, RecordRejected
 from common.metadata import FenceBroker, MetadataImage, Record, dump_record
 from common.tasks import cancel_and_wait
-from common.usage import BrokerUsage
+from common.usage import BrokerUsage, merge_report
 from controller.core import AddPartitions, AlterConfig, ControllerCore, CreateTopic, DeleteTopic, Event, Step, Tick
 from controller.decisions import LeaderSettings
 from controller.replicated import Outcome, batch_command, marker_command
@@ -156,6 +156,7 @@ class ControllerService:
         self.committed = MetadataImage()
         self.window: deque[tuple[int, dict]] = deque(maxlen=metadata_window_records)
         self.usage: dict[int, BrokerUsage] = {}
+        self._usage_incarnation: dict[int, str] = {}
         self.broker_offsets: dict[int, int] = {}
         self.broker_opening: dict[int, int] = {}   # replicas each broker said are still opening
         self.pending: MetadataImage | None = None
@@ -439,13 +440,22 @@ class ControllerService:
             asyncio.get_running_loop().call_soon(self._flush)
 
     def note_heartbeat(self, broker_id: int, metadata_offset: int, usage: BrokerUsage | None,
-                       replicas_opening: int = 0) -> None:
+                       replicas_opening: int = 0, incarnation_id: str = "") -> bool:
         """Keep what a heartbeat reports for the views (/v1/brokers, snapshots). Not leader
-        state: no decision reads it, and it outlives this node's leadership."""
+        state: no decision reads it, and it outlives this node's leadership. False when the
+        usage report was incremental on a base not kept here (from another process of the
+        broker, or a report this node did not take): the broker must send a complete one."""
         self.broker_offsets[broker_id] = metadata_offset
         self.broker_opening[broker_id] = replicas_opening
-        if usage is not None:
-            self.usage[broker_id] = usage
+        if usage is None:
+            return True
+        same_process = self._usage_incarnation.get(broker_id) == incarnation_id
+        merged = merge_report(self.usage.get(broker_id) if same_process else None, usage)
+        if merged is None:
+            return False
+        self.usage[broker_id] = merged
+        self._usage_incarnation[broker_id] = incarnation_id
+        return True
 
     # ------------------------------------------------------------ committed mirror
 

@@ -281,3 +281,47 @@ def test_a_forwarded_create_topic_sends_only_the_fields_its_caller_set(cluster):
     asyncio.run(run())
     topic = http("GET", c.spec.api_url + "/v1/topics/forwarded-assignment").body
     assert [p["replicas"] for p in topic["partitions"]] == [[1, 2, 3], [2, 3, 1]]
+
+
+def test_incremental_usage_reports_merge_on_their_base_and_are_refused_on_any_other(cluster):
+    """common/usage.py: a report that carries only what changed is merged onto the report it
+    names; on a base this controller does not have (another number, another process of the
+    broker) it is refused with usage_resend, and the kept figures stay as they were."""
+    c, brokers = cluster
+
+    def register(incarnation):
+        r = brokers.rpc("register", {"broker_id": 8, "incarnation_id": incarnation, "host": "127.0.0.1",
+                                     "port": 9108})
+        assert r.status == 200, r.body
+
+    def replica(partition, size):
+        return {"topic": "usage", "partition": partition, "size_bytes": size, "log_start_offset": 0,
+                "log_end_offset": size, "high_watermark": size}
+
+    def beat(incarnation, **report):
+        usage = {"broker_id": 8, "at_ms": 1, "disk_total_bytes": 10, "disk_used_bytes": 1, "disk_free_bytes": 9,
+                 **report}
+        offset = http("GET", brokers.url + "/v1/health", token=None).body["metadata_offset"]
+        r = brokers.rpc("heartbeat", {"broker_id": 8, "incarnation_id": incarnation, "metadata_offset": offset,
+                                      "usage": usage})
+        assert r.status == 200, r.body
+        return r.body["usage_resend"]
+
+    def sizes():
+        parts = http("GET", c.spec.api_url + "/v1/topics/usage/offsets").body["partitions"]
+        return [p.get("size_bytes") for p in parts]
+
+    register("inc-8a")
+    r = http("POST", c.spec.api_url + "/v1/topics", {"name": "usage", "replica_assignment": [[8], [8]]})
+    assert r.status == 201, r.body
+    assert beat("inc-8a", replicas=[replica(0, 5), replica(1, 7)], report_seq=1) is False
+    wait_until(lambda: sizes() == [5, 7], 10, "the complete report kept")   # once 8 leads (unfenced)
+    assert beat("inc-8a", replicas=[replica(1, 9)], report_seq=2, base_seq=1) is False
+    assert sizes() == [5, 9]
+    assert beat("inc-8a", replicas=[replica(0, 1)], report_seq=4, base_seq=3) is True     # not the kept base
+    assert sizes() == [5, 9]
+    assert beat("inc-8a", replicas=[], report_seq=3, base_seq=2, replicas_removed=[["usage", 0]]) is False
+    assert sizes() == [None, 9]
+    register("inc-8b")
+    assert beat("inc-8b", replicas=[replica(0, 1)], report_seq=2, base_seq=1) is True     # another process's base
+    assert beat("inc-8b", replicas=[replica(1, 2)], report_seq=3) is False             # complete: taken

@@ -37,7 +37,7 @@ from common.control_client import ControlClient
 from common.durable import fsync_dir
 from common.errors import BiplaneError, ErrorCode
 from common.requests import HeartbeatRequest, RegisterBrokerRequest, UnreachablePeer
-from common.usage import BrokerUsage
+from common.usage import BrokerUsage, UsageReports
 
 log = logging.getLogger("biplane.broker.lifecycle")
 
@@ -107,6 +107,7 @@ class Lifecycle:
         self.fenced = True
         self.want_shutdown = False
         self._last_usage_ms = 0.0
+        self._usage_reports = UsageReports()   # the heartbeat thread's alone
 
     async def register(self, control: ControlClient | None = None) -> None:
         """Register until a controller accepts (retrying while none answers)."""
@@ -140,7 +141,12 @@ class Lifecycle:
                 continue
             pace.sending(started)
             try:
-                answer = await control.heartbeat(self._heartbeat())
+                try:
+                    answer = await control.heartbeat(self._heartbeat(with_usage=True))
+                except BaseException:
+                    self._usage_reports.unanswered()
+                    raise
+                self._usage_reports.answered(resend=answer.usage_resend)
                 slow = pace.answered(time.monotonic(), time.thread_time(), time.process_time())
                 if slow is not None:
                     log.warning("broker %d: heartbeats answered %s", self.broker_id, slow,
@@ -171,7 +177,7 @@ class Lifecycle:
         deadline = started + timeout_ms / 1000
         while time.monotonic() < deadline:
             try:
-                answer = await asyncio.wait_for(self.control.heartbeat(self._heartbeat()),
+                answer = await asyncio.wait_for(self.control.heartbeat(self._heartbeat(with_usage=False)),
                                                 max(0.001, deadline - time.monotonic()))
             except (BiplaneError, asyncio.TimeoutError) as exc:
                 log.warning("controlled shutdown not acknowledged (%s); stopping without it", exc,
@@ -187,12 +193,15 @@ class Lifecycle:
                     extra={"event": "broker.controlled_shutdown_failed"})
         return False
 
-    def _heartbeat(self) -> HeartbeatRequest:
+    def _heartbeat(self, *, with_usage: bool) -> HeartbeatRequest:
+        """`with_usage`: the heartbeat thread's rounds, which alone keep the usage reports'
+        state (a controlled shutdown's heartbeats come from the broker's own loop)."""
         now = time.monotonic() * 1000
         usage = None
-        if now - self._last_usage_ms >= self.usage_interval_ms:
+        if with_usage and now - self._last_usage_ms >= self.usage_interval_ms:
             self._last_usage_ms = now
-            usage = self.usage()
+            complete = self.usage()
+            usage = self._usage_reports.report(complete) if complete is not None else None
         return HeartbeatRequest(broker_id=self.broker_id, incarnation_id=self.incarnation_id,
                                 metadata_offset=self.metadata_offset(), usage=usage,
                                 want_shutdown=self.want_shutdown, unreachable=self.unreachable(),

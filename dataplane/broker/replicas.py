@@ -155,6 +155,7 @@ class ReplicaManager:
         self._fed: dict[TopicPartition, tuple] = {}
         self._isr_inflight: set[TopicPartition] = set()
         self._last_usage: dict[TopicPartition, tuple[float, tuple[int, int, int]]] = {}
+        self._usage_kept: dict[TopicPartition, tuple[tuple[int | float, ...], ReplicaUsage]] = {}
         # Byte counters of the drivers already closed (moved away, reopened), so that the
         # broker's totals (byte_totals) never go down within this process.
         self._retired_bytes = ByteTotals()
@@ -575,11 +576,21 @@ class ReplicaManager:
             elapsed = max(now - then, 1e-3)
             rates = [max(0.0, (c - b) / elapsed) for c, b in zip(counters, before)]
             self._last_usage[tp] = (now, counters)
-            out.append(ReplicaUsage(
-                topic=tp[0], partition=tp[1], size_bytes=d.log.size_bytes,
-                log_start_offset=d.log.log_start_offset, log_end_offset=d.log.log_end_offset,
-                high_watermark=max(d.replica.high_watermark, 0), produce_bytes_per_s=rates[0],
-                produce_records_per_s=rates[1], fetch_bytes_per_s=rates[2]))
+            figures = (d.log.size_bytes, d.log.log_start_offset, d.log.log_end_offset,
+                       max(d.replica.high_watermark, 0), *rates)
+            kept = self._usage_kept.get(tp)
+            if kept is None or kept[0] != figures:
+                # Unchanged figures keep their object: the heartbeat's incremental report
+                # (common/usage.py, UsageReports) tells an idle replica by identity.
+                kept = self._usage_kept[tp] = (figures, ReplicaUsage(
+                    topic=tp[0], partition=tp[1], size_bytes=figures[0], log_start_offset=figures[1],
+                    log_end_offset=figures[2], high_watermark=figures[3], produce_bytes_per_s=figures[4],
+                    produce_records_per_s=figures[5], fetch_bytes_per_s=figures[6]))
+            out.append(kept[1])
+        if len(self._last_usage) > len(out):   # replicas closed since
+            for gone in [tp for tp in self._last_usage if tp not in self.drivers or self.drivers[tp].closed]:
+                self._last_usage.pop(gone, None)
+                self._usage_kept.pop(gone, None)
         return out
 
     async def close(self) -> None:
