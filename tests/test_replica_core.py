@@ -891,6 +891,25 @@ def test_caught_up_follower_asked_to_flush_fetches_again_only_with_its_flushed_o
         assert (after_flush.fetch_offset, after_flush.flushed_offset) == (end, end)
 
 
+def test_an_unanswered_fetch_is_asked_again_after_fetch_retry_ms_not_sooner():
+    """Claim: a pull follower whose fetch goes unanswered (parked in a fetch session while the
+    partition is quiet) asks again only once fetch_retry_ms has passed; the broker sets it long
+    because its fetcher resends lost requests itself, and each early re-ask was a step for nothing."""
+    for retry_ms in (None, 10_000):
+        follower = Node(2)
+        follower.replica = Replica(replica_id=2, log=follower.log, fetch_backoff_ms=10, fetch_timeout_ms=1000,
+                                   fetch_retry_ms=retry_ms)
+        follower.step(NewMetadata(partition=state(), config=config()))
+        follower.step(Tick(now_ms=0))
+        assert [m for m in follower.sent() if isinstance(m, FetchRequest)]
+        waits = 1000 if retry_ms is None else retry_ms
+        assert follower.replica.next_tick_ms() == waits
+        follower.step(Tick(now_ms=waits - 1))
+        assert [m for m in follower.sent() if isinstance(m, FetchRequest)] == []
+        follower.step(Tick(now_ms=waits))
+        assert len([m for m in follower.sent() if isinstance(m, FetchRequest)]) == 1
+
+
 def test_follower_behind_the_leader_fetches_at_once_even_when_asked_to_flush():
     """Claim: a follower whose answer leaves it behind the leader's log end keeps fetching at once
     (pipelined with its flush), so a follower catching up is not held to one fsync per fetch."""

@@ -54,6 +54,11 @@ SNAPSHOT_INTERVAL_S = 10.0
 # 10 ms kept the clock as fresh.
 CLOCK_STALE_MS = 10
 
+# A follower core asks again after this long without an answer. Its request is parked in the
+# fetch session while the partition is quiet, and each re-ask was a step for nothing: every
+# second for each of thousands of idle followers.
+FETCH_RETRY_MS = 10_000
+
 
 class DriverHooks(Protocol):
     def send_fetch(self, leader_id: int, tp: TopicPartition, request: FetchRequest) -> None: ...
@@ -110,10 +115,12 @@ class PartitionDriver:
         self._snapshot_at_s = -SNAPSHOT_INTERVAL_S
         self.producer_snapshots_written = 0
         # fetch_backoff_ms=0: the fetcher long-polls, so an empty answer already waited;
-        # the fetcher itself backs off after errors. Push followers, which nothing long-polls
+        # the fetcher itself backs off after errors, and resends what a broken connection or a
+        # timed-out round lost (fetcher.py): the core's own re-ask is only a safety net. Push followers, which nothing long-polls
         # for, hear from an idle leader every push_heartbeat_ms.
         self.replica = Replica(replica_id=broker_id, log=self.log, partition=tp, now_ms=now_ms(), wall_ms=wall_ms(),
                                fetch_backoff_ms=0, fetch_max_bytes=fetch_max_bytes, unclean_start=unclean_start,
+                               fetch_retry_ms=FETCH_RETRY_MS,
                                push_heartbeat_ms=push_heartbeat_ms,
                                push_capable=True,  # this driver carries append-entries (pusher.py)
                                producer_state=self.producer_state,

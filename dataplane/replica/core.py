@@ -105,7 +105,7 @@ class Replica(ProduceAdmission, PushMixin):
 
     def __init__(self, *, replica_id: int, log: LogView, partition: object = None, now_ms: int = 0,
                  fetch_max_bytes: int = 1024 * 1024, flush_debounce_ms: int = 5,
-                 fetch_backoff_ms: int = 50, fetch_timeout_ms: int = 1000,
+                 fetch_backoff_ms: int = 50, fetch_timeout_ms: int = 1000, fetch_retry_ms: int | None = None,
                  isr_proposal_retry_ms: int = 1000, election_report_retry_ms: int = 500,
                  pending_produce_max: int = 10_000, unreplicated_bytes_max: int = 8 * 1024 * 1024,
                  push_inflight_max: int = 4, push_heartbeat_ms: int | None = None,
@@ -115,6 +115,7 @@ class Replica(ProduceAdmission, PushMixin):
                  held_produce_max: int = 0, wall_ms: int | None = None) -> None:
         for name, value in (("fetch_max_bytes", fetch_max_bytes), ("flush_debounce_ms", flush_debounce_ms),
                             ("fetch_backoff_ms", fetch_backoff_ms), ("fetch_timeout_ms", fetch_timeout_ms),
+                            ("fetch_retry_ms", fetch_timeout_ms if fetch_retry_ms is None else fetch_retry_ms),
                             ("isr_proposal_retry_ms", isr_proposal_retry_ms),
                             ("election_report_retry_ms", election_report_retry_ms),
                             ("pending_produce_max", pending_produce_max),
@@ -131,6 +132,11 @@ class Replica(ProduceAdmission, PushMixin):
         self.flush_debounce_ms = flush_debounce_ms
         self.fetch_backoff_ms = fetch_backoff_ms
         self.fetch_timeout_ms = fetch_timeout_ms
+        # How long a pull follower's fetch goes unanswered before it asks again (None: the
+        # fetch timeout). A driver whose fetcher answers or fails every request it takes, and
+        # resends on its own after a broken connection, can make this long: each re-ask of a
+        # quiet partition is a step for nothing (the broker's thousands of idle followers).
+        self.fetch_retry_ms = fetch_timeout_ms if fetch_retry_ms is None else fetch_retry_ms
         self.isr_proposal_retry_ms = isr_proposal_retry_ms
         self.election_report_retry_ms = election_report_retry_ms
         self.pending_produce_max = pending_produce_max
@@ -942,7 +948,7 @@ class Replica(ProduceAdmission, PushMixin):
                     due += [t for t in (self.progress[r].last_caught_up_ms + lag_max + 1
                                         for r in self.state.isr if r in self.progress) if t > self.now_ms]
         elif self.role is Role.FOLLOWER and not self._pushing:
-            due.append(self._fetch_sent_ms + self.fetch_timeout_ms if self._fetch_inflight else self._next_fetch_ms)
+            due.append(self._fetch_sent_ms + self.fetch_retry_ms if self._fetch_inflight else self._next_fetch_ms)
         elif self.role is Role.ELECTION and self._report_sent_ms is not None:
             due.append(self._report_sent_ms + self.election_report_retry_ms)
         return min(due) if due else None
@@ -980,7 +986,7 @@ class Replica(ProduceAdmission, PushMixin):
             pass  # the leader drives a push follower (heartbeats, recovery)
         elif self.role is Role.FOLLOWER:
             if self._fetch_inflight:
-                if self.now_ms - self._fetch_sent_ms >= self.fetch_timeout_ms:
+                if self.now_ms - self._fetch_sent_ms >= self.fetch_retry_ms:
                     self._send_fetch()
             elif self.now_ms >= self._next_fetch_ms:
                 self._send_fetch()
