@@ -2,8 +2,9 @@
 (dataplane/broker/server.py) and the follower's fetcher (dataplane/broker/fetcher.py).
 
 Claims: an idle session's fetch names no partition and is answered with none; a quiet
-partition is not stepped again while nothing changes there, until a share of its lag time
-has passed (then it is, so the core's ISR clock moves on); every partition is waited on,
+partition is not stepped again while nothing changes there, until half to three quarters of
+its lag time have passed (then it is, so the core's ISR clock moves on; the quiet partitions
+of a session fall due together); every partition is waited on,
 so records on an omitted partition end the long-poll with that partition alone; an unknown session
 id or a wrong epoch is refused with Kafka's session errors, and a restarted handler knows
 no session. The fetcher sends only what changed, parks what the answer omitted (delivers
@@ -66,7 +67,7 @@ def test_idle_session_fetch_carries_nothing_waits_and_wakes_on_an_omitted_partit
         assert idle.error_code is ErrorCode.NONE and idle.session_id == sid and _carried(idle) == {}
         assert {n: d.replica.fetch_count(2) for n, d in drivers.items()} == fetches, \
             "a quiet partition was stepped again though nothing changed and its refresh was not due"
-        await asyncio.sleep(10 * server.QUIET_REFRESH + 0.05)   # past the refresh of the 10 s lag time
+        await asyncio.sleep(10 * 3 * server.QUIET_REFRESH + 0.05)   # past the refresh of the 10 s lag time
         idle = await asyncio.wait_for(_session_fetch(handler, sid, 2, wait_ms=0), 5)
         assert _carried(idle) == {}
         assert all(d.replica.fetch_count(2) > fetches[n] for n, d in drivers.items()), \
@@ -110,10 +111,10 @@ def test_unknown_session_wrong_epoch_and_a_restarted_handler_are_session_errors(
 
 
 def test_a_long_poll_steps_a_quiet_partition_when_its_refresh_is_due(tmp_path, monkeypatch):
-    """A session long-poll longer than a quarter of a partition's lag time wakes to step it,
-    so the core's ISR clock for the follower moves on while the poll waits (a lag time under
-    the long-poll's wait would otherwise drop an idle follower from the ISR)."""
-    monkeypatch.setattr(server, "QUIET_REFRESH", 0.02)   # 0.2 s of the 10 s lag time
+    """A session long-poll longer than half a partition's lag time wakes to step it, so the
+    core's ISR clock for the follower moves on while the poll waits (a lag time under the
+    long-poll's wait would otherwise drop an idle follower from the ISR)."""
+    monkeypatch.setattr(server, "QUIET_REFRESH", 0.02)   # due 0.4-0.6 s after each step (10 s lag time)
 
     async def scenario():
         drivers = {"a": _leader_driver(tmp_path, "a", (1, 2), None)}
@@ -123,14 +124,28 @@ def test_a_long_poll_steps_a_quiet_partition_when_its_refresh_is_due(tmp_path, m
         full = await asyncio.wait_for(_session_fetch(handler, 0, 0, [_position("a", end)], wait_ms=0), 5)
         before = drivers["a"].replica.fetch_count(2)
         poll = _session_fetch(handler, full.session_id, 1, wait_ms=5000)
-        await asyncio.sleep(0.7)
+        await asyncio.sleep(1.3)
         assert not poll.done(), "an idle session fetch long-polls"
         stepped = drivers["a"].replica.fetch_count(2) - before
-        assert stepped >= 2, f"stepped {stepped} times in 0.7 s of a long-poll; due every 0.2 s"
+        assert 2 <= stepped <= 4, f"stepped {stepped} times in 1.3 s of a long-poll; due every 0.4-0.6 s"
         poll.cancel()
         await drivers["a"].close()
 
     asyncio.run(scenario())
+
+
+def test_quiet_partitions_fall_due_together_within_half_to_three_quarters_of_their_lag_time():
+    """One wake-up of a long-poll steps every quiet partition of the session that is due: the
+    due times sit on a grid of a quarter of the lag time, so partitions stepped at different
+    moments share them (before, each partition woke the long-poll on its own, and each wake-up
+    walked the whole session)."""
+    lag_s = 10.0
+    dues = {server._quiet_until_s(now_s, lag_s) for now_s in (100.1, 100.9, 101.7, 102.4)}
+    assert dues == {107.5}
+    for now_s in (0.0, 3.3, 7.49, 7.5, 123.456):
+        due = server._quiet_until_s(now_s, lag_s)
+        assert 0.5 * lag_s <= due - now_s < 0.75 * lag_s + 1e-9
+        assert abs(due / (lag_s * server.QUIET_REFRESH) - round(due / (lag_s * server.QUIET_REFRESH))) < 1e-9
 
 
 async def _run_session(fetcher: Fetcher, client, until) -> None:
