@@ -47,8 +47,9 @@ def temp_path(path: str | os.PathLike[str]) -> str:
     return os.fspath(path) + ".tmp"
 
 
-def write_synced(path: str | os.PathLike[str], data: bytes, *, mode: int = 0o644) -> None:
-    """Create or truncate `path` with permissions `mode`, write `data` and fsync it."""
+def write_synced(path: str | os.PathLike[str], data: bytes, *, mode: int = 0o644, sync: bool = True) -> None:
+    """Create or truncate `path` with permissions `mode`, write `data` and fsync it (unless
+    not `sync`)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
     try:
         # A file left from an earlier try keeps its old permissions: drop what `mode` denies.
@@ -56,6 +57,15 @@ def write_synced(path: str | os.PathLike[str], data: bytes, *, mode: int = 0o644
         if current & ~mode:
             os.fchmod(fd, current & mode)
         write_all(fd, data, 0)
+        if sync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_file(path: str | os.PathLike[str]) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
         os.fsync(fd)
     finally:
         os.close(fd)

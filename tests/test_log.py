@@ -521,6 +521,58 @@ def test_epoch_cache_rebuilt_when_checkpoint_is_lost(tmp_log, tmp_path):
     assert [(e.epoch, e.start_offset) for e in log.epoch_entries()] == [(1, 0), (2, 6), (9, 9)]
 
 
+def test_a_new_epoch_costs_no_fsync_on_append_and_is_durable_before_a_flush_lets_recovery_trust_it(
+        tmp_log, tmp_path, monkeypatch):
+    """The epoch checkpoint is replaced unsynced when a batch brings a new epoch (an fsync on the
+    append path, for every partition a failover moves, was a stall of the broker's event loop);
+    the next flush fsyncs it before it writes the recovery point or the active checkpoint, which
+    let a recovery skip re-reading the batches that carry it."""
+    log = tmp_log(LogConfig(segment_bytes=2048, index_interval_bytes=256, segment_ms=None, retention_ms=None,
+                            checkpoint_interval_offsets=1))
+    log.append_as_leader(batch(), leader_epoch=1)
+    log.flush()
+    events: list[str] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        events.append("fsync " + os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def replace(src, dst, **kw):
+        events.append("replace " + os.path.basename(dst))
+        real_replace(src, dst, **kw)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    log.append_as_leader(batch(), leader_epoch=2)
+    assert events == ["replace leader-epoch-checkpoint"], events
+    log.flush()
+    synced = events.index("fsync leader-epoch-checkpoint")
+    directory = events.index("fsync p0")
+    trusting = [i for i, e in enumerate(events) if e in ("replace recovery-point", "replace active-segment-checkpoint")]
+    assert trusting and synced < directory < min(trusting), events
+    monkeypatch.undo()
+    assert [(e.epoch, e.start_offset) for e in log.epoch_entries()] == [(1, 0), (2, 3)]
+
+
+def test_an_epoch_checkpoint_lost_or_unreadable_after_a_crash_is_made_whole_from_the_batches(tmp_log, tmp_path):
+    """A crash may leave the old checkpoint (the rename was lost) or an unreadable one (the
+    rename kept, the bytes not) while the batches of the new epoch reached the disk."""
+    for leftover in ("old", "empty"):
+        name = f"p-{leftover}"
+        log = tmp_log(name=name)
+        log.append_as_leader(batch(), leader_epoch=1)
+        log.flush()
+        old = (tmp_path / name / "leader-epoch-checkpoint").read_bytes()
+        log.append_as_leader(batch(), leader_epoch=2)
+        log.append_as_leader(batch(), leader_epoch=4)
+        crash(log)
+        (tmp_path / name / "leader-epoch-checkpoint").write_bytes(old if leftover == "old" else b"")
+        log = tmp_log(name=name)
+        assert log.log_end_offset == 9
+        assert [(e.epoch, e.start_offset) for e in log.epoch_entries()] == [(1, 0), (2, 3), (4, 6)], leftover
+
+
 # ---------------------------------------------------------------- recovery
 
 

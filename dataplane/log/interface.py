@@ -10,9 +10,12 @@ Durability when a call returns:
   operating system and readable by `read`; they survive a crash of this process
   but NOT a crash of the machine until a `flush()` covering them returns.
 - `flush()`: everything below the returned offset is on stable storage.
-- `truncate_to`, `truncate_fully_and_start_at`, `apply_retention`, `clean`, and any
-  change of the leader-epoch cache: durable when the call returns (they are rare and a
-  truncation undone by a crash could resurrect records of an old epoch).
+- `truncate_to`, `truncate_fully_and_start_at`, `apply_retention`, `clean`, and the
+  changes of the leader-epoch cache they make: durable when the call returns (they are rare
+  and a truncation undone by a crash could resurrect records of an old epoch).
+- A new epoch an append brings: in the epoch cache at once, durable with the `flush()`
+  that covers its first batch, like the batch itself (after a crash before it, recovery
+  reads those batches again and finds the epoch there).
 
 Validation: appends check every batch header; they check CRCs too unless the
 caller says `crc_checked=True` because it has just checked them itself (the

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator
 
 from common.batch import (BATCH_BYTES_MAX, HEADER_SIZE, Buffer, BatchHeader, iter_batches, read_header,
                           set_base_offset, set_leader_epoch)
+from common import durable
 from common.durable import fsync_dir, write_all
 from common.errors import (InvalidRequestError, OffsetMismatchError, OffsetOutOfRangeError,
                            StaleEpochError, StorageError)
@@ -85,6 +86,7 @@ class PartitionLog:
         # truncation leaves it as it is, an over-estimate.
         self._unflushed_bytes = 0
         self._dir_dirty = False
+        self._epochs_unsynced = False   # the epoch checkpoint was replaced since the last fsync of it
         self._truncations = 0  # bumped by every truncation; a flush racing one must not count
         self._failed: str | None = None
         self._closed = False
@@ -527,15 +529,22 @@ class PartitionLog:
                           log_end_offset=self.log_end_offset)
 
     def _record_epochs(self, spans: list[BatchSpan]) -> None:
-        """Make new epochs durable before the batches that carry them are written."""
+        """Write new epochs to the checkpoint before the batches that carry them, unsynced:
+        the next flush makes the file durable before the recovery point or the active
+        checkpoint lets a recovery trust those batches, and a recovery re-reads everything
+        past them and assigns the epochs it finds (an unreadable file is rebuilt from the
+        batches). An fsync here ran on the append path for every new epoch: two per replica
+        for each partition a failover or a start moved (Kafka made the same change, KAFKA-15046)."""
         if not any(self._epochs.would_change(s.leader_epoch) for s in spans):
             return
         cache = EpochCache(self._epochs.entries())
         for span in spans:
             if cache.would_change(span.leader_epoch):
                 cache.assign(span.leader_epoch, span.base_offset)
-        files.write_atomically(self._path(EPOCH_CHECKPOINT), cache.encode())
+        files.replace_unsynced(self._path(EPOCH_CHECKPOINT), cache.encode())
         self._epochs = cache
+        self._epochs_unsynced = True
+        self._dir_dirty = True
 
     def _undo_append(self, old_end: int, old_count: int, old_active: Segment, exc: OSError) -> None:
         try:
@@ -686,11 +695,14 @@ class PartitionLog:
                 self._dirty.clear()
                 unflushed, self._unflushed_bytes = self._unflushed_bytes, 0
                 dir_dirty, self._dir_dirty = self._dir_dirty, False
+                epochs_unsynced, self._epochs_unsynced = self._epochs_unsynced, False
                 truncations = self._truncations
                 drops = self._drop_behind_ends(segments)
             try:
                 for segment in segments:
                     segment.fsync()
+                if epochs_unsynced:
+                    self._sync_epochs()
                 if dir_dirty:
                     fsync_dir(self.directory)
             except OSError as exc:
@@ -700,6 +712,7 @@ class PartitionLog:
                             self._dirty[id(segment)] = segment
                     self._unflushed_bytes += unflushed
                     self._dir_dirty |= dir_dirty
+                    self._epochs_unsynced |= epochs_unsynced
                 self._note_if_full(exc, f"flush of {self.directory}")
                 raise files.storage_error(f"flush of {self.directory} failed", exc) from exc
             for segment, end in drops:
@@ -741,6 +754,14 @@ class PartitionLog:
 
     def _segment_index(self, offset: int) -> int:
         return bisect.bisect_right(self._bases, offset) - 1
+
+    def _sync_epochs(self) -> None:
+        """fsync the epoch checkpoint (_record_epochs left it unsynced); its rename needs the
+        directory's fsync too, which the caller does."""
+        try:
+            durable.fsync_file(self._path(EPOCH_CHECKPOINT))
+        except FileNotFoundError:
+            pass   # none written yet: an empty log's, rebuilt as empty
 
     def _write_recovery_point(self, offset: int) -> None:
         files.write_atomically(self._path(RECOVERY_POINT), b"%d\n" % offset)
@@ -1041,6 +1062,7 @@ class PartitionLog:
                         segments = list(self._segments)
                     for segment in segments:
                         segment.fsync()
+                    self._sync_epochs()
                     fsync_dir(self.directory)
                     files.write_atomically(self._path(RECOVERY_POINT), b"%d\n" % self.log_end_offset)
                     files.write_atomically(self._path(CLEAN_SHUTDOWN), b"")
