@@ -964,7 +964,7 @@ def test_coalescer_fails_waiters_whose_offsets_were_truncated():
 def test_flush_cost_counts_the_bytes_since_the_last_flush_and_is_unknown_across_files(tmp_log):
     """Claim: flush_cost_bytes is the bytes appended to the active segment since the last
     flush began; None while a flush would have to fsync more (a new segment and the directory,
-    or a checkpoint due)."""
+    a new epoch's checkpoint, or a checkpoint due)."""
     config = LogConfig(segment_bytes=1 << 20, index_interval_bytes=256, segment_ms=None, retention_ms=None,
                        checkpoint_interval_bytes=1 << 20, checkpoint_interval_offsets=1 << 20)
     log = tmp_log(config)
@@ -982,4 +982,6 @@ def test_flush_cost_counts_the_bytes_since_the_last_flush_and_is_unknown_across_
     assert log.flush_cost_bytes is None      # two files and the directory
     log.flush()
     log.append_as_leader(one, leader_epoch=0)
-    assert log.flush_cost_bytes is None      # the new segment's first checkpoint is due
+    assert log.flush_cost_bytes == len(one)  # a new segment's first checkpoint waits for its interval too
+    log.append_as_leader(one, leader_epoch=1)
+    assert log.flush_cost_bytes is None      # a new epoch: the epoch checkpoint and the directory

@@ -293,9 +293,11 @@ class PartitionLog:
     def _checkpoint_due(self, base: int, position: int, next_offset: int) -> bool:
         if position == 0:
             return False
-        if self._checkpoint is None or self._checkpoint[0] != base:
-            return True
-        _, last_position, last_offset = self._checkpoint
+        # A segment's first checkpoint also waits for an interval's worth: re-reading less than
+        # that on recovery costs less than the fsyncs of the checkpoint (index files, the
+        # checkpoint file, the directory) at the first flush of every new replica.
+        _, last_position, last_offset = (self._checkpoint if self._checkpoint is not None
+                                         and self._checkpoint[0] == base else (base, 0, base))
         return (position - last_position >= self.config.checkpoint_interval_bytes
                 or next_offset - last_offset >= self.config.checkpoint_interval_offsets)
 
@@ -395,7 +397,7 @@ class PartitionLog:
     @property
     def flush_cost_bytes(self) -> int | None:
         with self._lock:
-            if self._dir_dirty or len(self._dirty) > 1:
+            if self._dir_dirty or self._epochs_unsynced or len(self._dirty) > 1:
                 return None
             if not self._dirty:
                 return 0
