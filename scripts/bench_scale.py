@@ -129,7 +129,9 @@ def brokers_scale(args: argparse.Namespace, partitions: int) -> None:
     args.partitions = partitions
     replicas_per_broker = args.partitions  # RF 3 on 3 brokers: every broker holds every partition
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp, Cluster(
-            Path(tmp), brokers=3, controller_args=["--max-partitions-per-broker", str(replicas_per_broker + 100)]
+            Path(tmp), brokers=3, controller_args=["--max-partitions-per-broker", str(replicas_per_broker + 100),
+                                                   # creates go as fast as the controller takes them
+                                                   "--admin-write-rate", "1e9", "--admin-write-burst", "1e9"]
     ) as cluster:
         brokers = sorted(cluster.brokers)
         ports = {b: cluster.brokers[b].metrics_port for b in brokers}

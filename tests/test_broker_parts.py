@@ -93,12 +93,14 @@ def test_learner_applies_in_order_saves_and_restarts_from_its_image(tmp_path):
     seen: list[int] = []
 
     async def scenario(control):
-        learner = MetadataLearner(control, data_dir=str(tmp_path))
+        learner = MetadataLearner(control, data_dir=str(tmp_path), save_interval_ms=100)
         learner.add_listener(lambda image: seen.append(image.offset))
         task = asyncio.create_task(learner.run())
-        for _ in range(100):
-            # The image is saved (fsynced) before listeners hear of it: wait for both.
-            if learner.offset == 2 and seen[-1:] == [2]:
+        for _ in range(300):
+            # Saves come at most every save_interval_ms, the newest image each time: wait for
+            # the listener and the file.
+            if (learner.offset == 2 and seen[-1:] == [2]
+                    and MetadataLearner(FakeControl(), data_dir=str(tmp_path)).offset == 2):
                 break
             await asyncio.sleep(0.01)
         task.cancel()
@@ -109,6 +111,39 @@ def test_learner_applies_in_order_saves_and_restarts_from_its_image(tmp_path):
     assert learner.image.partition("t", 0).replicas == (1,)
     again = MetadataLearner(FakeControl(), data_dir=str(tmp_path))
     assert again.offset == 2 and again.image == learner.image
+
+
+def test_learner_saves_the_newest_image_at_most_once_per_interval(tmp_path, monkeypatch):
+    """Claim: each save writes the whole image, so a burst of metadata batches (the ISR changes
+    of thousands of replicas opening) is saved at most once per save_interval_ms, and the file
+    ends at the newest image."""
+    recs = _records()
+    batches = [MetadataBatch(offset=i, records=((i, dump_record(recs[i])),)) for i in range(3)]
+    saved: list[int] = []
+    real_save = MetadataLearner._save
+
+    def save(self):
+        saved.append(self.image.offset)
+        real_save(self)
+    monkeypatch.setattr(MetadataLearner, "_save", save)
+
+    class Paced(FakeControl):
+        async def fetch_metadata(self, *, after_offset: int, wait_ms_max: int) -> MetadataBatch:
+            await asyncio.sleep(0.05)   # a save finishes between two batches
+            return await super().fetch_metadata(after_offset=after_offset, wait_ms_max=wait_ms_max)
+
+    async def scenario():
+        learner = MetadataLearner(Paced(batches), data_dir=str(tmp_path), save_interval_ms=400)
+        task = asyncio.create_task(learner.run())
+        for _ in range(200):
+            if saved[-1:] == [2]:
+                break
+            await asyncio.sleep(0.01)
+        task.cancel()
+
+    asyncio.run(scenario())
+    assert saved[0] == 0 and saved[-1] == 2 and len(saved) == 2, saved
+    assert MetadataLearner(FakeControl(), data_dir=str(tmp_path)).offset == 2
 
 
 def test_learner_keeps_learning_while_a_listener_is_slow_and_hands_it_the_newest_image(tmp_path):

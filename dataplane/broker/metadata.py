@@ -43,12 +43,19 @@ Listener = Callable[[MetadataImage], Awaitable[None] | None]
 
 class MetadataLearner:
     def __init__(self, control: ControlClient, *, data_dir: str, wait_ms_max: int = 5000,
-                 error_backoff_ms: int = 200, save_retry_ms: int = 1000, lag: MetadataLag | None = None) -> None:
+                 error_backoff_ms: int = 200, save_retry_ms: int = 1000, save_interval_ms: int = 1000,
+                 lag: MetadataLag | None = None) -> None:
         self.control = control
         self.path = os.path.join(data_dir, "metadata.json")
         self.wait_ms_max = wait_ms_max
         self.error_backoff_ms = error_backoff_ms
         self.save_retry_ms = save_retry_ms
+        # The image is saved at most once per this: each save writes the whole image, and while
+        # thousands of replicas open, their ISR changes come as many batches a second. The
+        # file only tells a restarted broker where to fetch from (nothing acts on it before the
+        # controller answered), so a save that lags the image by this much costs nothing.
+        self.save_interval_ms = save_interval_ms
+        self._save_wanted = asyncio.Event()
         self.save_failed: str | None = None  # why the newest image is not on disk yet
         self.save_failures = 0
         self.image = self._load()
@@ -113,20 +120,17 @@ class MetadataLearner:
         """Until cancelled."""
         learning = asyncio.ensure_future(self._learn())
         telling = asyncio.ensure_future(self._tell_listeners())
+        saving = asyncio.ensure_future(self._save_newest())
         try:
-            done, _ = await asyncio.wait({learning, telling}, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait({learning, telling, saving}, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
-                task.result()  # neither ends unless it failed: the broker hears of it
+                task.result()  # none ends unless it failed: the broker hears of it
         finally:
-            await cancel_and_wait(learning, telling)
+            await cancel_and_wait(learning, telling, saving)
 
     async def _learn(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
             wait_ms = self.wait_ms_max if self.caught_up.is_set() else 0
-            if self.save_failed is not None:
-                # The newest image is not on disk: poll no longer than the retry interval.
-                wait_ms = min(wait_ms, self.save_retry_ms)
             try:
                 batch = await self._fetch(wait_ms)
             except BiplaneError as exc:
@@ -139,10 +143,22 @@ class MetadataLearner:
             self._report_lag(self.lag.observe(now_ms=_now_ms(), committed=batch.offset))
             first = not self.caught_up.is_set()
             self.caught_up.set()
-            if changed or first or self.save_failed is not None:
-                await loop.run_in_executor(None, self._save_or_report)
             if changed or first:
+                self._save_wanted.set()
                 self._unheard.set()
+
+    async def _save_newest(self) -> None:
+        """Save the newest image whenever it changed, at most once per save_interval_ms; after a
+        failed save, again every save_retry_ms until one succeeds."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._save_wanted.wait()
+            self._save_wanted.clear()
+            if await loop.run_in_executor(None, self._save_or_report):
+                await asyncio.sleep(self.save_interval_ms / 1000)
+            else:
+                self._save_wanted.set()
+                await asyncio.sleep(self.save_retry_ms / 1000)
 
     async def _tell_listeners(self) -> None:
         told: MetadataImage | None = None
