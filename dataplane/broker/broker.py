@@ -58,6 +58,8 @@ log = logging.getLogger("biplane.broker")
 LOOP_STALL_WARN_MS = 250.0
 
 
+LINKS_REFRESH_MS = 250   # Broker.expected_links
+
 class Broker:
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
@@ -83,6 +85,7 @@ class Broker:
         self.contact = PeerContact()
         self._links_for: MetadataImage | None = None
         self._links: list[Expected] = []
+        self._links_at_ms = -LINKS_REFRESH_MS
         self._unreachable_latest: tuple[UnreachablePeer, ...] = ()   # read by the heartbeat thread
         self.learner: MetadataLearner | None = None
         self.handler: RequestHandler | None = None
@@ -236,12 +239,17 @@ class Broker:
         self.contact.heard(peer, now_ms())
 
     def expected_links(self) -> list[Expected]:
-        """The links to watch, worked out once per metadata image (an applied batch replaces
-        the image): the same list object tells the link check nothing changed."""
+        """The links to watch, worked out again when the metadata image changed (an applied
+        batch replaces it), at most once per LINKS_REFRESH_MS: the same list object tells the
+        link check nothing changed. While thousands of replicas open, their ISR changes replace
+        the image many times a second, and each working-out walks every partition; a link
+        watched up to that much late or long is nothing against its bound of seconds (and a
+        report names the leader epoch, so one about an epoch gone is not acted on)."""
         assert self.learner is not None
         image = self.learner.image
-        if self._links_for is not image:
-            self._links_for = image
+        now = now_ms()
+        if self._links_for is not image and now - self._links_at_ms >= LINKS_REFRESH_MS:
+            self._links_for, self._links_at_ms = image, now
             self._links = expected_links(image, self.config.broker_id, self.config.peer_unreachable_ms)
         return self._links
 
