@@ -113,6 +113,19 @@ def test_learner_applies_in_order_saves_and_restarts_from_its_image(tmp_path):
     assert again.offset == 2 and again.image == learner.image
 
 
+def test_an_empty_or_repeated_metadata_batch_keeps_the_same_image_object(tmp_path):
+    """Claim: the image object changes only when a record applies: an empty long-poll answer
+    (every few seconds on an idle cluster) made a whole copy, and told every cache keyed on the
+    image (the link check's expected links) to walk every partition again."""
+    recs = _records()
+    learner = MetadataLearner(FakeControl(), data_dir=str(tmp_path))
+    assert learner._apply(MetadataBatch(offset=0, records=((0, dump_record(recs[0])),)))
+    image = learner.image
+    assert not learner._apply(MetadataBatch(offset=0, records=()))
+    assert not learner._apply(MetadataBatch(offset=0, records=((0, dump_record(recs[0])),)))
+    assert learner.image is image
+
+
 def test_learner_saves_the_newest_image_at_most_once_per_interval(tmp_path, monkeypatch):
     """Claim: each save writes the whole image, so a burst of metadata batches (the ISR changes
     of thousands of replicas opening) is saved at most once per save_interval_ms, and the file

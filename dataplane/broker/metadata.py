@@ -218,10 +218,15 @@ class MetadataLearner:
                      extra={"event": "metadata.image", "offset": self.image.offset})
             return True
         changed = False
+        fresh = [(offset, record) for offset, record in batch.records if offset > self.image.offset]
+        if not fresh:
+            # An empty long-poll answer or a retried poll: the image object stays the same
+            # (a new one would be a whole copy, and tell every cache keyed on it to rebuild).
+            return False
         image = self.image.copy()
-        for offset, record in batch.records:
+        for offset, record in fresh:
             if offset <= image.offset:
-                continue  # already applied (a retried poll)
+                continue  # repeated within the batch
             try:
                 image.apply(parse_record(record), offset)
             except (RecordRejected, ValueError, AssertionError) as exc:
