@@ -134,6 +134,47 @@ def test_a_long_poll_steps_a_quiet_partition_when_its_refresh_is_due(tmp_path, m
     asyncio.run(scenario())
 
 
+def test_a_change_on_one_partition_of_a_quiet_session_costs_that_partition_alone(tmp_path, monkeypatch):
+    """A long-poll over a session of quiet partitions wakes on a change and looks at the
+    partition that changed, not the whole session: with thousands of idle partitions per
+    follower broker, walking every one on each wake (and waiting on each one's future) was
+    most of an idle leader's work. The omitted partitions' kept answers were sent before."""
+    names = [f"q{i}" for i in range(12)]
+
+    async def scenario():
+        drivers = {name: _leader_driver(tmp_path, name, (1, 2), None) for name in names}
+        for d in drivers.values():
+            await _until_serving(d)
+        handler = _handler(drivers)
+        full = await asyncio.wait_for(_session_fetch(
+            handler, 0, 0, [_position(n, d.log.log_end_offset) for n, d in drivers.items()], wait_ms=0), 5)
+        sid = full.session_id
+        looked: list[str] = []
+        real_step, real_since = handler._fetch_partition, handler._fetched_since
+
+        def step(replica_id, tp, p, max_bytes):
+            looked.append(tp.topic)
+            return real_step(replica_id, tp, p, max_bytes)
+
+        def since(replica_id, tp, fetches, p):
+            looked.append(tp.topic)
+            return real_since(replica_id, tp, fetches, p)
+        monkeypatch.setattr(handler, "_fetch_partition", step)
+        monkeypatch.setattr(handler, "_fetched_since", since)
+        poll = _session_fetch(handler, sid, 1)
+        await asyncio.sleep(0.2)
+        assert not poll.done() and looked == [], f"an idle session's fetch looked at {looked}"
+        drivers["q7"].submit_produce(bytearray(build_batch([b"v"], timestamp_ms=1)), acks=1, timeout_ms=10_000)
+        woken = await asyncio.wait_for(poll, 2)
+        for d in drivers.values():
+            await d.close()
+        return woken, looked
+
+    woken, looked = asyncio.run(scenario())
+    assert set(_carried(woken)) == {"q7"}
+    assert set(looked) == {"q7"}, f"the wake looked at {sorted(set(looked))}"
+
+
 def test_quiet_partitions_fall_due_together_within_half_to_three_quarters_of_their_lag_time():
     """One wake-up of a long-poll steps every quiet partition of the session that is due: the
     due times sit on a grid of a quarter of the lag time, so partitions stepped at different

@@ -82,6 +82,9 @@ class LeaderSessions(Generic[K, P, S]):
     def __len__(self) -> int:
         return len(self._sessions)
 
+    def __contains__(self, session_id: object) -> bool:
+        return session_id in self._sessions
+
     def receive(self, fetch: IncrementalFetch[K, P], owner: int) -> tuple[int, int, dict[K, P]]:
         """Apply a fetch from follower broker `owner`: (session id, epoch to answer with, every
         partition's position).

@@ -19,7 +19,8 @@ the answer carries only partitions with records or a changed summary (HW, log
 start and end, error, leader, divergence). Every partition of the session is
 waited on, and stepped at its last position when something changed there or its
 ISR clock is due (`_Quiet`), so omitted ones stay judged for the ISR and wake the
-long-poll. An error travels once, like any summary change (Kafka repeats it on every
+long-poll; a wake looks only at those (`_Watch`), so an idle session costs nothing per
+partition. An error travels once, like any summary change (Kafka repeats it on every
 answer; here the follower's core already backs off and waits for metadata, and a repeat
 would end every long-poll at once). Sessions live in this process only: a restarted
 broker answers FETCH_SESSION_ID_NOT_FOUND and the follower starts over with a full fetch. A new high watermark alone does
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import heapq
 import logging
 import math
 import random
@@ -87,6 +89,48 @@ class _Quiet:
     fetches: int                    # the core's count of this follower's fetches after that step
     until_s: float                  # loop time from which it is stepped again
 
+
+@dataclasses.dataclass(eq=False)
+class _Watch:
+    """What a session's long-polls look at, kept across its fetches so that one costs what
+    changed, not the session's size (thousands of idle partitions per follower broker): the
+    partitions stepped on every wake (`active`: no quiet answer kept), those whose driver
+    changed since (`dirty`, set by done-callbacks on the drivers' futures, each hooked once),
+    and the quiet ones' refresh times (`due`, a heap; an entry is stale once its note went)."""
+
+    wake: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    active: set[TopicPartition] = dataclasses.field(default_factory=set)
+    dirty: set[TopicPartition] = dataclasses.field(default_factory=set)
+    due: list[tuple[float, TopicPartition]] = dataclasses.field(default_factory=list)
+    hooked: dict[TopicPartition, asyncio.Future[None]] = dataclasses.field(default_factory=dict)
+
+    def hook(self, tp: TopicPartition, changed: asyncio.Future[None]) -> None:
+        if self.hooked.get(tp) is not changed:
+            self.hooked[tp] = changed
+            changed.add_done_callback(lambda _: self._changed(tp))
+
+    def _changed(self, tp: TopicPartition) -> None:
+        self.dirty.add(tp)
+        self.wake.set()
+
+    def take_due(self, now_s: float, notes: dict[TopicPartition, object]) -> list[TopicPartition]:
+        out = []
+        while self.due and self.due[0][0] <= now_s:
+            until_s, tp = heapq.heappop(self.due)
+            quiet = notes.get(tp)
+            if isinstance(quiet, _Quiet) and quiet.until_s == until_s:
+                out.append(tp)
+        return out
+
+    def next_due_s(self, notes: dict[TopicPartition, object]) -> float | None:
+        while self.due:
+            until_s, tp = self.due[0]
+            quiet = notes.get(tp)
+            if isinstance(quiet, _Quiet) and quiet.until_s == until_s:
+                return until_s
+            heapq.heappop(self.due)
+        return None
+
 GROUP_REQUESTS = frozenset({
     wire.FindCoordinatorRequest, wire.JoinGroupRequest, wire.SyncGroupRequest, wire.HeartbeatRequest,
     wire.LeaveGroupRequest, wire.OffsetCommitRequest, wire.OffsetFetchRequest, wire.DescribeGroupsRequest,
@@ -111,6 +155,7 @@ class RequestHandler:
         # that a restarted broker does not take an old session id for one of its own.
         self.fetch_sessions: LeaderSessions[TopicPartition, wire.FetchPartition, tuple] = LeaderSessions(
             first_id=random.randrange(1, 2**30))
+        self._watches: dict[int, _Watch] = {}   # per session id (_fetch_in_session)
         self.counters = Counters()
         # Set by the broker once built (it produces through this handler).
         self.groups: "GroupCoordinator | None" = None
@@ -243,7 +288,6 @@ class RequestHandler:
         follower = request.replica_id >= 0
         if follower and self.heard is not None:
             self.heard(request.replica_id)
-        session_id = NO_SESSION
         if follower and request.session_epoch != SESSIONLESS_EPOCH:
             try:
                 session_id, partitions = self._session_receive(request)
@@ -252,37 +296,21 @@ class RequestHandler:
                         else ErrorCode.FETCH_SESSION_ID_NOT_FOUND)
                 self.counters.error("FetchRequest", code)
                 return wire.FetchResponse(error_code=code)
-        else:
-            partitions = {TopicPartition(t.topic, p.partition): p for t in request.topics for p in t.partitions}
+            return await self._fetch_in_session(request, session_id, partitions, deadline)
+        # Outside a session: a consumer's, or a follower's express fetch (no wait).
+        partitions = {TopicPartition(t.topic, p.partition): p for t in request.topics for p in t.partitions}
         stepped: dict[TopicPartition, int] = {}  # the core's fetch count after our own step of each partition
-        notes = self.fetch_sessions.notes(session_id) if session_id != NO_SESSION else None
         while True:
             answers: dict[TopicPartition, wire.FetchPartitionResponse] = {}
             changes: list[asyncio.Future] = []
             ready = False  # an answer that cannot wait (an error, a divergence, a stale long-poll)
             budget = max(1, request.max_bytes)
-            now_s = loop.time()
-            refresh_at = deadline   # the earliest a quiet partition is due a step again
             for tp, p in partitions.items():
-                quiet = notes.get(tp) if notes is not None else None
-                if isinstance(quiet, _Quiet) and tp not in stepped:
-                    stepped[tp] = quiet.fetches
                 if follower and tp in stepped and self._fetched_since(request.replica_id, tp, stepped[tp], p):
-                    # The follower has fetched from elsewhere since (express) and moved on:
-                    # this long-poll is old news. End it, so its newer request can come.
-                    answer, driver = self._state_answer(tp, p.partition)
-                    answers[tp] = answer
+                    # The follower has fetched from elsewhere since and moved on: this
+                    # long-poll is old news. End it, so its newer request can come.
+                    answers[tp], _ = self._state_answer(tp, p.partition)
                     ready = True
-                    if notes is not None:
-                        notes.pop(tp, None)
-                    continue
-                if isinstance(quiet, _Quiet) and not quiet.changed.done() and now_s < quiet.until_s:
-                    # Nothing changed here since this partition's last step in the session, and
-                    # that step is recent enough for the core's ISR clock: its answer stands.
-                    # Stepping every idle partition on every fetch was most of an idle broker's cost.
-                    answers[tp] = quiet.answer
-                    changes.append(quiet.changed)
-                    refresh_at = min(refresh_at, quiet.until_s)
                     continue
                 # The response stays near max_bytes: once it is spent, each further
                 # partition carries at most its first batch (a reader must progress).
@@ -292,47 +320,127 @@ class RequestHandler:
                     stepped[tp] = driver.replica.fetch_count(request.replica_id) if driver is not None else -1
                 budget -= len(answer.records or b"")
                 answers[tp] = answer
-                quiet_now = not now
-                if now and not answer.records and session_id != NO_SESSION:
-                    # An error or a divergence the follower has heard already does not end a
-                    # long-poll again: it would answer at once, omitting it, over and over.
-                    now = self.fetch_sessions.carries(session_id, tp, False, _summary(answer))
                 ready = ready or (now and not answer.records)
                 if driver is not None:
-                    changed = driver.changed()
-                    changes.append(changed)
-                    if notes is not None:
-                        if not quiet_now:   # records, an error or a divergence: step it each time
-                            notes.pop(tp, None)
-                        else:
-                            lag_s = driver.replica.config.replica_lag_time_max_ms / 1000
-                            until_s = _quiet_until_s(now_s, lag_s)
-                            notes[tp] = _Quiet(answer=answer, changed=changed, fetches=stepped[tp],
-                                              until_s=until_s)
-                            refresh_at = min(refresh_at, until_s)
+                    changes.append(driver.changed())
             remaining = deadline - loop.time()
             if remaining <= 0 and wait_s > 0 and follower and log.isEnabledFor(logging.DEBUG):
                 log.debug("fetch from replica %d waited %.0f ms for nothing", request.replica_id, wait_s * 1000)
             # min_bytes: the long-poll ends once that much is there (at least one byte).
             found_bytes = max(1, request.max_bytes) - budget
-            if (ready or found_bytes >= max(1, request.min_bytes) or remaining <= 0
-                    or (not changes and session_id == NO_SESSION)):
-                if session_id != NO_SESSION:
-                    carried = self.fetch_sessions.answer(
-                        session_id, {tp: (bool(a.records), _summary(a)) for tp, a in answers.items()})
-                    answers = {tp: answers[tp] for tp in carried}
-                return self._fetch_response(answers, session_id)
-            if changes:
-                # Wake for a quiet partition's step too: a long-poll longer than a quarter of a
-                # partition's lag time would otherwise outlast it (the core's ISR clock).
-                # (At most every QUIET_WAKE_MIN_S: a lag time of a few ms would spin.)
-                now_s = loop.time()
-                timeout = min(deadline - now_s, max(refresh_at - now_s, QUIET_WAKE_MIN_S))
-                await asyncio.wait(changes, timeout=max(0.0, timeout), return_when=asyncio.FIRST_COMPLETED)
-            else:
-                # A session whose partitions are all still opening here (or gone): their
-                # errors were answered once; poll rather than answer nothing at once, over and over.
+            if ready or found_bytes >= max(1, request.min_bytes) or remaining <= 0 or not changes:
+                return self._fetch_response(answers)
+            await asyncio.wait(changes, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+
+    async def _fetch_in_session(self, request: wire.FetchRequest, session_id: int,
+                                partitions: dict[TopicPartition, wire.FetchPartition],
+                                deadline: float) -> wire.FetchResponse:
+        """A follower's session long-poll. Each wake steps only the session's active
+        partitions, those whose driver changed, and quiet ones whose refresh is due (_Watch);
+        every other partition's kept answer stands, and was sent in an earlier answer."""
+        loop = asyncio.get_running_loop()
+        notes = self.fetch_sessions.notes(session_id)
+        watch = self._watch(session_id, request, partitions)
+        answers: dict[TopicPartition, wire.FetchPartitionResponse] = {}
+        stepped: dict[TopicPartition, int] = {}  # the core's fetch count after our own step of each partition
+        replica_id = request.replica_id
+        while True:
+            watch.wake.clear()
+            now_s = loop.time()
+            look = watch.active | watch.dirty
+            look.update(watch.take_due(now_s, notes))
+            watch.dirty.clear()
+            ready = False  # an answer that cannot wait (an error, a divergence, a stale long-poll)
+            budget = max(1, request.max_bytes)
+            waitable = bool(notes)
+            for tp in sorted(look):
+                p = partitions.get(tp)
+                if p is None:   # left the session
+                    watch.active.discard(tp)
+                    continue
+                quiet = notes.get(tp)
+                if isinstance(quiet, _Quiet) and tp not in stepped:
+                    stepped[tp] = quiet.fetches
+                if tp in stepped and self._fetched_since(replica_id, tp, stepped[tp], p):
+                    # The follower has fetched from elsewhere since (express) and moved on:
+                    # this long-poll is old news. End it, so its newer request can come.
+                    answers[tp], _ = self._state_answer(tp, p.partition)
+                    ready = True
+                    notes.pop(tp, None)
+                    watch.active.add(tp)
+                    continue
+                if isinstance(quiet, _Quiet) and not quiet.changed.done() and now_s < quiet.until_s:
+                    answers[tp] = quiet.answer   # looked at for a change that was not its own
+                    continue
+                # The response stays near max_bytes: once it is spent, each further
+                # partition carries at most its first batch (a reader must progress).
+                answer, driver, now = self._fetch_partition(replica_id, tp, p, max(1, min(budget, p.partition_max_bytes)))
+                stepped[tp] = driver.replica.fetch_count(replica_id) if driver is not None else -1
+                budget -= len(answer.records or b"")
+                answers[tp] = answer
+                quiet_now = not now
+                if now and not answer.records:
+                    # An error or a divergence the follower has heard already does not end a
+                    # long-poll again: it would answer at once, omitting it, over and over.
+                    now = self.fetch_sessions.carries(session_id, tp, False, _summary(answer))
+                ready = ready or (now and not answer.records)
+                if driver is None:
+                    watch.active.add(tp)
+                    notes.pop(tp, None)
+                    continue
+                waitable = True
+                changed = driver.changed()
+                watch.hook(tp, changed)
+                if quiet_now:
+                    lag_s = driver.replica.config.replica_lag_time_max_ms / 1000
+                    until_s = _quiet_until_s(now_s, lag_s)
+                    notes[tp] = _Quiet(answer=answer, changed=changed, fetches=stepped[tp], until_s=until_s)
+                    heapq.heappush(watch.due, (until_s, tp))
+                    watch.active.discard(tp)
+                else:   # records, an error or a divergence: step it each time
+                    notes.pop(tp, None)
+                    watch.active.add(tp)
+            remaining = deadline - loop.time()
+            found_bytes = max(1, request.max_bytes) - budget
+            if ready or found_bytes >= max(1, request.min_bytes) or remaining <= 0:
+                carried = self.fetch_sessions.answer(
+                    session_id, {tp: (bool(a.records), _summary(a)) for tp, a in answers.items()})
+                return self._fetch_response({tp: answers[tp] for tp in carried}, session_id)
+            if not waitable:
+                # Every partition of the session is still opening here (or gone): their errors
+                # were answered once; poll rather than answer nothing at once, over and over.
                 await asyncio.sleep(min(remaining, NOT_READY_POLL_S))
+                continue
+            # Wake for a quiet partition's step too: a long-poll longer than its refresh time
+            # would otherwise outlast it (the core's ISR clock). (At most every
+            # QUIET_WAKE_MIN_S: a lag time of a few ms would spin.)
+            next_due = watch.next_due_s(notes)
+            timeout = remaining if next_due is None else min(remaining, max(next_due - loop.time(), QUIET_WAKE_MIN_S))
+            try:
+                async with asyncio.timeout(max(0.0, timeout)):
+                    await watch.wake.wait()
+            except TimeoutError:
+                pass
+
+    def _watch(self, session_id: int, request: wire.FetchRequest,
+               partitions: dict[TopicPartition, wire.FetchPartition]) -> _Watch:
+        """The session's watch, brought up to this fetch: what it names is stepped again, what
+        it forgets is dropped. A full fetch starts a new one (and drops those of sessions gone)."""
+        watch = self._watches.get(session_id)
+        if watch is None or request.session_epoch == FULL_EPOCH:
+            self._watches = {sid: w for sid, w in self._watches.items() if sid in self.fetch_sessions}
+            watch = self._watches[session_id] = _Watch()
+            watch.active.update(partitions)
+            return watch
+        for t in request.topics:
+            watch.active.update(TopicPartition(t.topic, p.partition) for p in t.partitions)
+        for forgotten in request.forgotten_topics:
+            for partition in forgotten.partitions:
+                tp = TopicPartition(forgotten.topic, partition)
+                watch.active.discard(tp)
+                watch.dirty.discard(tp)
+                watch.hooked.pop(tp, None)
+        return watch
 
     def _session_receive(self, request: wire.FetchRequest) -> tuple[int, dict[TopicPartition, wire.FetchPartition]]:
         """A follower's session fetch applied to its session: (session id, every partition it
