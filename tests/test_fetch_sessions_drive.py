@@ -263,10 +263,13 @@ def test_fetcher_sends_only_changes_parks_omitted_and_goes_full_after_a_session_
     assert delivered == [("a", 10), ("b", 10), ("b", 10)]
 
 
-def test_a_parked_partition_whose_replica_stopped_following_leaves_the_session():
+def test_a_parked_partition_whose_replica_stopped_following_leaves_the_session(monkeypatch):
     """A request the leader omitted outlives its core: once the broker says the replica no
-    longer follows that leader (closed, failed, elsewhere), the next fetch forgets it, so
-    the leader stops counting it as caught up."""
+    longer follows that leader (closed, failed, elsewhere), the next fetch that checks (at
+    most every FOLLOWS_CHECK_S, here every one) forgets it, so the leader stops counting it
+    as caught up."""
+    from dataplane.broker import fetcher as fetcher_module
+    monkeypatch.setattr(fetcher_module, "FOLLOWS_CHECK_S", 0.0)
     sent: list[wire.FetchRequest] = []
     following = {"a", "b"}
 

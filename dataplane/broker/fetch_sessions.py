@@ -168,7 +168,8 @@ class FollowerSession(Generic[K, P]):
         if self.session_id == NO_SESSION:
             fetch = IncrementalFetch(self._closing, FULL_EPOCH, dict(wanted), frozenset(), True)
         else:
-            changed = {k: p for k, p in wanted.items() if k not in self._sent or self._sent[k] != p}
+            sent = self._sent
+            changed = {k: p for k, p in wanted.items() if (q := sent.get(k, _UNSENT)) is not p and q != p}
             removed = frozenset(k for k in self._sent if k not in wanted)
             fetch = IncrementalFetch(self.session_id, self.next_epoch, changed, removed, False)
         self._in_flight = (dict(wanted), fetch.epoch)

@@ -62,6 +62,9 @@ Deliver = Callable[[TopicPartition, FetchResponse], None]
 Heard = Callable[[int], None]
 Follows = Callable[[TopicPartition, int], bool]
 SessionFetched = Callable[[int, bool, int], None]   # (leader, full, partitions carried) of each session fetch
+# A parked request whose replica stopped following that leader is dropped within this
+# (Fetcher.follows): checking every parked request on every round was a walk of them all.
+FOLLOWS_CHECK_S = 1.0
 SESSION_ERRORS = {ErrorCode.FETCH_SESSION_ID_NOT_FOUND: "unknown_session",
                   ErrorCode.INVALID_FETCH_SESSION_EPOCH: "wrong_epoch"}
 
@@ -134,6 +137,10 @@ class FetchSession:
         self._express_held: set[TopicPartition] = set()    # wait for the long-poll to end
         self._restarting = False
         self._last_sent: dict[TopicPartition, FetchRequest] = {}   # by either loop
+        self._follows_checked_s = 0.0
+        # Each parked request's wire form, by the request object: a round re-sends the same
+        # parked requests (the session then carries only those that changed).
+        self._wire: dict[TopicPartition, tuple[FetchRequest, wire.FetchPartition]] = {}
         # The long-poll is an incremental fetch session: the leader keeps each partition's
         # position and answers only what changed. A request it left unanswered is parked
         # here and stays in the session (unsent) until the core asks anew or an answer comes.
@@ -161,6 +168,7 @@ class FetchSession:
         """`tp` follows another leader now: the next fetch here drops it from the session."""
         self.pending.pop(tp, None)
         self._parked.pop(tp, None)
+        self._wire.pop(tp, None)
 
     # ------------------------------------------------------------ loops
 
@@ -168,8 +176,9 @@ class FetchSession:
         """The pending requests the throttle lets go now (waits until there is one, unless
         the session has parked partitions to long-poll for)."""
         while True:
-            held = {tp for tp in self.pending if self.fetcher.held(tp)}
-            for tp in [tp for tp in self._parked if self.fetcher.held(tp)]:
+            throttled = self.fetcher.throttle.rate_bytes_per_s is not None and self.fetcher.throttle.keys
+            held = {tp for tp in self.pending if self.fetcher.held(tp)} if throttled else set()
+            for tp in [tp for tp in self._parked if self.fetcher.held(tp)] if throttled else ():
                 # Out of the session while the throttle holds it (it rejoins when let go).
                 self.pending.setdefault(tp, self._parked.pop(tp))
                 held.add(tp)
@@ -192,8 +201,11 @@ class FetchSession:
             news = await self._next_batch()
             batch, self._parked = self._parked, {}
             follows = self.fetcher.follows
-            if follows is not None:
-                batch = {tp: r for tp, r in batch.items() if follows(tp, self.leader_id)}
+            if follows is not None and time.monotonic() - self._follows_checked_s >= FOLLOWS_CHECK_S:
+                self._follows_checked_s = time.monotonic()
+                for tp in [tp for tp in batch if not follows(tp, self.leader_id)]:
+                    del batch[tp]
+                    self._wire.pop(tp, None)
             batch.update(news)
             self._main_busy = True
             self._in_main = set(batch)
@@ -331,10 +343,15 @@ class FetchSession:
     # ------------------------------------------------------------ messages
 
     def _wire_partition(self, tp: TopicPartition, r: FetchRequest) -> wire.FetchPartition:
-        p = fetch_to_wire(tp[1], r)
         throttle = self.fetcher.throttle
         if throttle.applies(tp):
-            p = dataclasses.replace(p, partition_max_bytes=throttle.partition_fetch_bytes(p.partition_max_bytes))
+            p = fetch_to_wire(tp[1], r)
+            return dataclasses.replace(p, partition_max_bytes=throttle.partition_fetch_bytes(p.partition_max_bytes))
+        kept = self._wire.get(tp)
+        if kept is not None and kept[0] is r:
+            return kept[1]
+        p = fetch_to_wire(tp[1], r)
+        self._wire[tp] = (r, p)
         return p
 
     def _wire_request(self, batch: dict[TopicPartition, FetchRequest], wait_ms: int) -> wire.FetchRequest:
