@@ -411,11 +411,12 @@ class Broker:
     def usage(self) -> BrokerUsage:
         assert self.replicas is not None, "usage is reported only once start() built the replica manager"
         disk = shutil.disk_usage(self.config.data_dir)
-        totals = self.replicas.byte_totals()
+        report = self.replicas.usage_report()
+        totals = report.totals
         groups = group_lag.usage_report(self.groups.snapshot() if self.groups is not None else [])
         return BrokerUsage(broker_id=self.config.broker_id, at_ms=int(time.time() * 1000),
                            disk_total_bytes=disk.total, disk_used_bytes=disk.used, disk_free_bytes=disk.free,
-                           replicas=self.replicas.usage(), log_bytes=self.replicas.log_bytes(),
+                           replicas=report.replicas, log_bytes=report.log_bytes,
                            counters_since_ms=self.replicas.counters_since_ms, produce_bytes_total=totals.produce_bytes,
                            replicated_bytes_total=totals.replicated_bytes, fetch_bytes_total=totals.fetch_bytes,
                            groups=groups.groups, groups_omitted=groups.groups_omitted,

@@ -141,6 +141,7 @@ class PartitionDriver:
         self._changed: asyncio.Future[None] | None = None
         self._seen = self._observed()
         # Counters for usage reports and /metrics.
+        self.steps = 0
         self.produce_records = 0
         self.produce_bytes = 0
         self.fetch_bytes = 0
@@ -152,6 +153,7 @@ class PartitionDriver:
         """Feed one event to the core and perform its Ready; returns fetch answers it produced."""
         if self.closed:
             return []
+        self.steps += 1   # ReplicaManager.usage_report: a replica not stepped since has the same figures
         if self.failed is not None:
             raise PartitionOfflineError(f"partition {self.tp[0]}-{self.tp[1]} is offline: {self.failed}")
         if isinstance(event, (FetchResponse, AppendEntries)) and event.records and not self.log.space.has_room(

@@ -97,6 +97,24 @@ class ByteTotals:
                           fetch_bytes=self.fetch_bytes + other.fetch_bytes)
 
 
+
+USAGE_FULL_EVERY_S = 30.0   # ReplicaManager.usage_report
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _KeptUsage:
+    mark: tuple[int, ...]                 # (steps, replicated bytes, produced bytes, records, fetched bytes)
+    figures: tuple[int | float, ...]
+    usage: ReplicaUsage
+    idle: bool                            # its rates were all zero
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class UsageReport:
+    replicas: list[ReplicaUsage]
+    log_bytes: int
+    totals: ByteTotals
+
 class NewestFirst:
     """At most `slots` holders at once, and waiters enter newest first: the replicas of the
     newest metadata (a topic just created) open before a backlog of older ones, so a topic
@@ -155,9 +173,10 @@ class ReplicaManager:
         self._fed: dict[TopicPartition, tuple] = {}
         self._isr_inflight: set[TopicPartition] = set()
         self._last_usage: dict[TopicPartition, tuple[float, tuple[int, int, int]]] = {}
-        self._usage_kept: dict[TopicPartition, tuple[tuple[int | float, ...], ReplicaUsage]] = {}
+        self._usage_kept: dict[TopicPartition, _KeptUsage] = {}
+        self._usage_full_at = -USAGE_FULL_EVERY_S
         # Byte counters of the drivers already closed (moved away, reopened), so that the
-        # broker's totals (byte_totals) never go down within this process.
+        # broker's totals (usage_report) never go down within this process.
         self._retired_bytes = ByteTotals()
         self.counters_since_ms = int(time.time() * 1000)  # wall clock: readers compare it across reports
         self._tasks = TaskOwner()  # ISR proposals and election reports to the controller
@@ -552,46 +571,60 @@ class ReplicaManager:
                              result.bytes_after, extra={"event": "partition.compacted", "topic": tp[0],
                                                         "partition": tp[1]})
 
-    def byte_totals(self) -> ByteTotals:
-        """Bytes produced, replicated and fetched on this broker since the process started:
-        the open replicas' counters plus those of every replica closed since."""
-        totals = self._retired_bytes
-        for driver in self.drivers.values():
-            totals = totals.plus(ByteTotals.of(driver))
-        return totals
+    def usage_report(self) -> UsageReport:
+        """Per replica: sizes, offsets, and rates since the previous call; the logs' bytes on
+        disk; and the bytes produced, replicated and fetched since the process started (the
+        open replicas' counters plus those of every replica closed since).
 
-    def log_bytes(self) -> int:
-        """Bytes the open partition logs hold on disk: Biplane's own share of the filesystem."""
-        return sum(d.log.size_bytes for d in self.drivers.values() if not d.closed)
-
-    def usage(self) -> list[ReplicaUsage]:
-        """Per replica: sizes, offsets, and rates since the previous call."""
+        A replica not stepped since the previous call, whose counters did not move and whose
+        rates were zero, keeps its figures without reading its log (at thousands of idle
+        replicas each reading was most of the report's cost); every USAGE_FULL_EVERY_S all are
+        read again, for what changes outside a step (retention, compaction)."""
         now = time.monotonic()
+        full = now - self._usage_full_at >= USAGE_FULL_EVERY_S
+        if full:
+            self._usage_full_at = now
+        retired = self._retired_bytes
+        produced, replicated, fetched = retired.produce_bytes, retired.replicated_bytes, retired.fetch_bytes
+        log_bytes = 0
         out = []
-        for tp, d in sorted(self.drivers.items()):
+        for tp, d in self.drivers.items():
             if d.closed:
                 continue
             counters = (d.produce_bytes, d.produce_records, d.fetch_bytes)
+            produced += counters[0]
+            fetched += counters[2]
+            replicated += d.replicated_bytes
+            mark = (d.steps, d.replicated_bytes, *counters)
+            kept = self._usage_kept.get(tp)
             then, before = self._last_usage.get(tp, (now, counters))
+            self._last_usage[tp] = (now, counters)
+            if kept is not None and not full and kept.mark == mark and kept.idle:
+                out.append(kept.usage)
+                log_bytes += kept.usage.size_bytes
+                continue
             elapsed = max(now - then, 1e-3)
             rates = [max(0.0, (c - b) / elapsed) for c, b in zip(counters, before)]
-            self._last_usage[tp] = (now, counters)
-            figures = (d.log.size_bytes, d.log.log_start_offset, d.log.log_end_offset,
-                       max(d.replica.high_watermark, 0), *rates)
-            kept = self._usage_kept.get(tp)
-            if kept is None or kept[0] != figures:
+            size = d.log.size_bytes
+            figures = (size, d.log.log_start_offset, d.log.log_end_offset, max(d.replica.high_watermark, 0), *rates)
+            if kept is None or kept.figures != figures:
                 # Unchanged figures keep their object: the heartbeat's incremental report
                 # (common/usage.py, UsageReports) tells an idle replica by identity.
-                kept = self._usage_kept[tp] = (figures, ReplicaUsage(
+                usage = ReplicaUsage(
                     topic=tp[0], partition=tp[1], size_bytes=figures[0], log_start_offset=figures[1],
                     log_end_offset=figures[2], high_watermark=figures[3], produce_bytes_per_s=figures[4],
-                    produce_records_per_s=figures[5], fetch_bytes_per_s=figures[6]))
-            out.append(kept[1])
+                    produce_records_per_s=figures[5], fetch_bytes_per_s=figures[6])
+            else:
+                usage = kept.usage
+            self._usage_kept[tp] = _KeptUsage(mark=mark, figures=figures, usage=usage, idle=not any(rates))
+            out.append(usage)
+            log_bytes += size
         if len(self._last_usage) > len(out):   # replicas closed since
             for gone in [tp for tp in self._last_usage if tp not in self.drivers or self.drivers[tp].closed]:
                 self._last_usage.pop(gone, None)
                 self._usage_kept.pop(gone, None)
-        return out
+        return UsageReport(replicas=out, log_bytes=log_bytes, totals=ByteTotals(
+            produce_bytes=produced, replicated_bytes=replicated, fetch_bytes=fetched))
 
     async def close(self) -> None:
         async with self._lock:

@@ -1,0 +1,69 @@
+"""ReplicaManager.usage_report: what a broker reports each second about its replicas costs
+what changed. Claims: a replica not stepped since the last report, with no traffic and zero
+rates, keeps its figures (the same ReplicaUsage object) without its log being read; one that
+took traffic is read again, and shows zero rates once idle again; the totals and log bytes
+add up over every replica either way; every USAGE_FULL_EVERY_S every log is read again."""
+from __future__ import annotations
+
+import asyncio
+import os
+
+from common.batch import build_batch
+from dataplane.broker import replicas as replicas_module
+from dataplane.broker.config import BrokerConfig
+from dataplane.broker.replicas import ReplicaManager
+from dataplane.log.log import PartitionLog
+from metadata_builders import add_topic, cluster
+from test_disk_full import FakeControl
+
+
+def test_an_idle_replica_keeps_its_figures_unread_and_a_busy_one_is_read_again(tmp_path, monkeypatch):
+    config = BrokerConfig(broker_id=1, data_dir=str(tmp_path / "data"), controller_urls=("http://c:1",))
+    os.makedirs(config.data_dir, exist_ok=True)
+    image = cluster(1)
+    add_topic(image, "t", [[1], [1]], min_insync_replicas=1)
+    reads: list[str] = []
+    real_size = PartitionLog.size_bytes
+
+    def size_bytes(log):
+        reads.append(os.path.basename(log.directory))
+        return real_size.fget(log)
+    monkeypatch.setattr(PartitionLog, "size_bytes", property(size_bytes))
+
+    async def scenario():
+        manager = ReplicaManager(config=config, control=FakeControl(), clean_start=True, send_fetch=lambda *a: None,
+                                 send_append_entries=lambda *a: None, refresh_metadata=lambda: None)
+        await manager.on_metadata(image)
+        await manager.settled()
+        for _ in range(200):
+            if all(manager.get("t", p).replica.epoch_durable for p in (0, 1)):
+                break
+            for p in (0, 1):
+                manager.get("t", p).tick(manager.get("t", p).replica.now_ms + 10)
+            await asyncio.sleep(0.01)
+        first = manager.usage_report()
+        idle = manager.usage_report()
+        reads.clear()
+        release = await asyncio.wait_for(manager.get("t", 0).submit_produce(
+            bytearray(build_batch([b"x" * 100], timestamp_ms=1)), acks=1, timeout_ms=5000), 5)
+        await asyncio.sleep(0.01)
+        busy = manager.usage_report()
+        read_busy = list(reads)
+        calm = manager.usage_report()
+        monkeypatch.setattr(replicas_module, "USAGE_FULL_EVERY_S", 0.0)
+        reads.clear()
+        manager.usage_report()
+        read_full = list(reads)
+        await manager.close()
+        return release, first, idle, busy, calm, read_busy, read_full
+
+    release, first, idle, busy, calm, read_busy, read_full = asyncio.run(scenario())
+    assert release.error.name == "NONE"
+    by = lambda report: {(r.topic, r.partition): r for r in report.replicas}  # noqa: E731
+    assert by(idle)[("t", 1)] is by(first)[("t", 1)]
+    assert read_busy == ["t-0"], f"logs read for one busy replica: {read_busy}"
+    assert by(busy)[("t", 1)] is by(first)[("t", 1)]
+    assert by(busy)[("t", 0)].produce_bytes_per_s > 0 and by(calm)[("t", 0)].produce_bytes_per_s == 0
+    assert busy.totals.produce_bytes > first.totals.produce_bytes
+    assert busy.log_bytes == sum(r.size_bytes for r in busy.replicas) > first.log_bytes
+    assert sorted(read_full) == ["t-0", "t-1"]
