@@ -910,6 +910,37 @@ def test_an_unanswered_fetch_is_asked_again_after_fetch_retry_ms_not_sooner():
         assert len([m for m in follower.sent() if isinstance(m, FetchRequest)]) == 1
 
 
+def test_moving_the_clock_is_a_tick_that_finds_nothing_due_and_refuses_when_something_is():
+    """Claim: Replica.move_clock(t) moves the clocks exactly when a Tick at t would act on no
+    timed rule (next_tick_ms > t), and then the core is as a Tick would have left it; when a
+    rule is due it moves nothing and says so (the driver steps a Tick). Checked at every 37 ms
+    over a leader with produce waiting on a follower, a pull follower, and the ISR lag rule."""
+    import copy
+    nodes = cluster(config(durability="fsync"), auto_flush=False)
+    pump(nodes, now_ms=0)
+    produce(nodes[1], 1, -1, b"v" * 100, timeout_ms=900)
+    start = max(n.replica.now_ms for n in nodes.values()) + 1
+    seen = {True: 0, False: 0}
+    for now in range(start, start + 12_000, 37):
+        for node in nodes.values():
+            r = node.replica
+            ticked, moved = copy.deepcopy(r), copy.deepcopy(r)
+            ready = ticked.step(Tick(now_ms=now))
+            acted = bool(ready.persist or ready.send or ready.answers or ready.release or ready.notes)
+            due = r.next_tick_ms()
+            assert moved.move_clock(now) == (due is None or due > now)
+            seen[due is None or due > now] += 1
+            if due is None or due > now:
+                assert not acted, f"a Tick at {now} acted though next_tick_ms said {due}"
+                assert (moved.now_ms, moved.wall_ms) == (ticked.now_ms, ticked.wall_ms) == (now, ticked.wall_ms)
+            else:
+                assert (moved.now_ms, moved.wall_ms) == (r.now_ms, r.wall_ms)
+            node.step(Tick(now_ms=now))
+        if now % 5 == 0:
+            pump(nodes, rounds=1)   # now and then the messages go through: replication moves on
+    assert seen[True] > 100 and seen[False] > 20, seen
+
+
 def test_follower_behind_the_leader_fetches_at_once_even_when_asked_to_flush():
     """Claim: a follower whose answer leaves it behind the leader's log end keeps fetching at once
     (pipelined with its flush), so a follower catching up is not held to one fsync per fetch."""

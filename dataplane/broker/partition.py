@@ -48,10 +48,10 @@ log = logging.getLogger("biplane.broker.partition")
 # Producer snapshots between segment rolls (see PartitionDriver.__init__).
 SNAPSHOT_EVERY_OFFSETS = 2048
 SNAPSHOT_INTERVAL_S = 10.0
-# An event steps the core after a Tick when its clock is this old: replicas are ticked only when
-# a timer of theirs is due (ReplicaManager), and an event must not see an idle replica's old
-# clock (a fetch would stamp a follower caught up seconds ago). Ticking every replica every
-# 10 ms kept the clock as fresh.
+# An event moves the core's clock first when it is this old (Replica.move_clock; a Tick step
+# when a timed rule is due by now): replicas are ticked only when a timer of theirs is due
+# (ReplicaManager), and an event must not see an idle replica's old clock (a fetch would stamp
+# a follower caught up seconds ago). Ticking every replica every 10 ms kept the clock as fresh.
 CLOCK_STALE_MS = 10
 
 # A follower core asks again after this long without an answer. Its request is parked in the
@@ -162,8 +162,10 @@ class PartitionDriver:
             if isinstance(event, AppendEntries):
                 self.log.space.check_room(len(event.records), f"append-entries to {self.tp[0]}-{self.tp[1]}")
             return []
-        if not isinstance(event, Tick) and now_ms() - self.replica.now_ms >= CLOCK_STALE_MS:
-            self.tick(now_ms())
+        now = now_ms()
+        if (not isinstance(event, Tick) and now - self.replica.now_ms >= CLOCK_STALE_MS
+                and not self.replica.move_clock(max(now, self.replica.now_ms), wall_ms())):
+            self.tick(now)
             if self.closed:
                 return []
             if self.failed is not None:
