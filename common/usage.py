@@ -123,18 +123,16 @@ class UsageReports:
 
     def __init__(self) -> None:
         self._seq = 0
-        self._taken: tuple[int, dict[tuple[str, int], ReplicaUsage]] | None = None
-        self._sent: tuple[int, dict[tuple[str, int], ReplicaUsage]] | None = None
+        self._taken: tuple[int, list[ReplicaUsage]] | None = None
+        self._sent: tuple[int, list[ReplicaUsage]] | None = None
 
     def report(self, usage: BrokerUsage) -> BrokerUsage:
         self._seq += 1
-        current = {(r.topic, r.partition): r for r in usage.replicas}
-        self._sent = (self._seq, current)
+        self._sent = (self._seq, usage.replicas)
         if self._taken is None:
             return usage.model_copy(update={"report_seq": self._seq, "base_seq": None, "replicas_removed": []})
         base_seq, base = self._taken
-        changed = [r for key, r in current.items() if (b := base.get(key)) is not r and b != r]
-        removed = [key for key in base if key not in current]
+        changed, removed = _differences(base, usage.replicas)
         return usage.model_copy(update={"replicas": changed, "report_seq": self._seq, "base_seq": base_seq,
                                         "replicas_removed": removed})
 
@@ -150,3 +148,31 @@ class UsageReports:
     def unanswered(self) -> None:
         """The heartbeat got no answer: whether its report was taken is unknown."""
         self._sent = None
+
+
+def _differences(base: list[ReplicaUsage], current: list[ReplicaUsage]
+                 ) -> tuple[list[ReplicaUsage], list[tuple[str, int]]]:
+    """(replicas of `current` that differ from `base`, keys of `base` gone from `current`).
+    While the broker's replicas stay the same, the two lists hold them in the same order and
+    mostly the same objects: compared pair by pair, with no map built."""
+    if len(base) == len(current):
+        changed = []
+        for b, r in zip(base, current):
+            if b is r:
+                continue
+            if b.topic != r.topic or b.partition != r.partition:
+                break
+            if b != r:
+                changed.append(r)
+        else:
+            return changed, []
+    by_key = {(b.topic, b.partition): b for b in base}
+    keys = set()
+    changed = []
+    for r in current:
+        key = (r.topic, r.partition)
+        keys.add(key)
+        known = by_key.get(key)
+        if known is not r and known != r:
+            changed.append(r)
+    return changed, [key for key in by_key if key not in keys]
