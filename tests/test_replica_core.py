@@ -910,6 +910,30 @@ def test_an_unanswered_fetch_is_asked_again_after_fetch_retry_ms_not_sooner():
         assert len([m for m in follower.sent() if isinstance(m, FetchRequest)]) == 1
 
 
+def test_a_fetch_refused_by_a_leader_behind_our_epoch_is_asked_again_after_the_backoff():
+    """Claim: when our leader's broker has not yet learned the epoch we fetch at, it refuses
+    with its own older epoch; that answer is to our fetch in flight, so the follower asks again
+    after fetch_backoff_ms, not after fetch_retry_ms (10 s in the broker: a stall as long as
+    the lag time after every leader move). A late answer to another position changes nothing."""
+    from dataplane.replica.events import FetchResponse
+    follower = Node(2)
+    follower.replica = Replica(replica_id=2, log=follower.log, fetch_backoff_ms=10, fetch_retry_ms=10_000)
+    follower.step(NewMetadata(partition=state(epoch=6), config=config()))
+    follower.step(Tick(now_ms=0))
+    [ask] = [m for m in follower.sent() if isinstance(m, FetchRequest)]
+    late = FetchResponse(leader_id=1, leader_epoch=5, fetch_offset=ask.fetch_offset + 7,
+                         last_fetched_epoch=ask.last_fetched_epoch, error=ErrorCode.UNKNOWN_LEADER_EPOCH)
+    follower.step(late)
+    assert follower.replica.next_tick_ms() == 10_000
+    refused = FetchResponse(leader_id=1, leader_epoch=5, fetch_offset=ask.fetch_offset,
+                            last_fetched_epoch=ask.last_fetched_epoch, error=ErrorCode.UNKNOWN_LEADER_EPOCH)
+    follower.step(refused)
+    assert follower.replica.next_tick_ms() == 10
+    follower.step(Tick(now_ms=10))
+    [again] = [m for m in follower.sent() if isinstance(m, FetchRequest)]
+    assert again.current_leader_epoch == 6
+
+
 def test_moving_the_clock_is_a_tick_that_finds_nothing_due_and_refuses_when_something_is():
     """Claim: Replica.move_clock(t) moves the clocks exactly when a Tick at t would act on no
     timed rule (next_tick_ms > t), and then the core is as a Tick would have left it; when a

@@ -50,7 +50,7 @@ def test_restarted_leader_must_not_reuse_its_epoch(seed, policy, durability):
     ("no_divergence_check", 0, "quorum", "fsync"),
     ("consumers_read_past_hw", 0, "isr", "fsync"),
     ("ignore_proposed_isr", 15, "isr", "write"),  # 7 until the retry fix re-rolled its draws
-    ("no_duplicate_detection", 0, "isr", "fsync"),
+    ("no_duplicate_detection", 2, "isr", "fsync"),  # 0 until a refused fetch was asked again after the backoff
     ("accept_sequence_gaps", 2, "isr", "fsync"),
     ("push_stale_divergence", 103, "quorum", "write"),  # 112 until unclean replicas reported
 ])

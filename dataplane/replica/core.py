@@ -761,6 +761,14 @@ class Replica(ProduceAdmission, PushMixin):
         if check is EpochCheck.STALE:
             self._notes.append(Rejected(event="FetchResponse", error=ErrorCode.FENCED_LEADER_EPOCH,
                                         their_epoch=ev.leader_epoch, our_epoch=self.leader_epoch))
+            if (ev.error is not ErrorCode.NONE and self.role is Role.FOLLOWER and self._fetch_inflight
+                    and ev.leader_id == self.leader_id
+                    and (ev.fetch_offset, ev.last_fetched_epoch) == (self.log_end_offset, self.last_epoch)):
+                # Our leader has not learned our epoch yet and refused the fetch we have out
+                # (it answers with its own, older epoch): ask again after the backoff rather
+                # than wait out fetch_retry_ms for an answer that will not come.
+                self._fetch_inflight = False
+                self._next_fetch_ms = self.now_ms + self.fetch_backoff_ms
             return
         if check is EpochCheck.NEWER:
             self._saw_newer_epoch(ev.leader_epoch, f"fetch response from replica {ev.leader_id}")
