@@ -69,15 +69,15 @@ QUIET_WAKE_MIN_S = 0.01
 
 
 def _quiet_until_s(now_s: float, lag_s: float) -> float:
-    """When a quiet session partition stepped at `now_s` is due a step again: between a half
-    and three quarters of its lag time later, on a grid of QUIET_REFRESH of it, so the quiet
-    partitions of a session fall due together (one wake-up for them all, not one each). Nothing
-    is lost between a session's leader and follower (one connection), so half the lag time
-    leaves room enough; push replication, which can lose a heartbeat, refreshes twice as often."""
+    """When a quiet session partition stepped at `now_s` is due a step again: between a quarter
+    and a half of its lag time later, on a grid of a quarter of it (QUIET_REFRESH), so the quiet
+    partitions of a session fall due together (one wake-up for them all, not one each). Half
+    the lag time is left for the leader's loop to be late before a caught-up follower would
+    leave the ISR."""
     grid = lag_s * QUIET_REFRESH
     if grid <= 0:
         return now_s
-    return math.ceil((now_s + 2 * grid) / grid) * grid
+    return math.ceil((now_s + grid) / grid) * grid
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -103,15 +103,29 @@ class _Watch:
     dirty: set[TopicPartition] = dataclasses.field(default_factory=set)
     due: list[tuple[float, TopicPartition]] = dataclasses.field(default_factory=list)
     hooked: dict[TopicPartition, asyncio.Future[None]] = dataclasses.field(default_factory=dict)
+    _hooked_tp: dict[asyncio.Future[None], TopicPartition] = dataclasses.field(default_factory=dict)
 
     def hook(self, tp: TopicPartition, changed: asyncio.Future[None]) -> None:
+        """Watch `changed`, the driver's future taken after this long-poll stepped `tp`: a
+        future hooked earlier that resolves now was resolved by that step, which saw it."""
         if self.hooked.get(tp) is not changed:
             self.hooked[tp] = changed
-            changed.add_done_callback(lambda _: self._changed(tp))
+            changed.add_done_callback(self._changed)
+            self._hooked_tp[changed] = tp
 
-    def _changed(self, tp: TopicPartition) -> None:
-        self.dirty.add(tp)
-        self.wake.set()
+    def _changed(self, future: asyncio.Future[None]) -> None:
+        tp = self._hooked_tp.pop(future, None)
+        if tp is not None and self.hooked.get(tp) is future:
+            self.dirty.add(tp)
+            self.wake.set()
+
+    def unhook(self) -> None:
+        """This watch is replaced or its session gone: its callbacks leave the drivers' futures
+        (an idle partition's future may stay pending for good)."""
+        for future in self._hooked_tp:
+            future.remove_done_callback(self._changed)
+        self._hooked_tp.clear()
+        self.hooked.clear()
 
     def take_due(self, now_s: float, notes: dict[TopicPartition, object]) -> list[TopicPartition]:
         out = []
@@ -394,8 +408,9 @@ class RequestHandler:
                 if quiet_now:
                     lag_s = driver.replica.config.replica_lag_time_max_ms / 1000
                     until_s = _quiet_until_s(now_s, lag_s)
+                    if not (isinstance(quiet, _Quiet) and quiet.until_s == until_s):
+                        heapq.heappush(watch.due, (until_s, tp))   # else its entry is there already
                     notes[tp] = _Quiet(answer=answer, changed=changed, fetches=stepped[tp], until_s=until_s)
-                    heapq.heappush(watch.due, (until_s, tp))
                     watch.active.discard(tp)
                 else:   # records, an error or a divergence: step it each time
                     notes.pop(tp, None)
@@ -428,7 +443,10 @@ class RequestHandler:
         it forgets is dropped. A full fetch starts a new one (and drops those of sessions gone)."""
         watch = self._watches.get(session_id)
         if watch is None or request.session_epoch == FULL_EPOCH:
-            self._watches = {sid: w for sid, w in self._watches.items() if sid in self.fetch_sessions}
+            for sid, old in list(self._watches.items()):
+                if sid == session_id or sid not in self.fetch_sessions:
+                    old.unhook()
+                    del self._watches[sid]
             watch = self._watches[session_id] = _Watch()
             watch.active.update(partitions)
             return watch
@@ -439,7 +457,7 @@ class RequestHandler:
                 tp = TopicPartition(forgotten.topic, partition)
                 watch.active.discard(tp)
                 watch.dirty.discard(tp)
-                watch.hooked.pop(tp, None)
+                watch.hooked.pop(tp, None)   # its callback, when it runs, finds nothing hooked
         return watch
 
     def _session_receive(self, request: wire.FetchRequest) -> tuple[int, dict[TopicPartition, wire.FetchPartition]]:

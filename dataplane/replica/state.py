@@ -14,9 +14,10 @@ from dataplane.replica.watermark import COMMIT_POLICIES, DURABILITIES
 
 REPLICATION_MODES = ("pull", "push")
 # A quiet replica link (nothing new either way) still carries the lag rule's evidence once per
-# this share of the topic's replica_lag_time_max_ms: a pull fetch session steps a quiet
-# partition again (dataplane/broker/server.py), a push leader sends an empty append-entries
-# (push.py). The follower's caught-up clock must never run out while nothing happens.
+# this share of the topic's replica_lag_time_max_ms: a push leader sends an empty append-entries
+# (push.py); a pull fetch session steps a quiet partition again on a grid of this share
+# (dataplane/broker/server.py, _quiet_until_s). The follower's caught-up clock must never run
+# out while nothing happens.
 QUIET_REFRESH = 0.25
 
 
