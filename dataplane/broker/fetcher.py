@@ -9,8 +9,8 @@ The long-poll is incremental (after Kafka's KIP-227, fetch_sessions.py): the fir
 fetch to a leader is full and opens a session there; later ones carry only the
 partitions whose request changed (position, epoch, flushed offset) and name those
 no longer followed, and the leader answers only partitions with news. A request the
-answer omits stays parked in the session, unsent, until its core asks anew (its
-fetch timeout repeats the same request: it travels no more than the parked one) or
+answer omits stays parked in the session, unsent, until its core asks anew (after `fetch_retry_ms`, 10 s
+here, it repeats the same request: it travels no more than the parked one) or
 an answer comes, or the broker says its replica no longer follows that leader (`follows`).
 A session error (the leader restarted, evicted the session, saw
 another epoch), a broken connection or an abandoned long-poll makes the next fetch

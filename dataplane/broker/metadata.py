@@ -2,9 +2,10 @@
 
 Brokers pull (docs/design.md#processes-and-what-travels-between-them): records after our offset, or the whole image when
 we are too far behind. The image is saved to `metadata.json` in the data dir
-(atomically, after each applied batch) so a restarted broker starts from what
-it knew; it still catches up with the controller before it acts on anything
-(`caught_up` is set after the first successful fetch of this process).
+(atomically, by a task of its own, at most once per `save_interval_ms`, the newest
+image each time) so a restarted broker fetches from about where it was; it still
+catches up with the controller before it acts on anything (`caught_up` is set after
+the first successful fetch of this process), so a file a little behind costs nothing.
 
 Listeners (the replica manager, which opens and feeds partitions) run in a task of
 their own and are always handed the newest image: fetching and applying records
@@ -13,8 +14,7 @@ learns the record that registered it, its heartbeats say so, and it is unfenced;
 before, it stayed fenced for as long as the opening took (minutes under load).
 
 A save that fails (a full disk) changes nothing in memory: the learner goes on
-applying records and tries the save again on its next pass (at most every
-`save_retry_ms`), logging the failure once (WARNING, event
+applying records and tries the save again every `save_retry_ms`, logging the failure once (WARNING, event
 `metadata.save_failed`) and the recovery once (WARNING too, `metadata.saved`). Only a
 restart meanwhile would start from the older file, and it catches up anyway.
 """

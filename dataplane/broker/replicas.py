@@ -103,7 +103,7 @@ USAGE_FULL_EVERY_S = 30.0   # ReplicaManager.usage_report
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class _KeptUsage:
-    mark: tuple[int, ...]                 # (steps, replicated bytes, produced bytes, records, fetched bytes)
+    mark: tuple[int, ...]                 # (driver, steps, replicated bytes, produced bytes, records, fetched)
     figures: tuple[int | float, ...]
     usage: ReplicaUsage
     idle: bool                            # its rates were all zero
@@ -595,7 +595,7 @@ class ReplicaManager:
             produced += counters[0]
             fetched += counters[2]
             replicated += d.replicated_bytes
-            mark = (d.steps, d.replicated_bytes, *counters)
+            mark = (id(d), d.steps, d.replicated_bytes, *counters)   # a reopened replica is another driver
             kept = self._usage_kept.get(tp)
             then, before = self._last_usage.get(tp, (now, counters))
             self._last_usage[tp] = (now, counters)
@@ -619,7 +619,7 @@ class ReplicaManager:
             self._usage_kept[tp] = _KeptUsage(mark=mark, figures=figures, usage=usage, idle=not any(rates))
             out.append(usage)
             log_bytes += size
-        if len(self._last_usage) > len(out):   # replicas closed since
+        if len(self._last_usage) > len(out) or full:   # replicas closed since (or swapped for others)
             for gone in [tp for tp in self._last_usage if tp not in self.drivers or self.drivers[tp].closed]:
                 self._last_usage.pop(gone, None)
                 self._usage_kept.pop(gone, None)

@@ -698,6 +698,9 @@ class PartitionLog:
                 unflushed, self._unflushed_bytes = self._unflushed_bytes, 0
                 dir_dirty, self._dir_dirty = self._dir_dirty, False
                 epochs_unsynced, self._epochs_unsynced = self._epochs_unsynced, False
+                # The newest epoch of the bytes this flush covers: the checkpoint file synced
+                # below holds it (one a later append brings is not synced by this flush).
+                epoch = self._epochs.latest_epoch
                 truncations = self._truncations
                 drops = self._drop_behind_ends(segments)
             try:
@@ -732,7 +735,6 @@ class PartitionLog:
                 active_due = (truncations == self._truncations and self._checkpoint_due(*active_end))
                 indexes = (self._segments[self._segment_index(active_end[0])].indexes_below(*active_end[1:])
                            if active_due else None)
-                epoch = self._epochs.latest_epoch
             try:
                 if checkpoint_due:
                     self._write_recovery_point(flushed)
