@@ -20,15 +20,20 @@ per-broker guardrail raised to fit), and prints:
    (`biplane_broker_metadata_offset`) and until the new partition's leader answers list-offsets;
 3. idle CPU: once all replicas are open and in the ISR, no traffic, each broker's user+system
    CPU over `--idle-seconds` from /proc/PID/stat, as % of one core.
+4. steady load: acks=all p50/p99 of one producer sending one 100-byte record per request at
+   `--steady-rate` requests a second for `--steady-seconds` to a new 1-partition topic (RF 3)
+   beside the idle partitions, and its ratio to the same load on an empty cluster (measured
+   first, in this run).
 
     .venv/bin/python scripts/bench_scale.py [--partitions 1000,5000,10000] [--per-topic 100] [--idle-seconds 10]
-        [--controller-partitions 10000] [--mode pull|push]
+        [--controller-partitions 10000] [--mode pull|push] [--steady-seconds 10] [--steady-rate 200]
 
-Not measured yet: acks=all p50/p99 of a steady load on one partition beside the idle ones.
 """
 from __future__ import annotations
 
 import argparse
+import asyncio
+import statistics
 import os
 import re
 import sys
@@ -40,7 +45,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from cluster_harness import SECRET, Cluster, _list_offsets_code, _run_sync  # noqa: E402
+from cluster_harness import SECRET, Cluster, _list_offsets_code, _run_sync, make_batch, produce  # noqa: E402
+from common.wire import WireClient  # noqa: E402
 from controller_harness import Controller, http, make_specs, register_and_unfence, wait_leader  # noqa: E402
 
 OPENED = re.compile(rb"opened \S+ at log end")
@@ -71,6 +77,34 @@ def controller_offset(cluster: Cluster) -> int:
 
 def opened_count(cluster: Cluster, broker_id: int) -> int:
     return len(OPENED.findall(cluster.brokers[broker_id].log_path.read_bytes()))
+
+
+def steady_load(cluster: Cluster, seconds: float, rate: float) -> tuple[float, float, int]:
+    """A small steady load: one producer, one record of 100 bytes per request, acks=all, at
+    `rate` requests a second for `seconds`, to the one partition of a topic `steady` (RF 3)
+    made for it. (p50 ms, p99 ms, requests) of the requests' round trips."""
+    cluster.create_topic("steady", partitions=1, replication_factor=3)
+    leader = cluster.wait_leader("steady", 0)
+
+    async def run() -> list[float]:
+        took: list[float] = []
+        async with await WireClient.connect(*cluster.address(leader)) as client:
+            for _ in range(20):   # warm-up, not counted
+                await produce(client, "steady", 0, make_batch([b"w" * 100]), acks=-1)
+            start = time.monotonic()
+            n = 0
+            while time.monotonic() - start < seconds:
+                due = start + n / rate
+                await asyncio.sleep(max(0.0, due - time.monotonic()))
+                t = time.perf_counter()
+                answer = await produce(client, "steady", 0, make_batch([b"s" * 100]), acks=-1)
+                took.append(time.perf_counter() - t)
+                assert answer.error_code == 0, answer
+                n += 1
+        return took
+
+    took = sorted(asyncio.run(run()))
+    return statistics.median(took) * 1000, took[int(len(took) * 0.99)] * 1000, len(took)
 
 
 def controller_scale(partitions: int) -> None:
@@ -116,10 +150,20 @@ def main() -> None:
     parser.add_argument("--mode", choices=("pull", "push"), default="pull",
                         help="the topics' replication_mode (push: idle cost of push heartbeats)")
     parser.add_argument("--idle-seconds", type=float, default=10.0)
+    parser.add_argument("--steady-seconds", type=float, default=10.0,
+                        help="the steady acks=all load beside the idle partitions (0: skip it)")
+    parser.add_argument("--steady-rate", type=float, default=200.0, help="its requests a second")
     parser.add_argument("--open-timeout", type=float, default=900.0, help="give up on opening after this long")
     args = parser.parse_args()
     if args.controller_partitions:
         controller_scale(args.controller_partitions)
+    args.steady_baseline = None
+    if args.steady_seconds > 0:
+        with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp, Cluster(Path(tmp), brokers=3) as cluster:
+            p50, p99, n = steady_load(cluster, args.steady_seconds, args.steady_rate)
+        args.steady_baseline = (p50, p99)
+        print(f"steady acks=all load on an empty cluster (3 brokers, 1 partition, RF 3; {n} requests at "
+              f"{args.steady_rate:.0f}/s): p50 {p50:.2f} ms, p99 {p99:.2f} ms")
     for size in (int(x) for x in args.partitions.split(",") if x.strip()):
         if size:
             brokers_scale(args, size)
@@ -197,6 +241,13 @@ def brokers_scale(args: argparse.Namespace, partitions: int) -> None:
         usage = {b: 100 * (cpu_seconds(pids[b]) - before[b]) / elapsed for b in brokers}
         print(f"idle CPU (% of a core over {elapsed:.0f} s): "
               + ", ".join(f"broker {b} {usage[b]:.1f}%" for b in brokers))
+        if args.steady_seconds > 0:
+            p50, p99, n = steady_load(cluster, args.steady_seconds, args.steady_rate)
+            empty = args.steady_baseline
+            print(f"steady acks=all load beside {args.partitions} idle partitions ({n} requests at "
+                  f"{args.steady_rate:.0f}/s): p50 {p50:.2f} ms, p99 {p99:.2f} ms"
+                  + (f"; ratio to the empty cluster: p50 {p50 / empty[0]:.2f}x, p99 {p99 / empty[1]:.2f}x"
+                     if empty else ""))
 
 
 if __name__ == "__main__":
