@@ -76,7 +76,7 @@ def test_a_sent_batch_is_never_renumbered(seed, policy, durability):
     ("producer_never_takes_new_epoch", 398, "quorum", "fsync"),
     ("producer_never_takes_new_epoch", 88, "isr", "fsync"),
     ("producer_expires_early", 88, "isr", "fsync"),
-    ("producer_expires_early", 159, "isr", "fsync"),
+    ("producer_expires_early", 1317, "isr", "fsync"),   # 159 until a refused fetch was asked again after the backoff
 ])
 def test_a_producer_too_slow_for_the_cluster_gives_up_but_never_wedges(mutant, seed, policy, durability):
     """Found by the CI sweep (seed 398 quorum/fsync; 88 and 159 isr/fsync in pull mode): a producer
@@ -162,7 +162,8 @@ def test_a_quorum_leader_cut_off_is_replaced_only_through_a_fenced_election():
     _check_gray_regression(9, "quorum", "fsync", "quorum_move_without_election")
 
 
-@pytest.mark.parametrize("seed,policy,durability", [(33, "isr", "fsync"), (27, "isr", "write")])
+# 33 isr/fsync until a refused fetch was asked again after the backoff (the runs' timing changed)
+@pytest.mark.parametrize("seed,policy,durability", [(57, "isr", "fsync"), (27, "isr", "write")])
 def test_an_isr_leader_cut_off_is_moved_even_after_one_follower_left_the_isr(seed, policy, durability):
     """Found by the first gray runs (seeds 11 isr/fsync and 28 isr/write then): the followers'
     lag clocks ran out apart, so the leader shrank the ISR by one follower (accepted: the ISR
@@ -184,7 +185,7 @@ def test_a_leader_that_hears_none_of_its_followers_steps_down(seed, policy, dura
     _check_gray_regression(seed, policy, durability, "no_check_quorum")
 
 
-@pytest.mark.parametrize("seed", [49, 62])
+@pytest.mark.parametrize("seed", [49, 91])   # 62 until a refused fetch was asked again after the backoff
 def test_the_old_leaders_election_report_is_refused_only_for_a_while(seed):
     """Found by the gray runs (quorum/write): the controller fenced a cut-off leader for an
     election and refused its report for the whole round; with a replica restarted after a crash
