@@ -63,14 +63,6 @@ def write_synced(path: str | os.PathLike[str], data: bytes, *, mode: int = 0o644
         os.close(fd)
 
 
-def fsync_file(path: str | os.PathLike[str]) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def replace_durably(temp: str | os.PathLike[str], path: str | os.PathLike[str]) -> None:
     """Rename a written and fsynced `temp` over `path`, then fsync the directory."""
     os.replace(temp, path)

@@ -763,7 +763,7 @@ class PartitionLog:
         """fsync the epoch checkpoint (_record_epochs left it unsynced); its rename needs the
         directory's fsync too, which the caller does."""
         try:
-            durable.fsync_file(self._path(EPOCH_CHECKPOINT))
+            durable.fsync_path(self._path(EPOCH_CHECKPOINT))
         except FileNotFoundError:
             pass   # none written yet: an empty log's, rebuilt as empty
 
