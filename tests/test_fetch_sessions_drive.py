@@ -48,6 +48,15 @@ def _carried(response: wire.FetchResponse) -> dict[str, wire.FetchPartitionRespo
     return {t.topic: p for t in response.topics for p in t.partitions}
 
 
+async def _records_end(poll, driver, drivers: dict) -> wire.FetchResponse:
+    """Records produced to `driver` end the session long-poll `poll`; every driver is closed after."""
+    driver.submit_produce(bytearray(build_batch([b"v"], timestamp_ms=1)), acks=1, timeout_ms=10_000)
+    woken = await asyncio.wait_for(poll, 2)
+    for d in drivers.values():
+        await d.close()
+    return woken
+
+
 def test_idle_session_fetch_carries_nothing_waits_and_wakes_on_an_omitted_partition(tmp_path, monkeypatch):
     monkeypatch.setattr(server, "QUIET_REFRESH", 0.02)
 
@@ -75,11 +84,7 @@ def test_idle_session_fetch_carries_nothing_waits_and_wakes_on_an_omitted_partit
         poll = _session_fetch(handler, sid, 3)
         await asyncio.sleep(0.2)
         assert not poll.done(), "an idle session fetch long-polls"
-        drivers["b"].submit_produce(bytearray(build_batch([b"v"], timestamp_ms=1)), acks=1, timeout_ms=10_000)
-        woken = await asyncio.wait_for(poll, 2)
-        for d in drivers.values():
-            await d.close()
-        return woken, ends
+        return await _records_end(poll, drivers["b"], drivers), ends
 
     woken, ends = asyncio.run(scenario())
     carried = _carried(woken)
@@ -164,11 +169,7 @@ def test_a_change_on_one_partition_of_a_quiet_session_costs_that_partition_alone
         poll = _session_fetch(handler, sid, 1)
         await asyncio.sleep(0.2)
         assert not poll.done() and looked == [], f"an idle session's fetch looked at {looked}"
-        drivers["q7"].submit_produce(bytearray(build_batch([b"v"], timestamp_ms=1)), acks=1, timeout_ms=10_000)
-        woken = await asyncio.wait_for(poll, 2)
-        for d in drivers.values():
-            await d.close()
-        return woken, looked
+        return await _records_end(poll, drivers["q7"], drivers), looked
 
     woken, looked = asyncio.run(scenario())
     assert set(_carried(woken)) == {"q7"}
