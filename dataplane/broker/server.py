@@ -66,6 +66,7 @@ NOT_READY_POLL_S = 0.05
 # out even if nothing changed: the core's caught-up clock for the follower moves on only when
 # stepped, and must never lag a whole lag time (_quiet_until_s).
 QUIET_WAKE_MIN_S = 0.01
+DUE_PER_WAKE = 64   # _Watch.take_due
 
 
 def _quiet_until_s(now_s: float, lag_s: float) -> float:
@@ -128,8 +129,11 @@ class _Watch:
         self.hooked.clear()
 
     def take_due(self, now_s: float, notes: dict[TopicPartition, object]) -> list[TopicPartition]:
-        out = []
-        while self.due and self.due[0][0] <= now_s:
+        """The quiet partitions due a step, at most DUE_PER_WAKE (the rest stay due, for the
+        next wake QUIET_WAKE_MIN_S later): a session's quiet partitions fall due together, and
+        stepping thousands in one go held the loop for tens of milliseconds."""
+        out: list[TopicPartition] = []
+        while self.due and self.due[0][0] <= now_s and len(out) < DUE_PER_WAKE:
             until_s, tp = heapq.heappop(self.due)
             quiet = notes.get(tp)
             if isinstance(quiet, _Quiet) and quiet.until_s == until_s:
