@@ -69,17 +69,22 @@ def replace_durably(temp: str | os.PathLike[str], path: str | os.PathLike[str]) 
     fsync_dir(os.path.dirname(os.fspath(path)) or ".")
 
 
-def write_atomically(path: str | os.PathLike[str], data: bytes, *, mode: int = 0o644) -> None:
+def write_atomically(path: str | os.PathLike[str], data: bytes, *, mode: int = 0o644, sync: bool = True) -> None:
     """Replace `path` with `data` so that a crash leaves the old or the new file, whole.
 
     `mode` applies from the first byte (a file holding a secret is never readable by
     others, not even briefly). On an OSError the temporary file is removed and the
-    error raised; `path` is untouched.
+    error raised; `path` is untouched. Not `sync`: nothing is fsynced, and after a crash the
+    file may be the old one, the new one, or unreadable: only for a file its owner makes
+    durable later and can rebuild (the log's epoch checkpoint).
     """
     tmp = temp_path(path)
     try:
-        write_synced(tmp, data, mode=mode)
-        replace_durably(tmp, path)
+        write_synced(tmp, data, mode=mode, sync=sync)
+        if sync:
+            replace_durably(tmp, path)
+        else:
+            os.replace(tmp, path)
     except OSError:
         try:
             os.unlink(tmp)

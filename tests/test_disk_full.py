@@ -321,13 +321,13 @@ def test_becoming_leader_on_a_full_disk_goes_offline_then_leads_after_reopen(tmp
         manager = _manager(tmp_path)
         fs = FakeFs(free=50 << 20)
         use_fs(manager.config.data_dir, fs)
-        real = files.replace_unsynced
+        real = files.write_atomically
 
-        def replace_unsynced(path, data):
+        def write_atomically(path, data, **kw):
             if path.endswith("leader-epoch-checkpoint") and not data.startswith(b"0\n0\n"):  # not the empty one
                 raise files.storage_error(f"cannot write {path}", OSError(errno.ENOSPC, "No space left on device"))
-            real(path, data)
-        monkeypatch.setattr(files, "replace_unsynced", replace_unsynced)
+            real(path, data, **kw)
+        monkeypatch.setattr(files, "write_atomically", write_atomically)
         await manager.on_metadata(image)  # opens, then NewMetadata: lead epoch 0 -> append fails
         await manager.settled()
         driver = manager.get("t", 0)

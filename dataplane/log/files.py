@@ -3,33 +3,16 @@ raised as StorageError (what the log's contract promises its callers)."""
 from __future__ import annotations
 
 import errno
-import os
 
 from common import durable
 from common.errors import StorageError
 
 
-def write_atomically(path: str, data: bytes) -> None:
+def write_atomically(path: str, data: bytes, *, sync: bool = True) -> None:
     """`common.durable.write_atomically`, with an I/O error raised as the log's StorageError."""
     try:
-        durable.write_atomically(path, data)
+        durable.write_atomically(path, data, sync=sync)
     except OSError as exc:
-        raise storage_error(f"cannot write {path}", exc) from exc
-
-
-def replace_unsynced(path: str, data: bytes) -> None:
-    """Replace `path` with `data` (a temp file renamed over it), with no fsync: after a crash
-    the file may be the old one, the new one, or unreadable. Only for files the log can rebuild
-    and makes durable itself before anything depends on them (the epoch checkpoint)."""
-    tmp = durable.temp_path(path)
-    try:
-        durable.write_synced(tmp, data, sync=False)
-        os.replace(tmp, path)
-    except OSError as exc:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
         raise storage_error(f"cannot write {path}", exc) from exc
 
 

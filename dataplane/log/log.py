@@ -543,7 +543,7 @@ class PartitionLog:
         for span in spans:
             if cache.would_change(span.leader_epoch):
                 cache.assign(span.leader_epoch, span.base_offset)
-        files.replace_unsynced(self._path(EPOCH_CHECKPOINT), cache.encode())
+        files.write_atomically(self._path(EPOCH_CHECKPOINT), cache.encode(), sync=False)
         self._epochs = cache
         self._epochs_unsynced = True
         self._dir_dirty = True
