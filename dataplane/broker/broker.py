@@ -56,9 +56,8 @@ log = logging.getLogger("biplane.broker")
 # A stall this long is logged (WARNING, event "loop.stall"): a sixth of the session
 # timeout (1.5 s), so a few of them in a row show before the controller fences us.
 LOOP_STALL_WARN_MS = 250.0
-
-
 LINKS_REFRESH_MS = 250   # Broker.expected_links
+
 
 class Broker:
     def __init__(self, config: BrokerConfig) -> None:

@@ -176,7 +176,7 @@ class FetchSession:
         """The pending requests the throttle lets go now (waits until there is one, unless
         the session has parked partitions to long-poll for)."""
         while True:
-            throttled = self.fetcher.throttle.rate_bytes_per_s is not None and self.fetcher.throttle.keys
+            throttled = self.fetcher.throttle.active
             held = {tp for tp in self.pending if self.fetcher.held(tp)} if throttled else set()
             for tp in [tp for tp in self._parked if self.fetcher.held(tp)] if throttled else ():
                 # Out of the session while the throttle holds it (it rejoins when let go).

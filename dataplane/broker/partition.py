@@ -116,8 +116,8 @@ class PartitionDriver:
         self.producer_snapshots_written = 0
         # fetch_backoff_ms=0: the fetcher long-polls, so an empty answer already waited;
         # the fetcher itself backs off after errors, and resends what a broken connection or a
-        # timed-out round lost (fetcher.py): the core's own re-ask is only a safety net. Push followers, which nothing long-polls
-        # for, hear from an idle leader every push_heartbeat_ms.
+        # timed-out round lost (fetcher.py): the core's own re-ask is only a safety net. Push
+        # followers, which nothing long-polls for, hear from an idle leader every push_heartbeat_ms.
         self.replica = Replica(replica_id=broker_id, log=self.log, partition=tp, now_ms=now_ms(), wall_ms=wall_ms(),
                                fetch_backoff_ms=0, fetch_max_bytes=fetch_max_bytes, unclean_start=unclean_start,
                                fetch_retry_ms=FETCH_RETRY_MS,

@@ -97,7 +97,6 @@ class ByteTotals:
                           fetch_bytes=self.fetch_bytes + other.fetch_bytes)
 
 
-
 USAGE_FULL_EVERY_S = 30.0   # ReplicaManager.usage_report
 
 
@@ -114,6 +113,7 @@ class UsageReport:
     replicas: list[ReplicaUsage]
     log_bytes: int
     totals: ByteTotals
+
 
 class NewestFirst:
     """At most `slots` holders at once, and waiters enter newest first: the replicas of the

@@ -133,14 +133,13 @@ class _Watch:
         next wake QUIET_WAKE_MIN_S later): a session's quiet partitions fall due together, and
         stepping thousands in one go held the loop for tens of milliseconds."""
         out: list[TopicPartition] = []
-        while self.due and self.due[0][0] <= now_s and len(out) < DUE_PER_WAKE:
-            until_s, tp = heapq.heappop(self.due)
-            quiet = notes.get(tp)
-            if isinstance(quiet, _Quiet) and quiet.until_s == until_s:
-                out.append(tp)
+        while len(out) < DUE_PER_WAKE and (due_s := self.next_due_s(notes)) is not None and due_s <= now_s:
+            out.append(heapq.heappop(self.due)[1])
         return out
 
     def next_due_s(self, notes: dict[TopicPartition, object]) -> float | None:
+        """The earliest refresh time still current (an entry is stale once its partition's note
+        went or names another time); stale entries at the top are dropped on the way."""
         while self.due:
             until_s, tp = self.due[0]
             quiet = notes.get(tp)
@@ -148,6 +147,7 @@ class _Watch:
                 return until_s
             heapq.heappop(self.due)
         return None
+
 
 GROUP_REQUESTS = frozenset({
     wire.FindCoordinatorRequest, wire.JoinGroupRequest, wire.SyncGroupRequest, wire.HeartbeatRequest,
@@ -308,13 +308,13 @@ class RequestHandler:
             self.heard(request.replica_id)
         if follower and request.session_epoch != SESSIONLESS_EPOCH:
             try:
-                session_id, partitions = self._session_receive(request)
+                session_id, partitions, fetch = self._session_receive(request)
             except SessionError as exc:
                 code = (ErrorCode.INVALID_FETCH_SESSION_EPOCH if exc.reason == "wrong_epoch"
                         else ErrorCode.FETCH_SESSION_ID_NOT_FOUND)
                 self.counters.error("FetchRequest", code)
                 return wire.FetchResponse(error_code=code)
-            return await self._fetch_in_session(request, session_id, partitions, deadline)
+            return await self._fetch_in_session(request, fetch, session_id, partitions, deadline)
         # Outside a session: a consumer's, or a follower's express fetch (no wait).
         partitions = {TopicPartition(t.topic, p.partition): p for t in request.topics for p in t.partitions}
         stepped: dict[TopicPartition, int] = {}  # the core's fetch count after our own step of each partition
@@ -350,7 +350,8 @@ class RequestHandler:
                 return self._fetch_response(answers)
             await asyncio.wait(changes, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
 
-    async def _fetch_in_session(self, request: wire.FetchRequest, session_id: int,
+    async def _fetch_in_session(self, request: wire.FetchRequest,
+                                fetch: IncrementalFetch[TopicPartition, wire.FetchPartition], session_id: int,
                                 partitions: dict[TopicPartition, wire.FetchPartition],
                                 deadline: float) -> wire.FetchResponse:
         """A follower's session long-poll. Each wake steps only the session's active
@@ -358,7 +359,7 @@ class RequestHandler:
         every other partition's kept answer stands, and was sent in an earlier answer."""
         loop = asyncio.get_running_loop()
         notes = self.fetch_sessions.notes(session_id)
-        watch = self._watch(session_id, request, partitions)
+        watch = self._watch(session_id, fetch, partitions)
         answers: dict[TopicPartition, wire.FetchPartitionResponse] = {}
         stepped: dict[TopicPartition, int] = {}  # the core's fetch count after our own step of each partition
         replica_id = request.replica_id
@@ -392,7 +393,8 @@ class RequestHandler:
                     continue
                 # The response stays near max_bytes: once it is spent, each further
                 # partition carries at most its first batch (a reader must progress).
-                answer, driver, now = self._fetch_partition(replica_id, tp, p, max(1, min(budget, p.partition_max_bytes)))
+                answer, driver, now = self._fetch_partition(replica_id, tp, p,
+                                                            max(1, min(budget, p.partition_max_bytes)))
                 stepped[tp] = driver.replica.fetch_count(replica_id) if driver is not None else -1
                 budget -= len(answer.records or b"")
                 answers[tp] = answer
@@ -441,12 +443,12 @@ class RequestHandler:
             except TimeoutError:
                 pass
 
-    def _watch(self, session_id: int, request: wire.FetchRequest,
+    def _watch(self, session_id: int, fetch: IncrementalFetch[TopicPartition, wire.FetchPartition],
                partitions: dict[TopicPartition, wire.FetchPartition]) -> _Watch:
         """The session's watch, brought up to this fetch: what it names is stepped again, what
         it forgets is dropped. A full fetch starts a new one (and drops those of sessions gone)."""
         watch = self._watches.get(session_id)
-        if watch is None or request.session_epoch == FULL_EPOCH:
+        if watch is None or fetch.full:
             for sid, old in list(self._watches.items()):
                 if sid == session_id or sid not in self.fetch_sessions:
                     old.unhook()
@@ -454,26 +456,24 @@ class RequestHandler:
             watch = self._watches[session_id] = _Watch()
             watch.active.update(partitions)
             return watch
-        for t in request.topics:
-            watch.active.update(TopicPartition(t.topic, p.partition) for p in t.partitions)
-        for forgotten in request.forgotten_topics:
-            for partition in forgotten.partitions:
-                tp = TopicPartition(forgotten.topic, partition)
-                watch.active.discard(tp)
-                watch.dirty.discard(tp)
-                watch.hooked.pop(tp, None)   # its callback, when it runs, finds nothing hooked
+        watch.active.update(fetch.changed)
+        for tp in fetch.removed:
+            watch.active.discard(tp)
+            watch.dirty.discard(tp)
+            watch.hooked.pop(tp, None)   # its callback, when it runs, finds nothing hooked
         return watch
 
-    def _session_receive(self, request: wire.FetchRequest) -> tuple[int, dict[TopicPartition, wire.FetchPartition]]:
+    def _session_receive(self, request: wire.FetchRequest) -> tuple[
+            int, dict[TopicPartition, wire.FetchPartition], IncrementalFetch[TopicPartition, wire.FetchPartition]]:
         """A follower's session fetch applied to its session: (session id, every partition it
-        follows here at its position, sent now or earlier)."""
+        follows here at its position, sent now or earlier; the fetch as received)."""
         fetch: IncrementalFetch[TopicPartition, wire.FetchPartition] = IncrementalFetch(
             session_id=request.session_id, epoch=request.session_epoch,
             changed={TopicPartition(t.topic, p.partition): p for t in request.topics for p in t.partitions},
             removed=frozenset(TopicPartition(t.topic, p) for t in request.forgotten_topics for p in t.partitions),
             full=request.session_epoch == FULL_EPOCH)
         session_id, _, positions = self.fetch_sessions.receive(fetch, owner=request.replica_id)
-        return session_id, positions
+        return session_id, positions, fetch
 
     def _fetched_since(self, replica_id: int, tp: TopicPartition, fetches: int, p: wire.FetchPartition) -> bool:
         driver = self.replicas.get(*tp)

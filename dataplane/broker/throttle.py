@@ -42,7 +42,12 @@ class ReplicationThrottle:
         self.keys = keys
 
     def applies(self, key: Hashable) -> bool:
-        return self.rate_bytes_per_s is not None and key in self.keys
+        return self.active and key in self.keys
+
+    @property
+    def active(self) -> bool:
+        """Whether it applies to any key (a caller may skip asking of each one)."""
+        return self.rate_bytes_per_s is not None and bool(self.keys)
 
     def _ahead_s(self, now_s: float) -> float:
         assert self.rate_bytes_per_s is not None
