@@ -70,6 +70,27 @@ def scrape(port: int, name: str) -> float | None:
     return float(match.group(1)) if match else None
 
 
+def session_fetches(cluster: Cluster, leader: int) -> dict[str, float]:
+    """The followers' session fetches to `leader` so far, summed: full, incremental, and the
+    partitions they carried."""
+    totals = {"full": 0.0, "incremental": 0.0, "partitions": 0.0}
+    for b, broker in cluster.brokers.items():
+        if b == leader:
+            continue
+        with urllib.request.urlopen(f"http://127.0.0.1:{broker.metrics_port}/metrics", timeout=30) as resp:
+            text = resp.read().decode()
+        for name, labels, value in re.findall(r"^(biplane_broker_fetch_session_\w+)_total\{([^}]*)\} (\S+)$", text, re.M):
+            if f'leader="{leader}"' not in labels:
+                continue
+            if name.endswith("partitions_sent"):
+                totals["partitions"] += float(value)
+            elif 'kind="full"' in labels:
+                totals["full"] += float(value)
+            else:
+                totals["incremental"] += float(value)
+    return totals
+
+
 def controller_offset(cluster: Cluster) -> int:
     r = http("GET", cluster.api_url + "/rpc/v1/metadata?after_offset=-1&max_wait_ms=0", token=None, secret=SECRET)
     return int(r.body["offset"])
@@ -82,9 +103,11 @@ def opened_count(cluster: Cluster, broker_id: int) -> int:
 def steady_load(cluster: Cluster, seconds: float, rate: float) -> tuple[float, float, int]:
     """A small steady load: one producer, one record of 100 bytes per request, acks=all, at
     `rate` requests a second for `seconds`, to the one partition of a topic `steady` (RF 3)
-    made for it. (p50 ms, p99 ms, requests) of the requests' round trips."""
+    made for it. (p50 ms, p99 ms, requests) of the requests' round trips; prints the followers'
+    session fetches to its leader meanwhile (a full one carries every partition followed there)."""
     cluster.create_topic("steady", partitions=1, replication_factor=3)
     leader = cluster.wait_leader("steady", 0)
+    sessions_before = session_fetches(cluster, leader)
 
     async def run() -> list[float]:
         took: list[float] = []
@@ -104,6 +127,10 @@ def steady_load(cluster: Cluster, seconds: float, rate: float) -> tuple[float, f
         return took
 
     took = sorted(asyncio.run(run()))
+    sessions = {k: v - sessions_before[k] for k, v in session_fetches(cluster, leader).items()}
+    print(f"  followers' session fetches to broker {leader} during the load ({len(took) + 20} requests): "
+          f"{sessions['full']:.0f} full, {sessions['incremental']:.0f} incremental, "
+          f"{sessions['partitions']:.0f} partitions carried")
     return statistics.median(took) * 1000, took[int(len(took) * 0.99)] * 1000, len(took)
 
 

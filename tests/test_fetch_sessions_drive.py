@@ -336,3 +336,53 @@ def test_a_parked_partition_whose_replica_stopped_following_leaves_the_session(m
     asyncio.run(scenario())
     assert [(r.session_epoch, [t.topic for t in r.topics], [t.topic for t in r.forgotten_topics]) for r in sent] == [
         (0, ["a", "b"], []), (1, [], ["a"]), (2, [], [])]
+
+
+def test_a_partition_answered_stays_in_the_session_until_its_core_asks_again():
+    """Under acks=all a caught-up follower's core asks again only once the records it was
+    answered are flushed, and after an answer carrying only a new HW, a tick later. The next
+    long-poll waits for the first and keeps the second parked: neither leaves the session,
+    so no express fetch restarts the long-poll and no full fetch follows (one full fetch of
+    every partition per record produced, before)."""
+    sent: list[tuple[int, int, int, list, list]] = []
+    answers = [wire.FetchResponse(session_id=7, topics=(
+        wire.FetchTopicResponse(topic="a", partitions=(wire.FetchPartitionResponse(
+            partition=0, high_watermark=10, records=build_batch([b"v"], timestamp_ms=1)),)),
+        wire.FetchTopicResponse(topic="b", partitions=(wire.FetchPartitionResponse(
+            partition=0, high_watermark=11),))))]
+
+    class FakeClient:
+        closed = False
+
+        async def request(self, req):
+            sent.append((req.session_id, req.session_epoch, req.max_wait_ms,
+                         sorted((t.topic, p.fetch_offset) for t in req.topics for p in t.partitions),
+                         [t.topic for t in req.forgotten_topics]))
+            if len(sent) > len(answers):
+                await asyncio.Event().wait()   # the next long-poll: nothing more to say
+            return answers[len(sent) - 1]
+
+        async def close(self):
+            self.closed = True
+
+    async def scenario():
+        fetcher: Fetcher
+        loop = asyncio.get_running_loop()
+
+        def request(tp, offset):
+            return FetchRequest(replica_id=1, fetch_offset=offset, current_leader_epoch=1, partition=tp)
+
+        def deliver(tp, ev):
+            # a's records are flushed 30 ms later, then its core asks from 11; b's asks again
+            # from 10 on a later tick.
+            offset, after_s = (11, 0.03) if ev.records else (10, 0.06)
+            loop.call_later(after_s, fetcher.submit, 2, tp, request(tp, offset))
+
+        fetcher = Fetcher(broker_id=1, address_of=lambda b: ("127.0.0.1", 1), deliver=deliver)
+        fetcher.submit(2, ("a", 0), request(("a", 0), 10))
+        fetcher.submit(2, ("b", 0), request(("b", 0), 10))
+        await _run_session(fetcher, FakeClient(), until=lambda: len(sent) > 2)
+
+    asyncio.run(scenario())
+    assert sent == [(0, 0, 500, [("a", 10), ("b", 10)], []),   # full: opens the session
+                    (7, 1, 500, [("a", 11)], [])], sent         # a at its new position; b parked

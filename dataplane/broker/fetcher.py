@@ -23,9 +23,11 @@ acks=all for it) would wait too. Such a request goes out at once on a second
 long-poll does not (another position or flushed offset), so the express path
 never spins on repeats. A partition that joined the session after the
 long-poll started goes express until it is caught up, then the long-poll
-starts over with it (its connection is closed and the requests resent). After an answer
-with records the long-poll waits one loop turn before going out again, in which a small
-flush of those records completes (it runs inline), so it carries the new flushed offset.
+starts over with it (its connection is closed and the requests resent). So that this stays
+the exception: a partition answered without a new position (a new HW) stays parked, and after
+an answer with records the next long-poll waits (up to `REJOIN_WAIT_S`) for those partitions'
+cores to ask again, which under acks=all is once the records are flushed: it carries their
+new position and flushed offset, one request per produce, all in the session.
 
 Throttle: partitions this broker is adding by a reassignment are paced by the
 `ReplicationThrottle` (throttle.py): while the throttle says wait, they stay pending
@@ -65,6 +67,10 @@ SessionFetched = Callable[[int, bool, int], None]   # (leader, full, partitions 
 # A parked request whose replica stopped following that leader is dropped within this
 # (Fetcher.follows): checking every parked request on every round was a walk of them all.
 FOLLOWS_CHECK_S = 1.0
+# How long the next long-poll waits for the partitions just answered with records to ask
+# again (FetchSession._await_next_requests): about a small flush's fsync, so a slow disk
+# delays the other partitions' long-poll by no more than this.
+REJOIN_WAIT_S = 0.1
 SESSION_ERRORS = {ErrorCode.FETCH_SESSION_ID_NOT_FOUND: "unknown_session",
                   ErrorCode.INVALID_FETCH_SESSION_EPOCH: "wrong_epoch"}
 
@@ -138,6 +144,7 @@ class FetchSession:
         self._restarting = False
         self._last_sent: dict[TopicPartition, FetchRequest] = {}   # by either loop
         self._follows_checked_s = 0.0
+        self._awaited: set[TopicPartition] = set()   # answered with records: their next request
         # Each parked request's wire form, by the request object: a round re-sends the same
         # parked requests (the session then carries only those that changed).
         self._wire: dict[TopicPartition, tuple[FetchRequest, wire.FetchPartition]] = {}
@@ -169,6 +176,9 @@ class FetchSession:
         self.pending.pop(tp, None)
         self._parked.pop(tp, None)
         self._wire.pop(tp, None)
+        if tp in self._awaited:
+            self._awaited.discard(tp)
+            self._wake.set()
 
     # ------------------------------------------------------------ loops
 
@@ -215,12 +225,33 @@ class FetchSession:
             finally:
                 self._main_busy = False
                 self._wake.set()
-            if any(a.records for a in answered.values()):
-                # The records just appended asked for a flush, which a small log runs inline
-                # a loop turn later (dataplane/log/flusher.py): yield that turn, so the next
-                # long-poll carries the new flushed offset along with the new position, one
-                # request where an express one would follow right after.
-                await asyncio.sleep(0)
+            rejoining = {tp for tp, a in answered.items() if a.records}
+            if rejoining:
+                await self._await_next_requests(rejoining)
+
+    async def _await_next_requests(self, tps: set[TopicPartition]) -> None:
+        """Hold the next long-poll until the cores of `tps` (just answered with records) ask
+        again, for at most REJOIN_WAIT_S.
+
+        A caught-up follower under acks=all asks again only once the records are flushed
+        (its fetch carries the flushed offset the leader waits for). A long-poll sent
+        without it would drop the partition from the session; its request would then go
+        express and start the long-poll over, and each abandoned long-poll makes the next
+        session fetch full: one full fetch of every partition per record produced."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + REJOIN_WAIT_S
+        self._awaited = set(tps)
+        try:
+            await asyncio.sleep(0)   # a small flush runs inline a loop turn later
+            while self._awaited - self.pending.keys():
+                self._wake.clear()
+                try:
+                    async with asyncio.timeout(max(0.0, deadline - loop.time())):
+                        await self._wake.wait()
+                except TimeoutError:
+                    return
+        finally:
+            self._awaited = set()
 
     def _express_ok(self, tp: TopicPartition, request: FetchRequest) -> bool:
         if tp in self._express_held or self.fetcher.held(tp):
@@ -331,9 +362,11 @@ class FetchSession:
             self.fetcher.on_round_trip(took_s)
         if in_session:
             for tp in batch:
-                if tp not in answered and tp not in self.pending:
-                    # Omitted: nothing new. The request the leader saw last (the express one,
-                    # should that have overtaken this) stays in the session, unsent.
+                if tp not in self.pending and (tp not in answered or _same_position(answered[tp])):
+                    # Omitted (nothing new) or answered without moving the position (a new HW):
+                    # the core asks again from where it was. The request the leader saw last
+                    # (the express one, should that have overtaken this) stays in the session,
+                    # unsent, rather than leave it and rejoin by an express fetch.
                     self._parked[tp] = self._last_sent[tp]
             self._deliver({tp: r for tp, r in batch.items() if tp in answered}, answered)
         else:
@@ -436,6 +469,11 @@ class FetchSession:
             if client is not None:
                 await client.close()
             self._clients[which] = None
+
+
+def _same_position(answer: wire.FetchPartitionResponse) -> bool:
+    """Whether the follower asks again from the same position after `answer`."""
+    return answer.error_code is ErrorCode.NONE and not answer.records and answer.diverging_epoch.end_offset < 0
 
 
 def _position(request: FetchRequest) -> tuple[int, int, int]:
