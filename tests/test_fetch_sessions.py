@@ -10,9 +10,19 @@ from hypothesis import strategies as st
 from dataplane.broker.fetch_sessions import FollowerSession, IncrementalFetch, LeaderSessions, SessionError
 
 
+def build(follower: FollowerSession, wanted: dict) -> IncrementalFetch:
+    """The follower's next fetch once its wanted positions are `wanted` (told as changes)."""
+    for key in [k for k in follower.wanted if k not in wanted]:
+        follower.drop(key)
+    for key, position in wanted.items():
+        if follower.wanted.get(key) != position:
+            follower.want(key, position)   # told only what changed, as the fetcher does
+    return follower.build()
+
+
 def round_trip(follower: FollowerSession, leader: LeaderSessions, wanted: dict,
                owner: int = 7) -> tuple[IncrementalFetch, dict]:
-    fetch = follower.build(wanted)
+    fetch = build(follower, wanted)
     try:
         session_id, epoch, positions = leader.receive(fetch, owner)
     except SessionError:
@@ -57,7 +67,7 @@ def test_wrong_epoch_drops_session_and_next_fetch_is_full() -> None:
     leader: LeaderSessions = LeaderSessions()
     follower: FollowerSession = FollowerSession()
     round_trip(follower, leader, {1: 0})
-    fetch = follower.build({1: 0})
+    fetch = build(follower, {1: 0})
     leader.receive(fetch, 7)            # its answer is lost: the leader moved to the next epoch
     fetch, _ = round_trip(follower, leader, {1: 1})   # resent at the old epoch
     assert not fetch.full and follower.session_id == 0
@@ -70,7 +80,7 @@ def test_leader_restart_forgets_sessions() -> None:
     round_trip(follower, LeaderSessions(), {1: 0})
     restarted: LeaderSessions = LeaderSessions()
     with pytest.raises(SessionError, match="unknown_session"):
-        restarted.receive(follower.build({1: 0}), 7)
+        restarted.receive(build(follower, {1: 0}), 7)
 
 
 def test_eviction_bounds_sessions_and_evicted_follower_falls_back_to_full() -> None:
@@ -85,17 +95,25 @@ def test_eviction_bounds_sessions_and_evicted_follower_falls_back_to_full() -> N
     assert fetch.full and positions == {1: 0}
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(st.dictionaries(st.integers(0, 6), st.integers(0, 4), max_size=6),
-                          st.sampled_from(["ok", "lose", "restart"])), min_size=1, max_size=30))
+                          st.sampled_from(["ok", "lose", "restart"]),
+                          st.none() | st.dictionaries(st.integers(0, 6), st.integers(0, 4), max_size=6)),
+                min_size=1, max_size=30))
 def test_leader_positions_always_equal_follower_wanted(steps: list) -> None:
-    """Whatever is lost or restarted, an accepted fetch gives the leader exactly the follower's positions."""
+    """Whatever is lost or restarted, and whatever changes while a fetch is out, an accepted
+    fetch gives the leader exactly the follower's positions as they were when it was built."""
     leader: LeaderSessions = LeaderSessions()
     follower: FollowerSession = FollowerSession()
-    for wanted, fate in steps:
+    for wanted, fate, meanwhile in steps:
         if fate == "restart":
             leader = LeaderSessions(first_id=1)
-        fetch = follower.build(wanted)
+        fetch = build(follower, wanted)
+        if meanwhile is not None:   # told while the fetch is out: it rides on the next one
+            for key in [k for k in follower.wanted if k not in meanwhile]:
+                follower.drop(key)
+            for key, position in meanwhile.items():
+                follower.want(key, position)
         try:
             session_id, epoch, positions = leader.receive(fetch, 7)
         except SessionError:
@@ -114,12 +132,12 @@ def test_stale_session_id_never_lands_on_another_followers_session() -> None:
     round_trip(a, LeaderSessions(), {1: 0})
     restarted: LeaderSessions = LeaderSessions()
     b: FollowerSession = FollowerSession()
-    b_fetch = b.build({1: 99})
+    b_fetch = build(b, {1: 99})
     b.answered(*restarted.receive(b_fetch, 8)[:2])
     assert b.session_id == a.session_id
     with pytest.raises(SessionError, match="unknown_session"):
-        restarted.receive(a.build({1: 5}), 7)
-    assert restarted.receive(b.build({1: 99}), 8)[2] == {1: 99}
+        restarted.receive(build(a, {1: 5}), 7)
+    assert restarted.receive(build(b, {1: 99}), 8)[2] == {1: 99}
 
 
 def test_full_fetch_after_a_reset_closes_the_old_session() -> None:
@@ -138,17 +156,17 @@ def test_a_full_fetch_naming_no_session_still_replaces_its_followers_sessions() 
     session (or one already gone): its old sessions go anyway, another follower's stay."""
     leader: LeaderSessions = LeaderSessions()
     other: FollowerSession = FollowerSession()
-    other.answered(*leader.receive(other.build({1: 0}), 8)[:2])
+    other.answered(*leader.receive(build(other, {1: 0}), 8)[:2])
     for _ in range(3):   # three starts of follower 7, none remembering the last
         fresh: FollowerSession = FollowerSession()
-        fresh.answered(*leader.receive(fresh.build({1: 0}), 7)[:2])
-    abandoned = fresh.build({1: 0})   # sent, then given up: its session is never named again
+        fresh.answered(*leader.receive(build(fresh, {1: 0}), 7)[:2])
+    abandoned = build(fresh, {1: 0})   # sent, then given up: its session is never named again
     leader.receive(dataclasses.replace(abandoned, full=True), 7)
     fresh.reset()
-    fresh.answered(*leader.receive(fresh.build({1: 0}), 7)[:2])
+    fresh.answered(*leader.receive(build(fresh, {1: 0}), 7)[:2])
     assert len(leader) == 2
-    assert leader.receive(other.build({1: 0}), 8)[2] == {1: 0}
-    assert leader.receive(fresh.build({1: 0}), 7)[2] == {1: 0}
+    assert leader.receive(build(other, {1: 0}), 8)[2] == {1: 0}
+    assert leader.receive(build(fresh, {1: 0}), 7)[2] == {1: 0}
 
 
 def test_carries_asks_without_recording() -> None:
@@ -170,3 +188,29 @@ def test_notes_on_a_partition_go_when_its_position_changes_or_it_leaves() -> Non
     notes.update({1: "a", 2: "b", 3: "c"})
     round_trip(follower, leader, {1: 0, 2: 5})
     assert leader.notes(follower.session_id) == {1: "a"}
+
+
+class _NoWalk(dict):
+    """A map that may be looked up but not walked."""
+
+    def _walked(self, *args: object) -> None:
+        raise AssertionError("an incremental fetch walked every partition of the session")
+
+    __iter__ = items = keys = values = copy = _walked   # type: ignore[assignment]
+
+
+def test_an_incremental_fetch_costs_what_changed_not_the_sessions_size() -> None:
+    """A leader's session holds thousands of parked partitions per follower: building the next
+    fetch looks only at those wanted or dropped since the last, never walks them all."""
+    leader: LeaderSessions = LeaderSessions()
+    follower: FollowerSession = FollowerSession()
+    round_trip(follower, leader, {p: 0 for p in range(5000)})
+    follower.wanted = _NoWalk(follower.wanted)
+    follower._sent = _NoWalk(follower._sent)
+    follower.want(7, 5)
+    follower.want(8, 0)   # told, but where it was
+    follower.drop(9)
+    fetch = follower.build()
+    assert fetch.changed == {7: 5} and fetch.removed == frozenset({9})
+    follower.answered(*leader.receive(fetch, 7)[:2])
+    assert follower.build().changed == {}

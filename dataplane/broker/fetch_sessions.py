@@ -25,6 +25,7 @@ keeps a quiet partition's last answer in the session's `notes`: dataplane/broker
 from __future__ import annotations
 
 import dataclasses
+from types import MappingProxyType
 from collections import OrderedDict
 from typing import Generic, Hashable, Mapping, TypeVar
 
@@ -85,9 +86,9 @@ class LeaderSessions(Generic[K, P, S]):
     def __contains__(self, session_id: object) -> bool:
         return session_id in self._sessions
 
-    def receive(self, fetch: IncrementalFetch[K, P], owner: int) -> tuple[int, int, dict[K, P]]:
+    def receive(self, fetch: IncrementalFetch[K, P], owner: int) -> tuple[int, int, Mapping[K, P]]:
         """Apply a fetch from follower broker `owner`: (session id, epoch to answer with, every
-        partition's position).
+        partition's position: a read-only view of the session's, not a copy of thousands per fetch).
 
         Raises SessionError for an incremental fetch the leader has no matching session for.
         Ids must not repeat across leader restarts (the driver seeds `first_id`), and a session
@@ -105,7 +106,7 @@ class LeaderSessions(Generic[K, P, S]):
             self._next_id += 1
             session: _LeaderSession[K, P, S] = _LeaderSession(session_id, owner, 1, dict(fetch.changed), {})
             self._sessions[session_id] = session
-            return session_id, FULL_EPOCH, dict(session.positions)
+            return session_id, FULL_EPOCH, MappingProxyType(session.positions)
         found = self._sessions.get(fetch.session_id)
         if found is None or found.owner != owner:
             raise SessionError("unknown_session")
@@ -123,7 +124,7 @@ class LeaderSessions(Generic[K, P, S]):
         found.positions.update(fetch.changed)
         epoch = found.next_epoch
         found.next_epoch += 1
-        return found.session_id, epoch, dict(found.positions)
+        return found.session_id, epoch, MappingProxyType(found.positions)
 
     def notes(self, session_id: int) -> dict[K, object]:
         """The driver's notes on the session's partitions (see `_LeaderSession.notes`)."""
@@ -152,41 +153,67 @@ class LeaderSessions(Generic[K, P, S]):
 
 
 class FollowerSession(Generic[K, P]):
-    """A follower's side of its session with one leader broker."""
+    """A follower's side of its session with one leader broker.
+
+    The driver says what changed (`want`, `drop`) rather than handing over every partition
+    each time: building an incremental fetch then costs what changed, not the session's size
+    (thousands of parked partitions per leader)."""
 
     def __init__(self) -> None:
         self.session_id = NO_SESSION
         self.next_epoch = FULL_EPOCH
-        self._sent: dict[K, P] = {}
-        self._in_flight: tuple[dict[K, P], int] | None = None
+        self.wanted: dict[K, P] = {}     # every partition followed there, at its position now
+        self._sent: dict[K, P] = {}      # the leader's positions, as of the last fetch it accepted
+        self._touched: set[K] = set()    # wanted or dropped since the last fetch was built
+        self._in_flight: IncrementalFetch[K, P] | None = None
         # The session a full fetch names so that the leader drops it (Kafka does the same):
         # without it every reset would leave a session behind until evicted.
         self._closing = NO_SESSION
 
-    def build(self, wanted: Mapping[K, P]) -> IncrementalFetch[K, P]:
-        """The next fetch for `wanted` (every partition followed there, at its position now)."""
+    def want(self, key: K, position: P) -> None:
+        self.wanted[key] = position
+        self._touched.add(key)
+
+    def drop(self, key: K) -> None:
+        if self.wanted.pop(key, _UNSENT) is not _UNSENT:
+            self._touched.add(key)
+
+    def build(self) -> IncrementalFetch[K, P]:
+        """The next fetch: full without a session, else what changed since the last one."""
         if self.session_id == NO_SESSION:
-            fetch = IncrementalFetch(self._closing, FULL_EPOCH, dict(wanted), frozenset(), True)
+            fetch = IncrementalFetch(self._closing, FULL_EPOCH, dict(self.wanted), frozenset(), True)
         else:
-            sent = self._sent
-            changed = {k: p for k, p in wanted.items() if (q := sent.get(k, _UNSENT)) is not p and q != p}
-            removed = frozenset(k for k in self._sent if k not in wanted)
-            fetch = IncrementalFetch(self.session_id, self.next_epoch, changed, removed, False)
-        self._in_flight = (dict(wanted), fetch.epoch)
+            changed: dict[K, P] = {}
+            removed: set[K] = set()
+            for key in self._touched:
+                if key in self.wanted:
+                    p = self.wanted[key]
+                    q = self._sent.get(key, _UNSENT)
+                    if q is _UNSENT or (q is not p and q != p):
+                        changed[key] = p
+                elif key in self._sent:
+                    removed.add(key)
+            fetch = IncrementalFetch(self.session_id, self.next_epoch, changed, frozenset(removed), False)
+        self._touched = set()
+        self._in_flight = fetch
         return fetch
 
     def answered(self, session_id: int, epoch: int) -> None:
         """The leader accepted the fetch last built."""
-        if self._in_flight is None:
+        fetch, self._in_flight = self._in_flight, None
+        if fetch is None:
             return
-        wanted, sent_epoch = self._in_flight
-        self._in_flight = None
-        if epoch != sent_epoch or (self.session_id != NO_SESSION and session_id != self.session_id):
+        if epoch != fetch.epoch or (self.session_id != NO_SESSION and session_id != self.session_id):
             self.reset()
             return
         self.session_id = session_id
         self.next_epoch = epoch + 1
-        self._sent = wanted
+        if fetch.full:
+            self._sent = dict(fetch.changed)
+        else:
+            self._sent.update(fetch.changed)
+            for key in fetch.removed:
+                self._sent.pop(key, None)
         self._closing = NO_SESSION
 
     def reset(self) -> None:

@@ -139,20 +139,20 @@ class FetchSession:
         self.limits = fetcher.limits
         self.pending: dict[TopicPartition, FetchRequest] = {}
         self._main_busy = False
-        self._in_main: set[TopicPartition] = set()         # partitions of the long-poll in flight
         self._express_held: set[TopicPartition] = set()    # wait for the long-poll to end
         self._restarting = False
         self._last_sent: dict[TopicPartition, FetchRequest] = {}   # by either loop
         self._follows_checked_s = 0.0
         self._awaited: set[TopicPartition] = set()   # answered with records: their next request
-        # Each parked request's wire form, by the request object: a round re-sends the same
-        # parked requests (the session then carries only those that changed).
-        self._wire: dict[TopicPartition, tuple[FetchRequest, wire.FetchPartition]] = {}
         # The long-poll is an incremental fetch session: the leader keeps each partition's
-        # position and answers only what changed. A request it left unanswered is parked
-        # here and stays in the session (unsent) until the core asks anew or an answer comes.
+        # position and answers only what changed. Every partition the session carries, by the
+        # request the leader has for it; one left unanswered stays (parked, unsent) until its
+        # core asks anew or an answer moves it on. A round costs what changed, not this size.
         self.session: FollowerSession[TopicPartition, wire.FetchPartition] = FollowerSession()
-        self._parked: dict[TopicPartition, FetchRequest] = {}
+        self._in_session: dict[TopicPartition, FetchRequest] = {}
+        # Express requests for partitions of the long-poll in flight: they replace the
+        # session's once it ends (its answer is for the request it carried).
+        self._overtaken: dict[TopicPartition, FetchRequest] = {}
         self._wake = asyncio.Event()      # the main loop's: something is pending
         self._wake_exp = asyncio.Event()  # the express loop's: something new arrived
         self._clients: dict[str, WireClient | None] = {"main": None, "express": None}
@@ -174,25 +174,34 @@ class FetchSession:
     def forget(self, tp: TopicPartition) -> None:
         """`tp` follows another leader now: the next fetch here drops it from the session."""
         self.pending.pop(tp, None)
-        self._parked.pop(tp, None)
-        self._wire.pop(tp, None)
+        self._leave(tp)
         if tp in self._awaited:
             self._awaited.discard(tp)
             self._wake.set()
+
+    def _join(self, tp: TopicPartition, request: FetchRequest) -> None:
+        self._in_session[tp] = request
+        self.session.want(tp, self._wire_partition(tp, request))
+
+    def _leave(self, tp: TopicPartition) -> None:
+        self._in_session.pop(tp, None)
+        self._overtaken.pop(tp, None)
+        self.session.drop(tp)
 
     # ------------------------------------------------------------ loops
 
     async def _next_batch(self) -> dict[TopicPartition, FetchRequest]:
         """The pending requests the throttle lets go now (waits until there is one, unless
-        the session has parked partitions to long-poll for)."""
+        the session has partitions to long-poll for)."""
         while True:
             throttled = self.fetcher.throttle.active
             held = {tp for tp in self.pending if self.fetcher.held(tp)} if throttled else set()
-            for tp in [tp for tp in self._parked if self.fetcher.held(tp)] if throttled else ():
+            for tp in [tp for tp in self._in_session if self.fetcher.held(tp)] if throttled else ():
                 # Out of the session while the throttle holds it (it rejoins when let go).
-                self.pending.setdefault(tp, self._parked.pop(tp))
+                self.pending.setdefault(tp, self._in_session[tp])
+                self._leave(tp)
                 held.add(tp)
-            if len(held) < len(self.pending) or self._parked:
+            if len(held) < len(self.pending) or self._in_session:
                 batch = {tp: r for tp, r in self.pending.items() if tp not in held}
                 self.pending = {tp: r for tp, r in self.pending.items() if tp in held}
                 return batch
@@ -209,25 +218,32 @@ class FetchSession:
     async def _main_loop(self) -> None:
         while True:
             news = await self._next_batch()
-            batch, self._parked = self._parked, {}
             follows = self.fetcher.follows
             if follows is not None and time.monotonic() - self._follows_checked_s >= FOLLOWS_CHECK_S:
                 self._follows_checked_s = time.monotonic()
-                for tp in [tp for tp in batch if not follows(tp, self.leader_id)]:
-                    del batch[tp]
-                    self._wire.pop(tp, None)
-            batch.update(news)
+                for tp in [tp for tp in self._in_session if not follows(tp, self.leader_id)]:
+                    self._leave(tp)
+            for tp, request in news.items():
+                self._join(tp, request)
             self._main_busy = True
-            self._in_main = set(batch)
             self._express_held.clear()
             try:
-                answered = await self._round("main", batch, self.limits["fetch_wait_ms_max"])
+                answered = await self._round("main", news, self.limits["fetch_wait_ms_max"])
             finally:
                 self._main_busy = False
                 self._wake.set()
-            rejoining = {tp for tp, a in answered.items() if a.records}
+            for tp, request in self._overtaken.items():
+                self._join(tp, request)
+            self._overtaken.clear()
+            # Answered and moved on (records, an error, a divergence): its core asks anew.
+            # Answered with a new HW alone, or omitted: it stays in the session.
+            moved = [tp for tp, a in answered.items() if not _same_position(a)]
+            rejoining = {tp for tp in moved if answered[tp].records}
             if rejoining:
                 await self._await_next_requests(rejoining)
+            for tp in moved:
+                if tp not in self.pending:
+                    self._leave(tp)
 
     async def _await_next_requests(self, tps: set[TopicPartition]) -> None:
         """Hold the next long-poll until the cores of `tps` (just answered with records) ask
@@ -256,7 +272,7 @@ class FetchSession:
     def _express_ok(self, tp: TopicPartition, request: FetchRequest) -> bool:
         if tp in self._express_held or self.fetcher.held(tp):
             return False
-        if tp not in self._in_main:
+        if tp not in self._in_session:
             return True  # nobody long-polls for it: do not make it wait
         # News the waiting long-poll does not carry (a new flushed offset, a new position);
         # a repeat of what was sent waits for the long-poll to end, so nothing spins.
@@ -271,15 +287,17 @@ class FetchSession:
             while not self._express_ready():
                 await self._wake_express()
             batch = {tp: r for tp, r in self.pending.items() if self._express_ok(tp, r)}
-            for tp in batch:
+            for tp, request in batch.items():
                 del self.pending[tp]
+                if tp in self._in_session:
+                    self._overtaken[tp] = request
             answered = await self._round("express", batch, 0)
             rejoin = False
             for tp in batch:
                 a = answered.get(tp)
                 idle = a is not None and a.error_code is ErrorCode.NONE and not a.records \
                     and a.diverging_epoch.end_offset < 0
-                if idle and tp not in self._in_main:
+                if idle and tp not in self._in_session:
                     # Caught up, and not in the waiting long-poll: start the long-poll over
                     # with it rather than make it wait out somebody else's.
                     self._express_held.add(tp)
@@ -288,9 +306,9 @@ class FetchSession:
                 self._restart_main()
 
     def _restart_main(self) -> None:
-        """Abandon the long-poll in flight (its connection is closed); its partitions go
-        back to pending and the next long-poll carries them with the newcomers. Whether the
-        leader applied the abandoned fetch to the session is unknown: the next one is full."""
+        """Abandon the long-poll in flight (its connection is closed): the next long-poll
+        carries its partitions with the newcomers. Whether the leader applied the abandoned
+        fetch to the session is unknown: the next one is full."""
         client, self._clients["main"] = self._clients["main"], None
         if client is not None:
             self._restarting = True
@@ -302,9 +320,11 @@ class FetchSession:
 
     async def _round(self, which: str, batch: dict[TopicPartition, FetchRequest],
                      wait_ms: int) -> dict[TopicPartition, wire.FetchPartitionResponse]:
-        """One wire FETCH for `batch`; every answer is delivered. Returns the answers.
+        """One wire FETCH; every answer is delivered. Returns the answers.
 
-        The main loop's is a session fetch: it carries only what changed since the last one."""
+        The express loop's asks for `batch`. The main loop's is a session fetch for every
+        partition of the session (`batch`: those that joined it or asked anew for this one);
+        it carries only what changed since the last."""
         in_session = which == "main"
         for tp, request in batch.items():
             self._last_sent[tp] = request
@@ -314,7 +334,7 @@ class FetchSession:
         try:
             client = await self._client(which)
             timeout_s = (wait_ms + self.limits["request_timeout_ms"]) / 1000
-            message = self._session_request(batch, wait_ms) if in_session else self._wire_request(batch, wait_ms)
+            message = self._session_request(wait_ms) if in_session else self._wire_request(batch, wait_ms)
             # asyncio.timeout, not wait_for: no task per round between the request and its write.
             sent = time.perf_counter()
             async with asyncio.timeout(timeout_s):
@@ -325,10 +345,9 @@ class FetchSession:
                 self.session.reset()   # the leader may or may not have applied it
             if which == "main" and self._restarting:
                 self._restarting = False
-                for tp, request in batch.items():
-                    self.pending.setdefault(tp, request)
                 return {}
-            await self._broken(which, batch, exc)
+            # A session's partitions stay in it: the next fetch, full, carries them again.
+            await self._broken(which, {} if in_session else batch, exc)
             return {}
         self._backoff_ms = 0
         if self.fetcher.heard is not None:
@@ -342,12 +361,14 @@ class FetchSession:
             if self.fetcher.on_session_error is not None:
                 self.fetcher.on_session_error(reason)
             self.session.reset()
-            for tp, request in batch.items():
-                self._parked.setdefault(tp, request)
             return {}
         if response.error_code is not ErrorCode.NONE:
             if in_session:
+                # Every partition of the session hears the error; their cores ask anew.
                 self.session.reset()
+                batch = dict(self._in_session)
+                for tp in batch:
+                    self._leave(tp)
             self._deliver_later(batch, {}, error=response.error_code)
             return {}
         if in_session:
@@ -361,14 +382,9 @@ class FetchSession:
         if records and self.fetcher.on_round_trip is not None:
             self.fetcher.on_round_trip(took_s)
         if in_session:
-            for tp in batch:
-                if tp not in self.pending and (tp not in answered or _same_position(answered[tp])):
-                    # Omitted (nothing new) or answered without moving the position (a new HW):
-                    # the core asks again from where it was. The request the leader saw last
-                    # (the express one, should that have overtaken this) stays in the session,
-                    # unsent, rather than leave it and rejoin by an express fetch.
-                    self._parked[tp] = self._last_sent[tp]
-            self._deliver({tp: r for tp, r in batch.items() if tp in answered}, answered)
+            # Each answer is for the request the session carried (an express one that
+            # overtook it joins the session after this).
+            self._deliver({tp: self._in_session[tp] for tp in answered if tp in self._in_session}, answered)
         else:
             self._deliver(batch, answered)
         return answered
@@ -376,15 +392,10 @@ class FetchSession:
     # ------------------------------------------------------------ messages
 
     def _wire_partition(self, tp: TopicPartition, r: FetchRequest) -> wire.FetchPartition:
+        p = fetch_to_wire(tp[1], r)
         throttle = self.fetcher.throttle
         if throttle.applies(tp):
-            p = fetch_to_wire(tp[1], r)
             return dataclasses.replace(p, partition_max_bytes=throttle.partition_fetch_bytes(p.partition_max_bytes))
-        kept = self._wire.get(tp)
-        if kept is not None and kept[0] is r:
-            return kept[1]
-        p = fetch_to_wire(tp[1], r)
-        self._wire[tp] = (r, p)
         return p
 
     def _wire_request(self, batch: dict[TopicPartition, FetchRequest], wait_ms: int) -> wire.FetchRequest:
@@ -394,9 +405,9 @@ class FetchSession:
             max_bytes=self.limits["fetch_max_bytes"],
             topics=_by_topic({tp: self._wire_partition(tp, r) for tp, r in batch.items()}))
 
-    def _session_request(self, batch: dict[TopicPartition, FetchRequest], wait_ms: int) -> wire.FetchRequest:
-        """The session's next fetch for `batch` (every partition it follows here now)."""
-        fetch = self.session.build({tp: self._wire_partition(tp, r) for tp, r in batch.items()})
+    def _session_request(self, wait_ms: int) -> wire.FetchRequest:
+        """The session's next fetch (what changed in it since the last)."""
+        fetch = self.session.build()
         forgotten: dict[str, list[int]] = {}
         for topic, partition in fetch.removed:
             forgotten.setdefault(topic, []).append(partition)

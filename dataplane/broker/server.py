@@ -38,7 +38,7 @@ import logging
 import math
 import random
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping
 
 from common.errors import BiplaneError, ErrorCode
 from common.metadata.image import MetadataImage
@@ -352,7 +352,7 @@ class RequestHandler:
 
     async def _fetch_in_session(self, request: wire.FetchRequest,
                                 fetch: IncrementalFetch[TopicPartition, wire.FetchPartition], session_id: int,
-                                partitions: dict[TopicPartition, wire.FetchPartition],
+                                partitions: Mapping[TopicPartition, wire.FetchPartition],
                                 deadline: float) -> wire.FetchResponse:
         """A follower's session long-poll. Each wake steps only the session's active
         partitions, those whose driver changed, and quiet ones whose refresh is due (_Watch);
@@ -444,7 +444,7 @@ class RequestHandler:
                 pass
 
     def _watch(self, session_id: int, fetch: IncrementalFetch[TopicPartition, wire.FetchPartition],
-               partitions: dict[TopicPartition, wire.FetchPartition]) -> _Watch:
+               partitions: Mapping[TopicPartition, wire.FetchPartition]) -> _Watch:
         """The session's watch, brought up to this fetch: what it names is stepped again, what
         it forgets is dropped. A full fetch starts a new one (and drops those of sessions gone)."""
         watch = self._watches.get(session_id)
@@ -464,7 +464,7 @@ class RequestHandler:
         return watch
 
     def _session_receive(self, request: wire.FetchRequest) -> tuple[
-            int, dict[TopicPartition, wire.FetchPartition], IncrementalFetch[TopicPartition, wire.FetchPartition]]:
+            int, Mapping[TopicPartition, wire.FetchPartition], IncrementalFetch[TopicPartition, wire.FetchPartition]]:
         """A follower's session fetch applied to its session: (session id, every partition it
         follows here at its position, sent now or earlier; the fetch as received)."""
         fetch: IncrementalFetch[TopicPartition, wire.FetchPartition] = IncrementalFetch(
