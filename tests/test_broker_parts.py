@@ -242,11 +242,14 @@ def test_fetch_session_sends_fresh_news_express_and_holds_repeats():
             self.name, self.gate, self.closed = name, gate, False
 
         async def request(self, req):
+            if not req.topics:
+                await asyncio.Event().wait()   # a session fetch with nothing new: it waits
             p = req.topics[0].partitions[0]
             sent.append((self.name, req.max_wait_ms, p.fetch_offset))
             if req.max_wait_ms:
                 await self.gate.wait()
-            return wire.FetchResponse(topics=(wire.FetchTopicResponse(topic="t", partitions=(
+            session_id = 1 if req.max_wait_ms else 0   # the long-poll's session; express has none
+            return wire.FetchResponse(session_id=session_id, topics=(wire.FetchTopicResponse(topic="t", partitions=(
                 wire.FetchPartitionResponse(partition=0, high_watermark=p.fetch_offset,
                                             current_leader=wire.LeaderIdAndEpoch(leader_id=2, leader_epoch=1)),)),))
 

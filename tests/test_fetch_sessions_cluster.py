@@ -5,7 +5,8 @@ Claims: with sessions, acks=all produce completes and every replica's HW reaches
 once idle, a follower's session fetches go on (the long-poll) but carry no partition (its
 biplane_broker_fetch_session_partitions_sent_total stands still while its incremental
 requests grow), no full fetch is sent, and the ISR stays whole past replica_lag_time_max_ms
-(omitted partitions are still judged caught up); after the leader broker of a partition is
+(omitted partitions are still judged caught up); a steady acks=all load of one record per
+request sends no full fetch and a few incremental ones per produce; after the leader broker of a partition is
 killed (-9) and restarted, and leads again, the follower opens a new session with it by a
 full fetch, replication of new records goes on, and no acknowledged record is lost."""
 from __future__ import annotations
@@ -26,6 +27,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 TOPIC = "fs"
 PARTITIONS = 3
+STEADY_PRODUCES = 40
 
 
 def session_counts(cluster: Cluster, follower: int, leader: int) -> tuple[float, float, float]:
@@ -48,6 +50,28 @@ def produce_to(cluster: Cluster, partition: int, values: list[bytes]) -> int:
     return asyncio.run(run())
 
 
+def produce_each(cluster: Cluster, partition: int, values: list[bytes]) -> int:
+    """acks=all, one record per request, one after another on one connection; the offset after."""
+    async def run() -> int:
+        leader = cluster.wait_leader(TOPIC, partition)
+        async with await WireClient.connect(*cluster.address(leader)) as c:
+            for value in values:
+                r = await produce(c, TOPIC, partition, make_batch([value]), acks=-1, timeout_ms=10_000)
+                assert r.error_code is ErrorCode.NONE, r
+        return r.base_offset + 1
+    return asyncio.run(run())
+
+
+def session_errors(cluster: Cluster) -> float:
+    """Session fetches refused by a leader, on every broker."""
+    total = 0.0
+    for b in cluster.brokers.values():
+        s = scrape(b.metrics_port)
+        total += sum(s.value("biplane_broker_fetch_session_errors_total", reason=r)
+                     for r in ("unknown_session", "wrong_epoch"))
+    return total
+
+
 def wait_replicated(cluster: Cluster, ends: dict[int, int]) -> None:
     """Every broker's replica of each partition has a HW at its end (followers learn it by fetching)."""
     def check() -> bool:
@@ -65,6 +89,8 @@ def test_sessions_replicate_idle_fetches_carry_nothing_and_a_restarted_leader_ge
         cluster.create_topic(TOPIC, partitions=PARTITIONS, replication_factor=3,
                              config={"commit_policy": "isr", "min_insync_replicas": 2,
                                      "replica_lag_time_max_ms": 1500})
+        # Idle partitions beside: the followers' sessions with each leader hold parked ones.
+        cluster.create_topic("idle", partitions=6, replication_factor=3)
         leader = cluster.wait_leader(TOPIC, 0)
         follower = next(b for b in cluster.brokers if b != leader)
 
@@ -84,7 +110,27 @@ def test_sessions_replicate_idle_fetches_carry_nothing_and_a_restarted_leader_ge
         for p in range(PARTITIONS):
             assert len(cluster.partition(TOPIC, p)["isr"]) == 3, f"{TOPIC}-{p} shrank while idle"
 
-        # (c) The leader broker is killed and restarted, then leads again.
+        # (c) A steady acks=all load on one partition: each produce completes on the followers'
+        # flushed offsets, carried by incremental fetches. None is full: before, the follower's
+        # long-poll left without the partition while its flush ran, the partition came back by
+        # an express fetch that abandoned the long-poll, and the next fetch was full.
+        followers = [b for b in cluster.brokers if b != leader]
+        steady_before = {b: session_counts(cluster, b, leader) for b in followers}
+        errors_before = session_errors(cluster)
+        # Records of 80 KiB: a follower's flush of more than 64 KiB runs in a thread, not
+        # inline a loop turn later (dataplane/log/flusher.py), as any flush on a busy disk.
+        steady = [b"0-steady-%d-" % i + b"x" * 80 * 1024 for i in range(STEADY_PRODUCES)]
+        ends[0] = produce_each(cluster, 0, steady)
+        acked[0] += steady
+        wait_replicated(cluster, ends)
+        for b in followers:
+            full, incremental, _ = (x - y for x, y in zip(session_counts(cluster, b, leader), steady_before[b]))
+            assert full == 0, f"broker {b} sent {full} full session fetches during a steady load"
+            assert incremental <= 4 * STEADY_PRODUCES, f"broker {b}: {incremental} session fetches for " \
+                f"{STEADY_PRODUCES} produces"
+        assert session_errors(cluster) == errors_before, "a session fetch was refused during the steady load"
+
+        # (d) The leader broker is killed and restarted, then leads again.
         cluster.restart(leader, kill=True)
         wait_until(lambda: leader in cluster.partition(TOPIC, 0)["isr"], 30, "restarted broker back in the ISR")
         r = http("POST", cluster.api_url + "/v1/elections/preferred",

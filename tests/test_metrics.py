@@ -137,7 +137,10 @@ def test_broker_and_controller_expose_every_family_with_its_type(cluster):
     assert c.value("biplane_controller_raft_commit_index") >= 1
     assert c.value("biplane_controller_brokers", state="unfenced") == 3
     assert b.value("biplane_broker_replicas_opening") == 0   # every replica open: its heartbeats say so
-    assert c.value("biplane_controller_broker_replicas_opening", broker=str(leader)) == 0
+    # The controller hears it on the broker's next heartbeat (every second), not at once.
+    wait_until(lambda: controller_scrape(cluster).value("biplane_controller_broker_replicas_opening",
+                                                        broker=str(leader)) == 0,
+               10, "the controller's count of the leader's opening replicas back at 0")
     for s in (b, c):
         assert s.value("process_resident_memory_bytes") > 0 and s.value("process_open_fds") > 0
         assert time.time() - 3600 < s.value("process_start_time_seconds") <= time.time()

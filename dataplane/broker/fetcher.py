@@ -108,6 +108,7 @@ class Fetcher:
         """From the metadata: the cluster's reassignment throttle and the partitions it paces."""
         self.throttle.configure(rate_bytes_per_s, partitions)
         for session in self.sessions.values():
+            session.rewire()
             session.wake()
 
     def held(self, tp: TopicPartition) -> bool:
@@ -178,6 +179,12 @@ class FetchSession:
         if tp in self._awaited:
             self._awaited.discard(tp)
             self._wake.set()
+
+    def rewire(self) -> None:
+        """The throttle changed: the session's partitions are told again with their fetch size
+        as it says now (those it left as they were do not travel)."""
+        for tp, request in self._in_session.items():
+            self.session.want(tp, self._wire_partition(tp, request))
 
     def _join(self, tp: TopicPartition, request: FetchRequest) -> None:
         self._in_session[tp] = request
