@@ -241,6 +241,27 @@ async def _run_session(fetcher: Fetcher, client, until) -> None:
     await fetcher.close()
 
 
+class _ScriptedLeader:
+    """A leader's connection that answers the fetches it is sent with `answers` in turn, then
+    holds the next long-poll (nothing more to say); `seen` keeps `record(request)` of each."""
+
+    def __init__(self, answers: list[wire.FetchResponse], seen: list, record=lambda req: req) -> None:
+        self.answers, self.seen, self.record, self.closed = answers, seen, record, False
+
+    async def request(self, req):
+        self.seen.append(self.record(req))
+        if len(self.seen) > len(self.answers):
+            await asyncio.Event().wait()
+        return self.answers[len(self.seen) - 1]
+
+    async def close(self):
+        self.closed = True
+
+
+def _request(tp, offset: int) -> FetchRequest:
+    return FetchRequest(replica_id=1, fetch_offset=offset, current_leader_epoch=1, partition=tp)
+
+
 def test_fetcher_sends_only_changes_parks_omitted_and_goes_full_after_a_session_error():
     sent: list[wire.FetchRequest] = []
     delivered: list[tuple[str, int]] = []
@@ -257,34 +278,19 @@ def test_fetcher_sends_only_changes_parks_omitted_and_goes_full_after_a_session_
               answer("b", session_id=9),                                  # 3: full again, news on b only
               answer(session_id=9)]                                       # 4: nothing new
 
-    class FakeClient:
-        closed = False
-
-        async def request(self, req):
-            sent.append(req)
-            if len(sent) > len(script):
-                await asyncio.Event().wait()   # the next long-poll: nothing more to say
-            return script[len(sent) - 1]
-
-        async def close(self):
-            self.closed = True
-
     async def scenario():
         fetcher: Fetcher
-
-        def request(tp, offset):
-            return FetchRequest(replica_id=1, fetch_offset=offset, current_leader_epoch=1, partition=tp)
 
         def deliver(tp, ev):
             delivered.append((tp[0], ev.fetch_offset))
             # The core asks again: from the same position, or (b in round 3) from a new one.
-            fetcher.submit(2, tp, request(tp, 11 if len(sent) == 3 else 10))
+            fetcher.submit(2, tp, _request(tp, 11 if len(sent) == 3 else 10))
 
         fetcher = Fetcher(broker_id=1, address_of=lambda b: ("127.0.0.1", 1), deliver=deliver,
                           on_session_fetch=lambda leader, full, n: counted.append((full, n)))
-        fetcher.submit(2, ("a", 0), request(("a", 0), 10))
-        fetcher.submit(2, ("b", 0), request(("b", 0), 10))
-        await _run_session(fetcher, FakeClient(), until=lambda: len(sent) > len(script))
+        fetcher.submit(2, ("a", 0), _request(("a", 0), 10))
+        fetcher.submit(2, ("b", 0), _request(("b", 0), 10))
+        await _run_session(fetcher, _ScriptedLeader(script, sent), until=lambda: len(sent) > len(script))
 
     asyncio.run(scenario())
     shape = [(r.session_id, r.session_epoch, sorted((t.topic, p.fetch_offset) for t in r.topics for p in t.partitions))
@@ -351,37 +357,25 @@ def test_a_partition_answered_stays_in_the_session_until_its_core_asks_again():
         wire.FetchTopicResponse(topic="b", partitions=(wire.FetchPartitionResponse(
             partition=0, high_watermark=11),))))]
 
-    class FakeClient:
-        closed = False
-
-        async def request(self, req):
-            sent.append((req.session_id, req.session_epoch, req.max_wait_ms,
-                         sorted((t.topic, p.fetch_offset) for t in req.topics for p in t.partitions),
-                         [t.topic for t in req.forgotten_topics]))
-            if len(sent) > len(answers):
-                await asyncio.Event().wait()   # the next long-poll: nothing more to say
-            return answers[len(sent) - 1]
-
-        async def close(self):
-            self.closed = True
+    def shape(req):
+        return (req.session_id, req.session_epoch, req.max_wait_ms,
+                sorted((t.topic, p.fetch_offset) for t in req.topics for p in t.partitions),
+                [t.topic for t in req.forgotten_topics])
 
     async def scenario():
         fetcher: Fetcher
         loop = asyncio.get_running_loop()
 
-        def request(tp, offset):
-            return FetchRequest(replica_id=1, fetch_offset=offset, current_leader_epoch=1, partition=tp)
-
         def deliver(tp, ev):
             # a's records are flushed 30 ms later, then its core asks from 11; b's asks again
             # from 10 on a later tick.
             offset, after_s = (11, 0.03) if ev.records else (10, 0.06)
-            loop.call_later(after_s, fetcher.submit, 2, tp, request(tp, offset))
+            loop.call_later(after_s, fetcher.submit, 2, tp, _request(tp, offset))
 
         fetcher = Fetcher(broker_id=1, address_of=lambda b: ("127.0.0.1", 1), deliver=deliver)
-        fetcher.submit(2, ("a", 0), request(("a", 0), 10))
-        fetcher.submit(2, ("b", 0), request(("b", 0), 10))
-        await _run_session(fetcher, FakeClient(), until=lambda: len(sent) > 2)
+        fetcher.submit(2, ("a", 0), _request(("a", 0), 10))
+        fetcher.submit(2, ("b", 0), _request(("b", 0), 10))
+        await _run_session(fetcher, _ScriptedLeader(answers, sent, shape), until=lambda: len(sent) > 2)
 
     asyncio.run(scenario())
     assert sent == [(0, 0, 500, [("a", 10), ("b", 10)], []),   # full: opens the session
