@@ -17,6 +17,7 @@ import types
 from common.batch import build_batch
 from common.errors import ErrorCode
 from common.wire import messages as wire
+from dataplane.broker import fetcher as fetcher_module
 from dataplane.broker.fetcher import Fetcher
 from dataplane.broker import server
 from dataplane.broker.server import RequestHandler
@@ -380,3 +381,66 @@ def test_a_partition_answered_stays_in_the_session_until_its_core_asks_again():
     asyncio.run(scenario())
     assert sent == [(0, 0, 500, [("a", 10), ("b", 10)], []),   # full: opens the session
                     (7, 1, 500, [("a", 11)], [])], sent         # a at its new position; b parked
+
+
+def test_a_repeat_sent_before_records_came_is_not_taken_for_the_next_request():
+    """A core's repeat of the request the long-poll carries (fetch_retry_ms, or asked again
+    before the answer) waits in pending; once the answer brings records from that position,
+    the repeat is answered already: the next long-poll waits for the request from past the
+    records rather than send the old position, which the leader would answer with the same
+    records at once."""
+    sent: list = []
+    records = wire.FetchResponse(session_id=7, topics=(wire.FetchTopicResponse(topic="a", partitions=(
+        wire.FetchPartitionResponse(partition=0, high_watermark=10, records=build_batch([b"v"], timestamp_ms=1)),)),))
+
+    async def scenario():
+        fetcher: Fetcher
+        loop = asyncio.get_running_loop()
+
+        def record(req):
+            if not sent:   # while the first long-poll is out, the core repeats its request
+                fetcher.submit(2, ("a", 0), _request(("a", 0), 10))
+            return (req.session_epoch, sorted((t.topic, p.fetch_offset) for t in req.topics for p in t.partitions))
+
+        def deliver(tp, ev):
+            loop.call_later(0.03, fetcher.submit, 2, tp, _request(tp, 11))   # once flushed
+
+        fetcher = Fetcher(broker_id=1, address_of=lambda b: ("127.0.0.1", 1), deliver=deliver)
+        fetcher.submit(2, ("a", 0), _request(("a", 0), 10))
+        await _run_session(fetcher, _ScriptedLeader([records], sent, record), until=lambda: len(sent) > 2)
+
+    asyncio.run(scenario())
+    assert sent == [(0, [("a", 10)]), (1, [("a", 11)])], sent
+
+
+def test_records_for_a_partition_gone_from_the_session_do_not_hold_the_next_long_poll(monkeypatch):
+    """A partition that left the session while its answer was out (it follows another leader
+    now) will not ask here again: the next long-poll does not wait for it."""
+    waited: list = []
+    original = fetcher_module.FetchSession._await_next_requests
+
+    async def spy(self, answered):
+        waited.append(sorted(answered))
+        await original(self, answered)
+    monkeypatch.setattr(fetcher_module.FetchSession, "_await_next_requests", spy)
+    sent: list = []
+    both = wire.FetchResponse(session_id=7, topics=tuple(wire.FetchTopicResponse(topic=t, partitions=(
+        wire.FetchPartitionResponse(partition=0, high_watermark=10, records=build_batch([b"v"], timestamp_ms=1)),))
+        for t in ("a", "b")))
+
+    async def scenario():
+        fetcher: Fetcher
+
+        def deliver(tp, ev):
+            if tp == ("a", 0):
+                fetcher.submit(3, tp, _request(tp, 11))   # a follows broker 3 now
+            else:
+                fetcher.submit(2, tp, _request(tp, 11))
+
+        fetcher = Fetcher(broker_id=1, address_of=lambda b: ("127.0.0.1", 1), deliver=deliver)
+        fetcher.submit(2, ("a", 0), _request(("a", 0), 10))
+        fetcher.submit(2, ("b", 0), _request(("b", 0), 10))
+        await _run_session(fetcher, _ScriptedLeader([both], sent), until=lambda: len(sent) > 1)
+
+    asyncio.run(scenario())
+    assert waited == [[("b", 0)]]

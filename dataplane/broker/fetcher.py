@@ -144,7 +144,8 @@ class FetchSession:
         self._restarting = False
         self._last_sent: dict[TopicPartition, FetchRequest] = {}   # by either loop
         self._follows_checked_s = 0.0
-        self._awaited: set[TopicPartition] = set()   # answered with records: their next request
+        # Answered with records, by the request answered: the next long-poll waits for their next.
+        self._awaited: dict[TopicPartition, FetchRequest] = {}
         # The long-poll is an incremental fetch session: the leader keeps each partition's
         # position and answers only what changed. Every partition the session carries, by the
         # request the leader has for it; one left unanswered stays (parked, unsent) until its
@@ -176,8 +177,7 @@ class FetchSession:
         """`tp` follows another leader now: the next fetch here drops it from the session."""
         self.pending.pop(tp, None)
         self._leave(tp)
-        if tp in self._awaited:
-            self._awaited.discard(tp)
+        if self._awaited.pop(tp, None) is not None:
             self._wake.set()
 
     def rewire(self) -> None:
@@ -239,22 +239,25 @@ class FetchSession:
             finally:
                 self._main_busy = False
                 self._wake.set()
+            # The requests answered with records (delivered: still in the session).
+            rejoining = {tp: self._in_session[tp] for tp, a in answered.items()
+                         if a.records and tp in self._in_session}
             for tp, request in self._overtaken.items():
                 self._join(tp, request)
             self._overtaken.clear()
             # Answered and moved on (records, an error, a divergence): its core asks anew.
             # Answered with a new HW alone, or omitted: it stays in the session.
             moved = [tp for tp, a in answered.items() if not _same_position(a)]
-            rejoining = {tp for tp in moved if answered[tp].records}
             if rejoining:
                 await self._await_next_requests(rejoining)
             for tp in moved:
                 if tp not in self.pending:
                     self._leave(tp)
 
-    async def _await_next_requests(self, tps: set[TopicPartition]) -> None:
-        """Hold the next long-poll until the cores of `tps` (just answered with records) ask
-        again, for at most REJOIN_WAIT_S.
+    async def _await_next_requests(self, answered: dict[TopicPartition, FetchRequest]) -> None:
+        """Hold the next long-poll until the cores of the partitions just `answered` with records
+        ask again from past them, for at most REJOIN_WAIT_S. A request from where the answer
+        started (a repeat sent before the answer came) is answered already: it is dropped.
 
         A caught-up follower under acks=all asks again only once the records are flushed
         (its fetch carries the flushed offset the leader waits for). A long-poll sent
@@ -263,18 +266,26 @@ class FetchSession:
         session fetch full: one full fetch of every partition per record produced."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + REJOIN_WAIT_S
-        self._awaited = set(tps)
+        self._awaited = dict(answered)
         try:
             await asyncio.sleep(0)   # a small flush runs inline a loop turn later
-            while self._awaited - self.pending.keys():
+            while any(not self._asked_past(tp, r) for tp, r in self._awaited.items()):
                 self._wake.clear()
                 try:
                     async with asyncio.timeout(max(0.0, deadline - loop.time())):
                         await self._wake.wait()
                 except TimeoutError:
-                    return
+                    break
         finally:
-            self._awaited = set()
+            self._awaited = {}
+        for tp, request in answered.items():
+            if tp in self.pending and not self._asked_past(tp, request):
+                del self.pending[tp]   # asked before the records came: answered already
+
+    def _asked_past(self, tp: TopicPartition, answered: FetchRequest) -> bool:
+        newer = self.pending.get(tp)
+        return newer is not None and (newer.fetch_offset, newer.last_fetched_epoch) != \
+            (answered.fetch_offset, answered.last_fetched_epoch)
 
     def _express_ok(self, tp: TopicPartition, request: FetchRequest) -> bool:
         if tp in self._express_held or self.fetcher.held(tp):
