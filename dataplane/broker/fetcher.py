@@ -313,9 +313,7 @@ class FetchSession:
             rejoin = False
             for tp in batch:
                 a = answered.get(tp)
-                idle = a is not None and a.error_code is ErrorCode.NONE and not a.records \
-                    and a.diverging_epoch.end_offset < 0
-                if idle and tp not in self._in_session:
+                if a is not None and _same_position(a) and tp not in self._in_session:
                     # Caught up, and not in the waiting long-poll: start the long-poll over
                     # with it rather than make it wait out somebody else's.
                     self._express_held.add(tp)
