@@ -48,6 +48,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from cluster_harness import SECRET, Cluster, _list_offsets_code, _run_sync, make_batch, produce  # noqa: E402
 from common.wire import WireClient  # noqa: E402
 from controller_harness import Controller, http, make_specs, register_and_unfence, wait_leader  # noqa: E402
+from metrics_scrape import scrape as metrics_scrape  # noqa: E402
 
 OPENED = re.compile(rb"opened \S+ at log end")
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -77,17 +78,10 @@ def session_fetches(cluster: Cluster, leader: int) -> dict[str, float]:
     for b, broker in cluster.brokers.items():
         if b == leader:
             continue
-        with urllib.request.urlopen(f"http://127.0.0.1:{broker.metrics_port}/metrics", timeout=30) as resp:
-            text = resp.read().decode()
-        for name, labels, value in re.findall(r"^(biplane_broker_fetch_session_\w+)_total\{([^}]*)\} (\S+)$", text, re.M):
-            if f'leader="{leader}"' not in labels:
-                continue
-            if name.endswith("partitions_sent"):
-                totals["partitions"] += float(value)
-            elif 'kind="full"' in labels:
-                totals["full"] += float(value)
-            else:
-                totals["incremental"] += float(value)
+        s = metrics_scrape(broker.metrics_port)
+        for kind in ("full", "incremental"):
+            totals[kind] += s.value("biplane_broker_fetch_session_requests_total", kind=kind, leader=str(leader))
+        totals["partitions"] += s.value("biplane_broker_fetch_session_partitions_sent_total", leader=str(leader))
     return totals
 
 
