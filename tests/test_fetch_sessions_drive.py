@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import types
 
+import pytest
+
 from common.batch import build_batch
 from common.errors import ErrorCode
 from common.wire import messages as wire
@@ -411,6 +413,74 @@ def test_a_repeat_sent_before_records_came_is_not_taken_for_the_next_request():
 
     asyncio.run(scenario())
     assert sent == [(0, [("a", 10)]), (1, [("a", 11)])], sent
+
+
+@pytest.mark.parametrize("after_s", [None, 0.03])
+def test_a_core_asking_again_from_where_records_it_could_not_apply_started_is_heard(after_s):
+    """A follower whose disk is full leaves fetched records unapplied and its core asks again
+    from the same position (at once, or DISK_FULL_REFETCH_MS later). That request came after
+    the answer, so it is the core's next one, not a repeat answered already: the partition
+    stays in the session and the leader is asked again. Before, it was dropped as a repeat,
+    the partition left the session, and the core, its request gone, waited out
+    fetch_retry_ms (10 s): every acks=all produce waited for that follower meanwhile."""
+    sent: list = []
+    delivered: list = []
+    records = wire.FetchResponse(session_id=7, topics=(wire.FetchTopicResponse(topic="a", partitions=(
+        wire.FetchPartitionResponse(partition=0, high_watermark=10, records=build_batch([b"v"], timestamp_ms=1)),)),))
+
+    def shape(req):
+        return (req.session_epoch, sorted((t.topic, p.fetch_offset) for t in req.topics for p in t.partitions),
+                [t.topic for t in req.forgotten_topics])
+
+    async def scenario():
+        fetcher: Fetcher
+        loop = asyncio.get_running_loop()
+
+        def deliver(tp, ev):
+            delivered.append(ev.fetch_offset)
+            if after_s is None:
+                fetcher.submit(2, tp, _request(tp, 10))
+            else:
+                loop.call_later(after_s, fetcher.submit, 2, tp, _request(tp, 10))
+
+        fetcher = Fetcher(broker_id=1, address_of=lambda b: ("127.0.0.1", 1), deliver=deliver)
+        fetcher.submit(2, ("a", 0), _request(("a", 0), 10))
+        await _run_session(fetcher, _ScriptedLeader([records, records], sent, shape), until=lambda: len(sent) > 2)
+
+    asyncio.run(scenario())
+    # Still in the session at 10 (nothing to tell the leader), and answered again.
+    assert sent == [(0, [("a", 10)], []), (1, [], []), (2, [], [])], sent
+    assert delivered == [10, 10]
+
+
+def test_a_request_under_a_new_leader_epoch_sent_while_records_were_out_is_not_a_repeat():
+    """The core learned a new leader epoch (the same leader re-elected) while the long-poll was
+    out and asked again from the same offset under it; the records that came were the old
+    epoch's, which the core refuses without asking again. Its new request is news, not a
+    repeat answered already: the next long-poll carries it. Dropped, the core would have
+    waited out fetch_retry_ms (10 s) for an answer to a request nobody sent."""
+    sent: list = []
+    records = wire.FetchResponse(session_id=7, topics=(wire.FetchTopicResponse(topic="a", partitions=(
+        wire.FetchPartitionResponse(partition=0, high_watermark=10, records=build_batch([b"v"], timestamp_ms=1)),)),))
+
+    def under(epoch: int) -> FetchRequest:
+        return FetchRequest(replica_id=1, fetch_offset=10, current_leader_epoch=epoch, partition=("a", 0))
+
+    async def scenario():
+        fetcher: Fetcher
+
+        def record(req):
+            if not sent:   # while the first long-poll is out, the core learns epoch 2
+                fetcher.submit(2, ("a", 0), under(2))
+            return (req.session_epoch, sorted((t.topic, p.fetch_offset, p.current_leader_epoch)
+                                              for t in req.topics for p in t.partitions))
+
+        fetcher = Fetcher(broker_id=1, address_of=lambda b: ("127.0.0.1", 1), deliver=lambda tp, ev: None)
+        fetcher.submit(2, ("a", 0), under(1))
+        await _run_session(fetcher, _ScriptedLeader([records], sent, record), until=lambda: len(sent) > 1)
+
+    asyncio.run(scenario())
+    assert sent == [(0, [("a", 10, 1)]), (1, [("a", 10, 2)])], sent
 
 
 def test_records_for_a_partition_gone_from_the_session_do_not_hold_the_next_long_poll(monkeypatch):

@@ -146,6 +146,9 @@ class FetchSession:
         self._follows_checked_s = 0.0
         # Answered with records, by the request answered: the next long-poll waits for their next.
         self._awaited: dict[TopicPartition, FetchRequest] = {}
+        # The requests pending when the last long-poll's answer came: a core's repeat sent
+        # before it is answered already; one sent after is its next request, at any position.
+        self._pending_at_answer: dict[TopicPartition, FetchRequest] = {}
         # The long-poll is an incremental fetch session: the leader keeps each partition's
         # position and answers only what changed. Every partition the session carries, by the
         # request the leader has for it; one left unanswered stays (parked, unsent) until its
@@ -256,8 +259,9 @@ class FetchSession:
 
     async def _await_next_requests(self, answered: dict[TopicPartition, FetchRequest]) -> None:
         """Hold the next long-poll until the cores of the partitions just `answered` with records
-        ask again from past them, for at most REJOIN_WAIT_S. A request from where the answer
-        started (a repeat sent before the answer came) is answered already: it is dropped.
+        ask again, for at most REJOIN_WAIT_S. A repeat of the request answered, sent before the
+        answer came, is answered already: it is dropped. A request sent after it is the core's
+        next, even from the same position (a full disk left the records unapplied).
 
         A caught-up follower under acks=all asks again only once the records are flushed
         (its fetch carries the flushed offset the leader waits for). A long-poll sent
@@ -269,7 +273,7 @@ class FetchSession:
         self._awaited = dict(answered)
         try:
             await asyncio.sleep(0)   # a small flush runs inline a loop turn later
-            while any(not self._asked_past(tp, r) for tp, r in self._awaited.items()):
+            while any(not self._asked_again(tp, r) for tp, r in self._awaited.items()):
                 self._wake.clear()
                 try:
                     async with asyncio.timeout(max(0.0, deadline - loop.time())):
@@ -279,13 +283,15 @@ class FetchSession:
         finally:
             self._awaited = {}
         for tp, request in answered.items():
-            if tp in self.pending and not self._asked_past(tp, request):
+            if tp in self.pending and not self._asked_again(tp, request):
                 del self.pending[tp]   # asked before the records came: answered already
+        self._pending_at_answer = {}
 
-    def _asked_past(self, tp: TopicPartition, answered: FetchRequest) -> bool:
+    def _asked_again(self, tp: TopicPartition, answered: FetchRequest) -> bool:
         newer = self.pending.get(tp)
-        return newer is not None and (newer.fetch_offset, newer.last_fetched_epoch) != \
-            (answered.fetch_offset, answered.last_fetched_epoch)
+        if newer is None:
+            return False
+        return newer is not self._pending_at_answer.get(tp) or _asked_at(newer) != _asked_at(answered)
 
     def _express_ok(self, tp: TopicPartition, request: FetchRequest) -> bool:
         if tp in self._express_held or self.fetcher.held(tp):
@@ -398,6 +404,7 @@ class FetchSession:
         if records and self.fetcher.on_round_trip is not None:
             self.fetcher.on_round_trip(took_s)
         if in_session:
+            self._pending_at_answer = {tp: self.pending[tp] for tp in answered if tp in self.pending}
             # Each answer is for the request the session carried (an express one that
             # overtook it joins the session after this).
             self._deliver({tp: self._in_session[tp] for tp in answered if tp in self._in_session}, answered)
@@ -501,6 +508,12 @@ class FetchSession:
 def _same_position(answer: wire.FetchPartitionResponse) -> bool:
     """Whether the follower asks again from the same position after `answer`."""
     return answer.error_code is ErrorCode.NONE and not answer.records and answer.diverging_epoch.end_offset < 0
+
+
+def _asked_at(request: FetchRequest) -> tuple[int, int, int]:
+    """Where a request asks from, under which leader epoch: a request sent while the answer to
+    another was out repeats it only if these match (a new epoch learned meanwhile is news)."""
+    return (request.fetch_offset, request.last_fetched_epoch, request.current_leader_epoch)
 
 
 def _position(request: FetchRequest) -> tuple[int, int, int]:
