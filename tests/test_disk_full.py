@@ -11,6 +11,7 @@ import asyncio
 import errno
 import logging
 import os
+import time
 import types
 
 import pytest
@@ -24,13 +25,13 @@ from dataplane.broker.config import BrokerConfig
 from dataplane.broker.metadata import MetadataLearner
 from dataplane.broker import replicas as replicas_module
 from dataplane.broker.offline import OfflineRecovery
-from dataplane.broker.partition import PartitionDriver, now_ms, wall_ms
+from dataplane.broker.partition import FETCH_RETRY_MS, PartitionDriver, now_ms, wall_ms
 from dataplane.broker.replicas import ReplicaManager
 from dataplane.log import files, space
 from dataplane.log.interface import LogConfig
 from dataplane.log.log import CLEAN_SHUTDOWN, PartitionLog
 from dataplane.log.producer_snapshots import ProducerSnapshots
-from dataplane.replica.events import FetchResponse, NewMetadata
+from dataplane.replica.events import FetchRequest, FetchResponse, NewMetadata
 from dataplane.replica.state import PartitionState, ReplicationConfig
 from controller.decisions.plan import NO_LEADER, change
 from metadata_builders import add_topic, apply, cluster
@@ -352,19 +353,38 @@ def test_becoming_leader_on_a_full_disk_goes_offline_then_leads_after_reopen(tmp
     assert_one_error_per_condition(caplog)
 
 
-def test_follower_leaves_fetched_data_unapplied_while_the_disk_is_full(tmp_path):
+def test_follower_leaves_fetched_data_unapplied_while_the_disk_is_full_and_asks_again_soon(tmp_path):
+    """Claim: a fetch answer the full disk leaves unapplied reaches the core as a storage error
+    DISK_FULL_REFETCH_MS later, so it asks again, and once space is back it applies the records.
+    Before, the core waited out FETCH_RETRY_MS (10 s) for an answer it would never hear: a
+    follower in the ISR then held every acks=all produce until the leader shrank the ISR."""
+    sent: list[FetchRequest] = []
+
+    class Hooks(_Hooks):
+        def send_fetch(self, leader_id, tp, request):
+            sent.append(request)
+
     async def scenario():
         driver = PartitionDriver(broker_id=2, tp=("t", 0), directory=str(tmp_path / "t-0"), log_config=LogConfig(),
-                                 hooks=_Hooks(), unclean_start=False)
+                                 hooks=Hooks(), unclean_start=False)
         driver.step(NewMetadata(partition=PartitionState(replicas=(1, 2), isr=(1, 2), leader=1, leader_epoch=1,
                                                          partition_epoch=1), config=ReplicationConfig()))
+        assert [r.fetch_offset for r in sent] == [0]
         fs = FakeFs(free=0)
         use_fs(driver.directory, fs)
         records = build_batch([b"r"], timestamp_ms=1, leader_epoch=1)
         answer = FetchResponse(leader_id=1, leader_epoch=1, fetch_offset=0, last_fetched_epoch=-1,
                                records=records, high_watermark=1, log_end_offset=1)
-        assert driver.step(answer) == []
-        assert driver.log.log_end_offset == 0 and driver.failed is None
+        for attempt in (1, 2):   # each answer while the disk is full: unapplied, asked again
+            started = time.monotonic()
+            assert driver.step(answer) == []
+            assert driver.log.log_end_offset == 0 and driver.failed is None
+            await until(lambda: len(sent) > attempt, "the fetch asked again", driver, timeout_s=2)
+            assert time.monotonic() - started < FETCH_RETRY_MS / 1000 / 4
+            assert sent[-1].fetch_offset == 0
+        fs.free = 50 << 20
+        driver.step(answer)
+        assert driver.log.log_end_offset == 1
         await driver.close()
 
     asyncio.run(scenario())

@@ -17,6 +17,7 @@ answering that fetch or append-entries.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import time
@@ -58,6 +59,11 @@ CLOCK_STALE_MS = 10
 # fetch session while the partition is quiet, and each re-ask was a step for nothing: every
 # second for each of thousands of idle followers.
 FETCH_RETRY_MS = 10_000
+# A fetch answer left unapplied because the disk is full reaches the core this much later as a
+# storage error, so that it asks again then (each retry fetches the same records, 10 a second
+# while the disk stays full), not after FETCH_RETRY_MS: a follower in the ISR that waits that
+# long after space is back holds every acks=all produce until the leader shrinks the ISR.
+DISK_FULL_REFETCH_MS = 100
 
 
 class DriverHooks(Protocol):
@@ -159,7 +165,9 @@ class PartitionDriver:
         if isinstance(event, (FetchResponse, AppendEntries)) and event.records and not self.log.space.has_room(
                 len(event.records)):
             # Disk full: leave replicated data unapplied (as if lost), rather than fail the append.
-            if isinstance(event, AppendEntries):
+            if isinstance(event, FetchResponse):
+                self._refetch_later(event)
+            else:   # the pusher answers the leader with the error (it resends)
                 self.log.space.check_room(len(event.records), f"append-entries to {self.tp[0]}-{self.tp[1]}")
             return []
         now = now_ms()
@@ -191,6 +199,18 @@ class PartitionDriver:
         if self.on_due is not None:
             self.on_due(self.tp, self.replica.next_tick_ms())
         return answers
+
+    def _refetch_later(self, unapplied: FetchResponse) -> None:
+        refused = dataclasses.replace(unapplied, records=b"", error=ErrorCode.KAFKA_STORAGE_ERROR)
+
+        def later() -> None:
+            if not self.closed and self.failed is None:
+                try:
+                    self.step(refused)
+                    self.tick(now_ms())   # its next fetch is due now: no wait for the timer
+                except BiplaneError:
+                    pass  # went offline meanwhile; step already said so
+        asyncio.get_running_loop().call_later(DISK_FULL_REFETCH_MS / 1000, later)
 
     def tick(self, now: int) -> None:
         if not self.closed and self.failed is None:
