@@ -15,7 +15,8 @@ the client retries there (or the next URL while an election runs), up to
 accepts the connection but does not answer (stopped, cut off, starved) costs
 one bound and the next URL is tried: `heartbeat_timeout_ms` for heartbeats,
 which must reach the controller leader within its session timeout or the
-broker is fenced; the long-poll's own wait plus `long_poll_slack_ms` for
+broker is fenced, and for ISR changes and election reports, which acks=all
+waits on; the long-poll's own wait plus `long_poll_slack_ms` for
 metadata; `request_timeout_ms` for the rest. An error the controller reports is raised as a
 `BiplaneError` with the controller's code (e.g. STALE_BROKER_EPOCH: register
 again; INVALID_UPDATE_VERSION: the ISR change was decided on a stale epoch).
@@ -109,12 +110,19 @@ class ControlClient:
         return _parse(HeartbeatAnswer, "heartbeat", await self._call("POST", "heartbeat", request,
                                                                      attempt_timeout_ms=self.heartbeat_timeout_ms))
 
+    # An ISR change and an election report are bounded like a heartbeat: acks=all waits on them
+    # (a follower that stopped stays in the ISR until the shrink is written; a quorum partition
+    # has no leader until the election is), and one sent to a cut-off controller leader waited
+    # request_timeout_ms or the cut's end while the next leader could have written it.
+
     async def alter_isr(self, request: AlterIsrRequest) -> AlterIsrAnswer:
         """The partition as the controller now has it; raises when the change is refused."""
-        return _parse(AlterIsrAnswer, "alter-isr", await self._call("POST", "alter-isr", request))
+        return _parse(AlterIsrAnswer, "alter-isr", await self._call("POST", "alter-isr", request,
+                                                                    attempt_timeout_ms=self.heartbeat_timeout_ms))
 
     async def election_report(self, report: ElectionReport) -> ElectionReportAnswer:
-        return _parse(ElectionReportAnswer, "election-report", await self._call("POST", "election-report", report))
+        return _parse(ElectionReportAnswer, "election-report", await self._call(
+            "POST", "election-report", report, attempt_timeout_ms=self.heartbeat_timeout_ms))
 
     async def allocate_producer_ids(self, request: AllocateProducerIdsRequest) -> ProducerIdsAnswer:
         """A block of producer ids now owned by the broker: `first_id` .. `first_id + size`."""

@@ -8,10 +8,12 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
 from aiohttp import web
 
 from common.control_client import ControlClient
-from common.requests import HeartbeatRequest
+from common.errors import ControllerError, ErrorCode
+from common.requests import AlterIsrRequest, ElectionReport, HeartbeatRequest
 
 
 async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
@@ -40,8 +42,16 @@ def _leader() -> web.Application:
 
     async def metadata(request: web.Request) -> web.Response:
         return web.json_response({"offset": 7, "records": []})
+    async def alter_isr(request: web.Request) -> web.Response:
+        return web.json_response({"error": {"code": "INVALID_UPDATE_VERSION", "message": "stale partition epoch"}},
+                                 status=409)
+
+    async def election_report(request: web.Request) -> web.Response:
+        return web.json_response({"accepted": True})
     app = web.Application()
     app.router.add_post("/rpc/v1/heartbeat", heartbeat)
+    app.router.add_post("/rpc/v1/alter-isr", alter_isr)
+    app.router.add_post("/rpc/v1/election-report", election_report)
     app.router.add_get("/rpc/v1/metadata", metadata)
     return app
 
@@ -67,6 +77,36 @@ def test_heartbeat_and_long_poll_move_past_a_controller_that_never_answers() -> 
                 batch = await asyncio.wait_for(cc.fetch_metadata(after_offset=7, wait_ms_max=200), 5)
                 took_s = time.monotonic() - started
                 assert batch.offset == 7 and took_s < 2.0, took_s
+        finally:
+            await silent.cleanup()
+            await leader.cleanup()
+    asyncio.run(run())
+
+
+def test_isr_changes_and_election_reports_move_past_a_controller_that_never_answers() -> None:
+    """Claim: acks=all waits on an ISR change or a quorum election, so their attempts are bounded
+    like a heartbeat's: with the controller leader silent (cut off with a follower broker, or
+    stopped), the next controller answers within about heartbeat_timeout_ms. Before, each
+    attempt waited request_timeout_ms (10 s) or until the cut healed: the fault harness saw
+    acks=all on isr partitions held 5-7 s by an ISR shrink sent to a cut-off controller leader."""
+    async def run() -> None:
+        silent, silent_url = await _serve(_silent())
+        leader, leader_url = await _serve(_leader())
+        try:
+            async with ControlClient([silent_url, leader_url], secret=None, request_timeout_ms=10_000,
+                                     heartbeat_timeout_ms=300, retry_backoff_ms=10) as cc:
+                cc.leader_url = silent_url
+                started = time.monotonic()
+                with pytest.raises(ControllerError) as refused:
+                    await asyncio.wait_for(cc.alter_isr(AlterIsrRequest(
+                        broker_id=1, topic="t", partition=0, leader_epoch=1, partition_epoch=1, new_isr=(1,))), 5)
+                assert refused.value.code is ErrorCode.INVALID_UPDATE_VERSION
+                assert time.monotonic() - started < 2.0
+                cc.leader_url = silent_url
+                started = time.monotonic()
+                answer = await asyncio.wait_for(cc.election_report(ElectionReport(
+                    broker_id=1, topic="t", partition=0, fenced_epoch=2, last_epoch=1, end_offset=5)), 5)
+                assert answer.accepted and time.monotonic() - started < 2.0
         finally:
             await silent.cleanup()
             await leader.cleanup()

@@ -27,7 +27,8 @@ class BrokerConfig(BaseModel):
     heartbeat_interval_ms: int = Field(default=150, ge=10, le=60_000)
     # One heartbeat attempt's bound before the next controller is tried: below the
     # controller's session timeout (1.5 s), so a stopped or cut-off controller leader does
-    # not hold heartbeats until the next leader fences this broker.
+    # not hold heartbeats until the next leader fences this broker. ISR changes and election
+    # reports have the same bound: acks=all waits on them.
     heartbeat_timeout_ms: int = Field(default=1000, ge=10, le=60_000)
     # Heartbeats run on a thread of their own and keep going through event-loop stalls up
     # to this long; past it the loop counts as wedged and heartbeats stop (the broker is
