@@ -127,8 +127,10 @@ class Node:
             self.proc.wait(timeout=10)
 
 
-# Diagnostics (BIPLANE_CHAOS_TRACE=1): processes log at INFO.
-_LOG_LEVEL = ["--log-level", "INFO"] if os.environ.get("BIPLANE_CHAOS_TRACE") == "1" else []
+# Diagnostics: processes log at INFO with BIPLANE_CHAOS_TRACE=1, at DEBUG (every fetch round
+# a follower sends, each partition's refusals) with BIPLANE_CHAOS_TRACE=debug.
+_LOG_LEVEL = {"1": ["--log-level", "INFO"], "debug": ["--log-level", "DEBUG"]}.get(
+    os.environ.get("BIPLANE_CHAOS_TRACE", ""), [])
 
 
 class Cluster:

@@ -31,7 +31,7 @@ from tests.chaos.net import Network
 from tests.chaos.schedule import GRAY_KINDS, Fault, make_schedule
 from tests.chaos.workload import Workload, read_back
 
-TRACE = os.environ.get("BIPLANE_CHAOS_TRACE") == "1"
+TRACE = os.environ.get("BIPLANE_CHAOS_TRACE") in ("1", "debug")
 BACK_POLL_S = 0.25
 BACK_WAIT_S = 60.0
 # A return slower than this is noted with what it waited for, longest first.
