@@ -716,3 +716,49 @@ def test_a_wall_clock_stepped_forward_and_set_back_does_not_stop_a_push_leaders_
     # A heartbeat every 50 ms: about 12 in 0.6 s (none at all before the fix).
     assert len(after) >= 5, f"{len(after)} append-entries to the follower in 0.6 s after the clock was set right"
     assert marker.is_control and before <= marker.max_timestamp <= real_time.time_ns() // 1_000_000
+
+
+def test_the_controllers_answer_to_an_isr_shrink_releases_acks_all_before_the_metadata_comes(tmp_path):
+    """Claim: a leader whose follower stopped proposes it out; the controller's answer accepting
+    the shrink settles it in the core at once (ReplicaManager._alter_isr), so the acks=all
+    produce that waited on the follower completes while the metadata long-poll has brought
+    nothing (in the fault harness it hung for seconds on a controller leader cut off)."""
+    import os
+    from common.api_models import PartitionView
+    from common.batch import build_batch
+    from common.requests import AlterIsrAnswer
+    from dataplane.broker.replicas import ReplicaManager
+    from metadata_builders import add_topic, cluster
+
+    asked: list = []
+
+    class Control(FakeControl):
+        async def alter_isr(self, request):
+            asked.append(request)
+            return AlterIsrAnswer(metadata_offset=9, partition=PartitionView(
+                topic="t", partition=0, replicas=[1, 2], isr=list(request.new_isr), leader=1,
+                leader_epoch=request.leader_epoch, partition_epoch=request.partition_epoch + 1))
+
+    image = cluster(2)
+    add_topic(image, "t", [[1, 2]], replica_lag_time_max_ms=200, min_insync_replicas=1)
+
+    async def scenario():
+        config = BrokerConfig(broker_id=1, data_dir=str(tmp_path / "data"), controller_urls=("http://c:1",))
+        os.makedirs(config.data_dir, exist_ok=True)
+        manager = ReplicaManager(config=config, control=Control(), clean_start=True, send_fetch=lambda *a: None,
+                                 send_append_entries=lambda *a: None, refresh_metadata=lambda: None)
+        await manager.on_metadata(image)
+        await manager.settled()
+        driver = manager.get("t", 0)
+        await _until_serving(driver)
+        ticks = asyncio.get_running_loop().create_task(manager.run_ticks())   # the core's timers
+        release = await asyncio.wait_for(
+            driver.submit_produce(bytearray(build_batch([b"v"], timestamp_ms=1)), acks=-1, timeout_ms=5000), 5)
+        await cancel_and_wait(ticks)
+        await manager.close()
+        return driver, release
+
+    driver, release = asyncio.run(scenario())
+    assert [r.new_isr for r in asked] == [(1,)]
+    assert release.error is ErrorCode.NONE
+    assert driver.replica.state.isr == (1,)

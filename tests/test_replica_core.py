@@ -17,7 +17,8 @@ from dataplane.replica.actions import (
 )
 from dataplane.replica.core import Replica, Role
 from dataplane.replica.events import (
-    FetchRequest, FetchResponse, FlushDone, IsrChangeRefused, NewMetadata, ProduceRequest, Tick, WriteDone,
+    FetchRequest, FetchResponse, FlushDone, IsrChangeAccepted, IsrChangeRefused, NewMetadata, ProduceRequest, Tick,
+    WriteDone,
 )
 from dataplane.replica.state import PartitionState, ReplicationConfig
 from sim.disk import apply_persist
@@ -458,6 +459,35 @@ def test_refused_isr_change_clears_the_pending_set_and_is_not_resent_at_once():
     assert any(isinstance(n, Rejected) and "fenced" in n.reason for n in leader.actions)
     leader.step(Tick(now_ms=leader.replica.now_ms + 1))
     assert leader.take(ProposeIsr) == []
+
+
+def test_an_accepted_isr_shrink_counts_the_hw_over_the_new_isr_before_the_metadata_brings_it():
+    """Claim: the controller's answer accepting the leader's shrink settles it at once: acks=all
+    waiting on the follower that left completes, without waiting for a metadata long-poll
+    (stuck for seconds on a controller cut off, in the fault harness). An answer that is not
+    exactly the open proposal as the next partition epoch changes nothing."""
+    cfg = config(replica_lag_time_max_ms=100)
+    nodes = cluster(cfg)
+    pump(nodes)
+    leader = nodes[1]
+    leader.take(ProposeIsr)
+    produce(leader, 1, -1)
+    pump(nodes, now_ms=0, rounds=40, drop=(3,))
+    assert leader.take(ProposeIsr)[0].new_isr == (1, 2)
+    assert 1 not in leader.released()   # 3 still counts while the shrink is open
+    for wrong in (state(isr=(1, 2), pepoch=3),                        # not the next change
+                  state(isr=(1, 3), pepoch=2),                        # not our proposal
+                  state(isr=(1, 2), pepoch=2, replicas=(1, 2, 3, 4)),  # something else changed too
+                  state(isr=(1, 2), epoch=2, pepoch=2)):              # another leader epoch
+        leader.step(IsrChangeAccepted(partition=wrong))
+        assert leader.replica.pending_isr == (1, 2) and 1 not in leader.released()
+    leader.step(IsrChangeAccepted(partition=state(isr=(1, 2), pepoch=2)))
+    assert leader.replica.pending_isr is None and leader.replica.state.isr == (1, 2)
+    assert leader.replica.partition_epoch == 2
+    assert leader.released()[1].error is ErrorCode.NONE
+    # The metadata of that same change, when it comes, is old news.
+    leader.step(NewMetadata(partition=state(isr=(1, 2), pepoch=2), config=cfg))
+    assert leader.replica.state.isr == (1, 2) and leader.take(ProposeIsr) == []
 
 
 @pytest.mark.parametrize("error", [ErrorCode.REQUEST_TIMED_OUT, ErrorCode.NOT_CONTROLLER, ErrorCode.UNKNOWN])

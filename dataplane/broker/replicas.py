@@ -45,7 +45,7 @@ from dataplane.log.cleaner import CompactionConfig, IoThrottle
 from dataplane.log.interface import LogConfig
 from dataplane.log.space import is_disk_full
 from dataplane.replica.actions import ProposeIsr, ReportElection
-from dataplane.replica.events import AppendEntries, FetchRequest, IsrChangeRefused, NewMetadata
+from dataplane.replica.events import AppendEntries, FetchRequest, IsrChangeAccepted, IsrChangeRefused, NewMetadata
 from dataplane.replica.state import PartitionState, ReplicationConfig
 
 log = logging.getLogger("biplane.broker.replicas")
@@ -403,11 +403,18 @@ class ReplicaManager:
 
     async def _alter_isr(self, tp: TopicPartition, proposal: ProposeIsr) -> None:
         try:
-            await self.control.alter_isr(AlterIsrRequest(
+            answer = await self.control.alter_isr(AlterIsrRequest(
                 broker_id=self.broker_id, topic=tp[0], partition=tp[1], leader_epoch=proposal.leader_epoch,
                 partition_epoch=proposal.partition_epoch, new_isr=proposal.new_isr))
             log.info("%s-%d ISR -> %s accepted", *tp, list(proposal.new_isr),
                      extra={"event": "partition.isr_changed", "topic": tp[0], "partition": tp[1]})
+            driver = self.drivers.get(tp)
+            if driver is not None:
+                # The core takes the answer now (whether it settles its proposal is its rule).
+                try:
+                    driver.step(IsrChangeAccepted(partition=PartitionState.from_info(answer.partition)))
+                except (BiplaneError, ValueError) as exc:
+                    log.warning("%s-%d: accepted ISR change not applied: %s", *tp, exc)
         except BiplaneError as exc:
             log.info("%s-%d ISR -> %s refused: %s", *tp, list(proposal.new_isr), exc,
                      extra={"event": "partition.isr_refused", "topic": tp[0], "partition": tp[1]})

@@ -44,7 +44,7 @@ from dataplane.replica.actions import (
 )
 from dataplane.replica.events import (
     CONSUMER_REPLICA_ID, AppendEntries, AppendEntriesReply, BrokerBudget, FetchRequest, FetchResponse, FlushDone,
-    IsrChangeRefused, NewMetadata, ProduceRequest, Tick, WriteDone,
+    IsrChangeAccepted, IsrChangeRefused, NewMetadata, ProduceRequest, Tick, WriteDone,
 )
 from dataplane.replica import invariants
 from common.epochs import EpochCheck, check_epoch
@@ -721,6 +721,17 @@ class Replica(ProduceAdmission, PushMixin):
         self._pending_isr_sent_ms = self.now_ms
         self._send_isr_proposal()
 
+    def _on_isr_change_accepted(self, ev: IsrChangeAccepted) -> None:
+        if self.role is not Role.LEADER or self.state is None or self.pending_isr is None:
+            return
+        if ev.partition != dataclasses.replace(self.state, isr=self.pending_isr,
+                                               partition_epoch=self.partition_epoch + 1):
+            return  # not exactly our open proposal as the next change: the metadata settles it
+        old_isr = self.state.isr
+        self.state = ev.partition
+        self.partition_epoch = ev.partition.partition_epoch
+        self._leader_metadata_update(old_isr)
+
     def _on_isr_change_refused(self, ev: IsrChangeRefused) -> None:
         if (self.role is not Role.LEADER or self.pending_isr is None or tuple(ev.new_isr) != self.pending_isr
                 or (ev.leader_epoch, ev.partition_epoch) != (self.leader_epoch, self.partition_epoch)):
@@ -1038,6 +1049,7 @@ _HANDLERS: dict[type, Callable[[Replica, Any], None]] = {
     AppendEntries: Replica._on_append_entries,
     AppendEntriesReply: Replica._on_append_entries_reply,
     WriteDone: Replica._on_write_done,
+    IsrChangeAccepted: Replica._on_isr_change_accepted,
     IsrChangeRefused: Replica._on_isr_change_refused,
     FlushDone: Replica._on_flush_done,
     Tick: Replica._on_tick,

@@ -127,6 +127,18 @@ class NewMetadata:
 
 
 @_frozen
+class IsrChangeAccepted:
+    """The controller wrote this leader's ISR proposal and answered with the partition as it now
+    is. The leader counts its HW over the new ISR at once, rather than once its metadata brings
+    the change (a long-poll that may be stuck on a controller cut off or stopped); Kafka's
+    leader takes AlterPartition's answer the same way. Applied only when `partition` is the
+    state held with the proposed ISR at the next partition epoch (nothing else changed);
+    anything else waits for the metadata."""
+
+    partition: PartitionState
+
+
+@_frozen
 class IsrChangeRefused:
     """The controller answered this leader's ISR proposal with `error` instead of accepting it.
 

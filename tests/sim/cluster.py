@@ -27,7 +27,7 @@ from dataplane.replica.actions import (
 from dataplane.replica.core import Replica, Role
 from dataplane.replica.perform import perform
 from dataplane.replica.events import (
-    CONSUMER_REPLICA_ID, AppendEntries, AppendEntriesReply, FetchRequest, FetchResponse, FlushDone, IsrChangeRefused, NewMetadata, ProduceRequest,
+    CONSUMER_REPLICA_ID, AppendEntries, AppendEntriesReply, FetchRequest, FetchResponse, FlushDone, IsrChangeAccepted, IsrChangeRefused, NewMetadata, ProduceRequest,
     Tick, WriteDone,
 )
 
@@ -303,13 +303,15 @@ class Simulation:
                     log_end_offset=r.log_end_offset, flushed_offset=r.flushed_offset,
                     high_watermark=r.high_watermark, **fields)
 
-    def _send(self, src: int, dst: int, msg) -> None:
+    def _send(self, src: int, dst: int, *msgs) -> None:
+        """`msgs` travel together: delivered in order, at the same delays (duplicates too)."""
         delays = self.faults.delivery_delays(src, dst)
         lag = self.metadata_lag_until.get(dst, 0) - self.now_ms
-        if src == CONTROLLER_ID and lag > 0 and isinstance(msg, NewMetadata):
+        if src == CONTROLLER_ID and lag > 0 and any(isinstance(m, NewMetadata) for m in msgs):
             delays = [max(d, lag) for d in delays]
         for delay in delays:
-            self._at(self.now_ms + delay, "deliver", (src, dst, msg))
+            for msg in msgs:
+                self._at(self.now_ms + delay, "deliver", (src, dst, msg))
 
     def _start(self, node: SimNode, *, unclean: bool) -> None:
         node.contact = PeerContact()   # a new process hears afresh
@@ -541,7 +543,12 @@ class Simulation:
                 self._send(CONTROLLER_ID, src, IsrChangeRefused(
                     leader_epoch=msg.leader_epoch, partition_epoch=msg.partition_epoch,
                     new_isr=msg.new_isr, error=code, reason=reason))
-            self._send(CONTROLLER_ID, src, self._metadata())
+                self._send(CONTROLLER_ID, src, self._metadata())
+            else:
+                # The answer (the broker steps it as IsrChangeAccepted), then the metadata: one
+                # draw of delays for both, so the seeds' random draws stay as they were.
+                self._send(CONTROLLER_ID, src, IsrChangeAccepted(partition=self.controller.partition_state()),
+                           self._metadata())
         elif isinstance(msg, ReportElection):
             self.controller.report(msg, self.now_ms)
         elif isinstance(msg, MetadataRequest):
