@@ -87,6 +87,10 @@ def test_heartbeats_keep_their_pace_while_the_event_loop_is_blocked_and_stop_whe
                 progress[0] = time.monotonic()
                 await asyncio.sleep(0.02)
             assert lifecycle.registered.is_set()
+            while lifecycle.leader_url is None and time.monotonic() < deadline:
+                progress[0] = time.monotonic()
+                await asyncio.sleep(0.02)
+            assert lifecycle.leader_url == url   # the controller that answered: the learner follows it
             progress[0] = time.monotonic()
             blocked_at = time.monotonic()
             time.sleep(2.0)  # the event loop is stalled; its last progress stays at blocked_at

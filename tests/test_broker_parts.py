@@ -291,6 +291,8 @@ def test_heartbeat_refused_as_stale_registers_again():
     from dataplane.broker.lifecycle import Lifecycle
 
     class Control:
+        leader_url = "http://c1"
+
         def __init__(self) -> None:
             self.calls: list[str] = []
 
@@ -762,3 +764,45 @@ def test_the_controllers_answer_to_an_isr_shrink_releases_acks_all_before_the_me
     assert [r.new_isr for r in asked] == [(1,)]
     assert release.error is ErrorCode.NONE
     assert driver.replica.state.isr == (1,)
+
+
+def test_a_metadata_long_poll_held_by_a_cut_off_controller_moves_to_the_leader_the_heartbeats_found(tmp_path):
+    """Claim: the learner's long-poll to a controller that stopped answering (cut off with a
+    follower broker, in the fault harness) moves to the controller the heartbeats found leading
+    once the learner lags what that leader committed, instead of waiting out its bound (the wait
+    plus the slack, 7 s) while new ISRs and leaders went unseen. Caught up, or told the same
+    URL, it stays."""
+    recs = _records()
+
+    class Control(FakeControl):
+        leader_url: str | None = "http://c1"
+
+        async def fetch_metadata(self, *, after_offset: int, wait_ms_max: int) -> MetadataBatch:
+            self.asked_after.append((self.leader_url, after_offset))
+            if self.leader_url == "http://c1" and after_offset >= 0:
+                await asyncio.sleep(3600)   # c1 was cut off after answering the first
+            return self.batches.pop(0) if self.batches else await asyncio.sleep(3600)
+
+    control = Control([MetadataBatch(offset=0, records=((0, dump_record(recs[0])),)),
+                       MetadataBatch(offset=1, records=((1, dump_record(recs[1])),))])
+
+    async def scenario():
+        learner = MetadataLearner(control, data_dir=str(tmp_path))
+        task = asyncio.create_task(learner.run())
+        await asyncio.wait_for(learner.caught_up.wait(), 5)
+        await asyncio.sleep(0.05)
+        learner.follow_leader("http://c1", 5)   # the same controller: nothing to move
+        learner.follow_leader("http://c2", 0)   # not behind it: nothing to move
+        await asyncio.sleep(0.05)
+        assert control.leader_url == "http://c1" and learner.offset == 0
+        learner.follow_leader("http://c2", 1)
+        for _ in range(100):
+            if learner.offset == 1:
+                break
+            await asyncio.sleep(0.01)
+        await cancel_and_wait(task)
+        return learner
+
+    learner = asyncio.run(scenario())
+    assert learner.offset == 1 and control.leader_url == "http://c2"
+    assert ("http://c2", 0) in control.asked_after

@@ -193,7 +193,8 @@ class Broker:
         loop = asyncio.get_running_loop()
         offline = OfflineRecovery(self.replicas, lambda: learner.image, data_dir=c.data_dir,
                                   ready=learner.caught_up.is_set)
-        for coro in (self.learner.run(), self._heartbeat_support(), self._watch_links(), self.replicas.run_ticks(),
+        for coro in (self.learner.run(), self._heartbeat_support(), self._follow_controller_leader(),
+                     self._watch_links(), self.replicas.run_ticks(),
                      self.replicas.run_retention(), self.replicas.run_cleaner(), offline.run(),
                      self.groups.run_ticks(), self.pusher.run_pair_heartbeats(c.push_heartbeat_ms)):
             task = loop.create_task(coro)
@@ -231,6 +232,14 @@ class Broker:
             if not self._heartbeats.alive():
                 raise RuntimeError(f"the heartbeat thread ended: {self._heartbeats.error!r}")
             await asyncio.sleep(self.config.usage_interval_ms / 1000)
+
+    async def _follow_controller_leader(self) -> None:
+        """The metadata long-poll goes where the heartbeats found the controller leader, once
+        it lags what that leader committed (MetadataLearner.follow_leader)."""
+        assert self.learner is not None and self.lifecycle is not None
+        while True:
+            self.learner.follow_leader(self.lifecycle.leader_url, self.lifecycle.committed_offset)
+            await asyncio.sleep(self.config.heartbeat_interval_ms / 1000)
 
     def _heard(self, peer: int) -> None:
         # Link silence is on the monotonic clock (now_ms): a wall clock stepped by hours must

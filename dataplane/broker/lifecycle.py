@@ -99,6 +99,7 @@ class Lifecycle:
         # The controller's committed metadata offset as its last heartbeat answer said (written by
         # the heartbeat thread): the lag rule sees it even while the metadata fetch is stuck.
         self.committed_offset = -1
+        self.leader_url: str | None = None   # the controller that answered the last heartbeat
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self.usage_interval_ms = usage_interval_ms
         self.retry_backoff_ms = retry_backoff_ms
@@ -152,6 +153,7 @@ class Lifecycle:
                     log.warning("broker %d: heartbeats answered %s", self.broker_id, slow,
                                 extra={"event": "broker.heartbeat_slow"})
                 self.committed_offset = max(self.committed_offset, answer.metadata_offset)
+                self.leader_url = control.leader_url
                 fenced = answer.fenced
                 if fenced != self.fenced:
                     log.info("broker %d %s", self.broker_id, "fenced" if fenced else "unfenced",

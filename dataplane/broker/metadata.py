@@ -171,6 +171,19 @@ class MetadataLearner:
             await self._notify()  # with the newest image: images learned meanwhile coalesce
             self._report_lag(self.lag.observe(now_ms=_now_ms(), applied=told.offset))
 
+    def follow_leader(self, url: str | None, committed: int) -> None:
+        """The heartbeats were last answered by the controller leader at `url`, which had committed
+        `committed`. A long-poll asking another controller while this learner is behind that is
+        held by a controller cut off or stopped (or one that lost its leadership), for up to
+        its bound (the wait plus the slack, 7 s): it asks `url` now. New leaders and ISRs meanwhile
+        reached the broker only after that bound."""
+        if url is None or url == self.control.leader_url or committed <= self.image.offset:
+            return
+        log.info("metadata long-poll moves to the controller leader at %s (applied offset %d, committed %d)",
+                 url, self.image.offset, committed, extra={"event": "metadata.follow_leader"})
+        self.control.leader_url = url
+        self.refresh_soon()
+
     def note_committed(self, offset: int) -> None:
         """The controller's committed offset learned elsewhere (heartbeat answers), so a lag
         shows while the metadata fetch itself is stuck."""
