@@ -8,7 +8,7 @@ they do not know, so a broker keeps reading a newer controller's answers.
 """
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -16,6 +16,9 @@ from common.api_models import PartitionView
 from common.errors import InvalidFieldError
 from common.metadata.config import TOPIC_NAME_PATTERN
 from common.usage import BrokerUsage
+
+if TYPE_CHECKING:
+    from common.metadata.image import PartitionInfo
 
 BrokerId = Annotated[int, Field(ge=0)]
 ConfigValue = str | int | bool | float  # float: min_cleanable_dirty_ratio
@@ -164,6 +167,26 @@ class UnreachablePeer(_Request):
 UNREACHABLE_PEERS_MAX = 100_000
 
 
+class OfflineReplica(_Request):
+    """This broker's replica of `topic`-`partition` lost a write to its disk (a full disk) while
+    the metadata stood at `leader_epoch`: its log may lack batches its core had taken, so it
+    must leave leadership and the ISR (Kafka's offline log directory). `online`: it has been
+    opened again from disk since (dataplane/broker/offline.py) and could lead a new epoch."""
+
+    topic: str = Field(min_length=1)
+    partition: int = Field(ge=0)
+    leader_epoch: int = Field(ge=0)
+    online: bool = False
+
+    def stands(self, p: PartitionInfo, broker_id: int) -> bool:
+        """Whether `p` (as an image shows it) still holds the replica in leadership or the ISR at
+        the epoch of the failure: the broker reports it while so, the controller acts on it."""
+        return p.leader_epoch == self.leader_epoch and (p.leader == broker_id or broker_id in p.isr)
+
+
+OFFLINE_REPLICAS_MAX = 100_000
+
+
 class HeartbeatRequest(_Request):
     broker_id: BrokerId
     incarnation_id: str = Field(min_length=1, max_length=64)
@@ -180,6 +203,9 @@ class HeartbeatRequest(_Request):
     # Replicas this broker hosts that are still opening (they answer LEADER_NOT_AVAILABLE until
     # open): after a restart with many partitions, what it cannot serve yet.
     replicas_opening: int = Field(default=0, ge=0)
+    # Replicas whose log write failed, in every heartbeat until the metadata shows them out of
+    # leadership and the ISR (controller/decisions/offline.py).
+    offline: tuple[OfflineReplica, ...] = Field(default=(), max_length=OFFLINE_REPLICAS_MAX)
 
 
 class AlterIsrRequest(_Request):

@@ -220,6 +220,10 @@ class ControllerCore:
             # broker waits on this answer to stop.
             records = d.fence_shutting_down(image, self.state.sessions, ev.now_ms)
             return Step(records=tuple(records))
+        if body.offline:
+            records = d.move_offline_replicas(image, body.broker_id, body.offline)
+            if records:
+                return Step(records=tuple(records))
         # Nothing to write: answer at once rather than behind other commands (brokers
         # heartbeat every 150 ms; an admin write's commit must not delay them).
         return Step(wait_for_commit=False)

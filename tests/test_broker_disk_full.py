@@ -24,6 +24,7 @@ import pytest
 from common.errors import ErrorCode
 from common.wire import WireClient
 from cluster_harness import Cluster, fetch_values, make_batch, produce
+from controller_harness import http, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -119,3 +120,57 @@ def test_full_disk_refuses_produce_keeps_the_broker_up_and_recovers_when_space_r
         assert log.count(f"disk full on the filesystem mounted at {small_disk}:") == 1, "one warning for the condition"
         assert "disk space is back" in log
         assert "Traceback" not in log
+
+
+@pytest.mark.expected_log_errors(r"t-0 is offline: .*disk full")
+def test_a_leader_elected_onto_a_full_disk_goes_offline_and_the_controller_moves_the_leadership(tmp_path,
+                                                                                                 small_disk):
+    """Broker 1's disk is full when the leadership comes to it (broker 2, the leader, stops): its
+    epoch-start batch cannot be written, so the partition goes offline there. The claim: its
+    heartbeat says so and the controller moves the leadership to the in-sync broker 3 (the
+    record names the offline replica), which takes produce while broker 1's disk is still
+    full. Before, the followers kept hearing broker 1 (KAFKA_STORAGE_ERROR answers) and nothing
+    moved the leadership until space came back. Once it does, broker 1 reopens the partition,
+    follows, and rejoins the ISR; every acknowledged record is there."""
+    with Cluster(tmp_path, brokers=3) as cluster:
+        r = http("POST", cluster.api_url + "/v1/topics", {"name": "t", "replica_assignment": [[2, 1, 3]],
+                                                          "config": {"min_insync_replicas": 1}})
+        assert r.status == 201, r.body
+        assert cluster.wait_leader("t", 0) == 2
+
+        async def produce_to(broker_id: int, values: list[bytes]) -> ErrorCode:
+            async with await WireClient.connect(*cluster.address(broker_id)) as c:
+                r = await asyncio.wait_for(produce(c, "t", 0, make_batch(values), timeout_ms=3000), 10)
+                return r.error_code
+
+        before = [b"before-%d" % i for i in range(20)]
+        assert asyncio.run(produce_to(2, before)) is ErrorCode.NONE
+        wait_until(lambda: sorted(cluster.partition("t", 0)["isr"]) == [1, 2, 3], 20, "every replica in sync")
+        filler = fill(small_disk)
+        time.sleep(0.5)  # the broker looks at free space a few times a second
+        cluster.brokers[2].stop()  # controlled shutdown: the leadership goes to 1, next in replica order
+
+        def moved() -> dict | None:
+            p = cluster.partition("t", 0)
+            return p if p["leader"] == 3 else None
+        p = wait_until(moved, 20, "the leadership moved off the offline replica to broker 3")
+        assert 1 not in p["isr"], p
+        reasons = [rec.get("reason", "") for rec in cluster.metadata_records()
+                   if rec.get("type") == "partition_change" and rec.get("topic") == "t"]
+        assert any("replica offline on broker 1" in why for why in reasons), reasons
+        assert cluster.brokers[1].alive()
+        after = [b"while-full-%d" % i for i in range(5)]
+        deadline = time.monotonic() + 20
+        while (code := asyncio.run(produce_to(3, after))) is not ErrorCode.NONE:
+            assert time.monotonic() < deadline, f"broker 3 never took produce: {code}"
+            time.sleep(0.2)
+
+        filler.unlink()
+        wait_until(lambda: 1 in cluster.partition("t", 0)["isr"], 30,
+                   "broker 1 back in the ISR after space returned")
+
+        async def read_back() -> list[bytes]:
+            async with await WireClient.connect(*cluster.address(3)) as c:
+                values, _ = await fetch_values(c, "t", 0)
+                return [v for _, v in values]
+        assert asyncio.run(read_back()) == before + after

@@ -335,6 +335,7 @@ def test_produce_to_a_leader_not_yet_serving_its_epoch_waits_in_order(tmp_path):
         def propose_isr(self, *a): pass
         def report_election(self, *a): pass
         def refresh_metadata(self, *a): pass
+        def partition_offline(self, *a): pass
 
     async def scenario():
         driver = PartitionDriver(broker_id=1, tp=("t", 0), directory=str(tmp_path / "t-0"), log_config=LogConfig(),
@@ -359,6 +360,7 @@ class _Hooks:
     def propose_isr(self, *a): pass
     def report_election(self, *a): pass
     def refresh_metadata(self, *a): pass
+    def partition_offline(self, *a): pass
 
 
 def _leader_driver(tmp_path, name, replicas, budget):

@@ -219,6 +219,7 @@ class _Hooks:
     def propose_isr(self, *a): pass
     def report_election(self, *a): pass
     def refresh_metadata(self, *a): pass
+    def partition_offline(self, *a): pass
 
 
 def batch(value: bytes) -> bytearray:

@@ -38,6 +38,7 @@ from controller.decisions.maintenance import (
     maintenance_progress,
     set_maintenance,
 )
+from controller.decisions.offline import move_offline_replicas
 from controller.decisions.placement import place_replicas
 from controller.decisions.plan import Plan
 from controller.decisions.producer_ids import allocate_producer_ids
@@ -91,7 +92,7 @@ __all__ = [
     "check_heartbeat", "create_topic", "delete_topic", "elect_imbalanced", "elect_isr_leader", "elect_leaders",
     "elect_preferred", "elect_quorum", "fence_broker", "fence_expired", "fence_shutting_down", "fence_for_election",
     "ideal_leader", "leader_imbalance",
-    "move_fenced_leaders", "place_replicas", "progress_reassignments", "register_broker", "start_reassignment",
+    "move_fenced_leaders", "move_offline_replicas", "place_replicas", "progress_reassignments", "register_broker", "start_reassignment",
     "unfence_ready",
 ]
 

@@ -135,9 +135,9 @@ class Broker:
         self.pusher = Pusher(broker_id=c.broker_id, address_of=self._address_of, deliver=self._deliver,
                              max_frame_bytes=c.max_frame_bytes, on_round_trip=self.metrics.observe_push,
                              heard=self._heard, request_timeout_ms=c.replica_request_timeout_ms)
-        self.replicas = ReplicaManager(config=c, control=self.control, clean_start=clean,
-                                       send_fetch=self.fetcher.submit, send_append_entries=self.pusher.submit,
-                                       refresh_metadata=self.learner.refresh_soon, metrics=self.metrics)
+        self.replicas = replicas = ReplicaManager(
+            config=c, control=self.control, clean_start=clean, send_fetch=self.fetcher.submit,
+            send_append_entries=self.pusher.submit, refresh_metadata=self.learner.refresh_soon, metrics=self.metrics)
         self.producer_ids = ProducerIds(self.control, broker_id=c.broker_id, block_size=c.producer_id_block_size)
         self.handler = RequestHandler(broker_id=c.broker_id, image=lambda: learner.image,
                                       replicas=self.replicas, producer_ids=self.producer_ids,
@@ -177,7 +177,8 @@ class Broker:
                                    usage_interval_ms=c.usage_interval_ms,
                                    unreachable=lambda: self._unreachable_latest,
                                    # len() of a dict the loop changes: atomic, read from the heartbeat thread
-                                   replicas_opening=lambda: self.replicas_opening)
+                                   replicas_opening=lambda: self.replicas_opening,
+                                   offline=lambda: replicas.offline_latest)
         self._usage_latest = self.usage()
         self._heartbeats = HeartbeatThread(
             self.lifecycle, loop_progress_s=lambda: self.watchdog.last_progress_s,

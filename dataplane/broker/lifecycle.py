@@ -36,7 +36,7 @@ from typing import Callable
 from common.control_client import ControlClient
 from common.durable import fsync_dir
 from common.errors import BiplaneError, ErrorCode
-from common.requests import HeartbeatRequest, RegisterBrokerRequest, UnreachablePeer
+from common.requests import HeartbeatRequest, OfflineReplica, RegisterBrokerRequest, UnreachablePeer
 from common.usage import BrokerUsage, UsageReports
 
 log = logging.getLogger("biplane.broker.lifecycle")
@@ -85,7 +85,8 @@ class Lifecycle:
                  usage: Callable[[], BrokerUsage | None], heartbeat_interval_ms: int = 150,
                  usage_interval_ms: int = 1000, retry_backoff_ms: int = 200,
                  unreachable: Callable[[], tuple[UnreachablePeer, ...]] = tuple,
-                 replicas_opening: Callable[[], int] = lambda: 0) -> None:
+                 replicas_opening: Callable[[], int] = lambda: 0,
+                 offline: Callable[[], tuple[OfflineReplica, ...]] = tuple) -> None:
         self.control = control
         self.broker_id = broker_id
         self.incarnation_id = uuid.uuid4().hex
@@ -96,6 +97,7 @@ class Lifecycle:
         self.usage = usage
         self.unreachable = unreachable
         self.replicas_opening = replicas_opening
+        self.offline = offline
         # The controller's committed metadata offset as its last heartbeat answer said (written by
         # the heartbeat thread): the lag rule sees it even while the metadata fetch is stuck.
         self.committed_offset = -1
@@ -207,7 +209,7 @@ class Lifecycle:
         return HeartbeatRequest(broker_id=self.broker_id, incarnation_id=self.incarnation_id,
                                 metadata_offset=self.metadata_offset(), usage=usage,
                                 want_shutdown=self.want_shutdown, unreachable=self.unreachable(),
-                                replicas_opening=self.replicas_opening())
+                                replicas_opening=self.replicas_opening(), offline=self.offline())
 
 
 class HeartbeatPace:

@@ -72,6 +72,7 @@ class DriverHooks(Protocol):
     def propose_isr(self, tp: TopicPartition, proposal: ProposeIsr) -> None: ...
     def report_election(self, tp: TopicPartition, report: ReportElection) -> None: ...
     def refresh_metadata(self, tp: TopicPartition, reason: str) -> None: ...
+    def partition_offline(self, tp: TopicPartition) -> None: ...
 
 
 def now_ms() -> int:
@@ -413,6 +414,7 @@ class PartitionDriver:
             self.failed = reason
             log.error("%s-%d is offline: %s; %s", *self.tp, reason, offline_hint(reason),
                       extra={"event": "partition.offline", "topic": self.tp[0], "partition": self.tp[1]})
+            self.hooks.partition_offline(self.tp)
         self._fail_waiters(ErrorCode.KAFKA_STORAGE_ERROR)
         if self.budget is not None:
             self.budget.forget(self.tp)  # it holds nothing for anyone any more

@@ -33,7 +33,7 @@ from common.control_client import ControlClient
 from common.durable import temp_path, write_synced
 from common.errors import BiplaneError
 from common.metadata.image import MetadataImage, PartitionInfo, TopicInfo
-from common.requests import AlterIsrRequest, ElectionReport
+from common.requests import AlterIsrRequest, ElectionReport, OfflineReplica
 from common.tasks import TaskOwner
 from common.topic_partition import TopicPartition
 from common.usage import ReplicaUsage
@@ -203,6 +203,11 @@ class ReplicaManager:
                                                              thread_name_prefix="replica-open")
         # Assigned partitions whose open failed, with why (offline.py tries them again).
         self.open_failures: dict[TopicPartition, str] = {}
+        # Partitions whose log write (or open) failed, with the leader epoch the metadata stood at
+        # then, until the metadata shows them out of leadership and the ISR; what the heartbeats
+        # say of them (controller/decisions/offline.py), rebuilt on the loop, read by their thread.
+        self._offline: dict[TopicPartition, int] = {}
+        self.offline_latest: tuple[OfflineReplica, ...] = ()
         # Each hosted partition's topic as of the newest image (the cleaner reads its config).
         self._topics: dict[TopicPartition, TopicInfo] = {}
         # One thread: one partition is cleaned at a time on this broker.
@@ -248,6 +253,8 @@ class ReplicaManager:
                 self._remove(tp, image)
             for tp in [tp for tp in self._topics if tp not in hosted]:
                 del self._topics[tp]
+            if self._offline:
+                self._publish_offline()
             if not self._swept:
                 # Replicas deleted or moved away while this broker was down.
                 self._swept = True
@@ -333,6 +340,7 @@ class ReplicaManager:
             log_fn("cannot open %s-%d in %s: %s", *info.tp, directory, exc,
                    extra={"event": "partition.open_failed", "topic": info.topic, "partition": info.partition})
             self.open_failures[info.tp] = f"opening it failed: {exc}"
+            self._note_offline(info.tp)
             return None
         self.open_failures.pop(info.tp, None)
         log.info("opened %s-%d at log end %d", *info.tp, driver.log.log_end_offset,
@@ -359,7 +367,38 @@ class ReplicaManager:
         opening = self.opening.get(tp)
         if opening is not None:
             await asyncio.wait([opening])
+        if tp in self._offline:
+            self._publish_offline()  # back online: a lone in-sync leader may now be given a new epoch
         return tp in self.drivers
+
+    # ------------------------------------------------------------ offline replicas
+
+    def partition_offline(self, tp: TopicPartition) -> None:
+        """A driver's log write failed (PartitionDriver._fail): say so in the heartbeats."""
+        self._note_offline(tp)
+
+    def _note_offline(self, tp: TopicPartition) -> None:
+        info = self._image.get_partition(*tp) if self._image is not None else None
+        if info is not None and tp not in self._offline:
+            self._offline[tp] = info.leader_epoch
+            self._publish_offline()
+
+    def _publish_offline(self) -> None:
+        """The heartbeats' `offline`, from the newest image: a replica is dropped from it once
+        the metadata has moved past it (OfflineReplica.stands is the one rule, shared with the
+        controller)."""
+        image = self._image
+        out = []
+        for tp, leader_epoch in list(self._offline.items()):
+            info = image.get_partition(*tp) if image is not None else None
+            driver = self.drivers.get(tp)
+            report = OfflineReplica(topic=tp[0], partition=tp[1], leader_epoch=leader_epoch,
+                                    online=driver is not None and driver.failed is None)
+            if info is None or not report.stands(info, self.broker_id):
+                del self._offline[tp]
+                continue
+            out.append(report)
+        self.offline_latest = tuple(out)
 
     def _remove(self, tp: TopicPartition, image: MetadataImage) -> None:
         """Stop a replica that left this broker now; close it and remove its directory in a task
