@@ -57,6 +57,19 @@ def test_groups_share_lanes_past_the_bound_and_unused_groups_are_forgotten():
     assert len(lanes._groups[1]) <= 4 * 2 + 1
 
 
+def test_a_new_group_is_placed_by_the_groups_in_use_not_by_the_groups_seen_before():
+    """I0 sits in one group on lane 0 while J0 goes through eight ISRs (eight groups, each
+    left behind by the next): J0 must never share I0's lane while lanes are free. Before,
+    the groups J0 had left still counted, filled lanes 1-7, and its eighth went to lane 0:
+    in a one-way cut of broker 3 (the gray scenario, seed 23) broker 2's quorum partitions
+    waited 1.9 s behind its isr ones, which waited for broker 3 to leave their ISR."""
+    lanes = Lanes(8)
+    i0, j0 = TopicPartition("i", 0), TopicPartition("j", 0)
+    assert lanes.lane(2, i0, "i", others_in_flight=False) == 0
+    assert all(lanes.lane(2, j0, f"j{n}", others_in_flight=False) != 0 for n in range(8))
+    assert set(lanes._groups[2]) == {"i", "j7"}, "groups no partition is in are forgotten"
+
+
 @pytest.mark.parametrize("bad", [0, -1, 1.5, "2"])
 def test_the_bound_is_checked(bad):
     with pytest.raises(ValueError, match="produce_lanes_per_broker_max"):
