@@ -70,6 +70,21 @@ def test_a_new_group_is_placed_by_the_groups_in_use_not_by_the_groups_seen_befor
     assert set(lanes._groups[2]) == {"i", "j7"}, "groups no partition is in are forgotten"
 
 
+def test_a_group_sharing_its_lane_moves_to_a_free_one_once_its_partition_has_none_in_flight():
+    """C's group was given lane 0 with A's when both lanes were taken; once B's partition
+    leaves for another broker, lane 1 is free and C's next batch goes there, but not while C
+    has batches in flight on lane 0 (they must reach the leader first). Before, C stayed
+    behind A for as long as both were in use: in the gray scenario (seed 23) a quorum
+    partition of broker 1 waited 2 s behind its isr ones in each cut of another broker."""
+    lanes = Lanes(2)
+    a, b, c = TopicPartition("a", 0), TopicPartition("b", 0), TopicPartition("c", 0)
+    assert [lanes.lane(1, tp, tp.topic, others_in_flight=False) for tp in (a, b, c)] == [0, 1, 0]
+    assert lanes.lane(3, b, "b", others_in_flight=False) == 0    # B's leader is now broker 3
+    assert lanes.lane(1, c, "c", others_in_flight=True) == 0     # in flight: stays
+    assert lanes.lane(1, c, "c", others_in_flight=False) == 1    # idle: moves to the free lane
+    assert lanes.lane(1, a, "a", others_in_flight=False) == 0
+
+
 @pytest.mark.parametrize("bad", [0, -1, 1.5, "2"])
 def test_the_bound_is_checked(bad):
     with pytest.raises(ValueError, match="produce_lanes_per_broker_max"):

@@ -15,10 +15,12 @@ of that topic, which still wait for the cut broker to leave theirs: they must no
 A partition keeps its lane while it has batches in flight: its batches then reach the leader
 in the order they were numbered (one connection delivers in order), and a retried batch is
 never overtaken. Lanes are bounded per broker (`lanes_max`): a new group takes the lane
-fewest groups in use share. A group is in use while some partition's last batch went in
-it; one no partition uses any more is forgotten at once. (Counting the groups seen before,
-every ISR a partition went through, put two groups in use on one lane while lanes were
-free: in a one-way cut a broker's `quorum` partitions waited 1.9 s behind its `isr` ones.)
+fewest groups in use share, and a group sharing its lane moves to one no group uses as soon
+as a lane is free (at a batch of a partition with none in flight). A group is in use while
+some partition's last batch went in it; one no partition uses any more is forgotten at once.
+(Counting the groups seen before, every ISR a partition went through, and keeping a lane
+shared once more groups had been in use, put two groups on one lane while lanes were free:
+in one-way cuts a broker's `quorum` partitions waited 1.9-2 s behind its `isr` ones.)
 Pure: no sockets, no clock.
 """
 from __future__ import annotations
@@ -50,37 +52,46 @@ class Lanes:
             raise ValueError(f"produce_lanes_per_broker_max={lanes_max!r} must be a positive integer "
                              "(connections per broker for produce requests; 1: one, as Kafka's producer)")
         self.lanes_max = lanes_max
-        # broker -> group key -> [lane, partitions whose last batch went in that group]: only
-        # groups in use, so that a new group's lane is chosen by the groups that can stall now.
+        # broker -> group key -> [lane, partitions whose last batch went in that group]: the groups
+        # in use only, and how many of them each lane carries.
         self._groups: dict[int, dict[Hashable, list[int]]] = {}
+        self._load: dict[int, list[int]] = {}
         self._pinned: dict[TopicPartition, tuple[int, int, Hashable]] = {}  # tp -> (broker, lane, key) last sent
 
     def lane(self, broker: int, tp: TopicPartition, key: Hashable, *, others_in_flight: bool) -> int:
         """The lane for a batch of tp to `broker`. others_in_flight: tp has other batches
         awaiting an answer (then it stays on the lane they went on, if to the same broker)."""
         pinned = self._pinned.get(tp)
-        if pinned is not None and pinned[0] == broker and (others_in_flight or pinned[2] == key):
+        if pinned is not None and pinned[0] == broker and others_in_flight:
             return pinned[1]
-        if pinned is not None:
-            self._unpin(*pinned)
+        if pinned is not None and (pinned[0] != broker or pinned[2] != key):
+            self._leave(pinned[0], pinned[2])
+            pinned = None
         groups = self._groups.setdefault(broker, {})
+        load = self._load.setdefault(broker, [0] * self.lanes_max)
         entry = groups.get(key)
         if entry is None:
-            load = [0] * self.lanes_max
-            for lane, _ in groups.values():
-                load[lane] += 1
             entry = groups[key] = [min(range(self.lanes_max), key=load.__getitem__), 0]
-        entry[1] += 1
+            load[entry[0]] += 1
+        elif load[entry[0]] > 1 and 0 in load:
+            # It shares its lane (given when more groups were in use) while one carries none.
+            load[entry[0]] -= 1
+            entry[0] = load.index(0)
+            load[entry[0]] += 1
+        if pinned is None:
+            entry[1] += 1
         self._pinned[tp] = (broker, entry[0], key)
         return entry[0]
 
-    def _unpin(self, broker: int, lane: int, key: Hashable) -> None:
-        """A partition left group `key` of `broker`: the group is forgotten once none is in it."""
+    def _leave(self, broker: int, key: Hashable) -> None:
+        """A partition's batches no longer go in group `key` of `broker`: the group is forgotten
+        once none does."""
         groups = self._groups[broker]
         entry = groups[key]
         entry[1] -= 1
         if entry[1] == 0:
             del groups[key]
+            self._load[broker][entry[0]] -= 1
 
     def split(self, broker: int, batches: list[B], key_of: Callable[[TopicPartition], Hashable],
               others_in_flight: Callable[[TopicPartition], bool]) -> dict[int, list[B]]:
