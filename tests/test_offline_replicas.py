@@ -145,8 +145,13 @@ def test_a_reopened_lone_leader_says_it_is_online_and_leads_the_new_epoch_it_is_
     asyncio.run(scenario())
 
 
-def test_the_heartbeat_request_names_the_offline_replicas():
+def test_the_heartbeat_request_names_the_offline_replicas_and_only_when_there_are_some():
+    """Only then is the field sent: a controller older than it refuses a heartbeat naming it."""
     from dataplane.broker.lifecycle import Lifecycle
+    reports: tuple[OfflineReplica, ...] = (offline(),)
     life = Lifecycle(FakeControl(), broker_id=1, host="h", port=1, rack=None, priority=0, clean_shutdown=True,
-                     metadata_offset=lambda: 5, usage=lambda: None, offline=lambda: (offline(),))
-    assert life._heartbeat(with_usage=False).offline == (offline(),)
+                     metadata_offset=lambda: 5, usage=lambda: None, offline=lambda: reports)
+    sent = life._heartbeat(with_usage=False)
+    assert sent.offline == (offline(),) and "offline" in sent.model_dump(mode="json", exclude_unset=True)
+    reports = ()
+    assert "offline" not in life._heartbeat(with_usage=False).model_dump(mode="json", exclude_unset=True)

@@ -206,10 +206,14 @@ class Lifecycle:
             self._last_usage_ms = now
             complete = self.usage()
             usage = self._usage_reports.report(complete) if complete is not None else None
-        return HeartbeatRequest(broker_id=self.broker_id, incarnation_id=self.incarnation_id,
-                                metadata_offset=self.metadata_offset(), usage=usage,
-                                want_shutdown=self.want_shutdown, unreachable=self.unreachable(),
-                                replicas_opening=self.replicas_opening(), offline=self.offline())
+        request = HeartbeatRequest(broker_id=self.broker_id, incarnation_id=self.incarnation_id,
+                                   metadata_offset=self.metadata_offset(), usage=usage,
+                                   want_shutdown=self.want_shutdown, unreachable=self.unreachable(),
+                                   replicas_opening=self.replicas_opening())
+        offline = self.offline()
+        # Sent only when there is one (the client sends the fields set): a controller older than
+        # the field refuses a heartbeat naming it, and this way only then.
+        return request.model_copy(update={"offline": offline}) if offline else request
 
 
 class HeartbeatPace:
