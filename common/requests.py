@@ -180,8 +180,22 @@ class OfflineReplica(_Request):
 
     def stands(self, p: PartitionInfo, broker_id: int) -> bool:
         """Whether `p` (as an image shows it) still holds the replica in leadership or the ISR at
-        the epoch of the failure: the broker reports it while so, the controller acts on it."""
+        the epoch of this report: the controller acts on it only then."""
         return p.leader_epoch == self.leader_epoch and (p.leader == broker_id or broker_id in p.isr)
+
+    def follow(self, p: PartitionInfo | None, broker_id: int) -> OfflineReplica | None:
+        """What the broker reports next, given its newest image of the partition: nothing once
+        the replica is out of leadership and the ISR, or leads the new epoch the controller gave
+        it as the only in-sync replica back online; else this report, at the image's epoch. An
+        epoch changed for another reason (a fence, an election, a report of another broker
+        handled first) does not end it: the replica may still lack what it lost."""
+        if p is None or (p.leader != broker_id and broker_id not in p.isr):
+            return None
+        if p.leader_epoch == self.leader_epoch:
+            return self
+        if self.online and p.leader == broker_id and p.isr == (broker_id,):
+            return None
+        return self.model_copy(update={"leader_epoch": p.leader_epoch})
 
 
 OFFLINE_REPLICAS_MAX = 100_000

@@ -85,6 +85,18 @@ def test_a_group_sharing_its_lane_moves_to_a_free_one_once_its_partition_has_non
     assert lanes.lane(1, a, "a", others_in_flight=False) == 0
 
 
+def test_a_partition_with_nothing_in_flight_holds_no_lane():
+    """B stopped writing (or its leader moved) with its last batch answered: its group must not
+    keep lane 1 taken, so that C, sharing lane 0 with A, moves there."""
+    lanes = Lanes(2)
+    a, b, c = TopicPartition("a", 0), TopicPartition("b", 0), TopicPartition("c", 0)
+    assert [lanes.lane(1, tp, tp.topic, others_in_flight=False) for tp in (a, b, c)] == [0, 1, 0]
+    lanes.release(b)
+    lanes.release(b)   # twice: nothing more
+    assert lanes.lane(1, c, "c", others_in_flight=False) == 1
+    assert set(lanes._groups[1]) == {"a", "c"}
+
+
 @pytest.mark.parametrize("bad", [0, -1, 1.5, "2"])
 def test_the_bound_is_checked(bad):
     with pytest.raises(ValueError, match="produce_lanes_per_broker_max"):

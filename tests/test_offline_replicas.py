@@ -117,6 +117,68 @@ def test_a_driver_going_offline_is_reported_until_the_metadata_moves_past_it(tmp
     asyncio.run(scenario())
 
 
+def test_an_epoch_changed_for_another_reason_does_not_end_the_report(tmp_path):
+    """Brokers 1 (a follower) and 2 (the leader) both lose a write at epoch 0. The controller
+    handles 2's report first and elects 1, still in the ISR, at epoch 1. Broker 1's report goes
+    on at epoch 1 (it may lack what it lost) and the controller then moves the leadership to
+    3. Before, the report ended with epoch 0 and broker 1 led epoch 1 from a failed log."""
+    image = image_with(assignment=((2, 1, 3),))
+
+    async def scenario():
+        manager = _manager(tmp_path)
+        await manager.on_metadata(image)
+        await manager.settled()
+        manager.get("t", 0)._fail("disk full: test")
+        assert manager.offline_latest == (offline(),)
+        apply(image, move_offline_replicas(image, 2, [offline()]))
+        assert image.partition("t", 0).leader == 1 and image.partition("t", 0).leader_epoch == 1
+        await manager.on_metadata(image)
+        assert manager.offline_latest == (offline(epoch=1),)
+        apply(image, move_offline_replicas(image, 1, manager.offline_latest))
+        p = image.partition("t", 0)
+        assert p.leader == 3 and p.isr == (3,)
+        await manager.on_metadata(image)
+        assert manager.offline_latest == ()
+        await manager.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_second_failure_after_the_reopen_is_reported_offline_again(tmp_path):
+    image = image_with(assignment=((1,),), min_insync_replicas=1)
+
+    async def scenario():
+        manager = _manager(tmp_path)
+        await manager.on_metadata(image)
+        await manager.settled()
+        manager.get("t", 0)._fail("disk full: test")
+        assert await manager.reopen(("t", 0), image)
+        assert manager.offline_latest == (offline(online=True),)
+        manager.get("t", 0)._fail("disk full: again")
+        assert manager.offline_latest == (offline(),), "not online any more: no new epoch for it yet"
+        await manager.close()
+
+    asyncio.run(scenario())
+
+
+def test_an_older_image_is_not_applied_over_a_newer_one(tmp_path):
+    """A reopen hands over the image it took before awaiting other reopens: the replicas must
+    keep the newest one (else they are fed metadata they have moved past)."""
+    old = image_with()
+    new = old.copy()
+    apply(new, [change(new.partition("t", 0), isr=(1, 2), reason="test")])
+
+    async def scenario():
+        manager = _manager(tmp_path)
+        await manager.on_metadata(new)
+        await manager.settled()
+        await manager.on_metadata(old)
+        assert manager._image is new
+        await manager.close()
+
+    asyncio.run(scenario())
+
+
 def test_a_reopened_lone_leader_says_it_is_online_and_leads_the_new_epoch_it_is_given(tmp_path):
     image = image_with(assignment=((1,),), min_insync_replicas=1)
 

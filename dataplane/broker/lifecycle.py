@@ -256,9 +256,9 @@ class HeartbeatThread:
     `loop_stall_ms_max` ago, so a wedged loop still gets the broker fenced.
 
     What the thread shares with the loop: `Lifecycle.fenced` and `registered` (written
-    here), `want_shutdown` (written there), and the callables `metadata_offset`, `usage` and
-    `unreachable`,
-    which must only read values the loop keeps current."""
+    here), `want_shutdown` (written there), and the callables `metadata_offset`, `usage`,
+    `unreachable`, `replicas_opening` and `offline`, which must only read values the loop keeps
+    current."""
 
     def __init__(self, lifecycle: Lifecycle, *, make_control: Callable[[], ControlClient],
                  loop_progress_s: Callable[[], float], loop_stall_ms_max: int,

@@ -230,6 +230,10 @@ class ReplicaManager:
         async with self._lock:  # one image at a time (reopen shares the lock)
             if self._closed:
                 return
+            if self._image is not None and image.offset < self._image.offset:
+                # An older image (a reopen's, taken before it awaited other reopens): the newest
+                # one applies, or the replicas would be fed metadata they have moved past.
+                image = self._image
             self._image = image
             self.cleaner_io_bytes_per_s = (image.cluster_config.log_cleaner_io_bytes_per_s
                                            or self.config.log_cleaner_io_bytes_per_second)
@@ -378,25 +382,27 @@ class ReplicaManager:
         self._note_offline(tp)
 
     def _note_offline(self, tp: TopicPartition) -> None:
+        """Also a second failure (after a reopen, or before the controller acted): it is then
+        offline again, at the newest epoch."""
         info = self._image.get_partition(*tp) if self._image is not None else None
-        if info is not None and tp not in self._offline:
-            self._offline[tp] = info.leader_epoch
+        if info is not None:
+            self._offline[tp] = max(self._offline.get(tp, -1), info.leader_epoch)
             self._publish_offline()
 
     def _publish_offline(self) -> None:
-        """The heartbeats' `offline`, from the newest image: a replica is dropped from it once
-        the metadata has moved past it (OfflineReplica.stands is the one rule, shared with the
-        controller)."""
+        """The heartbeats' `offline`, from the newest image (OfflineReplica.follow says until
+        when, OfflineReplica.stands when the controller acts)."""
         image = self._image
         out = []
         for tp, leader_epoch in list(self._offline.items()):
-            info = image.get_partition(*tp) if image is not None else None
             driver = self.drivers.get(tp)
             report = OfflineReplica(topic=tp[0], partition=tp[1], leader_epoch=leader_epoch,
-                                    online=driver is not None and driver.failed is None)
-            if info is None or not report.stands(info, self.broker_id):
+                                    online=driver is not None and driver.failed is None).follow(
+                image.get_partition(*tp) if image is not None else None, self.broker_id)
+            if report is None:
                 del self._offline[tp]
                 continue
+            self._offline[tp] = report.leader_epoch
             out.append(report)
         self.offline_latest = tuple(out)
 

@@ -17,7 +17,8 @@ in the order they were numbered (one connection delivers in order), and a retrie
 never overtaken. Lanes are bounded per broker (`lanes_max`): a new group takes the lane
 fewest groups in use share, and a group sharing its lane moves to one no group uses as soon
 as a lane is free (at a batch of a partition with none in flight). A group is in use while
-some partition's last batch went in it; one no partition uses any more is forgotten at once.
+some partition has batches in flight in it (`release` when none is left); one no partition
+uses any more is forgotten at once.
 (Counting the groups seen before, every ISR a partition went through, and keeping a lane
 shared once more groups had been in use, put two groups on one lane while lanes were free:
 in one-way cuts a broker's `quorum` partitions waited 1.9-2 s behind its `isr` ones.)
@@ -82,6 +83,13 @@ class Lanes:
             entry[1] += 1
         self._pinned[tp] = (broker, entry[0], key)
         return entry[0]
+
+    def release(self, tp: TopicPartition) -> None:
+        """tp has nothing in flight: its group no longer holds a lane for it (a partition the
+        producer stopped writing, or wrote last to a broker no longer its leader, would)."""
+        pinned = self._pinned.pop(tp, None)
+        if pinned is not None:
+            self._leave(pinned[0], pinned[2])
 
     def _leave(self, broker: int, key: Hashable) -> None:
         """A partition's batches no longer go in group `key` of `broker`: the group is forgotten

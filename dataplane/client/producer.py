@@ -700,6 +700,8 @@ class Producer:
                 log.debug("retrying %s (attempt %d): %s", batch.tp, batch.attempts, message)
             for outcome in outcomes:
                 self._settle(outcome, message)
+            if self._acc.core.in_flight(batch.tp) == 0:
+                self._lanes.release(batch.tp)
         if stale:
             await self._refresh_quietly()
         self._changed.notify()
