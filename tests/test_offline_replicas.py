@@ -92,17 +92,22 @@ def _manager(tmp_path) -> ReplicaManager:
                           send_append_entries=lambda *a: None, refresh_metadata=lambda: None)
 
 
+async def _with_t0_failed(tmp_path, image) -> ReplicaManager:
+    """Broker 1's replicas opened from `image`, then t-0's log write failed."""
+    manager = _manager(tmp_path)
+    await manager.on_metadata(image)
+    await manager.settled()
+    assert manager.offline_latest == ()
+    manager.get("t", 0)._fail("disk full: test")
+    assert manager.offline_latest == (offline(),)
+    return manager
+
+
 def test_a_driver_going_offline_is_reported_until_the_metadata_moves_past_it(tmp_path):
     image = image_with()
 
     async def scenario():
-        manager = _manager(tmp_path)
-        await manager.on_metadata(image)
-        await manager.settled()
-        driver = manager.get("t", 0)
-        assert driver is not None and manager.offline_latest == ()
-        driver._fail("disk full: test")
-        assert manager.offline_latest == (offline(),)
+        manager = await _with_t0_failed(tmp_path, image)
         # Unrelated metadata (a follower's ISR change at the same leader epoch) keeps it.
         apply(image, [change(image.partition("t", 0), isr=(1, 2), reason="test")])
         await manager.on_metadata(image)
@@ -125,11 +130,7 @@ def test_an_epoch_changed_for_another_reason_does_not_end_the_report(tmp_path):
     image = image_with(assignment=((2, 1, 3),))
 
     async def scenario():
-        manager = _manager(tmp_path)
-        await manager.on_metadata(image)
-        await manager.settled()
-        manager.get("t", 0)._fail("disk full: test")
-        assert manager.offline_latest == (offline(),)
+        manager = await _with_t0_failed(tmp_path, image)
         apply(image, move_offline_replicas(image, 2, [offline()]))
         assert image.partition("t", 0).leader == 1 and image.partition("t", 0).leader_epoch == 1
         await manager.on_metadata(image)
@@ -148,10 +149,7 @@ def test_a_second_failure_after_the_reopen_is_reported_offline_again(tmp_path):
     image = image_with(assignment=((1,),), min_insync_replicas=1)
 
     async def scenario():
-        manager = _manager(tmp_path)
-        await manager.on_metadata(image)
-        await manager.settled()
-        manager.get("t", 0)._fail("disk full: test")
+        manager = await _with_t0_failed(tmp_path, image)
         assert await manager.reopen(("t", 0), image)
         assert manager.offline_latest == (offline(online=True),)
         manager.get("t", 0)._fail("disk full: again")
@@ -183,11 +181,7 @@ def test_a_reopened_lone_leader_says_it_is_online_and_leads_the_new_epoch_it_is_
     image = image_with(assignment=((1,),), min_insync_replicas=1)
 
     async def scenario():
-        manager = _manager(tmp_path)
-        await manager.on_metadata(image)
-        await manager.settled()
-        manager.get("t", 0)._fail("disk full: test")
-        assert manager.offline_latest == (offline(),)
+        manager = await _with_t0_failed(tmp_path, image)
         assert await manager.reopen(("t", 0), image)
         assert manager.offline_latest == (offline(online=True),)
         reopened = manager.get("t", 0)
