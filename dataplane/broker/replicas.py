@@ -344,7 +344,7 @@ class ReplicaManager:
             log_fn("cannot open %s-%d in %s: %s", *info.tp, directory, exc,
                    extra={"event": "partition.open_failed", "topic": info.topic, "partition": info.partition})
             self.open_failures[info.tp] = f"opening it failed: {exc}"
-            self._note_offline(info.tp)
+            self.partition_offline(info.tp)
             return None
         self.open_failures.pop(info.tp, None)
         log.info("opened %s-%d at log end %d", *info.tp, driver.log.log_end_offset,
@@ -378,12 +378,9 @@ class ReplicaManager:
     # ------------------------------------------------------------ offline replicas
 
     def partition_offline(self, tp: TopicPartition) -> None:
-        """A driver's log write failed (PartitionDriver._fail): say so in the heartbeats."""
-        self._note_offline(tp)
-
-    def _note_offline(self, tp: TopicPartition) -> None:
-        """Also a second failure (after a reopen, or before the controller acted): it is then
-        offline again, at the newest epoch."""
+        """A driver's log write failed (PartitionDriver._fail) or its open did: say so in the
+        heartbeats. Also a second failure (after a reopen, or before the controller acted): it
+        is then offline again, at the newest epoch."""
         info = self._image.get_partition(*tp) if self._image is not None else None
         if info is not None:
             self._offline[tp] = max(self._offline.get(tp, -1), info.leader_epoch)
