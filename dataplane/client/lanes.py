@@ -53,8 +53,8 @@ class Lanes:
             raise ValueError(f"produce_lanes_per_broker_max={lanes_max!r} must be a positive integer "
                              "(connections per broker for produce requests; 1: one, as Kafka's producer)")
         self.lanes_max = lanes_max
-        # broker -> group key -> [lane, partitions whose last batch went in that group]: the groups
-        # in use only, and how many of them each lane carries.
+        # broker -> group key -> [lane, partitions pinned to it (batches in flight, or the batch
+        # drained last)]: the groups in use only, and how many of them each lane carries.
         self._groups: dict[int, dict[Hashable, list[int]]] = {}
         self._load: dict[int, list[int]] = {}
         self._pinned: dict[TopicPartition, tuple[int, int, Hashable]] = {}  # tp -> (broker, lane, key) last sent
