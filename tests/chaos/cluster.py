@@ -128,7 +128,9 @@ class Node:
 
 
 # Diagnostics: processes log at INFO with BIPLANE_CHAOS_TRACE=1, at DEBUG (every fetch round
-# a follower sends, each partition's refusals) with BIPLANE_CHAOS_TRACE=debug.
+# a follower sends, each partition's refusals) with BIPLANE_CHAOS_TRACE=debug; at their default
+# level with BIPLANE_CHAOS_TRACE=metadata (only the runner's metadata trace: a run timed as an
+# untraced one).
 _LOG_LEVEL = {"1": ["--log-level", "INFO"], "debug": ["--log-level", "DEBUG"]}.get(
     os.environ.get("BIPLANE_CHAOS_TRACE", ""), [])
 

@@ -31,7 +31,7 @@ from tests.chaos.net import Network
 from tests.chaos.schedule import GRAY_KINDS, Fault, make_schedule
 from tests.chaos.workload import Workload, read_back
 
-TRACE = os.environ.get("BIPLANE_CHAOS_TRACE") in ("1", "debug")
+TRACE = os.environ.get("BIPLANE_CHAOS_TRACE") in ("1", "debug", "metadata")
 BACK_POLL_S = 0.25
 BACK_WAIT_S = 60.0
 # A return slower than this is noted with what it waited for, longest first.
@@ -326,6 +326,7 @@ class Run:
         tracer = None
         if TRACE:
             tracer = asyncio.create_task(self._trace_metadata(list(topics)))
+        if TRACE and os.environ.get("BIPLANE_CHAOS_TRACE") != "metadata":
             handler = logging.FileHandler(self.o.work_dir / "logs" / "clients.log")
             t0 = self.t0
             handler.setFormatter(logging.Formatter("%(run_s).3f %(name)s %(message)s"))
@@ -392,7 +393,7 @@ class Run:
                        isr_at_end=isr_at_end, fences=fences)
 
     async def _trace_metadata(self, topics: list[str]) -> None:
-        """Diagnostics (BIPLANE_CHAOS_TRACE=1): every change of a partition's leader, epochs, ISR
+        """Diagnostics (BIPLANE_CHAOS_TRACE=1, =debug or =metadata): every change of a partition's leader, epochs, ISR
         or election fencing, and of the brokers' fencing, as the controllers' admin API shows it,
         with the run's clock, in trace-metadata.jsonl."""
         last: dict[str, Any] = {}
