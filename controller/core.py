@@ -232,6 +232,9 @@ class ControllerCore:
         records = d.alter_isr(image, ev.request)
         if records and ev.now_ms is not None:
             d.refuse_lonely_shrink(image, ev.request, self.state.reachability, ev.now_ms)
+        if records and self.state.imbalance_check is not None:
+            self.state.imbalance_check.isr_changed(
+                image, image.partition(ev.request.topic, ev.request.partition), ev.request.new_isr)
         return Step(records=tuple(records))
 
     def _report_election(self, image: MetadataImage, ev: ReportElection) -> Step:

@@ -51,6 +51,7 @@ from controller.decisions import (
     IntervalTimer,
     LeaderImbalanceCheck,
     LeaderSettings,
+    Link,
     allocate_producer_ids,
     alter_config,
     alter_isr,
@@ -76,6 +77,7 @@ from controller.decisions import (
     start_reassignment,
     unfence_ready,
 )
+from controller.core import AlterIsr, ControllerCore, Tick
 from controller.decisions.elections import best_report, best_report_oracle
 from metadata_builders import add_broker, add_topic, apply, cluster
 
@@ -921,6 +923,57 @@ def test_a_returning_broker_gets_its_leaderships_back_at_the_next_imbalance_chec
     assert sorted((r.partition, r.leader) for r in records) == [(0, 1), (1, 1), (2, 1), (3, 1)]
     apply(image, records)
     assert [p.leader for p in image.partitions()] == [1, 1, 1, 1, 2, 2, 2, 2]
+
+
+def _rejoin(c: ControllerCore, image: MetadataImage, partition: int, isr: tuple[int, ...]) -> None:
+    """Partition `partition` of t as its leader's ISR change through the core leaves it."""
+    p = image.partition("t", partition)
+    apply(image, c.step(image, AlterIsr(request=AlterIsrRequest(
+        broker_id=p.leader, topic="t", partition=partition, leader_epoch=p.leader_epoch,
+        partition_epoch=p.partition_epoch, new_isr=isr))).records)
+
+
+def _tick(c: ControllerCore, image: MetadataImage, now_ms: int) -> list:
+    heartbeat_all(image, c.state.sessions, now_ms)
+    return list(c.step(image, Tick(now_ms=now_ms, paused_ms=0)).records)
+
+
+def test_an_ideal_leader_back_in_its_isr_leads_again_at_the_next_pass_not_the_next_check():
+    """Broker 1, out of t-0's ISR and not leading it, is brought back by its leader's ISR
+    change: the next periodic pass hands t-0 back, seconds before the interval's check (a
+    move left pending that long lands in whatever fault comes next). Early once per
+    interval: out and back in again at once, it waits for the check."""
+    image = cluster(3)
+    add_topic(image, "t", [[1, 2, 3]] * 2)
+    c = ControllerCore(LeaderSettings(leader_imbalance_check_interval_ms=5000))
+    assert _tick(c, image, 0) == []                    # starts the check's clock
+    apply(image, [PartitionChange(topic="t", partition=0, leader=2, isr=(2, 3))])
+    assert _tick(c, image, 100) == []                  # broker 1 cannot lead it yet
+    _rejoin(c, image, 0, (1, 2, 3))
+    (moved,) = _tick(c, image, 200)
+    assert (moved.partition, moved.leader) == (0, 1) and "leader imbalance" in moved.reason
+    apply(image, [moved])
+    apply(image, [PartitionChange(topic="t", partition=0, leader=2, isr=(2, 3))])
+    _rejoin(c, image, 0, (1, 2, 3))
+    assert _tick(c, image, 300) == [] and _tick(c, image, 4999) == []
+    (again,) = _tick(c, image, 5000)
+    assert (again.partition, again.leader) == (0, 1)
+
+
+def test_no_leadership_moves_for_balance_while_a_link_of_its_leader_is_reported_broken():
+    """A new leader gives each ISR follower a whole lag time: moved while broker 3 cannot
+    hear t-0's leader, acks=all would wait on broker 3 longer than the old leader's shrink."""
+    image = cluster(3)
+    add_topic(image, "t", [[1, 2, 3]] * 2)
+    c = ControllerCore(LeaderSettings(leader_imbalance_check_interval_ms=1000))
+    assert _tick(c, image, 0) == []
+    apply(image, [PartitionChange(topic="t", partition=0, leader=2)])
+    epoch = image.partition("t", 0).leader_epoch
+    c.state.reachability.note(3, [Link("t", 0, epoch, 2)], 900)
+    assert _tick(c, image, 1000) == []
+    c.state.reachability.note(3, [], 1900)
+    (moved,) = _tick(c, image, 2000)
+    assert (moved.partition, moved.leader) == (0, 1)
 
 
 def test_a_quorum_election_waiting_long_is_told_with_what_it_lacks_once_per_interval():

@@ -112,7 +112,8 @@ def periodic(image: MetadataImage, sessions: BrokerSessions, tracker: QuorumElec
     leaderships off brokers in maintenance (with `maintenance_drain`); start the
     next moves off brokers being decommissioned, and fence those with nothing left;
     progress reassignments; when `rebalance_timer` says it is due, preferred-leader
-    rebalance; and when `imbalance_check` is due, the leader-imbalance check.
+    rebalance; and the leader-imbalance check when it is due or an ideal leader has
+    rejoined an ISR (`LeaderImbalanceCheck`).
     Each step sees the records of the steps before it.
 
     Idempotent: called again on the image with these records applied, it
@@ -136,7 +137,7 @@ def periodic(image: MetadataImage, sessions: BrokerSessions, tracker: QuorumElec
     if rebalance_timer is not None and rebalance_timer.due(now_ms):
         plan.extend(elect_preferred(plan.image))
     if imbalance_check is not None:
-        plan.extend(imbalance_check.run(plan.image, now_ms))
+        plan.extend(imbalance_check.run(plan.image, now_ms, reachability))
     tracker.forget_stale(image)
     return plan.records
 

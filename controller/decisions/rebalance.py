@@ -16,12 +16,13 @@ lagging one does not cost an election for nothing.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Collection, Iterable
 
 from common.errors import UnknownTopicOrPartitionError
 from common.metadata.image import MetadataImage, PartitionInfo
 from common.metadata.records import PartitionChange, Record
 from controller.decisions.plan import change, choice_key, choose_leader, fence_for_election, is_quorum
+from controller.decisions.reachability import ReachabilityReports
 
 REBALANCE_INTERVAL_MS = 300_000
 LEADER_IMBALANCE_CHECK_INTERVAL_MS = 5_000
@@ -95,10 +96,12 @@ def leader_imbalance(image: MetadataImage) -> dict[int, BrokerImbalance]:
 
 
 def elect_imbalanced(image: MetadataImage, *, per_broker_percentage: int,
-                     skip: frozenset[tuple[str, int]] = frozenset()) -> list[Record]:
+                     skip: Callable[[PartitionInfo], bool] | None = None,
+                     only: Collection[tuple[str, int]] | None = None) -> list[Record]:
     """The leader-imbalance check: for every broker whose imbalance exceeds
     `per_broker_percentage`, move to it each of its ideal partitions it can lead now
-    (it is unfenced and in the ISR; the partition has a leader; not in `skip`).
+    (it is unfenced and in the ISR; the partition has a leader; `skip` does not say no),
+    among `only` those partitions when given.
 
     `isr` partitions move in one record, `quorum` ones are fenced for an election,
     as in `elect_preferred`. Idempotent: with these records applied, it returns nothing.
@@ -110,11 +113,15 @@ def elect_imbalanced(image: MetadataImage, *, per_broker_percentage: int,
     records: list[Record] = []
     if not over:
         return records
-    for p in image.partitions():
-        if p.leader is None or p.tp in skip:
+    if only is None:
+        selected: Iterable[PartitionInfo] = image.partitions()
+    else:
+        selected = [p for p in (image.get_partition(*tp) for tp in sorted(only)) if p is not None]
+    for p in selected:
+        if p.leader is None:
             continue
         b = ideal_leader(image, p)
-        if b not in over or b == p.leader or b not in p.isr:
+        if b not in over or b == p.leader or b not in p.isr or (skip is not None and skip(p)):
             continue
         i = over[b]
         reason = (f"preferred leader {b}: leader imbalance, it leads {i.ideal - i.not_led} of its "
@@ -151,12 +158,24 @@ class IntervalTimer:
 
 
 class LeaderImbalanceCheck:
-    """Runs `elect_imbalanced` every `check_interval_ms` (leader memory only).
+    """Runs `elect_imbalanced` every `check_interval_ms`, and early for a partition whose
+    ideal leader has just rejoined its ISR (`rejoined`; leader memory only).
+
+    The early run hands a leadership back within a periodic pass of the rejoin rather than
+    up to a whole interval later: a move still pending when the next fault strikes lands in
+    the middle of it. A new leader gives every ISR follower a whole
+    `replica_lag_time_max_ms` from its epoch start (Kafka's rule), so a move while a
+    follower is cut off keeps acks=all waiting on that follower that much longer than the
+    old leader would have. For the same reason no move is made for balance while a link of
+    the partition's leader is reported broken (`ReachabilityReports.broken`): the reports
+    come late (the brokers' `peer_unreachable_ms`), so the early run is what keeps moves
+    out of the fault's first seconds. A partition is moved early at most once per interval.
 
     A quorum partition's move is an election the preferred replica can lose (a
     replica with a longer flushed log wins); such a partition is not fenced again
     by this check for `quorum_retry_ms`, so a busy partition is not re-elected every
-    few seconds. Bounded: at most one remembered attempt per partition.
+    few seconds. Bounded: at most one remembered attempt per partition, and one rejoin
+    and one early move per partition.
     """
 
     def __init__(self, *, check_interval_ms: int = LEADER_IMBALANCE_CHECK_INTERVAL_MS,
@@ -170,16 +189,40 @@ class LeaderImbalanceCheck:
         self.per_broker_percentage = per_broker_percentage
         self.quorum_retry_ms = quorum_retry_ms
         self._quorum_tried_ms: dict[tuple[str, int], int] = {}
+        self._rejoined: set[tuple[str, int]] = set()
+        self._moved_early_ms: dict[tuple[str, int], int] = {}
 
-    def run(self, image: MetadataImage, now_ms: int) -> list[Record]:
+    def isr_changed(self, image: MetadataImage, p: PartitionInfo, new_isr: Collection[int]) -> None:
+        """An accepted change of `p`'s ISR (`image`, `p`: before it) to `new_isr`: when it
+        brings back the ideal leader, which does not lead, the next run looks at `p`."""
+        ideal = ideal_leader(image, p)
+        if p.leader is not None and p.leader != ideal and ideal in new_isr and ideal not in p.isr:
+            self._rejoined.add(p.tp)
+
+    def run(self, image: MetadataImage, now_ms: int, reachability: ReachabilityReports | None = None) -> list[Record]:
+        interval_ms = self.timer.interval_ms
+        only: set[tuple[str, int]] | None = None
         if not self.timer.due(now_ms):
-            return []
+            if not self._rejoined:
+                return []
+            self._moved_early_ms = {tp: at for tp, at in self._moved_early_ms.items() if now_ms - at < interval_ms}
+            only = self._rejoined - self._moved_early_ms.keys()
+        self._rejoined = set()
         self._quorum_tried_ms = {tp: at for tp, at in self._quorum_tried_ms.items()
                                  if now_ms - at < self.quorum_retry_ms
                                  and image.get_partition(*tp) is not None}
-        records = elect_imbalanced(image, per_broker_percentage=self.per_broker_percentage,
-                                   skip=frozenset(self._quorum_tried_ms))
+        if only is not None and not only:
+            return []
+
+        def skip(p: PartitionInfo) -> bool:
+            if p.tp in self._quorum_tried_ms:
+                return True
+            return reachability is not None and bool(reachability.broken(image, p, now_ms))
+
+        records = elect_imbalanced(image, per_broker_percentage=self.per_broker_percentage, skip=skip, only=only)
         for r in records:
             if isinstance(r, PartitionChange) and r.fenced_for_election:
                 self._quorum_tried_ms[(r.topic, r.partition)] = now_ms
+            if only is not None and isinstance(r, PartitionChange):
+                self._moved_early_ms[(r.topic, r.partition)] = now_ms
         return records
