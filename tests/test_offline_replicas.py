@@ -201,13 +201,20 @@ def test_a_reopened_lone_leader_says_it_is_online_and_leads_the_new_epoch_it_is_
     asyncio.run(scenario())
 
 
-def test_the_heartbeat_request_names_the_offline_replicas_and_only_when_there_are_some():
-    """Only then is the field sent: a controller older than it refuses a heartbeat naming it."""
+def test_the_heartbeat_request_names_the_newer_fields_only_when_they_say_something():
+    """Offline replicas, silent links, replicas still opening: each field is sent only when
+    it has something, since a controller older than it refuses a heartbeat naming it."""
     from dataplane.broker.lifecycle import Lifecycle
+    from common.requests import UnreachablePeer
     reports: tuple[OfflineReplica, ...] = (offline(),)
+    silent = (UnreachablePeer(topic="t", partition=0, leader_epoch=1, peer=2),)
+    opening = 3
     life = Lifecycle(FakeControl(), broker_id=1, host="h", port=1, rack=None, priority=0, clean_shutdown=True,
-                     metadata_offset=lambda: 5, usage=lambda: None, offline=lambda: reports)
+                     metadata_offset=lambda: 5, usage=lambda: None, offline=lambda: reports,
+                     unreachable=lambda: silent, replicas_opening=lambda: opening)
     sent = life._heartbeat(with_usage=False)
-    assert sent.offline == (offline(),) and "offline" in sent.model_dump(mode="json", exclude_unset=True)
-    reports = ()
-    assert "offline" not in life._heartbeat(with_usage=False).model_dump(mode="json", exclude_unset=True)
+    assert (sent.offline, sent.unreachable, sent.replicas_opening) == ((offline(),), silent, 3)
+    assert {"offline", "unreachable", "replicas_opening"} <= set(sent.model_dump(mode="json", exclude_unset=True))
+    reports, silent, opening = (), (), 0
+    body = life._heartbeat(with_usage=False).model_dump(mode="json", exclude_unset=True)
+    assert not {"offline", "unreachable", "replicas_opening"} & set(body), body

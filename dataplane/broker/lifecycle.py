@@ -208,12 +208,13 @@ class Lifecycle:
             usage = self._usage_reports.report(complete) if complete is not None else None
         request = HeartbeatRequest(broker_id=self.broker_id, incarnation_id=self.incarnation_id,
                                    metadata_offset=self.metadata_offset(), usage=usage,
-                                   want_shutdown=self.want_shutdown, unreachable=self.unreachable(),
-                                   replicas_opening=self.replicas_opening())
-        offline = self.offline()
-        # Sent only when there is one (the client sends the fields set): a controller older than
-        # the field refuses a heartbeat naming it, and this way only then.
-        return request.model_copy(update={"offline": offline}) if offline else request
+                                   want_shutdown=self.want_shutdown)
+        # The newer fields go only when they say something (the client sends the fields set):
+        # a controller older than a field refuses a heartbeat naming it, and so only then.
+        newer = {"unreachable": self.unreachable(), "replicas_opening": self.replicas_opening(),
+                 "offline": self.offline()}
+        said = {name: value for name, value in newer.items() if value}
+        return request.model_copy(update=said) if said else request
 
 
 class HeartbeatPace:
