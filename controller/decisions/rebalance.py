@@ -159,7 +159,7 @@ class IntervalTimer:
 
 class LeaderImbalanceCheck:
     """Runs `elect_imbalanced` every `check_interval_ms`, and early for a partition whose
-    ideal leader has just rejoined its ISR (`rejoined`; leader memory only).
+    ideal leader has just rejoined its ISR (`isr_changed`; leader memory only).
 
     The early run hands a leadership back within a periodic pass of the rejoin rather than
     up to a whole interval later: a move still pending when the next fault strikes lands in
