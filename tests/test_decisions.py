@@ -962,7 +962,8 @@ def test_an_ideal_leader_back_in_its_isr_leads_again_at_the_next_pass_not_the_ne
 
 def test_no_leadership_moves_for_balance_while_a_link_of_its_leader_is_reported_broken():
     """A new leader gives each ISR follower a whole lag time: moved while broker 3 cannot
-    hear t-0's leader, acks=all would wait on broker 3 longer than the old leader's shrink."""
+    hear t-0's leader, acks=all would wait on broker 3 longer than the old leader's shrink.
+    Held back at the interval's check and at a rejoin's early look alike."""
     image = cluster(3)
     add_topic(image, "t", [[1, 2, 3]] * 2)
     c = ControllerCore(LeaderSettings(leader_imbalance_check_interval_ms=1000))
@@ -971,9 +972,30 @@ def test_no_leadership_moves_for_balance_while_a_link_of_its_leader_is_reported_
     epoch = image.partition("t", 0).leader_epoch
     c.state.reachability.note(3, [Link("t", 0, epoch, 2)], 900)
     assert _tick(c, image, 1000) == []
+    apply(image, [PartitionChange(topic="t", partition=0, isr=(2, 3))])
+    _rejoin(c, image, 0, (1, 2, 3))
+    c.state.reachability.note(3, [Link("t", 0, epoch, 2)], 1050)
+    assert _tick(c, image, 1100) == []
     c.state.reachability.note(3, [], 1900)
     (moved,) = _tick(c, image, 2000)
     assert (moved.partition, moved.leader) == (0, 1)
+
+
+def test_a_broken_link_holds_no_move_when_nobody_would_wait_on_it():
+    """Broker 3 cut from the leader holds back nothing when it is out of the ISR (no leader
+    waits on it), nor for a quorum topic (its quorum commits without broker 3)."""
+    image = cluster(3)
+    add_topic(image, "t", [[1, 2, 3]] * 2)
+    add_topic(image, "q", [[1, 2, 3]] * 2, commit_policy="quorum")
+    c = ControllerCore(LeaderSettings(leader_imbalance_check_interval_ms=1000))
+    assert _tick(c, image, 0) == []
+    apply(image, [PartitionChange(topic="t", partition=0, leader=2, isr=(1, 2)),
+                  PartitionChange(topic="q", partition=0, leader=2)])
+    links = [Link(tp, 0, image.partition(tp, 0).leader_epoch, 2) for tp in ("t", "q")]
+    c.state.reachability.note(3, links, 900)
+    moved = _tick(c, image, 1000)
+    assert sorted((r.topic, r.leader if not r.fenced_for_election else "election") for r in moved) == \
+        [("q", "election"), ("t", 1)]
 
 
 def test_a_quorum_election_waiting_long_is_told_with_what_it_lacks_once_per_interval():

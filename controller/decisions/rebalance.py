@@ -166,10 +166,12 @@ class LeaderImbalanceCheck:
     the middle of it. A new leader gives every ISR follower a whole
     `replica_lag_time_max_ms` from its epoch start (Kafka's rule), so a move while a
     follower is cut off keeps acks=all waiting on that follower that much longer than the
-    old leader would have. For the same reason no move is made for balance while a link of
-    the partition's leader is reported broken (`ReachabilityReports.broken`): the reports
-    come late (the brokers' `peer_unreachable_ms`), so the early run is what keeps moves
-    out of the fault's first seconds. A partition is moved early at most once per interval.
+    old leader would have. For the same reason no `isr` partition is moved for balance while
+    a link of its leader with an ISR follower is reported broken (`ReachabilityReports.broken`;
+    a follower out of the ISR is waited for by no leader, and a `quorum` partition commits
+    without the cut one under any leader). The reports come only after the brokers' link
+    bound (a second or more), so the early run is what keeps moves out of a fault's first
+    second. A partition is moved early at most once per interval.
 
     A quorum partition's move is an election the preferred replica can lose (a
     replica with a longer flushed log wins); such a partition is not fenced again
@@ -200,24 +202,25 @@ class LeaderImbalanceCheck:
             self._rejoined.add(p.tp)
 
     def run(self, image: MetadataImage, now_ms: int, reachability: ReachabilityReports | None = None) -> list[Record]:
-        interval_ms = self.timer.interval_ms
-        only: set[tuple[str, int]] | None = None
-        if not self.timer.due(now_ms):
-            if not self._rejoined:
-                return []
-            self._moved_early_ms = {tp: at for tp, at in self._moved_early_ms.items() if now_ms - at < interval_ms}
-            only = self._rejoined - self._moved_early_ms.keys()
-        self._rejoined = set()
+        due = self.timer.due(now_ms)
+        if not due and not self._rejoined:
+            return []
+        self._moved_early_ms = {tp: at for tp, at in self._moved_early_ms.items()
+                                if now_ms - at < self.timer.interval_ms and image.get_partition(*tp) is not None}
         self._quorum_tried_ms = {tp: at for tp, at in self._quorum_tried_ms.items()
                                  if now_ms - at < self.quorum_retry_ms
                                  and image.get_partition(*tp) is not None}
+        only = None if due else self._rejoined - self._moved_early_ms.keys()
+        self._rejoined = set()
         if only is not None and not only:
             return []
 
         def skip(p: PartitionInfo) -> bool:
             if p.tp in self._quorum_tried_ms:
                 return True
-            return reachability is not None and bool(reachability.broken(image, p, now_ms))
+            if reachability is None or is_quorum(image, p):
+                return False   # a quorum commits without the cut follower, under any leader
+            return bool(reachability.broken(image, p, now_ms) & set(p.isr))
 
         records = elect_imbalanced(image, per_broker_percentage=self.per_broker_percentage, skip=skip, only=only)
         for r in records:
