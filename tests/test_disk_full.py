@@ -477,3 +477,20 @@ def test_recovery_opens_a_partition_whose_open_failed_but_leaves_one_being_opene
         await manager.close()
 
     asyncio.run(scenario())
+
+
+def test_a_full_disk_at_open_leaves_the_directory_lock_free_for_the_next_open(tmp_path, monkeypatch):
+    """Found by the fault harness (seed 101, the 2,440 s run, broker 2's disk filled at
+    1782.8 s): the lock's pid write failed with ENOSPC inside the lock's constructor, which
+    kept the flock with no object to release it; every reopen of that partition then failed
+    as "already open by another process" until the broker restarted, and a quorum election
+    waited 75 s for that replica's report."""
+    from dataplane.log import lock as lock_module
+    directory = str(tmp_path / "t-0")
+    os.makedirs(directory)
+    monkeypatch.setattr(lock_module.os, "pwrite", _failing_pwrite(os.pwrite, partial=False))
+    with pytest.raises(OSError) as failed:
+        PartitionLog(directory)
+    assert failed.value.errno == errno.ENOSPC
+    monkeypatch.undo()
+    PartitionLog(directory).close()   # the disk has room again: it opens

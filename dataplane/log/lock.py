@@ -29,8 +29,15 @@ class DirectoryLock:
             raise StorageError(
                 f"log directory {directory} is already open by {who} (lock {self.path}); "
                 f"stop that process or use another directory") from None
-        os.ftruncate(self._fd, 0)
-        os.pwrite(self._fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            os.ftruncate(self._fd, 0)
+            os.pwrite(self._fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError:
+            # A full disk fails the pid's write: raised from here, this object is never
+            # handed out, so nobody could release the lock it holds, and every later open
+            # of the directory in this process would fail as "already open".
+            self.release()
+            raise
 
     def release(self) -> None:
         if self._fd >= 0:
