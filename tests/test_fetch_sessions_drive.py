@@ -2,9 +2,9 @@
 (dataplane/broker/server.py) and the follower's fetcher (dataplane/broker/fetcher.py).
 
 Claims: an idle session's fetch names no partition and is answered with none; a quiet
-partition is not stepped again while nothing changes there, until a quarter to a half of
-its lag time have passed (then it is, so the core's ISR clock moves on; the quiet partitions
-of a session fall due together); every partition is waited on,
+partition is not stepped again while nothing changes there, however long, and its follower
+stays in the ISR on the session's word (where it holds the partition, when the follower was
+last seen fetching), told to the core when its caught-up clock runs out; every partition is waited on,
 so records on an omitted partition end the long-poll with that partition alone; an unknown session
 id or a wrong epoch is refused with Kafka's session errors, and a restarted handler knows
 no session. The fetcher sends only what changed, parks what the answer omitted (delivers
@@ -60,9 +60,7 @@ async def _records_end(poll, driver, drivers: dict) -> wire.FetchResponse:
     return woken
 
 
-def test_idle_session_fetch_carries_nothing_waits_and_wakes_on_an_omitted_partition(tmp_path, monkeypatch):
-    monkeypatch.setattr(server, "QUIET_REFRESH", 0.02)
-
+def test_idle_session_fetch_carries_nothing_waits_and_wakes_on_an_omitted_partition(tmp_path):
     async def scenario():
         drivers = {name: _leader_driver(tmp_path, name, (1, 2), None) for name in ("a", "b")}
         for d in drivers.values():
@@ -79,11 +77,11 @@ def test_idle_session_fetch_carries_nothing_waits_and_wakes_on_an_omitted_partit
         assert idle.error_code is ErrorCode.NONE and idle.session_id == sid and _carried(idle) == {}
         assert {n: d.replica.fetch_count(2) for n, d in drivers.items()} == fetches, \
             "a quiet partition was stepped again though nothing changed and its refresh was not due"
-        await asyncio.sleep(10 * 3 * server.QUIET_REFRESH + 0.05)   # past the refresh of the 10 s lag time
+        await asyncio.sleep(0.3)
         idle = await asyncio.wait_for(_session_fetch(handler, sid, 2, wait_ms=0), 5)
         assert _carried(idle) == {}
-        assert all(d.replica.fetch_count(2) > fetches[n] for n, d in drivers.items()), \
-            "an omitted partition is stepped again at its last position once due (the core's ISR clock)"
+        assert {n: d.replica.fetch_count(2) for n, d in drivers.items()} == fetches, \
+            "a quiet partition was stepped again though nothing changed"
         poll = _session_fetch(handler, sid, 3)
         await asyncio.sleep(0.2)
         assert not poll.done(), "an idle session fetch long-polls"
@@ -118,28 +116,102 @@ def test_unknown_session_wrong_epoch_and_a_restarted_handler_are_session_errors(
     assert on_restarted.error_code is ErrorCode.FETCH_SESSION_ID_NOT_FOUND
 
 
-def test_a_long_poll_steps_a_quiet_partition_when_its_refresh_is_due(tmp_path, monkeypatch):
-    """A session long-poll longer than half a partition's lag time wakes to step it, so the
-    core's ISR clock for the follower moves on while the poll waits (a lag time under the
-    long-poll's wait would otherwise drop an idle follower from the ISR)."""
-    monkeypatch.setattr(server, "QUIET_REFRESH", 0.02)   # due 0.2-0.4 s after each step (10 s lag time)
+class _IsrHooks:
+    def __init__(self) -> None:
+        self.proposals: list[tuple[int, ...]] = []
+    def send_fetch(self, *a): pass
+    def send_append_entries(self, *a): pass
+    def propose_isr(self, tp, proposal): self.proposals.append(tuple(proposal.new_isr))
+    def report_election(self, *a): pass
+    def refresh_metadata(self, *a): pass
+    def partition_offline(self, *a): pass
 
+
+LAG_MS = 300
+
+
+def _quiet_leader(tmp_path, hooks, follower_fetching):
+    from dataplane.broker.partition import PartitionDriver
+    from dataplane.log.interface import LogConfig
+    from dataplane.replica.events import NewMetadata
+    from dataplane.replica.state import PartitionState, ReplicationConfig
+    driver = PartitionDriver(broker_id=1, tp=("a", 0), directory=str(tmp_path / "a-0"), log_config=LogConfig(),
+                             hooks=hooks, unclean_start=False, follower_fetching=follower_fetching)
+    driver.step(NewMetadata(partition=PartitionState(replicas=(1, 2), isr=(1, 2), leader=1, leader_epoch=1,
+                                                     partition_epoch=1),
+                            config=ReplicationConfig(replica_lag_time_max_ms=LAG_MS)))
+    return driver
+
+
+async def _run_timer(driver, seconds: float) -> None:
+    """What ReplicaManager's timers do for one replica: a Tick whenever its core asks for one."""
+    from dataplane.broker.partition import now_ms
+    end = asyncio.get_running_loop().time() + seconds
+    while asyncio.get_running_loop().time() < end:
+        due = driver.replica.next_tick_ms()
+        if due is not None and due <= now_ms():
+            driver.tick(now_ms())
+        await asyncio.sleep(0.005)
+
+
+@pytest.mark.parametrize("sessions_told", [True, False])
+def test_a_quiet_follower_stays_in_the_isr_on_its_session_word_and_leaves_when_unseen(tmp_path, sessions_told):
+    """Claim: a quiet partition's follower, seen fetching in its session (a long-poll waits),
+    stays in the ISR over several lag times with no fetch stepped through the core: the Tick
+    that would drop it carries the session's word (Tick.fetching). Once no fetch of the session
+    has been seen for a lag time, the leader proposes the ISR without it. Without the session's
+    word (sessions_told=False, the driver as it was before it asked) the follower is dropped
+    while its long-poll waits: the test fails for that reason."""
     async def scenario():
-        drivers = {"a": _leader_driver(tmp_path, "a", (1, 2), None)}
-        await _until_serving(drivers["a"])
+        hooks = _IsrHooks()
+        drivers: dict = {}
         handler = _handler(drivers)
-        end = drivers["a"].log.log_end_offset
-        full = await asyncio.wait_for(_session_fetch(handler, 0, 0, [_position("a", end)], wait_ms=0), 5)
-        before = drivers["a"].replica.fetch_count(2)
+        driver = drivers["a"] = _quiet_leader(tmp_path, hooks, handler.follower_fetching if sessions_told else None)
+        await _until_serving(driver)
+        full = await asyncio.wait_for(
+            _session_fetch(handler, 0, 0, [_position("a", driver.log.log_end_offset)], wait_ms=0), 5)
+        fetches = driver.replica.fetch_count(2)
         poll = _session_fetch(handler, full.session_id, 1, wait_ms=5000)
-        await asyncio.sleep(1.3)
-        assert not poll.done(), "an idle session fetch long-polls"
-        stepped = drivers["a"].replica.fetch_count(2) - before
-        assert 3 <= stepped <= 7, f"stepped {stepped} times in 1.3 s of a long-poll; due every 0.2-0.4 s"
+        await _run_timer(driver, 4 * LAG_MS / 1000)
+        waited = (list(hooks.proposals), driver.replica.fetch_count(2) - fetches, poll.done())
         poll.cancel()
-        await drivers["a"].close()
+        await _run_timer(driver, 3 * LAG_MS / 1000)
+        await driver.close()
+        return waited, hooks.proposals
 
-    asyncio.run(scenario())
+    (during, stepped, poll_done), proposals = asyncio.run(scenario())
+    assert not poll_done, "an idle session fetch long-polls"
+    assert stepped == 0, f"{stepped} fetches stepped for a quiet partition while its session waited"
+    if sessions_told:
+        assert during == [], f"the follower left the ISR while its session was fetching: {during}"
+        assert proposals == [(1,)], f"unseen for a lag time, the follower must leave the ISR: {proposals}"
+    else:
+        assert during == [(1,)], during
+
+
+def test_a_session_is_seen_fetching_now_while_it_waits_and_at_its_answer_after():
+    """LeaderSessions.seen: the follower's kept position, and when it was last seen fetching
+    (now while a fetch of its session waits; the answer's time after); a session replaced by a
+    full fetch, or dropped for a wrong epoch, gives nothing."""
+    from dataplane.broker.fetch_sessions import IncrementalFetch, LeaderSessions, SessionError
+    sessions: LeaderSessions[str, int, int] = LeaderSessions()
+    sid, _, _ = sessions.receive(IncrementalFetch(0, 0, {"a": 5, "b": 7}, frozenset(), True), owner=2)
+    assert sessions.seen(2, "a", 100) is None, "seen only once a fetch began"
+    sessions.began(sid, 100)
+    assert sessions.seen(2, "a", 150) == (5, 150)
+    assert sessions.seen(3, "a", 150) is None and sessions.seen(2, "c", 150) is None
+    sessions.ended(sid, 160)
+    assert sessions.seen(2, "b", 900) == (7, 160)
+    sessions.receive(IncrementalFetch(sid, 1, {"a": 6}, frozenset({"b"}), False), owner=2)
+    assert sessions.seen(2, "a", 900) == (6, 160) and sessions.seen(2, "b", 900) is None
+    with pytest.raises(SessionError):
+        sessions.receive(IncrementalFetch(sid, 9, {}, frozenset(), False), owner=2)
+    assert sessions.seen(2, "a", 900) is None
+    new, _, _ = sessions.receive(IncrementalFetch(0, 0, {"a": 6}, frozenset(), True), owner=2)
+    sessions.began(new, 950)
+    sessions.ended(new, 960)
+    sessions.receive(IncrementalFetch(0, 0, {"a": 6}, frozenset(), True), owner=2)
+    assert sessions.seen(2, "a", 990) is None, "a full fetch starts a new session, not yet seen fetching"
 
 
 def test_a_change_on_one_partition_of_a_quiet_session_costs_that_partition_alone(tmp_path, monkeypatch):
@@ -196,39 +268,6 @@ def test_a_session_started_over_leaves_no_callback_behind_on_an_idle_partition(t
 
     callbacks, watches = asyncio.run(scenario())
     assert callbacks == 1 and watches == 1, (callbacks, watches)
-
-
-def test_a_wake_steps_at_most_a_slice_of_the_quiet_partitions_due_together():
-    """Quiet partitions fall due together (the grid); a wake takes at most DUE_PER_WAKE of them
-    and leaves the rest due for the next, so a session of thousands does not hold the loop for
-    tens of milliseconds at each refresh (an acks=all load beside them saw its p99 grow 4x)."""
-    from common.topic_partition import TopicPartition
-
-    async def scenario():
-        watch = server._Watch()
-        notes: dict = {}
-        for i in range(150):
-            tp = TopicPartition("t", i)
-            notes[tp] = server._Quiet(answer=None, changed=asyncio.get_running_loop().create_future(),
-                                      fetches=0, until_s=5.0)
-            watch.due.append((5.0, tp))
-        return [len(watch.take_due(6.0, notes)) for _ in range(4)]
-
-    assert asyncio.run(scenario()) == [server.DUE_PER_WAKE, server.DUE_PER_WAKE, 150 - 2 * server.DUE_PER_WAKE, 0]
-
-
-def test_quiet_partitions_fall_due_together_within_a_quarter_to_a_half_of_their_lag_time():
-    """One wake-up of a long-poll steps every quiet partition of the session that is due: the
-    due times sit on a grid of a quarter of the lag time, so partitions stepped at different
-    moments share them (before, each partition woke the long-poll on its own, and each wake-up
-    walked the whole session)."""
-    lag_s = 10.0
-    dues = {server._quiet_until_s(now_s, lag_s) for now_s in (100.1, 100.9, 101.7, 102.4)}
-    assert dues == {105.0}
-    for now_s in (0.0, 3.3, 7.49, 7.5, 123.456):
-        due = server._quiet_until_s(now_s, lag_s)
-        assert 0.25 * lag_s <= due - now_s < 0.5 * lag_s + 1e-9
-        assert abs(due / (lag_s * server.QUIET_REFRESH) - round(due / (lag_s * server.QUIET_REFRESH))) < 1e-9
 
 
 async def _run_session(fetcher: Fetcher, client, until) -> None:

@@ -17,8 +17,8 @@ from dataplane.replica.actions import (
 )
 from dataplane.replica.core import Replica, Role
 from dataplane.replica.events import (
-    FetchRequest, FetchResponse, FlushDone, IsrChangeAccepted, IsrChangeRefused, NewMetadata, ProduceRequest, Tick,
-    WriteDone,
+    FetchRequest, FetchResponse, FlushDone, IsrChangeAccepted, IsrChangeRefused, NewMetadata, ProduceRequest,
+    StillFetching, Tick, WriteDone,
 )
 from dataplane.replica.state import PartitionState, ReplicationConfig
 from sim.disk import apply_persist
@@ -389,6 +389,50 @@ def test_isr_shrinks_after_lag_time_and_counts_the_union_until_accepted():
     leader.step(NewMetadata(partition=state(isr=(1, 2), pepoch=2), config=cfg))
     assert leader.replica.pending_isr is None
     assert leader.released()[1].error is ErrorCode.NONE
+
+
+def test_a_fetch_session_word_keeps_a_quiet_follower_caught_up_as_of_when_it_was_seen():
+    """Claim (Tick.fetching): a follower whose fetch session holds it at the position the leader
+    last stepped a fetch from, still the leader's log end, is caught up as of when it was seen
+    fetching there, with no fetch stepped; `caught_up_due` asks for the words only once an ISR
+    follower's clock has run out, and then for every ISR follower. Without a word the follower
+    leaves the ISR after its lag time, as before."""
+    cfg = config(replica_lag_time_max_ms=100)
+    nodes = cluster(cfg)
+    pump(nodes)
+    leader = nodes[1]
+    leader.take(ProposeIsr)
+    r = leader.replica
+    end = r.log_end_offset
+    assert r.caught_up_due(100) == (), "nobody's clock has run out yet"
+    assert r.caught_up_due(101) == (2, 3)
+    leader.step(Tick(now_ms=150, fetching=(StillFetching(replica_id=2, fetch_offset=end, seen_ms=140),
+                                           StillFetching(replica_id=3, fetch_offset=end, seen_ms=145))))
+    assert leader.take(ProposeIsr) == []
+    assert (r.progress[2].last_caught_up_ms, r.progress[3].last_caught_up_ms) == (140, 145)
+    assert r.next_tick_ms() == 241, "the next look comes a lag time after the older word"
+    leader.step(Tick(now_ms=250, fetching=(StillFetching(replica_id=2, fetch_offset=end, seen_ms=400),)))
+    assert r.progress[2].last_caught_up_ms == 250, "a word is never later than the core's clock"
+    assert [p.new_isr for p in leader.take(ProposeIsr)] == [(1, 2)], "no word from 3: it leaves the ISR"
+
+
+def test_a_fetch_session_word_at_another_position_or_behind_new_records_moves_nothing():
+    """Claim: the word counts only where Kafka's rule would count the fetch it stands for as
+    caught up with nothing new to say: at the follower's last stepped position, and only while
+    that is still the leader's log end (records appended since, or a position the core has not
+    stepped, need a fetch stepped)."""
+    cfg = config(replica_lag_time_max_ms=100)
+    nodes = cluster(cfg)
+    pump(nodes)
+    leader = nodes[1]
+    r = leader.replica
+    end = r.log_end_offset
+    produce(leader, 1, 1)   # appended, not fetched by anyone since
+    leader.step(Tick(now_ms=150, fetching=(StillFetching(replica_id=2, fetch_offset=end, seen_ms=140),
+                                           StillFetching(replica_id=3, fetch_offset=end + 1, seen_ms=140))))
+    assert r.progress[2].last_caught_up_ms == 0 and r.progress[3].last_caught_up_ms == 0
+    assert [p.new_isr for p in leader.take(ProposeIsr)] == [(1,)]
+
 
 
 def test_isr_expands_when_follower_reaches_the_high_watermark():

@@ -144,6 +144,7 @@ class Broker:
                                       refresh_metadata=self.learner.refresh_soon,
                                       fetch_wait_ms_max=c.fetch_wait_ms_max, metrics=self.metrics,
                                       heard=self._heard)
+        replicas.follower_fetching = self.handler.follower_fetching
         self.groups = GroupCoordinator(
             broker_id=c.broker_id, requests=self.handler, control=self.control,
             config=GroupConfig(initial_rebalance_delay_ms=c.group_initial_rebalance_delay_ms,

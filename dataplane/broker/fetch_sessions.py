@@ -15,10 +15,14 @@ positions the two sides do not share.
 A full fetch after a reset names the session it replaces, so the leader drops it at once.
 
 ISR rule for omitted partitions: an omitted partition was fetched again at its last
-position, so the leader must go on judging it; `receive` gives the whole map (sent and
-omitted) and the leader steps a partition at its position when something changed there
-or its ISR clock is due, so the replica core's one caught-up rule judges it (the driver
-keeps a quiet partition's last answer in the session's `notes`: dataplane/broker/server.py).
+position, so the leader must go on judging it. `receive` gives the whole map (sent and
+omitted), and the leader steps a partition at its position when something changed there
+(the driver keeps a quiet partition's last answer in the session's `notes`:
+dataplane/broker/server.py). For a partition where nothing changed, `seen` says where its
+follower fetches it and when it was last seen fetching (now, while a fetch of the session
+waits): the replica core judges that by its one caught-up rule when its clock for the
+follower would run out (dataplane/replica/events.py, Tick.fetching), so a quiet partition
+costs the leader nothing between.
 
 `Position` and `Summary` are opaque to this module: any values compared by equality.
 """
@@ -67,6 +71,8 @@ class _LeaderSession(Generic[K, P, S]):
     # The driver's notes on a partition at its current position (server.py keeps a quiet
     # partition's last answer there); dropped when the position changes or it leaves.
     notes: dict[K, object] = dataclasses.field(default_factory=dict)
+    waiting: int = 0            # fetches of this session begun and not yet answered
+    seen_ms: int | None = None  # when one last began or was answered
 
 
 class LeaderSessions(Generic[K, P, S]):
@@ -78,6 +84,7 @@ class LeaderSessions(Generic[K, P, S]):
         self.max_sessions = max_sessions
         self._next_id = first_id
         self._sessions: OrderedDict[int, _LeaderSession[K, P, S]] = OrderedDict()
+        self._owned: dict[int, int] = {}   # follower broker -> its session (a full fetch replaces it)
         self.evicted = 0
 
     def __len__(self) -> int:
@@ -98,21 +105,22 @@ class LeaderSessions(Generic[K, P, S]):
             # one over: every session it owns goes, not just the one it names. A restarted
             # follower, or one whose full fetch was abandoned before its answer, names none.
             for stale in [i for i, s in self._sessions.items() if s.owner == owner]:
-                del self._sessions[stale]
+                self._drop(stale)
             while len(self._sessions) >= self.max_sessions:
-                self._sessions.popitem(last=False)
+                self._drop(next(iter(self._sessions)))
                 self.evicted += 1
             session_id = self._next_id
             self._next_id += 1
             session: _LeaderSession[K, P, S] = _LeaderSession(session_id, owner, 1, dict(fetch.changed), {})
             self._sessions[session_id] = session
+            self._owned[owner] = session_id
             return session_id, FULL_EPOCH, MappingProxyType(session.positions)
         found = self._sessions.get(fetch.session_id)
         if found is None or found.owner != owner:
             raise SessionError("unknown_session")
         if fetch.epoch != found.next_epoch:
             # The follower's view and ours may differ: drop the session, never guess.
-            del self._sessions[fetch.session_id]
+            self._drop(fetch.session_id)
             raise SessionError("wrong_epoch")
         self._sessions.move_to_end(fetch.session_id)
         for key in fetch.removed:
@@ -125,6 +133,35 @@ class LeaderSessions(Generic[K, P, S]):
         epoch = found.next_epoch
         found.next_epoch += 1
         return found.session_id, epoch, MappingProxyType(found.positions)
+
+    def _drop(self, session_id: int) -> None:
+        session = self._sessions.pop(session_id)
+        if self._owned.get(session.owner) == session_id:
+            del self._owned[session.owner]
+
+    def began(self, session_id: int, at_ms: int) -> None:
+        """A fetch of this session (received) waits for its answer from `at_ms`."""
+        session = self._sessions.get(session_id)
+        if session is not None:
+            session.waiting += 1
+            session.seen_ms = at_ms
+
+    def ended(self, session_id: int, at_ms: int) -> None:
+        """That fetch was answered, or given up, at `at_ms`: until then the follower was
+        waiting at every position of the session."""
+        session = self._sessions.get(session_id)
+        if session is not None and session.waiting > 0:
+            session.waiting -= 1
+            session.seen_ms = at_ms
+
+    def seen(self, owner: int, key: K, now_ms: int) -> tuple[P, int] | None:
+        """Where follower broker `owner` fetches `key` in its session here, and when it was
+        last seen fetching there (`now_ms` while a fetch waits); None: no session holds it."""
+        session_id = self._owned.get(owner)
+        session = self._sessions.get(session_id) if session_id is not None else None
+        if session is None or session.seen_ms is None or key not in session.positions:
+            return None
+        return session.positions[key], now_ms if session.waiting > 0 else session.seen_ms
 
     def notes(self, session_id: int) -> dict[K, object]:
         """The driver's notes on the session's partitions (see `_LeaderSession.notes`)."""

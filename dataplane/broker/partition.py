@@ -39,8 +39,8 @@ from dataplane.replica.actions import (
 )
 from dataplane.replica.core import Replica, Role
 from dataplane.replica.events import (
-    AppendEntries, AppendEntriesReply, BrokerBudget, FetchRequest, FetchResponse, FlushDone, ProduceRequest, Tick,
-    WriteDone,
+    AppendEntries, AppendEntriesReply, BrokerBudget, FetchRequest, FetchResponse, FlushDone, ProduceRequest,
+    StillFetching, Tick, WriteDone,
 )
 from dataplane.replica.perform import perform
 
@@ -94,10 +94,13 @@ class PartitionDriver:
                  hooks: DriverHooks, unclean_start: bool, flush_debounce_ms: int = 0,
                  fetch_max_bytes: int = 1024 * 1024, push_heartbeat_ms: int = 100, held_produce_max: int = 1000,
                  budget: ProduceBudget | None = None, on_fsync: Callable[[float], None] | None = None,
-                 on_due: Callable[[TopicPartition, int | None], None] | None = None) -> None:
+                 on_due: Callable[[TopicPartition, int | None], None] | None = None,
+                 follower_fetching: Callable[[TopicPartition, int], StillFetching | None] | None = None) -> None:
         self.tp = tp
         # Told after every step when the core next wants a Tick (Replica.next_tick_ms).
         self.on_due = on_due
+        # What the leader's fetch sessions know of a follower here (Tick.fetching).
+        self.follower_fetching = follower_fetching
         self.directory = directory
         self.hooks = hooks
         self.log = PartitionLog(directory, config=log_config)
@@ -214,8 +217,14 @@ class PartitionDriver:
         asyncio.get_running_loop().call_later(DISK_FULL_REFETCH_MS / 1000, later)
 
     def tick(self, now: int) -> None:
-        if not self.closed and self.failed is None:
-            self.step(Tick(now_ms=max(now, self.replica.now_ms), wall_ms=wall_ms()))
+        if self.closed or self.failed is not None:
+            return
+        now = max(now, self.replica.now_ms)
+        fetching: tuple[StillFetching, ...] = ()
+        if self.follower_fetching is not None:
+            ask = self.follower_fetching
+            fetching = tuple(news for r in self.replica.caught_up_due(now) if (news := ask(self.tp, r)) is not None)
+        self.step(Tick(now_ms=now, wall_ms=wall_ms(), fetching=fetching))
 
     def submit_produce(self, records: Buffer, *, acks: int, timeout_ms: int, leader_epoch: int | None = None,
                        batch_bytes_max: int | None = None) -> asyncio.Future[ReleaseProduce]:

@@ -45,7 +45,9 @@ from dataplane.log.cleaner import CompactionConfig, IoThrottle
 from dataplane.log.interface import LogConfig
 from dataplane.log.space import is_disk_full
 from dataplane.replica.actions import ProposeIsr, ReportElection
-from dataplane.replica.events import AppendEntries, FetchRequest, IsrChangeAccepted, IsrChangeRefused, NewMetadata
+from dataplane.replica.events import (
+    AppendEntries, FetchRequest, IsrChangeAccepted, IsrChangeRefused, NewMetadata, StillFetching,
+)
 from dataplane.replica.state import PartitionState, ReplicationConfig
 
 log = logging.getLogger("biplane.broker.replicas")
@@ -166,6 +168,8 @@ class ReplicaManager:
         self.control = control
         self.clean_start = clean_start
         self._send_fetch = send_fetch
+        # The request handler's fetch sessions, once it is built (PartitionDriver.tick).
+        self.follower_fetching: Callable[[TopicPartition, int], StillFetching | None] | None = None
         self._send_append_entries = send_append_entries
         self._refresh_metadata = refresh_metadata
         self.drivers: dict[TopicPartition, PartitionDriver] = {}
@@ -336,7 +340,8 @@ class ReplicaManager:
                 flush_debounce_ms=self.config.flush_debounce_ms,
                 fetch_max_bytes=self.config.partition_fetch_max_bytes,
                 push_heartbeat_ms=self.config.push_heartbeat_ms, budget=self.budget,
-                on_fsync=self.metrics.observe_fsync, on_due=self.schedule_tick))
+                on_fsync=self.metrics.observe_fsync, on_due=self.schedule_tick,
+                follower_fetching=self._follower_fetching))
         except (BiplaneError, OSError) as exc:
             # A full disk is logged once for the whole filesystem (dataplane/log/space.py) and
             # the open is tried again (dataplane/broker/offline.py): a warning here.
@@ -493,6 +498,9 @@ class ReplicaManager:
         self._refresh_metadata()
 
     # ------------------------------------------------------------ clock, usage
+
+    def _follower_fetching(self, tp: TopicPartition, replica_id: int) -> StillFetching | None:
+        return self.follower_fetching(tp, replica_id) if self.follower_fetching is not None else None
 
     def schedule_tick(self, tp: TopicPartition, due_ms: int | None) -> None:
         """A replica's core next wants a Tick at `due_ms` (None: at no time)."""

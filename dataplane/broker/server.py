@@ -17,10 +17,12 @@ incremental session (after Kafka's KIP-227, dataplane/broker/fetch_sessions.py):
 it names only the partitions whose position changed, the others keep theirs, and
 the answer carries only partitions with records or a changed summary (HW, log
 start and end, error, leader, divergence). Every partition of the session is
-waited on, and stepped at its last position when something changed there or its
-ISR clock is due (`_Quiet`), so omitted ones stay judged for the ISR and wake the
-long-poll; a wake looks only at those (`_Watch`), so an idle session costs nothing per
-partition. An error travels once, like any summary change (Kafka repeats it on every
+waited on, and stepped at its last position when something changed there (`_Quiet`),
+which wakes the long-poll; a wake looks only at those (`_Watch`), so an idle session
+costs nothing per partition. A quiet partition's follower stays in the ISR on the
+session's word: when the core's caught-up clock for it runs out, the driver's Tick
+says where the session holds it and when the follower was last seen fetching
+(`follower_fetching`). An error travels once, like any summary change (Kafka repeats it on every
 answer; here the follower's core already backs off and waits for metadata, and a repeat
 would end every long-poll at once). Sessions live in this process only: a restarted
 broker answers FETCH_SESSION_ID_NOT_FOUND and the follower starts over with a full fetch. A new high watermark alone does
@@ -33,9 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import heapq
 import logging
-import math
 import random
 import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping
@@ -48,12 +48,12 @@ from common.wire import messages as wire
 from dataplane.broker.codec import append_refusal, fetch_answer_to_wire, fetch_from_wire, fetch_refusal
 from dataplane.broker.fetch_sessions import FULL_EPOCH, NO_SESSION, IncrementalFetch, LeaderSessions, SessionError
 from dataplane.broker.metrics import BrokerMetrics, Counters
-from dataplane.broker.partition import PartitionDriver
+from dataplane.broker.partition import PartitionDriver, now_ms
 from dataplane.broker.producer_ids import ProducerIds
 from dataplane.broker.pusher import PAIR_TP, answer_append_entries
 from dataplane.broker.replicas import ReplicaManager
 from dataplane.groups.placement import is_internal
-from dataplane.replica.state import QUIET_REFRESH
+from dataplane.replica.events import StillFetching
 
 if TYPE_CHECKING:
     from dataplane.groups.driver import GroupCoordinator
@@ -62,23 +62,6 @@ log = logging.getLogger("biplane.broker.server")
 
 SESSIONLESS_EPOCH = -1   # a fetch outside any session (consumers, a follower's express fetch)
 NOT_READY_POLL_S = 0.05
-# A quiet partition of a session is stepped again before its replica_lag_time_max_ms runs
-# out even if nothing changed: the core's caught-up clock for the follower moves on only when
-# stepped, and must never lag a whole lag time (_quiet_until_s).
-QUIET_WAKE_MIN_S = 0.01
-DUE_PER_WAKE = 64   # _Watch.take_due
-
-
-def _quiet_until_s(now_s: float, lag_s: float) -> float:
-    """When a quiet session partition stepped at `now_s` is due a step again: between a quarter
-    and a half of its lag time later, on a grid of a quarter of it (QUIET_REFRESH), so the quiet
-    partitions of a session fall due together (one wake-up for them all, not one each). Half
-    the lag time is left for the leader's loop to be late before a caught-up follower would
-    leave the ISR."""
-    grid = lag_s * QUIET_REFRESH
-    if grid <= 0:
-        return now_s
-    return math.ceil((now_s + grid) / grid) * grid
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -88,21 +71,20 @@ class _Quiet:
     answer: wire.FetchPartitionResponse
     changed: asyncio.Future[None]   # the driver's: done at its next change
     fetches: int                    # the core's count of this follower's fetches after that step
-    until_s: float                  # loop time from which it is stepped again
 
 
 @dataclasses.dataclass(eq=False)
 class _Watch:
     """What a session's long-polls look at, kept across its fetches so that one costs what
     changed, not the session's size (thousands of idle partitions per follower broker): the
-    partitions stepped on every wake (`active`: no quiet answer kept), those whose driver
-    changed since (`dirty`, set by done-callbacks on the drivers' futures, each hooked once),
-    and the quiet ones' refresh times (`due`, a heap; an entry is stale once its note went)."""
+    partitions stepped on every wake (`active`: no quiet answer kept) and those whose driver
+    changed since (`dirty`, set by done-callbacks on the drivers' futures, each hooked once).
+    A quiet partition is not stepped again for its follower's ISR clock: the core asks the
+    session when that clock runs out (RequestHandler.follower_fetching)."""
 
     wake: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     active: set[TopicPartition] = dataclasses.field(default_factory=set)
     dirty: set[TopicPartition] = dataclasses.field(default_factory=set)
-    due: list[tuple[float, TopicPartition]] = dataclasses.field(default_factory=list)
     hooked: dict[TopicPartition, asyncio.Future[None]] = dataclasses.field(default_factory=dict)
     _hooked_tp: dict[asyncio.Future[None], TopicPartition] = dataclasses.field(default_factory=dict)
 
@@ -127,26 +109,6 @@ class _Watch:
             future.remove_done_callback(self._changed)
         self._hooked_tp.clear()
         self.hooked.clear()
-
-    def take_due(self, now_s: float, notes: dict[TopicPartition, object]) -> list[TopicPartition]:
-        """The quiet partitions due a step, at most DUE_PER_WAKE (the rest stay due, for the
-        next wake QUIET_WAKE_MIN_S later): a session's quiet partitions fall due together, and
-        stepping thousands in one go held the loop for tens of milliseconds."""
-        out: list[TopicPartition] = []
-        while len(out) < DUE_PER_WAKE and (due_s := self.next_due_s(notes)) is not None and due_s <= now_s:
-            out.append(heapq.heappop(self.due)[1])
-        return out
-
-    def next_due_s(self, notes: dict[TopicPartition, object]) -> float | None:
-        """The earliest refresh time still current (an entry is stale once its partition's note
-        went or names another time); stale entries at the top are dropped on the way."""
-        while self.due:
-            until_s, tp = self.due[0]
-            quiet = notes.get(tp)
-            if isinstance(quiet, _Quiet) and quiet.until_s == until_s:
-                return until_s
-            heapq.heappop(self.due)
-        return None
 
 
 GROUP_REQUESTS = frozenset({
@@ -355,8 +317,19 @@ class RequestHandler:
                                 partitions: Mapping[TopicPartition, wire.FetchPartition],
                                 deadline: float) -> wire.FetchResponse:
         """A follower's session long-poll. Each wake steps only the session's active
-        partitions, those whose driver changed, and quiet ones whose refresh is due (_Watch);
-        every other partition's kept answer stands, and was sent in an earlier answer."""
+        partitions and those whose driver changed (_Watch); every other partition's kept
+        answer stands, and was sent in an earlier answer. While it waits, the follower counts
+        as fetching at every position of the session (LeaderSessions.seen)."""
+        self.fetch_sessions.began(session_id, now_ms())
+        try:
+            return await self._long_poll_session(request, fetch, session_id, partitions, deadline)
+        finally:
+            self.fetch_sessions.ended(session_id, now_ms())
+
+    async def _long_poll_session(self, request: wire.FetchRequest,
+                                 fetch: IncrementalFetch[TopicPartition, wire.FetchPartition], session_id: int,
+                                 partitions: Mapping[TopicPartition, wire.FetchPartition],
+                                 deadline: float) -> wire.FetchResponse:
         loop = asyncio.get_running_loop()
         notes = self.fetch_sessions.notes(session_id)
         watch = self._watch(session_id, fetch, partitions)
@@ -365,9 +338,7 @@ class RequestHandler:
         replica_id = request.replica_id
         while True:
             watch.wake.clear()
-            now_s = loop.time()
             look = watch.active | watch.dirty
-            look.update(watch.take_due(now_s, notes))
             watch.dirty.clear()
             ready = False  # an answer that cannot wait (an error, a divergence, a stale long-poll)
             budget = max(1, request.max_bytes)
@@ -388,7 +359,7 @@ class RequestHandler:
                     notes.pop(tp, None)
                     watch.active.add(tp)
                     continue
-                if isinstance(quiet, _Quiet) and not quiet.changed.done() and now_s < quiet.until_s:
+                if isinstance(quiet, _Quiet) and not quiet.changed.done():
                     answers[tp] = quiet.answer   # looked at for a change that was not its own
                     continue
                 # The response stays near max_bytes: once it is spent, each further
@@ -412,11 +383,7 @@ class RequestHandler:
                 changed = driver.changed()
                 watch.hook(tp, changed)
                 if quiet_now:
-                    lag_s = driver.replica.config.replica_lag_time_max_ms / 1000
-                    until_s = _quiet_until_s(now_s, lag_s)
-                    if not (isinstance(quiet, _Quiet) and quiet.until_s == until_s):
-                        heapq.heappush(watch.due, (until_s, tp))   # else its entry is there already
-                    notes[tp] = _Quiet(answer=answer, changed=changed, fetches=stepped[tp], until_s=until_s)
+                    notes[tp] = _Quiet(answer=answer, changed=changed, fetches=stepped[tp])
                     watch.active.discard(tp)
                 else:   # records, an error or a divergence: step it each time
                     notes.pop(tp, None)
@@ -432,16 +399,21 @@ class RequestHandler:
                 # were answered once; poll rather than answer nothing at once, over and over.
                 await asyncio.sleep(min(remaining, NOT_READY_POLL_S))
                 continue
-            # Wake for a quiet partition's step too: a long-poll longer than its refresh time
-            # would otherwise outlast it (the core's ISR clock). (At most every
-            # QUIET_WAKE_MIN_S: a lag time of a few ms would spin.)
-            next_due = watch.next_due_s(notes)
-            timeout = remaining if next_due is None else min(remaining, max(next_due - loop.time(), QUIET_WAKE_MIN_S))
             try:
-                async with asyncio.timeout(max(0.0, timeout)):
+                async with asyncio.timeout(remaining):
                     await watch.wake.wait()
             except TimeoutError:
                 pass
+
+    def follower_fetching(self, tp: TopicPartition, replica_id: int) -> StillFetching | None:
+        """What this broker's fetch sessions know of follower `replica_id` on `tp`, for the
+        core's caught-up rule (PartitionDriver.tick): its kept position and when it was last
+        seen fetching there."""
+        seen = self.fetch_sessions.seen(replica_id, tp, now_ms())
+        if seen is None:
+            return None
+        position, seen_ms = seen
+        return StillFetching(replica_id=replica_id, fetch_offset=position.fetch_offset, seen_ms=seen_ms)
 
     def _watch(self, session_id: int, fetch: IncrementalFetch[TopicPartition, wire.FetchPartition],
                partitions: Mapping[TopicPartition, wire.FetchPartition]) -> _Watch:

@@ -44,7 +44,7 @@ from dataplane.replica.actions import (
 )
 from dataplane.replica.events import (
     CONSUMER_REPLICA_ID, AppendEntries, AppendEntriesReply, BrokerBudget, FetchRequest, FetchResponse, FlushDone,
-    IsrChangeAccepted, IsrChangeRefused, NewMetadata, ProduceRequest, Tick, WriteDone,
+    IsrChangeAccepted, IsrChangeRefused, NewMetadata, ProduceRequest, StillFetching, Tick, WriteDone,
 )
 from dataplane.replica import invariants
 from common.epochs import EpochCheck, check_epoch
@@ -988,11 +988,40 @@ class Replica(ProduceAdmission, PushMixin):
             due.append(self._report_sent_ms + self.election_report_retry_ms)
         return min(due) if due else None
 
+    def caught_up_due(self, now_ms: int) -> tuple[int, ...]:
+        """The followers a Tick at `now_ms` wants news of (`Tick.fetching`): empty unless this
+        is a pull leader and some ISR follower's caught-up clock has run out by then, and then
+        every ISR follower, so that their clocks move on together (one Tick per lag time for
+        a quiet partition, not one per follower)."""
+        if self.role is not Role.LEADER or self._pushing or self.state is None:
+            return ()
+        lag_max = self.config.replica_lag_time_max_ms
+        followers = tuple(r for r in self.state.isr if r in self.progress)
+        if any(now_ms - self.progress[r].last_caught_up_ms > lag_max for r in followers):
+            return followers
+        return ()
+
+    def _still_fetching(self, news: StillFetching) -> None:
+        """Kafka's rule for a fetch at our log end, applied to a fetch session's: the follower
+        is caught up as of when it was seen fetching, if its kept position is the one we last
+        stepped a fetch from (its newest, not diverging) and still our log end. Anything else
+        (records since, a new position, a new flushed offset) is a fetch the driver steps."""
+        if self.role is not Role.LEADER or self._pushing:
+            return
+        p = self.progress.get(news.replica_id)
+        if (p is None or p.last_fetch_ms < 0 or news.fetch_offset != p.fetch_offset
+                or p.asked_offset != p.fetch_offset or p.match_offset != p.fetch_offset
+                or p.fetch_offset < self.log_end_offset):
+            return
+        p.last_caught_up_ms = max(p.last_caught_up_ms, min(news.seen_ms, self.now_ms))
+
     def _on_tick(self, ev: Tick) -> None:
         if ev.now_ms < self.now_ms:
             raise ValueError(f"Tick went back in time: now_ms={ev.now_ms} after {self.now_ms}")
         self.wall_ms = self.wall_ms + (ev.now_ms - self.now_ms) if ev.wall_ms is None else ev.wall_ms
         self.now_ms = ev.now_ms
+        for news in ev.fetching:
+            self._still_fetching(news)
         self.producer_state.expire(self.wall_ms)
         if (self._unflushed_since_ms is not None and self.flushed_offset < self.log_end_offset
                 and self.now_ms - self._unflushed_since_ms >= self.flush_debounce_ms):

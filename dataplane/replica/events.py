@@ -107,13 +107,29 @@ class FlushDone:
 
 
 @_frozen
+class StillFetching:
+    """A pull follower's fetch session holds this partition at `fetch_offset`, and the follower
+    was last seen fetching in that session at `seen_ms` (the core's clock): a session fetch that
+    omits a partition fetches it again at its kept position, as in Kafka's KIP-227."""
+
+    replica_id: int
+    fetch_offset: int
+    seen_ms: int
+
+
+@_frozen
 class Tick:
     """`now_ms` times every wait of the core and never goes back (a driver reads a monotonic
     clock); `wall_ms` is the wall clock, for what is compared with record timestamps (the
-    epoch-start batch's stamp, producer expiry). None: it moves as far as now_ms did."""
+    epoch-start batch's stamp, producer expiry). None: it moves as far as now_ms did.
+
+    `fetching`: what the driver's fetch sessions know of followers a leader has not stepped a
+    fetch from lately (Replica.caught_up_due): a quiet partition's follower stays caught up on
+    that evidence, with no fetch stepped through the core every few seconds to say so."""
 
     now_ms: int
     wall_ms: int | None = None
+    fetching: tuple[StillFetching, ...] = ()
 
 
 @_frozen
