@@ -386,6 +386,51 @@ def test_a_parked_partition_whose_replica_stopped_following_leaves_the_session(m
         (0, ["a", "b"], []), (1, [], ["a"]), (2, [], [])]
 
 
+def test_the_follow_check_walks_the_session_only_after_some_replica_changed(monkeypatch):
+    """The walk over the session's parked requests (is each replica still following this
+    leader?) runs only when the broker's count of role, epoch and liveness changes moved since
+    the last walk (`follows_version`): an idle broker with thousands of parked requests walked
+    them all every second. A change (here: replica a closes, and the count moves) is walked
+    at the next round, and a is forgotten."""
+    from dataplane.broker import fetcher as fetcher_module
+    monkeypatch.setattr(fetcher_module, "FOLLOWS_CHECK_S", 0.0)
+    sent: list[wire.FetchRequest] = []
+    asked: list[tuple[int, str]] = []   # (round, partition) of each follows question
+    following = {"a", "b"}
+    version = [0]
+
+    class FakeClient:
+        closed = False
+
+        async def request(self, req):
+            sent.append(req)
+            if len(sent) > 4:
+                await asyncio.Event().wait()
+            if len(sent) == 3:
+                following.discard("a")   # its replica closed: the broker's count moves
+                version[0] += 1
+            return wire.FetchResponse(session_id=7)   # nothing new: both stay parked
+
+        async def close(self):
+            self.closed = True
+
+    def follows(tp, leader):
+        asked.append((len(sent) + 1, tp[0]))
+        return tp[0] in following and leader == 2
+
+    async def scenario():
+        fetcher = Fetcher(broker_id=1, address_of=lambda b: ("127.0.0.1", 1), deliver=lambda tp, ev: None,
+                          follows=follows, follows_version=lambda: version[0])
+        for t in ("a", "b"):
+            fetcher.submit(2, (t, 0), FetchRequest(replica_id=1, fetch_offset=10, current_leader_epoch=1,
+                                                   partition=(t, 0)))
+        await _run_session(fetcher, FakeClient(), until=lambda: len(sent) > 4)
+
+    asyncio.run(scenario())
+    assert sorted(asked) == [(4, "a"), (4, "b")], f"walked at rounds {sorted(asked)}; only round 4 follows a change"
+    assert [[t.topic for t in r.forgotten_topics] for r in sent] == [[], [], [], ["a"], []]
+
+
 def test_a_partition_answered_stays_in_the_session_until_its_core_asks_again():
     """Under acks=all a caught-up follower's core asks again only once the records it was
     answered are flushed, and after an answer carrying only a new HW, a tick later. The next
@@ -553,3 +598,39 @@ def test_records_for_a_partition_gone_from_the_session_do_not_hold_the_next_long
 
     asyncio.run(scenario())
     assert waited == [[("b", 0)]]
+
+
+def test_a_driver_tells_when_it_may_have_stopped_following_and_not_on_its_records(tmp_path):
+    """The count the follow check waits on (`on_follow_change`) moves on a change of role or
+    leader epoch, a failure and a close, and not on records or a new HW: a busy partition must
+    not set the walk off, a replica gone from its leader must."""
+    from dataplane.broker.partition import PartitionDriver
+    from dataplane.log.interface import LogConfig
+    from dataplane.replica.events import NewMetadata
+    from dataplane.replica.state import PartitionState, ReplicationConfig
+    changes: list[str] = []
+
+    async def scenario():
+        driver = PartitionDriver(broker_id=1, tp=("a", 0), directory=str(tmp_path / "a-0"), log_config=LogConfig(),
+                                 hooks=_IsrHooks(), unclean_start=False,
+                                 on_follow_change=lambda: changes.append("change"))
+        driver.step(NewMetadata(partition=PartitionState(replicas=(1,), isr=(1,), leader=1, leader_epoch=1,
+                                                         partition_epoch=1), config=ReplicationConfig()))
+        await _until_serving(driver)
+        led = len(changes)
+        for i in range(3):
+            await asyncio.wait_for(driver.submit_produce(bytearray(build_batch([b"v%d" % i], timestamp_ms=1)),
+                                                         acks=1, timeout_ms=10_000), 5)
+        produced = len(changes)
+        driver.step(NewMetadata(partition=PartitionState(replicas=(1, 2), isr=(1, 2), leader=2, leader_epoch=2,
+                                                         partition_epoch=2), config=ReplicationConfig()))
+        followed = len(changes)
+        driver._fail("disk gone")
+        failed = len(changes)
+        await driver.close()
+        return led, produced, followed, failed, len(changes)
+
+    led, produced, followed, failed, closed = asyncio.run(scenario())
+    assert led >= 1 and produced == led, (led, produced)
+    assert followed == produced + 1 and failed == followed + 1 and closed == failed + 1, \
+        (produced, followed, failed, closed)

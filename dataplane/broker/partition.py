@@ -95,12 +95,16 @@ class PartitionDriver:
                  fetch_max_bytes: int = 1024 * 1024, push_heartbeat_ms: int = 100, held_produce_max: int = 1000,
                  budget: ProduceBudget | None = None, on_fsync: Callable[[float], None] | None = None,
                  on_due: Callable[[TopicPartition, int | None], None] | None = None,
-                 follower_fetching: Callable[[TopicPartition, int], StillFetching | None] | None = None) -> None:
+                 follower_fetching: Callable[[TopicPartition, int], StillFetching | None] | None = None,
+                 on_follow_change: Callable[[], None] | None = None) -> None:
         self.tp = tp
         # Told after every step when the core next wants a Tick (Replica.next_tick_ms).
         self.on_due = on_due
         # What the leader's fetch sessions know of a follower here (Tick.fetching).
         self.follower_fetching = follower_fetching
+        # Told when this replica may have started or stopped following a leader (its role or
+        # leader epoch changed, it failed, it closed): the fetcher then checks its parked requests.
+        self.on_follow_change = on_follow_change
         self.directory = directory
         self.hooks = hooks
         self.log = PartitionLog(directory, config=log_config)
@@ -421,6 +425,8 @@ class PartitionDriver:
     def _fail(self, reason: str) -> None:
         if self.failed is None:
             self.failed = reason
+            if self.on_follow_change is not None:
+                self.on_follow_change()
             log.error("%s-%d is offline: %s; %s", *self.tp, reason, offline_hint(reason),
                       extra={"event": "partition.offline", "topic": self.tp[0], "partition": self.tp[1]})
             self.hooks.partition_offline(self.tp)
@@ -441,6 +447,8 @@ class PartitionDriver:
     def _notify_if_changed(self) -> None:
         seen = self._observed()
         if seen != self._seen:
+            if seen[2:] != self._seen[2:] and self.on_follow_change is not None:
+                self.on_follow_change()
             self._seen = seen
             if self._changed is not None and not self._changed.done():
                 self._changed.set_result(None)
@@ -456,6 +464,8 @@ class PartitionDriver:
         if self.closed:
             return
         self.closed = True
+        if self.on_follow_change is not None:
+            self.on_follow_change()
         self._fail_waiters(ErrorCode.NOT_LEADER_OR_FOLLOWER)
         if self.budget is not None:
             self.budget.forget(self.tp)

@@ -170,6 +170,8 @@ class ReplicaManager:
         self._send_fetch = send_fetch
         # The request handler's fetch sessions, once it is built (PartitionDriver.tick).
         self.follower_fetching: Callable[[TopicPartition, int], StillFetching | None] | None = None
+        # Counts the replicas' changes of role, leader epoch or liveness (Fetcher's follow check).
+        self.follow_changes = 0
         self._send_append_entries = send_append_entries
         self._refresh_metadata = refresh_metadata
         self.drivers: dict[TopicPartition, PartitionDriver] = {}
@@ -341,7 +343,7 @@ class ReplicaManager:
                 fetch_max_bytes=self.config.partition_fetch_max_bytes,
                 push_heartbeat_ms=self.config.push_heartbeat_ms, budget=self.budget,
                 on_fsync=self.metrics.observe_fsync, on_due=self.schedule_tick,
-                follower_fetching=self._follower_fetching))
+                follower_fetching=self._follower_fetching, on_follow_change=self._follow_changed))
         except (BiplaneError, OSError) as exc:
             # A full disk is logged once for the whole filesystem (dataplane/log/space.py) and
             # the open is tried again (dataplane/broker/offline.py): a warning here.
@@ -501,6 +503,9 @@ class ReplicaManager:
 
     def _follower_fetching(self, tp: TopicPartition, replica_id: int) -> StillFetching | None:
         return self.follower_fetching(tp, replica_id) if self.follower_fetching is not None else None
+
+    def _follow_changed(self) -> None:
+        self.follow_changes += 1
 
     def schedule_tick(self, tp: TopicPartition, due_ms: int | None) -> None:
         """A replica's core next wants a Tick at `due_ms` (None: at no time)."""
