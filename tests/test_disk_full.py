@@ -275,8 +275,18 @@ def test_produce_on_a_full_disk_gets_storage_error_the_partition_reopens_when_sp
         with pytest.raises(StorageError, match="t-0 is offline") as err2:
             driver.submit_produce(batch(b"refused"), acks=-1, timeout_ms=5000)
         assert err2.value.code is ErrorCode.KAFKA_STORAGE_ERROR
-        recovery = OfflineRecovery(manager, lambda: image, data_dir=manager.config.data_dir, retry_ms=1)
+        walked: list[int] = []
+
+        class Watched:
+            """The image, counting walks over all its partitions (a reopen's metadata pass walks it)."""
+            def __getattr__(self, name):
+                if name == "partitions":
+                    walked.append(1)
+                return getattr(image, name)
+
+        recovery = OfflineRecovery(manager, Watched, data_dir=manager.config.data_dir, retry_ms=1)
         assert await recovery.pass_once() == 0, "no room yet: nothing reopened"
+        assert walked == [], "a pass looks at the replicas that failed, not at every partition of the image"
         assert manager.get("t", 0) is driver
         fs.free = 50 << 20
         assert await recovery.pass_once() == 1

@@ -58,18 +58,24 @@ class OfflineRecovery:
 
     def _wanted(self, image: MetadataImage) -> list[TopicPartition]:
         """Partitions assigned here that went offline, or whose open failed (a full disk when
-        the metadata arrived). One the metadata listener is still opening is neither."""
+        the metadata arrived). One the metadata listener is still opening is neither. Only
+        those the replica manager was told failed are looked at (`failed`, pruned here once
+        back or gone), not every partition of the image each second."""
         broker_id = self.replicas.broker_id
+        failed = self.replicas.failed
+        failed.update(self.replicas.open_failures)
         out = []
-        for info in image.partitions():
-            if broker_id not in info.replicas:
-                continue
-            driver = self.replicas.drivers.get(info.tp)
+        for tp in sorted(failed):
+            info = image.get_partition(*tp)
+            driver = self.replicas.drivers.get(tp)
             if driver is None:
-                if info.tp in self.replicas.open_failures:
-                    out.append(info.tp)
-            elif driver.failed is not None and not driver.closed:
-                out.append(info.tp)
+                still = tp in self.replicas.open_failures
+            else:
+                still = driver.failed is not None and not driver.closed
+            if not still:
+                failed.discard(tp)
+            elif info is not None and broker_id in info.replicas:
+                out.append(tp)
         return out
 
     def _has_room(self) -> bool:

@@ -209,6 +209,8 @@ class ReplicaManager:
                                                              thread_name_prefix="replica-open")
         # Assigned partitions whose open failed, with why (offline.py tries them again).
         self.open_failures: dict[TopicPartition, str] = {}
+        # Partitions whose driver failed since (PartitionDriver._fail), for OfflineRecovery.
+        self.failed: set[TopicPartition] = set()
         # Partitions whose log write (or open) failed, with the leader epoch the metadata stood at
         # then, until the metadata shows them out of leadership and the ISR; what the heartbeats
         # say of them (controller/decisions/offline.py), rebuilt on the loop, read by their thread.
@@ -388,6 +390,7 @@ class ReplicaManager:
         """A driver's log write failed (PartitionDriver._fail) or its open did: say so in the
         heartbeats. Also a second failure (after a reopen, or before the controller acted): it
         is then offline again, at the newest epoch."""
+        self.failed.add(tp)
         info = self._image.get_partition(*tp) if self._image is not None else None
         if info is not None:
             self._offline[tp] = max(self._offline.get(tp, -1), info.leader_epoch)
