@@ -141,3 +141,56 @@ def test_timers_tick_only_what_is_due_and_skip_stale_entries(tmp_path):
     assert manager._take_due(199) == []
     assert manager._take_due(200) == [a]
     assert manager._take_due(10_000) == []
+
+
+def test_a_metadata_change_walks_only_its_topic_and_a_fencing_walks_all(tmp_path, monkeypatch):
+    """on_metadata skips a topic whose partitions and settings are the same objects as at its
+    last walk (the image replaces, never edits, what a record touches): a leader change on one
+    partition of `a` feeds `a`'s partitions alone, not `b`'s; a broker fenced or unfenced changes
+    every partition's fenced replicas, so it walks them all; a partition gone from a topic's
+    replicas here is stopped as before."""
+    from common.metadata.records import FenceBroker, PartitionChange, UnfenceBroker
+    from dataplane.broker import replicas as replicas_module
+    from metadata_builders import add_broker, add_topic, apply, cluster
+
+    image = cluster(1)
+    add_broker(image, 2)
+    add_topic(image, "a", [[1, 2]] * 3, min_insync_replicas=1)
+    add_topic(image, "b", [[1, 2]] * 3, min_insync_replicas=1)
+    looked: list[str] = []
+    real_feed = replicas_module.ReplicaManager._feed
+
+    def feed(self, driver, topic, info, image):
+        looked.append(info.topic)
+        return real_feed(self, driver, topic, info, image)
+    monkeypatch.setattr(replicas_module.ReplicaManager, "_feed", feed)
+
+    async def scenario():
+        manager = _manager(tmp_path)
+        try:
+            await asyncio.wait_for(manager.on_metadata(image), 5)
+            await asyncio.wait_for(manager.settled(), 10)
+            looked.clear()
+            second = apply(image.copy(), [PartitionChange(topic="a", partition=1, leader=2)])
+            await asyncio.wait_for(manager.on_metadata(second), 5)
+            one_topic = sorted(looked)
+            looked.clear()
+            third = apply(second.copy(), [FenceBroker(broker_id=2, at_ms=1)])
+            await asyncio.wait_for(manager.on_metadata(third), 5)
+            fenced = sorted(looked)
+            looked.clear()
+            await asyncio.wait_for(manager.on_metadata(third), 5)
+            again = list(looked)
+            moved = apply(third.copy(), [UnfenceBroker(broker_id=2, at_ms=2),
+                                         PartitionChange(topic="b", partition=2, replicas=(2,), isr=(2,), leader=2)])
+            await asyncio.wait_for(manager.on_metadata(moved), 5)
+            await asyncio.wait_for(manager.settled(), 10)
+            return one_topic, fenced, again, manager.get("b", 2), manager.get("b", 1)
+        finally:
+            await manager.close()
+
+    one_topic, fenced, again, gone, kept = asyncio.run(scenario())
+    assert one_topic == ["a"] * 3, one_topic
+    assert fenced == ["a"] * 3 + ["b"] * 3, fenced
+    assert again == [], again
+    assert gone is None and kept is not None, "b-2 left this broker and stops; b-1 stays"

@@ -27,7 +27,7 @@ import logging
 import os
 import shutil
 import time
-from typing import Callable
+from typing import Callable, Iterable
 
 from common.control_client import ControlClient
 from common.durable import temp_path, write_synced
@@ -218,6 +218,13 @@ class ReplicaManager:
         self.offline_latest: tuple[OfflineReplica, ...] = ()
         # Each hosted partition's topic as of the newest image (the cleaner reads its config).
         self._topics: dict[TopicPartition, TopicInfo] = {}
+        # What on_metadata last walked, per topic: the image's partition tuple and topic info
+        # (both replaced, never changed in place, when a record touches them), the partitions
+        # hosted here, and the unfenced brokers it walked with. A topic walked at the same
+        # objects is skipped: an ISR change costs its topic, not every partition.
+        self._walked: dict[str, tuple[tuple[PartitionInfo, ...], TopicInfo, frozenset[TopicPartition]]] = {}
+        self._walked_unfenced: frozenset[int] | None = None
+        self._rewalk: set[str] = set()   # topics to walk again whatever the image says (a reopen)
         # One thread: one partition is cleaned at a time on this broker.
         self._cleaner = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="log-cleaner")
         self._cleaner_stop = threading.Event()
@@ -245,33 +252,52 @@ class ReplicaManager:
             self._image = image
             self.cleaner_io_bytes_per_s = (image.cluster_config.log_cleaner_io_bytes_per_s
                                            or self.config.log_cleaner_io_bytes_per_second)
-            hosted: set[TopicPartition] = set()
+            unfenced = frozenset(b for b in image.brokers if image.is_unfenced(b))
+            walk_all = unfenced != self._walked_unfenced   # every partition's fenced replicas may differ
+            self._walked_unfenced = unfenced
+            rewalk, self._rewalk = self._rewalk, set()
             fed = 0
-            for info in image.partitions():
-                if self.broker_id not in info.replicas:
+            topics = image.topics
+            for name in sorted(topics):
+                parts, topic = image.topic_partitions(name), topics[name]
+                walked = self._walked.get(name)
+                if walked is not None and walked[0] is parts and walked[1] is topic and not walk_all \
+                        and name not in rewalk:
                     continue
-                fed += 1
-                if fed % PARTITIONS_PER_SLICE == 0:
-                    await asyncio.sleep(0)
-                topic = image.topics[info.topic]
-                hosted.add(info.tp)
-                self._topics[info.tp] = topic
-                driver = self.drivers.get(info.tp)
-                if driver is not None:
-                    self._feed(driver, topic, info, image)
-                elif info.tp not in self.opening:
-                    self.opening[info.tp] = asyncio.ensure_future(self._open_and_feed(info.tp))
-            for tp in [tp for tp in self.drivers if tp not in hosted]:
-                self._remove(tp, image)
-            for tp in [tp for tp in self._topics if tp not in hosted]:
-                del self._topics[tp]
+                hosted: set[TopicPartition] = set()
+                for info in parts:
+                    if self.broker_id not in info.replicas:
+                        continue
+                    fed += 1
+                    if fed % PARTITIONS_PER_SLICE == 0:
+                        await asyncio.sleep(0)
+                    hosted.add(info.tp)
+                    self._topics[info.tp] = topic
+                    driver = self.drivers.get(info.tp)
+                    if driver is not None:
+                        self._feed(driver, topic, info, image)
+                    elif info.tp not in self.opening:
+                        self.opening[info.tp] = asyncio.ensure_future(self._open_and_feed(info.tp))
+                self._walked[name] = (parts, topic, frozenset(hosted))
+                if walked is not None:
+                    self._leave(walked[2] - hosted, image)
+            for name in [name for name in self._walked if name not in topics]:
+                self._leave(self._walked.pop(name)[2], image)
             if self._offline:
                 self._publish_offline()
             if not self._swept:
                 # Replicas deleted or moved away while this broker was down.
                 self._swept = True
-                keep = {os.path.basename(partition_dir(self.config.data_dir, tp)) for tp in hosted}
+                keep = {os.path.basename(partition_dir(self.config.data_dir, tp))
+                        for _, _, hosted_tps in self._walked.values() for tp in hosted_tps}
                 await asyncio.get_running_loop().run_in_executor(None, _remove_orphans, self.config.data_dir, keep)
+
+    def _leave(self, tps: Iterable[TopicPartition], image: MetadataImage) -> None:
+        """These partitions are no longer hosted here: their replicas stop."""
+        for tp in tps:
+            self._topics.pop(tp, None)
+            if tp in self.drivers:
+                self._remove(tp, image)
 
     def _hosted_topic(self, tp: TopicPartition) -> tuple[TopicInfo, PartitionInfo] | None:
         """The partition's topic and state in the newest image, if this broker holds a replica."""
@@ -372,6 +398,7 @@ class ReplicaManager:
                 self._retired_bytes = self._retired_bytes.plus(ByteTotals.of(driver))
                 self._fed.pop(tp, None)
                 self.reopening.add(tp)  # its log was not closed by a clean stop of this broker
+            self._rewalk.add(tp[0])     # the metadata pass below opens it, whatever changed
         try:
             if driver is not None:
                 await driver.close()
