@@ -634,3 +634,59 @@ def test_a_driver_tells_when_it_may_have_stopped_following_and_not_on_its_record
     assert led >= 1 and produced == led, (led, produced)
     assert followed == produced + 1 and failed == followed + 1 and closed == failed + 1, \
         (produced, followed, failed, closed)
+
+
+def test_a_repeat_of_what_the_long_poll_carries_does_not_wake_the_express_loop(monkeypatch):
+    """An idle follower's core asks again every fetch_retry_ms with the request its session
+    already carries; waking the express loop for each (which looks at everything pending)
+    cost thousands of looks a second at 10,000 partitions. A repeat only waits for the
+    long-poll's end; news (a new position) still wakes it."""
+    sent: list[wire.FetchRequest] = []
+    looks: list[int] = []
+
+    class HoldingLeader:
+        closed = False
+
+        async def request(self, req):
+            sent.append(req)
+            if req.session_epoch >= 0 and len(sent) > 1:
+                await asyncio.Event().wait()   # the long-poll: nothing new
+            return wire.FetchResponse(session_id=7)
+
+        async def close(self):
+            self.closed = True
+
+    async def scenario():
+        fetcher = Fetcher(broker_id=1, address_of=lambda b: ("127.0.0.1", 1), deliver=lambda tp, ev: None)
+        request = FetchRequest(replica_id=1, fetch_offset=10, current_leader_epoch=1, partition=("a", 0))
+        fetcher.submit(2, ("a", 0), request)
+        session = fetcher.sessions[2]
+        real_ready = session._express_ready
+
+        def ready():
+            looks.append(1)
+            return real_ready()
+        monkeypatch.setattr(session, "_express_ready", ready)
+
+        async def connect(which):
+            return HoldingLeader()
+        session._client = connect
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if len(sent) >= 2 and session._main_busy:
+                break
+        before = len(looks)
+        for _ in range(20):
+            fetcher.submit(2, ("a", 0), request)   # the core's re-ask: the same request
+            await asyncio.sleep(0)
+        repeats = len(looks) - before
+        fetcher.submit(2, ("a", 0), FetchRequest(replica_id=1, fetch_offset=11, current_leader_epoch=1,
+                                                 partition=("a", 0)))
+        await asyncio.sleep(0.05)
+        news = len(looks) - before - repeats
+        await fetcher.close()
+        return repeats, news
+
+    repeats, news = asyncio.run(scenario())
+    assert repeats == 0, f"{repeats} looks for 20 repeats of what the long-poll carries"
+    assert news >= 1, "a new position wakes the express loop"

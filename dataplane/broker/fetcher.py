@@ -173,8 +173,11 @@ class FetchSession:
     def submit(self, tp: TopicPartition, request: FetchRequest) -> None:
         self.pending[tp] = request
         self._wake.set()
-        if self._main_busy:
-            self._wake_exp.set()  # express only ever sends while a long-poll is out
+        if self._main_busy and not self._repeats_sent(tp, request):
+            # Express only ever sends while a long-poll is out, and never a repeat of what the
+            # long-poll carries (each idle follower's core asks again every fetch_retry_ms):
+            # waking it for one cost a look at everything pending, thousands a second.
+            self._wake_exp.set()
 
     def wake(self) -> None:
         self._wake.set()
@@ -307,8 +310,14 @@ class FetchSession:
             return True  # nobody long-polls for it: do not make it wait
         # News the waiting long-poll does not carry (a new flushed offset, a new position);
         # a repeat of what was sent waits for the long-poll to end, so nothing spins.
+        return not self._repeats_sent(tp, request)
+
+    def _repeats_sent(self, tp: TopicPartition, request: FetchRequest) -> bool:
+        """A request of a partition in the session from the position it was last sent at."""
+        if tp not in self._in_session:
+            return False
         last = self._last_sent.get(tp)
-        return last is None or _position(request) != _position(last)
+        return last is not None and _position(request) == _position(last)
 
     def _express_ready(self) -> bool:
         return self._main_busy and any(self._express_ok(tp, r) for tp, r in self.pending.items())
