@@ -254,8 +254,7 @@ class ReplicaManager:
                                            or self.config.log_cleaner_io_bytes_per_second)
             unfenced = frozenset(b for b in image.brokers if image.is_unfenced(b))
             walk_all = unfenced != self._walked_unfenced   # every partition's fenced replicas may differ
-            self._walked_unfenced = unfenced
-            rewalk, self._rewalk = self._rewalk, set()
+            rewalk = set(self._rewalk)
             fed = 0
             topics = image.topics
             for name in sorted(topics):
@@ -283,6 +282,9 @@ class ReplicaManager:
                     self._leave(walked[2] - hosted, image)
             for name in [name for name in self._walked if name not in topics]:
                 self._leave(self._walked.pop(name)[2], image)
+            # Only a whole walk counts: one cut short (cancelled, failed) is done again in full.
+            self._walked_unfenced = unfenced
+            self._rewalk -= rewalk
             if self._offline:
                 self._publish_offline()
             if not self._swept:
