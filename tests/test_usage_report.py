@@ -1,8 +1,9 @@
 """ReplicaManager.usage_report: what a broker reports each second about its replicas costs
 what changed. Claims: a replica not stepped since the last report, with no traffic and zero
-rates, keeps its figures (the same ReplicaUsage object) without its log being read; one that
-took traffic is read again, and shows zero rates once idle again; the totals and log bytes
-add up over every replica either way; every USAGE_FULL_EVERY_S every log is read again."""
+rates, keeps its figures (the same ReplicaUsage object) without its log being read, and a
+report between full ones does not walk the replicas at all; one that took traffic is read
+again, and shows zero rates once idle again; the totals and log bytes add up over every
+replica either way; every USAGE_FULL_EVERY_S every log is read again."""
 from __future__ import annotations
 
 import asyncio
@@ -42,6 +43,22 @@ def test_an_idle_replica_keeps_its_figures_unread_and_a_busy_one_is_read_again(t
                 manager.get("t", p).tick(manager.get("t", p).replica.now_ms + 10)
             await asyncio.sleep(0.01)
         first = manager.usage_report()
+        walks: list[str] = []
+
+        class Watched(dict):
+            """The drivers, counting walks over all of them."""
+            def __iter__(self):
+                walks.append("iter")
+                return super().__iter__()
+
+            def items(self):
+                walks.append("items")
+                return super().items()
+
+            def values(self):
+                walks.append("values")
+                return super().values()
+        manager.drivers = Watched(manager.drivers)
         idle = manager.usage_report()
         reads.clear()
         release = await asyncio.wait_for(manager.get("t", 0).submit_produce(
@@ -50,14 +67,22 @@ def test_an_idle_replica_keeps_its_figures_unread_and_a_busy_one_is_read_again(t
         busy = manager.usage_report()
         read_busy = list(reads)
         calm = manager.usage_report()
+        walked = list(walks)
+        manager.drivers = dict(manager.drivers)
+        recount = (sum(d.produce_bytes for d in manager.drivers.values()),
+                   sum(d.fetch_bytes for d in manager.drivers.values()),
+                   sum(d.log.size_bytes for d in manager.drivers.values()))
+        added_up = (calm.totals.produce_bytes, calm.totals.fetch_bytes, calm.log_bytes)
         monkeypatch.setattr(replicas_module, "USAGE_FULL_EVERY_S", 0.0)
         reads.clear()
         manager.usage_report()
         read_full = list(reads)
         await manager.close()
-        return release, first, idle, busy, calm, read_busy, read_full
+        return release, first, idle, busy, calm, read_busy, read_full, walked, recount, added_up
 
-    release, first, idle, busy, calm, read_busy, read_full = asyncio.run(scenario())
+    release, first, idle, busy, calm, read_busy, read_full, walked, recount, added_up = asyncio.run(scenario())
+    assert added_up == recount, "the sums kept by the rows read differ from a recount over every replica"
+    assert walked == [], f"a report between full ones walked every replica: {walked}"
     assert release.error.name == "NONE"
     by = lambda report: {(r.topic, r.partition): r for r in report.replicas}  # noqa: E731
     assert by(idle)[("t", 1)] is by(first)[("t", 1)]

@@ -96,7 +96,8 @@ class PartitionDriver:
                  budget: ProduceBudget | None = None, on_fsync: Callable[[float], None] | None = None,
                  on_due: Callable[[TopicPartition, int | None], None] | None = None,
                  follower_fetching: Callable[[TopicPartition, int], StillFetching | None] | None = None,
-                 on_follow_change: Callable[[], None] | None = None) -> None:
+                 on_follow_change: Callable[[], None] | None = None,
+                 on_usage: Callable[[TopicPartition], None] | None = None) -> None:
         self.tp = tp
         # Told after every step when the core next wants a Tick (Replica.next_tick_ms).
         self.on_due = on_due
@@ -105,6 +106,9 @@ class PartitionDriver:
         # Told when this replica may have started or stopped following a leader (its role or
         # leader epoch changed, it failed, it closed): the fetcher then checks its parked requests.
         self.on_follow_change = on_follow_change
+        # Told after each step and each produce counted: its usage figures may have changed
+        # (ReplicaManager.usage_report reads only such replicas again).
+        self.on_usage = on_usage
         self.directory = directory
         self.hooks = hooks
         self.log = PartitionLog(directory, config=log_config)
@@ -155,7 +159,6 @@ class PartitionDriver:
         self._changed: asyncio.Future[None] | None = None
         self._seen = self._observed()
         # Counters for usage reports and /metrics.
-        self.steps = 0
         self.produce_records = 0
         self.produce_bytes = 0
         self.fetch_bytes = 0
@@ -167,7 +170,6 @@ class PartitionDriver:
         """Feed one event to the core and perform its Ready; returns fetch answers it produced."""
         if self.closed:
             return []
-        self.steps += 1   # ReplicaManager.usage_report: a replica not stepped since has the same figures
         if self.failed is not None:
             raise PartitionOfflineError(f"partition {self.tp[0]}-{self.tp[1]} is offline: {self.failed}")
         if isinstance(event, (FetchResponse, AppendEntries)) and event.records and not self.log.space.has_room(
@@ -206,6 +208,8 @@ class PartitionDriver:
         self._notify_if_changed()
         if self.on_due is not None:
             self.on_due(self.tp, self.replica.next_tick_ms())
+        if self.on_usage is not None:
+            self.on_usage(self.tp)
         return answers
 
     def _refetch_later(self, unapplied: FetchResponse) -> None:
@@ -255,6 +259,8 @@ class PartitionDriver:
             if not f.cancelled() and f.result().error is ErrorCode.NONE:
                 self.produce_records += f.result().record_count
                 self.produce_bytes += len(records)
+                if self.on_usage is not None:
+                    self.on_usage(self.tp)
         future.add_done_callback(count)
         return future
 

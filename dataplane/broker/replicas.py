@@ -104,10 +104,13 @@ USAGE_FULL_EVERY_S = 30.0   # ReplicaManager.usage_report
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class _KeptUsage:
-    mark: tuple[int, ...]                 # (driver, steps, replicated bytes, produced bytes, records, fetched)
+    """A replica's row of the last usage report, as read then."""
+
+    driver: PartitionDriver
+    counters: tuple[int, int, int, int]  # produced bytes, records, fetched, replicated bytes
     figures: tuple[int | float, ...]
     usage: ReplicaUsage
-    idle: bool                            # its rates were all zero
+    idle: bool                           # its rates were all zero
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -178,9 +181,14 @@ class ReplicaManager:
         self.budget = ProduceBudget(unreplicated_bytes_max=config.unreplicated_bytes_max)
         self._fed: dict[TopicPartition, tuple] = {}
         self._isr_inflight: set[TopicPartition] = set()
-        self._last_usage: dict[TopicPartition, tuple[float, tuple[int, int, int]]] = {}
+        # The usage report's rows, and what it must read again: replicas stepped, opened or
+        # removed since the last (`_usage_touched`) and those whose rates were not zero.
         self._usage_kept: dict[TopicPartition, _KeptUsage] = {}
+        self._usage_touched: set[TopicPartition] = set()
+        self._usage_busy: set[TopicPartition] = set()
+        self._usage_sums = (0, 0, 0, 0, 0)   # the rows' counters and log bytes, added up
         self._usage_full_at = -USAGE_FULL_EVERY_S
+        self._usage_at: float | None = None   # when the previous report was made
         # Byte counters of the drivers already closed (moved away, reopened), so that the
         # broker's totals (usage_report) never go down within this process.
         self._retired_bytes = ByteTotals()
@@ -326,6 +334,7 @@ class ReplicaManager:
             now = self._hosted_topic(tp)
             if now is not None and now[0].topic_id == hosted[0].topic_id and not self._closed:
                 self.drivers[tp] = driver
+                self.usage_touched(tp)
                 self._feed(driver, now[0], now[1], self._image)  # type: ignore[arg-type]
                 return
             await driver.close()  # stopping, or the replica left (or its topic was re-created) while opening
@@ -373,7 +382,8 @@ class ReplicaManager:
                 fetch_max_bytes=self.config.partition_fetch_max_bytes,
                 push_heartbeat_ms=self.config.push_heartbeat_ms, budget=self.budget,
                 on_fsync=self.metrics.observe_fsync, on_due=self.schedule_tick,
-                follower_fetching=self._follower_fetching, on_follow_change=self._follow_changed))
+                follower_fetching=self._follower_fetching, on_follow_change=self._follow_changed,
+                on_usage=self.usage_touched))
         except (BiplaneError, OSError) as exc:
             # A full disk is logged once for the whole filesystem (dataplane/log/space.py) and
             # the open is tried again (dataplane/broker/offline.py): a warning here.
@@ -397,6 +407,7 @@ class ReplicaManager:
                 return True  # not offline (opened meanwhile)
             if driver is not None:
                 del self.drivers[tp]
+                self.usage_touched(tp)
                 self._retired_bytes = self._retired_bytes.plus(ByteTotals.of(driver))
                 self._fed.pop(tp, None)
                 self.reopening.add(tp)  # its log was not closed by a clean stop of this broker
@@ -447,6 +458,7 @@ class ReplicaManager:
         (an open of the same partition waits for it)."""
         self.open_failures.pop(tp, None)
         driver = self.drivers.pop(tp)
+        self.usage_touched(tp)
         self._retired_bytes = self._retired_bytes.plus(ByteTotals.of(driver))
         self._fed.pop(tp, None)
         info = image.get_partition(*tp)
@@ -665,60 +677,77 @@ class ReplicaManager:
                              result.bytes_after, extra={"event": "partition.compacted", "topic": tp[0],
                                                         "partition": tp[1]})
 
+    def usage_touched(self, tp: TopicPartition) -> None:
+        """Its figures may have changed: the next usage report reads it again (told by the
+        driver after each step and each produce it counts, and here on open and removal)."""
+        self._usage_touched.add(tp)
+
     def usage_report(self) -> UsageReport:
         """Per replica: sizes, offsets, and rates since the previous call; the logs' bytes on
         disk; and the bytes produced, replicated and fetched since the process started (the
         open replicas' counters plus those of every replica closed since).
 
-        A replica not stepped since the previous call, whose counters did not move and whose
-        rates were zero, keeps its figures without reading its log (at thousands of idle
-        replicas each reading was most of the report's cost); every USAGE_FULL_EVERY_S all are
-        read again, for what changes outside a step (retention, compaction)."""
+        It costs what changed: only replicas touched since the previous call (stepped, given a
+        produce to count, opened, removed) or whose rates were not zero are read again; the
+        others keep their row, the same ReplicaUsage object, and the sums are moved by the
+        rows read. At thousands of idle replicas a walk over all of them each second was a
+        chunk of milliseconds on the loop. Every USAGE_FULL_EVERY_S all are read again, for
+        what changes outside a step (retention, compaction)."""
         now = time.monotonic()
         full = now - self._usage_full_at >= USAGE_FULL_EVERY_S
+        # A row not read at the previous report had the same counters then (nothing touched it).
+        elapsed = max(now - self._usage_at, 1e-3) if self._usage_at is not None else 1e-3
+        self._usage_at = now
+        touched, self._usage_touched = self._usage_touched, set()
         if full:
             self._usage_full_at = now
-        retired = self._retired_bytes
-        produced, replicated, fetched = retired.produce_bytes, retired.replicated_bytes, retired.fetch_bytes
-        log_bytes = 0
-        out = []
-        for tp, d in self.drivers.items():
-            if d.closed:
-                continue
-            counters = (d.produce_bytes, d.produce_records, d.fetch_bytes)
-            produced += counters[0]
-            fetched += counters[2]
-            replicated += d.replicated_bytes
-            mark = (id(d), d.steps, d.replicated_bytes, *counters)   # a reopened replica is another driver
+            look = set(self.drivers) | set(self._usage_kept)
+        else:
+            look = touched | self._usage_busy
+        sums = list(self._usage_sums)
+        for tp in look:
+            d = self.drivers.get(tp)
             kept = self._usage_kept.get(tp)
-            then, before = self._last_usage.get(tp, (now, counters))
-            self._last_usage[tp] = (now, counters)
-            if kept is not None and not full and kept.mark == mark and kept.idle:
-                out.append(kept.usage)
-                log_bytes += kept.usage.size_bytes
+            if kept is not None and kept.driver is not d:   # gone, or reopened as another driver
+                del self._usage_kept[tp]
+                self._usage_busy.discard(tp)
+                for k, v in enumerate((*kept.counters, kept.figures[0])):
+                    sums[k] -= int(v)
+                kept = None
+            if d is None or d.closed:
                 continue
-            elapsed = max(now - then, 1e-3)
-            rates = [max(0.0, (c - b) / elapsed) for c, b in zip(counters, before)]
-            size = d.log.size_bytes
-            figures = (size, d.log.log_start_offset, d.log.log_end_offset, max(d.replica.high_watermark, 0), *rates)
+            counters = (d.produce_bytes, d.produce_records, d.fetch_bytes, d.replicated_bytes)
+            before = kept.counters if kept is not None else counters
+            rates = tuple(max(0.0, (c - b) / elapsed) for c, b in zip(counters[:3], before[:3]))
+            if kept is not None and not full and tp not in touched:
+                figures = kept.figures[:4] + rates   # not stepped since: only its rates moved
+            else:
+                figures = (d.log.size_bytes, d.log.log_start_offset, d.log.log_end_offset,
+                           max(d.replica.high_watermark, 0), *rates)
             if kept is None or kept.figures != figures:
                 # Unchanged figures keep their object: the heartbeat's incremental report
                 # (common/usage.py, UsageReports) tells an idle replica by identity.
                 usage = ReplicaUsage(
-                    topic=tp[0], partition=tp[1], size_bytes=figures[0], log_start_offset=figures[1],
-                    log_end_offset=figures[2], high_watermark=figures[3], produce_bytes_per_s=figures[4],
-                    produce_records_per_s=figures[5], fetch_bytes_per_s=figures[6])
+                    topic=tp[0], partition=tp[1], size_bytes=int(figures[0]), log_start_offset=int(figures[1]),
+                    log_end_offset=int(figures[2]), high_watermark=int(figures[3]),
+                    produce_bytes_per_s=figures[4], produce_records_per_s=figures[5], fetch_bytes_per_s=figures[6])
             else:
                 usage = kept.usage
-            self._usage_kept[tp] = _KeptUsage(mark=mark, figures=figures, usage=usage, idle=not any(rates))
-            out.append(usage)
-            log_bytes += size
-        if len(self._last_usage) > len(out) or full:   # replicas closed since (or swapped for others)
-            for gone in [tp for tp in self._last_usage if tp not in self.drivers or self.drivers[tp].closed]:
-                self._last_usage.pop(gone, None)
-                self._usage_kept.pop(gone, None)
-        return UsageReport(replicas=out, log_bytes=log_bytes, totals=ByteTotals(
-            produce_bytes=produced, replicated_bytes=replicated, fetch_bytes=fetched))
+            old = (*kept.counters, kept.figures[0]) if kept is not None else (0, 0, 0, 0, 0)
+            for k, (v, o) in enumerate(zip((*counters, figures[0]), old)):
+                sums[k] += int(v) - int(o)
+            self._usage_kept[tp] = _KeptUsage(driver=d, counters=counters, figures=figures, usage=usage,
+                                              idle=not any(rates))
+            if any(rates):
+                self._usage_busy.add(tp)
+            else:
+                self._usage_busy.discard(tp)
+        self._usage_sums = (sums[0], sums[1], sums[2], sums[3], sums[4])
+        retired = self._retired_bytes
+        return UsageReport(replicas=[k.usage for k in self._usage_kept.values()], log_bytes=sums[4],
+                           totals=ByteTotals(produce_bytes=retired.produce_bytes + sums[0],
+                                             replicated_bytes=retired.replicated_bytes + sums[3],
+                                             fetch_bytes=retired.fetch_bytes + sums[2]))
 
     async def close(self) -> None:
         async with self._lock:
