@@ -690,3 +690,46 @@ def test_a_repeat_of_what_the_long_poll_carries_does_not_wake_the_express_loop(m
     repeats, news = asyncio.run(scenario())
     assert repeats == 0, f"{repeats} looks for 20 repeats of what the long-poll carries"
     assert news >= 1, "a new position wakes the express loop"
+
+
+def test_partitions_with_no_replica_here_are_looked_at_on_a_timer_not_on_every_wake(tmp_path, monkeypatch):
+    """A session partition with no replica to answer on the leader (still opening there, or
+    not its own) was stepped on every wake of the session's long-poll: while thousands of
+    replicas opened, each change anywhere looked at every one of them. Now they are looked
+    at again every NOT_READY_POLL_S (here 10 s: not within this test), and a wake for a
+    change looks at what changed."""
+    monkeypatch.setattr(server, "NOT_READY_POLL_S", 10.0)
+    names = [f"q{i}" for i in range(4)]
+    missing = [f"u{i}" for i in range(6)]
+
+    async def scenario():
+        drivers = {name: _leader_driver(tmp_path, name, (1, 2), None) for name in names}
+        for d in drivers.values():
+            await _until_serving(d)
+        handler = _handler(drivers)
+        positions = [_position(n, d.log.log_end_offset) for n, d in drivers.items()] + [_position(n, 0) for n in missing]
+        full = await asyncio.wait_for(_session_fetch(handler, 0, 0, positions, wait_ms=0), 5)
+        assert all(_carried(full)[n].error_code is not ErrorCode.NONE for n in missing)
+        sid = full.session_id
+        looked: list[str] = []
+        real_step = handler._fetch_partition
+
+        def step(replica_id, tp, p, max_bytes):
+            looked.append(tp.topic)
+            return real_step(replica_id, tp, p, max_bytes)
+        monkeypatch.setattr(handler, "_fetch_partition", step)
+        epoch = 1
+        for round_ in range(3):
+            poll = _session_fetch(handler, sid, epoch)
+            epoch += 1
+            await asyncio.sleep(0.05)
+            drivers["q1"].submit_produce(bytearray(build_batch([b"v"], timestamp_ms=1)), acks=1, timeout_ms=10_000)
+            woken = await asyncio.wait_for(poll, 2)
+            assert set(_carried(woken)) == {"q1"}, _carried(woken)
+        for d in drivers.values():
+            await d.close()
+        return looked
+
+    looked = asyncio.run(scenario())
+    assert not set(looked) & set(missing), f"partitions with no replica here looked at on wakes: {sorted(set(looked))}"
+    assert set(looked) == {"q1"}, sorted(set(looked))

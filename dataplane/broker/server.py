@@ -80,11 +80,16 @@ class _Watch:
     partitions stepped on every wake (`active`: no quiet answer kept) and those whose driver
     changed since (`dirty`, set by done-callbacks on the drivers' futures, each hooked once).
     A quiet partition is not stepped again for its follower's ISR clock: the core asks the
-    session when that clock runs out (RequestHandler.follower_fetching)."""
+    session when that clock runs out (RequestHandler.follower_fetching). A partition with no
+    replica to answer here (still opening, or not ours) is looked at again every
+    NOT_READY_POLL_S (`unready`), not on every wake: while thousands open, every wake of a
+    session looked at each of them, a sixth of the leader's work."""
 
     wake: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     active: set[TopicPartition] = dataclasses.field(default_factory=set)
     dirty: set[TopicPartition] = dataclasses.field(default_factory=set)
+    unready: set[TopicPartition] = dataclasses.field(default_factory=set)
+    unready_due_s: float = 0.0
     hooked: dict[TopicPartition, asyncio.Future[None]] = dataclasses.field(default_factory=dict)
     _hooked_tp: dict[asyncio.Future[None], TopicPartition] = dataclasses.field(default_factory=dict)
 
@@ -340,6 +345,9 @@ class RequestHandler:
             watch.wake.clear()
             look = watch.active | watch.dirty
             watch.dirty.clear()
+            if watch.unready and loop.time() >= watch.unready_due_s:
+                look |= watch.unready   # those still without a replica go back below
+                watch.unready.clear()
             ready = False  # an answer that cannot wait (an error, a divergence, a stale long-poll)
             budget = max(1, request.max_bytes)
             waitable = bool(notes)
@@ -376,7 +384,10 @@ class RequestHandler:
                     now = self.fetch_sessions.carries(session_id, tp, False, _summary(answer))
                 ready = ready or (now and not answer.records)
                 if driver is None:
-                    watch.active.add(tp)
+                    if not watch.unready:
+                        watch.unready_due_s = loop.time() + NOT_READY_POLL_S
+                    watch.unready.add(tp)
+                    watch.active.discard(tp)
                     notes.pop(tp, None)
                     continue
                 waitable = True
@@ -399,6 +410,8 @@ class RequestHandler:
                 # were answered once; poll rather than answer nothing at once, over and over.
                 await asyncio.sleep(min(remaining, NOT_READY_POLL_S))
                 continue
+            if watch.unready:
+                remaining = min(remaining, max(watch.unready_due_s - loop.time(), 0.0))
             try:
                 async with asyncio.timeout(remaining):
                     await watch.wake.wait()
@@ -432,6 +445,7 @@ class RequestHandler:
         for tp in fetch.removed:
             watch.active.discard(tp)
             watch.dirty.discard(tp)
+            watch.unready.discard(tp)
             watch.hooked.pop(tp, None)   # its callback, when it runs, finds nothing hooked
         return watch
 
