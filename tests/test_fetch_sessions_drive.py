@@ -733,3 +733,28 @@ def test_partitions_with_no_replica_here_are_looked_at_on_a_timer_not_on_every_w
     looked = asyncio.run(scenario())
     assert not set(looked) & set(missing), f"partitions with no replica here looked at on wakes: {sorted(set(looked))}"
     assert set(looked) == {"q1"}, sorted(set(looked))
+
+
+def test_the_same_throttle_told_again_does_not_rewire_the_sessions(monkeypatch):
+    """The reassignment throttle is told on every metadata image (thousands a minute while
+    replicas open); each telling rewired every partition of every session. Only a change of
+    the rate or of the partitions it paces rewires them now."""
+    rewired: list[int] = []
+
+    async def scenario():
+        fetcher = Fetcher(broker_id=1, address_of=lambda b: ("127.0.0.1", 1), deliver=lambda tp, ev: None)
+        fetcher.submit(2, ("a", 0), FetchRequest(replica_id=1, fetch_offset=10, current_leader_epoch=1,
+                                                 partition=("a", 0)))
+        session = fetcher.sessions[2]
+        monkeypatch.setattr(session, "rewire", lambda: rewired.append(1))
+        paced = frozenset({("a", 0)})
+        fetcher.configure_throttle(1000, paced)
+        fetcher.configure_throttle(1000, frozenset({("a", 0)}))
+        fetcher.configure_throttle(1000, paced)
+        told_once = len(rewired)
+        fetcher.configure_throttle(2000, paced)
+        fetcher.configure_throttle(2000, frozenset())
+        await fetcher.close()
+        return told_once, len(rewired)
+
+    assert asyncio.run(scenario()) == (1, 3)

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import shutil
@@ -17,7 +18,7 @@ from typing import Any
 from common.control_client import ControlClient
 from common.eventloop import LoopStalls, LoopWatchdog
 from common.errors import BiplaneError
-from common.metadata.image import MetadataImage
+from common.metadata.image import MetadataImage, PartitionInfo
 from common.metrics import MetricsServer
 from common.tasks import cancel_and_wait
 from common.topic_partition import TopicPartition
@@ -59,6 +60,15 @@ LOOP_STALL_WARN_MS = 250.0
 LINKS_REFRESH_MS = 250   # Broker.expected_links
 
 
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Adding:
+    """One topic's partitions as last read for the reassignment throttle (Broker._apply_cluster_config)."""
+
+    parts: tuple[PartitionInfo, ...]
+    adding: frozenset[TopicPartition]              # this broker is being added to them
+    pushed: frozenset[tuple[int, TopicPartition]]  # followers being added to the ones it leads
+
 class Broker:
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
@@ -83,6 +93,7 @@ class Broker:
         self._usage_latest: BrokerUsage | None = None
         self.contact = PeerContact()
         self._links_for: MetadataImage | None = None
+        self._adding: dict[str, _Adding] = {}   # per topic, for the reassignment throttle
         self._links: list[Expected] = []
         self._links_at_ms = -LINKS_REFRESH_MS
         self._unreachable_latest: tuple[UnreachablePeer, ...] = ()   # read by the heartbeat thread
@@ -216,11 +227,17 @@ class Broker:
         rate = image.cluster_config.reassignment_throttle_bytes_per_s
         adding: set[TopicPartition] = set()
         pushed: set[tuple[int, TopicPartition]] = set()
-        for p in image.partitions():
-            if me in p.adding:
-                adding.add(p.tp)
-            if p.leader == me:
-                pushed.update((b, p.tp) for b in p.adding)
+        memo: dict[str, _Adding] = {}
+        for name in image.topics:
+            parts = image.topic_partitions(name)
+            known = self._adding.get(name)
+            if known is None or known.parts is not parts:   # the same tuple: no partition changed
+                known = _Adding(parts=parts, adding=frozenset(p.tp for p in parts if me in p.adding),
+                                pushed=frozenset((b, p.tp) for p in parts if p.leader == me for b in p.adding))
+            memo[name] = known
+            adding |= known.adding
+            pushed |= known.pushed
+        self._adding = memo
         self.fetcher.configure_throttle(rate, frozenset(adding))
         self.pusher.throttle.configure(rate, frozenset(pushed))
 

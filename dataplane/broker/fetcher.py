@@ -108,7 +108,10 @@ class Fetcher:
         self.throttle = ReplicationThrottle()
 
     def configure_throttle(self, rate_bytes_per_s: int | None, partitions: frozenset[TopicPartition]) -> None:
-        """From the metadata: the cluster's reassignment throttle and the partitions it paces."""
+        """From the metadata: the cluster's reassignment throttle and the partitions it paces.
+        Told on every metadata image; the sessions are rewired only when either changed."""
+        if (rate_bytes_per_s, partitions) == (self.throttle.rate_bytes_per_s, self.throttle.keys):
+            return
         self.throttle.configure(rate_bytes_per_s, partitions)
         for session in self.sessions.values():
             session.rewire()
