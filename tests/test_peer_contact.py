@@ -99,3 +99,47 @@ def test_passing_the_same_list_again_gives_what_the_rule_gives():
             assert contact.unreachable(current, now) == oracle.unreachable(current, now)
 
     run()
+
+
+def test_links_passed_in_groups_give_what_the_rule_gives_and_unchanged_groups_are_kept():
+    """The broker passes its links as one group per topic, a group the same sequence object
+    while its topic is unchanged, so that a metadata change works out only the topics it
+    touched; the answers must still be the rule's, link by link, and a group passed again
+    keeps when each of its links became expected."""
+    from hypothesis import given, settings, strategies as st
+
+    links = [Expected(TopicPartition(topic, p), 1, peer, bound) for topic, p, peer, bound in
+             [("a", 0, 2, 100), ("a", 1, 3, 300), ("b", 0, 2, 500), ("b", 1, 4, 200), ("c", 0, 3, 150)]]
+    step = st.one_of(st.tuples(st.just("heard"), st.sampled_from([2, 3, 4]), st.integers(0, 400)),
+                     st.tuples(st.just("check"), st.just(0), st.integers(0, 400)),
+                     st.tuples(st.just("relist"), st.integers(0, 31), st.integers(0, 400)),
+                     st.tuples(st.just("stall"), st.just(0), st.integers(0, 400)))
+
+    def grouped(chosen: list[Expected], before: dict[str, tuple[Expected, ...]]) -> dict[str, tuple[Expected, ...]]:
+        out: dict[str, tuple[Expected, ...]] = {}
+        for topic in sorted({e.tp.topic for e in chosen}):
+            group = tuple(e for e in chosen if e.tp.topic == topic)
+            out[topic] = before[topic] if before.get(topic) == group else group   # unchanged: the same object
+        return out
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.lists(step, max_size=40))
+    def run(steps):
+        contact, oracle = PeerContact(), Oracle()
+        current = list(links)
+        groups = grouped(current, {})
+        now = 0
+        for kind, arg, advance in steps:
+            now += advance
+            if kind == "heard":
+                contact.heard(arg, now)
+                oracle.heard_ms[arg] = now
+            elif kind == "relist":
+                current = [link for i, link in enumerate(links) if arg & (1 << i)]
+                groups = grouped(current, groups)
+            elif kind == "stall":
+                contact.forget_silence()
+                oracle.heard_ms.clear()
+                oracle.since = {}
+            assert contact.unreachable(groups, now) == oracle.unreachable(current, now)
+    run()

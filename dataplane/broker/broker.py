@@ -25,7 +25,7 @@ from common.topic_partition import TopicPartition
 from common.requests import UnreachablePeer
 from common.usage import BrokerUsage
 from dataplane.broker.config import BrokerConfig
-from dataplane.broker.contact import Expected, PeerContact, expected_links
+from dataplane.broker.contact import Expected, PeerContact, topic_links
 from dataplane.broker.fetcher import Fetcher
 from dataplane.broker.listener import start_pipelined_server
 from dataplane.broker.lifecycle import (
@@ -94,7 +94,9 @@ class Broker:
         self.contact = PeerContact()
         self._links_for: MetadataImage | None = None
         self._adding: dict[str, _Adding] = {}   # per topic, for the reassignment throttle
-        self._links: list[Expected] = []
+        self._links: dict[str, tuple[Expected, ...]] = {}   # per topic (expected_links)
+        self._links_source: dict[str, tuple[object, object]] = {}
+        self._links_unfenced: frozenset[int] | None = None
         self._links_at_ms = -LINKS_REFRESH_MS
         self._unreachable_latest: tuple[UnreachablePeer, ...] = ()   # read by the heartbeat thread
         self.learner: MetadataLearner | None = None
@@ -266,19 +268,40 @@ class Broker:
         # not make every link look silent (or revive a silent one).
         self.contact.heard(peer, now_ms())
 
-    def expected_links(self) -> list[Expected]:
-        """The links to watch, worked out again when the metadata image changed (an applied
-        batch replaces it), at most once per LINKS_REFRESH_MS: the same list object tells the
-        link check nothing changed. While thousands of replicas open, their ISR changes replace
-        the image many times a second, and each working-out walks every partition; a link
-        watched up to that much late or long is nothing against its bound of seconds (and a
-        report names the leader epoch, so one about an epoch gone is not acted on)."""
+    def expected_links(self) -> dict[str, tuple[Expected, ...]]:
+        """The links to watch, one group per topic, worked out again when the metadata image
+        changed (an applied batch replaces it), at most once per LINKS_REFRESH_MS, and then
+        only for the topics whose partitions or settings changed (the image replaces, never
+        edits, what a record touches), or all of them when a broker's fencing changed. The
+        same dict, and the same group for a topic unchanged, tell the link check what did
+        not change. While thousands of replicas open, their ISR changes replace the image
+        many times a second; a link watched up to that much late is nothing against its
+        bound of seconds (and a report names the leader epoch, so one about an epoch gone is
+        not acted on)."""
         assert self.learner is not None
         image = self.learner.image
         now = now_ms()
         if self._links_for is not image and now - self._links_at_ms >= LINKS_REFRESH_MS:
             self._links_for, self._links_at_ms = image, now
-            self._links = expected_links(image, self.config.broker_id, self.config.peer_unreachable_ms)
+            unfenced = frozenset(b for b in image.brokers if image.is_unfenced(b))
+            walk_all = unfenced != self._links_unfenced
+            links: dict[str, tuple[Expected, ...]] = {}
+            sources: dict[str, tuple[object, object]] = {}
+            changed = walk_all or len(image.topics) != len(self._links)
+            for name in sorted(image.topics):
+                source = (image.topic_partitions(name), image.topics[name])
+                known = self._links_source.get(name)
+                if not walk_all and known is not None and known[0] is source[0] and known[1] is source[1]:
+                    links[name] = self._links[name]
+                else:
+                    fresh = topic_links(image, name, self.config.broker_id, self.config.peer_unreachable_ms)
+                    old = self._links.get(name)
+                    links[name] = old if old is not None and old == fresh else fresh
+                    changed = changed or links[name] is not old
+                sources[name] = source
+            self._links_source, self._links_unfenced = sources, unfenced
+            if changed:
+                self._links = links
         return self._links
 
     async def _watch_links(self) -> None:
