@@ -808,3 +808,41 @@ def test_a_metadata_long_poll_held_by_a_cut_off_controller_moves_to_the_leader_t
     learner = asyncio.run(scenario())
     assert learner.offset == 1 and control.leader_url == "http://c2"
     assert ("http://c2", 0) in control.asked_after
+
+
+def test_an_event_on_a_stale_clock_asks_the_core_when_it_is_due_once_not_twice(tmp_path, monkeypatch):
+    """Before an event on a replica whose clock is CLOCK_STALE_MS old the driver moves the
+    clock unless a timed rule is due; it knows that from the core's answer after the last step
+    (only time has passed since), so the core works it out once per event, after the step,
+    not before it too. A rule that is due still gets its Tick first."""
+    from dataplane.broker.partition import now_ms
+    from dataplane.replica.events import FetchRequest, Tick
+
+    async def scenario():
+        driver = _leader_driver(tmp_path, "a", (1, 2), None)
+        await _until_serving(driver)
+        asked: list[int] = []
+        real = driver.replica.next_tick_ms
+
+        def counted():
+            asked.append(1)
+            return real()
+        monkeypatch.setattr(driver.replica, "next_tick_ms", counted)
+        ticks: list[object] = []
+        real_tick = driver.tick
+        monkeypatch.setattr(driver, "tick", lambda now: (ticks.append(now), real_tick(now)))
+        await asyncio.sleep(0.03)   # the clock is now stale
+        driver.step(FetchRequest(replica_id=2, fetch_offset=driver.log.log_end_offset, current_leader_epoch=1,
+                                 partition=("a", 0), last_fetched_epoch=1))
+        once = (len(asked), len(ticks))
+        driver._due = now_ms() - 1   # as if a timed rule had come due since the last step
+        await asyncio.sleep(0.03)
+        asked.clear()
+        driver.step(FetchRequest(replica_id=2, fetch_offset=driver.log.log_end_offset, current_leader_epoch=1,
+                                 partition=("a", 0), last_fetched_epoch=1))
+        await driver.close()
+        return once, len(ticks)
+
+    (asked_once, ticked_before), ticked_after = asyncio.run(scenario())
+    assert (asked_once, ticked_before) == (1, 0), (asked_once, ticked_before)
+    assert ticked_after == 1, "a rule due by then gets its Tick before the event"

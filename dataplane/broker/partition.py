@@ -37,7 +37,7 @@ from dataplane.replica.actions import (
     Append, NoteAction, PersistAction, ProposeIsr, Ready, RefreshMetadata, Rejected, ReleaseProduce, ReportElection, Send,
     StopLeading, Truncate, TruncateFully,
 )
-from dataplane.replica.core import Replica, Role
+from dataplane.replica.core import UNKNOWN, Replica, Role, Unknown
 from dataplane.replica.events import (
     AppendEntries, AppendEntriesReply, BrokerBudget, FetchRequest, FetchResponse, FlushDone, ProduceRequest,
     StillFetching, Tick, WriteDone,
@@ -101,6 +101,9 @@ class PartitionDriver:
         self.tp = tp
         # Told after every step when the core next wants a Tick (Replica.next_tick_ms).
         self.on_due = on_due
+        # That answer as of the last step: only time has passed since, so it still says
+        # whether a timed rule is due (Replica.move_clock, asked before each event).
+        self._due: int | None | Unknown = UNKNOWN
         # What the leader's fetch sessions know of a follower here (Tick.fetching).
         self.follower_fetching = follower_fetching
         # Told when this replica may have started or stopped following a leader (its role or
@@ -182,12 +185,13 @@ class PartitionDriver:
             return []
         now = now_ms()
         if (not isinstance(event, Tick) and now - self.replica.now_ms >= CLOCK_STALE_MS
-                and not self.replica.move_clock(max(now, self.replica.now_ms), wall_ms())):
+                and not self.replica.move_clock(max(now, self.replica.now_ms), wall_ms(), due_ms=self._due)):
             self.tick(now)
             if self.closed:
                 return []
             if self.failed is not None:
                 raise PartitionOfflineError(f"partition {self.tp[0]}-{self.tp[1]} is offline: {self.failed}")
+        self._due = UNKNOWN   # until this step's answer (a step that raises leaves it unknown)
         ready = self.replica.step(event)
         outer, self._answers = self._answers, []
         try:
@@ -206,8 +210,9 @@ class PartitionDriver:
             if self.replica.waiting_for_room():
                 self.budget.call_when_room(self.tp, self._on_room)
         self._notify_if_changed()
+        self._due = self.replica.next_tick_ms()
         if self.on_due is not None:
-            self.on_due(self.tp, self.replica.next_tick_ms())
+            self.on_due(self.tp, self._due)
         if self.on_usage is not None:
             self.on_usage(self.tp)
         return answers

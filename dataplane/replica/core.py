@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import enum
 from collections.abc import Callable
 from typing import Any
 
@@ -69,6 +70,15 @@ _DECLINED_ISR_REFUSALS = frozenset({ErrorCode.INELIGIBLE_REPLICA, ErrorCode.INVA
 EPOCH_START_CONTROL_KEY = b"\x00\x00\x00\x02"
 EARLIEST_TIMESTAMP = -2
 LATEST_TIMESTAMP = -1
+
+
+class Unknown(enum.Enum):
+    """A value its holder does not know (`Replica.move_clock`'s due_ms: work it out)."""
+
+    UNKNOWN = "unknown"
+
+
+UNKNOWN = Unknown.UNKNOWN
 
 
 @dataclasses.dataclass(slots=True)
@@ -931,16 +941,19 @@ class Replica(ProduceAdmission, PushMixin):
 
     # ----------------------------------------------------------------- time
 
-    def move_clock(self, now_ms: int, wall_ms: int | None = None) -> bool:
+    def move_clock(self, now_ms: int, wall_ms: int | None = None, *,
+                   due_ms: int | None | Unknown = UNKNOWN) -> bool:
         """Do what a Tick at `now_ms` does when none of its timed rules is due by then
         (`next_tick_ms`): move the clocks, nothing else, for a fraction of a step. False, with
         nothing moved, when one is due: the driver steps a Tick instead. A driver moves the
         clock this way before an event that needs it fresh (a fetch stamps a follower caught up
         at `now_ms`); with thousands of quiet partitions, a whole Tick step before each was
-        half the cost of keeping their followers in the ISR."""
+        half the cost of keeping their followers in the ISR. `due_ms`: the caller's copy of
+        `next_tick_ms()` from after the last step (a rule due then is due still; none comes
+        due but by time), so that it is not worked out twice per event."""
         if now_ms < self.now_ms:
             raise ValueError(f"the clock went back: now_ms={now_ms} after {self.now_ms}")
-        due = self.next_tick_ms()
+        due = self.next_tick_ms() if isinstance(due_ms, Unknown) else due_ms
         if due is not None and due <= now_ms:
             return False
         self.wall_ms = self.wall_ms + (now_ms - self.now_ms) if wall_ms is None else wall_ms
