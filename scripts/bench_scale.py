@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import resource
 import statistics
 import os
 import re
@@ -46,6 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from cluster_harness import SECRET, Cluster, _list_offsets_code, _run_sync, make_batch, produce  # noqa: E402
+from common import fds  # noqa: E402
 from common.wire import WireClient  # noqa: E402
 from controller_harness import Controller, http, make_specs, register_and_unfence, wait_leader  # noqa: E402
 from metrics_scrape import scrape as metrics_scrape  # noqa: E402
@@ -176,6 +178,18 @@ def main() -> None:
     parser.add_argument("--steady-rate", type=float, default=200.0, help="its requests a second")
     parser.add_argument("--open-timeout", type=float, default=900.0, help="give up on opening after this long")
     args = parser.parse_args()
+    # Each replica holds two files: 10,000 partitions (RF 3 on 3 brokers) need over 20,000 per
+    # broker. Brokers raise their soft limit to the hard one; as root, lift the hard one too
+    # (the brokers inherit it), else say how far it goes.
+    most = max(int(x) for x in args.partitions.split(",") if x.strip())
+    wanted = fds.FDS_PER_REPLICA * most + 10_000
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < wanted:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, wanted))
+        except (ValueError, OSError):
+            print(f"open-file limit {hard} (hard) is below the {wanted} that {most} partitions need per broker; "
+                  f"raise it (`ulimit -n`, as root) or expect replicas that cannot open", file=sys.stderr)
     if args.controller_partitions:
         controller_scale(args.controller_partitions)
     args.steady_baseline = None
@@ -238,7 +252,7 @@ def brokers_scale(args: argparse.Namespace, partitions: int) -> None:
         for b in brokers:
             held = scrape(ports[b], "biplane_broker_partitions")
             print(f"broker {b}: opened {opened_count(cluster, b)} replicas"
-                  f" (/metrics: {held:.0f}) in {opened_s.get(b, float('nan')):.1f} s from the first create;"
+                  f" (/metrics: {'no answer' if held is None else f'{held:.0f}'}) in {opened_s.get(b, float('nan')):.1f} s from the first create;"
                   f" applied the offset of 'late' {applied_s.get(b, float('nan')):.1f} s after creating it")
         print(f"opening: every replica open {max(opened_s.values(), default=float('nan')):.1f} s after the first "
               f"create{'' if len(opened_s) == 3 else ' (NOT all opened within the timeout)'}")

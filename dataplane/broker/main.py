@@ -10,7 +10,7 @@ import sys
 
 from pydantic import ValidationError
 
-from common import eventloop, heap
+from common import eventloop, fds, heap
 from common.durable import write_atomically
 from common.errors import StorageError
 from common.logs import configure_logging
@@ -147,6 +147,7 @@ def main(argv: list[str], prog: str) -> int:
         print(f"{prog}: invalid configuration:\n{exc}", file=sys.stderr)
         return 2
     heap.keep_freed_memory()  # frames and batches recycle freed memory instead of faulting in new pages
+    fds.raise_soft_limit()    # two files per replica: thousands of partitions need thousands
     try:
         return eventloop.run(serve(config, args.ports_file))
     except StorageError as exc:

@@ -29,6 +29,7 @@ import shutil
 import time
 from typing import Callable, Iterable
 
+from common import fds
 from common.control_client import ControlClient
 from common.durable import temp_path, write_synced
 from common.errors import BiplaneError
@@ -388,7 +389,8 @@ class ReplicaManager:
             # A full disk is logged once for the whole filesystem (dataplane/log/space.py) and
             # the open is tried again (dataplane/broker/offline.py): a warning here.
             log_fn = log.warning if is_disk_full(exc) else log.error
-            log_fn("cannot open %s-%d in %s: %s", *info.tp, directory, exc,
+            hint = f"; {fds.open_files_hint(len(self.drivers))}" if fds.too_many_open_files(exc) else ""
+            log_fn("cannot open %s-%d in %s: %s%s", *info.tp, directory, exc, hint,
                    extra={"event": "partition.open_failed", "topic": info.topic, "partition": info.partition})
             self.open_failures[info.tp] = f"opening it failed: {exc}"
             self.partition_offline(info.tp)
