@@ -1,8 +1,8 @@
-"""The open-file limit: a broker holds two descriptors per replica (its directory lock and its
-active segment), so thousands of partitions need thousands of descriptors.
+"""The open-file limit: a broker holds a descriptor per replica (its active segment), so
+thousands of partitions need thousands of descriptors.
 
 `raise_soft_limit` lifts the soft RLIMIT_NOFILE to the hard one at start (as Go programs do
-by default): the soft default of many systems, 1,024, would stop a broker at about 500
+by default): the soft default of many systems, 1,024, would stop a broker at about 1,000
 replicas, while the hard limit is the operator's word. `too_many_open_files` turns EMFILE into
 an error message a user can act on."""
 from __future__ import annotations
@@ -10,8 +10,9 @@ from __future__ import annotations
 import errno
 import resource
 
-# Descriptors one open replica holds (dataplane/log/lock.py and the active segment).
-FDS_PER_REPLICA = 2
+# Descriptors one open replica holds: its active segment (a broker's replicas lock their
+# directories in-process, under the data directory's lock: dataplane/log/lock.py).
+FDS_PER_REPLICA = 1
 
 
 def raise_soft_limit() -> tuple[int, int]:

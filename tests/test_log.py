@@ -985,3 +985,35 @@ def test_flush_cost_counts_the_bytes_since_the_last_flush_and_is_unknown_across_
     assert log.flush_cost_bytes == len(one)  # a new segment's first checkpoint waits for its interval too
     log.append_as_leader(one, leader_epoch=1)
     assert log.flush_cost_bytes is None      # a new epoch: the epoch checkpoint and the directory
+
+
+def test_a_log_under_a_locked_parent_locks_in_process_and_holds_no_file_for_it(tmp_path):
+    """A broker holds its data directory's lock; each partition log under it then locks
+    itself in the process (a second open in the process fails as before) with no descriptor
+    held: a broker with 10,000 replicas spent 10,000 descriptors on locks and ran out at this
+    machine's limit of 20,000. A failed open leaves the directory free, as with the file lock."""
+    directory = str(tmp_path / "t-0")
+
+    def open_fds() -> set[str]:
+        return {os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+                if os.path.exists(f"/proc/self/fd/{fd}")}
+    log = PartitionLog(directory, parent_locked=True)
+    held = open_fds()
+    assert not any(path.endswith("/.lock") and path.startswith(directory) for path in held), held
+    with pytest.raises(StorageError, match="already open in this process"):
+        PartitionLog(directory, parent_locked=True)
+    log.close()
+    again = PartitionLog(directory, parent_locked=True)
+    again.close()
+    failing = str(tmp_path / "t-1")
+
+    def fail(self):
+        raise OSError(errno.EIO, "Input/output error")
+    real_open = PartitionLog._open
+    PartitionLog._open = fail   # type: ignore[method-assign]
+    try:
+        with pytest.raises(OSError):
+            PartitionLog(failing, parent_locked=True)
+    finally:
+        PartitionLog._open = real_open   # type: ignore[method-assign]
+    PartitionLog(failing, parent_locked=True).close()   # the failed open left the lock free

@@ -127,7 +127,8 @@ class Broker:
         self.watchdog.start()
         c = self.config
         os.makedirs(c.data_dir, exist_ok=True)
-        # One broker per data dir: a second one would find every partition log locked.
+        # One broker per data dir: a second one fails here. Under this lock each partition's
+        # log locks itself in this process only (no file held per replica: lock.py).
         self._dir_lock = DirectoryLock(c.data_dir)
         clean = take_clean_shutdown_marker(c.data_dir)
         self.control = ControlClient(list(c.controller_urls), secret=c.cluster_secret,
@@ -151,7 +152,8 @@ class Broker:
                              heard=self._heard, request_timeout_ms=c.replica_request_timeout_ms)
         self.replicas = replicas = ReplicaManager(
             config=c, control=self.control, clean_start=clean, send_fetch=self.fetcher.submit,
-            send_append_entries=self.pusher.submit, refresh_metadata=self.learner.refresh_soon, metrics=self.metrics)
+            send_append_entries=self.pusher.submit, refresh_metadata=self.learner.refresh_soon, metrics=self.metrics,
+            data_dir_locked=True)   # self._dir_lock, taken above
         self.producer_ids = ProducerIds(self.control, broker_id=c.broker_id, block_size=c.producer_id_block_size)
         self.handler = RequestHandler(broker_id=c.broker_id, image=lambda: learner.image,
                                       replicas=self.replicas, producer_ids=self.producer_ids,

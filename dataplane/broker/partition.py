@@ -97,7 +97,7 @@ class PartitionDriver:
                  on_due: Callable[[TopicPartition, int | None], None] | None = None,
                  follower_fetching: Callable[[TopicPartition, int], StillFetching | None] | None = None,
                  on_follow_change: Callable[[], None] | None = None,
-                 on_usage: Callable[[TopicPartition], None] | None = None) -> None:
+                 on_usage: Callable[[TopicPartition], None] | None = None, parent_locked: bool = False) -> None:
         self.tp = tp
         # Told after every step when the core next wants a Tick (Replica.next_tick_ms).
         self.on_due = on_due
@@ -114,7 +114,7 @@ class PartitionDriver:
         self.on_usage = on_usage
         self.directory = directory
         self.hooks = hooks
-        self.log = PartitionLog(directory, config=log_config)
+        self.log = PartitionLog(directory, config=log_config, parent_locked=parent_locked)
         self.coalescer = FlushCoalescer(self.log, debounce_ms=flush_debounce_ms, on_fsync=on_fsync)
         # Idempotent producers: from the newest snapshot plus the log past it (the
         # constructor runs in a worker thread: ReplicaManager._open); after a truncation

@@ -165,8 +165,12 @@ class ReplicaManager:
     def __init__(self, *, config: BrokerConfig, control: ControlClient, clean_start: bool,
                  send_fetch: Callable[[int, TopicPartition, FetchRequest], None],
                  send_append_entries: Callable[[int, TopicPartition, AppendEntries], None],
-                 refresh_metadata: Callable[[], None], metrics: BrokerMetrics | None = None) -> None:
+                 refresh_metadata: Callable[[], None], metrics: BrokerMetrics | None = None,
+                 data_dir_locked: bool = False) -> None:
         self.config = config
+        # The broker holds its data directory's lock: each replica's log then locks itself
+        # in this process only, with no file held open for it (dataplane/log/lock.py).
+        self.data_dir_locked = data_dir_locked
         self.metrics = metrics if metrics is not None else BrokerMetrics()
         self.broker_id = config.broker_id
         self.control = control
@@ -382,6 +386,7 @@ class ReplicaManager:
                 flush_debounce_ms=self.config.flush_debounce_ms,
                 fetch_max_bytes=self.config.partition_fetch_max_bytes,
                 push_heartbeat_ms=self.config.push_heartbeat_ms, budget=self.budget,
+                parent_locked=self.data_dir_locked,
                 on_fsync=self.metrics.observe_fsync, on_due=self.schedule_tick,
                 follower_fetching=self._follower_fetching, on_follow_change=self._follow_changed,
                 on_usage=self.usage_touched))

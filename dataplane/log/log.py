@@ -39,7 +39,7 @@ from .cleaner import (CleanPlan, CleanResult, CompactionConfig, OffsetMap, Segme
                       drops_tombstones, map_batch, plan_clean)
 from .epoch_cache import EpochCache
 from .interface import AppendInfo, DeletedSegment, EpochEntry, LogConfig, ReadResult, patchable
-from .lock import DirectoryLock
+from .lock import DirectoryLock, InProcessLock
 from .producer_snapshots import ProducerSnapshots
 from .segment import BatchSpan, Segment
 from .tail import TailCache
@@ -70,7 +70,9 @@ class PartitionLog:
     flushed_offset == log_end_offset once the constructor returns.
     """
 
-    def __init__(self, directory: str, *, config: LogConfig | None = None) -> None:
+    def __init__(self, directory: str, *, config: LogConfig | None = None, parent_locked: bool = False) -> None:
+        """`parent_locked`: this process holds the DirectoryLock of a directory above this one
+        (a broker's data directory), so the log's own lock needs no file (lock.py)."""
         self.directory = os.path.abspath(directory)
         self.config = config or LogConfig()
         os.makedirs(self.directory, exist_ok=True)
@@ -78,7 +80,8 @@ class PartitionLog:
         self.space = space.for_directory(self.directory)
         self._lock = threading.Lock()        # all state below
         self._flush_lock = threading.Lock()  # one flush at a time; truncations wait for it
-        self._dir_lock = DirectoryLock(self.directory)
+        self._dir_lock: DirectoryLock | InProcessLock = (InProcessLock(self.directory) if parent_locked
+                                                         else DirectoryLock(self.directory))
         self._segments: list[Segment] = []
         self._bases: list[int] = []
         self._dirty: dict[int, Segment] = {}  # id -> segment with unflushed writes
