@@ -13,7 +13,9 @@ Layout of a log directory:
   <base:020d>.log.cleaned / .log.swap     a segment being rewritten by compaction: .cleaned is
                                           dropped on open, .swap replaces the segment
   <offset:020d>.producer-snapshot         producer-state snapshots (producer_snapshots.py)
-  .lock                                   flock held by the process that has it open
+  .lock                                   flock held by the process that has it open (under a
+                                          broker's locked data directory the log locks in the
+                                          process instead, with no file: lock.py)
 
 The contract (durability, buffer ownership) is in interface.py. Threads: every
 method may be called from any thread. Appends, reads and truncations are
