@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import os
 import shutil
@@ -18,7 +17,8 @@ from typing import Any
 from common.control_client import ControlClient
 from common.eventloop import LoopStalls, LoopWatchdog
 from common.errors import BiplaneError
-from common.metadata.image import MetadataImage, PartitionInfo
+from common.metadata.image import MetadataImage
+from common.metadata.per_topic import PerTopic
 from common.metrics import MetricsServer
 from common.tasks import cancel_and_wait
 from common.topic_partition import TopicPartition
@@ -60,15 +60,6 @@ LOOP_STALL_WARN_MS = 250.0
 LINKS_REFRESH_MS = 250   # Broker.expected_links
 
 
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class _Adding:
-    """One topic's partitions as last read for the reassignment throttle (Broker._apply_cluster_config)."""
-
-    parts: tuple[PartitionInfo, ...]
-    adding: frozenset[TopicPartition]              # this broker is being added to them
-    pushed: frozenset[tuple[int, TopicPartition]]  # followers being added to the ones it leads
-
 class Broker:
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
@@ -93,9 +84,11 @@ class Broker:
         self._usage_latest: BrokerUsage | None = None
         self.contact = PeerContact()
         self._links_for: MetadataImage | None = None
-        self._adding: dict[str, _Adding] = {}   # per topic, for the reassignment throttle
+        # Per topic, for the reassignment throttle: the partitions this broker is being added
+        # to, and the followers being added to those it leads.
+        self._adding: PerTopic[tuple[frozenset[TopicPartition], frozenset[tuple[int, TopicPartition]]]] = PerTopic()
         self._links: dict[str, tuple[Expected, ...]] = {}   # per topic (expected_links)
-        self._links_source: dict[str, tuple[object, object]] = {}
+        self._links_per_topic: PerTopic[tuple[Expected, ...]] = PerTopic()
         self._links_unfenced: frozenset[int] | None = None
         self._links_at_ms = -LINKS_REFRESH_MS
         self._unreachable_latest: tuple[UnreachablePeer, ...] = ()   # read by the heartbeat thread
@@ -231,17 +224,16 @@ class Broker:
         rate = image.cluster_config.reassignment_throttle_bytes_per_s
         adding: set[TopicPartition] = set()
         pushed: set[tuple[int, TopicPartition]] = set()
-        memo: dict[str, _Adding] = {}
         for name in image.topics:
-            parts = image.topic_partitions(name)
-            known = self._adding.get(name)
-            if known is None or known.parts is not parts:   # the same tuple: no partition changed
-                known = _Adding(parts=parts, adding=frozenset(p.tp for p in parts if me in p.adding),
-                                pushed=frozenset((b, p.tp) for p in parts if p.leader == me for b in p.adding))
-            memo[name] = known
-            adding |= known.adding
-            pushed |= known.pushed
-        self._adding = memo
+            known = self._adding.current(image, name)
+            if known is None:
+                parts = image.topic_partitions(name)
+                known = (frozenset(p.tp for p in parts if me in p.adding),
+                         frozenset((b, p.tp) for p in parts if p.leader == me for b in p.adding))
+                self._adding.record(image, name, known)
+            adding |= known[0]
+            pushed |= known[1]
+        self._adding.drop_gone(image)
         self.fetcher.configure_throttle(rate, frozenset(adding))
         self.pusher.throttle.configure(rate, frozenset(pushed))
 
@@ -285,24 +277,20 @@ class Broker:
         now = now_ms()
         if self._links_for is not image and now - self._links_at_ms >= LINKS_REFRESH_MS:
             self._links_for, self._links_at_ms = image, now
-            unfenced = frozenset(b for b in image.brokers if image.is_unfenced(b))
-            walk_all = unfenced != self._links_unfenced
+            unfenced = frozenset(image.unfenced_broker_ids())
+            walk_all = unfenced != self._links_unfenced   # every partition's links may differ
+            self._links_unfenced = unfenced
             links: dict[str, tuple[Expected, ...]] = {}
-            sources: dict[str, tuple[object, object]] = {}
-            changed = walk_all or len(image.topics) != len(self._links)
             for name in sorted(image.topics):
-                source = (image.topic_partitions(name), image.topics[name])
-                known = self._links_source.get(name)
-                if not walk_all and known is not None and known[0] is source[0] and known[1] is source[1]:
-                    links[name] = self._links[name]
-                else:
+                group = None if walk_all else self._links_per_topic.current(image, name)
+                if group is None:
                     fresh = topic_links(image, name, self.config.broker_id, self.config.peer_unreachable_ms)
-                    old = self._links.get(name)
-                    links[name] = old if old is not None and old == fresh else fresh
-                    changed = changed or links[name] is not old
-                sources[name] = source
-            self._links_source, self._links_unfenced = sources, unfenced
-            if changed:
+                    old = self._links_per_topic.last(name)
+                    group = old if old is not None and old == fresh else fresh
+                    self._links_per_topic.record(image, name, group)
+                links[name] = group
+            self._links_per_topic.drop_gone(image)
+            if links.keys() != self._links.keys() or any(links[n] is not self._links[n] for n in links):
                 self._links = links
         return self._links
 

@@ -34,6 +34,7 @@ from common.control_client import ControlClient
 from common.durable import temp_path, write_synced
 from common.errors import BiplaneError
 from common.metadata.image import MetadataImage, PartitionInfo, TopicInfo
+from common.metadata.per_topic import PerTopic
 from common.requests import AlterIsrRequest, ElectionReport, OfflineReplica
 from common.tasks import TaskOwner
 from common.topic_partition import TopicPartition
@@ -111,7 +112,6 @@ class _KeptUsage:
     counters: tuple[int, int, int, int]  # produced bytes, records, fetched, replicated bytes
     figures: tuple[int | float, ...]
     usage: ReplicaUsage
-    idle: bool                           # its rates were all zero
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -231,11 +231,10 @@ class ReplicaManager:
         self.offline_latest: tuple[OfflineReplica, ...] = ()
         # Each hosted partition's topic as of the newest image (the cleaner reads its config).
         self._topics: dict[TopicPartition, TopicInfo] = {}
-        # What on_metadata last walked, per topic: the image's partition tuple and topic info
-        # (both replaced, never changed in place, when a record touches them), the partitions
-        # hosted here, and the unfenced brokers it walked with. A topic walked at the same
-        # objects is skipped: an ISR change costs its topic, not every partition.
-        self._walked: dict[str, tuple[tuple[PartitionInfo, ...], TopicInfo, frozenset[TopicPartition]]] = {}
+        # What on_metadata last walked: per topic, the partitions hosted here (a topic unchanged
+        # since is skipped: an ISR change costs its topic, not every partition), and the
+        # unfenced brokers it walked with.
+        self._walked: PerTopic[frozenset[TopicPartition]] = PerTopic()
         self._walked_unfenced: frozenset[int] | None = None
         self._rewalk: set[str] = set()   # topics to walk again whatever the image says (a reopen)
         # One thread: one partition is cleaned at a time on this broker.
@@ -265,19 +264,17 @@ class ReplicaManager:
             self._image = image
             self.cleaner_io_bytes_per_s = (image.cluster_config.log_cleaner_io_bytes_per_s
                                            or self.config.log_cleaner_io_bytes_per_second)
-            unfenced = frozenset(b for b in image.brokers if image.is_unfenced(b))
+            unfenced = frozenset(image.unfenced_broker_ids())
             walk_all = unfenced != self._walked_unfenced   # every partition's fenced replicas may differ
             rewalk = set(self._rewalk)
             fed = 0
             topics = image.topics
             for name in sorted(topics):
-                parts, topic = image.topic_partitions(name), topics[name]
-                walked = self._walked.get(name)
-                if walked is not None and walked[0] is parts and walked[1] is topic and not walk_all \
-                        and name not in rewalk:
+                if not walk_all and name not in rewalk and self._walked.current(image, name) is not None:
                     continue
+                topic = topics[name]
                 hosted: set[TopicPartition] = set()
-                for info in parts:
+                for info in image.topic_partitions(name):
                     if self.broker_id not in info.replicas:
                         continue
                     fed += 1
@@ -290,11 +287,12 @@ class ReplicaManager:
                         self._feed(driver, topic, info, image)
                     elif info.tp not in self.opening:
                         self.opening[info.tp] = asyncio.ensure_future(self._open_and_feed(info.tp))
-                self._walked[name] = (parts, topic, frozenset(hosted))
-                if walked is not None:
-                    self._leave(walked[2] - hosted, image)
-            for name in [name for name in self._walked if name not in topics]:
-                self._leave(self._walked.pop(name)[2], image)
+                before = self._walked.last(name)
+                self._walked.record(image, name, frozenset(hosted))
+                if before is not None:
+                    self._leave(before - hosted, image)
+            for hosted_before in self._walked.drop_gone(image):
+                self._leave(hosted_before, image)
             # Only a whole walk counts: one cut short (cancelled, failed) is done again in full.
             self._walked_unfenced = unfenced
             self._rewalk -= rewalk
@@ -304,7 +302,7 @@ class ReplicaManager:
                 # Replicas deleted or moved away while this broker was down.
                 self._swept = True
                 keep = {os.path.basename(partition_dir(self.config.data_dir, tp))
-                        for _, _, hosted_tps in self._walked.values() for tp in hosted_tps}
+                        for hosted_tps in self._walked.values() for tp in hosted_tps}
                 await asyncio.get_running_loop().run_in_executor(None, _remove_orphans, self.config.data_dir, keep)
 
     def _leave(self, tps: Iterable[TopicPartition], image: MetadataImage) -> None:
@@ -743,8 +741,7 @@ class ReplicaManager:
             old = (*kept.counters, kept.figures[0]) if kept is not None else (0, 0, 0, 0, 0)
             for k, (v, o) in enumerate(zip((*counters, figures[0]), old)):
                 sums[k] += int(v) - int(o)
-            self._usage_kept[tp] = _KeptUsage(driver=d, counters=counters, figures=figures, usage=usage,
-                                              idle=not any(rates))
+            self._usage_kept[tp] = _KeptUsage(driver=d, counters=counters, figures=figures, usage=usage)
             if any(rates):
                 self._usage_busy.add(tp)
             else:
