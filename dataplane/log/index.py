@@ -40,22 +40,20 @@ class OffsetIndex:
             return 0, 0
         return self.relative_offsets[i], self.positions[i]
 
-    def copy_below(self, position: int) -> OffsetIndex:
-        """A copy of the entries at file positions below `position`."""
-        keep = bisect.bisect_left(self.positions, position)
-        copy = OffsetIndex()
-        copy.relative_offsets = self.relative_offsets[:keep]
-        copy.positions = self.positions[:keep]
-        return copy
+    def count_below(self, position: int) -> int:
+        """How many entries are at file positions below `position` (they come first)."""
+        return bisect.bisect_left(self.positions, position)
 
     def truncate_to_position(self, position: int) -> None:
         """Drop entries at or after a file position (the log was cut there)."""
         keep = bisect.bisect_left(self.positions, position)
         del self.relative_offsets[keep:], self.positions[keep:]
 
-    def encode(self) -> bytes:
-        out = bytearray(len(self) * self.entry_size)
-        for i, (rel, pos) in enumerate(zip(self.relative_offsets, self.positions)):
+    def encode(self, start: int = 0, stop: int | None = None) -> bytes:
+        """Entries [start, stop) as their file holds them."""
+        rels, positions = self.relative_offsets[start:stop], self.positions[start:stop]
+        out = bytearray(len(positions) * self.entry_size)
+        for i, (rel, pos) in enumerate(zip(rels, positions)):
             _OFFSET_ENTRY.pack_into(out, i * self.entry_size, rel, pos)
         return bytes(out)
 
@@ -108,21 +106,19 @@ class TimeIndex:
         i = bisect.bisect_left(self.timestamps, timestamp) - 1
         return self.relative_offsets[i] if i >= 0 else None
 
-    def copy_below(self, relative_offset: int) -> TimeIndex:
-        """A copy of the entries for batches below `relative_offset`."""
-        keep = bisect.bisect_left(self.relative_offsets, relative_offset)
-        copy = TimeIndex()
-        copy.timestamps = self.timestamps[:keep]
-        copy.relative_offsets = self.relative_offsets[:keep]
-        return copy
+    def count_below(self, relative_offset: int) -> int:
+        """How many entries are for batches below `relative_offset` (they come first)."""
+        return bisect.bisect_left(self.relative_offsets, relative_offset)
 
     def truncate_to_relative_offset(self, relative_offset: int) -> None:
         keep = bisect.bisect_left(self.relative_offsets, relative_offset)
         del self.timestamps[keep:], self.relative_offsets[keep:]
 
-    def encode(self) -> bytes:
-        out = bytearray(len(self) * self.entry_size)
-        for i, (ts, rel) in enumerate(zip(self.timestamps, self.relative_offsets)):
+    def encode(self, start: int = 0, stop: int | None = None) -> bytes:
+        """Entries [start, stop) as their file holds them."""
+        stamps, rels = self.timestamps[start:stop], self.relative_offsets[start:stop]
+        out = bytearray(len(stamps) * self.entry_size)
+        for i, (ts, rel) in enumerate(zip(stamps, rels)):
             _TIME_ENTRY.pack_into(out, i * self.entry_size, ts, rel)
         return bytes(out)
 

@@ -43,7 +43,7 @@ from .epoch_cache import EpochCache
 from .interface import AppendInfo, DeletedSegment, EpochEntry, LogConfig, ReadResult, patchable
 from .lock import DirectoryLock, InProcessLock
 from .producer_snapshots import ProducerSnapshots
-from .segment import BatchSpan, Segment
+from .segment import BatchSpan, CheckpointIndexes, Segment
 from .tail import TailCache
 
 EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
@@ -271,7 +271,7 @@ class PartitionLog:
         return active.base_offset, active.size_bytes, active.next_offset, self._epochs.latest_epoch
 
     def _write_checkpoint(self, base: int, position: int, next_offset: int, epoch: int,
-                          indexes: tuple[bytes, bytes] | None = None) -> None:
+                          indexes: CheckpointIndexes | None = None) -> None:
         """Save the indexes of the active segment's prefix [0, position) and then name it
         in ACTIVE_CHECKPOINT. The prefix must be fsynced already."""
         if position == 0:
@@ -280,7 +280,7 @@ class PartitionLog:
         if indexes is None:
             indexes = segment.indexes_below(position, next_offset)
         try:
-            segment.save_checkpoint_indexes(*indexes)
+            segment.save_checkpoint_indexes(indexes)
         except OSError as exc:
             raise files.storage_error(f"cannot write the indexes of {segment.log_path}", exc) from exc
         files.write_atomically(self._path(ACTIVE_CHECKPOINT), b"%d %d %d %d\n" % (base, position, next_offset, epoch))

@@ -46,6 +46,16 @@ class BatchSpan:
     leader_epoch: int
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class CheckpointIndexes:
+    """What a recovery checkpoint writes of both index files: their entries from `offsets_from`
+    and `times_from` on (the files hold the ones before already; 0: the whole file)."""
+    offsets_from: int
+    offsets: bytes
+    times_from: int
+    times: bytes
+
+
 class Segment:
     def __init__(self, directory: str, base_offset: int, *, index_interval_bytes: int) -> None:
         self.directory = directory
@@ -66,6 +76,11 @@ class Segment:
         self._bytes_since_index = 0
         self.sealed = False  # indexes saved; no more appends
         self._uncached_to = 0  # bytes below this were dropped from the page cache once
+        # (offset entries, time entries) both index files hold exactly, as the last checkpoint
+        # wrote them; None when they may hold anything else. A checkpoint then appends only the
+        # entries that follow: rewriting both files cost O(segment) each time, 5 ms of held GIL
+        # per MiB written half-way through a 128 MiB segment.
+        self._checkpointed: tuple[int, int] | None = None
 
     # ------------------------------------------------------------------ loading
 
@@ -191,6 +206,7 @@ class Segment:
         self._offset_of_max_timestamp = self.base_offset
         self.rolling_timestamp = None
         self._bytes_since_index = 0
+        self._checkpointed = None
 
     def _read_rolling_timestamp(self) -> None:
         if self.size_bytes >= HEADER_SIZE:
@@ -245,6 +261,7 @@ class Segment:
         self.sealed = False
 
     def save_indexes(self) -> None:
+        self._checkpointed = None
         for path, data in ((self.index_path, self.index.encode()),
                            (self.time_index_path, self.time_index.encode())):
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
@@ -253,17 +270,36 @@ class Segment:
             finally:
                 os.close(fd)
 
-    def indexes_below(self, position: int, next_offset: int) -> tuple[bytes, bytes]:
-        """Both index files' contents for the batches below `position` (a batch start whose
-        offset is `next_offset`): what a recovery checkpoint saves (`save_checkpoint_indexes`)."""
-        index = self.index.copy_below(position)
-        times = self.time_index.copy_below(next_offset - self.base_offset)
-        return index.encode(), times.encode()
+    def indexes_below(self, position: int, next_offset: int) -> CheckpointIndexes:
+        """What a recovery checkpoint saves (`save_checkpoint_indexes`) so that both index files
+        hold the entries for the batches below `position` (a batch start whose offset is
+        `next_offset`): only what the files lack since the last checkpoint."""
+        offsets_keep = self.index.count_below(position)
+        times_keep = self.time_index.count_below(next_offset - self.base_offset)
+        offsets_from, times_from = 0, 0
+        if self._checkpointed is not None:
+            offsets_from, times_from = self._checkpointed
+            # The time index may raise its last entry's timestamp in place (TimeIndex.maybe_append).
+            times_from = max(times_from - 1, 0)
+            if offsets_from > offsets_keep or times_from > times_keep:
+                offsets_from, times_from = 0, 0
+        return CheckpointIndexes(offsets_from, self.index.encode(offsets_from, offsets_keep),
+                                 times_from, self.time_index.encode(times_from, times_keep))
 
-    def save_checkpoint_indexes(self, index_bytes: bytes, time_bytes: bytes) -> None:
-        """Replace both index files atomically, without fsync: whatever survives a crash
-        is checked by `resume_recovery`, which falls back to `recover`."""
-        for path, data in ((self.index_path, index_bytes), (self.time_index_path, time_bytes)):
+    def save_checkpoint_indexes(self, indexes: CheckpointIndexes) -> None:
+        """Write what `indexes_below` gave, without fsync: whatever survives a crash is checked by
+        `resume_recovery`, which falls back to `recover`. A whole file is replaced atomically;
+        a tail is written in place after the entries the file holds."""
+        self._checkpointed = None  # until both writes are done
+        for path, start, data in ((self.index_path, indexes.offsets_from * OffsetIndex.entry_size, indexes.offsets),
+                                  (self.time_index_path, indexes.times_from * TimeIndex.entry_size, indexes.times)):
+            if start:
+                fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+                try:
+                    write_all(fd, data, start)
+                finally:
+                    os.close(fd)
+                continue
             temporary = path + ".tmp"
             fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
             try:
@@ -271,6 +307,8 @@ class Segment:
             finally:
                 os.close(fd)
             os.replace(temporary, path)
+        self._checkpointed = (indexes.offsets_from + len(indexes.offsets) // OffsetIndex.entry_size,
+                              indexes.times_from + len(indexes.times) // TimeIndex.entry_size)
 
     def fsync(self) -> None:
         os.fsync(self.fd)
