@@ -74,6 +74,26 @@ def use_fs(directory: str, fs: FakeFs) -> space.DiskSpace:
 # ---------------------------------------------------------------- DiskSpace
 
 
+def test_a_look_at_free_space_is_one_statvfs(tmp_path):
+    """Each produce step looks (has_room): the reserve, a share of the filesystem's size, comes
+    from the same statvfs as the free bytes (it was a second syscall on every look), and a
+    filesystem of another size gets its own reserve."""
+    calls = []
+
+    class CountingFs(FakeFs):
+        def __call__(self, path: str):
+            calls.append(path)
+            return types.SimpleNamespace(f_bavail=self.free // 4096, f_frsize=4096, f_blocks=self.blocks)
+
+    fs = CountingFs(free=(1 << 20) - 4096)
+    fs.blocks = 25600  # 100 MiB: the reserve is the 1 MiB cap
+    s = use_fs(str(tmp_path), fs)
+    assert not s.has_room() and len(calls) == 1
+    assert not s.has_room(10) and len(calls) == 2
+    fs.blocks = 2560  # 10 MiB: 2% is about 205 KiB, so this much free is room again
+    assert s.has_room() and len(calls) == 3
+
+
 def test_disk_space_is_full_after_enospc_or_low_statvfs_logs_once_and_clears(tmp_path, caplog):
     fs = FakeFs(free=50 << 20)
     s = use_fs(str(tmp_path), fs)

@@ -71,6 +71,7 @@ class DiskSpace:
         self._full_reason: str | None = None
         self._free_bytes: int | None = None
         self._probed_at: float | None = None
+        self._reserve = RESERVE_BYTES_MAX  # as of the last probe
         self.full_count = 0  # times the condition started (for tests and metrics)
 
     # ------------------------------------------------------------ state
@@ -79,33 +80,33 @@ class DiskSpace:
     def full(self) -> bool:
         return self._full_reason is not None
 
-    def reserve_bytes(self) -> int:
+    def _reserve_of(self, st: os.statvfs_result | None) -> int:
         if self._reserve_bytes is not None:
             return self._reserve_bytes
-        try:
-            st = self._statvfs(self.directory)
-        except OSError:
+        if st is None:
             return RESERVE_BYTES_MAX
         return min(RESERVE_BYTES_MAX, int(st.f_blocks * st.f_frsize * RESERVE_FRACTION))
 
     def _probe(self, *, force: bool = False) -> int | None:
-        """Free bytes (cached for probe_interval_s); None if statvfs fails."""
+        """Free bytes (cached for probe_interval_s); None if statvfs fails. The reserve is
+        worked out from the same statvfs: one syscall per look (each produce step looks)."""
         now = self._clock()
         if not force and self._probed_at is not None and now - self._probed_at < self.probe_interval_s:
             return self._free_bytes
         self._probed_at = now
         try:
-            st = self._statvfs(self.directory)
-            self._free_bytes = st.f_bavail * st.f_frsize
+            st: os.statvfs_result | None = self._statvfs(self.directory)
         except OSError:
-            self._free_bytes = None
+            st = None
+        self._free_bytes = None if st is None else st.f_bavail * st.f_frsize
+        self._reserve = self._reserve_of(st)
         return self._free_bytes
 
     def _update(self) -> None:
         free = self._probe()
         if free is None:
             return
-        reserve = self.reserve_bytes()
+        reserve = self._reserve
         if self._full_reason is None and free < reserve:
             self._start(f"{free} bytes free, below the {reserve}-byte reserve")
         elif self._full_reason is not None and free >= reserve:
