@@ -846,3 +846,36 @@ def test_an_event_on_a_stale_clock_asks_the_core_when_it_is_due_once_not_twice(t
     (asked_once, ticked_before), ticked_after = asyncio.run(scenario())
     assert (asked_once, ticked_before) == (1, 0), (asked_once, ticked_before)
     assert ticked_after == 1, "a rule due by then gets its Tick before the event"
+
+
+def test_a_produce_and_the_write_done_of_its_append_ask_the_core_when_it_is_due_once(tmp_path, monkeypatch):
+    """Claim (the Kafka write benchmark's profile: a quarter of a broker's steps were the
+    WriteDone of an append, each with the whole after-step work): the WriteDone that perform
+    steps inside a produce's step leaves the timer, budget and watchers to that step, which
+    looks once, after both; the timer it sets is the core's answer after both."""
+    from common.batch import build_batch
+
+    async def scenario():
+        driver = _leader_driver(tmp_path, "a", (1,), None)
+        await _until_serving(driver)
+        asked: list[int] = []
+        real = driver.replica.next_tick_ms
+
+        def counted():
+            asked.append(1)
+            return real()
+        monkeypatch.setattr(driver.replica, "next_tick_ms", counted)
+        dues: list[object] = []
+        driver.on_due = lambda tp, due: dues.append(due)
+        written_before = driver.replica.written_offset
+        release = await asyncio.wait_for(driver.submit_produce(bytearray(build_batch([b"v"], timestamp_ms=1)),
+                                                               acks=1, timeout_ms=10_000), 5)
+        stepped = (len(asked), list(dues), driver._due)
+        after_write = real()
+        await driver.close()
+        return release, written_before, stepped, after_write
+
+    release, written_before, (asked, dues, due), after_write = asyncio.run(scenario())
+    assert release.error is ErrorCode.NONE and release.base_offset == written_before
+    assert asked == 1, f"next_tick_ms asked {asked} times for one produce"
+    assert dues == [after_write] and due == after_write

@@ -104,6 +104,8 @@ class PartitionDriver:
         # That answer as of the last step: only time has passed since, so it still says
         # whether a timed rule is due (Replica.move_clock, asked before each event).
         self._due: int | None | Unknown = UNKNOWN
+        # True while step() runs: a step it causes (the WriteDone of its appends) is nested.
+        self._stepping = False
         # What the leader's fetch sessions know of a follower here (Tick.fetching).
         self.follower_fetching = follower_fetching
         # Told when this replica may have started or stopped following a leader (its role or
@@ -183,23 +185,34 @@ class PartitionDriver:
             else:   # the pusher answers the leader with the error (it resends)
                 self.log.space.check_room(len(event.records), f"append-entries to {self.tp[0]}-{self.tp[1]}")
             return []
-        now = now_ms()
-        if (not isinstance(event, Tick) and now - self.replica.now_ms >= CLOCK_STALE_MS
-                and not self.replica.move_clock(max(now, self.replica.now_ms), wall_ms(), due_ms=self._due)):
-            self.tick(now)
-            if self.closed:
-                return []
-            if self.failed is not None:
-                raise PartitionOfflineError(f"partition {self.tp[0]}-{self.tp[1]} is offline: {self.failed}")
+        nested = self._stepping
+        if not nested:  # a step inside a step (WriteDone) runs on the outer one's clock
+            now = now_ms()
+            if (not isinstance(event, Tick) and now - self.replica.now_ms >= CLOCK_STALE_MS
+                    and not self.replica.move_clock(max(now, self.replica.now_ms), wall_ms(), due_ms=self._due)):
+                self.tick(now)
+                if self.closed:
+                    return []
+                if self.failed is not None:
+                    raise PartitionOfflineError(f"partition {self.tp[0]}-{self.tp[1]} is offline: {self.failed}")
         self._due = UNKNOWN   # until this step's answer (a step that raises leaves it unknown)
-        ready = self.replica.step(event)
-        outer, self._answers = self._answers, []
+        self._stepping = True
         try:
-            if ready:
-                self._perform(ready)
-            answers = self._answers
+            ready = self.replica.step(event)
+            outer, self._answers = self._answers, []
+            try:
+                if ready:
+                    self._perform(ready)
+                answers = self._answers
+            finally:
+                self._answers = outer
         finally:
-            self._answers = outer
+            self._stepping = nested
+        if nested:
+            # The WriteDone of an Append this step's outer step performed: perform() returns
+            # right after it, and the outer step then looks at the core once for both (its
+            # timer, budget, watchers). Doing that here too doubled it for every append.
+            return answers
         if self.log.active_segment_base_offset != self._snapshot_segment_base:
             self._on_roll()
         elif self.log.log_end_offset - self._snapshot_offset >= SNAPSHOT_EVERY_OFFSETS:
