@@ -879,3 +879,57 @@ def test_a_produce_and_the_write_done_of_its_append_ask_the_core_when_it_is_due_
     assert release.error is ErrorCode.NONE and release.base_offset == written_before
     assert asked == 1, f"next_tick_ms asked {asked} times for one produce"
     assert dues == [after_write] and due == after_write
+
+
+def test_a_fetch_answer_ticks_the_follower_only_when_a_timed_rule_is_due(tmp_path):
+    """Claim (the Kafka write benchmark's profile: every fetch answer a follower got was followed
+    by a Tick step, most for nothing): after an answer the broker ticks the replica only when
+    the core's next timer is due by then. An answer with records leaves nothing due (the next
+    fetch waits for the append's flush), so no Tick; an empty answer leaves the next fetch due at
+    once, and it is sent at once."""
+    from common.batch import build_batch
+    from dataplane.broker.partition import PartitionDriver, now_ms
+    from dataplane.log.interface import LogConfig
+    from dataplane.replica.events import FetchResponse, NewMetadata, Tick
+    from dataplane.replica.state import PartitionState, ReplicationConfig
+
+    fetches = []
+
+    class Hooks(_Hooks):
+        def send_fetch(self, to_broker, tp, request):
+            fetches.append(request)
+
+    async def scenario():
+        driver = PartitionDriver(broker_id=2, tp=("t", 0), directory=str(tmp_path / "t-0"), log_config=LogConfig(),
+                                 hooks=Hooks(), unclean_start=False)
+        driver.step(NewMetadata(partition=PartitionState(replicas=(1, 2), isr=(1, 2), leader=1, leader_epoch=1,
+                                                         partition_epoch=1), config=ReplicationConfig()))
+        stepped: list[str] = []
+        real_step = driver.step
+        driver.step = lambda event: (stepped.append(type(event).__name__), real_step(event))[1]
+        asked = fetches[-1]
+        records = build_batch([b"a", b"b", b"c"], timestamp_ms=1, leader_epoch=1)
+        driver.step(FetchResponse(leader_id=1, leader_epoch=1, fetch_offset=asked.fetch_offset,
+                                  last_fetched_epoch=asked.last_fetched_epoch, records=records, high_watermark=0,
+                                  log_end_offset=3, partition=("t", 0)))
+        now = now_ms()
+        due_after_records = driver.replica.next_tick_ms()
+        driver.tick_if_due(now)
+        after_records = list(stepped)
+        await asyncio.sleep(0.05)   # the append's flush completes; the next fetch goes
+        driver.tick_if_due(now_ms())
+        asked = fetches[-1]
+        sent_before = len(fetches)
+        stepped.clear()
+        driver.step(FetchResponse(leader_id=1, leader_epoch=1, fetch_offset=asked.fetch_offset,
+                                  last_fetched_epoch=asked.last_fetched_epoch, high_watermark=3, log_end_offset=3,
+                                  partition=("t", 0)))
+        driver.tick_if_due(now_ms())
+        after_empty = (list(stepped), len(fetches) - sent_before, fetches[-1].fetch_offset)
+        await driver.close()
+        return due_after_records, now, after_records, after_empty
+
+    due, now, after_records, (after_empty, sent, offset) = asyncio.run(scenario())
+    assert due is None or due > now
+    assert after_records == ["FetchResponse", "WriteDone"], after_records
+    assert after_empty[:2] == ["FetchResponse", "Tick"] and sent == 1 and offset == 3, (after_empty, sent, offset)

@@ -391,7 +391,7 @@ class Broker:
             driver.step(event)
             # An empty answer leaves the core's next fetch due "now", sent on its next
             # tick: tick at once so the follower is long-polling again without a gap.
-            driver.tick(now_ms())
+            driver.tick_if_due(now_ms())
         except BiplaneError as exc:
             log.warning("%s-%d: fetch answer not applied: %s", *tp, exc)
         except Exception:  # our bug: loud, but the session must go on serving other partitions
