@@ -814,7 +814,8 @@ def test_an_event_on_a_stale_clock_asks_the_core_when_it_is_due_once_not_twice(t
     """Before an event on a replica whose clock is CLOCK_STALE_MS old the driver moves the
     clock unless a timed rule is due; it knows that from the core's answer after the last step
     (only time has passed since), so the core works it out once per event, after the step,
-    not before it too. A rule that is due still gets its Tick first."""
+    not before it too. A rule that is due still gets its Tick first, and the core is asked once
+    after the Tick and the event, not after each."""
     from dataplane.broker.partition import now_ms
     from dataplane.replica.events import FetchRequest, Tick
 
@@ -841,11 +842,12 @@ def test_an_event_on_a_stale_clock_asks_the_core_when_it_is_due_once_not_twice(t
         driver.step(FetchRequest(replica_id=2, fetch_offset=driver.log.log_end_offset, current_leader_epoch=1,
                                  partition=("a", 0), last_fetched_epoch=1))
         await driver.close()
-        return once, len(ticks)
+        return once, len(ticks), len(asked)
 
-    (asked_once, ticked_before), ticked_after = asyncio.run(scenario())
+    (asked_once, ticked_before), ticked_after, asked_after_tick = asyncio.run(scenario())
     assert (asked_once, ticked_before) == (1, 0), (asked_once, ticked_before)
     assert ticked_after == 1, "a rule due by then gets its Tick before the event"
+    assert asked_after_tick == 1, "the Tick and the event after it ask the core once, after both"
 
 
 def test_a_produce_and_the_write_done_of_its_append_ask_the_core_when_it_is_due_once(tmp_path, monkeypatch):

@@ -104,7 +104,8 @@ class PartitionDriver:
         # That answer as of the last step: only time has passed since, so it still says
         # whether a timed rule is due (Replica.move_clock, asked before each event).
         self._due: int | None | Unknown = UNKNOWN
-        # True while step() runs: a step it causes (the WriteDone of its appends) is nested.
+        # True while step() runs: a step it causes (the WriteDone of its appends, the Tick a
+        # stale clock needs before an event) is nested and leaves the after-step work to it.
         self._stepping = False
         # What the leader's fetch sessions know of a follower here (Tick.fetching).
         self.follower_fetching = follower_fetching
@@ -186,11 +187,15 @@ class PartitionDriver:
                 self.log.space.check_room(len(event.records), f"append-entries to {self.tp[0]}-{self.tp[1]}")
             return []
         nested = self._stepping
-        if not nested:  # a step inside a step (WriteDone) runs on the outer one's clock
+        if not nested:  # a step inside a step runs on the outer one's clock
             now = now_ms()
             if (not isinstance(event, Tick) and now - self.replica.now_ms >= CLOCK_STALE_MS
                     and not self.replica.move_clock(max(now, self.replica.now_ms), wall_ms(), due_ms=self._due)):
-                self.tick(now)
+                self._stepping = True   # the Tick's after-step work is done once, after the event
+                try:
+                    self.tick(now)
+                finally:
+                    self._stepping = False
                 if self.closed:
                     return []
                 if self.failed is not None:

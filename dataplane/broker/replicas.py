@@ -606,8 +606,10 @@ class ReplicaManager:
             self._wake_at_ms = max(self._timers[0][0], last_run + interval) if self._timers else None
             timeout = None if self._wake_at_ms is None else max(self._wake_at_ms - now_ms(), 0) / 1000
             try:
-                await asyncio.wait_for(self._timers_changed.wait(), timeout)
-            except asyncio.TimeoutError:
+                # asyncio.timeout, not wait_for: no task per wake (one per flush debounce under load).
+                async with asyncio.timeout(timeout):
+                    await self._timers_changed.wait()
+            except TimeoutError:
                 pass
             if self._wake_at_ms is not None:
                 # Woken early by a nearer timer: still no sooner than the interval allows.
