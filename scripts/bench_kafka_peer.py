@@ -17,6 +17,9 @@ alternating Kafka and Biplane round by round, with the same producer settings (a
   follower) against Biplane's default durability (`fsync`).
 
 Both topics' `flush.messages`, as each side describes it, must agree before a pairing runs.
+Before each measured round the page cache is written back (`sync`, untimed, its duration
+printed): Kafka's default leaves a round's data dirty, and the kernel writing it back would
+otherwise fall into the next round, the other side's.
 Prints every round and a table of medians (records/s, p50/p99 ms) with Biplane/Kafka.
 It asserts nothing about speed; it exits non-zero, naming the side, when a server fails,
 a perf-test exits badly or reports fewer records than asked (a failed send).
@@ -484,6 +487,13 @@ class Bench:
     def measure(self, name: str, *, topic: str, label: str, pairing: str, number: int, records: int) -> Round:
         """One perf-test run against side `name`, with the CPU its servers used meanwhile."""
         side, args = self.sides[name], self.args
+        # What the previous round left in the page cache goes to disk first, untimed: Kafka's
+        # default flush policy leaves a round's data dirty, and the kernel's writeback of it
+        # (its flusher threads, no server's CPU) would otherwise land in the next round, the
+        # other side's.
+        synced = time.monotonic()
+        os.sync()
+        sync_s = time.monotonic() - synced
         load_1m = os.getloadavg()[0]
         pids = side.pids()
         cpu_before = sum(cpu_seconds(pid) for pid in pids)
@@ -496,7 +506,8 @@ class Bench:
         cpu_s = sum(cpu_seconds(pid) for pid in pids) - cpu_before
         print(f"  {label:<22} {result.records_per_s:>10,.0f} rec/s {result.mb_per_s:>7.2f} MB/s  "
               f"p50 {result.p50_ms:>5} p99 {result.p99_ms:>5} p99.9 {result.p999_ms:>5} "
-              f"max {result.max_ms:>7.0f} ms  servers {cpu_s:5.1f} CPU s in {wall_s:4.1f} s  load {load_1m:.1f}",
+              f"max {result.max_ms:>7.0f} ms  servers {cpu_s:5.1f} CPU s in {wall_s:4.1f} s  load {load_1m:.1f}  "
+              f"(sync before {sync_s:.1f} s)",
               flush=True)
         return Round(pairing=pairing, side=name, number=number, result=result, wall_s=wall_s, server_cpu_s=cpu_s,
                      load_1m=load_1m)
