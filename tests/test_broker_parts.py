@@ -810,6 +810,18 @@ def test_a_metadata_long_poll_held_by_a_cut_off_controller_moves_to_the_leader_t
     assert ("http://c2", 0) in control.asked_after
 
 
+def _count_next_tick_ms(driver, monkeypatch) -> list[int]:
+    """Each time the driver asks its core when a Tick is next due, a 1 goes in the list returned."""
+    asked: list[int] = []
+    real = driver.replica.next_tick_ms
+
+    def counted():
+        asked.append(1)
+        return real()
+    monkeypatch.setattr(driver.replica, "next_tick_ms", counted)
+    return asked
+
+
 def test_an_event_on_a_stale_clock_asks_the_core_when_it_is_due_once_not_twice(tmp_path, monkeypatch):
     """Before an event on a replica whose clock is CLOCK_STALE_MS old the driver moves the
     clock unless a timed rule is due; it knows that from the core's answer after the last step
@@ -822,13 +834,7 @@ def test_an_event_on_a_stale_clock_asks_the_core_when_it_is_due_once_not_twice(t
     async def scenario():
         driver = _leader_driver(tmp_path, "a", (1, 2), None)
         await _until_serving(driver)
-        asked: list[int] = []
-        real = driver.replica.next_tick_ms
-
-        def counted():
-            asked.append(1)
-            return real()
-        monkeypatch.setattr(driver.replica, "next_tick_ms", counted)
+        asked = _count_next_tick_ms(driver, monkeypatch)
         ticks: list[object] = []
         real_tick = driver.tick
         monkeypatch.setattr(driver, "tick", lambda now: (ticks.append(now), real_tick(now)))
@@ -860,20 +866,14 @@ def test_a_produce_and_the_write_done_of_its_append_ask_the_core_when_it_is_due_
     async def scenario():
         driver = _leader_driver(tmp_path, "a", (1,), None)
         await _until_serving(driver)
-        asked: list[int] = []
-        real = driver.replica.next_tick_ms
-
-        def counted():
-            asked.append(1)
-            return real()
-        monkeypatch.setattr(driver.replica, "next_tick_ms", counted)
+        asked = _count_next_tick_ms(driver, monkeypatch)
         dues: list[object] = []
         driver.on_due = lambda tp, due: dues.append(due)
         written_before = driver.replica.written_offset
         release = await asyncio.wait_for(driver.submit_produce(bytearray(build_batch([b"v"], timestamp_ms=1)),
                                                                acks=1, timeout_ms=10_000), 5)
         stepped = (len(asked), list(dues), driver._due)
-        after_write = real()
+        after_write = type(driver.replica).next_tick_ms(driver.replica)  # not counted
         await driver.close()
         return release, written_before, stepped, after_write
 
