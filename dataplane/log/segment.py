@@ -16,7 +16,7 @@ from common.batch import (BATCH_BYTES_MAX, HEADER_SIZE, Buffer, first_record_at_
                           scan_valid_prefix)
 from common.errors import CorruptBatchError
 
-from common.durable import write_all
+from common.durable import write_all, write_atomically
 from .index import OffsetIndex, TimeIndex
 
 # Header fields read without building a BatchHeader (the bytes were validated on the way in).
@@ -293,20 +293,14 @@ class Segment:
         self._checkpointed = None  # until both writes are done
         for path, start, data in ((self.index_path, indexes.offsets_from * OffsetIndex.entry_size, indexes.offsets),
                                   (self.time_index_path, indexes.times_from * TimeIndex.entry_size, indexes.times)):
-            if start:
-                fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-                try:
-                    write_all(fd, data, start)
-                finally:
-                    os.close(fd)
+            if not start:
+                write_atomically(path, data, sync=False)
                 continue
-            temporary = path + ".tmp"
-            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+            fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
             try:
-                write_all(fd, data, 0)
+                write_all(fd, data, start)
             finally:
                 os.close(fd)
-            os.replace(temporary, path)
         self._checkpointed = (indexes.offsets_from + len(indexes.offsets) // OffsetIndex.entry_size,
                               indexes.times_from + len(indexes.times) // TimeIndex.entry_size)
 
