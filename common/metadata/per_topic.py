@@ -42,6 +42,3 @@ class PerTopic(Generic[V]):
 
     def values(self) -> list[V]:
         return [v for _, _, v in self._recorded.values()]
-
-    def clear(self) -> None:
-        self._recorded.clear()
