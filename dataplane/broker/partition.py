@@ -189,11 +189,10 @@ class PartitionDriver:
         nested = self._stepping
         if not nested:  # a step inside a step runs on the outer one's clock
             now = now_ms()
-            if (not isinstance(event, Tick) and now - self.replica.now_ms >= CLOCK_STALE_MS
-                    and not self.replica.move_clock(max(now, self.replica.now_ms), wall_ms(), due_ms=self._due)):
-                self._stepping = True   # the Tick's after-step work is done once, after the event
+            if not isinstance(event, Tick) and now - self.replica.now_ms >= CLOCK_STALE_MS:
+                self._stepping = True   # a Tick's after-step work is done once, after the event
                 try:
-                    self.tick(now)
+                    self._catch_up_clock(now)
                 finally:
                     self._stepping = False
                 if self.closed:
@@ -259,12 +258,17 @@ class PartitionDriver:
 
     def tick_if_due(self, now: int) -> None:
         """Tick now if a timed rule of the core is due by `now` (an event may have left one due
-        at once: a follower's next fetch after an empty answer); a Tick before then would only
-        move the clock, a whole step for nothing after every fetch answer."""
+        at once: a follower's next fetch after an empty answer); else only move its clock,
+        which is all a Tick would do, without a whole step after every fetch answer."""
         if self.closed or self.failed is not None:
             return
-        due = self.replica.next_tick_ms() if isinstance(self._due, Unknown) else self._due
-        if due is not None and due <= max(now, self.replica.now_ms):
+        self._catch_up_clock(now)
+
+    def _catch_up_clock(self, now: int) -> None:
+        """Bring the core to `now`: a Tick when a timed rule is due by then, else the clock alone
+        moves (Replica.move_clock, told the core's answer after the last step: only time has
+        passed since)."""
+        if not self.replica.move_clock(max(now, self.replica.now_ms), wall_ms(), due_ms=self._due):
             self.tick(now)
 
     def submit_produce(self, records: Buffer, *, acks: int, timeout_ms: int, leader_epoch: int | None = None,
