@@ -546,18 +546,13 @@ def test_follower_driver_told_the_leaders_log_starts_past_its_end_starts_its_log
     a divergence at epoch -1 ending at that start) empties its on-disk log, starts it there,
     fetches from there, and the log keeps that start when reopened."""
     from common.batch import build_batch
-    from dataplane.broker.partition import PartitionDriver
     from dataplane.log.interface import LogConfig
     from dataplane.log.log import PartitionLog
-    from dataplane.replica.events import FetchResponse, NewMetadata
-    from dataplane.replica.state import PartitionState, ReplicationConfig
+    from dataplane.replica.events import FetchResponse
+    from driver_support import FetchHooks, follower_driver
 
-    fetches = []
-
-    class Hooks(_Hooks):
-        def send_fetch(self, to_broker, tp, request):
-            fetches.append(request)
-
+    hooks = FetchHooks()
+    fetches = hooks.fetches
     directory = str(tmp_path / "t-0")
     seed = PartitionLog(directory, config=LogConfig())
     for i in range(3):
@@ -565,10 +560,7 @@ def test_follower_driver_told_the_leaders_log_starts_past_its_end_starts_its_log
     seed.close()
 
     async def scenario():
-        driver = PartitionDriver(broker_id=2, tp=("t", 0), directory=directory, log_config=LogConfig(),
-                                 hooks=Hooks(), unclean_start=False)
-        driver.step(NewMetadata(partition=PartitionState(replicas=(1, 2), isr=(1,), leader=1, leader_epoch=1,
-                                                         partition_epoch=1), config=ReplicationConfig()))
+        driver = follower_driver(directory, hooks, isr=(1,))
         first = fetches[-1]
         assert (first.fetch_offset, first.last_fetched_epoch) == (3, 0)
         driver.step(FetchResponse(leader_id=1, leader_epoch=1, fetch_offset=3, last_fetched_epoch=0,
@@ -829,7 +821,7 @@ def test_an_event_on_a_stale_clock_asks_the_core_when_it_is_due_once_not_twice(t
     not before it too. A rule that is due still gets its Tick first, and the core is asked once
     after the Tick and the event, not after each."""
     from dataplane.broker.partition import now_ms
-    from dataplane.replica.events import FetchRequest, Tick
+    from dataplane.replica.events import FetchRequest
 
     async def scenario():
         driver = _leader_driver(tmp_path, "a", (1, 2), None)
@@ -890,22 +882,15 @@ def test_a_fetch_answer_ticks_the_follower_only_when_a_timed_rule_is_due(tmp_pat
     fetch waits for the append's flush), so no Tick; an empty answer leaves the next fetch due at
     once, and it is sent at once."""
     from common.batch import build_batch
-    from dataplane.broker.partition import PartitionDriver, now_ms
-    from dataplane.log.interface import LogConfig
-    from dataplane.replica.events import FetchResponse, NewMetadata, Tick
-    from dataplane.replica.state import PartitionState, ReplicationConfig
+    from dataplane.broker.partition import now_ms
+    from dataplane.replica.events import FetchResponse
+    from driver_support import FetchHooks, follower_driver
 
-    fetches = []
-
-    class Hooks(_Hooks):
-        def send_fetch(self, to_broker, tp, request):
-            fetches.append(request)
+    hooks = FetchHooks()
+    fetches = hooks.fetches
 
     async def scenario():
-        driver = PartitionDriver(broker_id=2, tp=("t", 0), directory=str(tmp_path / "t-0"), log_config=LogConfig(),
-                                 hooks=Hooks(), unclean_start=False)
-        driver.step(NewMetadata(partition=PartitionState(replicas=(1, 2), isr=(1, 2), leader=1, leader_epoch=1,
-                                                         partition_epoch=1), config=ReplicationConfig()))
+        driver = follower_driver(tmp_path / "t-0", hooks)
         stepped: list[str] = []
         real_step = driver.step
         driver.step = lambda event: (stepped.append(type(event).__name__), real_step(event))[1]

@@ -25,15 +25,15 @@ from dataplane.broker.config import BrokerConfig
 from dataplane.broker.metadata import MetadataLearner
 from dataplane.broker import replicas as replicas_module
 from dataplane.broker.offline import OfflineRecovery
-from dataplane.broker.partition import FETCH_RETRY_MS, PartitionDriver, now_ms, wall_ms
+from dataplane.broker.partition import FETCH_RETRY_MS, now_ms, wall_ms
 from dataplane.broker.replicas import ReplicaManager
 from dataplane.log import files, space
 from dataplane.log.interface import LogConfig
 from dataplane.log.log import CLEAN_SHUTDOWN, PartitionLog
 from dataplane.log.producer_snapshots import ProducerSnapshots
-from dataplane.replica.events import FetchRequest, FetchResponse, NewMetadata
-from dataplane.replica.state import PartitionState, ReplicationConfig
+from dataplane.replica.events import FetchResponse
 from controller.decisions.plan import NO_LEADER, change
+from driver_support import FetchHooks, follower_driver
 from metadata_builders import add_topic, apply, cluster
 from test_broker_parts import FakeControl, _records
 from test_log import _failing_pwrite
@@ -233,15 +233,6 @@ def test_learner_keeps_applying_in_memory_when_its_save_fails_and_saves_when_spa
 # ---------------------------------------------------------------- partitions
 
 
-class _Hooks:
-    def send_fetch(self, *a): pass
-    def send_append_entries(self, *a): pass
-    def propose_isr(self, *a): pass
-    def report_election(self, *a): pass
-    def refresh_metadata(self, *a): pass
-    def partition_offline(self, *a): pass
-
-
 def batch(value: bytes) -> bytearray:
     return bytearray(build_batch([value], timestamp_ms=wall_ms()))
 
@@ -389,17 +380,11 @@ def test_follower_leaves_fetched_data_unapplied_while_the_disk_is_full_and_asks_
     DISK_FULL_REFETCH_MS later, so it asks again, and once space is back it applies the records.
     Before, the core waited out FETCH_RETRY_MS (10 s) for an answer it would never hear: a
     follower in the ISR then held every acks=all produce until the leader shrank the ISR."""
-    sent: list[FetchRequest] = []
-
-    class Hooks(_Hooks):
-        def send_fetch(self, leader_id, tp, request):
-            sent.append(request)
+    hooks = FetchHooks()
+    sent = hooks.fetches
 
     async def scenario():
-        driver = PartitionDriver(broker_id=2, tp=("t", 0), directory=str(tmp_path / "t-0"), log_config=LogConfig(),
-                                 hooks=Hooks(), unclean_start=False)
-        driver.step(NewMetadata(partition=PartitionState(replicas=(1, 2), isr=(1, 2), leader=1, leader_epoch=1,
-                                                         partition_epoch=1), config=ReplicationConfig()))
+        driver = follower_driver(tmp_path / "t-0", hooks)
         assert [r.fetch_offset for r in sent] == [0]
         fs = FakeFs(free=0)
         use_fs(driver.directory, fs)
