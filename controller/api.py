@@ -311,7 +311,7 @@ async def get_reassignments(request: web.Request) -> web.Response:
     image = _image(request)
     return json_model(api_models.ReassignmentList(
         metadata_offset=image.offset,
-        reassignments=[views.partition_view(p) for p in image.partitions() if p.adding or p.removing]))
+        reassignments=[views.partition_view(p) for p in image.reassigning_partitions()]))
 
 
 async def _move(request: web.Request, event: core.Event) -> web.Response:

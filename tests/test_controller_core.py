@@ -19,7 +19,7 @@ from typing import Callable
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from common.metadata import MetadataImage, dump_record
+from common.metadata import NO_LEADER, MetadataImage, PartitionChange, dump_record
 from common.errors import StaleBrokerError
 from common.requests import (
     AddPartitionsRequest,
@@ -37,6 +37,7 @@ from common.requests import (
     ReassignmentRequest,
     RegisterBrokerAnswer,
     RegisterBrokerRequest,
+    UnreachablePeer,
 )
 from controller import core
 from controller.api import make_app
@@ -178,6 +179,62 @@ def test_a_step_with_records_must_wait_for_their_commit():
     (record,) = ControllerCore().step(image, core.RegisterBroker(request=register(1), now_ms=0)).records[:1]
     with pytest.raises(AssertionError):
         Step(records=(record,), wait_for_commit=False)
+
+
+# ---- the periodic pass costs what it acts on -------------------------------------
+
+def test_a_periodic_pass_reads_the_partitions_it_acts_on_not_every_partition(monkeypatch):
+    """The leader runs the periodic pass every 75 ms: a walk over every partition per rule
+    (fenced leaders, leaderless partitions, stalled elections, unreachable leaders,
+    reassignments) cost a 10,000-partition controller half a core doing nothing. A steady
+    pass walks none, and a leaderless partition, a reported cut and a finished reassignment
+    are each still acted on, found by the image's index or the reports, not by a walk."""
+    c = ControllerCore()
+    image = MetadataImage()
+
+    def run(event: core.Event) -> list[dict]:
+        step = c.step(image, event)
+        for r in step.records:
+            image.apply(r, image.offset + 1)
+        return [dump_record(r) for r in step.records]
+
+    for b in (1, 2, 3):
+        run(core.RegisterBroker(request=register(b), now_ms=1_000))
+        run(beat(image, b, 1_050))
+    run(core.Tick(now_ms=1_100))
+    for name in ("a", "b"):
+        run(core.CreateTopic(request=CreateTopicRequest(name=name, replica_assignment=((1, 2, 3),) * 20,
+                                                        config={"min_insync_replicas": 2}), now_ms=1_200))
+    walks = []
+    real = MetadataImage.partitions
+    monkeypatch.setattr(MetadataImage, "partitions", lambda self: walks.append(1) or real(self))
+
+    def tick(now_ms: int) -> list[dict]:
+        for b in (1, 2, 3):
+            run(beat(image, b, now_ms - 10))
+        return run(core.Tick(now_ms=now_ms))
+
+    assert tick(1_300) == [] and tick(1_400) == []
+
+    # Leaderless (a decision on a stale view can leave one): elected by the next pass.
+    image.apply(PartitionChange(topic="b", partition=7, leader=NO_LEADER), image.offset + 1)
+    assert [(r["topic"], r["partition"], r["leader"]) for r in tick(1_500)] == [("b", 7, 1)]
+
+    # Both followers of a-3 report its leader unreachable: the pass moves the leadership.
+    p = image.partition("a", 3)
+    for b in (2, 3):
+        run(core.Heartbeat(request=HeartbeatRequest(
+            broker_id=b, incarnation_id=image.brokers[b].incarnation_id, metadata_offset=image.offset,
+            unreachable=(UnreachablePeer(topic="a", partition=3, leader_epoch=p.leader_epoch, peer=1),)),
+            now_ms=1_590))
+    moved = run(core.Tick(now_ms=1_600))
+    assert [(r["topic"], r["partition"]) for r in moved] == [("a", 3)] and moved[0]["leader"] in (2, 3)
+
+    # A reassignment whose targets are all in sync: the pass finishes it.
+    run(core.StartReassignment(request=ReassignmentRequest(topic="b", partition=2, target_replicas=(1, 2))))
+    done = tick(1_700)
+    assert [(r["topic"], r["partition"], r["replicas"]) for r in done] == [("b", 2, [1, 2])]
+    assert walks == [], f"{len(walks)} walks over every partition in the periodic passes"
 
 
 # ---- every handler goes through the core ---------------------------------------

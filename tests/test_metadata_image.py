@@ -250,35 +250,43 @@ def test_random_records_keep_invariants_and_round_trip(seed):
         assert MetadataImage.from_dict(image.to_dict()) == image, f"seed={seed}"
 
 
-def _recount(image: MetadataImage) -> tuple[dict[int, int], dict[int, int]]:
+def _recount(image: MetadataImage) -> tuple[object, ...]:
     replicas: dict[int, int] = {}
     preferred: dict[int, int] = {}
+    leaders: dict[int, int] = {}
     for p in image.partitions():
         for b in p.replicas:
             replicas[b] = replicas.get(b, 0) + 1
         preferred[p.replicas[0]] = preferred.get(p.replicas[0], 0) + 1
-    return replicas, preferred
+        if p.leader is not None:
+            leaders[p.leader] = leaders.get(p.leader, 0) + 1
+    return (replicas, preferred, leaders, [p for p in image.partitions() if p.leader is None],
+            [p for p in image.partitions() if p.adding or p.removing])
 
 
-def _counts(image: MetadataImage) -> tuple[dict[int, int], dict[int, int]]:
+def _counts(image: MetadataImage) -> tuple[object, ...]:
     brokers = range(1, 6)
     return ({b: image.replica_count(b) for b in brokers if image.replica_count(b)},
-            {b: image.preferred_leader_count(b) for b in brokers if image.preferred_leader_count(b)})
+            {b: image.preferred_leader_count(b) for b in brokers if image.preferred_leader_count(b)},
+            {b: image.leader_count(b) for b in brokers if image.leader_count(b)},
+            image.leaderless_partitions(), image.reassigning_partitions())
 
 
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 2**32))
 def test_per_broker_counts_equal_a_full_recount(seed):
     """Placement reads per-broker replica and preferred-leader counts the image keeps as
-    records apply; after any sequence of topic creates, deletes, growths and replica
-    changes (applied or rejected) they equal a recount, in copies and rebuilt images too."""
+    records apply, and the controller's periodic pass its leader counts and its leaderless
+    and reassigning partitions; after any sequence of topic creates, deletes, growths,
+    replica, leader and reassignment changes (applied or rejected) they equal a recount, in
+    copies and rebuilt images too."""
     rnd = random.Random(seed)
     image = cluster(5)
     names = ["a", "b", "c"]
     for step in range(40):
         pick = lambda: [rnd.sample(range(1, 6), 3) for _ in range(rnd.randint(1, 3))]  # noqa: E731
         name = rnd.choice(names)
-        kind = rnd.randrange(4)
+        kind = rnd.randrange(6)
         try:
             if kind == 0 and name not in image.topics:
                 add_topic(image, name, pick())
@@ -298,6 +306,16 @@ def test_per_broker_counts_equal_a_full_recount(seed):
                 rnd.shuffle(order)  # moves the preferred leader too; broker 6 is unknown: rejected
                 apply(image, [PartitionChange(topic=name, partition=p.partition,
                                               replicas=tuple(order))])
+            elif kind == 4 and name in image.topics:
+                p = image.partition(name, rnd.randrange(image.topics[name].partition_count))
+                # A leader from the ISR, none, or one outside it (rejected).
+                leader = rnd.choice([NO_LEADER, *p.isr, *(b for b in range(1, 6) if b not in p.isr)])
+                apply(image, [PartitionChange(topic=name, partition=p.partition, leader=leader)])
+            elif kind == 5 and name in image.topics:
+                p = image.partition(name, rnd.randrange(image.topics[name].partition_count))
+                marked = rnd.sample(p.replicas, rnd.randint(0, min(2, len(p.replicas))))
+                apply(image, [PartitionChange(topic=name, partition=p.partition,
+                                              adding=tuple(marked[:1]), removing=tuple(marked[1:]))])
         except RecordRejected:
             pass  # a rejected record must leave the counts alone too
         assert _counts(image) == _recount(image), f"seed={seed} step={step}"

@@ -125,7 +125,7 @@ class MetadataImage:
     """Brokers, topics, partitions and producer-id blocks at one metadata offset."""
 
     __slots__ = ("_offset", "_brokers", "_topics", "_partitions", "_producer_id_next", "_cluster_config",
-                 "_replica_counts", "_preferred_counts")
+                 "_replica_counts", "_preferred_counts", "_leader_counts", "_leaderless", "_reassigning")
 
     def __init__(self) -> None:
         self._offset = -1
@@ -134,10 +134,14 @@ class MetadataImage:
         self._topics: dict[str, TopicInfo] = {}
         self._partitions: dict[str, tuple[PartitionInfo, ...]] = {}
         self._producer_id_next = 0
-        # Derived from _partitions and kept by every record that changes replicas, so placement
-        # does not scan every partition on each create (not part of equality or to_dict).
+        # Derived from _partitions and kept by every record that changes a partition, so that
+        # placement and the controller's periodic pass look at what they act on rather than scan
+        # every partition (not part of equality or to_dict; `_track`).
         self._replica_counts: dict[int, int] = {}
         self._preferred_counts: dict[int, int] = {}
+        self._leader_counts: dict[int, int] = {}
+        self._leaderless: set[tuple[str, int]] = set()
+        self._reassigning: set[tuple[str, int]] = set()
 
     # ---- read-only views -------------------------------------------------
 
@@ -197,11 +201,31 @@ class MetadataImage:
         """Partitions whose first replica (the preferred leader) is this broker."""
         return self._preferred_counts.get(broker_id, 0)
 
-    def _count(self, replicas: tuple[int, ...], sign: int) -> None:
-        for b in replicas:
+    def leader_count(self, broker_id: int) -> int:
+        """Partitions this broker leads."""
+        return self._leader_counts.get(broker_id, 0)
+
+    def leaderless_partitions(self) -> list[PartitionInfo]:
+        """Partitions without a leader, ordered as `partitions()`."""
+        return [self._partitions[t][i] for t, i in sorted(self._leaderless)]
+
+    def reassigning_partitions(self) -> list[PartitionInfo]:
+        """Partitions with replicas being added or removed, ordered as `partitions()`."""
+        return [self._partitions[t][i] for t, i in sorted(self._reassigning)]
+
+    def _track(self, p: PartitionInfo, sign: int) -> None:
+        """Count `p` in (+1) or out of (-1) the derived counts and sets."""
+        for b in p.replicas:
             self._replica_counts[b] = self._replica_counts.get(b, 0) + sign
-        if replicas:
-            self._preferred_counts[replicas[0]] = self._preferred_counts.get(replicas[0], 0) + sign
+        if p.replicas:
+            self._preferred_counts[p.replicas[0]] = self._preferred_counts.get(p.replicas[0], 0) + sign
+        key = (p.topic, p.partition)
+        if p.leader is None:
+            (self._leaderless.add if sign > 0 else self._leaderless.discard)(key)
+        else:
+            self._leader_counts[p.leader] = self._leader_counts.get(p.leader, 0) + sign
+        if p.reassigning:
+            (self._reassigning.add if sign > 0 else self._reassigning.discard)(key)
 
     def is_unfenced(self, broker_id: int) -> bool:
         info = self._brokers.get(broker_id)
@@ -232,6 +256,9 @@ class MetadataImage:
         other._cluster_config = self._cluster_config
         other._replica_counts = dict(self._replica_counts)
         other._preferred_counts = dict(self._preferred_counts)
+        other._leader_counts = dict(self._leader_counts)
+        other._leaderless = set(self._leaderless)
+        other._reassigning = set(self._reassigning)
         return other
 
     def __eq__(self, other: object) -> bool:
@@ -385,7 +412,7 @@ class MetadataImage:
         self._check_partition(r, new, old=None)
         self._partitions[r.topic] = self._partitions[r.topic] + (new,)
         self._topics[r.topic] = replace(topic, partition_count=topic.partition_count + 1)
-        self._count(new.replicas, +1)
+        self._track(new, +1)
 
     def _partition_change(self, r: PartitionChange) -> None:
         old = self.get_partition(r.topic, r.partition)
@@ -421,9 +448,8 @@ class MetadataImage:
         self._check_partition(r, new, old=old)
         parts = self._partitions[r.topic]
         self._partitions[r.topic] = parts[:r.partition] + (new,) + parts[r.partition + 1:]
-        if new.replicas != old.replicas:
-            self._count(old.replicas, -1)
-            self._count(new.replicas, +1)
+        self._track(old, -1)
+        self._track(new, +1)
         assert self._partitions[r.topic][r.partition].partition_epoch > old.partition_epoch
 
     def _check_partition(self, r: Record, p: PartitionInfo, old: PartitionInfo | None) -> None:
@@ -464,7 +490,7 @@ class MetadataImage:
             raise _reject(r, f"topic {r.name!r} has id {topic.topic_id!r}, not {r.topic_id!r}")
         del self._topics[r.name]
         for p in self._partitions.pop(r.name):
-            self._count(p.replicas, -1)
+            self._track(p, -1)
 
     def _config_change(self, r: ConfigChange | AlterTopicConfig) -> None:
         topic = self._topics.get(r.topic)
@@ -540,7 +566,7 @@ class MetadataImage:
                     partition_count=len(parts), created_at_ms=int(t.get("created_at_ms", 0)))
                 image._partitions[t["name"]] = parts
                 for p in parts:
-                    image._count(p.replicas, +1)
+                    image._track(p, +1)
         except (KeyError, TypeError, ValidationError) as exc:
             raise ValueError(f"malformed image: {exc}") from exc
         return image

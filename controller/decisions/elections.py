@@ -164,8 +164,8 @@ class QuorumElectionTracker:
         take writes; the missing replicas are what to look at)."""
         out: list[str] = []
         waiting: dict[tuple[str, int], tuple[int, int, int | None]] = {}
-        for p in image.partitions():
-            if p.leader is not None or not p.fenced_for_election:
+        for p in image.leaderless_partitions():
+            if not p.fenced_for_election:
                 continue
             epoch, since, said = self._waiting.get(p.tp, (p.leader_epoch, now_ms, None))
             if epoch != p.leader_epoch:
@@ -268,6 +268,8 @@ def move_fenced_leaders(image: MetadataImage) -> list[Record]:
     fence decided on a stale view can apply while the partition change that went with
     it is rejected for its stale epoch; this puts things right on the next round."""
     records: list[Record] = []
+    if not any(image.leader_count(b) for b, info in image.brokers.items() if info.fenced):
+        return records   # the usual case, known without a walk over every partition
     for p in image.partitions():
         if p.leader is not None and not image.is_unfenced(p.leader):
             c = without_broker(image, p, p.leader, leave_isr=False, reason="leader is fenced")
@@ -283,9 +285,7 @@ def elect_leaders(image: MetadataImage, tracker: QuorumElectionTracker) -> list[
     fenced ones get step two when their reports are in.
     """
     records: list[Record] = []
-    for p in image.partitions():
-        if p.leader is not None:
-            continue
+    for p in image.leaderless_partitions():
         if is_quorum(image, p):
             if not p.fenced_for_election:
                 records.append(fence_for_election(image, p, reason="leaderless"))

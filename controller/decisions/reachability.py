@@ -90,6 +90,11 @@ class ReachabilityReports:
         """A heartbeat's whole report: it replaces the broker's last one (empty: all is well)."""
         self._latest[broker_id] = _Latest(frozenset(links), now_ms)
 
+    def named(self) -> set[tuple[str, int]]:
+        """The partitions some broker's latest report names: the only ones `broken` can find
+        a link of (a pass looks at these, not at every partition)."""
+        return {(link.topic, link.partition) for latest in self._latest.values() for link in latest.links}
+
     def alive(self, image: MetadataImage, broker_id: int, now_ms: int) -> bool:
         """Unfenced and heard from (any heartbeat) within fresh_ms."""
         latest = self._latest.get(broker_id)
@@ -186,9 +191,9 @@ def move_unreachable_leaders(image: MetadataImage, reports: ReachabilityReports,
     old leaders to keep out of the quorum elections this starts."""
     records: list[Record] = []
     exclusions: list[Exclusion] = []
-    for p in image.partitions():
-        leader = p.leader
-        if leader is None or not image.is_unfenced(leader) or not reports.may_decide(p, now_ms):
+    for p in (image.get_partition(*tp) for tp in sorted(reports.named())):
+        leader = None if p is None else p.leader
+        if p is None or leader is None or not image.is_unfenced(leader) or not reports.may_decide(p, now_ms):
             continue
         broken = reports.broken(image, p, now_ms)
         # A majority of the replicas must say the leader is cut off: one follower's word, or

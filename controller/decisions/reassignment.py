@@ -71,8 +71,8 @@ def _shrink(image: MetadataImage, p: PartitionInfo, target: tuple[int, ...],
 def progress_reassignments(image: MetadataImage) -> list[Record]:
     """The shrink record of every reassignment whose target replicas are all in the ISR."""
     records: list[Record] = []
-    for p in image.partitions():
-        if not p.reassigning or p.leader is None:
+    for p in image.reassigning_partitions():
+        if p.leader is None:
             continue
         target = p.target_replicas
         if set(target) <= set(p.isr):
@@ -127,13 +127,10 @@ def cancel_many(image: MetadataImage, request: CancelReassignmentsRequest) -> li
     """Cancel the named reassignments (every running one when none is named), all or none."""
     plan = Plan(image)
     if request.partitions is None:
-        targets = [(p.topic, p.partition) for p in image.partitions() if p.reassigning]
+        targets = [(p.topic, p.partition) for p in image.reassigning_partitions()]
     else:
         targets = [(ref.topic, ref.partition) for ref in request.partitions]
     for topic, partition in targets:
         plan.extend(cancel_reassignment(plan.image, topic, partition))
     return plan.records
 
-
-def reassignments(image: MetadataImage) -> list[PartitionInfo]:
-    return [p for p in image.partitions() if p.reassigning]
