@@ -18,8 +18,8 @@ per-broker guardrail raised to fit), and prints:
 2. metadata lag while opening: right after the last create, one more topic (`late`, 1 partition)
    is created; seconds until every broker has applied the controller's offset of that moment
    (`biplane_broker_metadata_offset`) and until the new partition's leader answers list-offsets;
-3. idle CPU: once all replicas are open and in the ISR, no traffic, each broker's user+system
-   CPU over `--idle-seconds` from /proc/PID/stat, as % of one core.
+3. idle CPU: once all replicas are open and in the ISR, no traffic, each broker's (and the
+   controller's) user+system CPU over `--idle-seconds` from /proc/PID/stat, as % of one core.
 4. steady load: acks=all p50/p99 of one producer sending one 100-byte record per request at
    `--steady-rate` requests a second for `--steady-seconds` to a new 1-partition topic (RF 3)
    beside the idle partitions, and its ratio to the same load on an empty cluster (measured
@@ -268,14 +268,15 @@ def brokers_scale(args: argparse.Namespace, partitions: int) -> None:
         while time.monotonic() < settle_deadline and not isr_full():
             time.sleep(1)
         time.sleep(2)
-        pids = {b: cluster.brokers[b].pid for b in brokers}
-        before = {b: cpu_seconds(pids[b]) for b in brokers}
+        pids = {f"broker {b}": cluster.brokers[b].pid for b in brokers}
+        pids["controller"] = cluster.controllers[0].pid
+        before = {name: cpu_seconds(pid) for name, pid in pids.items() if pid is not None}
         t0 = time.monotonic()
         time.sleep(args.idle_seconds)
         elapsed = time.monotonic() - t0
-        usage = {b: 100 * (cpu_seconds(pids[b]) - before[b]) / elapsed for b in brokers}
+        usage = {name: 100 * (cpu_seconds(pids[name]) - cpu) / elapsed for name, cpu in before.items()}
         print(f"idle CPU (% of a core over {elapsed:.0f} s): "
-              + ", ".join(f"broker {b} {usage[b]:.1f}%" for b in brokers))
+              + ", ".join(f"{name} {used:.1f}%" for name, used in usage.items()))
         if args.steady_seconds > 0:
             p50, p99, n = steady_load(cluster, args.steady_seconds, args.steady_rate)
             empty = args.steady_baseline

@@ -6,7 +6,8 @@ once idle, a follower's session fetches go on (the long-poll) but carry no parti
 biplane_broker_fetch_session_partitions_sent_total stands still while its incremental
 requests grow), no full fetch is sent, and the ISR stays whole past replica_lag_time_max_ms
 (omitted partitions are still judged caught up); a steady acks=all load of one record per
-request sends no full fetch and a few incremental ones per produce; after the leader broker of a partition is
+request sends no full fetch and a few incremental ones per produce; the partitions of a topic created
+meanwhile join the sessions without a full fetch; after the leader broker of a partition is
 killed (-9) and restarted, and leads again, the follower opens a new session with it by a
 full fetch, replication of new records goes on, and no acknowledged record is lost."""
 from __future__ import annotations
@@ -129,6 +130,25 @@ def test_sessions_replicate_idle_fetches_carry_nothing_and_a_restarted_leader_ge
             assert incremental <= 4 * STEADY_PRODUCES, f"broker {b}: {incremental} session fetches for " \
                 f"{STEADY_PRODUCES} produces"
         assert session_errors(cluster) == errors_before, "a session fetch was refused during the steady load"
+
+        # (c2) A topic created while the sessions long-poll: its partitions join them by
+        # incremental fetches. Before, each joiner's first fetches went express and, caught up,
+        # abandoned the long-poll to rejoin it, and the next session fetch was full.
+        pairs = [(f, lead) for f in cluster.brokers for lead in cluster.brokers if f != lead]
+        joins_before = {pair: session_counts(cluster, *pair) for pair in pairs}
+        cluster.create_topic("joiners", partitions=6, replication_factor=3)
+
+        def joiners_replicated() -> bool:
+            for b in cluster.brokers.values():
+                s = scrape(b.metrics_port)
+                if any(s.value("biplane_partition_high_watermark", topic="joiners", partition=str(p)) < 1
+                       for p in range(6)):
+                    return False
+            return True
+        wait_until(joiners_replicated, 20, "every replica of 'joiners' has its leader's epoch start", interval_s=0.1)
+        for pair in pairs:
+            full = session_counts(cluster, *pair)[0] - joins_before[pair][0]
+            assert full == 0, f"broker {pair[0]} sent {full} full session fetches to broker {pair[1]} as partitions joined"
 
         # (d) The leader broker is killed and restarted, then leads again.
         cluster.restart(leader, kill=True)

@@ -758,3 +758,109 @@ def test_the_same_throttle_told_again_does_not_rewire_the_sessions(monkeypatch):
         return told_once, len(rewired)
 
     assert asyncio.run(scenario()) == (1, 3)
+
+
+def test_a_followers_fetch_naming_no_partition_ends_its_long_poll_and_keeps_the_session(tmp_path):
+    """A follower's fetcher asks the leader to end its session's waiting long-poll with a
+    sessionless fetch naming no partition (after partitions that joined meanwhile were
+    fetched express): the long-poll answers at once and the session goes on, its next fetch
+    incremental. Another follower's, or a consumer's, does not end it."""
+    async def scenario():
+        drivers = {"a": _leader_driver(tmp_path, "a", (1, 2), None)}
+        await _until_serving(drivers["a"])
+        handler = _handler(drivers)
+        end = drivers["a"].log.log_end_offset
+        sid = (await _session_fetch(handler, 0, 0, [_position("a", end)], wait_ms=0)).session_id
+
+        def nudge(replica_id):
+            return handler.fetch(wire.FetchRequest(replica_id=replica_id, max_wait_ms=0, min_bytes=1,
+                                                   max_bytes=1 << 20))
+        poll = _session_fetch(handler, sid, 1)
+        await asyncio.sleep(0.1)
+        await nudge(3)    # another follower's
+        await nudge(-1)   # a consumer's
+        await asyncio.sleep(0.1)
+        others_ended = poll.done()
+        await nudge(2)
+        ended = await asyncio.wait_for(poll, 1)
+        # Between long-polls a nudge has nothing to end: the next one waits as usual.
+        await nudge(2)
+        later = _session_fetch(handler, sid, 2)
+        await asyncio.sleep(0.1)
+        later_waits = not later.done()
+        await nudge(2)
+        after = await asyncio.wait_for(later, 1)
+        await drivers["a"].close()
+        return others_ended, ended, later_waits, after, sid
+
+    others_ended, ended, later_waits, after, sid = asyncio.run(scenario())
+    assert not others_ended, "another follower's or a consumer's empty fetch ended the long-poll"
+    assert ended.error_code is ErrorCode.NONE and ended.session_id == sid and _carried(ended) == {}
+    assert later_waits, "a nudge sent while no long-poll waited ended the next one"
+    assert after.error_code is ErrorCode.NONE and after.session_id == sid, "the session did not go on"
+
+
+def test_a_partition_joining_while_the_long_poll_waits_nudges_it_and_joins_incrementally():
+    """A partition that starts following this leader while the session's long-poll waits is
+    fetched express; caught up, it waits for the long-poll to end, and the fetcher asks the
+    leader to end it now (a fetch naming no partition) instead of closing its connection: the
+    next session fetch then carries the newcomer, incremental. Abandoning the long-poll made
+    the next one full: while thousands of partitions opened, most session fetches carried
+    every partition followed there."""
+    sent: list[tuple[str, wire.FetchRequest]] = []
+
+    class Leader:
+        def __init__(self, name, end) -> None:
+            self.name, self.end, self.closed = name, end, False
+
+        async def request(self, req):
+            sent.append((self.name, req))
+            if req.session_epoch >= 0 and req.max_wait_ms:
+                if len([r for n, r in sent if n == "main"]) > 1:
+                    await self.end.wait()   # the long-poll waits until the leader is asked to end it
+                    self.end.clear()
+                return wire.FetchResponse(session_id=7)
+            if not req.topics:
+                self.end.set()
+                return wire.FetchResponse()
+            p = req.topics[0].partitions[0]
+            return wire.FetchResponse(topics=(wire.FetchTopicResponse(topic=req.topics[0].topic, partitions=(
+                wire.FetchPartitionResponse(partition=0, high_watermark=p.fetch_offset,
+                                            current_leader=wire.LeaderIdAndEpoch(leader_id=2, leader_epoch=1)),)),))
+
+        async def close(self):
+            self.closed = True
+
+    async def scenario():
+        end = asyncio.Event()
+        clients = {"main": Leader("main", end), "express": Leader("express", end)}
+        fetcher = Fetcher(broker_id=1, address_of=lambda b: ("127.0.0.1", 1),
+                          deliver=lambda tp, ev: fetcher.submit(2, tp, request(tp, ev.fetch_offset)))
+
+        def request(tp, offset):
+            return FetchRequest(replica_id=1, fetch_offset=offset, current_leader_epoch=1, partition=tp)
+        fetcher.submit(2, ("a", 0), request(("a", 0), 10))
+        session = fetcher.sessions[2]
+
+        async def client(which):
+            return clients[which]
+        session._client = client
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if len(sent) >= 2 and session._main_busy:
+                break
+        fetcher.submit(2, ("b", 0), request(("b", 0), 5))   # a newcomer
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if any(n == "main" and any(t.topic == "b" for t in r.topics) for n, r in sent):
+                break
+        await fetcher.close()
+        return clients
+
+    clients = asyncio.run(scenario())
+    kinds = [(n, r.session_epoch, tuple(t.topic for t in r.topics)) for n, r in sent]
+    assert ("express", -1, ("b",)) in kinds, kinds
+    assert ("express", -1, ()) in kinds, f"no fetch asked the leader to end the long-poll: {kinds}"
+    joined = next(k for k in kinds if k[0] == "main" and "b" in k[2])
+    assert joined[1] > 0, f"the newcomer joined by a full session fetch: {kinds}"
+    assert not clients["main"].closed, "the long-poll's connection was closed"

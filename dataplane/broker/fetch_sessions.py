@@ -154,6 +154,10 @@ class LeaderSessions(Generic[K, P, S]):
             session.waiting -= 1
             session.seen_ms = at_ms
 
+    def owned_by(self, owner: int) -> int | None:
+        """The session id of follower broker `owner` here, if it has one."""
+        return self._owned.get(owner)
+
     def seen(self, owner: int, key: K, now_ms: int) -> tuple[P, int] | None:
         """Where follower broker `owner` fetches `key` in its session here, and when it was
         last seen fetching there (`now_ms` while a fetch waits); None: no session holds it."""

@@ -48,7 +48,7 @@ import time
 from typing import Callable, Mapping
 
 from common.errors import BiplaneError, ErrorCode
-from common.tasks import TaskOwner, cancel_and_wait
+from common.tasks import cancel_and_wait
 from common.topic_partition import TopicPartition
 from common.wire import WireClient
 from common.wire import messages as wire
@@ -147,7 +147,6 @@ class FetchSession:
         self.pending: dict[TopicPartition, FetchRequest] = {}
         self._main_busy = False
         self._express_held: set[TopicPartition] = set()    # wait for the long-poll to end
-        self._restarting = False
         self._last_sent: dict[TopicPartition, FetchRequest] = {}   # by either loop
         self._follows_checked_s = 0.0
         self._follows_checked_version: int | None = None
@@ -169,7 +168,6 @@ class FetchSession:
         self._wake_exp = asyncio.Event()  # the express loop's: something new arrived
         self._clients: dict[str, WireClient | None] = {"main": None, "express": None}
         self._backoff_ms = 0
-        self._closing = TaskOwner()  # closes of abandoned long-polls' connections: they finish
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._main_loop()), loop.create_task(self._express_loop())]
 
@@ -344,16 +342,10 @@ class FetchSession:
                     self._express_held.add(tp)
                     rejoin = True
             if rejoin and self._main_busy:
-                self._restart_main()
-
-    def _restart_main(self) -> None:
-        """Abandon the long-poll in flight (its connection is closed): the next long-poll
-        carries its partitions with the newcomers. Whether the leader applied the abandoned
-        fetch to the session is unknown: the next one is full."""
-        client, self._clients["main"] = self._clients["main"], None
-        if client is not None:
-            self._restarting = True
-            self._closing.spawn(client.close())
+                # Ask the leader to end the long-poll now (a fetch naming no partition): the
+                # next one carries the newcomers. Abandoning it (closing its connection) made
+                # the next session fetch full, of every partition followed there.
+                await self._round("express", {}, 0)
 
     async def _wake_express(self) -> None:
         self._wake_exp.clear()
@@ -384,9 +376,6 @@ class FetchSession:
         except (BiplaneError, OSError, asyncio.TimeoutError) as exc:
             if in_session:
                 self.session.reset()   # the leader may or may not have applied it
-            if which == "main" and self._restarting:
-                self._restarting = False
-                return {}
             # A session's partitions stay in it: the next fetch, full, carries them again.
             await self._broken(which, {} if in_session else batch, exc)
             return {}
@@ -517,7 +506,6 @@ class FetchSession:
 
     async def close(self) -> None:
         await cancel_and_wait(*self._tasks)
-        await self._closing.wait()
         for which, client in list(self._clients.items()):
             if client is not None:
                 await client.close()

@@ -124,7 +124,9 @@ class PartitionDriver:
         # the table rebuilds itself in a worker thread (producer_state.py).
         self.producer_state = BrokerProducerState(name=f"{tp[0]}-{tp[1]}")
         loaded = self.producer_state.load(self.log)
-        log.info("%s-%d producer state: %d producers from snapshot at %d and %d bytes of log from %d to %d "
+        # A new, empty log has nothing to tell (one line per replica while thousands open).
+        empty = loaded.snapshot_offset < 0 and loaded.scanned_bytes == 0 and not len(self.producer_state)
+        log.log(logging.DEBUG if empty else logging.INFO, "%s-%d producer state: %d producers from snapshot at %d and %d bytes of log from %d to %d "
                  "(%.3f s)", *tp, len(self.producer_state), loaded.snapshot_offset, loaded.scanned_bytes,
                  loaded.scan_start_offset, loaded.up_to_offset, loaded.elapsed_s,
                  extra={"event": "partition.producer_state_loaded", "topic": tp[0], "partition": tp[1],

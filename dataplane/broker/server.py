@@ -90,6 +90,10 @@ class _Watch:
     dirty: set[TopicPartition] = dataclasses.field(default_factory=set)
     unready: set[TopicPartition] = dataclasses.field(default_factory=set)
     unready_due_s: float = 0.0
+    # A long-poll of this session waits now, and its follower asked it to end at once
+    # (RequestHandler._end_long_poll): it answers as it stands.
+    polling: bool = False
+    end_now: bool = False
     hooked: dict[TopicPartition, asyncio.Future[None]] = dataclasses.field(default_factory=dict)
     _hooked_tp: dict[asyncio.Future[None], TopicPartition] = dataclasses.field(default_factory=dict)
 
@@ -284,6 +288,8 @@ class RequestHandler:
             return await self._fetch_in_session(request, fetch, session_id, partitions, deadline)
         # Outside a session: a consumer's, or a follower's express fetch (no wait).
         partitions = {TopicPartition(t.topic, p.partition): p for t in request.topics for p in t.partitions}
+        if follower and not partitions:
+            self._end_long_poll(request.replica_id)
         stepped: dict[TopicPartition, int] = {}  # the core's fetch count after our own step of each partition
         while True:
             answers: dict[TopicPartition, wire.FetchPartitionResponse] = {}
@@ -338,6 +344,29 @@ class RequestHandler:
         loop = asyncio.get_running_loop()
         notes = self.fetch_sessions.notes(session_id)
         watch = self._watch(session_id, fetch, partitions)
+        watch.polling, watch.end_now = True, False
+        try:
+            return await self._poll_session(request, session_id, partitions, deadline, watch, notes)
+        finally:
+            watch.polling = watch.end_now = False
+
+    def _end_long_poll(self, follower: int) -> None:
+        """A follower's sessionless fetch naming no partition: end its session's waiting
+        long-poll now, as it stands. Its fetcher sends one for partitions that joined while the
+        long-poll waited (fetched express, caught up): the next session fetch carries them
+        at once. Abandoning the long-poll instead (closing its connection) left the session's
+        state unknown, and the next fetch, full, carried every partition followed here: while
+        thousands of partitions opened, most session fetches were full."""
+        session_id = self.fetch_sessions.owned_by(follower)
+        watch = self._watches.get(session_id) if session_id is not None else None
+        if watch is not None and watch.polling:
+            watch.end_now = True
+            watch.wake.set()
+
+    async def _poll_session(self, request: wire.FetchRequest, session_id: int,
+                            partitions: Mapping[TopicPartition, wire.FetchPartition], deadline: float,
+                            watch: _Watch, notes: dict[TopicPartition, object]) -> wire.FetchResponse:
+        loop = asyncio.get_running_loop()
         answers: dict[TopicPartition, wire.FetchPartitionResponse] = {}
         stepped: dict[TopicPartition, int] = {}  # the core's fetch count after our own step of each partition
         replica_id = request.replica_id
@@ -401,7 +430,7 @@ class RequestHandler:
                     watch.active.add(tp)
             remaining = deadline - loop.time()
             found_bytes = max(1, request.max_bytes) - budget
-            if ready or found_bytes >= max(1, request.min_bytes) or remaining <= 0:
+            if ready or found_bytes >= max(1, request.min_bytes) or remaining <= 0 or watch.end_now:
                 carried = self.fetch_sessions.answer(
                     session_id, {tp: (bool(a.records), _summary(a)) for tp, a in answers.items()})
                 return self._fetch_response({tp: answers[tp] for tp in carried}, session_id)
