@@ -166,6 +166,7 @@ class PartitionDriver:
         self._told_budget: tuple[int, int] | None = None
         self._changed: asyncio.Future[None] | None = None
         self._seen = self._observed()
+        self._usage_start = self.log.log_start_offset   # as a usage report last had it (step)
         # Counters for usage reports and /metrics.
         self.produce_records = 0
         self.produce_bytes = 0
@@ -228,11 +229,14 @@ class PartitionDriver:
             self.budget.update(self.tp, self._reported_bytes)
             if self.replica.waiting_for_room():
                 self.budget.call_when_room(self.tp, self._on_room)
-        self._notify_if_changed()
+        moved = self._notify_if_changed()
         self._due = self.replica.next_tick_ms()
         if self.on_due is not None:
             self.on_due(self.tp, self._due)
-        if self.on_usage is not None:
+        if self.on_usage is not None and (moved or self.log.log_start_offset != self._usage_start):
+            # Only a step that moved what a usage report reads (a Tick of an idle replica does
+            # not): each touched replica is read again at the next report, once a second.
+            self._usage_start = self.log.log_start_offset
             self.on_usage(self.tp)
         return answers
 
@@ -365,7 +369,10 @@ class PartitionDriver:
         """Answer one fetch (a follower's or a consumer's) as the core decides, right now."""
         for answer in self.step(request):
             if isinstance(answer, FetchResponse) and answer.fetch_offset == request.fetch_offset:
-                self.fetch_bytes += len(answer.records)
+                if answer.records:
+                    self.fetch_bytes += len(answer.records)
+                    if self.on_usage is not None:
+                        self.on_usage(self.tp)
                 return answer
         raise AssertionError(f"core gave no answer to {request}")
 
@@ -489,14 +496,18 @@ class PartitionDriver:
         r = self.replica
         return (self.log.log_end_offset, r.high_watermark, r.leader_epoch, r.role)
 
-    def _notify_if_changed(self) -> None:
+    def _notify_if_changed(self) -> bool:
+        """Wake the long-polls waiting on this replica if its log end, HW, epoch or role moved
+        since the last step; whether they did."""
         seen = self._observed()
-        if seen != self._seen:
-            if seen[2:] != self._seen[2:] and self.on_follow_change is not None:
-                self.on_follow_change()
-            self._seen = seen
-            if self._changed is not None and not self._changed.done():
-                self._changed.set_result(None)
+        if seen == self._seen:
+            return False
+        if seen[2:] != self._seen[2:] and self.on_follow_change is not None:
+            self.on_follow_change()
+        self._seen = seen
+        if self._changed is not None and not self._changed.done():
+            self._changed.set_result(None)
+        return True
 
     # ------------------------------------------------------------------ state
 

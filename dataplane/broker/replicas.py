@@ -686,7 +686,8 @@ class ReplicaManager:
 
     def usage_touched(self, tp: TopicPartition) -> None:
         """Its figures may have changed: the next usage report reads it again (told by the
-        driver after each step and each produce it counts, and here on open and removal)."""
+        driver after each step that moved its log or HW, each produce it counts and each fetch
+        answered with records, and here on open and removal)."""
         self._usage_touched.add(tp)
 
     def usage_report(self) -> UsageReport:
@@ -694,10 +695,10 @@ class ReplicaManager:
         disk; and the bytes produced, replicated and fetched since the process started (the
         open replicas' counters plus those of every replica closed since).
 
-        It costs what changed: only replicas touched since the previous call (stepped, given a
-        produce to count, opened, removed) or whose rates were not zero are read again; the
-        others keep their row, the same ReplicaUsage object, and the sums are moved by the
-        rows read. At thousands of idle replicas a walk over all of them each second was a
+        It costs what changed: only replicas touched since the previous call (their log or HW
+        moved, a produce or a fetch counted, opened, removed) or whose rates were not zero are
+        read again; the others keep their row, the same ReplicaUsage object, and the sums are
+        moved by the rows read. At thousands of idle replicas a walk over all of them each second was a
         chunk of milliseconds on the loop. Every USAGE_FULL_EVERY_S all are read again, for
         what changes outside a step (retention, compaction)."""
         now = time.monotonic()
