@@ -22,8 +22,10 @@ acks=all for it) would wait too. Such a request goes out at once on a second
 "express" connection with no wait — only when it says something the waiting
 long-poll does not (another position or flushed offset), so the express path
 never spins on repeats. A partition that joined the session after the
-long-poll started goes express until it is caught up, then the long-poll
-starts over with it (its connection is closed and the requests resent). So that this stays
+long-poll started goes express until it is caught up; then the fetcher asks the leader to
+end the waiting long-poll at once (an express fetch naming no partition), and the next,
+incremental, one carries it. Closing the long-poll's connection instead would leave the
+leader's session state unknown, and the next fetch full. So that express stays
 the exception: a partition answered without a new position (a new HW) stays parked, and after
 an answer with records the next long-poll waits (up to `REJOIN_WAIT_S`) for those partitions'
 cores to ask again, which under acks=all is once the records are flushed: it carries their

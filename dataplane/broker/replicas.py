@@ -626,6 +626,8 @@ class ReplicaManager:
             for tp, driver in list(self.drivers.items()):
                 if driver.closed or driver.failed:
                     continue
+                if driver.log.segment_count < 2:
+                    continue  # only the active segment, which retention keeps: no thread hop each
                 topic = self._topics.get(tp)
                 if topic is not None and not topic.config.retention_deletes:
                     continue  # cleanup_policy=compact: the cleaner alone removes records

@@ -380,6 +380,11 @@ class PartitionLog:
         return self._segments[-1].next_offset
 
     @property
+    def segment_count(self) -> int:
+        """Segments on disk, the active one included (retention never deletes that one)."""
+        return len(self._segments)
+
+    @property
     def flushed_offset(self) -> int:
         return self._flushed_offset
 
