@@ -305,8 +305,10 @@ def _request(tp, offset: int) -> FetchRequest:
 
 
 def test_fetcher_sends_only_changes_parks_omitted_and_goes_full_after_a_session_error():
+    from dataplane.replica.events import FetchHeld
     sent: list[wire.FetchRequest] = []
     delivered: list[tuple[str, int]] = []
+    held: list[str] = []
     counted: list[tuple[bool, int]] = []
 
     def answer(*topics: str, session_id: int = 7) -> wire.FetchResponse:
@@ -324,6 +326,9 @@ def test_fetcher_sends_only_changes_parks_omitted_and_goes_full_after_a_session_
         fetcher: Fetcher
 
         def deliver(tp, ev):
+            if isinstance(ev, FetchHeld):
+                held.append(tp[0])   # a core told its request is parked does not ask again
+                return
             delivered.append((tp[0], ev.fetch_offset))
             # The core asks again: from the same position, or (b in round 3) from a new one.
             fetcher.submit(2, tp, _request(tp, 11 if len(sent) == 3 else 10))
@@ -348,6 +353,9 @@ def test_fetcher_sends_only_changes_parks_omitted_and_goes_full_after_a_session_
     # What an answer omitted (a in round 3, both in 4) or a refusal did not answer is not
     # delivered: it stays parked in the session.
     assert delivered == [("a", 10), ("b", 10), ("b", 10)]
+    # b's request from 11, brought by round 4 and omitted by its answer, is parked: its core is
+    # told so. (a's was brought by round 2, which was refused, so its core keeps its timer.)
+    assert held == ["b"]
 
 
 def test_a_parked_partition_whose_replica_stopped_following_leaves_the_session(monkeypatch):
@@ -864,3 +872,49 @@ def test_a_partition_joining_while_the_long_poll_waits_nudges_it_and_joins_incre
     joined = next(k for k in kinds if k[0] == "main" and "b" in k[2])
     assert joined[1] > 0, f"the newcomer joined by a full session fetch: {kinds}"
     assert not clients["main"].closed, "the long-poll's connection was closed"
+
+
+def test_a_request_the_session_fetch_leaves_unanswered_is_told_held_to_its_core():
+    """A session fetch that brings a partition's request to the leader and whose answer omits
+    it leaves it parked there: the fetcher tells its core (FetchHeld, for that request's
+    position), which then sets no timer to ask again. A partition the answer carries is told
+    nothing of the kind."""
+    from dataplane.replica.events import FetchHeld
+    delivered: list[tuple[tuple[str, int], object]] = []
+
+    class Leader:
+        closed = False
+
+        async def request(self, req):
+            if req.session_epoch == 0:   # the full fetch: answers "b", omits "a"
+                return wire.FetchResponse(session_id=7, topics=(wire.FetchTopicResponse(topic="b", partitions=(
+                    wire.FetchPartitionResponse(partition=0, high_watermark=3, records=b"",
+                                                current_leader=wire.LeaderIdAndEpoch(leader_id=2, leader_epoch=1)),)),))
+            await asyncio.Event().wait()   # later long-polls: nothing changes
+            return wire.FetchResponse(session_id=7)
+
+        async def close(self):
+            self.closed = True
+
+    async def scenario():
+        fetcher = Fetcher(broker_id=1, address_of=lambda b: ("127.0.0.1", 1),
+                          deliver=lambda tp, ev: delivered.append((tp, ev)))
+        for topic, offset in (("a", 10), ("b", 3)):
+            fetcher.submit(2, (topic, 0), FetchRequest(replica_id=1, fetch_offset=offset, last_fetched_epoch=1,
+                                                        current_leader_epoch=1, partition=(topic, 0)))
+        session = fetcher.sessions[2]
+
+        async def client(which):
+            return Leader()
+        session._client = client
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if len(delivered) >= 2:
+                break
+        await asyncio.sleep(0.05)
+        await fetcher.close()
+
+    asyncio.run(scenario())
+    held = [(tp, ev) for tp, ev in delivered if isinstance(ev, FetchHeld)]
+    assert held == [(("a", 0), FetchHeld(leader_id=2, fetch_offset=10, last_fetched_epoch=1))], delivered
+    assert [tp for tp, ev in delivered if not isinstance(ev, FetchHeld)] == [("b", 0)]

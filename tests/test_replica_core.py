@@ -984,6 +984,37 @@ def test_an_unanswered_fetch_is_asked_again_after_fetch_retry_ms_not_sooner():
         assert len([m for m in follower.sent() if isinstance(m, FetchRequest)]) == 1
 
 
+def test_a_fetch_the_transport_holds_is_not_asked_again_on_the_timer():
+    """Claim: once the transport says it holds the fetch in flight (FetchHeld: a leader's fetch
+    session keeps it and answers when something changes), the follower has no timer for it:
+    no re-ask at fetch_retry_ms and no Tick due (thousands of quiet followers each stepped
+    every fetch_retry_ms were most of an idle broker's steps). A FetchHeld for another
+    position or another leader changes nothing, and the next request it sends is on the
+    timer again until it is held too."""
+    from dataplane.replica.events import FetchHeld, FetchResponse
+    follower = Node(2)
+    follower.replica = Replica(replica_id=2, log=follower.log, fetch_backoff_ms=10, fetch_retry_ms=10_000)
+    follower.step(NewMetadata(partition=state(), config=config()))
+    follower.step(Tick(now_ms=0))
+    [ask] = [m for m in follower.sent() if isinstance(m, FetchRequest)]
+    for other in (FetchHeld(leader_id=1, fetch_offset=ask.fetch_offset + 1, last_fetched_epoch=ask.last_fetched_epoch),
+                  FetchHeld(leader_id=3, fetch_offset=ask.fetch_offset, last_fetched_epoch=ask.last_fetched_epoch)):
+        follower.step(other)
+        assert follower.replica.next_tick_ms() == 10_000, other
+    follower.step(FetchHeld(leader_id=1, fetch_offset=ask.fetch_offset, last_fetched_epoch=ask.last_fetched_epoch))
+    assert follower.replica.next_tick_ms() is None
+    follower.step(Tick(now_ms=60_000))
+    assert [m for m in follower.sent() if isinstance(m, FetchRequest)] == []
+    # Its answer comes (a new HW alone): the next request is on the timer again.
+    follower.step(FetchResponse(leader_id=1, leader_epoch=ask.current_leader_epoch, fetch_offset=ask.fetch_offset,
+                                last_fetched_epoch=ask.last_fetched_epoch, high_watermark=ask.fetch_offset))
+    follower.step(Tick(now_ms=60_010))   # after fetch_backoff_ms
+    assert len([m for m in follower.sent() if isinstance(m, FetchRequest)]) == 1
+    assert follower.replica.next_tick_ms() == 70_010
+    follower.step(Tick(now_ms=70_010))
+    assert len([m for m in follower.sent() if isinstance(m, FetchRequest)]) == 1
+
+
 def test_a_fetch_refused_by_a_leader_behind_our_epoch_is_asked_again_after_the_backoff():
     """Claim: when our leader's broker has not yet learned the epoch we fetch at, it refuses
     with its own older epoch; that answer is to our fetch in flight, so the follower asks again

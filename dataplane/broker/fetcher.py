@@ -9,9 +9,9 @@ The long-poll is incremental (after Kafka's KIP-227, fetch_sessions.py): the fir
 fetch to a leader is full and opens a session there; later ones carry only the
 partitions whose request changed (position, epoch, flushed offset) and name those
 no longer followed, and the leader answers only partitions with news. A request the
-answer omits stays parked in the session, unsent, until its core asks anew (after `fetch_retry_ms`, 10 s
-here, it repeats the same request: it travels no more than the parked one) or
-an answer comes, or the broker says its replica no longer follows that leader (`follows`).
+answer omits stays parked in the session, unsent, until an answer comes, its core asks anew,
+or the broker says its replica no longer follows that leader (`follows`); its core is told
+the leader holds it (FetchHeld) and sets no timer to ask again.
 A session error (the leader restarted, evicted the session, saw
 another epoch), a broken connection or an abandoned long-poll makes the next fetch
 full. The express fetch (below) is outside the session: its answer carries all it asked.
@@ -57,12 +57,12 @@ from common.wire import messages as wire
 from dataplane.broker.codec import fetch_answer_from_wire, fetch_failed, fetch_to_wire
 from dataplane.broker.fetch_sessions import FollowerSession
 from dataplane.broker.throttle import ReplicationThrottle
-from dataplane.replica.events import FetchRequest, FetchResponse
+from dataplane.replica.events import FetchHeld, FetchRequest, FetchResponse
 
 log = logging.getLogger("biplane.broker.fetcher")
 
 AddressOf = Callable[[int], "tuple[str, int] | None"]
-Deliver = Callable[[TopicPartition, FetchResponse], None]
+Deliver = Callable[[TopicPartition, FetchResponse | FetchHeld], None]
 Heard = Callable[[int], None]
 Follows = Callable[[TopicPartition, int], bool]
 SessionFetched = Callable[[int, bool, int], None]   # (leader, full, partitions carried) of each session fetch
@@ -107,6 +107,7 @@ class Fetcher:
                            reconnect_backoff_ms_max=reconnect_backoff_ms_max,
                            request_timeout_ms=request_timeout_ms, max_frame_bytes=max_frame_bytes)
         self.sessions: dict[int, FetchSession] = {}
+        self._leader_of: dict[TopicPartition, int] = {}   # the session each partition last asked in
         self.throttle = ReplicationThrottle()
 
     def configure_throttle(self, rate_bytes_per_s: int | None, partitions: frozenset[TopicPartition]) -> None:
@@ -119,6 +120,11 @@ class Fetcher:
             session.rewire()
             session.wake()
 
+    def left(self, tp: TopicPartition, leader_id: int) -> None:
+        """`tp` no longer follows `leader_id` (closed, led elsewhere): forget where it asked."""
+        if self._leader_of.get(tp) == leader_id:
+            del self._leader_of[tp]
+
     def held(self, tp: TopicPartition) -> bool:
         """Whether the throttle keeps `tp` out of fetches now."""
         return self.throttle.applies(tp) and self.throttle.wait_s(time.monotonic()) > 0
@@ -129,10 +135,13 @@ class Fetcher:
         session = self.sessions.get(leader_id)
         if session is None:
             session = self.sessions[leader_id] = FetchSession(self, leader_id)
-        # A partition follows one leader at a time: drop its requests queued elsewhere.
-        for other in self.sessions.values():
-            if other is not session:
-                other.forget(tp)
+        # A partition follows one leader at a time: drop its requests queued elsewhere (only
+        # when it asks another leader than last time: an idle follower asks its own again).
+        if self._leader_of.get(tp) != leader_id:
+            self._leader_of[tp] = leader_id
+            for other in self.sessions.values():
+                if other is not session:
+                    other.forget(tp)
         session.submit(tp, request)
 
     async def close(self) -> None:
@@ -178,7 +187,8 @@ class FetchSession:
         self._wake.set()
         if self._main_busy and not self._repeats_sent(tp, request):
             # Express only ever sends while a long-poll is out, and never a repeat of what the
-            # long-poll carries (each idle follower's core asks again every fetch_retry_ms):
+            # long-poll carries (a core not yet told its request is held asks again after
+            # fetch_retry_ms):
             # waking it for one cost a look at everything pending, thousands a second.
             self._wake_exp.set()
 
@@ -246,6 +256,7 @@ class FetchSession:
                 self._follows_checked_version = version
                 for tp in [tp for tp in self._in_session if not follows(tp, self.leader_id)]:
                     self._leave(tp)
+                    self.fetcher.left(tp, self.leader_id)
             for tp, request in news.items():
                 self._join(tp, request)
             self._main_busy = True
@@ -418,6 +429,13 @@ class FetchSession:
             # Each answer is for the request the session carried (an express one that
             # overtook it joins the session after this).
             self._deliver({tp: self._in_session[tp] for tp in answered if tp in self._in_session}, answered)
+            # The requests this fetch brought into the session that its answer omits: the
+            # leader holds them now, and answers when something changes there (a broken
+            # session resends them). Their cores need not ask again on their timers.
+            for tp, request in batch.items():
+                if tp not in answered and self._in_session.get(tp) is request:
+                    self.fetcher.deliver(tp, FetchHeld(leader_id=self.leader_id, fetch_offset=request.fetch_offset,
+                                                       last_fetched_epoch=request.last_fetched_epoch))
         else:
             self._deliver(batch, answered)
         return answered

@@ -55,9 +55,10 @@ SNAPSHOT_INTERVAL_S = 10.0
 # a follower caught up seconds ago). Ticking every replica every 10 ms kept the clock as fresh.
 CLOCK_STALE_MS = 10
 
-# A follower core asks again after this long without an answer. Its request is parked in the
-# fetch session while the partition is quiet, and each re-ask was a step for nothing: every
-# second for each of thousands of idle followers.
+# A follower core asks again after this long without an answer, until the fetcher says the
+# leader's fetch session holds its request (FetchHeld): from then on it waits for the answer
+# with no timer (a re-ask of a parked request was a step for nothing, for each of thousands of
+# idle followers).
 FETCH_RETRY_MS = 10_000
 # A fetch answer left unapplied because the disk is full reaches the core this much later as a
 # storage error, so that it asks again then (each retry fetches the same records, 10 a second

@@ -44,7 +44,8 @@ from dataplane.replica.actions import (
     ReportElection, Send, SendAction, StopLeading, Truncate, TruncateFully,
 )
 from dataplane.replica.events import (
-    CONSUMER_REPLICA_ID, AppendEntries, AppendEntriesReply, BrokerBudget, FetchRequest, FetchResponse, FlushDone,
+    CONSUMER_REPLICA_ID, AppendEntries, AppendEntriesReply, BrokerBudget, FetchHeld, FetchRequest, FetchResponse,
+    FlushDone,
     IsrChangeAccepted, IsrChangeRefused, NewMetadata, ProduceRequest, StillFetching, Tick, WriteDone,
 )
 from dataplane.replica import invariants
@@ -223,6 +224,7 @@ class Replica(ProduceAdmission, PushMixin):
         # Follower state.
         self.leader_id: int | None = None
         self._fetch_inflight = False
+        self._fetch_held = False   # the transport holds the fetch in flight (FetchHeld): no retry
         self._fetch_sent_ms = 0
         self._next_fetch_ms = 0
         self._reported_flushed = 0
@@ -770,12 +772,18 @@ class Replica(ProduceAdmission, PushMixin):
     def _send_fetch(self) -> None:
         assert self.leader_id is not None
         self._fetch_inflight = True
+        self._fetch_held = False
         self._fetch_sent_ms = self.now_ms
         self._reported_flushed = self.flushed_offset
         self._send.append(Send(to_broker=self.leader_id, message=FetchRequest(
             replica_id=self.replica_id, fetch_offset=self.log_end_offset, last_fetched_epoch=self.last_epoch,
             flushed_offset=self.flushed_offset, current_leader_epoch=self.leader_epoch,
             max_bytes=self.fetch_max_bytes, partition=self.partition)))
+
+    def _on_fetch_held(self, ev: FetchHeld) -> None:
+        if (self.role is Role.FOLLOWER and self._fetch_inflight and ev.leader_id == self.leader_id
+                and (ev.fetch_offset, ev.last_fetched_epoch) == (self.log_end_offset, self.last_epoch)):
+            self._fetch_held = True
 
     def _on_fetch_response(self, ev: FetchResponse) -> None:
         check = check_epoch(theirs=ev.leader_epoch, ours=self.leader_epoch)
@@ -996,7 +1004,10 @@ class Replica(ProduceAdmission, PushMixin):
                     due += [t for t in (self.progress[r].last_caught_up_ms + lag_max + 1
                                         for r in self.state.isr if r in self.progress) if t > self.now_ms]
         elif self.role is Role.FOLLOWER and not self._pushing:
-            due.append(self._fetch_sent_ms + self.fetch_retry_ms if self._fetch_inflight else self._next_fetch_ms)
+            if not self._fetch_inflight:
+                due.append(self._next_fetch_ms)
+            elif not self._fetch_held:
+                due.append(self._fetch_sent_ms + self.fetch_retry_ms)
         elif self.role is Role.ELECTION and self._report_sent_ms is not None:
             due.append(self._report_sent_ms + self.election_report_retry_ms)
         return min(due) if due else None
@@ -1063,7 +1074,7 @@ class Replica(ProduceAdmission, PushMixin):
             pass  # the leader drives a push follower (heartbeats, recovery)
         elif self.role is Role.FOLLOWER:
             if self._fetch_inflight:
-                if self.now_ms - self._fetch_sent_ms >= self.fetch_retry_ms:
+                if not self._fetch_held and self.now_ms - self._fetch_sent_ms >= self.fetch_retry_ms:
                     self._send_fetch()
             elif self.now_ms >= self._next_fetch_ms:
                 self._send_fetch()
@@ -1088,6 +1099,7 @@ _HANDLERS: dict[type, Callable[[Replica, Any], None]] = {
     BrokerBudget: Replica._on_broker_budget,
     FetchRequest: Replica._on_fetch_request,
     FetchResponse: Replica._on_fetch_response,
+    FetchHeld: Replica._on_fetch_held,
     AppendEntries: Replica._on_append_entries,
     AppendEntriesReply: Replica._on_append_entries_reply,
     WriteDone: Replica._on_write_done,

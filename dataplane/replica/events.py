@@ -83,6 +83,20 @@ class FetchResponse:
 
 
 @_frozen
+class FetchHeld:
+    """The transport holds the follower's fetch made from this log state (`fetch_offset`,
+    `last_fetched_epoch`) at leader `leader_id`, and will deliver its answer or its failure:
+    a leader's fetch session keeps the partition and answers when something changes there,
+    and a broken session resends it. The core then does not ask again on its own timer
+    (`fetch_retry_ms`), which for thousands of quiet partitions was most of an idle
+    broker's steps."""
+
+    leader_id: int
+    fetch_offset: int
+    last_fetched_epoch: int
+
+
+@_frozen
 class BrokerBudget:
     """The broker-wide bound on produce bytes its leaders hold (`bytes_max`) and what the
     other leaders hold now (`others_bytes`): this leader takes produce requests only
@@ -211,5 +225,5 @@ class AppendEntriesReply:
     partition: object = None
 
 
-Event = (ProduceRequest | BrokerBudget | FetchRequest | FetchResponse | WriteDone | FlushDone | Tick
+Event = (ProduceRequest | BrokerBudget | FetchRequest | FetchResponse | FetchHeld | WriteDone | FlushDone | Tick
          | NewMetadata | AppendEntries | AppendEntriesReply | IsrChangeRefused)
