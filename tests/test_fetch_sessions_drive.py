@@ -918,3 +918,19 @@ def test_a_request_the_session_fetch_leaves_unanswered_is_told_held_to_its_core(
     held = [(tp, ev) for tp, ev in delivered if isinstance(ev, FetchHeld)]
     assert held == [(("a", 0), FetchHeld(leader_id=2, fetch_offset=10, last_fetched_epoch=1))], delivered
     assert [tp for tp, ev in delivered if not isinstance(ev, FetchHeld)] == [("b", 0)]
+
+
+def test_a_partition_that_moves_between_leaders_is_asked_at_one_only():
+    """A partition follows one leader at a time: asking at a new leader drops what it asked at
+    the old one, also on the way back (the fetcher remembers where each last asked, so that an
+    idle follower asking its own leader again does not look at every other session)."""
+    async def scenario():
+        fetcher = Fetcher(broker_id=1, address_of=lambda b: None, deliver=lambda tp, ev: None)
+        pending = []
+        for leader in (2, 3, 2, 2):
+            fetcher.submit(leader, ("a", 0), _request(("a", 0), 10))
+            pending.append({b: ("a", 0) in s.pending for b, s in fetcher.sessions.items()})
+        await fetcher.close()
+        return pending
+
+    assert asyncio.run(scenario()) == [{2: True}, {2: False, 3: True}, {2: True, 3: False}, {2: True, 3: False}]
