@@ -57,6 +57,83 @@ def test_newest_first_bounds_holders_and_survives_cancelled_waiters():
     assert asyncio.run(scenario()) == 2
 
 
+def test_keyed_waiters_enter_smallest_key_first_whatever_their_arrival():
+    async def scenario():
+        slots = NewestFirst(1)
+        order: list[str] = []
+        release = asyncio.Event()
+
+        async def holder():
+            async with slots.turn((0, "held", 0)):
+                await release.wait()
+
+        async def waiter(key):
+            async with slots.turn(key):
+                order.append(f"{key[1]}-{key[2]}")
+        first = asyncio.ensure_future(holder())
+        await asyncio.sleep(0)
+        waiters = []
+        for key in [(-1, "old", 1), (-2, "new", 1), (-1, "old", 0), (-2, "new", 0)]:
+            waiters.append(asyncio.ensure_future(waiter(key)))
+            await asyncio.sleep(0)
+        waiters[0].cancel()   # a cancelled waiter is skipped when its turn comes
+        release.set()
+        await asyncio.gather(first, *waiters, return_exceptions=True)
+        return order
+    assert asyncio.run(scenario()) == ["new-0", "new-1", "old-0"]
+
+
+def test_replicas_open_newest_topic_first_then_by_partition_whatever_batch_brought_them(tmp_path, monkeypatch):
+    """Two brokers that learn the same topics in different metadata batches open their
+    replicas in the same order (the newest topic first, then by partition): before, each
+    opened the newest arrival first, and a follower could open a partition long after its
+    leader did. Here with one open at a time; the first to arrive takes the free slot."""
+    import os
+    import threading
+
+    from dataplane.broker import replicas as replicas_module
+    from metadata_builders import add_topic, cluster
+
+    monkeypatch.setattr(replicas_module, "OPEN_PARALLELISM", 1)
+    gate = threading.Event()
+    opened: list[str] = []
+    real_prepare = replicas_module._prepare_dir
+
+    def prepare(directory, topic_id):
+        name = os.path.basename(directory)
+        opened.append(name)
+        if len(opened) == 1:
+            assert gate.wait(30), "test gate never opened"
+        return real_prepare(directory, topic_id)
+    monkeypatch.setattr(replicas_module, "_prepare_dir", prepare)
+    first = cluster(1)
+    add_topic(first, "older", [[1]] * 3, now_ms=1_000, min_insync_replicas=1)
+    second = first.copy()
+    add_topic(second, "newer", [[1]] * 3, now_ms=2_000, min_insync_replicas=1)
+
+    async def scenario(images):
+        manager = _manager(tmp_path / str(len(images)))
+        try:
+            for image in images:
+                await asyncio.wait_for(manager.on_metadata(image), 5)
+                await asyncio.sleep(0)
+            gate.set()
+            await asyncio.wait_for(manager.settled(), 10)
+        finally:
+            gate.set()
+            await manager.close()
+
+    order = ["newer-0", "newer-1", "newer-2", "older-0", "older-1", "older-2"]
+    asyncio.run(scenario([first, second]))
+    in_two_batches = list(opened)
+    opened.clear()
+    gate.clear()
+    asyncio.run(scenario([second]))
+    in_one = list(opened)
+    for seen in (in_two_batches, in_one):
+        assert seen[1:] == [n for n in order if n != seen[0]], seen
+
+
 def _manager(tmp_path):
     import os
 
