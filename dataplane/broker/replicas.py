@@ -122,61 +122,39 @@ class UsageReport:
 
 
 class NewestFirst:
-    """At most `slots` holders at once; waiters enter smallest key first, and without a key
-    newest first. The replica manager keys a replica by its topic's creation time, newest
-    first: the replicas of a topic just created open before a backlog of older ones (it is
-    served at once, not after them), and every broker opens the same partitions at about
-    the same time, whatever batches it learned them in. Arrival order differed from broker to
-    broker, so a follower often opened its replica long after its leader: the leader took it
-    out of the ISR meanwhile, and its fetches met "not available yet" over and over."""
+    """At most `slots` holders at once, and waiters enter newest first: the replicas of the
+    newest metadata (a topic just created) open before a backlog of older ones, so a topic
+    created while thousands of replicas open is served at once, not after them."""
 
     def __init__(self, slots: int) -> None:
         self._free = slots
-        self._waiters: list[tuple[tuple[int | str, ...], int, asyncio.Future[None]]] = []   # a heap
-        self._arrivals = 0
-
-    def turn(self, key: tuple[int | str, ...]) -> "_Turn":
-        """`async with slots.turn(key):` holds a slot, waiting behind smaller keys."""
-        return _Turn(self, key)
+        self._waiters: list[asyncio.Future[None]] = []
 
     async def __aenter__(self) -> None:
-        await self._enter((-self._arrivals,))
-
-    async def __aexit__(self, *exc: object) -> None:
-        self._release()
-
-    async def _enter(self, key: tuple[int | str, ...]) -> None:
-        self._arrivals += 1
         if self._free > 0:
             self._free -= 1
             return
         waiter = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._waiters, (key, self._arrivals, waiter))
+        self._waiters.append(waiter)
         try:
             await waiter
         except asyncio.CancelledError:
-            if waiter.done() and not waiter.cancelled():
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+            elif not waiter.cancelled():
                 self._release()  # handed the slot as it was cancelled: pass it on
-            raise   # a waiter cancelled in the heap is skipped when its turn comes
+            raise
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._release()
 
     def _release(self) -> None:
         while self._waiters:
-            waiter = heapq.heappop(self._waiters)[2]
+            waiter = self._waiters.pop()
             if not waiter.done():
                 waiter.set_result(None)
                 return
         self._free += 1
-
-
-class _Turn:
-    def __init__(self, slots: NewestFirst, key: tuple[int | str, ...]) -> None:
-        self._slots, self._key = slots, key
-
-    async def __aenter__(self) -> None:
-        await self._slots._enter(self._key)
-
-    async def __aexit__(self, *exc: object) -> None:
-        self._slots._release()
 
 
 class CleanerStopped(Exception):
@@ -349,9 +327,7 @@ class ReplicaManager:
             closing = self._closing.get(tp)
             if closing is not None:
                 await asyncio.wait([closing])
-            hosted = self._hosted_topic(tp)
-            key = (-hosted[0].created_at_ms, *tp) if hosted is not None else (0, *tp)
-            async with self._open_slots.turn(key):
+            async with self._open_slots:
                 hosted = self._hosted_topic(tp)
                 if hosted is None or self._closed:
                     return  # left before its turn came
