@@ -934,3 +934,62 @@ def test_a_partition_that_moves_between_leaders_is_asked_at_one_only():
         return pending
 
     assert asyncio.run(scenario()) == [{2: True}, {2: False, 3: True}, {2: True, 3: False}, {2: True, 3: False}]
+
+
+def test_a_partition_still_opening_on_the_leader_waits_in_the_session_not_on_express_retries():
+    """A partition fetched express while its leader still opens it (LEADER_NOT_AVAILABLE) is
+    not handed back to its core as an error to wait out and ask again express, over and over
+    for as long as the opening takes (at 10,000 partitions, many per partition): its request
+    joins the session, with the long-poll ended for it, and the leader answers once it is
+    open."""
+    sent: list[tuple[str, wire.FetchRequest]] = []
+    delivered: list[tuple[tuple[str, int], object]] = []
+
+    class Leader:
+        def __init__(self, name, end) -> None:
+            self.name, self.end, self.closed = name, end, False
+
+        async def request(self, req):
+            sent.append((self.name, req))
+            if req.session_epoch >= 0 and req.max_wait_ms:
+                if len([r for n, r in sent if n == "main"]) > 1:
+                    await self.end.wait()
+                    self.end.clear()
+                return wire.FetchResponse(session_id=7)
+            if not req.topics:
+                self.end.set()
+                return wire.FetchResponse()
+            return wire.FetchResponse(topics=(wire.FetchTopicResponse(topic=req.topics[0].topic, partitions=(
+                wire.FetchPartitionResponse(partition=0, error_code=ErrorCode.LEADER_NOT_AVAILABLE),)),))
+
+        async def close(self):
+            self.closed = True
+
+    async def scenario():
+        end = asyncio.Event()
+        clients = {"main": Leader("main", end), "express": Leader("express", end)}
+        fetcher = Fetcher(broker_id=1, address_of=lambda b: ("127.0.0.1", 1), fetch_error_backoff_ms=10,
+                          deliver=lambda tp, ev: delivered.append((tp, ev)))
+        fetcher.submit(2, ("a", 0), _request(("a", 0), 10))
+        session = fetcher.sessions[2]
+
+        async def client(which):
+            return clients[which]
+        session._client = client
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if len(sent) >= 2 and session._main_busy:
+                break
+        fetcher.submit(2, ("b", 0), _request(("b", 0), 5))   # joins while b's leader still opens it
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if any(n == "main" and any(t.topic == "b" for t in r.topics) for n, r in sent):
+                break
+        await asyncio.sleep(0.1)   # several error backoffs
+        await fetcher.close()
+
+    asyncio.run(scenario())
+    kinds = [(n, tuple(t.topic for t in r.topics)) for n, r in sent]
+    assert kinds.count(("express", ("b",))) == 1, kinds
+    assert ("main", ("b",)) in kinds, f"b never joined the session: {kinds}"
+    assert [tp for tp, ev in delivered if tp == ("b", 0)] == [], f"the leader's 'not open yet' reached b's core: {delivered}"
