@@ -127,11 +127,12 @@ class PartitionDriver:
         loaded = self.producer_state.load(self.log)
         # A new, empty log has nothing to tell (one line per replica while thousands open).
         empty = loaded.snapshot_offset < 0 and loaded.scanned_bytes == 0 and not len(self.producer_state)
-        log.log(logging.DEBUG if empty else logging.INFO, "%s-%d producer state: %d producers from snapshot at %d and %d bytes of log from %d to %d "
-                 "(%.3f s)", *tp, len(self.producer_state), loaded.snapshot_offset, loaded.scanned_bytes,
-                 loaded.scan_start_offset, loaded.up_to_offset, loaded.elapsed_s,
-                 extra={"event": "partition.producer_state_loaded", "topic": tp[0], "partition": tp[1],
-                        "snapshot_offset": loaded.snapshot_offset, "scanned_bytes": loaded.scanned_bytes})
+        log.log(logging.DEBUG if empty else logging.INFO,
+                "%s-%d producer state: %d producers from snapshot at %d and %d bytes of log from %d to %d "
+                "(%.3f s)", *tp, len(self.producer_state), loaded.snapshot_offset, loaded.scanned_bytes,
+                loaded.scan_start_offset, loaded.up_to_offset, loaded.elapsed_s,
+                extra={"event": "partition.producer_state_loaded", "topic": tp[0], "partition": tp[1],
+                       "snapshot_offset": loaded.snapshot_offset, "scanned_bytes": loaded.scanned_bytes})
         self.producer_state.on_loaded = self._on_room  # held produce requests go on
         # A snapshot is written at each segment roll (and at a clean close), one at a time,
         # and between rolls once the log moved on by SNAPSHOT_EVERY_OFFSETS (at most every

@@ -341,7 +341,6 @@ class RequestHandler:
                                  fetch: IncrementalFetch[TopicPartition, wire.FetchPartition], session_id: int,
                                  partitions: Mapping[TopicPartition, wire.FetchPartition],
                                  deadline: float) -> wire.FetchResponse:
-        loop = asyncio.get_running_loop()
         notes = self.fetch_sessions.notes(session_id)
         watch = self._watch(session_id, fetch, partitions)
         watch.polling, watch.end_now = True, False

@@ -45,8 +45,7 @@ from dataplane.replica.actions import (
 )
 from dataplane.replica.events import (
     CONSUMER_REPLICA_ID, AppendEntries, AppendEntriesReply, BrokerBudget, FetchHeld, FetchRequest, FetchResponse,
-    FlushDone,
-    IsrChangeAccepted, IsrChangeRefused, NewMetadata, ProduceRequest, StillFetching, Tick, WriteDone,
+    FlushDone, IsrChangeAccepted, IsrChangeRefused, NewMetadata, ProduceRequest, StillFetching, Tick, WriteDone,
 )
 from dataplane.replica import invariants
 from common.epochs import EpochCheck, check_epoch
