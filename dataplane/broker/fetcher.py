@@ -349,13 +349,9 @@ class FetchSession:
             rejoin = False
             for tp in batch:
                 a = answered.get(tp)
-                if a is not None and tp not in self._in_session and (
-                        _same_position(a) or a.error_code is ErrorCode.LEADER_NOT_AVAILABLE):
+                if a is not None and _same_position(a) and tp not in self._in_session:
                     # Caught up, and not in the waiting long-poll: start the long-poll over
-                    # with it rather than make it wait out somebody else's. So too a partition
-                    # still opening on the leader: in the session the leader looks at it again
-                    # every 50 ms and answers once it is open; asked express it was refused
-                    # again after every error backoff, for as long as the leader took to open it.
+                    # with it rather than make it wait out somebody else's.
                     self._express_held.add(tp)
                     rejoin = True
             if rejoin and self._main_busy:
@@ -486,14 +482,6 @@ class FetchSession:
             if throttle.applies(tp) and p.records:
                 throttle.record(time.monotonic(), len(p.records))
             event = fetch_answer_from_wire(self.leader_id, request, p, tp)
-            if (event.error is ErrorCode.LEADER_NOT_AVAILABLE and tp not in self._in_session
-                    and tp not in self.pending):
-                # Still opening on the leader, asked express: not the core's error to wait out
-                # but the session's to hold. The request joins the next long-poll (the leader
-                # looks at it every 50 ms and answers once it is open); asked express again
-                # after every error backoff, it was refused as long as the opening took.
-                self.pending[tp] = request
-                continue
             if event.error is not ErrorCode.NONE:
                 self._deliver_later({tp: request}, {tp: event})
                 continue
