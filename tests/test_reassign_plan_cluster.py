@@ -147,10 +147,12 @@ def test_cancel_during_a_move_restores_the_original_replicas(tmp_path):
         assert cli(c, "reassign", "--plan", str(plan)).returncode == 0
 
         def moving() -> dict | None:
+            # How far behind needs the leader's usage report as well as the new replica's: each
+            # broker reports on its own heartbeat, so one can be in before the other.
             doc = progress(c)
             ps = doc["partitions"]
-            return doc if ps and ps[0]["moving"][0]["size_bytes"] is not None else None
-        doc = wait_until(moving, 30, "the new replica to report its copy", interval_s=0.5)
+            return doc if ps and ps[0]["moving"][0]["bytes_behind"] is not None else None
+        doc = wait_until(moving, 30, "the new replica and its leader to report the copy", interval_s=0.5)
         new = doc["partitions"][0]["moving"][0]
         assert new["broker_id"] == 2 and not new["in_isr"] and new["bytes_behind"] > 0
 
