@@ -154,9 +154,11 @@ class LeaderSessions(Generic[K, P, S]):
             session.waiting -= 1
             session.seen_ms = at_ms
 
-    def owned_by(self, owner: int) -> int | None:
-        """The session id of follower broker `owner` here, if it has one."""
-        return self._owned.get(owner)
+    def waiting_session(self, owner: int) -> int | None:
+        """The session id of follower broker `owner` here while one of its fetches waits."""
+        session_id = self._owned.get(owner)
+        session = self._sessions.get(session_id) if session_id is not None else None
+        return session_id if session is not None and session.waiting > 0 else None
 
     def seen(self, owner: int, key: K, now_ms: int) -> tuple[P, int] | None:
         """Where follower broker `owner` fetches `key` in its session here, and when it was

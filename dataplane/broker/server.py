@@ -90,9 +90,8 @@ class _Watch:
     dirty: set[TopicPartition] = dataclasses.field(default_factory=set)
     unready: set[TopicPartition] = dataclasses.field(default_factory=set)
     unready_due_s: float = 0.0
-    # A long-poll of this session waits now, and its follower asked it to end at once
-    # (RequestHandler._end_long_poll): it answers as it stands.
-    polling: bool = False
+    # The follower asked the waiting long-poll to end at once (RequestHandler._end_long_poll):
+    # it answers as it stands.
     end_now: bool = False
     hooked: dict[TopicPartition, asyncio.Future[None]] = dataclasses.field(default_factory=dict)
     _hooked_tp: dict[asyncio.Future[None], TopicPartition] = dataclasses.field(default_factory=dict)
@@ -337,18 +336,6 @@ class RequestHandler:
         finally:
             self.fetch_sessions.ended(session_id, now_ms())
 
-    async def _long_poll_session(self, request: wire.FetchRequest,
-                                 fetch: IncrementalFetch[TopicPartition, wire.FetchPartition], session_id: int,
-                                 partitions: Mapping[TopicPartition, wire.FetchPartition],
-                                 deadline: float) -> wire.FetchResponse:
-        notes = self.fetch_sessions.notes(session_id)
-        watch = self._watch(session_id, fetch, partitions)
-        watch.polling, watch.end_now = True, False
-        try:
-            return await self._poll_session(request, session_id, partitions, deadline, watch, notes)
-        finally:
-            watch.polling = watch.end_now = False
-
     def _end_long_poll(self, follower: int) -> None:
         """A follower's sessionless fetch naming no partition: end its session's waiting
         long-poll now, as it stands. Its fetcher sends one for partitions that joined while the
@@ -356,16 +343,20 @@ class RequestHandler:
         at once. Abandoning the long-poll instead (closing its connection) left the session's
         state unknown, and the next fetch, full, carried every partition followed here: while
         thousands of partitions opened, most session fetches were full."""
-        session_id = self.fetch_sessions.owned_by(follower)
+        session_id = self.fetch_sessions.waiting_session(follower)
         watch = self._watches.get(session_id) if session_id is not None else None
-        if watch is not None and watch.polling:
+        if watch is not None:
             watch.end_now = True
             watch.wake.set()
 
-    async def _poll_session(self, request: wire.FetchRequest, session_id: int,
-                            partitions: Mapping[TopicPartition, wire.FetchPartition], deadline: float,
-                            watch: _Watch, notes: dict[TopicPartition, object]) -> wire.FetchResponse:
+    async def _long_poll_session(self, request: wire.FetchRequest,
+                                 fetch: IncrementalFetch[TopicPartition, wire.FetchPartition], session_id: int,
+                                 partitions: Mapping[TopicPartition, wire.FetchPartition],
+                                 deadline: float) -> wire.FetchResponse:
         loop = asyncio.get_running_loop()
+        notes = self.fetch_sessions.notes(session_id)
+        watch = self._watch(session_id, fetch, partitions)
+        watch.end_now = False   # a request to end an earlier long-poll is not for this one
         answers: dict[TopicPartition, wire.FetchPartitionResponse] = {}
         stepped: dict[TopicPartition, int] = {}  # the core's fetch count after our own step of each partition
         replica_id = request.replica_id
