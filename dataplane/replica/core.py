@@ -779,9 +779,13 @@ class Replica(ProduceAdmission, PushMixin):
             flushed_offset=self.flushed_offset, current_leader_epoch=self.leader_epoch,
             max_bytes=self.fetch_max_bytes, partition=self.partition)))
 
+    def _is_fetch_in_flight(self, leader_id: int, fetch_offset: int, last_fetched_epoch: int) -> bool:
+        """Whether that names the fetch this follower has out: to that leader, from its log as it is."""
+        return (self.role is Role.FOLLOWER and self._fetch_inflight and leader_id == self.leader_id
+                and (fetch_offset, last_fetched_epoch) == (self.log_end_offset, self.last_epoch))
+
     def _on_fetch_held(self, ev: FetchHeld) -> None:
-        if (self.role is Role.FOLLOWER and self._fetch_inflight and ev.leader_id == self.leader_id
-                and (ev.fetch_offset, ev.last_fetched_epoch) == (self.log_end_offset, self.last_epoch)):
+        if self._is_fetch_in_flight(ev.leader_id, ev.fetch_offset, ev.last_fetched_epoch):
             self._fetch_held = True
 
     def _on_fetch_response(self, ev: FetchResponse) -> None:
@@ -789,9 +793,8 @@ class Replica(ProduceAdmission, PushMixin):
         if check is EpochCheck.STALE:
             self._notes.append(Rejected(event="FetchResponse", error=ErrorCode.FENCED_LEADER_EPOCH,
                                         their_epoch=ev.leader_epoch, our_epoch=self.leader_epoch))
-            if (ev.error is not ErrorCode.NONE and self.role is Role.FOLLOWER and self._fetch_inflight
-                    and ev.leader_id == self.leader_id
-                    and (ev.fetch_offset, ev.last_fetched_epoch) == (self.log_end_offset, self.last_epoch)):
+            if ev.error is not ErrorCode.NONE and self._is_fetch_in_flight(ev.leader_id, ev.fetch_offset,
+                                                                          ev.last_fetched_epoch):
                 # Our leader has not learned our epoch yet and refused the fetch we have out
                 # (it answers with its own, older epoch): ask again after the backoff rather
                 # than wait out fetch_retry_ms for an answer that will not come.
