@@ -146,11 +146,15 @@ def controller_pass(partitions: int) -> None:
     def step(event: core.Event) -> None:
         for r in c.step(image, event).records:
             image.apply(r, image.offset + 1)
+
+    def heartbeats(now_ms: int) -> None:
+        for b in (1, 2, 3):
+            step(core.Heartbeat(request=HeartbeatRequest(broker_id=b, incarnation_id=f"i{b}",
+                                                         metadata_offset=image.offset), now_ms=now_ms))
     for b in (1, 2, 3):
         step(core.RegisterBroker(request=RegisterBrokerRequest(broker_id=b, incarnation_id=f"i{b}", host="h",
                                                                port=9000 + b), now_ms=0))
-        step(core.Heartbeat(request=HeartbeatRequest(broker_id=b, incarnation_id=f"i{b}", metadata_offset=image.offset),
-                            now_ms=10))
+    heartbeats(10)
     step(core.Tick(now_ms=20))
     limits = PartitionLimits(max_partitions_per_broker=partitions + 100)
     for t in range(partitions // 100):
@@ -160,9 +164,7 @@ def controller_pass(partitions: int) -> None:
     took = []
     for i in range(40):
         now = 100 + 75 * i
-        for b in (1, 2, 3):   # every broker heartbeats: nothing to fence
-            step(core.Heartbeat(request=HeartbeatRequest(broker_id=b, incarnation_id=f"i{b}",
-                                                         metadata_offset=image.offset), now_ms=now - 5))
+        heartbeats(now - 5)   # every broker heartbeats: nothing to fence
         started = time.perf_counter()
         records = c.step(image, core.Tick(now_ms=now)).records
         took.append(time.perf_counter() - started)

@@ -191,10 +191,11 @@ def move_unreachable_leaders(image: MetadataImage, reports: ReachabilityReports,
     old leaders to keep out of the quorum elections this starts."""
     records: list[Record] = []
     exclusions: list[Exclusion] = []
-    for p in (image.get_partition(*tp) for tp in sorted(reports.named())):
-        leader = None if p is None else p.leader
-        if p is None or leader is None or not image.is_unfenced(leader) or not reports.may_decide(p, now_ms):
+    for tp in sorted(reports.named()):
+        p = image.get_partition(*tp)
+        if p is None or p.leader is None or not image.is_unfenced(p.leader) or not reports.may_decide(p, now_ms):
             continue
+        leader = p.leader
         broken = reports.broken(image, p, now_ms)
         # A majority of the replicas must say the leader is cut off: one follower's word, or
         # the leader's about one follower, is that follower's trouble, not the leader's.
