@@ -17,6 +17,7 @@ from common.errors import CorruptBatchError, StorageError
 from dataplane.log import (FlushCoalescer, Log, LogConfig, LogTruncatedError, MemoryLog,
                            OffsetMismatchError, OffsetOutOfRangeError, PartitionLog, StaleEpochError)
 from dataplane.log.log import ACTIVE_CHECKPOINT, CLEAN_SHUTDOWN, RECOVERY_POINT
+from dataplane.log import files
 
 SMALL = LogConfig(segment_bytes=2048, index_interval_bytes=256, segment_ms=None, retention_ms=None)
 
@@ -521,12 +522,13 @@ def test_epoch_cache_rebuilt_when_checkpoint_is_lost(tmp_log, tmp_path):
     assert [(e.epoch, e.start_offset) for e in log.epoch_entries()] == [(1, 0), (2, 6), (9, 9)]
 
 
-def test_a_new_epoch_costs_no_fsync_on_append_and_is_durable_before_a_flush_lets_recovery_trust_it(
+def test_a_new_epoch_costs_no_file_write_on_append_and_is_durable_before_a_flush_lets_recovery_trust_it(
         tmp_log, tmp_path, monkeypatch):
-    """The epoch checkpoint is replaced unsynced when a batch brings a new epoch (an fsync on the
-    append path, for every partition a failover moves, was a stall of the broker's event loop);
-    the next flush fsyncs it before it writes the recovery point or the active checkpoint, which
-    let a recovery skip re-reading the batches that carry it."""
+    """A batch that brings a new epoch touches no file but its segment (a replace of the epoch
+    checkpoint, let alone an fsync, on the append path, for every partition a start or a
+    failover moves, was a stall of the broker's event loop); the next flush writes and fsyncs
+    the checkpoint before it writes the recovery point or the active checkpoint, which let a
+    recovery skip re-reading the batches that carry it."""
     log = tmp_log(LogConfig(segment_bytes=2048, index_interval_bytes=256, segment_ms=None, retention_ms=None,
                             checkpoint_interval_offsets=1))
     log.append_as_leader(batch(), leader_epoch=1)
@@ -544,15 +546,66 @@ def test_a_new_epoch_costs_no_fsync_on_append_and_is_durable_before_a_flush_lets
 
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(os, "open", opened := _RecordingOpen(os.open))
     log.append_as_leader(batch(), leader_epoch=2)
-    assert events == ["replace leader-epoch-checkpoint"], events
+    assert events == [] and opened == [], (events, opened)
     log.flush()
+    written = events.index("replace leader-epoch-checkpoint")
     synced = events.index("fsync leader-epoch-checkpoint")
+    assert written < synced
     directory = events.index("fsync p0")
     trusting = [i for i, e in enumerate(events) if e in ("replace recovery-point", "replace active-segment-checkpoint")]
     assert trusting and synced < directory < min(trusting), events
     monkeypatch.undo()
     assert [(e.epoch, e.start_offset) for e in log.epoch_entries()] == [(1, 0), (2, 3)]
+
+
+def test_an_epoch_checkpoint_a_full_disk_refused_fails_no_flush_and_recovery_names_the_epoch(
+        tmp_log, tmp_path, monkeypatch):
+    """The flush that cannot write the epoch checkpoint (ENOSPC) still makes the batches
+    durable, but leaves the recovery point and the active checkpoint behind them: a crash then
+    re-reads them and takes their epoch from the batches. The next flush writes the file."""
+    config = LogConfig(segment_bytes=1024, index_interval_bytes=256, segment_ms=None, retention_ms=None,
+                       checkpoint_interval_offsets=1)
+    log = tmp_log(config)
+    log.append_as_leader(batch(), leader_epoch=1)
+    log.flush()
+    trusting: list[str] = []
+    real = files.write_atomically
+
+    def write_atomically(path, data, **kw):
+        if path.endswith("leader-epoch-checkpoint"):
+            raise files.storage_error(f"cannot write {path}", OSError(errno.ENOSPC, "No space left on device"))
+        trusting.append(os.path.basename(path))
+        real(path, data, **kw)
+    monkeypatch.setattr(files, "write_atomically", write_atomically)
+    for _ in range(8):  # past a segment: a flush would move the recovery point
+        log.append_as_leader(batch(size=100), leader_epoch=2)
+    assert log.segment_count > 1
+    assert log.flush() == log.log_end_offset == 27
+    assert trusting == [], "nothing lets a recovery skip the batches of epoch 2"
+    monkeypatch.undo()
+    crash(log)
+    log = tmp_log(config)
+    assert log.log_end_offset == 27
+    assert [(e.epoch, e.start_offset) for e in log.epoch_entries()] == [(1, 0), (2, 3)]
+    log.append_as_leader(batch(), leader_epoch=3)
+    log.flush()
+    crash(log)
+    log = tmp_log(config)
+    assert [(e.epoch, e.start_offset) for e in log.epoch_entries()] == [(1, 0), (2, 3), (3, 27)]
+
+
+class _RecordingOpen(list):
+    """os.open that also lists the names of the files it opened."""
+
+    def __init__(self, real) -> None:
+        super().__init__()
+        self.real = real
+
+    def __call__(self, path, *args, **kw):
+        self.append(os.path.basename(os.fspath(path)))
+        return self.real(path, *args, **kw)
 
 
 def test_an_epoch_checkpoint_lost_or_unreadable_after_a_crash_is_made_whole_from_the_batches(tmp_log, tmp_path):

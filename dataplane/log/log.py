@@ -91,7 +91,8 @@ class PartitionLog:
         # truncation leaves it as it is, an over-estimate.
         self._unflushed_bytes = 0
         self._dir_dirty = False
-        self._epochs_unsynced = False   # the epoch checkpoint was replaced since the last fsync of it
+        # The epoch checkpoint file is older than self._epochs: the next flush writes and syncs it.
+        self._epochs_unwritten = False
         self._truncations = 0  # bumped by every truncation; a flush racing one must not count
         self._failed: str | None = None
         self._closed = False
@@ -407,7 +408,7 @@ class PartitionLog:
     @property
     def flush_cost_bytes(self) -> int | None:
         with self._lock:
-            if self._dir_dirty or self._epochs_unsynced or len(self._dirty) > 1:
+            if self._dir_dirty or self._epochs_unwritten or len(self._dirty) > 1:
                 return None
             if not self._dirty:
                 return 0
@@ -512,11 +513,8 @@ class PartitionLog:
         old_end = self.log_end_offset
         old_count = len(self._segments)
         old_active = self._segments[-1]
-        try:
-            self._record_epochs(spans)
-        except StorageError as exc:
-            self._note_if_full(exc, f"epoch checkpoint write in {self.directory}")
-            raise
+        old_epochs, old_unwritten = self._epochs, self._epochs_unwritten
+        self._record_epochs(spans)
         try:
             for roll_first, run in self._runs_by_segment(spans, now_ms):
                 if roll_first:
@@ -530,6 +528,8 @@ class PartitionLog:
                 self._unflushed_bytes += segment.size_bytes - size_before
         except OSError as exc:
             self._note_if_full(exc, f"append to {self.directory}")
+            # The file never held the new epochs: only a flush writes it, and none ran meanwhile.
+            self._epochs, self._epochs_unwritten = old_epochs, old_unwritten
             self._undo_append(old_end, old_count, old_active, exc)
             raise files.storage_error(
                 f"append of offsets {old_end}..{spans[-1].next_offset - 1} to {self.directory} "
@@ -541,21 +541,20 @@ class PartitionLog:
                           log_end_offset=self.log_end_offset)
 
     def _record_epochs(self, spans: list[BatchSpan]) -> None:
-        """Write new epochs to the checkpoint before the batches that carry them, unsynced:
-        the next flush makes the file durable before the recovery point or the active
-        checkpoint lets a recovery trust those batches, and a recovery re-reads everything
-        past them and assigns the epochs it finds (an unreadable file is rebuilt from the
-        batches). An fsync here ran on the append path for every new epoch: two per replica
-        for each partition a failover or a start moved (Kafka made the same change, KAFKA-15046)."""
+        """Note new epochs in memory; the next flush writes the checkpoint file and syncs it
+        before the recovery point or the active checkpoint lets a recovery trust the batches
+        that carry them, and a recovery re-reads everything past those and assigns the epochs
+        it finds. Writing the file here put a file replace on the append path for every new
+        epoch (its fsync went to the flush earlier, as Kafka did in KAFKA-15046): on the event
+        loop, for each of the thousands of partitions a broker start or a failover moves."""
         if not any(self._epochs.would_change(s.leader_epoch) for s in spans):
             return
         cache = EpochCache(self._epochs.entries())
         for span in spans:
             if cache.would_change(span.leader_epoch):
                 cache.assign(span.leader_epoch, span.base_offset)
-        files.write_atomically(self._path(EPOCH_CHECKPOINT), cache.encode(), sync=False)
         self._epochs = cache
-        self._epochs_unsynced = True
+        self._epochs_unwritten = True
         self._dir_dirty = True
 
     def _undo_append(self, old_end: int, old_count: int, old_active: Segment, exc: OSError) -> None:
@@ -564,11 +563,6 @@ class PartitionLog:
             old_active.unseal()
             if old_active.next_offset != old_end:
                 old_active.truncate_to(old_end)
-            if self._epochs.truncate_from_end(old_end):
-                try:
-                    files.write_atomically(self._path(EPOCH_CHECKPOINT), self._epochs.encode())
-                except StorageError:
-                    pass  # the file may keep an epoch past the end; open() trims it
         except OSError as undo_exc:
             self._failed = f"append failed with {exc}, undoing it failed with {undo_exc}"
 
@@ -707,17 +701,17 @@ class PartitionLog:
                 self._dirty.clear()
                 unflushed, self._unflushed_bytes = self._unflushed_bytes, 0
                 dir_dirty, self._dir_dirty = self._dir_dirty, False
-                epochs_unsynced, self._epochs_unsynced = self._epochs_unsynced, False
-                # The newest epoch of the bytes this flush covers: the checkpoint file synced
-                # below holds it (one a later append brings is not synced by this flush).
+                epochs_unwritten, self._epochs_unwritten = self._epochs_unwritten, False
+                epochs = self._epochs.encode() if epochs_unwritten else None
+                # The newest epoch of the bytes this flush covers: the checkpoint file written
+                # below holds it (one a later append brings waits for the next flush).
                 epoch = self._epochs.latest_epoch
                 truncations = self._truncations
                 drops = self._drop_behind_ends(segments)
             try:
                 for segment in segments:
                     segment.fsync()
-                if epochs_unsynced:
-                    self._sync_epochs()
+                trusted = epochs is None or self._wrote_epochs(epochs)
                 if dir_dirty:
                     fsync_dir(self.directory)
             except OSError as exc:
@@ -727,7 +721,7 @@ class PartitionLog:
                             self._dirty[id(segment)] = segment
                     self._unflushed_bytes += unflushed
                     self._dir_dirty |= dir_dirty
-                    self._epochs_unsynced |= epochs_unsynced
+                    self._epochs_unwritten |= epochs_unwritten
                 self._note_if_full(exc, f"flush of {self.directory}")
                 raise files.storage_error(f"flush of {self.directory} failed", exc) from exc
             for segment, end in drops:
@@ -739,10 +733,13 @@ class PartitionLog:
                 if truncations == self._truncations and target > self._flushed_offset:
                     self._flushed_offset = target
                 flushed = self._flushed_offset
-                checkpoint_due = self._segment_index(flushed) != self._segment_index(self._recovery_point)
+                # A recovery may skip re-reading batches only once the file names their epochs.
+                checkpoint_due = (trusted and self._segment_index(flushed)
+                                  != self._segment_index(self._recovery_point))
                 # No truncation can run meanwhile (it waits for the flush lock): the active
                 # segment's bytes below active_end are fsynced and stay as they are.
-                active_due = (truncations == self._truncations and self._checkpoint_due(*active_end))
+                active_due = (trusted and truncations == self._truncations
+                              and self._checkpoint_due(*active_end))
                 indexes = (self._segments[self._segment_index(active_end[0])].indexes_below(*active_end[1:])
                            if active_due else None)
             try:
@@ -769,13 +766,30 @@ class PartitionLog:
     def _segment_index(self, offset: int) -> int:
         return bisect.bisect_right(self._bases, offset) - 1
 
-    def _sync_epochs(self) -> None:
-        """fsync the epoch checkpoint (_record_epochs left it unsynced); its rename needs the
-        directory's fsync too, which the caller does."""
+    def _wrote_epochs(self, data: bytes) -> bool:
+        """Write the epoch checkpoint for a flush; whether it did. A failed write (a full disk)
+        fails no flush: the batches are durable all the same, and a recovery assigns their
+        epochs from them as long as the recovery point and the active checkpoint stay behind
+        them, which the caller sees to; the next flush tries again."""
         try:
-            durable.fsync_path(self._path(EPOCH_CHECKPOINT))
-        except FileNotFoundError:
-            pass   # none written yet: an empty log's, rebuilt as empty
+            self._write_epochs(data)
+        except StorageError as exc:
+            self._note_if_full(exc, f"epoch checkpoint write in {self.directory}")
+            with self._lock:
+                self._epochs_unwritten = True
+            return False
+        return True
+
+    def _write_epochs(self, data: bytes) -> None:
+        """Replace the epoch checkpoint with `data`, fsynced; its rename needs the directory's
+        fsync too, which the caller does. Runs under the flush lock, as every other writer
+        of the file does, so no two share its temporary file."""
+        path = self._path(EPOCH_CHECKPOINT)
+        files.write_atomically(path, data, sync=False)
+        try:
+            durable.fsync_path(path)
+        except OSError as exc:
+            raise files.storage_error(f"cannot sync {path}", exc) from exc
 
     def _write_recovery_point(self, offset: int) -> None:
         files.write_atomically(self._path(RECOVERY_POINT), b"%d\n" % offset)
@@ -1074,9 +1088,12 @@ class PartitionLog:
                     with self._lock:
                         self._segments[-1].seal()
                         segments = list(self._segments)
+                        epochs = self._epochs.encode() if self._epochs_unwritten else None
+                        self._epochs_unwritten = False
                     for segment in segments:
                         segment.fsync()
-                    self._sync_epochs()
+                    if epochs is not None:
+                        self._write_epochs(epochs)
                     fsync_dir(self.directory)
                     files.write_atomically(self._path(RECOVERY_POINT), b"%d\n" % self.log_end_offset)
                     files.write_atomically(self._path(CLEAN_SHUTDOWN), b"")
