@@ -15,7 +15,10 @@ Starts 1 controller and 3 broker processes on loopback (tests/cluster_harness.py
 per-broker guardrail raised to fit), and prints:
 1. opening: seconds from the first CreateTopics until every broker has opened all its replicas
    (each broker's `partition.opened` log lines, checked at the end against `biplane_broker_partitions`
-   on /metrics);
+   on /metrics), then until no partition is under-replicated (every replica in the ISR, the
+   admin API's health); each broker's CPU seconds over that time, and the fetches it refused
+   because the partition was still opening there (`LEADER_NOT_AVAILABLE` on /metrics: each one
+   a follower's ask that is repeated after a backoff);
 2. metadata lag while opening: right after the last create, one more topic (`late`, 1 partition)
    is created; seconds until every broker has applied the controller's offset of that moment
    (`biplane_broker_metadata_offset`) and until the new partition's leader answers list-offsets;
@@ -70,7 +73,7 @@ def scrape(port: int, name: str) -> float | None:
             text = resp.read().decode()
     except OSError:
         return None
-    match = re.search(rf"^{name} (\S+)$", text, re.M)
+    match = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
     return float(match.group(1)) if match else None
 
 
@@ -258,6 +261,7 @@ def brokers_scale(args: argparse.Namespace, partitions: int) -> None:
     ) as cluster:
         brokers = sorted(cluster.brokers)
         ports = {b: cluster.brokers[b].metrics_port for b in brokers}
+        cpu_at_start = {b: cpu_seconds(cluster.brokers[b].pid) for b in brokers}
         start = time.monotonic()
         created = 0
         topic = 0
@@ -304,13 +308,22 @@ def brokers_scale(args: argparse.Namespace, partitions: int) -> None:
               f" after 'late' was created; 'late' answers list-offsets after "
               f"{produceable_s if produceable_s is not None else float('nan'):.1f} s")
 
-        # 3. Idle: wait for every ISR to be full, then measure CPU with no traffic and no scrapes.
+        # Every replica in the ISR; then 3. idle: CPU with no traffic and no scrapes.
         def isr_full() -> bool:
             r = http("GET", cluster.api_url + "/v1/cluster/health")
             return r.status == 200 and not r.body.get("under_replicated_partitions")
         settle_deadline = time.monotonic() + 120
         while time.monotonic() < settle_deadline and not isr_full():
-            time.sleep(1)
+            time.sleep(0.5)
+        in_isr_s = time.monotonic() - start
+        spent = {b: cpu_seconds(cluster.brokers[b].pid) - cpu_at_start[b] for b in brokers}
+        refused = {b: scrape(ports[b], 'biplane_broker_errors_total{code="LEADER_NOT_AVAILABLE",request="FetchRequest"}')
+                   for b in brokers}
+        print(f"in the ISR: every replica {in_isr_s:.1f} s after the first create"
+              f"{'' if isr_full() else ' (NOT all in the ISR within the timeout)'}; CPU seconds per broker till then: "
+              + ", ".join(f"broker {b} {spent[b]:.1f}" for b in brokers)
+              + "; fetches refused as still opening: "
+              + ", ".join(f"broker {b} {refused[b] or 0:.0f}" for b in brokers))
         time.sleep(2)
         pids = {f"broker {b}": cluster.brokers[b].pid for b in brokers}
         pids["controller"] = cluster.controllers[0].pid
