@@ -435,6 +435,34 @@ def test_a_fetch_session_word_at_another_position_or_behind_new_records_moves_no
 
 
 
+def test_a_follower_out_of_the_isr_seen_in_its_fetch_session_since_the_change_joins_again():
+    """Claim (regression: replicas out of the ISR for minutes after 5,000 partitions opened):
+    a follower whose newest stepped fetch was at the leader's log end, made before the ISR
+    changed without it, is asked after (`caught_up_due`) at once and then after 1 s, 2 s, ... up
+    to the lag time; a fetch session's word that it fetches there, seen since the change, brings
+    it back as a fetch stepped now would. A word from before the change does not (the rule of
+    the killed-follower regression below), nor does a quiet Tick."""
+    cfg = config(replica_lag_time_max_ms=10_000)
+    nodes = cluster(cfg)
+    pump(nodes)
+    leader = nodes[1]
+    leader.take(ProposeIsr)
+    r = leader.replica
+    end = r.log_end_offset
+    assert r.progress[3].fetch_offset == end
+    leader.step(Tick(now_ms=50))
+    leader.step(NewMetadata(partition=state(isr=(1, 2), pepoch=2), config=cfg))   # 3 went out at 50
+    assert r.caught_up_due(50) == (3,) and r.next_tick_ms() == 50, "asked at once"
+    leader.step(Tick(now_ms=50, fetching=(StillFetching(replica_id=3, fetch_offset=end, seen_ms=40),)))
+    assert leader.take(ProposeIsr) == [], "seen before the change: stale"
+    assert r.caught_up_due(1049) == () and r.next_tick_ms() == 1050
+    leader.step(Tick(now_ms=1050))
+    assert leader.take(ProposeIsr) == [] and r.next_tick_ms() == 3050, "no word: asked again after 2 s"
+    leader.step(Tick(now_ms=3050, fetching=(StillFetching(replica_id=3, fetch_offset=end, seen_ms=3050),)))
+    assert [p.new_isr for p in leader.take(ProposeIsr)] == [(1, 2, 3)]
+    assert r.caught_up_due(4000) == (), "nobody left to ask after"
+
+
 def test_isr_expands_when_follower_reaches_the_high_watermark():
     """Claim: a replica outside the ISR that has stored up to the HW is proposed back in, and while
     the proposal is pending it is required for the HW."""

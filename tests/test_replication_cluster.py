@@ -58,6 +58,40 @@ def test_stopped_follower_catches_up_and_rejoins_the_isr(tmp_path, mode):
         assert all(at.get(o) == v for o, v in acked), "an acknowledged record is missing"
 
 
+@pytest.mark.parametrize("mode", ["pull", "push"])
+def test_a_follower_out_of_the_isr_of_an_idle_partition_rejoins_with_no_new_record(tmp_path, mode):
+    """Regression (replicas out of the ISR for minutes after 5,000 partitions opened): SIGSTOP a
+    caught-up follower of a partition until the leader drops it from the ISR, SIGCONT it, and
+    produce nothing: it is back in the ISR within seconds, the log end unchanged. In a fetch
+    session its quiet long-poll is not stepped again, and only a fetch stepped since the ISR
+    change could bring it back, so it stayed out until the next record came."""
+    with Cluster(tmp_path, brokers=3) as cluster:
+        cluster.create_topic("q", partitions=1, replication_factor=3,
+                             config={"replica_lag_time_max_ms": 300, "replication_mode": mode})
+        leader = cluster.wait_leader("q", 0)
+        follower = next(b for b in sorted(cluster.brokers) if b != leader)
+
+        async def one_record() -> int:
+            async with await WireClient.connect(*cluster.address(leader)) as client:
+                r = await produce(client, "q", 0, make_batch([b"only"]), acks=-1, timeout_ms=10_000)
+            assert r.error_code is ErrorCode.NONE, r
+            return r.base_offset + 1
+        end = asyncio.run(one_record())
+        wait_until(lambda: len(cluster.partition("q", 0)["isr"]) == 3, 20, "the ISR whole")
+        # Stopped past its lag time but not its broker session (1.5 s here): a fenced broker
+        # comes back by another path (its sessions start over with full fetches).
+        cluster.brokers[follower].pause()
+        try:
+            wait_until(lambda: follower not in cluster.partition("q", 0)["isr"], 20, "the follower out of the ISR")
+        finally:
+            cluster.brokers[follower].resume()
+        wait_until(lambda: follower in cluster.partition("q", 0)["isr"], 15,
+                   "the follower back in the ISR with no new record")
+        assert asyncio.run(read_all(cluster, "q", end)) == [(end - 1, b"only")], "nothing was produced since"
+        assert not cluster.brokers[follower].log_lines(f"broker {follower} fenced"), \
+            "the follower's broker was fenced meanwhile: it came back by another path"
+
+
 def test_overload_makes_producers_wait_and_loses_nothing_acknowledged(tmp_path):
     """With one follower stopped on a quorum topic needing all 3 replicas, the HW cannot move:
     acks=1 producers fill the leader's unreplicated-bytes bound and then WAIT (their requests time

@@ -200,7 +200,12 @@ class Replica(ProduceAdmission, PushMixin):
         self.pending_isr: tuple[int, ...] | None = None
         self._pending_isr_sent_ms = 0
         self._isr_generation = 0
+        self._isr_generation_ms = 0   # when it last changed
         self._isr_refused_ms: int | None = None
+        # Asking the fetch sessions after followers that may join (_join_candidates): when
+        # last, and how long until the next ask (doubling while none is seen, up to the lag time).
+        self._join_asked_ms: int | None = None
+        self._join_ask_ms = 0
         self.fenced_replicas: frozenset[int] = frozenset()
         self.pending: dict[int, PendingProduce] = {}
         # Backpressure: produce requests waiting for room (arrival order), and the bytes this
@@ -331,7 +336,7 @@ class Replica(ProduceAdmission, PushMixin):
             queue.clear()
         self.progress.clear()
         self.pending_isr = None
-        self._isr_generation += 1
+        self._new_isr_generation()
         self._isr_refused_ms = None
         self.leader_id = None
         self._fetch_inflight = False
@@ -411,7 +416,7 @@ class Replica(ProduceAdmission, PushMixin):
         assert st is not None
         # Any newer partition epoch settles our proposal: accepted, or overtaken.
         self.pending_isr = None
-        self._isr_generation += 1
+        self._new_isr_generation()
         self._isr_refused_ms = None
         for r in st.replicas:
             if r != self.replica_id and r not in self.progress:
@@ -727,6 +732,31 @@ class Replica(ProduceAdmission, PushMixin):
             return tuple(r for r in self.state.replicas if r in isr or r in joining)
         return None
 
+    def _new_isr_generation(self) -> None:
+        self._isr_generation += 1
+        self._isr_generation_ms = self.now_ms
+        self._join_asked_ms = None   # ask the sessions at once (_join_candidates)
+        self._join_ask_ms = self.isr_proposal_retry_ms
+
+    def _join_candidates(self) -> tuple[int, ...]:
+        """Followers out of the ISR whose newest fetch we stepped was at our log end, but
+        before the ISR generation changed, so it cannot bring them back (_wanted_isr). In a
+        fetch session such a follower's long-poll is not stepped again while nothing changes
+        for it: a quiet partition's follower would stay out of the ISR until the next record.
+        The session's sighting of it since the change counts instead (_still_fetching)."""
+        if self.role is not Role.LEADER or self._pushing or self.state is None or self.pending_isr is not None:
+            return ()
+        isr = self.state.isr
+        return tuple(r for r in self.state.replicas
+                     if r not in isr and r not in self.fenced_replicas and (p := self.progress.get(r)) is not None
+                     and p.fetch_generation != self._isr_generation and p.last_fetch_ms >= 0
+                     and p.fetch_offset >= self.log_end_offset)
+
+    def _join_ask_due_ms(self) -> int | None:
+        if not self._join_candidates():
+            return None
+        return self.now_ms if self._join_asked_ms is None else self._join_asked_ms + self._join_ask_ms
+
     def _propose_isr(self, new_isr: tuple[int, ...]) -> None:
         self.pending_isr = new_isr
         self._pending_isr_sent_ms = self.now_ms
@@ -758,7 +788,7 @@ class Replica(ProduceAdmission, PushMixin):
         self.pending_isr = None
         # Progress seen so far led to the refused proposal: only fresh fetches count again,
         # and nothing is proposed for a retry interval.
-        self._isr_generation += 1
+        self._new_isr_generation()
         self._isr_refused_ms = self.now_ms
 
     def _send_isr_proposal(self) -> None:
@@ -1005,6 +1035,9 @@ class Replica(ProduceAdmission, PushMixin):
                     lag_max = self.config.replica_lag_time_max_ms
                     due += [t for t in (self.progress[r].last_caught_up_ms + lag_max + 1
                                         for r in self.state.isr if r in self.progress) if t > self.now_ms]
+                    ask_at = self._join_ask_due_ms()
+                    if ask_at is not None and not self._pushing:
+                        due.append(ask_at)
         elif self.role is Role.FOLLOWER and not self._pushing:
             if not self._fetch_inflight:
                 due.append(self._next_fetch_ms)
@@ -1015,17 +1048,20 @@ class Replica(ProduceAdmission, PushMixin):
         return min(due) if due else None
 
     def caught_up_due(self, now_ms: int) -> tuple[int, ...]:
-        """The followers a Tick at `now_ms` wants news of (`Tick.fetching`): empty unless this
-        is a pull leader and some ISR follower's caught-up clock has run out by then, and then
-        every ISR follower, so that their clocks move on together (one Tick per lag time for
-        a quiet partition, not one per follower)."""
+        """The followers a Tick at `now_ms` wants news of (`Tick.fetching`): every ISR follower
+        once some ISR follower's caught-up clock has run out by then, so that their clocks move
+        on together (one Tick per lag time for a quiet partition, not one per follower); and
+        the followers that may join the ISR (_join_candidates) when it is time to ask. Empty
+        unless this is a pull leader."""
         if self.role is not Role.LEADER or self._pushing or self.state is None:
             return ()
         lag_max = self.config.replica_lag_time_max_ms
         followers = tuple(r for r in self.state.isr if r in self.progress)
-        if any(now_ms - self.progress[r].last_caught_up_ms > lag_max for r in followers):
-            return followers
-        return ()
+        wanted = followers if any(now_ms - self.progress[r].last_caught_up_ms > lag_max for r in followers) else ()
+        ask_at = self._join_ask_due_ms()
+        if ask_at is not None and now_ms >= ask_at:
+            wanted += self._join_candidates()
+        return wanted
 
     def _still_fetching(self, news: StillFetching) -> None:
         """Kafka's rule for a fetch at our log end, applied to a fetch session's: the follower
@@ -1039,13 +1075,25 @@ class Replica(ProduceAdmission, PushMixin):
                 or p.asked_offset != p.fetch_offset or p.match_offset != p.fetch_offset
                 or p.fetch_offset < self.log_end_offset):
             return
-        p.last_caught_up_ms = max(p.last_caught_up_ms, min(news.seen_ms, self.now_ms))
+        seen_ms = min(news.seen_ms, self.now_ms)
+        p.last_caught_up_ms = max(p.last_caught_up_ms, seen_ms)
+        if seen_ms >= self._isr_generation_ms:
+            # Seen fetching since the ISR last changed: a fetch of this generation, as one we
+            # stepped now would be (what lets a caught-up follower out of the ISR join again).
+            p.fetch_generation = self._isr_generation
 
     def _on_tick(self, ev: Tick) -> None:
         if ev.now_ms < self.now_ms:
             raise ValueError(f"Tick went back in time: now_ms={ev.now_ms} after {self.now_ms}")
         self.wall_ms = self.wall_ms + (ev.now_ms - self.now_ms) if ev.wall_ms is None else ev.wall_ms
         self.now_ms = ev.now_ms
+        ask_at = self._join_ask_due_ms()
+        if ask_at is not None and self.now_ms >= ask_at:
+            # The driver asked the sessions after them for this Tick (caught_up_due): until one
+            # is seen, ask again after twice as long, up to the lag time.
+            if self._join_asked_ms is not None:
+                self._join_ask_ms = min(2 * self._join_ask_ms, self.config.replica_lag_time_max_ms)
+            self._join_asked_ms = self.now_ms
         for news in ev.fetching:
             self._still_fetching(news)
         self.producer_state.expire(self.wall_ms)
