@@ -743,6 +743,39 @@ def test_partitions_with_no_replica_here_are_looked_at_on_a_timer_not_on_every_w
     assert set(looked) == {"q1"}, sorted(set(looked))
 
 
+def test_a_fetch_error_is_counted_when_answered_not_at_each_look_of_a_long_poll(tmp_path, monkeypatch):
+    """biplane_broker_errors_total counts the errors a fetch answer carries. A session's
+    long-poll looks again at a partition still opening every NOT_READY_POLL_S (here 10 ms) and
+    answers its error once: counting each look made a 10,000-partition opening report 75,000
+    refusals per broker where followers heard far fewer."""
+    monkeypatch.setattr(server, "NOT_READY_POLL_S", 0.01)
+    missing = [f"u{i}" for i in range(3)]
+
+    async def scenario():
+        driver = _leader_driver(tmp_path, "q0", (1, 2), None)
+        await _until_serving(driver)
+        handler = _handler({"q0": driver})
+        positions = [_position("q0", driver.log.log_end_offset)] + [_position(n, 0) for n in missing]
+        full = await asyncio.wait_for(_session_fetch(handler, 0, 0, positions, wait_ms=0), 5)
+        assert all(_carried(full)[n].error_code is not ErrorCode.NONE for n in missing)
+        counted = dict(handler.counters.errors)
+        looks: list[str] = []
+        real_step = handler._fetch_partition
+
+        def step(replica_id, tp, p, max_bytes):
+            looks.append(tp.topic)
+            return real_step(replica_id, tp, p, max_bytes)
+        monkeypatch.setattr(handler, "_fetch_partition", step)
+        quiet = await asyncio.wait_for(_session_fetch(handler, full.session_id, 1, wait_ms=200), 5)
+        await driver.close()
+        return counted, dict(handler.counters.errors), quiet, looks
+
+    counted, after, quiet, looks = asyncio.run(scenario())
+    assert sum(counted.values()) == len(missing), counted
+    assert looks.count("u0") >= 3, "the long-poll looked at the opening partition again and again"
+    assert _carried(quiet) == {} and after == counted, "nothing answered, nothing counted"
+
+
 def test_the_same_throttle_told_again_does_not_rewire_the_sessions(monkeypatch):
     """The reassignment throttle is told on every metadata image (thousands a minute while
     replicas open); each telling rewired every partition of every session. Only a change of

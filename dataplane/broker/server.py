@@ -502,7 +502,6 @@ class RequestHandler:
         """(answer, driver to wait on, whether to answer now). `message_bytes_max`: this
         partition's share of the request's byte budget."""
         def refuse(code: ErrorCode):
-            self.counters.error("FetchRequest", code)
             return fetch_refusal(p.partition, code, self._current_leader(*tp)), None, True
 
         driver, error = self._locate(*tp)
@@ -516,16 +515,17 @@ class RequestHandler:
                                       leader_if_error=self._current_leader(*tp) if a.error is not ErrorCode.NONE
                                       else wire.NO_LEADER)
         now = bool(a.records) or a.error is not ErrorCode.NONE or a.diverging
-        if a.error is not ErrorCode.NONE:
-            self.counters.error("FetchRequest", a.error)
         return answer, driver, now
 
-    @staticmethod
-    def _fetch_response(answers: dict[TopicPartition, wire.FetchPartitionResponse],
+    def _fetch_response(self, answers: dict[TopicPartition, wire.FetchPartitionResponse],
                         session_id: int = NO_SESSION) -> wire.FetchResponse:
+        """The answer, with its partitions' errors counted: those sent, not each look of a
+        long-poll at a partition that cannot be answered yet."""
         by_topic: dict[str, list[wire.FetchPartitionResponse]] = {}
         for (topic, _), a in answers.items():
             by_topic.setdefault(topic, []).append(a)
+            if a.error_code is not ErrorCode.NONE:
+                self.counters.error("FetchRequest", a.error_code)
         return wire.FetchResponse(session_id=session_id, topics=tuple(
             wire.FetchTopicResponse(topic=t, partitions=tuple(ps)) for t, ps in by_topic.items()))
 
