@@ -967,3 +967,36 @@ def test_a_partition_that_moves_between_leaders_is_asked_at_one_only():
         return pending
 
     assert asyncio.run(scenario()) == [{2: True}, {2: False, 3: True}, {2: True, 3: False}, {2: True, 3: False}]
+
+
+def test_a_partition_still_opening_on_its_leader_is_told_so_after_twice_as_long_each_time():
+    """A partition refused as still opening (LEADER_NOT_AVAILABLE) reaches its core after the
+    error backoff, then twice as long each time in a row, up to NOT_READY_BACKOFF_MS_MAX; any
+    other answer starts it over. While 10,000 partitions opened, followers asked every 50 ms
+    for those their leaders had not opened yet. Other errors keep the plain backoff."""
+    tp = ("a", 0)
+    refused = wire.FetchPartitionResponse(partition=0, error_code=ErrorCode.LEADER_NOT_AVAILABLE)
+    answered = wire.FetchPartitionResponse(partition=0, high_watermark=0)
+    other = wire.FetchPartitionResponse(partition=0, error_code=ErrorCode.NOT_LEADER_OR_FOLLOWER)
+
+    async def scenario() -> list[float]:
+        loop = asyncio.get_running_loop()
+        times: list[float] = []
+        fetcher = Fetcher(broker_id=1, address_of=lambda b: None, fetch_error_backoff_ms=20,
+                          deliver=lambda tp_, ev: times.append(loop.time()))
+        session = fetcher_module.FetchSession(fetcher, 2)
+        for task in session._tasks:
+            task.cancel()
+        delays = []
+        for answer in (refused,) * 7 + (answered, refused, other, refused):
+            before = len(times)
+            start = loop.time()
+            session._deliver({tp: _request(tp, 0)}, {tp: answer})
+            while len(times) == before:
+                await asyncio.sleep(0.001)
+            delays.append(round((times[-1] - start) * 1000))
+        return delays
+
+    delays = asyncio.run(scenario())
+    expected = [20, 40, 80, 160, 320, 640, fetcher_module.NOT_READY_BACKOFF_MS_MAX, 0, 20, 20, 20]
+    assert all(e <= d <= e + 30 for d, e in zip(delays, expected)), f"{delays} against {expected}"

@@ -37,7 +37,11 @@ Throttle: partitions this broker is adding by a reassignment are paced by the
 is capped so one answer does not overshoot, and the bytes they receive are counted.
 
 Errors: a partition-level error is delivered after `fetch_error_backoff_ms`
-(the core asks again as soon as it hears); a broken connection puts the
+(the core asks again as soon as it hears). A partition its leader is still opening
+(LEADER_NOT_AVAILABLE) is told so after twice as long each time in a row, up to
+NOT_READY_BACKOFF_MS_MAX: while 10,000 partitions opened, followers asked for those their
+leaders had not opened yet every 50 ms, tens of thousands of refusals per broker, as
+Kafka's clients back off exponentially from retriable errors (KIP-580). A broken connection puts the
 requests back, backs off (doubling up to `reconnect_backoff_ms_max`) and
 reconnects to the leader's address as the metadata says then.
 """
@@ -75,6 +79,8 @@ FOLLOWS_CHECK_S = 1.0
 # again (FetchSession._await_next_requests): about a small flush's fsync, so a slow disk
 # delays the other partitions' long-poll by no more than this.
 REJOIN_WAIT_S = 0.1
+# The longest wait before a partition still opening on its leader is told so (see above).
+NOT_READY_BACKOFF_MS_MAX = 800
 SESSION_ERRORS = {ErrorCode.FETCH_SESSION_ID_NOT_FOUND: "unknown_session",
                   ErrorCode.INVALID_FETCH_SESSION_EPOCH: "wrong_epoch"}
 
@@ -124,6 +130,9 @@ class Fetcher:
         """`tp` no longer follows `leader_id` (closed, led elsewhere): forget where it asked."""
         if self._leader_of.get(tp) == leader_id:
             del self._leader_of[tp]
+        session = self.sessions.get(leader_id)
+        if session is not None:
+            session.not_ready_forget(tp)
 
     def held(self, tp: TopicPartition) -> bool:
         """Whether the throttle keeps `tp` out of fetches now."""
@@ -175,6 +184,8 @@ class FetchSession:
         # Express requests for partitions of the long-poll in flight: they replace the
         # session's once it ends (its answer is for the request it carried).
         self._overtaken: dict[TopicPartition, FetchRequest] = {}
+        # Partitions refused as still opening on the leader, by refusals in a row.
+        self._not_ready: dict[TopicPartition, int] = {}
         self._wake = asyncio.Event()      # the main loop's: something is pending
         self._wake_exp = asyncio.Event()  # the express loop's: something new arrived
         self._clients: dict[str, WireClient | None] = {"main": None, "express": None}
@@ -196,9 +207,13 @@ class FetchSession:
         self._wake.set()
         self._wake_exp.set()
 
+    def not_ready_forget(self, tp: TopicPartition) -> None:
+        self._not_ready.pop(tp, None)
+
     def forget(self, tp: TopicPartition) -> None:
         """`tp` follows another leader now: the next fetch here drops it from the session."""
         self.pending.pop(tp, None)
+        self.not_ready_forget(tp)
         self._leave(tp)
         if self._awaited.pop(tp, None) is not None:
             self._wake.set()
@@ -482,6 +497,12 @@ class FetchSession:
             if throttle.applies(tp) and p.records:
                 throttle.record(time.monotonic(), len(p.records))
             event = fetch_answer_from_wire(self.leader_id, request, p, tp)
+            if event.error is ErrorCode.LEADER_NOT_AVAILABLE:
+                refusals = self._not_ready[tp] = self._not_ready.get(tp, 0) + 1
+                backoff_ms = self.limits["fetch_error_backoff_ms"] << min(refusals - 1, 10)
+                self._deliver_later({tp: request}, {tp: event}, after_ms=min(backoff_ms, NOT_READY_BACKOFF_MS_MAX))
+                continue
+            self._not_ready.pop(tp, None)
             if event.error is not ErrorCode.NONE:
                 self._deliver_later({tp: request}, {tp: event})
                 continue
@@ -490,12 +511,13 @@ class FetchSession:
             self._deliver_later(failed, {}, error=ErrorCode.UNKNOWN)
 
     def _deliver_later(self, batch: dict[TopicPartition, FetchRequest], events: dict[TopicPartition, FetchResponse],
-                       *, error: ErrorCode = ErrorCode.UNKNOWN) -> None:
+                       *, error: ErrorCode = ErrorCode.UNKNOWN, after_ms: int | None = None) -> None:
         def later() -> None:
             for tp, request in batch.items():
                 event = events.get(tp) or fetch_failed(self.leader_id, request, error, tp)
                 self.fetcher.deliver(tp, event)
-        asyncio.get_running_loop().call_later(self.limits["fetch_error_backoff_ms"] / 1000, later)
+        delay_ms = self.limits["fetch_error_backoff_ms"] if after_ms is None else after_ms
+        asyncio.get_running_loop().call_later(delay_ms / 1000, later)
 
     # ------------------------------------------------------------ connections
 
