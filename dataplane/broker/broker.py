@@ -17,6 +17,7 @@ from typing import Any
 from common.control_client import ControlClient
 from common.eventloop import LoopStalls, LoopWatchdog
 from common.errors import BiplaneError
+from common.heap import LongLivedFreezer
 from common.metadata.image import MetadataImage
 from common.metadata.per_topic import PerTopic
 from common.metrics import MetricsServer
@@ -61,8 +62,9 @@ LINKS_REFRESH_MS = 250   # Broker.expected_links
 
 
 class Broker:
-    def __init__(self, config: BrokerConfig) -> None:
+    def __init__(self, config: BrokerConfig, *, heap: LongLivedFreezer | None = None) -> None:
         self.config = config
+        self.heap = heap   # told of replicas opened and removed (the process's; none in tests)
         self.port: int | None = None
         self.metrics_port: int | None = None
         self.kafka_port: int | None = None
@@ -146,7 +148,7 @@ class Broker:
         self.replicas = replicas = ReplicaManager(
             config=c, control=self.control, clean_start=clean, send_fetch=self.fetcher.submit,
             send_append_entries=self.pusher.submit, refresh_metadata=self.learner.refresh_soon, metrics=self.metrics,
-            data_dir_locked=True)   # self._dir_lock, taken above
+            data_dir_locked=True, heap=self.heap)   # self._dir_lock, taken above
         self.producer_ids = ProducerIds(self.control, broker_id=c.broker_id, block_size=c.producer_id_block_size)
         self.handler = RequestHandler(broker_id=c.broker_id, image=lambda: learner.image,
                                       replicas=self.replicas, producer_ids=self.producer_ids,

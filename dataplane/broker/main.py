@@ -118,7 +118,7 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
 
 
 async def serve(config: BrokerConfig, ports_file: str | None) -> int:
-    broker = Broker(config)
+    broker = Broker(config, heap=heap.LongLivedFreezer())
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, broker.request_stop)

@@ -33,6 +33,7 @@ from common import fds
 from common.control_client import ControlClient
 from common.durable import temp_path, write_synced
 from common.errors import BiplaneError
+from common.heap import LongLivedFreezer
 from common.metadata.image import MetadataImage, PartitionInfo, TopicInfo
 from common.metadata.per_topic import PerTopic
 from common.requests import AlterIsrRequest, ElectionReport, OfflineReplica
@@ -166,11 +167,13 @@ class ReplicaManager:
                  send_fetch: Callable[[int, TopicPartition, FetchRequest], None],
                  send_append_entries: Callable[[int, TopicPartition, AppendEntries], None],
                  refresh_metadata: Callable[[], None], metrics: BrokerMetrics | None = None,
-                 data_dir_locked: bool = False) -> None:
+                 data_dir_locked: bool = False, heap: LongLivedFreezer | None = None) -> None:
         self.config = config
         # The broker holds its data directory's lock: each replica's log then locks itself
         # in this process only, with no file held open for it (dataplane/log/lock.py).
         self.data_dir_locked = data_dir_locked
+        # Told of each replica opened and removed (a broker process's; a test's has none).
+        self.heap = heap
         self.metrics = metrics if metrics is not None else BrokerMetrics()
         self.broker_id = config.broker_id
         self.control = control
@@ -337,6 +340,8 @@ class ReplicaManager:
             now = self._hosted_topic(tp)
             if now is not None and now[0].topic_id == hosted[0].topic_id and not self._closed:
                 self.drivers[tp] = driver
+                if self.heap is not None:
+                    self.heap.grown()
                 self.usage_touched(tp)
                 self._feed(driver, now[0], now[1], self._image)  # type: ignore[arg-type]
                 return
@@ -475,6 +480,8 @@ class ReplicaManager:
     async def _close_and_delete(self, tp: TopicPartition, driver: PartitionDriver) -> None:
         try:
             await driver.close()
+            if self.heap is not None:
+                self.heap.shrunk()
             await asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, driver.directory, True)
             log.info("removed replica %s-%d", *tp, extra={"event": "partition.removed", "topic": tp[0],
                                                              "partition": tp[1]})
