@@ -700,6 +700,18 @@ def test_a_repeat_of_what_the_long_poll_carries_does_not_wake_the_express_loop(m
     assert news >= 1, "a new position wakes the express loop"
 
 
+def _record_looks(handler: RequestHandler, monkeypatch) -> list[str]:
+    """The topics of the partitions `handler` looks at (steps) from now on, in order."""
+    looks: list[str] = []
+    real_step = handler._fetch_partition
+
+    def step(replica_id, tp, p, max_bytes):
+        looks.append(tp.topic)
+        return real_step(replica_id, tp, p, max_bytes)
+    monkeypatch.setattr(handler, "_fetch_partition", step)
+    return looks
+
+
 def test_partitions_with_no_replica_here_are_looked_at_on_a_timer_not_on_every_wake(tmp_path, monkeypatch):
     """A session partition with no replica to answer on the leader (still opening there, or
     not its own) was stepped on every wake of the session's long-poll: while thousands of
@@ -719,13 +731,7 @@ def test_partitions_with_no_replica_here_are_looked_at_on_a_timer_not_on_every_w
         full = await asyncio.wait_for(_session_fetch(handler, 0, 0, positions, wait_ms=0), 5)
         assert all(_carried(full)[n].error_code is not ErrorCode.NONE for n in missing)
         sid = full.session_id
-        looked: list[str] = []
-        real_step = handler._fetch_partition
-
-        def step(replica_id, tp, p, max_bytes):
-            looked.append(tp.topic)
-            return real_step(replica_id, tp, p, max_bytes)
-        monkeypatch.setattr(handler, "_fetch_partition", step)
+        looked = _record_looks(handler, monkeypatch)
         epoch = 1
         for round_ in range(3):
             poll = _session_fetch(handler, sid, epoch)
@@ -759,13 +765,7 @@ def test_a_fetch_error_is_counted_when_answered_not_at_each_look_of_a_long_poll(
         full = await asyncio.wait_for(_session_fetch(handler, 0, 0, positions, wait_ms=0), 5)
         assert all(_carried(full)[n].error_code is not ErrorCode.NONE for n in missing)
         counted = dict(handler.counters.errors)
-        looks: list[str] = []
-        real_step = handler._fetch_partition
-
-        def step(replica_id, tp, p, max_bytes):
-            looks.append(tp.topic)
-            return real_step(replica_id, tp, p, max_bytes)
-        monkeypatch.setattr(handler, "_fetch_partition", step)
+        looks = _record_looks(handler, monkeypatch)
         quiet = await asyncio.wait_for(_session_fetch(handler, full.session_id, 1, wait_ms=200), 5)
         await driver.close()
         return counted, dict(handler.counters.errors), quiet, looks

@@ -391,6 +391,16 @@ def test_isr_shrinks_after_lag_time_and_counts_the_union_until_accepted():
     assert leader.released()[1].error is ErrorCode.NONE
 
 
+def _caught_up_leader(cfg: ReplicationConfig) -> tuple[Node, Replica, int]:
+    """The leader of (1, 2, 3), every follower caught up, its ISR proposals taken: (its node,
+    its core, its log end)."""
+    nodes = cluster(cfg)
+    pump(nodes)
+    leader = nodes[1]
+    leader.take(ProposeIsr)
+    return leader, leader.replica, leader.replica.log_end_offset
+
+
 def test_a_fetch_session_word_keeps_a_quiet_follower_caught_up_as_of_when_it_was_seen():
     """Claim (Tick.fetching): a follower whose fetch session holds it at the position the leader
     last stepped a fetch from, still the leader's log end, is caught up as of when it was seen
@@ -398,12 +408,7 @@ def test_a_fetch_session_word_keeps_a_quiet_follower_caught_up_as_of_when_it_was
     follower's clock has run out, and then for every ISR follower. Without a word the follower
     leaves the ISR after its lag time, as before."""
     cfg = config(replica_lag_time_max_ms=100)
-    nodes = cluster(cfg)
-    pump(nodes)
-    leader = nodes[1]
-    leader.take(ProposeIsr)
-    r = leader.replica
-    end = r.log_end_offset
+    leader, r, end = _caught_up_leader(cfg)
     assert r.caught_up_due(100) == (), "nobody's clock has run out yet"
     assert r.caught_up_due(101) == (2, 3)
     leader.step(Tick(now_ms=150, fetching=(StillFetching(replica_id=2, fetch_offset=end, seen_ms=140),
@@ -443,12 +448,7 @@ def test_a_follower_out_of_the_isr_seen_in_its_fetch_session_since_the_change_jo
     it back as a fetch stepped now would. A word from before the change does not (the rule of
     the killed-follower regression below), nor does a quiet Tick."""
     cfg = config(replica_lag_time_max_ms=10_000)
-    nodes = cluster(cfg)
-    pump(nodes)
-    leader = nodes[1]
-    leader.take(ProposeIsr)
-    r = leader.replica
-    end = r.log_end_offset
+    leader, r, end = _caught_up_leader(cfg)
     assert r.progress[3].fetch_offset == end
     leader.step(Tick(now_ms=50))
     leader.step(NewMetadata(partition=state(isr=(1, 2), pepoch=2), config=cfg))   # 3 went out at 50
