@@ -49,8 +49,8 @@ class LongLivedFreezer:
     all of them kept. CPython runs a full collection each time the objects kept since the last
     one reach a quarter of those it kept then: at 10,000 replicas a broker ran 33 full passes
     while they opened, the last ones 0.5-0.9 s each with the GIL held (13 s of its 41 s of CPU,
-    and the event loop stalled as long). Every `every` replicas opened (`grown`), the young
-    generations are collected and what is alive is frozen (`gc.freeze`: moved where no
+    and the event loop stalled as long). Every `every` replicas opened (`grown`), the unfrozen
+    objects are collected and what is alive is frozen (`gc.freeze`: moved where no
     collection looks), so each full pass scans only what came since. Frozen objects that
     become garbage are still freed by reference counts, but not cycles: so every `every`
     replicas closed (`shrunk`) everything is unfrozen, collected once in full, and frozen
@@ -67,8 +67,8 @@ class LongLivedFreezer:
         self._grown += 1
         if self._grown >= self.every:
             self._grown = 0
-            gc.collect(1)   # the young generations' garbage (cycles) is not frozen with the rest
-            gc.freeze()
+            gc.collect()   # garbage cycles are not frozen with the rest (a full pass: it scans
+            gc.freeze()    # only what is not frozen, what came since the last freeze)
             self.freezes += 1
 
     def shrunk(self) -> None:

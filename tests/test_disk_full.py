@@ -146,7 +146,9 @@ def test_log_close_and_recovery_point_on_a_full_disk_do_not_raise_and_the_next_o
                                                                                            monkeypatch):
     directory = str(tmp_path / "p0")
     log = PartitionLog(directory, config=LogConfig(segment_bytes=1024))
-    for i in range(6):  # several segments: the flushes below move the recovery point
+    log.append_as_leader(build_batch([b"v0" + b"x" * 400], timestamp_ms=1), leader_epoch=0)
+    log.flush()   # the epoch checkpoint of epoch 0: a flush that cannot write it fails
+    for i in range(1, 6):  # several segments: the flushes below move the recovery point
         log.append_as_leader(build_batch([b"v%d" % i + b"x" * 400], timestamp_ms=1), leader_epoch=0)
     monkeypatch.setattr(durable, "write_all", enospc)
     assert log.flush() == 6  # the recovery-point write failed: not a flush failure
@@ -332,12 +334,11 @@ def assert_one_error_per_condition(caplog) -> None:
     assert [r for r in caplog.records if getattr(r, "event", "") == "partition.online"]
 
 
-def test_becoming_leader_while_the_epoch_checkpoint_cannot_be_written_leads_and_writes_it_later(
-        tmp_path, monkeypatch, caplog):
-    """The epoch checkpoint of a new leader's epoch-start batch cannot be written (ENOSPC):
-    that fails no flush (the batch is durable, and a recovery names its epoch from the batch
-    itself), so the partition leads, with one disk-full WARNING and no ERROR; the flush after
-    space returns writes the file."""
+def test_becoming_leader_on_a_full_disk_goes_offline_then_leads_after_reopen(tmp_path, monkeypatch, caplog):
+    """The leader-epoch-checkpoint write of the flush after a new leader's epoch-start batch
+    fails: the partition goes offline (no exception out of the metadata path), as for a failed
+    append, so the controller moves the leadership; once space returns the reopened partition
+    recovers the batch and its epoch from the log, and leads again at a new epoch."""
     caplog.set_level(logging.INFO)
     image = cluster(1)
     add_topic(image, "t", [[1]], min_insync_replicas=1)
@@ -346,35 +347,44 @@ def test_becoming_leader_while_the_epoch_checkpoint_cannot_be_written_leads_and_
         manager = _manager(tmp_path)
         fs = FakeFs(free=50 << 20)
         use_fs(manager.config.data_dir, fs)
-        real = files.write_atomically
-        refused: list[str] = []
+        real = durable.write_atomically
 
         def write_atomically(path, data, **kw):
-            if path.endswith("leader-epoch-checkpoint") and not data.startswith(b"0\n0\n"):  # not the empty one
-                refused.append(path)
-                raise files.storage_error(f"cannot write {path}", OSError(errno.ENOSPC, "No space left on device"))
+            if str(path).endswith("leader-epoch-checkpoint") and not data.startswith(b"0\n0\n"):  # not the empty one
+                raise OSError(errno.ENOSPC, "No space left on device")
             real(path, data, **kw)
-        monkeypatch.setattr(files, "write_atomically", write_atomically)
-        await manager.on_metadata(image)  # opens, then NewMetadata: lead epoch 0
+        monkeypatch.setattr(durable, "write_atomically", write_atomically)
+        await manager.on_metadata(image)  # opens, then NewMetadata: lead epoch 0 -> its flush fails
         await manager.settled()
         driver = manager.get("t", 0)
         assert driver is not None
-        await until(lambda: driver.is_leader and driver.replica.epoch_durable, "leading", driver)
-        assert driver.failed is None and refused, "the flush tried the file, and failed no one"
-        checkpoint = os.path.join(driver.log.directory, "leader-epoch-checkpoint")
-        assert not os.path.exists(checkpoint) or open(checkpoint, "rb").read().startswith(b"0\n0\n")
+        await until(lambda: driver.failed is not None, "the partition offline", driver)
+        assert "disk full" in driver.failed
+        fs.free = 0
+        with pytest.raises(PartitionOfflineError):
+            driver.submit_produce(batch(b"x"), acks=-1, timeout_ms=1000)
         monkeypatch.undo()
+        recovery = OfflineRecovery(manager, lambda: image, data_dir=manager.config.data_dir, retry_ms=1)
+        assert await recovery.pass_once() == 0  # still full (the failure said so)
         fs.free = 50 << 20
         space.for_directory(manager.config.data_dir).has_room()
-        release = await asyncio.wait_for(driver.submit_produce(batch(b"back"), acks=-1, timeout_ms=5000), 5)
+        assert await recovery.pass_once() == 1
+        reopened = manager.get("t", 0)
+        assert reopened is not None and reopened.log.latest_epoch == 0, "the epoch-start batch was written"
+        # Its log holds epoch 0 now, so it leads only a new epoch (what the controller's
+        # election after the offline report gives it).
+        assert not reopened.is_leader
+        apply(image, [change(image.partition("t", 0), leader=NO_LEADER, reason="test")])
+        apply(image, [change(image.partition("t", 0), leader=1, reason="test")])
+        await manager.on_metadata(image)
+        await manager.settled()
+        await until(lambda: reopened.is_leader and reopened.replica.epoch_durable, "leading again", reopened)
+        release = await asyncio.wait_for(reopened.submit_produce(batch(b"back"), acks=-1, timeout_ms=5000), 5)
         assert release.error is ErrorCode.NONE
-        assert open(checkpoint, "rb").read() == b"0\n1\n0 0\n", "epoch 0 from offset 0, written by a flush"
         await manager.close()
 
     asyncio.run(scenario())
-    assert not [r for r in caplog.records if r.exc_info], "no traceback in the log"
-    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
-    assert len([r for r in caplog.records if getattr(r, "event", "") == "disk.full"]) == 1
+    assert_one_error_per_condition(caplog)
 
 
 def test_follower_leaves_fetched_data_unapplied_while_the_disk_is_full_and_asks_again_soon(tmp_path):

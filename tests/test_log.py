@@ -13,11 +13,11 @@ import pytest
 
 from common.batch import (HEADER_SIZE, BatchBuilder, Compression, build_batch, iter_batches, read_records,
                           validate_batch)
+from common import durable
 from common.errors import CorruptBatchError, StorageError
 from dataplane.log import (FlushCoalescer, Log, LogConfig, LogTruncatedError, MemoryLog,
                            OffsetMismatchError, OffsetOutOfRangeError, PartitionLog, StaleEpochError)
 from dataplane.log.log import ACTIVE_CHECKPOINT, CLEAN_SHUTDOWN, RECOVERY_POINT
-from dataplane.log import files
 
 SMALL = LogConfig(segment_bytes=2048, index_interval_bytes=256, segment_ms=None, retention_ms=None)
 
@@ -560,30 +560,32 @@ def test_a_new_epoch_costs_no_file_write_on_append_and_is_durable_before_a_flush
     assert [(e.epoch, e.start_offset) for e in log.epoch_entries()] == [(1, 0), (2, 3)]
 
 
-def test_an_epoch_checkpoint_a_full_disk_refused_fails_no_flush_and_recovery_names_the_epoch(
+def test_a_flush_that_cannot_write_the_epoch_checkpoint_fails_and_a_recovery_names_the_epoch(
         tmp_log, tmp_path, monkeypatch):
-    """The flush that cannot write the epoch checkpoint (ENOSPC) still makes the batches
-    durable, but leaves the recovery point and the active checkpoint behind them: a crash then
-    re-reads them and takes their epoch from the batches. The next flush writes the file."""
+    """The flush that cannot write the epoch checkpoint (ENOSPC) fails, as a failed append
+    does (its partition goes offline and its leadership moves), and moves neither the recovery
+    point nor the active checkpoint: a crash then re-reads the batches and takes their epoch
+    from them. The next flush that can writes the file."""
     config = LogConfig(segment_bytes=1024, index_interval_bytes=256, segment_ms=None, retention_ms=None,
                        checkpoint_interval_offsets=1)
     log = tmp_log(config)
     log.append_as_leader(batch(), leader_epoch=1)
     log.flush()
     trusting: list[str] = []
-    real = files.write_atomically
+    real = durable.write_atomically
 
     def write_atomically(path, data, **kw):
-        if path.endswith("leader-epoch-checkpoint"):
-            raise files.storage_error(f"cannot write {path}", OSError(errno.ENOSPC, "No space left on device"))
+        if str(path).endswith("leader-epoch-checkpoint"):
+            raise OSError(errno.ENOSPC, "No space left on device")
         trusting.append(os.path.basename(path))
         real(path, data, **kw)
-    monkeypatch.setattr(files, "write_atomically", write_atomically)
+    monkeypatch.setattr(durable, "write_atomically", write_atomically)
     for _ in range(8):  # past a segment: a flush would move the recovery point
         log.append_as_leader(batch(size=100), leader_epoch=2)
     assert log.segment_count > 1
-    assert log.flush() == log.log_end_offset == 27
-    assert trusting == [], "nothing lets a recovery skip the batches of epoch 2"
+    with pytest.raises(StorageError, match="disk full"):
+        log.flush()
+    assert trusting == [] and log.flushed_offset == 3, "nothing lets a recovery skip the batches of epoch 2"
     monkeypatch.undo()
     crash(log)
     log = tmp_log(config)

@@ -463,6 +463,22 @@ def test_a_follower_out_of_the_isr_seen_in_its_fetch_session_since_the_change_jo
     assert r.caught_up_due(4000) == (), "nobody left to ask after"
 
 
+def test_a_refused_joiner_is_asked_after_on_its_doubling_interval_not_at_once():
+    """Claim (review): after the controller refuses to add a follower (INELIGIBLE_REPLICA), the
+    session is not asked after it at once again but when its interval, still doubling, ends:
+    a controller that keeps refusing is not asked every retry interval by every quiet partition."""
+    cfg = config(replica_lag_time_max_ms=10_000)
+    leader, r, end = _caught_up_leader(cfg)
+    leader.step(NewMetadata(partition=state(isr=(1, 2), pepoch=2), config=cfg))
+    word = (StillFetching(replica_id=3, fetch_offset=end, seen_ms=0),)
+    leader.step(Tick(now_ms=0, fetching=word))
+    assert [p.new_isr for p in leader.take(ProposeIsr)] == [(1, 2, 3)]
+    leader.step(IsrChangeRefused(leader_epoch=1, partition_epoch=2, new_isr=(1, 2, 3),
+                                 error=ErrorCode.INELIGIBLE_REPLICA, reason="fenced"))
+    assert r.caught_up_due(10) == (), "not asked again at once"
+    assert r.next_tick_ms() == 1000, "but when the interval the last ask began ends"
+
+
 def test_isr_expands_when_follower_reaches_the_high_watermark():
     """Claim: a replica outside the ISR that has stored up to the HW is proposed back in, and while
     the proposal is pending it is required for the HW."""

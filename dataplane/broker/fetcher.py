@@ -499,8 +499,9 @@ class FetchSession:
             event = fetch_answer_from_wire(self.leader_id, request, p, tp)
             if event.error is ErrorCode.LEADER_NOT_AVAILABLE:
                 refusals = self._not_ready[tp] = self._not_ready.get(tp, 0) + 1
-                backoff_ms = self.limits["fetch_error_backoff_ms"] << min(refusals - 1, 10)
-                self._deliver_later({tp: request}, {tp: event}, after_ms=min(backoff_ms, NOT_READY_BACKOFF_MS_MAX))
+                base_ms = self.limits["fetch_error_backoff_ms"]
+                backoff_ms = max(base_ms, min(base_ms << min(refusals - 1, 10), NOT_READY_BACKOFF_MS_MAX))
+                self._deliver_later({tp: request}, {tp: event}, after_ms=backoff_ms)
                 continue
             self._not_ready.pop(tp, None)
             if event.error is not ErrorCode.NONE:

@@ -425,6 +425,8 @@ class ReplicaManager:
         try:
             if driver is not None:
                 await driver.close()
+                if self.heap is not None:
+                    self.heap.shrunk()   # its reopening counts as grown
         finally:
             await self.on_metadata(image)
         opening = self.opening.get(tp)

@@ -711,7 +711,8 @@ class PartitionLog:
             try:
                 for segment in segments:
                     segment.fsync()
-                trusted = epochs is None or self._wrote_epochs(epochs)
+                if epochs is not None:
+                    self._write_epochs(epochs)
                 if dir_dirty:
                     fsync_dir(self.directory)
             except OSError as exc:
@@ -733,13 +734,10 @@ class PartitionLog:
                 if truncations == self._truncations and target > self._flushed_offset:
                     self._flushed_offset = target
                 flushed = self._flushed_offset
-                # A recovery may skip re-reading batches only once the file names their epochs.
-                checkpoint_due = (trusted and self._segment_index(flushed)
-                                  != self._segment_index(self._recovery_point))
+                checkpoint_due = self._segment_index(flushed) != self._segment_index(self._recovery_point)
                 # No truncation can run meanwhile (it waits for the flush lock): the active
                 # segment's bytes below active_end are fsynced and stay as they are.
-                active_due = (trusted and truncations == self._truncations
-                              and self._checkpoint_due(*active_end))
+                active_due = (truncations == self._truncations and self._checkpoint_due(*active_end))
                 indexes = (self._segments[self._segment_index(active_end[0])].indexes_below(*active_end[1:])
                            if active_due else None)
             try:
@@ -766,30 +764,15 @@ class PartitionLog:
     def _segment_index(self, offset: int) -> int:
         return bisect.bisect_right(self._bases, offset) - 1
 
-    def _wrote_epochs(self, data: bytes) -> bool:
-        """Write the epoch checkpoint for a flush; whether it did. A failed write (a full disk)
-        fails no flush: the batches are durable all the same, and a recovery assigns their
-        epochs from them as long as the recovery point and the active checkpoint stay behind
-        them, which the caller sees to; the next flush tries again."""
-        try:
-            self._write_epochs(data)
-        except StorageError as exc:
-            self._note_if_full(exc, f"epoch checkpoint write in {self.directory}")
-            with self._lock:
-                self._epochs_unwritten = True
-            return False
-        return True
-
     def _write_epochs(self, data: bytes) -> None:
         """Replace the epoch checkpoint with `data`, fsynced; its rename needs the directory's
         fsync too, which the caller does. Runs under the flush lock, as every other writer
-        of the file does, so no two share its temporary file."""
+        of the file does, so no two share its temporary file. An OSError fails the flush (a
+        full disk takes the partition offline, as a failed append does, and the controller
+        moves its leadership)."""
         path = self._path(EPOCH_CHECKPOINT)
-        files.write_atomically(path, data, sync=False)
-        try:
-            durable.fsync_path(path)
-        except OSError as exc:
-            raise files.storage_error(f"cannot sync {path}", exc) from exc
+        durable.write_atomically(path, data, sync=False)
+        durable.fsync_path(path)
 
     def _write_recovery_point(self, offset: int) -> None:
         files.write_atomically(self._path(RECOVERY_POINT), b"%d\n" % offset)
@@ -1093,7 +1076,10 @@ class PartitionLog:
                     for segment in segments:
                         segment.fsync()
                     if epochs is not None:
-                        self._write_epochs(epochs)
+                        try:
+                            self._write_epochs(epochs)
+                        except OSError as exc:
+                            raise files.storage_error(f"epoch checkpoint write in {self.directory}", exc) from exc
                     fsync_dir(self.directory)
                     files.write_atomically(self._path(RECOVERY_POINT), b"%d\n" % self.log_end_offset)
                     files.write_atomically(self._path(CLEAN_SHUTDOWN), b"")

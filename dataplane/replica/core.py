@@ -732,11 +732,14 @@ class Replica(ProduceAdmission, PushMixin):
             return tuple(r for r in self.state.replicas if r in isr or r in joining)
         return None
 
-    def _new_isr_generation(self) -> None:
+    def _new_isr_generation(self, *, ask_again: bool = True) -> None:
+        """A new ISR generation; with `ask_again`, the sessions are asked after the followers
+        that may join at once (_join_candidates), else when the current interval ends."""
         self._isr_generation += 1
         self._isr_generation_ms = self.now_ms
-        self._join_asked_ms = None   # ask the sessions at once (_join_candidates)
-        self._join_ask_ms = self.isr_proposal_retry_ms
+        if ask_again:
+            self._join_asked_ms = None
+            self._join_ask_ms = max(1, self.isr_proposal_retry_ms)
 
     def _join_candidates(self) -> tuple[int, ...]:
         """Followers out of the ISR whose newest fetch we stepped was at our log end, but
@@ -788,7 +791,9 @@ class Replica(ProduceAdmission, PushMixin):
         self.pending_isr = None
         # Progress seen so far led to the refused proposal: only fresh fetches count again,
         # and nothing is proposed for a retry interval.
-        self._new_isr_generation()
+        # A refused joiner is asked after no sooner than its interval says (which goes on
+        # doubling), so a controller that keeps refusing is not asked every retry interval.
+        self._new_isr_generation(ask_again=False)
         self._isr_refused_ms = self.now_ms
 
     def _send_isr_proposal(self) -> None:
