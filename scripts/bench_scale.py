@@ -313,14 +313,16 @@ def brokers_scale(args: argparse.Namespace, partitions: int) -> None:
             r = http("GET", cluster.api_url + "/v1/cluster/health")
             return r.status == 200 and not r.body.get("under_replicated_partitions")
         settle_deadline = time.monotonic() + 120
-        while time.monotonic() < settle_deadline and not isr_full():
+        whole = isr_full()
+        while time.monotonic() < settle_deadline and not whole:
             time.sleep(0.5)
+            whole = isr_full()
         in_isr_s = time.monotonic() - start
         spent = {b: cpu_seconds(cluster.brokers[b].pid) - cpu_at_start[b] for b in brokers}
         refused = {b: scrape(ports[b], 'biplane_broker_errors_total{code="LEADER_NOT_AVAILABLE",request="FetchRequest"}')
                    for b in brokers}
         print(f"in the ISR: every replica {in_isr_s:.1f} s after the first create"
-              f"{'' if isr_full() else ' (NOT all in the ISR within the timeout)'}; CPU seconds per broker till then: "
+              f"{'' if whole else ' (NOT all in the ISR within the timeout)'}; CPU seconds per broker till then: "
               + ", ".join(f"broker {b} {spent[b]:.1f}" for b in brokers)
               + "; fetches refused as still opening: "
               + ", ".join(f"broker {b} {refused[b] or 0:.0f}" for b in brokers))

@@ -756,9 +756,15 @@ class Replica(ProduceAdmission, PushMixin):
                      and p.fetch_offset >= self.log_end_offset)
 
     def _join_ask_due_ms(self) -> int | None:
+        """When to ask the sessions after the join candidates next; None: there are none."""
         if not self._join_candidates():
             return None
         return self.now_ms if self._join_asked_ms is None else self._join_asked_ms + self._join_ask_ms
+
+    def _joiners_to_ask(self, now_ms: int) -> tuple[int, ...]:
+        """The join candidates a Tick at `now_ms` asks the sessions after, if it is time to."""
+        ask_at = self._join_ask_due_ms()
+        return self._join_candidates() if ask_at is not None and now_ms >= ask_at else ()
 
     def _propose_isr(self, new_isr: tuple[int, ...]) -> None:
         self.pending_isr = new_isr
@@ -1041,7 +1047,7 @@ class Replica(ProduceAdmission, PushMixin):
                     due += [t for t in (self.progress[r].last_caught_up_ms + lag_max + 1
                                         for r in self.state.isr if r in self.progress) if t > self.now_ms]
                     ask_at = self._join_ask_due_ms()
-                    if ask_at is not None and not self._pushing:
+                    if ask_at is not None:
                         due.append(ask_at)
         elif self.role is Role.FOLLOWER and not self._pushing:
             if not self._fetch_inflight:
@@ -1063,10 +1069,7 @@ class Replica(ProduceAdmission, PushMixin):
         lag_max = self.config.replica_lag_time_max_ms
         followers = tuple(r for r in self.state.isr if r in self.progress)
         wanted = followers if any(now_ms - self.progress[r].last_caught_up_ms > lag_max for r in followers) else ()
-        ask_at = self._join_ask_due_ms()
-        if ask_at is not None and now_ms >= ask_at:
-            wanted += self._join_candidates()
-        return wanted
+        return wanted + self._joiners_to_ask(now_ms)
 
     def _still_fetching(self, news: StillFetching) -> None:
         """Kafka's rule for a fetch at our log end, applied to a fetch session's: the follower
@@ -1092,8 +1095,7 @@ class Replica(ProduceAdmission, PushMixin):
             raise ValueError(f"Tick went back in time: now_ms={ev.now_ms} after {self.now_ms}")
         self.wall_ms = self.wall_ms + (ev.now_ms - self.now_ms) if ev.wall_ms is None else ev.wall_ms
         self.now_ms = ev.now_ms
-        ask_at = self._join_ask_due_ms()
-        if ask_at is not None and self.now_ms >= ask_at:
+        if self._joiners_to_ask(self.now_ms):
             # The driver asked the sessions after them for this Tick (caught_up_due): until one
             # is seen, ask again after twice as long, up to the lag time.
             if self._join_asked_ms is not None:
