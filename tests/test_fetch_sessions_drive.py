@@ -1000,3 +1000,58 @@ def test_a_partition_still_opening_on_its_leader_is_told_so_after_twice_as_long_
     delays = asyncio.run(scenario())
     expected = [20, 40, 80, 160, 320, 640, fetcher_module.NOT_READY_BACKOFF_MS_MAX, 0, 20, 20, 20]
     assert all(e <= d <= e + 30 for d, e in zip(delays, expected)), f"{delays} against {expected}"
+
+
+def test_a_new_hw_alone_neither_wakes_nor_steps_a_waiting_session_and_rides_on_the_next_answer(tmp_path, monkeypatch):
+    """A HW moved by another follower's fetch does not end a follower's long-poll (broker.md),
+    so it must not wake it either: the wake stepped the partition again for nothing, a step and
+    a session pass on the leader per follower for every acks=all request. The long-poll keeps
+    watching: records produced after it still end it at once, carrying the new HW."""
+    from dataplane.broker.fetch_sessions import NO_SESSION
+    from dataplane.broker.server import SESSIONLESS_EPOCH
+
+    async def scenario():
+        driver = _leader_driver(tmp_path, "a", (1, 2, 3), None)
+        await _until_serving(driver)
+        handler = _handler({"a": driver})
+        produce = lambda: driver.submit_produce(  # noqa: E731
+            bytearray(build_batch([b"v"], timestamp_ms=1)), acks=1, timeout_ms=10_000)
+
+        async def follower_3_at(offset):
+            await asyncio.wait_for(handler.fetch(wire.FetchRequest(
+                replica_id=3, max_wait_ms=0, min_bytes=1, max_bytes=1 << 20, session_id=NO_SESSION,
+                session_epoch=SESSIONLESS_EPOCH, topics=(_position("a", offset),))), 5)
+
+        await follower_3_at(driver.log.log_end_offset)
+        await asyncio.wait_for(produce(), 5)
+        end = driver.log.log_end_offset
+        full = await asyncio.wait_for(_session_fetch(handler, 0, 0, [_position("a", end)], wait_ms=0), 5)
+        sid = full.session_id
+        hw_before = driver.replica.high_watermark
+        looked: list[str] = []
+        real_step = handler._fetch_partition
+
+        def step(replica_id, tp, p, max_bytes):
+            if replica_id == 2:   # follower 2's session, not follower 3's own fetch
+                looked.append(tp.topic)
+            return real_step(replica_id, tp, p, max_bytes)
+        monkeypatch.setattr(handler, "_fetch_partition", step)
+        poll = _session_fetch(handler, sid, 1, [_position("a", end)])
+        await asyncio.sleep(0.05)
+        stepped_to_wait = list(looked)
+        await follower_3_at(end)   # follower 3 catches up: the HW moves to `end`
+        hw_after = driver.replica.high_watermark
+        await asyncio.sleep(0.2)
+        waiting = not poll.done()
+        looked_after_hw = looked[len(stepped_to_wait):]
+        woken = await _records_end(poll, driver, {"a": driver})
+        return hw_before, hw_after, end, waiting, stepped_to_wait, looked_after_hw, woken
+
+    hw_before, hw_after, end, waiting, stepped_to_wait, looked_after_hw, woken = asyncio.run(scenario())
+    assert hw_before < end == hw_after, (hw_before, hw_after, end)
+    assert stepped_to_wait == ["a"], "the long-poll steps its fetch once before it waits"
+    assert waiting, "a new HW alone ended the long-poll"
+    assert looked_after_hw == [], "a new HW alone woke the long-poll and stepped the partition again"
+    carried = _carried(woken)["a"]
+    assert carried.records and carried.high_watermark >= end, \
+        "records after a new HW alone end the long-poll, and the answer carries that HW"

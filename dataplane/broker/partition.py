@@ -386,6 +386,11 @@ class PartitionDriver:
             pass
         return self.log.flushed_offset
 
+    def followed_state(self) -> tuple[int, int, Role]:
+        """What ends a follower's long-poll when it moves: log end, epoch, role (not the HW)."""
+        r = self.replica
+        return (self.log.log_end_offset, r.leader_epoch, r.role)
+
     def changed(self) -> asyncio.Future[None]:
         """Resolves at the next change of log end, HW, epoch or role (long-polling fetches wait on it)."""
         if self._changed is None or self._changed.done():

@@ -94,21 +94,36 @@ class _Watch:
     # it answers as it stands.
     end_now: bool = False
     hooked: dict[TopicPartition, asyncio.Future[None]] = dataclasses.field(default_factory=dict)
-    _hooked_tp: dict[asyncio.Future[None], TopicPartition] = dataclasses.field(default_factory=dict)
+    # Each hooked future's partition, driver and what the long-poll last saw of it (log end,
+    # epoch, role: PartitionDriver.followed_state).
+    _hooked_tp: dict[asyncio.Future[None], tuple[TopicPartition, PartitionDriver, tuple]] = dataclasses.field(
+        default_factory=dict)
 
-    def hook(self, tp: TopicPartition, changed: asyncio.Future[None]) -> None:
-        """Watch `changed`, the driver's future taken after this long-poll stepped `tp`: a
-        future hooked earlier that resolves now was resolved by that step, which saw it."""
+    def hook(self, tp: TopicPartition, driver: PartitionDriver) -> None:
+        """Watch `driver` for a change after this long-poll stepped `tp` (its future taken
+        now: one hooked earlier that resolves now was resolved by that step, which saw it)."""
+        changed = driver.changed()
         if self.hooked.get(tp) is not changed:
             self.hooked[tp] = changed
             changed.add_done_callback(self._changed)
-            self._hooked_tp[changed] = tp
+            self._hooked_tp[changed] = (tp, driver, driver.followed_state())
 
     def _changed(self, future: asyncio.Future[None]) -> None:
-        tp = self._hooked_tp.pop(future, None)
-        if tp is not None and self.hooked.get(tp) is future:
-            self.dirty.add(tp)
-            self.wake.set()
+        hooked = self._hooked_tp.pop(future, None)
+        if hooked is None:
+            return
+        tp, driver, seen = hooked
+        if self.hooked.get(tp) is not future:
+            return
+        self.dirty.add(tp)
+        if driver.followed_state() == seen and not driver.closed and driver.failed is None:
+            # A new HW alone does not end the long-poll: it rides on the next answer, and
+            # the partition is stepped then. Waking for it cost the leader a step and a
+            # session pass per follower for every acks=all request (the HW moves once per
+            # request, after the first follower's fetch).
+            self.hook(tp, driver)
+            return
+        self.wake.set()
 
     def unhook(self) -> None:
         """This watch is replaced or its session gone: its callbacks leave the drivers' futures
@@ -410,8 +425,8 @@ class RequestHandler:
                     notes.pop(tp, None)
                     continue
                 waitable = True
-                changed = driver.changed()
-                watch.hook(tp, changed)
+                watch.hook(tp, driver)
+                changed = watch.hooked[tp]
                 if quiet_now:
                     notes[tp] = _Quiet(answer=answer, changed=changed, fetches=stepped[tp])
                     watch.active.discard(tp)
