@@ -34,3 +34,22 @@ def test_falls_back_to_asyncio_without_uvloop(monkeypatch):
     monkeypatch.setitem(sys.modules, "uvloop", None)  # import uvloop now raises ImportError
     assert eventloop.run(loop_module()).startswith("asyncio")
     assert eventloop.loop_name() == "asyncio"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("uvloop") is None, reason="uvloop is not installed")
+def test_the_blocking_clients_private_loop_is_the_chosen_one(monkeypatch):
+    """A blocking send_and_wait pays its private loop's wake-up and socket events on the way
+    out and back: that loop is uvloop too when installed, and follows BIPLANE_EVENT_LOOP."""
+    from dataplane.client.sync import _LoopThread
+
+    def private_loop_module() -> str:
+        thread = _LoopThread("test")
+        try:
+            return thread.run(loop_module(), timeout_s=10)
+        finally:
+            thread.stop()
+
+    monkeypatch.delenv("BIPLANE_EVENT_LOOP", raising=False)
+    assert private_loop_module().startswith("uvloop")
+    monkeypatch.setenv("BIPLANE_EVENT_LOOP", "asyncio")
+    assert private_loop_module().startswith("asyncio")

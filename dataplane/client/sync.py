@@ -18,6 +18,7 @@ import threading
 import time
 from typing import Any, Coroutine, Iterator, TypeVar
 
+from common import eventloop
 from common.errors import BufferFullTimeoutError
 from dataplane.client import consumer as _consumer
 from dataplane.client import producer as _producer
@@ -28,7 +29,10 @@ T = TypeVar("T")
 
 class _LoopThread:
     def __init__(self, name: str) -> None:
-        self.loop = asyncio.new_event_loop()
+        # uvloop when installed (common.eventloop): a blocking send_and_wait pays the private
+        # loop's wake-up and its socket events on the way out and back.
+        factory = eventloop.loop_factory()
+        self.loop = factory() if factory is not None else asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
         self._thread.start()
 
