@@ -70,3 +70,4 @@ def test_retention_deletes_old_segments_below_the_hw_and_skips_single_segment_lo
     assert start <= hw and segments >= 1
     assert size - 1024 < 2048, f"the log still holds {size} bytes over retention_bytes"
     assert passes and set(passes) == {"big-0"}, f"single-segment logs went to a thread: {sorted(set(passes))}"
+
