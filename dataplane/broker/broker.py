@@ -141,7 +141,7 @@ class Broker:
                                on_round_trip=self.metrics.observe_pull, heard=self._heard,
                                on_session_fetch=self.metrics.observe_session_fetch,
                                on_session_error=self.metrics.observe_session_error, follows=self._follows,
-                               follows_version=self._follows_version)
+                               follows_changed=self._follows_changed)
         self.pusher = Pusher(broker_id=c.broker_id, address_of=self._address_of, deliver=self._deliver,
                              max_frame_bytes=c.max_frame_bytes, on_round_trip=self.metrics.observe_push,
                              heard=self._heard, request_timeout_ms=c.replica_request_timeout_ms)
@@ -377,8 +377,8 @@ class Broker:
         info = self.learner.image.brokers.get(broker_id)
         return (info.host, info.port) if info is not None else None
 
-    def _follows_version(self) -> int:
-        return self.replicas.follow_changes if self.replicas is not None else -1
+    def _follows_changed(self, version: int | None) -> tuple[int, set[TopicPartition] | None]:
+        return self.replicas.follow_changed_since(version) if self.replicas is not None else (-1, None)
 
     def _follows(self, tp: TopicPartition, leader_id: int) -> bool:
         driver = self.replicas.get(*tp) if self.replicas is not None else None

@@ -97,7 +97,7 @@ class PartitionDriver:
                  budget: ProduceBudget | None = None, on_fsync: Callable[[float], None] | None = None,
                  on_due: Callable[[TopicPartition, int | None], None] | None = None,
                  follower_fetching: Callable[[TopicPartition, int], StillFetching | None] | None = None,
-                 on_follow_change: Callable[[], None] | None = None,
+                 on_follow_change: Callable[[TopicPartition], None] | None = None,
                  on_usage: Callable[[TopicPartition], None] | None = None, parent_locked: bool = False) -> None:
         self.tp = tp
         # Told after every step when the core next wants a Tick (Replica.next_tick_ms).
@@ -485,7 +485,7 @@ class PartitionDriver:
         if self.failed is None:
             self.failed = reason
             if self.on_follow_change is not None:
-                self.on_follow_change()
+                self.on_follow_change(self.tp)
             log.error("%s-%d is offline: %s; %s", *self.tp, reason, offline_hint(reason),
                       extra={"event": "partition.offline", "topic": self.tp[0], "partition": self.tp[1]})
             self.hooks.partition_offline(self.tp)
@@ -510,7 +510,7 @@ class PartitionDriver:
         if seen == self._seen:
             return False
         if seen[2:] != self._seen[2:] and self.on_follow_change is not None:
-            self.on_follow_change()
+            self.on_follow_change(self.tp)
         self._seen = seen
         if self._changed is not None and not self._changed.done():
             self._changed.set_result(None)
@@ -528,7 +528,7 @@ class PartitionDriver:
             return
         self.closed = True
         if self.on_follow_change is not None:
-            self.on_follow_change()
+            self.on_follow_change(self.tp)
         self._fail_waiters(ErrorCode.NOT_LEADER_OR_FOLLOWER)
         if self.budget is not None:
             self.budget.forget(self.tp)
