@@ -3,7 +3,8 @@ what changed. Claims: a replica whose log and HW did not move since the last rep
 or not), with no traffic and zero rates, keeps its figures (the same ReplicaUsage object) without its log being read, and a
 report between full ones does not walk the replicas at all; one that took traffic is read
 again, and shows zero rates once idle again; the totals and log bytes add up over every
-replica either way; every USAGE_FULL_EVERY_S every log is read again."""
+replica either way; every USAGE_FULL_EVERY_S every log is read again, at most
+USAGE_REREADS_PER_REPORT in one report (10,000 in one report held the loop about 100 ms)."""
 from __future__ import annotations
 
 import asyncio
@@ -82,10 +83,22 @@ def test_an_idle_replica_keeps_its_figures_unread_and_a_busy_one_is_read_again(t
         reads.clear()
         manager.usage_report()
         read_full = list(reads)
+        # A full pass over more replicas than a report rereads is spread over reports.
+        monkeypatch.setattr(replicas_module, "USAGE_REREADS_PER_REPORT", 1, raising=False)
+        monkeypatch.setattr(replicas_module, "USAGE_FULL_EVERY_S", 3600.0)
+        manager._usage_full_at = -3600.0
+        sliced = []
+        for _ in range(3):
+            reads.clear()
+            manager.usage_report()
+            sliced.append(sorted(reads))
         await manager.close()
-        return release, first, idle, busy, calm, read_busy, read_full, walked, recount, added_up
+        return release, first, idle, busy, calm, read_busy, read_full, walked, recount, added_up, sliced
 
-    release, first, idle, busy, calm, read_busy, read_full, walked, recount, added_up = asyncio.run(scenario())
+    (release, first, idle, busy, calm, read_busy, read_full, walked, recount, added_up,
+     sliced) = asyncio.run(scenario())
+    assert [len(r) for r in sliced] == [1, 1, 0] and sorted(sliced[0] + sliced[1]) == ["t-0", "t-1"], (
+        f"a full pass read {sliced} in three reports; one replica each, every one once")
     assert added_up == recount, "the sums kept by the rows read differ from a recount over every replica"
     assert walked == [], f"a report between full ones walked every replica: {walked}"
     assert release.error.name == "NONE"

@@ -110,6 +110,10 @@ class ByteTotals:
 
 
 USAGE_FULL_EVERY_S = 30.0   # ReplicaManager.usage_report
+# A full pass reads this many replicas again per report, so a report costs a bounded slice
+# of one (10,000 replicas read in one report held the loop about 100 ms, once every
+# USAGE_FULL_EVERY_S on every broker).
+USAGE_REREADS_PER_REPORT = 256
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -206,6 +210,10 @@ class ReplicaManager:
         self._usage_busy: set[TopicPartition] = set()
         self._usage_sums = (0, 0, 0, 0, 0)   # the rows' counters and log bytes, added up
         self._usage_full_at = -USAGE_FULL_EVERY_S
+        # The replicas a full pass still has to read again, a slice per report from
+        # _usage_reread_at on (USAGE_REREADS_PER_REPORT).
+        self._usage_rereads: list[TopicPartition] = []
+        self._usage_reread_at = 0
         self._usage_at: float | None = None   # when the previous report was made
         # Byte counters of the drivers already closed (moved away, reopened), so that the
         # broker's totals (usage_report) never go down within this process.
@@ -739,19 +747,21 @@ class ReplicaManager:
         moved, a produce or a fetch counted, opened, removed) or whose rates were not zero are
         read again; the others keep their row, the same ReplicaUsage object, and the sums are
         moved by the rows read. At thousands of idle replicas a walk over all of them each second was a
-        chunk of milliseconds on the loop. Every USAGE_FULL_EVERY_S all are read again, for
-        what changes outside a step (retention, compaction)."""
+        chunk of milliseconds on the loop. Every USAGE_FULL_EVERY_S a pass reads all of them
+        again, for what changes outside a step (retention, compaction), in slices of
+        USAGE_REREADS_PER_REPORT per report."""
         now = time.monotonic()
-        full = now - self._usage_full_at >= USAGE_FULL_EVERY_S
+        if self._usage_reread_at >= len(self._usage_rereads) and now - self._usage_full_at >= USAGE_FULL_EVERY_S:
+            self._usage_full_at = now
+            self._usage_rereads, self._usage_reread_at = list(set(self.drivers) | set(self._usage_kept)), 0
+        end = self._usage_reread_at + USAGE_REREADS_PER_REPORT
+        reread = set(self._usage_rereads[self._usage_reread_at:end])
+        self._usage_reread_at = end
         # A row not read at the previous report had the same counters then (nothing touched it).
         elapsed = max(now - self._usage_at, 1e-3) if self._usage_at is not None else 1e-3
         self._usage_at = now
         touched, self._usage_touched = self._usage_touched, set()
-        if full:
-            self._usage_full_at = now
-            look = set(self.drivers) | set(self._usage_kept)
-        else:
-            look = touched | self._usage_busy
+        look = touched | self._usage_busy | reread
         sums = list(self._usage_sums)
         for tp in look:
             d = self.drivers.get(tp)
@@ -767,7 +777,7 @@ class ReplicaManager:
             counters = (d.produce_bytes, d.produce_records, d.fetch_bytes, d.replicated_bytes)
             before = kept.counters if kept is not None else counters
             rates = tuple(max(0.0, (c - b) / elapsed) for c, b in zip(counters[:3], before[:3]))
-            if kept is not None and not full and tp not in touched:
+            if kept is not None and tp not in reread and tp not in touched:
                 figures = kept.figures[:4] + rates   # not stepped since: only its rates moved
             else:
                 figures = (d.log.size_bytes, d.log.log_start_offset, d.log.log_end_offset,
