@@ -7,7 +7,8 @@ prometheus_client's global one, so two brokers in one test process never mix the
 figures) for the counters and histograms the hot paths update, plus sources of state that
 only the event loop may read (offsets, sizes, ISR health, Raft state). The hot path pays
 for nothing but its own counter and histogram updates. A scrape copies each source's
-plain values on the loop (`LoopSource.snapshot`, a few microseconds per partition), then
+plain values on the loop (`LoopSource.snapshot`, a few microseconds per partition, in
+slices that yield to the loop: 10,000 partitions copied at once held it 50-150 ms), then
 builds the families and writes the text in a worker thread of its own: for a broker with
 thousands of partitions that is hundreds of milliseconds of Python, which must not hold
 the loop (it would stall produce requests and fetch sessions at every scrape).
@@ -22,7 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from collections.abc import Callable, Iterable, Iterator
+import inspect
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Protocol
 
 from aiohttp import web
@@ -43,9 +45,11 @@ Families = Callable[[], Iterable[Metric]]
 
 class LoopSource(Protocol):
     """State owned by the event loop. `snapshot()` runs on the loop and copies plain values;
-    the callable it returns builds the metric families from them, on any thread."""
+    the callable it returns builds the metric families from them, on any thread. A source
+    with thousands of partitions returns an awaitable instead, which copies them in slices
+    and yields to the loop between them."""
 
-    def snapshot(self) -> Families: ...
+    def snapshot(self) -> Families | Awaitable[Families]: ...
 
 
 def new_registry() -> CollectorRegistry:
@@ -83,7 +87,10 @@ class Exposition:
 
     async def render(self) -> bytes:
         """The text exposition: snapshots on the loop (the caller's), the rest in the renderer thread."""
-        taken = [source.snapshot() for source in self._sources]
+        taken = []
+        for source in self._sources:
+            got = source.snapshot()
+            taken.append(await got if inspect.isawaitable(got) else got)
         return await asyncio.get_running_loop().run_in_executor(
             self._renderer, generate_latest, _Scrape(self.registry, taken))
 
