@@ -154,7 +154,10 @@ def _differences(base: list[ReplicaUsage], current: list[ReplicaUsage]
                  ) -> tuple[list[ReplicaUsage], list[tuple[str, int]]]:
     """(replicas of `current` that differ from `base`, keys of `base` gone from `current`).
     While the broker's replicas stay the same, the two lists hold them in the same order and
-    mostly the same objects: compared pair by pair, with no map built."""
+    mostly the same objects: compared pair by pair, with no map built; the very same list
+    (the broker's replicas all kept their rows) not at all."""
+    if base is current:
+        return [], []
     if len(base) == len(current):
         changed = []
         for b, r in zip(base, current):

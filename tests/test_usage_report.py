@@ -73,6 +73,7 @@ def test_an_idle_replica_keeps_its_figures_unread_and_a_busy_one_is_read_again(t
         busy = manager.usage_report()
         read_busy = list(reads)
         calm = manager.usage_report()
+        still = manager.usage_report()
         walked = list(walks)
         manager.drivers = dict(manager.drivers)
         recount = (sum(d.produce_bytes for d in manager.drivers.values()),
@@ -93,10 +94,16 @@ def test_an_idle_replica_keeps_its_figures_unread_and_a_busy_one_is_read_again(t
             manager.usage_report()
             sliced.append(sorted(reads))
         await manager.close()
-        return release, first, idle, busy, calm, read_busy, read_full, walked, recount, added_up, sliced
+        return release, first, idle, busy, calm, still, read_busy, read_full, walked, recount, added_up, sliced
 
-    (release, first, idle, busy, calm, read_busy, read_full, walked, recount, added_up,
+    (release, first, idle, busy, calm, still, read_busy, read_full, walked, recount, added_up,
      sliced) = asyncio.run(scenario())
+    # The rows' list is built once and copied where rows changed: a report with nothing new
+    # hands over the very same list (the heartbeat's diff is then free), and a report that
+    # changed a row never alters a list handed over before (the heartbeat's base).
+    assert idle.replicas is first.replicas and still.replicas is calm.replicas
+    assert busy.replicas is not idle.replicas
+    assert [r.produce_bytes_per_s for r in idle.replicas] == [0.0, 0.0], "a list handed over was altered"
     assert [len(r) for r in sliced] == [1, 1, 0] and sorted(sliced[0] + sliced[1]) == ["t-0", "t-1"], (
         f"a full pass read {sliced} in three reports; one replica each, every one once")
     assert added_up == recount, "the sums kept by the rows read differ from a recount over every replica"

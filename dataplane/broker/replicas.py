@@ -214,6 +214,11 @@ class ReplicaManager:
         # _usage_reread_at on (USAGE_REREADS_PER_REPORT).
         self._usage_rereads: list[TopicPartition] = []
         self._usage_reread_at = 0
+        # The last report's rows (in _usage_kept's order) and each one's place: a report with
+        # the same replicas copies the list and replaces the rows that changed, where building
+        # it row by row cost 2 ms each second at 10,000 replicas. None: rebuild it.
+        self._usage_rows: list[ReplicaUsage] | None = None
+        self._usage_place: dict[TopicPartition, int] = {}
         self._usage_at: float | None = None   # when the previous report was made
         # Byte counters of the drivers already closed (moved away, reopened), so that the
         # broker's totals (usage_report) never go down within this process.
@@ -763,17 +768,21 @@ class ReplicaManager:
         touched, self._usage_touched = self._usage_touched, set()
         look = touched | self._usage_busy | reread
         sums = list(self._usage_sums)
+        changed: list[tuple[TopicPartition, ReplicaUsage]] = []
         for tp in look:
             d = self.drivers.get(tp)
             kept = self._usage_kept.get(tp)
             if kept is not None and kept.driver is not d:   # gone, or reopened as another driver
                 del self._usage_kept[tp]
+                self._usage_rows = None
                 self._usage_busy.discard(tp)
                 for k, v in enumerate((*kept.counters, kept.figures[0])):
                     sums[k] -= int(v)
                 kept = None
             if d is None or d.closed:
                 continue
+            if kept is None:
+                self._usage_rows = None   # a new row
             counters = (d.produce_bytes, d.produce_records, d.fetch_bytes, d.replicated_bytes)
             before = kept.counters if kept is not None else counters
             rates = tuple(max(0.0, (c - b) / elapsed) for c, b in zip(counters[:3], before[:3]))
@@ -789,6 +798,7 @@ class ReplicaManager:
                     topic=tp[0], partition=tp[1], size_bytes=int(figures[0]), log_start_offset=int(figures[1]),
                     log_end_offset=int(figures[2]), high_watermark=int(figures[3]),
                     produce_bytes_per_s=figures[4], produce_records_per_s=figures[5], fetch_bytes_per_s=figures[6])
+                changed.append((tp, usage))
             else:
                 usage = kept.usage
             old = (*kept.counters, kept.figures[0]) if kept is not None else (0, 0, 0, 0, 0)
@@ -800,8 +810,16 @@ class ReplicaManager:
             else:
                 self._usage_busy.discard(tp)
         self._usage_sums = (sums[0], sums[1], sums[2], sums[3], sums[4])
+        if self._usage_rows is None:
+            self._usage_rows = [k.usage for k in self._usage_kept.values()]
+            self._usage_place = {tp: i for i, tp in enumerate(self._usage_kept)}
+        elif changed:
+            # A new list: the heartbeat thread keeps the last one as the base of its next report.
+            self._usage_rows = list(self._usage_rows)
+            for tp, usage in changed:
+                self._usage_rows[self._usage_place[tp]] = usage
         retired = self._retired_bytes
-        return UsageReport(replicas=[k.usage for k in self._usage_kept.values()], log_bytes=sums[4],
+        return UsageReport(replicas=self._usage_rows, log_bytes=sums[4],
                            totals=ByteTotals(produce_bytes=retired.produce_bytes + sums[0],
                                              replicated_bytes=retired.replicated_bytes + sums[3],
                                              fetch_bytes=retired.fetch_bytes + sums[2]))
