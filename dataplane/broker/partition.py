@@ -500,8 +500,8 @@ class PartitionDriver:
         self._produce_waiters.clear()
 
     def _observed(self) -> tuple:
-        r = self.replica
-        return (self.log.log_end_offset, r.high_watermark, r.leader_epoch, r.role)
+        """What the long-polls wait on: what ends a follower's (followed_state), then the HW."""
+        return (*self.followed_state(), self.replica.high_watermark)
 
     def _notify_if_changed(self) -> bool:
         """Wake the long-polls waiting on this replica if its log end, HW, epoch or role moved
@@ -509,7 +509,7 @@ class PartitionDriver:
         seen = self._observed()
         if seen == self._seen:
             return False
-        if seen[2:] != self._seen[2:] and self.on_follow_change is not None:
+        if seen[1:3] != self._seen[1:3] and self.on_follow_change is not None:   # epoch or role
             self.on_follow_change(self.tp)
         self._seen = seen
         if self._changed is not None and not self._changed.done():
