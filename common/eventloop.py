@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Callable, Coroutine, TypeVar
+from typing import Any, AsyncIterator, Callable, Coroutine, Iterable, TypeVar
 
 T = TypeVar("T")
 STACK_FRAMES_MAX = 12
@@ -36,6 +36,15 @@ def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
 def loop_name() -> str:
     factory = loop_factory()
     return "asyncio" if factory is None else "uvloop"
+
+
+async def in_slices(items: Iterable[T], size: int) -> AsyncIterator[T]:
+    """`items`, yielding to the loop after each `size` of them: a pass over thousands of
+    partitions on the loop must let sockets and timers run between its slices."""
+    for i, item in enumerate(items):
+        if i and i % size == 0:
+            await asyncio.sleep(0)
+        yield item
 
 
 def run(main: Coroutine[Any, Any, T]) -> T:

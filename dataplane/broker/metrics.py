@@ -13,7 +13,6 @@ committed offsets and lag (biplane_group_*).
 """
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
@@ -21,7 +20,7 @@ from prometheus_client import Counter, Histogram
 from prometheus_client.metrics_core import Metric
 
 from common.errors import ErrorCode
-from common.eventloop import LoopStalls
+from common.eventloop import LoopStalls, in_slices
 from common.metadata.image import MetadataImage
 from common.metrics import (
     FETCH_BUCKETS_S, LATENCY_BUCKETS_S, Exposition, Families, LoopStallsSource, PartitionHealth, gauge,
@@ -218,9 +217,7 @@ class BrokerCollector:
         led = PartitionHealth()
         rows: list[tuple[TopicPartition, list[str], tuple[int, ...]]] = []
         lags: list[tuple[TopicPartition, list[str], int]] = []
-        for i, (tp, d) in enumerate(drivers):
-            if i and i % ROWS_PER_SLICE == 0:
-                await asyncio.sleep(0)
+        async for tp, d in in_slices(drivers, ROWS_PER_SLICE):
             if d.closed:
                 continue
             labels = [tp[0], str(tp[1])]

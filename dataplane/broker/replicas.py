@@ -33,6 +33,7 @@ from common import fds
 from common.control_client import ControlClient
 from common.durable import temp_path, write_synced
 from common.errors import BiplaneError
+from common.eventloop import in_slices
 from common.heap import LongLivedFreezer
 from common.metadata.image import MetadataImage, PartitionInfo, TopicInfo
 from common.metadata.per_topic import PerTopic
@@ -670,9 +671,7 @@ class ReplicaManager:
         while True:
             await asyncio.sleep(interval)
             wall_ms = int(time.time() * 1000)
-            for i, (tp, driver) in enumerate(list(self.drivers.items())):
-                if i and i % LOOKS_PER_SLICE == 0:
-                    await asyncio.sleep(0)
+            async for tp, driver in in_slices(list(self.drivers.items()), LOOKS_PER_SLICE):
                 if driver.closed or driver.failed:
                     continue
                 if driver.log.segment_count < 2:
@@ -711,9 +710,7 @@ class ReplicaManager:
             throttle(moved_bytes)
         while True:
             await asyncio.sleep(interval)
-            for i, (tp, driver) in enumerate(list(self.drivers.items())):
-                if i and i % LOOKS_PER_SLICE == 0:
-                    await asyncio.sleep(0)
+            async for tp, driver in in_slices(list(self.drivers.items()), LOOKS_PER_SLICE):
                 throttle.bytes_per_second = self.cleaner_io_bytes_per_s   # live: read at every partition
                 topic = self._topics.get(tp)
                 if topic is None or not topic.config.compacted or driver.closed or driver.failed:
