@@ -94,6 +94,8 @@ class FakeBroker:
         self.fetch_sizes: list[int] = []   # partitions per FETCH request
         self.metadata_requests = 0
         self._metadata_answered = asyncio.Event()
+        self.metadata_answering = asyncio.Event()   # cleared: METADATA is read and never answered (a cut-off broker)
+        self.metadata_answering.set()
 
     async def __aenter__(self) -> "FakeBroker":
         self.server = await start_server(self.handle, "127.0.0.1", 0)
@@ -132,6 +134,8 @@ class FakeBroker:
     async def handle(self, header: Any, request: Any) -> Any:
         if isinstance(request, MetadataRequest):
             self.metadata_requests += 1
+            if not self.metadata_answering.is_set():
+                await self.metadata_answering.wait()
             self._metadata_answered.set()
             names = self.topics if request.topics is None else request.topics
             brokers = ((MetadataBroker(node_id=self.broker_id, host="127.0.0.1", port=self.port),) if self.view is None

@@ -6,8 +6,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from dataplane.client import Producer
+import pytest
+
+from common.wire import ConnectionClosedError, WireClient
+from dataplane.client import Producer, TopicPartition
 from dataplane.client.attempts import Attempts, deposed
+from dataplane.client.network import Network
 from fake_broker import two_brokers_one_log
 
 
@@ -109,4 +113,79 @@ def test_the_old_leaders_late_answer_while_the_retry_waits_is_dropped():
             assert (await producer.send_and_wait("t", b"b0")).offset == 1
             assert producer._fatal is None
             assert a.partitions[("t", 0)].values() == [b"a0", b"b0"]
+    run(main())
+
+
+# ------------------------------------------------------------------ a refresh held by a silent broker
+
+def test_a_refresh_asks_the_next_broker_when_one_does_not_answer_and_asks_that_one_last_next_time():
+    """A broker cut off or stopped keeps its connection and never answers. The refresh used to
+    wait on it for its request bound (5 s) before asking the next broker; it now asks the next
+    one after METADATA_HEDGE_MS and takes the first answer."""
+    async def main():
+        async with two_brokers_one_log({"t": 1}) as (view, a, b):
+            network = Network([("127.0.0.1", a.port)], request_timeout_ms=30_000)
+            try:
+                await network.refresh_metadata({"t"})
+                assert sorted(network.metadata.brokers) == [1, 2]
+                a.metadata_answering.clear()
+                view.leaders[("t", 0)] = (2, 1)
+                asked_a, asked_b = a.metadata_requests, b.metadata_requests
+                await asyncio.wait_for(network.refresh_metadata(), 2.5)   # not the 5 s bound
+                assert a.metadata_requests == asked_a + 1, "broker 1, first in the order, was not asked"
+                assert b.metadata_requests == asked_b + 1
+                assert network.metadata.leader(TopicPartition("t", 0)) == 2
+                network._last_refresh = 0.0
+                await asyncio.wait_for(network.refresh_metadata(), 2.5)
+                assert a.metadata_requests == asked_a + 1, "the broker that did not answer was asked first again"
+                assert b.metadata_requests == asked_b + 2
+            finally:
+                a.metadata_answering.set()
+                await network.close()
+    run(main())
+
+
+def test_a_held_batch_moves_to_the_new_leader_though_a_refresh_was_waiting_on_the_old_one():
+    """The chaos harness's `isolate` of a leader (seed 7): a refresh started just before the cut
+    asked the leader first and waited on it; every probe for the held produce request joined
+    that refresh, so the producer learnt of the new leader only when it timed out, and
+    acknowledged 3.5 s after the cut. Now the refresh asks the next broker within 0.5 s."""
+    async def main():
+        async with two_brokers_one_log_and_a_producer() as (view, a, b, producer):
+            await producer.send_and_wait("t", b"warm-up")
+            a.inject("t", 0, ("delay", 20.0))
+            a.metadata_answering.clear()
+            try:
+                future = await producer.send("t", b"a0")
+                await asyncio.sleep(0.1)
+                producer._network._last_refresh = 0.0
+                producer._network.start_refresh()   # asks broker 1 first, as any refresh before the cut would
+                view.leaders[("t", 0)] = (2, 1)
+                meta = await asyncio.wait_for(future, 3.0)   # the refresh's own bound is 5 s
+                assert meta.offset == 1
+                assert producer._attempts.given_up == 1
+                assert b.sequences_seen == [("t", 0, 1, 1)]
+            finally:
+                a.metadata_answering.set()
+    run(main())
+
+
+def test_a_cancelled_connect_fails_the_others_waiting_for_it_instead_of_leaving_them_waiting(monkeypatch):
+    """A hedged metadata request that loses is cancelled, possibly while it connects; a produce
+    request waiting for the same connection must hear of it, not wait forever."""
+    async def main():
+        hang = asyncio.Event()
+
+        async def never_connects(*args, **kwargs):
+            await hang.wait()
+
+        monkeypatch.setattr(WireClient, "connect", never_connects)
+        network = Network([("127.0.0.1", 1)])
+        first = asyncio.ensure_future(network.client(("127.0.0.1", 1)))
+        await asyncio.sleep(0.05)
+        second = asyncio.ensure_future(network.client(("127.0.0.1", 1)))
+        await asyncio.sleep(0.05)
+        first.cancel()
+        with pytest.raises(ConnectionClosedError, match="abandoned"):
+            await asyncio.wait_for(second, 2)
     run(main())

@@ -5,7 +5,13 @@ never queue behind, or in front of, produce requests on the same connection.
 Metadata is refreshed on demand (an error said it is stale, a topic is new) and, through
 `metadata_refresh_due_ms`, once it is `metadata_max_age_ms` old: without errors nothing
 else would reveal partitions added to a topic, brokers added, or leaders moved by a
-preferred-leader rebalance. The producer and consumer drivers decide when to ask."""
+preferred-leader rebalance. The producer and consumer drivers decide when to ask.
+
+A refresh does not wait on one broker alone: a broker cut off or stopped keeps its connection
+open and never answers, and a refresh held by it (up to its request timeout, seconds) holds
+every producer and consumer decision that waits for new leaders. So the next broker is asked
+too once the one asked has not answered within `METADATA_HEDGE_MS`; the first answer wins, and
+a broker that did not answer is asked last next time."""
 from __future__ import annotations
 
 import asyncio
@@ -21,6 +27,10 @@ from common.wire import ConnectionClosedError, MetadataRequest, WireClient
 from dataplane.client.metadata import ClusterMetadata, metadata_refresh_due_ms
 
 log = logging.getLogger("biplane.client")
+
+# A healthy broker answers METADATA from memory in about a millisecond; one that has not in
+# half a second is cut off, stopped or starved, and a leader change waits on this answer.
+METADATA_HEDGE_MS = 500
 
 
 def parse_bootstrap(bootstrap: str | Sequence[str]) -> list[tuple[str, int]]:
@@ -79,6 +89,7 @@ class Network:
         self._last_refresh = 0.0
         self._topics: set[str] = set()
         self._asked_topics: frozenset[str] = frozenset()   # the topics the last request named
+        self._unanswered: set[int | tuple[str, int]] = set()   # brokers whose last METADATA went unanswered
         self.metadata_attempted_ms: int | None = None   # time.monotonic() ms of the last request's start
         self.metadata_updated_ms: int | None = None     # ... and of the last answer applied
 
@@ -111,6 +122,12 @@ class Network:
             fut.set_exception(err)
             fut.exception()  # retrieved: waiters get it through shield
             raise err from None
+        except BaseException:
+            # Cancelled (a hedged metadata request that lost): the others waiting for this
+            # connection must not wait forever.
+            fut.set_exception(ConnectionClosedError(f"connecting to {broker_label(broker, address)} was abandoned"))
+            fut.exception()
+            raise
         finally:
             self._connecting.pop(key, None)
 
@@ -176,19 +193,37 @@ class Network:
         self._last_refresh = time.monotonic()
         self.metadata_attempted_ms = int(self._last_refresh * 1000)
         self._asked_topics = frozenset(self._topics)
-        known = sorted(self.metadata.brokers, key=lambda b: b in ask_last)
+        request = MetadataRequest(topics=tuple(sorted(self._asked_topics)))
+        known = sorted(self.metadata.brokers, key=lambda b: (b in ask_last, b in self._unanswered))
         candidates: list[int | tuple[str, int]] = [*known, *self.bootstrap]
-        errors = []
-        for broker in candidates:
-            try:
-                response = await self.request(broker, MetadataRequest(topics=tuple(sorted(self._asked_topics))),
-                                              purpose="main", timeout_ms=min(self.request_timeout_ms, 5_000))
-            except BiplaneError as exc:
-                errors.append(str(exc))
-                continue
-            self.metadata.update(response)
-            self.metadata_updated_ms = int(time.monotonic() * 1000)
-            return
+        asked: dict[asyncio.Task, int | tuple[str, int]] = {}
+        errors: list[str] = []
+        try:
+            while candidates or asked:
+                if candidates:
+                    broker = candidates.pop(0)
+                    asked[asyncio.ensure_future(self.request(broker, request, purpose="main",
+                                                             timeout_ms=min(self.request_timeout_ms, 5_000)))] = broker
+                done, _ = await asyncio.wait(asked, timeout=METADATA_HEDGE_MS / 1000 if candidates else None,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    broker = asked.pop(task)
+                    exc = task.exception()
+                    if exc is None:
+                        self._unanswered.discard(broker)
+                        self.metadata.update(task.result())
+                        self.metadata_updated_ms = int(time.monotonic() * 1000)
+                        return
+                    if not isinstance(exc, BiplaneError):
+                        raise exc
+                    self._unanswered.add(broker)
+                    errors.append(str(exc))
+        finally:
+            for task, broker in asked.items():   # slower than the answer taken, or the refresh was cancelled
+                self._unanswered.add(broker)
+                task.cancel()
+            if asked:
+                await asyncio.wait(asked)
         raise NoBrokersError("no broker answered a metadata request: " + "; ".join(errors[-3:]))
 
     async def close(self) -> None:
