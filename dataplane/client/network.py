@@ -219,11 +219,15 @@ class Network:
                     self._unanswered.add(broker)
                     errors.append(str(exc))
         finally:
-            for task, broker in asked.items():   # slower than the answer taken, or the refresh was cancelled
-                self._unanswered.add(broker)
-                task.cancel()
+            for task, broker in asked.items():
+                if not task.done():   # slower than the answer taken, or the refresh was cancelled
+                    self._unanswered.add(broker)
+                    task.cancel()
             if asked:
                 await asyncio.wait(asked)
+                for task in asked:
+                    if not task.cancelled():
+                        task.exception()   # retrieved: an error beside the answer taken is no news
         raise NoBrokersError("no broker answered a metadata request: " + "; ".join(errors[-3:]))
 
     async def close(self) -> None:
