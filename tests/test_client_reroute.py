@@ -139,6 +139,18 @@ def test_a_refresh_asks_the_next_broker_when_one_does_not_answer_and_asks_that_o
                 await asyncio.wait_for(network.refresh_metadata(), 2.5)
                 assert a.metadata_requests == asked_a + 1, "the broker that did not answer was asked first again"
                 assert b.metadata_requests == asked_b + 2
+                # Slow with produce (ask_last) still comes before silent with metadata.
+                asked: list = []
+                request = network.request
+
+                async def recording(broker, message, **kwargs):
+                    asked.append(broker)
+                    return await request(broker, message, **kwargs)
+
+                network.request = recording
+                network._last_refresh = 0.0
+                await asyncio.wait_for(network.start_refresh(ask_last=frozenset({2})), 2.5)
+                assert asked == [2], f"asked {asked}: the broker that did not answer came before a slow one"
             finally:
                 a.metadata_answering.set()
                 await network.close()

@@ -58,6 +58,11 @@ def check_metadata_max_age_ms(value: Any) -> int:
     return value
 
 
+def _retrieved(task: asyncio.Future) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
 def broker_label(broker: int | tuple[str, int], address: tuple[str, int] | None) -> str:
     """"broker 2 at 127.0.0.1:9092", or "127.0.0.1:9092" for a bootstrap address (no id known)."""
     where = f"{address[0]}:{address[1]}" if address is not None else "an unknown address"
@@ -194,7 +199,8 @@ class Network:
         self.metadata_attempted_ms = int(self._last_refresh * 1000)
         self._asked_topics = frozenset(self._topics)
         request = MetadataRequest(topics=tuple(sorted(self._asked_topics)))
-        known = sorted(self.metadata.brokers, key=lambda b: (b in ask_last, b in self._unanswered))
+        # A broker that left our last METADATA unanswered first, then those slow with produce.
+        known = sorted(self.metadata.brokers, key=lambda b: (b in self._unanswered, b in ask_last))
         candidates: list[int | tuple[str, int]] = [*known, *self.bootstrap]
         asked: dict[asyncio.Task, int | tuple[str, int]] = {}
         errors: list[str] = []
@@ -202,8 +208,10 @@ class Network:
             while candidates or asked:
                 if candidates:
                     broker = candidates.pop(0)
-                    asked[asyncio.ensure_future(self.request(broker, request, purpose="main",
-                                                             timeout_ms=min(self.request_timeout_ms, 5_000)))] = broker
+                    task = asyncio.ensure_future(self.request(broker, request, purpose="main",
+                                                              timeout_ms=min(self.request_timeout_ms, 5_000)))
+                    task.add_done_callback(_retrieved)   # an error beside the answer taken is no news
+                    asked[task] = broker
                 done, _ = await asyncio.wait(asked, timeout=METADATA_HEDGE_MS / 1000 if candidates else None,
                                              return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
@@ -225,9 +233,6 @@ class Network:
                     task.cancel()
             if asked:
                 await asyncio.wait(asked)
-                for task in asked:
-                    if not task.cancelled():
-                        task.exception()   # retrieved: an error beside the answer taken is no news
         raise NoBrokersError("no broker answered a metadata request: " + "; ".join(errors[-3:]))
 
     async def close(self) -> None:
