@@ -32,6 +32,13 @@ async def cancel_and_wait(*tasks: asyncio.Future[Any] | None) -> list[BaseExcept
             if isinstance(r, BaseException) and not isinstance(r, asyncio.CancelledError)]
 
 
+def retrieve_exception(task: asyncio.Future[Any]) -> None:
+    """A done callback for a task nobody awaits: its failure is read, so the loop does not log
+    it as "never retrieved" (whoever cares reads it again)."""
+    if not task.cancelled():
+        task.exception()
+
+
 class TaskOwner:
     """The background tasks of one object. A task leaves the set when it ends."""
 

@@ -59,7 +59,7 @@ from common.errors import (
     UnknownTopicError,
     error_for,
 )
-from common.tasks import cancel_and_wait
+from common.tasks import cancel_and_wait, retrieve_exception
 from common.wire import (
     EARLIEST_TIMESTAMP,
     LATEST_TIMESTAMP,
@@ -407,7 +407,7 @@ class Consumer:
         """commit() in the background; the task returned raises what commit() would."""
         group = self._need_group("commit_async()")
         task = asyncio.get_running_loop().create_task(group.commit(self._offsets(offsets)))
-        task.add_done_callback(_retrieve)   # an unawaited failure is not "never retrieved"
+        task.add_done_callback(retrieve_exception)   # an unawaited failure is not "never retrieved"
         return task
 
     async def committed(self, partitions: Iterable[TopicPartition | tuple[str, int]] | None = None
@@ -794,11 +794,6 @@ async def _call(callback: RebalanceCallback | None, partitions: set[TopicPartiti
     result = callback(set(partitions))
     if inspect.isawaitable(result):
         await result
-
-
-def _retrieve(task: asyncio.Task[None]) -> None:
-    if not task.cancelled():
-        task.exception()
 
 
 __all__ = ["Consumer"]

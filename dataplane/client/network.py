@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from common.errors import BiplaneError, ErrorCode, NoBrokersError
-from common.tasks import cancel_and_wait
+from common.tasks import cancel_and_wait, retrieve_exception
 from common.wire import ConnectionClosedError, MetadataRequest, WireClient
 from dataplane.client.metadata import ClusterMetadata, metadata_refresh_due_ms
 
@@ -56,11 +56,6 @@ def check_metadata_max_age_ms(value: Any) -> int:
                          "metadata is used before it is fetched again without an error asking for it "
                          "(default 300000, 5 minutes)")
     return value
-
-
-def _retrieved(task: asyncio.Future) -> None:
-    if not task.cancelled():
-        task.exception()
 
 
 def broker_label(broker: int | tuple[str, int], address: tuple[str, int] | None) -> str:
@@ -210,7 +205,7 @@ class Network:
                     broker = candidates.pop(0)
                     task = asyncio.ensure_future(self.request(broker, request, purpose="main",
                                                               timeout_ms=min(self.request_timeout_ms, 5_000)))
-                    task.add_done_callback(_retrieved)   # an error beside the answer taken is no news
+                    task.add_done_callback(retrieve_exception)   # an error beside the answer taken is no news
                     asked[task] = broker
                 done, _ = await asyncio.wait(asked, timeout=METADATA_HEDGE_MS / 1000 if candidates else None,
                                              return_when=asyncio.FIRST_COMPLETED)
