@@ -20,6 +20,7 @@ replica core (`dataplane/replica/core.py`).
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Callable, Union
 
@@ -183,8 +184,11 @@ class Step:
 class ControllerCore:
     """The leader's decisions and its in-memory state. A new leader starts a fresh one."""
 
-    def __init__(self, settings: LeaderSettings = LeaderSettings()) -> None:
-        self.state = ControllerState(settings)
+    def __init__(self, settings: LeaderSettings = LeaderSettings(), *,
+                 heard_before_start: Mapping[int, tuple[str, int]] | None = None) -> None:
+        # heard_before_start: broker -> (incarnation, ms) of the heartbeats this node answered
+        # "not the leader" before it led (BrokerSessions).
+        self.state = ControllerState(settings, heard_before_start=heard_before_start)
 
     @property
     def settings(self) -> LeaderSettings:

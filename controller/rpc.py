@@ -78,7 +78,8 @@ def not_leader(service: ControllerService) -> web.Response:
 def add_rpc_routes(app: web.Application, service: ControllerService, *, cluster_secret: str | None) -> None:
     secret = cluster_secret.encode() if cluster_secret else None
 
-    def guarded(handler: Callable[[web.Request], Awaitable[web.Response]]
+    def guarded(handler: Callable[[web.Request], Awaitable[web.Response]],
+                refused: Callable[[web.Request], Awaitable[None]] | None = None,
                 ) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def wrapper(request: web.Request) -> web.Response:
             if secret is not None:
@@ -87,6 +88,8 @@ def add_rpc_routes(app: web.Application, service: ControllerService, *, cluster_
                     return error_response(401, "UNAUTHORIZED",
                                           f"missing or bad cluster secret in {SECRET_HEADER}")
             if not service.is_leader:
+                if refused is not None:
+                    await refused(request)
                 return not_leader(service)
             try:
                 return await handler(request)
@@ -121,6 +124,15 @@ def add_rpc_routes(app: web.Application, service: ControllerService, *, cluster_
                                       fenced=service.require_leader().brokers[body.broker_id].fenced,
                                       metadata_offset=service.committed.offset,
                                       session_timeout_ms=service.session_timeout_ms, usage_resend=not usage_taken))
+
+    async def heartbeat_refused(request: web.Request) -> None:
+        # A follower notes who knocked (BrokerSessions.heard_before_start); a body it cannot
+        # read is answered "not the leader" like any other.
+        try:
+            body = await read_model(request, HeartbeatRequest)
+        except EarlyResponse:
+            return
+        service.note_heartbeat_refused(body.broker_id, body.incarnation_id)
 
     async def alter_isr(request: web.Request) -> web.Response:
         body = await read_model(request, AlterIsrRequest)
@@ -193,5 +205,5 @@ def add_rpc_routes(app: web.Application, service: ControllerService, *, cluster_
                           ("allocate-producer-ids", allocate_producer_ids),
                           ("admin/create-topic", create_topic), ("admin/delete-topic", delete_topic),
                           ("admin/alter-config", alter_config), ("admin/add-partitions", add_partitions)):
-        app.router.add_post(f"/rpc/v1/{path}", guarded(handler))
+        app.router.add_post(f"/rpc/v1/{path}", guarded(handler, heartbeat_refused if path == "heartbeat" else None))
     app.router.add_get("/rpc/v1/metadata", guarded(metadata))

@@ -159,6 +159,9 @@ class ControllerService:
         self._usage_incarnation: dict[int, str] = {}
         self.broker_offsets: dict[int, int] = {}
         self.broker_opening: dict[int, int] = {}   # replicas each broker said are still opening
+        # Broker -> (incarnation, ms) of the last heartbeat answered "not the leader" here: a
+        # broker that knocked shortly before this node leads gets no new-leader grace.
+        self.heard_while_following: dict[int, tuple[str, int]] = {}
         self.pending: MetadataImage | None = None
         self.core: ControllerCore | None = None   # the leader's decisions and unreplicated state (with `pending`)
         self.trusted_term: int | None = None
@@ -252,7 +255,8 @@ class ControllerService:
     def _trust(self, term: int) -> None:
         self.pending = self.committed.copy()
         self.trusted_term = term
-        self.core = ControllerCore(self.leader_settings)
+        self.core = ControllerCore(self.leader_settings, heard_before_start=self.heard_while_following)
+        self.heard_while_following = {}
         self.stats["leader_elections_won"] += 1
         log.info("controller %d leads in term %d at offset %d", self.node_id, term, self.pending.offset)
 
@@ -438,6 +442,12 @@ class ControllerService:
         if self._open and not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
+
+    def note_heartbeat_refused(self, broker_id: int, incarnation_id: str) -> None:
+        """A heartbeat this node answered "not the leader": kept for its next leadership, for
+        registered brokers only (bounded by the cluster's brokers)."""
+        if broker_id in self.committed.brokers:
+            self.heard_while_following[broker_id] = (incarnation_id, self.clock_ms())
 
     def note_heartbeat(self, broker_id: int, metadata_offset: int, usage: BrokerUsage | None,
                        replicas_opening: int = 0, incarnation_id: str = "") -> bool:

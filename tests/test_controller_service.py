@@ -359,3 +359,90 @@ def test_a_leader_that_was_stopped_does_not_fence_brokers_at_its_first_tick(capl
     fences = parse_fences([r.getMessage() for r in caplog.records], wall_t0_s=0.0)
     assert [(f.broker, f.reason, f.controller) for f in fences] == [("b1", "session expired", "c1")]
     assert fences[0].silent_ms is not None and fences[0].silent_ms > 1_500
+
+
+def test_a_new_leader_waives_its_grace_for_a_broker_that_knocked_on_it_as_a_follower():
+    """Claim: a heartbeat a follower answers "not the leader" is kept (rpc.py), and when that
+    node leads next, a broker that knocked within a session timeout of its start gets the plain
+    session, not the grace for brokers still heartbeating a leader cut off from its peers. A
+    broker killed during a controller election was fenced session timeout plus grace (4.7 s)
+    after the new leader's start; one that never knocked still gets the grace, and so does one
+    that knocked with another incarnation or too long before."""
+    from aiohttp import web
+    from aiohttp.test_utils import TestClient, TestServer
+    from controller import core as c
+    from controller.rpc import add_rpc_routes
+
+    async def run():
+        clock = {"ms": 1_000}
+        rafts = []
+
+        def factory(**callbacks):
+            rafts.append(FakeRaft(**callbacks))
+            return rafts[-1]
+        service = ControllerService(
+            node_id=1, nodes=[ControllerNode(node_id=1, raft_address="127.0.0.1:1", api_url="http://127.0.0.1:2")],
+            raft_factory=factory,
+            leader_settings=LeaderSettings(session_timeout_ms=1_500, new_leader_grace_ms=3_200),
+            periodic_interval_ms=3_600_000, clock_ms=lambda: clock["ms"])
+        await service.start()
+
+        async def until_leading(leading: bool) -> None:
+            for _ in range(100):
+                service._tick()
+                if service.is_leader == leading:
+                    return
+                await asyncio.sleep(0.01)
+            raise AssertionError(f"is_leader never became {leading}")
+        await until_leading(True)
+        for b in (1, 2, 3, 4):
+            await service.execute(c.RegisterBroker(request=register(b), now_ms=clock["ms"]))
+            await service.execute(c.Heartbeat(request=HeartbeatRequest(broker_id=b, incarnation_id=f"i{b}",
+                                                                       metadata_offset=10**6), now_ms=clock["ms"]))
+        service._tick()   # unfences them
+        await asyncio.sleep(0.01)
+        assert not any(info.fenced for info in service.committed.brokers.values())
+        # Leadership lost (term 2 elsewhere): this node is a follower.
+        rafts[0].leader, rafts[0].term = False, 2
+        await until_leading(False)
+
+        app = web.Application()
+        add_rpc_routes(app, service, cluster_secret=None)
+        async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+            async def knock(broker_id: int, incarnation: str) -> int:
+                r = await client.post("/rpc/v1/heartbeat", json={
+                    "broker_id": broker_id, "incarnation_id": incarnation, "metadata_offset": 0})
+                return r.status
+            clock["ms"] = 2_000
+            assert await knock(4, "i4") == 421        # long before this node leads
+            clock["ms"] = 9_000
+            assert await knock(1, "i1") == 421
+            assert await knock(2, "i2") == 421        # then killed during the election
+            assert await knock(3, "an-old-process") == 421
+            r = await client.post("/rpc/v1/heartbeat", data=b"{not json")
+            assert r.status == 421                    # unreadable: answered like any other
+
+        clock["ms"] = 10_000                          # this node leads (term 3)
+        rafts[0].leader, rafts[0].term = True, 3
+        await until_leading(True)
+        fenced_at: dict[int, int] = {}
+        while clock["ms"] < 16_000:
+            # Broker 1 goes on heartbeating the new leader; 2, 3 and 4 are gone.
+            await service.execute(c.Heartbeat(request=HeartbeatRequest(broker_id=1, incarnation_id="i1",
+                                                                       metadata_offset=10**6), now_ms=clock["ms"]))
+            service._tick()
+            await asyncio.sleep(0.005)
+            for b, info in service.committed.brokers.items():
+                if info.fenced and b not in fenced_at:
+                    fenced_at[b] = clock["ms"]
+            clock["ms"] += 100
+        await service.stop()
+        return fenced_at
+
+    from common.requests import HeartbeatRequest
+    fenced_at = asyncio.run(run())
+    # The leader started at 10_000: broker 2 knocked 1 s before, within a session timeout.
+    assert fenced_at.get(2) is not None and 11_500 < fenced_at[2] <= 11_700, fenced_at
+    assert fenced_at.get(3) is not None and 14_700 < fenced_at[3] <= 14_900, fenced_at
+    assert fenced_at.get(4) is not None and 14_700 < fenced_at[4] <= 14_900, fenced_at
+    assert 1 not in fenced_at, fenced_at

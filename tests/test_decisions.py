@@ -1017,3 +1017,20 @@ def test_a_quorum_election_waiting_long_is_told_with_what_it_lacks_once_per_inte
     assert "broker 3: unclean report (epoch 0, offset 40)" in said
     assert tracker.stalled(image, 10_999, after_ms=5_000) == []
     assert len(tracker.stalled(image, 11_000, after_ms=5_000)) == 1
+
+
+def test_a_broker_that_knocked_on_the_new_leader_as_a_follower_gets_no_grace():
+    """A broker that heartbeated this node while it followed (answered "not the leader"), with
+    its current incarnation and within a session timeout of the new leader's first look, had
+    lost the old leader too: it gets the plain session from the start, not the grace. One that
+    knocked earlier, or as another incarnation, still gets the grace."""
+    image = cluster(4)
+    knocked = {1: (image.brokers[1].incarnation_id, 8_500),    # just within 1.5 s of the start
+               2: (image.brokers[2].incarnation_id, 8_499),    # just before
+               3: ("an-old-process", 9_900)}
+    sessions = BrokerSessions(session_timeout_ms=1500, new_leader_grace_ms=3200, heard_before_start=knocked)
+    assert fence_expired(image, sessions, 10_000) == []
+    assert fence_expired(image, sessions, 11_500) == []
+    assert [r.broker_id for r in fence_expired(image, sessions, 11_501) if isinstance(r, FenceBroker)] == [1]
+    assert sorted(r.broker_id for r in fence_expired(image, sessions, 14_701)
+                  if isinstance(r, FenceBroker)) == [1, 2, 3, 4]

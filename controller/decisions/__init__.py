@@ -9,6 +9,7 @@ image is rejected when applied rather than misapplied.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from common.metadata.image import MetadataImage
@@ -184,10 +185,12 @@ class ControllerState:
     maintenance drain's quorum retries.
     A new leader starts a fresh one."""
 
-    def __init__(self, settings: LeaderSettings = LeaderSettings()) -> None:
+    def __init__(self, settings: LeaderSettings = LeaderSettings(), *,
+                 heard_before_start: Mapping[int, tuple[str, int]] | None = None) -> None:
         self.settings = settings
         self.sessions = BrokerSessions(session_timeout_ms=settings.session_timeout_ms,
-                                       new_leader_grace_ms=settings.new_leader_grace_ms)
+                                       new_leader_grace_ms=settings.new_leader_grace_ms,
+                                       heard_before_start=heard_before_start)
         self.tracker = QuorumElectionTracker()
         # A report counts while the broker's session would: its heartbeats carry it anew.
         self.reachability = ReachabilityReports(fresh_ms=settings.session_timeout_ms,

@@ -3,7 +3,12 @@
 Sessions live in the controller leader's memory only (never replicated): a new
 leader starts every known broker's session at its first look (`started_at_ms`),
 which gives each broker one full session timeout to heartbeat it (as Kafka's
-controller does on failover), whatever it last heard from the old leader.
+controller does on failover), whatever it last heard from the old leader. A broker it has
+not heard from yet gets the new leader's grace on top (below), unless this node heard it
+knock as a follower shortly before (`heard_before_start`): such a broker had lost the old
+leader too, so it is not one heartbeating a leader cut off from its peers, and the grace
+only delayed its fence when it failed during the election: session timeout plus grace
+after the new leader's start (4.7 s at the defaults) rather than the session timeout.
 
 A session times the broker, not the controller: time in which the leader itself did not
 run (stopped, or kept off the CPU by a loaded machine) is given back to every session
@@ -24,6 +29,7 @@ stays, and it is elected again when it returns (the only copy left).
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from common.errors import StaleBrokerError, UnknownBrokerError
@@ -47,7 +53,8 @@ class BrokerSessions:
     """Last heartbeat per broker. Bounded by the number of brokers that heartbeat."""
 
     def __init__(self, *, session_timeout_ms: int = SESSION_TIMEOUT_MS,
-                 started_at_ms: int | None = None, new_leader_grace_ms: int = 0) -> None:
+                 started_at_ms: int | None = None, new_leader_grace_ms: int = 0,
+                 heard_before_start: Mapping[int, tuple[str, int]] | None = None) -> None:
         if session_timeout_ms <= 0 or new_leader_grace_ms < 0:
             raise ValueError(f"session_timeout_ms must be > 0 and new_leader_grace_ms >= 0, got "
                              f"{session_timeout_ms} and {new_leader_grace_ms}")
@@ -57,6 +64,9 @@ class BrokerSessions:
         # the leader's start: when the last leader lost its peers but not the brokers, they go
         # on heartbeating it until it falls back (raft_rules.leader_fallback_s), then find us.
         self.new_leader_grace_ms = new_leader_grace_ms
+        # Broker -> (incarnation, when): heartbeats this node answered "not the leader" before
+        # it led. One within a session timeout of the start waives the grace for that broker.
+        self.heard_before_start: Mapping[int, tuple[str, int]] = dict(heard_before_start or {})
         self._sessions: dict[int, Session] = {}
 
     def _start(self, now_ms: int) -> None:
@@ -101,6 +111,10 @@ class BrokerSessions:
         if s is not None and s.incarnation_id == incarnation_id:
             return s.last_heartbeat_ms
         assert self.started_at_ms is not None
+        knocked = self.heard_before_start.get(broker_id)
+        if (knocked is not None and knocked[0] == incarnation_id
+                and knocked[1] >= self.started_at_ms - self.session_timeout_ms):
+            return self.started_at_ms
         return self.started_at_ms + self.new_leader_grace_ms
 
     def is_alive(self, broker_id: int, incarnation_id: str, now_ms: int) -> bool:
