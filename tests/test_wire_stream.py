@@ -197,3 +197,55 @@ def test_large_records_cross_loopback_intact():
             server.close()
             await server.wait_closed()
     assert asyncio.run(main()) == (blob, blob)
+
+
+@pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
+def test_both_ends_of_a_connection_retransmit_at_least_every_second(loop_kind, monkeypatch):
+    """Every connection's retransmission timeout is capped at 1 s (TCP_RTO_MAX_MS, Linux 6.15+),
+    on the client's side and the listener's, on either event loop: the kernel's own cap of
+    120 s let a cut of a few seconds delay the connection 1.3-5.5 s past its heal."""
+    import socket
+
+    from common.wire import stream
+
+    probe = socket.socket()
+    try:
+        if not stream.cap_retransmit_interval(probe):
+            pytest.skip("this kernel has no TCP_RTO_MAX_MS (Linux 6.15+)")
+    finally:
+        probe.close()
+    if loop_kind == "uvloop":
+        uvloop = pytest.importorskip("uvloop")
+        new_loop = uvloop.new_event_loop
+    else:
+        new_loop = asyncio.new_event_loop
+    capped = []
+    real = stream.cap_retransmit_interval
+
+    def recording(sock):
+        capped.append(sock.getsockname())
+        assert real(sock)
+        capped.append(sock.getsockopt(socket.IPPROTO_TCP, stream.TCP_RTO_MAX_MS))
+        return True
+    monkeypatch.setattr(stream, "cap_retransmit_interval", recording)
+
+    async def main():
+        async def start(header, request):
+            return wire.MetadataResponse(brokers=(), controller_id=-1, metadata_offset=0, topics=())
+        server = await start_pipelined_server(start, "127.0.0.1", 0, max_frame_bytes=1 << 20)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            async with await WireClient.connect("127.0.0.1", port) as client:
+                await asyncio.wait_for(client.request(wire.MetadataRequest(topics=())), 5)
+                return port
+        finally:
+            server.close()
+            await server.wait_closed()
+    loop = new_loop()
+    try:
+        port = loop.run_until_complete(main())
+    finally:
+        loop.close()
+    names, values = capped[0::2], capped[1::2]
+    assert values == [1000, 1000], capped
+    assert sorted(name[1] == port for name in names) == [False, True], capped   # one end each

@@ -19,6 +19,7 @@ the reason (None for a clean close by either side).
 from __future__ import annotations
 
 import asyncio
+import socket
 import struct
 from typing import Callable, cast
 
@@ -29,6 +30,26 @@ _SIZE = struct.Struct(">i")
 RECEIVE_BUFFER_BYTES = 256 * 1024
 # A frame at least this large is read into its own buffer instead of the shared one.
 OWN_BUFFER_BYTES_MIN = 32 * 1024
+# The longest wait between TCP retransmissions on every connection (Linux 6.15+,
+# TCP_RTO_MAX_MS in linux/tcp.h; 1 s is the least it takes). The kernel's own cap is 120 s:
+# a cut of a few seconds backs the timer off to 1.6-3.2 s, and the connection resumes that
+# long after the cut heals. Measured in a network namespace with nftables dropping a
+# connection's packets while a request was out: answered 1.3, 2.8 and 5.5 s after cuts of
+# 2, 4 and 8 s healed; 0.7-0.8 s with the cap.
+TCP_RTO_MAX_MS = getattr(socket, "TCP_RTO_MAX_MS", 44)
+RETRANSMIT_INTERVAL_MAX_MS = 1000
+
+
+def cap_retransmit_interval(sock: socket.socket | None) -> bool:
+    """Cap `sock`'s retransmission timeout where the kernel allows it; False where it does not
+    (an older kernel, a socket not TCP): its default then holds."""
+    if sock is None:
+        return False
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, TCP_RTO_MAX_MS, RETRANSMIT_INTERVAL_MAX_MS)
+    except OSError:
+        return False
+    return True
 
 
 class FrameStream(asyncio.BufferedProtocol):
@@ -58,6 +79,7 @@ class FrameStream(asyncio.BufferedProtocol):
         # Protocol method is declared with the base class.
         self.transport = cast(asyncio.Transport, transport)
         self._closed = asyncio.get_running_loop().create_future()
+        cap_retransmit_interval(transport.get_extra_info("socket"))
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else str(peer)
 
