@@ -33,9 +33,8 @@ OWN_BUFFER_BYTES_MIN = 32 * 1024
 # The longest wait between TCP retransmissions on every connection (Linux 6.15+,
 # TCP_RTO_MAX_MS in linux/tcp.h; 1 s is the least it takes). The kernel's own cap is 120 s:
 # a cut of a few seconds backs the timer off to 1.6-3.2 s, and the connection resumes that
-# long after the cut heals. Measured in a network namespace with nftables dropping a
-# connection's packets while a request was out: answered 1.3, 2.8 and 5.5 s after cuts of
-# 2, 4 and 8 s healed; 0.7-0.8 s with the cap.
+# long after the cut heals: answered 1.3, 2.7 and 5.4 s after cuts of 2, 4 and 8 s healed,
+# 0.7-0.8 s with the cap (scripts/measure_retransmit.py).
 TCP_RTO_MAX_MS = getattr(socket, "TCP_RTO_MAX_MS", 44)
 RETRANSMIT_INTERVAL_MAX_MS = 1000
 
