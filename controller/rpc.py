@@ -89,7 +89,10 @@ def add_rpc_routes(app: web.Application, service: ControllerService, *, cluster_
                                           f"missing or bad cluster secret in {SECRET_HEADER}")
             if not service.is_leader:
                 if refused is not None:
-                    await refused(request)
+                    try:
+                        await refused(request)
+                    except (EarlyResponse, web.HTTPException, ConnectionError):
+                        pass   # an unreadable body is not a knock; the answer is still 421
                 return not_leader(service)
             try:
                 return await handler(request)
@@ -126,12 +129,8 @@ def add_rpc_routes(app: web.Application, service: ControllerService, *, cluster_
                                       session_timeout_ms=service.session_timeout_ms, usage_resend=not usage_taken))
 
     async def heartbeat_refused(request: web.Request) -> None:
-        # A follower notes who knocked (BrokerSessions.heard_before_start); a body it cannot
-        # read is answered "not the leader" like any other.
-        try:
-            body = await read_model(request, HeartbeatRequest)
-        except EarlyResponse:
-            return
+        # A follower notes who knocked (BrokerSessions.heard_before_start).
+        body = await read_model(request, HeartbeatRequest)
         service.note_heartbeat_refused(body.broker_id, body.incarnation_id)
 
     async def alter_isr(request: web.Request) -> web.Response:
@@ -205,5 +204,5 @@ def add_rpc_routes(app: web.Application, service: ControllerService, *, cluster_
                           ("allocate-producer-ids", allocate_producer_ids),
                           ("admin/create-topic", create_topic), ("admin/delete-topic", delete_topic),
                           ("admin/alter-config", alter_config), ("admin/add-partitions", add_partitions)):
-        app.router.add_post(f"/rpc/v1/{path}", guarded(handler, heartbeat_refused if path == "heartbeat" else None))
+        app.router.add_post(f"/rpc/v1/{path}", guarded(handler, heartbeat_refused if handler is heartbeat else None))
     app.router.add_get("/rpc/v1/metadata", guarded(metadata))

@@ -446,7 +446,8 @@ class ControllerService:
     def note_heartbeat_refused(self, broker_id: int, incarnation_id: str) -> None:
         """A heartbeat this node answered "not the leader": kept for its next leadership, for
         registered brokers only (bounded by the cluster's brokers)."""
-        if broker_id in self.committed.brokers:
+        # Leading by now (the body's read let the trust in): the heartbeat's retry is heard.
+        if broker_id in self.committed.brokers and not self.is_leader:
             self.heard_while_following[broker_id] = (incarnation_id, self.clock_ms())
 
     def note_heartbeat(self, broker_id: int, metadata_offset: int, usage: BrokerUsage | None,

@@ -85,9 +85,14 @@ def main() -> int:
     for cut in cuts:
         for r in range(args.rounds):
             for capped in (False, True):
-                run = subprocess.run(["unshare", "-n", sys.executable, os.path.abspath(__file__),
-                                      "--inside", str(cut), "1" if capped else "0"],
-                                     capture_output=True, text=True, timeout=cut + 180)
+                try:
+                    run = subprocess.run(["unshare", "-n", sys.executable, os.path.abspath(__file__),
+                                          "--inside", str(cut), "1" if capped else "0"],
+                                         capture_output=True, text=True, timeout=cut + 180)
+                except subprocess.TimeoutExpired:
+                    print(f"measure_retransmit: no answer within {cut + 180:g} s of a {cut:g} s cut; "
+                          "is nftables dropping more than this run's rule?", file=sys.stderr)
+                    return 1
                 if run.returncode != 0:
                     print(f"measure_retransmit: a measurement failed: {run.stderr.strip() or run.stdout.strip()}",
                           file=sys.stderr)

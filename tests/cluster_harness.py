@@ -17,7 +17,6 @@ import asyncio
 import concurrent.futures
 import json
 import os
-import re
 import signal
 import subprocess
 import time
@@ -29,7 +28,7 @@ from common.batch import build_batch, iter_batches, read_records
 from common.wire import WireClient
 from common.wire import messages as wire
 from controller_harness import (
-    BIPLANE, REPO, SECRET, Controller, http, make_specs, wait_leader, wait_until, free_port,
+    BIPLANE, REPO, SECRET, Controller, http, log_lines, make_specs, wait_leader, wait_until, free_port,
 )
 
 
@@ -121,21 +120,7 @@ class BrokerProcess:
 
     def log_lines(self, text: str) -> list[tuple[float, str]]:
         """(time.time() it was written, line) of every log line containing `text`."""
-        try:
-            lines = self.log_path.read_text(errors="replace").splitlines()
-        except OSError:
-            return []
-        return [(log_line_time_s(line), line) for line in lines if text in line and LOG_TIME.match(line)]
-
-
-LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) ")
-
-
-def log_line_time_s(line: str) -> float:
-    """The time a server log line was written (its local-time stamp) as time.time() would say."""
-    m = LOG_TIME.match(line)
-    assert m is not None, line
-    return time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")) + int(m.group(2)) / 1000
+        return log_lines(self.log_path, text)
 
 
 class Cluster:

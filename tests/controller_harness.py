@@ -5,6 +5,7 @@ import dataclasses
 import json
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -137,6 +138,29 @@ class Controller:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return ""
+
+    def log_lines(self, text: str) -> list[tuple[float, str]]:
+        """(time.time() it was written, line) of every log line containing `text`."""
+        return log_lines(self.log_path, text)
+
+
+LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) ")
+
+
+def log_line_time_s(line: str) -> float:
+    """The time a server log line was written (its local-time stamp) as time.time() would say."""
+    m = LOG_TIME.match(line)
+    assert m is not None, line
+    return time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")) + int(m.group(2)) / 1000
+
+
+def log_lines(path: Path, text: str) -> list[tuple[float, str]]:
+    """(time.time() it was written, line) of every line of the server log at `path` containing `text`."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    return [(log_line_time_s(line), line) for line in lines if text in line and LOG_TIME.match(line)]
 
 
 @dataclasses.dataclass

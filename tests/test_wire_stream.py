@@ -225,6 +225,7 @@ def test_both_ends_of_a_connection_retransmit_at_least_every_second(loop_kind, m
     def recording(sock):
         capped.append(sock.getsockname())
         assert real(sock)
+        assert stream.TCP_RTO_MAX_MS is not None
         capped.append(sock.getsockopt(socket.IPPROTO_TCP, stream.TCP_RTO_MAX_MS))
         return True
     monkeypatch.setattr(stream, "cap_retransmit_interval", recording)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
+import sys
 from typing import Callable, cast
 
 from common.errors import ProtocolError
@@ -35,14 +36,15 @@ OWN_BUFFER_BYTES_MIN = 32 * 1024
 # a cut of a few seconds backs the timer off to 1.6-3.2 s, and the connection resumes that
 # long after the cut heals: answered 1.3, 2.7 and 5.4 s after cuts of 2, 4 and 8 s healed,
 # 0.7-0.8 s with the cap (scripts/measure_retransmit.py).
-TCP_RTO_MAX_MS = getattr(socket, "TCP_RTO_MAX_MS", 44)
+# The connect itself is not covered (the option is set once connected).
+TCP_RTO_MAX_MS: int | None = getattr(socket, "TCP_RTO_MAX_MS", 44 if sys.platform.startswith("linux") else None)
 RETRANSMIT_INTERVAL_MAX_MS = 1000
 
 
 def cap_retransmit_interval(sock: socket.socket | None) -> bool:
     """Cap `sock`'s retransmission timeout where the kernel allows it; False where it does not
     (an older kernel, a socket not TCP): its default then holds."""
-    if sock is None:
+    if sock is None or TCP_RTO_MAX_MS is None:
         return False
     try:
         sock.setsockopt(socket.IPPROTO_TCP, TCP_RTO_MAX_MS, RETRANSMIT_INTERVAL_MAX_MS)

@@ -9,6 +9,8 @@ knock as a follower shortly before (`heard_before_start`): such a broker had los
 leader too, so it is not one heartbeating a leader cut off from its peers, and the grace
 only delayed its fence when it failed during the election: session timeout plus grace
 after the new leader's start (4.7 s at the defaults) rather than the session timeout.
+A knock says only that one call to the old leader failed: a broker that then went back to a
+cut-off leader is fenced wrongly (and unfenced once it finds us); docs/design.md weighs it.
 
 A session times the broker, not the controller: time in which the leader itself did not
 run (stopped, or kept off the CPU by a loaded machine) is given back to every session
