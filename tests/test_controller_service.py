@@ -79,7 +79,9 @@ class FakeRaft:
             self._commit(command, fut)
 
 
-def make_service(**kw) -> ControllerService:
+def make_service(*, leader_settings: LeaderSettings = LeaderSettings(session_timeout_ms=60_000),
+                 periodic_interval_ms: int = 10, clock_ms=lambda: 1_000, **kw) -> ControllerService:
+    """A one-node service over FakeRaft; `service.fake()` is its Raft once started."""
     rafts = []
 
     def factory(**callbacks):
@@ -87,8 +89,8 @@ def make_service(**kw) -> ControllerService:
         return rafts[-1]
     service = ControllerService(node_id=1, nodes=[ControllerNode(node_id=1, raft_address="127.0.0.1:1",
                                                                  api_url="http://127.0.0.1:2")],
-                                raft_factory=factory, leader_settings=LeaderSettings(session_timeout_ms=60_000),
-                                periodic_interval_ms=10, clock_ms=lambda: 1_000, **kw)
+                                raft_factory=factory, leader_settings=leader_settings,
+                                periodic_interval_ms=periodic_interval_ms, clock_ms=clock_ms, **kw)
     service.fake = lambda: rafts[0]
     return service
 
@@ -316,15 +318,9 @@ def test_a_leader_that_was_stopped_does_not_fence_brokers_at_its_first_tick(capl
 
     async def run():
         clock = {"wall_ms": 1_000, "mono_s": 100.0}
-        rafts = []
-
-        def factory(**callbacks):
-            rafts.append(FakeRaft(**callbacks))
-            return rafts[-1]
-        service = ControllerService(
-            node_id=1, nodes=[ControllerNode(node_id=1, raft_address="127.0.0.1:1", api_url="http://127.0.0.1:2")],
-            raft_factory=factory, leader_settings=LeaderSettings(session_timeout_ms=1_500),
-            periodic_interval_ms=3_600_000, clock_ms=lambda: clock["wall_ms"], monotonic_s=lambda: clock["mono_s"])
+        service = make_service(leader_settings=LeaderSettings(session_timeout_ms=1_500),
+                               periodic_interval_ms=3_600_000, clock_ms=lambda: clock["wall_ms"],
+                               monotonic_s=lambda: clock["mono_s"])
         await service.start()
         service._tick()
         for _ in range(100):
@@ -375,16 +371,8 @@ def test_a_new_leader_waives_its_grace_for_a_broker_that_knocked_on_it_as_a_foll
 
     async def run():
         clock = {"ms": 1_000}
-        rafts = []
-
-        def factory(**callbacks):
-            rafts.append(FakeRaft(**callbacks))
-            return rafts[-1]
-        service = ControllerService(
-            node_id=1, nodes=[ControllerNode(node_id=1, raft_address="127.0.0.1:1", api_url="http://127.0.0.1:2")],
-            raft_factory=factory,
-            leader_settings=LeaderSettings(session_timeout_ms=1_500, new_leader_grace_ms=3_200),
-            periodic_interval_ms=3_600_000, clock_ms=lambda: clock["ms"])
+        service = make_service(leader_settings=LeaderSettings(session_timeout_ms=1_500, new_leader_grace_ms=3_200),
+                               periodic_interval_ms=3_600_000, clock_ms=lambda: clock["ms"])
         await service.start()
 
         async def until_leading(leading: bool) -> None:
@@ -403,7 +391,7 @@ def test_a_new_leader_waives_its_grace_for_a_broker_that_knocked_on_it_as_a_foll
         await asyncio.sleep(0.01)
         assert not any(info.fenced for info in service.committed.brokers.values())
         # Leadership lost (term 2 elsewhere): this node is a follower.
-        rafts[0].leader, rafts[0].term = False, 2
+        service.fake().leader, service.fake().term = False, 2
         await until_leading(False)
 
         app = web.Application()
@@ -423,7 +411,7 @@ def test_a_new_leader_waives_its_grace_for_a_broker_that_knocked_on_it_as_a_foll
             assert r.status == 421                    # unreadable: answered like any other
 
         clock["ms"] = 10_000                          # this node leads (term 3)
-        rafts[0].leader, rafts[0].term = True, 3
+        service.fake().leader, service.fake().term = True, 3
         await until_leading(True)
         fenced_at: dict[int, int] = {}
         while clock["ms"] < 16_000:
