@@ -219,14 +219,13 @@ def test_both_ends_of_a_connection_retransmit_at_least_every_second(loop_kind, m
         new_loop = uvloop.new_event_loop
     else:
         new_loop = asyncio.new_event_loop
-    capped = []
+    capped: list[tuple[int, int]] = []   # (local port, its retransmission cap) per socket capped
     real = stream.cap_retransmit_interval
 
     def recording(sock):
-        capped.append(sock.getsockname())
         assert real(sock)
         assert stream.TCP_RTO_MAX_MS is not None
-        capped.append(sock.getsockopt(socket.IPPROTO_TCP, stream.TCP_RTO_MAX_MS))
+        capped.append((sock.getsockname()[1], sock.getsockopt(socket.IPPROTO_TCP, stream.TCP_RTO_MAX_MS)))
         return True
     monkeypatch.setattr(stream, "cap_retransmit_interval", recording)
 
@@ -247,6 +246,5 @@ def test_both_ends_of_a_connection_retransmit_at_least_every_second(loop_kind, m
         port = loop.run_until_complete(main())
     finally:
         loop.close()
-    names, values = capped[0::2], capped[1::2]
-    assert values == [1000, 1000], capped
-    assert sorted(name[1] == port for name in names) == [False, True], capped   # one end each
+    assert [cap for _, cap in capped] == [1000, 1000], capped
+    assert sorted(local == port for local, _ in capped) == [False, True], capped   # one end each

@@ -194,7 +194,8 @@ class Network:
         self.metadata_attempted_ms = int(self._last_refresh * 1000)
         self._asked_topics = frozenset(self._topics)
         request = MetadataRequest(topics=tuple(sorted(self._asked_topics)))
-        # A broker that left our last METADATA unanswered first, then those slow with produce.
+        # Asked last: the brokers that left our last METADATA unanswered; before them, those
+        # slow with produce (ask_last); the rest first.
         known = sorted(self.metadata.brokers, key=lambda b: (b in self._unanswered, b in ask_last))
         candidates: list[int | tuple[str, int]] = [*known, *self.bootstrap]
         asked: dict[asyncio.Task, int | tuple[str, int]] = {}
