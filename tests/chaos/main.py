@@ -25,6 +25,7 @@ from typing import Any
 
 from tests.chaos.checker import VIOLATION_KINDS, Report, check
 from tests.chaos.history import History
+from tests.chaos.loopwatch import STALL_S
 from tests.chaos.schedule import EXTRA_WEIGHTS, FAULT_WEIGHTS, GRAY_WEIGHTS, SCENARIOS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -127,6 +128,8 @@ def table(s: dict[str, Any]) -> str:
              ("  ... and outside any two of a kind out of service (s)", str(f.get("longest_ack_gap_s_in_service"))),
              ("  times two of a kind were out of service (count, s)",
               f"{f.get('quorum_out_windows')}, {f.get('quorum_out_s')}"),
+             (f"harness's own event loop stalls over {STALL_S} s (count, longest s)",
+              f"{f.get('harness_stalls')}, {f.get('harness_stall_longest_s')}"),
              ("time to ack again after last heal, worst (s)", str(f["reack_after_last_heal_s"])),
              ("partitions never acknowledging after last heal", str(len(f["partitions_never_reacked"])))]
     width = max(len(k) for k, _ in rows)

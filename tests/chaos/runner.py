@@ -27,6 +27,7 @@ from tests.chaos.checker import Report, check
 from tests.chaos.cluster import Cluster, Node
 from tests.chaos.fences import read_fences
 from tests.chaos.history import FaultRun, History, tp_key
+from tests.chaos.loopwatch import LoopWatch
 from tests.chaos.net import Network
 from tests.chaos.schedule import GRAY_KINDS, Fault, make_schedule
 from tests.chaos.workload import Workload, read_back
@@ -149,9 +150,7 @@ class Run:
             note = "" if leader is not None else "no controller named itself leader; cut c1"
             leader = leader or self._node("c1")
             peers = [n.name for n in c.nodes.values() if n.kind == "controller" and n.name != leader.name]
-            for other in peers:
-                net.cut(leader.name, other)
-                net.cut(other, leader.name)
+            await asyncio.to_thread(net.cut, *[(leader.name, o) for o in peers], *[(o, leader.name) for o in peers])
             return [leader], note or f"{leader.name} <-> {','.join(peers)} dropped; brokers and clients reach it"
         if kind in ("pause_broker", "pause_controller", "pause_controller_pair"):
             nodes = [self._node(t) for t in fault.targets]
@@ -160,45 +159,38 @@ class Run:
             return nodes, ""
         if kind == "isolate":
             x = fault.targets[0]
-            for other in [*net.nodes, "hub"]:
-                if other != x:
-                    net.cut(x, other)
-                    net.cut(other, x)
+            others = [o for o in [*net.nodes, "hub"] if o != x]
+            await asyncio.to_thread(net.cut, *[(x, o) for o in others], *[(o, x) for o in others])
             return [self._node(x)], "cut from every process and the clients"
         if kind == "partition":
             minority = set(fault.targets)
-            for a in sorted(minority):
-                for b in net.nodes:
-                    if b not in minority:
-                        net.cut(a, b)
-                        net.cut(b, a)
+            across = [(a, b) for a in sorted(minority) for b in net.nodes if b not in minority]
+            await asyncio.to_thread(net.cut, *across, *[(b, a) for a, b in across])
             return [self._node(t) for t in fault.targets], f"{sorted(minority)} | the rest"
         if kind in ("cut_leader", "cut_leader_out", "cut_leader_in"):
             x = fault.targets[0]
             peers = [b.name for b in c.brokers() if b.name != x]
-            for other in peers:
-                if kind != "cut_leader_in":
-                    net.cut(x, other)
-                if kind != "cut_leader_out":
-                    net.cut(other, x)
+            out = [(x, o) for o in peers] if kind != "cut_leader_in" else []
+            into = [(o, x) for o in peers] if kind != "cut_leader_out" else []
+            await asyncio.to_thread(net.cut, *out, *into)
             way = {"cut_leader": "<->", "cut_leader_out": "->", "cut_leader_in": "<-"}[kind]
             return [self._node(x)], f"{x} {way} {','.join(peers)} dropped; controllers and clients reach it"
         if kind == "cut_follower":
             a, b = fault.targets
-            net.cut(a, b)
-            net.cut(b, a)
+            await asyncio.to_thread(net.cut, (a, b), (b, a))
             return [self._node(a), self._node(b)], f"{a} <-> {b} dropped, each reaches everyone else"
         if kind == "cut_one_way":
-            net.cut(fault.targets[0], fault.targets[1])
+            await asyncio.to_thread(net.cut, (fault.targets[0], fault.targets[1]))
             return [self._node(fault.targets[0])], f"{fault.targets[0]} -> {fault.targets[1]} dropped"
         if kind == "delay":
-            note = net.delay(fault.targets[0], int(fault.param("delay_ms")), int(fault.param("jitter_ms")))
+            note = await asyncio.to_thread(net.delay, fault.targets[0], int(fault.param("delay_ms")),
+                                           int(fault.param("jitter_ms")))
             return [self._node(fault.targets[0])], note
         if kind == "loss":
-            net.loss(fault.targets[0], int(fault.param("percent")))
+            await asyncio.to_thread(net.loss, fault.targets[0], int(fault.param("percent")))
             return [self._node(fault.targets[0])], f"{fault.param('percent')}% of its packets lost"
         if kind == "duplicate":
-            net.duplicate(fault.targets[0], int(fault.param("percent")))
+            await asyncio.to_thread(net.duplicate, fault.targets[0], int(fault.param("percent")))
             return [self._node(fault.targets[0])], f"{fault.param('percent')}% of its packets sent twice"
         if kind == "disk_full":
             n = self._node(fault.targets[0])
@@ -221,7 +213,7 @@ class Run:
             for n in nodes:
                 n.resume()
         elif kind in ("isolate", "partition", "cut_one_way", "delay", "loss", "duplicate") or kind in GRAY_KINDS:
-            self.network.heal_all()
+            await asyncio.to_thread(self.network.heal_all)
         elif kind == "disk_full":
             self.cluster.free_disk(nodes[0])
         elif kind == "clock_jump":
@@ -322,6 +314,8 @@ class Run:
         workload = Workload(bootstrap=self.cluster.bootstrap, topics=list(topics), partitions=o.partitions,
                             producers=o.producers, consumers=o.consumers, interval_s=o.interval_s, t0=self.t0,
                             request_timeout_ms=o.request_timeout_ms, delivery_timeout_ms=o.delivery_timeout_ms)
+        watch = LoopWatch(now=self.now)
+        watch.start()
         await workload.start()
         tracer = None
         if TRACE:
@@ -368,7 +362,10 @@ class Run:
         if tracer is not None:
             tracer.cancel()
         await workload.stop_consuming()
+        await watch.stop()
         self.notes += workload.errors[:50]
+        self.notes.append(f"harness: {watch.freezes} freezes of its heap; {watch.leaked_at_stop} objects "
+                          f"frozen and then left as cyclic garbage, freed at the end")
         _log("reading every partition back to its high watermark")
         reads, hws, unreadable, notes = await read_back(bootstrap=self.cluster.bootstrap, topics=list(topics),
                                                         partitions=o.partitions,
@@ -390,7 +387,7 @@ class Run:
                        final_reads=reads, high_watermarks=hws, replicas=replica_logs, last_heal_s=last_heal_s,
                        end_s=end_s, notes=self.notes, exits=self.exits, unreadable=unreadable,
                        producer_restarts=workload.producer_restarts,
-                       isr_at_end=isr_at_end, fences=fences)
+                       isr_at_end=isr_at_end, fences=fences, harness_stalls=watch.stalls)
 
     async def _trace_metadata(self, topics: list[str]) -> None:
         """Diagnostics (BIPLANE_CHAOS_TRACE=1, =debug or =metadata): every change of a partition's leader, epochs, ISR
