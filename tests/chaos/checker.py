@@ -339,8 +339,9 @@ def figures(history: History) -> dict[str, Any]:
                                     if reack_by_tp else None),
         "reack_after_last_heal_s_by_partition": reack_by_tp,
         "partitions_never_reacked": sorted(tp for tp, v in reack_by_tp.items() if v is None),
-        "harness_stalls": len(history.harness_stalls),
-        "harness_stall_longest_s": max((d for _, d in history.harness_stalls), default=0.0),
+        "harness_stalls": None if history.harness_stalls is None else len(history.harness_stalls),
+        "harness_stall_longest_s": (None if history.harness_stalls is None
+                                    else max((d for _, d in history.harness_stalls), default=0.0)),
     }
 
 

@@ -106,8 +106,9 @@ class History:
     # every broker fence the controllers logged; None: not recorded (a history from before)
     fences: list[Fence] | None = None
     # the harness's own event loop standing still (run time it began, seconds): nothing was
-    # sent or answered meanwhile, so acks=all gaps over one are partly the harness's
-    harness_stalls: list[tuple[float, float]] = dataclasses.field(default_factory=list)
+    # sent or answered meanwhile, so an acks=all gap that spans one is partly the harness's;
+    # None: not recorded (a history from before)
+    harness_stalls: list[tuple[float, float]] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -123,7 +124,7 @@ class History:
             "producer_restarts": self.producer_restarts,
             "isr_at_end": self.isr_at_end,
             "fences": None if self.fences is None else [dataclasses.asdict(f) for f in self.fences],
-            "harness_stalls": [list(s) for s in self.harness_stalls],
+            "harness_stalls": None if self.harness_stalls is None else [list(s) for s in self.harness_stalls],
         }
 
     @classmethod
@@ -143,7 +144,8 @@ class History:
             producer_restarts=list(data.get("producer_restarts", [])),
             isr_at_end={k: list(v) for k, v in data.get("isr_at_end", {}).items()},
             fences=None if data.get("fences") is None else [Fence(**f) for f in data["fences"]],
-            harness_stalls=[(float(a), float(b)) for a, b in data.get("harness_stalls", [])],
+            harness_stalls=(None if data.get("harness_stalls") is None
+                            else [(float(a), float(b)) for a, b in data["harness_stalls"]]),
         )
 
     def dump(self, path: str) -> None:

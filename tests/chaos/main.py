@@ -129,7 +129,8 @@ def table(s: dict[str, Any]) -> str:
              ("  times two of a kind were out of service (count, s)",
               f"{f.get('quorum_out_windows')}, {f.get('quorum_out_s')}"),
              (f"harness's own event loop stalls over {STALL_S} s (count, longest s)",
-              f"{f.get('harness_stalls')}, {f.get('harness_stall_longest_s')}"),
+              "not recorded" if f.get("harness_stalls") is None
+              else f"{f['harness_stalls']}, {f['harness_stall_longest_s']}"),
              ("time to ack again after last heal, worst (s)", str(f["reack_after_last_heal_s"])),
              ("partitions never acknowledging after last heal", str(len(f["partitions_never_reacked"])))]
     width = max(len(k) for k, _ in rows)

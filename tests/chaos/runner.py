@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import json
 import logging
 import os
@@ -364,8 +365,8 @@ class Run:
         await workload.stop_consuming()
         await watch.stop()
         self.notes += workload.errors[:50]
-        self.notes.append(f"harness: {watch.freezes} freezes of its heap; {watch.leaked_at_stop} objects "
-                          f"frozen and then left as cyclic garbage, freed at the end")
+        self.notes.append(f"harness: {watch.freezes} freezes of its heap; {watch.unreachable_at_stop} objects "
+                          f"unreachable at the end (at most that many were kept frozen as garbage)")
         _log("reading every partition back to its high watermark")
         reads, hws, unreadable, notes = await read_back(bootstrap=self.cluster.bootstrap, topics=list(topics),
                                                         partitions=o.partitions,
@@ -515,6 +516,7 @@ def execute(options: RunOptions, deadline_s: float) -> tuple[History | None, Rep
         finally:
             for sig, handler in handlers.items():  # a closed loop leaves the default ones behind
                 signal.signal(sig, handler)
+            gc.unfreeze()   # a run that failed midway left its heap frozen (tests/chaos/loopwatch.py)
     if history is None:
         return None, None, problems
     history.dump(str(options.work_dir / "history.json"))
