@@ -45,6 +45,11 @@ TOPIC_MODES: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
+def both_ways(pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Each (a, b) and its (b, a): a cut in both directions."""
+    return [*pairs, *((b, a) for a, b in pairs)]
+
+
 def slow_return_note(name: str, fault_index: int, killed_at: float, back_at: float | None,
                      waits: list[tuple[float, str]]) -> str:
     """What a slow return waited for: each reason the check gave, longest first."""
@@ -151,7 +156,7 @@ class Run:
             note = "" if leader is not None else "no controller named itself leader; cut c1"
             leader = leader or self._node("c1")
             peers = [n.name for n in c.nodes.values() if n.kind == "controller" and n.name != leader.name]
-            await asyncio.to_thread(net.cut, *[(leader.name, o) for o in peers], *[(o, leader.name) for o in peers])
+            await asyncio.to_thread(net.cut, *both_ways([(leader.name, o) for o in peers]))
             return [leader], note or f"{leader.name} <-> {','.join(peers)} dropped; brokers and clients reach it"
         if kind in ("pause_broker", "pause_controller", "pause_controller_pair"):
             nodes = [self._node(t) for t in fault.targets]
@@ -161,12 +166,12 @@ class Run:
         if kind == "isolate":
             x = fault.targets[0]
             others = [o for o in [*net.nodes, "hub"] if o != x]
-            await asyncio.to_thread(net.cut, *[(x, o) for o in others], *[(o, x) for o in others])
+            await asyncio.to_thread(net.cut, *both_ways([(x, o) for o in others]))
             return [self._node(x)], "cut from every process and the clients"
         if kind == "partition":
             minority = set(fault.targets)
             across = [(a, b) for a in sorted(minority) for b in net.nodes if b not in minority]
-            await asyncio.to_thread(net.cut, *across, *[(b, a) for a, b in across])
+            await asyncio.to_thread(net.cut, *both_ways(across))
             return [self._node(t) for t in fault.targets], f"{sorted(minority)} | the rest"
         if kind in ("cut_leader", "cut_leader_out", "cut_leader_in"):
             x = fault.targets[0]
@@ -178,7 +183,7 @@ class Run:
             return [self._node(x)], f"{x} {way} {','.join(peers)} dropped; controllers and clients reach it"
         if kind == "cut_follower":
             a, b = fault.targets
-            await asyncio.to_thread(net.cut, (a, b), (b, a))
+            await asyncio.to_thread(net.cut, *both_ways([(a, b)]))
             return [self._node(a), self._node(b)], f"{a} <-> {b} dropped, each reaches everyone else"
         if kind == "cut_one_way":
             await asyncio.to_thread(net.cut, (fault.targets[0], fault.targets[1]))
