@@ -110,6 +110,19 @@ class ControlClient:
         return _parse(HeartbeatAnswer, "heartbeat", await self._call("POST", "heartbeat", request,
                                                                      attempt_timeout_ms=self.heartbeat_timeout_ms))
 
+    async def heartbeat_follower(self, url: str, request: HeartbeatRequest) -> bool:
+        """One heartbeat to the controller at `url`, once, bounded like a heartbeat, whatever it
+        answers: a follower keeps who it heard for when it leads (controller/decisions/sessions.py,
+        `Hearing`). True when it answered at all; never raises for a controller down or cut off."""
+        session = self._open_session()
+        try:
+            async with session.post(f"{url}/rpc/v1/heartbeat", json=_payload(request), headers=self._headers(),
+                                    timeout=aiohttp.ClientTimeout(total=self.heartbeat_timeout_ms / 1000)) as resp:
+                await resp.read()
+                return True
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+            return False
+
     # An ISR change and an election report are bounded like a heartbeat: acks=all waits on them
     # (a follower that stopped stays in the ISR until the shrink is written; a quorum partition
     # has no leader until the election is), and one sent to a cut-off controller leader waited
@@ -166,20 +179,16 @@ class ControlClient:
 
     async def _call(self, method: str, path: str, body: BaseModel | None, *,
                     attempt_timeout_ms: int | None = None) -> dict:
-        if self._session is None:
-            self._session = aiohttp.ClientSession()
-        headers = {SECRET_HEADER: self.secret} if self.secret else {}
-        # Only the fields the caller set, as the controller answers: a forwarded admin request
-        # must mean what its client sent, and the controller's rules tell an omitted field from
-        # one given (a Kafka CreateTopics with a replica assignment gives no partition count).
-        payload = body.model_dump(mode="json", exclude_unset=True) if body is not None else None
+        session = self._open_session()
+        headers = self._headers()
+        payload = _payload(body) if body is not None else None
         timeout = aiohttp.ClientTimeout(total=(attempt_timeout_ms or self.request_timeout_ms) / 1000)
         last_error = "no attempt made"
         failed: set[str] = set()   # URLs that did not answer in this call
         for _ in range(self.attempts_max):
             url = self.leader_url or self._next_url()
             try:
-                async with self._session.request(method, f"{url}/rpc/v1/{path}", json=payload, headers=headers,
+                async with session.request(method, f"{url}/rpc/v1/{path}", json=payload, headers=headers,
                                                  timeout=timeout) as resp:
                     doc = await resp.json(content_type=None)
                     if resp.status == 200:
@@ -209,6 +218,14 @@ class ControlClient:
         raise BiplaneError(f"no controller leader answered after {self.attempts_max} attempts "
                            f"({last_error})", code=ErrorCode.NOT_CONTROLLER)
 
+    def _open_session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        return self._session
+
+    def _headers(self) -> dict[str, str]:
+        return {SECRET_HEADER: self.secret} if self.secret else {}
+
     def _next_url(self) -> str:
         return self.urls[self._rotation % len(self.urls)]
 
@@ -217,6 +234,13 @@ class ControlClient:
         stopped controller is tried once per round, not at every attempt whose number
         happens to point at it."""
         self._rotation = self.urls.index(url) + 1 if url in self.urls else self._rotation + 1
+
+
+def _payload(body: BaseModel) -> dict:
+    # Only the fields the caller set, as the controller answers: a forwarded admin request
+    # must mean what its client sent, and the controller's rules tell an omitted field from
+    # one given (a Kafka CreateTopics with a replica assignment gives no partition count).
+    return body.model_dump(mode="json", exclude_unset=True)
 
 
 def _error_of(error: dict[str, Any], status: int) -> ControllerError:

@@ -186,8 +186,8 @@ class ControllerCore:
 
     def __init__(self, settings: LeaderSettings = LeaderSettings(), *,
                  heard_before_start: Mapping[int, tuple[str, int]] | None = None) -> None:
-        # heard_before_start: broker -> (incarnation, ms) of the heartbeats this node answered
-        # "not the leader" before it led (BrokerSessions).
+        # heard_before_start: broker -> (incarnation, ms from which its silence counts), as
+        # this node heard it before it led (sessions.Hearing.as_of).
         self.state = ControllerState(settings, heard_before_start=heard_before_start)
 
     @property

@@ -92,7 +92,7 @@ def add_rpc_routes(app: web.Application, service: ControllerService, *, cluster_
                     try:
                         await refused(request)
                     except (EarlyResponse, web.HTTPException, ConnectionError):
-                        pass   # an unreadable body is not a knock; the answer is still 421
+                        pass   # an unreadable body is not heard; the answer is still 421
                 return not_leader(service)
             try:
                 return await handler(request)
@@ -129,7 +129,7 @@ def add_rpc_routes(app: web.Application, service: ControllerService, *, cluster_
                                       session_timeout_ms=service.session_timeout_ms, usage_resend=not usage_taken))
 
     async def heartbeat_refused(request: web.Request) -> None:
-        # A follower notes who knocked (BrokerSessions.heard_before_start).
+        # A follower keeps who it heard for its next leadership (sessions.Hearing).
         body = await read_model(request, HeartbeatRequest)
         service.note_heartbeat_refused(body.broker_id, body.incarnation_id)
 

@@ -32,7 +32,7 @@ from common.metadata import FenceBroker, MetadataImage, Record, dump_record
 from common.tasks import cancel_and_wait
 from common.usage import BrokerUsage, merge_report
 from controller.core import AddPartitions, AlterConfig, ControllerCore, CreateTopic, DeleteTopic, Event, Step, Tick
-from controller.decisions import LeaderSettings
+from controller.decisions import Hearing, LeaderSettings
 from controller.replicated import Outcome, batch_command, marker_command
 
 log = logging.getLogger("biplane.controller")
@@ -159,9 +159,9 @@ class ControllerService:
         self._usage_incarnation: dict[int, str] = {}
         self.broker_offsets: dict[int, int] = {}
         self.broker_opening: dict[int, int] = {}   # replicas each broker said are still opening
-        # Broker -> (incarnation, ms) of the last heartbeat answered "not the leader" here: a
-        # broker that knocked shortly before this node leads gets no new-leader grace.
-        self.heard_while_following: dict[int, tuple[str, int]] = {}
+        # The heartbeats answered "not the leader" here: when this node leads next, a broker's
+        # silence counts from its last one (sessions.Hearing).
+        self.hearing = self._new_hearing()
         self.pending: MetadataImage | None = None
         self.core: ControllerCore | None = None   # the leader's decisions and unreplicated state (with `pending`)
         self.trusted_term: int | None = None
@@ -255,8 +255,8 @@ class ControllerService:
     def _trust(self, term: int) -> None:
         self.pending = self.committed.copy()
         self.trusted_term = term
-        self.core = ControllerCore(self.leader_settings, heard_before_start=self.heard_while_following)
-        self.heard_while_following = {}
+        self.core = ControllerCore(self.leader_settings, heard_before_start=self.hearing.as_of(self.clock_ms()))
+        self.hearing = self._new_hearing()
         self.stats["leader_elections_won"] += 1
         log.info("controller %d leads in term %d at offset %d", self.node_id, term, self.pending.offset)
 
@@ -443,12 +443,17 @@ class ControllerService:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
 
+    def _new_hearing(self) -> Hearing:
+        # Brokers heartbeat every few hundred ms: half a session without any heard means this
+        # node was not listening, and it must not count that as their silence.
+        return Hearing(gap_ms_max=max(1, self.session_timeout_ms // 2))
+
     def note_heartbeat_refused(self, broker_id: int, incarnation_id: str) -> None:
         """A heartbeat this node answered "not the leader": kept for its next leadership, for
         registered brokers only (bounded by the cluster's brokers)."""
         # Leading by now (the body's read let the trust in): the heartbeat's retry is heard.
         if broker_id in self.committed.brokers and not self.is_leader:
-            self.heard_while_following[broker_id] = (incarnation_id, self.clock_ms())
+            self.hearing.heard(broker_id, incarnation_id, self.clock_ms())
 
     def note_heartbeat(self, broker_id: int, metadata_offset: int, usage: BrokerUsage | None,
                        replicas_opening: int = 0, incarnation_id: str = "") -> bool:

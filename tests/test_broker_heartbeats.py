@@ -173,3 +173,57 @@ def test_a_loop_busy_for_long_has_what_it_runs_logged_once_while_it_runs(caplog)
     progress[0] = time.monotonic() - LOOP_STACK_AFTER_MS / 1000 - 0.1
     thread._beating()
     assert sum("event loop busy" in r.getMessage() for r in caplog.records) == 2
+
+
+def test_each_round_heartbeats_the_followers_too_without_waiting_for_them() -> None:
+    """Claim: every round's heartbeat also goes to each controller that is not the leader (a
+    follower keeps who it heard for its next leadership: controller/decisions/sessions.py), without
+    a usage report; a follower that never answers holds one beat at a time and slows nothing."""
+    leader, follower = FakeController(), FakeController()
+    hung_arrivals: list[float] = []
+
+    def hanging_app() -> web.Application:
+        async def heartbeat(request: web.Request) -> web.Response:
+            hung_arrivals.append(time.monotonic())
+            await asyncio.sleep(30)   # a controller stopped, or cut off without a reset
+            raise AssertionError("unreachable")
+        app = web.Application()
+        app.router.add_post("/rpc/v1/heartbeat", heartbeat)
+        return app
+
+    def refusing_app() -> web.Application:
+        async def heartbeat(request: web.Request) -> web.Response:
+            body = await request.json()
+            assert body.get("usage") is None, body
+            with follower.lock:
+                follower.beats.append(time.monotonic())
+            return web.json_response({"error": {"code": "NOT_CONTROLLER", "message": "not the leader"},
+                                      "leader": {"node_id": 1, "api_url": leader_url}}, status=421)
+        app = web.Application()
+        app.router.add_post("/rpc/v1/heartbeat", heartbeat)
+        return app
+
+    leader_url, leader_done = _serve_in_thread(leader.app())
+    follower_url, follower_done = _serve_in_thread(refusing_app())
+    hung_url, hung_done = _serve_in_thread(hanging_app())
+
+    async def run() -> None:
+        control = ControlClient([leader_url, follower_url, hung_url], secret=None, heartbeat_timeout_ms=1000)
+        lifecycle = Lifecycle(control, broker_id=1, host="127.0.0.1", port=1, rack=None, priority=0,
+                              clean_shutdown=True, metadata_offset=lambda: 0, usage=lambda: None,
+                              heartbeat_interval_ms=50)
+        task = asyncio.create_task(lifecycle.run())
+        await asyncio.sleep(2.0)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await control.close()
+
+    try:
+        asyncio.run(run())
+    finally:
+        for done in (leader_done, follower_done, hung_done):
+            done.set()
+    assert len(leader.beats) >= 25, len(leader.beats)                 # ~40 at 50 ms a round
+    assert len(follower.beats) >= len(leader.beats) - 3, (len(follower.beats), len(leader.beats))
+    # The hanging follower gets one beat per 1 s bound, however many rounds pass meanwhile.
+    assert 1 <= len(hung_arrivals) <= 3, hung_arrivals

@@ -292,6 +292,7 @@ def test_heartbeat_refused_as_stale_registers_again():
 
     class Control:
         leader_url = "http://c1"
+        urls = ["http://c1"]   # the leader alone: no follower to heartbeat
 
         def __init__(self) -> None:
             self.calls: list[str] = []

@@ -357,13 +357,13 @@ def test_a_leader_that_was_stopped_does_not_fence_brokers_at_its_first_tick(capl
     assert fences[0].silent_ms is not None and fences[0].silent_ms > 1_500
 
 
-def test_a_new_leader_waives_its_grace_for_a_broker_that_knocked_on_it_as_a_follower():
+def test_a_new_leader_times_each_broker_from_its_last_heartbeat_heard_as_a_follower():
     """Claim: a heartbeat a follower answers "not the leader" is kept (rpc.py), and when that
-    node leads next, a broker that knocked within a session timeout of its start gets the plain
-    session, not the grace for brokers still heartbeating a leader cut off from its peers. A
-    broker killed during a controller election was fenced session timeout plus grace (4.7 s)
-    after the new leader's start; one that never knocked still gets the grace, and so does one
-    that knocked with another incarnation or too long before."""
+    node leads next, a broker's session runs from the last one it heard, not from its own start
+    plus the grace for brokers still heartbeating a leader cut off from its peers. A broker cut
+    off with the old leader, or killed during the election, was fenced session timeout plus
+    grace (4.7 s) after the new leader's start; now a session timeout after it went quiet. One
+    never heard (or heard only as another incarnation) still gets the grace."""
     from aiohttp import web
     from aiohttp.test_utils import TestClient, TestServer
     from controller import core as c
@@ -401,11 +401,13 @@ def test_a_new_leader_waives_its_grace_for_a_broker_that_knocked_on_it_as_a_foll
                 r = await client.post("/rpc/v1/heartbeat", json={
                     "broker_id": broker_id, "incarnation_id": incarnation, "metadata_offset": 0})
                 return r.status
-            clock["ms"] = 2_000
-            assert await knock(4, "i4") == 421        # long before this node leads
-            clock["ms"] = 9_000
-            assert await knock(1, "i1") == 421
-            assert await knock(2, "i2") == 421        # then killed during the election
+            clock["ms"] = 8_000
+            assert await knock(4, "i4") == 421        # heard once, then quiet
+            while clock["ms"] <= 9_900:
+                assert await knock(1, "i1") == 421
+                if clock["ms"] <= 9_000:
+                    assert await knock(2, "i2") == 421   # then cut off, or killed
+                clock["ms"] += 100
             assert await knock(3, "an-old-process") == 421
             r = await client.post("/rpc/v1/heartbeat", data=b"{not json")
             assert r.status == 421                    # unreadable: answered like any other
@@ -429,8 +431,9 @@ def test_a_new_leader_waives_its_grace_for_a_broker_that_knocked_on_it_as_a_foll
 
     from common.requests import HeartbeatRequest
     fenced_at = asyncio.run(run())
-    # The leader started at 10_000: broker 2 knocked 1 s before, within a session timeout.
-    assert fenced_at.get(2) is not None and 11_500 < fenced_at[2] <= 11_700, fenced_at
+    # The leader started at 10_000. Broker 2 was last heard at 9_000, broker 4 at 8_000 (quiet
+    # for 2 s while this node heard the others: fenced at the first look).
+    assert fenced_at.get(2) is not None and 10_500 < fenced_at[2] <= 10_700, fenced_at
+    assert fenced_at.get(4) == 10_000, fenced_at
     assert fenced_at.get(3) is not None and 14_700 < fenced_at[3] <= 14_900, fenced_at
-    assert fenced_at.get(4) is not None and 14_700 < fenced_at[4] <= 14_900, fenced_at
     assert 1 not in fenced_at, fenced_at

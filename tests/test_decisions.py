@@ -47,6 +47,7 @@ from common.requests import (
 from controller.decisions import (
     BrokerSessions,
     ControllerState,
+    Hearing,
     QuorumElectionTracker,
     IntervalTimer,
     LeaderImbalanceCheck,
@@ -1019,18 +1020,53 @@ def test_a_quorum_election_waiting_long_is_told_with_what_it_lacks_once_per_inte
     assert len(tracker.stalled(image, 11_000, after_ms=5_000)) == 1
 
 
-def test_a_broker_that_knocked_on_the_new_leader_as_a_follower_gets_no_grace():
-    """A broker that heartbeated this node while it followed (answered "not the leader"), with
-    its current incarnation and within a session timeout of the new leader's first look, had
-    lost the old leader too: it gets the plain session from the start, not the grace. One that
-    knocked earlier, or as another incarnation, still gets the grace."""
+def fenced_at(image, sessions, now_ms):
+    return sorted(r.broker_id for r in fence_expired(image, sessions, now_ms) if isinstance(r, FenceBroker))
+
+
+def test_a_broker_heard_while_following_is_timed_from_its_last_heartbeat_heard_not_given_the_grace():
+    """A broker heard by this node while it followed (answered "not the leader"), with its
+    current incarnation, is timed from that heartbeat: one that went quiet 1.4 s before the new
+    leader's first look is fenced 0.1 s after it, not a session timeout plus the grace after.
+    One heard only as another incarnation, or never, still gets the grace."""
     image = cluster(4)
-    knocked = {1: (image.brokers[1].incarnation_id, 8_500),    # just within 1.5 s of the start
-               2: (image.brokers[2].incarnation_id, 8_499),    # just before
-               3: ("an-old-process", 9_900)}
-    sessions = BrokerSessions(session_timeout_ms=1500, new_leader_grace_ms=3200, heard_before_start=knocked)
+    heard = {1: (image.brokers[1].incarnation_id, 8_600),    # quiet 1.4 s before the start
+             2: (image.brokers[2].incarnation_id, 9_950),    # heard just before it
+             3: ("an-old-process", 9_900)}
+    sessions = BrokerSessions(session_timeout_ms=1500, new_leader_grace_ms=3200, heard_before_start=heard)
     assert fence_expired(image, sessions, 10_000) == []
-    assert fence_expired(image, sessions, 11_500) == []
-    assert [r.broker_id for r in fence_expired(image, sessions, 11_501) if isinstance(r, FenceBroker)] == [1]
-    assert sorted(r.broker_id for r in fence_expired(image, sessions, 14_701)
-                  if isinstance(r, FenceBroker)) == [1, 2, 3, 4]
+    assert fenced_at(image, sessions, 10_100) == []
+    assert fenced_at(image, sessions, 10_101) == [1]
+    assert fenced_at(image, sessions, 11_450) == [1]
+    assert fenced_at(image, sessions, 11_451) == [1, 2]
+    assert fenced_at(image, sessions, 14_700) == [1, 2]
+    assert fenced_at(image, sessions, 14_701) == [1, 2, 3, 4]
+
+
+def test_a_new_leader_that_did_not_run_gives_back_the_time_to_what_it_heard_as_a_follower_too():
+    image = cluster(2)
+    heard = {1: (image.brokers[1].incarnation_id, 9_900)}
+    sessions = BrokerSessions(session_timeout_ms=1500, new_leader_grace_ms=3200, heard_before_start=heard)
+    assert fence_expired(image, sessions, 10_000) == []
+    sessions.credit(2_000, 12_000)   # the leader was stopped from 10,000 to 12,000
+    assert fenced_at(image, sessions, 12_000) == []
+    assert fenced_at(image, sessions, 13_501) == [1]
+
+
+def test_a_followers_hearing_counts_a_silence_only_while_it_heard_the_other_brokers():
+    hearing = Hearing(gap_ms_max=750)
+    assert hearing.as_of(1_000) == {}
+    for t in range(1_000, 3_001, 150):
+        hearing.heard(1, "a", t)
+        if t <= 2_000:
+            hearing.heard(2, "b", t)   # broker 2 goes quiet after 1,900
+    assert hearing.as_of(3_100) == {1: ("a", 2_950), 2: ("b", 1_900)}
+    # Then this node hears nobody for 2 s (stopped, or cut off): silences before count for nothing.
+    assert hearing.as_of(5_000) == {1: ("a", 5_000), 2: ("b", 5_000)}
+    hearing.heard(1, "a", 5_000)   # the first heartbeat after the gap starts a new listening
+    assert hearing.listening_since == 5_000
+    assert hearing.as_of(5_100) == {1: ("a", 5_000), 2: ("b", 5_000)}
+    hearing.heard(2, "b2", 5_200)   # a new incarnation replaces the old one's entry
+    assert hearing.as_of(5_300)[2] == ("b2", 5_200)
+    with pytest.raises(ValueError, match="gap_ms_max"):
+        Hearing(gap_ms_max=0)

@@ -73,6 +73,7 @@ from controller.decisions.rebalance import (
 from controller.decisions.sessions import (
     SESSION_TIMEOUT_MS,
     BrokerSessions,
+    Hearing,
     check_heartbeat,
     fence_broker,
     fence_expired,
@@ -83,7 +84,7 @@ from controller.decisions.sessions import (
 from controller.decisions.topics import add_partitions, alter_config, create_topic, delete_topic
 
 __all__ = [
-    "periodic", "ControllerState", "LeaderSettings", "BrokerSessions", "QuorumElectionTracker",
+    "periodic", "ControllerState", "LeaderSettings", "BrokerSessions", "Hearing", "QuorumElectionTracker",
     "IntervalTimer", "LeaderImbalanceCheck", "BrokerImbalance", "PartitionLimits", "check_partitions",
     "MaintenanceDrain", "MaintenanceProgress",
     "DecommissionProgress", "decommission_moves", "decommission_progress", "drain_leaders", "maintenance_progress",

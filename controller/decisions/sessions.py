@@ -3,14 +3,21 @@
 Sessions live in the controller leader's memory only (never replicated): a new
 leader starts every known broker's session at its first look (`started_at_ms`),
 which gives each broker one full session timeout to heartbeat it (as Kafka's
-controller does on failover), whatever it last heard from the old leader. A broker it has
-not heard from yet gets the new leader's grace on top (below), unless this node heard it
-knock as a follower shortly before (`heard_before_start`): such a broker had lost the old
-leader too, so it is not one heartbeating a leader cut off from its peers, and the grace
-only delayed its fence when it failed during the election: session timeout plus grace
-after the new leader's start (4.7 s at the defaults) rather than the session timeout.
-A knock says only that one call to the old leader failed: a broker that then went back to a
-cut-off leader is fenced wrongly (and unfenced once it finds us); docs/design.md weighs it.
+controller does on failover), whatever it last heard from the old leader.
+
+Brokers heartbeat the followers too (dataplane/broker/lifecycle.py), and a follower keeps
+what it heard (`Hearing`), so a new leader already knows who went quiet while it followed:
+such a broker's silence counts from its last heartbeat heard here, as if this node had led
+all along (`heard_before_start`). Without it a broker cut off together with the old leader
+(or killed during the election) was fenced a session timeout plus the grace below after the
+new leader's start (4.7 s at the defaults), not a session timeout after it went quiet, and
+its partitions waited that long for a new leader. A silence counts only while this node
+was hearing the other brokers (`Hearing.listening_since`): a follower that was itself
+stopped or cut off heard nobody, and gives everyone a session from when it hears again.
+
+A broker the new leader never heard gets its grace on top: when the last leader lost its
+peers but not the brokers, heartbeats of a broker that cannot reach this node go on to that
+leader until it falls back (raft_rules.leader_fallback_s), and only then look for us.
 
 A session times the broker, not the controller: time in which the leader itself did not
 run (stopped, or kept off the CPU by a loaded machine) is given back to every session
@@ -51,6 +58,39 @@ class Session:
     want_shutdown: bool = False
 
 
+class Hearing:
+    """The heartbeats a follower answered "not the leader", kept for its next leadership.
+    Bounded by the brokers that heartbeat. Pure: handed the clock's readings.
+
+    `gap_ms_max`: longer than this without any broker heard, this node was not hearing (it
+    was stopped, starved or cut off), so a broker's silence before counts for nothing."""
+
+    def __init__(self, *, gap_ms_max: int) -> None:
+        if gap_ms_max <= 0:
+            raise ValueError(f"gap_ms_max must be > 0, got {gap_ms_max}")
+        self.gap_ms_max = gap_ms_max
+        self._heard: dict[int, tuple[str, int]] = {}   # broker -> (incarnation, ms)
+        self.listening_since: int | None = None
+        self._last_any_ms: int | None = None
+
+    def heard(self, broker_id: int, incarnation_id: str, now_ms: int) -> None:
+        if self._last_any_ms is None or now_ms - self._last_any_ms > self.gap_ms_max:
+            self.listening_since = now_ms
+        self._last_any_ms = now_ms
+        self._heard[broker_id] = (incarnation_id, now_ms)
+
+    def as_of(self, now_ms: int) -> dict[int, tuple[str, int]]:
+        """Broker -> (incarnation, ms from which its silence counts) at a leadership's start:
+        its last heartbeat heard, but no earlier than the start of this node's unbroken
+        listening (now, if it hears nobody lately)."""
+        if self._last_any_ms is None or now_ms - self._last_any_ms > self.gap_ms_max:
+            since = now_ms
+        else:
+            assert self.listening_since is not None
+            since = self.listening_since
+        return {b: (inc, max(at, since)) for b, (inc, at) in self._heard.items()}
+
+
 class BrokerSessions:
     """Last heartbeat per broker. Bounded by the number of brokers that heartbeat."""
 
@@ -66,9 +106,9 @@ class BrokerSessions:
         # the leader's start: when the last leader lost its peers but not the brokers, they go
         # on heartbeating it until it falls back (raft_rules.leader_fallback_s), then find us.
         self.new_leader_grace_ms = new_leader_grace_ms
-        # Broker -> (incarnation, when): heartbeats this node answered "not the leader" before
-        # it led. One within a session timeout of the start waives the grace for that broker.
-        self.heard_before_start: Mapping[int, tuple[str, int]] = dict(heard_before_start or {})
+        # Broker -> (incarnation, when): from when the broker's silence counts, as this node
+        # heard it while following (Hearing.as_of); such a broker gets no grace.
+        self.heard_before_start: dict[int, tuple[str, int]] = dict(heard_before_start or {})
         self._sessions: dict[int, Session] = {}
 
     def _start(self, now_ms: int) -> None:
@@ -94,6 +134,8 @@ class BrokerSessions:
                           for b, s in self._sessions.items()}
         if self.started_at_ms is not None:
             self.started_at_ms = min(now_ms, self.started_at_ms + ms)
+        self.heard_before_start = {b: (inc, min(now_ms, at + ms))
+                                   for b, (inc, at) in self.heard_before_start.items()}
 
     def shutting_down(self, broker_id: int, incarnation_id: str) -> bool:
         s = self._sessions.get(broker_id)
@@ -106,17 +148,16 @@ class BrokerSessions:
         return self._sessions.get(broker_id)
 
     def last_seen_ms(self, broker_id: int, incarnation_id: str, now_ms: int) -> int:
-        """Last heartbeat of this incarnation; the sessions' start (plus the new leader's grace)
-        when none was seen."""
+        """Last heartbeat of this incarnation: this leader's, else the last this node heard while
+        following, else the sessions' start plus the new leader's grace."""
         self._start(now_ms)
         s = self._sessions.get(broker_id)
         if s is not None and s.incarnation_id == incarnation_id:
             return s.last_heartbeat_ms
         assert self.started_at_ms is not None
-        knocked = self.heard_before_start.get(broker_id)
-        if (knocked is not None and knocked[0] == incarnation_id
-                and knocked[1] >= self.started_at_ms - self.session_timeout_ms):
-            return self.started_at_ms
+        heard = self.heard_before_start.get(broker_id)
+        if heard is not None and heard[0] == incarnation_id:
+            return heard[1]
         return self.started_at_ms + self.new_leader_grace_ms
 
     def is_alive(self, broker_id: int, incarnation_id: str, now_ms: int) -> bool:

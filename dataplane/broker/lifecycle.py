@@ -6,6 +6,11 @@ controller takes this broker out of every ISR until it catches up: KIP-966).
 Heartbeats carry the applied metadata offset, the replication links this broker has not
 used for a bound (dataplane/broker/contact.py) and, every usage interval, usage stats. A heartbeat answered STALE_BROKER_EPOCH (or unknown broker) registers again.
 
+Each round's heartbeat also goes to the controllers that are not the leader (`FollowerBeats`),
+unawaited: a follower keeps who it heard, and when it leads next it times each broker from
+the last heartbeat it heard rather than granting every one a grace, so a broker cut off
+together with the old leader is fenced a session timeout after it went quiet.
+
 Heartbeats go from a thread of their own (`HeartbeatThread`, with its own event loop and
 controller client), as Kafka's broker sends them from its lifecycle manager's thread, not
 its request handlers': on a loaded machine the broker's event loop was seen kept off the
@@ -137,15 +142,26 @@ class Lifecycle:
         control = control or self.control
         await self.register(control)
         pace = HeartbeatPace(interval_ms=self.heartbeat_interval_ms)
+        followers = FollowerBeats()
+        try:
+            await self._beat(control, beating, pace, followers)
+        finally:
+            await followers.close()
+
+    async def _beat(self, control: ControlClient, beating: Callable[[], bool], pace: "HeartbeatPace",
+                    followers: "FollowerBeats") -> None:
         while True:
             started = time.monotonic()
             if not beating():
                 await asyncio.sleep(self.heartbeat_interval_ms / 1000)
                 continue
             pace.sending(started)
+            request = self._heartbeat(with_usage=True)
+            # The usage report is the leader's alone (a follower would drop it).
+            followers.send(control, request if request.usage is None else request.model_copy(update={"usage": None}))
             try:
                 try:
-                    answer = await control.heartbeat(self._heartbeat(with_usage=True))
+                    answer = await control.heartbeat(request)
                 except BaseException:
                     self._usage_reports.unanswered()
                     raise
@@ -215,6 +231,31 @@ class Lifecycle:
                  "offline": self.offline()}
         said = {name: value for name, value in newer.items() if value}
         return request.model_copy(update=said) if said else request
+
+
+class FollowerBeats:
+    """Each round's heartbeat goes to the controllers that are not the leader too, without
+    waiting for them: a follower keeps who it heard, so when it leads next it times each broker
+    from its last heartbeat rather than giving all a grace (controller/decisions/sessions.py).
+    One at a time per controller: a controller down or cut off holds one beat for its bound."""
+
+    def __init__(self) -> None:
+        self._inflight: dict[str, asyncio.Task[bool]] = {}
+
+    def send(self, control: ControlClient, request: HeartbeatRequest) -> None:
+        for url in control.urls:
+            task = self._inflight.get(url)
+            if url == control.leader_url or (task is not None and not task.done()):
+                continue
+            self._inflight[url] = asyncio.create_task(control.heartbeat_follower(url, request),
+                                                      name=f"heartbeat-follower {url}")
+
+    async def close(self) -> None:
+        tasks = [t for t in self._inflight.values() if not t.done()]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._inflight.clear()
 
 
 class HeartbeatPace:
