@@ -176,7 +176,7 @@ def test_a_loop_busy_for_long_has_what_it_runs_logged_once_while_it_runs(caplog)
 
 
 def test_each_round_heartbeats_the_followers_too_without_waiting_for_them() -> None:
-    """Claim: every round's heartbeat also goes to each controller that is not the leader (a
+    """Claim: every other round's heartbeat also goes to each controller that is not the leader (a
     follower keeps who it heard for its next leadership: controller/decisions/sessions.py), without
     a usage report; a follower that never answers holds one beat at a time and slows nothing."""
     leader, follower = FakeController(), FakeController()
@@ -224,6 +224,8 @@ def test_each_round_heartbeats_the_followers_too_without_waiting_for_them() -> N
         for done in (leader_done, follower_done, hung_done):
             done.set()
     assert len(leader.beats) >= 25, len(leader.beats)                 # ~40 at 50 ms a round
-    assert len(follower.beats) >= len(leader.beats) - 3, (len(follower.beats), len(leader.beats))
+    # Every other round (FollowerBeats.interval_ms: a follower needs no more to time a broker).
+    assert len(leader.beats) / 2 - 3 <= len(follower.beats) <= len(leader.beats) / 2 + 3, \
+        (len(follower.beats), len(leader.beats))
     # The hanging follower gets one beat per 1 s bound, however many rounds pass meanwhile.
     assert 1 <= len(hung_arrivals) <= 3, hung_arrivals
