@@ -220,6 +220,10 @@ class HeartbeatRequest(_Request):
     # Replicas whose log write failed, in every heartbeat until the metadata shows them out of
     # leadership and the ISR (controller/decisions/offline.py).
     offline: tuple[OfflineReplica, ...] = Field(default=(), max_length=OFFLINE_REPLICAS_MAX)
+    # Sent to every controller but the leader (dataplane/broker/lifecycle.py, FollowerBeats): a
+    # follower keeps it for when it leads; a leader it reaches anyway refreshes the session with
+    # it and nothing else, since it may arrive after a newer heartbeat.
+    liveness_only: bool = False
 
 
 class AlterIsrRequest(_Request):

@@ -217,6 +217,8 @@ class ControllerCore:
         d.check_heartbeat(image, body)
         self.state.sessions.heartbeat(body.broker_id, body.incarnation_id, ev.now_ms, body.metadata_offset,
                                       want_shutdown=body.want_shutdown)
+        if body.liveness_only:
+            return Step(wait_for_commit=False)
         self.state.reachability.note(body.broker_id, [d.Link(u.topic, u.partition, u.leader_epoch, u.peer)
                                                       for u in body.unreachable], ev.now_ms)
         if body.want_shutdown and not image.brokers[body.broker_id].fenced:

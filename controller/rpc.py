@@ -121,8 +121,8 @@ def add_rpc_routes(app: web.Application, service: ControllerService, *, cluster_
     async def heartbeat(request: web.Request) -> web.Response:
         body = await read_model(request, HeartbeatRequest)
         await service.execute(core.Heartbeat(request=body, now_ms=service.clock_ms()))
-        usage_taken = service.note_heartbeat(body.broker_id, body.metadata_offset, body.usage, body.replicas_opening,
-                                             body.incarnation_id)
+        usage_taken = body.liveness_only or service.note_heartbeat(
+            body.broker_id, body.metadata_offset, body.usage, body.replicas_opening, body.incarnation_id)
         return answer(HeartbeatAnswer(broker_id=body.broker_id,
                                       fenced=service.require_leader().brokers[body.broker_id].fenced,
                                       metadata_offset=service.committed.offset,

@@ -445,8 +445,11 @@ class ControllerService:
 
     def _new_hearing(self) -> Hearing:
         # Brokers heartbeat every few hundred ms: half a session without any heard means this
-        # node was not listening, and it must not count that as their silence.
-        return Hearing(gap_ms_max=max(1, self.session_timeout_ms // 2))
+        # node was not listening, and it must not count that as their silence. One silent for
+        # longer than a session and the grace yet unfenced was heartbeating another controller.
+        s = self.leader_settings
+        return Hearing(gap_ms_max=max(1, s.session_timeout_ms // 2),
+                       forget_ms=s.session_timeout_ms + s.new_leader_grace_ms)
 
     def note_heartbeat_refused(self, broker_id: int, incarnation_id: str) -> None:
         """A heartbeat this node answered "not the leader": kept for its next leadership, for

@@ -175,57 +175,87 @@ def test_a_loop_busy_for_long_has_what_it_runs_logged_once_while_it_runs(caplog)
     assert sum("event loop busy" in r.getMessage() for r in caplog.records) == 2
 
 
-def test_each_round_heartbeats_the_followers_too_without_waiting_for_them() -> None:
-    """Claim: every other round's heartbeat also goes to each controller that is not the leader (a
-    follower keeps who it heard for its next leadership: controller/decisions/sessions.py), without
-    a usage report; a follower that never answers holds one beat at a time and slows nothing."""
-    leader, follower = FakeController(), FakeController()
-    hung_arrivals: list[float] = []
+def _recording_app(bodies: list[dict], *, status: int, hang_s: float = 0.0) -> web.Application:
+    """A controller that notes each heartbeat's body and arrival, then answers `status`
+    (200 as the leader, 421 as a follower) after `hang_s`."""
+    async def register(request: web.Request) -> web.Response:
+        body = await request.json()
+        return web.json_response({"broker_id": body["broker_id"], "metadata_offset": 0, "session_timeout_ms": 1500})
 
-    def hanging_app() -> web.Application:
-        async def heartbeat(request: web.Request) -> web.Response:
-            hung_arrivals.append(time.monotonic())
-            await asyncio.sleep(30)   # a controller stopped, or cut off without a reset
-            raise AssertionError("unreachable")
-        app = web.Application()
-        app.router.add_post("/rpc/v1/heartbeat", heartbeat)
-        return app
+    async def heartbeat(request: web.Request) -> web.Response:
+        body = await request.json()
+        body["_at"] = time.monotonic()
+        bodies.append(body)
+        await asyncio.sleep(hang_s)
+        if status == 200:
+            return web.json_response({"broker_id": body["broker_id"], "fenced": False, "metadata_offset": 0,
+                                      "session_timeout_ms": 1500})
+        return web.json_response({"error": {"code": "NOT_CONTROLLER", "message": "not the leader"},
+                                  "leader": None}, status=status)
+    app = web.Application()
+    app.router.add_post("/rpc/v1/register", register)
+    app.router.add_post("/rpc/v1/heartbeat", heartbeat)
+    return app
 
-    def refusing_app() -> web.Application:
-        async def heartbeat(request: web.Request) -> web.Response:
-            body = await request.json()
-            assert body.get("usage") is None, body
-            with follower.lock:
-                follower.beats.append(time.monotonic())
-            return web.json_response({"error": {"code": "NOT_CONTROLLER", "message": "not the leader"},
-                                      "leader": {"node_id": 1, "api_url": leader_url}}, status=421)
-        app = web.Application()
-        app.router.add_post("/rpc/v1/heartbeat", heartbeat)
-        return app
 
-    leader_url, leader_done = _serve_in_thread(leader.app())
-    follower_url, follower_done = _serve_in_thread(refusing_app())
-    hung_url, hung_done = _serve_in_thread(hanging_app())
+def _run_lifecycle(urls: list[str], seconds: float) -> None:
+    from common.usage import BrokerUsage
 
     async def run() -> None:
-        control = ControlClient([leader_url, follower_url, hung_url], secret=None, heartbeat_timeout_ms=1000)
+        control = ControlClient(urls, secret=None, heartbeat_timeout_ms=1000)
         lifecycle = Lifecycle(control, broker_id=1, host="127.0.0.1", port=1, rack=None, priority=0,
-                              clean_shutdown=True, metadata_offset=lambda: 0, usage=lambda: None,
-                              heartbeat_interval_ms=50)
+                              clean_shutdown=True, metadata_offset=lambda: 0, heartbeat_interval_ms=50,
+                              usage_interval_ms=100, usage=lambda: BrokerUsage(
+                                  broker_id=1, at_ms=0, disk_total_bytes=1, disk_used_bytes=0, disk_free_bytes=1))
         task = asyncio.create_task(lifecycle.run())
-        await asyncio.sleep(2.0)
+        await asyncio.sleep(seconds)
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await control.close()
+    asyncio.run(run())
 
+
+def test_the_followers_get_a_liveness_only_heartbeat_every_other_round_without_waiting_for_them() -> None:
+    """Claim: a liveness-only heartbeat (no usage report, nothing but the session's fields) goes
+    every two rounds' time to each controller but the leader (a follower keeps who it heard for
+    its next leadership: controller/decisions/sessions.py); the leader gets the rounds' full
+    heartbeats; a follower that never answers holds one beat at a time and slows nothing."""
+    leader: list[dict] = []
+    follower: list[dict] = []
+    hung: list[dict] = []
+    servers = [_serve_in_thread(_recording_app(leader, status=200)),
+               _serve_in_thread(_recording_app(follower, status=421)),
+               _serve_in_thread(_recording_app(hung, status=421, hang_s=30))]
     try:
-        asyncio.run(run())
+        _run_lifecycle([url for url, _ in servers], 2.0)
     finally:
-        for done in (leader_done, follower_done, hung_done):
+        for _, done in servers:
             done.set()
-    assert len(leader.beats) >= 25, len(leader.beats)                 # ~40 at 50 ms a round
-    # Every other round (FollowerBeats.interval_ms: a follower needs no more to time a broker).
-    assert len(leader.beats) / 2 - 3 <= len(follower.beats) <= len(leader.beats) / 2 + 3, \
-        (len(follower.beats), len(leader.beats))
+    rounds = [b for b in leader if not b.get("liveness_only")]
+    assert len(rounds) >= 25, len(rounds)                            # ~40 at 50 ms a round
+    assert any(b.get("usage") for b in rounds), "the rounds carry the usage reports"
+    # Before the first answer no leader is known, and the first liveness beat goes to all.
+    assert sum(1 for b in leader if b.get("liveness_only")) <= 1, leader
+    assert all(b.get("liveness_only") for b in follower), follower
+    assert not any("usage" in b or "unreachable" in b or "offline" in b for b in follower), follower[:2]
+    assert 12 <= len(follower) <= 23, len(follower)                  # ~20: every 100 ms for 2 s
     # The hanging follower gets one beat per 1 s bound, however many rounds pass meanwhile.
-    assert 1 <= len(hung_arrivals) <= 3, hung_arrivals
+    assert 1 <= len(hung) <= 3, len(hung)
+
+
+def test_the_followers_go_on_hearing_a_broker_whose_round_waits_on_a_silent_leader() -> None:
+    """Claim: a round held by a controller leader that stopped answering (each attempt costs the
+    1 s bound) does not hold the followers' heartbeats: they keep their own pace, so the
+    controller that leads next has heard this broker lately."""
+    silent: list[dict] = []
+    follower: list[dict] = []
+    servers = [_serve_in_thread(_recording_app(silent, status=200, hang_s=30)),
+               _serve_in_thread(_recording_app(follower, status=421))]
+    try:
+        _run_lifecycle([url for url, _ in servers], 2.5)
+    finally:
+        for _, done in servers:
+            done.set()
+    liveness = [b["_at"] for b in follower if b.get("liveness_only")]
+    assert len(liveness) >= 15, len(liveness)                        # ~25: every 100 ms for 2.5 s
+    assert max(b - a for a, b in zip(liveness, liveness[1:])) < 0.5, liveness

@@ -432,6 +432,25 @@ def test_a_credit_never_moves_a_session_past_now() -> None:
     assert _fenced(c.step(image, core.Tick(now_ms=4_601))) == [1, 2]
 
 
+def test_a_liveness_only_heartbeat_at_the_leader_refreshes_the_session_and_nothing_else() -> None:
+    """Claim: a broker's heartbeat meant for the followers (dataplane/broker/lifecycle.py,
+    FollowerBeats) that reaches the leader keeps the session alive, but may be older than the
+    last full one: it neither takes the applied metadata offset back (which gates unfencing) nor
+    replaces the broker's reachability report."""
+    c = ControllerCore(LeaderSettings(session_timeout_ms=1_500))
+    image = _registered_and_unfenced(c)
+    cut = UnreachablePeer(topic="t", partition=0, leader_epoch=1, peer=2)
+    c.step(image, core.Heartbeat(request=HeartbeatRequest(
+        broker_id=1, incarnation_id="i1", metadata_offset=image.offset, unreachable=(cut,)), now_ms=1_200))
+    c.step(image, core.Heartbeat(request=HeartbeatRequest(
+        broker_id=1, incarnation_id="i1", metadata_offset=0, liveness_only=True), now_ms=2_500))
+    session = c.state.sessions.get(1)
+    assert session is not None and session.last_heartbeat_ms == 2_500
+    assert session.metadata_offset == image.offset
+    assert c.state.reachability.named() == {("t", 0)}
+    assert _fenced(c.step(image, core.Tick(now_ms=3_000))) == [2]   # 1 heard at 2_500: alive
+
+
 def test_a_new_leader_gives_every_broker_a_whole_session_from_its_first_look() -> None:
     """Claim: a core that just took over (a new leader) fences no broker whose heartbeats went
     to the old leader until a whole session timeout after its first tick, however long ago

@@ -363,7 +363,8 @@ def test_a_new_leader_times_each_broker_from_its_last_heartbeat_heard_as_a_follo
     plus the grace for brokers still heartbeating a leader cut off from its peers. A broker cut
     off with the old leader, or killed during the election, was fenced session timeout plus
     grace (4.7 s) after the new leader's start; now a session timeout after it went quiet. One
-    never heard (or heard only as another incarnation) still gets the grace."""
+    never heard (or heard only as another incarnation, or not for over a session and the grace)
+    still gets the grace."""
     from aiohttp import web
     from aiohttp.test_utils import TestClient, TestServer
     from controller import core as c
@@ -383,7 +384,7 @@ def test_a_new_leader_times_each_broker_from_its_last_heartbeat_heard_as_a_follo
                 await asyncio.sleep(0.01)
             raise AssertionError(f"is_leader never became {leading}")
         await until_leading(True)
-        for b in (1, 2, 3, 4):
+        for b in (1, 2, 3, 4, 5):
             await service.execute(c.RegisterBroker(request=register(b), now_ms=clock["ms"]))
             await service.execute(c.Heartbeat(request=HeartbeatRequest(broker_id=b, incarnation_id=f"i{b}",
                                                                        metadata_offset=10**6), now_ms=clock["ms"]))
@@ -401,6 +402,8 @@ def test_a_new_leader_times_each_broker_from_its_last_heartbeat_heard_as_a_follo
                 r = await client.post("/rpc/v1/heartbeat", json={
                     "broker_id": broker_id, "incarnation_id": incarnation, "metadata_offset": 0})
                 return r.status
+            clock["ms"] = 4_000
+            assert await knock(5, "i5") == 421        # heard once, then never: it beats another controller
             clock["ms"] = 8_000
             assert await knock(4, "i4") == 421        # heard once, then quiet
             while clock["ms"] <= 9_900:
@@ -436,4 +439,6 @@ def test_a_new_leader_times_each_broker_from_its_last_heartbeat_heard_as_a_follo
     assert fenced_at.get(2) is not None and 10_500 < fenced_at[2] <= 10_700, fenced_at
     assert fenced_at.get(4) == 10_000, fenced_at
     assert fenced_at.get(3) is not None and 14_700 < fenced_at[3] <= 14_900, fenced_at
+    # Broker 5, last heard 6 s before the start (over a session and the grace), gets the grace.
+    assert fenced_at.get(5) is not None and 14_700 < fenced_at[5] <= 14_900, fenced_at
     assert 1 not in fenced_at, fenced_at

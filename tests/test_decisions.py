@@ -1054,7 +1054,7 @@ def test_a_new_leader_that_did_not_run_gives_back_the_time_to_what_it_heard_as_a
 
 
 def test_a_followers_hearing_counts_a_silence_only_while_it_heard_the_other_brokers():
-    hearing = Hearing(gap_ms_max=750)
+    hearing = Hearing(gap_ms_max=750, forget_ms=4_700)
     assert hearing.as_of(1_000) == {}
     for t in range(1_000, 3_001, 150):
         hearing.heard(1, "a", t)
@@ -1069,4 +1069,25 @@ def test_a_followers_hearing_counts_a_silence_only_while_it_heard_the_other_brok
     hearing.heard(2, "b2", 5_200)   # a new incarnation replaces the old one's entry
     assert hearing.as_of(5_300)[2] == ("b2", 5_200)
     with pytest.raises(ValueError, match="gap_ms_max"):
-        Hearing(gap_ms_max=0)
+        Hearing(gap_ms_max=0, forget_ms=1)
+
+
+def test_a_broker_the_follower_stopped_hearing_long_ago_gets_the_grace_not_a_fence_at_the_start():
+    """A broker heard once, then not for longer than a session and the grace while this node
+    heard the others, yet still unfenced, heartbeats another controller only (an older version,
+    or a list of controllers without this one): the new leader gives it the grace."""
+    image = cluster(2)
+    one, two = image.brokers[1].incarnation_id, image.brokers[2].incarnation_id
+    hearing = Hearing(gap_ms_max=750, forget_ms=4_700)
+    hearing.heard(1, one, 0)
+    for t in range(0, 10_001, 300):
+        hearing.heard(2, two, t)
+        if t == 4_500:
+            assert hearing.as_of(4_700) == {1: (one, 0), 2: (two, 4_500)}
+    assert hearing.as_of(10_000) == {2: (two, 9_900)}
+    sessions = BrokerSessions(session_timeout_ms=1500, new_leader_grace_ms=3200,
+                              heard_before_start=hearing.as_of(10_000))
+    assert fenced_at(image, sessions, 10_000) == []
+    assert fenced_at(image, sessions, 11_401) == [2]
+    assert fenced_at(image, sessions, 14_700) == [2]
+    assert fenced_at(image, sessions, 14_701) == [1, 2]

@@ -1,23 +1,24 @@
 """Broker sessions and the lifecycle decisions: register, fence, unfence.
 
-Sessions live in the controller leader's memory only (never replicated): a new
-leader starts every known broker's session at its first look (`started_at_ms`),
-which gives each broker one full session timeout to heartbeat it (as Kafka's
-controller does on failover), whatever it last heard from the old leader.
+Sessions live in the controller leader's memory only (never replicated). Brokers
+heartbeat the followers too (liveness-only heartbeats: dataplane/broker/lifecycle.py,
+`FollowerBeats`), and a follower keeps what it heard (`Hearing`), so a new leader already
+knows who went quiet while it followed: such a broker's session runs from its last
+heartbeat heard here, as if this node had led all along (`heard_before_start`), and one
+quiet for a session timeout by then is fenced at the new leader's first look. Without it a
+broker cut off together with the old leader (or killed during the election) was fenced a
+session timeout plus the grace below after the new leader's start (4.7 s at the defaults),
+not a session timeout after it went quiet, and its partitions waited that long for a new
+leader. A silence counts only while this node was hearing the other brokers
+(`Hearing.listening_since`): a follower that was itself stopped or cut off heard nobody, and
+gives everyone a session from when it hears again.
 
-Brokers heartbeat the followers too (dataplane/broker/lifecycle.py), and a follower keeps
-what it heard (`Hearing`), so a new leader already knows who went quiet while it followed:
-such a broker's silence counts from its last heartbeat heard here, as if this node had led
-all along (`heard_before_start`). Without it a broker cut off together with the old leader
-(or killed during the election) was fenced a session timeout plus the grace below after the
-new leader's start (4.7 s at the defaults), not a session timeout after it went quiet, and
-its partitions waited that long for a new leader. A silence counts only while this node
-was hearing the other brokers (`Hearing.listening_since`): a follower that was itself
-stopped or cut off heard nobody, and gives everyone a session from when it hears again.
-
-A broker the new leader never heard gets its grace on top: when the last leader lost its
-peers but not the brokers, heartbeats of a broker that cannot reach this node go on to that
-leader until it falls back (raft_rules.leader_fallback_s), and only then look for us.
+A broker the new leader did not hear lately (never, as another incarnation, or not within a
+session timeout and the grace: one that heartbeats another controller only) gets a session
+from the leader's first look (`started_at_ms`), as Kafka's controller gives every broker on
+failover, plus a grace: when the last leader lost its peers but not the brokers, heartbeats of
+a broker that cannot reach this node go on to that leader until it falls back
+(raft_rules.leader_fallback_s), and only then look for us.
 
 A session times the broker, not the controller: time in which the leader itself did not
 run (stopped, or kept off the CPU by a loaded machine) is given back to every session
@@ -63,12 +64,16 @@ class Hearing:
     Bounded by the brokers that heartbeat. Pure: handed the clock's readings.
 
     `gap_ms_max`: longer than this without any broker heard, this node was not hearing (it
-    was stopped, starved or cut off), so a broker's silence before counts for nothing."""
+    was stopped, starved or cut off), so a broker's silence before counts for nothing.
+    `forget_ms`: a broker last heard longer ago than this, while it stayed unfenced, is one
+    that does not heartbeat this node (a version before follower heartbeats, or a list of
+    controllers without this one): its silence says nothing, and it gets the grace."""
 
-    def __init__(self, *, gap_ms_max: int) -> None:
-        if gap_ms_max <= 0:
-            raise ValueError(f"gap_ms_max must be > 0, got {gap_ms_max}")
+    def __init__(self, *, gap_ms_max: int, forget_ms: int) -> None:
+        if gap_ms_max <= 0 or forget_ms <= 0:
+            raise ValueError(f"gap_ms_max and forget_ms must be > 0, got {gap_ms_max} and {forget_ms}")
         self.gap_ms_max = gap_ms_max
+        self.forget_ms = forget_ms
         self._heard: dict[int, tuple[str, int]] = {}   # broker -> (incarnation, ms)
         self.listening_since: int | None = None
         self._last_any_ms: int | None = None
@@ -82,13 +87,15 @@ class Hearing:
     def as_of(self, now_ms: int) -> dict[int, tuple[str, int]]:
         """Broker -> (incarnation, ms from which its silence counts) at a leadership's start:
         its last heartbeat heard, but no earlier than the start of this node's unbroken
-        listening (now, if it hears nobody lately)."""
+        listening (now, if it hears nobody lately); none for a broker heard longer ago than
+        `forget_ms`."""
         if self._last_any_ms is None or now_ms - self._last_any_ms > self.gap_ms_max:
             since = now_ms
         else:
             assert self.listening_since is not None
             since = self.listening_since
-        return {b: (inc, max(at, since)) for b, (inc, at) in self._heard.items()}
+        return {b: (inc, max(at, since)) for b, (inc, at) in self._heard.items()
+                if now_ms - at <= self.forget_ms}
 
 
 class BrokerSessions:
@@ -121,8 +128,11 @@ class BrokerSessions:
         old = self._sessions.get(broker_id)
         # A shutdown once asked for holds for the incarnation: a heartbeat without the
         # flag that was sent earlier and arrives late must not unfence it.
-        if old is not None and old.incarnation_id == incarnation_id and old.want_shutdown:
-            want_shutdown = True
+        if old is not None and old.incarnation_id == incarnation_id:
+            want_shutdown = want_shutdown or old.want_shutdown
+            # Nor does a heartbeat sent earlier take the applied offset back (a follower's copy
+            # that reached the leader late: dataplane/broker/lifecycle.py, FollowerBeats).
+            metadata_offset = max(metadata_offset, old.metadata_offset)
         self._sessions[broker_id] = Session(incarnation_id, now_ms, metadata_offset, want_shutdown)
 
     def credit(self, ms: int, now_ms: int) -> None:

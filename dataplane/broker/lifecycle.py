@@ -6,10 +6,11 @@ controller takes this broker out of every ISR until it catches up: KIP-966).
 Heartbeats carry the applied metadata offset, the replication links this broker has not
 used for a bound (dataplane/broker/contact.py) and, every usage interval, usage stats. A heartbeat answered STALE_BROKER_EPOCH (or unknown broker) registers again.
 
-Every other round's heartbeat also goes to the controllers that are not the leader
-(`FollowerBeats`), unawaited: a follower keeps who it heard, and when it leads next it times each broker from
-the last heartbeat it heard rather than granting every one a grace, so a broker cut off
-together with the old leader is fenced a session timeout after it went quiet.
+A liveness-only heartbeat also goes every other round's time, apart from the rounds and
+unawaited, to every controller but the one answering as leader (`FollowerBeats`): a follower
+keeps who it heard, and when it leads next it times each broker from the last heartbeat it
+heard rather than granting every one a grace, so a broker cut off together with the old
+leader is fenced a session timeout after it went quiet.
 
 Heartbeats go from a thread of their own (`HeartbeatThread`, with its own event loop and
 controller client), as Kafka's broker sends them from its lifecycle manager's thread, not
@@ -142,15 +143,31 @@ class Lifecycle:
         control = control or self.control
         await self.register(control)
         pace = HeartbeatPace(interval_ms=self.heartbeat_interval_ms)
-        # A little under two rounds, so a round that starts a few ms early still sends.
-        followers = FollowerBeats(interval_ms=self.heartbeat_interval_ms * 2 - self.heartbeat_interval_ms // 4)
+        followers = FollowerBeats()
+        # Apart from the rounds: a call to a controller leader that stopped answering holds a
+        # round for up to a bound per controller tried, and the followers must go on hearing us.
+        beats = asyncio.create_task(self._beat_followers(control, beating, followers),
+                                    name=f"heartbeat-followers-{self.broker_id}")
         try:
-            await self._beat(control, beating, pace, followers)
+            await self._beat(control, beating, pace)
         finally:
+            beats.cancel()
+            await asyncio.gather(beats, return_exceptions=True)
             await followers.close()
 
-    async def _beat(self, control: ControlClient, beating: Callable[[], bool], pace: "HeartbeatPace",
-                    followers: "FollowerBeats") -> None:
+    async def _beat_followers(self, control: ControlClient, beating: Callable[[], bool],
+                              followers: "FollowerBeats") -> None:
+        # Every other round's time: a follower needs only to tell a broker heard lately from one
+        # gone for a session timeout, and each beat costs it an HTTP request (every round from
+        # three brokers took 1.3-1.7 points of a core on each follower, idle; this about 0.5).
+        while True:
+            if beating():
+                followers.send(control, HeartbeatRequest(
+                    broker_id=self.broker_id, incarnation_id=self.incarnation_id,
+                    metadata_offset=self.metadata_offset(), liveness_only=True))
+            await asyncio.sleep(2 * self.heartbeat_interval_ms / 1000)
+
+    async def _beat(self, control: ControlClient, beating: Callable[[], bool], pace: "HeartbeatPace") -> None:
         while True:
             started = time.monotonic()
             if not beating():
@@ -158,9 +175,6 @@ class Lifecycle:
                 continue
             pace.sending(started)
             request = self._heartbeat(with_usage=True)
-            # The usage report is the leader's alone (a follower would drop it).
-            followers.send(control, request if request.usage is None else request.model_copy(update={"usage": None}),
-                           started)
             try:
                 try:
                     answer = await control.heartbeat(request)
@@ -236,31 +250,24 @@ class Lifecycle:
 
 
 class FollowerBeats:
-    """A heartbeat goes to the controllers that are not the leader too, every `interval_ms`,
-    without waiting for them: a follower keeps who it heard, so when it leads next it times each
-    broker from its last heartbeat rather than giving all a grace (controller/decisions/sessions.py).
-    One at a time per controller: a controller down or cut off holds one beat for its bound.
+    """A liveness-only heartbeat to every controller but the one that answered the last round as
+    leader (to all while none did), without waiting for them: a follower keeps who it heard, so
+    when it leads next it times each broker from its last heartbeat rather than giving all a
+    grace (controller/decisions/sessions.py); a leader that gets one refreshes the session
+    with it, and nothing else. One at a time per controller: a controller down or cut off
+    holds one beat for its bound."""
 
-    Every other round, not every round: each beat costs a follower an HTTP request (every
-    round from three brokers took 1.3-1.7 points of a core on each follower, idle; every other
-    round about 0.5), and a follower needs only to tell a broker heard lately from one gone
-    for a session timeout."""
-
-    def __init__(self, *, interval_ms: int) -> None:
-        self.interval_ms = interval_ms
+    def __init__(self) -> None:
         self._inflight: dict[str, asyncio.Task[bool]] = {}
-        self._last_s: float | None = None
 
-    def send(self, control: ControlClient, request: HeartbeatRequest, now_s: float) -> None:
-        if self._last_s is not None and (now_s - self._last_s) * 1000 < self.interval_ms:
-            return
-        self._last_s = now_s
+    def send(self, control: ControlClient, request: HeartbeatRequest) -> None:
         for url in control.urls:
             task = self._inflight.get(url)
             if url == control.leader_url or (task is not None and not task.done()):
                 continue
-            self._inflight[url] = asyncio.create_task(control.heartbeat_follower(url, request),
-                                                      name=f"heartbeat-follower {url}")
+            task = asyncio.create_task(control.heartbeat_follower(url, request), name=f"heartbeat-follower {url}")
+            task.add_done_callback(_said_nothing)
+            self._inflight[url] = task
 
     async def close(self) -> None:
         tasks = [t for t in self._inflight.values() if not t.done()]
@@ -389,6 +396,13 @@ class HeartbeatThread:
                 pass  # its loop just closed
         if self._thread.is_alive():
             self._thread.join(timeout_s)
+
+
+def _said_nothing(task: "asyncio.Task[bool]") -> None:
+    # heartbeat_follower swallows a controller's failures; anything else (a client closed under
+    # it at a stop) is retrieved here rather than reported at garbage collection.
+    if not task.cancelled() and task.exception() is not None:
+        log.debug("follower heartbeat failed: %r", task.exception())
 
 
 def _must_register_again(exc: BiplaneError) -> bool:
