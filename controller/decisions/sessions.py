@@ -78,8 +78,12 @@ class Hearing:
         self.listening_since: int | None = None
         self._last_any_ms: int | None = None
 
+    def _deaf(self, now_ms: int) -> bool:
+        """Whether this node heard no broker for longer than `gap_ms_max` by `now_ms`."""
+        return self._last_any_ms is None or now_ms - self._last_any_ms > self.gap_ms_max
+
     def heard(self, broker_id: int, incarnation_id: str, now_ms: int) -> None:
-        if self._last_any_ms is None or now_ms - self._last_any_ms > self.gap_ms_max:
+        if self._deaf(now_ms):
             self.listening_since = now_ms
         self._last_any_ms = now_ms
         self._heard[broker_id] = (incarnation_id, now_ms)
@@ -89,7 +93,7 @@ class Hearing:
         its last heartbeat heard, but no earlier than the start of this node's unbroken
         listening (now, if it hears nobody lately); none for a broker heard longer ago than
         `forget_ms`."""
-        if self._last_any_ms is None or now_ms - self._last_any_ms > self.gap_ms_max:
+        if self._deaf(now_ms):
             since = now_ms
         else:
             assert self.listening_since is not None
