@@ -255,10 +255,16 @@ class ControllerService:
     def _trust(self, term: int) -> None:
         self.pending = self.committed.copy()
         self.trusted_term = term
-        self.core = ControllerCore(self.leader_settings, heard_before_start=self.hearing.as_of(self.clock_ms()))
+        now_ms = self.clock_ms()
+        heard = self.hearing.as_of(now_ms)
+        self.core = ControllerCore(self.leader_settings, heard_before_start=heard)
         self.hearing = self._new_hearing()
         self.stats["leader_elections_won"] += 1
-        log.info("controller %d leads in term %d at offset %d", self.node_id, term, self.pending.offset)
+        # Which brokers' silence counts from what was heard while following (the rest get the
+        # grace): the first thing to read when a broker is fenced sooner or later than expected.
+        log.info("controller %d leads in term %d at offset %d; brokers heard while following "
+                 "(ms ago their silence counts from): %s", self.node_id, term, self.pending.offset,
+                 {b: now_ms - at for b, (_, at) in sorted(heard.items())} or "none")
 
     async def _timer(self) -> None:
         while True:
@@ -452,10 +458,10 @@ class ControllerService:
                        forget_ms=s.session_timeout_ms + s.new_leader_grace_ms)
 
     def note_heartbeat_refused(self, broker_id: int, incarnation_id: str) -> None:
-        """A heartbeat this node answered "not the leader": kept for its next leadership, for
-        registered brokers only (bounded by the cluster's brokers)."""
+        """A heartbeat this node answered "not the leader": kept for its next leadership, also
+        from a broker whose registration this node has not applied yet (Hearing bounds them)."""
         # Leading by now (the body's read let the trust in): the heartbeat's retry is heard.
-        if broker_id in self.committed.brokers and not self.is_leader:
+        if not self.is_leader:
             self.hearing.heard(broker_id, incarnation_id, self.clock_ms())
 
     def note_heartbeat(self, broker_id: int, metadata_offset: int, usage: BrokerUsage | None,

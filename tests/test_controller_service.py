@@ -412,12 +412,16 @@ def test_a_new_leader_times_each_broker_from_its_last_heartbeat_heard_as_a_follo
                     assert await knock(2, "i2") == 421   # then cut off, or killed
                 clock["ms"] += 100
             assert await knock(3, "an-old-process") == 421
+            # A broker whose registration this node has not applied yet is heard all the same.
+            assert 6 not in service.committed.brokers
+            assert await knock(6, "i6") == 421
             r = await client.post("/rpc/v1/heartbeat", data=b"{not json")
             assert r.status == 421                    # unreadable: answered like any other
 
         clock["ms"] = 10_000                          # this node leads (term 3)
         service.fake().leader, service.fake().term = True, 3
         await until_leading(True)
+        assert service.core is not None and service.core.state.sessions.heard_before_start.get(6) == ("i6", 10_000)
         fenced_at: dict[int, int] = {}
         while clock["ms"] < 16_000:
             # Broker 1 goes on heartbeating the new leader; 2, 3 and 4 are gone.

@@ -1072,6 +1072,23 @@ def test_a_followers_hearing_counts_a_silence_only_while_it_heard_the_other_brok
         Hearing(gap_ms_max=0, forget_ms=1)
 
 
+def test_a_followers_hearing_keeps_at_most_max_brokers_and_makes_room_from_the_forgotten():
+    """Brokers are kept before this node applied their registration (so any id counts), but no
+    more than `max_brokers`: a new id past that is dropped, unless one kept is already forgotten."""
+    hearing = Hearing(gap_ms_max=750, forget_ms=4_700, max_brokers=2)
+    hearing.heard(1, "a", 0)
+    hearing.heard(2, "b", 100)
+    hearing.heard(3, "c", 200)          # full: dropped
+    hearing.heard(2, "b", 300)          # one kept is still heard
+    assert hearing.as_of(400) == {1: ("a", 0), 2: ("b", 300)}
+    for t in range(400, 5_001, 300):
+        hearing.heard(2, "b", t)        # broker 1 goes quiet past forget_ms
+    hearing.heard(3, "c", 5_000)        # broker 1's place
+    assert hearing.as_of(5_000) == {2: ("b", 4_900), 3: ("c", 5_000)}
+    with pytest.raises(ValueError, match="max_brokers"):
+        Hearing(gap_ms_max=1, forget_ms=1, max_brokers=0)
+
+
 def test_a_broker_the_follower_stopped_hearing_long_ago_gets_the_grace_not_a_fence_at_the_start():
     """A broker heard once, then not for longer than a session and the grace while this node
     heard the others, yet still unfenced, heartbeats another controller only (an older version,

@@ -67,13 +67,18 @@ class Hearing:
     was stopped, starved or cut off), so a broker's silence before counts for nothing.
     `forget_ms`: a broker last heard longer ago than this, while it stayed unfenced, is one
     that does not heartbeat this node (a version before follower heartbeats, or a list of
-    controllers without this one): its silence says nothing, and it gets the grace."""
+    controllers without this one): its silence says nothing, and it gets the grace.
+    `max_brokers`: how many brokers it keeps at most. It keeps brokers whose registration this
+    node has not applied yet (a follower behind, or just restarted, still hears them); a
+    session later uses a broker heard only if the incarnation matches its registration."""
 
-    def __init__(self, *, gap_ms_max: int, forget_ms: int) -> None:
-        if gap_ms_max <= 0 or forget_ms <= 0:
-            raise ValueError(f"gap_ms_max and forget_ms must be > 0, got {gap_ms_max} and {forget_ms}")
+    def __init__(self, *, gap_ms_max: int, forget_ms: int, max_brokers: int = 4096) -> None:
+        if gap_ms_max <= 0 or forget_ms <= 0 or max_brokers <= 0:
+            raise ValueError(f"gap_ms_max, forget_ms and max_brokers must be > 0, got {gap_ms_max}, "
+                             f"{forget_ms} and {max_brokers}")
         self.gap_ms_max = gap_ms_max
         self.forget_ms = forget_ms
+        self.max_brokers = max_brokers
         self._heard: dict[int, tuple[str, int]] = {}   # broker -> (incarnation, ms)
         self.listening_since: int | None = None
         self._last_any_ms: int | None = None
@@ -83,6 +88,10 @@ class Hearing:
         return self._last_any_ms is None or now_ms - self._last_any_ms > self.gap_ms_max
 
     def heard(self, broker_id: int, incarnation_id: str, now_ms: int) -> None:
+        if broker_id not in self._heard and len(self._heard) >= self.max_brokers:
+            self._heard = {b: v for b, v in self._heard.items() if now_ms - v[1] <= self.forget_ms}
+            if len(self._heard) >= self.max_brokers:
+                return   # more ids than any cluster has brokers: not a broker's to keep
         if self._deaf(now_ms):
             self.listening_since = now_ms
         self._last_any_ms = now_ms
