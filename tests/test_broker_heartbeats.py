@@ -259,3 +259,32 @@ def test_the_followers_go_on_hearing_a_broker_whose_round_waits_on_a_silent_lead
     liveness = [b["_at"] for b in follower if b.get("liveness_only")]
     assert len(liveness) >= 15, len(liveness)                        # ~25: every 100 ms for 2.5 s
     assert max(b - a for a, b in zip(liveness, liveness[1:])) < 0.5, liveness
+
+
+def test_a_follower_heartbeat_that_fails_to_be_sent_is_logged_once_and_the_beats_go_on(monkeypatch, caplog) -> None:
+    """Claim: the follower heartbeats' task outlives an error of its own (said once in the log),
+    rather than ending quietly and leaving the followers to fence this broker when they lead."""
+    from dataplane.broker import lifecycle as lc
+
+    sent = lc.FollowerBeats.send
+    calls = {"n": 0}
+
+    def flaky(self, control, request) -> None:
+        calls["n"] += 1
+        if calls["n"] <= 3:
+            raise RuntimeError("boom")
+        sent(self, control, request)
+    monkeypatch.setattr(lc.FollowerBeats, "send", flaky)
+    follower: list[dict] = []
+    leader: list[dict] = []
+    servers = [_serve_in_thread(_recording_app(leader, status=200)),
+               _serve_in_thread(_recording_app(follower, status=421))]
+    try:
+        with caplog.at_level("ERROR", logger=lc.log.name):
+            _run_lifecycle([url for url, _ in servers], 1.5)
+    finally:
+        for _, done in servers:
+            done.set()
+    assert len([b for b in follower if b.get("liveness_only")]) >= 5, follower
+    said = [r for r in caplog.records if "follower heartbeat could not be sent" in r.getMessage()]
+    assert len(said) == 1, said

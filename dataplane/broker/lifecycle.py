@@ -160,11 +160,21 @@ class Lifecycle:
         # Every other round's time: a follower needs only to tell a broker heard lately from one
         # gone for a session timeout, and each beat costs it an HTTP request (every round from
         # three brokers took 1.3-1.7 points of a core on each follower, idle; this about 0.5).
+        failed = False
         while True:
-            if beating():
-                followers.send(control, HeartbeatRequest(
-                    broker_id=self.broker_id, incarnation_id=self.incarnation_id,
-                    metadata_offset=self.metadata_offset(), liveness_only=True))
+            try:
+                if beating():
+                    followers.send(control, HeartbeatRequest(
+                        broker_id=self.broker_id, incarnation_id=self.incarnation_id,
+                        metadata_offset=self.metadata_offset(), liveness_only=True))
+                failed = False
+            except Exception:
+                # Never the end of the beats: a follower that stops hearing us would fence us at
+                # the start of its leadership. Said once per run of failures.
+                if not failed:
+                    log.exception("broker %d: a follower heartbeat could not be sent", self.broker_id,
+                                  extra={"event": "broker.follower_heartbeat_failed"})
+                failed = True
             await asyncio.sleep(2 * self.heartbeat_interval_ms / 1000)
 
     async def _beat(self, control: ControlClient, beating: Callable[[], bool], pace: "HeartbeatPace") -> None:
