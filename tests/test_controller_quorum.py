@@ -78,6 +78,32 @@ def create(c: Controller, name: str, **extra) -> dict:
     return r.body
 
 
+def views(controllers: list[Controller]) -> dict[int, dict | str]:
+    """Each live controller's Raft view (GET /v1/cluster): leader, term, offset."""
+    out: dict[int, dict | str] = {}
+    for c in controllers:
+        try:
+            body = http("GET", c.spec.api_url + "/v1/cluster", timeout_s=2).body
+            out[c.spec.node_id] = {k: body.get(k) for k in ("leader_id", "term", "metadata_offset")}
+        except OSError as exc:
+            out[c.spec.node_id] = f"unreachable: {exc}"
+    return out
+
+
+def settled_on(controllers: list[Controller], node_id: int) -> Controller | None:
+    """The controller `node_id` when it leads and every other one knows it (a follower that has not
+    heard the leader yet answers 503, not a redirect)."""
+    seen = views(controllers)
+    agreed = all(isinstance(v, dict) and v["leader_id"] == node_id for v in seen.values())
+    return next((c for c in controllers if c.spec.node_id == node_id), None) if agreed else None
+
+
+def why(controllers: list[Controller]) -> str:
+    """What every controller saw, for a failure's message."""
+    return "\n".join([repr(views(controllers))] + [f"--- controller {c.spec.node_id}\n{c.log_tail(40)}"
+                                                    for c in controllers])
+
+
 def all_unfenced(c: Controller, ids: list[int]) -> bool:
     brokers = {b["broker_id"]: b for b in http("GET", c.spec.api_url + "/v1/brokers").body["brokers"]}
     return all(b in brokers and not brokers[b]["fenced"] for b in ids)
@@ -95,9 +121,9 @@ def test_quorum_failover_full_restart_and_cli(tmp_path):
     try:
         for c in controllers:
             c.start()
-        # Let priority settle first (node 1 leads), so no handover lands mid-test.
-        leader = wait_until(lambda: (lambda l: l if l and l.spec.node_id == 1 else None)(
-            leader_of(controllers)), 30, "the priority-3 controller leading")
+        # Let priority settle first (node 1 leads, and the others know it), so no handover lands
+        # mid-test.
+        leader = wait_until(lambda: settled_on(controllers, 1), 30, "the priority-3 controller leading")
         with BrokerHeartbeats(controllers, [1, 2, 3]):
             wait_until(lambda: all_unfenced(leader, [1, 2, 3]), 15, "brokers unfenced")
             committed = [create(leader, f"before-{i}", partitions=2, replication_factor=3)["name"]
@@ -105,10 +131,11 @@ def test_quorum_failover_full_restart_and_cli(tmp_path):
 
             follower = next(c for c in controllers if c is not leader)
             redirect = http("POST", follower.spec.api_url + "/v1/topics", {"name": "via-follower"})
-            assert redirect.status == 307 and redirect.headers["Location"] == leader.spec.api_url + "/v1/topics"
+            assert redirect.status == 307 and redirect.headers["Location"] == leader.spec.api_url + "/v1/topics", \
+                (redirect, why(controllers))
             rpc = http("POST", follower.spec.api_url + "/rpc/v1/allocate-producer-ids",
                        {"broker_id": 1, "count": 10}, token=None, secret=SECRET)
-            assert rpc.status == 421 and rpc.body["leader"]["node_id"] == leader.spec.node_id
+            assert rpc.status == 421 and rpc.body["leader"]["node_id"] == leader.spec.node_id, (rpc, why(controllers))
 
             leader.kill()
             survivors = [c for c in controllers if c is not leader]
