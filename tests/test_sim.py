@@ -16,6 +16,7 @@ import os
 import pytest
 
 from sim.cluster import run_simulation
+from sim.pool import run_all
 
 SEEDS = int(os.environ.get("BIPLANE_SIM_SEEDS", "500"))
 GRAY_SEEDS = int(os.environ.get("BIPLANE_SIM_GRAY_SEEDS", "150"))
@@ -23,14 +24,16 @@ REROUTE_SEEDS = int(os.environ.get("BIPLANE_SIM_REROUTE_SEEDS", "40"))
 CONFIGS = [(p, d) for p in ("isr", "quorum") for d in ("fsync", "write")]
 
 
+def _failure(job: tuple[int, str, str, bool]) -> str | None:
+    seed, policy, durability, gray = job
+    result = run_simulation(seed=seed, policy=policy, durability=durability, gray=gray)
+    problem = result.violation or result.liveness_error
+    return f"{'gray ' if gray else ''}seed={seed} policy={policy} durability={durability}: {problem}" \
+        if problem else None
+
+
 def _failures(policy: str, durability: str, seeds, *, gray: bool = False) -> list[str]:
-    failures = []
-    for seed in seeds:
-        result = run_simulation(seed=seed, policy=policy, durability=durability, gray=gray)
-        problem = result.violation or result.liveness_error
-        if problem:
-            failures.append(f"{'gray ' if gray else ''}seed={seed} policy={policy} durability={durability}: {problem}")
-    return failures
+    return [f for f in run_all(_failure, [(seed, policy, durability, gray) for seed in seeds]) if f]
 
 
 @pytest.mark.slow

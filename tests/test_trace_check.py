@@ -16,6 +16,7 @@ import pytest
 
 from sim import mutants
 from sim.cluster import run_simulation
+from sim.pool import run_all
 
 _PATH = pathlib.Path(__file__).resolve().parent.parent / "tla" / "trace_check.py"
 _spec = importlib.util.spec_from_file_location("trace_check", _PATH)
@@ -31,15 +32,21 @@ CONFIGS = [(p, d, m) for p in ("isr", "quorum") for d in ("fsync", "write") for 
 @pytest.mark.parametrize("policy,durability,mode", CONFIGS)
 def test_simulation_traces_conform_to_the_spec(policy, durability, mode):
     """Seeds 0..SEEDS-1: every trace of this configuration is a behaviour DataPlane allows."""
-    failures, entries = [], 0
-    for seed in range(SEEDS):
-        result = run_simulation(seed=seed, policy=policy, durability=durability, mode=mode, trace=True)
-        try:
-            entries += trace_check.check_trace(result.trace)
-        except trace_check.TraceViolation as v:
-            failures.append(f"seed={seed} policy={policy} durability={durability} mode={mode}: {v}")
+    checked = run_all(_check_seed, [(seed, policy, durability, mode) for seed in range(SEEDS)])
+    failures = [c for c in checked if isinstance(c, str)]
+    entries = sum(c for c in checked if isinstance(c, int))
     print(f"validated {SEEDS - len(failures)}/{SEEDS} traces ({entries} entries) for {policy}/{durability}/{mode}")
     assert not failures, "\n".join(failures)
+
+
+def _check_seed(job: tuple[int, str, str, str]) -> int | str:
+    """The entries of one seed's trace, all allowed; or what the first one not allowed broke."""
+    seed, policy, durability, mode = job
+    result = run_simulation(seed=seed, policy=policy, durability=durability, mode=mode, trace=True)
+    try:
+        return trace_check.check_trace(result.trace)
+    except trace_check.TraceViolation as v:
+        return f"seed={seed} policy={policy} durability={durability} mode={mode}: {v}"
 
 
 # ------------------------------------------------------------------ hand-made traces
