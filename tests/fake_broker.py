@@ -96,6 +96,9 @@ class FakeBroker:
         self._metadata_answered = asyncio.Event()
         self.metadata_answering = asyncio.Event()   # cleared: METADATA is read and never answered (a cut-off broker)
         self.metadata_answering.set()
+        # Set: METADATA names these leaders, whatever the view says (a broker cut off from the
+        # controller answers from what it knew at the cut).
+        self.stale_leaders: dict | None = None
 
     async def __aenter__(self) -> "FakeBroker":
         self.server = await start_server(self.handle, "127.0.0.1", 0)
@@ -111,6 +114,8 @@ class FakeBroker:
         return f"127.0.0.1:{self.port}"
 
     def leader(self, topic: str, partition: int) -> tuple[int, int]:
+        if self.stale_leaders is not None and (topic, partition) in self.stale_leaders:
+            return self.stale_leaders[(topic, partition)]
         if self.view is None:
             return self.broker_id, self.partitions[(topic, partition)].leader_epoch
         return self.view.leaders.get((topic, partition), (self.view.brokers[0].broker_id, 0))
