@@ -53,3 +53,27 @@ def test_the_blocking_clients_private_loop_is_the_chosen_one(monkeypatch):
     assert private_loop_module().startswith("uvloop")
     monkeypatch.setenv("BIPLANE_EVENT_LOOP", "asyncio")
     assert private_loop_module().startswith("asyncio")
+
+
+def test_a_pass_in_slices_lets_a_request_of_several_loop_turns_finish_between_two_slices():
+    """A request crossing a broker takes several loop turns (read, step, write, answer). With
+    a bare `sleep(0)` between slices it got one turn per slice, so a pass of many slices
+    (ticks due together at 10,000 partitions) delayed it by most of the pass: the steady
+    load's slowest requests. Stepping aside lets the whole chain run between two slices."""
+    order: list[str] = []
+
+    async def request() -> None:
+        for _ in range(5):
+            await asyncio.sleep(0)
+        order.append("request answered")
+
+    async def background_pass() -> None:
+        async for i in eventloop.in_slices(range(40), 10):
+            if i % 10 == 0:
+                order.append(f"slice {i // 10}")
+
+    async def scenario() -> None:
+        await asyncio.gather(background_pass(), request())
+
+    eventloop.run(scenario())
+    assert order.index("request answered") < order.index("slice 2"), order

@@ -93,3 +93,48 @@ def test_the_replicas_say_which_partitions_changed_since_a_version_and_when_they
     now, changed = manager.follow_changed_since(v2)
     assert changed is None and now == v2 + 21, "changes no longer kept: look at all"
     assert manager.follow_changed_since(now - 2) == (now, {("x18", 0), ("x19", 0)})
+
+
+def test_the_tick_pass_lets_a_request_of_several_loop_turns_finish_between_two_slices(tmp_path, monkeypatch):
+    """Replicas opened together fall due together (their ISR clocks): at 10,000 partitions a
+    pass ticked a thousand of them, and a request that arrived meanwhile waited a slice for
+    each of its loop turns. The pass steps aside between slices long enough for it to end."""
+    from dataplane.broker import replicas as replicas_module
+    monkeypatch.setattr(replicas_module, "PARTITIONS_PER_SLICE", 10)
+    config = BrokerConfig(broker_id=1, data_dir=str(tmp_path / "data"), controller_urls=("http://c:1",))
+    os.makedirs(config.data_dir, exist_ok=True)
+    order: list[str] = []
+
+    class Ticked:
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+        def tick(self, now: int) -> None:
+            if self.n % 10 == 0:
+                order.append(f"slice {self.n // 10}")
+
+    async def request() -> None:
+        for _ in range(5):
+            await asyncio.sleep(0)
+        order.append("request answered")
+
+    async def scenario():
+        manager = ReplicaManager(config=config, control=FakeControl(), clean_start=True, send_fetch=lambda *a: None,
+                                 send_append_entries=lambda *a: None, refresh_metadata=lambda: None)
+        manager.drivers = {(f"t{i}", 0): Ticked(i) for i in range(40)}
+        for i in range(40):
+            manager.schedule_tick((f"t{i}", 0), 1)
+        ticks = asyncio.create_task(manager.run_ticks())
+        await asyncio.sleep(0)   # the pass starts with its first slice
+        await request()
+        for _ in range(100):
+            if len(order) >= 5:
+                break
+            await asyncio.sleep(0.01)
+        ticks.cancel()
+        manager.drivers = {}
+        await manager.close()
+
+    asyncio.run(scenario())
+    assert "slice 3" in order, order
+    assert order.index("request answered") < order.index("slice 2"), order

@@ -33,7 +33,7 @@ from common import fds
 from common.control_client import ControlClient
 from common.durable import temp_path, write_synced
 from common.errors import BiplaneError
-from common.eventloop import in_slices
+from common.eventloop import in_slices, step_aside
 from common.heap import LongLivedFreezer
 from common.metadata.image import MetadataImage, PartitionInfo, TopicInfo
 from common.metadata.per_topic import PerTopic
@@ -57,9 +57,9 @@ from dataplane.replica.state import PartitionState, ReplicationConfig
 log = logging.getLogger("biplane.broker.replicas")
 
 TOPIC_ID_FILE = "topic_id"
-# Passes over every partition on the event loop (metadata, ticks) yield to it after this
-# many partitions, so heartbeats and fetch sessions run between slices however many
-# partitions the broker holds.
+# Passes over every partition on the event loop (metadata, ticks) step aside after this
+# many partitions (common.eventloop.step_aside), so heartbeats, fetch sessions and requests
+# run between slices however many partitions the broker holds.
 PARTITIONS_PER_SLICE = 64
 # The periodic passes of retention and the cleaner look at every replica for the few with
 # work (a closed segment, a compacted topic): a look costs about a microsecond, so they
@@ -306,7 +306,7 @@ class ReplicaManager:
                         continue
                     fed += 1
                     if fed % PARTITIONS_PER_SLICE == 0:
-                        await asyncio.sleep(0)
+                        await step_aside()
                     hosted.add(info.tp)
                     self._topics[info.tp] = topic
                     driver = self.drivers.get(info.tp)
@@ -640,7 +640,7 @@ class ReplicaManager:
             # for the next pass.
             for i, tp in enumerate(self._take_due(now)):
                 if i and i % PARTITIONS_PER_SLICE == 0:
-                    await asyncio.sleep(0)
+                    await step_aside()
                     now = now_ms()
                 driver = self.drivers.get(tp)
                 if driver is None:
