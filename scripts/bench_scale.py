@@ -91,6 +91,17 @@ def session_fetches(cluster: Cluster, leader: int) -> dict[str, float]:
     return totals
 
 
+def loop_lags(cluster: Cluster) -> dict[int, tuple[float, float]]:
+    """Per broker: (the event-loop watchdog's samples so far, those that ran over 5 ms late)."""
+    lags = {}
+    for b, broker in cluster.brokers.items():
+        s = metrics_scrape(broker.metrics_port)
+        total = s.value("biplane_broker_event_loop_lag_seconds_count")
+        within = s.value("biplane_broker_event_loop_lag_seconds_bucket", le="0.005")
+        lags[b] = (total, total - within)
+    return lags
+
+
 def controller_offset(cluster: Cluster) -> int:
     r = http("GET", cluster.api_url + "/rpc/v1/metadata?after_offset=-1&max_wait_ms=0", token=None, secret=SECRET)
     return int(r.body["offset"])
@@ -108,6 +119,7 @@ def steady_load(cluster: Cluster, seconds: float, rate: float) -> tuple[float, f
     cluster.create_topic("steady", partitions=1, replication_factor=3)
     leader = cluster.wait_leader("steady", 0)
     sessions_before = session_fetches(cluster, leader)
+    lags_before = loop_lags(cluster)
 
     async def run() -> list[float]:
         took: list[float] = []
@@ -128,9 +140,19 @@ def steady_load(cluster: Cluster, seconds: float, rate: float) -> tuple[float, f
 
     took = sorted(asyncio.run(run()))
     sessions = {k: v - sessions_before[k] for k, v in session_fetches(cluster, leader).items()}
+    lags = {b: (n - lags_before[b][0], late - lags_before[b][1]) for b, (n, late) in loop_lags(cluster).items()}
     print(f"  followers' session fetches to broker {leader} during the load ({len(took) + 20} requests): "
           f"{sessions['full']:.0f} full, {sessions['incremental']:.0f} incremental, "
           f"{sessions['partitions']:.0f} partitions carried")
+
+    def at(q: float) -> float:
+        return took[min(int(len(took) * q), len(took) - 1)] * 1000
+    p50 = statistics.median(took) * 1000
+    # The tail's shape, and whether the brokers' loops were late meanwhile (the watchdog's
+    # samples every 20 ms that ran over 5 ms late): a tail with no late loop lies elsewhere.
+    print(f"  latency ms: p90 {at(0.9):.2f}, p99 {at(0.99):.2f}, p99.9 {at(0.999):.2f}, max {took[-1] * 1000:.2f}; "
+          f"over 2x p50: {sum(t * 1000 > 2 * p50 for t in took)}; loop samples over 5 ms late: "
+          + ", ".join(f"broker {b} {late:.0f} of {n:.0f}" for b, (n, late) in sorted(lags.items())))
     return statistics.median(took) * 1000, took[int(len(took) * 0.99)] * 1000, len(took)
 
 
