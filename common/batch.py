@@ -726,7 +726,11 @@ def first_record_at_or_after(buf: Buffer, timestamp_ms: int, pos: int = 0) -> tu
 
     A lookup by time names a record, not its batch, as Kafka's does: a batch holds records of
     many times (a producer's linger), and its base offset would hand a consumer records from
-    before the time it asked for."""
+    before the time it asked for. A control batch (a leader's epoch-start batch, stamped
+    with the broker's clock when it was elected) holds no record a consumer sees: None, or
+    every lookup of a time before the election would land on it."""
+    if read_header(buf, pos).is_control:
+        return None
     for record in read_records(buf, pos):
         if record.timestamp_ms >= timestamp_ms:
             return record.offset, record.timestamp_ms

@@ -84,9 +84,9 @@ def test_confluent_consumer_by_offset_and_by_time(cluster: Cluster) -> None:
     # record inside the batch, not the batch's first offset.
     producer = confluent_kafka.Producer({"bootstrap.servers": cluster.kafka_bootstrap, "acks": "all",
                                          "enable.idempotence": True, "linger.ms": 5000})
-    # After the epoch-start record's timestamp (the leader's clock when it took the
-    # partition): a lookup of an earlier time would name that record's offset.
-    base_ms = int(time.time() * 1000) + 1000
+    # An hour before the epoch-start record's timestamp (the leader's clock when it took the
+    # partition), as a replay's records are: a lookup by time must still name a data record.
+    base_ms = int(time.time() * 1000) - 3_600_000
     offsets: list[int] = []
     for i in range(20):
         producer.produce(topic, value=b"%d" % i, timestamp=base_ms + i * 1000,
@@ -102,6 +102,9 @@ def test_confluent_consumer_by_offset_and_by_time(cluster: Cluster) -> None:
         found = consumer.offsets_for_times([confluent_kafka.TopicPartition(topic, 0, base_ms + 12_500)],
                                            timeout=10)
         assert found[0].error is None and found[0].offset == first + 13
+        before_all = consumer.offsets_for_times([confluent_kafka.TopicPartition(topic, 0, base_ms - 60_000)],
+                                                timeout=10)
+        assert before_all[0].offset == first, "a lookup before every record names the first, not a control record"
         past_end = consumer.offsets_for_times([confluent_kafka.TopicPartition(topic, 0, base_ms + 99_000)],
                                               timeout=10)
         assert past_end[0].offset == -1  # no record at or after that time: Kafka's answer

@@ -352,6 +352,24 @@ def test_offset_for_timestamp_names_the_record_inside_its_batch(tmp_log):
         assert log.offset_for_timestamp(2_901) is None
 
 
+def test_offset_for_timestamp_skips_the_epoch_start_control_batch(tmp_log):
+    """Claim: a time lookup never names a control record. A leader's epoch-start batch is
+    stamped with the broker's clock at its election; records produced with older times
+    (a replay, a backfill) come after it, and a lookup of any of their times named the
+    control record's offset (and the broker's clock), so a consumer seeking by time started
+    at the log's beginning. Found by a user's offsets_for_times with confluent-kafka."""
+    control = BatchBuilder(is_control=True)
+    control.append(b"", key=b"\x00\x00\x00\x00", timestamp_ms=9_000)
+    for log in (tmp_log(), MemoryLog(config=SMALL)):
+        log.append_as_leader(control.build(), leader_epoch=0)       # offset 0, stamped 9,000
+        log.append_as_leader(batch(3, ts=1_000), leader_epoch=0)     # offsets 1..3
+        log.append_as_leader(batch(3, ts=2_000), leader_epoch=0)     # offsets 4..6
+        assert log.offset_for_timestamp(0) == (1, 1_000)
+        assert log.offset_for_timestamp(1_500) == (4, 2_000)
+        assert log.offset_for_timestamp(2_001) is None   # only the control record is that late
+        log.close()
+
+
 # ---------------------------------------------------------------- truncation
 
 
