@@ -212,6 +212,25 @@ def test_delete_topic_and_unknown():
         delete_topic(image, "nope")
 
 
+def test_the_offsets_topic_is_neither_deleted_nor_grown():
+    """Deleting __consumer_offsets lost every group's committed offsets, and adding partitions
+    moved groups to partitions without their records (a user's AdminClient did both). Both
+    are refused as Kafka refuses them, naming the topic; other topics are unaffected."""
+    from common.errors import InvalidTopicError
+    from common.metadata.config import OFFSETS_TOPIC
+    from common.requests import AddPartitionsRequest
+    from controller.decisions import add_partitions
+    image = cluster(3)
+    add_topic(image, OFFSETS_TOPIC, [[1, 2, 3]])
+    with pytest.raises(InvalidTopicError, match="internal.*committed offsets"):
+        delete_topic(image, OFFSETS_TOPIC)
+    with pytest.raises(InvalidTopicError, match="internal"):
+        add_partitions(image, OFFSETS_TOPIC, AddPartitionsRequest(partitions=2))
+    add_topic(image, "t", [[1, 2, 3]])
+    assert delete_topic(image, "t")
+    assert add_partitions(image, "t", AddPartitionsRequest(partitions=2))
+
+
 def test_alter_config_single_multi_noop_and_errors():
     image = cluster(3)
     add_topic(image, "t", [[1, 2, 3]])

@@ -218,6 +218,36 @@ def test_confluent_commit_and_resume(cluster: Cluster) -> None:
     assert sorted(v for *_, v in got + rest) == sorted(f"v{i}" for i in range(40))
 
 
+def test_the_offsets_topic_cannot_be_deleted_or_grown_by_a_client(cluster: Cluster) -> None:
+    """An AdminClient deleted __consumer_offsets (every group's commits gone) and added
+    partitions to it (groups moved to partitions without their records). Both are refused
+    with Kafka's INVALID_TOPIC_EXCEPTION, and a group's commit is still there afterwards."""
+    bootstrap, topic = cluster.kafka_bootstrap, "grp-guard"
+    cluster.create_topic(topic, partitions=1)
+    admin = confluent_kafka.admin.AdminClient({"bootstrap.servers": bootstrap})
+    tp = confluent_kafka.TopicPartition(topic, 0, 7)
+    request = confluent_kafka.ConsumerGroupTopicPartitions("guard", [tp])
+    deadline = time.monotonic() + 30
+    while True:   # the first group call of a cluster creates the offsets topic: loading, retriable
+        done = admin.alter_consumer_group_offsets([request])["guard"].result(20).topic_partitions
+        if done[0].error is None or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert done[0].error is None, done[0].error
+    with pytest.raises(confluent_kafka.KafkaException) as deleted:
+        admin.delete_topics([OFFSETS_TOPIC], operation_timeout=10)[OFFSETS_TOPIC].result(20)
+    assert deleted.value.args[0].code() == confluent_kafka.KafkaError.TOPIC_EXCEPTION, deleted.value
+    grow = confluent_kafka.admin.NewPartitions(OFFSETS_TOPIC, 64)
+    with pytest.raises(confluent_kafka.KafkaException) as grown:
+        admin.create_partitions([grow], operation_timeout=10)[OFFSETS_TOPIC].result(20)
+    assert grown.value.args[0].code() == confluent_kafka.KafkaError.TOPIC_EXCEPTION, grown.value
+    assert "internal" in grown.value.args[0].str()   # CreatePartitions answers carry the message
+    read = admin.list_consumer_group_offsets([confluent_kafka.ConsumerGroupTopicPartitions(
+        "guard", [confluent_kafka.TopicPartition(topic, 0)])])
+    committed = read["guard"].result(20).topic_partitions
+    assert [(p.topic, p.partition, p.offset) for p in committed] == [(topic, 0, 7)]
+
+
 class PolledConsumer:
     """A kafka-python consumer polled from a thread of its own, as an application runs one:
     each poll's records are committed before the next poll.

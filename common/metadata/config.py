@@ -123,6 +123,26 @@ def normalize_key(key: str) -> str:
     return key.strip().replace(".", "_").replace("-", "_")
 
 
+# Kafka's topic of the consumer groups' committed offsets (dataplane/groups/placement.py): a
+# group's records sit on the partition its id hashes to, modulo the partition count.
+OFFSETS_TOPIC = "__consumer_offsets"
+
+
+def is_internal(topic: str) -> bool:
+    return topic == OFFSETS_TOPIC
+
+
+def refuse_internal(topic: str, action: str) -> None:
+    """InvalidTopicError for `action` on an internal topic, as Kafka refuses it: deleting the
+    offsets topic loses every group's committed offsets, and adding partitions moves groups
+    to partitions that do not hold their records."""
+    if is_internal(topic):
+        raise InvalidTopicError(
+            f"topic '{topic}' is internal: it holds every consumer group's committed offsets, and "
+            f"{action} would lose them; it is managed by the brokers (--group-offsets-partitions)",
+            field="name", value=topic)
+
+
 def validate_topic_name(name: str) -> str:
     """Return `name` if it is a legal topic name, else raise InvalidTopicError."""
     if not isinstance(name, str):

@@ -10,6 +10,7 @@ from common.metadata.config import (
     apply_config_changes,
     make_topic_config,
     normalize_key,
+    refuse_internal,
     validate_topic_name,
 )
 from common.errors import (
@@ -124,6 +125,7 @@ def add_partitions(image: MetadataImage, topic: str, request: AddPartitionsReque
     info = image.topics.get(topic)
     if info is None:
         raise UnknownTopicOrPartitionError(topic)
+    refuse_internal(topic, "adding partitions")
     current = info.config.partitions
     wanted = request.partitions
     if wanted <= current:
@@ -161,6 +163,7 @@ def delete_topic(image: MetadataImage, name: str) -> list[Record]:
     topic = image.topics.get(name)
     if topic is None:
         raise UnknownTopicOrPartitionError(name)
+    refuse_internal(name, "deleting it")
     return [DeleteTopic(name=name, topic_id=topic.topic_id)]
 
 

@@ -9,7 +9,9 @@ away from their records.
 """
 from __future__ import annotations
 
-OFFSETS_TOPIC = "__consumer_offsets"
+from common.metadata.config import OFFSETS_TOPIC, is_internal
+
+__all__ = ["OFFSETS_TOPIC", "is_internal", "java_string_hash", "partition_for"]
 
 
 def java_string_hash(text: str) -> int:
@@ -26,7 +28,3 @@ def partition_for(group_id: str, partitions: int) -> int:
     if partitions < 1:
         raise ValueError(f"the offsets topic needs at least one partition, got {partitions}")
     return (java_string_hash(group_id) & 0x7FFFFFFF) % partitions
-
-
-def is_internal(topic: str) -> bool:
-    return topic == OFFSETS_TOPIC
