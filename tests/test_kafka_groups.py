@@ -132,7 +132,10 @@ def test_confluent_group_shares_partitions_and_survives_a_member_kill(cluster: C
         else:
             raise AssertionError(f"the group never split 6 partitions three ways: {a.assignment()}, "
                                  f"{b.assignment()}, {member.assigned}")
-        assert len(describe(bootstrap, group).members) == 3
+        members = describe(bootstrap, group).members
+        assert len(members) == 3
+        # Kafka's form of a member's host ("/" and its address); it was empty.
+        assert {m.host for m in members} == {"/127.0.0.1"}, [m.host for m in members]
         first = [f"first-{i}" for i in range(300)]
         produce(bootstrap, topic, first, 6)
         deadline = time.monotonic() + 40

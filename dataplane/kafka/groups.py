@@ -31,10 +31,10 @@ def _build(request: Request, values: dict[str, Any]) -> Answer:
                           {"throttle_time": 0, **values})
 
 
-async def _ask(context: Context, message: object, *, member_id_required: bool = True) -> Any:
+async def _ask(context: Context, message: object, *, member_id_required: bool = True, client_host: str = "") -> Any:
     groups = context.requests.groups
     assert groups is not None, "the broker sets its group coordinator before it listens"
-    return await groups.handle(message, member_id_required=member_id_required)
+    return await groups.handle(message, member_id_required=member_id_required, client_host=client_host)
 
 
 @register(FIND_COORDINATOR, "FindCoordinator", (0, 2))
@@ -58,7 +58,8 @@ async def join_group(request: Request, context: Context) -> Answer:
         member_id=body.member_id, group_instance_id=messages.field(body, "group_instance_id"),
         protocol_type=body.protocol_type,
         protocols=tuple(wire.JoinGroupProtocol(name=p.name, metadata=p.metadata) for p in body.protocols),
-        client_id=request.client_id or ""), member_id_required=request.version >= 4)
+        client_id=request.client_id or ""), member_id_required=request.version >= 4,
+        client_host=request.client_host)
     return _build(request, {
         "error_code": int(done.error_code), "generation_id": done.generation_id,
         "protocol_name": done.protocol_name or "", "leader": done.leader, "member_id": done.member_id,

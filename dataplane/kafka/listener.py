@@ -27,10 +27,13 @@ class KafkaConnection(PipelinedConnection):
     def __init__(self, context: Context, *, max_frame_bytes: int, inflight_requests_max: int = 64) -> None:
         super().__init__(_never, max_frame_bytes=max_frame_bytes, inflight_requests_max=inflight_requests_max)
         self.context = context
+        self._client_host: str | None = None
 
     def _on_frame(self, payload: bytearray) -> None:
         try:
-            request = protocol.decode_request(payload)
+            if self._client_host is None:
+                self._client_host = "/" + self.stream.peer.rsplit(":", 1)[0]
+            request = protocol.decode_request(payload, self._client_host)
         except protocol.FrameError as exc:
             raise ProtocolError(f"Kafka request refused: {exc}") from exc
         self._queue(request, handlers.start(request, self.context))

@@ -38,7 +38,7 @@ def peek(frame: bytes | bytearray | memoryview) -> tuple[int, int, int]:
     return api_key, version, correlation_id
 
 
-def decode_request(frame: bytearray) -> Request:
+def decode_request(frame: bytearray, client_host: str = "") -> Request:
     api_key, version, correlation_id = peek(frame)
     api = APIS.get(api_key)
     if api is None:
@@ -47,7 +47,7 @@ def decode_request(frame: bytearray) -> Request:
     low, high = api.versions
     if low <= version <= high:
         body, client_id = _decode(api_key, version, frame)
-        return Request(api_key, version, correlation_id, client_id, body, served=True)
+        return Request(api_key, version, correlation_id, client_id, body, served=True, client_host=client_host)
     if api_key == API_VERSIONS:
         # Kafka's rule: answer at v0 with UNSUPPORTED_VERSION and the list, never hang up.
         return Request(api_key, version, correlation_id, None, None, served=False)

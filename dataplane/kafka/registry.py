@@ -24,6 +24,7 @@ class Request:
     client_id: str | None
     body: Any      # the decoded request: a kio entity, or the API's own `read_body` result
     served: bool   # False: a version advertised (or ApiVersions') but not served; answer with an error
+    client_host: str = ""   # "/" and the peer's address, as Kafka's DescribeGroups shows a member's host
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
