@@ -17,6 +17,7 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from common.errors import BiplaneError, ErrorCode, InvalidFieldError
+from common.validation_text import plain_message
 from controller.guardrails import JSON_DEPTH_MAX_DEFAULT, json_too_deep
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
@@ -76,10 +77,8 @@ def validation_error(exc: ValidationError, what: str) -> web.Response:
     parts = []
     for e in errors[:5]:
         loc = ".".join(str(p) for p in e.get("loc", ())) or what
-        msg = e.get("msg", "invalid")
-        if e.get("type") == "extra_forbidden":
-            msg = "unknown field"
-        elif "input" in e and e.get("type") != "missing":
+        msg = plain_message(e)
+        if "input" in e and e.get("type") not in ("missing", "extra_forbidden"):
             msg = f"{msg} (got {e['input']!r})"
         parts.append(f"{loc}: {msg}")
     return error_response(400, ErrorCode.INVALID_REQUEST, f"invalid {what}: " + "; ".join(parts), field=field)

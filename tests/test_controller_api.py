@@ -173,12 +173,12 @@ def test_add_partitions_grows_the_topic_and_shows_them(controller):
     ({"partitions": 1}, "partitions", ["already has 2 partitions", "never removed"]),
     ({"partitions": 20_000}, "partitions", ["partitions 20000", "limit of 1000 partitions per topic",
                                             "--max-partitions-per-topic"]),
-    ({"partitions": 0}, "partitions", ["greater than or equal to 1", "got 0"]),
+    ({"partitions": 0}, "partitions", ["must be at least 1", "got 0"]),
     ({"partitions": 4, "replica_assignment": [[1, 2]]}, "replica_assignment", ["adds 2"]),
     ({"partitions": 3, "replica_assignment": [[1, 2, 3]]}, "replica_assignment",
      ["lists 3 replicas", "replication_factor 2"]),
     ({"partitions": 3, "replica_assignment": [[1, 9]]}, "replica_assignment", ["9"]),
-    ({"count": 3}, "partitions", ["partitions: Field required", "count: unknown field"]),
+    ({"count": 3}, "partitions", ["partitions: is required", "count: unknown field"]),
 ])
 def test_bad_add_partitions_requests_are_400_naming_field_and_value(controller, body, field, words):
     api(controller, "POST", "/v1/topics", {"name": "fixed", "partitions": 2, "replication_factor": 2})

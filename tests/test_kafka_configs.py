@@ -97,9 +97,9 @@ def test_compaction_configs_map_onto_biplane_keys_and_describe_back():
 
 @pytest.mark.parametrize("name, value, words", [
     ("cleanup.policy", "archive", ["'cleanup.policy'", "delete, compact or compact,delete"]),
-    ("min.cleanable.dirty.ratio", "1.5", ["'min.cleanable.dirty.ratio'", "less than or equal to 1"]),
-    ("delete.retention.ms", "-1", ["'delete.retention.ms'", "greater than or equal to 0"]),
-    ("min.compaction.lag.ms", "-5", ["'min.compaction.lag.ms'", "greater than or equal to 0"]),
+    ("min.cleanable.dirty.ratio", "1.5", ["'min.cleanable.dirty.ratio'", "must be at most 1"]),
+    ("delete.retention.ms", "-1", ["'delete.retention.ms'", "must be at least 0"]),
+    ("min.compaction.lag.ms", "-5", ["'min.compaction.lag.ms'", "must be at least 0"]),
 ])
 def test_compaction_values_out_of_bounds_are_refused_by_the_controllers_rules(name, value, words):
     with pytest.raises(InvalidFieldError) as exc:

@@ -94,7 +94,7 @@ def test_cluster_config_changes_are_checked_and_stored_in_their_own_types():
         alter_cluster_config(image, ClusterConfigRequest(set={"colour": 1}))
     with pytest.raises(InvalidConfigError) as small:
         alter_cluster_config(image, ClusterConfigRequest(set={"reassignment_throttle_bytes_per_s": 10}))
-    assert small.value.field == "reassignment_throttle_bytes_per_s" and "greater than or equal to 1024" in str(small.value)
+    assert small.value.field == "reassignment_throttle_bytes_per_s" and "must be at least 1024" in str(small.value)
     with pytest.raises(InvalidConfigError, match="nothing to change"):
         alter_cluster_config(image, ClusterConfigRequest())
     apply(image, alter_cluster_config(image, ClusterConfigRequest(reset=["default_partitions"])))

@@ -45,16 +45,16 @@ def test_min_insync_above_rf_is_refused_naming_both():
 
 
 @pytest.mark.parametrize("key,value,expect", [
-    ("retention_ms", -2, "greater than or equal to -1"),
-    ("segment_bytes", 10, "greater than or equal to 1024"),
+    ("retention_ms", -2, "must be at least -1"),
+    ("segment_bytes", 10, "must be at least 1024"),
     ("replication_mode", "carrier-pigeon", "'pull' or 'push'"),
     ("durability", "maybe", "'fsync' or 'write'"),
-    ("flush_debounce_ms", "soon", "valid integer"),
-    ("unclean_leader_election", "perhaps", "valid boolean"),
+    ("flush_debounce_ms", "soon", "must be a whole number"),
+    ("unclean_leader_election", "perhaps", "must be true or false"),
     ("cleanup_policy", "archive", "delete, compact or compact,delete"),
-    ("min_cleanable_dirty_ratio", "2", "less than or equal to 1"),
-    ("min_compaction_lag_ms", "-1", "greater than or equal to 0"),
-    ("delete_retention_ms", "never", "valid integer"),
+    ("min_cleanable_dirty_ratio", "2", "must be at most 1"),
+    ("min_compaction_lag_ms", "-1", "must be at least 0"),
+    ("delete_retention_ms", "never", "must be a whole number"),
 ])
 def test_bad_value_names_key_value_and_allowed(key, value, expect):
     with pytest.raises(InvalidConfigError) as exc:

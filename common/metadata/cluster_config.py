@@ -19,6 +19,7 @@ from typing import Any, Mapping
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from common.errors import InvalidConfigError
+from common.validation_text import plain_message
 
 THROTTLE_BYTES_PER_S_MIN = 1024
 
@@ -62,6 +63,6 @@ def apply_cluster_config_changes(config: ClusterConfig, changes: Mapping[str, An
     except ValidationError as exc:
         first = exc.errors()[0]
         key = str(first["loc"][0]) if first.get("loc") else "config"
-        raise InvalidConfigError(f"cluster config {key}={changes.get(key)!r}: {first['msg']} "
+        raise InvalidConfigError(f"cluster config {key}={changes.get(key)!r}: {plain_message(first)} "
                                  f"({CLUSTER_CONFIG_MEANINGS.get(key, '')})", field=key,
                                  value=changes.get(key)) from None

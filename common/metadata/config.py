@@ -20,6 +20,7 @@ from common.errors import (
     InvalidReplicationFactorError,
     InvalidTopicError,
 )
+from common.validation_text import plain_message
 
 TOPIC_NAME_LENGTH_MAX = 249
 PARTITIONS_MAX = 10_000
@@ -175,9 +176,7 @@ def _raise_from(exc: ValidationError, values: Mapping[str, Any]) -> None:
     loc = [str(part) for part in err.get("loc", ())]
     key = loc[0] if loc else _guess_relation_key(str(err.get("msg", "")))
     value = values.get(key)
-    msg = str(err.get("msg", "invalid value"))
-    if msg.startswith("Value error, "):
-        msg = msg[len("Value error, "):]
+    msg = plain_message(err)
     if loc:
         text = f"invalid value {value!r} for topic config '{key}': {msg}"
     else:

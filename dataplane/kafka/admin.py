@@ -25,6 +25,7 @@ from common.requests import AddPartitionsRequest, AdminAnswer, AlterConfigReques
 from dataplane.kafka import configs, messages
 
 from dataplane.kafka.registry import Context, Request, register
+from common.validation_text import plain_message
 
 Answer = Any  # a kio response entity
 log = logging.getLogger("biplane.kafka")
@@ -152,7 +153,7 @@ async def _attempt_model(call: Callable[[], Awaitable[object]]) -> dict[str, Any
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ()))
         code = _FIELD_CODES.get(where.split(".")[0], ErrorCode.INVALID_REQUEST)
-        return {"error_code": int(code), "error_message": f"{where}: {first.get('msg')} (got {first.get('input')!r})"}
+        return {"error_code": int(code), "error_message": f"{where}: {plain_message(first)} (got {first.get('input')!r})"}
 
 
 async def auto_create(name: str, port: AdminPort, shape: tuple[int, int]) -> ErrorCode:
