@@ -249,6 +249,12 @@ def test_the_offsets_topic_cannot_be_deleted_or_grown_by_a_client(cluster: Clust
         "guard", [confluent_kafka.TopicPartition(topic, 0)])])
     committed = read["guard"].result(20).topic_partitions
     assert [(p.topic, p.partition, p.offset) for p in committed] == [(topic, 0, 7)]
+    # ListGroups v4: each group's state, and the filter by state (librdkafka showed UNKNOWN).
+    empty = confluent_kafka.ConsumerGroupState.EMPTY
+    listed = admin.list_consumer_groups(states={empty}).result(20).valid
+    assert [(g.group_id, g.state) for g in listed if g.group_id == "guard"] == [("guard", empty)]
+    stable = admin.list_consumer_groups(states={confluent_kafka.ConsumerGroupState.STABLE}).result(20).valid
+    assert "guard" not in {g.group_id for g in stable}
 
 
 class PolledConsumer:

@@ -15,7 +15,7 @@ from dataplane.kafka.registry import APIS, Request, register
 
 # Kafka's classic group APIs and the versions served (dataplane/kafka/groups.py).
 GROUP_VERSIONS = {8: (2, 7), 9: (1, 5), 10: (0, 2), 11: (0, 5), 12: (0, 3), 13: (0, 3), 14: (0, 3), 15: (0, 4),
-                  16: (0, 2), 42: (0, 1)}
+                  16: (0, 4), 42: (0, 1)}
 TRANSACTION_KEYS = {24, 25, 26, 28, 47, 61, 65, 66, 68, 69}
 
 

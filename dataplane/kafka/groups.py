@@ -153,11 +153,14 @@ async def describe_groups(request: Request, context: Context) -> Answer:
         for g in done.groups]})
 
 
-@register(LIST_GROUPS, "ListGroups", (0, 2))
+@register(LIST_GROUPS, "ListGroups", (0, 4))
 async def list_groups(request: Request, context: Context) -> Answer:
-    done = await _ask(context, wire.ListGroupsRequest())
+    # v4 (KIP-518): a filter by state, and each group's state (clients show UNKNOWN without).
+    states = tuple(messages.field(request.body, "states_filter", ()) or ())
+    done = await _ask(context, wire.ListGroupsRequest(states_filter=states))
     return _build(request, {"error_code": int(done.error_code), "groups": [
-        {"group_id": g.group_id, "protocol_type": g.protocol_type} for g in done.groups]})
+        {"group_id": g.group_id, "protocol_type": g.protocol_type, "group_state": g.group_state}
+        for g in done.groups]})
 
 
 @register(DELETE_GROUPS, "DeleteGroups", (0, 1))
