@@ -267,6 +267,9 @@ async def serve(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    # Hand leadership over while the API still answers: brokers keep heartbeating to the
+    # successor, and this node fences nobody it can no longer hear.
+    await service.resign()
     watchdog.stop()
     if metrics_server is not None:
         await metrics_server.close()

@@ -294,6 +294,7 @@ class RaftNode:
         self._priorities = dict(settings.peer_priorities)
         self._leader_since = 0.0
         self._last_transfer_check = 0.0
+        self._resigning = False   # set by hand_over: no transfer by priority after it
         self._last_ping = 0.0
         self._peer_nodes = [TCPNode(a) for a in settings.peer_addresses]
         os.makedirs(settings.data_dir, exist_ok=True)
@@ -360,6 +361,20 @@ class RaftNode:
         if obj is None or obj._biplane_journal is None:
             raise RuntimeError("RaftNode is not started")
         return obj, obj._biplane_journal
+
+    def hand_over(self) -> None:
+        """Ask the tick thread to hand leadership to the most caught-up connected peer (Raft's
+        TimeoutNow), so that a stopping leader's successor takes over now, not after an
+        election timeout; no priority transfer is made after it. Nothing on a follower, a
+        lone node, or when no peer is caught up (ask again)."""
+        self._resigning = True
+        self._calls.append(self._hand_over)
+
+    def _hand_over(self) -> None:
+        obj = self._started()[0]
+        if obj._isLeader() and self._peer_nodes:
+            log.info("stopping: handing leadership to a caught-up peer")
+            obj.transferLeadership(None)
 
     def stop(self) -> None:
         """Idempotent. Stops the tick thread and closes the journal (flushed)."""
@@ -451,6 +466,8 @@ class RaftNode:
     def _maybe_transfer(self) -> None:
         obj = self._started()[0]
         now = time.monotonic()
+        if self._resigning:
+            return
         if not obj._isLeader():
             self._leader_since = 0.0
             return

@@ -115,6 +115,7 @@ class RaftHandle(Protocol):
     def settings(self) -> RaftSettingsView: ...
     def start(self) -> None: ...
     def stop(self) -> None: ...
+    def hand_over(self) -> None: ...
     def status(self) -> RaftStatusView: ...
     def propose(self, command_json: str) -> "asyncio.Future[Outcome]": ...
 
@@ -177,6 +178,7 @@ class ControllerService:
         self._advanced = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
+        self._resigning = False
         self._last_tick_s: float | None = None   # time.monotonic() of the last _tick
 
     # ------------------------------------------------------------ lifecycle
@@ -187,6 +189,31 @@ class ControllerService:
                                        on_role_change=self._on_role_change)
         self.raft.start()
         self._task = loop.create_task(self._timer(), name="controller-timer")
+
+    async def resign(self, timeout_s: float = 2.0) -> bool:
+        """Before a stop: decide nothing more as leader, and hand Raft's leadership to a caught-up
+        peer. A stopping leader went on deciding while its API was closing, so it heard no
+        heartbeat and fenced every broker 1.5 s later (an operator's `biplane restart
+        controller` of the leader). True once another node leads or this one never did; waits
+        up to `timeout_s` for the handover, asking again while no peer is caught up."""
+        self._resigning = True
+        self._untrust("controller is stopping")
+        if self.raft is None:
+            return True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        asked_at = None
+        while self.raft.status().is_leader:
+            if loop.time() >= deadline:
+                log.warning("controller %d still leads %.1f s after asking a peer to take over; stopping "
+                            "anyway (the others elect a leader after their election timeout)", self.node_id,
+                            timeout_s, extra={"event": "controller.handover_timed_out"})
+                return False
+            if asked_at is None or loop.time() - asked_at >= 0.25:
+                self.raft.hand_over()
+                asked_at = loop.time()
+            await asyncio.sleep(0.02)
+        return True
 
     async def stop(self) -> None:
         """Idempotent."""
@@ -284,6 +311,8 @@ class ControllerService:
 
     def _tick(self) -> None:
         assert self.raft is not None, "started"
+        if self._resigning:
+            return   # no marker, no decisions: a peer takes over (resign)
         paused_ms = self._paused_ms()
         status = self.raft.status()
         if self.pending is not None and (not status.is_leader or status.term != self.trusted_term):

@@ -46,9 +46,15 @@ class FakeRaft:
         self.hold = False
         self.fail_next = False
         self.held: list = []
+        self.handed_over = 0   # hand_over() calls; `leader_after_hand_over` False: the peer takes over
+        self.leader_after_hand_over = False
 
     def start(self) -> None:
         pass
+
+    def hand_over(self) -> None:
+        self.handed_over += 1
+        self.leader = self.leader_after_hand_over
 
     def stop(self) -> None:
         pass
@@ -446,3 +452,42 @@ def test_a_new_leader_times_each_broker_from_its_last_heartbeat_heard_as_a_follo
     # Broker 5, last heard 6 s before the start (over a session and the grace), gets the grace.
     assert fenced_at.get(5) is not None and 14_700 < fenced_at[5] <= 14_900, fenced_at
     assert 1 not in fenced_at, fenced_at
+
+
+def test_a_stopping_leader_decides_nothing_more_and_hands_its_leadership_over():
+    """`biplane restart controller` of the leader fenced every broker: the stopping leader closed
+    its API, heard no more heartbeats, and its periodic pass fenced them 1.5 s later. It now
+    resigns first: no decision after it (a broker silent past its session stays unfenced
+    here), and Raft is asked to hand leadership to a peer, again while none has taken it."""
+    from common.requests import HeartbeatRequest
+    from controller import core as c
+
+    async def run():
+        clock = {"wall_ms": 1_000}
+        service = make_service(leader_settings=LeaderSettings(session_timeout_ms=1_500),
+                               periodic_interval_ms=3_600_000, clock_ms=lambda: clock["wall_ms"])
+        await service.start()
+        service._tick()
+        for _ in range(100):
+            if service.is_leader:
+                break
+            await asyncio.sleep(0.01)
+        await service.execute(c.RegisterBroker(request=register(1), now_ms=clock["wall_ms"]))
+        await service.execute(c.Heartbeat(request=HeartbeatRequest(broker_id=1, incarnation_id="i1",
+                                                                   metadata_offset=10**6), now_ms=clock["wall_ms"]))
+        service._tick()
+        await asyncio.sleep(0.01)
+        assert not service.committed.brokers[1].fenced
+        raft = service.fake()
+        raft.leader_after_hand_over = True     # no peer caught up yet: it stays leader a while
+        resigned = asyncio.create_task(service.resign(timeout_s=5.0))
+        await asyncio.sleep(0.3)
+        assert not service.is_leader and raft.handed_over >= 2, raft.handed_over   # asked again
+        clock["wall_ms"] += 10_000              # far past broker 1's session
+        service._tick()
+        await asyncio.sleep(0.05)
+        assert not service.committed.brokers[1].fenced and not service.is_leader
+        raft.leader_after_hand_over = False     # a peer took over
+        assert await asyncio.wait_for(resigned, 2.0) is True
+        await service.stop()
+    asyncio.run(run())
