@@ -197,6 +197,23 @@ def test_a_definite_refusal_leaves_a_gap_closed_by_a_new_epoch():
     assert send(c, "b", now_ms=2) == Stamp(producer_id=7, producer_epoch=1, base_sequence=0)
 
 
+def test_a_batch_refused_below_min_insync_until_its_timeout_fails_as_not_written_naming_the_refusal():
+    """Rule: NOT_ENOUGH_REPLICAS is refused before any append (Kafka's rule; admission.py): a
+    batch refused so until its delivery timeout was not written, and the caller hears why. A
+    user stopping two of three brokers was told the record "may be in the log", with
+    REQUEST_TIMED_OUT and no word of the ISR."""
+    c = core()
+    send(c, "a")
+    now = 1
+    while now < 1000:
+        assert c.answered("a", error=ErrorCode.NOT_ENOUGH_REPLICAS, base_offset=-1, now_ms=now) == []
+        _, _ = resend(c, now + 10)
+        now += 20
+    (fail,) = c.answered("a", error=ErrorCode.NOT_ENOUGH_REPLICAS, base_offset=-1, now_ms=1001)
+    assert isinstance(fail, Fail) and not fail.outcome_unknown, fail
+    assert "not written" in fail.reason and "NOT_ENOUGH_REPLICAS" in fail.reason, fail.reason
+
+
 def test_a_duplicate_resolves_with_the_offset_the_leader_returns():
     """Rule: a retry the leader recognises as a duplicate resolves with the original offset
     (the leader answers NONE with it; see tests/test_producer_state.py)."""

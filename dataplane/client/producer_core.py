@@ -54,10 +54,12 @@ PRODUCER_EPOCH_MAX = 32_767
 OUTSTANDING_PER_PARTITION_MAX = 5
 
 # Refusals a leader gives before appending anything: the attempt was not written.
+# (NOT_ENOUGH_REPLICAS is Kafka's before-append refusal of acks=all below min_insync_replicas;
+# its after-append twin, NOT_ENOUGH_REPLICAS_AFTER_APPEND, is not here.)
 REFUSED_BEFORE_APPEND = frozenset({
     ErrorCode.OUT_OF_ORDER_SEQUENCE, ErrorCode.UNKNOWN_PRODUCER_ID, ErrorCode.INVALID_PRODUCER_EPOCH,
     ErrorCode.MESSAGE_TOO_LARGE, ErrorCode.RECORD_LIST_TOO_LARGE, ErrorCode.INVALID_REQUIRED_ACKS,
-    ErrorCode.INVALID_RECORD,
+    ErrorCode.INVALID_RECORD, ErrorCode.CORRUPT_MESSAGE, ErrorCode.NOT_ENOUGH_REPLICAS,
 })
 _SEQUENCE_REFUSALS = frozenset({
     ErrorCode.OUT_OF_ORDER_SEQUENCE, ErrorCode.UNKNOWN_PRODUCER_ID, ErrorCode.INVALID_PRODUCER_EPOCH,
@@ -126,6 +128,7 @@ class _Flight(Generic[B]):
     maybe_written: bool = False     # some attempt could have been appended
     retry_at_ms: int = 0
     done: bool = False              # its caller was told (acknowledged or failed)
+    last_refusal: ErrorCode | None = None   # the leader's last error for it: named if it expires
 
     @property
     def last_sequence(self) -> int:
@@ -406,6 +409,7 @@ class ProducerCore(Generic[B]):
         else:
             if error not in REFUSED_BEFORE_APPEND:
                 flight.maybe_written = True
+            flight.last_refusal = error
             out += self._after_error(part, flight, error, now_ms)
         self._advance(part)
         return out
@@ -461,6 +465,9 @@ class ProducerCore(Generic[B]):
     def _fail(self, part: _Partition[B], flight: _Flight[B], error: ErrorCode, now_ms: int,
               reason: str = "", *, why: str = "") -> Fail[B]:
         expired = now_ms >= flight.created_ms + self.delivery_timeout_ms
+        if expired and not reason and flight.last_refusal is not None:
+            # A retriable refusal retried until the deadline: what the user can act on.
+            reason = f"the leader last answered {flight.last_refusal.name}"
         if flight.maybe_written:
             if why:
                 expired = False
