@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+import threading
 from pathlib import Path
 
 import pytest
@@ -204,6 +205,41 @@ def test_ctrl_c_and_sigterm_end_produce_and_consume_cleanly(up, silent_port):
         assert_clean(text)
         if command == "produce":
             assert "sent 2 record(s) to signals (interrupted)" in text, text
+
+
+def test_an_interrupted_produce_counts_as_sent_what_the_cluster_acknowledged(up):
+    """SIGTERM to a produce with thousands of records in flight: it reported records the
+    cluster committed as failed (the wait on them cancelled their futures). What it says it
+    sent is now what the partition holds, and nothing is counted failed."""
+    create_topic(up, "interrupted")
+    proc = subprocess.Popen([PYTHON, "-m", "common.cli", "produce", "interrupted", "--data-dir", str(up.data_dir)],
+                            cwd=up.elsewhere, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env_without_cluster(), preexec_fn=_signals_as_in_a_terminal)
+    assert proc.stdin is not None
+    feed = threading.Thread(target=_feed_lines, args=(proc.stdin,), daemon=True)
+    feed.start()
+    deadline = time.monotonic() + 30
+    while up.end_offset("interrupted", 0) < 20_000 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+    _, err = proc.communicate(timeout=30)
+    text = err.decode()
+    assert proc.returncode == 128 + signal.SIGTERM, (proc.returncode, text)
+    assert_clean(text)
+    match = re.search(r"sent (\d+) record\(s\) to interrupted(.*)\(interrupted\)", text)
+    assert match, text
+    assert "failed" not in match.group(2), text
+    assert int(match.group(1)) == up.end_offset("interrupted", 0) - 1, (text, up.end_offset("interrupted", 0))
+
+
+def _feed_lines(stdin) -> None:
+    try:
+        for i in range(0, 2_000_000, 1000):
+            stdin.write(b"".join(b"%d\n" % n for n in range(i, i + 1000)))
+        stdin.close()
+    except (BrokenPipeError, OSError):
+        pass   # the produce was stopped: the test is over
 
 
 def test_a_closed_stdout_ends_a_command_quietly(up):

@@ -239,8 +239,13 @@ def _start_stdin_reader(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[li
 
 
 async def _settle(futures: list[RecordFuture], prog: str) -> None:
-    results = await asyncio.gather(*futures, return_exceptions=True)
-    errors = [r for r in results if isinstance(r, BaseException)]
+    if not futures:
+        return
+    # asyncio.wait, not gather: Ctrl-C cancels this wait, never the records' futures, which the
+    # producer's flush on the way out still settles. gather cancelled them, so records the
+    # cluster then acknowledged were counted as failed.
+    await asyncio.wait(futures)
+    errors = [e for f in futures if not f.cancelled() and (e := f.exception()) is not None]
     for e in errors[:3]:
         _note(prog, str(e))
 
