@@ -241,10 +241,20 @@ def _start_stdin_reader(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[li
 async def _settle(futures: list[RecordFuture], prog: str) -> None:
     if not futures:
         return
-    # asyncio.wait, not gather: Ctrl-C cancels this wait, never the records' futures, which the
-    # producer's flush on the way out still settles. gather cancelled them, so records the
-    # cluster then acknowledged were counted as failed.
-    await asyncio.wait(futures)
+    # One future of our own for all of them, not gather: Ctrl-C cancels this wait, never the
+    # records' futures, which the producer's flush on the way out still settles. gather
+    # cancelled them, so records the cluster then acknowledged were counted as failed.
+    all_done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    remaining = len(futures)
+
+    def one_done(_: RecordFuture) -> None:
+        nonlocal remaining
+        remaining -= 1
+        if remaining == 0 and not all_done.done():
+            all_done.set_result(None)
+    for future in futures:
+        future.add_done_callback(one_done)
+    await all_done
     errors = [e for f in futures if not f.cancelled() and (e := f.exception()) is not None]
     for e in errors[:3]:
         _note(prog, str(e))
