@@ -419,6 +419,46 @@ def test_commands_fail_clearly_without_a_traceback(detached, tmp_path):
     assert not [r.stderr for r in runs if "Traceback" in r.stderr]
 
 
+@pytest.mark.parametrize("flags, says", [
+    (["--backoff-initial-s", "-1"], "--backoff-initial-s -1 must be more than 0 seconds"),
+    (["--timeout-s", "-1"], "--timeout-s -1 must be more than 0 seconds"),
+    (["--status-interval-s", "0"], "--status-interval-s 0 must be more than 0 seconds"),
+    (["--brokers", "0"], "--brokers 0 must be 1 or more"),
+    (["--topic", "bad name"], "has illegal characters"),
+    (["--topic", "x:3:9", "--brokers", "3"], "replication factor 9 is more than the 3 broker(s)"),
+    (["--data-dir", "/dev/null/x"], "cannot use --data-dir /dev/null/x: Not a directory"),
+])
+def test_up_refuses_bad_flags_before_starting_anything(tmp_path, flags, says):
+    """Each used to start processes first, or end in a traceback (a negative backoff, a data
+    directory under a file); now one line naming the flag and its value, and nothing runs."""
+    data_dir = tmp_path / "c"
+    r = biplane("up", "--detach", "--data-dir", str(data_dir), *flags, timeout_s=60)
+    assert r.returncode == 1 and says in r.stderr, (r.returncode, r.stderr)
+    assert "Traceback" not in r.stderr
+    assert not (data_dir / "cluster.json").exists()
+
+
+def test_a_port_whose_connections_linger_in_time_wait_is_free_to_reuse():
+    """After `biplane down` a controller's port holds connections in TIME_WAIT (the server
+    closed them first); the controller binds with SO_REUSEADDR, so the port is free to it. The
+    check that picks a resumed cluster's ports bound without it, took the port as taken, and
+    moved the controller's URL."""
+    from dataplane.cluster.up import port_free
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as the servers listen
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    accepted, _ = listener.accept()
+    accepted.close()          # the server side closes first: its end goes to TIME_WAIT
+    time.sleep(0.05)
+    client.close()
+    listener.close()
+    time.sleep(0.05)
+    assert port_free(port)
+
+
 def test_down_after_a_respawn_leaves_no_process(detached):
     """kill -9 of a broker, its respawn, then `biplane down`: it says stopped only when every pid
     the cluster file ever recorded (old and new, supervisor included) is gone, and cluster.json

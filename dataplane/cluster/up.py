@@ -55,6 +55,10 @@ class UpError(Exception):
 
 def port_free(port: int) -> bool:
     with socket.socket() as s:
+        # As the servers bind (asyncio's and aiohttp's reuse_address): a port whose last
+        # connections linger in TIME_WAIT after `biplane down` is free to them, so a resumed
+        # cluster keeps its ports (it moved its controllers' before, and their URLs with them).
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
@@ -664,15 +668,51 @@ def create_topics(state: dict[str, Any], topics: list[tuple[str, int, int]]) -> 
                 raise UpError(f"--topic {name}: {exc}") from None
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """Refuse what cannot work before anything starts (a cluster of six processes started and
+    then told it was 'not healthy within -1 s' is no way to learn a flag was wrong)."""
+    for flag, value in (("--timeout-s", args.timeout_s), ("--status-interval-s", args.status_interval_s),
+                        ("--stop-wait-s", args.stop_wait_s), ("--backoff-initial-s", args.backoff_initial_s),
+                        ("--backoff-max-s", args.backoff_max_s)):
+        if not value > 0:
+            raise UpError(f"{flag} {value:g} must be more than 0 seconds")
+    if args.backoff_stable_s < 0:
+        raise UpError(f"--backoff-stable-s {args.backoff_stable_s:g} must be 0 or more seconds")
+    if args.backoff_initial_s > args.backoff_max_s:
+        raise UpError(f"--backoff-initial-s {args.backoff_initial_s:g} must not exceed --backoff-max-s "
+                      f"{args.backoff_max_s:g}")
+    if args.brokers is not None and args.brokers < 1:
+        raise UpError(f"--brokers {args.brokers} must be 1 or more")
+    if args.controllers is not None and args.controllers not in (1, 3, 5):
+        raise UpError(f"--controllers {args.controllers} must be 1, 3 or 5 (a Raft quorum)")
+    from common.errors import InvalidTopicError
+    from common.metadata.config import validate_topic_name
+    brokers = args.brokers if args.brokers is not None else 3
+    for name, _, rf in parse_topics(args.topic, brokers):
+        try:
+            validate_topic_name(name)
+        except InvalidTopicError as exc:
+            raise UpError(f"--topic {name!r}: {exc}") from None
+        if args.brokers is not None and rf > args.brokers:
+            raise UpError(f"--topic {name!r}: replication factor {rf} is more than the {args.brokers} broker(s)")
+
+
 def main(argv: list[str], prog: str) -> int:
     args = build_parser(prog).parse_args(argv)
     data_dir = resolve_data_dir(args.data_dir)
     try:
+        check_args(args)
         if args.detach:
             return detach(args, argv, data_dir)
         return run(args, data_dir)
     except UpError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        # The data directory (or a file under it) cannot be made or written.
+        where = f" ({exc.filename})" if exc.filename else ""
+        print(f"{prog}: cannot use --data-dir {data_dir}: {exc.strerror or exc}{where}; "
+              "choose a directory you can write", file=sys.stderr)
         return 1
 
 
@@ -689,6 +729,7 @@ def detach(args: argparse.Namespace, argv: list[str], data_dir: Path) -> int:
     log_path = data_dir / "logs" / "up.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     started = time.time()
+    earlier_bytes = log_path.stat().st_size if log_path.exists() else 0   # earlier runs' lines: not this one's
     with open(log_path, "ab") as log:
         proc = subprocess.Popen([sys.executable, "-m", "common.cli", "up", "--data-dir", str(data_dir), "--supervise",
                                  *rest], stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
@@ -696,7 +737,9 @@ def detach(args: argparse.Namespace, argv: list[str], data_dir: Path) -> int:
     while time.monotonic() < deadline:
         code = proc.poll()
         if code is not None:
-            tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-15:])
+            with open(log_path, "rb") as f:
+                f.seek(earlier_bytes)
+                tail = "\n".join(f.read().decode(errors="replace").splitlines()[-15:])
             raise UpError(f"the cluster did not start (exit code {code}); the end of {log_path}:\n{tail}")
         state = read_state(data_dir)
         if (state and state.get("status") == "running" and (state.get("supervisor") or {}).get("pid") == proc.pid
