@@ -207,16 +207,53 @@ def parse_value(text: str) -> Any:
 
 
 def parse_pairs(pairs: list[str], what: str) -> dict[str, Any]:
-    out = {}
+    out: dict[str, Any] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise CliError(f"{what} {pair!r} is not KEY=VALUE")
-        out[key.strip()] = parse_value(value.strip())
+        key, parsed = key.strip(), parse_value(value.strip())
+        if key in out and out[key] != parsed:
+            raise CliError(f"{what} {key} is given twice ({out[key]!r} and {parsed!r}); give it once")
+        out[key] = parsed
     return out
 
 
 # ---------------------------------------------------------------- commands
+
+def _topic_shape(args: argparse.Namespace) -> dict[str, Any]:
+    """`topic create`'s partitions, replication factor, config and assignment, from whichever
+    of its ways a user gave them: the flags, `--config partitions=N` (the config key list names
+    them), or `--replica-assignment`, which fixes both. Two ways that disagree are refused."""
+    config = parse_pairs(args.config, "--config")
+    shape: dict[str, tuple[str, int]] = {}
+    for key, flag, value in (("partitions", "--partitions", args.partitions),
+                             ("replication_factor", "--replication-factor", args.replication_factor)):
+        given = [(flag, value)] if value is not None else []
+        for k in [k for k in config if k.replace(".", "_").replace("-", "_") == key]:
+            raw = config.pop(k)
+            try:
+                given.append((f"--config {k}", int(raw)))
+            except (TypeError, ValueError):
+                raise CliError(f"--config {k}={raw!r} is not a whole number") from None
+        if len({v for _, v in given}) > 1:
+            raise CliError(f"{key} given twice with different values: "
+                           + " and ".join(f"{where} {v}" for where, v in given) + "; give it once")
+        if given:
+            shape[key] = given[0]
+    body: dict[str, Any] = {"partitions": 1, "replication_factor": 1, "config": config}
+    if args.replica_assignment:
+        assignment = parse_assignment(args.replica_assignment)
+        implied = {"partitions": len(assignment), "replication_factor": len(assignment[0])}
+        for key, (where, value) in shape.items():
+            if value != implied[key]:
+                raise CliError(f"{where} {value} disagrees with --replica-assignment, which lists "
+                               f"{implied[key]} ({key}); leave {where} out, the assignment sets it")
+        body.update(implied, replica_assignment=assignment)
+    else:
+        body.update({key: value for key, (_, value) in shape.items()})
+    return body
+
 
 def parse_assignment(text: str) -> list[list[int]]:
     try:
@@ -372,11 +409,13 @@ def topic_main(argv: list[str], prog: str) -> int:
                        epilog=config_keys_help() + "\n\n" + ADDRESS_EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_argument("name", help="the topic's name: letters, digits, '.', '_' and '-', at most 249")
-    c.add_argument("--partitions", type=int, default=1, help="partition count (default 1)")
-    c.add_argument("--replication-factor", type=int, default=1,
+    c.add_argument("--partitions", type=int, help="partition count (default 1)")
+    c.add_argument("--replication-factor", type=int,
                    help="replicas per partition, at most the number of live brokers (default 1)")
     c.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
                    help="a topic config setting (repeatable); the keys are listed below")
+    c.add_argument("--if-not-exists", action="store_true",
+                   help="succeed without a change when the topic exists already (as kafka-topics)")
     c.add_argument("--replica-assignment", metavar="1,2:2,3",
                    help="replica lists per partition, ':' between partitions, preferred leader first "
                         "(sets the partition count and replication factor)")
@@ -407,15 +446,16 @@ def topic_main(argv: list[str], prog: str) -> int:
 
     def go(args: argparse.Namespace, api: ApiClient) -> str:
         if args.action == "create":
-            body: dict[str, Any] = {"name": args.name, "partitions": args.partitions,
-                                    "replication_factor": args.replication_factor,
-                                    "config": parse_pairs(args.config, "--config")}
-            if args.replica_assignment:
-                body["replica_assignment"] = parse_assignment(args.replica_assignment)
-                body["partitions"] = len(body["replica_assignment"])
-                body["replication_factor"] = len(body["replica_assignment"][0])
-            doc = api.call("POST", "/v1/topics", body)
-            return emit(args, doc, f"created topic {doc['name']} ({len(doc['partitions'])} partitions, "
+            body: dict[str, Any] = {"name": args.name, **_topic_shape(args)}
+            try:
+                doc = api.call("POST", "/v1/topics", body)
+            except CliError as exc:
+                if args.if_not_exists and str(exc).startswith("TOPIC_ALREADY_EXISTS"):
+                    return emit(args, {"name": args.name, "created": False},
+                                f"topic {args.name} exists already; nothing changed")
+                raise
+            count = len(doc["partitions"])
+            return emit(args, doc, f"created topic {doc['name']} ({count} partition{'' if count == 1 else 's'}, "
                                    f"metadata offset {doc['metadata_offset']})")
         if args.action == "list":
             doc = api.call("GET", "/v1/topics")

@@ -100,6 +100,10 @@ def test_the_banners_try_it_line_works_as_printed(up):
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.splitlines()[-1] == "hello", r.stdout + r.stderr
     assert "stop it with" in up.banner and f"down --data-dir {up.data_dir}" in up.banner
+    # Again, with the topic there (a resumed cluster, or `--topic events`).
+    r = subprocess.run(line, shell=True, cwd=REPO, capture_output=True, text=True, timeout=90,
+                       env=env_without_cluster())
+    assert r.returncode == 0 and "exists already" in r.stdout, r.stdout + r.stderr
 
 
 def test_banner_names_the_data_dir_only_where_the_cli_would_not_find_it(tmp_path, monkeypatch):
@@ -110,10 +114,10 @@ def test_banner_names_the_data_dir_only_where_the_cli_would_not_find_it(tmp_path
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("BIPLANE_CLUSTER", raising=False)
     assert "--data-dir" not in banner(state, tmp_path / ".biplane")
-    assert "produce events --data-dir other" in banner(state, tmp_path / "other")
+    assert f"produce events --data-dir {tmp_path.resolve() / 'other'}" in banner(state, tmp_path / "other")
     monkeypatch.setenv("BIPLANE_CLUSTER", str(tmp_path / "other"))
     assert "--data-dir" not in banner(state, tmp_path / "other")
-    assert "--data-dir .biplane" in banner(state, tmp_path / ".biplane")
+    assert f"--data-dir {tmp_path.resolve() / '.biplane'}" in banner(state, tmp_path / ".biplane")
 
 
 def test_admin_and_data_commands_follow_data_dir_and_biplane_cluster(up):
@@ -350,6 +354,29 @@ def test_every_flag_of_the_user_commands_has_help(monkeypatch):
                 if not action.help:
                     missing.append(f"{parser.prog} {'/'.join(action.option_strings) or action.dest}")
     assert not missing, missing
+
+
+def test_topic_create_takes_its_shape_from_flags_config_or_assignment_and_refuses_two_that_disagree():
+    """`--config partitions=4` (the help's key list names it) was refused as "set 'partitions'
+    with the request field"; `--partitions 2 --replica-assignment 1,2` dropped the 2 silently;
+    a key given twice kept the last value silently."""
+    import argparse as ap
+    from controller.admin_cli import CliError, _topic_shape
+
+    def shape(partitions=None, rf=None, config=(), assignment=None):
+        return _topic_shape(ap.Namespace(partitions=partitions, replication_factor=rf, config=list(config),
+                                         replica_assignment=assignment))
+    assert shape() == {"partitions": 1, "replication_factor": 1, "config": {}}
+    got = shape(config=["partitions=4", "replication.factor=2", "retention_ms=5"])
+    assert got == {"partitions": 4, "replication_factor": 2, "config": {"retention_ms": 5}}
+    assert shape(partitions=4, config=["partitions=4"])["partitions"] == 4
+    with pytest.raises(CliError, match="--partitions 3 and --config partitions 4"):
+        shape(partitions=3, config=["partitions=4"])
+    assert shape(assignment="1,2:2,3")["partitions"] == 2
+    with pytest.raises(CliError, match="--partitions 3 disagrees with --replica-assignment"):
+        shape(partitions=3, assignment="1,2:2,3")
+    with pytest.raises(CliError, match="durability is given twice"):
+        shape(config=["durability=fsync", "durability=write"])
 
 
 def test_topic_create_help_lists_every_config_key(capsys):

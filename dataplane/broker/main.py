@@ -85,7 +85,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                    help="the longest session timeout a group member may ask for (default 1800000)")
     p.add_argument("--offsets-retention-minutes", type=int, default=7 * 24 * 60,
                    help="how long an empty group's committed offsets are kept (default 7 days)")
-    p.add_argument("--ports-file", help="write {\"port\", \"metrics_port\"} as JSON here once listening")
+    p.add_argument("--ports-file", help="write {\"port\", \"metrics_port\", \"kafka_port\", \"pid\"} as JSON here once listening")
     p.add_argument("--log-level", default="WARNING", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     return p
 

@@ -467,11 +467,12 @@ def biplane_command() -> str:
 
 def data_dir_flag(data_dir: Path) -> str:
     """` --data-dir DIR` for the commands we print, unless the CLI finds this cluster without it
-    (DIR is ./.biplane, or what BIPLANE_CLUSTER names): a printed command must work as printed."""
+    (DIR is ./.biplane, or what BIPLANE_CLUSTER names): a printed command must work as printed,
+    from any directory (so DIR is absolute)."""
     import shlex
     if cluster_file_source()[0].parent.resolve() == data_dir.resolve():
         return ""
-    return f" --data-dir {shlex.quote(shown_path(data_dir))}"
+    return f" --data-dir {shlex.quote(str(data_dir.resolve()))}"
 
 
 def shown_path(data_dir: Path) -> str:
@@ -501,7 +502,7 @@ def banner(state: dict[str, Any], data_dir: Path) -> str:
              + (f"; elsewhere give --data-dir {shown}, or export {CLUSTER_ENV}={shown}" if flag else "") + ")",
              "Try it:",
              f"  {cmd} topic create events --partitions 3 --replication-factor "
-             f"{min(3, len(state['brokers']))}{flag} && echo hello | {cmd} produce events{flag} "
+             f"{min(3, len(state['brokers']))} --if-not-exists{flag} && echo hello | {cmd} produce events{flag} "
              f"&& {cmd} consume events --from-beginning --max-records 1{flag}"]
     return "\n".join(lines)
 
