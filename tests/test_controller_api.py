@@ -189,6 +189,14 @@ def test_bad_add_partitions_requests_are_400_naming_field_and_value(controller, 
     assert len(api(controller, "GET", "/v1/topics/fixed/partitions").body["partitions"]) == 2
 
 
+def test_the_offsets_topic_is_not_created_by_hand(controller):
+    """A user created __consumer_offsets with 1 partition, RF 1 and cleanup_policy=delete, and
+    groups then kept their offsets there; the brokers create it, compacted, on first use."""
+    r = api(controller, "POST", "/v1/topics", {"name": "__consumer_offsets", "partitions": 1})
+    assert r.status == 400 and r.error["code"] == "INVALID_TOPIC" and "creating it by hand" in r.error["message"], r.body
+    assert api(controller, "GET", "/v1/topics/__consumer_offsets").status == 404
+
+
 def test_add_partitions_to_an_unknown_topic_is_404(controller):
     assert api(controller, "POST", "/v1/topics/ghost/partitions", {"partitions": 3}).status == 404
 

@@ -231,6 +231,23 @@ def test_the_offsets_topic_is_neither_deleted_nor_grown():
     assert add_partitions(image, "t", AddPartitionsRequest(partitions=2))
 
 
+def test_the_offsets_topic_stays_compacted_and_its_other_settings_may_change():
+    """Retention on the offsets topic deleted groups' last commits: a policy other than compact
+    is refused there (and allowed elsewhere); other settings may change, as in Kafka."""
+    from common.metadata.config import OFFSETS_TOPIC
+    image = cluster(3)
+    add_topic(image, OFFSETS_TOPIC, [[1, 2, 3]])
+    apply(image, alter_config(image, OFFSETS_TOPIC, AlterConfigRequest(set={"cleanup_policy": "compact"})))
+    with pytest.raises(InvalidConfigError, match="must stay cleanup_policy=compact"):
+        alter_config(image, OFFSETS_TOPIC, AlterConfigRequest(set={"cleanup_policy": "delete",
+                                                                    "retention_ms": 1000}))
+    with pytest.raises(InvalidConfigError, match="compact,delete"):
+        alter_config(image, OFFSETS_TOPIC, AlterConfigRequest(set={"cleanup_policy": "compact,delete"}))
+    assert alter_config(image, OFFSETS_TOPIC, AlterConfigRequest(set={"segment_bytes": 1 << 20}))
+    add_topic(image, "t", [[1, 2, 3]])
+    assert alter_config(image, "t", AlterConfigRequest(set={"cleanup_policy": "delete"})) == []
+
+
 def test_alter_config_single_multi_noop_and_errors():
     image = cluster(3)
     add_topic(image, "t", [[1, 2, 3]])

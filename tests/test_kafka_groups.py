@@ -245,6 +245,15 @@ def test_the_offsets_topic_cannot_be_deleted_or_grown_by_a_client(cluster: Clust
         admin.create_partitions([grow], operation_timeout=10)[OFFSETS_TOPIC].result(20)
     assert grown.value.args[0].code() == confluent_kafka.KafkaError.TOPIC_EXCEPTION, grown.value
     assert "internal" in grown.value.args[0].str()   # CreatePartitions answers carry the message
+    made = admin.create_topics([confluent_kafka.admin.NewTopic(OFFSETS_TOPIC, 1, 1)], operation_timeout=10)
+    with pytest.raises(confluent_kafka.KafkaException) as created:
+        made[OFFSETS_TOPIC].result(20)
+    assert created.value.args[0].code() == confluent_kafka.KafkaError.TOPIC_EXCEPTION, created.value
+    policy = confluent_kafka.admin.ConfigResource(confluent_kafka.admin.ResourceType.TOPIC, OFFSETS_TOPIC,
+                                                  set_config={"cleanup.policy": "delete"})
+    with pytest.raises(confluent_kafka.KafkaException) as altered:
+        admin.alter_configs([policy])[policy].result(20)
+    assert altered.value.args[0].code() == confluent_kafka.KafkaError.INVALID_CONFIG, altered.value
     read = admin.list_consumer_group_offsets([confluent_kafka.ConsumerGroupTopicPartitions(
         "guard", [confluent_kafka.TopicPartition(topic, 0)])])
     committed = read["guard"].result(20).topic_partitions

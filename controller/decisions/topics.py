@@ -8,6 +8,7 @@ from typing import Any
 from common.metadata.config import (
     IMMUTABLE_KEYS,
     apply_config_changes,
+    is_internal,
     make_topic_config,
     normalize_key,
     refuse_internal,
@@ -184,6 +185,12 @@ def alter_config(image: MetadataImage, topic: str, request: AlterConfigRequest) 
     new_config = apply_config_changes(info.config, changes)
     if new_config == info.config:
         return []
+    if is_internal(topic) and new_config.cleanup_policy != "compact":
+        # Retention would delete groups' last commits; only compaction keeps each key's latest.
+        raise InvalidConfigError(
+            f"topic '{topic}' holds every consumer group's committed offsets and must stay "
+            f"cleanup_policy=compact (asked: {new_config.cleanup_policy}); its other settings may change",
+            field="cleanup_policy", value=new_config.cleanup_policy)
     if len(changes) == 1:
         ((key, value),) = changes.items()
         return [ConfigChange(topic=topic, key=key, value=value)]

@@ -21,6 +21,7 @@ from pydantic import ValidationError
 
 from common.errors import BiplaneError, ErrorCode, UnknownTopicOrPartitionError
 from common.metadata import MetadataImage
+from common.metadata.config import refuse_internal
 from common.requests import AddPartitionsRequest, AdminAnswer, AlterConfigRequest, CreateTopicRequest
 from dataplane.kafka import configs, messages
 
@@ -119,6 +120,7 @@ async def create_topics(request: Request, port: AdminPort, defaults: tuple[int, 
     results = []
     for topic in body.topics:
         async def create(topic: Any = topic) -> None:
+            refuse_internal(topic.name, "creating it by hand (the brokers create it, compacted, on first use)")
             config = configs.create_config({c.name: c.value for c in topic.configs})
             assignment = tuple(tuple(a.broker_ids) for a in sorted(topic.assignments,
                                                                    key=lambda a: a.partition_index))
