@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 from common.api_models import PartitionView
 from common.errors import InvalidFieldError
@@ -51,8 +51,9 @@ def _check_replica_lists(v: tuple[tuple[int, ...], ...] | None) -> tuple[tuple[i
 class CreateTopicRequest(_Request):
     # The pattern is the schema's; validate_topic_name checks it with a message that says what to do.
     name: str = Field(min_length=1, max_length=249, json_schema_extra={"pattern": TOPIC_NAME_PATTERN})
-    partitions: int = Field(default=1, ge=1, le=10_000)
-    replication_factor: int = Field(default=1, ge=1, le=100)
+    # Strict: JSON's true or "3" is a mistake to name, not a count to guess.
+    partitions: StrictInt = Field(default=1, ge=1, le=10_000)
+    replication_factor: StrictInt = Field(default=1, ge=1, le=100)
     config: dict[str, ConfigValue] = Field(default_factory=dict)
     # One replica list per partition; when given, partitions/replication_factor
     # must agree with it. Overrides placement.
@@ -67,7 +68,7 @@ class CreateTopicRequest(_Request):
 class AddPartitionsRequest(_Request):
     """Grow a topic to `partitions` partitions in all (Kafka's CreatePartitions `count`)."""
 
-    partitions: int = Field(ge=1)  # its upper bound is the decision's, with a message saying what to do
+    partitions: StrictInt = Field(ge=1)  # its upper bound is the decision's, with a message saying what to do
     # One replica list per new partition; when absent, placement chooses.
     replica_assignment: tuple[tuple[BrokerId, ...], ...] | None = None
 

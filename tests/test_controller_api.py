@@ -189,6 +189,21 @@ def test_bad_add_partitions_requests_are_400_naming_field_and_value(controller, 
     assert len(api(controller, "GET", "/v1/topics/fixed/partitions").body["partitions"]) == 2
 
 
+@pytest.mark.parametrize("body, words", [
+    ({"partitions": True}, ["partitions: must be a whole number", "got True"]),
+    ({"partitions": "3"}, ["partitions: must be a whole number", "got '3'"]),
+    ({"config": {"retention_ms": 10**23}}, ["retention_ms", "must be at most 9223372036854775807"]),
+])
+def test_a_count_or_setting_of_the_wrong_type_or_size_is_refused_not_guessed(controller, body, words):
+    """JSON's true made a 1-partition topic, "3" a 3-partition one, and a retention of 10^23 ms
+    (no Kafka client can read it back: configs are Java longs) was stored."""
+    r = api(controller, "POST", "/v1/topics", {"name": "typed", **body})
+    assert r.status == 400, r.body
+    for word in words:
+        assert word in r.error["message"], r.error
+    assert api(controller, "GET", "/v1/topics/typed").status == 404
+
+
 def test_the_offsets_topic_is_not_created_by_hand(controller):
     """A user created __consumer_offsets with 1 partition, RF 1 and cleanup_policy=delete, and
     groups then kept their offsets there; the brokers create it, compacted, on first use."""

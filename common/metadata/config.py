@@ -26,6 +26,9 @@ TOPIC_NAME_LENGTH_MAX = 249
 PARTITIONS_MAX = 10_000
 REPLICATION_FACTOR_MAX = 100
 SEGMENT_BYTES_MIN = 1024
+# Kafka's config values are Java longs and ints: a larger one cannot be stored or sent.
+INT64_MAX = 2**63 - 1
+INT32_MAX = 2**31 - 1
 DAY_MS = 24 * 3600 * 1000
 
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]+")   # fullmatch: "$" would let a trailing newline through
@@ -49,23 +52,23 @@ class TopicConfig(BaseModel):
     min_insync_replicas: int = Field(default=1, ge=1, le=REPLICATION_FACTOR_MAX)
     durability: Literal["fsync", "write"] = "fsync"
     unclean_leader_election: bool = False
-    retention_ms: int = Field(default=7 * DAY_MS, ge=-1)
-    retention_bytes: int = Field(default=-1, ge=-1)
+    retention_ms: int = Field(default=7 * DAY_MS, ge=-1, le=INT64_MAX)
+    retention_bytes: int = Field(default=-1, ge=-1, le=INT64_MAX)
     segment_bytes: int = Field(default=128 * 1024 * 1024, ge=SEGMENT_BYTES_MIN, le=2**31 - 1)
-    segment_ms: int = Field(default=7 * DAY_MS, ge=1)
+    segment_ms: int = Field(default=7 * DAY_MS, ge=1, le=INT64_MAX)
     flush_debounce_ms: int = Field(default=5, ge=0, le=60_000)
     max_message_bytes: int = Field(default=1024 * 1024 + 12, ge=1, le=2**31 - 1)
-    replica_lag_time_max_ms: int = Field(default=10_000, ge=1)
+    replica_lag_time_max_ms: int = Field(default=10_000, ge=1, le=INT32_MAX)
     # Kafka's cleanup.policy: which of retention (delete) and log compaction (compact) remove
     # records. A compacted topic keeps at least the latest record of every key.
     cleanup_policy: Literal["delete", "compact", "compact,delete"] = "delete"
     # How long a tombstone (a keyed record with a null value) outlives the first cleaning of
     # its segment, so a consumer that reads the topic more slowly than this still sees it.
-    delete_retention_ms: int = Field(default=DAY_MS, ge=0)
+    delete_retention_ms: int = Field(default=DAY_MS, ge=0, le=INT64_MAX)
     # Compaction of a partition starts once this share of its cleanable bytes is uncleaned.
     min_cleanable_dirty_ratio: float = Field(default=0.5, ge=0.0, le=1.0)
     # A record stays uncompacted at least this long after its timestamp.
-    min_compaction_lag_ms: int = Field(default=0, ge=0)
+    min_compaction_lag_ms: int = Field(default=0, ge=0, le=INT64_MAX)
 
     @field_validator("cleanup_policy", mode="before")
     @classmethod
