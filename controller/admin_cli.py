@@ -32,7 +32,7 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-from common.tables import table
+from common.tables import cell, table
 
 REDIRECTS_MAX = 3
 UNAVAILABLE_WAIT_S = 10.0
@@ -181,7 +181,7 @@ def human_age(ms: int | None) -> str:
 def describe_text(doc: dict, offsets: dict | None, offsets_error: str | None) -> str:
     """A topic's config, then per partition its replica state and, from the leaders' reports,
     its offsets and size."""
-    config = "\n".join(f"  {k} = {v}" for k, v in sorted(doc["config"].items()))
+    config = "\n".join(f"  {k} = {cell(v)}" for k, v in sorted(doc["config"].items()))
     head = f"topic {doc['name']} (id {doc['topic_id']})\nconfig:\n{config}\n\n"
     by_partition = {o["partition"]: o for o in (offsets or {}).get("partitions", [])}
     rows = []

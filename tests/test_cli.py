@@ -379,6 +379,25 @@ def test_topic_create_takes_its_shape_from_flags_config_or_assignment_and_refuse
         shape(config=["durability=fsync", "durability=write"])
 
 
+@pytest.mark.parametrize("flags, says", [
+    (["--partition", "-2"], "argument --partition: -2 is not a partition number (0 or more)"),
+    (["--key-separator", ""], "argument --key-separator: must not be empty"),
+])
+def test_produce_names_a_bad_flag_in_the_users_words(flags, says):
+    """`--partition -2` said "a non-negative integer or None" (Python's None); an empty
+    separator said only "empty separator"."""
+    r = subprocess.run([PYTHON, "-m", "common.cli", "produce", "t", *flags], cwd=REPO, capture_output=True,
+                       text=True, timeout=60, stdin=subprocess.DEVNULL, env=env_without_cluster())
+    assert r.returncode == 2 and says in r.stderr, r.stderr
+    assert "None" not in r.stderr and "Traceback" not in r.stderr
+
+
+def test_tables_show_settings_as_a_user_types_them_back():
+    from common.tables import table
+    assert table([["unclean_leader_election", True], ["compacted", False], ["x", None]], ["KEY", "VALUE"]) \
+        .splitlines()[1:] == ["unclean_leader_election  true", "compacted                false", "x                        -"]
+
+
 def test_topic_create_help_lists_every_config_key(capsys):
     from common.metadata.config import VALID_KEYS
     from controller.admin_cli import topic_main

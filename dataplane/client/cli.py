@@ -103,11 +103,11 @@ def produce_main(argv: list[str], prog: str) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("topic", help="the topic to send to (it must exist: `biplane topic create`)")
     _address_args(p)
-    p.add_argument("--key-separator", metavar="SEP", help="split each line at the first SEP into key and value "
+    p.add_argument("--key-separator", metavar="SEP", type=_separator, help="split each line at the first SEP into key and value "
                    "(a line without SEP has no key)")
     p.add_argument("--acks", default="all", choices=("0", "1", "all"),
                    help="0: no answer; 1: the leader wrote it; all: committed on the in-sync replicas (default all)")
-    p.add_argument("--partition", type=int, help="send every record to this partition (default: by key, or "
+    p.add_argument("--partition", type=_partition_number, help="send every record to this partition (default: by key, or "
                    "spread when there is none)")
     p.add_argument("--compression", default="none", choices=("none", "gzip", "snappy", "lz4", "zstd"),
                    help="compress batches with this codec (default none)")
@@ -131,6 +131,22 @@ class Tally:
     sent: int = 0        # handed to the producer
     acknowledged: int = 0
     failed: int = 0
+
+
+def _partition_number(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a partition number (0 or more)") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is not a partition number (0 or more)")
+    return value
+
+
+def _separator(text: str) -> str:
+    if not text:
+        raise argparse.ArgumentTypeError("must not be empty: give what stands between key and value, e.g. ':'")
+    return text
 
 
 async def _produce(args: argparse.Namespace, prog: str, bootstrap: str) -> int:

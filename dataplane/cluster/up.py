@@ -1061,6 +1061,9 @@ def down_main(argv: list[str], prog: str) -> int:
         return 1
     problems = []
     pid = supervisor_alive(state)
+    was_running = bool(pid) or bool(cluster_processes(data_dir)) or any(
+        node.get("pid") and same_process(node["pid"], node.get("pid_start"), state.get("data_dir"))
+        for kind in ("controllers", "brokers") for node in state.get(kind, {}).values())
     if pid:
         sup_start = proc_start_ticks(pid)
         stop_wait_s = float((state.get("supervisor") or {}).get("stop_wait_s") or STOP_WAIT_S)
@@ -1098,7 +1101,8 @@ def down_main(argv: list[str], prog: str) -> int:
         print(f"{prog}: could not stop {', '.join(problems)}; stop it by pid (kill -9), then run "
               f"`{prog}` again", file=sys.stderr)
         return 1
-    print(f"stopped the cluster in {data_dir}")
+    print(f"stopped the cluster in {data_dir}" if was_running
+          else f"no cluster was running in {data_dir}; nothing to stop")
     return 0
 
 
