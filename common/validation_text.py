@@ -4,7 +4,7 @@ edge that reports one: "must be at least 1", not "Input should be greater than o
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 _PLAIN: tuple[tuple[re.Pattern[str], str], ...] = tuple((re.compile(p), r) for p, r in (
     (r"Value error, (.*)", r"\1"),
@@ -31,3 +31,32 @@ def plain_message(err: Mapping[str, Any]) -> str:
         if pattern.fullmatch(msg):
             return pattern.sub(replacement, msg)
     return msg
+
+
+_KINDS = {"str": "a string", "int": "a whole number", "bool": "true/false", "float": "a number"}
+
+
+def plain_issues(errors: Sequence[Mapping[str, Any]]) -> list[str]:
+    """`ValidationError.errors()` as "where: what is wrong (got VALUE)" lines. A value that fits
+    no branch of a union (a topic config value: string, number or boolean) is one line, "must
+    be a string, a whole number, true/false or a number", not one per branch."""
+    lines: list[tuple[tuple[Any, ...], list[str], str]] = []   # (location, union kinds, message)
+    unions: dict[tuple[Any, ...], list[str]] = {}
+    for err in errors:
+        loc = tuple(err.get("loc", ()))
+        got = "" if err.get("type") in ("missing", "extra_forbidden") or "input" not in err \
+            else f" (got {err['input']!r})"
+        if len(loc) > 1 and loc[-1] in _KINDS:
+            if loc[:-1] not in unions:
+                unions[loc[:-1]] = []
+                lines.append((loc[:-1], unions[loc[:-1]], got))
+            unions[loc[:-1]].append(_KINDS[loc[-1]])
+            continue
+        lines.append((loc, [], plain_message(err) + got))
+    out = []
+    for loc, kinds, text in lines:
+        if kinds:
+            text = "must be " + (" or ".join(kinds) if len(kinds) < 3
+                                 else ", ".join(kinds[:-1]) + " or " + kinds[-1]) + text
+        out.append(f"{'.'.join(str(part) for part in loc)}: {text}")
+    return out

@@ -17,7 +17,7 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from common.errors import BiplaneError, ErrorCode, InvalidFieldError
-from common.validation_text import plain_message
+from common.validation_text import plain_issues
 from controller.guardrails import JSON_DEPTH_MAX_DEFAULT, json_too_deep
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
@@ -71,16 +71,9 @@ def error_from_exception(exc: BiplaneError) -> web.Response:
 
 
 def validation_error(exc: ValidationError, what: str) -> web.Response:
-    errors = exc.errors()
-    first = errors[0]
-    field = ".".join(str(p) for p in first.get("loc", ())) or what
-    parts = []
-    for e in errors[:5]:
-        loc = ".".join(str(p) for p in e.get("loc", ())) or what
-        msg = plain_message(e)
-        if "input" in e and e.get("type") not in ("missing", "extra_forbidden"):
-            msg = f"{msg} (got {e['input']!r})"
-        parts.append(f"{loc}: {msg}")
+    parts = plain_issues(exc.errors())[:5]
+    field = parts[0].split(": ", 1)[0] or what
+    parts = [what + part if part.startswith(": ") else part for part in parts]
     return error_response(400, ErrorCode.INVALID_REQUEST, f"invalid {what}: " + "; ".join(parts), field=field)
 
 

@@ -193,6 +193,9 @@ def test_bad_add_partitions_requests_are_400_naming_field_and_value(controller, 
     ({"partitions": True}, ["partitions: must be a whole number", "got True"]),
     ({"partitions": "3"}, ["partitions: must be a whole number", "got '3'"]),
     ({"config": {"retention_ms": 10**23}}, ["retention_ms", "must be at most 9223372036854775807"]),
+    # One line for the value, not one per type a config value may have ("config.retention_ms.str: ...").
+    ({"config": {"retention_ms": None}}, ["config.retention_ms: must be a string, a whole number, true/false "
+                                          "or a number (got None)"]),
 ])
 def test_a_count_or_setting_of_the_wrong_type_or_size_is_refused_not_guessed(controller, body, words):
     """JSON's true made a 1-partition topic, "3" a 3-partition one, and a retention of 10^23 ms
