@@ -198,6 +198,10 @@ class ControllerService:
         up to `timeout_s` for the handover, asking again while no peer is caught up."""
         self._resigning = True
         self._untrust("controller is stopping")
+        # Brokers' metadata long-polls end now (empty), so the API closes without waiting them
+        # out; the brokers ask again, of the next leader.
+        self._advanced.set()
+        self._advanced = asyncio.Event()
         if self.raft is None:
             return True
         loop = asyncio.get_running_loop()
@@ -538,7 +542,7 @@ class ControllerService:
     async def fetch_metadata(self, *, after_offset: int, wait_ms: int, records_max: int = 5000) -> FetchResult:
         """Committed records with offset > `after_offset`; waits up to `wait_ms` for one."""
         deadline = time.monotonic() + wait_ms / 1000
-        while self.committed.offset == after_offset:
+        while self.committed.offset == after_offset and not self._resigning:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return FetchResult(offset=self.committed.offset, records=[])

@@ -232,6 +232,15 @@ def leader_of(controllers: list[Controller]) -> Controller | None:
     return None
 
 
+def wait_caught_up(controllers: list[Controller], leader: Controller, *, settle_s: float = 0.5) -> None:
+    """Until every controller has applied what `leader` had committed, then `settle_s` more (a
+    few follower heartbeats): a test of what followers heard must not rest on a slow start."""
+    offset = http("GET", leader.spec.api_url + "/v1/health", token=None).body["metadata_offset"]
+    wait_until(lambda: all(http("GET", c.spec.api_url + "/v1/health", token=None).body["metadata_offset"]
+                           >= offset for c in controllers), 20, "every controller caught up")
+    time.sleep(settle_s)
+
+
 def wait_leader(controllers: list[Controller], timeout_s: float = 20) -> Controller:
     return wait_until(lambda: leader_of(controllers), timeout_s, "a controller leader")
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 
 from cluster_harness import Cluster
-from controller_harness import http, leader_of, wait_until
+from controller_harness import http, leader_of, wait_caught_up, wait_until
 
 import pytest
 
@@ -38,10 +38,7 @@ def test_a_broker_that_died_just_before_the_controller_leader_is_fenced_as_the_n
         assert old is not None
         # The premise: every controller is up and has the brokers' registrations, so the
         # followers hear the broker until it dies (a slow start must not stand in for the rule).
-        offset = http("GET", old.spec.api_url + "/v1/health", token=None).body["metadata_offset"]
-        wait_until(lambda: all(http("GET", c.spec.api_url + "/v1/health", token=None).body["metadata_offset"]
-                               >= offset for c in cluster.controllers), 20, "every controller caught up")
-        time.sleep(0.5)   # a few follower heartbeats
+        wait_caught_up(cluster.controllers, old)
         before = time.time()
         cluster.brokers[2].kill()
         killed_at = time.time()

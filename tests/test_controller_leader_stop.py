@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 
 from cluster_harness import Cluster
-from controller_harness import http, leader_of, wait_until
+from controller_harness import http, leader_of, wait_caught_up, wait_until
 
 import pytest
 
@@ -24,10 +24,7 @@ def test_a_stopped_controller_leader_hands_over_and_fences_no_broker(tmp_path):
         cluster.create_topic("t", partitions=3, replication_factor=3)
         old = leader_of(cluster.controllers)
         assert old is not None
-        offset = http("GET", old.spec.api_url + "/v1/health", token=None).body["metadata_offset"]
-        wait_until(lambda: all(http("GET", c.spec.api_url + "/v1/health", token=None).body["metadata_offset"]
-                               >= offset for c in cluster.controllers), 20, "every controller caught up")
-        time.sleep(0.5)   # a few follower heartbeats
+        wait_caught_up(cluster.controllers, old)
         others = [c for c in cluster.controllers if c is not old]
         signalled = time.time()
         old.stop()        # SIGTERM, and waits for the exit

@@ -112,6 +112,21 @@ async def started(**kw) -> ControllerService:
     return service
 
 
+async def leading_with_broker_1(service: ControllerService, now_ms: int) -> None:
+    """Start `service`, wait until it leads, then register broker 1 and take one heartbeat."""
+    from common.requests import HeartbeatRequest
+    from controller import core as c
+    await service.start()
+    service._tick()
+    for _ in range(100):
+        if service.is_leader:
+            break
+        await asyncio.sleep(0.01)
+    await service.execute(c.RegisterBroker(request=register(1), now_ms=now_ms))
+    await service.execute(c.Heartbeat(request=HeartbeatRequest(broker_id=1, incarnation_id="i1",
+                                                               metadata_offset=10**6), now_ms=now_ms))
+
+
 def register(broker_id: int) -> RegisterBrokerRequest:
     return RegisterBrokerRequest(broker_id=broker_id, incarnation_id=f"i{broker_id}", host="h", port=1000 + broker_id)
 
@@ -327,15 +342,7 @@ def test_a_leader_that_was_stopped_does_not_fence_brokers_at_its_first_tick(capl
         service = make_service(leader_settings=LeaderSettings(session_timeout_ms=1_500),
                                periodic_interval_ms=3_600_000, clock_ms=lambda: clock["wall_ms"],
                                monotonic_s=lambda: clock["mono_s"])
-        await service.start()
-        service._tick()
-        for _ in range(100):
-            if service.is_leader:
-                break
-            await asyncio.sleep(0.01)
-        await service.execute(c.RegisterBroker(request=register(1), now_ms=clock["wall_ms"]))
-        await service.execute(c.Heartbeat(request=HeartbeatRequest(broker_id=1, incarnation_id="i1",
-                                                                   metadata_offset=10**6), now_ms=clock["wall_ms"]))
+        await leading_with_broker_1(service, clock["wall_ms"])
         service.periodic_interval_ms = 100
         service._tick()
         await asyncio.sleep(0.01)
@@ -459,28 +466,22 @@ def test_a_stopping_leader_decides_nothing_more_and_hands_its_leadership_over():
     its API, heard no more heartbeats, and its periodic pass fenced them 1.5 s later. It now
     resigns first: no decision after it (a broker silent past its session stays unfenced
     here), and Raft is asked to hand leadership to a peer, again while none has taken it."""
-    from common.requests import HeartbeatRequest
-    from controller import core as c
-
     async def run():
         clock = {"wall_ms": 1_000}
         service = make_service(leader_settings=LeaderSettings(session_timeout_ms=1_500),
                                periodic_interval_ms=3_600_000, clock_ms=lambda: clock["wall_ms"])
-        await service.start()
-        service._tick()
-        for _ in range(100):
-            if service.is_leader:
-                break
-            await asyncio.sleep(0.01)
-        await service.execute(c.RegisterBroker(request=register(1), now_ms=clock["wall_ms"]))
-        await service.execute(c.Heartbeat(request=HeartbeatRequest(broker_id=1, incarnation_id="i1",
-                                                                   metadata_offset=10**6), now_ms=clock["wall_ms"]))
+        await leading_with_broker_1(service, clock["wall_ms"])
         service._tick()
         await asyncio.sleep(0.01)
         assert not service.committed.brokers[1].fenced
         raft = service.fake()
         raft.leader_after_hand_over = True     # no peer caught up yet: it stays leader a while
+        long_poll = asyncio.create_task(service.fetch_metadata(after_offset=service.committed.offset,
+                                                               wait_ms=30_000))
+        await asyncio.sleep(0.01)
         resigned = asyncio.create_task(service.resign(timeout_s=5.0))
+        # A broker's metadata long-poll ends at once (empty): the API then closes without waiting it out.
+        assert (await asyncio.wait_for(long_poll, 1.0)).records == []
         await asyncio.sleep(0.3)
         assert not service.is_leader and raft.handed_over >= 2, raft.handed_over   # asked again
         clock["wall_ms"] += 10_000              # far past broker 1's session
