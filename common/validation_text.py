@@ -6,8 +6,10 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping, Sequence
 
-_PLAIN: tuple[tuple[re.Pattern[str], str], ...] = tuple((re.compile(p), r) for p, r in (
+_PLAIN: tuple[tuple[re.Pattern[str], str], ...] = tuple((re.compile(p, re.DOTALL), r) for p, r in (
     (r"Value error, (.*)", r"\1"),
+    (r"Input should be a valid (?:tuple|list|array).*", "must be a list"),
+    (r"Input should be a valid dictionary.*", "must be an object"),
     (r"Input should be greater than or equal to (.+)", r"must be at least \1"),
     (r"Input should be greater than (.+)", r"must be more than \1"),
     (r"Input should be less than or equal to (.+)", r"must be at most \1"),

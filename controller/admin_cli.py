@@ -213,8 +213,11 @@ def parse_pairs(pairs: list[str], what: str) -> dict[str, Any]:
         if not sep or not key:
             raise CliError(f"{what} {pair!r} is not KEY=VALUE")
         key, parsed = key.strip(), parse_value(value.strip())
-        if key in out and out[key] != parsed:
-            raise CliError(f"{what} {key} is given twice ({out[key]!r} and {parsed!r}); give it once")
+        # min.insync.replicas and min_insync_replicas are one key to the server, which kept the last.
+        same = next((k for k in out if k.replace(".", "_").replace("-", "_")
+                     == key.replace(".", "_").replace("-", "_")), None)
+        if same is not None and out[same] != parsed:
+            raise CliError(f"{what} {key} is given twice ({same}={out[same]!r} and {key}={parsed!r}); give it once")
         out[key] = parsed
     return out
 
@@ -233,6 +236,8 @@ def _topic_shape(args: argparse.Namespace) -> dict[str, Any]:
         for k in [k for k in config if k.replace(".", "_").replace("-", "_") == key]:
             raw = config.pop(k)
             try:
+                if isinstance(raw, bool):
+                    raise TypeError("true/false is no count")
                 given.append((f"--config {k}", int(raw)))
             except (TypeError, ValueError):
                 raise CliError(f"--config {k}={raw!r} is not a whole number") from None

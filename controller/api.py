@@ -216,7 +216,7 @@ async def get_topics(request: web.Request) -> web.Response:
        response=api_models.TopicDetail, writes=True, status=201)
 async def post_topic(request: web.Request) -> web.Response:
     body = await read_body(request, CreateTopicRequest)
-    refuse_internal(body.name, "creating it by hand (the brokers create it, compacted, on first use)")
+    refuse_internal(body.name, "the brokers create it, compacted, when a group first needs it")
     s = svc(request)
     return await _topic_write(request, body.name, core.CreateTopic(request=body, now_ms=s.clock_ms()),
                               status=201)

@@ -467,6 +467,11 @@ class RaftNode:
         obj = self._started()[0]
         now = time.monotonic()
         if self._resigning:
+            # Handed leadership back while still stopping (a successor's priority transfer to
+            # it): pass it on again rather than lead without deciding until the exit.
+            if obj._isLeader() and now - self._last_transfer_check >= self.settings.transfer_check_ms / 1000:
+                self._last_transfer_check = now
+                self._hand_over()
             return
         if not obj._isLeader():
             self._leader_since = 0.0

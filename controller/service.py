@@ -85,6 +85,8 @@ class FetchResult:
 class RaftSettingsView(Protocol):
     @property
     def self_address(self) -> str: ...
+    @property
+    def peer_addresses(self) -> tuple[str, ...]: ...
 
 
 class RaftStatusView(Protocol):
@@ -202,8 +204,8 @@ class ControllerService:
         # out; the brokers ask again, of the next leader.
         self._advanced.set()
         self._advanced = asyncio.Event()
-        if self.raft is None:
-            return True
+        if self.raft is None or not self.raft.settings.peer_addresses:
+            return True   # a lone controller has nobody to hand over to: dropping its view is all
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         asked_at = None
@@ -370,7 +372,8 @@ class ControllerService:
             if f.cancelled() or f.exception() is not None:
                 return
             status = raft.status()
-            if status.is_leader and status.term == term and self.pending is None and not self._stopped:
+            if (status.is_leader and status.term == term and self.pending is None and not self._stopped
+                    and not self._resigning):   # a marker committing after SIGTERM must not re-trust
                 self._trust(term)
 
         fut.add_done_callback(done)

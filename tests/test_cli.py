@@ -377,6 +377,10 @@ def test_topic_create_takes_its_shape_from_flags_config_or_assignment_and_refuse
         shape(partitions=3, assignment="1,2:2,3")
     with pytest.raises(CliError, match="durability is given twice"):
         shape(config=["durability=fsync", "durability=write"])
+    with pytest.raises(CliError, match="min_insync_replicas is given twice"):
+        shape(config=["min.insync.replicas=2", "min_insync_replicas=3"])
+    with pytest.raises(CliError, match="is not a whole number"):
+        shape(config=["partitions=true"])
 
 
 @pytest.mark.parametrize("flags, says", [

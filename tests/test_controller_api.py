@@ -211,7 +211,7 @@ def test_the_offsets_topic_is_not_created_by_hand(controller):
     """A user created __consumer_offsets with 1 partition, RF 1 and cleanup_policy=delete, and
     groups then kept their offsets there; the brokers create it, compacted, on first use."""
     r = api(controller, "POST", "/v1/topics", {"name": "__consumer_offsets", "partitions": 1})
-    assert r.status == 400 and r.error["code"] == "INVALID_TOPIC" and "creating it by hand" in r.error["message"], r.body
+    assert r.status == 400 and r.error["code"] == "INVALID_TOPIC" and "when a group first needs it" in r.error["message"], r.body
     assert api(controller, "GET", "/v1/topics/__consumer_offsets").status == 404
 
 

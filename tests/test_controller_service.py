@@ -37,10 +37,14 @@ class FakeRaft:
     `hold = True` keeps proposals in flight until `release()`; `fail_next` makes the next
     proposal fail as pysyncobj reports a lost leadership."""
 
+    peers: tuple[str, ...] = ("127.0.0.1:9",)
+
     def __init__(self, *, loop, on_applied, on_reset, on_role_change) -> None:
         self.loop, self.on_applied, self.on_reset = loop, on_applied, on_reset
         self.state = MetadataStateMachine()
-        self.settings = dataclasses.make_dataclass("S", ["self_address"])("127.0.0.1:1")
+        # One peer by default (resign hands over to it); `peers=()` in make_service: a lone node.
+        self.settings = dataclasses.make_dataclass("S", ["self_address", "peer_addresses"])(
+            "127.0.0.1:1", FakeRaft.peers)
         self.leader, self.term = True, 1
         self.proposals: list[str] = []
         self.hold = False
@@ -490,5 +494,42 @@ def test_a_stopping_leader_decides_nothing_more_and_hands_its_leadership_over():
         assert not service.committed.brokers[1].fenced and not service.is_leader
         raft.leader_after_hand_over = False     # a peer took over
         assert await asyncio.wait_for(resigned, 2.0) is True
+        await service.stop()
+    asyncio.run(run())
+
+
+def test_a_lone_controller_resigns_at_once():
+    """With no peer to hand over to, resigning is dropping the view: no 2 s wait on every stop
+    and no warning that a peer did not take over (biplane up --controllers 1, biplane down)."""
+    async def run():
+        FakeRaft.peers = ()
+        try:
+            service = await started()
+            loop = asyncio.get_running_loop()
+            began = loop.time()
+            assert await service.resign(timeout_s=2.0) is True
+            assert loop.time() - began < 0.2 and not service.is_leader and service.fake().handed_over == 0
+            await service.stop()
+        finally:
+            FakeRaft.peers = ("127.0.0.1:9",)
+    asyncio.run(run())
+
+
+def test_a_marker_that_commits_during_the_resignation_does_not_make_the_node_lead_again():
+    """SIGTERM between an election and its marker's commit: the commit used to trust the node
+    again, and with its ticks stopped nothing took that back until the exit."""
+    async def run():
+        service = make_service()
+        await service.start()
+        raft = service.fake()
+        raft.hold = True
+        service._tick()   # the marker is proposed and held
+        raft.leader_after_hand_over = True
+        resigned = asyncio.create_task(service.resign(timeout_s=0.3))
+        await asyncio.sleep(0.05)
+        raft.release()    # the marker commits while resigning
+        await asyncio.sleep(0.05)
+        assert not service.is_leader
+        await resigned
         await service.stop()
     asyncio.run(run())

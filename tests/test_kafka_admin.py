@@ -208,3 +208,12 @@ def test_a_listener_without_a_controller_says_so():
     answer = run(admin.delete_topics(request(admin.DELETE_TOPICS, 3, {"timeout": 1, "topic_names": ["a"]}),
                                      admin.NoAdminPort()))
     assert int(answer.responses[0].error_code) == ErrorCode.NOT_CONTROLLER
+
+
+def test_a_metadata_request_never_auto_creates_the_offsets_topic():
+    """With auto-create on, `kcat -L -t __consumer_offsets` before any group made the offsets
+    topic with a user topic's shape and retention; the brokers make it, compacted, for groups."""
+    port = FakePort()
+    assert run(admin.auto_create("__consumer_offsets", port, (1, 1))) is ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    assert run(admin.auto_create("events", port, (1, 1))) is ErrorCode.LEADER_NOT_AVAILABLE
+    assert [(what, arg.name) for what, arg in port.calls] == [("create", "events")]

@@ -26,9 +26,8 @@ TOPIC_NAME_LENGTH_MAX = 249
 PARTITIONS_MAX = 10_000
 REPLICATION_FACTOR_MAX = 100
 SEGMENT_BYTES_MIN = 1024
-# Kafka's config values are Java longs and ints: a larger one cannot be stored or sent.
+# Kafka's config values are Java longs: a larger one cannot be stored or sent.
 INT64_MAX = 2**63 - 1
-INT32_MAX = 2**31 - 1
 DAY_MS = 24 * 3600 * 1000
 
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]+")   # fullmatch: "$" would let a trailing newline through
@@ -58,7 +57,7 @@ class TopicConfig(BaseModel):
     segment_ms: int = Field(default=7 * DAY_MS, ge=1, le=INT64_MAX)
     flush_debounce_ms: int = Field(default=5, ge=0, le=60_000)
     max_message_bytes: int = Field(default=1024 * 1024 + 12, ge=1, le=2**31 - 1)
-    replica_lag_time_max_ms: int = Field(default=10_000, ge=1, le=INT32_MAX)
+    replica_lag_time_max_ms: int = Field(default=10_000, ge=1, le=INT64_MAX)
     # Kafka's cleanup.policy: which of retention (delete) and log compaction (compact) remove
     # records. A compacted topic keeps at least the latest record of every key.
     cleanup_policy: Literal["delete", "compact", "compact,delete"] = "delete"
@@ -136,15 +135,13 @@ def is_internal(topic: str) -> bool:
     return topic == OFFSETS_TOPIC
 
 
-def refuse_internal(topic: str, action: str) -> None:
-    """InvalidTopicError for `action` on an internal topic, as Kafka refuses it: deleting the
-    offsets topic loses every group's committed offsets, and adding partitions moves groups
-    to partitions that do not hold their records."""
+def refuse_internal(topic: str, why: str) -> None:
+    """InvalidTopicError, saying `why`, when `topic` is internal: a change clients may make to
+    their own topics (create, delete, add partitions) but not to the offsets topic."""
     if is_internal(topic):
         raise InvalidTopicError(
-            f"topic '{topic}' is internal: it holds every consumer group's committed offsets, and "
-            f"{action} would lose them; it is managed by the brokers (--group-offsets-partitions)",
-            field="name", value=topic)
+            f"topic '{topic}' is internal (every consumer group's committed offsets, managed by the "
+            f"brokers): {why}", field="name", value=topic)
 
 
 def validate_topic_name(name: str) -> str:

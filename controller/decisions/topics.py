@@ -126,7 +126,7 @@ def add_partitions(image: MetadataImage, topic: str, request: AddPartitionsReque
     info = image.topics.get(topic)
     if info is None:
         raise UnknownTopicOrPartitionError(topic)
-    refuse_internal(topic, "adding partitions")
+    refuse_internal(topic, "more partitions would move groups away from their committed offsets")
     current = info.config.partitions
     wanted = request.partitions
     if wanted <= current:
@@ -164,7 +164,7 @@ def delete_topic(image: MetadataImage, name: str) -> list[Record]:
     topic = image.topics.get(name)
     if topic is None:
         raise UnknownTopicOrPartitionError(name)
-    refuse_internal(name, "deleting it")
+    refuse_internal(name, "deleting it would lose every group's committed offsets")
     return [DeleteTopic(name=name, topic_id=topic.topic_id)]
 
 
@@ -185,7 +185,7 @@ def alter_config(image: MetadataImage, topic: str, request: AlterConfigRequest) 
     new_config = apply_config_changes(info.config, changes)
     if new_config == info.config:
         return []
-    if is_internal(topic) and new_config.cleanup_policy != "compact":
+    if is_internal(topic) and "cleanup_policy" in changes and new_config.cleanup_policy != "compact":
         # Retention would delete groups' last commits; only compaction keeps each key's latest.
         raise InvalidConfigError(
             f"topic '{topic}' holds every consumer group's committed offsets and must stay "

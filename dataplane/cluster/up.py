@@ -687,11 +687,12 @@ def check_args(args: argparse.Namespace) -> None:
     if args.controllers is not None and args.controllers not in (1, 3, 5):
         raise UpError(f"--controllers {args.controllers} must be 1, 3 or 5 (a Raft quorum)")
     from common.errors import InvalidTopicError
-    from common.metadata.config import validate_topic_name
+    from common.metadata.config import refuse_internal, validate_topic_name
     brokers = args.brokers if args.brokers is not None else 3
     for name, _, rf in parse_topics(args.topic, brokers):
         try:
             validate_topic_name(name)
+            refuse_internal(name, "the brokers create it, compacted, when a group first needs it")
         except InvalidTopicError as exc:
             raise UpError(f"--topic {name!r}: {exc}") from None
         if args.brokers is not None and rf > args.brokers:
@@ -703,18 +704,27 @@ def main(argv: list[str], prog: str) -> int:
     data_dir = resolve_data_dir(args.data_dir)
     try:
         check_args(args)
+        check_data_dir(data_dir)
         if args.detach:
             return detach(args, argv, data_dir)
         return run(args, data_dir)
     except UpError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 1
+
+
+def check_data_dir(data_dir: Path) -> None:
+    """The data directory and its logs directory exist and take files, or an UpError says so
+    (it was a traceback: a path under a file, or under /proc)."""
+    try:
+        (data_dir / "logs").mkdir(parents=True, exist_ok=True)
+        probe = data_dir / "logs" / ".write-check"
+        probe.write_bytes(b"")
+        probe.unlink()
     except OSError as exc:
-        # The data directory (or a file under it) cannot be made or written.
         where = f" ({exc.filename})" if exc.filename else ""
-        print(f"{prog}: cannot use --data-dir {data_dir}: {exc.strerror or exc}{where}; "
-              "choose a directory you can write", file=sys.stderr)
-        return 1
+        raise UpError(f"cannot use --data-dir {data_dir}: {exc.strerror or exc}{where}; "
+                      "choose a directory you can write") from None
 
 
 def detach(args: argparse.Namespace, argv: list[str], data_dir: Path) -> int:

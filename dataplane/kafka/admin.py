@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from common.errors import BiplaneError, ErrorCode, UnknownTopicOrPartitionError
 from common.metadata import MetadataImage
-from common.metadata.config import refuse_internal
+from common.metadata.config import is_internal, refuse_internal
 from common.requests import AddPartitionsRequest, AdminAnswer, AlterConfigRequest, CreateTopicRequest
 from dataplane.kafka import configs, messages
 
@@ -120,7 +120,7 @@ async def create_topics(request: Request, port: AdminPort, defaults: tuple[int, 
     results = []
     for topic in body.topics:
         async def create(topic: Any = topic) -> None:
-            refuse_internal(topic.name, "creating it by hand (the brokers create it, compacted, on first use)")
+            refuse_internal(topic.name, "the brokers create it, compacted, when a group first needs it")
             config = configs.create_config({c.name: c.value for c in topic.configs})
             assignment = tuple(tuple(a.broker_ids) for a in sorted(topic.assignments,
                                                                    key=lambda a: a.partition_index))
@@ -163,6 +163,10 @@ async def auto_create(name: str, port: AdminPort, shape: tuple[int, int]) -> Err
     metadata answer carries. LEADER_NOT_AVAILABLE (retriable) once the controller has it, or
     had it already (another request created it first): its leaders are not known yet."""
     partitions, replication_factor = shape
+    if is_internal(name):
+        # The brokers create it, compacted and sized for groups, when a group first needs it; a
+        # metadata request is no reason to make it with a user topic's shape and retention.
+        return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
 
     async def create() -> None:
         await port.create_topic(CreateTopicRequest.model_validate(
