@@ -226,3 +226,32 @@ def test_a_cancelled_connect_fails_the_others_waiting_for_it_instead_of_leaving_
         with pytest.raises(ConnectionClosedError, match="abandoned"):
             await asyncio.wait_for(second, 2)
     run(main())
+
+
+def test_while_no_broker_answers_metadata_refreshes_for_a_leaderless_partition_are_paced():
+    """Every broker refusing connections: each failed refresh woke the sender, which started
+    another at once, so a producer with one record waiting ran hundreds of refresh tasks and
+    half a core. Now one at a time, the next after retry_backoff_ms doubling to 1 s."""
+    from common.errors import NoBrokersError
+
+    async def main():
+        async with two_brokers_one_log_and_a_producer() as (view, a, b, producer):
+            await producer.send_and_wait("t", b"warm-up")
+            calls: list[float] = []
+            loop = asyncio.get_running_loop()
+
+            async def refused(*args, **kwargs):
+                calls.append(loop.time())
+                raise NoBrokersError("no broker answered a metadata request: connection refused")
+            real = producer._network.refresh_metadata
+            producer._network.refresh_metadata = refused
+            producer._network.metadata.forget_leader(TopicPartition("t", 0))
+            await producer.send("t", b"waits")
+            await asyncio.sleep(1.6)
+            # 5 ms backoff here: 5, 10, 20, ... 640, 1000 ms apart: at most a dozen in 1.6 s.
+            assert 3 <= len(calls) <= 12, len(calls)
+            gaps = [later - earlier for earlier, later in zip(calls, calls[1:])]
+            assert all(g2 >= g1 * 1.5 for g1, g2 in zip(gaps, gaps[1:]) if g1 < 0.5), gaps
+            producer._network.refresh_metadata = real   # the brokers answer again: it is delivered
+            await producer.flush()
+    run(main())

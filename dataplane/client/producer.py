@@ -122,6 +122,11 @@ class _Signal:
                 await waiter
 
 
+# The longest wait between metadata refreshes while partitions have no leader and no broker
+# answers (Kafka's reconnect.backoff.max.ms is 1 s).
+METADATA_RETRY_MAX_MS = 1000
+
+
 class Producer:
     """Options (keyword-only; times in ms, sizes in bytes):
 
@@ -216,6 +221,13 @@ class Producer:
         self._changed = _Signal()   # memory freed, batches finished, the sender stopped
         self._sender: asyncio.Task | None = None
         self._tasks = TaskOwner()   # requests and refreshes the sender started
+        # One metadata refresh for partitions without a leader at a time, and after one that
+        # failed the next waits retry_backoff_ms (doubling to METADATA_RETRY_MAX_MS): with every
+        # broker refusing connections at once, each failure woke the sender, which started
+        # another (hundreds of tasks, half a core).
+        self._leader_refresh: asyncio.Task[None] | None = None
+        self._leader_refresh_due_ms = 0
+        self._leader_refresh_backoff_ms = 0
         self._started = False
         self._closing = False
         self._closed = False
@@ -528,13 +540,16 @@ class Producer:
                 self._send_drained(drained)
                 self._changed.notify()
                 if self._needs_metadata():
-                    self._tasks.spawn(self._refresh_quietly())
+                    if (self._leader_refresh is None or self._leader_refresh.done()) \
+                            and now >= self._leader_refresh_due_ms:
+                        self._leader_refresh = self._tasks.spawn(self._refresh_for_leaders())
                 elif now >= self._network.metadata_refresh_due_ms():
                     self._network.start_refresh().add_done_callback(self._aged_refresh_done)
                 next_ms = self._acc.next_ready_ms(now)
                 timeout = None if next_ms is None else max(0.0, (next_ms - now) / 1000)
                 if self._needs_metadata():
-                    timeout = 0.1 if timeout is None else min(timeout, 0.1)
+                    wait_s = max(0.1, (self._leader_refresh_due_ms - now) / 1000)
+                    timeout = wait_s if timeout is None else min(timeout, wait_s)
                 else:
                     # Wake when the metadata turns too old even if nothing is sent meanwhile.
                     due_s = (self._network.metadata_refresh_due_ms() - now) / 1000
@@ -611,6 +626,18 @@ class Producer:
             await self._network.refresh_metadata()
         except BiplaneError as exc:
             log.debug("metadata refresh failed: %s", exc)
+        self._wakeup.set()
+
+    async def _refresh_for_leaders(self) -> None:
+        """The sender's refresh for partitions without a leader, paced (see __init__)."""
+        try:
+            await self._network.refresh_metadata()
+            self._leader_refresh_backoff_ms = 0
+        except BiplaneError as exc:
+            log.debug("metadata refresh failed: %s", exc)
+            backoff = self._leader_refresh_backoff_ms * 2 or self._acc.core.retry_backoff_ms
+            self._leader_refresh_backoff_ms = min(backoff, METADATA_RETRY_MAX_MS)
+        self._leader_refresh_due_ms = _now_ms() + self._leader_refresh_backoff_ms
         self._wakeup.set()
 
     def _send_drained(self, drained: dict[int, list[ProducerBatch]]) -> None:
