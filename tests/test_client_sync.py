@@ -115,3 +115,29 @@ def test_a_failed_batch_fails_each_callers_future_with_a_traceback_that_does_not
                 tb, depth = tb.tb_next, depth + 1
             depths.append(depth)
         assert len(set(depths)) == 1
+
+
+def test_a_closed_client_may_be_closed_again_and_says_it_is_closed(fake, recwarn):
+    """A second close() raised "Event loop is closed", and so did flush(), poll() or a topic
+    list after close(), each with a "coroutine was never awaited" warning. close() is
+    idempotent, as the asyncio clients' is, and every other call raises ClientClosedError."""
+    from common.errors import ClientClosedError
+    from dataplane.client.admin import SyncAdminClient
+    from dataplane.client.sync import Consumer
+    producer = Producer(bootstrap=fake.broker.bootstrap)
+    producer.send_and_wait("t", b"x", partition=0)
+    producer.close()
+    producer.close()
+    with pytest.raises(ClientClosedError, match="producer is closed"):
+        producer.flush()
+    consumer = Consumer(bootstrap=fake.broker.bootstrap)
+    consumer.close()
+    consumer.close()
+    with pytest.raises(ClientClosedError, match="consumer is closed"):
+        consumer.poll(100)
+    admin = SyncAdminClient("http://127.0.0.1:9", "token")
+    admin.close()
+    admin.close()
+    with pytest.raises(ClientClosedError, match="admin client is closed"):
+        admin.list_topics()
+    assert not [w for w in recwarn.list if "never awaited" in str(w.message)]

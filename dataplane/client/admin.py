@@ -40,7 +40,7 @@ from common.api_models import (
     TopicList,
     TopicOffsets,
 )
-from common.errors import AdminError, NoBrokersError
+from common.errors import AdminError, ClientClosedError, NoBrokersError
 
 T = TypeVar("T")
 REDIRECTS_MAX = 3
@@ -286,6 +286,10 @@ class SyncAdminClient:
         self._thread.start()
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        if self._loop.is_closed():
+            coro.close()   # never to run: no "never awaited" warning
+            raise ClientClosedError("this admin client is closed")
+
         async def once() -> T:
             try:
                 return await coro

@@ -19,7 +19,7 @@ import time
 from typing import Any, Coroutine, Iterator, TypeVar
 
 from common import eventloop
-from common.errors import BufferFullTimeoutError
+from common.errors import BufferFullTimeoutError, ClientClosedError
 from dataplane.client import consumer as _consumer
 from dataplane.client import producer as _producer
 from dataplane.client.records import ConsumerRecord, RecordMetadata, TopicPartition
@@ -36,7 +36,14 @@ class _LoopThread:
         self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
         self._thread.start()
 
+    @property
+    def closed(self) -> bool:
+        return self.loop.is_closed() or not self.loop.is_running()
+
     def run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
+        if self.closed:
+            coro.close()   # never to run: no "never awaited" warning
+            raise ClientClosedError(f"this {self._thread.name.removeprefix('biplane-')} is closed")
         future = asyncio.run_coroutine_threadsafe(coro, self.loop)
         try:
             return future.result(timeout_s)
@@ -226,6 +233,9 @@ class Producer:
         self._loop.run(self._flush())
 
     def close(self, timeout_ms: int | None = None) -> None:
+        """Idempotent; other calls raise ClientClosedError after it."""
+        if self._loop.closed:
+            return
         try:
             self._loop.run(self._close(timeout_ms))
         finally:
@@ -315,6 +325,9 @@ class Consumer:
         return self._loop.run(self._inner.end_offsets(tps))
 
     def close(self) -> None:
+        """Idempotent; other calls raise ClientClosedError after it."""
+        if self._loop.closed:
+            return
         try:
             self._loop.run(self._inner.close())
         finally:
