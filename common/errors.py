@@ -300,6 +300,10 @@ class ConnectionClosedError(BiplaneError):
     code = ErrorCode.NETWORK_EXCEPTION
 
 
+class ConnectFailedError(ConnectionClosedError):
+    """No connection could be made (refused, unreachable, timed out): nothing was sent on it."""
+
+
 # ------------------------------------------------------------------- the log
 
 

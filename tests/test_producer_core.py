@@ -214,6 +214,27 @@ def test_a_batch_refused_below_min_insync_until_its_timeout_fails_as_not_written
     assert "not written" in fail.reason and "NOT_ENOUGH_REPLICAS" in fail.reason, fail.reason
 
 
+def test_a_batch_whose_every_attempt_found_no_connection_fails_as_not_written():
+    """Rule: an attempt that could not connect sent nothing. With every broker refusing
+    connections, a record that never left the client was reported "may be in the log"."""
+    c = core()
+    send(c, "a")
+    now = 1
+    while now < 1000:
+        assert c.no_answer("a", now_ms=now, reason="cannot connect", sent=False) == []
+        resend(c, now + 10)
+        now += 20
+    (fail,) = c.no_answer("a", now_ms=1001, reason="cannot connect", sent=False)
+    assert isinstance(fail, Fail) and not fail.outcome_unknown and "not written" in fail.reason, fail
+    # One attempt that went out unanswered makes it unknown, whatever the later ones found.
+    c = core()
+    send(c, "b")
+    c.no_answer("b", now_ms=1, reason="timed out")
+    resend(c, 20)
+    (fail,) = c.no_answer("b", now_ms=1001, reason="cannot connect", sent=False)
+    assert fail.outcome_unknown
+
+
 def test_a_duplicate_resolves_with_the_offset_the_leader_returns():
     """Rule: a retry the leader recognises as a duplicate resolves with the original offset
     (the leader answers NONE with it; see tests/test_producer_state.py)."""

@@ -215,9 +215,11 @@ class Accumulator:
         """The leader's answer for `batch`: the outcomes to give callers (none: it is retried)."""
         return self._released(self.core.answered(batch, error=error_code, base_offset=base_offset, now_ms=now_ms))
 
-    def no_answer(self, batch: ProducerBatch, *, now_ms: int, reason: str) -> list[Outcome[ProducerBatch]]:
-        """The request carrying `batch` ended unanswered: it may have been appended."""
-        return self._released(self.core.no_answer(batch, now_ms=now_ms, reason=reason))
+    def no_answer(self, batch: ProducerBatch, *, now_ms: int, reason: str,
+                  sent: bool = True) -> list[Outcome[ProducerBatch]]:
+        """The request carrying `batch` ended unanswered: it may have been appended (unless
+        `sent` is False: no connection could be made)."""
+        return self._released(self.core.no_answer(batch, now_ms=now_ms, reason=reason, sent=sent))
 
     def producer_id_failed(self, *, error: ErrorCode, now_ms: int, reason: str) -> list[Outcome[ProducerBatch]]:
         """InitProducerId failed (the core decides what that means and when to ask again). When

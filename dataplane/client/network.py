@@ -21,7 +21,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from common.errors import BiplaneError, ErrorCode, NoBrokersError
+from common.errors import BiplaneError, ConnectFailedError, ErrorCode, NoBrokersError
 from common.tasks import cancel_and_wait, retrieve_exception
 from common.wire import ConnectionClosedError, MetadataRequest, WireClient
 from dataplane.client.metadata import ClusterMetadata, metadata_refresh_due_ms
@@ -109,7 +109,7 @@ class Network:
             return await asyncio.shield(pending)
         address = broker if isinstance(broker, tuple) else self.address(broker)
         if address is None:
-            raise ConnectionClosedError(f"broker {broker} has no known address")
+            raise ConnectFailedError(f"broker {broker} has no known address")
         fut = asyncio.get_running_loop().create_future()
         self._connecting[key] = fut
         try:
@@ -118,7 +118,7 @@ class Network:
             fut.set_result(client)
             return client
         except (OSError, asyncio.TimeoutError) as exc:
-            err = ConnectionClosedError(f"cannot connect to {broker_label(broker, address)}: {_reason(exc)}")
+            err = ConnectFailedError(f"cannot connect to {broker_label(broker, address)}: {_reason(exc)}")
             fut.set_exception(err)
             fut.exception()  # retrieved: waiters get it through shield
             raise err from None

@@ -35,6 +35,7 @@ from common.errors import (
     BufferFullTimeoutError,
     ClientClosedError,
     ClientError,
+    ConnectFailedError,
     DeliveryTimeoutError,
     ErrorCode,
     NoBrokersError,
@@ -684,6 +685,7 @@ class Producer:
                                  topics=tuple(ProduceTopic(topic=t, partitions=tuple(ps)) for t, ps in by_topic.items()))
         answers: dict[TopicPartition, tuple[ErrorCode, int, str | None]] = {}
         unanswered: str | None = None
+        sent = True
         try:
             if self.acks == Acks.NONE:
                 await self._network.send_only(broker, request, purpose=purpose)
@@ -697,6 +699,10 @@ class Producer:
                         answers[tp] = (p.error_code, p.base_offset, p.error_message)
                         if p.current_leader.leader_id >= 0:
                             meta.note_leader(tp, p.current_leader.leader_id, p.current_leader.leader_epoch)
+        except ConnectFailedError as exc:
+            # No connection: this attempt wrote nothing (the caller hears "not sent" unless an
+            # earlier attempt went unanswered).
+            unanswered, sent = f"{exc.code.name}: {exc}", False
         except BiplaneError as exc:
             # Sent or not, answered or not: we cannot tell, so the batches may be in the log.
             unanswered = f"{exc.code.name}: {exc}"
@@ -708,7 +714,7 @@ class Producer:
             if attempt is not None and not self._attempts.finish(batch, attempt):
                 continue   # given up when its leader was replaced: this is the old leader's late news
             if unanswered is not None:
-                outcomes = self._acc.no_answer(batch, now_ms=now, reason=unanswered)
+                outcomes = self._acc.no_answer(batch, now_ms=now, reason=unanswered, sent=sent)
                 message: str | None = unanswered
                 if meta.leader(batch.tp) == broker:
                     meta.forget_leader(batch.tp)

@@ -414,12 +414,14 @@ class ProducerCore(Generic[B]):
         self._advance(part)
         return out
 
-    def no_answer(self, batch: B, *, now_ms: int, reason: str = "no answer") -> list[Outcome[B]]:
+    def no_answer(self, batch: B, *, now_ms: int, reason: str = "no answer", sent: bool = True) -> list[Outcome[B]]:
         """The request carrying `batch` ended without an answer (timeout, connection lost):
-        the batch may have been appended."""
+        the batch may have been appended. `sent=False`: no connection could be made, so this
+        attempt wrote nothing (an earlier one may have)."""
         flight = self._in_flight(batch, "no_answer")
         flight.in_flight = False
-        flight.maybe_written = True
+        if sent:
+            flight.maybe_written = True
         part = self.partitions[flight.tp]
         out = self._after_error(part, flight, ErrorCode.NETWORK_EXCEPTION, now_ms, reason=reason)
         self._advance(part)
