@@ -740,8 +740,8 @@ def read_plan(path: str) -> dict[str, Any]:
         raise CliError(f"cannot read the plan {path}: {exc.strerror}") from None
     except ValueError as exc:
         raise CliError(f"the plan {path} is not JSON: {exc}") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("partitions"), list) or not doc["partitions"]:
-        raise CliError(f"the plan {path} must be an object with a non-empty \"partitions\" list, like "
+    if not isinstance(doc, dict) or not isinstance(doc.get("partitions"), list):
+        raise CliError(f"the plan {path} must be an object with a \"partitions\" list, like "
                        '{"version": 1, "partitions": [{"topic": "t", "partition": 0, "replicas": [1, 2, 3]}]}')
     if doc.get("version", 1) != 1:
         raise CliError(f"the plan {path} has version {doc['version']!r}; this biplane reads version 1")
@@ -822,6 +822,9 @@ def reassign_main(argv: list[str], prog: str) -> int:
                         + table(partition_rows(doc["reassignments"]), PARTITION_HEADERS))
         if args.plan:
             body = read_plan(args.plan)
+            if not body["partitions"]:
+                # A capacity report's plan when nothing needs to move: nothing to start.
+                return emit(args, {"reassignments": []}, f"the plan {args.plan} moves no partition; nothing started")
             if args.throttle:
                 body["throttle_bytes_per_s"] = parse_bytes(args.throttle, "--throttle")
             doc = api.call("POST", "/v1/reassignments/plan", body)

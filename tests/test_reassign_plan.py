@@ -150,3 +150,9 @@ def test_plan_files_and_sizes_on_the_command_line(tmp_path):
         read_plan(str(f))
     with pytest.raises(CliError, match="cannot read the plan"):
         read_plan(str(tmp_path / "missing.json"))
+    # A capacity report's plan when nothing needs to move is a plan, not a malformed file.
+    f.write_text('{"version": 1, "partitions": []}')
+    assert read_plan(str(f))["partitions"] == []
+    f.write_text('{"version": 1}')
+    with pytest.raises(CliError, match='must be an object with a "partitions" list'):
+        read_plan(str(f))

@@ -144,8 +144,12 @@ def _capacity(args: argparse.Namespace) -> int:
         for r in urgent.to_dict("records"):
             print(f"  broker {r['broker_id']}: full in {human_days(r['days_until_full'])} ({r['full_at']}), "
                   f"growing {human_per_day(r['growth_bytes_per_day'])}")
-    for name in result.plans:
-        print(f"move plan: {args.out / name} (biplane reassign --plan FILE)")
+    for name, plan in result.plans.items():
+        moves = plan.get("partitions") if isinstance(plan, dict) else None
+        if isinstance(moves, list) and moves:
+            print(f"move plan: {args.out / name} ({len(moves)} partition(s); biplane reassign --plan FILE)")
+        else:
+            print(f"move plan: {args.out / name} moves nothing: no partition needs to move")
     for note in ("forecast_note", "throughput_note", "biplane_bytes_note"):
         if note in result.summary:
             print(result.summary[note])
