@@ -476,6 +476,47 @@ def test_down_after_a_respawn_leaves_no_process(detached):
     assert final["supervisor"] is None and all_pids(final) == []
 
 
+def test_leftovers_of_a_killed_supervisor_are_stopped_one_at_a_time_brokers_first(tmp_path):
+    """`biplane up` after a kill -9 of the supervisor stopped the six children it left all at
+    once: every broker shut down together, none could take the others' leaderships, and every
+    partition stopped acknowledging for 9 s, with nothing said. Now it says so and stops each
+    after the one before has exited, brokers first. Stand-ins record when SIGTERM came and
+    take 0.3 s to exit."""
+    from dataplane.cluster.up import leftovers_note, stop_recorded
+    from dataplane.cluster.state import proc_start_ticks
+    stand_in = ("import signal, sys, time\n"
+                "def stop(*_):\n"
+                "    open(sys.argv[1], 'a').write(f'{sys.argv[2]} term {time.monotonic()}\\n')\n"
+                "    time.sleep(0.3)\n"
+                "    open(sys.argv[1], 'a').write(f'{sys.argv[2]} exit {time.monotonic()}\\n')\n"
+                "    sys.exit(0)\n"
+                "signal.signal(signal.SIGTERM, stop)\n"
+                "print('ready', flush=True)\n"
+                "while True: time.sleep(1)\n")
+    record = tmp_path / "record"
+    procs = {name: subprocess.Popen([PYTHON, "-c", stand_in, str(record), name], stdout=subprocess.PIPE)
+             for name in ("controller-1", "broker-1", "broker-2")}
+    try:
+        for proc in procs.values():
+            assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+        node = {name: {"pid": proc.pid, "pid_start": proc_start_ticks(proc.pid)} for name, proc in procs.items()}
+        state = {"controllers": {"1": node["controller-1"]}, "brokers": {"1": node["broker-1"], "2": node["broker-2"]}}
+        note = leftovers_note(state, tmp_path)
+        assert note and "broker 1, broker 2, controller 1 still run" in note and "one at a time" in note, note
+        from dataplane.cluster.up import _stop_leftovers; _stop_leftovers(state, tmp_path)
+        events = [line.split() for line in record.read_text().splitlines()]
+        order = [(name, what) for name, what, _ in events]
+        assert [name for name, what in order if what == "term"][-1] == "controller-1", order
+        for (name, what, _), (next_name, next_what, _) in zip(events, events[1:]):
+            if what == "term":
+                assert (next_name, next_what) == (name, "exit"), f"{next_name} was asked before {name} exited: {order}"
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+
+
 def test_down_stops_the_children_of_a_killed_supervisor(tmp_path):
     """`biplane up --detach`, then kill -9 of the supervisor itself: its children run on,
     orphaned. `biplane down` stops each one the cluster file records and says stopped only

@@ -581,10 +581,9 @@ def cluster_processes(data_dir: Path) -> dict[int, str]:
     return found
 
 
-def stop_recorded(state: dict[str, Any], data_dir: Path, wait_s: float = STOP_WAIT_S) -> list[str]:
-    """Stop every child the cluster file records (when it is still that process: same start
-    time) and any other broker or controller process on this data directory; wait for each by
-    pid, SIGKILL after `wait_s`. Returns the ones still running, as "broker 2 (pid 123)"."""
+def recorded_targets(state: dict[str, Any], data_dir: Path) -> dict[int, tuple[str, int | None]]:
+    """pid -> (name, start time) of every child the cluster file records that still runs, and
+    any other broker or controller process on this data directory."""
     targets: dict[int, tuple[str, int | None]] = {}
     for kind in ("controllers", "brokers"):
         for node_id, node in state.get(kind, {}).items():
@@ -593,6 +592,16 @@ def stop_recorded(state: dict[str, Any], data_dir: Path, wait_s: float = STOP_WA
                 targets[int(pid)] = (f"{kind[:-1]} {node_id}", start if start is not None else proc_start_ticks(pid))
     for pid, name in cluster_processes(data_dir).items():
         targets.setdefault(pid, (name, proc_start_ticks(pid)))
+    return targets
+
+
+def stop_recorded(state: dict[str, Any], data_dir: Path, wait_s: float = STOP_WAIT_S, *,
+                  one_at_a_time: bool = False) -> list[str]:
+    """Stop every process `recorded_targets` names; wait for each by pid, SIGKILL after
+    `wait_s`. Returns the ones still running, as "broker 2 (pid 123)". `one_at_a_time`: each
+    stops before the next is asked, so a broker's controlled shutdown can move its
+    leaderships to the others, and a controller leader can hand over to a peer."""
+    targets = recorded_targets(state, data_dir)
 
     def running(pid: int) -> bool:
         return same_process(pid, targets[pid][1])
@@ -618,14 +627,29 @@ def stop_recorded(state: dict[str, Any], data_dir: Path, wait_s: float = STOP_WA
             time.sleep(0.05)
 
     # Brokers first, while the controllers still run to take their leaderships (controlled shutdown).
-    stop([pid for pid in targets if targets[pid][0].startswith("broker")])
-    stop([pid for pid in targets if not targets[pid][0].startswith("broker")])
+    brokers = [pid for pid in targets if targets[pid][0].startswith("broker")]
+    controllers = [pid for pid in targets if not targets[pid][0].startswith("broker")]
+    for group in ([[pid] for pid in brokers + controllers] if one_at_a_time else [brokers, controllers]):
+        stop(group)
     return [f"{targets[pid][0]} (pid {pid})" for pid in targets if running(pid)]
 
 
+def leftovers_note(state: dict[str, Any] | None, data_dir: Path) -> str | None:
+    """What `biplane up` will do about children of a supervisor that died (kill -9) and still
+    run: said before it does it, on the terminal the operator typed the command in."""
+    targets = recorded_targets(state or {}, data_dir)
+    if not targets:
+        return None
+    names = ", ".join(sorted(name for name, _ in targets.values()))
+    return (f"the previous biplane up on {data_dir} is gone but its {names} still run: stopping them one "
+            "at a time (brokers first, each with its controlled shutdown), then starting the cluster again")
+
+
 def _stop_leftovers(state: dict[str, Any] | None, data_dir: Path) -> None:
-    """Children of a supervisor that died without stopping them (kill -9): stop them now."""
-    left = stop_recorded(state or {}, data_dir)
+    """Children of a supervisor that died without stopping them (kill -9): stop them now, one
+    at a time (all at once, the brokers had nobody to hand their leaderships to: every
+    partition stopped acknowledging for 9 s)."""
+    left = stop_recorded(state or {}, data_dir, one_at_a_time=True)
     if left:
         raise UpError(f"could not stop processes of the previous run: {', '.join(left)}; stop them by hand")
 
@@ -733,6 +757,9 @@ def detach(args: argparse.Namespace, argv: list[str], data_dir: Path) -> int:
     if running:
         raise UpError(f"a cluster already runs from {data_dir} (supervisor pid {running}); "
                       f"stop it with `biplane down --data-dir {data_dir}`")
+    note = leftovers_note(previous, data_dir)
+    if note:
+        print(f"note: {note}", file=sys.stderr)   # the background run does it, out of sight
     data_dir.mkdir(parents=True, exist_ok=True)
     rest = [a for a in argv if a != "--detach"]
     rest = [a for i, a in enumerate(rest)
@@ -936,6 +963,9 @@ def run(args: argparse.Namespace, data_dir: Path) -> int:
     if running:
         raise UpError(f"a cluster already runs from {data_dir} (supervisor pid {running}); "
                       f"stop it with `biplane down --data-dir {data_dir}`")
+    note = leftovers_note(previous, data_dir)
+    if note and not args.supervise:   # a detached run's note was said by the command that started it
+        print(f"note: {note}", file=sys.stderr)
     _stop_leftovers(previous, data_dir)
     state, notes = plan(args, data_dir, previous)
     topics = parse_topics(args.topic, len(state["brokers"]))
