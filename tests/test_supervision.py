@@ -18,6 +18,8 @@ def running(names: tuple[str, ...] = ("broker 1", "controller 1"), **kw: object)
         pids[action.child] = 100 + i
         sup.started(action.child, pid=100 + i, now_s=0.0)
     assert all(sup.view(n).phase is Phase.RUNNING for n in names)
+    # Every start is a line of supervisor.log, the first ones too (they had none).
+    assert sorted(events(sup.tick(0.0))) == ["child_started"] * len(names)
     return sup, pids
 
 

@@ -180,6 +180,8 @@ class Supervision:
             c.restarts += 1
             self._pending.append(Note(event="child_restarted", child=child,
                                       fields=(("pid", pid), ("restarts", c.restarts))))
+        else:
+            self._pending.append(Note(event="child_started", child=child, fields=(("pid", pid),)))
 
     def start_failed(self, child: str, *, reason: str, now_s: float) -> None:
         """The driver could not spawn the child at all: treated as an exit at once."""
