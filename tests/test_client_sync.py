@@ -141,3 +141,21 @@ def test_a_closed_client_may_be_closed_again_and_says_it_is_closed(fake, recwarn
     with pytest.raises(ClientClosedError, match="admin client is closed"):
         admin.list_topics()
     assert not [w for w in recwarn.list if "never awaited" in str(w.message)]
+
+
+def test_offsets_of_an_unknown_topic_or_partition_are_refused_naming_it(fake):
+    """end_offsets of a topic or partition that does not exist was retried for the whole
+    request_timeout_ms (30 s) and then failed with an empty reason; it now fails as assign()
+    does, after unknown_topic_wait_ms, naming what exists. The sync consumer has
+    beginning_offsets too (only the asyncio one had)."""
+    import time as clock
+    from common.errors import UnknownTopicError
+    from dataplane.client.sync import Consumer
+    with Consumer(bootstrap=fake.broker.bootstrap, unknown_topic_wait_ms=300) as consumer:
+        started = clock.monotonic()
+        with pytest.raises(UnknownTopicError, match="'nope' does not exist"):
+            consumer.end_offsets([("nope", 0)])
+        with pytest.raises(UnknownTopicError, match=r"has 2 partition\(s\), 0 to 1: partition\(s\) \[7\] do not exist"):
+            consumer.end_offsets([("t", 0), ("t", 7)])
+        assert clock.monotonic() - started < 5
+        assert set(consumer.beginning_offsets([("t", 0), ("t", 1)]).values()) == {0}

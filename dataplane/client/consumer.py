@@ -481,10 +481,24 @@ class Consumer:
         return None if hw is None or pos is None else max(0, hw - pos)
 
     async def end_offsets(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
-        return await self._list_offsets({TopicPartition(*tp): LATEST_TIMESTAMP for tp in tps})
+        return await self._list_offsets(await self._existing({TopicPartition(*tp): LATEST_TIMESTAMP for tp in tps}))
 
     async def beginning_offsets(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
-        return await self._list_offsets({TopicPartition(*tp): EARLIEST_TIMESTAMP for tp in tps})
+        return await self._list_offsets(await self._existing({TopicPartition(*tp): EARLIEST_TIMESTAMP
+                                                              for tp in tps}))
+
+    async def _existing(self, wanted: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
+        """`wanted`, once each topic is known (UnknownTopicError after unknown_topic_wait_ms, as
+        assign() says) and each partition is one of its topic's: an unknown one was retried
+        until request_timeout_ms and then failed with no reason given."""
+        self._check_open()
+        for topic in {tp.topic for tp in wanted}:
+            count = len(await self.partitions_for(topic))
+            missing = sorted(tp.partition for tp in wanted if tp.topic == topic and not 0 <= tp.partition < count)
+            if missing:
+                raise UnknownTopicError(f"topic {topic!r} has {count} partition(s), 0 to {count - 1}: "
+                                        f"partition(s) {missing} do not exist")
+        return wanted
 
     async def offsets_for_times(self, timestamps: Mapping[TopicPartition | tuple[str, int], int]
                                 ) -> dict[TopicPartition, int]:
@@ -495,7 +509,7 @@ class Consumer:
             if type(ts) is not int or ts < 0:
                 raise ValueError(f"timestamp {ts!r} for {tp} must be a non-negative integer (ms since the epoch)")
             wanted[TopicPartition(*tp)] = ts
-        return await self._list_offsets(wanted)
+        return await self._list_offsets(await self._existing(wanted))
 
     async def _resolve_resets(self) -> None:
         if not self._pending_reset:
@@ -513,7 +527,7 @@ class Consumer:
         result: dict[TopicPartition, int] = {}
         deadline = time.monotonic() + self.request_timeout_ms / 1000
         todo = dict(wanted)
-        last_error: str = ""
+        last_error: str = "no leader known for them"
         while todo:
             if any(meta.leader(tp) is None for tp in todo):
                 await self._network.refresh_metadata({tp.topic for tp in todo})

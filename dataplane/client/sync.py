@@ -324,6 +324,9 @@ class Consumer:
     def end_offsets(self, tps: Any) -> dict[TopicPartition, int]:
         return self._loop.run(self._inner.end_offsets(tps))
 
+    def beginning_offsets(self, tps: Any) -> dict[TopicPartition, int]:
+        return self._loop.run(self._inner.beginning_offsets(tps))
+
     def close(self) -> None:
         """Idempotent; other calls raise ClientClosedError after it."""
         if self._loop.closed:
