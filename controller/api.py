@@ -435,7 +435,9 @@ def make_middleware(admin_token: str):
                                           "missing bearer token: send 'Authorization: Bearer <admin token>'",
                                           headers={"WWW-Authenticate": "Bearer"})
                 if not hmac.compare_digest(token.encode(), admin_token.encode()):
-                    return error_response(401, "UNAUTHORIZED", "bad bearer token",
+                    return error_response(401, "UNAUTHORIZED",
+                                          "bad bearer token: use the controllers' --admin-token (a `biplane up` "
+                                          "cluster's is admin_token in its cluster.json)",
                                           headers={"WWW-Authenticate": "Bearer"})
             handler_of_route = request.match_info.route.handler
             op = openapi.operation_of(handler_of_route)
