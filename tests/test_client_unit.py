@@ -347,6 +347,27 @@ def test_delivery_timeout_when_no_broker_answers():
     run(main())
 
 
+def test_send_waits_max_block_ms_for_a_cluster_that_does_not_answer_yet():
+    """A producer made while every broker was down (a cluster restarting) failed its first
+    send() at once with NoBrokersError; Kafka's producer waits max.block.ms for metadata. It
+    now waits, and says how long it waited."""
+    import socket
+    import time
+    from common.errors import NoBrokersError
+
+    async def main():
+        with socket.socket() as s:   # a port nobody listens on
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        producer = await Producer(bootstrap=f"127.0.0.1:{port}", max_block_ms=800).start()
+        started = time.monotonic()
+        with pytest.raises(NoBrokersError, match="waited max_block_ms=800"):
+            await producer.send("t", b"x")
+        assert 0.7 <= time.monotonic() - started < 5, time.monotonic() - started
+        await producer.close()
+    run(main())
+
+
 def test_acks_zero_resolves_without_offsets():
     async def main():
         async with FakeBroker({"t": 1}) as broker:

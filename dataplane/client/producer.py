@@ -494,8 +494,20 @@ class Producer:
             return count
         self._network.want_topic(topic)
         topic_deadline = min(deadline, time.monotonic() + self.unknown_topic_wait_ms / 1000)
+        pause_s = 0.05
         while True:
-            await self._network.refresh_metadata({topic})
+            try:
+                await self._network.refresh_metadata({topic})
+            except NoBrokersError as exc:
+                # No broker answers (a cluster starting or restarting): wait for one up to
+                # max_block_ms, as Kafka's producer waits for metadata, rather than fail at once.
+                if time.monotonic() >= deadline:
+                    raise NoBrokersError(f"{exc} (send() waited max_block_ms={self.max_block_ms} for the "
+                                         f"metadata of topic {topic!r})") from None
+                await asyncio.sleep(min(pause_s, max(0.0, deadline - time.monotonic())))
+                pause_s = min(2 * pause_s, METADATA_RETRY_MAX_MS / 1000)
+                topic_deadline = max(topic_deadline, min(deadline, time.monotonic() + self.unknown_topic_wait_ms / 1000))
+                continue
             count = meta.partition_count(topic)
             if count is not None:
                 return count
