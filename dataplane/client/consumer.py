@@ -639,8 +639,9 @@ class Consumer:
         return self._iterate()
 
     async def _iterate(self) -> AsyncIterator[ConsumerRecord]:
-        # In a group, one record at a time: a record counts as processed (committable) once the
-        # loop asks for the next one, so a close() after a break commits nothing unprocessed.
+        # In a group, one record at a time: a record handed out counts as processed (the
+        # README's rule, and Kafka's: the position moves past it), so a close() after a break
+        # commits up to the record the loop broke on and none of the fetched records after it.
         # Records already fetched are handed out directly while the group has nothing to do.
         if self._group is None:
             while not self._closed:

@@ -271,8 +271,8 @@ class Consumer:
         return self._loop.run(self._inner.poll(timeout_ms, max_records=max_records))
 
     def __iter__(self) -> Iterator[ConsumerRecord]:
-        # In a group one record at a time, as the asyncio iterator: a record is processed (and
-        # committable) once the loop asks for the next.
+        # In a group one record at a time, as the asyncio iterator: a record handed out counts
+        # as processed, and no fetched record after it does.
         batch = 1 if self._inner.group_id is not None else 500
         while True:
             yield from self.poll(self._inner.fetch_max_wait_ms, max_records=batch)
