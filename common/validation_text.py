@@ -38,10 +38,11 @@ def plain_message(err: Mapping[str, Any]) -> str:
 _KINDS = {"str": "a string", "int": "a whole number", "bool": "true/false", "float": "a number"}
 
 
-def plain_issues(errors: Sequence[Mapping[str, Any]]) -> list[str]:
-    """`ValidationError.errors()` as "where: what is wrong (got VALUE)" lines. A value that fits
-    no branch of a union (a topic config value: string, number or boolean) is one line, "must
-    be a string, a whole number, true/false or a number", not one per branch."""
+def plain_issues(errors: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
+    """`ValidationError.errors()` as (where, "what is wrong (got VALUE)") pairs, `where` the
+    dotted location ("" for the whole body). A value that fits no branch of a union (a topic
+    config value: string, number or boolean) is one pair, "must be a string, a whole number,
+    true/false or a number", not one per branch."""
     lines: list[tuple[tuple[Any, ...], list[str], str]] = []   # (location, union kinds, message)
     unions: dict[tuple[Any, ...], list[str]] = {}
     for err in errors:
@@ -60,5 +61,5 @@ def plain_issues(errors: Sequence[Mapping[str, Any]]) -> list[str]:
         if kinds:
             text = "must be " + (" or ".join(kinds) if len(kinds) < 3
                                  else ", ".join(kinds[:-1]) + " or " + kinds[-1]) + text
-        out.append(f"{'.'.join(str(part) for part in loc)}: {text}")
+        out.append((".".join(str(part) for part in loc), text))
     return out

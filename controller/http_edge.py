@@ -71,10 +71,10 @@ def error_from_exception(exc: BiplaneError) -> web.Response:
 
 
 def validation_error(exc: ValidationError, what: str) -> web.Response:
-    parts = plain_issues(exc.errors())[:5]
-    field = parts[0].split(": ", 1)[0] or what
-    parts = [what + part if part.startswith(": ") else part for part in parts]
-    return error_response(400, ErrorCode.INVALID_REQUEST, f"invalid {what}: " + "; ".join(parts), field=field)
+    issues = [(where or what, text) for where, text in plain_issues(exc.errors())[:5]]
+    return error_response(400, ErrorCode.INVALID_REQUEST,
+                          f"invalid {what}: " + "; ".join(f"{where}: {text}" for where, text in issues),
+                          field=issues[0][0])
 
 
 def too_large(size: int | None, limit: int, flag: str) -> web.Response:

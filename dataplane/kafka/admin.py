@@ -23,10 +23,10 @@ from common.errors import BiplaneError, ErrorCode, UnknownTopicOrPartitionError
 from common.metadata import MetadataImage
 from common.metadata.config import is_internal, refuse_internal
 from common.requests import AddPartitionsRequest, AdminAnswer, AlterConfigRequest, CreateTopicRequest
+from common.validation_text import plain_issues
 from dataplane.kafka import configs, messages
 
 from dataplane.kafka.registry import Context, Request, register
-from common.validation_text import plain_message
 
 Answer = Any  # a kio response entity
 log = logging.getLogger("biplane.kafka")
@@ -152,10 +152,9 @@ async def _attempt_model(call: Callable[[], Awaitable[object]]) -> dict[str, Any
     try:
         return await _attempt(call)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ()))
+        where, text = plain_issues(exc.errors())[0]
         code = _FIELD_CODES.get(where.split(".")[0], ErrorCode.INVALID_REQUEST)
-        return {"error_code": int(code), "error_message": f"{where}: {plain_message(first)} (got {first.get('input')!r})"}
+        return {"error_code": int(code), "error_message": f"{where}: {text}"}
 
 
 async def auto_create(name: str, port: AdminPort, shape: tuple[int, int]) -> ErrorCode:
