@@ -207,6 +207,7 @@ def parse_value(text: str) -> Any:
 
 
 def parse_pairs(pairs: list[str], what: str) -> dict[str, Any]:
+    from common.metadata.config import normalize_key
     out: dict[str, Any] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -214,8 +215,7 @@ def parse_pairs(pairs: list[str], what: str) -> dict[str, Any]:
             raise CliError(f"{what} {pair!r} is not KEY=VALUE")
         key, parsed = key.strip(), parse_value(value.strip())
         # min.insync.replicas and min_insync_replicas are one key to the server, which kept the last.
-        same = next((k for k in out if k.replace(".", "_").replace("-", "_")
-                     == key.replace(".", "_").replace("-", "_")), None)
+        same = next((k for k in out if normalize_key(k) == normalize_key(key)), None)
         if same is not None and out[same] != parsed:
             raise CliError(f"{what} {key} is given twice ({same}={out[same]!r} and {key}={parsed!r}); give it once")
         out[key] = parsed
@@ -228,12 +228,13 @@ def _topic_shape(args: argparse.Namespace) -> dict[str, Any]:
     """`topic create`'s partitions, replication factor, config and assignment, from whichever
     of its ways a user gave them: the flags, `--config partitions=N` (the config key list names
     them), or `--replica-assignment`, which fixes both. Two ways that disagree are refused."""
+    from common.metadata.config import normalize_key
     config = parse_pairs(args.config, "--config")
     shape: dict[str, tuple[str, int]] = {}
     for key, flag, value in (("partitions", "--partitions", args.partitions),
                              ("replication_factor", "--replication-factor", args.replication_factor)):
         given = [(flag, value)] if value is not None else []
-        for k in [k for k in config if k.replace(".", "_").replace("-", "_") == key]:
+        for k in [k for k in config if normalize_key(k) == key]:
             raw = config.pop(k)
             try:
                 if isinstance(raw, bool):
