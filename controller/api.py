@@ -37,7 +37,7 @@ from common.errors import (
     UnknownTopicOrPartitionError,
 )
 from common.metadata import MetadataImage, PartitionChange, PartitionRecord, validate_topic_name
-from common.metadata.config import refuse_internal
+from common.metadata.config import refuse_creating_internal
 from common.metrics import metrics_response
 from common.requests import (
     AddPartitionsRequest,
@@ -216,7 +216,7 @@ async def get_topics(request: web.Request) -> web.Response:
        response=api_models.TopicDetail, writes=True, status=201)
 async def post_topic(request: web.Request) -> web.Response:
     body = await read_body(request, CreateTopicRequest)
-    refuse_internal(body.name, "the brokers create it, compacted, when a group first needs it")
+    refuse_creating_internal(body.name)
     s = svc(request)
     return await _topic_write(request, body.name, core.CreateTopic(request=body, now_ms=s.clock_ms()),
                               status=201)

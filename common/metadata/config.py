@@ -144,6 +144,12 @@ def refuse_internal(topic: str, why: str) -> None:
             f"brokers): {why}", field="name", value=topic)
 
 
+def refuse_creating_internal(topic: str) -> None:
+    """A client's create of an internal topic (the admin API, Kafka's CreateTopics, `biplane up
+    --topic`); the brokers' own create goes through the controller's RPC, not these edges."""
+    refuse_internal(topic, "the brokers create it, compacted, when a group first needs it")
+
+
 def validate_topic_name(name: str) -> str:
     """Return `name` if it is a legal topic name, else raise InvalidTopicError."""
     if not isinstance(name, str):

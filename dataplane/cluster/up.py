@@ -711,12 +711,12 @@ def check_args(args: argparse.Namespace) -> None:
     if args.controllers is not None and args.controllers not in (1, 3, 5):
         raise UpError(f"--controllers {args.controllers} must be 1, 3 or 5 (a Raft quorum)")
     from common.errors import InvalidTopicError
-    from common.metadata.config import refuse_internal, validate_topic_name
+    from common.metadata.config import refuse_creating_internal, validate_topic_name
     brokers = args.brokers if args.brokers is not None else 3
     for name, _, rf in parse_topics(args.topic, brokers):
         try:
             validate_topic_name(name)
-            refuse_internal(name, "the brokers create it, compacted, when a group first needs it")
+            refuse_creating_internal(name)
         except InvalidTopicError as exc:
             raise UpError(f"--topic {name!r}: {exc}") from None
         if args.brokers is not None and rf > args.brokers:

@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from common.errors import BiplaneError, ErrorCode, UnknownTopicOrPartitionError
 from common.metadata import MetadataImage
-from common.metadata.config import is_internal, refuse_internal
+from common.metadata.config import is_internal, refuse_creating_internal
 from common.requests import AddPartitionsRequest, AdminAnswer, AlterConfigRequest, CreateTopicRequest
 from common.validation_text import plain_issues
 from dataplane.kafka import configs, messages
@@ -120,7 +120,7 @@ async def create_topics(request: Request, port: AdminPort, defaults: tuple[int, 
     results = []
     for topic in body.topics:
         async def create(topic: Any = topic) -> None:
-            refuse_internal(topic.name, "the brokers create it, compacted, when a group first needs it")
+            refuse_creating_internal(topic.name)
             config = configs.create_config({c.name: c.value for c in topic.configs})
             assignment = tuple(tuple(a.broker_ids) for a in sorted(topic.assignments,
                                                                    key=lambda a: a.partition_index))
