@@ -426,6 +426,7 @@ def test_commands_fail_clearly_without_a_traceback(detached, tmp_path):
     (["--brokers", "0"], "--brokers 0 must be 1 or more"),
     (["--topic", "bad name"], "has illegal characters"),
     (["--topic", "x:3:9", "--brokers", "3"], "replication factor 9 is more than the 3 broker(s)"),
+    (["--topic", "__consumer_offsets"], "'__consumer_offsets' is internal"),
     (["--data-dir", "/dev/null/x"], "cannot use --data-dir /dev/null/x: Not a directory"),
 ])
 def test_up_refuses_bad_flags_before_starting_anything(tmp_path, flags, says):
