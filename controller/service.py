@@ -202,8 +202,7 @@ class ControllerService:
         self._untrust("controller is stopping")
         # Brokers' metadata long-polls end now (empty), so the API closes without waiting them
         # out; the brokers ask again, of the next leader.
-        self._advanced.set()
-        self._advanced = asyncio.Event()
+        self._wake_metadata_waiters()
         if self.raft is None or not self.raft.settings.peer_addresses:
             return True   # a lone controller has nobody to hand over to: dropping its view is all
         loop = asyncio.get_running_loop()
@@ -530,17 +529,21 @@ class ControllerService:
         if outcome.applied:
             self.stats["records_committed"] += len(outcome.applied)
             assert self.committed.offset == outcome.offset, (self.committed.offset, outcome.offset)
-            self._advanced.set()
-            self._advanced = asyncio.Event()
+            self._wake_metadata_waiters()
 
     def _on_reset(self, state: dict) -> None:
         self.committed = MetadataImage.from_dict(state)
         self.window.clear()
         self._untrust("state was replaced by a snapshot")
-        self._advanced.set()
-        self._advanced = asyncio.Event()
+        self._wake_metadata_waiters()
 
     # ------------------------------------------------------------ metadata for brokers
+
+    def _wake_metadata_waiters(self) -> None:
+        """End every metadata long-poll's wait (each looks again at what is committed); later
+        ones wait on a fresh event."""
+        self._advanced.set()
+        self._advanced = asyncio.Event()
 
     async def fetch_metadata(self, *, after_offset: int, wait_ms: int, records_max: int = 5000) -> FetchResult:
         """Committed records with offset > `after_offset`; waits up to `wait_ms` for one."""
