@@ -128,6 +128,12 @@ class _Signal:
 METADATA_RETRY_MAX_MS = 1000
 
 
+def next_metadata_wait_ms(previous_ms: int, first_ms: int) -> int:
+    """The wait before the next metadata request after one no broker answered: `first_ms`
+    (retry_backoff_ms), then doubling to METADATA_RETRY_MAX_MS."""
+    return min(previous_ms * 2 or first_ms, METADATA_RETRY_MAX_MS)
+
+
 class Producer:
     """Options (keyword-only; times in ms, sizes in bytes):
 
@@ -494,7 +500,7 @@ class Producer:
             return count
         self._network.want_topic(topic)
         topic_deadline = min(deadline, time.monotonic() + self.unknown_topic_wait_ms / 1000)
-        pause_s = 0.05
+        pause_ms = 0
         while True:
             try:
                 await self._network.refresh_metadata({topic})
@@ -504,8 +510,8 @@ class Producer:
                 if time.monotonic() >= deadline:
                     raise NoBrokersError(f"{exc} (send() waited max_block_ms={self.max_block_ms} for the "
                                          f"metadata of topic {topic!r})") from None
-                await asyncio.sleep(min(pause_s, max(0.0, deadline - time.monotonic())))
-                pause_s = min(2 * pause_s, METADATA_RETRY_MAX_MS / 1000)
+                pause_ms = next_metadata_wait_ms(pause_ms, self._acc.core.retry_backoff_ms)
+                await asyncio.sleep(min(pause_ms / 1000, max(0.0, deadline - time.monotonic())))
                 topic_deadline = max(topic_deadline, min(deadline, time.monotonic() + self.unknown_topic_wait_ms / 1000))
                 continue
             count = meta.partition_count(topic)
@@ -648,8 +654,8 @@ class Producer:
             self._leader_refresh_backoff_ms = 0
         except BiplaneError as exc:
             log.debug("metadata refresh failed: %s", exc)
-            backoff = self._leader_refresh_backoff_ms * 2 or self._acc.core.retry_backoff_ms
-            self._leader_refresh_backoff_ms = min(backoff, METADATA_RETRY_MAX_MS)
+            self._leader_refresh_backoff_ms = next_metadata_wait_ms(self._leader_refresh_backoff_ms,
+                                                                    self._acc.core.retry_backoff_ms)
         self._leader_refresh_due_ms = _now_ms() + self._leader_refresh_backoff_ms
         self._wakeup.set()
 
