@@ -537,6 +537,8 @@ def test_down_stops_the_children_of_a_killed_supervisor(tmp_path):
         assert r.returncode == 0 and "stopped the cluster" in r.stdout, r.stdout + r.stderr
         left = [pid for pid in cluster.seen if not cluster.gone(pid)]
         assert not left, f"still running after biplane down: {left}; {r.stdout}"
+        r = cluster.cli("down", timeout_s=90)   # again: nothing runs, and it says so
+        assert r.returncode == 0 and "no cluster was running" in r.stdout, r.stdout + r.stderr
     finally:
         for pid, start in cluster.seen.items():
             if alive(pid) and start_identity(pid) == start:

@@ -1101,9 +1101,7 @@ def down_main(argv: list[str], prog: str) -> int:
         return 1
     problems = []
     pid = supervisor_alive(state)
-    was_running = bool(pid) or bool(cluster_processes(data_dir)) or any(
-        node.get("pid") and same_process(node["pid"], node.get("pid_start"), state.get("data_dir"))
-        for kind in ("controllers", "brokers") for node in state.get(kind, {}).values())
+    was_running = bool(pid) or bool(recorded_targets(state, data_dir))
     if pid:
         sup_start = proc_start_ticks(pid)
         stop_wait_s = float((state.get("supervisor") or {}).get("stop_wait_s") or STOP_WAIT_S)
