@@ -241,11 +241,7 @@ class Consumer:
         for tp in tps:
             if not isinstance(tp.partition, int) or tp.partition < 0:
                 raise ValueError(f"partition {tp.partition!r} of {tp.topic!r} must be a non-negative integer")
-        for topic in {tp.topic for tp in tps}:
-            count = len(await self.partitions_for(topic))
-            bad = [tp.partition for tp in tps if tp.topic == topic and tp.partition >= count]
-            if bad:
-                raise ValueError(f"topic {topic!r} has {count} partition(s); partition(s) {bad} do not exist")
+        await self._check_exist(tps, ValueError)
         keep = set(tps)
         for tp in list(self._positions):
             if tp not in keep:
@@ -488,17 +484,22 @@ class Consumer:
                                                               for tp in tps}))
 
     async def _existing(self, wanted: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
-        """`wanted`, once each topic is known (UnknownTopicError after unknown_topic_wait_ms, as
-        assign() says) and each partition is one of its topic's: an unknown one was retried
-        until request_timeout_ms and then failed with no reason given."""
+        """`wanted`, once each of its partitions is known to exist (an unknown one was retried
+        until request_timeout_ms and then failed with no reason given)."""
         self._check_open()
-        for topic in {tp.topic for tp in wanted}:
-            count = len(await self.partitions_for(topic))
-            missing = sorted(tp.partition for tp in wanted if tp.topic == topic and not 0 <= tp.partition < count)
-            if missing:
-                raise UnknownTopicError(f"topic {topic!r} has {count} partition(s), 0 to {count - 1}: "
-                                        f"partition(s) {missing} do not exist")
+        await self._check_exist(wanted, UnknownTopicError)
         return wanted
+
+    async def _check_exist(self, tps: Iterable[TopicPartition], error: Callable[[str], Exception]) -> None:
+        """UnknownTopicError once a topic is still unknown after unknown_topic_wait_ms
+        (partitions_for), and `error` naming the partitions a known topic does not have."""
+        tps = list(tps)
+        for topic in {tp.topic for tp in tps}:
+            count = len(await self.partitions_for(topic))
+            missing = sorted(tp.partition for tp in tps if tp.topic == topic and not 0 <= tp.partition < count)
+            if missing:
+                raise error(f"topic {topic!r} has {count} partition(s), 0 to {count - 1}: "
+                            f"partition(s) {missing} do not exist")
 
     async def offsets_for_times(self, timestamps: Mapping[TopicPartition | tuple[str, int], int]
                                 ) -> dict[TopicPartition, int]:
