@@ -963,8 +963,8 @@ def run(args: argparse.Namespace, data_dir: Path) -> int:
     if running:
         raise UpError(f"a cluster already runs from {data_dir} (supervisor pid {running}); "
                       f"stop it with `biplane down --data-dir {data_dir}`")
-    note = leftovers_note(previous, data_dir)
-    if note and not args.supervise:   # a detached run's note was said by the command that started it
+    note = None if args.supervise else leftovers_note(previous, data_dir)   # a detached run's was said
+    if note:                                                                 # by the command that started it
         print(f"note: {note}", file=sys.stderr)
     _stop_leftovers(previous, data_dir)
     state, notes = plan(args, data_dir, previous)
