@@ -1114,6 +1114,78 @@ def test_moving_the_clock_is_a_tick_that_finds_nothing_due_and_refuses_when_some
     assert seen[True] > 100 and seen[False] > 20, seen
 
 
+def _core_state(r: Replica) -> dict:
+    """What a step may change in a core, comparable across deep copies (its log and producer
+    table are compared through what the core says of them)."""
+    kept = {k: v for k, v in vars(r).items() if k not in ("log", "producer_state")}
+    kept["progress"] = {rid: tuple(getattr(p, f) for f in p.__slots__) for rid, p in r.progress.items()}
+    kept["next_tick_ms"] = r.next_tick_ms()
+    kept["log_end"] = r.log.log_end_offset
+    return kept
+
+
+def test_a_caught_up_refresh_is_a_tick_that_acts_on_its_news_alone_and_refuses_when_it_would_do_more():
+    """Claim: Replica.refresh_caught_up(t, fetching) leaves the core exactly as a Tick at t
+    carrying that news would, when that Tick acts on nothing else (its Ready empty): the
+    broker's quiet leaders refresh their followers' caught-up clocks this way. When the Tick
+    would do more (a produce's deadline, a flush, an ISR change, a join to ask about) it
+    changes nothing and says so. Checked every 37 ms over a leader with produces coming and
+    going, followers seen now, long ago, or at a stale position, and the lag rule."""
+    import copy
+    import random
+    rng = random.Random(11)
+    lag = 300
+    nodes = cluster(config(durability="fsync", replica_lag_time_max_ms=lag), auto_flush=False)
+    pump(nodes, now_ms=0)
+    start = max(n.replica.now_ms for n in nodes.values()) + 1
+    seen = {True: 0, False: 0}
+    refreshed_news = rid = 0
+    for now in range(start, start + 40_000, 37):
+        leader = nodes[1].replica
+        if leader.role is not Role.LEADER:
+            break
+        news = []
+        for r in leader.caught_up_due(now):
+            p = leader.progress[r]
+            pick = rng.random()
+            seen_ms = now if pick < 0.9 else now - lag - 50   # long unseen: the follower leaves
+            offset = p.fetch_offset if pick < 0.95 else p.fetch_offset - 1
+            news.append(StillFetching(replica_id=r, fetch_offset=offset, seen_ms=seen_ms))
+        fetching = tuple(news)
+        ticked, refreshed = copy.deepcopy(leader), copy.deepcopy(leader)
+        before = _core_state(refreshed)
+        done, due = refreshed.refresh_caught_up(now, None, fetching)
+        ready = ticked.step(Tick(now_ms=now, fetching=fetching))
+        acted = bool(ready.persist or ready.send or ready.answers or ready.release or ready.notes)
+        seen[done] += 1
+        refreshed_news += done and bool(fetching)
+        if done:
+            assert not acted, f"the Tick at {now} acted ({ready}) where the refresh said it would not"
+            assert _core_state(refreshed) == _core_state(ticked)
+            assert due == ticked.next_tick_ms()
+        else:
+            assert (done, due) == (False, None) and _core_state(refreshed) == before, "a refusal changes nothing"
+        nodes[1].step(Tick(now_ms=now, fetching=fetching))
+        for n in (2, 3):
+            nodes[n].step(Tick(now_ms=now))
+        for proposal in nodes[1].take(ProposeIsr):   # the controller accepts, and all learn it
+            st = leader.state
+            changed = state(isr=proposal.new_isr, epoch=st.leader_epoch, pepoch=st.partition_epoch + 1)
+            nodes[1].step(IsrChangeAccepted(partition=changed))
+            for n in nodes.values():
+                n.step(NewMetadata(partition=changed, config=leader.config))
+        if rng.random() < 0.02:
+            rid += 1
+            produce(nodes[1], rid, -1, b"v" * 100, timeout_ms=500)
+        if rng.random() < 0.3:
+            for n in nodes.values():
+                for f in n.take(Flush):
+                    n.step(FlushDone(flushed_offset=n.log.flush()))
+        if rng.random() < 0.05:
+            pump(nodes, rounds=2)   # now and then the messages go through: replication moves on
+    assert seen[True] > 50 and seen[False] > 20 and refreshed_news > 25, (seen, refreshed_news)
+
+
 def test_follower_behind_the_leader_fetches_at_once_even_when_asked_to_flush():
     """Claim: a follower whose answer leaves it behind the leader's log end keeps fetching at once
     (pipelined with its flush), so a follower catching up is not held to one fsync per fetch."""

@@ -259,10 +259,20 @@ class PartitionDriver:
             return
         now = max(now, self.replica.now_ms)
         fetching: tuple[StillFetching, ...] = ()
+        wall = wall_ms()
         if self.follower_fetching is not None:
             ask = self.follower_fetching
             fetching = tuple(news for r in self.replica.caught_up_due(now) if (news := ask(self.tp, r)) is not None)
-        self.step(Tick(now_ms=now, wall_ms=wall_ms(), fetching=fetching))
+            if fetching and not self._stepping:
+                # A quiet leader's refresh from its fetch sessions: no log, HW, epoch or role
+                # moves, so nothing after a step (answers, budget, watchers, usage) has work.
+                done, due = self.replica.refresh_caught_up(now, wall, fetching)
+                if done:
+                    self._due = due
+                    if self.on_due is not None:
+                        self.on_due(self.tp, due)
+                    return
+        self.step(Tick(now_ms=now, wall_ms=wall, fetching=fetching))
 
     def tick_if_due(self, now: int) -> None:
         """Tick now if a timed rule of the core is due by `now` (an event may have left one due

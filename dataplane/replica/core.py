@@ -1058,6 +1058,43 @@ class Replica(ProduceAdmission, PushMixin):
             due.append(self._report_sent_ms + self.election_report_retry_ms)
         return min(due) if due else None
 
+    def refresh_caught_up(self, now_ms: int, wall_ms: int | None,
+                          fetching: tuple[StillFetching, ...]) -> tuple[bool, int | None]:
+        """Do what a Tick at `now_ms` carrying `fetching` does when that news is all it would act
+        on: a quiet leader's refresh of its followers' caught-up clocks from their fetch sessions,
+        once per lag time per partition (what an idle broker spends most of its time on at
+        thousands of partitions), for a fraction of a step. (True, next_tick_ms()) when done so,
+        with the core as that Tick would leave it; (False, None), with nothing changed, when the
+        Tick would do more (a deadline, a flush, an ISR change, a join to ask about): the
+        driver steps it instead. Checked against the Tick in tests/test_replica_core.py."""
+        if now_ms < self.now_ms:
+            raise ValueError(f"the clock went back: now_ms={now_ms} after {self.now_ms}")
+        # Every timed rule of the Tick is a term of next_tick_ms (asked below, after the news);
+        # the after-step rules (HW, admission, releases) act on what events change, and only
+        # clocks move here. Left to a whole step: another role, push, a log that moved under the
+        # core (the step's _sync_from_log), and a join to ask about (the Tick times its next ask
+        # before its news, which may then leave nothing due).
+        if (self.role is not Role.LEADER or self._pushing or self.state is None or self._producer_state_stale
+                or self.log.log_end_offset != self.log_end_offset or self._joiners_to_ask(now_ms)):
+            return False, None
+        was_now, was_wall = self.now_ms, self.wall_ms
+        kept = [(p, p.last_caught_up_ms, p.fetch_generation) for news in fetching
+                if (p := self.progress.get(news.replica_id)) is not None]
+        was = invariants.before(self) if self.check_invariants else None
+        self.wall_ms = self.wall_ms + (now_ms - self.now_ms) if wall_ms is None else wall_ms
+        self.now_ms = now_ms
+        for news in fetching:
+            self._still_fetching(news)
+        due = self.next_tick_ms()   # due now too when the news leaves an ISR change to propose
+        if due is not None and due <= now_ms:
+            self.now_ms, self.wall_ms = was_now, was_wall
+            for p, caught_up_ms, generation in kept:
+                p.last_caught_up_ms, p.fetch_generation = caught_up_ms, generation
+            return False, None
+        if was is not None:
+            invariants.check(self, was, Tick(now_ms=now_ms, wall_ms=wall_ms, fetching=fetching))
+        return True, due
+
     def caught_up_due(self, now_ms: int) -> tuple[int, ...]:
         """The followers a Tick at `now_ms` wants news of (`Tick.fetching`): every ISR follower
         once some ISR follower's caught-up clock has run out by then, so that their clocks move
