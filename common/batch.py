@@ -326,10 +326,10 @@ def encode_headers(headers: Sequence[tuple[str, bytes | str | None]]) -> bytes:
     bytes-like, str (stored as UTF-8) or None. Raises RecordHeaderError naming the bad item."""
     parts = [varint(len(headers))]
     for item in headers:
-        try:
-            name, value = item
-        except (TypeError, ValueError):
-            raise RecordHeaderError(f"header {item!r} must be a (str, bytes | str | None) pair") from None
+        # A pair only: a two-letter string would unpack into a name and a value.
+        if not isinstance(item, (tuple, list)) or len(item) != 2:
+            raise RecordHeaderError(f"header {item!r} must be a (str, bytes | str | None) pair")
+        name, value = item
         if not isinstance(name, str):
             raise RecordHeaderError(f"header name must be str, not {type(name).__name__} ({name!r})")
         raw_name = name.encode()

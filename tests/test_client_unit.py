@@ -19,7 +19,7 @@ from dataplane.client import (
     UnknownTopicError,
 )
 from dataplane.client.accumulator import Accumulator, record_size_bytes
-from common.batch import read_records
+from common.batch import RecordHeaderError, read_records
 from dataplane.client.partitioner import StickyPartitioner, key_partition, murmur2
 from fake_broker import FakeBroker
 
@@ -322,6 +322,14 @@ def test_unknown_topic_and_bad_arguments_raise_clear_errors():
                     await producer.send("t", b"x", partition=-1)
                 with pytest.raises(ValueError, match="partition must be a non-negative integer"):
                     await producer.send("t", b"x", partition="0")
+                # Headers: pairs or a dict; a two-letter string is not a (name, value) pair.
+                for headers, word in ((5, "list of"), ("ab", "list of"), (["ab"], "pair"), ([("a",)], "pair")):
+                    with pytest.raises(RecordHeaderError, match=word):
+                        await producer.send("t", b"x", headers=headers)
+                await producer.send_and_wait("t", b"h", headers={"trace": "1"}, partition=0)
+                [written] = [r for blob in broker.partitions[("t", 0)].batches for r in read_records(blob)
+                             if r.value == b"h"]
+                assert written.headers == (("trace", b"1"),)
             with pytest.raises(ClientClosedError):
                 await producer.send("t", b"x")
     run(main())
@@ -331,6 +339,16 @@ def test_unknown_topic_and_bad_arguments_raise_clear_errors():
         Producer(bootstrap="127.0.0.1:1", acks=1, enable_idempotence=True)
     with pytest.raises(ValueError, match="not HOST:PORT"):
         Producer(bootstrap="localhost")
+    for bootstrap in (123, [9092], b"127.0.0.1:9092"):
+        with pytest.raises(ValueError, match="must be 'HOST:PORT"):
+            Producer(bootstrap=bootstrap)
+        with pytest.raises(ValueError, match="must be 'HOST:PORT"):
+            Consumer("t", bootstrap=bootstrap)
+    with pytest.raises(ValueError, match="topics to read must be non-empty strings"):
+        Consumer(123, bootstrap="127.0.0.1:1")
+    for flag in ("from_beginning", "enable_auto_commit"):
+        with pytest.raises(ValueError, match=f"{flag}='yes' must be True or False"):
+            Consumer("t", bootstrap="127.0.0.1:1", **{flag: "yes"})
 
 
 def test_delivery_timeout_when_no_broker_answers():

@@ -116,6 +116,12 @@ class Consumer:
         if bootstrap is None:
             from dataplane.client.discovery import default_bootstrap
             bootstrap = default_bootstrap()
+        if not all(isinstance(t, str) and t for t in topics):
+            raise ValueError(f"the topics to read must be non-empty strings, got {list(topics)!r} "
+                             "(Consumer('orders', 'payments', ...))")
+        for name, flag in (("from_beginning", from_beginning), ("enable_auto_commit", enable_auto_commit)):
+            if type(flag) is not bool:
+                raise ValueError(f"{name}={flag!r} must be True or False")
         if auto_offset_reset not in _RESETS:
             raise ValueError(f"auto_offset_reset={auto_offset_reset!r} is not one of {_RESETS}")
         for name, value, low in (("fetch_max_wait_ms", fetch_max_wait_ms, 0), ("fetch_min_bytes", fetch_min_bytes, 0),

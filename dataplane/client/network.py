@@ -34,7 +34,13 @@ METADATA_HEDGE_MS = 500
 
 
 def parse_bootstrap(bootstrap: str | Sequence[str]) -> list[tuple[str, int]]:
-    items = bootstrap.split(",") if isinstance(bootstrap, str) else list(bootstrap)
+    if isinstance(bootstrap, str):
+        items = bootstrap.split(",")
+    elif isinstance(bootstrap, (list, tuple)) and all(isinstance(i, str) for i in bootstrap):
+        items = list(bootstrap)
+    else:
+        raise ValueError(f"bootstrap={bootstrap!r} must be 'HOST:PORT[,HOST:PORT...]' or a list of "
+                         "'HOST:PORT' strings (e.g. '127.0.0.1:9092')")
     out = []
     for item in (i.strip() for i in items):
         if not item:

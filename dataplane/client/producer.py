@@ -26,9 +26,10 @@ import asyncio
 import logging
 import math
 import time
+from collections.abc import Iterable, Mapping
 from typing import Any, Sequence
 
-from common.batch import NO_HEADERS, Compression, encode_headers
+from common.batch import NO_HEADERS, Compression, RecordHeaderError, encode_headers
 from common.errors import (
     BiplaneError,
     BrokerResponseError,
@@ -100,6 +101,16 @@ def _as_bytes(name: str, data: Any) -> bytes | bytearray | memoryview | None:
         return data.encode()
     raise TypeError(f"{name} must be bytes, str or None, not {type(data).__name__}")
 
+
+
+def _header_pairs(headers: Any) -> tuple[Any, ...]:
+    """send()'s headers as (name, value) pairs: a sequence of pairs, or a mapping as
+    confluent-kafka also takes them; encode_headers checks each pair."""
+    if isinstance(headers, Mapping):
+        return tuple(headers.items())
+    if isinstance(headers, (str, bytes)) or not isinstance(headers, Iterable):
+        raise RecordHeaderError(f"headers={headers!r} must be a list of (name, value) pairs or a dict")
+    return tuple(headers)
 
 class _Signal:
     """Wakes every coroutine waiting for the producer's state to change; each re-checks its own
@@ -206,7 +217,7 @@ class Producer:
         self.unknown_topic_wait_ms = unknown_topic_wait_ms
         self.metadata_max_age_ms = check_metadata_max_age_ms(metadata_max_age_ms)
         self.client_id = client_id
-        addresses = parse_bootstrap(bootstrap if isinstance(bootstrap, str) else list(bootstrap))
+        addresses = parse_bootstrap(bootstrap)
         self._network = Network(addresses, request_timeout_ms=request_timeout_ms,
                                 metadata_max_age_ms=metadata_max_age_ms)
         self._topics_metadata = self._network.metadata.topics  # updated in place, never replaced
@@ -417,7 +428,7 @@ class Producer:
             value = _as_bytes("value", value)
         if key is not None and type(key) is not bytes:
             key = _as_bytes("key", key)
-        header_bytes = NO_HEADERS if not headers else encode_headers(tuple(headers))
+        header_bytes = NO_HEADERS if not headers else encode_headers(_header_pairs(headers))
         if timestamp_ms is None:
             timestamp_ms = int(_wall_clock() * 1000)
         elif type(timestamp_ms) is not int or not -1 <= timestamp_ms < _TIMESTAMP_MS_LIMIT:
@@ -461,7 +472,7 @@ class Producer:
         if self._network.metadata.partition_count(topic) is None:
             await self._partition_count(topic, deadline)
         value_b, key_b = _as_bytes("value", value), _as_bytes("key", key)
-        size = record_size_bytes(value_b, key_b, encode_headers(tuple(headers)) if headers else NO_HEADERS)
+        size = record_size_bytes(value_b, key_b, encode_headers(_header_pairs(headers)) if headers else NO_HEADERS)
         if not self._acc.has_memory_for(size):
             await self._wait_for_memory(size, deadline)
 
