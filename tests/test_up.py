@@ -543,3 +543,37 @@ def test_down_stops_the_children_of_a_killed_supervisor(tmp_path):
         for pid, start in cluster.seen.items():
             if alive(pid) and start_identity(pid) == start:
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_down_without_a_cluster_file_stops_what_still_runs_on_the_data_dir(tmp_path):
+    """The cluster file deleted under a running `biplane up --detach` (a reset with rm of the
+    wrong file): `biplane down` finds the supervisor and its children by command line, stops the
+    supervisor first (so nothing restarts), then the children, names them, and leaves no
+    process and no error in their logs. It said "no cluster" and left all of them running."""
+    data_dir = tmp_path / "cluster"
+    r = biplane("up", "--detach", "--data-dir", str(data_dir), "--controllers", "1", "--brokers", "1",
+                timeout_s=150)
+    assert r.returncode == 0, r.stdout + r.stderr
+    cluster = DetachedCluster(data_dir)
+    state = cluster.state()
+    supervisor = state["supervisor"]["pid"]
+    cluster.seen.setdefault(supervisor, start_identity(supervisor))
+    try:
+        (data_dir / "cluster.json").unlink()
+        r = cluster.cli("down", timeout_s=90)
+        assert r.returncode == 0 and "stopped the cluster" in r.stdout, r.stdout + r.stderr
+        assert "no cluster.json" in r.stderr and f"biplane up (pid {supervisor})" in r.stderr, r.stderr
+        assert "controller 1 (pid" in r.stderr and "broker 1 (pid" in r.stderr, r.stderr
+        left = [pid for pid in cluster.seen if not cluster.gone(pid)]
+        assert not left, f"still running after biplane down: {left}; {r.stderr}"
+        assert "child_restarted" not in cluster.supervisor_log()
+        for log in (data_dir / "logs").glob("*.log"):
+            text = log.read_text()
+            assert " ERROR " not in text and "Traceback" not in text, (log.name, text[-3000:])
+        (data_dir / "cluster.json").unlink(missing_ok=True)   # the stopping supervisor wrote it again
+        r = cluster.cli("down", timeout_s=90)   # again: nothing runs on it, and it says so
+        assert r.returncode == 1 and "no biplane process runs on it" in r.stderr, r.stderr
+    finally:
+        for pid, start in cluster.seen.items():
+            if alive(pid) and start_identity(pid) == start:
+                os.kill(pid, signal.SIGKILL)

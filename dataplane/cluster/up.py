@@ -40,7 +40,7 @@ from common.logs import LOG_FORMAT
 from dataplane.cluster.control import KINDS, Command, ControlError, ControlServer, Reply, send_command
 from dataplane.cluster.state import (CLUSTER_FILE, new_secret, pid_alive, proc_start_ticks, read_state, same_process,
                                      write_state)
-from dataplane.client.discovery import CLUSTER_ENV, cluster_file_source, default_data_dir
+from dataplane.client.discovery import CLUSTER_ENV, cluster_file_of, cluster_file_source, default_data_dir
 from dataplane.cluster.supervision import (BACKOFF_INITIAL_S, BACKOFF_MAX_S, BACKOFF_STABLE_S, STOP_WAIT_S, Backoff,
                                            ChildView, CommandError, Kill, Note, Phase, Start, Supervision, Terminate)
 
@@ -581,6 +581,51 @@ def cluster_processes(data_dir: Path) -> dict[int, str]:
     return found
 
 
+def supervisor_processes(data_dir: Path) -> list[int]:
+    """The pids of `biplane up` processes (in the foreground or detached) running on `data_dir`,
+    found in /proc by command line, working directory and environment: for `biplane down` when
+    the cluster file is gone (a data directory deleted under a running cluster)."""
+    found: list[int] = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    for entry in entries:
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().decode(errors="replace").split("\0")
+            cwd = os.readlink(f"/proc/{entry}/cwd").removesuffix(" (deleted)")
+        except OSError:
+            continue
+        at = next((i for i, a in enumerate(argv[1:], 1) if a == "up"
+                   and (argv[i - 1] == "common.cli" or os.path.basename(argv[i - 1]) == "biplane")), None)
+        if at is None:
+            continue
+        rest = argv[at + 1:]
+        given = next((a.split("=", 1)[1] for a in rest if a.startswith("--data-dir=")), None)
+        if given is None and "--data-dir" in rest and rest.index("--data-dir") + 1 < len(rest):
+            given = rest[rest.index("--data-dir") + 1]
+        if given is None:
+            given = _environ_of(int(entry)).get(CLUSTER_ENV)
+            where = cluster_file_of(Path(cwd, given)).parent if given else Path(cwd, DEFAULT_DATA_DIR)
+        else:
+            where = Path(cwd, given)
+        if Path(os.path.normpath(where)) == data_dir:
+            found.append(int(entry))
+    return found
+
+
+def _environ_of(pid: int) -> dict[str, str]:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            pairs = f.read().decode(errors="replace").split("\0")
+    except OSError:
+        return {}
+    return dict(p.split("=", 1) for p in pairs if "=" in p)
+
+
 def recorded_targets(state: dict[str, Any], data_dir: Path) -> dict[int, tuple[str, int | None]]:
     """pid -> (name, start time) of every child the cluster file records that still runs, and
     any other broker or controller process on this data directory."""
@@ -1097,8 +1142,7 @@ def down_main(argv: list[str], prog: str) -> int:
     data_dir = resolve_data_dir(args.data_dir)
     state = read_state(data_dir) if data_dir.exists() else None
     if state is None:
-        print(f"{prog}: no cluster in {data_dir} (no {CLUSTER_FILE}); give the cluster's --data-dir", file=sys.stderr)
-        return 1
+        return _down_without_cluster_file(data_dir, prog)
     problems = []
     pid = supervisor_alive(state)
     was_running = bool(pid) or bool(recorded_targets(state, data_dir))
@@ -1141,6 +1185,44 @@ def down_main(argv: list[str], prog: str) -> int:
         return 1
     print(f"stopped the cluster in {data_dir}" if was_running
           else f"no cluster was running in {data_dir}; nothing to stop")
+    return 0
+
+
+def _down_without_cluster_file(data_dir: Path, prog: str) -> int:
+    """No cluster file (never started here, or the directory was deleted under a running
+    cluster): stop whatever still runs on `data_dir`, found by command line, supervisors first so
+    that nothing is restarted, rather than say there is nothing while it runs on."""
+    supervisors = supervisor_processes(data_dir)
+    children = cluster_processes(data_dir)
+    if not supervisors and not children:
+        print(f"{prog}: no cluster in {data_dir} (no {CLUSTER_FILE}) and no biplane process runs on it; "
+              "give the cluster's --data-dir", file=sys.stderr)
+        return 1
+    names = [f"biplane up (pid {pid})" for pid in supervisors] + [f"{name} (pid {pid})" for pid, name in
+                                                                    sorted(children.items())]
+    print(f"{prog}: no {CLUSTER_FILE} in {data_dir}, but these still run on it: {', '.join(names)}; stopping them",
+          file=sys.stderr)
+    starts = {pid: proc_start_ticks(pid) for pid in supervisors}
+    for pid in supervisors:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + 2 * STOP_WAIT_S + SUPERVISOR_STOP_EXTRA_S
+    while any(same_process(pid, starts[pid]) for pid in supervisors) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in supervisors:
+        if same_process(pid, starts[pid]):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    left = stop_recorded({}, data_dir)
+    left += [f"biplane up (pid {pid})" for pid in supervisors if same_process(pid, starts[pid])]
+    if left:
+        print(f"{prog}: could not stop {', '.join(left)}; stop it by pid (kill -9)", file=sys.stderr)
+        return 1
+    print(f"stopped the cluster in {data_dir}")
     return 0
 
 
