@@ -159,3 +159,35 @@ def test_offsets_of_an_unknown_topic_or_partition_are_refused_naming_it(fake):
             consumer.end_offsets([("t", 0), ("t", 7)])
         assert clock.monotonic() - started < 5
         assert set(consumer.beginning_offsets([("t", 0), ("t", 1)]).values()) == {0}
+
+
+INTERRUPTED_CLOSE = """
+import os, signal, sys, threading
+sys.path[:0] = [{repo!r}, {tests!r}]
+from test_client_sync import BrokerThread
+from dataplane.client.sync import Producer
+fake = BrokerThread({{"t": 1}})
+fake.loop.call_soon_threadsafe(fake.broker.hold.clear)   # produce requests are read, never answered
+producer = Producer(bootstrap=fake.broker.bootstrap)
+for i in range(10):
+    producer.send("t", b"queued")
+threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+try:
+    producer.close()   # waits for the acknowledgements that never come
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+"""
+
+
+def test_ctrl_c_during_a_blocked_close_ends_quietly():
+    """Ctrl-C while close() waits for acknowledgements raises KeyboardInterrupt in the caller and
+    ends the producer's tasks before its loop closes: it printed "Task was destroyed but it is
+    pending!" and a traceback for each of them (a loop stopped under pending tasks)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    tests = Path(__file__).resolve().parent
+    script = INTERRUPTED_CLOSE.format(repo=str(tests.parent), tests=str(tests))
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert "interrupted" in r.stdout, (r.stdout, r.stderr)
+    assert "Task was destroyed" not in r.stderr and "Traceback" not in r.stderr, r.stderr

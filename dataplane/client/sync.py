@@ -51,12 +51,29 @@ class _LoopThread:
             future.cancel()
             raise
 
-    def stop(self) -> None:
+    def stop(self, drain_s: float = 5.0) -> None:
+        """Stop the loop's thread, first cancelling what still runs on it and letting it end:
+        a close interrupted by Ctrl-C leaves the client's tasks pending, and a loop closed under
+        them printed "Task was destroyed but it is pending!" and a traceback for each."""
         if self.loop.is_running():
+            drained = asyncio.run_coroutine_threadsafe(_cancel_all(drain_s), self.loop)
+            try:
+                drained.result(drain_s + 1)
+            except BaseException:   # a second Ctrl-C, or tasks that would not end: stop all the same
+                pass
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join(timeout=10)
         if not self.loop.is_running() and not self.loop.is_closed():
             self.loop.close()
+
+
+async def _cancel_all(wait_s: float) -> None:
+    me = asyncio.current_task()
+    tasks = [t for t in asyncio.all_tasks() if t is not me]
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.wait(tasks, timeout=wait_s)
 
 
 class RecordResult(concurrent.futures.Future):
