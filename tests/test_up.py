@@ -251,6 +251,21 @@ class DetachedCluster:
     def gone(self, pid: int) -> bool:
         return start_identity(pid) != self.seen.get(pid) or not alive(pid)
 
+    def kill_seen(self) -> None:
+        """SIGKILL whatever this test saw that still runs as that same process."""
+        for pid, start in self.seen.items():
+            if alive(pid) and start_identity(pid) == start:
+                os.kill(pid, signal.SIGKILL)
+
+
+def start_small_cluster(tmp_path: Path) -> DetachedCluster:
+    """`biplane up --detach` of 1 controller and 1 broker under tmp_path."""
+    data_dir = tmp_path / "cluster"
+    r = biplane("up", "--detach", "--data-dir", str(data_dir), "--controllers", "1", "--brokers", "1",
+                timeout_s=150)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return DetachedCluster(data_dir)
+
 
 @pytest.fixture(scope="module")
 def detached(tmp_path_factory):
@@ -264,9 +279,7 @@ def detached(tmp_path_factory):
         yield cluster
     finally:
         biplane("down", "--data-dir", str(data_dir), timeout_s=90)
-        for pid, start in cluster.seen.items():
-            if alive(pid) and start_identity(pid) == start:
-                os.kill(pid, signal.SIGKILL)
+        cluster.kill_seen()
         up_log = (data_dir / "logs" / "up.log").read_text()
         assert "Traceback" not in up_log, up_log
 
@@ -522,11 +535,7 @@ def test_down_stops_the_children_of_a_killed_supervisor(tmp_path):
     """`biplane up --detach`, then kill -9 of the supervisor itself: its children run on,
     orphaned. `biplane down` stops each one the cluster file records and says stopped only
     once every one is gone."""
-    data_dir = tmp_path / "cluster"
-    r = biplane("up", "--detach", "--data-dir", str(data_dir), "--controllers", "1", "--brokers", "1",
-                timeout_s=150)
-    assert r.returncode == 0, r.stdout + r.stderr
-    cluster = DetachedCluster(data_dir)
+    cluster = start_small_cluster(tmp_path)
     state = cluster.state()
     children = [n["pid"] for kind in ("controllers", "brokers") for n in state[kind].values()]
     try:
@@ -540,9 +549,7 @@ def test_down_stops_the_children_of_a_killed_supervisor(tmp_path):
         r = cluster.cli("down", timeout_s=90)   # again: nothing runs, and it says so
         assert r.returncode == 0 and "no cluster was running" in r.stdout, r.stdout + r.stderr
     finally:
-        for pid, start in cluster.seen.items():
-            if alive(pid) and start_identity(pid) == start:
-                os.kill(pid, signal.SIGKILL)
+        cluster.kill_seen()
 
 
 def test_down_without_a_cluster_file_stops_what_still_runs_on_the_data_dir(tmp_path):
@@ -550,11 +557,8 @@ def test_down_without_a_cluster_file_stops_what_still_runs_on_the_data_dir(tmp_p
     wrong file): `biplane down` finds the supervisor and its children by command line, stops the
     supervisor first (so nothing restarts), then the children, names them, and leaves no
     process and no error in their logs. It said "no cluster" and left all of them running."""
-    data_dir = tmp_path / "cluster"
-    r = biplane("up", "--detach", "--data-dir", str(data_dir), "--controllers", "1", "--brokers", "1",
-                timeout_s=150)
-    assert r.returncode == 0, r.stdout + r.stderr
-    cluster = DetachedCluster(data_dir)
+    cluster = start_small_cluster(tmp_path)
+    data_dir = cluster.data_dir
     state = cluster.state()
     supervisor = state["supervisor"]["pid"]
     cluster.seen.setdefault(supervisor, start_identity(supervisor))
@@ -574,6 +578,4 @@ def test_down_without_a_cluster_file_stops_what_still_runs_on_the_data_dir(tmp_p
         r = cluster.cli("down", timeout_s=90)   # again: nothing runs on it, and it says so
         assert r.returncode == 1 and "no biplane process runs on it" in r.stderr, r.stderr
     finally:
-        for pid, start in cluster.seen.items():
-            if alive(pid) and start_identity(pid) == start:
-                os.kill(pid, signal.SIGKILL)
+        cluster.kill_seen()

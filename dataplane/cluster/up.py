@@ -34,6 +34,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any, Callable, Protocol, Sequence
 
 from common.logs import LOG_FORMAT
@@ -559,26 +560,31 @@ def cluster_processes(data_dir: Path) -> dict[int, str]:
     in /proc by its command line), pid -> name: a child the cluster file may not list yet."""
     found: dict[int, str] = {}
     prefix = str(data_dir).rstrip("/") + "/"
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return found
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                argv = f.read().decode(errors="replace").split("\0")
-        except OSError:
-            continue
+    for pid, argv in _running_argvs():
         if "common.cli" not in argv or "--data-dir" not in argv:
             continue
         i = argv.index("common.cli")
         kind = argv[i + 1] if i + 1 < len(argv) else ""
         where = argv[argv.index("--data-dir") + 1] if argv.index("--data-dir") + 1 < len(argv) else ""
-        if kind in KINDS and where.startswith(prefix + f"{kind}-") and proc_start_ticks(int(entry)) is not None:
-            found[int(entry)] = f"{kind} {where[len(prefix) + len(kind) + 1:]}"
+        if kind in KINDS and where.startswith(prefix + f"{kind}-") and proc_start_ticks(pid) is not None:
+            found[pid] = f"{kind} {where[len(prefix) + len(kind) + 1:]}"
     return found
+
+
+def _running_argvs() -> Iterator[tuple[int, list[str]]]:
+    """(pid, command line) of every process this user may read in /proc, this one excepted."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return
+    for entry in entries:
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                yield int(entry), f.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
 
 
 def supervisor_processes(data_dir: Path) -> list[int]:
@@ -586,34 +592,26 @@ def supervisor_processes(data_dir: Path) -> list[int]:
     found in /proc by command line, working directory and environment: for `biplane down` when
     the cluster file is gone (a data directory deleted under a running cluster)."""
     found: list[int] = []
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return found
-    for entry in entries:
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                argv = f.read().decode(errors="replace").split("\0")
-            cwd = os.readlink(f"/proc/{entry}/cwd").removesuffix(" (deleted)")
-        except OSError:
-            continue
+    for pid, argv in _running_argvs():
         at = next((i for i, a in enumerate(argv[1:], 1) if a == "up"
                    and (argv[i - 1] == "common.cli" or os.path.basename(argv[i - 1]) == "biplane")), None)
         if at is None:
+            continue
+        try:
+            cwd = os.readlink(f"/proc/{pid}/cwd").removesuffix(" (deleted)")
+        except OSError:
             continue
         rest = argv[at + 1:]
         given = next((a.split("=", 1)[1] for a in rest if a.startswith("--data-dir=")), None)
         if given is None and "--data-dir" in rest and rest.index("--data-dir") + 1 < len(rest):
             given = rest[rest.index("--data-dir") + 1]
         if given is None:
-            given = _environ_of(int(entry)).get(CLUSTER_ENV)
+            given = _environ_of(pid).get(CLUSTER_ENV)
             where = cluster_file_of(Path(cwd, given)).parent if given else Path(cwd, DEFAULT_DATA_DIR)
         else:
             where = Path(cwd, given)
         if Path(os.path.normpath(where)) == data_dir:
-            found.append(int(entry))
+            found.append(pid)
     return found
 
 
@@ -1147,25 +1145,9 @@ def down_main(argv: list[str], prog: str) -> int:
     pid = supervisor_alive(state)
     was_running = bool(pid) or bool(recorded_targets(state, data_dir))
     if pid:
-        sup_start = proc_start_ticks(pid)
         stop_wait_s = float((state.get("supervisor") or {}).get("stop_wait_s") or STOP_WAIT_S)
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:   # it just exited
-            pass
-        deadline = time.monotonic() + 2 * stop_wait_s + SUPERVISOR_STOP_EXTRA_S
-        while same_process(pid, sup_start) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if same_process(pid, sup_start):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            deadline = time.monotonic() + 5
-            while same_process(pid, sup_start) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            if same_process(pid, sup_start):
-                problems.append(f"supervisor (pid {pid})")
+        if _stop_supervisors([pid], stop_wait_s):
+            problems.append(f"supervisor (pid {pid})")
     state = read_state(data_dir) or state
     left = stop_recorded(state, data_dir)
     if not problems:
@@ -1188,6 +1170,30 @@ def down_main(argv: list[str], prog: str) -> int:
     return 0
 
 
+def _stop_supervisors(pids: list[int], stop_wait_s: float) -> list[int]:
+    """SIGTERM each `biplane up` (it stops its children: brokers, then controllers, each within
+    `stop_wait_s`), SIGKILL any still running after that; returns those still running."""
+    starts = {pid: proc_start_ticks(pid) for pid in pids}
+
+    def running() -> list[int]:
+        return [pid for pid in pids if same_process(pid, starts[pid])]
+
+    def signal_all(sig: signal.Signals, wait_s: float, every_s: float) -> None:
+        for pid in running():
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:   # it just exited
+                pass
+        deadline = time.monotonic() + wait_s
+        while running() and time.monotonic() < deadline:
+            time.sleep(every_s)
+
+    signal_all(signal.SIGTERM, 2 * stop_wait_s + SUPERVISOR_STOP_EXTRA_S, 0.1)
+    if running():
+        signal_all(signal.SIGKILL, 5, 0.05)
+    return running()
+
+
 def _down_without_cluster_file(data_dir: Path, prog: str) -> int:
     """No cluster file (never started here, or the directory was deleted under a running
     cluster): stop whatever still runs on `data_dir`, found by command line, supervisors first so
@@ -1202,23 +1208,8 @@ def _down_without_cluster_file(data_dir: Path, prog: str) -> int:
                                                                     sorted(children.items())]
     print(f"{prog}: no {CLUSTER_FILE} in {data_dir}, but these still run on it: {', '.join(names)}; stopping them",
           file=sys.stderr)
-    starts = {pid: proc_start_ticks(pid) for pid in supervisors}
-    for pid in supervisors:
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + 2 * STOP_WAIT_S + SUPERVISOR_STOP_EXTRA_S
-    while any(same_process(pid, starts[pid]) for pid in supervisors) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    for pid in supervisors:
-        if same_process(pid, starts[pid]):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    left = stop_recorded({}, data_dir)
-    left += [f"biplane up (pid {pid})" for pid in supervisors if same_process(pid, starts[pid])]
+    still = _stop_supervisors(supervisors, STOP_WAIT_S)
+    left = stop_recorded({}, data_dir) + [f"biplane up (pid {pid})" for pid in still]
     if left:
         print(f"{prog}: could not stop {', '.join(left)}; stop it by pid (kill -9)", file=sys.stderr)
         return 1
