@@ -232,9 +232,7 @@ class PartitionDriver:
             if self.replica.waiting_for_room():
                 self.budget.call_when_room(self.tp, self._on_room)
         moved = self._notify_if_changed()
-        self._due = self.replica.next_tick_ms()
-        if self.on_due is not None:
-            self.on_due(self.tp, self._due)
+        self._set_due(self.replica.next_tick_ms())
         if self.on_usage is not None and (moved or self.log.log_start_offset != self._usage_start):
             # Only a step that moved what a usage report reads (a Tick of an idle replica does
             # not): each touched replica is read again at the next report, once a second.
@@ -268,11 +266,16 @@ class PartitionDriver:
                 # moves, so nothing after a step (answers, budget, watchers, usage) has work.
                 done, due = self.replica.refresh_caught_up(now, wall, fetching)
                 if done:
-                    self._due = due
-                    if self.on_due is not None:
-                        self.on_due(self.tp, due)
+                    self._set_due(due)
                     return
         self.step(Tick(now_ms=now, wall_ms=wall, fetching=fetching))
+
+    def _set_due(self, due: int | None) -> None:
+        """The core's next_tick_ms() after a step: kept for the clock's catch-up, and told to the
+        broker's timers."""
+        self._due = due
+        if self.on_due is not None:
+            self.on_due(self.tp, due)
 
     def tick_if_due(self, now: int) -> None:
         """Tick now if a timed rule of the core is due by `now` (an event may have left one due

@@ -102,7 +102,6 @@ def _as_bytes(name: str, data: Any) -> bytes | bytearray | memoryview | None:
     raise TypeError(f"{name} must be bytes, str or None, not {type(data).__name__}")
 
 
-
 def _header_pairs(headers: Any) -> tuple[Any, ...]:
     """send()'s headers as (name, value) pairs: a sequence of pairs, or a mapping as
     confluent-kafka also takes them; encode_headers checks each pair."""
@@ -111,6 +110,7 @@ def _header_pairs(headers: Any) -> tuple[Any, ...]:
     if isinstance(headers, (str, bytes)) or not isinstance(headers, Iterable):
         raise RecordHeaderError(f"headers={headers!r} must be a list of (name, value) pairs or a dict")
     return tuple(headers)
+
 
 class _Signal:
     """Wakes every coroutine waiting for the producer's state to change; each re-checks its own

@@ -1062,7 +1062,7 @@ class Replica(ProduceAdmission, PushMixin):
                           fetching: tuple[StillFetching, ...]) -> tuple[bool, int | None]:
         """Do what a Tick at `now_ms` carrying `fetching` does when that news is all it would act
         on: a quiet leader's refresh of its followers' caught-up clocks from their fetch sessions,
-        once per lag time per partition (what an idle broker spends most of its time on at
+        once per lag time per partition (an idle broker's largest single kind of work at
         thousands of partitions), for a fraction of a step. (True, next_tick_ms()) when done so,
         with the core as that Tick would leave it; (False, None), with nothing changed, when the
         Tick would do more (a deadline, a flush, an ISR change, a join to ask about): the
