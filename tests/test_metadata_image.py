@@ -26,6 +26,8 @@ from common.metadata import (
     UnfenceBroker,
     UnregisterBroker,
 )
+import common.metadata.image as image_module
+from common.metadata.image import ImageEncoder
 from metadata_builders import add_broker, add_topic, apply, cluster
 
 
@@ -207,6 +209,35 @@ def test_to_dict_is_plain_json_and_round_trips():
     again = MetadataImage.from_dict(d)
     assert again == image and again.to_dict() == image.to_dict()
     assert again.offset == image.offset
+
+
+def test_the_encoder_writes_what_to_dict_dumps_and_encodes_only_topics_that_changed(monkeypatch):
+    """The broker saves every image with one encoder; each save must be the image's to_dict
+    exactly, however the images before it differed, while a topic the image did not replace
+    is not encoded again (what keeps a save cheap at thousands of partitions)."""
+    encoded: list[str] = []
+    real = image_module._topic_to_dict
+    monkeypatch.setattr(image_module, "_topic_to_dict",
+                        lambda t, parts: encoded.append(t.name) or real(t, parts))
+    encoder = ImageEncoder()
+    image = base()
+    add_topic(image, "u", [[3, 1, 2]])
+    steps: list[tuple[list, set[str]]] = [
+        ([], {"t", "u"}),
+        ([NoOp()], set()),
+        ([PartitionChange(topic="t", partition=1, isr=(2, 3))], {"t"}),
+        ([ConfigChange(topic="u", key="retention_ms", value="60000")], {"u"}),
+        ([ProducerIdBlock(broker_id=2, first_id=0, size=10), FenceBroker(broker_id=3, at_ms=5)], set()),
+        ([AddPartitions(topic="u", topic_id=image.topics["u"].topic_id, partitions=2),
+          PartitionRecord(topic="u", partition=1, replicas=(1, 2), isr=(1, 2), leader=1)], {"u"}),
+        ([DeleteTopic(name="t", topic_id=image.topics["t"].topic_id)], set()),
+    ]
+    for records, changed in steps:
+        image = apply(image.copy(), records)   # a copy per batch, as the broker's learner makes
+        encoded.clear()
+        assert encoder.encode(image) == json.dumps(image.to_dict()), records
+        encoded_by_encoder = set(encoded[:len(encoded) - len(image.topics)])   # then to_dict's own
+        assert encoded_by_encoder == changed, records
 
 
 def test_from_dict_refuses_malformed():

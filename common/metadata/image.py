@@ -23,6 +23,7 @@ Rules worth knowing:
 """
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, replace
 from types import MappingProxyType
 from typing import Any, Iterator, Mapping
@@ -524,22 +525,17 @@ class MetadataImage:
 
     def to_dict(self) -> dict[str, Any]:
         """The whole image as plain JSON types."""
+        return {**self._head_dict(),
+                "topics": [_topic_to_dict(self._topics[n], self._partitions[n]) for n in sorted(self._topics)]}
+
+    def _head_dict(self) -> dict[str, Any]:
+        """`to_dict` but the topics, which come last."""
         return {
             "version": IMAGE_FORMAT_VERSION,
             "offset": self._offset,
             "producer_id_next": self._producer_id_next,
             "cluster_config": self._cluster_config.model_dump(mode="json", exclude_none=True),
             "brokers": [asdict(self._brokers[b]) for b in sorted(self._brokers)],
-            "topics": [
-                {
-                    "name": t.name,
-                    "topic_id": t.topic_id,
-                    "created_at_ms": t.created_at_ms,
-                    "config": t.config.model_dump(mode="json"),
-                    "partitions": [_partition_to_dict(p) for p in self._partitions[t.name]],
-                }
-                for t in (self._topics[n] for n in sorted(self._topics))
-            ],
         }
 
     @classmethod
@@ -570,6 +566,39 @@ class MetadataImage:
         except (KeyError, TypeError, ValidationError) as exc:
             raise ValueError(f"malformed image: {exc}") from exc
         return image
+
+
+class ImageEncoder:
+    """`json.dumps(image.to_dict())`, byte for byte, for one writer saving image after image:
+    it encodes again only the topics that changed since the image it encoded last. An image
+    replaces a topic's info or partitions when they change, never edits them, so an unchanged
+    topic is the same objects; at 10,000 partitions a whole encoding costs 50-90 ms of CPU with
+    the GIL held, and while replicas open their ISR changes come every second."""
+
+    def __init__(self) -> None:
+        self._topics: dict[str, tuple[TopicInfo, tuple[PartitionInfo, ...], str]] = {}
+
+    def encode(self, image: "MetadataImage") -> str:
+        kept: dict[str, tuple[TopicInfo, tuple[PartitionInfo, ...], str]] = {}
+        for name in sorted(image._topics):
+            topic, parts = image._topics[name], image._partitions[name]
+            cached = self._topics.get(name)
+            if cached is None or cached[0] is not topic or cached[1] is not parts:
+                cached = (topic, parts, json.dumps(_topic_to_dict(topic, parts)))
+            kept[name] = cached
+        self._topics = kept
+        head = json.dumps({**image._head_dict(), "topics": []})
+        return head[:-len("[]}")] + "[" + ", ".join(c[2] for c in kept.values()) + "]}"
+
+
+def _topic_to_dict(t: TopicInfo, parts: tuple[PartitionInfo, ...]) -> dict[str, Any]:
+    return {
+        "name": t.name,
+        "topic_id": t.topic_id,
+        "created_at_ms": t.created_at_ms,
+        "config": t.config.model_dump(mode="json"),
+        "partitions": [_partition_to_dict(p) for p in parts],
+    }
 
 
 def _partition_to_dict(p: PartitionInfo) -> dict[str, Any]:

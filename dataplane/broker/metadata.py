@@ -30,7 +30,7 @@ from typing import Awaitable, Callable
 from common.control_client import ControlClient
 from common.durable import write_atomically
 from common.errors import BiplaneError, RecordRejected
-from common.metadata.image import MetadataImage
+from common.metadata.image import ImageEncoder, MetadataImage
 from common.metadata.records import parse_record
 from common.tasks import cancel_and_wait
 from dataplane.broker.metadata_lag import LagReport, MetadataLag
@@ -56,6 +56,7 @@ class MetadataLearner:
         # controller answered), so a save that lags the image by this much costs nothing.
         self.save_interval_ms = save_interval_ms
         self._save_wanted = asyncio.Event()
+        self._encoder = ImageEncoder()   # one save at a time uses it (_save_newest)
         self.save_failed: str | None = None  # why the newest image is not on disk yet
         self.save_failures = 0
         self.image = self._load()
@@ -90,7 +91,7 @@ class MetadataLearner:
             return MetadataImage()
 
     def _save(self) -> None:
-        write_atomically(self.path, json.dumps(self.image.to_dict()).encode())
+        write_atomically(self.path, self._encoder.encode(self.image).encode())
 
     def _save_or_report(self) -> bool:
         """Save the image; on an I/O error report it (once per condition) and return False."""
