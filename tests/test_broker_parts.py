@@ -891,7 +891,10 @@ def test_a_fetch_answer_ticks_the_follower_only_when_a_timed_rule_is_due(tmp_pat
     fetches = hooks.fetches
 
     async def scenario():
+        # The append's lazy flush is the next timed rule: 1 s away, so that a slow step on a
+        # busy machine does not make it due before the driver looks (it was 5 ms).
         driver = follower_driver(tmp_path / "t-0", hooks)
+        driver.replica.flush_debounce_ms = 1000
         stepped: list[str] = []
         real_step = driver.step
         driver.step = lambda event: (stepped.append(type(event).__name__), real_step(event))[1]
@@ -904,8 +907,12 @@ def test_a_fetch_answer_ticks_the_follower_only_when_a_timed_rule_is_due(tmp_pat
         due_after_records = driver.replica.next_tick_ms()
         driver.tick_if_due(now)
         after_records = list(stepped)
-        await asyncio.sleep(0.05)   # the append's flush completes; the next fetch goes
-        driver.tick_if_due(now_ms())
+        sent = len(fetches)
+        for _ in range(500):   # the append's flush completes (in a thread); the next fetch goes
+            await asyncio.sleep(0.01)
+            driver.tick_if_due(now_ms())
+            if len(fetches) > sent:
+                break
         asked = fetches[-1]
         sent_before = len(fetches)
         stepped.clear()
