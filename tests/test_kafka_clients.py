@@ -75,6 +75,24 @@ def test_confluent_producer_acks_read_back_exactly(cluster: Cluster, acks: str, 
         assert sorted(o for _, o in reports) == offsets
 
 
+def test_a_batch_larger_than_a_segment_is_refused_and_the_partition_takes_the_next(cluster: Cluster) -> None:
+    """librdkafka, a topic with 1 KiB segments: a 2,000-byte record is refused at once with
+    RECORD_LIST_TOO_LARGE (as Kafka does), and the next small record is acknowledged. Before,
+    the broker never answered the first and the partition took nothing more."""
+    topic = "ck-small-segments"
+    cluster.create_topic(topic, partitions=1, replication_factor=3, config={"segment_bytes": 1024})
+    producer = confluent_kafka.Producer({"bootstrap.servers": cluster.kafka_bootstrap, "acks": "all",
+                                         "message.timeout.ms": 10000, "retries": 0})
+    reports: list[tuple[object, int]] = []
+    for value in (b"x" * 2000, b"small"):
+        producer.produce(topic, value=value, on_delivery=lambda err, msg: reports.append((err, msg.offset())))
+        assert producer.flush(15) == 0
+    (big_error, _), (small_error, small_offset) = reports
+    assert big_error is not None and big_error.code() == confluent_kafka.KafkaError.RECORD_LIST_TOO_LARGE, big_error
+    assert small_error is None
+    assert [v for _, v, _ in consume_exactly(cluster.kafka_bootstrap, topic, 1, offset=small_offset)] == [b"small"]
+
+
 def test_confluent_consumer_by_offset_and_by_time(cluster: Cluster) -> None:
     """ListOffsets by timestamp (offsets_for_times), earliest and latest (watermarks),
     and a consumer starting at the offset found."""

@@ -1325,6 +1325,26 @@ def test_produce_admission_checks_role_then_client_epoch_then_acks_and_batch_siz
     assert released[5].error is ErrorCode.NONE and released[5].record_count == 2
 
 
+def test_a_batch_larger_than_a_segment_is_refused_at_admission_and_the_partition_goes_on():
+    """Claim (found with confluent-kafka against a topic with segment.bytes=1024): a batch the log
+    cannot hold in one segment is refused RECORD_LIST_TOO_LARGE (Kafka's answer) before the core
+    counts on it. Before, admission took it, the log refused the Append, and that request and every
+    later one on the partition waited for a write that never happened."""
+    nodes = {1: Node(1, log=MemoryLog(config=LogConfig(segment_bytes=1024))), 2: Node(2), 3: Node(3)}
+    for n in nodes.values():
+        n.step(NewMetadata(partition=state(), config=config()))
+    pump(nodes, now_ms=0)
+    leader = nodes[1]
+    end = leader.log.log_end_offset
+    leader.take(Append)   # the epoch's start
+    leader.step(ProduceRequest(request_id=1, records=batch(b"x" * 2000), acks=1, timeout_ms=1000))
+    released = leader.released()
+    assert released[1].error is ErrorCode.RECORD_LIST_TOO_LARGE and "up to 1024 bytes" in released[1].reason
+    assert not leader.take(Append) and leader.log.log_end_offset == end
+    leader.step(ProduceRequest(request_id=2, records=batch(b"y" * 10), acks=1, timeout_ms=1000))
+    assert leader.released()[2].error is ErrorCode.NONE and leader.log.log_end_offset == end + 1
+
+
 def test_consumers_and_list_offsets_answer_for_the_clients_epoch_in_the_core():
     """Claim: a consumer's fetch naming an older epoch is answered FENCED_LEADER_EPOCH, a newer one
     UNKNOWN_LEADER_EPOCH with a metadata refresh (the leader keeps leading); list_offset says the

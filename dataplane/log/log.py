@@ -386,6 +386,11 @@ class PartitionLog:
         return len(self._segments)
 
     @property
+    def batch_bytes_max(self) -> int:
+        """The largest batch an append takes: one batch never spans segments."""
+        return min(self.config.segment_bytes, BATCH_BYTES_MAX)
+
+    @property
     def flushed_offset(self) -> int:
         return self._flushed_offset
 
@@ -487,9 +492,8 @@ class PartitionLog:
             return self._write(batches, spans, now_ms)
 
     def _validate(self, buf: Buffer, *, crc: bool) -> list[BatchSpan]:
-        limit = min(self.config.segment_bytes, BATCH_BYTES_MAX)
         spans = []
-        for position, header in iter_batches(buf, validate=crc, max_batch_bytes=limit):
+        for position, header in iter_batches(buf, validate=crc, max_batch_bytes=self.batch_bytes_max):
             spans.append(BatchSpan(position=position, size_bytes=header.size_bytes,
                                    base_offset=header.base_offset, next_offset=header.next_offset,
                                    max_timestamp=header.max_timestamp, leader_epoch=header.leader_epoch))

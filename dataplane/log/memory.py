@@ -72,6 +72,11 @@ class MemoryLog:
         return self._segments[-1].next_offset
 
     @property
+    def batch_bytes_max(self) -> int:
+        """The largest batch an append takes: one batch never spans segments."""
+        return min(self.config.segment_bytes, BATCH_BYTES_MAX)
+
+    @property
     def flushed_offset(self) -> int:
         return self._flushed_offset
 
@@ -146,8 +151,7 @@ class MemoryLog:
         return self._store(new, now_ms)
 
     def _validate(self, buf: Buffer, *, crc: bool) -> list[tuple[int, BatchHeader]]:
-        limit = min(self.config.segment_bytes, BATCH_BYTES_MAX)
-        found = list(iter_batches(buf, validate=crc, max_batch_bytes=limit))
+        found = list(iter_batches(buf, validate=crc, max_batch_bytes=self.batch_bytes_max))
         if not found:
             raise InvalidRequestError("append with no record batches; send at least one batch")
         return found

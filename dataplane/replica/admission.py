@@ -13,7 +13,8 @@ BrokerBudget event), requests are held in arrival order (`held_produce_max`;
 after each event once it can (`_admit_held`). Taking one (`_take_produce`): acks
 is 0, 1 or -1 (INVALID_REQUIRED_ACKS); the batches parse and pass their CRC
 (CORRUPT_MESSAGE), their headers parsed here once for the whole path; no batch
-above `batch_bytes_max` (MESSAGE_TOO_LARGE); on a compacted topic every record has a
+above `batch_bytes_max` (MESSAGE_TOO_LARGE) or the log's segment size
+(RECORD_LIST_TOO_LARGE); on a compacted topic every record has a
 key (INVALID_RECORD: the records are decoded for it); the request id is new; fewer than
 `pending_produce_max` requests are pending. Then backpressure: while the bytes
 this leader wrote in its epoch and the HW has not passed reach
@@ -37,6 +38,7 @@ from common.epochs import check_epoch, leader_epoch_error
 from common.errors import CorruptBatchError, ErrorCode
 from dataplane.replica.actions import NoteAction, Rejected, RefreshMetadata, ReleaseProduce
 from dataplane.replica.events import BrokerBudget, ProduceRequest
+from dataplane.replica.logview import LogView
 from dataplane.replica.producer_state import ProducerStateTable
 from dataplane.replica.state import PartitionState, ReplicationConfig, Role
 
@@ -57,6 +59,7 @@ class ProduceAdmission:
     # What the mixin uses of `core.Replica`, declared so it is type-checked against it
     # (annotations only: Replica's __init__ sets them).
     role: Role
+    log: LogView
     leader_epoch: int
     epoch_durable: bool
     state: PartitionState | None
@@ -163,6 +166,16 @@ class ProduceAdmission:
                                      reason=f"batch of {too_big[0]} bytes exceeds max_message_bytes="
                                             f"{ev.batch_bytes_max}")
                 return
+        # The log refuses a batch larger than a segment; refused here, it never becomes an Append
+        # the core counted on (which left the partition waiting on a write that never happened).
+        segment_max = self.log.batch_bytes_max
+        too_big = [h.size_bytes for h in headers if h.size_bytes > segment_max]
+        if too_big:
+            self._refuse_produce(ev, ErrorCode.RECORD_LIST_TOO_LARGE,
+                                 reason=f"batch of {too_big[0]} bytes is larger than a segment of this topic "
+                                        f"(segment_bytes allows batches up to {segment_max} bytes); raise the "
+                                        f"topic's segment.bytes or send smaller batches")
+            return
         if self.config.keys_required:
             reason = _keyless_record(ev.records)
             if reason is not None:

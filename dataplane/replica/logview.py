@@ -22,6 +22,9 @@ class LogView(Protocol):
     def log_end_offset(self) -> int: ...
     @property
     def flushed_offset(self) -> int: ...
+    @property
+    def batch_bytes_max(self) -> int:
+        """The largest batch an append takes (the segment size): admission refuses larger ones."""
     def epoch_before(self, offset: int) -> int:
         """Leader epoch of the batch holding offset - 1 (-1 for an empty prefix)."""
     def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]: ...
