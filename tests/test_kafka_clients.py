@@ -161,6 +161,27 @@ def test_kafka_python_round_trip(cluster: Cluster) -> None:
         consumer.close()
 
 
+def test_kafka_python_idempotent_producer_with_records_stamped_in_the_past(cluster: Cluster) -> None:
+    """kafka-python's producer (idempotent by default) replaying records stamped in 2020: every
+    batch is acknowledged, in order. Before, the leader forgot the producer by the records'
+    timestamps within a second of its first batch, refused the second UNKNOWN_PRODUCER_ID, and the
+    client stopped."""
+    kafka = pytest.importorskip("kafka")
+    topic = "kp-old-timestamps"
+    cluster.create_topic(topic, partitions=1, replication_factor=3)
+    producer = kafka.KafkaProducer(bootstrap_servers=cluster.kafka_bootstrap, acks="all",
+                                   enable_idempotence=True)
+    try:
+        offsets = []
+        for i in range(3):
+            offsets.append(producer.send(topic, value=b"old-%d" % i, partition=0,
+                                         timestamp_ms=1_600_000_000_000 + i).get(15).offset)
+            time.sleep(1.2)   # a few of the leader's Ticks, each of which expires idle producers
+        assert offsets == [offsets[0], offsets[0] + 1, offsets[0] + 2]
+    finally:
+        producer.close(5)
+
+
 def test_aiokafka_round_trip(cluster: Cluster) -> None:
     aiokafka = pytest.importorskip("aiokafka")
     topic = "aio"

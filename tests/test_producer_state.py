@@ -71,6 +71,44 @@ def test_bounded_and_idle_producers_expire():
         ProducerStateTable(producers_max=0)
 
 
+WEEK_MS = 7 * 24 * 3600 * 1000
+
+
+def test_a_producer_is_idle_by_the_replicas_clock_not_by_its_records_timestamps():
+    """Claim (found with kafka-python and aiokafka replaying records stamped in the past): a
+    producer's idle time runs from when the replica wrote its batch, or from the batch's timestamp
+    if later; after a scan of the log (which knows only timestamps), from the scan."""
+    now = 10 * WEEK_MS
+    t = ProducerStateTable(producer_idle_ms_max=WEEK_MS)
+    t.record(header(seq=0, ts=now - 2 * WEEK_MS), base_offset=0, seen_ms=now)
+    assert t.expire(now + 1000) == 0 and t.check(header(seq=1, ts=now - 2 * WEEK_MS)).error is ErrorCode.NONE
+    assert t.next_expiry_ms() == now + WEEK_MS + 1
+    assert t.expire(now + WEEK_MS + 1) == 1
+    scanned = ProducerStateTable(producer_idle_ms_max=WEEK_MS)
+    scanned.record(header(seq=0, ts=now - 2 * WEEK_MS), base_offset=0)
+    scanned.seen_at(now)
+    assert scanned.expire(now + 1000) == 0 and list(scanned.producers) == [7]
+
+
+def test_a_leader_keeps_a_producer_that_sends_old_timestamps():
+    """Claim: on the core, an idempotent producer whose records are stamped two weeks before the
+    leader's wall clock gets its second batch accepted, not UNKNOWN_PRODUCER_ID (the Tick between
+    them expires idle producers)."""
+    nodes = {i: Node(i) for i in (1, 2, 3)}
+    for n in nodes.values():
+        n.step(NewMetadata(partition=state(), config=config()))
+    pump(nodes)
+    leader = nodes[1]
+    wall = 2 * WEEK_MS   # idem() stamps its records at 0
+    leader.step(Tick(now_ms=leader.replica.now_ms + 10, wall_ms=wall))
+    idem(leader, 1, 0, acks=1)
+    leader.step(Tick(now_ms=leader.replica.now_ms + 1000, wall_ms=wall + 1000))
+    idem(leader, 2, 1, acks=1)
+    released = leader.released()
+    assert released[1].error is ErrorCode.NONE
+    assert released[2].error is ErrorCode.NONE, released[2]
+
+
 def test_rebuild_from_the_log_matches_state_built_by_appends():
     """Claim (seed 5): scanning a log's batch headers gives the same table as recording each append."""
     rng = random.Random(5)

@@ -241,6 +241,7 @@ class BrokerProducerState(ProducerStateTable):
         if end > up_to:
             scan_into(table, log, up_to, end)  # bounded: passes ran out; what is left is small
         self.producers = table.producers
+        self.seen_at(time.time_ns() // 1_000_000)   # the cores' wall clock (partition.wall_ms)
         self.loading = False
         self.last_load = dataclasses.replace(first, up_to_offset=end)
         _logger.info("%s: producer state rebuilt after a truncation: %d producers, snapshot at %d, %d bytes "
@@ -269,10 +270,10 @@ class BrokerProducerState(ProducerStateTable):
                                  reason=f"{self.name}: producer state is being rebuilt after a truncation; retry")
         return super().check(header)
 
-    def record(self, header: BatchHeader, *, base_offset: int) -> None:
+    def record(self, header: BatchHeader, *, base_offset: int, seen_ms: int | None = None) -> None:
         if self.loading:
             return  # in the log already (the driver appends it in this step): the rebuild reads it
-        super().record(header, base_offset=base_offset)
+        super().record(header, base_offset=base_offset, seen_ms=seen_ms)
 
     def next_expiry_ms(self) -> int | None:
         # While loading nothing expires; the load's end ticks the core (PartitionDriver._on_room).

@@ -65,6 +65,7 @@ class ProduceAdmission:
     state: PartitionState | None
     config: ReplicationConfig
     now_ms: int
+    wall_ms: int
     high_watermark: int
     pending_produce_max: int
     unreplicated_bytes_max: int
@@ -240,7 +241,7 @@ class ProduceAdmission:
         base, last = self._append_as_leader(ev.records, count)
         offset = base
         for h in headers:
-            self.producer_state.record(h, base_offset=offset)
+            self.producer_state.record(h, base_offset=offset, seen_ms=self.wall_ms)
             offset += h.record_count
         self._appended_bytes += len(ev.records)
         self._append_sizes.append((last + 1, self._appended_bytes))

@@ -167,6 +167,7 @@ class Replica(ProduceAdmission, PushMixin):
             producer_state = ProducerStateTable(producers_max=producers_max,
                                                 producer_idle_ms_max=producer_idle_ms_max)
             producer_state.rebuild(log)
+        producer_state.seen_at(now_ms if wall_ms is None else wall_ms)
         self.producer_state = producer_state
         self._producer_state_stale = False
 
@@ -277,6 +278,7 @@ class Replica(ProduceAdmission, PushMixin):
             # A truncation removed batches the table may know: only the log can say what is left.
             self._producer_state_stale = False
             self.producer_state.rebuild(self.log)
+            self.producer_state.seen_at(self.wall_ms)
 
     def _after_event(self) -> None:
         if self.role is Role.LEADER:
@@ -946,7 +948,7 @@ class Replica(ProduceAdmission, PushMixin):
         self._persist.append(Append(as_leader=False, records=records, base_offset=headers[0].base_offset,
                                     last_offset=expected - 1, leader_epoch=headers[-1].leader_epoch))
         for h in headers:
-            self.producer_state.record(h, base_offset=h.base_offset)
+            self.producer_state.record(h, base_offset=h.base_offset, seen_ms=self.wall_ms)
         self.log_end_offset = expected
         self.last_epoch = headers[-1].leader_epoch
         return True

@@ -53,6 +53,16 @@ class ProducerEntry:
     epoch: int
     last_timestamp_ms: int
     batches: collections.deque[BatchEntry]  # oldest first, at most batches_per_producer
+    # The replica's wall clock when it last wrote or learned of a batch of this producer (-1:
+    # never). Idle time runs from the later of this and last_timestamp_ms, which the client
+    # sets: by the timestamp alone, a producer sending records stamped a week ago (a replay, a
+    # mirror) was forgotten at once, and its next batch refused UNKNOWN_PRODUCER_ID. Not in
+    # snapshots or comparisons: a table is what the log's batches say, whenever it was read.
+    seen_ms: int = dataclasses.field(default=-1, compare=False)
+
+    @property
+    def idle_since_ms(self) -> int:
+        return max(self.last_timestamp_ms, self.seen_ms)
 
     @property
     def last_sequence(self) -> int:
@@ -130,8 +140,9 @@ class ProducerStateTable:
         return SequenceCheck(error=ErrorCode.OUT_OF_ORDER_SEQUENCE,
                              reason=f"producer {header.producer_id} sent sequence {base}, expected {expected}")
 
-    def record(self, header: BatchHeader, *, base_offset: int) -> None:
-        """A batch is in the log at base_offset (leader write, follower append, or scan)."""
+    def record(self, header: BatchHeader, *, base_offset: int, seen_ms: int | None = None) -> None:
+        """A batch is in the log at base_offset (leader write, follower append, or scan).
+        `seen_ms`: the replica's wall clock as it wrote it (None in a scan: see `seen_at`)."""
         if header.producer_id < 0 or header.is_control:
             return
         pid = header.producer_id
@@ -140,6 +151,8 @@ class ProducerStateTable:
             entry = ProducerEntry(epoch=header.producer_epoch, last_timestamp_ms=header.max_timestamp,
                                   batches=collections.deque(maxlen=self.batches_per_producer))
         entry.last_timestamp_ms = max(entry.last_timestamp_ms, header.max_timestamp)
+        if seen_ms is not None:
+            entry.seen_ms = max(entry.seen_ms, seen_ms)
         entry.batches.append(BatchEntry(base_sequence=header.base_sequence,
                                         last_sequence=last_sequence(header.base_sequence, header.record_count),
                                         base_offset=base_offset,
@@ -148,12 +161,18 @@ class ProducerStateTable:
         while len(self.producers) > self.producers_max:
             self.producers.popitem(last=False)
 
+    def seen_at(self, now_ms: int) -> None:
+        """Every producer known was seen no earlier than `now_ms`: after a scan of the log, which
+        knows only the batches' timestamps, not when they were written."""
+        for entry in self.producers.values():
+            entry.seen_ms = max(entry.seen_ms, now_ms)
+
     def next_expiry_ms(self) -> int | None:
         """When `expire` would next forget a producer (the least recently written), if any."""
         if not self.producers:
             return None
         entry = next(iter(self.producers.values()))
-        return entry.last_timestamp_ms + self.producer_idle_ms_max + 1
+        return entry.idle_since_ms + self.producer_idle_ms_max + 1
 
     def expire(self, now_ms: int) -> int:
         """Forget producers idle longer than producer_idle_ms_max; returns how many.
@@ -162,7 +181,7 @@ class ProducerStateTable:
         gone = 0
         while self.producers:
             pid, entry = next(iter(self.producers.items()))
-            if now_ms - entry.last_timestamp_ms <= self.producer_idle_ms_max:
+            if now_ms - entry.idle_since_ms <= self.producer_idle_ms_max:
                 break
             del self.producers[pid]
             gone += 1
