@@ -72,7 +72,7 @@ TIMESTAMP_MS_MAX = 1 << 62
 
 _INT16_MAX = (1 << 15) - 1
 _INT32_MAX = (1 << 31) - 1
-_INT64_MAX = (1 << 63) - 1
+INT64_MAX = (1 << 63) - 1
 
 ATTR_CODEC_MASK = 0x07
 ATTR_TRANSACTIONAL = 0x10
@@ -190,7 +190,7 @@ def read_header(buf: Buffer, pos: int = 0, *, max_batch_bytes: int = BATCH_BYTES
     if last_offset_delta != record_count - 1:
         raise _corrupt(pos, f"record_count {record_count} and last_offset_delta {last_offset_delta} "
                             "are inconsistent (offsets must be contiguous)")
-    if base_offset > _INT64_MAX - last_offset_delta:
+    if base_offset > INT64_MAX - last_offset_delta:
         raise _corrupt(pos, f"base_offset {base_offset} + last_offset_delta {last_offset_delta} overflows int64")
     codec = attributes & ATTR_CODEC_MASK
     if codec not in _KNOWN_CODECS:
@@ -269,7 +269,7 @@ def set_base_offset(buf: bytearray | memoryview, base_offset: int, pos: int = 0)
     """Stamp the batch's base offset; the CRC stays valid (the field is outside it)."""
     _check_patchable(buf, pos)
     last_offset_delta = max(_INT32.unpack_from(buf, pos + 23)[0], 0)
-    if not 0 <= base_offset <= _INT64_MAX - last_offset_delta:
+    if not 0 <= base_offset <= INT64_MAX - last_offset_delta:
         raise InvalidRequestError(f"base_offset {base_offset} out of range for this batch")
     _BASE_OFFSET.pack_into(buf, pos, base_offset)
 
@@ -537,9 +537,9 @@ class BatchBuilder:
                  compression: Compression | int = Compression.NONE, is_control: bool = False,
                  is_transactional: bool = False, max_batch_bytes: int = BUILDER_BATCH_BYTES_MAX,
                  gzip_level: int = GZIP_LEVEL) -> None:
-        checked_base_offset = _check_int("base_offset", base_offset, 0, _INT64_MAX)
+        checked_base_offset = _check_int("base_offset", base_offset, 0, INT64_MAX)
         checked_leader_epoch = _check_int("leader_epoch", leader_epoch, -1, _INT32_MAX)
-        checked_producer_id = _check_int("producer_id", producer_id, -1, _INT64_MAX)
+        checked_producer_id = _check_int("producer_id", producer_id, -1, INT64_MAX)
         checked_producer_epoch = _check_int("producer_epoch", producer_epoch, -1, _INT16_MAX)
         checked_base_sequence = _check_int("base_sequence", base_sequence, -1, _INT32_MAX)
         if compression not in _KNOWN_CODECS:

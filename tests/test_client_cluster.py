@@ -257,6 +257,15 @@ def test_unknown_topic_and_bad_arguments(cluster):
             await consumer.assign([TopicPartition("small", 1)])
             with pytest.raises(ValueError, match="offset"):
                 await consumer.seek(("small", 1), -5)
+            # One past Kafka's int64 could not be sent: the consumer waited there silently.
+            for wrong in (2**63, 10**30, True, 1.0):
+                with pytest.raises(ValueError, match="must be an integer from 0 to 9223372036854775807"):
+                    await consumer.seek(("small", 1), wrong)
+            with pytest.raises(ValueError, match="timestamp_ms"):
+                await consumer.seek_to_time(2**63, ("small", 1))
+            with pytest.raises(ValueError, match="timestamp 18446744073709551616 for .*small"):
+                await consumer.offsets_for_times({("small", 1): 2**64})
+            await consumer.seek(("small", 1), 2**63 - 1)   # the largest is allowed (past the end: reset)
     run(main())
 
 

@@ -13,6 +13,7 @@ from typing import Any, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from common.batch import INT64_MAX  # Kafka's config values are Java longs: a larger one cannot be stored or sent
 from common.errors import (
     InvalidConfigError,
     InvalidFieldError,
@@ -26,8 +27,6 @@ TOPIC_NAME_LENGTH_MAX = 249
 PARTITIONS_MAX = 10_000
 REPLICATION_FACTOR_MAX = 100
 SEGMENT_BYTES_MIN = 1024
-# Kafka's config values are Java longs: a larger one cannot be stored or sent.
-INT64_MAX = 2**63 - 1
 DAY_MS = 24 * 3600 * 1000
 
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]+")   # fullmatch: "$" would let a trailing newline through

@@ -49,7 +49,7 @@ import logging
 import time
 from typing import Any, AsyncIterator, Callable, Iterable, Mapping, Sequence
 
-from common.batch import read_records, scan_valid_prefix, validate_batch
+from common.batch import INT64_MAX, read_records, scan_valid_prefix, validate_batch
 from common.errors import (
     BiplaneError,
     ClientClosedError,
@@ -392,10 +392,8 @@ class Consumer:
         out = {}
         for tp, offset in offsets.items():
             tp = TopicPartition(*tp)
-            if type(offset) is not int or offset < 0:
-                raise ValueError(f"offset {offset!r} for {tp} must be a non-negative integer: the next offset to "
-                                 "read (the last processed record's offset + 1)")
-            out[tp] = offset
+            out[tp] = _int64(offset, f"offset {offset!r} for {tp}",
+                             "the next offset to read (the last processed record's offset + 1)")
         return out
 
     async def commit(self, offsets: Mapping[TopicPartition | tuple[str, int], int] | None = None) -> None:
@@ -442,8 +440,7 @@ class Consumer:
 
     async def seek(self, tp: TopicPartition | tuple[str, int], offset: int) -> None:
         tp = self._assigned(tp)
-        if not isinstance(offset, int) or offset < 0:
-            raise ValueError(f"offset {offset!r} must be a non-negative integer")
+        _int64(offset, f"offset {offset!r}", "the next offset to read")
         self._pending_reset.pop(tp, None)
         self._positions[tp] = offset
         self._drop_buffered(tp)
@@ -456,9 +453,7 @@ class Consumer:
 
     async def seek_to_time(self, timestamp_ms: int, *tps: TopicPartition) -> None:
         """Position at the first record with a timestamp >= timestamp_ms (the end if none)."""
-        if not isinstance(timestamp_ms, int) or timestamp_ms < 0:
-            raise ValueError(f"timestamp_ms {timestamp_ms!r} must be a non-negative integer (ms since the epoch)")
-        await self._seek_to(tps, timestamp_ms)
+        await self._seek_to(tps, _int64(timestamp_ms, f"timestamp_ms {timestamp_ms!r}", "ms since the epoch"))
 
     async def _seek_to(self, tps: Sequence[TopicPartition | tuple[str, int]], timestamp: int) -> None:
         targets = [self._assigned(tp) for tp in tps] if tps else list(self.assignment())
@@ -513,9 +508,8 @@ class Consumer:
         the epoch); the partition's end when there is none."""
         wanted = {}
         for tp, ts in timestamps.items():
-            if type(ts) is not int or ts < 0:
-                raise ValueError(f"timestamp {ts!r} for {tp} must be a non-negative integer (ms since the epoch)")
-            wanted[TopicPartition(*tp)] = ts
+            key = TopicPartition(*tp)
+            wanted[key] = _int64(ts, f"timestamp {ts!r} for {key}", "ms since the epoch")
         return await self._list_offsets(await self._existing(wanted))
 
     async def _resolve_resets(self) -> None:
@@ -819,3 +813,11 @@ async def _call(callback: RebalanceCallback | None, partitions: set[TopicPartiti
 
 
 __all__ = ["Consumer"]
+
+
+def _int64(value: object, what: str, meaning: str) -> int:
+    """An offset or timestamp the caller gave: an int in 0..2**63-1 (Kafka's int64 on the wire;
+    one past it could not be sent, and a consumer positioned there waited silently)."""
+    if type(value) is not int or not 0 <= value <= INT64_MAX:
+        raise ValueError(f"{what} must be an integer from 0 to {INT64_MAX}: {meaning}")
+    return value
