@@ -115,6 +115,11 @@ def test_banner_names_the_data_dir_only_where_the_cli_would_not_find_it(tmp_path
     monkeypatch.delenv("BIPLANE_CLUSTER", raising=False)
     assert "--data-dir" not in banner(state, tmp_path / ".biplane")
     assert f"produce events --data-dir {tmp_path.resolve() / 'other'}" in banner(state, tmp_path / "other")
+    # The found-on-its-own wording only where it is true, and the whole path where a command needs it.
+    assert "use it when no address is given" in banner(state, tmp_path / ".biplane")
+    other = banner(state, tmp_path / "other")
+    assert "use it when no address is given" not in other and f"data in {tmp_path.resolve() / 'other'}" in other
+    assert f"finds it only when given --data-dir {tmp_path.resolve() / 'other'}" in other
     monkeypatch.setenv("BIPLANE_CLUSTER", str(tmp_path / "other"))
     assert "--data-dir" not in banner(state, tmp_path / "other")
     assert f"--data-dir {tmp_path.resolve() / '.biplane'}" in banner(state, tmp_path / ".biplane")

@@ -486,10 +486,12 @@ def metrics_ports(nodes: dict[str, Any]) -> str:
 
 
 def banner(state: dict[str, Any], data_dir: Path) -> str:
-    shown = shown_path(data_dir)
-    brokers = ",".join(b["address"] for b in state["brokers"].values())
     cmd = biplane_command()
     flag = data_dir_flag(data_dir)
+    # Found on its own (./.biplane, or what BIPLANE_CLUSTER names): the short path reads well.
+    # Anywhere else every command needs the path, so it is shown whole, as those take it.
+    shown = str(data_dir.resolve()) if flag else shown_path(data_dir)
+    brokers = ",".join(b["address"] for b in state["brokers"].values())
     lines = [f"Biplane is up: {len(state['controllers'])} controller(s), {len(state['brokers'])} broker(s); "
              f"data in {shown}",
              f"  controllers  {', '.join(c['api_url'] for c in state['controllers'].values())}",
@@ -499,8 +501,9 @@ def banner(state: dict[str, Any], data_dir: Path) -> str:
              f"  metrics      brokers {metrics_ports(state['brokers'])}; controllers "
              f"{metrics_ports(state['controllers'])} (Prometheus: http://127.0.0.1:PORT/metrics)",
              f"  admin token  {state['admin_token']}",
-             f"  cluster file {os.path.join(shown, CLUSTER_FILE)} (the CLI and SDK use it when no address is given"
-             + (f"; elsewhere give --data-dir {shown}, or export {CLUSTER_ENV}={shown}" if flag else "") + ")",
+             f"  cluster file {os.path.join(shown, CLUSTER_FILE)} "
+             + (f"(the CLI finds it only when given --data-dir {shown}, or with {CLUSTER_ENV}={shown} exported)"
+                if flag else "(the CLI and SDK use it when no address is given)"),
              "Try it:",
              f"  {cmd} topic create events --partitions 3 --replication-factor "
              f"{min(3, len(state['brokers']))} --if-not-exists{flag} && echo hello | {cmd} produce events{flag} "
