@@ -106,6 +106,15 @@ def test_the_banners_try_it_line_works_as_printed(up):
     assert r.returncode == 0 and "exists already" in r.stdout, r.stdout + r.stderr
 
 
+def test_broker_help_shows_both_forms_first():
+    """`biplane broker --help` opens with both uses: running a broker, and the operator actions on
+    a running one (they were named only in the last lines, after every server flag)."""
+    r = subprocess.run([sys.executable, "-m", "common.cli", "broker", "--help"], capture_output=True, text=True,
+                       timeout=60)
+    head = "\n".join(r.stdout.splitlines()[:3])
+    assert r.returncode == 0 and "--broker-id N" in head and "maintenance|decommission|recommission|operations" in head
+
+
 def test_banner_names_the_data_dir_only_where_the_cli_would_not_find_it(tmp_path, monkeypatch):
     from dataplane.cluster.up import banner
     state = {"controllers": {"1": {"api_url": "http://127.0.0.1:1", "metrics_port": 4}},

@@ -21,6 +21,9 @@ from dataplane.broker.config import BrokerConfig
 def build_parser(prog: str) -> argparse.ArgumentParser:
     env = os.environ.get
     p = argparse.ArgumentParser(prog=prog, description="Run a Biplane data-plane broker.",
+                                usage=f"{prog} --broker-id N --data-dir DIR [options]   (run a broker)\n"
+                                      f"       {prog} maintenance|decommission|recommission|operations ...   "
+                                      "(operate on a running one)",
                                 epilog="To operate on a running broker: `biplane broker maintenance|decommission|"
                                        "recommission|operations ... --help`.")
     p.add_argument("--broker-id", type=int, required=True)
