@@ -10,7 +10,7 @@ from common.errors import ErrorCode
 from common.wire import messages as wire
 from dataplane.groups import records
 from dataplane.groups.coordinator import Coordinator
-from dataplane.groups.events import GroupConfig, GroupRecord, Received, Step, Tick, Written
+from dataplane.groups.events import GroupConfig, GroupRecord, Received, Step, Tick, TopicsDeleted, Written
 
 CONFIG = GroupConfig(initial_rebalance_delay_ms=100, session_timeout_ms_min=10,
                      offsets_retention_ms=10_000, offsets_retention_check_interval_ms=1000)
@@ -323,6 +323,24 @@ def test_offsets_expire_after_retention_counted_from_when_the_group_became_empty
     h.advance(2_000)
     assert fetched(h) == -1 and "g" not in h.core.groups
     assert records.load(h.log, h.now) == {}
+
+
+def test_a_deleted_topics_offsets_go_from_every_group() -> None:
+    """Kafka's rule (found with confluent-kafka: a topic deleted and created again was read from
+    the old topic's committed offset, skipping records): deleting a topic drops its offsets in
+    every group, with tombstones; an Empty group left with none is removed; other topics' stay."""
+    h = Harness()
+    (a,) = h.stable_group(1)
+    h.call(commit("g", 1, a.member_id, 3))
+    h.call(commit("g", 1, a.member_id, 4, partition=1))
+    h.call(commit("e", -1, "", 7))   # an Empty group's commit from outside
+    h._take(h.core.step(TopicsDeleted(topics=frozenset({"other"}), now_ms=h.now)))
+    assert fetched(h) == 3 and fetched(h, "e") == 7
+    h._take(h.core.step(TopicsDeleted(topics=frozenset({"t"}), now_ms=h.now)))
+    assert fetched(h) == -1 and fetched(h, partition=1) == -1 and fetched(h, "e") == -1
+    assert "g" in h.core.groups and "e" not in h.core.groups   # g has a member; e had only offsets
+    loaded = records.load(h.log, h.now)
+    assert loaded["g"].offsets == {} and "e" not in loaded
 
 
 def test_describe_and_list() -> None:

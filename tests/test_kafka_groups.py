@@ -221,6 +221,39 @@ def test_confluent_commit_and_resume(cluster: Cluster) -> None:
     assert sorted(v for *_, v in got + rest) == sorted(f"v{i}" for i in range(40))
 
 
+def test_deleting_a_topic_drops_its_committed_offsets(cluster: Cluster) -> None:
+    """Kafka's rule: a deleted topic's offsets go from every group, so the group reads a topic
+    created again under that name from its reset policy. Before, the old commit (4) stayed and
+    the group skipped the new topic's first records."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+    bootstrap, topic = cluster.kafka_bootstrap, "grp-deleted"
+    cluster.create_topic(topic, partitions=1)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    c = consumer(bootstrap, "deleted")
+    tp = confluent_kafka.TopicPartition(topic, 0, 4)
+    c.commit(offsets=[tp], asynchronous=False)
+    assert c.committed([confluent_kafka.TopicPartition(topic, 0)], timeout=10)[0].offset == 4
+    admin.delete_topics([topic])[topic].result(30)
+    deadline = time.monotonic() + 30
+    while c.committed([confluent_kafka.TopicPartition(topic, 0)], timeout=10)[0].offset == 4:
+        assert time.monotonic() < deadline, "the deleted topic's offset is still committed"
+        time.sleep(0.2)
+    c.close()
+    admin.create_topics([NewTopic(topic, 1, 3)])[topic].result(30)
+    cluster.wait_leader(topic, 0)
+    produce(bootstrap, topic, [f"n{i}" for i in range(10)], 1)
+    d = consumer(bootstrap, "deleted")
+    d.subscribe([topic])
+    got: list[str] = []
+    deadline = time.monotonic() + 30
+    while len(got) < 10 and time.monotonic() < deadline:
+        m = d.poll(0.2)
+        if m is not None and m.error() is None:
+            got.append(m.value().decode())
+    d.close()
+    assert got == [f"n{i}" for i in range(10)]
+
+
 def test_the_offsets_topic_cannot_be_deleted_or_grown_by_a_client(cluster: Cluster) -> None:
     """An AdminClient deleted __consumer_offsets (every group's commits gone) and added
     partitions to it (groups moved to partitions without their records). Both are refused

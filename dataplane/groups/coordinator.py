@@ -23,6 +23,9 @@ The rules it keeps:
   (generation -1, member "") only while it is Empty.
 - Offsets of an Empty group expire `offsets_retention_ms` after the later of the group
   becoming empty and the commit; an Empty group with no offsets left is removed.
+- A deleted topic's offsets go with it, in every group (Kafka's rule): a topic created
+  again under that name starts from the consumers' reset policy, not from offsets of
+  records that no longer exist.
 """
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ from common.errors import ErrorCode
 from common.wire import messages as wire
 from dataplane.groups import records
 from dataplane.groups.events import (
-    Answer, GroupConfig, GroupRecord, Received, Step, Tick, Write, Written,
+    Answer, GroupConfig, GroupRecord, Received, Step, Tick, TopicsDeleted, Write, Written,
 )
 from dataplane.groups.state import CommittedOffset, Group, GroupState, Member
 
@@ -55,7 +58,7 @@ class Coordinator:
 
     # ------------------------------------------------------------------ entry
 
-    def step(self, event: Received | Tick | Written) -> Step:
+    def step(self, event: Received | Tick | Written | TopicsDeleted) -> Step:
         if event.now_ms < self.now_ms:
             raise ValueError(f"{type(event).__name__} went back in time: now_ms={event.now_ms} after {self.now_ms}")
         self.now_ms = event.now_ms
@@ -68,6 +71,8 @@ class Coordinator:
             handler(self, event)
         elif isinstance(event, Tick):
             self._tick()
+        elif isinstance(event, TopicsDeleted):
+            self._topics_deleted(event.topics)
         elif isinstance(event, Written):
             done = self._on_written.pop(event.write_id, None)
             if done is None:
@@ -622,13 +627,25 @@ class Coordinator:
                        if max(group.state_since_ms, c.commit_ms) + retention <= now]
             if not expired and group.offsets:
                 continue
-            recs = [records.offset_tombstone(group.group_id, t, p) for t, p in sorted(expired)]
-            for tp in expired:
-                del group.offsets[tp]
-            if not group.offsets:
-                recs.append(records.group_tombstone(group.group_id))
-                del self.groups[group.group_id]
-            self._write(recs, lambda ok: None)
+            self._drop_offsets(group, expired)
+
+    def _topics_deleted(self, topics: frozenset[str]) -> None:
+        for group in list(self.groups.values()):
+            gone = [tp for tp in group.offsets if tp[0] in topics]
+            if gone:
+                self._drop_offsets(group, gone)
+
+    def _drop_offsets(self, group: Group, tps: list[tuple[str, int]]) -> None:
+        """Forget these offsets now (nobody may read them again) and write their tombstones; an
+        Empty group left with no offsets is removed too. A tombstone that fails to commit is
+        written again by the same rule after the partition reloads."""
+        recs = [records.offset_tombstone(group.group_id, t, p) for t, p in sorted(tps)]
+        for tp in tps:
+            del group.offsets[tp]
+        if group.state is State.EMPTY and not group.offsets:
+            recs.append(records.group_tombstone(group.group_id))
+            del self.groups[group.group_id]
+        self._write(recs, lambda ok: None)
 
 
 _HANDLERS: dict[type, Callable[[Coordinator, Received], None]] = {

@@ -37,7 +37,7 @@ from common.tasks import TaskOwner
 from common.wire import messages as wire
 from dataplane.groups.coordinator import Coordinator
 from dataplane.groups import lag
-from dataplane.groups.events import GroupConfig, GroupRecord, Received, Step, Tick, Written
+from dataplane.groups.events import GroupConfig, GroupRecord, Received, Step, Tick, TopicsDeleted, Written
 from dataplane.groups.placement import OFFSETS_TOPIC, partition_for
 from dataplane.groups.records import BadGroupRecord
 
@@ -103,6 +103,7 @@ class GroupCoordinator:
         self._tasks = TaskOwner()
         self._creating: asyncio.Task | None = None
         self._closed = False
+        self._topic_ids: dict[str, str] = {}   # of the last image: a deletion is a name gone or a new id
 
     # ------------------------------------------------------------------ time
 
@@ -123,6 +124,12 @@ class GroupCoordinator:
     async def on_metadata(self, image: MetadataImage) -> None:
         if self._closed:
             return
+        topics = image.topics
+        deleted = frozenset(name for name, topic_id in self._topic_ids.items()
+                            if name not in topics or topics[name].topic_id != topic_id)
+        self._topic_ids = {name: t.topic_id for name, t in topics.items()}
+        if deleted:
+            self._topics_deleted(deleted)
         leading: dict[int, int] = {}
         for info in image.topic_partitions(OFFSETS_TOPIC) if OFFSETS_TOPIC in image.topics else ():
             if info.leader == self.broker_id:
@@ -135,6 +142,11 @@ class GroupCoordinator:
                 state = self._partitions[p] = _Partition(p, epoch)
                 state.loader = self._spawn(self._load(state), f"groups-load-{p}")
                 self._spawn(self._write_loop(state), f"groups-writes-{p}")
+
+    def _topics_deleted(self, topics: frozenset[str], only: "_Partition | None" = None) -> None:
+        for state in [only] if only is not None else list(self._partitions.values()):
+            if state.core is not None and not state.broken:
+                self._perform(state, state.core.step(TopicsDeleted(topics=topics, now_ms=self.now_ms())))
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task:
         task = self._tasks.spawn(coro, name=name)
@@ -178,6 +190,11 @@ class GroupCoordinator:
                  state.partition, len(state.core.groups), len(stored), high_watermark,
                  time.monotonic() - started,
                  extra={"event": "groups.loaded", "partition": state.partition, "records": len(stored)})
+        # Topics deleted while another broker led this partition (or before a reload).
+        topics = self.requests.image().topics
+        gone = frozenset(t for group in state.core.groups.values() for t, _ in group.offsets if t not in topics)
+        if gone:
+            self._topics_deleted(gone, only=state)
 
     # ------------------------------------------------------------------ feeding the cores
 

@@ -60,6 +60,14 @@ class Tick:
 
 
 @_frozen
+class TopicsDeleted:
+    """These topics were deleted (or deleted and created again: a new topic of the same name)."""
+
+    topics: frozenset[str]
+    now_ms: int
+
+
+@_frozen
 class Written:
     """The records of `write_id` are committed (`ok`), or will never be (leadership lost,
     a write refused)."""
