@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
 
 from common.api_models import PartitionView
 from common.errors import InvalidFieldError
@@ -329,7 +329,7 @@ class MetadataAnswer(_Answer):
 class MaintenanceRequest(_Request):
     """Turn a broker's maintenance mode on or off."""
 
-    enabled: bool
+    enabled: StrictBool   # JSON true or false: "yes", "false" or 1 is a mistake to name, not to guess
 
 
 class ClusterConfigRequest(_Request):

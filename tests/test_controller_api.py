@@ -109,6 +109,16 @@ def test_bad_create_requests_are_400_naming_the_field(controller, body, field):
     assert r.error["message"]
 
 
+@pytest.mark.parametrize("enabled", ["yes", "false", 1, 0, None])
+def test_maintenance_takes_only_json_true_or_false(controller, enabled):
+    """`{"enabled": "yes"}` turned maintenance on and `"false"` off: a string or a number is
+    refused 400 naming the field, and nothing changes."""
+    r = api(controller, "POST", "/v1/brokers/1/maintenance", {"enabled": enabled})
+    assert r.status == 400 and r.error["field"] == "enabled", r.body
+    state = api(controller, "GET", "/v1/brokers/1/operations")
+    assert state.status == 200 and not state.body["maintenance"], state.body
+
+
 @pytest.mark.parametrize("raw", [b"{not json", b"[1, 2]", b'"text"'])
 def test_body_that_is_not_a_json_object_is_400(controller, raw):
     r = api(controller, "POST", "/v1/topics", raw=raw)
