@@ -305,7 +305,7 @@ def add_address_args(p: argparse.ArgumentParser, suppress: bool = False) -> None
 
 def resolve_controller(args: argparse.Namespace) -> tuple[list[str], str | None, str]:
     """(URLs, token, what to tell the user when none answers), by the order ADDRESS_EPILOG gives."""
-    from dataplane.client.discovery import cluster_file_source, load_cluster_file
+    from dataplane.client.discovery import cluster_file_source, load_cluster_file, not_answering_hint
     from dataplane.client.errors import NoClusterError
     token = args.token or os.environ.get("BIPLANE_ADMIN_TOKEN")
     given = args.controller or (None if args.data_dir else os.environ.get("BIPLANE_CONTROLLER"))
@@ -335,8 +335,7 @@ def resolve_controller(args: argparse.Namespace) -> tuple[list[str], str | None,
                        "`biplane up` again to rewrite it") from None
     data_dir = cluster_file_source(args.data_dir)[0].parent
     flag = "" if args.data_dir is None and not os.environ.get("BIPLANE_CLUSTER") else f" --data-dir {data_dir}"
-    return urls, token or doc.get("admin_token"), \
-        f"; is the cluster in {data_dir} running? Start it with `biplane up{flag} --detach`"
+    return urls, token or doc.get("admin_token"), not_answering_hint(args.data_dir, "controllers", flag)
 
 
 def client_of(args: argparse.Namespace) -> ApiClient:

@@ -53,6 +53,24 @@ def test_cluster_file_is_found_by_data_dir_then_the_env_then_dot_biplane(tmp_pat
         discovery.load_cluster_file()
 
 
+def test_the_hint_after_no_answer_says_what_is_stopped_and_never_to_start_what_runs(tmp_path, monkeypatch):
+    """After `biplane stop broker 1..3` the CLI said 'is the cluster running? Start it with biplane
+    up', which then failed: a cluster already runs. The hint reads the cluster file's states."""
+    monkeypatch.delenv("BIPLANE_CLUSTER", raising=False)
+    doc = {"status": "running", "brokers": {"1": {"state": "stopped"}, "2": {"state": "running"},
+                                            "3": {"state": "stopped"}},
+           "controllers": {"1": {"state": "running"}}}
+    (tmp_path / "cluster.json").write_text(json.dumps(doc))
+    hint = discovery.not_answering_hint(tmp_path, "brokers", " --data-dir X")
+    assert "brokers 1, 3 were stopped" in hint and "`biplane start broker 1 --data-dir X`" in hint
+    assert "biplane up" not in hint
+    hint = discovery.not_answering_hint(tmp_path, "controllers", "")
+    assert "runs" in hint and "biplane cluster status" in hint and "biplane up" not in hint
+    (tmp_path / "cluster.json").write_text(json.dumps({**doc, "status": "stopped"}))
+    assert "Start it with `biplane up --detach`" in discovery.not_answering_hint(tmp_path, "brokers", "")
+    assert "Start it with `biplane up" in discovery.not_answering_hint(tmp_path / "none", "brokers", "")
+
+
 def test_plan_defaults_and_resume_keeps_identity_and_free_ports(tmp_path):
     first, notes = plan(args(), tmp_path, None)
     assert (len(first["controllers"]), len(first["brokers"])) == (3, 3) and notes == []

@@ -74,3 +74,24 @@ def default_bootstrap(data_dir: str | Path | None = None) -> str:
 def default_admin(data_dir: str | Path | None = None) -> tuple[list[str], str]:
     doc = load_cluster_file(data_dir)
     return [c["api_url"] for _, c in sorted(doc["controllers"].items(), key=lambda kv: int(kv[0]))], doc["admin_token"]
+
+
+def not_answering_hint(data_dir: str | Path | None, kind: str, flag: str) -> str:
+    """What to say when no `kind` ("brokers" or "controllers") of the cluster file in `data_dir`
+    answered: which of them an operator stopped, or whether the cluster runs at all (its
+    supervisor records itself while it runs), so the hint never says to start what runs."""
+    where = cluster_file_source(data_dir)[0].parent
+    try:
+        doc = load_cluster_file(data_dir)
+        running = doc.get("status") == "running"
+        stopped = sorted((int(i) for i, n in doc.get(kind, {}).items() if n.get("state") == "stopped"))
+    except (NoClusterError, AttributeError, TypeError, ValueError):
+        running, stopped = False, []
+    if not running:
+        return f"; is the cluster in {where} running? Start it with `biplane up{flag} --detach`"
+    one = kind.rstrip("s")
+    if stopped:
+        return (f"; the cluster in {where} runs, but {kind} {', '.join(map(str, stopped))} were stopped: "
+                f"`biplane start {one} {stopped[0]}{flag}` starts one again")
+    return (f"; the cluster in {where} runs: `biplane cluster status{flag}` shows whether its {kind} are up "
+            "(a restarted one takes a few seconds)")
