@@ -173,7 +173,8 @@ class SnapshotList(_Answer):
 
 class HealthProblem(_Answer):
     """One thing an operator must look at. `check` names the rule (leaderless, under_min_isr,
-    under_replicated, fenced_broker, controller_no_leader, controller_disconnected)."""
+    under_replicated, fenced_broker, controller_no_leader, controller_quorum_lost,
+    controller_disconnected)."""
 
     check: str
     severity: str                  # critical | degraded

@@ -513,7 +513,7 @@ health exit codes:
      a controller not connected to the leader; everything still serves
   {EXIT_CRITICAL}  critical: partitions without a leader, partitions whose ISR is below
      min_insync_replicas (quorum topics: below quorum_required_acks) so acks=all is refused,
-     or no controller leader
+     or no controller leader (or a leader that reaches no majority of the controllers)
 The health is judged by the controller leader (a follower redirects there)."""
 
 

@@ -60,6 +60,16 @@ def cluster_health(image: MetadataImage, quorum: QuorumView) -> ClusterHealth:
                                       message=f"the controller quorum has no leader (as controller "
                                               f"{quorum.node_id} sees it): no metadata change can be made"))
     else:
+        reached = sum(1 for _, connected in quorum.controllers if connected)   # itself included
+        majority = len(quorum.controllers) // 2 + 1
+        if reached < majority:
+            # The leader has not stepped down yet (it will, after its election timeout), but it
+            # cannot commit: as critical as having no leader, and said now, not seconds later.
+            problems.append(HealthProblem(
+                check="controller_quorum_lost", severity=CRITICAL, node_id=quorum.node_id,
+                message=f"controller {quorum.node_id} reaches {reached} of {len(quorum.controllers)} controllers; "
+                        f"a majority ({majority}) is needed: no metadata change can be made until "
+                        f"{majority - reached} more answer"))
         for node_id, connected in quorum.controllers:
             if not connected:
                 counts["controllers_disconnected"] += 1

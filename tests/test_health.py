@@ -80,6 +80,13 @@ def test_controller_quorum_problems():
     cut = cluster_health(image, QuorumView(node_id=1, leader_id=1, controllers=((1, True), (2, False), (3, True))))
     assert cut.status == DEGRADED and cut.controllers_disconnected == 1
     assert cut.problems[0].node_id == 2 and "(the leader)" in cut.problems[0].message
+    # Two of three gone: the leader has not stepped down yet, but it cannot commit (it said
+    # DEGRADED for the seconds until its election timeout, while topic creates failed).
+    lost = cluster_health(image, QuorumView(node_id=1, leader_id=1, controllers=((1, True), (2, False), (3, False))))
+    assert lost.status == CRITICAL and checks(lost)[0][0] == "controller_quorum_lost"
+    assert "reaches 1 of 3 controllers; a majority (2) is needed" in lost.problems[0].message
+    five = QuorumView(node_id=1, leader_id=1, controllers=((1, True), (2, True), (3, True), (4, False), (5, False)))
+    assert cluster_health(image, five).status == DEGRADED
 
 
 def test_the_exit_codes_are_in_the_help(capsys):
