@@ -127,6 +127,16 @@ def test_existing_topic_is_refused():
     assert exc.value.code == ErrorCode.TOPIC_ALREADY_EXISTS
 
 
+def test_a_name_that_differs_only_in_dots_and_underscores_is_refused_as_kafka_does():
+    image = cluster(1)
+    add_topic(image, "t.dot_x", [[1]])
+    for name in ("t_dot_x", "t.dot.x", "t_dot.x"):
+        with pytest.raises(InvalidFieldError) as exc:
+            create_topic(image, CreateTopicRequest(name=name), 0)
+        assert exc.value.code == ErrorCode.INVALID_TOPIC and "collides with existing topic t.dot_x" in str(exc.value)
+    assert create_topic(image, CreateTopicRequest(name="t.dot-x"), 0)
+
+
 def test_rf_above_unfenced_brokers_names_both_numbers():
     image = cluster(3)
     apply(image, [FenceBroker(broker_id=3, at_ms=0)])

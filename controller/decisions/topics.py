@@ -18,6 +18,7 @@ from common.errors import (
     InvalidConfigError,
     InvalidPartitionsError,
     InvalidReplicationFactorError,
+    InvalidTopicError,
     TopicExistsError,
     UnknownBrokerError,
     UnknownTopicOrPartitionError,
@@ -97,6 +98,14 @@ def create_topic(image: MetadataImage, request: CreateTopicRequest,
     validate_topic_name(request.name)
     if request.name in image.topics:
         raise TopicExistsError(request.name)
+    # Kafka's rule: '.' and '_' are one character in metric names, so 'a.b' and 'a_b' would
+    # report as one topic there; Kafka clients and tools expect the second create refused.
+    folded = request.name.replace(".", "_")
+    collides = sorted(name for name in image.topics if name.replace(".", "_") == folded)
+    if collides:
+        raise InvalidTopicError(f"topic name '{request.name}' collides with existing topic {', '.join(collides)}: "
+                                "names that differ only in '.' and '_' are the same name in metrics; choose "
+                                "another name", field="name", value=request.name)
     for key in request.config:
         if normalize_key(key) in IMMUTABLE_KEYS:
             raise InvalidConfigError(
