@@ -48,7 +48,7 @@ def produce(s: KafkaSocket, records: bytes, *, topic: str = "t") -> tuple[int, i
 def test_metadata_names_a_live_controller_and_unknown_topics(cluster: Cluster, version: int) -> None:
     s = KafkaSocket(cluster.brokers[2].kafka_port)
     try:
-        body = {"topics": [{"name": "t"}, {"name": "nope"}], "allow_auto_topic_creation": False}
+        body = {"topics": [{"name": "t"}, {"name": "nope"}, {"name": "bad name"}], "allow_auto_topic_creation": False}
         answer = s.call(3, version, body)
     finally:
         s.close()
@@ -58,6 +58,7 @@ def test_metadata_names_a_live_controller_and_unknown_topics(cluster: Cluster, v
         assert answer.controller_id in brokers
     by_name = {t.name: t for t in answer.topics}
     assert by_name["nope"].error_code == 3  # UNKNOWN_TOPIC_OR_PARTITION
+    assert by_name["bad name"].error_code == 17  # INVALID_TOPIC_EXCEPTION: no such topic could exist
     partition = by_name["t"].partitions[0]
     assert by_name["t"].error_code == 0 and partition.leader_id == cluster.wait_leader("t", 0)
     assert sorted(partition.replica_nodes) == [1, 2, 3]

@@ -9,7 +9,8 @@ LEADER_NOT_AVAILABLE until its leaders are known.
 """
 from __future__ import annotations
 
-from common.errors import ErrorCode
+from common.errors import ErrorCode, InvalidTopicError
+from common.metadata.config import validate_topic_name
 from common.wire import messages as wire
 from dataplane.groups.placement import is_internal
 from dataplane.kafka import admin, messages
@@ -46,9 +47,12 @@ async def metadata(request: Request, context: Context) -> Answer:
     names = None if topics is None or (request.version == 0 and not topics) else tuple(t.name for t in topics)
     done = context.requests.metadata(wire.MetadataRequest(topics=names))
     codes = {t.topic: int(t.error_code) for t in done.topics}
+    for name, code in codes.items():
+        if code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION and not _legal_name(name):
+            codes[name] = int(ErrorCode.INVALID_TOPIC)   # Kafka's answer: no such topic could exist
     # Before v4 a client could not say no; from v4 it says whether it wants topics created.
     if context.effective_topic_defaults().auto_create and messages.field(request.body, "allow_auto_topic_creation", True):
-        unknown = [t.topic for t in done.topics if t.error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION]
+        unknown = [t.topic for t in done.topics if codes[t.topic] == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION]
         if unknown:
             port, shape = admin.port_of(context), context.default_topic_shape()
             for name in unknown:
@@ -68,3 +72,11 @@ async def metadata(request: Request, context: Context) -> Answer:
                     "topic_authorized_operations": _NO_AUTHORIZED_OPERATIONS}
                    for t in done.topics],
         "cluster_authorized_operations": _NO_AUTHORIZED_OPERATIONS})
+
+
+def _legal_name(name: str) -> bool:
+    try:
+        validate_topic_name(name)
+    except InvalidTopicError:
+        return False
+    return True
