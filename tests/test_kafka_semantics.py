@@ -109,6 +109,10 @@ def test_list_offsets_and_offset_for_leader_epoch(cluster: Cluster, leader: Kafk
         latest, earliest = answer.topics[0].partitions
         assert latest.error_code == 0 and latest.offset == base + 1
         assert earliest.error_code == 0 and earliest.offset == 0
+    # The max-timestamp spec (-3) belongs to v7, not served: librdkafka sends it at v5 anyway.
+    answer = leader.call(2, 5, {"replica_id": -1, "isolation_level": 0, "topics": [
+        {"name": "t", "partitions": [{"partition_index": 0, "current_leader_epoch": -1, "timestamp": -3}]}]})
+    assert answer.topics[0].partitions[0].error_code == 35   # UNSUPPORTED_VERSION
     for version in (2, 3):
         answer = leader.call(23, version, {"replica_id": -1, "topics": [
             {"topic": "t", "partitions": [{"partition": 0, "current_leader_epoch": epoch,
