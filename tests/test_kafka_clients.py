@@ -76,17 +76,30 @@ def test_confluent_producer_acks_read_back_exactly(cluster: Cluster, acks: str, 
 
 
 def test_a_batch_larger_than_a_segment_is_refused_and_the_partition_takes_the_next(cluster: Cluster) -> None:
-    """librdkafka, a topic with 1 KiB segments: a 2,000-byte record is refused at once with
-    RECORD_LIST_TOO_LARGE (as Kafka does), and the next small record is acknowledged. Before,
-    the broker never answered the first and the partition took nothing more."""
+    """librdkafka, a topic whose segment size is lowered to 1 KiB after it was opened: a 2,000-byte
+    record is refused at once with RECORD_LIST_TOO_LARGE (as Kafka does), and the next small record
+    is acknowledged. Before, the broker never answered the first and the partition took nothing
+    more; and a changed segment size (or retention) reached a replica only when it opened again."""
+    from controller_harness import http
     topic = "ck-small-segments"
-    cluster.create_topic(topic, partitions=1, replication_factor=3, config={"segment_bytes": 1024})
+    cluster.create_topic(topic, partitions=1, replication_factor=3)
     producer = confluent_kafka.Producer({"bootstrap.servers": cluster.kafka_bootstrap, "acks": "all",
                                          "message.timeout.ms": 10000, "retries": 0})
     reports: list[tuple[object, int]] = []
-    for value in (b"x" * 2000, b"small"):
-        producer.produce(topic, value=value, on_delivery=lambda err, msg: reports.append((err, msg.offset())))
+    producer.produce(topic, value=b"x" * 2000, on_delivery=lambda err, msg: reports.append((err, msg.offset())))
+    assert producer.flush(15) == 0 and reports[0][0] is None   # fits the default 128 MiB segments
+    r = http("PATCH", f"{cluster.api_url}/v1/topics/{topic}/config", {"set": {"segment_bytes": 1024}})
+    assert r.status == 200, r.body
+    deadline = time.monotonic() + 15
+    while True:   # the brokers apply the new config with the next metadata
+        reports.clear()
+        producer.produce(topic, value=b"x" * 2000, on_delivery=lambda err, msg: reports.append((err, msg.offset())))
         assert producer.flush(15) == 0
+        if reports[0][0] is not None or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    producer.produce(topic, value=b"small", on_delivery=lambda err, msg: reports.append((err, msg.offset())))
+    assert producer.flush(15) == 0
     (big_error, _), (small_error, small_offset) = reports
     assert big_error is not None and big_error.code() == confluent_kafka.KafkaError.RECORD_LIST_TOO_LARGE, big_error
     assert small_error is None

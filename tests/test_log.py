@@ -133,6 +133,25 @@ def test_crc_checked_appends_skip_only_the_crc(tmp_log, kind):
     assert follower.append_as_follower(log.read(0, max_bytes=1 << 20).records, crc_checked=True).last_offset == 2
 
 
+@pytest.mark.parametrize("kind", ["disk", "memory"])
+def test_a_batch_larger_than_a_segment_is_refused_to_a_leader_and_stored_for_a_follower(tmp_log, kind):
+    """A leader's append of a batch larger than a segment is refused (admission answers it
+    RECORD_LIST_TOO_LARGE first); a follower stores such a batch, which its leader took under a
+    larger segment size, in a segment of its own."""
+    config = LogConfig(segment_bytes=1024, segment_ms=None, retention_ms=None)
+    big = batch(40, size=60)
+    assert len(big) > 1024
+    leader = tmp_log(LogConfig(segment_ms=None, retention_ms=None)) if kind == "disk" else MemoryLog()
+    leader.append_as_leader(batch(), leader_epoch=0)
+    leader.append_as_leader(big, leader_epoch=0)
+    small = tmp_log(config, name="f") if kind == "disk" else MemoryLog(config=config)
+    assert small.batch_bytes_max == 1024
+    with pytest.raises(CorruptBatchError, match="max_batch_bytes=1024"):
+        small.append_as_leader(big, leader_epoch=0)
+    assert small.append_as_follower(leader.read(0, max_bytes=1 << 20).records).last_offset == 42
+    assert read_all(small) == read_all(leader)
+
+
 def test_leader_append_patches_a_writable_memoryview_in_place(tmp_log):
     log = tmp_log()
     frame = bytearray(b"head" + batch(2))

@@ -1345,6 +1345,20 @@ def test_a_batch_larger_than_a_segment_is_refused_at_admission_and_the_partition
     assert leader.released()[2].error is ErrorCode.NONE and leader.log.log_end_offset == end + 1
 
 
+def test_a_follower_stores_a_batch_larger_than_its_own_segments():
+    """A follower's segments may be smaller than the leader's (the topic's segment size lowered,
+    the follower reopened since): it stores what the leader took, in a segment of its own, rather
+    than refusing an Append its core counted on."""
+    nodes = {1: Node(1), 2: Node(2, log=MemoryLog(config=LogConfig(segment_bytes=1024))), 3: Node(3)}
+    for n in nodes.values():
+        n.step(NewMetadata(partition=state(), config=config()))
+    pump(nodes, now_ms=0)
+    nodes[1].step(ProduceRequest(request_id=1, records=batch(b"x" * 2000), acks=-1, timeout_ms=1000))
+    pump(nodes, now_ms=max(n.replica.now_ms for n in nodes.values()))
+    assert nodes[1].released()[1].error is ErrorCode.NONE
+    assert nodes[2].log.log_end_offset == nodes[1].log.log_end_offset
+
+
 def test_consumers_and_list_offsets_answer_for_the_clients_epoch_in_the_core():
     """Claim: a consumer's fetch naming an older epoch is answered FENCED_LEADER_EPOCH, a newer one
     UNKNOWN_LEADER_EPOCH with a metadata refresh (the leader keeps leading); list_offset says the

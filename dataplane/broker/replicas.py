@@ -394,6 +394,10 @@ class ReplicaManager:
         if before == key:
             return
         self._fed[info.tp] = key
+        if before is not None and before[5] != topic.config:
+            # Retention, segment size and age apply to the open log from its next roll or
+            # retention pass (they were read only when it opened).
+            driver.log.config = log_config_of(topic)
         old_isr = before[3] if before is not None else None   # the ISR this replica was last fed
         if old_isr is not None and old_isr != info.isr and info.leader == self.broker_id:
             self.metrics.isr_changed(old_isr, info.isr)

@@ -469,7 +469,9 @@ class PartitionLog:
         after the end of the one before (gaps are what compaction leaves; an overlap is an
         OffsetMismatchError naming the expected and actual base offset); epochs must not
         go backwards (StaleEpochError)."""
-        spans = self._validate(batches, crc=not crc_checked)
+        # A follower stores what its leader stored: a batch larger than this replica's segment
+        # size (the topic's was larger when the leader took it) goes into a segment of its own.
+        spans = self._validate(batches, crc=not crc_checked, limit=BATCH_BYTES_MAX)
         with self._lock:
             self._check_writable()
             expected = self.log_end_offset
@@ -491,9 +493,9 @@ class PartitionLog:
                 expected = span.next_offset
             return self._write(batches, spans, now_ms)
 
-    def _validate(self, buf: Buffer, *, crc: bool) -> list[BatchSpan]:
+    def _validate(self, buf: Buffer, *, crc: bool, limit: int | None = None) -> list[BatchSpan]:
         spans = []
-        for position, header in iter_batches(buf, validate=crc, max_batch_bytes=self.batch_bytes_max):
+        for position, header in iter_batches(buf, validate=crc, max_batch_bytes=limit or self.batch_bytes_max):
             spans.append(BatchSpan(position=position, size_bytes=header.size_bytes,
                                    base_offset=header.base_offset, next_offset=header.next_offset,
                                    max_timestamp=header.max_timestamp, leader_epoch=header.leader_epoch))

@@ -128,7 +128,7 @@ class MemoryLog:
     def append_as_follower(self, batches: bytes | bytearray | memoryview, *,
                            now_ms: int | None = None, crc_checked: bool = False) -> AppendInfo:
         self._check_open()
-        found = self._validate(batches, crc=not crc_checked)
+        found = self._validate(batches, crc=not crc_checked, limit=BATCH_BYTES_MAX)   # as PartitionLog's
         expected = self.log_end_offset
         latest = self._epochs.latest_epoch
         new = []
@@ -150,8 +150,8 @@ class MemoryLog:
                               data=bytes(batches[position:position + header.size_bytes])))
         return self._store(new, now_ms)
 
-    def _validate(self, buf: Buffer, *, crc: bool) -> list[tuple[int, BatchHeader]]:
-        found = list(iter_batches(buf, validate=crc, max_batch_bytes=self.batch_bytes_max))
+    def _validate(self, buf: Buffer, *, crc: bool, limit: int | None = None) -> list[tuple[int, BatchHeader]]:
+        found = list(iter_batches(buf, validate=crc, max_batch_bytes=limit or self.batch_bytes_max))
         if not found:
             raise InvalidRequestError("append with no record batches; send at least one batch")
         return found
