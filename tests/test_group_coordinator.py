@@ -343,6 +343,24 @@ def test_a_deleted_topics_offsets_go_from_every_group() -> None:
     assert loaded["g"].offsets == {} and "e" not in loaded
 
 
+def test_a_commit_in_flight_when_its_topic_is_deleted_does_not_bring_its_offsets_back() -> None:
+    """A commit accepted before its topic's deletion and stored after it: the offsets are dropped
+    again (with tombstones), and its Empty group is not removed under it meanwhile (its offset
+    record would then come before the group's tombstone, and the acknowledged commit be lost)."""
+    h = Harness()
+    h.call(commit("e", -1, "", 7))
+    h.hold = True
+    rid = h.send(commit("e", -1, "", 9))
+    h._take(h.core.step(TopicsDeleted(topics=frozenset({"t"}), now_ms=h.now)))
+    assert "e" in h.core.groups   # its commit is in flight
+    h.release()
+    assert commit_code(h.answers[rid]) is ErrorCode.NONE
+    assert fetched(h, "e") == -1 and "e" not in h.core.groups
+    assert records.load(h.log, h.now) == {}
+    h.call(commit("f", -1, "", 3))   # a later commit of a topic deleted long ago stays
+    assert fetched(h, "f") == 3
+
+
 def test_describe_and_list() -> None:
     h = Harness()
     h.stable_group(2)

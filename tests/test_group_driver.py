@@ -227,3 +227,37 @@ def test_the_coordinators_clock_does_not_follow_a_wall_clock_step(monkeypatch) -
     clock.step_s = 0.0
     real_time.sleep(0.05)
     assert coord.now_ms() - stepped >= 50   # still moving after the clock was set right
+
+
+def test_a_deleted_topic_drops_its_offsets_but_an_empty_or_older_image_deletes_nothing() -> None:
+    """The driver tells its cores of a topic whose name left the metadata or came back with a new
+    id. The empty image a broker's learner starts over from after a drift, and an image older than
+    one already seen, delete nothing: taken as deletions they tombstoned every group's offsets."""
+    from common.metadata import DeleteTopic
+    from metadata_builders import apply
+
+    async def run() -> None:
+        log = MemoryLog()
+        requests = FakeRequests(image_with_offsets_topic(), {0: FakeDriver(log)})
+        requests.drivers[0].replica.epoch_durable = True
+        groups = coordinator(requests)
+        await groups.on_metadata(requests.image())
+        mine = GROUP_ON[0]
+
+        async def loaded() -> bool:
+            return await fetched(groups, mine) == []
+        await until(loaded, "partition 0 loaded")
+        assert (await groups.handle(commit(mine, 5))).topics[0].partitions[0].error_code is ErrorCode.NONE
+        before = requests.image()
+        await groups.on_metadata(MetadataImage())   # a learner starting over (the partition unloads)
+        await groups.on_metadata(before)
+
+        async def kept() -> bool:
+            return await fetched(groups, mine) == [5]
+        await until(kept, "partition 0 loaded again, its offsets kept")
+        newer = apply(before.copy(), [DeleteTopic(name="t", topic_id=before.topics["t"].topic_id)])
+        await groups.on_metadata(newer)
+        await groups.on_metadata(before)             # older than one seen: ignored
+        assert await fetched(groups, mine) == []
+        await groups.close()
+    asyncio.run(run())

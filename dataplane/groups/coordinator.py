@@ -29,6 +29,7 @@ The rules it keeps:
 """
 from __future__ import annotations
 
+import collections
 from typing import Callable
 
 from common.errors import ErrorCode
@@ -55,6 +56,12 @@ class Coordinator:
         self._on_written: dict[int, Callable[[bool], None]] = {}
         self._step = Step()
         self._next_expiry_ms = now_ms + config.offsets_retention_check_interval_ms
+        # Commits whose write is in flight, per group, and when each topic was last deleted (by
+        # the count of deletions): a commit accepted before its topic's deletion and stored after
+        # it must not bring the deleted topic's offsets back, nor lose its group meanwhile.
+        self._commits_in_flight: collections.Counter[str] = collections.Counter()
+        self._deletions = 0
+        self._deleted_at: dict[str, int] = {}
 
     # ------------------------------------------------------------------ entry
 
@@ -476,10 +483,20 @@ class Coordinator:
             return self._answer(ev.request_id, answer_all(code(True)))
         rid = ev.request_id
         target = group
+        deletions_before = self._deletions
+        self._commits_in_flight[target.group_id] += 1
 
         def stored(ok: bool) -> None:
+            self._commits_in_flight[target.group_id] -= 1
+            if not self._commits_in_flight[target.group_id]:
+                del self._commits_in_flight[target.group_id]
             if ok and self.groups.get(target.group_id) is target:
                 target.offsets.update(accepted)
+                late = [tp for tp in accepted if self._deleted_at.get(tp[0], -1) >= deletions_before]
+                if late:
+                    self._drop_offsets(target, late)
+            if not self._commits_in_flight:
+                self._deleted_at.clear()   # no commit left that began before a deletion
             self._answer(rid, answer_all(code(ok)))
         self._write(recs, stored)
 
@@ -630,6 +647,10 @@ class Coordinator:
             self._drop_offsets(group, expired)
 
     def _topics_deleted(self, topics: frozenset[str]) -> None:
+        if self._commits_in_flight:
+            for topic in topics:
+                self._deleted_at[topic] = self._deletions
+            self._deletions += 1
         for group in list(self.groups.values()):
             gone = [tp for tp in group.offsets if tp[0] in topics]
             if gone:
@@ -642,10 +663,11 @@ class Coordinator:
         recs = [records.offset_tombstone(group.group_id, t, p) for t, p in sorted(tps)]
         for tp in tps:
             del group.offsets[tp]
-        if group.state is State.EMPTY and not group.offsets:
+        if group.state is State.EMPTY and not group.offsets and group.group_id not in self._commits_in_flight:
             recs.append(records.group_tombstone(group.group_id))
             del self.groups[group.group_id]
-        self._write(recs, lambda ok: None)
+        if recs:
+            self._write(recs, lambda ok: None)
 
 
 _HANDLERS: dict[type, Callable[[Coordinator, Received], None]] = {

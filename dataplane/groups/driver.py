@@ -103,7 +103,11 @@ class GroupCoordinator:
         self._tasks = TaskOwner()
         self._creating: asyncio.Task | None = None
         self._closed = False
-        self._topic_ids: dict[str, str] = {}   # of the last image: a deletion is a name gone or a new id
+        # Topic ids as of the newest image seen (a deletion is a name gone or a new id), and its
+        # offset: an older image, or the empty one a learner starts over from after a drift,
+        # deletes nothing.
+        self._topic_ids: dict[str, str] = {}
+        self._topics_offset = -1
 
     # ------------------------------------------------------------------ time
 
@@ -124,12 +128,14 @@ class GroupCoordinator:
     async def on_metadata(self, image: MetadataImage) -> None:
         if self._closed:
             return
-        topics = image.topics
-        deleted = frozenset(name for name, topic_id in self._topic_ids.items()
-                            if name not in topics or topics[name].topic_id != topic_id)
-        self._topic_ids = {name: t.topic_id for name, t in topics.items()}
-        if deleted:
-            self._topics_deleted(deleted)
+        if image.offset > self._topics_offset:
+            topics = image.topics
+            deleted = frozenset(name for name, topic_id in self._topic_ids.items()
+                                if name not in topics or topics[name].topic_id != topic_id)
+            self._topic_ids = {name: t.topic_id for name, t in topics.items()}
+            self._topics_offset = image.offset
+            if deleted:
+                self._topics_deleted(deleted)
         leading: dict[int, int] = {}
         for info in image.topic_partitions(OFFSETS_TOPIC) if OFFSETS_TOPIC in image.topics else ():
             if info.leader == self.broker_id:
@@ -190,9 +196,11 @@ class GroupCoordinator:
                  state.partition, len(state.core.groups), len(stored), high_watermark,
                  time.monotonic() - started,
                  extra={"event": "groups.loaded", "partition": state.partition, "records": len(stored)})
-        # Topics deleted while another broker led this partition (or before a reload).
-        topics = self.requests.image().topics
-        gone = frozenset(t for group in state.core.groups.values() for t, _ in group.offsets if t not in topics)
+        # Topics deleted while another broker led this partition (or before a reload); not by
+        # an empty image (a learner starting over), which would delete every group's offsets.
+        image = self.requests.image()
+        gone = frozenset(t for group in state.core.groups.values() for t, _ in group.offsets
+                         if t not in image.topics) if image.offset >= 0 else frozenset()
         if gone:
             self._topics_deleted(gone, only=state)
 
