@@ -70,3 +70,14 @@ def test_bad_token_and_sync_client(quorum):
             admin.list_topics()
     with SyncAdminClient(leader.spec.api_url, TOKEN) as admin:
         assert admin.health().role == "leader"
+
+
+def test_set_maintenance_takes_a_bool_before_asking_anyone():
+    """The admin API refuses anything but JSON true or false; the client says so first, naming the
+    value (no controller is reached: the address answers nothing)."""
+    async def run() -> None:
+        async with AdminClient(urls="http://127.0.0.1:9", token=TOKEN) as admin:
+            for wrong in (1, 0, "yes", None):
+                with pytest.raises(ValueError, match="must be True or False"):
+                    await admin.set_maintenance(1, wrong)  # type: ignore[arg-type]
+    asyncio.run(run())

@@ -56,8 +56,10 @@ def test_cluster_file_is_found_by_data_dir_then_the_env_then_dot_biplane(tmp_pat
 def test_the_hint_after_no_answer_says_what_is_stopped_and_never_to_start_what_runs(tmp_path, monkeypatch):
     """After `biplane stop broker 1..3` the CLI said 'is the cluster running? Start it with biplane
     up', which then failed: a cluster already runs. The hint reads the cluster file's states."""
+    import dataplane.cluster.up as up
     monkeypatch.delenv("BIPLANE_CLUSTER", raising=False)
-    doc = {"status": "running", "brokers": {"1": {"state": "stopped"}, "2": {"state": "running"},
+    monkeypatch.setattr(up, "supervisor_alive", lambda doc: 4242 if doc.get("supervisor") else None)
+    doc = {"status": "running", "supervisor": {"pid": 4242}, "brokers": {"1": {"state": "stopped"}, "2": {"state": "running"},
                                             "3": {"state": "stopped"}},
            "controllers": {"1": {"state": "running"}}}
     (tmp_path / "cluster.json").write_text(json.dumps(doc))
@@ -68,6 +70,11 @@ def test_the_hint_after_no_answer_says_what_is_stopped_and_never_to_start_what_r
     assert "runs" in hint and "biplane cluster status" in hint and "biplane up" not in hint
     (tmp_path / "cluster.json").write_text(json.dumps({**doc, "status": "stopped"}))
     assert "Start it with `biplane up --detach`" in discovery.not_answering_hint(tmp_path, "brokers", "")
+    # Left 'running' by a supervisor killed with SIGKILL, or by a reboot: nothing runs.
+    (tmp_path / "cluster.json").write_text(json.dumps({**doc, "supervisor": None}))
+    assert "Start it with `biplane up --detach`" in discovery.not_answering_hint(tmp_path, "brokers", "")
+    (tmp_path / "cluster.json").write_text(json.dumps({**doc, "brokers": {"2": {"state": "stopped"}}}))
+    assert "but broker 2 was stopped" in discovery.not_answering_hint(tmp_path, "brokers", "")
     assert "Start it with `biplane up" in discovery.not_answering_hint(tmp_path / "none", "brokers", "")
 
 

@@ -161,6 +161,8 @@ class AdminClient:
     async def set_maintenance(self, broker_id: int, enabled: bool) -> BrokerOperations:
         """Maintenance on: the broker's leaderships move to other in-sync replicas (it stays in
         every ISR); off: it may lead again. Returns at once; `broker_operations` shows progress."""
+        if not isinstance(enabled, bool):
+            raise ValueError(f"enabled={enabled!r} must be True or False")
         return BrokerOperations.model_validate(await self.call(
             "POST", f"/v1/brokers/{_broker(broker_id)}/maintenance", {"enabled": enabled}))
 

@@ -79,11 +79,13 @@ def default_admin(data_dir: str | Path | None = None) -> tuple[list[str], str]:
 def not_answering_hint(data_dir: str | Path | None, kind: str, flag: str) -> str:
     """What to say when no `kind` ("brokers" or "controllers") of the cluster file in `data_dir`
     answered: which of them an operator stopped, or whether the cluster runs at all (its
-    supervisor records itself while it runs), so the hint never says to start what runs."""
+    supervisor records itself while it runs, and a file left by one killed or a reboot names a
+    process that is gone), so the hint never says to start what runs."""
+    from dataplane.cluster.up import supervisor_alive   # here: the CLI's other paths need none of it
     where = cluster_file_source(data_dir)[0].parent
     try:
         doc = load_cluster_file(data_dir)
-        running = doc.get("status") == "running"
+        running = doc.get("status") == "running" and supervisor_alive(doc) is not None
         stopped = sorted((int(i) for i, n in doc.get(kind, {}).items() if n.get("state") == "stopped"))
     except (NoClusterError, AttributeError, TypeError, ValueError):
         running, stopped = False, []
@@ -91,7 +93,8 @@ def not_answering_hint(data_dir: str | Path | None, kind: str, flag: str) -> str
         return f"; is the cluster in {where} running? Start it with `biplane up{flag} --detach`"
     one = kind.rstrip("s")
     if stopped:
-        return (f"; the cluster in {where} runs, but {kind} {', '.join(map(str, stopped))} were stopped: "
-                f"`biplane start {one} {stopped[0]}{flag}` starts one again")
+        which = f"{one} {stopped[0]} was" if len(stopped) == 1 else f"{kind} {', '.join(map(str, stopped))} were"
+        return (f"; the cluster in {where} runs, but {which} stopped: "
+                f"`biplane start {one} {stopped[0]}{flag}` starts it again")
     return (f"; the cluster in {where} runs: `biplane cluster status{flag}` shows whether its {kind} are up "
             "(a restarted one takes a few seconds)")
