@@ -517,8 +517,8 @@ def test_a_follower_long_poll_ends_for_records_not_for_a_new_high_watermark(tmp_
 def test_epoch_start_batch_and_producer_expiry_use_wall_clock_time(tmp_path):
     """The core's clock in a broker is wall-clock time: a new leader's epoch-start batch is
     stamped with it (a monotonic stamp looked decades old to retention, which then deleted
-    that segment, and made time lookups land there), and an idle producer's last batch
-    timestamp is compared with it."""
+    that segment, and made time lookups land there), and a producer's idle time is counted on
+    it, from its last batch written (not from that batch's own, older, timestamp)."""
     import time as _time
 
     from common.batch import build_batch, iter_batches
@@ -535,11 +535,13 @@ def test_epoch_start_batch_and_producer_expiry_use_wall_clock_time(tmp_path):
         release = await asyncio.wait_for(driver.submit_produce(bytearray(batch), acks=1, timeout_ms=5000), 10)
         had = 7 in state.producers
         driver.step(Tick(now_ms=driver.replica.now_ms + 60_000))
+        kept = 7 in state.producers   # written a minute ago: not idle, whatever its timestamp says
+        driver.step(Tick(now_ms=driver.replica.now_ms + state.producer_idle_ms_max + 1000))
         await driver.close()
-        return header, release, had, 7 in state.producers
-    header, release, had, kept = asyncio.run(scenario())
+        return header, release, had, kept, 7 in state.producers
+    header, release, had, kept, kept_later = asyncio.run(scenario())
     assert header.is_control and before <= header.max_timestamp <= int(_time.time() * 1000)
-    assert release.error is ErrorCode.NONE and had and not kept
+    assert release.error is ErrorCode.NONE and had and kept and not kept_later
 
 
 def test_follower_driver_told_the_leaders_log_starts_past_its_end_starts_its_log_over_there(tmp_path):
