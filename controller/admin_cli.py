@@ -333,9 +333,7 @@ def resolve_controller(args: argparse.Namespace) -> tuple[list[str], str | None,
     except (KeyError, TypeError, ValueError, AttributeError):
         raise CliError(f"{cluster_file_source(args.data_dir)[0]} lists no controllers' api_url; run "
                        "`biplane up` again to rewrite it") from None
-    data_dir = cluster_file_source(args.data_dir)[0].parent
-    flag = "" if args.data_dir is None and not os.environ.get("BIPLANE_CLUSTER") else f" --data-dir {data_dir}"
-    return urls, token or doc.get("admin_token"), not_answering_hint(args.data_dir, "controllers", flag)
+    return urls, token or doc.get("admin_token"), not_answering_hint(args.data_dir, "controllers")
 
 
 def client_of(args: argparse.Namespace) -> ApiClient:

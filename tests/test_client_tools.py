@@ -63,19 +63,19 @@ def test_the_hint_after_no_answer_says_what_is_stopped_and_never_to_start_what_r
                                             "3": {"state": "stopped"}},
            "controllers": {"1": {"state": "running"}}}
     (tmp_path / "cluster.json").write_text(json.dumps(doc))
-    hint = discovery.not_answering_hint(tmp_path, "brokers", " --data-dir X")
-    assert "brokers 1, 3 were stopped" in hint and "`biplane start broker 1 --data-dir X`" in hint
+    hint = discovery.not_answering_hint(tmp_path, "brokers")
+    assert "brokers 1, 3 were stopped" in hint and f"`biplane start broker 1 --data-dir {tmp_path}`" in hint
     assert "biplane up" not in hint
-    hint = discovery.not_answering_hint(tmp_path, "controllers", "")
+    hint = discovery.not_answering_hint(tmp_path, "controllers")
     assert "runs" in hint and "biplane cluster status" in hint and "biplane up" not in hint
     (tmp_path / "cluster.json").write_text(json.dumps({**doc, "status": "stopped"}))
-    assert "Start it with `biplane up --detach`" in discovery.not_answering_hint(tmp_path, "brokers", "")
+    assert f"Start it with `biplane up --data-dir {tmp_path} --detach`" in discovery.not_answering_hint(tmp_path, "brokers")
     # Left 'running' by a supervisor killed with SIGKILL, or by a reboot: nothing runs.
     (tmp_path / "cluster.json").write_text(json.dumps({**doc, "supervisor": None}))
-    assert "Start it with `biplane up --detach`" in discovery.not_answering_hint(tmp_path, "brokers", "")
+    assert f"Start it with `biplane up --data-dir {tmp_path} --detach`" in discovery.not_answering_hint(tmp_path, "brokers")
     (tmp_path / "cluster.json").write_text(json.dumps({**doc, "brokers": {"2": {"state": "stopped"}}}))
-    assert "but broker 2 was stopped" in discovery.not_answering_hint(tmp_path, "brokers", "")
-    assert "Start it with `biplane up" in discovery.not_answering_hint(tmp_path / "none", "brokers", "")
+    assert "but broker 2 was stopped" in discovery.not_answering_hint(tmp_path, "brokers")
+    assert "Start it with `biplane up" in discovery.not_answering_hint(tmp_path / "none", "brokers")
 
 
 def test_plan_defaults_and_resume_keeps_identity_and_free_ports(tmp_path):

@@ -58,15 +58,12 @@ def _address_args(p: argparse.ArgumentParser) -> None:
 
 def resolve_brokers(args: argparse.Namespace) -> Brokers:
     """The bootstrap addresses by the order ADDRESS_EPILOG gives. Raises NoClusterError."""
-    from dataplane.client.discovery import cluster_file_source, default_bootstrap, not_answering_hint
+    from dataplane.client.discovery import default_bootstrap, not_answering_hint
     given = args.bootstrap or (None if args.data_dir else os.environ.get("BIPLANE_BOOTSTRAP"))
     if given:
         return Brokers(bootstrap=given, hint="; is a broker running there? A `biplane up` cluster starts with "
                                              "`biplane up`, and --data-dir DIR finds it without an address")
-    bootstrap = default_bootstrap(args.data_dir)
-    data_dir = cluster_file_source(args.data_dir)[0].parent
-    flag = "" if args.data_dir is None and not os.environ.get("BIPLANE_CLUSTER") else f" --data-dir {data_dir}"
-    return Brokers(bootstrap=bootstrap, hint=not_answering_hint(args.data_dir, "brokers", flag))
+    return Brokers(bootstrap=default_bootstrap(args.data_dir), hint=not_answering_hint(args.data_dir, "brokers"))
 
 
 def _check_timeout(p: argparse.ArgumentParser, name: str, value: int | None, low: int = 1) -> None:

@@ -76,13 +76,15 @@ def default_admin(data_dir: str | Path | None = None) -> tuple[list[str], str]:
     return [c["api_url"] for _, c in sorted(doc["controllers"].items(), key=lambda kv: int(kv[0]))], doc["admin_token"]
 
 
-def not_answering_hint(data_dir: str | Path | None, kind: str, flag: str) -> str:
-    """What to say when no `kind` ("brokers" or "controllers") of the cluster file in `data_dir`
-    answered: which of them an operator stopped, or whether the cluster runs at all (its
-    supervisor records itself while it runs, and a file left by one killed or a reboot names a
-    process that is gone), so the hint never says to start what runs."""
+def not_answering_hint(data_dir: str | Path | None, kind: str) -> str:
+    """What to say when no `kind` ("brokers" or "controllers") of the cluster file found from
+    `data_dir` (the CLI's --data-dir, or None) answered: which of them an operator stopped, or
+    whether the cluster runs at all (its supervisor records itself while it runs, and a file
+    left by one killed or a reboot names a process that is gone), so the hint never says to
+    start what runs. The commands it names carry --data-dir unless ./.biplane finds it."""
     from dataplane.cluster.up import supervisor_alive   # here: the CLI's other paths need none of it
     where = cluster_file_source(data_dir)[0].parent
+    flag = "" if data_dir is None and not os.environ.get("BIPLANE_CLUSTER") else f" --data-dir {where}"
     try:
         doc = load_cluster_file(data_dir)
         running = doc.get("status") == "running" and supervisor_alive(doc) is not None
