@@ -4,6 +4,7 @@ ordering and drift handling, and the fetch session's express path."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from pydantic import ValidationError
@@ -111,6 +112,31 @@ def test_learner_applies_in_order_saves_and_restarts_from_its_image(tmp_path):
     assert learner.image.partition("t", 0).replicas == (1,)
     again = MetadataLearner(FakeControl(), data_dir=str(tmp_path))
     assert again.offset == 2 and again.image == learner.image
+
+
+def test_a_wait_for_a_metadata_offset_ends_when_the_learner_applies_it_or_at_its_timeout(tmp_path):
+    """Claim: wait_applied (what a Kafka admin write's answer awaits) returns True as soon as
+    the image reaches the offset, False once its timeout passes without it."""
+    recs = _records()
+    batches = [MetadataBatch(offset=1, records=((0, dump_record(recs[0])), (1, dump_record(recs[1])))),
+               MetadataBatch(offset=2, records=((2, dump_record(recs[2])),))]
+
+    async def scenario():
+        learner = MetadataLearner(FakeControl(), data_dir=str(tmp_path))
+        reached = asyncio.create_task(learner.wait_applied(2, 5000))
+        never = asyncio.create_task(learner.wait_applied(3, 300))
+        await asyncio.sleep(0.05)
+        assert not reached.done() and learner._offset_waiters
+        learner.control = FakeControl(batches)
+        task = asyncio.create_task(learner.run())
+        started = time.monotonic()
+        assert await reached is True
+        assert time.monotonic() - started < 1.0 and learner.offset == 2
+        assert await never is False
+        assert await learner.wait_applied(1, 0) is True   # already there: no wait
+        assert learner._offset_waiters == []
+        task.cancel()
+    asyncio.run(scenario())
 
 
 def test_an_empty_or_repeated_metadata_batch_keeps_the_same_image_object(tmp_path):

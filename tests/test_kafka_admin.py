@@ -217,3 +217,27 @@ def test_a_metadata_request_never_auto_creates_the_offsets_topic():
     assert run(admin.auto_create("__consumer_offsets", port, (1, 1))) is ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
     assert run(admin.auto_create("events", port, (1, 1))) is ErrorCode.LEADER_NOT_AVAILABLE
     assert [(what, arg.name) for what, arg in port.calls] == [("create", "events")]
+
+
+def test_a_settled_write_answers_after_the_broker_applied_it_or_after_its_bound():
+    """SettledPort: the answer waits for the broker's metadata to reach the write's offset, at
+    most settle_ms; past it the write (committed) is answered anyway; 0 waits not at all."""
+    asked: list[tuple[int, int]] = []
+
+    class Port(FakePort):
+        async def _call(self, what: str, name: str, arg: Any, validate_only: bool) -> AdminAnswer:
+            await super()._call(what, name, arg, validate_only)
+            return AdminAnswer(metadata_offset=None if validate_only else 41)
+
+    def applied_after(ok: bool):
+        async def applied(offset: int, timeout_ms: int) -> bool:
+            asked.append((offset, timeout_ms))
+            return ok
+        return applied
+
+    change = AlterConfigRequest(set={"retention_ms": 5})
+    assert run(admin.SettledPort(Port(), applied_after(True), 2000).alter_config("t", change)).metadata_offset == 41
+    assert run(admin.SettledPort(Port(), applied_after(False), 500).delete_topic("t")).metadata_offset == 41
+    run(admin.SettledPort(Port(), applied_after(True), 0).delete_topic("t"))
+    run(admin.SettledPort(Port(), applied_after(True), 2000).delete_topic("t", validate_only=True))
+    assert asked == [(41, 2000), (41, 500)]

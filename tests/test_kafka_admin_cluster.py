@@ -144,3 +144,36 @@ def test_auto_create_topics_makes_a_topic_a_client_names_with_the_brokers_defaul
         assert all(len(p["replicas"]) == 3 for p in topic["partitions"])
         for b in c.brokers.values():
             assert "Traceback" not in b.log_tail(400)
+
+
+def test_a_client_reads_its_admin_writes_back_from_the_broker_it_wrote_through(tmp_path):
+    """An admin write answers once the broker that forwarded it has applied it: a topic created
+    through a broker is described by that broker at once, and every config change is read back
+    at once, never the value before it (read your writes, as Redpanda's CreateTopics waits for
+    its metadata). Raw frames to one broker, so no client retries or picks another broker."""
+    from kafka_socket import KafkaSocket
+    with Cluster(tmp_path, brokers=3) as c:
+        sock = KafkaSocket(c.brokers[2].kafka_port)
+        try:
+            def describe(name: str) -> tuple[int, str | None]:
+                answer = sock.call(32, 1, {"include_synonyms": False, "resources": [
+                    {"resource_type": 2, "resource_name": name, "configuration_keys": ["retention.ms"]}]})
+                result, = answer.results
+                return int(result.error_code), (result.configs[0].value if result.configs else None)
+
+            for i in range(5):
+                created = sock.call(19, 4, {"timeout": 5000, "validate_only": False, "topics": [
+                    {"name": f"fresh-{i}", "num_partitions": 1, "replication_factor": 3, "assignments": [],
+                     "configs": [{"name": "retention.ms", "value": str(60_000 + i)}]}]})
+                assert [int(t.error_code) for t in created.topics] == [0]
+                assert describe(f"fresh-{i}") == (0, str(60_000 + i))
+
+            for i in range(20):
+                value = str(100_000 + i)
+                altered = sock.call(44, 0, {"validate_only": False, "resources": [
+                    {"resource_type": 2, "resource_name": "fresh-0", "configs": [
+                        {"name": "retention.ms", "config_operation": 0, "value": value}]}]})
+                assert [int(r.error_code) for r in altered.responses] == [0]
+                assert describe("fresh-0") == (0, value), f"change {i}: the broker described an older value"
+        finally:
+            sock.close()

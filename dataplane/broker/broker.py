@@ -171,7 +171,7 @@ class Broker:
         if c.kafka_port is not None:
             self._kafka_server = await start_kafka_server(
                 KafkaContext(requests=self.handler, control=self.control, broker_id=c.broker_id,
-                             cluster_id="biplane",
+                             cluster_id="biplane", applied=self.learner.wait_applied,
                              topic_defaults=TopicDefaults(partitions=c.default_partitions,
                                                           replication_factor=c.default_replication_factor,
                                                           auto_create=c.auto_create_topics)),

@@ -66,6 +66,7 @@ class MetadataLearner:
         self._wake = asyncio.Event()
         self._unheard = asyncio.Event()  # the image changed since listeners last heard of it
         self.lag = lag or MetadataLag()  # applied = the offset listeners have acted on
+        self._offset_waiters: list[tuple[int, asyncio.Future[None]]] = []
 
     @property
     def offset(self) -> int:
@@ -74,6 +75,31 @@ class MetadataLearner:
     def add_listener(self, listener: Listener) -> None:
         """Called with the new image after every applied batch, once caught up."""
         self._listeners.append(listener)
+
+    async def wait_applied(self, offset: int, timeout_ms: int) -> bool:
+        """True once the image is at `offset` or past it, False after `timeout_ms`. An admin write
+        a Kafka client made through this broker answers once it is here, so the client reads
+        its change back from this broker (Redpanda's CreateTopics waits likewise)."""
+        if self.image.offset >= offset:
+            return True
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiter = (offset, future)
+        self._offset_waiters.append(waiter)
+        try:
+            await asyncio.wait_for(future, timeout_ms / 1000)
+            return True
+        except asyncio.TimeoutError:
+            return False
+        finally:
+            if waiter in self._offset_waiters:
+                self._offset_waiters.remove(waiter)
+
+    def _release_offset_waiters(self) -> None:
+        reached = self.image.offset
+        for offset, future in self._offset_waiters:
+            if offset <= reached and not future.done():
+                future.set_result(None)
+        self._offset_waiters = [w for w in self._offset_waiters if not w[1].done()]
 
     def refresh_soon(self) -> None:
         """Cut the current long-poll short (someone saw a newer epoch than we know)."""
@@ -141,6 +167,8 @@ class MetadataLearner:
             if batch is None:
                 continue
             changed = self._apply(batch)
+            if self._offset_waiters:
+                self._release_offset_waiters()
             self._report_lag(self.lag.observe(now_ms=_now_ms(), committed=batch.offset))
             first = not self.caught_up.is_set()
             self.caught_up.set()

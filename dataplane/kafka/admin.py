@@ -14,6 +14,7 @@ is told with the Kafka names of the keys it quotes (configs.kafka_words).
 """
 from __future__ import annotations
 
+import datetime
 import logging
 from typing import Any, Awaitable, Callable, Protocol
 
@@ -86,6 +87,48 @@ class NoAdminPort:
     async def add_partitions(self, name: str, change: AddPartitionsRequest, *,
                              validate_only: bool = False) -> AdminAnswer:
         raise self._refuse()
+
+
+# How long an admin write's answer waits for this broker's metadata to reach the write: the
+# change committed already; the wait only lets the client read it back here at once.
+SETTLE_MS_MAX = 2000
+
+
+class SettledPort:
+    """An admin port whose writes answer once this broker has applied them (read your writes:
+    a DescribeConfigs after an AlterConfigs, or a Metadata after a CreateTopics, sent to the same
+    broker sees the change). Past `settle_ms` the write is answered anyway: it committed."""
+
+    def __init__(self, inner: AdminPort, applied: Callable[[int, int], Awaitable[bool]], settle_ms: int) -> None:
+        self.inner = inner
+        self.applied = applied
+        self.settle_ms = settle_ms
+
+    async def _settled(self, what: str, answer: AdminAnswer) -> AdminAnswer:
+        offset = answer.metadata_offset
+        if offset is not None and self.settle_ms > 0 and not await self.applied(offset, self.settle_ms):
+            log.info("%s committed at metadata offset %d but this broker had not applied it %d ms later; "
+                     "answered without it", what, offset, self.settle_ms,
+                     extra={"event": "kafka.admin_unsettled", "offset": offset})
+        return answer
+
+    async def create_topic(self, request: CreateTopicRequest, *, validate_only: bool = False) -> AdminAnswer:
+        return await self._settled(f"topic {request.name!r} creation",
+                                   await self.inner.create_topic(request, validate_only=validate_only))
+
+    async def delete_topic(self, name: str, *, validate_only: bool = False) -> AdminAnswer:
+        return await self._settled(f"topic {name!r} deletion",
+                                   await self.inner.delete_topic(name, validate_only=validate_only))
+
+    async def alter_config(self, name: str, change: AlterConfigRequest, *,
+                           validate_only: bool = False) -> AdminAnswer:
+        return await self._settled(f"topic {name!r} config change",
+                                   await self.inner.alter_config(name, change, validate_only=validate_only))
+
+    async def add_partitions(self, name: str, change: AddPartitionsRequest, *,
+                             validate_only: bool = False) -> AdminAnswer:
+        return await self._settled(f"topic {name!r} partition count change",
+                                   await self.inner.add_partitions(name, change, validate_only=validate_only))
 
 
 def _response(request: Request, values: dict[str, Any]) -> Answer:
@@ -262,33 +305,43 @@ async def incremental_alter_configs(request: Request, port: AdminPort) -> Answer
 
 # ------------------------------------------------------------------ registration
 
-def port_of(context: Context) -> AdminPort:
-    return context.control if context.control is not None else NoAdminPort()
+def port_of(context: Context, request: Request | None = None) -> AdminPort:
+    """The controller's admin port, its writes answered once this broker has them, within the
+    request's own timeout_ms where it has one (CreateTopics, DeleteTopics, CreatePartitions)."""
+    if context.control is None:
+        return NoAdminPort()
+    if context.applied is None:
+        return context.control
+    timeout = getattr(request.body, "timeout", None) if request is not None else None
+    settle_ms = SETTLE_MS_MAX
+    if isinstance(timeout, datetime.timedelta):
+        settle_ms = max(0, min(SETTLE_MS_MAX, int(timeout.total_seconds() * 1000)))
+    return SettledPort(context.control, context.applied, settle_ms)
 
 
 @register(CREATE_TOPICS, "CreateTopics", SERVED[CREATE_TOPICS])
 async def _create_topics(request: Request, context: Context) -> Answer:
-    return await create_topics(request, port_of(context), context.default_topic_shape())
+    return await create_topics(request, port_of(context, request), context.default_topic_shape())
 
 
 @register(DELETE_TOPICS, "DeleteTopics", SERVED[DELETE_TOPICS])
 async def _delete_topics(request: Request, context: Context) -> Answer:
-    return await delete_topics(request, port_of(context))
+    return await delete_topics(request, port_of(context, request))
 
 
 @register(CREATE_PARTITIONS, "CreatePartitions", SERVED[CREATE_PARTITIONS])
 async def _create_partitions(request: Request, context: Context) -> Answer:
-    return await create_partitions(request, port_of(context))
+    return await create_partitions(request, port_of(context, request))
 
 
 @register(ALTER_CONFIGS, "AlterConfigs", SERVED[ALTER_CONFIGS])
 async def _alter_configs(request: Request, context: Context) -> Answer:
-    return await alter_configs(request, port_of(context))
+    return await alter_configs(request, port_of(context, request))
 
 
 @register(INCREMENTAL_ALTER_CONFIGS, "IncrementalAlterConfigs", SERVED[INCREMENTAL_ALTER_CONFIGS])
 async def _incremental_alter_configs(request: Request, context: Context) -> Answer:
-    return await incremental_alter_configs(request, port_of(context))
+    return await incremental_alter_configs(request, port_of(context, request))
 
 
 @register(DESCRIBE_CONFIGS, "DescribeConfigs", SERVED[DESCRIBE_CONFIGS])

@@ -55,6 +55,8 @@ class Context:
     broker_id: int
     cluster_id: str
     topic_defaults: TopicDefaults = TopicDefaults()
+    # (metadata offset, timeout ms) -> whether this broker applied it in time (admin.SettledPort)
+    applied: Callable[[int, int], Awaitable[bool]] | None = None
 
     def effective_topic_defaults(self) -> TopicDefaults:
         """The broker's flags, overridden by the cluster's dynamic config where it is set
