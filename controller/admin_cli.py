@@ -307,6 +307,9 @@ def resolve_controller(args: argparse.Namespace) -> tuple[list[str], str | None,
     """(URLs, token, what to tell the user when none answers), by the order ADDRESS_EPILOG gives."""
     from dataplane.client.discovery import cluster_file_source, load_cluster_file, not_answering_hint
     from dataplane.client.errors import NoClusterError
+    if args.token is not None and not args.token.strip():
+        raise CliError("--token is empty: give the admin token, or leave --token out to use "
+                       "BIPLANE_ADMIN_TOKEN or the `biplane up` cluster's own")
     token = args.token or os.environ.get("BIPLANE_ADMIN_TOKEN")
     given = args.controller or (None if args.data_dir else os.environ.get("BIPLANE_CONTROLLER"))
     if given:
@@ -686,6 +689,9 @@ def broker_main(argv: list[str], prog: str) -> int:
         b = args.broker_id
         if b < 0:
             raise CliError(f"broker id {b} must be >= 0")
+        if getattr(args, "wait_timeout_ms", 1) < 1:
+            raise CliError(f"--wait-timeout-ms {args.wait_timeout_ms} must be at least 1 (or --no-wait to return "
+                           "once the controller accepted it)")
         if args.action == "operations":
             doc = api.call("GET", f"/v1/brokers/{b}/operations")
             return emit(args, doc, doc["message"] + _stuck(doc))

@@ -331,6 +331,23 @@ def test_unreachable_controller_and_brokers_are_named_within_the_timeout(silent_
         assert_clean(err)
 
 
+def test_an_empty_token_and_a_wait_timeout_below_one_are_refused_before_anything_is_asked(silent_port, tmp_path):
+    """`--token ""` used to fall back to the cluster's own token without a word, and
+    `--wait-timeout-ms -5` put a broker in maintenance, then gave up at once. Each is refused
+    with exit 1 and one line naming the flag, before the controller is asked (the silent port
+    would take the whole --timeout-ms)."""
+    cases = [(["topic", "list", "--token", ""], "--token is empty"),
+             (["broker", "maintenance", "on", "1", "--wait-timeout-ms", "-5"], "--wait-timeout-ms -5 must be at least 1")]
+    for args, expected in cases:
+        t0 = time.monotonic()
+        proc = subprocess.run([PYTHON, "-m", "common.cli", *args, "--controller", f"127.0.0.1:{silent_port}",
+                               "--timeout-ms", "20000"], cwd=tmp_path, capture_output=True, text=True,
+                              env=env_without_cluster(), timeout=60)
+        assert proc.returncode == 1 and expected in proc.stderr, (args, proc.stderr)
+        assert len(proc.stderr.strip().splitlines()) == 1 and time.monotonic() - t0 < 15, (args, proc.stderr)
+        assert_clean(proc.stderr)
+
+
 # ---------------------------------------------------------------- help and the example
 
 def _parsers(main, prog: str, argv: list[str], monkeypatch) -> list[argparse.ArgumentParser]:
