@@ -264,15 +264,36 @@ def test_alter_config_single_multi_noop_and_errors():
     assert alter_config(image, "t", AlterConfigRequest(set={"retention_ms": 5})) == \
         [ConfigChange(topic="t", key="retention_ms", value=5)]
     multi = alter_config(image, "t", AlterConfigRequest(
-        set={"commit_policy": "quorum", "quorum_required_acks": 3}))
+        set={"min_insync_replicas": 2, "durability": "write"}))
     assert isinstance(multi[0], AlterTopicConfig)
     apply(image, multi)
-    assert image.topics["t"].config.quorum_required_acks == 3
-    assert alter_config(image, "t", AlterConfigRequest(set={"quorum_required_acks": 3})) == []
+    assert image.topics["t"].config.min_insync_replicas == 2
+    assert alter_config(image, "t", AlterConfigRequest(set={"min_insync_replicas": 2})) == []
     with pytest.raises(InvalidConfigError) as exc:
         alter_config(image, "t", AlterConfigRequest(set={"retention_ms": 1},
                                                     reset=["retention_ms"]))
     assert exc.value.field == "retention_ms"
+
+
+@pytest.mark.parametrize("change", [{"commit_policy": "quorum"}, {"replication_mode": "push"},
+                                    {"quorum_required_acks": 3}, {"retention_ms": 5, "commit_policy": "quorum"}])
+def test_how_a_topic_replicates_and_commits_is_fixed_at_creation(change):
+    """Claim: an alter of commit_policy, replication_mode or quorum_required_acks is refused,
+    naming the key, both values and what to do; setting the value it has, or resetting a key
+    already at its default, changes nothing and is no error."""
+    image = cluster(3)
+    add_topic(image, "t", [[1, 2, 3]])
+    add_topic(image, "q", [[1, 2, 3]], commit_policy="quorum", quorum_required_acks=2)
+    name = "q" if "quorum_required_acks" in change else "t"
+    with pytest.raises(InvalidConfigError) as refused:
+        alter_config(image, name, AlterConfigRequest(set=change))
+    key = next(k for k in change if k != "retention_ms")
+    assert refused.value.field == key and "fixed at creation" in str(refused.value)
+    assert "Create a new topic" in str(refused.value)
+    assert alter_config(image, "t", AlterConfigRequest(set={"commit_policy": "isr"})) == []
+    assert alter_config(image, "t", AlterConfigRequest(reset=["replication_mode"])) == []
+    assert alter_config(image, "q", AlterConfigRequest(set={"quorum_required_acks": 2, "retention_ms": 5})) == \
+        [AlterTopicConfig(topic="q", changes={"quorum_required_acks": 2, "retention_ms": 5})]
 
 
 # ---- sessions: fence, unfence, register ----------------------------------------

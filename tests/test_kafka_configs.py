@@ -36,7 +36,9 @@ def test_a_changed_value_is_described_as_set_on_the_topic():
     described = entries(config)
     assert described["retention.ms"].value == "60000" and described["retention.ms"].source == "TOPIC"
     assert described["flush.messages"].value == str(LONG_MAX) and described["flush.messages"].source == "TOPIC"
-    assert described["flush.ms"].value == str(LONG_MAX)
+    # Replicas fsync flush_debounce_ms after a write under either durability, not never.
+    assert described["flush.ms"].value == "5" and described["flush.ms"].source == "DEFAULT"
+    assert entries(make_topic_config({"flush_debounce_ms": 40}))["flush.ms"].value == "40"
     assert described["biplane.commit.policy"].source == "TOPIC"
     assert described["segment.bytes"].source == "DEFAULT"
 
@@ -122,7 +124,9 @@ def test_create_config_leaves_out_nulls():
 def test_alter_configs_replaces_every_setting_incremental_only_the_named():
     whole = configs.alter_request({"retention.ms": "5"}, replace_all=True)
     assert whole.set == {"retention_ms": 5}
-    assert "segment_bytes" in whole.reset and "commit_policy" in whole.reset and "retention_ms" not in whole.reset
+    assert "segment_bytes" in whole.reset and "durability" in whole.reset and "retention_ms" not in whole.reset
+    # How the topic replicates and commits is fixed at creation: a whole replace leaves it be.
+    assert not {"commit_policy", "replication_mode", "quorum_required_acks"} & set(whole.reset)
     some = configs.alter_request(configs.incremental_entries([("retention.ms", 0, "5"), ("segment.ms", 1, None)]),
                                  replace_all=False)
     assert some.set == {"retention_ms": 5} and some.reset == ["segment_ms"]

@@ -222,6 +222,25 @@ def test_min_insync_replicas_refuses_and_fails_after_append():
     assert nodes[1].released()[2].error is ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND
 
 
+def test_a_config_change_of_a_partition_that_did_not_change_applies_at_once():
+    """Claim: metadata with the same epochs and a new topic config (an alter: the controller
+    bumps no epoch for it) is taken: a raised min_insync_replicas refuses the next acks=all.
+    The core kept the config of its last epoch change, so an alter applied only at the next
+    leader or ISR change."""
+    nodes = cluster(config(), st=state(isr=(1, 2)))
+    produce(nodes[1], 1, -1)
+    pump(nodes)
+    assert nodes[1].released()[1].error is ErrorCode.NONE
+    nodes[1].step(NewMetadata(partition=state(isr=(1, 2)), config=config(min_insync_replicas=3)))
+    produce(nodes[1], 2, -1)
+    assert nodes[1].released()[2].error is ErrorCode.NOT_ENOUGH_REPLICAS
+    # Older news of the same leader epoch changes nothing.
+    nodes[1].step(NewMetadata(partition=state(isr=(1, 2), pepoch=2), config=config(min_insync_replicas=3)))
+    nodes[1].step(NewMetadata(partition=state(isr=(1, 2), pepoch=1), config=config()))
+    produce(nodes[1], 3, -1)
+    assert nodes[1].released()[3].error is ErrorCode.NOT_ENOUGH_REPLICAS
+
+
 def test_produce_times_out_on_tick():
     """Claim: an acks=all request still waiting at its deadline is released with REQUEST_TIMED_OUT."""
     nodes = cluster()
@@ -935,6 +954,30 @@ def test_lazy_flush_asks_followers_to_flush_only_on_chunks_reaching_a_waiting_ac
     produce(leader2, 1, 1, b"a")
     leader2.step(FetchRequest(replica_id=2, fetch_offset=0, current_leader_epoch=1))
     assert not [m for m in leader2.sent() if isinstance(m, FetchResponse)][-1].flush_after_append
+
+
+def test_a_followers_lazy_flush_waits_the_topics_flush_debounce_and_follows_its_changes():
+    """Claim: the follower's lazy flush runs the topic's flush_debounce_ms after its first
+    unflushed write (the replica's own 5 ms only when the topic names none), and a changed
+    value applies to the live replica. The topic's setting was described and altered but never
+    read: every replica flushed after 5 ms."""
+    def follower_flushes(cfg: ReplicationConfig, at_ms: int, *, change: ReplicationConfig | None = None):
+        follower = Node(2, auto_flush=False)
+        follower.step(NewMetadata(partition=state(isr=(1, 2)), config=cfg))
+        if change is not None:
+            follower.step(NewMetadata(partition=state(isr=(1, 2)), config=change))
+        follower.take(Send)
+        follower.step(FetchResponse(leader_id=1, leader_epoch=1, fetch_offset=0, last_fetched_epoch=-1,
+                                    records=batch(b"a"), high_watermark=0, log_end_offset=1, partition=None))
+        follower.step(Tick(now_ms=at_ms - 1))
+        before = [a for a in follower.actions if isinstance(a, Flush)]
+        follower.step(Tick(now_ms=at_ms))
+        return len(before), len([a for a in follower.actions if isinstance(a, Flush)])
+
+    assert follower_flushes(config(), 5) == (0, 1)
+    assert follower_flushes(config(flush_debounce_ms=200), 200) == (0, 1)
+    assert follower_flushes(config(flush_debounce_ms=200), 5) == (0, 0)
+    assert follower_flushes(config(), 50, change=config(flush_debounce_ms=50)) == (0, 1)
 
 
 # ----------------------------------------------------------- backpressure

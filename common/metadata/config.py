@@ -37,6 +37,13 @@ TOPIC_NAME_PATTERN = f"^[A-Za-z0-9._-]{{1,{TOPIC_NAME_LENGTH_MAX}}}$"
 # which is what add-partitions and reassignment are for.
 IMMUTABLE_KEYS = frozenset({"partitions", "replication_factor"})
 
+# How a partition replicates and commits, fixed when its topic is created. An ISR and a quorum
+# differ in which replicas must hold a committed record, so switching a live partition could
+# elect a replica that lacks acknowledged records (an isr topic's record committed on its ISR
+# of one, then a quorum election among the others); a larger quorum likewise no longer meets
+# every quorum that committed earlier records.
+PROTOCOL_KEYS = ("replication_mode", "commit_policy", "quorum_required_acks")
+
 
 class TopicConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -213,6 +220,18 @@ def make_topic_config(values: Mapping[str, Any]) -> TopicConfig:
     except ValidationError as exc:
         _raise_from(exc, normalized)
         raise  # unreachable: _raise_from always raises
+
+
+def refuse_protocol_change(topic: str, old: TopicConfig, new: TopicConfig) -> None:
+    """An alter that would change how the topic's live partitions replicate or commit is refused."""
+    for key in PROTOCOL_KEYS:
+        before, after = getattr(old, key), getattr(new, key)
+        if before != after:
+            raise InvalidConfigError(
+                f"topic config '{key}' of topic {topic!r} is fixed at creation ({before}; asked: {after}): "
+                "changing how live partitions replicate or commit could lose acknowledged records. Create a "
+                f"new topic with {key}={after} and move producers and consumers to it",
+                field=key, value=after)
 
 
 def apply_config_changes(config: TopicConfig, changes: Mapping[str, Any]) -> TopicConfig:

@@ -8,6 +8,7 @@ from typing import Any
 from common.metadata.config import (
     IMMUTABLE_KEYS,
     apply_config_changes,
+    refuse_protocol_change,
     is_internal,
     make_topic_config,
     normalize_key,
@@ -194,6 +195,7 @@ def alter_config(image: MetadataImage, topic: str, request: AlterConfigRequest) 
     new_config = apply_config_changes(info.config, changes)
     if new_config == info.config:
         return []
+    refuse_protocol_change(topic, info.config, new_config)
     if is_internal(topic) and "cleanup_policy" in changes and new_config.cleanup_policy != "compact":
         # Retention would delete groups' last commits; only compaction keeps each key's latest.
         raise InvalidConfigError(

@@ -22,7 +22,7 @@ import dataclasses
 from typing import Any, Iterable, Literal, Mapping
 
 from common.errors import InvalidConfigError, InvalidFieldError
-from common.metadata.config import TopicConfig, normalize_key
+from common.metadata.config import PROTOCOL_KEYS, TopicConfig, normalize_key
 from common.requests import AlterConfigRequest
 
 LONG_MAX = 2**63 - 1
@@ -85,9 +85,9 @@ FIXED: dict[str, _Fixed] = {
 BIPLANE_KEYS: tuple[str, ...] = ("replication_mode", "commit_policy", "quorum_required_acks", "durability",
                                  "flush_debounce_ms", "replica_lag_time_max_ms")
 
-# Kafka's flush policy, derived from biplane.durability: with fsync every batch is on disk
-# before it is acknowledged (flush.messages=1); with write it is left to the OS (Kafka's
-# defaults, Long.MAX_VALUE).
+# Kafka's flush policy: with biplane.durability=fsync every batch is on disk before it is
+# acknowledged (flush.messages=1); with write no count forces a flush (Long.MAX_VALUE, Kafka's
+# default). flush.ms is biplane.flush.debounce.ms: replicas fsync that long after a write.
 FLUSH_KEYS = ("flush.messages", "flush.ms")
 
 
@@ -145,8 +145,9 @@ def describe(config: TopicConfig, names: Iterable[str] | None = None) -> list[Co
     fsync = config.durability == "fsync"
     entries["flush.messages"] = ConfigEntry(name="flush.messages", value=_text(1 if fsync else LONG_MAX),
                                             source=source("durability"), read_only=False, config_type=LONG)
-    entries["flush.ms"] = ConfigEntry(name="flush.ms", value=_text(config.flush_debounce_ms if fsync else LONG_MAX),
-                                      source=source("durability"), read_only=True, config_type=LONG)
+    # Under either durability a replica fsyncs what it wrote flush_debounce_ms later (lazy flush).
+    entries["flush.ms"] = ConfigEntry(name="flush.ms", value=_text(config.flush_debounce_ms),
+                                      source=source("flush_debounce_ms"), read_only=True, config_type=LONG)
     for key in BIPLANE_KEYS:
         name = biplane_name(key)
         entries[name] = ConfigEntry(name=name, value=_text(getattr(config, key)), source=source(key),
@@ -255,7 +256,8 @@ def alter_request(entries: Mapping[str, str | None], *, replace_all: bool) -> Al
     changes = to_biplane(entries)
     reset = [k for k, v in changes.items() if v is None]
     if replace_all:
-        settable = [k.biplane for k in KAFKA_KEYS.values()] + list(BIPLANE_KEYS)
+        # The replication protocol is not reset: like the partition count, it is fixed at creation.
+        settable = [k.biplane for k in KAFKA_KEYS.values()] + [k for k in BIPLANE_KEYS if k not in PROTOCOL_KEYS]
         reset += [k for k in settable if k not in changes]
     return AlterConfigRequest(set={k: v for k, v in changes.items() if v is not None}, reset=sorted(set(reset)))
 

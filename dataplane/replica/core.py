@@ -299,8 +299,14 @@ class Replica(ProduceAdmission, PushMixin):
             if st.leader_epoch < self.leader_epoch:
                 return  # older news; the controller's decisions only move forward
             if (st.leader_epoch, st.partition_epoch) == (self.leader_epoch, self.partition_epoch):
+                # The partition is as it was: which replicas are fenced, or its topic's config (an
+                # alter), changed. How it replicates and commits is fixed at creation
+                # (common.metadata.config.PROTOCOL_KEYS); the rest, min_insync_replicas above
+                # all, applies from here, as in Kafka.
                 self.fenced_replicas = frozenset(ev.fenced_replicas)
-            if st.leader_epoch == self.leader_epoch and st.partition_epoch <= self.partition_epoch:
+                self.config = ev.config
+                return
+            if st.leader_epoch == self.leader_epoch and st.partition_epoch < self.partition_epoch:
                 return
         new_epoch = st.leader_epoch > self.leader_epoch or self.state is None
         old_isr = self.state.isr if self.state is not None else ()
@@ -986,6 +992,11 @@ class Replica(ProduceAdmission, PushMixin):
             # nobody, and an extra fetch for it would race the next records; it rides on the
             # next fetch.
 
+    def _debounce_ms(self) -> int:
+        """The topic's flush_debounce_ms, else the replica's own."""
+        topic = self.config.flush_debounce_ms
+        return self.flush_debounce_ms if topic is None else topic
+
     def _request_flush(self) -> None:
         if self._flush_requested >= self.log_end_offset:
             return  # a flush already asked for covers it
@@ -1026,7 +1037,7 @@ class Replica(ProduceAdmission, PushMixin):
         if expiry is not None:
             due.append(self.now_ms + max(expiry - self.wall_ms, 0))
         if self._unflushed_since_ms is not None and self.flushed_offset < self.log_end_offset:
-            due.append(self._unflushed_since_ms + self.flush_debounce_ms)
+            due.append(self._unflushed_since_ms + self._debounce_ms())
         if self.role is Role.LEADER:
             due += [p.deadline_ms for p in self.pending.values()]
             due += [deadline_ms for _, deadline_ms in self._held.values()]
@@ -1144,7 +1155,7 @@ class Replica(ProduceAdmission, PushMixin):
             self._still_fetching(news)
         self.producer_state.expire(self.wall_ms)
         if (self._unflushed_since_ms is not None and self.flushed_offset < self.log_end_offset
-                and self.now_ms - self._unflushed_since_ms >= self.flush_debounce_ms):
+                and self.now_ms - self._unflushed_since_ms >= self._debounce_ms()):
             self._unflushed_since_ms = None
             self._request_flush()
         if self.role is Role.LEADER:

@@ -52,6 +52,8 @@ class TopicConfigView(Protocol):
     @property
     def replication_mode(self) -> str: ...
     @property
+    def flush_debounce_ms(self) -> int: ...
+    @property
     def compacted(self) -> bool: ...
 
 
@@ -101,6 +103,9 @@ class ReplicationConfig:
     # A compacted topic (cleanup_policy has compact): compaction keeps the latest record per
     # key, so a record without one is refused at produce (INVALID_RECORD), as Kafka does.
     keys_required: bool = False
+    # How long a follower gathers writes before one fsync (lazy flush); None: the replica's own
+    # default (its constructor's flush_debounce_ms).
+    flush_debounce_ms: int | None = None
 
     def __post_init__(self) -> None:
         if self.commit_policy not in COMMIT_POLICIES:
@@ -127,7 +132,8 @@ class ReplicationConfig:
                    durability=config.durability,
                    replica_lag_time_max_ms=config.replica_lag_time_max_ms,
                    replication_mode=config.replication_mode,
-                   keys_required=config.compacted)
+                   keys_required=config.compacted,
+                   flush_debounce_ms=config.flush_debounce_ms)
 
 
 class Role(enum.Enum):
