@@ -376,9 +376,10 @@ def emit(args: argparse.Namespace, doc: Any, text: str) -> str:
 CONFIG_KEY_MEANINGS: dict[str, str] = {
     "partitions": "partition count; fixed after creation (grow it with add-partitions)",
     "replication_factor": "replicas per partition; fixed after creation (change it by reassignment)",
-    "replication_mode": "pull (followers fetch, Kafka) or push (the leader sends, Redpanda)",
-    "commit_policy": "isr (every in-sync replica stores it, Kafka) or quorum (any quorum_required_acks do)",
-    "quorum_required_acks": "q for quorum topics, 1 < q <= RF (default: a majority of RF)",
+    "replication_mode": "pull (followers fetch, Kafka) or push (the leader sends, Redpanda); fixed after creation",
+    "commit_policy": "isr (every in-sync replica stores it, Kafka) or quorum (any quorum_required_acks do); "
+                     "fixed after creation",
+    "quorum_required_acks": "q for quorum topics, 1 < q <= RF (default: a majority of RF); fixed after creation",
     "min_insync_replicas": "isr topics refuse acks=all with NOT_ENOUGH_REPLICAS when the ISR is smaller",
     "durability": "fsync (count only flushed records toward the high watermark) or write",
     "unclean_leader_election": "isr topics may elect a replica outside the ISR (may lose acknowledged records)",

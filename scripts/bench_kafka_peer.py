@@ -393,7 +393,11 @@ def create_topic(side_name: str, side: Side, topic: str, *, partitions: int, con
     wait_for(ready, TOPIC_TIMEOUT_S, f"{side_name} topic {topic}: a leader and 3 in-sync replicas per partition",
              alive=side.check_alive)
     resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
-    described = admin.describe_configs([resource], request_timeout=30)[resource].result(timeout=30)
+    # The broker asked may not have applied the topic yet (Kafka's brokers lag their controller
+    # the same way): ask again until it has.
+    described = wait_for(lambda: admin.describe_configs([resource], request_timeout=30)[resource].result(timeout=30),
+                         TOPIC_TIMEOUT_S, f"{side_name} topic {topic}: its configs described",
+                         alive=side.check_alive)
     value = int(described["flush.messages"].value)
     if value != flush_messages:
         raise BenchError(f"{side_name}: topic {topic} describes flush.messages={value}, the pairing needs "
