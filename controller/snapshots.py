@@ -131,7 +131,7 @@ def rows_from_image(
         ))
     topics, topic_configs, partitions, replicas = [], [], [], []
     for topic_name, topic in sorted(image.topics.items()):
-        config = topic.config.model_dump(mode="json")
+        config = topic.config.in_force()
         topics.append((topic_name, topic.partition_count, topic.config.replication_factor))
         for key, value in sorted(config.items()):
             topic_configs.append((topic_name, key, value if isinstance(value, str) else json.dumps(value)))

@@ -38,7 +38,7 @@ def partition_view(p: Any) -> PartitionView:
 def topic_detail(image: MetadataImage, name: str, *, metadata_offset: int | None) -> TopicDetail:
     t = image.topics[name]
     return TopicDetail(name=t.name, topic_id=t.topic_id, metadata_offset=metadata_offset,
-                       config=t.config.model_dump(mode="json"),
+                       config=t.config.in_force(),
                        partitions=[partition_view(p) for p in image.topic_partitions(name)])
 
 

@@ -37,7 +37,9 @@ def test_a_changed_value_is_described_as_set_on_the_topic():
     assert described["retention.ms"].value == "60000" and described["retention.ms"].source == "TOPIC"
     assert described["flush.messages"].value == str(LONG_MAX) and described["flush.messages"].source == "TOPIC"
     # Replicas fsync flush_debounce_ms after a write under either durability, not never.
-    assert described["flush.ms"].value == "5" and described["flush.ms"].source == "DEFAULT"
+    assert described["flush.ms"].value == "100" and described["flush.ms"].source == "DEFAULT"   # write's own
+    assert described["biplane.flush.debounce.ms"].value == "100"
+    assert entries(make_topic_config({}))["flush.ms"].value == "5"   # fsync's
     assert entries(make_topic_config({"flush_debounce_ms": 40}))["flush.ms"].value == "40"
     assert described["biplane.commit.policy"].source == "TOPIC"
     assert described["segment.bytes"].source == "DEFAULT"

@@ -136,3 +136,21 @@ def test_cleanup_policy_takes_kafkas_list_in_any_order_and_resets_to_delete():
     compact = apply_config_changes(config, {"cleanup_policy": "compact"})
     assert compact.compacted and not compact.retention_deletes
     assert apply_config_changes(compact, {"cleanup_policy": None}).cleanup_policy == "delete"
+
+
+def test_the_flush_debounce_a_topic_does_not_set_follows_its_durability():
+    """Claim: without flush_debounce_ms a topic waits 5 ms under fsync (its acks=0/1 records
+    are readable once flushed) and 100 ms under write (a flush is news to nobody there); an
+    alter of durability moves that default along, a value the topic sets stays, and what the
+    replicas take (ReplicationConfig) and the admin API shows is the value in force."""
+    from dataplane.replica.state import ReplicationConfig
+    fsync, write = make_topic_config({}), make_topic_config({"durability": "write"})
+    assert (fsync.flush_debounce_ms, write.flush_debounce_ms) == (None, None)
+    assert (fsync.effective_flush_debounce_ms, write.effective_flush_debounce_ms) == (5, 100)
+    assert apply_config_changes(fsync, {"durability": "write"}).effective_flush_debounce_ms == 100
+    assert apply_config_changes(write, {"durability": "fsync"}).effective_flush_debounce_ms == 5
+    pinned = apply_config_changes(write, {"flush_debounce_ms": 20})
+    assert apply_config_changes(pinned, {"durability": "fsync"}).effective_flush_debounce_ms == 20
+    assert apply_config_changes(pinned, {"flush_debounce_ms": None}).effective_flush_debounce_ms == 100
+    assert ReplicationConfig.from_topic_config(write).flush_debounce_ms == 100
+    assert write.in_force()["flush_debounce_ms"] == 100 and pinned.in_force()["flush_debounce_ms"] == 20

@@ -44,6 +44,10 @@ IMMUTABLE_KEYS = frozenset({"partitions", "replication_factor"})
 # every quorum that committed earlier records.
 PROTOCOL_KEYS = ("replication_mode", "commit_policy", "quorum_required_acks")
 
+# A topic's flush_debounce_ms when it sets none, by durability (TopicConfig.effective_flush_debounce_ms).
+FLUSH_DEBOUNCE_MS_FSYNC = 5
+FLUSH_DEBOUNCE_MS_WRITE = 100
+
 
 class TopicConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -61,7 +65,9 @@ class TopicConfig(BaseModel):
     retention_bytes: int = Field(default=-1, ge=-1, le=INT64_MAX)
     segment_bytes: int = Field(default=128 * 1024 * 1024, ge=SEGMENT_BYTES_MIN, le=2**31 - 1)
     segment_ms: int = Field(default=7 * DAY_MS, ge=1, le=INT64_MAX)
-    flush_debounce_ms: int = Field(default=5, ge=0, le=60_000)
+    # How long a replica gathers writes before one fsync (lazy flush); None: by durability,
+    # see effective_flush_debounce_ms.
+    flush_debounce_ms: int | None = Field(default=None, ge=0, le=60_000)
     max_message_bytes: int = Field(default=1024 * 1024 + 12, ge=1, le=2**31 - 1)
     replica_lag_time_max_ms: int = Field(default=10_000, ge=1, le=INT64_MAX)
     # Kafka's cleanup.policy: which of retention (delete) and log compaction (compact) remove
@@ -87,6 +93,21 @@ class TopicConfig(BaseModel):
         if len(words) == 1 and words <= {"compact", "delete"}:
             return words.pop()
         raise ValueError("cleanup_policy takes delete, compact or compact,delete (both, comma-separated)")
+
+    @property
+    def effective_flush_debounce_ms(self) -> int:
+        """flush_debounce_ms, or its default for the topic's durability: under fsync the high
+        watermark counts only flushed records, so acks=0/1 records are readable once flushed
+        and the wait is kept short; under write a flush is news to nobody and only bounds what
+        a power loss of every replica at once could take (Redpanda's lazy flush waits 100 ms)."""
+        if self.flush_debounce_ms is not None:
+            return self.flush_debounce_ms
+        return FLUSH_DEBOUNCE_MS_FSYNC if self.durability == "fsync" else FLUSH_DEBOUNCE_MS_WRITE
+
+    def in_force(self) -> dict[str, Any]:
+        """Every setting with the value in force (defaults resolved), as the admin API and the
+        snapshots' tables show a topic's config."""
+        return {**self.model_dump(mode="json"), "flush_debounce_ms": self.effective_flush_debounce_ms}
 
     @property
     def compacted(self) -> bool:

@@ -146,11 +146,12 @@ def describe(config: TopicConfig, names: Iterable[str] | None = None) -> list[Co
     entries["flush.messages"] = ConfigEntry(name="flush.messages", value=_text(1 if fsync else LONG_MAX),
                                             source=source("durability"), read_only=False, config_type=LONG)
     # Under either durability a replica fsyncs what it wrote flush_debounce_ms later (lazy flush).
-    entries["flush.ms"] = ConfigEntry(name="flush.ms", value=_text(config.flush_debounce_ms),
+    entries["flush.ms"] = ConfigEntry(name="flush.ms", value=_text(config.effective_flush_debounce_ms),
                                       source=source("flush_debounce_ms"), read_only=True, config_type=LONG)
     for key in BIPLANE_KEYS:
         name = biplane_name(key)
-        entries[name] = ConfigEntry(name=name, value=_text(getattr(config, key)), source=source(key),
+        value = config.effective_flush_debounce_ms if key == "flush_debounce_ms" else getattr(config, key)
+        entries[name] = ConfigEntry(name=name, value=_text(value), source=source(key),
                                     read_only=False, config_type=_config_type(key))
     if names is None:
         return [entries[n] for n in sorted(entries)]

@@ -52,7 +52,7 @@ class TopicConfigView(Protocol):
     @property
     def replication_mode(self) -> str: ...
     @property
-    def flush_debounce_ms(self) -> int: ...
+    def effective_flush_debounce_ms(self) -> int: ...
     @property
     def compacted(self) -> bool: ...
 
@@ -133,7 +133,7 @@ class ReplicationConfig:
                    replica_lag_time_max_ms=config.replica_lag_time_max_ms,
                    replication_mode=config.replication_mode,
                    keys_required=config.compacted,
-                   flush_debounce_ms=config.flush_debounce_ms)
+                   flush_debounce_ms=config.effective_flush_debounce_ms)
 
 
 class Role(enum.Enum):

@@ -225,7 +225,7 @@ class Simulation:
         self.node_ids = tuple(range(1, n + 1))
         q = self.rng.randint(2, n) if policy == "quorum" else None
         topic = TopicConfig(replication_factor=n, commit_policy=policy, durability=durability,
-                            quorum_required_acks=q, min_insync_replicas=2,
+                            quorum_required_acks=q, min_insync_replicas=2, flush_debounce_ms=15,
                             replica_lag_time_max_ms=REPLICA_LAG_TIME_MAX_MS, replication_mode=self.mode)
         # Small fetches make catch-up take many round trips: more interleavings.
         self.fetch_max_bytes = self.rng.choice((100, 250, 1000, 1 << 20))
