@@ -12,7 +12,7 @@ alternating Kafka and Biplane round by round, with the same producer settings (a
 - `write`: Kafka's default flush policy (the OS writes the page cache back; no fsync per
   write) against a Biplane topic with `biplane.durability=write` (acknowledged once
   written on the in-sync replicas; each replica still fsyncs lazily, after
-  `biplane.flush.debounce.ms`, 5 ms by default, which Kafka's default never does);
+  `biplane.flush.debounce.ms`, 100 ms by default under write, which Kafka's default never does);
 - `fsync`: Kafka with `flush.messages=1` (every append fsynced, on the leader and on each
   follower) against Biplane's default durability (`fsync`).
 
