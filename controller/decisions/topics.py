@@ -8,11 +8,11 @@ from typing import Any
 from common.metadata.config import (
     IMMUTABLE_KEYS,
     apply_config_changes,
-    refuse_protocol_change,
     is_internal,
     make_topic_config,
     normalize_key,
     refuse_internal,
+    refuse_protocol_change,
     validate_topic_name,
 )
 from common.errors import (
