@@ -150,8 +150,15 @@ def ids(values: list[int]) -> str:
     return ",".join(str(v) for v in values) or "-"
 
 
+def leader_cell(p: dict) -> Any:
+    """A quorum election under way has no leader yet: say so rather than show none."""
+    if p["leader"] is None and p.get("fenced_for_election"):
+        return "electing"
+    return p["leader"]
+
+
 def partition_rows(partitions: list[dict]) -> list[list[Any]]:
-    return [[p["topic"], p["partition"], p["leader"], ids(p["replicas"]), ids(p["isr"]), p["leader_epoch"],
+    return [[p["topic"], p["partition"], leader_cell(p), ids(p["replicas"]), ids(p["isr"]), p["leader_epoch"],
              p["partition_epoch"], ids(p.get("adding", [])), ids(p.get("removing", []))] for p in partitions]
 
 
@@ -873,7 +880,11 @@ def elect_main(argv: list[str], prog: str) -> int:
         doc = api.call("POST", "/v1/elections/preferred", body)
         if not doc["elected"]:
             return emit(args, doc, "every partition is already led by its preferred replica")
-        return emit(args, doc, table(partition_rows(doc["elected"]), PARTITION_HEADERS))
+        text = table(partition_rows(doc["elected"]), PARTITION_HEADERS)
+        if any(leader_cell(p) == "electing" for p in doc["elected"]):
+            text += ("\n'electing': a quorum topic's partition is electing its new leader from its replicas' "
+                     "reports; `biplane topic describe TOPIC` shows who won")
+        return emit(args, doc, text)
 
     return run(go, argv, prog, parser)
 

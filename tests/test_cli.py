@@ -433,6 +433,18 @@ def test_tables_show_settings_as_a_user_types_them_back():
         .splitlines()[1:] == ["unclean_leader_election  true", "compacted                false", "x                        -"]
 
 
+def test_a_partition_electing_its_leader_says_so_instead_of_showing_no_leader():
+    """A quorum topic's preferred election fences the partition first: `biplane elect` and
+    `topic describe` showed its leader as '-', which reads as a partition without a leader."""
+    from controller.admin_cli import partition_rows
+    base = {"topic": "t", "partition": 0, "replicas": [1, 2, 3], "isr": [1, 2, 3], "leader_epoch": 4,
+            "partition_epoch": 9}
+    rows = partition_rows([{**base, "leader": None, "fenced_for_election": True},
+                           {**base, "leader": None, "fenced_for_election": False},
+                           {**base, "leader": 2, "fenced_for_election": False}])
+    assert [row[2] for row in rows] == ["electing", None, 2]
+
+
 def test_topic_create_help_lists_every_config_key(capsys):
     from common.metadata.config import VALID_KEYS
     from controller.admin_cli import topic_main
