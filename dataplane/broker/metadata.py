@@ -95,11 +95,11 @@ class MetadataLearner:
                 self._offset_waiters.remove(waiter)
 
     def _release_offset_waiters(self) -> None:
+        """Wake the waiters the image has reached; each removes itself (wait_applied)."""
         reached = self.image.offset
         for offset, future in self._offset_waiters:
             if offset <= reached and not future.done():
                 future.set_result(None)
-        self._offset_waiters = [w for w in self._offset_waiters if not w[1].done()]
 
     def refresh_soon(self) -> None:
         """Cut the current long-poll short (someone saw a newer epoch than we know)."""

@@ -143,6 +143,7 @@ def describe(config: TopicConfig, names: Iterable[str] | None = None) -> list[Co
         entries[name] = ConfigEntry(name=name, value=fixed.value, source="DEFAULT", read_only=False,
                                     config_type=STRING)
     fsync = config.durability == "fsync"
+    in_force = config.in_force()   # a default resolved by another setting shows as what applies
     entries["flush.messages"] = ConfigEntry(name="flush.messages", value=_text(1 if fsync else LONG_MAX),
                                             source=source("durability"), read_only=False, config_type=LONG)
     # Under either durability a replica fsyncs what it wrote flush_debounce_ms later (lazy flush).
@@ -150,8 +151,7 @@ def describe(config: TopicConfig, names: Iterable[str] | None = None) -> list[Co
                                       source=source("flush_debounce_ms"), read_only=True, config_type=LONG)
     for key in BIPLANE_KEYS:
         name = biplane_name(key)
-        value = config.effective_flush_debounce_ms if key == "flush_debounce_ms" else getattr(config, key)
-        entries[name] = ConfigEntry(name=name, value=_text(value), source=source(key),
+        entries[name] = ConfigEntry(name=name, value=_text(in_force[key]), source=source(key),
                                     read_only=False, config_type=_config_type(key))
     if names is None:
         return [entries[n] for n in sorted(entries)]

@@ -103,7 +103,7 @@ class ReplicationConfig:
     # A compacted topic (cleanup_policy has compact): compaction keeps the latest record per
     # key, so a record without one is refused at produce (INVALID_RECORD), as Kafka does.
     keys_required: bool = False
-    # How long a follower gathers writes before one fsync (lazy flush); None: the replica's own
+    # How long a replica gathers writes before one fsync (lazy flush); None: the replica's own
     # default (its constructor's flush_debounce_ms).
     flush_debounce_ms: int | None = None
 
