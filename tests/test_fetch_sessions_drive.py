@@ -191,8 +191,9 @@ def test_a_quiet_follower_stays_in_the_isr_on_its_session_word_and_leaves_when_u
 
 def test_a_session_is_seen_fetching_now_while_it_waits_and_at_its_answer_after():
     """LeaderSessions.seen: the follower's kept position, and when it was last seen fetching
-    (now while a fetch of its session waits; the answer's time after); a session replaced by a
-    full fetch, or dropped for a wrong epoch, gives nothing."""
+    (now while a fetch of its session waits; the answer's time after). A partition removed
+    from the session, and a session replaced by a full fetch or dropped for a wrong epoch, keep
+    their word as of their last sighting, never later; a follower never seen fetching gives nothing."""
     from dataplane.broker.fetch_sessions import IncrementalFetch, LeaderSessions, SessionError
     sessions: LeaderSessions[str, int, int] = LeaderSessions()
     sid, _, _ = sessions.receive(IncrementalFetch(0, 0, {"a": 5, "b": 7}, frozenset(), True), owner=2)
@@ -203,15 +204,65 @@ def test_a_session_is_seen_fetching_now_while_it_waits_and_at_its_answer_after()
     sessions.ended(sid, 160)
     assert sessions.seen(2, "b", 900) == (7, 160)
     sessions.receive(IncrementalFetch(sid, 1, {"a": 6}, frozenset({"b"}), False), owner=2)
-    assert sessions.seen(2, "a", 900) == (6, 160) and sessions.seen(2, "b", 900) is None
+    assert sessions.seen(2, "a", 900) == (6, 160)
+    assert sessions.seen(2, "b", 900) == (7, 160), "removed: its word as of the last sighting before"
+    sessions.began(sid, 300)
+    assert sessions.seen(2, "b", 900) == (7, 160), "a removed partition is not seen again by later fetches"
+    sessions.ended(sid, 310)
     with pytest.raises(SessionError):
         sessions.receive(IncrementalFetch(sid, 9, {}, frozenset(), False), owner=2)
-    assert sessions.seen(2, "a", 900) is None
+    assert sessions.seen(2, "a", 900) == (6, 310), "a dropped session's word, as of its last sighting"
+    assert sessions.seen(2, "b", 900) == (7, 160)
     new, _, _ = sessions.receive(IncrementalFetch(0, 0, {"a": 6}, frozenset(), True), owner=2)
     sessions.began(new, 950)
     sessions.ended(new, 960)
     sessions.receive(IncrementalFetch(0, 0, {"a": 6}, frozenset(), True), owner=2)
-    assert sessions.seen(2, "a", 990) is None, "a full fetch starts a new session, not yet seen fetching"
+    assert sessions.seen(2, "a", 990) == (6, 960), "a full fetch not yet seen fetching: the replaced session's word"
+    assert sessions.seen(2, "b", 990) is None, "the replaced session never held it"
+    assert sessions.seen(3, "a", 990) is None, "a follower never seen fetching"
+
+
+def test_a_session_is_live_while_its_follower_fetches_in_it_and_holds_only_what_it_carries():
+    """LeaderSessions.holding / live, what parked leaders are watched by: live while a fetch
+    waits or one was answered within the slack; not once replaced, dropped or silent longer."""
+    from dataplane.broker.fetch_sessions import IncrementalFetch, LeaderSessions
+    sessions: LeaderSessions[str, int, int] = LeaderSessions()
+    sid, _, _ = sessions.receive(IncrementalFetch(0, 0, {"a": 5}, frozenset(), True), owner=2)
+    assert sessions.holding(2, "a", 100, 50) is None and not sessions.live(sid, 100, 50), "never seen fetching"
+    sessions.began(sid, 100)
+    assert sessions.holding(2, "a", 10_000, 50) == sid and sessions.live(sid, 10_000, 50), "a fetch waits"
+    assert sessions.holding(2, "b", 10_000, 50) is None and sessions.holding(3, "a", 10_000, 50) is None
+    sessions.ended(sid, 200)
+    assert sessions.live(sid, 250, 50) and not sessions.live(sid, 251, 50), "answered: live for the slack"
+    new, _, _ = sessions.receive(IncrementalFetch(0, 0, {"a": 5}, frozenset(), True), owner=2)
+    sessions.began(new, 300)
+    assert not sessions.live(sid, 300, 50) and sessions.live(new, 300, 50), "replaced by a full fetch"
+    sessions.receive(IncrementalFetch(new, 1, {}, frozenset({"a"}), False), owner=2)
+    assert sessions.holding(2, "a", 300, 50) is None and sessions.live(new, 300, 50), "removed, still live"
+
+
+def test_parked_replicas_are_grouped_by_their_sessions_and_unparked_together_when_one_is_not_live():
+    """ParkedClocks (pure): a group whose sessions are all live costs one look; a group with
+    one not live gives back every member, once; a replica parked again or left is in no other group."""
+    from dataplane.broker.parked import ParkedClocks, live_slack_ms
+    parked: ParkedClocks[str] = ParkedClocks()
+    for key in ("a", "b", "c"):
+        parked.park(key, sessions=(11, 12), lag_ms=10_000)
+    parked.park("d", sessions=(11, 13), lag_ms=10_000)
+    parked.park("e", sessions=(11, 12), lag_ms=400)
+    looked: list = []
+
+    def live(sessions, slack_ms):
+        looked.append((sessions, slack_ms))
+        return 13 not in sessions
+
+    assert parked.stale(live) == ["d"] and "d" not in parked and len(parked) == 4
+    assert sorted(looked) == [((11, 12), 100), ((11, 12), 1000), ((11, 13), 1000)], "one look per group"
+    assert live_slack_ms(400) == 100 and live_slack_ms(60_000) == 1000
+    assert parked.leave("a") and not parked.leave("a")
+    parked.park("b", sessions=(11, 13), lag_ms=10_000)
+    assert sorted(parked.stale(live)) == ["b"] and sorted(parked.stale(lambda s, _: False)) == ["c", "e"]
+    assert len(parked) == 0 and parked.stale(live) == []
 
 
 def test_a_change_on_one_partition_of_a_quiet_session_costs_that_partition_alone(tmp_path, monkeypatch):
@@ -1058,3 +1109,79 @@ def test_a_new_hw_alone_neither_wakes_nor_steps_a_waiting_session_and_rides_on_t
     carried = _carried(woken)["a"]
     assert carried.records and carried.high_watermark >= end, \
         "records after a new HW alone end the long-poll, and the answer carries that HW"
+
+
+@pytest.mark.parametrize("parking", [True, False])
+def test_a_quiet_leader_parked_on_its_followers_sessions_is_not_ticked_until_one_stops(tmp_path, monkeypatch,
+                                                                                          parking):
+    """Claim: once a quiet leader's refresh finds every ISR follower fetching in a live
+    session, the broker parks it (ReplicaManager.park) and ticks it no more while the session
+    waits, over many lag times: no per-partition work per lag time while idle. When the
+    follower stops fetching, the parked replica is ticked again and the follower leaves the
+    ISR a lag time after it was last seen, not sooner (the session's word) and not much later
+    (the group's look). Without parking (parking=False, the broker before) the replica is
+    ticked once per lag time: the count claim fails for that reason."""
+    from dataplane.broker import replicas as replicas_module
+    from dataplane.broker.config import BrokerConfig
+    from dataplane.broker.partition import PartitionDriver, now_ms
+    from dataplane.broker.replicas import ReplicaManager
+    from dataplane.log.interface import LogConfig
+    from dataplane.replica.events import NewMetadata
+    from dataplane.replica.state import PartitionState, ReplicationConfig
+    from test_disk_full import FakeControl
+    monkeypatch.setattr(replicas_module, "PARK_CHECK_S", 0.02)
+    lag_ms = 400
+
+    async def scenario():
+        config = BrokerConfig(broker_id=1, data_dir=str(tmp_path / "data"), controller_urls=("http://c:1",),
+                              tick_interval_ms=5)
+        manager = ReplicaManager(config=config, control=FakeControl(), clean_start=True,
+                                 send_fetch=lambda *a: None, send_append_entries=lambda *a: None,
+                                 refresh_metadata=lambda: None)
+        hooks = _IsrHooks()
+        proposed_at: list[int] = []
+        propose = hooks.propose_isr
+        hooks.propose_isr = lambda tp, p: (proposed_at.append(now_ms()), propose(tp, p))
+        drivers: dict = {}
+        handler = _handler(drivers)
+        manager.follower_fetching = handler.follower_fetching
+        manager.sessions_holding = handler.sessions_holding
+        manager.sessions_live = handler.sessions_live
+        handler.on_session_left = manager.unpark
+        driver = PartitionDriver(broker_id=1, tp=("a", 0), directory=str(tmp_path / "a-0"), log_config=LogConfig(),
+                                 hooks=hooks, unclean_start=False, follower_fetching=handler.follower_fetching,
+                                 on_due=manager.schedule_tick, on_park=manager.park if parking else None)
+        drivers["a"] = manager.drivers[("a", 0)] = driver
+        ticks = [0]
+        tick = driver.tick
+        monkeypatch.setattr(driver, "tick", lambda now: (ticks.__setitem__(0, ticks[0] + 1), tick(now)))
+        driver.step(NewMetadata(partition=PartitionState(replicas=(1, 2), isr=(1, 2), leader=1, leader_epoch=1,
+                                                         partition_epoch=1),
+                                config=ReplicationConfig(replica_lag_time_max_ms=lag_ms)))
+        tasks = [asyncio.create_task(manager.run_ticks()), asyncio.create_task(manager.run_parked())]
+        await _until_serving(driver)
+        full = await asyncio.wait_for(
+            _session_fetch(handler, 0, 0, [_position("a", driver.log.log_end_offset)], wait_ms=0), 5)
+        poll = _session_fetch(handler, full.session_id, 1, wait_ms=30_000)
+        await asyncio.sleep(2 * lag_ms / 1000)   # the first refresh parks it
+        parked_then, ticks_then = ("a", 0) in manager.parked, ticks[0]
+        await asyncio.sleep(8 * lag_ms / 1000)
+        while_waiting = (ticks[0] - ticks_then, list(hooks.proposals))
+        poll.cancel()
+        await asyncio.sleep(0)
+        last_seen = now_ms()
+        await asyncio.sleep(3 * lag_ms / 1000)
+        for task in tasks:
+            task.cancel()
+        await driver.close()
+        return parked_then, while_waiting, hooks.proposals, [t - last_seen for t in proposed_at]
+
+    parked_then, (ticked, during), proposals, after_ms = asyncio.run(scenario())
+    assert during == [], f"the follower left the ISR while its session was fetching: {during}"
+    if parking:
+        assert parked_then, "a quiet leader whose follower's session waits is parked"
+        assert ticked == 0, f"a parked leader was ticked {ticked} times in 8 lag times while its follower fetched"
+    else:
+        assert ticked >= 6, ticked
+    assert proposals == [(1,)], f"unseen for a lag time, the follower must leave the ISR: {proposals}"
+    assert lag_ms - 20 <= after_ms[0] <= lag_ms + 400, f"left {after_ms[0]} ms after last seen (lag {lag_ms} ms)"

@@ -156,6 +156,9 @@ class Broker:
                                       fetch_wait_ms_max=c.fetch_wait_ms_max, metrics=self.metrics,
                                       heard=self._heard)
         replicas.follower_fetching = self.handler.follower_fetching
+        replicas.sessions_holding = self.handler.sessions_holding
+        replicas.sessions_live = self.handler.sessions_live
+        self.handler.on_session_left = replicas.unpark
         self.groups = GroupCoordinator(
             broker_id=c.broker_id, requests=self.handler, control=self.control,
             config=GroupConfig(initial_rebalance_delay_ms=c.group_initial_rebalance_delay_ms,
@@ -207,7 +210,7 @@ class Broker:
         offline = OfflineRecovery(self.replicas, lambda: learner.image, data_dir=c.data_dir,
                                   ready=learner.caught_up.is_set)
         for coro in (self.learner.run(), self._heartbeat_support(), self._follow_controller_leader(),
-                     self._watch_links(), self.replicas.run_ticks(),
+                     self._watch_links(), self.replicas.run_ticks(), self.replicas.run_parked(),
                      self.replicas.run_retention(), self.replicas.run_cleaner(), offline.run(),
                      self.groups.run_ticks(), self.pusher.run_pair_heartbeats(c.push_heartbeat_ms)):
             task = loop.create_task(coro)

@@ -22,7 +22,8 @@ dataplane/broker/server.py). For a partition where nothing changed, `seen` says 
 follower fetches it and when it was last seen fetching (now, while a fetch of the session
 waits): the replica core judges that by its one caught-up rule when its clock for the
 follower would run out (dataplane/replica/events.py, Tick.fetching), so a quiet partition
-costs the leader nothing between.
+costs the leader nothing between. A partition a fetch removed, or a session dropped, keeps
+its word as of its last sighting: the follower did fetch there then.
 
 `Position` and `Summary` are opaque to this module: any values compared by equality.
 """
@@ -73,6 +74,9 @@ class _LeaderSession(Generic[K, P, S]):
     notes: dict[K, object] = dataclasses.field(default_factory=dict)
     waiting: int = 0            # fetches of this session begun and not yet answered
     seen_ms: int | None = None  # when one last began or was answered
+    # Partitions a fetch removed: where the follower last fetched each and when it was last
+    # seen fetching before that (the leader's clock for it goes on from there).
+    left: dict[K, tuple[P, int]] = dataclasses.field(default_factory=dict)
 
 
 class LeaderSessions(Generic[K, P, S]):
@@ -85,6 +89,9 @@ class LeaderSessions(Generic[K, P, S]):
         self._next_id = first_id
         self._sessions: OrderedDict[int, _LeaderSession[K, P, S]] = OrderedDict()
         self._owned: dict[int, int] = {}   # follower broker -> its session (a full fetch replaces it)
+        # Each follower broker's last session dropped (replaced, refused, evicted): where it held
+        # its partitions and when it was last seen fetching stay true of that moment.
+        self._dropped: dict[int, _LeaderSession[K, P, S]] = {}
         self.evicted = 0
 
     def __len__(self) -> int:
@@ -124,11 +131,14 @@ class LeaderSessions(Generic[K, P, S]):
             raise SessionError("wrong_epoch")
         self._sessions.move_to_end(fetch.session_id)
         for key in fetch.removed:
-            found.positions.pop(key, None)
+            position = found.positions.pop(key, _UNSENT)
+            if position is not _UNSENT and found.seen_ms is not None:
+                found.left[key] = (position, found.seen_ms)   # type: ignore[assignment]
             found.sent.pop(key, None)
             found.notes.pop(key, None)
         for key in fetch.changed:
             found.notes.pop(key, None)
+            found.left.pop(key, None)
         found.positions.update(fetch.changed)
         epoch = found.next_epoch
         found.next_epoch += 1
@@ -138,6 +148,8 @@ class LeaderSessions(Generic[K, P, S]):
         session = self._sessions.pop(session_id)
         if self._owned.get(session.owner) == session_id:
             del self._owned[session.owner]
+        if session.seen_ms is not None:
+            self._dropped[session.owner] = session
 
     def began(self, session_id: int, at_ms: int) -> None:
         """A fetch of this session (received) waits for its answer from `at_ms`."""
@@ -162,12 +174,38 @@ class LeaderSessions(Generic[K, P, S]):
 
     def seen(self, owner: int, key: K, now_ms: int) -> tuple[P, int] | None:
         """Where follower broker `owner` fetches `key` in its session here, and when it was
-        last seen fetching there (`now_ms` while a fetch waits); None: no session holds it."""
+        last seen fetching there (`now_ms` while a fetch waits); None: no session holds it.
+        Its session dropped (replaced by a full fetch that does not carry `key`, refused,
+        evicted), the dropped session's word stands as of its last sighting: the follower did
+        fetch there then, and a clock told nothing would count it unseen since longer ago."""
         session_id = self._owned.get(owner)
         session = self._sessions.get(session_id) if session_id is not None else None
-        if session is None or session.seen_ms is None or key not in session.positions:
+        if session is not None and session.seen_ms is not None and key in session.positions:
+            return session.positions[key], now_ms if session.waiting > 0 else session.seen_ms
+        for earlier in (session, self._dropped.get(owner)):
+            if earlier is None or earlier.seen_ms is None:
+                continue
+            if key in earlier.left:
+                return earlier.left[key]
+            if earlier is not session and key in earlier.positions:
+                return earlier.positions[key], earlier.seen_ms
+        return None
+
+    def holding(self, owner: int, key: K, now_ms: int, slack_ms: int) -> int | None:
+        """The id of follower broker `owner`'s session here if it holds `key` and is live (a
+        fetch of it waits, or one was answered within `slack_ms`), else None."""
+        session_id = self._owned.get(owner)
+        if session_id is None or key not in self._sessions[session_id].positions:
             return None
-        return session.positions[key], now_ms if session.waiting > 0 else session.seen_ms
+        return session_id if self.live(session_id, now_ms, slack_ms) else None
+
+    def live(self, session_id: int, now_ms: int, slack_ms: int) -> bool:
+        """The session is still its follower's (not dropped or replaced) and that follower is
+        fetching in it: a fetch waits, or the last was answered within `slack_ms`."""
+        session = self._sessions.get(session_id)
+        if session is None or session.seen_ms is None or self._owned.get(session.owner) != session_id:
+            return False
+        return session.waiting > 0 or now_ms - session.seen_ms <= slack_ms
 
     def notes(self, session_id: int) -> dict[K, object]:
         """The driver's notes on the session's partitions (see `_LeaderSession.notes`)."""

@@ -98,7 +98,9 @@ class PartitionDriver:
                  on_due: Callable[[TopicPartition, int | None], None] | None = None,
                  follower_fetching: Callable[[TopicPartition, int], StillFetching | None] | None = None,
                  on_follow_change: Callable[[TopicPartition], None] | None = None,
-                 on_usage: Callable[[TopicPartition], None] | None = None, parent_locked: bool = False) -> None:
+                 on_usage: Callable[[TopicPartition], None] | None = None,
+                 on_park: Callable[[TopicPartition, tuple[int, ...], int, int | None], bool] | None = None,
+                 parent_locked: bool = False) -> None:
         self.tp = tp
         # Told after every step when the core next wants a Tick (Replica.next_tick_ms).
         self.on_due = on_due
@@ -110,6 +112,10 @@ class PartitionDriver:
         self._stepping = False
         # What the leader's fetch sessions know of a follower here (Tick.fetching).
         self.follower_fetching = follower_fetching
+        # Offered a quiet leader whose followers' sessions all hold it (ISR followers, lag time,
+        # when the core's other timed rules are next due): True if the broker now times its
+        # followers' clocks by their sessions (ReplicaManager.park) rather than by a Tick.
+        self.on_park = on_park
         # Told when this replica may have started or stopped following a leader (its role or
         # leader epoch changed, it failed, it closed): the fetcher then checks its parked requests.
         self.on_follow_change = on_follow_change
@@ -266,9 +272,28 @@ class PartitionDriver:
                 # moves, so nothing after a step (answers, budget, watchers, usage) has work.
                 done, due = self.replica.refresh_caught_up(now, wall, fetching)
                 if done:
-                    self._set_due(due)
+                    if not self._park(fetching, due):
+                        self._set_due(due)
                     return
         self.step(Tick(now_ms=now, wall_ms=wall, fetching=fetching))
+
+    def _park(self, fetching: tuple[StillFetching, ...], due: int | None) -> bool:
+        """After a quiet leader's refresh, hand its followers' caught-up clocks to their fetch
+        sessions when every ISR follower's news came from one: the broker watches the few
+        sessions, not thousands of partitions each lag time, and ticks this replica when one
+        is no longer fetching (or left it) or when the core's other rules are due. The core's
+        clocks stay as they are till then: any step first ticks it on the sessions' word."""
+        if self.on_park is None:
+            return False
+        followers = self.replica.isr_followers()
+        told = {news.replica_id for news in fetching}
+        if not followers or not told.issuperset(followers):
+            return False
+        if not self.on_park(self.tp, followers, self.replica.config.replica_lag_time_max_ms,
+                            self.replica.next_tick_ms(caught_up_clocks=False)):
+            return False
+        self._due = due   # what a step's clock catch-up compares with (_catch_up_clock)
+        return True
 
     def _set_due(self, due: int | None) -> None:
         """The core's next_tick_ms() after a step: kept for the clock's catch-up, and told to the

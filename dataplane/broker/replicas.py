@@ -44,6 +44,7 @@ from common.usage import ReplicaUsage
 from dataplane.broker.budget import ProduceBudget
 from dataplane.broker.config import BrokerConfig
 from dataplane.broker.metrics import BrokerMetrics
+from dataplane.broker.parked import ParkedClocks, live_slack_ms
 from dataplane.broker.partition import PartitionDriver, now_ms
 from dataplane.log.cleaner import CompactionConfig, IoThrottle
 from dataplane.log.interface import LogConfig
@@ -70,6 +71,9 @@ LOOKS_PER_SLICE = 1000
 FOLLOW_LOG_MAX = 4096
 # Replicas opened at once (each in a thread: directory, log recovery, producer snapshot).
 OPEN_PARALLELISM = 4
+# How often the parked leaders' sessions are looked at (run_parked): a follower that stops
+# fetching is noticed this much after the session's slack (parked.py) at most.
+PARK_CHECK_S = 0.5
 
 
 def partition_dir(data_dir: str, tp: TopicPartition) -> str:
@@ -193,6 +197,11 @@ class ReplicaManager:
         self._send_fetch = send_fetch
         # The request handler's fetch sessions, once it is built (PartitionDriver.tick).
         self.follower_fetching: Callable[[TopicPartition, int], StillFetching | None] | None = None
+        # ... and whether its followers' sessions hold a partition, live (park), or still are.
+        self.sessions_holding: Callable[[TopicPartition, tuple[int, ...], int], tuple[int, ...] | None] | None = None
+        self.sessions_live: Callable[[tuple[int, ...], int], bool] | None = None
+        # Quiet leaders whose followers' caught-up clocks their sessions keep: no timer each.
+        self.parked: ParkedClocks[TopicPartition] = ParkedClocks()
         # Counts the replicas' changes of role, leader epoch or liveness (Fetcher's follow
         # check); the partitions of the latest ones, from version _follow_log_start on.
         self.follow_changes = 0
@@ -422,7 +431,7 @@ class ReplicaManager:
                 parent_locked=self.data_dir_locked,
                 on_fsync=self.metrics.observe_fsync, on_due=self.schedule_tick,
                 follower_fetching=self._follower_fetching, on_follow_change=self._follow_changed,
-                on_usage=self.usage_touched))
+                on_usage=self.usage_touched, on_park=self.park))
         except (BiplaneError, OSError) as exc:
             # A full disk is logged once for the whole filesystem (dataplane/log/space.py) and
             # the open is tried again (dataplane/broker/offline.py): a warning here.
@@ -610,8 +619,38 @@ class ReplicaManager:
             return self.follow_changes, None
         return self.follow_changes, set(self._follow_log[version - self._follow_log_start:])
 
+    def park(self, tp: TopicPartition, followers: tuple[int, ...], lag_ms: int, other_due_ms: int | None) -> bool:
+        """A quiet leader's offer (PartitionDriver._park): if every ISR follower's fetch session
+        holds `tp` and is live, its caught-up clocks are theirs to keep (parked.py), and its
+        timer is set for the core's other rules only. False (nothing done) otherwise."""
+        if self.sessions_holding is None:
+            return False
+        sessions = self.sessions_holding(tp, followers, live_slack_ms(lag_ms))
+        if sessions is None:
+            return False
+        self.schedule_tick(tp, other_due_ms)
+        self.parked.park(tp, sessions=sessions, lag_ms=lag_ms)
+        return True
+
+    def unpark(self, tp: TopicPartition) -> None:
+        """A follower's session no longer holds `tp`: tick it now if it was parked."""
+        if self.parked.leave(tp):
+            self.schedule_tick(tp, now_ms())
+
+    async def run_parked(self) -> None:
+        """Tick the parked leaders of each group whose sessions are no longer all live."""
+        while True:
+            await asyncio.sleep(PARK_CHECK_S)
+            if self.sessions_live is not None and len(self.parked):
+                now = now_ms()
+                for tp in self.parked.stale(self.sessions_live):
+                    self.schedule_tick(tp, now)
+
     def schedule_tick(self, tp: TopicPartition, due_ms: int | None) -> None:
-        """A replica's core next wants a Tick at `due_ms` (None: at no time)."""
+        """A replica's core next wants a Tick at `due_ms` (None: at no time). A parked replica
+        was stepped or ticked: its timer is its own again."""
+        if self.parked:
+            self.parked.leave(tp)
         if due_ms is None:
             self._due.pop(tp, None)
             return

@@ -159,6 +159,9 @@ class RequestHandler:
         self.fetch_sessions: LeaderSessions[TopicPartition, wire.FetchPartition, tuple] = LeaderSessions(
             first_id=random.randrange(1, 2**30))
         self._watches: dict[int, _Watch] = {}   # per session id (_fetch_in_session)
+        # Told each partition a follower's session fetch removes (set by the broker: a leader
+        # whose followers' clocks its sessions time must hear it, ReplicaManager.unpark).
+        self.on_session_left: Callable[[TopicPartition], None] | None = None
         self.counters = Counters()
         # Set by the broker once built (it produces through this handler).
         self.groups: "GroupCoordinator | None" = None
@@ -462,6 +465,24 @@ class RequestHandler:
         position, seen_ms = seen
         return StillFetching(replica_id=replica_id, fetch_offset=position.fetch_offset, seen_ms=seen_ms)
 
+    def sessions_holding(self, tp: TopicPartition, replica_ids: tuple[int, ...],
+                         slack_ms: int) -> tuple[int, ...] | None:
+        """The session ids of followers `replica_ids` here if each holds `tp` and is live
+        (LeaderSessions.holding), in that order; None if any does not."""
+        now = now_ms()
+        found = []
+        for replica_id in replica_ids:
+            session_id = self.fetch_sessions.holding(replica_id, tp, now, slack_ms)
+            if session_id is None:
+                return None
+            found.append(session_id)
+        return tuple(found)
+
+    def sessions_live(self, session_ids: tuple[int, ...], slack_ms: int) -> bool:
+        """Every one of these sessions is still live (LeaderSessions.live)."""
+        now = now_ms()
+        return all(self.fetch_sessions.live(session_id, now, slack_ms) for session_id in session_ids)
+
     def _watch(self, session_id: int, fetch: IncrementalFetch[TopicPartition, wire.FetchPartition],
                partitions: Mapping[TopicPartition, wire.FetchPartition]) -> _Watch:
         """The session's watch, brought up to this fetch: what it names is stepped again, what
@@ -493,6 +514,9 @@ class RequestHandler:
             removed=frozenset(TopicPartition(t.topic, p) for t in request.forgotten_topics for p in t.partitions),
             full=request.session_epoch == FULL_EPOCH)
         session_id, _, positions = self.fetch_sessions.receive(fetch, owner=request.replica_id)
+        if fetch.removed and self.on_session_left is not None:
+            for tp in fetch.removed:
+                self.on_session_left(tp)
         return session_id, positions, fetch
 
     def _fetched_since(self, replica_id: int, tp: TopicPartition, fetches: int, p: wire.FetchPartition) -> bool:

@@ -1024,8 +1024,10 @@ class Replica(ProduceAdmission, PushMixin):
         self.now_ms = now_ms
         return True
 
-    def next_tick_ms(self) -> int | None:
+    def next_tick_ms(self, *, caught_up_clocks: bool = True) -> int | None:
         """The earliest clock reading at which a Tick would act (None: no Tick would).
+        `caught_up_clocks=False` leaves out when an ISR follower's caught-up clock runs out (a
+        driver that watches the followers' fetch sessions itself times the rest).
 
         A Tick before it only moves `now_ms`, so a driver may skip it: drivers keep one timer
         per replica at this time, asked after every step (any event may start or end a wait),
@@ -1057,8 +1059,9 @@ class Replica(ProduceAdmission, PushMixin):
                     if self._isr_refused_ms is not None and self._isr_refused_ms + self.isr_proposal_retry_ms > self.now_ms:
                         due.append(self._isr_refused_ms + self.isr_proposal_retry_ms)
                     lag_max = self.config.replica_lag_time_max_ms
-                    due += [t for t in (self.progress[r].last_caught_up_ms + lag_max + 1
-                                        for r in self.state.isr if r in self.progress) if t > self.now_ms]
+                    if caught_up_clocks:
+                        due += [t for t in (self.progress[r].last_caught_up_ms + lag_max + 1
+                                            for r in self.state.isr if r in self.progress) if t > self.now_ms]
                     ask_at = self._join_ask_due_ms()
                     if ask_at is not None:
                         due.append(ask_at)
@@ -1107,6 +1110,12 @@ class Replica(ProduceAdmission, PushMixin):
         if was is not None:
             invariants.check(self, was, Tick(now_ms=now_ms, wall_ms=wall_ms, fetching=fetching))
         return True, due
+
+    def isr_followers(self) -> tuple[int, ...]:
+        """The ISR followers whose caught-up clocks this pull leader keeps (empty otherwise)."""
+        if self.role is not Role.LEADER or self._pushing or self.state is None:
+            return ()
+        return tuple(r for r in self.state.isr if r in self.progress)
 
     def caught_up_due(self, now_ms: int) -> tuple[int, ...]:
         """The followers a Tick at `now_ms` wants news of (`Tick.fetching`): every ISR follower
