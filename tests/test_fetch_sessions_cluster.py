@@ -5,7 +5,7 @@ Claims: with sessions, acks=all produce completes and every replica's HW reaches
 once idle, a follower's session fetches go on (the long-poll) but carry no partition (its
 biplane_broker_fetch_session_partitions_sent_total stands still while its incremental
 requests grow), no full fetch is sent, and the ISR stays whole past replica_lag_time_max_ms
-(omitted partitions are still judged caught up); a steady acks=all load of one record per
+(omitted partitions are still judged caught up; their leaders parked on the sessions); a steady acks=all load of one record per
 request sends no full fetch and a few incremental ones per produce; the partitions of a topic created
 meanwhile join the sessions without a full fetch; after the leader broker of a partition is
 killed (-9) and restarted, and leads again, the follower opens a new session with it by a
@@ -110,6 +110,10 @@ def test_sessions_replicate_idle_fetches_carry_nothing_and_a_restarted_leader_ge
         assert after[0] == before[0], f"an idle session sent a full fetch: {before} -> {after}"
         for p in range(PARTITIONS):
             assert len(cluster.partition(TOPIC, p)["isr"]) == 3, f"{TOPIC}-{p} shrank while idle"
+        # Past its lag time a quiet leader's follower clocks are kept by their sessions: the
+        # leader sets them no timer (dataplane/broker/parked.py).
+        parked = scrape(cluster.brokers[leader].metrics_port).value("biplane_broker_replicas_parked")
+        assert parked >= 1, f"no quiet leader of broker {leader} is parked on its followers' sessions"
 
         # (c) A steady acks=all load on one partition: each produce completes on the followers'
         # flushed offsets, carried by incremental fetches. None is full: before, the follower's

@@ -37,6 +37,7 @@ BROKER_FAMILIES = {
     "biplane_broker_metadata_lag_seconds": "gauge",
     "biplane_broker_fenced": "gauge",
     "biplane_broker_replicas_opening": "gauge",
+    "biplane_broker_replicas_parked": "gauge",
     "biplane_broker_partitions": "gauge",
     "biplane_broker_leader_partitions": "gauge",
     "biplane_broker_under_replicated_partitions": "gauge",

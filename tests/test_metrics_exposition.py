@@ -175,7 +175,7 @@ def test_a_brokers_partition_rows_are_copied_in_slices_that_yield_to_the_loop(mo
 
     drivers = {TopicPartition(f"t{i % 3}", i): Driver(100 + i) for i in reversed(range(10))}
     source = types.SimpleNamespace(
-        broker_id=1, metadata_offset=5, metadata_lag=(0, 0.0), fenced=False, replicas_opening=0,
+        broker_id=1, metadata_offset=5, metadata_lag=(0, 0.0), fenced=False, replicas_opening=0, replicas_parked=0,
         produce_budget=types.SimpleNamespace(total_bytes=0, peak_total_bytes=0, unreplicated_bytes_max=1),
         request_counters=types.SimpleNamespace(requests={}, errors={}), partition_drivers=drivers,
         metadata_image=types.SimpleNamespace(partitions=lambda: []), offline_replicas=0, loop_stalls=LoopStalls())

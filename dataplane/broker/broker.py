@@ -417,6 +417,10 @@ class Broker:
         return len(self.replicas.opening) if self.replicas is not None else 0
 
     @property
+    def replicas_parked(self) -> int:
+        return len(self.replicas.parked) if self.replicas is not None else 0
+
+    @property
     def metadata_lag(self) -> tuple[int, float]:
         """(records, seconds) behind the controller's committed metadata."""
         if self.learner is None:

@@ -137,6 +137,8 @@ class BrokerMetricsSource(Protocol):
     @property
     def replicas_opening(self) -> int: ...
     @property
+    def replicas_parked(self) -> int: ...
+    @property
     def fenced(self) -> bool: ...
     @property
     def partition_drivers(self) -> Mapping[TopicPartition, PartitionDriver]: ...
@@ -201,6 +203,8 @@ class BrokerCollector:
             ("biplane_broker_fenced", "1 while the controller has this broker fenced", int(b.fenced)),
             ("biplane_broker_replicas_opening", "replicas this broker hosts that are still opening "
              "(answering LEADER_NOT_AVAILABLE until open)", b.replicas_opening),
+            ("biplane_broker_replicas_parked", "quiet leaders whose followers' caught-up clocks their fetch "
+             "sessions keep (no timer each while idle)", b.replicas_parked),
         ]
         budget = b.produce_budget
         scalars += [
