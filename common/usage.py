@@ -155,10 +155,11 @@ def _differences(base: list[ReplicaUsage], current: list[ReplicaUsage]
     """(replicas of `current` that differ from `base`, keys of `base` gone from `current`).
     While the broker's replicas stay the same, the two lists hold them in the same order and
     mostly the same objects: compared pair by pair, with no map built; the very same list
-    (the broker's replicas all kept their rows) not at all."""
+    (the broker's replicas all kept their rows) not at all. New replicas' rows come at the end
+    (ReplicaManager.usage_report): a list that only grew is compared so too."""
     if base is current:
         return [], []
-    if len(base) == len(current):
+    if len(base) <= len(current):
         changed = []
         for b, r in zip(base, current):
             if b is r:
@@ -168,7 +169,7 @@ def _differences(base: list[ReplicaUsage], current: list[ReplicaUsage]
             if b != r:
                 changed.append(r)
         else:
-            return changed, []
+            return changed + current[len(base):], []
     by_key = {(b.topic, b.partition): b for b in base}
     keys = set()
     changed = []

@@ -72,3 +72,35 @@ def test_the_controller_keeps_what_the_broker_has_whatever_happens_on_the_way(st
             reports.unanswered()
         else:
             reports.answered(resend=merged is None)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["add", "change", "drop", "same"]), st.integers(0, 6), st.integers(0, 3)),
+                max_size=40))
+def test_rows_kept_in_arrival_order_report_what_changed_and_what_is_new(steps):
+    """The broker's rows in the order its replicas arrived (new ones at the end, as
+    ReplicaManager.usage_report keeps them), not sorted: each report, merged onto the last
+    taken, gives the broker's replicas, and a list that only grew reports its changed and new
+    rows and no removal."""
+    reports = UsageReports()
+    rows: dict[tuple[str, int], ReplicaUsage] = {}   # insertion order
+    kept: BrokerUsage | None = None
+    for change, partition, size in steps:
+        key = ("t", partition)
+        grew_only = False
+        if change == "add" and key not in rows:
+            rows[key] = ReplicaUsage(topic="t", partition=partition, size_bytes=size, log_start_offset=0,
+                                     log_end_offset=size, high_watermark=size)
+            grew_only = True
+        elif change == "change" and key in rows and rows[key].size_bytes != size:
+            rows[key] = rows[key].model_copy(update={"size_bytes": size})
+        elif change == "drop" and key in rows:
+            rows = {k: v for k, v in rows.items() if k != key}
+        before = list(kept.replicas) if kept is not None else None
+        report = reports.report(usage({}).model_copy(update={"replicas": list(rows.values())}))
+        if grew_only and report.base_seq is not None:
+            assert report.replicas_removed == [] and report.replicas[-1] is rows[key], report
+        kept = merge_report(kept, report)
+        reports.answered(resend=kept is None)
+        assert kept is not None and kept.replicas == sorted(rows.values(), key=lambda r: (r.topic, r.partition)), \
+            (before, report)

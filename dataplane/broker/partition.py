@@ -17,6 +17,7 @@ answering that fetch or append-entries.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import itertools
 import logging
@@ -100,7 +101,7 @@ class PartitionDriver:
                  on_follow_change: Callable[[TopicPartition], None] | None = None,
                  on_usage: Callable[[TopicPartition], None] | None = None,
                  on_park: Callable[[TopicPartition, tuple[int, ...], int, int | None], bool] | None = None,
-                 parent_locked: bool = False) -> None:
+                 flush_executor: concurrent.futures.Executor | None = None, parent_locked: bool = False) -> None:
         self.tp = tp
         # Told after every step when the core next wants a Tick (Replica.next_tick_ms).
         self.on_due = on_due
@@ -125,7 +126,8 @@ class PartitionDriver:
         self.directory = directory
         self.hooks = hooks
         self.log = PartitionLog(directory, config=log_config, parent_locked=parent_locked)
-        self.coalescer = FlushCoalescer(self.log, debounce_ms=flush_debounce_ms, on_fsync=on_fsync)
+        self.coalescer = FlushCoalescer(self.log, debounce_ms=flush_debounce_ms, on_fsync=on_fsync,
+                                        executor=flush_executor)
         # Idempotent producers: from the newest snapshot plus the log past it (the
         # constructor runs in a worker thread: ReplicaManager._open); after a truncation
         # the table rebuilds itself in a worker thread (producer_state.py).

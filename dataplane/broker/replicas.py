@@ -71,6 +71,9 @@ LOOKS_PER_SLICE = 1000
 FOLLOW_LOG_MAX = 4096
 # Replicas opened at once (each in a thread: directory, log recovery, producer snapshot).
 OPEN_PARALLELISM = 4
+# Threads for the logs' fsyncs (FlushCoalescer): the loop hands each one over by the pool's
+# submit, with no asyncio future chained to it (each chained future woke the loop once more).
+FLUSH_THREADS = 6
 # How often the parked leaders' sessions are looked at (run_parked): a follower that stops
 # fetching is noticed this much after the session's slack (parked.py) at most.
 PARK_CHECK_S = 0.5
@@ -256,6 +259,7 @@ class ReplicaManager:
         self._open_slots = NewestFirst(OPEN_PARALLELISM)
         self._opener = concurrent.futures.ThreadPoolExecutor(max_workers=OPEN_PARALLELISM,
                                                              thread_name_prefix="replica-open")
+        self._flusher = concurrent.futures.ThreadPoolExecutor(max_workers=FLUSH_THREADS, thread_name_prefix="flush")
         # Assigned partitions whose open failed, with why (offline.py tries them again).
         self.open_failures: dict[TopicPartition, str] = {}
         # Partitions whose driver failed since (PartitionDriver._fail), for OfflineRecovery.
@@ -420,18 +424,22 @@ class ReplicaManager:
     async def _open(self, topic: TopicInfo, info: PartitionInfo) -> PartitionDriver | None:
         directory = partition_dir(self.config.data_dir, info.tp)
         loop = asyncio.get_running_loop()
-        try:
-            existed = await loop.run_in_executor(self._opener, _prepare_dir, directory, topic.topic_id)
-            driver = await loop.run_in_executor(self._opener, lambda: PartitionDriver(
+
+        def build() -> PartitionDriver:   # in an opener thread: one hand-off per replica, not two
+            existed = _prepare_dir(directory, topic.topic_id)
+            return PartitionDriver(
                 broker_id=self.broker_id, tp=info.tp, directory=directory, log_config=log_config_of(topic),
                 hooks=self, unclean_start=(existed and not self.clean_start) or info.tp in self.reopening,
                 flush_debounce_ms=self.config.flush_debounce_ms,
                 fetch_max_bytes=self.config.partition_fetch_max_bytes,
                 push_heartbeat_ms=self.config.push_heartbeat_ms, budget=self.budget,
-                parent_locked=self.data_dir_locked,
+                parent_locked=self.data_dir_locked, flush_executor=self._flusher,
                 on_fsync=self.metrics.observe_fsync, on_due=self.schedule_tick,
                 follower_fetching=self._follower_fetching, on_follow_change=self._follow_changed,
-                on_usage=self.usage_touched, on_park=self.park))
+                on_usage=self.usage_touched, on_park=self.park)
+
+        try:
+            driver = await loop.run_in_executor(self._opener, build)
         except (BiplaneError, OSError) as exc:
             # A full disk is logged once for the whole filesystem (dataplane/log/space.py) and
             # the open is tried again (dataplane/broker/offline.py): a warning here.
@@ -823,8 +831,6 @@ class ReplicaManager:
                 kept = None
             if d is None or d.closed:
                 continue
-            if kept is None:
-                self._usage_rows = None   # a new row
             counters = (d.produce_bytes, d.produce_records, d.fetch_bytes, d.replicated_bytes)
             before = kept.counters if kept is not None else counters
             rates = tuple(max(0.0, (c - b) / elapsed) for c, b in zip(counters[:3], before[:3]))
@@ -857,9 +863,17 @@ class ReplicaManager:
             self._usage_place = {tp: i for i, tp in enumerate(self._usage_kept)}
         elif changed:
             # A new list: the heartbeat thread keeps the last one as the base of its next report.
-            self._usage_rows = list(self._usage_rows)
+            # A new replica's row goes at the end, as in _usage_kept: while thousands open, the
+            # list and its places were rebuilt every second.
+            rows = list(self._usage_rows)
             for tp, usage in changed:
-                self._usage_rows[self._usage_place[tp]] = usage
+                place = self._usage_place.get(tp)
+                if place is None:
+                    self._usage_place[tp] = len(rows)
+                    rows.append(usage)
+                else:
+                    rows[place] = usage
+            self._usage_rows = rows
         retired = self._retired_bytes
         return UsageReport(replicas=self._usage_rows, log_bytes=sums[4],
                            totals=ByteTotals(produce_bytes=retired.produce_bytes + sums[0],
@@ -889,6 +903,7 @@ class ReplicaManager:
                     log.error("%s-%d: close failed: %r", *driver.tp, result,
                               extra={"event": "partition.close_failed", "topic": driver.tp[0],
                                      "partition": driver.tp[1]})
+            self._flusher.shutdown(wait=False)
 
 
 def _prepare_dir(directory: str, topic_id: str) -> bool:

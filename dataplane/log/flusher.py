@@ -173,7 +173,12 @@ class FlushCoalescer:
                 pass  # the loop is closed: nobody waits any more
 
         try:
-            loop.run_in_executor(self._executor, fsync)
+            if self._executor is not None:
+                # fsync reports back itself: no asyncio future chained to the pool's (whose
+                # completion would wake the loop a second time per flush).
+                self._executor.submit(fsync)
+            else:
+                loop.run_in_executor(None, fsync)
         except RuntimeError as exc:  # the executor is shut down (the loop is closing)
             loop.call_soon(self._finished, None, StorageError(f"flush could not start: {exc}"), waiters)
 
