@@ -218,8 +218,25 @@ def test_a_session_is_seen_fetching_now_while_it_waits_and_at_its_answer_after()
     sessions.ended(new, 960)
     sessions.receive(IncrementalFetch(0, 0, {"a": 6}, frozenset(), True), owner=2)
     assert sessions.seen(2, "a", 990) == (6, 960), "a full fetch not yet seen fetching: the replaced session's word"
+    assert sessions.seen(2, "a", 990, earlier=False) is None, "to join the ISR only a session holding it now speaks"
     assert sessions.seen(2, "b", 990) is None, "the replaced session never held it"
     assert sessions.seen(3, "a", 990) is None, "a follower never seen fetching"
+
+
+def test_a_session_keeps_the_last_sightings_of_a_bounded_number_of_removed_partitions(monkeypatch):
+    """The words of partitions removed from a session are kept, the oldest forgotten first
+    past LEFT_MAX (a session lives as long as its follower: topics come and go meanwhile)."""
+    from dataplane.broker import fetch_sessions
+    from dataplane.broker.fetch_sessions import IncrementalFetch, LeaderSessions
+    monkeypatch.setattr(fetch_sessions, "LEFT_MAX", 2)
+    sessions: LeaderSessions[str, int, int] = LeaderSessions()
+    sid, _, _ = sessions.receive(IncrementalFetch(0, 0, {"a": 1, "b": 2, "c": 3}, frozenset(), True), owner=2)
+    sessions.began(sid, 100)
+    sessions.ended(sid, 110)
+    for epoch, key in enumerate(("a", "b", "c"), start=1):
+        sessions.receive(IncrementalFetch(sid, epoch, {}, frozenset({key}), False), owner=2)
+    assert [sessions.seen(2, k, 500) for k in "abc"] == [None, (2, 110), (3, 110)]
+    assert sessions.seen(2, "b", 500, earlier=False) is None
 
 
 def test_a_session_is_live_while_its_follower_fetches_in_it_and_holds_only_what_it_carries():
@@ -1185,3 +1202,44 @@ def test_a_quiet_leader_parked_on_its_followers_sessions_is_not_ticked_until_one
         assert ticked >= 6, ticked
     assert proposals == [(1,)], f"unseen for a lag time, the follower must leave the ISR: {proposals}"
     assert lag_ms - 20 <= after_ms[0] <= lag_ms + 400, f"left {after_ms[0]} ms after last seen (lag {lag_ms} ms)"
+
+
+def test_a_leader_asks_the_sessions_for_earlier_sightings_only_for_isr_members_and_parks_on_news_it_took(tmp_path):
+    """PartitionDriver.tick asks the sessions after an ISR member with in_isr=True (a removed
+    partition's or a dropped session's last sighting may keep its clock) and after a follower
+    that may join with in_isr=False (only a session holding the partition now may let it in);
+    and it parks the replica only when the refresh took every ISR member's news: a clock the
+    core left alone keeps a timer of its own."""
+    from dataplane.replica.events import StillFetching
+    asked: list = []
+    news_ms = [0]
+
+    def follower_fetching(tp, replica_id, in_isr):
+        asked.append((replica_id, in_isr))
+        return StillFetching(replica_id=replica_id, fetch_offset=driver.log.log_end_offset, seen_ms=news_ms[0])
+
+    offers: list = []
+    driver = None
+
+    async def scenario():
+        nonlocal driver
+        driver = _quiet_leader(tmp_path, _IsrHooks(), follower_fetching)
+        driver.on_park = lambda tp, followers, lag_ms, other: offers.append(followers) or True
+        await _until_serving(driver)
+        core = driver.replica
+        core.caught_up_due = lambda now: (2, 3)        # 2 in the ISR, 3 asked about joining
+        core.isr_followers = lambda: (2,)
+        now = core.now_ms + 10 * LAG_MS
+        news_ms[0] = now
+        core.refresh_caught_up = lambda now_ms, wall, fetching: (True, now_ms + LAG_MS)   # took nothing
+        driver.tick(now)
+        not_taken = list(offers)
+        core.progress[2].last_caught_up_ms = now           # as if it took the news
+        driver.tick(now + 1)
+        await driver.close()
+        return not_taken
+
+    not_taken = asyncio.run(scenario())
+    assert asked[:2] == [(2, True), (3, False)], asked
+    assert not_taken == [], "parked although the refresh left the follower's clock alone"
+    assert offers == [(2,)], offers

@@ -40,6 +40,8 @@ S = TypeVar("S")                   # the leader's summary of it
 
 NO_SESSION = 0
 FULL_EPOCH = 0     # a full fetch's epoch; incremental ones count from 1
+# Partitions removed from a session whose last sighting it keeps (`_LeaderSession.left`), at most.
+LEFT_MAX = 4096
 _UNSENT = object()
 
 
@@ -134,6 +136,9 @@ class LeaderSessions(Generic[K, P, S]):
             position = found.positions.pop(key, _UNSENT)
             if position is not _UNSENT and found.seen_ms is not None:
                 found.left[key] = (position, found.seen_ms)   # type: ignore[assignment]
+                if len(found.left) > LEFT_MAX:
+                    # The oldest words first: one older than a lag time keeps no follower in an ISR.
+                    del found.left[next(iter(found.left))]
             found.sent.pop(key, None)
             found.notes.pop(key, None)
         for key in fetch.changed:
@@ -172,23 +177,27 @@ class LeaderSessions(Generic[K, P, S]):
         session = self._sessions.get(session_id) if session_id is not None else None
         return session_id if session is not None and session.waiting > 0 else None
 
-    def seen(self, owner: int, key: K, now_ms: int) -> tuple[P, int] | None:
+    def seen(self, owner: int, key: K, now_ms: int, *, earlier: bool = True) -> tuple[P, int] | None:
         """Where follower broker `owner` fetches `key` in its session here, and when it was
         last seen fetching there (`now_ms` while a fetch waits); None: no session holds it.
-        Its session dropped (replaced by a full fetch that does not carry `key`, refused,
-        evicted), the dropped session's word stands as of its last sighting: the follower did
-        fetch there then, and a clock told nothing would count it unseen since longer ago."""
+        With `earlier`, a partition the session removed, or a session dropped (replaced by a
+        full fetch that does not carry `key`, refused, evicted), keeps its word as of its last
+        sighting: the follower did fetch there then, and an ISR member's clock told nothing
+        would count it unseen since longer ago. Without it (a follower asking to join the ISR),
+        only a session holding `key` now speaks."""
         session_id = self._owned.get(owner)
         session = self._sessions.get(session_id) if session_id is not None else None
         if session is not None and session.seen_ms is not None and key in session.positions:
             return session.positions[key], now_ms if session.waiting > 0 else session.seen_ms
-        for earlier in (session, self._dropped.get(owner)):
-            if earlier is None or earlier.seen_ms is None:
+        if not earlier:
+            return None
+        for earlier_session in (session, self._dropped.get(owner)):
+            if earlier_session is None or earlier_session.seen_ms is None:
                 continue
-            if key in earlier.left:
-                return earlier.left[key]
-            if earlier is not session and key in earlier.positions:
-                return earlier.positions[key], earlier.seen_ms
+            if key in earlier_session.left:
+                return earlier_session.left[key]
+            if earlier_session is not session and key in earlier_session.positions:
+                return earlier_session.positions[key], earlier_session.seen_ms
         return None
 
     def holding(self, owner: int, key: K, now_ms: int, slack_ms: int) -> int | None:

@@ -97,7 +97,7 @@ class PartitionDriver:
                  fetch_max_bytes: int = 1024 * 1024, push_heartbeat_ms: int = 100, held_produce_max: int = 1000,
                  budget: ProduceBudget | None = None, on_fsync: Callable[[float], None] | None = None,
                  on_due: Callable[[TopicPartition, int | None], None] | None = None,
-                 follower_fetching: Callable[[TopicPartition, int], StillFetching | None] | None = None,
+                 follower_fetching: Callable[[TopicPartition, int, bool], StillFetching | None] | None = None,
                  on_follow_change: Callable[[TopicPartition], None] | None = None,
                  on_usage: Callable[[TopicPartition], None] | None = None,
                  on_park: Callable[[TopicPartition, tuple[int, ...], int, int | None], bool] | None = None,
@@ -268,7 +268,9 @@ class PartitionDriver:
         wall = wall_ms()
         if self.follower_fetching is not None:
             ask = self.follower_fetching
-            fetching = tuple(news for r in self.replica.caught_up_due(now) if (news := ask(self.tp, r)) is not None)
+            isr = self.replica.isr_followers()
+            fetching = tuple(news for r in self.replica.caught_up_due(now)
+                             if (news := ask(self.tp, r, r in isr)) is not None)
             if fetching and not self._stepping:
                 # A quiet leader's refresh from its fetch sessions: no log, HW, epoch or role
                 # moves, so nothing after a step (answers, budget, watchers, usage) has work.
@@ -288,14 +290,20 @@ class PartitionDriver:
         if self.on_park is None:
             return False
         followers = self.replica.isr_followers()
-        told = {news.replica_id for news in fetching}
-        if not followers or not told.issuperset(followers):
+        told = {news.replica_id: news for news in fetching}
+        if not followers or not all(r in told and self._counted(told[r]) for r in followers):
             return False
         if not self.on_park(self.tp, followers, self.replica.config.replica_lag_time_max_ms,
                             self.replica.next_tick_ms(caught_up_clocks=False)):
             return False
         self._due = due   # what a step's clock catch-up compares with (_catch_up_clock)
         return True
+
+    def _counted(self, news: StillFetching) -> bool:
+        """The refresh took this news (the core's rule may refuse a session's word: another
+        position, records since): a clock it left alone runs on a timer of its own."""
+        p = self.replica.progress.get(news.replica_id)
+        return p is not None and p.last_caught_up_ms >= min(news.seen_ms, self.replica.now_ms)
 
     def _set_due(self, due: int | None) -> None:
         """The core's next_tick_ms() after a step: kept for the clock's catch-up, and told to the

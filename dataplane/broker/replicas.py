@@ -199,7 +199,7 @@ class ReplicaManager:
         self.clean_start = clean_start
         self._send_fetch = send_fetch
         # The request handler's fetch sessions, once it is built (PartitionDriver.tick).
-        self.follower_fetching: Callable[[TopicPartition, int], StillFetching | None] | None = None
+        self.follower_fetching: Callable[[TopicPartition, int, bool], StillFetching | None] | None = None
         # ... and whether its followers' sessions hold a partition, live (park), or still are.
         self.sessions_holding: Callable[[TopicPartition, tuple[int, ...], int], tuple[int, ...] | None] | None = None
         self.sessions_live: Callable[[tuple[int, ...], int], bool] | None = None
@@ -517,6 +517,7 @@ class ReplicaManager:
         (an open of the same partition waits for it)."""
         self.open_failures.pop(tp, None)
         driver = self.drivers.pop(tp)
+        self.parked.leave(tp)
         self.usage_touched(tp)
         self._retired_bytes = self._retired_bytes.plus(ByteTotals.of(driver))
         self._fed.pop(tp, None)
@@ -606,8 +607,8 @@ class ReplicaManager:
 
     # ------------------------------------------------------------ clock, usage
 
-    def _follower_fetching(self, tp: TopicPartition, replica_id: int) -> StillFetching | None:
-        return self.follower_fetching(tp, replica_id) if self.follower_fetching is not None else None
+    def _follower_fetching(self, tp: TopicPartition, replica_id: int, in_isr: bool) -> StillFetching | None:
+        return self.follower_fetching(tp, replica_id, in_isr) if self.follower_fetching is not None else None
 
     def _follow_changed(self, tp: TopicPartition) -> None:
         self.follow_changes += 1

@@ -455,11 +455,11 @@ class RequestHandler:
             except TimeoutError:
                 pass
 
-    def follower_fetching(self, tp: TopicPartition, replica_id: int) -> StillFetching | None:
+    def follower_fetching(self, tp: TopicPartition, replica_id: int, in_isr: bool = True) -> StillFetching | None:
         """What this broker's fetch sessions know of follower `replica_id` on `tp`, for the
         core's caught-up rule (PartitionDriver.tick): its kept position and when it was last
-        seen fetching there."""
-        seen = self.fetch_sessions.seen(replica_id, tp, now_ms())
+        seen fetching there (an earlier sighting only for an ISR member's clock, never to join)."""
+        seen = self.fetch_sessions.seen(replica_id, tp, now_ms(), earlier=in_isr)
         if seen is None:
             return None
         position, seen_ms = seen
