@@ -133,12 +133,12 @@ class LeaderSessions(Generic[K, P, S]):
             raise SessionError("wrong_epoch")
         self._sessions.move_to_end(fetch.session_id)
         for key in fetch.removed:
-            position = found.positions.pop(key, _UNSENT)
-            if position is not _UNSENT and found.seen_ms is not None:
-                found.left[key] = (position, found.seen_ms)   # type: ignore[assignment]
+            if key in found.positions and found.seen_ms is not None:
+                found.left[key] = (found.positions[key], found.seen_ms)
                 if len(found.left) > LEFT_MAX:
                     # The oldest words first: one older than a lag time keeps no follower in an ISR.
                     del found.left[next(iter(found.left))]
+            found.positions.pop(key, None)
             found.sent.pop(key, None)
             found.notes.pop(key, None)
         for key in fetch.changed:

@@ -276,12 +276,12 @@ class PartitionDriver:
                 # moves, so nothing after a step (answers, budget, watchers, usage) has work.
                 done, due = self.replica.refresh_caught_up(now, wall, fetching)
                 if done:
-                    if not self._park(fetching, due):
+                    if not self._park(fetching, due, isr):
                         self._set_due(due)
                     return
         self.step(Tick(now_ms=now, wall_ms=wall, fetching=fetching))
 
-    def _park(self, fetching: tuple[StillFetching, ...], due: int | None) -> bool:
+    def _park(self, fetching: tuple[StillFetching, ...], due: int | None, followers: tuple[int, ...]) -> bool:
         """After a quiet leader's refresh, hand its followers' caught-up clocks to their fetch
         sessions when every ISR follower's news came from one: the broker watches the few
         sessions, not thousands of partitions each lag time, and ticks this replica when one
@@ -289,7 +289,6 @@ class PartitionDriver:
         clocks stay as they are till then: any step first ticks it on the sessions' word."""
         if self.on_park is None:
             return False
-        followers = self.replica.isr_followers()
         told = {news.replica_id: news for news in fetching}
         if not followers or not all(r in told and self._counted(told[r]) for r in followers):
             return False

@@ -1125,8 +1125,8 @@ class Replica(ProduceAdmission, PushMixin):
         unless this is a pull leader."""
         if self.role is not Role.LEADER or self._pushing or self.state is None:
             return ()
+        followers = self.isr_followers()
         lag_max = self.config.replica_lag_time_max_ms
-        followers = tuple(r for r in self.state.isr if r in self.progress)
         wanted = followers if any(now_ms - self.progress[r].last_caught_up_ms > lag_max for r in followers) else ()
         return wanted + self._joiners_to_ask(now_ms)
 
