@@ -294,6 +294,7 @@ def brokers_scale(args: argparse.Namespace, partitions: int) -> None:
         brokers = sorted(cluster.brokers)
         ports = {b: cluster.brokers[b].metrics_port for b in brokers}
         cpu_at_start = {b: cpu_seconds(cluster.brokers[b].pid) for b in brokers}
+        controller_cpu_at_start = cpu_seconds(cluster.controllers[0].pid or 0) if cluster.controllers[0].pid else 0.0
         start = time.monotonic()
         created = 0
         topic = 0
@@ -366,13 +367,19 @@ def brokers_scale(args: argparse.Namespace, partitions: int) -> None:
             whole = isr_full()
         in_isr_s = time.monotonic() - start
         spent = {b: cpu_seconds(cluster.brokers[b].pid) - cpu_at_start[b] for b in brokers}
+        controller_pid = cluster.controllers[0].pid
+        controller_spent = cpu_seconds(controller_pid) - controller_cpu_at_start if controller_pid else float("nan")
         refused = {b: scrape(ports[b], 'biplane_broker_errors_total{code="LEADER_NOT_AVAILABLE",request="FetchRequest"}')
                    for b in brokers}
+        # ISR changes of the partitions each broker leads: a follower that opened more than a
+        # lag time after its leader left the ISR and had to join it again.
+        shrinks = {b: scrape(ports[b], "biplane_broker_isr_shrinks_total") for b in brokers}
         print(f"in the ISR: every replica {in_isr_s:.1f} s after the first create"
               f"{'' if whole else ' (NOT all in the ISR within the timeout)'}; CPU seconds per broker till then: "
               + ", ".join(f"broker {b} {spent[b]:.1f}" for b in brokers)
-              + "; fetches refused as still opening: "
-              + ", ".join(f"broker {b} {refused[b] or 0:.0f}" for b in brokers))
+              + f", controller {controller_spent:.1f}; fetches refused as still opening: "
+              + ", ".join(f"broker {b} {refused[b] or 0:.0f}" for b in brokers)
+              + "; ISR shrinks of led partitions: " + ", ".join(f"broker {b} {shrinks[b] or 0:.0f}" for b in brokers))
         time.sleep(2)
         pids = {f"broker {b}": cluster.brokers[b].pid for b in brokers}
         pids["controller"] = cluster.controllers[0].pid
