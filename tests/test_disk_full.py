@@ -471,10 +471,10 @@ def test_recovery_opens_a_partition_whose_open_failed_but_leaves_one_being_opene
     real_prepare = replicas_module._prepare_dir
     fail = {"open": True}
 
-    def prepare(directory, topic_id):
+    def prepare(directory, topic_id, *rest):
         if fail["open"]:
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real_prepare(directory, topic_id)
+        return real_prepare(directory, topic_id, *rest)
     monkeypatch.setattr(replicas_module, "_prepare_dir", prepare)
 
     async def scenario():

@@ -28,10 +28,12 @@ class Node:
     """A replica with its log; completes writes (and flushes, if auto_flush) at once."""
 
     def __init__(self, replica_id: int, *, log: MemoryLog | None = None, auto_flush: bool = True,
-                 fetch_max_bytes: int = 1024 * 1024, unclean_start: bool = False) -> None:
+                 fetch_max_bytes: int = 1024 * 1024, unclean_start: bool = False,
+                 written_under_write: bool = False) -> None:
         self.log = log if log is not None else MemoryLog()
         self.replica = Replica(replica_id=replica_id, log=self.log, fetch_backoff_ms=10, flush_debounce_ms=5,
-                               fetch_max_bytes=fetch_max_bytes, unclean_start=unclean_start)
+                               fetch_max_bytes=fetch_max_bytes, unclean_start=unclean_start,
+                               written_under_write=written_under_write)
         self.auto_flush = auto_flush
         self.actions: list = []
 
@@ -701,6 +703,33 @@ def test_unclean_write_replica_reports_marked_unclean_until_it_caught_up_or_led(
     nodes[3] = Node(3, log=nodes[3].log, unclean_start=True)
     nodes[3].step(NewMetadata(partition=state(leader=3, epoch=4, isr=(3,)), config=cfg))
     assert nodes[3].replica.role is Role.LEADER and not nodes[3].replica.unclean_start
+
+
+def test_a_replica_that_took_records_under_write_stays_unclean_when_its_topic_moves_to_fsync():
+    """Claim: a replica whose log took records under durability=write, restarted after a crash,
+    reports `unclean` in a quorum election even when its topic is under fsync now: whether the
+    alter came before the crash (the broker's record says so: `written_under_write`) or after
+    the restart, while the replica has not caught up yet. The alter brings back nothing the
+    crash took. A replica that never took records under write reports clean."""
+    fsync = config(commit_policy="quorum", quorum_required_acks=2, durability="fsync")
+    write = config(commit_policy="quorum", quorum_required_acks=2, durability="write")
+    fence = state(leader=None, epoch=2, fence=True)
+
+    def restarted(written_under_write: bool) -> Node:
+        log = MemoryLog()
+        log.append_as_leader(batch(), leader_epoch=1)
+        log.flush()
+        return Node(2, log=log, unclean_start=True, written_under_write=written_under_write)
+
+    for written_under_write, unclean in ((True, True), (False, False)):   # altered before the crash
+        node = restarted(written_under_write)
+        node.step(NewMetadata(partition=fence, config=fsync))
+        assert [r.unclean for r in node.take(ReportElection)] == [unclean], written_under_write
+    node = restarted(False)   # altered after the restart, before it caught up
+    node.step(NewMetadata(partition=state(epoch=1), config=write))
+    node.step(NewMetadata(partition=state(epoch=1), config=fsync))
+    node.step(NewMetadata(partition=fence, config=fsync))
+    assert [r.unclean for r in node.take(ReportElection)] == [True]
 
 
 def test_quorum_write_partition_elects_once_every_replica_reports_after_unclean_restarts():

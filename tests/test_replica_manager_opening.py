@@ -83,10 +83,10 @@ def test_newer_metadata_applies_while_a_replica_is_still_opening(tmp_path, monke
     gate = threading.Event()
     real_prepare = replicas_module._prepare_dir
 
-    def prepare(directory, topic_id):
+    def prepare(directory, topic_id, *rest):
         if directory.endswith("t-0"):
             assert gate.wait(30), "test gate never opened"
-        return real_prepare(directory, topic_id)
+        return real_prepare(directory, topic_id, *rest)
     monkeypatch.setattr(replicas_module, "_prepare_dir", prepare)
     first = cluster(1)
     add_topic(first, "t", [[1]], min_insync_replicas=1)

@@ -89,6 +89,10 @@ class TopicInfo:
     config: TopicConfig
     partition_count: int  # partitions created so far (== config.partitions once complete)
     created_at_ms: int = 0
+    # The topic has been under durability=write at some time since its creation: its replicas
+    # may have counted records before they were on disk, which a crash can take (an alter to
+    # fsync brings nothing back). Set by the record that makes it so, never cleared.
+    ever_under_write: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -380,7 +384,8 @@ class MetadataImage:
         if any(t.topic_id == r.topic_id for t in self._topics.values()):
             raise _reject(r, f"topic id {r.topic_id!r} is in use")
         self._topics[r.name] = TopicInfo(name=r.name, topic_id=r.topic_id, config=r.config,
-                                         partition_count=0, created_at_ms=r.at_ms)
+                                         partition_count=0, created_at_ms=r.at_ms,
+                                         ever_under_write=r.config.durability == "write")
         self._partitions[r.name] = ()
 
     def _add_partitions(self, r: AddPartitions) -> None:
@@ -502,7 +507,8 @@ class MetadataImage:
             config = apply_config_changes(topic.config, changes)
         except InvalidFieldError as exc:
             raise _reject(r, str(exc)) from None
-        self._topics[r.topic] = replace(topic, config=config)
+        self._topics[r.topic] = replace(topic, config=config,
+                                        ever_under_write=topic.ever_under_write or config.durability == "write")
 
     def _alter_cluster_config(self, r: AlterClusterConfig) -> None:
         try:
@@ -559,7 +565,9 @@ class MetadataImage:
                     raise ValueError(f"topic {t['name']!r} partitions are not 0..n-1")
                 image._topics[t["name"]] = TopicInfo(
                     name=t["name"], topic_id=t["topic_id"], config=config,
-                    partition_count=len(parts), created_at_ms=int(t.get("created_at_ms", 0)))
+                    partition_count=len(parts), created_at_ms=int(t.get("created_at_ms", 0)),
+                    # An image saved before the field: what the topic is now is all it can tell.
+                    ever_under_write=bool(t.get("ever_under_write", config.durability == "write")))
                 image._partitions[t["name"]] = parts
                 for p in parts:
                     image._track(p, +1)
@@ -596,6 +604,7 @@ def _topic_to_dict(t: TopicInfo, parts: tuple[PartitionInfo, ...]) -> dict[str, 
         "name": t.name,
         "topic_id": t.topic_id,
         "created_at_ms": t.created_at_ms,
+        "ever_under_write": t.ever_under_write,
         "config": t.config.model_dump(mode="json"),
         "partitions": [_partition_to_dict(p) for p in parts],
     }

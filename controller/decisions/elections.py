@@ -17,8 +17,9 @@ topic allows it, and then the ISR restarts as just the new leader.
    The new leader's ISR is the set of unfenced replicas that reported: they are
    known to be alive; the leader re-grows it as others catch up.
    The leader takes epoch e+2 (any leader change bumps the epoch).
-   Under durability=write a replica restarted after a crash and not caught up
-   since reports `unclean`: a committed record it counted may be gone from it,
+   A replica whose log took records under durability=write (its topic is, or
+   was, under write), restarted after a crash and not caught up since, reports
+   `unclean`: a committed record it counted may be gone from it,
    so it is not one of the n − q + 1. Unclean reports count only once every
    replica has reported: then no replica can hold more than the winner, and
    waiting would only leave the partition leaderless for good (nobody can catch

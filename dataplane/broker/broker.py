@@ -358,8 +358,9 @@ class Broker:
             await self.fetcher.close()
         if self.pusher is not None:
             await self.pusher.close()
+        unclean: list[str] = []
         if self.replicas is not None:
-            await self.replicas.close()
+            unclean = await self.replicas.close()
         if self.control is not None:
             await self.control.close()
         if self._metrics_server is not None:
@@ -367,7 +368,13 @@ class Broker:
         self.metrics.exposition.close()
         self.watchdog.stop()
         if self._dir_lock is not None:
-            if clean and self.replicas is not None:
+            if clean and self.replicas is not None and unclean:
+                # Kafka's rule too: the marker vouches for every log, so one that cannot is enough.
+                log.warning("stopping without the clean-shutdown marker: %d replicas cannot vouch for their "
+                            "logs (%s%s); the next start is treated as after a crash (this broker leaves "
+                            "every ISR until it catches up)", len(unclean), ", ".join(unclean[:5]),
+                            ", ..." if len(unclean) > 5 else "", extra={"event": "broker.stop_unclean"})
+            elif clean and self.replicas is not None:
                 write_clean_shutdown_marker(self.config.data_dir)
             self._dir_lock.release()
         log.info("broker %d stopped", self.config.broker_id, extra={"event": "broker.stopped"})

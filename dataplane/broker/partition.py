@@ -93,7 +93,8 @@ def wall_ms() -> int:
 
 class PartitionDriver:
     def __init__(self, *, broker_id: int, tp: TopicPartition, directory: str, log_config: LogConfig,
-                 hooks: DriverHooks, unclean_start: bool, flush_debounce_ms: int = 0,
+                 hooks: DriverHooks, unclean_start: bool, written_under_write: bool = False,
+                 flush_debounce_ms: int = 0,
                  fetch_max_bytes: int = 1024 * 1024, push_heartbeat_ms: int = 100, held_produce_max: int = 1000,
                  budget: ProduceBudget | None = None, on_fsync: Callable[[float], None] | None = None,
                  on_due: Callable[[TopicPartition, int | None], None] | None = None,
@@ -156,6 +157,7 @@ class PartitionDriver:
         # followers, which nothing long-polls for, hear from an idle leader every push_heartbeat_ms.
         self.replica = Replica(replica_id=broker_id, log=self.log, partition=tp, now_ms=now_ms(), wall_ms=wall_ms(),
                                fetch_backoff_ms=0, fetch_max_bytes=fetch_max_bytes, unclean_start=unclean_start,
+                               written_under_write=written_under_write,
                                fetch_retry_ms=FETCH_RETRY_MS,
                                push_heartbeat_ms=push_heartbeat_ms,
                                push_capable=True,  # this driver carries append-entries (pusher.py)

@@ -31,7 +31,7 @@ from typing import Callable, Iterable
 
 from common import fds
 from common.control_client import ControlClient
-from common.durable import temp_path, write_synced
+from common.durable import fsync_dir, temp_path, write_synced
 from common.errors import BiplaneError
 from common.eventloop import in_slices, step_aside
 from common.heap import LongLivedFreezer
@@ -426,10 +426,11 @@ class ReplicaManager:
         loop = asyncio.get_running_loop()
 
         def build() -> PartitionDriver:   # in an opener thread: one hand-off per replica, not two
-            existed = _prepare_dir(directory, topic.topic_id)
+            existed = _prepare_dir(directory, topic.topic_id, topic.ever_under_write)
             return PartitionDriver(
                 broker_id=self.broker_id, tp=info.tp, directory=directory, log_config=log_config_of(topic),
                 hooks=self, unclean_start=(existed and not self.clean_start) or info.tp in self.reopening,
+                written_under_write=topic.ever_under_write,
                 flush_debounce_ms=self.config.flush_debounce_ms,
                 fetch_max_bytes=self.config.partition_fetch_max_bytes,
                 push_heartbeat_ms=self.config.push_heartbeat_ms, budget=self.budget,
@@ -881,7 +882,11 @@ class ReplicaManager:
                                              replicated_bytes=retired.replicated_bytes + sums[3],
                                              fetch_bytes=retired.fetch_bytes + sums[2]))
 
-    async def close(self) -> None:
+    async def close(self) -> list[str]:
+        """Close every replica; what keeps this stop from counting as clean (empty: none). A
+        replica that failed, did not open, did not close, or may still lack records it counted
+        under write (restarted after a crash and not caught up since) cannot vouch for its log:
+        the next start must treat them as after a crash."""
         async with self._lock:
             self._closed = True
             # A pass in progress stops at its next read or write; its .cleaned file is
@@ -898,17 +903,31 @@ class ReplicaManager:
             # Together: each close flushes its log and writes a producer snapshot (fsyncs
             # in worker threads), so one after the other would add up with many partitions.
             drivers = list(self.drivers.values())
+            unclean = [f"{d.tp[0]}-{d.tp[1]} offline" for d in drivers if d.failed is not None]
+            unclean += [f"{d.tp[0]}-{d.tp[1]} not caught up since the last crash" for d in drivers
+                        if d.failed is None and d.replica.may_lack_counted_records()]
+            unclean += [f"{tp[0]}-{tp[1]} not open" for tp in self.open_failures]
+            if not self.clean_start:
+                # A log not opened since the crash still is as the crash left it.
+                if self._image is None:
+                    unclean.append("no metadata applied since the crash")
+                unclean += [f"{tp[0]}-{tp[1]} not opened since the crash" for tp in self._topics
+                            if tp not in self.drivers and tp not in self.open_failures]
             results = await asyncio.gather(*(d.close() for d in drivers), return_exceptions=True)
             for driver, result in zip(drivers, results):
                 if isinstance(result, BaseException):
+                    unclean.append(f"{driver.tp[0]}-{driver.tp[1]} close failed")
                     log.error("%s-%d: close failed: %r", *driver.tp, result,
                               extra={"event": "partition.close_failed", "topic": driver.tp[0],
                                      "partition": driver.tp[1]})
             self._flusher.shutdown(wait=False)
+            return unclean
 
 
-def _prepare_dir(directory: str, topic_id: str) -> bool:
-    """Make the directory hold data of `topic_id` only; True if it held data of it already."""
+def _prepare_dir(directory: str, topic_id: str, entry_durable: bool = False) -> bool:
+    """Make the directory hold data of `topic_id` only; True if it held data of it already.
+    `entry_durable`: a new directory and its marker are on disk before this returns (a
+    topic that has been under durability=write, whose records count before a flush)."""
     marker = os.path.join(directory, TOPIC_ID_FILE)
     try:
         with open(marker) as f:
@@ -921,12 +940,17 @@ def _prepare_dir(directory: str, topic_id: str) -> bool:
         log.warning("wiping %s: it holds topic id %r, metadata says %r", directory, found, topic_id)
         shutil.rmtree(directory)
     os.makedirs(directory)
-    # The marker's data is synced, its name not yet: the log's first flush syncs this directory
-    # (its own) before anything in it is durable, and a crash before that loses only an empty
-    # log, which is opened again as new. One fsync per new replica instead of two.
+    # The marker's data is synced, its name not yet: under fsync the log's first flush syncs this
+    # directory (its own) before anything in it counts, and a crash before that loses only an
+    # empty log, which is opened again as new. One fsync per new replica instead of three. Under
+    # write records count before a flush: a crash must not take the directory, so that the
+    # replica restarts as one that may lack them (unclean), not as a new one.
     tmp = temp_path(marker)
     write_synced(tmp, (topic_id + "\n").encode())
     os.replace(tmp, marker)
+    if entry_durable:
+        fsync_dir(directory)
+        fsync_dir(os.path.dirname(os.path.abspath(directory)))
     return False
 
 

@@ -90,8 +90,9 @@ class ProposeIsr:
 class ReportElection:
     """To the controller during a quorum election: (last epoch, end offset) of the FLUSHED log.
 
-    `unclean`: durability=write, restarted after a crash and not caught up with a leader
-    since; the log may lack a committed record it once counted."""
+    `unclean`: its log took records under durability=write (the topic is or was under write),
+    and it restarted after a crash and has not caught up with a leader since; the log may lack
+    a committed record it once counted."""
 
     replica_id: int
     fenced_epoch: int

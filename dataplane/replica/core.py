@@ -121,7 +121,8 @@ class Replica(ProduceAdmission, PushMixin):
                  push_inflight_max: int = 4, push_heartbeat_ms: int | None = None,
                  push_capable: bool = False, producers_max: int = 10_000,
                  producer_idle_ms_max: int = 7 * 24 * 3600 * 1000, unclean_start: bool = False,
-                 producer_state: ProducerStateTable | None = None, check_invariants: bool | None = None,
+                 written_under_write: bool = False, producer_state: ProducerStateTable | None = None,
+                 check_invariants: bool | None = None,
                  held_produce_max: int = 0, wall_ms: int | None = None) -> None:
         for name, value in (("fetch_max_bytes", fetch_max_bytes), ("flush_debounce_ms", flush_debounce_ms),
                             ("fetch_backoff_ms", fetch_backoff_ms), ("fetch_timeout_ms", fetch_timeout_ms),
@@ -179,8 +180,12 @@ class Replica(ProduceAdmission, PushMixin):
         # After an unclean shutdown, data this replica wrote but had not flushed may be
         # gone. Under durability=write the commit rule counted it, so until the replica
         # has caught up with a leader again (or leads) its log cannot vouch for it in an
-        # election: its reports say `unclean`.
+        # election: its reports say `unclean`. `written_under_write`: the log may have taken
+        # records under durability=write before the crash, whatever the topic says now (the
+        # metadata's TopicInfo.ever_under_write; an alter to fsync brings back nothing a crash
+        # took). A topic that leaves write while this replica runs sets it too (_set_config).
         self.unclean_start = unclean_start
+        self.written_under_write = written_under_write
         self.role = Role.UNATTACHED
         self.state: PartitionState | None = None
         self.config = ReplicationConfig()
@@ -304,13 +309,14 @@ class Replica(ProduceAdmission, PushMixin):
                 # (common.metadata.config.PROTOCOL_KEYS); the rest, min_insync_replicas above
                 # all, applies from here, as in Kafka.
                 self.fenced_replicas = frozenset(ev.fenced_replicas)
-                self.config = ev.config
+                self._set_config(ev.config)
                 return
             if st.leader_epoch == self.leader_epoch and st.partition_epoch < self.partition_epoch:
                 return
         new_epoch = st.leader_epoch > self.leader_epoch or self.state is None
         old_isr = self.state.isr if self.state is not None else ()
-        self.state, self.config = st, ev.config
+        self.state = st
+        self._set_config(ev.config)
         self.fenced_replicas = frozenset(ev.fenced_replicas)
         self.leader_epoch, self.partition_epoch = st.leader_epoch, st.partition_epoch
         if self.replica_id not in st.replicas:
@@ -408,6 +414,17 @@ class Replica(ProduceAdmission, PushMixin):
         else:
             self._report_election()
 
+    def _set_config(self, config: ReplicationConfig) -> None:
+        if self.config.durability == "write" and config.durability != "write":
+            self.written_under_write = True   # what it counted under write may still be missing
+        self.config = config
+
+    def may_lack_counted_records(self) -> bool:
+        """Restarted after a crash, not caught up or elected since, and its log took records
+        under durability=write (counted before they were on disk): an election cannot take its
+        flushed log's word for what was committed."""
+        return self.unclean_start and (self.config.durability == "write" or self.written_under_write)
+
     def _report_election(self) -> None:
         # An unclean report still goes: during the election there is no leader to catch up
         # with, so a replica that stayed silent could never be counted, and a partition
@@ -417,7 +434,7 @@ class Replica(ProduceAdmission, PushMixin):
         self._send.append(ReportElection(replica_id=self.replica_id, fenced_epoch=self.leader_epoch,
                                          last_epoch=self.log.epoch_before(self.flushed_offset),
                                          end_offset=self.flushed_offset,
-                                         unclean=self.unclean_start and self.config.durability == "write"))
+                                         unclean=self.may_lack_counted_records()))
 
     def _leader_metadata_update(self, old_isr: tuple[int, ...]) -> None:
         st = self.state
