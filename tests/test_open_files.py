@@ -26,7 +26,7 @@ def test_the_soft_limit_is_raised_to_the_hard_one():
 
 
 def test_an_open_that_runs_out_of_file_descriptors_says_what_to_do(tmp_path, monkeypatch, caplog):
-    def no_descriptors(directory, topic_id):
+    def no_descriptors(directory, topic_id, *rest):
         raise OSError(errno.EMFILE, "Too many open files")
     monkeypatch.setattr(replicas_module, "_prepare_dir", no_descriptors)
     image = cluster(1)
