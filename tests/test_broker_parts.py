@@ -221,6 +221,30 @@ def test_learner_keeps_learning_while_a_listener_is_slow_and_hands_it_the_newest
     assert seen == [0, 2]
 
 
+def test_learner_tells_its_listeners_only_once_caught_up_with_the_committed_offset(tmp_path):
+    """An answer holds at most a window of records: a first answer that leaves the image short
+    of the offset it reflects is not caught up yet. The replicas open only on the whole image,
+    never on a part of it that lacks a later record (one that says a topic was once under
+    durability=write, say)."""
+    recs = _records()
+    control = FakeControl([MetadataBatch(offset=2, records=((0, dump_record(recs[0])), (1, dump_record(recs[1])))),
+                           MetadataBatch(offset=2, records=((2, dump_record(recs[2])),))])
+    seen: list[int] = []
+
+    async def scenario():
+        learner = MetadataLearner(control, data_dir=str(tmp_path))
+        learner.add_listener(lambda image: seen.append(image.offset))
+        task = asyncio.create_task(learner.run())
+        for _ in range(300):
+            if seen:
+                break
+            await asyncio.sleep(0.01)
+        await cancel_and_wait(task)
+        return control.asked_after[:2]
+    assert asyncio.run(scenario()) == [-1, 1]   # the rest asked for at once
+    assert seen == [2]
+
+
 def test_learner_run_fails_when_a_listener_fails_unexpectedly(tmp_path):
     """A listener bug is not swallowed by its task: run() raises it (the broker stops, loudly)."""
     recs = _records()

@@ -97,10 +97,6 @@ def test_after_a_crash_a_replica_of_a_topic_once_under_write_cannot_vouch_for_it
     assert may_lack == {"w": True, "f": False}
     assert unclean == ["w-0 not caught up since the last crash"]
 
-    async def stop_before_metadata():
-        return await _manager(data_dir, clean_start=False).close()
-    assert asyncio.run(stop_before_metadata()) == ["no metadata applied since the crash"]
-
 
 def test_a_stop_after_a_crash_before_every_replica_opened_is_not_clean(tmp_path, monkeypatch):
     """After a crash, a replica whose log was not opened in this run is still as the crash left
@@ -123,13 +119,27 @@ def test_a_stop_after_a_crash_before_every_replica_opened_is_not_clean(tmp_path,
         return real_prepare(directory, topic_id, *rest)
     monkeypatch.setattr(replicas_module, "_prepare_dir", prepare)
 
-    async def scenario():
-        manager = _manager(data_dir, clean_start=False)
+    async def scenario(clean_start: bool, *, blocked: bool):
+        manager = _manager(data_dir, clean_start=clean_start)
         manager._open_slots = NewestFirst(1)   # a holds the only slot; b waits behind it
+        if not blocked:
+            gate.set()
         await asyncio.wait_for(manager.on_metadata(image), 5)
-        threading.Timer(0.2, gate.set).start()
+        if blocked:
+            threading.Timer(0.2, gate.set).start()
+        else:
+            await asyncio.wait_for(manager.settled(), 10)
         return await asyncio.wait_for(manager.close(), 10)
     try:
-        assert asyncio.run(scenario()) == ["a-0 not opened since the crash", "b-0 not opened since the crash"]
+        # A brand-new data directory starts without the marker too, but holds no log to vouch for.
+        assert asyncio.run(scenario(False, blocked=True)) == []
+        assert asyncio.run(scenario(False, blocked=False)) == []   # both open and close
+        gate.clear()
+        assert asyncio.run(scenario(False, blocked=True)) == ["a-0 not opened since the crash",
+                                                               "b-0 not opened since the crash"]
+
+        async def stop_before_metadata():
+            return await _manager(data_dir, clean_start=False).close()
+        assert asyncio.run(stop_before_metadata()) == ["no metadata applied since the crash"]
     finally:
         gate.set()

@@ -8,6 +8,8 @@ the next incarnation must not report its log as clean in an election.
 """
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from cluster_harness import Cluster
@@ -24,7 +26,10 @@ def test_a_broker_with_a_replica_not_caught_up_since_a_crash_stops_without_the_c
         follower = 3 - leader
         cluster.brokers[follower].kill()
         cluster.brokers[leader].stop()
+        restarted_at = time.time()
         assert cluster.restart(follower)["clean_shutdown"] is False   # after kill -9
+        wait_until(lambda: any(at >= restarted_at for at, _ in cluster.brokers[follower].log_lines("opened q-0")),
+                   30, "the follower's replica of q opened")
         # Its leader is down: the follower's replica of q cannot catch up before it stops.
         cluster.brokers[follower].stop()
         said = cluster.brokers[follower].log_lines("stopping without the clean-shutdown marker")

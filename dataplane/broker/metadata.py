@@ -4,8 +4,9 @@ Brokers pull (docs/design.md#processes-and-what-travels-between-them): records a
 we are too far behind. The image is saved to `metadata.json` in the data dir
 (atomically, by a task of its own, at most once per `save_interval_ms`, the newest
 image each time) so a restarted broker fetches from about where it was; it still
-catches up with the controller before it acts on anything (`caught_up` is set after
-the first successful fetch of this process), so a file a little behind costs nothing.
+catches up with the controller before it acts on anything (`caught_up` is set once a
+fetch of this process has brought the image to the committed offset its answer reflects), so
+a file a little behind costs nothing.
 
 Listeners (the replica manager, which opens and feeds partitions) run in a task of
 their own and are always handed the newest image: fetching and applying records
@@ -171,6 +172,14 @@ class MetadataLearner:
                 self._release_offset_waiters()
             self._report_lag(self.lag.observe(now_ms=_now_ms(), committed=batch.offset))
             first = not self.caught_up.is_set()
+            if first and self.image.offset < batch.offset:
+                # An answer holds at most a window of records: the rest comes at once (no wait).
+                # Replicas open only on the controller's whole committed metadata, so a fact
+                # a later record states (a topic once under durability=write) is never missed
+                # by the first ones to open.
+                if changed:
+                    self._save_wanted.set()
+                continue
             self.caught_up.set()
             if changed or first:
                 self._save_wanted.set()

@@ -242,6 +242,10 @@ class ReplicaManager:
         self._closed = False
         self._swept = False
         self.reopening: set[TopicPartition] = set()  # offline partitions opened again (offline.py)
+        # After a crash: the replica directories the crash left (a stop before each is opened
+        # again cannot count as clean; a brand-new data directory also starts without the
+        # clean-shutdown marker, and holds none).
+        self._left_by_crash = frozenset() if clean_start else _replica_dirs(config.data_dir)
         # Replicas being opened (a task each; server.py answers them "not available" meanwhile),
         # and replicas that left being closed and removed (a task each).
         self.opening: dict[TopicPartition, asyncio.Future[None]] = {}
@@ -906,13 +910,16 @@ class ReplicaManager:
             unclean = [f"{d.tp[0]}-{d.tp[1]} offline" for d in drivers if d.failed is not None]
             unclean += [f"{d.tp[0]}-{d.tp[1]} not caught up since the last crash" for d in drivers
                         if d.failed is None and d.replica.may_lack_counted_records()]
-            unclean += [f"{tp[0]}-{tp[1]} not open" for tp in self.open_failures]
-            if not self.clean_start:
-                # A log not opened since the crash still is as the crash left it.
-                if self._image is None:
-                    unclean.append("no metadata applied since the crash")
-                unclean += [f"{tp[0]}-{tp[1]} not opened since the crash" for tp in self._topics
-                            if tp not in self.drivers and tp not in self.open_failures]
+            # A log that failed to open is as the last stop left it: as a crash left it after
+            # one, or unflushed if it was offline in this run.
+            unclean += [f"{tp[0]}-{tp[1]} not open" for tp in self.open_failures
+                        if tp in self.reopening or f"{tp[0]}-{tp[1]}" in self._left_by_crash]
+            # A log not opened since the crash is as the crash left it.
+            if self._left_by_crash and self._image is None:
+                unclean.append("no metadata applied since the crash")
+            unclean += [f"{tp[0]}-{tp[1]} not opened since the crash" for tp in self._topics
+                        if tp not in self.drivers and tp not in self.open_failures
+                        and f"{tp[0]}-{tp[1]}" in self._left_by_crash]
             results = await asyncio.gather(*(d.close() for d in drivers), return_exceptions=True)
             for driver, result in zip(drivers, results):
                 if isinstance(result, BaseException):
@@ -952,6 +959,15 @@ def _prepare_dir(directory: str, topic_id: str, entry_durable: bool = False) -> 
         fsync_dir(directory)
         fsync_dir(os.path.dirname(os.path.abspath(directory)))
     return False
+
+
+def _replica_dirs(data_dir: str) -> frozenset[str]:
+    """The names of the replica directories in `data_dir` (those holding a topic id)."""
+    try:
+        names = os.listdir(data_dir)
+    except OSError:
+        return frozenset()
+    return frozenset(n for n in names if os.path.isfile(os.path.join(data_dir, n, TOPIC_ID_FILE)))
 
 
 def _remove_orphans(data_dir: str, keep: set[str]) -> None:
