@@ -9,6 +9,7 @@ import os
 
 from common.metadata import AlterTopicConfig, MetadataImage
 from metadata_builders import add_topic, apply, cluster
+from test_replica_manager_opening import _manager, hold_open
 
 
 def test_the_image_remembers_a_topic_was_under_write_through_alters_and_saves():
@@ -37,17 +38,6 @@ def test_the_image_remembers_a_topic_was_under_write_through_alters_and_saves():
     assert MetadataImage.from_dict(old_f_write).topics["f"].ever_under_write
 
 
-def _manager(data_dir: str, *, clean_start: bool):
-    from dataplane.broker.config import BrokerConfig
-    from dataplane.broker.replicas import ReplicaManager
-    from test_broker_parts import FakeControl
-    config = BrokerConfig(broker_id=1, data_dir=data_dir, controller_urls=("http://c:1",))
-    os.makedirs(data_dir, exist_ok=True)
-    return ReplicaManager(config=config, control=FakeControl(), clean_start=clean_start,
-                          send_fetch=lambda *a: None, send_append_entries=lambda *a: None,
-                          refresh_metadata=lambda: None)
-
-
 def test_after_a_crash_a_replica_of_a_topic_once_under_write_cannot_vouch_for_its_log(tmp_path, monkeypatch):
     """Topic w (quorum, durability=write, broker 1 follows broker 2) is altered to fsync, and
     broker 1 restarts after a crash: its replica of w starts unclean and knows its log took
@@ -56,7 +46,6 @@ def test_after_a_crash_a_replica_of_a_topic_once_under_write_cannot_vouch_for_it
     count as clean. w's directory was on disk (its entry synced in the data directory) before
     its replica counted anything: a crash cannot make it a new, clean replica."""
     from dataplane.broker.partition import PartitionDriver
-    data_dir = str(tmp_path / "data")
     image = cluster(2)
     add_topic(image, "w", [[2, 1]], commit_policy="quorum", quorum_required_acks=2, durability="write")
     add_topic(image, "f", [[2, 1]], commit_policy="quorum", quorum_required_acks=2, durability="fsync")
@@ -78,7 +67,7 @@ def test_after_a_crash_a_replica_of_a_topic_once_under_write_cannot_vouch_for_it
     monkeypatch.setattr(PartitionDriver, "__init__", init)
 
     async def run(clean_start: bool):
-        manager = _manager(data_dir, clean_start=clean_start)
+        manager = _manager(tmp_path, clean_start=clean_start)
         try:
             await asyncio.wait_for(manager.on_metadata(image), 5)
             await asyncio.wait_for(manager.settled(), 10)
@@ -104,23 +93,14 @@ def test_a_stop_after_a_crash_before_every_replica_opened_is_not_clean(tmp_path,
     opened while the broker was stopping, is closed unfed, with nothing known of it: counted too.)"""
     import threading
 
-    from dataplane.broker import replicas as replicas_module
     from dataplane.broker.replicas import NewestFirst
-    data_dir = str(tmp_path / "data")
     image = cluster(1)
     add_topic(image, "a", [[1]])
     add_topic(image, "b", [[1]])
-    gate = threading.Event()
-    real_prepare = replicas_module._prepare_dir
-
-    def prepare(directory, topic_id, *rest):
-        if directory.endswith("a-0"):
-            assert gate.wait(30), "test gate never opened"
-        return real_prepare(directory, topic_id, *rest)
-    monkeypatch.setattr(replicas_module, "_prepare_dir", prepare)
+    gate = hold_open(monkeypatch, "a-0")
 
     async def scenario(clean_start: bool, *, blocked: bool):
-        manager = _manager(data_dir, clean_start=clean_start)
+        manager = _manager(tmp_path, clean_start=clean_start)
         manager._open_slots = NewestFirst(1)   # a holds the only slot; b waits behind it
         if not blocked:
             gate.set()
@@ -139,7 +119,7 @@ def test_a_stop_after_a_crash_before_every_replica_opened_is_not_clean(tmp_path,
                                                                "b-0 not opened since the crash"]
 
         async def stop_before_metadata():
-            return await _manager(data_dir, clean_start=False).close()
+            return await _manager(tmp_path, clean_start=False).close()
         assert asyncio.run(stop_before_metadata()) == ["no metadata applied since the crash"]
     finally:
         gate.set()

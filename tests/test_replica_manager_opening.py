@@ -57,7 +57,8 @@ def test_newest_first_bounds_holders_and_survives_cancelled_waiters():
     assert asyncio.run(scenario()) == 2
 
 
-def _manager(tmp_path):
+def _manager(tmp_path, *, clean_start: bool = True):
+    """Broker 1's replica manager over `tmp_path`/data (created), with no peers."""
     import os
 
     from dataplane.broker.config import BrokerConfig
@@ -65,29 +66,36 @@ def _manager(tmp_path):
     from test_broker_parts import FakeControl
     config = BrokerConfig(broker_id=1, data_dir=str(tmp_path / "data"), controller_urls=("http://c:1",))
     os.makedirs(config.data_dir, exist_ok=True)
-    return ReplicaManager(config=config, control=FakeControl(), clean_start=True, send_fetch=lambda *a: None,
+    return ReplicaManager(config=config, control=FakeControl(), clean_start=clean_start, send_fetch=lambda *a: None,
                           send_append_entries=lambda *a: None, refresh_metadata=lambda: None)
+
+
+def hold_open(monkeypatch, directory_name: str):
+    """Block the open of the replica directory `directory_name` in its opener thread until the
+    returned event is set."""
+    import threading
+
+    from dataplane.broker import replicas as replicas_module
+    gate = threading.Event()
+    real_prepare = replicas_module._prepare_dir
+
+    def prepare(directory, topic_id, *rest):
+        if directory.endswith(directory_name):
+            assert gate.wait(30), "test gate never opened"
+        return real_prepare(directory, topic_id, *rest)
+    monkeypatch.setattr(replicas_module, "_prepare_dir", prepare)
+    return gate
 
 
 def test_newer_metadata_applies_while_a_replica_is_still_opening(tmp_path, monkeypatch):
     """t-0's open blocks in its thread: on_metadata still returns, a later image's topic u opens
     and is served, t-0 answers LEADER_NOT_AVAILABLE meanwhile, and once open it is fed the
     image applied last, and leads."""
-    import threading
-
     from common.errors import ErrorCode
-    from dataplane.broker import replicas as replicas_module
     from dataplane.replica.core import Role
     from metadata_builders import add_topic, cluster
 
-    gate = threading.Event()
-    real_prepare = replicas_module._prepare_dir
-
-    def prepare(directory, topic_id, *rest):
-        if directory.endswith("t-0"):
-            assert gate.wait(30), "test gate never opened"
-        return real_prepare(directory, topic_id, *rest)
-    monkeypatch.setattr(replicas_module, "_prepare_dir", prepare)
+    gate = hold_open(monkeypatch, "t-0")
     first = cluster(1)
     add_topic(first, "t", [[1]], min_insync_replicas=1)
     second = first.copy()

@@ -368,14 +368,15 @@ class Broker:
         self.metrics.exposition.close()
         self.watchdog.stop()
         if self._dir_lock is not None:
-            if clean and self.replicas is not None and unclean:
-                # Kafka's rule too: the marker vouches for every log, so one that cannot is enough.
-                log.warning("stopping without the clean-shutdown marker: %d replicas cannot vouch for their "
-                            "logs (%s%s); the next start is treated as after a crash (this broker leaves "
-                            "every ISR until it catches up)", len(unclean), ", ".join(unclean[:5]),
-                            ", ..." if len(unclean) > 5 else "", extra={"event": "broker.stop_unclean"})
-            elif clean and self.replicas is not None:
-                write_clean_shutdown_marker(self.config.data_dir)
+            if clean and self.replicas is not None:
+                if unclean:
+                    # Kafka's rule too: the marker vouches for every log, so one that cannot is enough.
+                    log.warning("stopping without the clean-shutdown marker: %d replicas cannot vouch for their "
+                                "logs (%s%s); the next start is treated as after a crash (this broker leaves "
+                                "every ISR until it catches up)", len(unclean), ", ".join(unclean[:5]),
+                                ", ..." if len(unclean) > 5 else "", extra={"event": "broker.stop_unclean"})
+                else:
+                    write_clean_shutdown_marker(self.config.data_dir)
             self._dir_lock.release()
         log.info("broker %d stopped", self.config.broker_id, extra={"event": "broker.stopped"})
 

@@ -79,8 +79,12 @@ FLUSH_THREADS = 6
 PARK_CHECK_S = 0.5
 
 
+def replica_dir_name(tp: TopicPartition) -> str:
+    return f"{tp[0]}-{tp[1]}"
+
+
 def partition_dir(data_dir: str, tp: TopicPartition) -> str:
-    return os.path.join(data_dir, f"{tp[0]}-{tp[1]}")
+    return os.path.join(data_dir, replica_dir_name(tp))
 
 
 def log_config_of(topic: TopicInfo) -> LogConfig:
@@ -913,13 +917,13 @@ class ReplicaManager:
             # A log that failed to open is as the last stop left it: as a crash left it after
             # one, or unflushed if it was offline in this run.
             unclean += [f"{tp[0]}-{tp[1]} not open" for tp in self.open_failures
-                        if tp in self.reopening or f"{tp[0]}-{tp[1]}" in self._left_by_crash]
+                        if tp in self.reopening or replica_dir_name(tp) in self._left_by_crash]
             # A log not opened since the crash is as the crash left it.
             if self._left_by_crash and self._image is None:
                 unclean.append("no metadata applied since the crash")
             unclean += [f"{tp[0]}-{tp[1]} not opened since the crash" for tp in self._topics
                         if tp not in self.drivers and tp not in self.open_failures
-                        and f"{tp[0]}-{tp[1]}" in self._left_by_crash]
+                        and replica_dir_name(tp) in self._left_by_crash]
             results = await asyncio.gather(*(d.close() for d in drivers), return_exceptions=True)
             for driver, result in zip(drivers, results):
                 if isinstance(result, BaseException):
@@ -963,18 +967,12 @@ def _prepare_dir(directory: str, topic_id: str, entry_durable: bool = False) -> 
 
 def _replica_dirs(data_dir: str) -> frozenset[str]:
     """The names of the replica directories in `data_dir` (those holding a topic id)."""
-    try:
-        names = os.listdir(data_dir)
-    except OSError:
-        return frozenset()
-    return frozenset(n for n in names if os.path.isfile(os.path.join(data_dir, n, TOPIC_ID_FILE)))
+    return frozenset(n for n in os.listdir(data_dir) if os.path.isfile(os.path.join(data_dir, n, TOPIC_ID_FILE)))
 
 
 def _remove_orphans(data_dir: str, keep: set[str]) -> None:
-    for name in os.listdir(data_dir):
+    for name in sorted(_replica_dirs(data_dir) - keep):
         path = os.path.join(data_dir, name)
-        if name not in keep and os.path.isfile(os.path.join(path, TOPIC_ID_FILE)):
-            log.info("removing %s: no replica of it is assigned here", path,
-                     extra={"event": "partition.orphan_removed"})
-            shutil.rmtree(path, ignore_errors=True)
+        log.info("removing %s: no replica of it is assigned here", path, extra={"event": "partition.orphan_removed"})
+        shutil.rmtree(path, ignore_errors=True)
 
