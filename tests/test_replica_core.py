@@ -250,7 +250,12 @@ def test_produce_times_out_on_tick():
     nodes[1].step(Tick(now_ms=99))
     assert 5 not in nodes[1].released()
     nodes[1].step(Tick(now_ms=100))
-    assert nodes[1].released()[5].error is ErrorCode.REQUEST_TIMED_OUT
+    release = nodes[1].released()[5]
+    assert release.error is ErrorCode.REQUEST_TIMED_OUT
+    # The answer says what it waited for: the followers that never fetched it.
+    reason = release.reason
+    assert "replica 2 at 0 (no fetch from it in this epoch)" in reason, reason
+    assert "replica 3 at 0" in reason and "commit_policy=isr" in reason, reason
 
 
 def test_consumers_read_only_below_the_high_watermark():

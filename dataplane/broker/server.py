@@ -239,6 +239,9 @@ class RequestHandler:
                     release = await future
                     if release.error is not ErrorCode.NONE:
                         self.counters.error("ProduceRequest", release.error)
+                        if release.error is ErrorCode.REQUEST_TIMED_OUT:
+                            log.info("produce to %s-%d %s", topic, partition, release.reason,
+                                     extra={"event": "produce.timed_out", "topic": topic, "partition": partition})
                     leader = (wire.LeaderIdAndEpoch(leader_id=self.broker_id, leader_epoch=driver.replica.leader_epoch)
                               if release.error is ErrorCode.NONE else self._current_leader(topic, partition))
                     item = wire.ProducePartitionResponse(

@@ -718,6 +718,26 @@ class Replica(ProduceAdmission, PushMixin):
             isr |= set(self.pending_isr)
         return frozenset(isr)
 
+    def _commit_wait(self, end: int) -> str:
+        """What a produce waiting for its records below `end` to commit still waits for, in
+        words a user can act on (the answer's error message says it)."""
+        stored = self.stored_offsets()
+        policy = self.config.commit_policy
+        if policy == "isr":
+            behind = sorted(r for r in self.required_isr() | {self.replica_id} if stored.get(r, 0) < end)
+            rule = f"every in-sync replica {sorted(self.required_isr() | {self.replica_id})}"
+        else:
+            behind = sorted(r for r in self.state.replicas if stored.get(r, 0) < end) if self.state else []
+            rule = f"{self.config.quorum_required_acks} replicas"
+        pull = self.config.replication_mode == "pull"
+        words = ", ".join(f"replica {r} at {stored.get(r, 0)}"
+                          + (" (no fetch from it in this epoch)" if pull and r != self.replica_id
+                             and (r not in self.progress or not self.progress[r].fetches) else "")
+                          for r in behind)
+        return (f"timed out before offset {end - 1} was {self.config.durability}-stored on {rule} "
+                f"(commit_policy={policy}, high watermark {self.high_watermark}, epoch start "
+                f"{self.epoch_start_offset}); behind: {words or 'none'}")
+
     def _advance_high_watermark(self) -> None:
         if self.role is not Role.LEADER:
             return
@@ -1188,7 +1208,8 @@ class Replica(ProduceAdmission, PushMixin):
             for p in list(self.pending.values()):
                 if self.now_ms >= p.deadline_ms:
                     del self.pending[p.request_id]
-                    self._release.append(ReleaseProduce(request_id=p.request_id, error=ErrorCode.REQUEST_TIMED_OUT))
+                    self._release.append(ReleaseProduce(request_id=p.request_id, error=ErrorCode.REQUEST_TIMED_OUT,
+                                                        reason=self._commit_wait(p.last_offset + 1)))
             self._time_out_held()
             for request_id, (request, _, deadline_ms) in list(self._backlog.items()):
                 if self.now_ms >= deadline_ms:
