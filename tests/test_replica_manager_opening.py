@@ -1,6 +1,7 @@
 """The replica manager opens replicas off the metadata path: newer metadata applies while older
 replicas open, a replica still opening answers "not available" (retriable), the newest open
-first, and idle replicas are ticked only when their own timer is due."""
+first, in the same order on every broker, and idle replicas are ticked only when their own timer
+is due."""
 from __future__ import annotations
 
 import asyncio
@@ -8,29 +9,30 @@ import asyncio
 from dataplane.broker.replicas import NewestFirst
 
 
-def test_newest_first_hands_a_freed_slot_to_the_newest_waiter():
+def test_newest_first_hands_a_freed_slot_to_the_smallest_key_then_the_first_arrival():
     async def scenario():
         slots = NewestFirst(1)
-        order: list[int] = []
+        order: list[str] = []
         release = asyncio.Event()
 
         async def holder():
-            async with slots:
+            async with slots.entered((0, "", 0)):
                 await release.wait()
 
-        async def waiter(n: int):
-            async with slots:
-                order.append(n)
+        async def waiter(name: str, key):
+            async with slots.entered(key):
+                order.append(name)
         first = asyncio.ensure_future(holder())
         await asyncio.sleep(0)
         waiters = []
-        for n in range(3):
-            waiters.append(asyncio.ensure_future(waiter(n)))
+        for name, key in (("old", (-1, "a", 0)), ("new-1", (-3, "c", 1)), ("mid", (-2, "b", 0)),
+                          ("new-0", (-3, "c", 0)), ("new-1 again", (-3, "c", 1))):
+            waiters.append(asyncio.ensure_future(waiter(name, key)))
             await asyncio.sleep(0)
         release.set()
         await asyncio.gather(first, *waiters)
         return order
-    assert asyncio.run(scenario()) == [2, 1, 0]
+    assert asyncio.run(scenario()) == ["new-0", "new-1", "new-1 again", "mid", "old"]
 
 
 def test_newest_first_bounds_holders_and_survives_cancelled_waiters():
@@ -41,7 +43,7 @@ def test_newest_first_bounds_holders_and_survives_cancelled_waiters():
 
         async def work():
             nonlocal inside, peak
-            async with slots:
+            async with slots.entered((0, "t", 0)):
                 inside += 1
                 peak = max(peak, inside)
                 await asyncio.sleep(0.001)
@@ -50,8 +52,8 @@ def test_newest_first_bounds_holders_and_survives_cancelled_waiters():
         await asyncio.sleep(0)
         tasks[10].cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        async with slots:  # every slot came back
-            async with slots:
+        async with slots.entered((0, "t", 0)):  # every slot came back
+            async with slots.entered((0, "t", 0)):
                 pass
         return peak
     assert asyncio.run(scenario()) == 2
@@ -125,6 +127,49 @@ def test_newer_metadata_applies_while_a_replica_is_still_opening(tmp_path, monke
             gate.set()
             await manager.close()
     asyncio.run(scenario())
+
+
+def test_every_broker_opens_a_backlog_in_the_same_order_whatever_batches_it_learned_it_in(tmp_path, monkeypatch):
+    """Two brokers' replica managers, one slot each, the first open held: broker A learns three
+    topics in one image, broker B in two (the newest first). Both open the backlog in the
+    same order, the newest topic first by its creation time in the metadata, its partitions in
+    order, not by when each broker heard of it (opened in arrival order, newest first, A and
+    B differed, and a follower opened long before or after its leader)."""
+    from dataplane.broker.replicas import NewestFirst
+    from metadata_builders import add_topic, cluster
+
+    gate = hold_open(monkeypatch, "a-0")
+    whole = cluster(1)
+    add_topic(whole, "a", [[1]], now_ms=1000)
+    part = whole.copy()
+    add_topic(whole, "m", [[1], [1]], now_ms=2000)
+    add_topic(whole, "x", [[1], [1]], now_ms=3000)
+    add_topic(part, "x", [[1], [1]], now_ms=3000)
+
+    async def opens(images, name):
+        gate.clear()
+        manager = _manager(tmp_path / name)
+        manager._open_slots = NewestFirst(1)
+        order = []
+        real_open = manager._open
+
+        async def record(topic, info):
+            order.append(f"{info.topic}-{info.partition}")
+            return await real_open(topic, info)
+        manager._open = record
+        try:
+            for image in images:
+                await asyncio.wait_for(manager.on_metadata(image), 5)
+                await asyncio.sleep(0.05)   # every new replica waits for the slot a-0 holds
+            gate.set()
+            await asyncio.wait_for(manager.settled(), 10)
+        finally:
+            gate.set()
+            await manager.close()
+        return order
+    one_batch = asyncio.run(opens([whole], "a"))
+    two_batches = asyncio.run(opens([part, whole], "b"))
+    assert one_batch == two_batches == ["a-0", "x-0", "x-1", "m-0", "m-1"], (one_batch, two_batches)
 
 
 def _locate_only(manager, image):

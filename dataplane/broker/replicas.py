@@ -145,40 +145,69 @@ class UsageReport:
     totals: ByteTotals
 
 
+OpenKey = tuple[int, str, int]
+
+
+def open_key(topic: TopicInfo, tp: TopicPartition) -> OpenKey:
+    """Where a replica waiting to open stands (smallest first): the newest topic first, by its
+    creation time in the metadata, then by name and partition. Every broker holds the same
+    metadata, so every broker opens a backlog in the same order."""
+    return -topic.created_at_ms, tp.topic, tp.partition
+
+
 class NewestFirst:
-    """At most `slots` holders at once, and waiters enter newest first: the replicas of the
-    newest metadata (a topic just created) open before a backlog of older ones, so a topic
-    created while thousands of replicas open is served at once, not after them."""
+    """At most `slots` holders at once; waiters enter by key, smallest first (`open_key`), and
+    in arrival order on equal keys.
+
+    A topic created while thousands of replicas open is served at once, not after them. And a
+    partition's replicas open at about the same time on each of its brokers: a backlog entered
+    in the order its metadata arrived (newest arrival first, as before) opened in a different
+    order on each broker, since each learned the topics in its own batches, so a follower often
+    opened seconds before its leader, was refused and backed off, and a follower opened more
+    than a lag time after its leader left the ISR and had to join it again."""
 
     def __init__(self, slots: int) -> None:
         self._free = slots
-        self._waiters: list[asyncio.Future[None]] = []
+        self._waiters: list[tuple[OpenKey, int, asyncio.Future[None]]] = []   # a heap
+        self._arrivals = itertools.count()
 
-    async def __aenter__(self) -> None:
+    def entered(self, key: OpenKey) -> _Slot:
+        """`async with slots.entered(key):` holds a slot."""
+        return _Slot(self, key)
+
+    async def _enter(self, key: OpenKey) -> None:
         if self._free > 0:
             self._free -= 1
             return
         waiter = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
+        heapq.heappush(self._waiters, (key, next(self._arrivals), waiter))
         try:
             await waiter
         except asyncio.CancelledError:
-            if waiter in self._waiters:
-                self._waiters.remove(waiter)
-            elif not waiter.cancelled():
+            # A cancelled waiter stays in the heap, done: _release passes over it.
+            if not waiter.cancelled():
                 self._release()  # handed the slot as it was cancelled: pass it on
             raise
 
-    async def __aexit__(self, *exc: object) -> None:
-        self._release()
-
     def _release(self) -> None:
         while self._waiters:
-            waiter = self._waiters.pop()
+            _, _, waiter = heapq.heappop(self._waiters)
             if not waiter.done():
                 waiter.set_result(None)
                 return
         self._free += 1
+
+
+class _Slot:
+    def __init__(self, slots: NewestFirst, key: OpenKey) -> None:
+        self._slots = slots
+        self._key = key
+
+    async def __aenter__(self) -> None:
+        await self._slots._enter(self._key)
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._slots._release()
 
 
 class CleanerStopped(Exception):
@@ -377,7 +406,8 @@ class ReplicaManager:
             closing = self._closing.get(tp)
             if closing is not None:
                 await asyncio.wait([closing])
-            async with self._open_slots:
+            hosted = self._hosted_topic(tp)
+            async with self._open_slots.entered(open_key(hosted[0], tp) if hosted else (0, *tp)):
                 hosted = self._hosted_topic(tp)
                 if hosted is None or self._closed:
                     return  # left before its turn came
