@@ -158,6 +158,7 @@ class Broker:
         replicas.follower_fetching = self.handler.follower_fetching
         replicas.sessions_holding = self.handler.sessions_holding
         replicas.sessions_live = self.handler.sessions_live
+        replicas.on_opened = self.handler.replica_opened
         self.handler.on_session_left = replicas.unpark
         self.groups = GroupCoordinator(
             broker_id=c.broker_id, requests=self.handler, control=self.control,

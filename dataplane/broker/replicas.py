@@ -236,6 +236,8 @@ class ReplicaManager:
         # ... and whether its followers' sessions hold a partition, live (park), or still are.
         self.sessions_holding: Callable[[TopicPartition, tuple[int, ...], int], tuple[int, ...] | None] | None = None
         self.sessions_live: Callable[[tuple[int, ...], int], bool] | None = None
+        # ... and told of each replica opened here (a session waiting for it answers at once).
+        self.on_opened: Callable[[TopicPartition], None] | None = None
         # Quiet leaders whose followers' caught-up clocks their sessions keep: no timer each.
         self.parked: ParkedClocks[TopicPartition] = ParkedClocks()
         # Counts the replicas' changes of role, leader epoch or liveness (Fetcher's follow
@@ -421,6 +423,8 @@ class ReplicaManager:
                     self.heap.grown()
                 self.usage_touched(tp)
                 self._feed(driver, now[0], now[1], self._image)  # type: ignore[arg-type]
+                if self.on_opened is not None:
+                    self.on_opened(tp)
                 return
             await driver.close()  # stopping, or the replica left (or its topic was re-created) while opening
             if not self._closed:
