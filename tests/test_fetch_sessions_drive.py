@@ -847,9 +847,24 @@ def test_a_waiting_long_poll_answers_a_partition_as_soon_as_its_replica_opens_he
         handler.replica_opened(TopicPartition("late", 0))
         answer = await asyncio.wait_for(poll, 5)
         waited = asyncio.get_running_loop().time() - opened_at
+        looked = list(looks)
+        assert not handler._awaiting_open, "an opened partition is still awaited"
+
+        # A partition that never opens here is forgotten once its session no longer names it:
+        # removed by an incremental fetch, or its watch replaced by a full fetch.
+        gone = await asyncio.wait_for(_session_fetch(handler, full.session_id, 2, [_position("gone", 0)],
+                                                     wait_ms=0), 5)
+        assert set(handler._awaiting_open) == {("gone", 0)}
+        await asyncio.wait_for(handler.fetch(wire.FetchRequest(
+            replica_id=2, max_wait_ms=0, min_bytes=1, max_bytes=1 << 20, session_id=gone.session_id,
+            session_epoch=3, forgotten_topics=(wire.ForgottenTopic(topic="gone", partitions=(0,)),))), 5)
+        assert not handler._awaiting_open, handler._awaiting_open
+        await asyncio.wait_for(_session_fetch(handler, full.session_id, 4, [_position("gone", 0)], wait_ms=0), 5)
+        await asyncio.wait_for(_session_fetch(handler, 0, 0, [_position("q0", 1)], wait_ms=0), 5)
+        assert not handler._awaiting_open, handler._awaiting_open
         for d in drivers.values():
             await d.close()
-        return answer, waited, looks
+        return answer, waited, looked
 
     answer, waited, looks = asyncio.run(scenario())
     carried = _carried(answer)

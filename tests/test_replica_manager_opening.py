@@ -172,6 +172,32 @@ def test_every_broker_opens_a_backlog_in_the_same_order_whatever_batches_it_lear
     assert one_batch == two_batches == ["a-0", "x-0", "x-1", "m-0", "m-1"], (one_batch, two_batches)
 
 
+def test_the_replica_manager_tells_of_each_replica_it_opened_once_it_serves(tmp_path):
+    """on_opened (the broker wires it to RequestHandler.replica_opened: a session long-poll
+    holding the partition as still opening answers it at once) is told of each replica once,
+    after it is open and fed, so what it wakes finds the replica."""
+    from dataplane.broker.broker import Broker
+    from metadata_builders import add_topic, cluster
+    image = cluster(1)
+    add_topic(image, "t", [[1], [1]], min_insync_replicas=1)
+
+    async def scenario():
+        manager = _manager(tmp_path)
+        told = []
+        manager.on_opened = lambda tp: told.append((tp, manager.get(*tp) is not None))
+        try:
+            await asyncio.wait_for(manager.on_metadata(image), 5)
+            await asyncio.wait_for(manager.settled(), 10)
+            await asyncio.wait_for(manager.on_metadata(image), 5)   # nothing new opens
+        finally:
+            await manager.close()
+        return told
+    assert sorted(asyncio.run(scenario())) == [(("t", 0), True), (("t", 1), True)]
+    # The broker wires it (a broker without it would poll its unready partitions once a second).
+    import inspect
+    assert "replicas.on_opened = self.handler.replica_opened" in inspect.getsource(Broker)
+
+
 def _locate_only(manager, image):
     """A RequestHandler's partition lookup over `manager` (only _locate is used)."""
     from dataplane.broker.server import RequestHandler

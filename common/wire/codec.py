@@ -24,7 +24,7 @@ from __future__ import annotations
 import operator
 import struct
 from dataclasses import dataclass, fields as dataclass_fields
-from typing import Any, Callable, Iterable, TypeVar, Union, dataclass_transform
+from typing import Any, Callable, Iterable, NoReturn, TypeVar, Union, dataclass_transform
 
 from common.errors import ErrorCode, InvalidRequestError, ProtocolError
 
@@ -249,6 +249,15 @@ class _Fixed:
         self.ends = ends
         self.converting = [(i, t) for i, t in enumerate(types) if type(t).convert is not FieldType.convert]
 
+    def short(self, pos: int, end: int) -> NoReturn:
+        """Raise for the first field of the run that does not fit in buf[pos:end]."""
+        i = next(i for i, e in enumerate(self.ends) if pos + e > end)
+        ftype = self.types[i]
+        exc = _FieldError(f"{ftype.name} needs {ftype.min_size} bytes, "
+                          f"{max(end - pos - (self.ends[i] - ftype.min_size), 0)} left")
+        exc.path.append(self.names[i])
+        raise exc
+
 
 class StructCodec(FieldType):
     def __init__(self, cls: type, table: dict[str, FieldType | type]) -> None:
@@ -278,26 +287,31 @@ class StructCodec(FieldType):
     def _compiled_decode(self) -> Callable[[memoryview, int, int], tuple[Any, int]]:
         """`decode` as straight-line code for this struct's layout (as dataclasses builds
         __init__): decoding was most of a follower's cost of reading a fetch answer, in the
-        loop over steps, the keyword dict and its updates. Any failure decodes again with the
-        general `decode`, which raises the error with the field's path."""
-        env: dict[str, Any] = {"cls": self.cls, "general": StructCodec.decode.__get__(self)}
+        loop over steps, the keyword dict and its updates. It raises what the general `decode`
+        raises, at the same field, with the same path."""
+        env: dict[str, Any] = {"cls": self.cls, "FieldError": _FieldError}
         body: list[str] = []
         assigned: list[str] = []
+
+        def guarded(name: str, line: str) -> list[str]:
+            return ["try:", f"    {line}", "except FieldError as exc:", f"    exc.path.append({name!r})", "    raise"]
         for n, step in enumerate(self.steps):
             if type(step) is _Fixed:
                 env[f"unpack_{n}"] = step.struct.unpack_from
+                env[f"short_{n}"] = step.short
                 names = [f"f_{name}" for name in step.names]
-                body += [f"if pos + {step.struct.size} > end: raise IndexError",
+                body += [f"if pos + {step.struct.size} > end: short_{n}(pos, end)",
                          f"{', '.join(names)}{',' if len(names) == 1 else ''} = unpack_{n}(buf, pos)",
                          f"pos += {step.struct.size}"]
                 for i, ftype in step.converting:
-                    env[f"convert_{step.names[i]}"] = ftype.convert
-                    body.append(f"f_{step.names[i]} = convert_{step.names[i]}(f_{step.names[i]})")
+                    name = step.names[i]
+                    env[f"convert_{name}"] = ftype.convert
+                    body += guarded(name, f"f_{name} = convert_{name}(f_{name})")
                 assigned += step.names
             else:
                 name, ftype = step
                 env[f"decode_{name}"] = ftype.decode
-                body.append(f"f_{name}, pos = decode_{name}(buf, pos, end)")
+                body += guarded(name, f"f_{name}, pos = decode_{name}(buf, pos, end)")
                 assigned.append(name)
         slots = [self.cls.__dict__.get(name) for name in assigned]
         if hasattr(self.cls, "__post_init__") or not all(type(s).__name__ == "member_descriptor" for s in slots):
@@ -310,11 +324,7 @@ class StructCodec(FieldType):
             for name, slot in zip(assigned, slots):
                 env[f"set_{name}"] = slot.__set__  # type: ignore[union-attr]
                 body.append(f"set_{name}(value, f_{name})")
-        source = "\n".join(["def decode(buf, pos, end):", "    start = pos", "    try:"]
-                           + [f"        {line}" for line in body]
-                           + ["        return value, pos",
-                              "    except Exception:",
-                              "        return general(buf, start, end)"])
+        source = "\n".join(["def decode(buf, pos, end):"] + [f"    {line}" for line in body] + ["    return value, pos"])
         exec(compile(source, f"<decode {self.name}>", "exec"), env)
         decode: Callable[[memoryview, int, int], tuple[Any, int]] = env["decode"]
         return decode
@@ -351,12 +361,7 @@ class StructCodec(FieldType):
             if type(step) is _Fixed:
                 st = step.struct
                 if pos + st.size > end:
-                    i = next(i for i, e in enumerate(step.ends) if pos + e > end)
-                    ftype = step.types[i]
-                    exc = _FieldError(f"{ftype.name} needs {ftype.min_size} bytes, "
-                                      f"{max(end - pos - (step.ends[i] - ftype.min_size), 0)} left")
-                    exc.path.append(step.names[i])
-                    raise exc
+                    step.short(pos, end)
                 values = st.unpack_from(buf, pos)
                 pos += st.size
                 kwargs.update(zip(step.names, values))

@@ -409,7 +409,9 @@ class ReplicaManager:
             if closing is not None:
                 await asyncio.wait([closing])
             hosted = self._hosted_topic(tp)
-            async with self._open_slots.entered(open_key(hosted[0], tp) if hosted else (0, *tp)):
+            if hosted is None:
+                return  # left while a close of its directory finished
+            async with self._open_slots.entered(open_key(hosted[0], tp)):
                 hosted = self._hosted_topic(tp)
                 if hosted is None or self._closed:
                     return  # left before its turn came

@@ -401,6 +401,8 @@ class RequestHandler:
             watch.dirty.clear()
             if watch.unready and loop.time() >= watch.unready_due_s:
                 look |= watch.unready   # those still without a replica go back below
+                for tp in watch.unready:
+                    self._not_awaiting_open(tp, watch)
                 watch.unready.clear()
             ready = False  # an answer that cannot wait (an error, a divergence, a stale long-poll)
             budget = max(1, request.max_bytes)
@@ -506,6 +508,8 @@ class RequestHandler:
             for sid, old in list(self._watches.items()):
                 if sid == session_id or sid not in self.fetch_sessions:
                     old.unhook()
+                    for tp in old.unready:
+                        self._not_awaiting_open(tp, old)
                     del self._watches[sid]
             watch = self._watches[session_id] = _Watch()
             watch.active.update(partitions)
@@ -514,9 +518,18 @@ class RequestHandler:
         for tp in fetch.removed:
             watch.active.discard(tp)
             watch.dirty.discard(tp)
-            watch.unready.discard(tp)
+            if tp in watch.unready:
+                watch.unready.discard(tp)
+                self._not_awaiting_open(tp, watch)
             watch.hooked.pop(tp, None)   # its callback, when it runs, finds nothing hooked
         return watch
+
+    def _not_awaiting_open(self, tp: TopicPartition, watch: _Watch) -> None:
+        waiting = self._awaiting_open.get(tp)
+        if waiting is not None:
+            waiting.discard(watch)
+            if not waiting:
+                del self._awaiting_open[tp]
 
     def _session_receive(self, request: wire.FetchRequest) -> tuple[
             int, Mapping[TopicPartition, wire.FetchPartition], IncrementalFetch[TopicPartition, wire.FetchPartition]]:
