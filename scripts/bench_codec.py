@@ -14,14 +14,14 @@ one it replaces, alternated for 5 rounds, medians and their ratio.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import statistics  # noqa: E402
 
 from common.batch import BatchBuilder, Compression, iter_batches, read_records  # noqa: E402
 from common.errors import ErrorCode  # noqa: E402
@@ -128,21 +128,6 @@ def main() -> int:
     return 0
 
 
-def general_decode(cls: type) -> object:
-    """The loop over a struct's steps that each struct's compiled decode replaced, applied all
-    the way down (nested structs too)."""
-    saved = {}
-
-    def swap(c: codec.FieldType) -> None:
-        if isinstance(c, codec.StructCodec) and c not in saved:
-            saved[c] = c.decode
-            c.decode = codec.StructCodec.decode.__get__(c)  # type: ignore[method-assign]
-            for _, f in c.fields:
-                swap(f.item if isinstance(f, codec.Array) else f)
-    swap(codec.codec_of(cls))
-    return saved
-
-
 def structs(seconds: float) -> None:
     answers = tuple(FetchPartitionResponse(
         partition=p, error_code=ErrorCode.NONE if p % 3 else ErrorCode.LEADER_NOT_AVAILABLE, high_watermark=5,
@@ -160,12 +145,8 @@ def structs(seconds: float) -> None:
         figures: dict[str, list[float]] = {"compiled": [], "general": []}
         for _ in range(5):
             for way in ("compiled", "general"):
-                saved = general_decode(type(message)) if way == "general" else {}
-                try:
+                with codec.general_decoding(type(message)) if way == "general" else contextlib.nullcontext():
                     calls, elapsed = measure(lambda: codec.decode(type(message), body), seconds / 5)
-                finally:
-                    for c, fn in saved.items():
-                        c.decode = fn  # type: ignore[method-assign]
                 figures[way].append(elapsed / calls * 1e6)
         fast, slow = statistics.median(figures["compiled"]), statistics.median(figures["general"])
         print(f"{label:44} {fast:10.0f} {slow:11.0f} {slow / fast:7.1f}x")

@@ -127,20 +127,8 @@ def test_compiled_decoders_agree_with_the_general_one_on_values_and_errors(messa
         except codec._FieldError as exc:
             return ("error", exc.message, list(exc.path))
     compiled = outcome(struct_codec.decode)
-    swapped = {}
-
-    def general_everywhere(c) -> None:
-        if isinstance(c, codec.StructCodec) and c not in swapped:
-            swapped[c] = c.decode
-            c.decode = codec.StructCodec.decode.__get__(c)
-            for _, f in c.fields:
-                general_everywhere(f.item if isinstance(f, codec.Array) else f)
-    general_everywhere(struct_codec)
-    try:
+    with codec.general_decoding(type(message)):
         general = outcome(struct_codec.decode)
-    finally:
-        for c, compiled_decode in swapped.items():
-            c.decode = compiled_decode
     assert compiled == general
     assert struct_codec.decode.__code__.co_filename == f"<decode {type(message).__name__}>"
 

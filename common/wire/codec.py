@@ -21,10 +21,11 @@ ProtocolError naming the message, the field path and the bad value.
 """
 from __future__ import annotations
 
+import contextlib
 import operator
 import struct
 from dataclasses import dataclass, fields as dataclass_fields
-from typing import Any, Callable, Iterable, NoReturn, TypeVar, Union, dataclass_transform
+from typing import Any, Callable, Iterable, Iterator, NoReturn, TypeVar, Union, dataclass_transform
 
 from common.errors import ErrorCode, InvalidRequestError, ProtocolError
 
@@ -419,6 +420,28 @@ def encode_parts(value: Any, out: Parts | None = None) -> Parts:
 
 def encode(value: Any) -> bytes:
     return b"".join(encode_parts(value))
+
+
+@contextlib.contextmanager
+def general_decoding(cls: type) -> Iterator[None]:
+    """While the block runs, `cls` and every struct nested in it decode with the general loop
+    over their steps, not their compiled code: the reference that code is checked and measured
+    against (tests/test_wire.py, scripts/bench_codec.py). Not for serving: it changes the codecs
+    for every caller."""
+    swapped: dict[StructCodec, Any] = {}
+
+    def swap(c: FieldType) -> None:
+        if isinstance(c, StructCodec) and c not in swapped:
+            swapped[c] = c.decode
+            c.decode = StructCodec.decode.__get__(c)  # type: ignore[method-assign]
+            for _, f in c.fields:
+                swap(f.item if isinstance(f, Array) else f)
+    try:
+        swap(codec_of(cls))
+        yield
+    finally:
+        for c, compiled in swapped.items():
+            c.decode = compiled  # type: ignore[method-assign]
 
 
 def decode(cls: type[T], buf: bytes | bytearray | memoryview, pos: int = 0, *, context: str | None = None) -> T:

@@ -460,9 +460,9 @@ class RequestHandler:
                 carried = self.fetch_sessions.answer(
                     session_id, {tp: (bool(a.records), _summary(a)) for tp, a in answers.items()})
                 return self._fetch_response({tp: answers[tp] for tp in carried}, session_id)
-            # Not waitable: every partition of the session is still opening here (or gone), and
-            # their errors were answered once; wait for an open rather than answer nothing at
-            # once, over and over.
+            # A session whose partitions are all still opening here (their errors answered
+            # once) waits here too, for an open or the unready poll, rather than answer
+            # nothing at once, over and over.
             if watch.unready:
                 remaining = min(remaining, max(watch.unready_due_s - loop.time(), 0.0))
             try:

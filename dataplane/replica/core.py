@@ -724,8 +724,9 @@ class Replica(ProduceAdmission, PushMixin):
         stored = self.stored_offsets()
         policy = self.config.commit_policy
         if policy == "isr":
-            behind = sorted(r for r in self.required_isr() | {self.replica_id} if stored.get(r, 0) < end)
-            rule = f"every in-sync replica {sorted(self.required_isr() | {self.replica_id})}"
+            required = sorted(self.required_isr() | {self.replica_id})
+            behind = [r for r in required if stored.get(r, 0) < end]
+            rule = f"every in-sync replica {required}"
         else:
             behind = sorted(r for r in self.state.replicas if stored.get(r, 0) < end) if self.state else []
             rule = f"{self.config.quorum_required_acks} replicas"
