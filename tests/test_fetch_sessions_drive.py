@@ -301,9 +301,9 @@ def test_a_change_on_one_partition_of_a_quiet_session_costs_that_partition_alone
         looked: list[str] = []
         real_step, real_since = handler._fetch_partition, handler._fetched_since
 
-        def step(replica_id, tp, p, max_bytes):
+        def step(replica_id, tp, p, max_bytes, **kw):
             looked.append(tp.topic)
-            return real_step(replica_id, tp, p, max_bytes)
+            return real_step(replica_id, tp, p, max_bytes, **kw)
 
         def since(replica_id, tp, fetches, p):
             looked.append(tp.topic)
@@ -777,9 +777,9 @@ def _record_looks(handler: RequestHandler, monkeypatch) -> list[str]:
     looks: list[str] = []
     real_step = handler._fetch_partition
 
-    def step(replica_id, tp, p, max_bytes):
+    def step(replica_id, tp, p, max_bytes, **kw):
         looks.append(tp.topic)
-        return real_step(replica_id, tp, p, max_bytes)
+        return real_step(replica_id, tp, p, max_bytes, **kw)
     monkeypatch.setattr(handler, "_fetch_partition", step)
     return looks
 
@@ -964,6 +964,53 @@ def test_a_followers_fetch_naming_no_partition_ends_its_long_poll_and_keeps_the_
     assert ended.error_code is ErrorCode.NONE and ended.session_id == sid and _carried(ended) == {}
     assert later_waits, "a nudge sent while no long-poll waited ended the next one"
     assert after.error_code is ErrorCode.NONE and after.session_id == sid, "the session did not go on"
+
+
+def test_a_late_express_fetch_does_not_put_back_a_follower_whose_newer_fetch_waits_in_its_session(tmp_path):
+    """A follower's express fetch and its next session fetch travel on two connections, and the
+    leader may step the newer session fetch first. The late express fetch is answered but does
+    not put the follower back where it sent it from: the acks=all request its newer fetch
+    satisfied is released at once, and the session's long-poll, parked with nothing to
+    answer, is not ended for it. Taking it (latest wins) held the HW until that long-poll ran
+    out: in two full test runs a new topic's first acks=all request timed out."""
+    async def scenario():
+        drivers = {"a": _leader_driver(tmp_path, "a", (1, 2, 3), None)}
+        driver = drivers["a"]
+        await _until_serving(driver)
+        handler = _handler(drivers)
+        start = driver.log.log_end_offset
+
+        def fetch(replica_id, offset, *, session_id=0, epoch=-1, wait_ms=0):
+            return asyncio.ensure_future(handler.fetch(wire.FetchRequest(
+                replica_id=replica_id, max_wait_ms=wait_ms, min_bytes=1, max_bytes=1 << 20,
+                session_id=session_id, session_epoch=epoch, topics=(_position("a", offset),))))
+        sid = (await fetch(2, start, epoch=0)).session_id
+        released = driver.submit_produce(bytearray(build_batch([b"v"], timestamp_ms=1)), acks=-1,
+                                         timeout_ms=10_000)
+        end = driver.log.log_end_offset
+        # Follower 2 sent an express fetch from `start` (its flushed offset moved), then, the
+        # records in hand and flushed, its session fetch from `end`: stepped the other way round.
+        poll = fetch(2, end, session_id=sid, epoch=1, wait_ms=5000)
+        await asyncio.sleep(0.05)
+        parked = not poll.done()
+        late = await fetch(2, start)
+        await fetch(3, end)   # the other follower has the records stored too
+        try:
+            release = await asyncio.wait_for(asyncio.shield(released), 2)
+        except TimeoutError:
+            release = None
+        poll_waits = not poll.done()
+        await handler.fetch(wire.FetchRequest(replica_id=2, max_wait_ms=0, min_bytes=1, max_bytes=1 << 20))
+        await asyncio.wait_for(poll, 1)
+        await driver.close()
+        return parked, late, release, poll_waits
+
+    parked, late, release, poll_waits = asyncio.run(scenario())
+    assert parked, "the session fetch from the log end did not wait"
+    assert late.error_code is ErrorCode.NONE and _carried(late)["a"].records, "the late fetch was not answered"
+    assert release is not None and release.error is ErrorCode.NONE, \
+        "the acks=all request waited: the late express fetch put its follower back"
+    assert poll_waits, "the late express fetch ended the session's long-poll"
 
 
 def test_a_partition_joining_while_the_long_poll_waits_nudges_it_and_joins_incrementally():
@@ -1156,10 +1203,10 @@ def test_a_new_hw_alone_neither_wakes_nor_steps_a_waiting_session_and_rides_on_t
         looked: list[str] = []
         real_step = handler._fetch_partition
 
-        def step(replica_id, tp, p, max_bytes):
+        def step(replica_id, tp, p, max_bytes, **kw):
             if replica_id == 2:   # follower 2's session, not follower 3's own fetch
                 looked.append(tp.topic)
-            return real_step(replica_id, tp, p, max_bytes)
+            return real_step(replica_id, tp, p, max_bytes, **kw)
         monkeypatch.setattr(handler, "_fetch_partition", step)
         poll = _session_fetch(handler, sid, 1, [_position("a", end)])
         await asyncio.sleep(0.05)

@@ -43,13 +43,14 @@ def fetch_to_wire(partition: int, request: FetchRequest) -> wire.FetchPartition:
 
 
 def fetch_from_wire(replica_id: int, tp: TopicPartition, p: wire.FetchPartition, *,
-                    max_bytes: int) -> FetchRequest:
+                    max_bytes: int, unordered: bool = False) -> FetchRequest:
     """One partition of a wire FETCH as the leader core's FetchRequest. `max_bytes`: what
-    is left of the request's byte budget for this partition (the handler's share)."""
+    is left of the request's byte budget for this partition (the handler's share);
+    `unordered`: a follower's fetch outside its session (FetchRequest.unordered)."""
     return FetchRequest(
         replica_id=replica_id, fetch_offset=p.fetch_offset, last_fetched_epoch=p.last_fetched_epoch,
         flushed_offset=max(p.flushed_offset, 0), current_leader_epoch=p.current_leader_epoch,
-        max_bytes=max_bytes, partition=tp)
+        max_bytes=max_bytes, partition=tp, unordered=unordered)
 
 
 def fetch_answer_to_wire(partition: int, answer: FetchResponse, *, log_start_offset: int,

@@ -331,7 +331,8 @@ class RequestHandler:
                 # The response stays near max_bytes: once it is spent, each further
                 # partition carries at most its first batch (a reader must progress).
                 answer, driver, now = self._fetch_partition(request.replica_id, tp, p,
-                                                            max(1, min(budget, p.partition_max_bytes)))
+                                                            max(1, min(budget, p.partition_max_bytes)),
+                                                            unordered=follower)
                 if follower:
                     stepped[tp] = driver.replica.fetch_count(request.replica_id) if driver is not None else -1
                 budget -= len(answer.records or b"")
@@ -563,10 +564,11 @@ class RequestHandler:
             log_start_offset=driver.log.log_start_offset, log_end_offset=driver.log.log_end_offset,
             current_leader=wire.LeaderIdAndEpoch(leader_id=self.broker_id, leader_epoch=r.leader_epoch)), driver
 
-    def _fetch_partition(self, replica_id: int, tp: TopicPartition, p: wire.FetchPartition, message_bytes_max: int
-                         ) -> tuple[wire.FetchPartitionResponse, PartitionDriver | None, bool]:
+    def _fetch_partition(self, replica_id: int, tp: TopicPartition, p: wire.FetchPartition, message_bytes_max: int,
+                         unordered: bool = False) -> tuple[wire.FetchPartitionResponse, PartitionDriver | None, bool]:
         """(answer, driver to wait on, whether to answer now). `message_bytes_max`: this
-        partition's share of the request's byte budget."""
+        partition's share of the request's byte budget; `unordered`: a follower's express fetch,
+        which may come after a newer session fetch of the same follower (Replica._late_fetch)."""
         def refuse(code: ErrorCode):
             return fetch_refusal(p.partition, code, self._current_leader(*tp)), None, True
 
@@ -574,7 +576,7 @@ class RequestHandler:
         if driver is None:
             return refuse(error)
         try:
-            a = driver.fetch(fetch_from_wire(replica_id, tp, p, max_bytes=message_bytes_max))
+            a = driver.fetch(fetch_from_wire(replica_id, tp, p, max_bytes=message_bytes_max, unordered=unordered))
         except BiplaneError as exc:
             return refuse(exc.code)
         answer = fetch_answer_to_wire(p.partition, a, log_start_offset=driver.log.log_start_offset,

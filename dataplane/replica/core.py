@@ -488,7 +488,9 @@ class Replica(ProduceAdmission, PushMixin):
         if req.replica_id == CONSUMER_REPLICA_ID:
             self._answer_consumer(req)
             return
-        req = self._remember_fetch(req)
+        late = self._late_fetch(req)
+        if not late:
+            req = self._remember_fetch(req)
         check = check_epoch(theirs=req.current_leader_epoch, ours=self.leader_epoch)
         if check is EpochCheck.STALE:
             self._notes.append(Rejected(event="FetchRequest", error=ErrorCode.FENCED_LEADER_EPOCH,
@@ -511,14 +513,28 @@ class Replica(ProduceAdmission, PushMixin):
             epoch, end = diverging
             self._answer(req, diverging_epoch=epoch, diverging_end_offset=end)
             return
-        self._record_progress(req.replica_id, log_end_offset=req.fetch_offset,
-                              match_offset=req.fetch_offset, flushed_offset=req.flushed_offset)
-        self._advance_high_watermark()
+        if not late:
+            self._record_progress(req.replica_id, log_end_offset=req.fetch_offset,
+                                  match_offset=req.fetch_offset, flushed_offset=req.flushed_offset)
+            self._advance_high_watermark()
         max_bytes = min(self.fetch_max_bytes, req.max_bytes or self.fetch_max_bytes)
         records: bytes | memoryview = b""
         if req.fetch_offset < self.log_end_offset:
             records = self.log.read(req.fetch_offset, max_bytes=max_bytes).records
         self._answer(req, records=records)
+
+    def _late_fetch(self, req: FetchRequest) -> bool:
+        """An unordered request (sent beside the follower's long-poll) from behind where a fetch
+        of this follower, stepped before it, left its progress in this leadership: it was sent
+        before that one. Within a leadership a follower's log never goes back below a position
+        we recorded (a recorded position matches our log, and what it flushed stays flushed),
+        so it is old news: answered, neither counted nor recorded. Taking it (latest wins) put
+        the follower back while its newer request sat parked in a long-poll that saw nothing
+        to answer: acks=all waited on that follower until the long-poll ran out (up to 30 s).
+        A follower that restarted with less fetches again in a new session, which is ordered."""
+        p = self.progress.get(req.replica_id)
+        return (req.unordered and p is not None and p.last_fetch_ms >= 0
+                and (req.fetch_offset, req.flushed_offset) < (p.fetch_offset, p.flushed_offset))
 
     def _remember_fetch(self, req: FetchRequest) -> FetchRequest:
         """Count a follower's fetch and keep its position; a request overtaken by a newer one

@@ -54,6 +54,9 @@ class FetchRequest:
     current_leader_epoch: int = NO_EPOCH
     max_bytes: int | None = None
     partition: object = None
+    # Sent beside the follower's long-poll, on another connection: it may be stepped after a
+    # newer request of the same follower (Replica._late_fetch).
+    unordered: bool = False
 
 
 @_frozen
