@@ -926,11 +926,18 @@ def test_the_same_throttle_told_again_does_not_rewire_the_sessions(monkeypatch):
     assert asyncio.run(scenario()) == (1, 3)
 
 
+def _nudge(handler: RequestHandler, replica_id: int, epoch: int):
+    """A follower's sessionless fetch naming no partition: end its session fetch of `epoch`."""
+    return handler.fetch(wire.FetchRequest(replica_id=replica_id, max_wait_ms=0, min_bytes=1,
+                                           max_bytes=1 << 20, end_session_epoch=epoch))
+
+
 def test_a_followers_fetch_naming_no_partition_ends_its_long_poll_and_keeps_the_session(tmp_path):
     """A follower's fetcher asks the leader to end its session's waiting long-poll with a
-    sessionless fetch naming no partition (after partitions that joined meanwhile were
-    fetched express): the long-poll answers at once and the session goes on, its next fetch
-    incremental. Another follower's, or a consumer's, does not end it."""
+    sessionless fetch naming no partition and that long-poll's epoch (after partitions that
+    joined meanwhile were fetched express): the long-poll answers at once and the session goes
+    on, its next fetch incremental. Another follower's, a consumer's, or one naming another
+    epoch does not end it; one naming a long-poll answered already does not end the next."""
     async def scenario():
         drivers = {"a": _leader_driver(tmp_path, "a", (1, 2), None)}
         await _until_serving(drivers["a"])
@@ -938,32 +945,67 @@ def test_a_followers_fetch_naming_no_partition_ends_its_long_poll_and_keeps_the_
         end = drivers["a"].log.log_end_offset
         sid = (await _session_fetch(handler, 0, 0, [_position("a", end)], wait_ms=0)).session_id
 
-        def nudge(replica_id):
-            return handler.fetch(wire.FetchRequest(replica_id=replica_id, max_wait_ms=0, min_bytes=1,
-                                                   max_bytes=1 << 20))
         poll = _session_fetch(handler, sid, 1)
         await asyncio.sleep(0.1)
-        await nudge(3)    # another follower's
-        await nudge(-1)   # a consumer's
+        await _nudge(handler, 3, 1)    # another follower's
+        await _nudge(handler, -1, 1)   # a consumer's
+        await _nudge(handler, 2, 0)    # for the full fetch answered before
         await asyncio.sleep(0.1)
         others_ended = poll.done()
-        await nudge(2)
+        await _nudge(handler, 2, 1)
         ended = await asyncio.wait_for(poll, 1)
-        # Between long-polls a nudge has nothing to end: the next one waits as usual.
-        await nudge(2)
+        # Naming the long-poll just answered, it ends nothing: the next one waits as usual.
+        await _nudge(handler, 2, 1)
         later = _session_fetch(handler, sid, 2)
         await asyncio.sleep(0.1)
         later_waits = not later.done()
-        await nudge(2)
+        await _nudge(handler, 2, 2)
         after = await asyncio.wait_for(later, 1)
         await drivers["a"].close()
         return others_ended, ended, later_waits, after, sid
 
     others_ended, ended, later_waits, after, sid = asyncio.run(scenario())
-    assert not others_ended, "another follower's or a consumer's empty fetch ended the long-poll"
+    assert not others_ended, "another follower's, a consumer's or a stale empty fetch ended the long-poll"
     assert ended.error_code is ErrorCode.NONE and ended.session_id == sid and _carried(ended) == {}
-    assert later_waits, "a nudge sent while no long-poll waited ended the next one"
+    assert later_waits, "a request naming a long-poll answered already ended the next one"
     assert after.error_code is ErrorCode.NONE and after.session_id == sid, "the session did not go on"
+
+
+@pytest.mark.parametrize("full", [False, True])
+def test_a_request_to_end_a_long_poll_that_comes_before_it_ends_it_on_arrival(tmp_path, full):
+    """The fetcher sends its request to end the long-poll on its express connection, the
+    long-poll on its main one, and the leader may read the request first (both sent within a
+    moment, or the long-poll still connecting). The long-poll it names is then answered as soon
+    as it arrives. Ending nothing (as before) left the partitions that joined meanwhile out of
+    the session until the long-poll ran out (found by reading the two loops)."""
+    async def scenario():
+        drivers = {"a": _leader_driver(tmp_path, "a", (1, 2), None)}
+        await _until_serving(drivers["a"])
+        handler = _handler(drivers)
+        end = drivers["a"].log.log_end_offset
+        sid = 0
+        if not full:
+            sid = (await _session_fetch(handler, 0, 0, [_position("a", end)], wait_ms=0)).session_id
+        epoch = 0 if full else 1
+        await _nudge(handler, 2, epoch)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        answered = await asyncio.wait_for(
+            _session_fetch(handler, sid, epoch, [_position("a", end)] if full else [], wait_ms=5000), 2)
+        took_s = loop.time() - started
+        # Once: the session's next long-poll waits as usual.
+        later = _session_fetch(handler, answered.session_id, epoch + 1)
+        await asyncio.sleep(0.1)
+        later_waits = not later.done()
+        await _nudge(handler, 2, epoch + 1)
+        await asyncio.wait_for(later, 1)
+        await drivers["a"].close()
+        return answered, took_s, later_waits
+
+    answered, took_s, later_waits = asyncio.run(scenario())
+    assert answered.error_code is ErrorCode.NONE
+    assert took_s < 1, f"the long-poll waited {took_s:.1f} s though asked to end before it came"
+    assert later_waits, "the request ended more than the long-poll it named"
 
 
 def test_a_late_express_fetch_does_not_put_back_a_follower_whose_newer_fetch_waits_in_its_session(tmp_path):
@@ -1000,7 +1042,7 @@ def test_a_late_express_fetch_does_not_put_back_a_follower_whose_newer_fetch_wai
         except TimeoutError:
             release = None
         poll_waits = not poll.done()
-        await handler.fetch(wire.FetchRequest(replica_id=2, max_wait_ms=0, min_bytes=1, max_bytes=1 << 20))
+        await _nudge(handler, 2, 1)
         await asyncio.wait_for(poll, 1)
         await driver.close()
         return parked, late, release, poll_waits
@@ -1074,6 +1116,11 @@ def test_a_partition_joining_while_the_long_poll_waits_nudges_it_and_joins_incre
     kinds = [(n, r.session_epoch, tuple(t.topic for t in r.topics)) for n, r in sent]
     assert ("express", -1, ("b",)) in kinds, kinds
     assert ("express", -1, ()) in kinds, f"no fetch asked the leader to end the long-poll: {kinds}"
+    # It names the long-poll out (the last main fetch sent before it) by its epoch: it may
+    # reach the leader before that long-poll does.
+    at = next(i for i, (n, r) in enumerate(sent) if n == "express" and not r.topics)
+    out = [r for n, r in sent[:at] if n == "main"][-1]
+    assert sent[at][1].end_session_epoch == out.session_epoch == 1, (sent[at][1], out)
     joined = next(k for k in kinds if k[0] == "main" and "b" in k[2])
     assert joined[1] > 0, f"the newcomer joined by a full session fetch: {kinds}"
     assert not clients["main"].closed, "the long-poll's connection was closed"

@@ -185,10 +185,15 @@ class ForgottenTopic:
 
 @wire_struct(replica_id=INT32, broker_epoch=INT64, max_wait_ms=INT32, min_bytes=INT32, max_bytes=INT32,
              isolation_level=INT8, session_id=INT32, session_epoch=INT32, topics=Array(FetchTopic),
-             forgotten_topics=Array(ForgottenTopic))
+             forgotten_topics=Array(ForgottenTopic), end_session_epoch=INT32)
 class FetchRequest:
     """replica_id -1 is a consumer. Sessions as in Kafka's KIP-227: session_id 0 and
-    session_epoch 0 open a session, session_epoch -1 is a sessionless (full) fetch."""
+    session_epoch 0 open a session, session_epoch -1 is a sessionless (full) fetch.
+
+    `end_session_epoch` (a follower's sessionless fetch naming no partition, Biplane's own):
+    the epoch of the follower's session fetch that the leader is to answer now, as it stands,
+    whether it waits there already or arrives after this (dataplane/broker/server.py,
+    RequestHandler._end_long_poll); -1 on every other fetch."""
 
     replica_id: int = CONSUMER_REPLICA_ID
     broker_epoch: int = -1
@@ -200,6 +205,7 @@ class FetchRequest:
     session_epoch: int = -1
     topics: tuple[FetchTopic, ...] = ()
     forgotten_topics: tuple[ForgottenTopic, ...] = ()
+    end_session_epoch: int = -1
 
 
 @wire_struct(partition=INT32, error_code=ERROR_CODE, high_watermark=INT64, last_stable_offset=INT64,

@@ -482,11 +482,14 @@ class FetchSession:
         return p
 
     def _wire_request(self, batch: dict[TopicPartition, FetchRequest], wait_ms: int) -> wire.FetchRequest:
-        """A fetch outside the session (the express one): the leader answers every partition."""
+        """A fetch outside the session (the express one): the leader answers every partition.
+        One naming none asks the leader to end the session's long-poll out now, named by its
+        epoch (the session's next until its answer comes): it may reach the leader first."""
         return wire.FetchRequest(
             replica_id=self.fetcher.broker_id, max_wait_ms=wait_ms, min_bytes=1,
             max_bytes=self.limits["fetch_max_bytes"],
-            topics=_by_topic({tp: self._wire_partition(tp, r) for tp, r in batch.items()}))
+            topics=_by_topic({tp: self._wire_partition(tp, r) for tp, r in batch.items()}),
+            end_session_epoch=-1 if batch else self.session.next_epoch)
 
     def _session_request(self, wait_ms: int) -> wire.FetchRequest:
         """The session's next fetch (what changed in it since the last)."""

@@ -96,6 +96,7 @@ class _Watch:
     # The follower asked the waiting long-poll to end at once (RequestHandler._end_long_poll):
     # it answers as it stands.
     end_now: bool = False
+    epoch: int = 0   # the session epoch of the long-poll now or last waiting on this watch
     hooked: dict[TopicPartition, asyncio.Future[None]] = dataclasses.field(default_factory=dict)
     # Each hooked future's partition, driver and what the long-poll last saw of it (log end,
     # epoch, role: PartitionDriver.followed_state).
@@ -164,6 +165,9 @@ class RequestHandler:
         self._watches: dict[int, _Watch] = {}   # per session id (_fetch_in_session)
         # The watches holding a partition as unready, by partition, until it opens here.
         self._awaiting_open: dict[TopicPartition, set[_Watch]] = {}
+        # Per follower broker: the epoch of its session fetch to answer at once when it arrives
+        # (its request to end it came first: _end_long_poll).
+        self._end_on_arrival: dict[int, int] = {}
         # Told each partition a follower's session fetch removes (set by the broker: a leader
         # whose followers' clocks its sessions time must hear it, ReplicaManager.unpark).
         self.on_session_left: Callable[[TopicPartition], None] | None = None
@@ -313,8 +317,8 @@ class RequestHandler:
             return await self._fetch_in_session(request, fetch, session_id, partitions, deadline)
         # Outside a session: a consumer's, or a follower's express fetch (no wait).
         partitions = {TopicPartition(t.topic, p.partition): p for t in request.topics for p in t.partitions}
-        if follower and not partitions:
-            self._end_long_poll(request.replica_id)
+        if follower and not partitions and request.end_session_epoch >= 0:
+            self._end_long_poll(request.replica_id, request.end_session_epoch)
         stepped: dict[TopicPartition, int] = {}  # the core's fetch count after our own step of each partition
         while True:
             answers: dict[TopicPartition, wire.FetchPartitionResponse] = {}
@@ -372,18 +376,26 @@ class RequestHandler:
                 watch.dirty.add(tp)
                 watch.wake.set()
 
-    def _end_long_poll(self, follower: int) -> None:
-        """A follower's sessionless fetch naming no partition: end its session's waiting
-        long-poll now, as it stands. Its fetcher sends one for partitions that joined while the
+    def _end_long_poll(self, follower: int, epoch: int) -> None:
+        """A follower's sessionless fetch naming no partition: answer its session fetch of
+        `epoch` now, as it stands. Its fetcher sends one for partitions that joined while the
         long-poll waited (fetched express, caught up): the next session fetch carries them
         at once. Abandoning the long-poll instead (closing its connection) left the session's
         state unknown, and the next fetch, full, carried every partition followed here: while
-        thousands of partitions opened, most session fetches were full."""
+        thousands of partitions opened, most session fetches were full.
+
+        The two travel on two connections, so this request may come before the long-poll it
+        names: that one is then answered as soon as it arrives. Ending nothing then (as before)
+        left the newcomers out of the session until the long-poll ran out, up to
+        fetch_wait_ms_max. A request naming a long-poll answered already ends nothing: the
+        session's next fetch has the next epoch."""
         session_id = self.fetch_sessions.waiting_session(follower)
         watch = self._watches.get(session_id) if session_id is not None else None
-        if watch is not None:
+        if watch is not None and watch.epoch == epoch:
             watch.end_now = True
             watch.wake.set()
+        else:
+            self._end_on_arrival[follower] = epoch
 
     async def _long_poll_session(self, request: wire.FetchRequest,
                                  fetch: IncrementalFetch[TopicPartition, wire.FetchPartition], session_id: int,
@@ -392,7 +404,8 @@ class RequestHandler:
         loop = asyncio.get_running_loop()
         notes = self.fetch_sessions.notes(session_id)
         watch = self._watch(session_id, fetch, partitions)
-        watch.end_now = False   # a request to end an earlier long-poll is not for this one
+        watch.epoch = fetch.epoch
+        watch.end_now = self._end_on_arrival.pop(request.replica_id, None) == fetch.epoch
         answers: dict[TopicPartition, wire.FetchPartitionResponse] = {}
         stepped: dict[TopicPartition, int] = {}  # the core's fetch count after our own step of each partition
         replica_id = request.replica_id
