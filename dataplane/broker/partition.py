@@ -435,10 +435,12 @@ class PartitionDriver:
             pass
         return self.log.flushed_offset
 
-    def followed_state(self) -> tuple[int, int, Role]:
-        """What ends a follower's long-poll when it moves: log end, epoch, role (not the HW)."""
+    def followed_state(self) -> tuple[int, int, Role, bool]:
+        """What ends a follower's long-poll when it moves: log end, epoch, role, and whether a
+        leader serves its epoch yet (its epoch start stored: a follower refused until then
+        waits in its session, fetcher.py), not the HW."""
         r = self.replica
-        return (self.log.log_end_offset, r.leader_epoch, r.role)
+        return (self.log.log_end_offset, r.leader_epoch, r.role, r.epoch_durable)
 
     def changed(self) -> asyncio.Future[None]:
         """Resolves at the next change of log end, HW, epoch or role (long-polling fetches wait on it)."""
@@ -553,8 +555,8 @@ class PartitionDriver:
         return (*self.followed_state(), self.replica.high_watermark)
 
     def _notify_if_changed(self) -> bool:
-        """Wake the long-polls waiting on this replica if its log end, HW, epoch or role moved
-        since the last step; whether they did."""
+        """Wake the long-polls waiting on this replica if its log end, HW, epoch, role or
+        serving (followed_state) moved since the last step; whether they did."""
         seen = self._observed()
         if seen == self._seen:
             return False
