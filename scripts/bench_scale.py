@@ -18,8 +18,8 @@ per-broker guardrail raised to fit), and prints:
    last create and no replica still opening, twice in a row; checked at the end against
    `biplane_broker_partitions` on /metrics), then until no partition is under-replicated (every replica in the ISR, the
    admin API's health); each broker's CPU seconds over that time, and the fetches it refused
-   because the partition was still opening there (`LEADER_NOT_AVAILABLE` on /metrics: each one
-   a follower's ask that is repeated after a backoff);
+   because the partition was still opening there (`LEADER_NOT_AVAILABLE` on /metrics: a
+   follower's ask, which then waits in its fetch session until the leader serves it);
 2. metadata lag while opening: right after the last create, one more topic (`late`, 1 partition)
    is created; seconds until every broker has applied the controller's offset of that moment
    (`biplane_broker_metadata_offset`) and until the new partition's leader answers list-offsets;

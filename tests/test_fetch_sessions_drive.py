@@ -929,7 +929,7 @@ def test_the_same_throttle_told_again_does_not_rewire_the_sessions(monkeypatch):
 def _nudge(handler: RequestHandler, replica_id: int, epoch: int):
     """A follower's sessionless fetch naming no partition: end its session fetch of `epoch`."""
     return handler.fetch(wire.FetchRequest(replica_id=replica_id, max_wait_ms=0, min_bytes=1,
-                                           max_bytes=1 << 20, end_session_epoch=epoch))
+                                           max_bytes=1 << 20, session_epoch_out=epoch))
 
 
 def test_a_followers_fetch_naming_no_partition_ends_its_long_poll_and_keeps_the_session(tmp_path):
@@ -991,7 +991,7 @@ def test_a_request_to_end_a_long_poll_that_comes_before_it_ends_it_on_arrival(tm
         loop = asyncio.get_running_loop()
         started = loop.time()
         answered = await asyncio.wait_for(
-            _session_fetch(handler, sid, epoch, [_position("a", end)] if full else [], wait_ms=5000), 2)
+            _session_fetch(handler, sid, epoch, [_position("a", end)] if full else [], wait_ms=2000), 5)
         took_s = loop.time() - started
         # Once: the session's next long-poll waits as usual.
         later = _session_fetch(handler, answered.session_id, epoch + 1)
@@ -1010,11 +1010,12 @@ def test_a_request_to_end_a_long_poll_that_comes_before_it_ends_it_on_arrival(tm
 
 def test_a_late_express_fetch_does_not_put_back_a_follower_whose_newer_fetch_waits_in_its_session(tmp_path):
     """A follower's express fetch and its next session fetch travel on two connections, and the
-    leader may step the newer session fetch first. The late express fetch is answered but does
-    not put the follower back where it sent it from: the acks=all request its newer fetch
-    satisfied is released at once, and the session's long-poll, parked with nothing to
-    answer, is not ended for it. Taking it (latest wins) held the HW until that long-poll ran
-    out: in two full test runs a new topic's first acks=all request timed out."""
+    leader may step the newer session fetch first. The express fetch names the session fetch
+    out when it was sent, so the leader knows it for the older: it is answered but does not put
+    the follower back, the acks=all request the newer fetch satisfied is released at once, and
+    the session's long-poll, parked with nothing to answer, is not ended for it. Taken as it
+    came (latest wins), it held the HW until that long-poll ran out: in two full test runs a
+    new topic's first acks=all request timed out."""
     async def scenario():
         drivers = {"a": _leader_driver(tmp_path, "a", (1, 2, 3), None)}
         driver = drivers["a"]
@@ -1022,27 +1023,30 @@ def test_a_late_express_fetch_does_not_put_back_a_follower_whose_newer_fetch_wai
         handler = _handler(drivers)
         start = driver.log.log_end_offset
 
-        def fetch(replica_id, offset, *, session_id=0, epoch=-1, wait_ms=0):
+        def fetch(replica_id, offset, *, session_id=0, epoch=-1, out=-1, wait_ms=0):
             return asyncio.ensure_future(handler.fetch(wire.FetchRequest(
                 replica_id=replica_id, max_wait_ms=wait_ms, min_bytes=1, max_bytes=1 << 20,
-                session_id=session_id, session_epoch=epoch, topics=(_position("a", offset),))))
+                session_id=session_id, session_epoch=epoch, session_epoch_out=out,
+                topics=(_position("a", offset),))))
         sid = (await fetch(2, start, epoch=0)).session_id
         released = driver.submit_produce(bytearray(build_batch([b"v"], timestamp_ms=1)), acks=-1,
                                          timeout_ms=10_000)
         end = driver.log.log_end_offset
-        # Follower 2 sent an express fetch from `start` (its flushed offset moved), then, the
-        # records in hand and flushed, its session fetch from `end`: stepped the other way round.
-        poll = fetch(2, end, session_id=sid, epoch=1, wait_ms=5000)
+        assert _carried(await fetch(2, start, session_id=sid, epoch=1))["a"].records
+        # While that session fetch (epoch 1) was out, follower 2 sent an express fetch from
+        # `start` (its flushed offset moved); then, the records in hand and flushed, its next
+        # session fetch from `end`. The leader steps them the other way round.
+        poll = fetch(2, end, session_id=sid, epoch=2, wait_ms=5000)
         await asyncio.sleep(0.05)
         parked = not poll.done()
-        late = await fetch(2, start)
+        late = await fetch(2, start, session_id=sid, out=1)
         await fetch(3, end)   # the other follower has the records stored too
         try:
             release = await asyncio.wait_for(asyncio.shield(released), 2)
         except TimeoutError:
             release = None
         poll_waits = not poll.done()
-        await _nudge(handler, 2, 1)
+        await _nudge(handler, 2, 2)
         await asyncio.wait_for(poll, 1)
         await driver.close()
         return parked, late, release, poll_waits
@@ -1053,6 +1057,63 @@ def test_a_late_express_fetch_does_not_put_back_a_follower_whose_newer_fetch_wai
     assert release is not None and release.error is ErrorCode.NONE, \
         "the acks=all request waited: the late express fetch put its follower back"
     assert poll_waits, "the late express fetch ended the session's long-poll"
+
+
+def test_a_refused_newcomer_wakes_an_idle_main_loop_to_carry_it():
+    """A newcomer refused as not served yet on the express connection is handed to the main
+    loop, which may be idle by then (its long-poll ended and nothing else pending): it is woken
+    and carries the newcomer in the session at once, not when something else comes (the core
+    was told nothing, so it would ask again only after its 10 s retry). Found by a review."""
+    sent: list[tuple[str, int, tuple[str, ...]]] = []
+
+    async def scenario():
+        release_main, release_express = asyncio.Event(), asyncio.Event()
+
+        class Leader:
+            def __init__(self, name) -> None:
+                self.name, self.closed = name, False
+
+            async def request(self, req):
+                sent.append((self.name, req.session_epoch, tuple(t.topic for t in req.topics)))
+                if self.name == "main":
+                    if req.session_epoch > 0 and not req.topics and not req.forgotten_topics:
+                        await release_main.wait()
+                        release_main.clear()
+                    return wire.FetchResponse(session_id=7)
+                await release_express.wait()
+                return wire.FetchResponse(topics=tuple(wire.FetchTopicResponse(topic=t.topic, partitions=(
+                    wire.FetchPartitionResponse(partition=0, error_code=ErrorCode.LEADER_NOT_AVAILABLE),))
+                    for t in req.topics))
+
+            async def close(self):
+                self.closed = True
+
+        clients = {"main": Leader("main"), "express": Leader("express")}
+        fetcher = Fetcher(broker_id=1, address_of=lambda b: ("127.0.0.1", 1), deliver=lambda tp, ev: None)
+        fetcher.submit(2, ("a", 0), _request(("a", 0), 0))
+        session = fetcher.sessions[2]
+
+        async def client(which):
+            return clients[which]
+        session._client = client
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if session._main_busy and len(sent) >= 2:
+                break
+        fetcher.submit(2, ("b", 0), _request(("b", 0), 0))   # a newcomer: express
+        await asyncio.sleep(0.05)
+        session.forget(("a", 0))   # "a" follows another leader now; the long-poll ends
+        release_main.set()
+        await asyncio.sleep(0.05)  # the main loop: nothing to send, it waits
+        release_express.set()      # "b" refused: not served yet
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if any(n == "main" and "b" in topics for n, _, topics in sent):
+                break
+        await fetcher.close()
+
+    asyncio.run(scenario())
+    assert any(n == "main" and "b" in topics for n, _, topics in sent), f"the refused newcomer was not sent: {sent}"
 
 
 def test_a_partition_joining_while_the_long_poll_waits_nudges_it_and_joins_incrementally():
@@ -1120,7 +1181,10 @@ def test_a_partition_joining_while_the_long_poll_waits_nudges_it_and_joins_incre
     # reach the leader before that long-poll does.
     at = next(i for i, (n, r) in enumerate(sent) if n == "express" and not r.topics)
     out = [r for n, r in sent[:at] if n == "main"][-1]
-    assert sent[at][1].end_session_epoch == out.session_epoch == 1, (sent[at][1], out)
+    assert sent[at][1].session_epoch_out == out.session_epoch == 1, (sent[at][1], out)
+    # So does the express fetch of the newcomer: the leader tells by it which was sent first.
+    express = next(r for n, r in sent if n == "express" and r.topics)
+    assert (express.session_id, express.session_epoch_out) == (7, 1), express
     joined = next(k for k in kinds if k[0] == "main" and "b" in k[2])
     assert joined[1] > 0, f"the newcomer joined by a full session fetch: {kinds}"
     assert not clients["main"].closed, "the long-poll's connection was closed"
@@ -1296,9 +1360,9 @@ def test_a_session_holding_a_partition_whose_leader_has_not_stored_its_epoch_sta
         refused = await _session_fetch(handler, 0, 0, [_position("a", 0)], wait_ms=0)
         loop = asyncio.get_running_loop()
         started = loop.time()
-        poll = _session_fetch(handler, refused.session_id, 1, wait_ms=5000)
+        poll = _session_fetch(handler, refused.session_id, 1, wait_ms=3000)
         await _until_serving(driver)
-        answer = await asyncio.wait_for(poll, 4)
+        answer = await asyncio.wait_for(poll, 6)
         took_s = loop.time() - started
         await driver.close()
         return refused, answer, took_s

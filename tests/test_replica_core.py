@@ -1380,15 +1380,15 @@ def test_an_overtaken_fetch_from_the_same_position_keeps_the_newest_flushed_offs
     assert leader.replica.fetch_count(4) == -1
 
 
-def test_an_express_fetch_stepped_after_a_newer_fetch_of_its_follower_neither_counts_nor_holds_the_hw():
-    """Claim: an unordered fetch (a follower's express one, sent beside its long-poll) that
-    reaches the leader after a newer fetch of the same follower, from behind where that one
-    left its progress, is answered but neither recorded nor counted: the follower's progress,
-    and the acks=all request it satisfied, stand. An express fetch from ahead is recorded as
-    usual, and so is an ordered (session) fetch from behind (latest wins: a restarted
-    follower reports there). Found by a full test run: the late express fetch put a follower
-    back at offset 1 while its newer request waited parked in a long-poll, and a new topic's
-    first acks=all request timed out."""
+def test_a_fetch_sent_before_one_already_stepped_neither_counts_nor_holds_the_hw():
+    """Claim: a follower's fetch sent before one of its fetches already stepped (by their
+    order: session id, session epoch, then the session fetch before the express ones sent
+    while it was out) is answered but neither recorded nor counted: the follower's progress,
+    and the acks=all request it satisfied, stand. Later ones are recorded as usual; so are
+    fetches of another session (a restarted follower that came back with less) and of unknown
+    order, as they come. Found by a full test run: an express fetch stepped after the
+    follower's newer session fetch put it back at offset 1 while that session fetch waited
+    parked in a long-poll, and a new topic's first acks=all request timed out."""
     nodes = cluster(config(durability="fsync"), auto_flush=False)
     leader = nodes[1]
     leader.step(FlushDone(flushed_offset=leader.log.flush()))
@@ -1397,25 +1397,28 @@ def test_an_express_fetch_stepped_after_a_newer_fetch_of_its_follower_neither_co
     leader.step(FlushDone(flushed_offset=leader.log.flush()))
     end = leader.log.log_end_offset
 
-    def fetch(replica_id, offset, flushed, unordered):
+    def fetch(replica_id, offset, order):
         leader.step(FetchRequest(replica_id=replica_id, fetch_offset=offset, last_fetched_epoch=1,
-                                 flushed_offset=flushed, current_leader_epoch=1, unordered=unordered))
+                                 flushed_offset=offset, current_leader_epoch=1, order=order))
         answer = [m for m in leader.sent() if isinstance(m, FetchResponse)][-1]
         p = leader.replica.progress[replica_id]
         return answer, (p.fetch_offset, p.flushed_offset, p.fetches)
 
-    fetch(3, end, end, False)
-    assert fetch(2, end, end, False)[1] == (end, end, 1)       # the session fetch, after the records
+    fetch(3, end, None)
+    assert fetch(2, end, (7, 3, 0))[1] == (end, end, 1)       # session 7's fetch of epoch 3
     assert leader.released()[1].error is ErrorCode.NONE       # ... satisfies acks=all
-    answer, progress = fetch(2, start, start, True)           # the express one sent before it
-    assert progress == (end, end, 1), "a late express fetch moved the follower back"
+    answer, progress = fetch(2, start, (7, 2, 1))             # express, sent while epoch 2's was out
+    assert progress == (end, end, 1), "a fetch sent before the one stepped moved the follower back"
     assert answer.error is ErrorCode.NONE and answer.fetch_offset == start and answer.records
-    assert not leader.replica.fetched_since(2, 1, end, 1), "a late express fetch counted as newer"
+    assert not leader.replica.fetched_since(2, 1, end, 1), "a late fetch counted as newer"
     produce(leader, 2, -1, b"b", timeout_ms=10_000)
     leader.step(FlushDone(flushed_offset=leader.log.flush()))
     newer = leader.log.log_end_offset
-    assert fetch(2, newer, newer, True)[1] == (newer, newer, 2)   # an express fetch from ahead
-    assert fetch(2, end, end, False)[1] == (end, end, 3)          # a session fetch from behind
+    assert fetch(2, newer, (7, 3, 1))[1] == (newer, newer, 2)    # express while epoch 3's is out
+    assert fetch(2, end, (7, 3, 0))[1] == (newer, newer, 2)      # epoch 3's, stepped again: older
+    assert fetch(2, start, (8, 0, 0))[1] == (start, start, 3)    # a new session: as it comes
+    assert fetch(2, end, None)[1] == (end, end, 4)               # unknown order: as it comes
+    assert fetch(2, start, (8, 0, 1))[1] == (start, start, 5)    # after unknown: as it comes
 
 
 def test_produce_admission_checks_role_then_client_epoch_then_acks_and_batch_size():

@@ -185,15 +185,16 @@ class ForgottenTopic:
 
 @wire_struct(replica_id=INT32, broker_epoch=INT64, max_wait_ms=INT32, min_bytes=INT32, max_bytes=INT32,
              isolation_level=INT8, session_id=INT32, session_epoch=INT32, topics=Array(FetchTopic),
-             forgotten_topics=Array(ForgottenTopic), end_session_epoch=INT32)
+             forgotten_topics=Array(ForgottenTopic), session_epoch_out=INT32)
 class FetchRequest:
     """replica_id -1 is a consumer. Sessions as in Kafka's KIP-227: session_id 0 and
     session_epoch 0 open a session, session_epoch -1 is a sessionless (full) fetch.
 
-    `end_session_epoch` (a follower's sessionless fetch naming no partition, Biplane's own):
-    the epoch of the follower's session fetch that the leader is to answer now, as it stands,
-    whether it waits there already or arrives after this (dataplane/broker/server.py,
-    RequestHandler._end_long_poll); -1 on every other fetch."""
+    A follower's sessionless fetch (Biplane's own use) names its session in `session_id` and,
+    in `session_epoch_out`, the epoch of that session's fetch out when it was sent (-1: none):
+    the leader tells by these which of the two a follower sent first (Replica._late_fetch).
+    Naming no partition, it asks the leader to answer that session fetch now, as it stands,
+    whether it waits there already or arrives after this (RequestHandler._end_long_poll)."""
 
     replica_id: int = CONSUMER_REPLICA_ID
     broker_epoch: int = -1
@@ -205,7 +206,7 @@ class FetchRequest:
     session_epoch: int = -1
     topics: tuple[FetchTopic, ...] = ()
     forgotten_topics: tuple[ForgottenTopic, ...] = ()
-    end_session_epoch: int = -1
+    session_epoch_out: int = -1
 
 
 @wire_struct(partition=INT32, error_code=ERROR_CODE, high_watermark=INT64, last_stable_offset=INT64,

@@ -24,7 +24,7 @@ from __future__ import annotations
 from common.errors import ErrorCode
 from common.topic_partition import TopicPartition
 from common.wire import messages as wire
-from dataplane.replica.events import AppendEntries, AppendEntriesReply, FetchRequest, FetchResponse
+from dataplane.replica.events import AppendEntries, AppendEntriesReply, FetchOrder, FetchRequest, FetchResponse
 
 
 # What a fetch asks per partition when the core names no bound (a consumer's request).
@@ -43,14 +43,14 @@ def fetch_to_wire(partition: int, request: FetchRequest) -> wire.FetchPartition:
 
 
 def fetch_from_wire(replica_id: int, tp: TopicPartition, p: wire.FetchPartition, *,
-                    max_bytes: int, unordered: bool = False) -> FetchRequest:
+                    max_bytes: int, order: FetchOrder | None = None) -> FetchRequest:
     """One partition of a wire FETCH as the leader core's FetchRequest. `max_bytes`: what
     is left of the request's byte budget for this partition (the handler's share);
-    `unordered`: a follower's fetch outside its session (FetchRequest.unordered)."""
+    `order`: where a follower's fetch stands among those it sent (FetchRequest.order)."""
     return FetchRequest(
         replica_id=replica_id, fetch_offset=p.fetch_offset, last_fetched_epoch=p.last_fetched_epoch,
         flushed_offset=max(p.flushed_offset, 0), current_leader_epoch=p.current_leader_epoch,
-        max_bytes=max_bytes, partition=tp, unordered=unordered)
+        max_bytes=max_bytes, partition=tp, order=order)
 
 
 def fetch_answer_to_wire(partition: int, answer: FetchResponse, *, log_start_offset: int,

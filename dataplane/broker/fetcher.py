@@ -402,10 +402,12 @@ class FetchSession:
         if log.isEnabledFor(logging.DEBUG):
             log.debug("fetch %s from broker %d: %s", which, self.leader_id,
                       {f"{t}-{p}": r.fetch_offset for (t, p), r in batch.items()})
+        # Built before any wait for a connection: while the main loop is busy its session fetch
+        # is built, so an express fetch can say which one it was sent after (_wire_request).
+        message = self._session_request(wait_ms) if in_session else self._wire_request(batch, wait_ms)
         try:
             client = await self._client(which)
             timeout_s = (wait_ms + self.limits["request_timeout_ms"]) / 1000
-            message = self._session_request(wait_ms) if in_session else self._wire_request(batch, wait_ms)
             # asyncio.timeout, not wait_for: no task per round between the request and its write.
             sent = time.perf_counter()
             async with asyncio.timeout(timeout_s):
@@ -476,13 +478,15 @@ class FetchSession:
 
     def _wire_request(self, batch: dict[TopicPartition, FetchRequest], wait_ms: int) -> wire.FetchRequest:
         """A fetch outside the session (the express one): the leader answers every partition.
-        One naming none asks the leader to end the session's long-poll out now, named by its
-        epoch (the session's next until its answer comes): it may reach the leader first."""
+        It names the session fetch out when it was sent (the session's id and next epoch, which
+        stays that fetch's until its answer comes): the two travel on two connections, and the
+        leader tells by these which was sent first (Replica._late_fetch). One naming no
+        partition asks the leader to end that session fetch now."""
         return wire.FetchRequest(
             replica_id=self.fetcher.broker_id, max_wait_ms=wait_ms, min_bytes=1,
             max_bytes=self.limits["fetch_max_bytes"],
             topics=_by_topic({tp: self._wire_partition(tp, r) for tp, r in batch.items()}),
-            end_session_epoch=-1 if batch else self.session.next_epoch)
+            session_id=self.session.session_id, session_epoch_out=self.session.next_epoch)
 
     def _session_request(self, wait_ms: int) -> wire.FetchRequest:
         """The session's next fetch (what changed in it since the last)."""
@@ -517,6 +521,7 @@ class FetchSession:
                                                        last_fetched_epoch=request.last_fetched_epoch))
                 else:
                     self.pending.setdefault(tp, request)
+                    self._wake.set()   # the main loop may be waiting for something to send
                 continue
             event = fetch_answer_from_wire(self.leader_id, request, p, tp)
             if event.error is not ErrorCode.NONE:

@@ -443,7 +443,8 @@ class PartitionDriver:
         return (self.log.log_end_offset, r.leader_epoch, r.role, r.epoch_durable)
 
     def changed(self) -> asyncio.Future[None]:
-        """Resolves at the next change of log end, HW, epoch or role (long-polling fetches wait on it)."""
+        """Resolves at the next change of log end, HW, epoch, role or serving (followed_state;
+        long-polling fetches wait on it)."""
         if self._changed is None or self._changed.done():
             self._changed = asyncio.get_running_loop().create_future()
         return self._changed

@@ -23,7 +23,8 @@ costs nothing per partition. A quiet partition's follower stays in the ISR on th
 session's word: when the core's caught-up clock for it runs out, the driver's Tick
 says where the session holds it and when the follower was last seen fetching
 (`follower_fetching`). An error travels once, like any summary change (Kafka repeats it on every
-answer; here the follower's core already backs off and waits for metadata, and a repeat
+answer; here the follower's core already backs off and waits for metadata, or, refused as not served
+yet, waits in the session, and a repeat
 would end every long-poll at once). Sessions live in this process only: a restarted
 broker answers FETCH_SESSION_ID_NOT_FOUND and the follower starts over with a full fetch. A new high watermark alone does
 not end a follower's long-poll: the HW rides on its next answer (data, or the
@@ -53,7 +54,7 @@ from dataplane.broker.producer_ids import ProducerIds
 from dataplane.broker.pusher import PAIR_TP, answer_append_entries
 from dataplane.broker.replicas import ReplicaManager
 from dataplane.groups.placement import is_internal
-from dataplane.replica.events import StillFetching
+from dataplane.replica.events import FetchOrder, StillFetching
 
 if TYPE_CHECKING:
     from dataplane.groups.driver import GroupCoordinator
@@ -62,6 +63,7 @@ log = logging.getLogger("biplane.broker.server")
 
 SESSIONLESS_EPOCH = -1   # a fetch outside any session (consumers, a follower's express fetch)
 NOT_READY_POLL_S = 1.0
+END_ON_ARRIVAL_MAX = 1024   # follower brokers whose request to end a long-poll came first, kept at most
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -317,8 +319,11 @@ class RequestHandler:
             return await self._fetch_in_session(request, fetch, session_id, partitions, deadline)
         # Outside a session: a consumer's, or a follower's express fetch (no wait).
         partitions = {TopicPartition(t.topic, p.partition): p for t in request.topics for p in t.partitions}
-        if follower and not partitions and request.end_session_epoch >= 0:
-            self._end_long_poll(request.replica_id, request.end_session_epoch)
+        # A follower's express fetch: sent while the session fetch it names was out.
+        order = ((request.session_id, request.session_epoch_out, 1)
+                 if follower and request.session_id != NO_SESSION and request.session_epoch_out >= 0 else None)
+        if follower and not partitions and request.session_epoch_out >= 0:
+            self._end_long_poll(request.replica_id, request.session_epoch_out)
         stepped: dict[TopicPartition, int] = {}  # the core's fetch count after our own step of each partition
         while True:
             answers: dict[TopicPartition, wire.FetchPartitionResponse] = {}
@@ -335,8 +340,7 @@ class RequestHandler:
                 # The response stays near max_bytes: once it is spent, each further
                 # partition carries at most its first batch (a reader must progress).
                 answer, driver, now = self._fetch_partition(request.replica_id, tp, p,
-                                                            max(1, min(budget, p.partition_max_bytes)),
-                                                            unordered=follower)
+                                                            max(1, min(budget, p.partition_max_bytes)), order=order)
                 if follower:
                     stepped[tp] = driver.replica.fetch_count(request.replica_id) if driver is not None else -1
                 budget -= len(answer.records or b"")
@@ -395,6 +399,8 @@ class RequestHandler:
             watch.end_now = True
             watch.wake.set()
         else:
+            if len(self._end_on_arrival) >= END_ON_ARRIVAL_MAX and follower not in self._end_on_arrival:
+                del self._end_on_arrival[next(iter(self._end_on_arrival))]   # bounded, whoever asks
             self._end_on_arrival[follower] = epoch
 
     async def _long_poll_session(self, request: wire.FetchRequest,
@@ -409,6 +415,9 @@ class RequestHandler:
         answers: dict[TopicPartition, wire.FetchPartitionResponse] = {}
         stepped: dict[TopicPartition, int] = {}  # the core's fetch count after our own step of each partition
         replica_id = request.replica_id
+        # Each partition's position as this fetch holds it (sent now, or earlier and kept:
+        # omitted means unchanged) is the follower's word as of this fetch.
+        order = (session_id, fetch.epoch, 0)
         while True:
             watch.wake.clear()
             look = watch.active | watch.dirty
@@ -442,7 +451,7 @@ class RequestHandler:
                 # The response stays near max_bytes: once it is spent, each further
                 # partition carries at most its first batch (a reader must progress).
                 answer, driver, now = self._fetch_partition(replica_id, tp, p,
-                                                            max(1, min(budget, p.partition_max_bytes)))
+                                                            max(1, min(budget, p.partition_max_bytes)), order=order)
                 stepped[tp] = driver.replica.fetch_count(replica_id) if driver is not None else -1
                 budget -= len(answer.records or b"")
                 answers[tp] = answer
@@ -578,10 +587,11 @@ class RequestHandler:
             current_leader=wire.LeaderIdAndEpoch(leader_id=self.broker_id, leader_epoch=r.leader_epoch)), driver
 
     def _fetch_partition(self, replica_id: int, tp: TopicPartition, p: wire.FetchPartition, message_bytes_max: int,
-                         unordered: bool = False) -> tuple[wire.FetchPartitionResponse, PartitionDriver | None, bool]:
+                         order: FetchOrder | None = None
+                         ) -> tuple[wire.FetchPartitionResponse, PartitionDriver | None, bool]:
         """(answer, driver to wait on, whether to answer now). `message_bytes_max`: this
-        partition's share of the request's byte budget; `unordered`: a follower's express fetch,
-        which may come after a newer session fetch of the same follower (Replica._late_fetch)."""
+        partition's share of the request's byte budget; `order`: where a follower's fetch stands
+        among those it sent (FetchRequest.order)."""
         def refuse(code: ErrorCode):
             return fetch_refusal(p.partition, code, self._current_leader(*tp)), None, True
 
@@ -589,7 +599,7 @@ class RequestHandler:
         if driver is None:
             return refuse(error)
         try:
-            a = driver.fetch(fetch_from_wire(replica_id, tp, p, max_bytes=message_bytes_max, unordered=unordered))
+            a = driver.fetch(fetch_from_wire(replica_id, tp, p, max_bytes=message_bytes_max, order=order))
         except BiplaneError as exc:
             return refuse(exc.code)
         answer = fetch_answer_to_wire(p.partition, a, log_start_offset=driver.log.log_start_offset,

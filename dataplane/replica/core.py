@@ -44,7 +44,8 @@ from dataplane.replica.actions import (
     ReportElection, Send, SendAction, StopLeading, Truncate, TruncateFully,
 )
 from dataplane.replica.events import (
-    CONSUMER_REPLICA_ID, AppendEntries, AppendEntriesReply, BrokerBudget, FetchHeld, FetchRequest, FetchResponse,
+    CONSUMER_REPLICA_ID, AppendEntries, AppendEntriesReply, BrokerBudget, FetchHeld, FetchOrder, FetchRequest,
+    FetchResponse,
     FlushDone, IsrChangeAccepted, IsrChangeRefused, NewMetadata, ProduceRequest, StillFetching, Tick, WriteDone,
 )
 from dataplane.replica import invariants
@@ -103,11 +104,13 @@ class FollowerProgress:
     fetch_generation: int = -1
     # Every fetch request stepped from it, over any of its connections (a broker's fetcher
     # has a long-poll and an "express" one), counted, and the newest one's position and
-    # flushed offset, whatever its answer (see Replica._remember_fetch).
+    # flushed offset, whatever its answer (see Replica._remember_fetch); one sent before a
+    # newer one already stepped is not (Replica._late_fetch).
     fetches: int = 0
     asked_offset: int = -1
     asked_epoch: int = -1
     asked_flushed: int = 0
+    order: FetchOrder | None = None   # the newest one's place among those it sent (None: unknown)
 
 
 class Replica(ProduceAdmission, PushMixin):
@@ -524,17 +527,16 @@ class Replica(ProduceAdmission, PushMixin):
         self._answer(req, records=records)
 
     def _late_fetch(self, req: FetchRequest) -> bool:
-        """An unordered request (sent beside the follower's long-poll) from behind where a fetch
-        of this follower, stepped before it, left its progress in this leadership: it was sent
-        before that one. Within a leadership a follower's log never goes back below a position
-        we recorded (a recorded position matches our log, and what it flushed stays flushed),
-        so it is old news: answered, neither counted nor recorded. Taking it (latest wins) put
-        the follower back while its newer request sat parked in a long-poll that saw nothing
-        to answer: acks=all waited on that follower until the long-poll ran out (up to 30 s).
-        A follower that restarted with less fetches again in a new session, which is ordered."""
+        """A follower's fetch sent before one of its fetches already stepped here (its express
+        and its session fetches travel on two connections, and we may read the newer first): old
+        news, answered but neither counted nor recorded. Taking it (latest wins) put the
+        follower back while its newer request sat parked in a long-poll that saw nothing to
+        answer: acks=all waited on that follower until the long-poll ran out (up to 30 s).
+        Fetches of another session (a restarted follower, a session started over) or of unknown
+        order are taken as they come: a follower that came back with less reports it."""
         p = self.progress.get(req.replica_id)
-        return (req.unordered and p is not None and p.last_fetch_ms >= 0
-                and (req.fetch_offset, req.flushed_offset) < (p.fetch_offset, p.flushed_offset))
+        return (p is not None and req.order is not None and p.order is not None
+                and req.order[0] == p.order[0] and req.order < p.order)
 
     def _remember_fetch(self, req: FetchRequest) -> FetchRequest:
         """Count a follower's fetch and keep its position; a request overtaken by a newer one
@@ -549,6 +551,7 @@ class Replica(ProduceAdmission, PushMixin):
                 and p.asked_flushed > req.flushed_offset):
             req = dataclasses.replace(req, flushed_offset=p.asked_flushed)
         p.asked_offset, p.asked_epoch, p.asked_flushed = req.fetch_offset, req.last_fetched_epoch, req.flushed_offset
+        p.order = req.order
         return req
 
     def fetched_since(self, replica_id: int, fetches: int, fetch_offset: int, last_fetched_epoch: int) -> bool:
@@ -559,7 +562,8 @@ class Replica(ProduceAdmission, PushMixin):
                 and (p.asked_offset, p.asked_epoch) != (fetch_offset, last_fetched_epoch))
 
     def fetch_count(self, replica_id: int) -> int:
-        """How many fetches of this follower were stepped in this leadership (-1: not a follower of ours)."""
+        """How many fetches of this follower were counted in this leadership (a late one is not,
+        _late_fetch; -1: not a follower of ours)."""
         p = self.progress.get(replica_id)
         return -1 if p is None else p.fetches
 
@@ -698,8 +702,8 @@ class Replica(ProduceAdmission, PushMixin):
 
     def _record_progress(self, replica_id: int, *, log_end_offset: int, match_offset: int,
                          flushed_offset: int) -> None:
-        # Latest report wins: a delayed report understates, which only holds the HW
-        # (the HW never moves back); it cannot overstate within our epoch.
+        # Latest report wins (a fetch sent before one already stepped never gets here:
+        # _late_fetch); it cannot overstate within our epoch.
         p = self.progress[replica_id]
         leader_end = self.log_end_offset
         if log_end_offset >= leader_end:

@@ -43,6 +43,14 @@ class ProduceRequest:
     batch_bytes_max: int | None = None
 
 
+# (the follower's fetch session id there, that session's epoch, 0 for the session fetch of
+# that epoch or 1 for an express fetch sent while it was out): the fetches of one session
+# compare in the order the follower sent them. A broker's fetcher sends each partition's
+# requests over two connections (dataplane/broker/fetcher.py), so the leader may step a
+# newer one first.
+FetchOrder = tuple[int, int, int]
+
+
 @_frozen
 class FetchRequest:
     """From a follower (replica_id >= 0) or a consumer (replica_id -1, reads only below HW)."""
@@ -54,9 +62,8 @@ class FetchRequest:
     current_leader_epoch: int = NO_EPOCH
     max_bytes: int | None = None
     partition: object = None
-    # Sent beside the follower's long-poll, on another connection: it may be stepped after a
-    # newer request of the same follower (Replica._late_fetch).
-    unordered: bool = False
+    # Where it stands among the fetches its follower sent this leader's broker (Replica._late_fetch).
+    order: FetchOrder | None = None
 
 
 @_frozen
