@@ -373,6 +373,26 @@ def _request(tp, offset: int) -> FetchRequest:
     return FetchRequest(replica_id=1, fetch_offset=offset, current_leader_epoch=1, partition=tp)
 
 
+async def _long_poll_out(clients: dict, sent: list, deliver, *, offset: int = 0, **limits):
+    """A fetcher to leader 2 over the fake connections `clients` ("main", "express"), which
+    append what they are sent to `sent`: partition ("a", 0) asked from `offset`, until the
+    session's second fetch (a long-poll) is out; `deliver(fetcher, tp, event)` hears what the
+    cores would. Returns (fetcher, its session there)."""
+    fetcher: Fetcher = Fetcher(broker_id=1, address_of=lambda b: ("127.0.0.1", 1),
+                               deliver=lambda tp, ev: deliver(fetcher, tp, ev), **limits)
+    fetcher.submit(2, ("a", 0), _request(("a", 0), offset))
+    session = fetcher.sessions[2]
+
+    async def client(which):
+        return clients[which]
+    session._client = client
+    for _ in range(100):
+        await asyncio.sleep(0.01)
+        if len(sent) >= 2 and session._main_busy:
+            break
+    return fetcher, session
+
+
 def test_fetcher_sends_only_changes_parks_omitted_and_goes_full_after_a_session_error():
     from dataplane.replica.events import FetchHeld
     sent: list[wire.FetchRequest] = []
@@ -1089,17 +1109,7 @@ def test_a_refused_newcomer_wakes_an_idle_main_loop_to_carry_it():
                 self.closed = True
 
         clients = {"main": Leader("main"), "express": Leader("express")}
-        fetcher = Fetcher(broker_id=1, address_of=lambda b: ("127.0.0.1", 1), deliver=lambda tp, ev: None)
-        fetcher.submit(2, ("a", 0), _request(("a", 0), 0))
-        session = fetcher.sessions[2]
-
-        async def client(which):
-            return clients[which]
-        session._client = client
-        for _ in range(100):
-            await asyncio.sleep(0.01)
-            if session._main_busy and len(sent) >= 2:
-                break
+        fetcher, session = await _long_poll_out(clients, sent, lambda f, tp, ev: None)
         fetcher.submit(2, ("b", 0), _request(("b", 0), 0))   # a newcomer: express
         await asyncio.sleep(0.05)
         session.forget(("a", 0))   # "a" follows another leader now; the long-poll ends
@@ -1150,22 +1160,9 @@ def test_a_partition_joining_while_the_long_poll_waits_nudges_it_and_joins_incre
     async def scenario():
         end = asyncio.Event()
         clients = {"main": Leader("main", end), "express": Leader("express", end)}
-        fetcher = Fetcher(broker_id=1, address_of=lambda b: ("127.0.0.1", 1),
-                          deliver=lambda tp, ev: fetcher.submit(2, tp, request(tp, ev.fetch_offset)))
-
-        def request(tp, offset):
-            return FetchRequest(replica_id=1, fetch_offset=offset, current_leader_epoch=1, partition=tp)
-        fetcher.submit(2, ("a", 0), request(("a", 0), 10))
-        session = fetcher.sessions[2]
-
-        async def client(which):
-            return clients[which]
-        session._client = client
-        for _ in range(100):
-            await asyncio.sleep(0.01)
-            if len(sent) >= 2 and session._main_busy:
-                break
-        fetcher.submit(2, ("b", 0), request(("b", 0), 5))   # a newcomer
+        fetcher, session = await _long_poll_out(
+            clients, sent, lambda f, tp, ev: f.submit(2, tp, _request(tp, ev.fetch_offset)), offset=10)
+        fetcher.submit(2, ("b", 0), _request(("b", 0), 5))   # a newcomer
         for _ in range(100):
             await asyncio.sleep(0.01)
             if any(n == "main" and any(t.topic == "b" for t in r.topics) for n, r in sent):
@@ -1294,18 +1291,8 @@ def test_a_partition_its_leader_does_not_serve_yet_waits_in_the_session_and_is_n
     async def scenario():
         end = asyncio.Event()
         clients = {"main": Leader("main", end), "express": Leader("express", end)}
-        fetcher = Fetcher(broker_id=1, address_of=lambda b: ("127.0.0.1", 1), fetch_error_backoff_ms=20,
-                          deliver=lambda tp, ev: delivered.append((tp, ev)))
-        fetcher.submit(2, ("a", 0), _request(("a", 0), 0))
-        session = fetcher.sessions[2]
-
-        async def client(which):
-            return clients[which]
-        session._client = client
-        for _ in range(100):
-            await asyncio.sleep(0.01)
-            if len(sent) >= 2 and session._main_busy:
-                break
+        fetcher, session = await _long_poll_out(clients, sent, lambda f, tp, ev: delivered.append((tp, ev)),
+                                                fetch_error_backoff_ms=20)
         fetcher.submit(2, ("b", 0), _request(("b", 0), 0))   # a newcomer while the long-poll waits
         await asyncio.sleep(0.3)                              # ten error backoffs
         await fetcher.close()
