@@ -278,7 +278,7 @@ class FetchSession:
             # Answered and moved on (records, an error, a divergence): its core asks anew.
             # Answered with a new HW alone, held until the leader serves it, or omitted: it
             # stays in the session.
-            moved = [tp for tp, a in answered.items() if not _same_position(a) and not _not_served_yet(a)]
+            moved = [tp for tp, a in answered.items() if not _stays(a)]
             if rejoining:
                 await self._await_next_requests(rejoining)
             for tp in moved:
@@ -373,7 +373,7 @@ class FetchSession:
             rejoin = False
             for tp in batch:
                 a = answered.get(tp)
-                if a is not None and (_same_position(a) or _not_served_yet(a)) and tp not in self._in_session:
+                if a is not None and _stays(a) and tp not in self._in_session:
                     # Caught up (or to be held by the leader until it serves it), and not in
                     # the waiting long-poll: start the long-poll over with it rather than make
                     # it wait out somebody else's.
@@ -461,8 +461,7 @@ class FetchSession:
             # session resends them). Their cores need not ask again on their timers.
             for tp, request in batch.items():
                 if tp not in answered and self._in_session.get(tp) is request:
-                    self.fetcher.deliver(tp, FetchHeld(leader_id=self.leader_id, fetch_offset=request.fetch_offset,
-                                                       last_fetched_epoch=request.last_fetched_epoch))
+                    self._tell_held(tp, request)
         else:
             self._deliver(batch, answered)
         return answered
@@ -517,8 +516,7 @@ class FetchSession:
                 # The leader's session holds it (RequestHandler.replica_opened): in the session
                 # it waits there; refused express, the next session fetch carries it.
                 if tp in self._in_session:
-                    self.fetcher.deliver(tp, FetchHeld(leader_id=self.leader_id, fetch_offset=request.fetch_offset,
-                                                       last_fetched_epoch=request.last_fetched_epoch))
+                    self._tell_held(tp, request)
                 else:
                     self.pending.setdefault(tp, request)
                     self._wake.set()   # the main loop may be waiting for something to send
@@ -530,6 +528,11 @@ class FetchSession:
             self.fetcher.deliver(tp, event)
         if failed:
             self._deliver_later(failed, {}, error=ErrorCode.UNKNOWN)
+
+    def _tell_held(self, tp: TopicPartition, request: FetchRequest) -> None:
+        """The leader holds `request` in the session: its core sets no timer to ask again."""
+        self.fetcher.deliver(tp, FetchHeld(leader_id=self.leader_id, fetch_offset=request.fetch_offset,
+                                           last_fetched_epoch=request.last_fetched_epoch))
 
     def _deliver_later(self, batch: dict[TopicPartition, FetchRequest], events: dict[TopicPartition, FetchResponse],
                        *, error: ErrorCode = ErrorCode.UNKNOWN) -> None:
@@ -583,6 +586,12 @@ def _same_position(answer: wire.FetchPartitionResponse) -> bool:
 def _not_served_yet(answer: wire.FetchPartitionResponse) -> bool:
     """The leader is still opening the partition, or has not stored its epoch start yet."""
     return answer.error_code is ErrorCode.LEADER_NOT_AVAILABLE
+
+
+def _stays(answer: wire.FetchPartitionResponse) -> bool:
+    """Whether `answer` leaves the partition where it was in the session: at the same position
+    (a new HW alone), or held there by the leader until it serves it."""
+    return _same_position(answer) or _not_served_yet(answer)
 
 
 def _asked_at(request: FetchRequest) -> tuple[int, int, int]:
