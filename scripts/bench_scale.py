@@ -95,6 +95,17 @@ def session_fetches(cluster: Cluster, leader: int) -> dict[str, float]:
     return totals
 
 
+def fetch_traffic(cluster: Cluster) -> dict[int, tuple[float, float, float]]:
+    """Per broker so far: (fetches it answered, session fetches it sent, partitions those carried)."""
+    traffic = {}
+    for b, broker in cluster.brokers.items():
+        s = metrics_scrape(broker.metrics_port)
+        traffic[b] = (s.value("biplane_broker_requests_total", request="FetchRequest"),
+                      s.value("biplane_broker_fetch_session_requests_total"),
+                      s.value("biplane_broker_fetch_session_partitions_sent_total"))
+    return traffic
+
+
 def loop_lags(cluster: Cluster) -> dict[int, tuple[float, float]]:
     """Per broker: (the event-loop watchdog's samples so far, those that ran over 5 ms late)."""
     lags = {}
@@ -374,12 +385,16 @@ def brokers_scale(args: argparse.Namespace, partitions: int) -> None:
         # ISR changes of the partitions each broker leads: a follower that opened more than a
         # lag time after its leader left the ISR and had to join it again.
         shrinks = {b: scrape(ports[b], "biplane_broker_isr_shrinks_total") for b in brokers}
+        traffic = fetch_traffic(cluster)
         print(f"in the ISR: every replica {in_isr_s:.1f} s after the first create"
               f"{'' if whole else ' (NOT all in the ISR within the timeout)'}; CPU seconds per broker till then: "
               + ", ".join(f"broker {b} {spent[b]:.1f}" for b in brokers)
               + f", controller {controller_spent:.1f}; fetches refused as still opening: "
               + ", ".join(f"broker {b} {refused[b] or 0:.0f}" for b in brokers)
               + "; ISR shrinks of led partitions: " + ", ".join(f"broker {b} {shrinks[b] or 0:.0f}" for b in brokers))
+        print("fetch traffic till then (fetches answered; session fetches sent, partitions they carried): "
+              + ", ".join(f"broker {b} {answered:.0f}; {sent:.0f}, {carried:.0f}"
+                          for b, (answered, sent, carried) in traffic.items()))
         time.sleep(2)
         pids = {f"broker {b}": cluster.brokers[b].pid for b in brokers}
         pids["controller"] = cluster.controllers[0].pid

@@ -1079,26 +1079,27 @@ def test_a_late_express_fetch_does_not_put_back_a_follower_whose_newer_fetch_wai
     assert poll_waits, "the late express fetch ended the session's long-poll"
 
 
-def test_a_refused_newcomer_wakes_an_idle_main_loop_to_carry_it():
-    """A newcomer refused as not served yet on the express connection is handed to the main
-    loop, which may be idle by then (its long-poll ended and nothing else pending): it is woken
-    and carries the newcomer in the session at once, not when something else comes (the core
-    was told nothing, so it would ask again only after its 10 s retry). Found by a review."""
-    sent: list[tuple[str, int, tuple[str, ...]]] = []
+def test_an_express_fetch_refused_for_a_partition_that_left_the_session_reaches_its_core_as_an_error():
+    """News of a partition in the session goes express; if the partition leaves the session
+    before the answer comes (it follows another leader now) and the answer is "not served
+    yet", its core hears the error after the backoff and asks where it follows now. Put back
+    among this leader's pending requests, as an earlier form did, it was sent again to the
+    leader it no longer follows."""
+    sent: list[tuple[str, wire.FetchRequest]] = []
+    heard: list[tuple[tuple[str, int], object]] = []
 
     async def scenario():
-        release_main, release_express = asyncio.Event(), asyncio.Event()
+        release_express = asyncio.Event()
 
         class Leader:
             def __init__(self, name) -> None:
                 self.name, self.closed = name, False
 
             async def request(self, req):
-                sent.append((self.name, req.session_epoch, tuple(t.topic for t in req.topics)))
+                sent.append((self.name, req))
                 if self.name == "main":
-                    if req.session_epoch > 0 and not req.topics and not req.forgotten_topics:
-                        await release_main.wait()
-                        release_main.clear()
+                    if req.session_epoch > 0:
+                        await asyncio.Event().wait()   # the long-poll: nothing new
                     return wire.FetchResponse(session_id=7)
                 await release_express.wait()
                 return wire.FetchResponse(topics=tuple(wire.FetchTopicResponse(topic=t.topic, partitions=(
@@ -1109,30 +1110,35 @@ def test_a_refused_newcomer_wakes_an_idle_main_loop_to_carry_it():
                 self.closed = True
 
         clients = {"main": Leader("main"), "express": Leader("express")}
-        fetcher, session = await _long_poll_out(clients, sent, lambda f, tp, ev: None)
-        fetcher.submit(2, ("b", 0), _request(("b", 0), 0))   # a newcomer: express
-        await asyncio.sleep(0.05)
-        session.forget(("a", 0))   # "a" follows another leader now; the long-poll ends
-        release_main.set()
-        await asyncio.sleep(0.05)  # the main loop: nothing to send, it waits
-        release_express.set()      # "b" refused: not served yet
+        fetcher, session = await _long_poll_out(clients, sent, lambda f, tp, ev: heard.append((tp, ev)),
+                                                offset=10, fetch_error_backoff_ms=20)
+        fetcher.submit(2, ("a", 0), _request(("a", 0), 11))   # news: goes express
         for _ in range(100):
             await asyncio.sleep(0.01)
-            if any(n == "main" and "b" in topics for n, _, topics in sent):
+            if any(n == "express" and r.topics for n, r in sent):
                 break
+        session.forget(("a", 0))   # it follows another leader now
+        release_express.set()
+        await asyncio.sleep(0.2)
+        pending = dict(session.pending)
         await fetcher.close()
+        return pending
 
-    asyncio.run(scenario())
-    assert any(n == "main" and "b" in topics for n, _, topics in sent), f"the refused newcomer was not sent: {sent}"
+    pending = asyncio.run(scenario())
+    assert ("a", 0) not in pending, f"put back among the old leader's requests: {pending}"
+    errors = [ev.error for tp, ev in heard if getattr(ev, "error", None) is not None]
+    assert errors == [ErrorCode.LEADER_NOT_AVAILABLE], f"the core heard {heard}"
 
 
 def test_a_partition_joining_while_the_long_poll_waits_nudges_it_and_joins_incrementally():
-    """A partition that starts following this leader while the session's long-poll waits is
-    fetched express; caught up, it waits for the long-poll to end, and the fetcher asks the
-    leader to end it now (a fetch naming no partition) instead of closing its connection: the
-    next session fetch then carries the newcomer, incremental. Abandoning the long-poll made
-    the next one full: while thousands of partitions opened, most session fetches carried
-    every partition followed there."""
+    """A partition that starts following this leader while the session's long-poll waits is not
+    fetched express: the fetcher asks the leader to end the long-poll now (a fetch naming no
+    partition), once, instead of closing its connection, and the next session fetch carries
+    the newcomer, incremental. Abandoning the long-poll made the next one full: while thousands
+    of partitions opened, most session fetches carried every partition followed there; and an
+    express fetch of each newcomer first was a round more, most of them refused while the
+    leader was still opening the partition. News of a partition in the session (a new
+    position) still goes express, naming the session fetch it was sent after."""
     sent: list[tuple[str, wire.FetchRequest]] = []
 
     class Leader:
@@ -1163,28 +1169,37 @@ def test_a_partition_joining_while_the_long_poll_waits_nudges_it_and_joins_incre
         fetcher, session = await _long_poll_out(
             clients, sent, lambda f, tp, ev: f.submit(2, tp, _request(tp, ev.fetch_offset)), offset=10)
         fetcher.submit(2, ("b", 0), _request(("b", 0), 5))   # a newcomer
+        fetcher.submit(2, ("c", 0), _request(("c", 0), 5))   # another, while the first waits
         for _ in range(100):
             await asyncio.sleep(0.01)
             if any(n == "main" and any(t.topic == "b" for t in r.topics) for n, r in sent):
+                break
+        await asyncio.sleep(0.05)
+        fetcher.submit(2, ("a", 0), _request(("a", 0), 11))   # news of a partition in the session
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if any(n == "express" and r.topics for n, r in sent):
                 break
         await fetcher.close()
         return clients
 
     clients = asyncio.run(scenario())
     kinds = [(n, r.session_epoch, tuple(t.topic for t in r.topics)) for n, r in sent]
-    assert ("express", -1, ("b",)) in kinds, kinds
-    assert ("express", -1, ()) in kinds, f"no fetch asked the leader to end the long-poll: {kinds}"
+    nudges = [i for i, (n, r) in enumerate(sent) if n == "express" and not r.topics]
+    assert len(nudges) == 1, f"not one fetch asked the leader to end the long-poll: {kinds}"
     # It names the long-poll out (the last main fetch sent before it) by its epoch: it may
     # reach the leader before that long-poll does.
-    at = next(i for i, (n, r) in enumerate(sent) if n == "express" and not r.topics)
-    out = [r for n, r in sent[:at] if n == "main"][-1]
-    assert sent[at][1].session_epoch_out == out.session_epoch == 1, (sent[at][1], out)
-    # So does the express fetch of the newcomer: the leader tells by it which was sent first.
-    express = next(r for n, r in sent if n == "express" and r.topics)
-    assert (express.session_id, express.session_epoch_out) == (7, 1), express
-    joined = next(k for k in kinds if k[0] == "main" and "b" in k[2])
-    assert joined[1] > 0, f"the newcomer joined by a full session fetch: {kinds}"
+    out = [r for n, r in sent[:nudges[0]] if n == "main"][-1]
+    assert sent[nudges[0]][1].session_epoch_out == out.session_epoch == 1, (sent[nudges[0]][1], out)
+    joined = [k for k in kinds if k[0] == "main" and {"b", "c"} & set(k[2])]
+    assert len(joined) == 1 and set(joined[0][2]) == {"b", "c"} and joined[0][1] > 0, (
+        f"the newcomers did not join together by an incremental session fetch: {kinds}")
     assert not clients["main"].closed, "the long-poll's connection was closed"
+    # Only news of a partition in the session went express; it names the session fetch out when
+    # it was sent, by which the leader tells which was sent first.
+    express = [r for n, r in sent if n == "express" and r.topics]
+    assert [tuple(t.topic for t in r.topics) for r in express] == [("a",)], kinds
+    assert (express[0].session_id, express[0].session_epoch_out) == (7, joined[0][1]), (express[0], kinds)
 
 
 def test_a_request_the_session_fetch_leaves_unanswered_is_told_held_to_its_core():
@@ -1253,10 +1268,9 @@ def test_a_partition_its_leader_does_not_serve_yet_waits_in_the_session_and_is_n
     """A partition the leader refuses as not served yet (LEADER_NOT_AVAILABLE: still opening, or
     its epoch start not stored) waits in the session, where the leader holds it until it serves
     it: refused in a session answer, its core is told the request is held and nothing asks
-    again; refused express (a newcomer while the long-poll waits), it joins the session as a
-    caught-up newcomer does, the long-poll asked to end. Asked again after a backoff instead,
-    the partitions of 10,000 being opened were refused 11,000-19,000 times per broker. Another
-    error still reaches the core after the error backoff."""
+    again, also for a newcomer that joined while the long-poll waited. Asked again after a
+    backoff instead, the partitions of 10,000 being opened were refused 11,000-19,000 times per
+    broker."""
     from dataplane.replica.events import FetchHeld
     sent: list[tuple[str, wire.FetchRequest]] = []
     delivered: list[tuple[tuple[str, int], object]] = []
@@ -1302,8 +1316,8 @@ def test_a_partition_its_leader_does_not_serve_yet_waits_in_the_session_and_is_n
     forgot = [(r.session_epoch, r.forgotten_topics) for n, r in sent if r.forgotten_topics]
     assert not forgot, f"a partition refused in the session left it: {forgot}"
     assert kinds[:2] == [("main", 0, ("a",)), ("main", 1, ())], kinds
-    assert kinds.count(("express", -1, ("b",))) == 1, f"a refused newcomer was asked again express: {kinds}"
-    assert ("express", -1, ()) in kinds, f"the long-poll was not asked to end for the refused newcomer: {kinds}"
+    assert not [k for k in kinds if k[0] == "express" and k[2]], f"a partition was asked express: {kinds}"
+    assert ("express", -1, ()) in kinds, f"the long-poll was not asked to end for the newcomer: {kinds}"
     joined = [k for k in kinds if k[0] == "main" and "b" in k[2]]
     assert len(joined) == 1 and joined[0][1] > 0, f"the refused newcomer did not join the session once: {kinds}"
     assert not any(k[0] == "main" and "a" in k[2] for k in kinds[1:]), f"'a' was sent again: {kinds}"
@@ -1358,6 +1372,47 @@ def test_a_session_holding_a_partition_whose_leader_has_not_stored_its_epoch_sta
     assert _carried(refused)["a"].error_code is ErrorCode.LEADER_NOT_AVAILABLE, "the leader served at once"
     assert _carried(answer)["a"].records, answer
     assert took_s < 2, f"the long-poll waited {took_s:.1f} s after the epoch start was stored"
+
+
+def test_a_partition_not_served_yet_does_not_end_a_long_poll_and_is_answered_once_served(tmp_path):
+    """A partition that joins a session while its leader does not serve it yet (the replica
+    still opening, or its epoch start not stored) is held by the long-poll, which answers it
+    once it is served: answered at once with LEADER_NOT_AVAILABLE, each newcomer ended the
+    long-poll for an error the follower can do nothing about but wait, a round more per
+    partition while thousands opened."""
+    async def scenario():
+        drivers = {"q0": _leader_driver(tmp_path, "q0", (1, 2), None)}
+        await _until_serving(drivers["q0"])
+        handler = _handler(drivers)
+        opening = {TopicPartition("b", 0)}
+        handler.replicas.opening = opening
+        sid = (await _session_fetch(handler, 0, 0, [_position("q0", drivers["q0"].log.log_end_offset)],
+                                    wait_ms=0)).session_id
+        # Still opening here: the long-poll waits.
+        poll = _session_fetch(handler, sid, 1, [_position("b", 0)], wait_ms=5000)
+        await asyncio.sleep(0.2)
+        waited_for_open = not poll.done()
+        drivers["b"] = _leader_driver(tmp_path, "b", (1, 2), None)
+        opening.clear()
+        handler.replica_opened(TopicPartition("b", 0))
+        await _until_serving(drivers["b"])
+        opened = await asyncio.wait_for(poll, 5)
+        # Open, its epoch start not stored yet: the long-poll answers once it is.
+        drivers["a"] = _leader_driver(tmp_path, "a", (1, 2), None)
+        poll = _session_fetch(handler, sid, 2, [_position("a", 0), _position("b", drivers["b"].log.log_end_offset)],
+                              wait_ms=5000)
+        await _until_serving(drivers["a"])
+        stored = await asyncio.wait_for(poll, 5)
+        for d in drivers.values():
+            await d.close()
+        return waited_for_open, opened, stored
+
+    waited_for_open, opened, stored = asyncio.run(scenario())
+    assert waited_for_open, "a partition still opening ended the long-poll at once"
+    for name, answer in (("b", opened), ("a", stored)):
+        carried = _carried(answer)
+        assert name in carried and carried[name].error_code is ErrorCode.NONE and carried[name].records, (
+            f"{name} was not answered with its epoch start once served: {carried}")
 
 
 def test_a_new_hw_alone_neither_wakes_nor_steps_a_waiting_session_and_rides_on_the_next_answer(tmp_path, monkeypatch):

@@ -21,11 +21,11 @@ follower's fresh news (its flushed offset moved: the leader may be holding
 acks=all for it) would wait too. Such a request goes out at once on a second
 "express" connection with no wait — only when it says something the waiting
 long-poll does not (another position or flushed offset), so the express path
-never spins on repeats. A partition that joined the session after the
-long-poll started goes express until it is caught up; then the fetcher asks the leader to
-end the waiting long-poll at once (an express fetch naming no partition), and the next,
-incremental, one carries it. Closing the long-poll's connection instead would leave the
-leader's session state unknown, and the next fetch full. So that express stays
+never spins on repeats. For a partition that starts following this leader while the
+long-poll waits, the fetcher asks the leader to end the long-poll at once (an express fetch
+naming no partition), and the next, incremental, one carries it. Closing the long-poll's
+connection instead would leave the leader's session state unknown, and the next fetch full.
+So that express stays
 the exception: a partition answered without a new position (a new HW) stays parked, and after
 an answer with records the next long-poll waits (up to `REJOIN_WAIT_S`) for those partitions'
 cores to ask again, which under acks=all is once the records are flushed: it carries their
@@ -168,7 +168,8 @@ class FetchSession:
         self.limits = fetcher.limits
         self.pending: dict[TopicPartition, FetchRequest] = {}
         self._main_busy = False
-        self._express_held: set[TopicPartition] = set()    # wait for the long-poll to end
+        self._main_rounds = 0     # session fetches sent so far
+        self._nudged = -1         # the one the leader was last asked to end (_main_rounds then)
         self._last_sent: dict[TopicPartition, FetchRequest] = {}   # by either loop
         self._follows_checked_s = 0.0
         self._follows_checked_version: int | None = None
@@ -263,7 +264,7 @@ class FetchSession:
             for tp, request in news.items():
                 self._join(tp, request)
             self._main_busy = True
-            self._express_held.clear()
+            self._main_rounds += 1
             try:
                 answered = await self._round("main", news, self.limits["fetch_wait_ms_max"])
             finally:
@@ -342,13 +343,16 @@ class FetchSession:
         return newer is not self._pending_at_answer.get(tp) or _asked_at(newer) != _asked_at(answered)
 
     def _express_ok(self, tp: TopicPartition, request: FetchRequest) -> bool:
-        if tp in self._express_held or self.fetcher.held(tp):
-            return False
-        if tp not in self._in_session:
-            return True  # nobody long-polls for it: do not make it wait
-        # News the waiting long-poll does not carry (a new flushed offset, a new position);
-        # a repeat of what was sent waits for the long-poll to end, so nothing spins.
-        return not self._repeats_sent(tp, request)
+        """News of a partition in the session that the waiting long-poll does not carry (a new
+        flushed offset, a new position); a repeat of what was sent waits for the long-poll to
+        end, so nothing spins. A newcomer joins the session instead (_joining)."""
+        return tp in self._in_session and not self.fetcher.held(tp) and not self._repeats_sent(tp, request)
+
+    def _joining(self) -> bool:
+        """Whether a partition waits to join the session while its long-poll is out, and the
+        leader has not been asked to end that long-poll yet."""
+        return (self._main_busy and self._nudged != self._main_rounds
+                and any(tp not in self._in_session and not self.fetcher.held(tp) for tp in self.pending))
 
     def _repeats_sent(self, tp: TopicPartition, request: FetchRequest) -> bool:
         """A request of a partition in the session from the position it was last sent at."""
@@ -362,27 +366,22 @@ class FetchSession:
 
     async def _express_loop(self) -> None:
         while True:
-            while not self._express_ready():
+            while not (self._express_ready() or self._joining()):
                 await self._wake_express()
             batch = {tp: r for tp, r in self.pending.items() if self._express_ok(tp, r)}
-            for tp, request in batch.items():
-                del self.pending[tp]
-                if tp in self._in_session:
+            if batch:
+                for tp, request in batch.items():
+                    del self.pending[tp]
                     self._overtaken[tp] = request
-            answered = await self._round("express", batch, 0)
-            rejoin = False
-            for tp in batch:
-                a = answered.get(tp)
-                if a is not None and _stays(a) and tp not in self._in_session:
-                    # Caught up (or to be held by the leader until it serves it), and not in
-                    # the waiting long-poll: start the long-poll over with it rather than make
-                    # it wait out somebody else's.
-                    self._express_held.add(tp)
-                    rejoin = True
-            if rejoin and self._main_busy:
+                await self._round("express", batch, 0)
+            if self._joining():
                 # Ask the leader to end the long-poll now (a fetch naming no partition): the
-                # next one carries the newcomers. Abandoning it (closing its connection) made
-                # the next session fetch full, of every partition followed there.
+                # next one carries the newcomers, and the leader holds each there until it
+                # serves it. Abandoning the long-poll (closing its connection) made the next
+                # session fetch full, of every partition followed there; fetching a newcomer
+                # express first cost a round more, and while thousands of partitions opened
+                # most of those were refused (the leader not serving them yet).
+                self._nudged = self._main_rounds
                 await self._round("express", {}, 0)
 
     async def _wake_express(self) -> None:
@@ -512,14 +511,11 @@ class FetchSession:
                 continue
             if throttle.applies(tp) and p.records:
                 throttle.record(time.monotonic(), len(p.records))
-            if _not_served_yet(p):
-                # The leader's session holds it (RequestHandler.replica_opened): in the session
-                # it waits there; refused express, the next session fetch carries it.
-                if tp in self._in_session:
-                    self._tell_held(tp, request)
-                else:
-                    self.pending.setdefault(tp, request)
-                    self._wake.set()   # the main loop may be waiting for something to send
+            if _not_served_yet(p) and tp in self._in_session:
+                # The leader's session holds it until it serves it (RequestHandler.replica_opened).
+                # One that left the session meanwhile (it follows another leader now, say) hears
+                # the error below, as any other.
+                self._tell_held(tp, request)
                 continue
             event = fetch_answer_from_wire(self.leader_id, request, p, tp)
             if event.error is not ErrorCode.NONE:

@@ -452,9 +452,18 @@ class RequestHandler:
                 # partition carries at most its first batch (a reader must progress).
                 answer, driver, now = self._fetch_partition(replica_id, tp, p,
                                                             max(1, min(budget, p.partition_max_bytes)), order=order)
-                stepped[tp] = driver.replica.fetch_count(replica_id) if driver is not None else -1
+                if driver is not None:
+                    stepped[tp] = driver.replica.fetch_count(replica_id)
+                else:   # nothing stepped: once open, its first look is a step, not "fetched since"
+                    stepped.pop(tp, None)
                 budget -= len(answer.records or b"")
                 answers[tp] = answer
+                if answer.error_code is ErrorCode.LEADER_NOT_AVAILABLE:
+                    # Not served here yet (still opening, or its epoch start not stored): the
+                    # session holds it, and its open or its epoch start's flush wakes this.
+                    # Answering it at once ended the long-poll for nothing the follower can
+                    # act on, a round per newcomer while thousands opened.
+                    now = False
                 quiet_now = not now
                 if now and not answer.records:
                     # An error or a divergence the follower has heard already does not end a
