@@ -71,6 +71,15 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
+def box_ticks() -> tuple[int, int, int]:
+    """The machine's (busy, stolen, all) CPU ticks so far, from /proc/stat's first line: the
+    hypervisor's steal says how much of the box another tenant took, which moves these figures
+    from run to run more than most changes do."""
+    with open("/proc/stat") as f:
+        user, nice, system, idle, iowait, irq, softirq, steal = (int(v) for v in f.readline().split()[1:9])
+    return user + nice + system + irq + softirq, steal, user + nice + system + idle + iowait + irq + softirq + steal
+
+
 def scrape(port: int, name: str) -> float | None:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as resp:
@@ -306,6 +315,7 @@ def brokers_scale(args: argparse.Namespace, partitions: int) -> None:
         ports = {b: cluster.brokers[b].metrics_port for b in brokers}
         cpu_at_start = {b: cpu_seconds(cluster.brokers[b].pid) for b in brokers}
         controller_cpu_at_start = cpu_seconds(cluster.controllers[0].pid or 0) if cluster.controllers[0].pid else 0.0
+        box_at_start = box_ticks()
         start = time.monotonic()
         created = 0
         topic = 0
@@ -377,6 +387,7 @@ def brokers_scale(args: argparse.Namespace, partitions: int) -> None:
             time.sleep(0.5)
             whole = isr_full()
         in_isr_s = time.monotonic() - start
+        busy, stolen, every = (now - then for now, then in zip(box_ticks(), box_at_start))
         spent = {b: cpu_seconds(cluster.brokers[b].pid) - cpu_at_start[b] for b in brokers}
         controller_pid = cluster.controllers[0].pid
         controller_spent = cpu_seconds(controller_pid) - controller_cpu_at_start if controller_pid else float("nan")
@@ -392,6 +403,8 @@ def brokers_scale(args: argparse.Namespace, partitions: int) -> None:
               + f", controller {controller_spent:.1f}; fetches refused as still opening: "
               + ", ".join(f"broker {b} {refused[b] or 0:.0f}" for b in brokers)
               + "; ISR shrinks of led partitions: " + ", ".join(f"broker {b} {shrinks[b] or 0:.0f}" for b in brokers))
+        print(f"the machine till then: {100 * busy / max(every, 1):.0f}% busy, {100 * stolen / max(every, 1):.0f}% "
+              "stolen by the hypervisor (of both cores' time)")
         print("fetch traffic till then (fetches answered; session fetches sent, partitions they carried): "
               + ", ".join(f"broker {b} {answered:.0f}; {sent:.0f}, {carried:.0f}"
                           for b, (answered, sent, carried) in traffic.items()))

@@ -792,6 +792,62 @@ def test_a_repeat_of_what_the_long_poll_carries_does_not_wake_the_express_loop(m
     assert news >= 1, "a new position wakes the express loop"
 
 
+def test_newcomers_arriving_while_the_long_poll_waits_ask_once_to_end_it_and_wake_nothing_more(monkeypatch):
+    """Partitions that start following this leader while its long-poll waits stay pending until
+    it ends, and the fetcher asks the leader once to end it. Each newcomer waking the express
+    loop after that would look at everything pending for nothing: a thousand partitions moving
+    to this leader at once, a million looks."""
+    sent: list[wire.FetchRequest] = []
+    looks: list[int] = []
+
+    class HoldingLeader:
+        closed = False
+
+        async def request(self, req):
+            sent.append(req)
+            if req.session_epoch >= 0 and len(sent) > 1:
+                await asyncio.Event().wait()   # the long-poll: this leader never ends it
+            return wire.FetchResponse(session_id=7)
+
+        async def close(self):
+            self.closed = True
+
+    async def scenario():
+        fetcher = Fetcher(broker_id=1, address_of=lambda b: ("127.0.0.1", 1), deliver=lambda tp, ev: None)
+        fetcher.submit(2, ("a", 0), _request(("a", 0), 10))
+        session = fetcher.sessions[2]
+        real_ready = session._express_ready
+
+        def ready():
+            looks.append(1)
+            return real_ready()
+        monkeypatch.setattr(session, "_express_ready", ready)
+
+        async def connect(which):
+            return HoldingLeader()
+        session._client = connect
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if len(sent) >= 2 and session._main_busy:
+                break
+        before = len(looks)
+        for i in range(200):
+            fetcher.submit(2, (f"n{i}", 0), _request((f"n{i}", 0), 0))
+            await asyncio.sleep(0)
+        await asyncio.sleep(0.05)
+        woken = len(looks) - before
+        pending = len(session.pending)
+        await fetcher.close()
+        return woken, pending
+
+    woken, pending = asyncio.run(scenario())
+    nudges = [r for r in sent if r.session_epoch < 0 and not r.topics]
+    assert len(nudges) == 1, f"{len(nudges)} requests to end the one long-poll"
+    assert not [r for r in sent if r.session_epoch < 0 and r.topics], "a newcomer was fetched express"
+    assert pending == 200, f"{pending} of 200 newcomers wait for the long-poll to end"
+    assert woken <= 3, f"200 newcomers woke the express loop {woken} times"
+
+
 def _record_looks(handler: RequestHandler, monkeypatch) -> list[str]:
     """The topics of the partitions `handler` looks at (steps) from now on, in order."""
     looks: list[str] = []

@@ -40,9 +40,8 @@ Errors: a partition-level error is delivered after `fetch_error_backoff_ms`
 (the core asks again as soon as it hears). A partition its leader is still opening, or whose
 epoch start it has not stored yet (LEADER_NOT_AVAILABLE), waits in the session instead: the
 leader holds it there and answers when it serves it (RequestHandler.replica_opened), so its
-core is told the request is held; refused on the express connection, it joins the session
-as a caught-up newcomer does. Asked again after a backoff (50 ms, then doubling up to 800),
-the partitions of 10,000 being opened were refused 11,000-19,000 times per broker, a
+core is told the request is held. Asked again after a backoff (50 ms, then doubling up to
+800), the partitions of 10,000 being opened were refused 11,000-19,000 times per broker, a
 round on both sides each. A broken connection puts the
 requests back, backs off (doubling up to `reconnect_backoff_ms_max`) and
 reconnects to the leader's address as the metadata says then.
@@ -197,11 +196,16 @@ class FetchSession:
     def submit(self, tp: TopicPartition, request: FetchRequest) -> None:
         self.pending[tp] = request
         self._wake.set()
-        if self._main_busy and not self._repeats_sent(tp, request):
-            # Express only ever sends while a long-poll is out, and never a repeat of what the
-            # long-poll carries (a core not yet told its request is held asks again after
-            # fetch_retry_ms):
-            # waking it for one cost a look at everything pending, thousands a second.
+        if not self._main_busy:
+            return
+        # Express only ever sends while a long-poll is out, never a repeat of what the long-poll
+        # carries (a core not yet told its request is held asks again after fetch_retry_ms),
+        # and asks the leader to end a long-poll once: waking it for nothing cost a look at
+        # everything pending, thousands a second (and newcomers wait there until the long-poll ends).
+        if tp in self._in_session:
+            if not self._repeats_sent(tp, request):
+                self._wake_exp.set()
+        elif self._nudged != self._main_rounds:
             self._wake_exp.set()
 
     def wake(self) -> None:
