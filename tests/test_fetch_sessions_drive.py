@@ -736,6 +736,38 @@ def test_a_driver_tells_when_it_may_have_stopped_following_and_not_on_its_record
         (produced, followed, failed, closed)
 
 
+class _HoldingLeader:
+    """A leader's connection that answers the first session fetch and each express fetch at
+    once, and holds every later long-poll (it never ends one); `sent` keeps what it is sent."""
+
+    def __init__(self, sent: list) -> None:
+        self.sent, self.closed = sent, False
+
+    async def request(self, req):
+        self.sent.append(req)
+        if req.session_epoch >= 0 and len(self.sent) > 1:
+            await asyncio.Event().wait()
+        return wire.FetchResponse(session_id=7)
+
+    async def close(self):
+        self.closed = True
+
+
+async def _long_poll_held(monkeypatch, sent: list, looks: list):
+    """A fetcher to a _HoldingLeader, partition ("a", 0) asked from 10, once its long-poll is
+    out; each look of the express loop for something to send appends to `looks` after that."""
+    leader = _HoldingLeader(sent)
+    fetcher, session = await _long_poll_out({"main": leader, "express": leader}, sent, lambda f, tp, ev: None,
+                                            offset=10)
+    real_ready = session._express_ready
+
+    def ready():
+        looks.append(1)
+        return real_ready()
+    monkeypatch.setattr(session, "_express_ready", ready)
+    return fetcher, session
+
+
 def test_a_repeat_of_what_the_long_poll_carries_does_not_wake_the_express_loop(monkeypatch):
     """An idle follower's core asks again every fetch_retry_ms with the request its session
     already carries; waking the express loop for each (which looks at everything pending)
@@ -744,37 +776,9 @@ def test_a_repeat_of_what_the_long_poll_carries_does_not_wake_the_express_loop(m
     sent: list[wire.FetchRequest] = []
     looks: list[int] = []
 
-    class HoldingLeader:
-        closed = False
-
-        async def request(self, req):
-            sent.append(req)
-            if req.session_epoch >= 0 and len(sent) > 1:
-                await asyncio.Event().wait()   # the long-poll: nothing new
-            return wire.FetchResponse(session_id=7)
-
-        async def close(self):
-            self.closed = True
-
     async def scenario():
-        fetcher = Fetcher(broker_id=1, address_of=lambda b: ("127.0.0.1", 1), deliver=lambda tp, ev: None)
         request = FetchRequest(replica_id=1, fetch_offset=10, current_leader_epoch=1, partition=("a", 0))
-        fetcher.submit(2, ("a", 0), request)
-        session = fetcher.sessions[2]
-        real_ready = session._express_ready
-
-        def ready():
-            looks.append(1)
-            return real_ready()
-        monkeypatch.setattr(session, "_express_ready", ready)
-
-        async def connect(which):
-            return HoldingLeader()
-        session._client = connect
-        for _ in range(100):
-            await asyncio.sleep(0.01)
-            if len(sent) >= 2 and session._main_busy:
-                break
+        fetcher, session = await _long_poll_held(monkeypatch, sent, looks)
         before = len(looks)
         for _ in range(20):
             fetcher.submit(2, ("a", 0), request)   # the core's re-ask: the same request
@@ -800,36 +804,8 @@ def test_newcomers_arriving_while_the_long_poll_waits_ask_once_to_end_it_and_wak
     sent: list[wire.FetchRequest] = []
     looks: list[int] = []
 
-    class HoldingLeader:
-        closed = False
-
-        async def request(self, req):
-            sent.append(req)
-            if req.session_epoch >= 0 and len(sent) > 1:
-                await asyncio.Event().wait()   # the long-poll: this leader never ends it
-            return wire.FetchResponse(session_id=7)
-
-        async def close(self):
-            self.closed = True
-
     async def scenario():
-        fetcher = Fetcher(broker_id=1, address_of=lambda b: ("127.0.0.1", 1), deliver=lambda tp, ev: None)
-        fetcher.submit(2, ("a", 0), _request(("a", 0), 10))
-        session = fetcher.sessions[2]
-        real_ready = session._express_ready
-
-        def ready():
-            looks.append(1)
-            return real_ready()
-        monkeypatch.setattr(session, "_express_ready", ready)
-
-        async def connect(which):
-            return HoldingLeader()
-        session._client = connect
-        for _ in range(100):
-            await asyncio.sleep(0.01)
-            if len(sent) >= 2 and session._main_busy:
-                break
+        fetcher, session = await _long_poll_held(monkeypatch, sent, looks)
         before = len(looks)
         for i in range(200):
             fetcher.submit(2, (f"n{i}", 0), _request((f"n{i}", 0), 0))
