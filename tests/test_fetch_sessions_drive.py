@@ -824,6 +824,103 @@ def test_newcomers_arriving_while_the_long_poll_waits_ask_once_to_end_it_and_wak
     assert woken <= 3, f"200 newcomers woke the express loop {woken} times"
 
 
+def test_a_request_to_end_the_long_poll_that_failed_is_sent_again_after_the_backoff(monkeypatch):
+    """The request to end the long-poll for newcomers is sent once per long-poll; one that
+    fails (its connection broke) is sent again after the reconnect backoff, or the newcomers
+    waited out the whole long-poll (up to fetch_wait_ms_max). Found by a review."""
+    sent: list[wire.FetchRequest] = []
+    looks: list[int] = []
+
+    async def scenario():
+        fetcher, session = await _long_poll_held(monkeypatch, sent, looks)
+        real_client = session._client
+        failures = [OSError("connection reset")]
+
+        class Breaking:
+            closed = False
+
+            async def request(self, req):
+                sent.append(req)
+                if failures:
+                    raise failures.pop()
+                return wire.FetchResponse()
+
+            async def close(self):
+                self.closed = True
+
+        async def client(which):
+            return Breaking() if which == "express" else await real_client(which)
+        session._client = client
+        fetcher.submit(2, ("b", 0), _request(("b", 0), 0))
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if len([r for r in sent if r.session_epoch < 0 and not r.topics]) >= 2:
+                break
+        await fetcher.close()
+
+    asyncio.run(scenario())
+    nudges = [r for r in sent if r.session_epoch < 0 and not r.topics]
+    assert len(nudges) == 2, f"{len(nudges)} requests to end the long-poll, the first of which failed"
+
+
+def test_a_partition_the_leader_refuses_asks_again_express_not_by_ending_the_long_poll():
+    """A partition answered with an error (the leader's metadata or ours behind) leaves the
+    session and its core asks again after the error backoff. That ask goes express while the
+    leader refuses it: joining the session instead ended the long-poll once per backoff for as
+    long as the refusals lasted (found by a review). Once served, it joins the session."""
+    sent: list[tuple[str, wire.FetchRequest]] = []
+    refusals = [3]
+
+    def answer(topic, code=ErrorCode.NONE):
+        return wire.FetchTopicResponse(topic=topic, partitions=(wire.FetchPartitionResponse(
+            partition=0, error_code=code, high_watermark=0,
+            current_leader=wire.LeaderIdAndEpoch(leader_id=2, leader_epoch=1)),))
+
+    class Leader:
+        def __init__(self, name) -> None:
+            self.name, self.closed = name, False
+
+        async def request(self, req):
+            sent.append((self.name, req))
+            topics = [t.topic for t in req.topics]
+            if "b" in topics:
+                if refusals[0] > 0:
+                    refusals[0] -= 1
+                    return wire.FetchResponse(session_id=7, topics=(answer("b", ErrorCode.NOT_LEADER_OR_FOLLOWER),))
+                return wire.FetchResponse(session_id=7, topics=(answer("b"),))
+            if self.name == "main" and req.session_epoch > 0:
+                await asyncio.Event().wait()   # the long-poll: nothing new
+            return wire.FetchResponse(session_id=7)
+
+        async def close(self):
+            self.closed = True
+
+    async def scenario():
+        clients = {"main": Leader("main"), "express": Leader("express")}
+        fetcher: Fetcher = Fetcher(broker_id=1, address_of=lambda b: ("127.0.0.1", 1), fetch_error_backoff_ms=10,
+                                   deliver=lambda tp, ev: fetcher.submit(2, tp, _request(tp, 0)) if tp == ("b", 0)
+                                   else None)
+        for topic in ("a", "b"):   # the full fetch carries both; the leader refuses "b"
+            fetcher.submit(2, (topic, 0), _request((topic, 0), 0))
+
+        async def client(which):
+            return clients[which]
+        fetcher.sessions[2]._client = client
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if refusals[0] == 0 and any(n == "express" and not r.topics for n, r in sent):
+                break
+        await asyncio.sleep(0.05)
+        await fetcher.close()
+
+    asyncio.run(scenario())
+    kinds = [(n, r.session_epoch >= 0, tuple(t.topic for t in r.topics)) for n, r in sent]
+    nudges = [k for k in kinds if k == ("express", False, ())]
+    asked_express = [k for k in kinds if k == ("express", False, ("b",))]
+    assert len(asked_express) >= 2, f"the refused partition did not ask again express: {kinds}"
+    assert len(nudges) <= 1, f"the refused partition ended the long-poll {len(nudges)} times: {kinds}"
+
+
 def _record_looks(handler: RequestHandler, monkeypatch) -> list[str]:
     """The topics of the partitions `handler` looks at (steps) from now on, in order."""
     looks: list[str] = []
@@ -986,8 +1083,8 @@ def _nudge(handler: RequestHandler, replica_id: int, epoch: int):
 
 def test_a_followers_fetch_naming_no_partition_ends_its_long_poll_and_keeps_the_session(tmp_path):
     """A follower's fetcher asks the leader to end its session's waiting long-poll with a
-    sessionless fetch naming no partition and that long-poll's epoch (after partitions that
-    joined meanwhile were fetched express): the long-poll answers at once and the session goes
+    sessionless fetch naming no partition and that long-poll's epoch (for partitions that
+    joined meanwhile): the long-poll answers at once and the session goes
     on, its next fetch incremental. Another follower's, a consumer's, or one naming another
     epoch does not end it; one naming a long-poll answered already does not end the next."""
     async def scenario():
@@ -1445,6 +1542,39 @@ def test_a_partition_not_served_yet_does_not_end_a_long_poll_and_is_answered_onc
         carried = _carried(answer)
         assert name in carried and carried[name].error_code is ErrorCode.NONE and carried[name].records, (
             f"{name} was not answered with its epoch start once served: {carried}")
+
+
+def test_a_held_partition_whose_leader_replica_fails_is_answered_with_the_error_at_once(tmp_path, monkeypatch):
+    """A session partition held because its leader has not stored its epoch start is looked at
+    again only when its driver changes; a replica that fails meanwhile (the epoch start's write
+    failed) is such a change, so the follower hears KAFKA_STORAGE_ERROR at once, not when
+    the long-poll runs out. Found by a review."""
+    async def scenario():
+        drivers = {"q0": _leader_driver(tmp_path, "q0", (1, 2), None)}
+        await _until_serving(drivers["q0"])
+        handler = _handler(drivers)
+        sid = (await _session_fetch(handler, 0, 0, [_position("q0", drivers["q0"].log.log_end_offset)],
+                                    wait_ms=0)).session_id
+        drivers["a"] = _leader_driver(tmp_path, "a", (1, 2), None)
+        poll = _session_fetch(handler, sid, 1, [_position("a", 0)], wait_ms=5000)
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        held = not poll.done() and not drivers["a"].replica.epoch_durable
+        loop = asyncio.get_running_loop()
+        failed_at = loop.time()
+        drivers["a"]._fail("disk gone (test)")
+        answer = await asyncio.wait_for(poll, 5)
+        took_s = loop.time() - failed_at
+        for d in drivers.values():
+            await d.close()
+        return held, answer, took_s
+
+    monkeypatch.setattr("dataplane.broker.partition.log.error", lambda *a, **k: None)   # the expected offline line
+    held, answer, took_s = asyncio.run(scenario())
+    if not held:
+        pytest.skip("the epoch start was stored before the long-poll looked: nothing was held")
+    assert _carried(answer)["a"].error_code is ErrorCode.KAFKA_STORAGE_ERROR, _carried(answer)
+    assert took_s < 1, f"answered {took_s:.2f} s after the replica failed"
 
 
 def test_a_new_hw_alone_neither_wakes_nor_steps_a_waiting_session_and_rides_on_the_next_answer(tmp_path, monkeypatch):

@@ -25,8 +25,9 @@ never spins on repeats. For a partition that starts following this leader while 
 long-poll waits, the fetcher asks the leader to end the long-poll at once (an express fetch
 naming no partition), and the next, incremental, one carries it. Closing the long-poll's
 connection instead would leave the leader's session state unknown, and the next fetch full.
-So that express stays
-the exception: a partition answered without a new position (a new HW) stays parked, and after
+A partition the leader refused (an error other than "not served yet") leaves the session, and
+its next ask goes express while the leader goes on refusing it. Express stays the exception:
+a partition answered without a new position (a new HW) stays parked, and after
 an answer with records the next long-poll waits (up to `REJOIN_WAIT_S`) for those partitions'
 cores to ask again, which under acks=all is once the records are flushed: it carries their
 new position and flushed offset, one request per produce, all in the session.
@@ -169,6 +170,10 @@ class FetchSession:
         self._main_busy = False
         self._main_rounds = 0     # session fetches sent so far
         self._nudged = -1         # the one the leader was last asked to end (_main_rounds then)
+        # Left the session answered with an error: the core's next ask goes express, as the
+        # leader may refuse it again (its metadata or ours behind): joining, it would end the
+        # long-poll once per error backoff for as long as that lasts.
+        self._refused: set[TopicPartition] = set()
         self._last_sent: dict[TopicPartition, FetchRequest] = {}   # by either loop
         self._follows_checked_s = 0.0
         self._follows_checked_version: int | None = None
@@ -189,6 +194,7 @@ class FetchSession:
         self._wake = asyncio.Event()      # the main loop's: something is pending
         self._wake_exp = asyncio.Event()  # the express loop's: something new arrived
         self._clients: dict[str, WireClient | None] = {"main": None, "express": None}
+        self._failed = {"main": 0, "express": 0}   # rounds each connection failed so far
         self._backoff_ms = 0
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._main_loop()), loop.create_task(self._express_loop())]
@@ -205,7 +211,7 @@ class FetchSession:
         if tp in self._in_session:
             if not self._repeats_sent(tp, request):
                 self._wake_exp.set()
-        elif self._nudged != self._main_rounds:
+        elif tp in self._refused or self._nudged != self._main_rounds:
             self._wake_exp.set()
 
     def wake(self) -> None:
@@ -216,6 +222,7 @@ class FetchSession:
         """`tp` follows another leader now: the next fetch here drops it from the session."""
         self.pending.pop(tp, None)
         self._leave(tp)
+        self._refused.discard(tp)
         if self._awaited.pop(tp, None) is not None:
             self._wake.set()
 
@@ -226,6 +233,7 @@ class FetchSession:
             self.session.want(tp, self._wire_partition(tp, request))
 
     def _join(self, tp: TopicPartition, request: FetchRequest) -> None:
+        self._refused.discard(tp)
         self._in_session[tp] = request
         self.session.want(tp, self._wire_partition(tp, request))
 
@@ -289,6 +297,8 @@ class FetchSession:
             for tp in moved:
                 if tp not in self.pending:
                     self._leave(tp)
+                    if answered[tp].error_code is not ErrorCode.NONE:
+                        self._refused.add(tp)
 
     def _check_follows(self) -> None:
         """Forget the parked requests whose replica no longer follows this leader (at most
@@ -318,9 +328,9 @@ class FetchSession:
 
         A caught-up follower under acks=all asks again only once the records are flushed
         (its fetch carries the flushed offset the leader waits for). A long-poll sent
-        without it would drop the partition from the session; its request would then go
-        express and start the long-poll over, and each abandoned long-poll makes the next
-        session fetch full: one full fetch of every partition per record produced."""
+        without it would drop the partition from the session; its request would then have to
+        end the long-poll to join again (abandoned, as once, it made the next session fetch
+        full: one full fetch of every partition per record produced)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + REJOIN_WAIT_S
         self._awaited = dict(answered)
@@ -349,14 +359,20 @@ class FetchSession:
     def _express_ok(self, tp: TopicPartition, request: FetchRequest) -> bool:
         """News of a partition in the session that the waiting long-poll does not carry (a new
         flushed offset, a new position); a repeat of what was sent waits for the long-poll to
-        end, so nothing spins. A newcomer joins the session instead (_joining)."""
-        return tp in self._in_session and not self.fetcher.held(tp) and not self._repeats_sent(tp, request)
+        end, so nothing spins. The ask of one the leader refused (`_refused`). A newcomer joins
+        the session instead (_joining)."""
+        if self.fetcher.held(tp):
+            return False
+        if tp in self._in_session:
+            return not self._repeats_sent(tp, request)
+        return tp in self._refused
 
     def _joining(self) -> bool:
         """Whether a partition waits to join the session while its long-poll is out, and the
         leader has not been asked to end that long-poll yet."""
         return (self._main_busy and self._nudged != self._main_rounds
-                and any(tp not in self._in_session and not self.fetcher.held(tp) for tp in self.pending))
+                and any(tp not in self._in_session and tp not in self._refused and not self.fetcher.held(tp)
+                        for tp in self.pending))
 
     def _repeats_sent(self, tp: TopicPartition, request: FetchRequest) -> bool:
         """A request of a partition in the session from the position it was last sent at."""
@@ -370,14 +386,8 @@ class FetchSession:
 
     async def _express_loop(self) -> None:
         while True:
-            while not (self._express_ready() or self._joining()):
+            while not (self._joining() or self._express_ready()):
                 await self._wake_express()
-            batch = {tp: r for tp, r in self.pending.items() if self._express_ok(tp, r)}
-            if batch:
-                for tp, request in batch.items():
-                    del self.pending[tp]
-                    self._overtaken[tp] = request
-                await self._round("express", batch, 0)
             if self._joining():
                 # Ask the leader to end the long-poll now (a fetch naming no partition): the
                 # next one carries the newcomers, and the leader holds each there until it
@@ -385,8 +395,23 @@ class FetchSession:
                 # session fetch full, of every partition followed there; fetching a newcomer
                 # express first cost a round more, and while thousands of partitions opened
                 # most of those were refused (the leader not serving them yet).
-                self._nudged = self._main_rounds
+                nudged = self._nudged = self._main_rounds
+                failed = self._failed["express"]
                 await self._round("express", {}, 0)
+                if self._failed["express"] != failed and self._nudged == nudged:
+                    self._nudged = -1   # it failed (and _broken backed off): ask again
+            batch = {tp: r for tp, r in self.pending.items() if self._express_ok(tp, r)}
+            if batch:
+                for tp, request in batch.items():
+                    del self.pending[tp]
+                    if tp in self._in_session:
+                        self._overtaken[tp] = request
+                answered = await self._round("express", batch, 0)
+                for tp in batch:
+                    a = answered.get(tp)
+                    if a is not None and (a.error_code is ErrorCode.NONE or _not_served_yet(a)):
+                        # Served, or to be held by a session until it is: it joins from now on.
+                        self._refused.discard(tp)
 
     async def _wake_express(self) -> None:
         self._wake_exp.clear()
@@ -560,6 +585,7 @@ class FetchSession:
     async def _broken(self, which: str, batch: dict[TopicPartition, FetchRequest], exc: BaseException) -> None:
         log.info("fetch from broker %d failed (%s): %s", self.leader_id, which, exc,
                  extra={"event": "fetch.failed", "leader": self.leader_id})
+        self._failed[which] += 1
         client, self._clients[which] = self._clients[which], None
         if client is not None:
             await client.close()

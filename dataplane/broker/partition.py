@@ -544,6 +544,8 @@ class PartitionDriver:
         self._fail_waiters(ErrorCode.KAFKA_STORAGE_ERROR)
         if self.budget is not None:
             self.budget.forget(self.tp)  # it holds nothing for anyone any more
+        if self._changed is not None and not self._changed.done():
+            self._changed.set_result(None)   # a long-poll holding it answers the error now
 
     def _fail_waiters(self, error: ErrorCode) -> None:
         for request_id, future in list(self._produce_waiters.items()):

@@ -12,7 +12,8 @@ metadata, but never makes the leader stop (only a replica's word can do that).
 
 FETCH long-polls up to min(max_wait_ms, fetch_wait_ms_max): it answers at
 once when any partition has data, an error or a divergence; otherwise it
-waits for a change on one of the partitions. A follower's fetch may belong to an
+waits for a change on one of the partitions. In a session, a partition not served here
+yet (LEADER_NOT_AVAILABLE: still opening, or its epoch start not stored) waits too. A follower's fetch may belong to an
 incremental session (after Kafka's KIP-227, dataplane/broker/fetch_sessions.py):
 it names only the partitions whose position changed, the others keep theirs, and
 the answer carries only partitions with records or a changed summary (HW, log
@@ -68,7 +69,8 @@ END_ON_ARRIVAL_MAX = 1024   # follower brokers whose request to end a long-poll 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class _Quiet:
-    """A session partition's last answer while nothing changes: no records, no error."""
+    """A session partition's last answer while nothing changes: no records, and no error but
+    "not served yet"."""
 
     answer: wire.FetchPartitionResponse
     changed: asyncio.Future[None]   # the driver's: done at its next change
@@ -383,8 +385,7 @@ class RequestHandler:
     def _end_long_poll(self, follower: int, epoch: int) -> None:
         """A follower's sessionless fetch naming no partition: answer its session fetch of
         `epoch` now, as it stands. Its fetcher sends one for partitions that joined while the
-        long-poll waited (fetched express, caught up): the next session fetch carries them
-        at once. Abandoning the long-poll instead (closing its connection) left the session's
+        long-poll waited: the next session fetch carries them at once. Abandoning the long-poll instead (closing its connection) left the session's
         state unknown, and the next fetch, full, carried every partition followed here: while
         thousands of partitions opened, most session fetches were full.
 
