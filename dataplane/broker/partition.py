@@ -544,8 +544,7 @@ class PartitionDriver:
         self._fail_waiters(ErrorCode.KAFKA_STORAGE_ERROR)
         if self.budget is not None:
             self.budget.forget(self.tp)  # it holds nothing for anyone any more
-        if self._changed is not None and not self._changed.done():
-            self._changed.set_result(None)   # a long-poll holding it answers the error now
+        self._wake_long_polls()   # one holding it answers the error now
 
     def _fail_waiters(self, error: ErrorCode) -> None:
         for request_id, future in list(self._produce_waiters.items()):
@@ -566,9 +565,13 @@ class PartitionDriver:
         if seen[1:3] != self._seen[1:3] and self.on_follow_change is not None:   # epoch or role
             self.on_follow_change(self.tp)
         self._seen = seen
+        self._wake_long_polls()
+        return True
+
+    def _wake_long_polls(self) -> None:
+        """Resolve the future the long-polls waiting on this replica hold (changed())."""
         if self._changed is not None and not self._changed.done():
             self._changed.set_result(None)
-        return True
 
     # ------------------------------------------------------------------ state
 
@@ -586,8 +589,7 @@ class PartitionDriver:
         self._fail_waiters(ErrorCode.NOT_LEADER_OR_FOLLOWER)
         if self.budget is not None:
             self.budget.forget(self.tp)
-        if self._changed is not None and not self._changed.done():
-            self._changed.set_result(None)
+        self._wake_long_polls()
         await self.coalescer.close()
         if self._snapshot_write is not None:
             await asyncio.gather(self._snapshot_write, return_exceptions=True)

@@ -13,11 +13,11 @@ metadata, but never makes the leader stop (only a replica's word can do that).
 FETCH long-polls up to min(max_wait_ms, fetch_wait_ms_max): it answers at
 once when any partition has data, an error or a divergence; otherwise it
 waits for a change on one of the partitions. In a session, a partition not served here
-yet (LEADER_NOT_AVAILABLE: still opening, or its epoch start not stored) waits too. A follower's fetch may belong to an
-incremental session (after Kafka's KIP-227, dataplane/broker/fetch_sessions.py):
-it names only the partitions whose position changed, the others keep theirs, and
-the answer carries only partitions with records or a changed summary (HW, log
-start and end, error, leader, divergence). Every partition of the session is
+yet (LEADER_NOT_AVAILABLE: still opening, or its epoch start not stored) waits too.
+A follower's fetch may belong to an incremental session (after Kafka's KIP-227,
+dataplane/broker/fetch_sessions.py): it names only the partitions whose position changed,
+the others keep theirs, and the answer carries only partitions with records or a changed
+summary (HW, log start and end, error, leader, divergence). Every partition of the session is
 waited on, and stepped at its last position when something changed there (`_Quiet`),
 which wakes the long-poll; a wake looks only at those (`_Watch`), so an idle session
 costs nothing per partition. A quiet partition's follower stays in the ISR on the
@@ -385,9 +385,10 @@ class RequestHandler:
     def _end_long_poll(self, follower: int, epoch: int) -> None:
         """A follower's sessionless fetch naming no partition: answer its session fetch of
         `epoch` now, as it stands. Its fetcher sends one for partitions that joined while the
-        long-poll waited: the next session fetch carries them at once. Abandoning the long-poll instead (closing its connection) left the session's
-        state unknown, and the next fetch, full, carried every partition followed here: while
-        thousands of partitions opened, most session fetches were full.
+        long-poll waited: the next session fetch carries them at once. Abandoning the long-poll
+        instead (closing its connection) left the session's state unknown, and the next fetch,
+        full, carried every partition followed here: while thousands of partitions opened,
+        most session fetches were full.
 
         The two travel on two connections, so this request may come before the long-poll it
         names: that one is then answered as soon as it arrives. Ending nothing then (as before)
