@@ -12,6 +12,7 @@ nothing for it), and after a session error sends a full fetch naming the old ses
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import types
 
 import pytest
@@ -861,6 +862,116 @@ def test_a_request_to_end_the_long_poll_that_failed_is_sent_again_after_the_back
     asyncio.run(scenario())
     nudges = [r for r in sent if r.session_epoch < 0 and not r.topics]
     assert len(nudges) == 2, f"{len(nudges)} requests to end the long-poll, the first of which failed"
+
+
+
+def test_an_express_fetch_sent_between_long_polls_names_the_one_answered_not_the_next(monkeypatch):
+    """An express fetch names the last session fetch sent before it, so the leader orders the
+    two by (session, that epoch, express after session: Replica._late_fetch). One built while
+    no session fetch was out named the next epoch instead: the session fetch sent after it,
+    carrying newer news, then looked older, and the leader dropped that news. In a
+    10,000-partition benchmark run (with the express news sent after the request to end the
+    long-poll, so while the main loop could be between long-polls) a follower's flushed offset
+    was lost that way and its partition stayed out of the ISR for good."""
+    monkeypatch.setattr(fetcher_module, "REJOIN_WAIT_S", 5.0)   # the main loop waits between long-polls
+    sent: list[wire.FetchRequest] = []
+    records = bytes(build_batch([b"v"], timestamp_ms=1))
+    answered = wire.FetchResponse(session_id=7, topics=(wire.FetchTopicResponse(topic="a", partitions=(
+        wire.FetchPartitionResponse(partition=0, high_watermark=11, records=records,
+                                    current_leader=wire.LeaderIdAndEpoch(leader_id=2, leader_epoch=1)),)),))
+
+    async def scenario():
+        fetcher = Fetcher(broker_id=1, address_of=lambda b: ("127.0.0.1", 1), deliver=lambda tp, ev: None)
+        fetcher.submit(2, ("a", 0), _request(("a", 0), 10))
+        session = fetcher.sessions[2]
+        leader = _ScriptedLeader([wire.FetchResponse(session_id=7), answered], sent)
+
+        async def client(which):
+            return leader
+        session._client = client
+        for _ in range(200):   # the session fetch of epoch 1 answered with records, the next not sent
+            await asyncio.sleep(0.01)
+            if len(sent) == 2 and not session._main_busy:
+                break
+        between = session._main_busy, len(sent)
+        express = session._wire_request({("a", 0): _request(("a", 0), 10)}, 0)
+        fetcher.submit(2, ("a", 0), _request(("a", 0), 11))   # its core asks again: the next long-poll goes
+        for _ in range(200):
+            await asyncio.sleep(0.01)
+            if len(sent) == 3:
+                break
+        await fetcher.close()
+        return between, express
+
+    between, express = asyncio.run(scenario())
+    assert between == (False, 2), f"not between long-polls (main loop busy, fetches sent): {between}"
+    assert len(sent) == 3, f"the next session fetch was not sent: {len(sent)} fetches"
+    after = sent[2]
+    assert express.session_epoch_out == sent[1].session_epoch == 1, (express, sent[1])
+    assert (express.session_id, express.session_epoch_out, 1) < (after.session_id, after.session_epoch, 0), (
+        f"the express fetch orders after the session fetch sent after it: {express} then {after}")
+
+
+def test_a_long_poll_carrying_a_partitions_newer_request_is_not_put_back_by_an_older_express_one():
+    """An express request of a partition in the session joins the session when the long-poll
+    out ends (that long-poll's answer is for the request it carried). If the next long-poll
+    already carries a newer request of that partition, the older must not join after it: the
+    session would hold the partition at the older position and send it, a step back the leader
+    takes for its follower's word (a flushed offset lost, the follower left out of the ISR)."""
+    sent: list[wire.FetchRequest] = []
+
+    async def scenario():
+        fetcher = Fetcher(broker_id=1, address_of=lambda b: ("127.0.0.1", 1), deliver=lambda tp, ev: None)
+        older = FetchRequest(replica_id=1, fetch_offset=10, flushed_offset=9, current_leader_epoch=1,
+                             partition=("a", 0))
+        newer = dataclasses.replace(older, flushed_offset=10)
+        fetcher.submit(2, ("a", 0), newer)
+        session = fetcher.sessions[2]
+        session._overtaken[("a", 0)] = older   # went express before its core asked the newer
+        leader = _HoldingLeader(sent)
+
+        async def client(which):
+            return leader
+        session._client = client
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if len(sent) >= 2:
+                break
+        held = session._in_session.get(("a", 0))
+        await fetcher.close()
+        return held, newer
+
+    held, newer = asyncio.run(scenario())
+    assert len(sent) == 2, f"{len(sent)} session fetches"
+    assert [p.flushed_offset for t in sent[0].topics for p in t.partitions] == [10], sent[0]
+    assert not sent[1].topics, f"the second long-poll sent the partition back at its older request: {sent[1]}"
+    assert held is newer, f"the session holds {held}, not the newer request"
+
+
+def test_an_express_request_that_failed_is_not_queued_again_behind_a_newer_one_sent_since():
+    """A failed express fetch puts its requests back (after the reconnect backoff) unless its
+    core asked anew meanwhile, or its newer request went out already: the long-poll carried it
+    during the backoff. Queued again then, the older request went out after the newer."""
+    older = FetchRequest(replica_id=1, fetch_offset=10, flushed_offset=9, current_leader_epoch=1, partition=("a", 0))
+    newer = dataclasses.replace(older, flushed_offset=10)
+    other = FetchRequest(replica_id=1, fetch_offset=5, current_leader_epoch=1, partition=("b", 0))
+
+    async def scenario():
+        fetcher = Fetcher(broker_id=1, address_of=lambda b: ("127.0.0.1", 1), deliver=lambda tp, ev: None)
+        session = fetcher.sessions[2] = fetcher_module.FetchSession(fetcher, 2)
+        session._last_sent[("a", 0)] = older
+        session._last_sent[("b", 0)] = other
+
+        # The long-poll carries a's newer request during the backoff (50 ms).
+        asyncio.get_running_loop().call_later(0.01, session._last_sent.__setitem__, ("a", 0), newer)
+        await session._broken("express", {("a", 0): older, ("b", 0): other}, OSError("reset"))
+        pending = dict(session.pending)
+        await fetcher.close()
+        return pending
+
+    pending = asyncio.run(scenario())
+    assert ("a", 0) not in pending, f"the older request was queued again after the newer went out: {pending}"
+    assert pending.get(("b", 0)) is other, f"a request nothing replaced was not queued again: {pending}"
 
 
 def _record_looks(handler: RequestHandler, monkeypatch) -> list[str]:

@@ -191,10 +191,11 @@ class FetchRequest:
     session_epoch 0 open a session, session_epoch -1 is a sessionless (full) fetch.
 
     A follower's sessionless fetch (Biplane's own use) names its session in `session_id` and,
-    in `session_epoch_out`, the epoch of that session's fetch out when it was sent (-1: none):
-    the leader tells by these which of the two a follower sent first (Replica._late_fetch).
-    Naming no partition, it asks the leader to answer that session fetch now, as it stands,
-    whether it waits there already or arrives after this (RequestHandler._end_long_poll)."""
+    in `session_epoch_out`, the epoch of that session's last fetch sent before it, out or
+    answered already (-1: none): the leader tells by these which of the two a follower sent
+    first (Replica._late_fetch). Naming no partition, it asks the leader to answer that session
+    fetch now, as it stands, whether it waits there already or arrives after this
+    (RequestHandler._end_long_poll); one answered already ends nothing."""
 
     replica_id: int = CONSUMER_REPLICA_ID
     broker_epoch: int = -1

@@ -266,6 +266,9 @@ class FetchSession:
             news = await self._next_batch()
             self._check_follows()
             for tp, request in news.items():
+                # Asked after any express request of it still waiting to join: that one would
+                # put the session back behind what this round carries once the round ends.
+                self._overtaken.pop(tp, None)
                 self._join(tp, request)
             self._main_busy = True
             self._main_rounds += 1
@@ -483,15 +486,18 @@ class FetchSession:
 
     def _wire_request(self, batch: dict[TopicPartition, FetchRequest], wait_ms: int) -> wire.FetchRequest:
         """A fetch outside the session (the express one): the leader answers every partition.
-        It names the session fetch out when it was sent (the session's id and next epoch, which
-        stays that fetch's until its answer comes): the two travel on two connections, and the
-        leader tells by these which was sent first (Replica._late_fetch). One naming no
-        partition asks the leader to end that session fetch now."""
+        It names the last session fetch sent before it (the session's id and that fetch's
+        epoch, whether it is out or answered already): the two travel on two connections, and
+        the leader tells by these which was sent first (Replica._late_fetch). Naming the next
+        epoch when none was out made the session fetch sent after it, with newer news, look
+        older: the leader dropped that news, and a follower whose flushed offset it carried
+        stayed out of the ISR for good. One naming no partition asks the leader to end the
+        session fetch it names now (one answered already ends nothing)."""
         return wire.FetchRequest(
             replica_id=self.fetcher.broker_id, max_wait_ms=wait_ms, min_bytes=1,
             max_bytes=self.limits["fetch_max_bytes"],
             topics=_by_topic({tp: self._wire_partition(tp, r) for tp, r in batch.items()}),
-            session_id=self.session.session_id, session_epoch_out=self.session.next_epoch)
+            session_id=self.session.session_id, session_epoch_out=self.session.last_epoch)
 
     def _session_request(self, wait_ms: int) -> wire.FetchRequest:
         """The session's next fetch (what changed in it since the last)."""
@@ -570,7 +576,11 @@ class FetchSession:
         self._backoff_ms = min(max(2 * self._backoff_ms, 50), self.limits["reconnect_backoff_ms_max"])
         await asyncio.sleep(self._backoff_ms / 1000)
         for tp, request in batch.items():
-            self.pending.setdefault(tp, request)  # unless the core asked anew meanwhile
+            # Unless the core asked anew meanwhile, or its newer request went out already (the
+            # long-poll carried it during the backoff): sent after it, this one would be taken
+            # for the newer word.
+            if self._last_sent.get(tp) is request:
+                self.pending.setdefault(tp, request)
         self._wake.set()
         self._wake_exp.set()
 
