@@ -864,6 +864,63 @@ def test_a_request_to_end_the_long_poll_that_failed_is_sent_again_after_the_back
     assert len(nudges) == 2, f"{len(nudges)} requests to end the long-poll, the first of which failed"
 
 
+def test_a_partition_the_leader_refuses_asks_again_express_not_by_ending_the_long_poll():
+    """A partition answered with an error (the leader's metadata or ours behind) leaves the
+    session and its core asks again after the error backoff. That ask goes express while the
+    leader refuses it: joining the session instead ended the long-poll once per backoff for as
+    long as the refusals lasted (found by a review). Once served, it joins the session."""
+    sent: list[tuple[str, wire.FetchRequest]] = []
+    refusals = [3]
+
+    def answer(topic, code=ErrorCode.NONE):
+        return wire.FetchTopicResponse(topic=topic, partitions=(wire.FetchPartitionResponse(
+            partition=0, error_code=code, high_watermark=0,
+            current_leader=wire.LeaderIdAndEpoch(leader_id=2, leader_epoch=1)),))
+
+    class Leader:
+        def __init__(self, name) -> None:
+            self.name, self.closed = name, False
+
+        async def request(self, req):
+            sent.append((self.name, req))
+            topics = [t.topic for t in req.topics]
+            if "b" in topics:
+                if refusals[0] > 0:
+                    refusals[0] -= 1
+                    return wire.FetchResponse(session_id=7, topics=(answer("b", ErrorCode.NOT_LEADER_OR_FOLLOWER),))
+                return wire.FetchResponse(session_id=7, topics=(answer("b"),))
+            if self.name == "main" and req.session_epoch > 0:
+                await asyncio.Event().wait()   # the long-poll: nothing new
+            return wire.FetchResponse(session_id=7)
+
+        async def close(self):
+            self.closed = True
+
+    async def scenario():
+        clients = {"main": Leader("main"), "express": Leader("express")}
+        fetcher: Fetcher = Fetcher(broker_id=1, address_of=lambda b: ("127.0.0.1", 1), fetch_error_backoff_ms=10,
+                                   deliver=lambda tp, ev: fetcher.submit(2, tp, _request(tp, 0)) if tp == ("b", 0)
+                                   else None)
+        for topic in ("a", "b"):   # the full fetch carries both; the leader refuses "b"
+            fetcher.submit(2, (topic, 0), _request((topic, 0), 0))
+
+        async def client(which):
+            return clients[which]
+        fetcher.sessions[2]._client = client
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if refusals[0] == 0 and any(n == "express" and not r.topics for n, r in sent):
+                break
+        await asyncio.sleep(0.05)
+        await fetcher.close()
+
+    asyncio.run(scenario())
+    kinds = [(n, r.session_epoch >= 0, tuple(t.topic for t in r.topics)) for n, r in sent]
+    nudges = [k for k in kinds if k == ("express", False, ())]
+    asked_express = [k for k in kinds if k == ("express", False, ("b",))]
+    assert len(asked_express) >= 2, f"the refused partition did not ask again express: {kinds}"
+    assert len(nudges) <= 1, f"the refused partition ended the long-poll {len(nudges)} times: {kinds}"
+
 
 def test_an_express_fetch_sent_between_long_polls_names_the_one_answered_not_the_next(monkeypatch):
     """An express fetch names the last session fetch sent before it, so the leader orders the

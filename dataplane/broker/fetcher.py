@@ -25,7 +25,8 @@ never spins on repeats. For a partition that starts following this leader while 
 long-poll waits, the fetcher asks the leader to end the long-poll at once (an express fetch
 naming no partition), and the next, incremental, one carries it. Closing the long-poll's
 connection instead would leave the leader's session state unknown, and the next fetch full.
-Express stays the exception: a partition answered without a new position (a new HW) stays
+A partition the leader refused (an error other than "not served yet") leaves the session, and
+its next ask goes express while the leader goes on refusing it. Express stays the exception: a partition answered without a new position (a new HW) stays
 parked, and after an answer with records the next long-poll waits (up to `REJOIN_WAIT_S`) for
 those partitions' cores to ask again, which under acks=all is once the records are flushed: it
 carries their new position and flushed offset, one request per produce, all in the session.
@@ -168,6 +169,10 @@ class FetchSession:
         self._main_busy = False
         self._main_rounds = 0     # session fetches sent so far
         self._nudged = -1         # the one the leader was last asked to end (_main_rounds then)
+        # Left the session answered with an error: the core's next ask goes express, as the
+        # leader may refuse it again (its metadata or ours behind): joining, it would end the
+        # long-poll once per error backoff for as long as that lasts.
+        self._refused: set[TopicPartition] = set()
         self._last_sent: dict[TopicPartition, FetchRequest] = {}   # by either loop
         self._follows_checked_s = 0.0
         self._follows_checked_version: int | None = None
@@ -205,7 +210,7 @@ class FetchSession:
         if tp in self._in_session:
             if not self._repeats_sent(tp, request):
                 self._wake_exp.set()
-        elif self._nudged != self._main_rounds:
+        elif tp in self._refused or self._nudged != self._main_rounds:
             self._wake_exp.set()
 
     def wake(self) -> None:
@@ -216,6 +221,7 @@ class FetchSession:
         """`tp` follows another leader now: the next fetch here drops it from the session."""
         self.pending.pop(tp, None)
         self._leave(tp)
+        self._refused.discard(tp)
         if self._awaited.pop(tp, None) is not None:
             self._wake.set()
 
@@ -226,6 +232,7 @@ class FetchSession:
             self.session.want(tp, self._wire_partition(tp, request))
 
     def _join(self, tp: TopicPartition, request: FetchRequest) -> None:
+        self._refused.discard(tp)
         self._in_session[tp] = request
         self.session.want(tp, self._wire_partition(tp, request))
 
@@ -292,6 +299,8 @@ class FetchSession:
             for tp in moved:
                 if tp not in self.pending:
                     self._leave(tp)
+                    if answered[tp].error_code is not ErrorCode.NONE:
+                        self._refused.add(tp)
 
     def _check_follows(self) -> None:
         """Forget the parked requests whose replica no longer follows this leader (at most
@@ -352,14 +361,20 @@ class FetchSession:
     def _express_ok(self, tp: TopicPartition, request: FetchRequest) -> bool:
         """News of a partition in the session that the waiting long-poll does not carry (a new
         flushed offset, a new position); a repeat of what was sent waits for the long-poll to
-        end, so nothing spins. A newcomer joins the session instead (_joining)."""
-        return tp in self._in_session and not self.fetcher.held(tp) and not self._repeats_sent(tp, request)
+        end, so nothing spins. The ask of one the leader refused (`_refused`). A newcomer joins
+        the session instead (_joining)."""
+        if self.fetcher.held(tp):
+            return False
+        if tp in self._in_session:
+            return not self._repeats_sent(tp, request)
+        return tp in self._refused
 
     def _joining(self) -> bool:
         """Whether a partition waits to join the session while its long-poll is out, and the
         leader has not been asked to end that long-poll yet."""
         return (self._main_busy and self._nudged != self._main_rounds
-                and any(tp not in self._in_session and not self.fetcher.held(tp) for tp in self.pending))
+                and any(tp not in self._in_session and tp not in self._refused and not self.fetcher.held(tp)
+                        for tp in self.pending))
 
     def _repeats_sent(self, tp: TopicPartition, request: FetchRequest) -> bool:
         """A request of a partition in the session from the position it was last sent at."""
@@ -379,8 +394,14 @@ class FetchSession:
             if batch:
                 for tp, request in batch.items():
                     del self.pending[tp]
-                    self._overtaken[tp] = request
-                await self._round("express", batch, 0)
+                    if tp in self._in_session:
+                        self._overtaken[tp] = request
+                answered = await self._round("express", batch, 0)
+                for tp in batch:
+                    a = answered.get(tp)
+                    if a is not None and (a.error_code is ErrorCode.NONE or _not_served_yet(a)):
+                        # Served, or to be held by a session until it is: it joins from now on.
+                        self._refused.discard(tp)
             if self._joining():
                 # Ask the leader to end the long-poll now (a fetch naming no partition): the
                 # next one carries the newcomers, and the leader holds each there until it
