@@ -26,10 +26,11 @@ long-poll waits, the fetcher asks the leader to end the long-poll at once (an ex
 naming no partition), and the next, incremental, one carries it. Closing the long-poll's
 connection instead would leave the leader's session state unknown, and the next fetch full.
 A partition the leader refused (an error other than "not served yet") leaves the session, and
-its next ask goes express while the leader goes on refusing it. Express stays the exception: a partition answered without a new position (a new HW) stays
-parked, and after an answer with records the next long-poll waits (up to `REJOIN_WAIT_S`) for
-those partitions' cores to ask again, which under acks=all is once the records are flushed: it
-carries their new position and flushed offset, one request per produce, all in the session.
+its next ask goes express while the leader goes on refusing it. Express stays the exception: a
+partition answered without a new position (a new HW) stays parked, and after an answer with
+records the next long-poll waits (up to `REJOIN_WAIT_S`) for those partitions' cores to ask
+again, which under acks=all is once the records are flushed: it carries their new position
+and flushed offset, one request per produce, all in the session.
 
 Throttle: partitions this broker is adding by a reassignment are paced by the
 `ReplicationThrottle` (throttle.py): while the throttle says wait, they stay pending
