@@ -5,7 +5,8 @@ families on another thread (so a big broker's text never holds the loop); two pr
 registries never share a figure; the event-loop lag histogram is exposed cumulative with
 +Inf equal to the count; the partition-health rule counts under-replication and under-min-ISR
 per commit policy; an ISR change counts as a shrink, an expansion or both; a method a client
-invents is counted as "other", so the admin API's label set stays bounded.
+invents is counted as "other", so the admin API's label set stays bounded; a family with a
+sample per partition, written as text directly, reads byte for byte as prometheus_client writes it.
 """
 from __future__ import annotations
 
@@ -13,10 +14,17 @@ import asyncio
 import dataclasses
 import threading
 
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import GaugeMetricFamily
 
+from common import metrics as metrics_module
 from common.eventloop import LoopStalls
-from common.metrics import Exposition, LoopStallsSource, PartitionHealth, isr_floor
+from common.metrics import (
+    Exposition, LoopStallsSource, PartitionHealth, RowFamily, isr_floor, label_set, labelled_counter, labelled_gauge,
+)
 from controller.metrics import ControllerMetrics
 from dataplane.broker.metrics import BrokerMetrics
 from metrics_scrape import Scrape
@@ -199,3 +207,38 @@ def test_a_brokers_partition_rows_are_copied_in_slices_that_yield_to_the_loop(mo
     assert len(ends) == 10
     assert ends == sorted(ends, key=lambda line: (line.split('topic="')[1].split('"')[0],
                                                   int(line.split('partition="')[1].split('"')[0])))
+
+
+_LABEL_TEXT = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12)
+_VALUES = st.one_of(st.integers(min_value=-(2 ** 63), max_value=2 ** 63 - 1),
+                    st.floats(allow_nan=False), st.just(float("nan")))
+
+
+@settings(max_examples=200, deadline=None)
+@given(kind=st.sampled_from(["gauge", "counter"]), help_text=_LABEL_TEXT,
+       rows=st.lists(st.tuples(_LABEL_TEXT, _LABEL_TEXT, _VALUES), max_size=8))
+def test_a_row_family_writes_what_prometheus_client_writes_for_the_same_family(kind, help_text, rows):
+    """A family with a sample per partition is written as text directly (RowFamily): a broker
+    with 10,000 partitions spent 1.2 s of CPU per scrape in prometheus_client building and
+    checking a sample object per value. A scraper must not tell the difference: for any label
+    values (quotes, backslashes, newlines, any text) and any value (large integers in Go's
+    exponent form, floats, NaN), the text is byte for byte what generate_latest writes."""
+    make = labelled_counter if kind == "counter" else labelled_gauge
+
+    class Library:
+        def collect(self):
+            yield make("demo_rows", help_text, ["topic", "partition"], [([t, p], v) for t, p, v in rows])
+
+    expected = generate_latest(Library())
+    family = RowFamily("demo_rows", help_text, kind, [(label_set(["topic", "partition"], [t, p]), v) for t, p, v in rows])
+    scrape = metrics_module._Scrape(CollectorRegistry(auto_describe=False), [lambda: [family]])
+    assert metrics_module._render(scrape) == expected
+
+
+def test_a_row_family_refuses_a_name_or_kind_the_text_format_cannot_carry():
+    for name in ("", "9lives", "with space", "dash-ed", "ünï"):
+        with pytest.raises(ValueError, match="invalid metric name"):
+            RowFamily(name, "help", "gauge", [])
+    with pytest.raises(ValueError, match="gauge or a counter"):
+        RowFamily("demo", "help", "histogram", [])
+

@@ -23,8 +23,8 @@ from common.errors import ErrorCode
 from common.eventloop import LoopStalls, in_slices
 from common.metadata.image import MetadataImage
 from common.metrics import (
-    FETCH_BUCKETS_S, LATENCY_BUCKETS_S, Exposition, Families, LoopStallsSource, PartitionHealth, gauge,
-    labelled_counter, labelled_gauge,
+    FETCH_BUCKETS_S, LATENCY_BUCKETS_S, Exposition, Families, LoopStallsSource, PartitionHealth, RowFamily, gauge,
+    label_set, labelled_counter, labelled_gauge,
 )
 from common.topic_partition import TopicPartition
 from common.usage import lag_records
@@ -219,18 +219,17 @@ class BrokerCollector:
         requests, errors = sorted(counters.requests.items()), sorted(counters.errors.items())
         drivers = list(b.partition_drivers.items())   # a copy: the walk below yields
         led = PartitionHealth()
-        rows: list[tuple[TopicPartition, list[str], tuple[int, ...]]] = []
-        lags: list[tuple[TopicPartition, list[str], int]] = []
+        rows: list[tuple[TopicPartition, tuple[int, ...]]] = []
+        lags: list[tuple[TopicPartition, int, int]] = []
         async for tp, d in in_slices(drivers, ROWS_PER_SLICE):
             if d.closed:
                 continue
-            labels = [tp[0], str(tp[1])]
-            rows.append((tp, labels, _partition_row(d)))
+            rows.append((tp, _partition_row(d)))
             state = d.replica.state
             if d.is_leader and state is not None:
                 led.add(replicas=len(state.replicas), isr=len(state.isr), has_leader=True, policy=d.replica.config)
                 end = d.replica.log_end_offset
-                lags += [(tp, labels + [str(replica_id)], max(0, end - progress.fetch_offset))
+                lags += [(tp, replica_id, max(0, end - progress.fetch_offset))
                          for replica_id, progress in sorted(d.replica.progress.items())]
         scalars += [
             ("biplane_broker_partitions", "partition replicas this broker holds", len(rows)),
@@ -248,9 +247,10 @@ class BrokerCollector:
         ]
         loop_families = self._loop.snapshot()
 
-        def families() -> Iterator[Metric]:
+        def families() -> Iterator[Metric | RowFamily]:
             rows.sort(key=lambda row: row[0])   # in the renderer's thread, off the loop
-            lags.sort(key=lambda lag: lag[0])
+            lags.sort(key=lambda lag: lag[:2])
+            partition_labels = [label_set(("topic", "partition"), (tp[0], str(tp[1]))) for tp, _ in rows]
             for name, help_text, value in scalars:
                 yield gauge(name, help_text, value)
             yield from loop_families()
@@ -261,13 +261,13 @@ class BrokerCollector:
                                    "partition answered with an error)", ["request", "code"],
                                    (([req, code], v) for (req, code), v in errors))
             for column, (name, help_text, kind) in enumerate(_PARTITION_FAMILIES):
-                make = labelled_counter if kind == "counter" else labelled_gauge
-                yield make(name, help_text, ["topic", "partition"],
-                           ((labels, row[column]) for _, labels, row in rows))
-            yield labelled_gauge("biplane_partition_follower_lag_records",
-                                 "on a leader: its log end minus each follower's log end at its last fetch or "
-                                 "append-entries answer", ["topic", "partition", "replica"],
-                                 ((labels, lag) for _, labels, lag in lags))
+                yield RowFamily(name, help_text, kind,
+                                [(labels, row[column]) for labels, (_, row) in zip(partition_labels, rows)])
+            yield RowFamily("biplane_partition_follower_lag_records",
+                            "on a leader: its log end minus each follower's log end at its last fetch or "
+                            "append-entries answer", "gauge",
+                            [(label_set(("topic", "partition", "replica"), (tp[0], str(tp[1]), str(replica_id))), lag)
+                             for tp, replica_id, lag in lags])
         return families
 
 
