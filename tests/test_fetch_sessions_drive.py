@@ -484,6 +484,49 @@ def test_a_parked_partition_whose_replica_stopped_following_leaves_the_session(m
         (0, ["a", "b"], []), (1, [], ["a"]), (2, [], [])]
 
 
+def test_a_refused_partition_whose_replica_went_is_forgotten_by_the_follow_check(monkeypatch):
+    """A partition the leader refused leaves the session and is kept aside to ask again express
+    (`_refused`); if its replica goes meanwhile (a deleted topic), nothing asks again, and the
+    follow check forgets it with the rest of what was kept of it, as it does a parked request."""
+    monkeypatch.setattr(fetcher_module, "FOLLOWS_CHECK_S", 0.0)
+    sent: list[wire.FetchRequest] = []
+    following = {"a", "b"}
+    refused: list[bool] = []   # b kept aside as refused when the next fetch went
+    sessions: list = []
+
+    class FakeClient:
+        closed = False
+
+        async def request(self, req):
+            sent.append(req)
+            if len(sent) == 2:
+                refused.append(("b", 0) in sessions[0]._refused)
+            if len(sent) == 1:   # the full fetch: b refused, a parked
+                return wire.FetchResponse(session_id=7, topics=(wire.FetchTopicResponse(topic="b", partitions=(
+                    wire.FetchPartitionResponse(partition=0, error_code=ErrorCode.NOT_LEADER_OR_FOLLOWER),)),))
+            following.discard("b")   # its replica closed; its core asks no more
+            if len(sent) > 3:
+                await asyncio.Event().wait()
+            return wire.FetchResponse(session_id=7)
+
+        async def close(self):
+            self.closed = True
+
+    async def scenario():
+        fetcher = Fetcher(broker_id=1, address_of=lambda b: ("127.0.0.1", 1), deliver=lambda tp, ev: None,
+                          follows=lambda tp, leader: tp[0] in following and leader == 2)
+        for t in ("a", "b"):
+            fetcher.submit(2, (t, 0), _request((t, 0), 10))
+        sessions.append(fetcher.sessions[2])
+        await _run_session(fetcher, FakeClient(), until=lambda: len(sent) > 3)
+        return sessions[0]
+
+    session = asyncio.run(scenario())
+    assert refused == [True], "b was not kept aside as refused: the test's premise"
+    assert ("b", 0) not in session._refused, "a refused partition whose replica went is still kept"
+    assert ("b", 0) not in session._last_sent and ("b", 0) not in session.pending
+
+
 def test_the_follow_check_walks_the_session_only_after_some_replica_changed(monkeypatch):
     """The look over the session's parked requests (is each replica still following this
     leader?) runs only when some replica's role, epoch or liveness changed since the last one,

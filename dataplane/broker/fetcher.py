@@ -219,10 +219,12 @@ class FetchSession:
         self._wake_exp.set()
 
     def forget(self, tp: TopicPartition) -> None:
-        """`tp` follows another leader now: the next fetch here drops it from the session."""
+        """`tp` follows another leader now, or none: the next fetch here drops it from the session,
+        and nothing of it is kept here."""
         self.pending.pop(tp, None)
         self._leave(tp)
         self._refused.discard(tp)
+        self._last_sent.pop(tp, None)
         if self._awaited.pop(tp, None) is not None:
             self._wake.set()
 
@@ -304,8 +306,9 @@ class FetchSession:
                         self._refused.add(tp)
 
     def _check_follows(self) -> None:
-        """Forget the parked requests whose replica no longer follows this leader (at most
-        every FOLLOWS_CHECK_S, looking only at the partitions that changed since the last look)."""
+        """Forget the parked requests whose replica no longer follows this leader, and the
+        partitions it refused whose replica went meanwhile (at most every FOLLOWS_CHECK_S, looking
+        only at the partitions that changed since the last look)."""
         follows = self.fetcher.follows
         if follows is None or time.monotonic() - self._follows_checked_s < FOLLOWS_CHECK_S:
             return
@@ -318,9 +321,10 @@ class FetchSession:
                 return
             self._follows_checked_version = version
         self._follows_checked_s = time.monotonic()
-        candidates = self._in_session if look is None else [tp for tp in look if tp in self._in_session]
+        kept = self._in_session.keys() | self._refused
+        candidates = kept if look is None else [tp for tp in look if tp in kept]
         for tp in [tp for tp in candidates if not follows(tp, self.leader_id)]:
-            self._leave(tp)
+            self.forget(tp)
             self.fetcher.left(tp, self.leader_id)
 
     async def _await_next_requests(self, answered: dict[TopicPartition, FetchRequest]) -> None:
