@@ -13,8 +13,9 @@ builds the families and writes the text in a worker thread of its own: for a bro
 thousands of partitions that is hundreds of milliseconds of Python, which must not hold
 the loop (it would stall produce requests and fetch sessions at every scrape). A family
 with a sample per partition is a `RowFamily`, written as text directly: prometheus_client
-builds a sample object per value and checks each one's names, 1.2 s of CPU per scrape of
-10,000 partitions (8% of a core at a 15 s scrape interval, the GIL held against the loop).
+builds a sample object per value and checks each one's names, 1.4 s of CPU per scrape of
+10,000 partitions (10% of a core at a 15 s scrape interval, the GIL held against the loop;
+scripts/bench_metrics.py).
 
     exposition = Exposition()                     # with the process collector (CPU, RSS, fds, start)
     Histogram("x_seconds", "...", registry=exposition.registry)
@@ -59,7 +60,9 @@ class RowFamily:
             raise ValueError(f"a row family is a gauge or a counter, not {kind!r}")
         if not name or not all(c.isascii() and (c.isalnum() or c in "_:") for c in name) or name[0].isdigit():
             raise ValueError(f"invalid metric name {name!r}")
-        self.name = f"{name}_total" if kind == "counter" else name
+        if kind == "counter":   # as CounterMetricFamily names it: one `_total`, whether given or not
+            name = f"{name.removesuffix('_total')}_total"
+        self.name = name
         self.help_text = help_text
         self.kind = kind
         self.rows = rows   # (label_set(...), value)

@@ -274,12 +274,14 @@ class FetchSession:
     async def _main_loop(self) -> None:
         while True:
             news = await self._next_batch()
-            self._check_follows()
             for tp, request in news.items():
                 # Asked after any express request of it still waiting to join: that one would
                 # put the session back behind what this round carries once the round ends.
                 self._overtaken.pop(tp, None)
                 self._join(tp, request)
+            # After the news joined: a newcomer whose replica went meanwhile is looked at with
+            # the rest (checked before, out of the session for that look, it stayed for good).
+            self._check_follows()
             self._main_busy = True
             self._main_rounds += 1
             try:
@@ -321,8 +323,10 @@ class FetchSession:
                 return
             self._follows_checked_version = version
         self._follows_checked_s = time.monotonic()
-        kept = self._in_session.keys() | self._refused
-        candidates = kept if look is None else [tp for tp in look if tp in kept]
+        if look is None:
+            candidates = [*self._in_session, *self._refused]
+        else:
+            candidates = [tp for tp in look if tp in self._in_session or tp in self._refused]
         for tp in [tp for tp in candidates if not follows(tp, self.leader_id)]:
             self.forget(tp)
             self.fetcher.left(tp, self.leader_id)
@@ -514,11 +518,13 @@ class FetchSession:
         """A fetch outside the session (the express one): the leader answers every partition.
         It names the last session fetch sent before it (the session's id and that fetch's
         epoch, whether it is out or answered already): the two travel on two connections, and
-        the leader tells by these which was sent first (Replica._late_fetch). Naming the next
-        epoch when none was out made the session fetch sent after it, with newer news, look
-        older: the leader dropped that news, and a follower whose flushed offset it carried
-        stayed out of the ISR for good. One naming no partition asks the leader to end the
-        session fetch it names now (one answered already ends nothing)."""
+        the leader tells by these which was sent first (Replica._late_fetch). It named the next
+        epoch, which is the one out only while a session fetch is out: the express loop sends
+        only then, but with its news sent after awaiting a request to end the long-poll (as it
+        once was), the session fetch sent after it, with newer news, looked older, and the leader
+        dropped that news (a follower's flushed offset: out of the ISR for good). One naming no
+        partition asks the leader to end the session fetch it names now (one answered already
+        ends nothing; after a session reset it names none)."""
         return wire.FetchRequest(
             replica_id=self.fetcher.broker_id, max_wait_ms=wait_ms, min_bytes=1,
             max_bytes=self.limits["fetch_max_bytes"],
