@@ -527,6 +527,23 @@ def test_a_refused_partition_whose_replica_went_is_forgotten_by_the_follow_check
     assert ("b", 0) not in session._last_sent and ("b", 0) not in session.pending
 
 
+class _QuietLeader:
+    """A leader's connection that answers each fetch with `answer(n)` (n: how many were sent,
+    this one included; None: nothing new) and holds every fetch after the `hold_after`-th."""
+
+    def __init__(self, sent: list, hold_after: int, answer=lambda n: None) -> None:
+        self.sent, self.hold_after, self.answer, self.closed = sent, hold_after, answer, False
+
+    async def request(self, req):
+        self.sent.append(req)
+        if len(self.sent) > self.hold_after:
+            await asyncio.Event().wait()
+        return self.answer(len(self.sent)) or wire.FetchResponse(session_id=7)
+
+    async def close(self):
+        self.closed = True
+
+
 def test_the_follow_check_walks_the_session_only_after_some_replica_changed(monkeypatch):
     """The look over the session's parked requests (is each replica still following this
     leader?) runs only when some replica's role, epoch or liveness changed since the last one,
@@ -542,20 +559,11 @@ def test_the_follow_check_walks_the_session_only_after_some_replica_changed(monk
     following = {"a", "b"}
     version = [0]
 
-    class FakeClient:
-        closed = False
-
-        async def request(self, req):
-            sent.append(req)
-            if len(sent) > 4:
-                await asyncio.Event().wait()
-            if len(sent) == 3:
-                following.discard("a")   # its replica closed: the broker notes the change
-                version[0] += 1
-            return wire.FetchResponse(session_id=7)   # nothing new: both stay parked
-
-        async def close(self):
-            self.closed = True
+    def answer(n):
+        if n == 3:
+            following.discard("a")   # its replica closed: the broker notes the change
+            version[0] += 1
+        return None   # nothing new: both stay parked
 
     def follows(tp, leader):
         asked.append((len(sent) + 1, tp[0]))
@@ -569,7 +577,7 @@ def test_the_follow_check_walks_the_session_only_after_some_replica_changed(monk
         for t in ("a", "b"):
             fetcher.submit(2, (t, 0), FetchRequest(replica_id=1, fetch_offset=10, current_leader_epoch=1,
                                                    partition=(t, 0)))
-        await _run_session(fetcher, FakeClient(), until=lambda: len(sent) > 4)
+        await _run_session(fetcher, _QuietLeader(sent, 4, answer), until=lambda: len(sent) > 4)
 
     asyncio.run(scenario())
     assert sorted(asked) == [(1, "a"), (1, "b"), (4, "a")], (
@@ -586,18 +594,6 @@ def test_a_newcomer_whose_replica_went_as_it_joined_is_forgotten_by_the_follow_c
     following = {"a"}   # b's replica went between its ask and the round that carries it
     version = [0]
 
-    class FakeClient:
-        closed = False
-
-        async def request(self, req):
-            sent.append(req)
-            if len(sent) > 2:
-                await asyncio.Event().wait()
-            return wire.FetchResponse(session_id=7)
-
-        async def close(self):
-            self.closed = True
-
     async def scenario():
         def follows_changed(since):
             return version[0], (None if since is None else set())
@@ -607,7 +603,7 @@ def test_a_newcomer_whose_replica_went_as_it_joined_is_forgotten_by_the_follow_c
         for t in ("a", "b"):
             fetcher.submit(2, (t, 0), _request((t, 0), 10))
         session = fetcher.sessions[2]
-        await _run_session(fetcher, FakeClient(), until=lambda: len(sent) > 2)
+        await _run_session(fetcher, _QuietLeader(sent, 2), until=lambda: len(sent) > 2)
         return session
 
     session = asyncio.run(scenario())
