@@ -46,7 +46,6 @@ LATENCY_BUCKETS_S: tuple[float, ...] = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02
 FETCH_BUCKETS_S: tuple[float, ...] = LATENCY_BUCKETS_S + (30.0,)
 
 
-
 class RowFamily:
     """A gauge or counter family with a sample per row (a broker's partitions), written as the
     text generate_latest writes for the same family, in a fraction of the time: each row's

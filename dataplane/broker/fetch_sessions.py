@@ -256,10 +256,6 @@ class FollowerSession(Generic[K, P]):
         self._sent: dict[K, P] = {}      # the leader's positions, as of the last fetch it accepted
         self._touched: set[K] = set()    # wanted or dropped since the last fetch was built
         self._in_flight: IncrementalFetch[K, P] | None = None
-        # The epoch of the last fetch built in this session, out or answered (-1: none yet). A
-        # fetch on another connection sent after it and before the next one names it, so the
-        # leader can tell which of them carries the newer word (Replica._late_fetch).
-        self.last_epoch = -1
         # The session a full fetch names so that the leader drops it (Kafka does the same):
         # without it every reset would leave a session behind until evicted.
         self._closing = NO_SESSION
@@ -290,8 +286,14 @@ class FollowerSession(Generic[K, P]):
             fetch = IncrementalFetch(self.session_id, self.next_epoch, changed, frozenset(removed), False)
         self._touched = set()
         self._in_flight = fetch
-        self.last_epoch = fetch.epoch
         return fetch
+
+    @property
+    def last_epoch(self) -> int:
+        """The epoch of the last fetch built in this session, out or answered (-1: none since it
+        started over). A fetch on another connection sent after it and before the next one names
+        it, so the leader can tell which of them carries the newer word (Replica._late_fetch)."""
+        return self.next_epoch if self._in_flight is not None else self.next_epoch - 1
 
     def answered(self, session_id: int, epoch: int) -> None:
         """The leader accepted the fetch last built."""
@@ -317,6 +319,5 @@ class FollowerSession(Generic[K, P]):
             self._closing = self.session_id
         self.session_id = NO_SESSION
         self.next_epoch = FULL_EPOCH
-        self.last_epoch = -1
         self._sent = {}
         self._in_flight = None
