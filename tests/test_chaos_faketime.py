@@ -12,11 +12,13 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.chaos.cluster import faketime_env, faketime_library
+from tests.chaos.cluster import (SHM_DIR, Node, faketime_env, faketime_leftovers, faketime_library,
+                                 remove_faketime_leftovers)
 
 # Thread B wants the GIL for the whole time the main thread holds it in one long C call (sum
 # over a range evaluates no bytecode, so it never hands the GIL over). Meanwhile B can only wait
@@ -79,3 +81,56 @@ def test_a_thread_waiting_for_the_gil_sleeps_under_the_harness_faketime_settings
     # Only a finding about the library as installed: a fixed libfaketime would not spin.
     if spun["waiter_cpu_s"] < 0.25 * spun["held_s"]:
         pytest.skip(f"this libfaketime does not spin on GIL waits even by default ({spun}); nothing to guard")
+
+
+WAIT = "import threading; threading.Event().wait(60)"   # not time.sleep: see faketime_env
+
+
+def _node_under_faketime(tmp_path: Path, name: str, code: str) -> Node:
+    """A harness node whose process runs `code` under the brokers' libfaketime settings, started
+    without a network namespace (Node.start's `ip netns exec` is what this leaves out)."""
+    library = faketime_library()
+    assert library is not None
+    clock = tmp_path / f"{name}.faketime"
+    clock.write_text("+0\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LD_PRELOAD", "FAKETIME"))}
+    env.update(faketime_env(library, clock))
+    node = Node(name=name, kind="broker", node_id=1, netns="none", address="127.0.0.1", data_dir=tmp_path,
+                log_path=tmp_path / f"{name}.log", args=[sys.executable, "-c", code], env=env, clock_file=clock)
+    node.proc = subprocess.Popen(node.args, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+    return node
+
+
+def _made_files(pid: int) -> list[Path]:
+    deadline = time.monotonic() + 20
+    while not faketime_leftovers(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return faketime_leftovers(pid)
+
+
+@pytest.mark.skipif(faketime_library() is None or not SHM_DIR.is_dir(),
+                    reason="needs libfaketime (scripts/system-deps.sh) and /dev/shm")
+def test_a_node_killed_stopped_or_dead_by_itself_leaves_no_libfaketime_files(tmp_path: Path) -> None:
+    """Claim: libfaketime leaves two files in /dev/shm behind every process it is preloaded into
+    that does not exit cleanly; a harness node removes its process's once that process has
+    exited, whether killed -9, stopped, or dead by itself (removed at its next stop or start)."""
+    killed = _node_under_faketime(tmp_path, "b1", WAIT)
+    stopped = _node_under_faketime(tmp_path, "b2", WAIT)
+    exited = _node_under_faketime(tmp_path, "b3", f"{WAIT.split(';')[0]}; import os, signal; "
+                                                  "threading.Event().wait(0.5); os.kill(os.getpid(), signal.SIGKILL)")
+    try:
+        pids = {name: node.pid for name, node in (("killed", killed), ("stopped", stopped), ("exited", exited))}
+        assert all(_made_files(pid) for pid in pids.values()), "libfaketime made no files to clean"
+        exited.proc.wait(timeout=20)
+        assert faketime_leftovers(pids["exited"]), "the library's files outlive a process that died"
+        killed.kill9()
+        stopped.stop(wait_s=20)
+        exited.stop()
+        assert {name: faketime_leftovers(pid) for name, pid in pids.items()} == {
+            "killed": [], "stopped": [], "exited": []}
+    finally:
+        for node in (killed, stopped, exited):
+            if node.alive():
+                node.proc.kill()
+                node.proc.wait()
+            remove_faketime_leftovers(node.pid)

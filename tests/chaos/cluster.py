@@ -38,6 +38,24 @@ def faketime_library() -> str | None:
     return found[0] if found else None
 
 
+SHM_DIR = Path("/dev/shm")
+
+
+def faketime_leftovers(pid: int) -> list[Path]:
+    """The files libfaketime made for process `pid` in /dev/shm: a shared-memory segment and a
+    semaphore. Debian's 0.9.10 creates both in every process it is preloaded into and removes
+    them only when the process exits normally: each broker killed (by the faults, or by the
+    default action of a signal) left them behind, in a tmpfs, for good."""
+    return [path for path in (SHM_DIR / f"faketime_shm_{pid}", SHM_DIR / f"sem.faketime_sem_{pid}")
+            if path.exists()]
+
+
+def remove_faketime_leftovers(pid: int) -> None:
+    """Remove `pid`'s libfaketime files once it has exited (a pid the kernel may give again)."""
+    for path in faketime_leftovers(pid):
+        path.unlink(missing_ok=True)
+
+
 def faketime_env(library: str, clock_file: Path) -> dict[str, str]:
     """A broker's libfaketime settings: its wall clock reads the offset in `clock_file`, its
     monotonic clock stays true.
@@ -76,6 +94,7 @@ class Node:
     starts: int = 0
 
     def start(self) -> None:
+        self._reaped()   # the process before, if it died by itself
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             log.write(f"\n==== chaos: start #{self.starts + 1} at {time.time():.3f}\n".encode())
@@ -97,6 +116,7 @@ class Node:
             assert self.proc is not None
             os.kill(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=10)
+        self._reaped()
         self.paused = False
 
     def pause(self) -> None:
@@ -116,6 +136,7 @@ class Node:
     def stop(self, wait_s: float = STOP_WAIT_S) -> None:
         """SIGCONT (if paused), SIGTERM, then SIGKILL after wait_s. Idempotent."""
         if not self.alive():
+            self._reaped()
             return
         assert self.proc is not None
         self.resume()
@@ -125,6 +146,12 @@ class Node:
         except subprocess.TimeoutExpired:
             os.kill(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=10)
+        self._reaped()
+
+    def _reaped(self) -> None:
+        """After the process exited and was waited for: drop what libfaketime left of it."""
+        if self.proc is not None and self.clock_file is not None and self.proc.poll() is not None:
+            remove_faketime_leftovers(self.proc.pid)
 
 
 # Diagnostics: processes log at INFO with BIPLANE_CHAOS_TRACE=1, at DEBUG (every fetch round

@@ -64,7 +64,7 @@ def point_to_results(out: Path) -> None:
 
 def cleanup_leftovers() -> list[str]:
     """Kill, unmount and delete what runs that died left (by their manifests). Returns actions."""
-    from tests.chaos.cluster import Node  # noqa: F401 - keeps the import graph obvious
+    from tests.chaos.cluster import faketime_leftovers, remove_faketime_leftovers
     from tests.chaos.net import run as net_run
     actions = []
     for link in RESULTS_ROOT.glob("elsewhere-*"):
@@ -85,6 +85,10 @@ def cleanup_leftovers() -> list[str]:
             if b"common.cli" in cmdline:
                 os.kill(pid, signal.SIGKILL)
                 actions.append(f"killed {name} (pid {pid})")
+        for name, pid in (m.get("pids") or {}).items():
+            if not Path(f"/proc/{pid}").exists() and faketime_leftovers(pid):
+                remove_faketime_leftovers(pid)
+                actions.append(f"removed libfaketime's files of {name} (pid {pid})")
         for mount in m.get("mounts") or []:
             if net_run(["umount", "-l", mount], check=False).returncode == 0:
                 actions.append(f"unmounted {mount}")
