@@ -19,7 +19,10 @@ per-broker guardrail raised to fit), and prints:
    `biplane_broker_partitions` on /metrics), then until no partition is under-replicated (every replica in the ISR, the
    admin API's health); each broker's CPU seconds over that time, and the fetches it refused
    because the partition was still opening there (`LEADER_NOT_AVAILABLE` on /metrics: a
-   follower's ask, which then waits in its fetch session until the leader serves it);
+   follower's ask, which then waits in its fetch session until the leader serves it); every
+   10 s meanwhile, each broker's replicas still opening and CPU seconds (whether opening slows as
+   replicas pile up); and, first, what creating a replica's directory and files costs on the
+   disk under the cluster right then (it moves by 50x with the files deleted shortly before);
 2. metadata lag while opening: right after the last create, one more topic (`late`, 1 partition)
    is created; seconds until every broker has applied the controller's offset of that moment
    (`biplane_broker_metadata_offset`) and until the new partition's leader answers list-offsets;
@@ -66,9 +69,15 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU of a process so far (fields 14 and 15 of /proc/PID/stat)."""
+    return sum(cpu_split(pid))
+
+
+def cpu_split(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of a process so far: the system part is the kernel's work
+    for it (file creation, fsync, thread hand-offs)."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    return int(fields[11]) / CLOCK_TICKS, int(fields[12]) / CLOCK_TICKS
 
 
 def box_ticks() -> tuple[int, int, int]:
@@ -139,6 +148,54 @@ def brokers_opened(cluster: Cluster, offset: int) -> set[int]:
         return set()
     return {b["broker_id"] for b in r.body["brokers"]
             if (b.get("metadata_offset") or -1) >= offset and b.get("replicas_opening") == 0}
+
+
+class OpeningTimeline:
+    """Every broker's replicas still opening and CPU seconds, every `every_s` while they open:
+    whether opening slows as replicas pile up (a cost per replica that grows with the count
+    shows as a falling rate), or goes at one pace throughout."""
+
+    def __init__(self, cluster: Cluster, start: float, every_s: float = 10.0) -> None:
+        self.cluster, self.start, self.every_s = cluster, start, every_s
+        self.rows: list[tuple[float, dict[int, int | None], dict[int, float]]] = []
+        self._next = start
+
+    def sample(self) -> None:
+        now = time.monotonic()
+        if now < self._next:
+            return
+        self._next = now + self.every_s
+        r = http("GET", self.cluster.api_url + "/v1/brokers")
+        opening = {b["broker_id"]: b.get("replicas_opening") for b in r.body["brokers"]} if r.status == 200 else {}
+        cpu = {b: cpu_seconds(broker.pid) for b, broker in self.cluster.brokers.items() if broker.pid}
+        self.rows.append((now - self.start, opening, cpu))
+
+    def print(self) -> None:
+        print("opening timeline (s after the first create: replicas still opening, CPU seconds, per broker):")
+        for at, opening, cpu in self.rows:
+            print(f"  {at:5.1f} s: " + ", ".join(
+                f"broker {b} {opening.get(b, '?')} opening, {cpu.get(b, float('nan')):.1f} CPU s"
+                for b in sorted(cpu)))
+
+
+def file_creation_cost_ms(under: Path, replicas: int = 300) -> float:
+    """CPU (mostly the kernel's) to create what a new replica's directory holds: the directory
+    and three files (log segment, topic id, epoch checkpoint). On this box's disk (ext4, no
+    journal) it ranged from about 0.05 to 3 ms from one minute to the next, with how many files
+    had been deleted shortly before: at 10,000 replicas per broker that is 0.5 to 30 CPU seconds
+    of the opening figures, which is why they move so much between runs. Measured in the
+    cluster's own directory (removed with it) before its topics are created; it deletes
+    nothing, which would slow the creations that follow."""
+    root = Path(tempfile.mkdtemp(dir=under, prefix="fs-probe-"))
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    for i in range(replicas):
+        directory = root / f"p-{i}"
+        directory.mkdir()
+        for name in ("00000000000000000000.log", "topic_id", "leader-epoch-checkpoint"):
+            os.close(os.open(directory / name, os.O_RDWR | os.O_CREAT, 0o644))
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    used = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return 1000 * used / replicas
 
 
 def steady_load(cluster: Cluster, seconds: float, rate: float) -> tuple[float, float, int]:
@@ -313,7 +370,10 @@ def brokers_scale(args: argparse.Namespace, partitions: int) -> None:
     ) as cluster:
         brokers = sorted(cluster.brokers)
         ports = {b: cluster.brokers[b].metrics_port for b in brokers}
-        cpu_at_start = {b: cpu_seconds(cluster.brokers[b].pid) for b in brokers}
+        print(f"the disk under {tmp}: a replica's directory and its three files cost "
+              f"{file_creation_cost_ms(Path(tmp)):.2f} ms of CPU to create before the creates (each broker "
+              "creates that per replica)")
+        cpu_at_start = {b: cpu_split(cluster.brokers[b].pid) for b in brokers}
         controller_cpu_at_start = cpu_seconds(cluster.controllers[0].pid or 0) if cluster.controllers[0].pid else 0.0
         box_at_start = box_ticks()
         start = time.monotonic()
@@ -339,8 +399,10 @@ def brokers_scale(args: argparse.Namespace, partitions: int) -> None:
         deadline = late_at + args.open_timeout
         opened_once: dict[int, float] = {}   # seen opened by one poll; opened_s needs the next one too
         polls = 0
+        timeline = OpeningTimeline(cluster, start)
         while time.monotonic() < deadline and (len(opened_s) < 3 or len(applied_s) < 3 or produceable_s is None):
             polls += 1
+            timeline.sample()
             if produceable_s is None:   # 'late' every 0.1 s: its figure is about a second or two
                 leader = cluster.partition("late", 0)["leader"]
                 if leader is not None and _run_sync(_list_offsets_code(cluster.address(leader), "late", 0)) == 0:
@@ -371,6 +433,7 @@ def brokers_scale(args: argparse.Namespace, partitions: int) -> None:
             print(f"broker {b}: holds {'no answer' if held is None else f'{held:.0f}'} replicas"
                   f" (/metrics; {replicas_per_broker + 1} expected), all open {opened_s.get(b, float('nan')):.1f} s from the first create;"
                   f" applied the offset of 'late' {applied_s.get(b, float('nan')):.1f} s after creating it")
+        timeline.print()
         print(f"opening: every replica open {max(opened_s.values(), default=float('nan')):.1f} s after the first "
               f"create{'' if len(opened_s) == 3 else ' (NOT all opened within the timeout)'}")
         print(f"metadata lag: every broker at the controller's offset {max(applied_s.values(), default=float('nan')):.1f} s"
@@ -388,7 +451,8 @@ def brokers_scale(args: argparse.Namespace, partitions: int) -> None:
             whole = isr_full()
         in_isr_s = time.monotonic() - start
         busy, stolen, every = (now - then for now, then in zip(box_ticks(), box_at_start))
-        spent = {b: cpu_seconds(cluster.brokers[b].pid) - cpu_at_start[b] for b in brokers}
+        spent = {b: tuple(now - then for now, then in zip(cpu_split(cluster.brokers[b].pid), cpu_at_start[b]))
+                 for b in brokers}
         controller_pid = cluster.controllers[0].pid
         controller_spent = cpu_seconds(controller_pid) - controller_cpu_at_start if controller_pid else float("nan")
         refused = {b: scrape(ports[b], 'biplane_broker_errors_total{code="LEADER_NOT_AVAILABLE",request="FetchRequest"}')
@@ -399,7 +463,7 @@ def brokers_scale(args: argparse.Namespace, partitions: int) -> None:
         traffic = fetch_traffic(cluster)
         print(f"in the ISR: every replica {in_isr_s:.1f} s after the first create"
               f"{'' if whole else ' (NOT all in the ISR within the timeout)'}; CPU seconds per broker till then: "
-              + ", ".join(f"broker {b} {spent[b]:.1f}" for b in brokers)
+              + ", ".join(f"broker {b} {sum(spent[b]):.1f} ({spent[b][1]:.1f} in the kernel)" for b in brokers)
               + f", controller {controller_spent:.1f}; fetches refused as still opening: "
               + ", ".join(f"broker {b} {refused[b] or 0:.0f}" for b in brokers)
               + "; ISR shrinks of led partitions: " + ", ".join(f"broker {b} {shrinks[b] or 0:.0f}" for b in brokers))
@@ -423,12 +487,12 @@ def brokers_scale(args: argparse.Namespace, partitions: int) -> None:
                 p50, p99, n = steady_load(cluster, args.steady_seconds, args.steady_rate)
             except AssertionError as exc:   # the harness's word on a refused create or produce
                 print(f"steady load not run: {exc}", file=sys.stderr)
-                return
-            empty = args.steady_baseline
-            print(f"steady acks=all load beside {args.partitions} idle partitions ({n} requests at "
-                  f"{args.steady_rate:.0f}/s): p50 {p50:.2f} ms, p99 {p99:.2f} ms"
-                  + (f"; ratio to the empty cluster: p50 {p50 / empty[0]:.2f}x, p99 {p99 / empty[1]:.2f}x"
-                     if empty else ""))
+            else:
+                empty = args.steady_baseline
+                print(f"steady acks=all load beside {args.partitions} idle partitions ({n} requests at "
+                      f"{args.steady_rate:.0f}/s): p50 {p50:.2f} ms, p99 {p99:.2f} ms"
+                      + (f"; ratio to the empty cluster: p50 {p50 / empty[0]:.2f}x, p99 {p99 / empty[1]:.2f}x"
+                         if empty else ""))
 
 
 if __name__ == "__main__":
