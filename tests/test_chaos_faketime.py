@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -17,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos.cluster import (SHM_DIR, Node, faketime_env, faketime_leftovers, faketime_library,
+from tests.chaos import main as chaos_main
+from tests.chaos.cluster import (SHM_DIR, Node, faketime_env, faketime_leftovers, faketime_library, process_exited,
                                  remove_faketime_leftovers)
 
 # Thread B wants the GIL for the whole time the main thread holds it in one long C call (sum
@@ -83,54 +86,102 @@ def test_a_thread_waiting_for_the_gil_sleeps_under_the_harness_faketime_settings
         pytest.skip(f"this libfaketime does not spin on GIL waits even by default ({spun}); nothing to guard")
 
 
+
 WAIT = "import threading; threading.Event().wait(60)"   # not time.sleep: see faketime_env
+KILL_SELF = "import os, signal, threading; threading.Event().wait(0.5); os.kill(os.getpid(), signal.SIGKILL)"
 
 
-def _node_under_faketime(tmp_path: Path, name: str, code: str) -> Node:
-    """A harness node whose process runs `code` under the brokers' libfaketime settings, started
-    without a network namespace (Node.start's `ip netns exec` is what this leaves out)."""
+def _faketime_process_env(tmp_path: Path) -> dict[str, str]:
     library = faketime_library()
     assert library is not None
-    clock = tmp_path / f"{name}.faketime"
+    clock = tmp_path / "clock.faketime"
     clock.write_text("+0\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LD_PRELOAD", "FAKETIME"))}
-    env.update(faketime_env(library, clock))
+    return env | faketime_env(library, clock)
+
+
+def _node(tmp_path: Path, name: str, argv: list[str]) -> Node:
+    """A harness node whose process runs `argv` under the brokers' libfaketime settings, started
+    without a network namespace (what Node.start adds is `ip netns exec`, which execs `argv`)."""
+    env = _faketime_process_env(tmp_path)
     node = Node(name=name, kind="broker", node_id=1, netns="none", address="127.0.0.1", data_dir=tmp_path,
-                log_path=tmp_path / f"{name}.log", args=[sys.executable, "-c", code], env=env, clock_file=clock)
-    node.proc = subprocess.Popen(node.args, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+                log_path=tmp_path / f"{name}.log", args=argv, env=env, clock_file=tmp_path / "clock.faketime")
+    node.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
     return node
 
 
 def _made_files(pid: int) -> list[Path]:
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 10
     while not faketime_leftovers(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     return faketime_leftovers(pid)
 
 
-@pytest.mark.skipif(faketime_library() is None or not SHM_DIR.is_dir(),
-                    reason="needs libfaketime (scripts/system-deps.sh) and /dev/shm")
+needs_faketime = pytest.mark.skipif(faketime_library() is None or not SHM_DIR.is_dir(),
+                                    reason="needs libfaketime (scripts/system-deps.sh) and /dev/shm")
+
+
+@needs_faketime
 def test_a_node_killed_stopped_or_dead_by_itself_leaves_no_libfaketime_files(tmp_path: Path) -> None:
-    """Claim: libfaketime leaves two files in /dev/shm behind every process it is preloaded into
-    that does not exit cleanly; a harness node removes its process's once that process has
-    exited, whether killed -9, stopped, or dead by itself (removed at its next stop or start)."""
-    killed = _node_under_faketime(tmp_path, "b1", WAIT)
-    stopped = _node_under_faketime(tmp_path, "b2", WAIT)
-    exited = _node_under_faketime(tmp_path, "b3", f"{WAIT.split(';')[0]}; import os, signal; "
-                                                  "threading.Event().wait(0.5); os.kill(os.getpid(), signal.SIGKILL)")
+    """Claim: libfaketime leaves two files in /dev/shm behind a process that was killed, and
+    behind one started the way brokers are (execed by a preloaded parent) even when it exits
+    cleanly; a harness node removes its process's once that process has exited: killed -9,
+    stopped, or dead by itself (removed at its next stop or start)."""
+    nodes: dict[str, Node] = {}
     try:
-        pids = {name: node.pid for name, node in (("killed", killed), ("stopped", stopped), ("exited", exited))}
-        assert all(_made_files(pid) for pid in pids.values()), "libfaketime made no files to clean"
-        exited.proc.wait(timeout=20)
-        assert faketime_leftovers(pids["exited"]), "the library's files outlive a process that died"
-        killed.kill9()
-        stopped.stop(wait_s=20)
-        exited.stop()
-        assert {name: faketime_leftovers(pid) for name, pid in pids.items()} == {
-            "killed": [], "stopped": [], "exited": []}
+        nodes["killed"] = _node(tmp_path, "b1", [sys.executable, "-c", WAIT])
+        nodes["stopped"] = _node(tmp_path, "b2", [sys.executable, "-c", WAIT])
+        nodes["killed itself"] = _node(tmp_path, "b3", [sys.executable, "-c", KILL_SELF])
+        nodes["exited cleanly"] = _node(tmp_path, "b4", ["sh", "-c", f'exec "{sys.executable}" -c pass'])
+        pids = {what: node.pid for what, node in nodes.items()}
+        if not all(pid is not None and _made_files(pid) for pid in pids.values()):
+            pytest.skip("this libfaketime makes no files in /dev/shm; nothing to clean")
+        for what in ("killed itself", "exited cleanly"):
+            proc = nodes[what].proc
+            assert proc is not None
+            proc.wait(timeout=20)
+            assert faketime_leftovers(proc.pid), f"the library's files outlive a process that {what}"
+        nodes["killed"].kill9()
+        nodes["stopped"].stop(wait_s=20)
+        nodes["killed itself"].stop()
+        nodes["exited cleanly"].stop()
+        assert {what: faketime_leftovers(pid) for what, pid in pids.items() if pid is not None} == {
+            what: [] for what in pids}
     finally:
-        for node in (killed, stopped, exited):
-            if node.alive():
-                node.proc.kill()
-                node.proc.wait()
-            remove_faketime_leftovers(node.pid)
+        for node in nodes.values():
+            if node.proc is not None:
+                if node.proc.poll() is None:
+                    node.proc.kill()
+                    node.proc.wait()
+                remove_faketime_leftovers(node.proc.pid)
+
+
+@needs_faketime
+def test_cleanup_kills_a_dead_runs_broker_and_removes_its_libfaketime_files(tmp_path: Path, monkeypatch) -> None:
+    """Claim: `scripts/chaos --cleanup` kills a process a killed run left (by its manifest), waits
+    until it has exited (its parent gone, it is nobody's child to reap: here it stays a zombie),
+    and removes the files libfaketime left of it."""
+    monkeypatch.setattr(chaos_main, "RESULTS_ROOT", tmp_path)
+    # Started in the background by a shell that exits: an orphan, as a dead run's brokers are.
+    # The shell itself runs without libfaketime: the library names its files after the first
+    # process it was preloaded into, and `env` execs the broker's stand-in under that same pid.
+    settings = {k: v for k, v in _faketime_process_env(tmp_path).items() if k.startswith(("LD_PRELOAD", "FAKETIME"))}
+    command = shlex.join(["env", *(f"{k}={v}" for k, v in settings.items()), sys.executable, "-c", WAIT, "common.cli"])
+    plain = {k: v for k, v in os.environ.items() if not k.startswith(("LD_PRELOAD", "FAKETIME"))}
+    started = subprocess.run(["sh", "-c", f"{command} >/dev/null 2>&1 & echo $!"], env=plain,
+                             capture_output=True, text=True, timeout=20)
+    pid = int(started.stdout.strip())
+    try:
+        if not _made_files(pid):
+            pytest.skip("this libfaketime makes no files in /dev/shm; nothing to clean")
+        run = tmp_path / "seed-1-dead"
+        run.mkdir()
+        (run / "manifest.json").write_text(json.dumps({"pids": {"b1": pid}, "mounts": [], "namespaces": []}))
+        actions = chaos_main.cleanup_leftovers()
+        assert f"killed b1 (pid {pid})" in actions
+        assert f"removed libfaketime's files of b1 (pid {pid})" in actions
+        assert faketime_leftovers(pid) == []
+    finally:
+        if not process_exited(pid):
+            os.kill(pid, signal.SIGKILL)
+        remove_faketime_leftovers(pid)

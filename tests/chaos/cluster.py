@@ -43,11 +43,23 @@ SHM_DIR = Path("/dev/shm")
 
 def faketime_leftovers(pid: int) -> list[Path]:
     """The files libfaketime made for process `pid` in /dev/shm: a shared-memory segment and a
-    semaphore. Debian's 0.9.10 creates both in every process it is preloaded into and removes
-    them only when the process exits normally: each broker killed (by the faults, or by the
-    default action of a signal) left them behind, in a tmpfs, for good."""
+    semaphore, shared segment first. Debian's 0.9.10 does not reliably remove them: a killed
+    process never does, and a broker (started through `ip netns exec`, itself preloaded, which
+    execs it) leaves them even when it exits cleanly. So every broker start of every run left
+    two files in a tmpfs, for good."""
+    # Removed in this order: a process that finds the segment without its semaphore exits.
     return [path for path in (SHM_DIR / f"faketime_shm_{pid}", SHM_DIR / f"sem.faketime_sem_{pid}")
             if path.exists()]
+
+
+def process_exited(pid: int) -> bool:
+    """True once `pid` has exited, reaped or not: a killed run's processes are left to an init
+    that need not reap them (this machine's does not), and a zombie holds nothing."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
 
 
 def remove_faketime_leftovers(pid: int) -> None:
@@ -94,7 +106,7 @@ class Node:
     starts: int = 0
 
     def start(self) -> None:
-        self._reaped()   # the process before, if it died by itself
+        self._remove_faketime_files()   # the process before, if it died by itself
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             log.write(f"\n==== chaos: start #{self.starts + 1} at {time.time():.3f}\n".encode())
@@ -116,7 +128,7 @@ class Node:
             assert self.proc is not None
             os.kill(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=10)
-        self._reaped()
+        self._remove_faketime_files()
         self.paused = False
 
     def pause(self) -> None:
@@ -136,7 +148,7 @@ class Node:
     def stop(self, wait_s: float = STOP_WAIT_S) -> None:
         """SIGCONT (if paused), SIGTERM, then SIGKILL after wait_s. Idempotent."""
         if not self.alive():
-            self._reaped()
+            self._remove_faketime_files()
             return
         assert self.proc is not None
         self.resume()
@@ -146,10 +158,13 @@ class Node:
         except subprocess.TimeoutExpired:
             os.kill(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=10)
-        self._reaped()
+        self._remove_faketime_files()
 
-    def _reaped(self) -> None:
-        """After the process exited and was waited for: drop what libfaketime left of it."""
+    def _remove_faketime_files(self) -> None:
+        """After the process exited and was waited for: drop what libfaketime left of it. A
+        process found dead by `alive()` keeps its files until the next stop or start; its pid
+        could be given to another process meanwhile, which would lose its files, harmlessly
+        (a running process keeps its mapping)."""
         if self.proc is not None and self.clock_file is not None and self.proc.poll() is not None:
             remove_faketime_leftovers(self.proc.pid)
 

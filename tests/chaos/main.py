@@ -64,7 +64,7 @@ def point_to_results(out: Path) -> None:
 
 def cleanup_leftovers() -> list[str]:
     """Kill, unmount and delete what runs that died left (by their manifests). Returns actions."""
-    from tests.chaos.cluster import faketime_leftovers, remove_faketime_leftovers
+    from tests.chaos.cluster import faketime_leftovers, process_exited, remove_faketime_leftovers
     from tests.chaos.net import run as net_run
     actions = []
     for link in RESULTS_ROOT.glob("elsewhere-*"):
@@ -77,6 +77,7 @@ def cleanup_leftovers() -> list[str]:
             continue
         if m.get("pid") and Path(f"/proc/{m['pid']}").exists() and m["pid"] != os.getpid():
             continue   # that run is still going
+        killed: list[int] = []
         for name, pid in (m.get("pids") or {}).items():
             try:
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -84,9 +85,14 @@ def cleanup_leftovers() -> list[str]:
                 continue
             if b"common.cli" in cmdline:
                 os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
                 actions.append(f"killed {name} (pid {pid})")
+        # A SIGKILL takes effect a moment later: the files of those killed go once they exited.
+        deadline = time.monotonic() + 5
+        while not all(process_exited(pid) for pid in killed) and time.monotonic() < deadline:
+            time.sleep(0.05)
         for name, pid in (m.get("pids") or {}).items():
-            if not Path(f"/proc/{pid}").exists() and faketime_leftovers(pid):
+            if process_exited(pid) and faketime_leftovers(pid):
                 remove_faketime_leftovers(pid)
                 actions.append(f"removed libfaketime's files of {name} (pid {pid})")
         for mount in m.get("mounts") or []:
