@@ -7,7 +7,7 @@ A failure prints `seed=... policy=... durability=...`; replay it with
 `run_simulation(seed=..., policy=..., durability=...)`.
 
 BIPLANE_SIM_SEEDS sets the seeds per (policy, durability) (default 400: 1,600 runs, half
-in push mode, about 130 s on two cores; it was 500 until the whole suite ran past its 30
+in push mode, about 130 s of wall time on two cores; it was 500 until the whole suite ran past its 30
 minutes); scripts/sim_sweep.py runs more, and seeds that found a bug are kept as tests of
 their own.
 """
